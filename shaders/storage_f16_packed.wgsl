@@ -1,0 +1,19 @@
+// Storage template for f16 tensors packed two per u32: runs on every adapter,
+// SHADER_F16 or not. Element i lives in half (i & 1) of word i >> 1.
+// Odd head dims put a word across two rows that different workgroups own, so
+// stores OR their half into a zeroed word atomically instead of read-modify-write.
+// @common
+fn round_storage(x: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
+}
+// @read
+@group(0) @binding({binding}) var<storage, read> {name}_buf: array<u32>;
+fn load_{name}(i: u32) -> f32 {
+    return unpack2x16float({name}_buf[i >> 1u])[i & 1u];
+}
+// @write
+@group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<atomic<u32>>;
+fn store_{name}(i: u32, x: f32) {
+    let bits = pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
+    atomicOr(&{name}_buf[i >> 1u], bits << ((i & 1u) * 16u));
+}

@@ -1,0 +1,16 @@
+// Storage template for f32 tensors. The composer emits `@common` once and
+// `@read` / `@write` once per buffer, replacing {name} and {binding}.
+// @common
+fn round_storage(x: f32) -> f32 {
+    return x;
+}
+// @read
+@group(0) @binding({binding}) var<storage, read> {name}_buf: array<f32>;
+fn load_{name}(i: u32) -> f32 {
+    return {name}_buf[i];
+}
+// @write
+@group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f32>;
+fn store_{name}(i: u32, x: f32) {
+    {name}_buf[i] = x;
+}

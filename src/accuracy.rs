@@ -1,0 +1,178 @@
+//! SPEC.md's accuracy rule, shared by tests, the demo and the CLI.
+//!
+//! `max|x - ref| <= R · max|baseline - ref| + 2·noise + 1e-5 · max(1, max|ref|)`,
+//! where `noise` is one unit in the last place of the output dtype at the
+//! reference's magnitude. Non-finite reference entries (`-inf` LSE of empty
+//! rows) must be matched exactly; any NaN fails.
+
+use crate::attention::ForwardOutput;
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::reference;
+use crate::tensor::{Precision, TensorView};
+
+/// `R` of the rule for the forward pass.
+pub fn forward_ratio(softcap: bool) -> f64 {
+    if softcap {
+        3.0
+    } else {
+        2.0
+    }
+}
+
+/// `R` of the rule for gradients.
+pub const BACKWARD_RATIO: f64 = 3.0;
+
+/// The verdict on one output tensor.
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub name: String,
+    /// `max|x - ref|` over finite reference entries.
+    pub max_error: f64,
+    /// `max|baseline - ref|`.
+    pub baseline_error: f64,
+    /// The right-hand side of the rule.
+    pub bound: f64,
+    /// Description of the first non-finite mismatch, if any.
+    pub non_finite: Option<String>,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.non_finite.is_none() && self.max_error <= self.bound
+    }
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: max error {:.3e} (bound {:.3e}, baseline {:.3e}) {}",
+            self.name,
+            self.max_error,
+            self.bound,
+            self.baseline_error,
+            if self.passed() { "ok" } else { "FAIL" }
+        )?;
+        if let Some(why) = &self.non_finite {
+            write!(f, " [{why}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// One unit in the last place of `dtype` at magnitude `x`.
+pub fn ulp(dtype: Precision, x: f64) -> f64 {
+    if x <= 0.0 || !x.is_finite() {
+        return 0.0;
+    }
+    dtype.epsilon() * 2f64.powi(x.log2().floor() as i32)
+}
+
+/// Apply the rule to one output.
+pub fn check(
+    name: &str,
+    got: &[f64],
+    reference: &[f64],
+    baseline: &[f64],
+    dtype: Precision,
+    ratio: f64,
+) -> Check {
+    let mut non_finite = None;
+    if got.len() != reference.len() || baseline.len() != reference.len() {
+        non_finite = Some(format!(
+            "length mismatch: got {}, reference {}, baseline {}",
+            got.len(),
+            reference.len(),
+            baseline.len()
+        ));
+    }
+    let (mut max_error, mut baseline_error, mut max_ref) = (0.0f64, 0.0f64, 0.0f64);
+    for (idx, ((&x, &r), &b)) in got.iter().zip(reference).zip(baseline).enumerate() {
+        if x.is_nan() {
+            non_finite.get_or_insert_with(|| format!("NaN at index {idx}"));
+            continue;
+        }
+        if !r.is_finite() {
+            if x != r {
+                non_finite.get_or_insert_with(|| format!("index {idx}: got {x}, expected {r}"));
+            }
+            continue;
+        }
+        if !x.is_finite() {
+            non_finite.get_or_insert_with(|| format!("index {idx}: got {x}, expected {r}"));
+            continue;
+        }
+        max_ref = max_ref.max(r.abs());
+        max_error = max_error.max((x - r).abs());
+        if b.is_finite() {
+            baseline_error = baseline_error.max((b - r).abs());
+        }
+    }
+    let bound = ratio * baseline_error + 2.0 * ulp(dtype, max_ref) + 1e-5 * max_ref.max(1.0);
+    Check {
+        name: name.to_string(),
+        max_error,
+        baseline_error,
+        bound,
+        non_finite,
+    }
+}
+
+/// Check a forward result (o and lse) against the f64 reference and the
+/// naive baseline computed on the same inputs.
+pub fn check_forward(
+    out: &ForwardOutput,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<[Check; 2]> {
+    let reference = reference::forward(q, k, v, opts)?;
+    let baseline = reference::naive_baseline(q, k, v, opts)?;
+    let ratio = forward_ratio(opts.softcap_value() > 0.0);
+    let o: Vec<f64> = out.o.to_f32().iter().map(|&x| x as f64).collect();
+    let lse: Vec<f64> = out.lse.iter().map(|&x| x as f64).collect();
+    Ok([
+        check("o", &o, &reference.o, &baseline.o, q.precision(), ratio),
+        check(
+            "lse",
+            &lse,
+            &reference.lse,
+            &baseline.lse,
+            Precision::F32,
+            ratio,
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_match_passes_and_nan_fails() {
+        let r = [1.0, -2.0, f64::NEG_INFINITY];
+        assert!(check("x", &r, &r, &r, Precision::F32, 2.0).passed());
+        let bad = [f64::NAN, -2.0, f64::NEG_INFINITY];
+        assert!(!check("x", &bad, &r, &r, Precision::F32, 2.0).passed());
+        let lost_inf = [1.0, -2.0, -1e30];
+        assert!(!check("x", &lost_inf, &r, &r, Precision::F32, 2.0).passed());
+    }
+
+    #[test]
+    fn error_beyond_bound_fails() {
+        let r = [1.0, 2.0];
+        let b = [1.0 + 1e-4, 2.0];
+        let ok = [1.0 + 2e-4, 2.0];
+        let bad = [1.0 + 1e-3, 2.0];
+        assert!(check("x", &ok, &r, &b, Precision::F32, 2.0).passed());
+        assert!(!check("x", &bad, &r, &b, Precision::F32, 2.0).passed());
+    }
+
+    #[test]
+    fn ulp_matches_dtype() {
+        assert_eq!(ulp(Precision::F16, 1.5), 2f64.powi(-10));
+        assert_eq!(ulp(Precision::F32, 4.0), 2f64.powi(-21));
+    }
+}

@@ -1,0 +1,387 @@
+//! The wgpu runtime: device, adapter facts, pipeline cache, buffer helpers with
+//! allocation accounting.
+
+use crate::error::{Error, Result};
+use crate::plan::{DeviceCaps, Plan};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+use wgpu::util::DeviceExt;
+
+/// One storage buffer the engine allocated during a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub label: String,
+    pub bytes: u64,
+}
+
+/// What one call did: the plan it ran, every device buffer it allocated
+/// (all alive at once, so their sum is the call's peak), dispatch count and
+/// the wall time of its GPU submissions.
+#[derive(Clone, Debug, Default)]
+pub struct CallStats {
+    pub plan: Option<Plan>,
+    pub allocations: Vec<Allocation>,
+    pub dispatches: u32,
+    /// Seconds from submit to completion of the call's kernels (no uploads or readbacks).
+    pub kernel_seconds: f64,
+}
+
+impl CallStats {
+    /// Bytes of all buffers allocated by the call (they coexist).
+    pub fn peak_bytes(&self) -> u64 {
+        self.allocations.iter().map(|a| a.bytes).sum()
+    }
+
+    /// The largest single buffer.
+    pub fn largest_allocation(&self) -> Option<&Allocation> {
+        self.allocations.iter().max_by_key(|a| a.bytes)
+    }
+}
+
+/// A GPU attention engine on one wgpu device.
+///
+/// Cheap to share: kernels take `&self`, pipelines are compiled once per
+/// (plan, variant) and cached.
+pub struct Engine {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    features: wgpu::Features,
+    binding_cap: Option<u64>,
+    workgroup_storage_cap: Option<u32>,
+    pipelines: Mutex<HashMap<(String, &'static str), wgpu::ComputePipeline>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .finish()
+    }
+}
+
+/// Features flashattn uses when the adapter has them.
+fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
+    adapter & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY)
+}
+
+impl Engine {
+    /// Create an engine on the best adapter: Vulkan, Metal or DX12 first, then
+    /// GL. `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the choice.
+    pub fn new() -> Result<Self> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// Async form of [`Engine::new`] (the only form on the web).
+    pub async fn new_async() -> Result<Self> {
+        let from_env = std::env::var_os("WGPU_BACKEND").is_some();
+        let mut tries = vec![wgpu::InstanceDescriptor::new_without_display_handle_from_env()];
+        if !from_env {
+            // GL through llvmpipe is a last resort: no f16, very slow compiles.
+            tries[0].backends = wgpu::Backends::PRIMARY;
+            let mut gl = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+            gl.backends = wgpu::Backends::SECONDARY;
+            tries.push(gl);
+        }
+        let mut last = String::from("no backend tried");
+        for desc in tries {
+            let backends = desc.backends;
+            let instance = wgpu::Instance::new(desc);
+            let options = wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            };
+            match instance.request_adapter(&options).await {
+                Ok(adapter) => return Self::from_adapter(adapter).await,
+                Err(e) => last = format!("{e} (backends {backends:?})"),
+            }
+        }
+        Err(Error::NoAdapter(last))
+    }
+
+    /// Create an engine on a chosen adapter, requesting its real limits.
+    pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("flashattn"),
+                required_features: wanted_features(adapter.features()),
+                // The WebGPU defaults (16 KiB of workgroup storage) would halve the tiles.
+                required_limits: adapter.limits(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Device(format!("requesting a device on {}: {e}", info.name)))?;
+        // Errors are captured by scopes around every call; anything that escapes
+        // them is reported rather than aborting the host program.
+        device.on_uncaptured_error(std::sync::Arc::new(|e| {
+            eprintln!("flashattn: uncaptured wgpu error: {e}")
+        }));
+        Ok(Self::from_device(device, queue, info))
+    }
+
+    /// Wrap an existing device (its limits and features are read from it).
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        Self {
+            limits: device.limits(),
+            features: device.features(),
+            device,
+            queue,
+            info,
+            binding_cap: None,
+            workgroup_storage_cap: None,
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Pretend storage bindings hold at most `bytes` (to exercise and study how
+    /// large problems are split; the device's own limit still applies).
+    pub fn with_binding_limit(mut self, bytes: u64) -> Self {
+        self.binding_cap = Some(bytes);
+        self
+    }
+
+    /// Plan with at most `bytes` of workgroup storage (browser-like limits, M sweeps).
+    pub fn with_workgroup_storage_limit(mut self, bytes: u32) -> Self {
+        self.workgroup_storage_cap = Some(bytes);
+        self
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+
+    /// The limits the planner sees.
+    pub fn caps(&self) -> DeviceCaps {
+        let mut caps = DeviceCaps::from_wgpu(&self.limits, self.features);
+        if let Some(cap) = self.workgroup_storage_cap {
+            caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
+        }
+        caps
+    }
+
+    /// Largest byte size one storage binding may have.
+    pub fn max_binding(&self) -> u64 {
+        let device =
+            (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size);
+        self.binding_cap.map_or(device, |c| c.min(device))
+    }
+
+    /// Most workgroups per dispatch dimension.
+    pub fn max_groups(&self) -> u32 {
+        self.limits.max_compute_workgroups_per_dimension
+    }
+
+    /// One line naming the adapter and backend.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info
+        )
+    }
+
+    /// A compiled pipeline for `source`'s `entry`, cached by the source text
+    /// (which is generated one-to-one from plan and variant).
+    pub(crate) fn pipeline(
+        &self,
+        source: &str,
+        entry: &'static str,
+    ) -> Result<wgpu::ComputePipeline> {
+        let key = (source.to_string(), entry);
+        if let Some(p) = self.lock_pipelines()?.get(&key) {
+            return Ok(p.clone());
+        }
+        let pipeline = self.checked(&format!("compiling kernel `{entry}`"), || {
+            Ok(self.compile(source, entry))
+        })?;
+        self.lock_pipelines()?.insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    fn compile(&self, source: &str, entry: &'static str) -> wgpu::ComputePipeline {
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(entry),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        self.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    }
+
+    fn lock_pipelines(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<(String, &'static str), wgpu::ComputePipeline>>>
+    {
+        self.pipelines
+            .lock()
+            .map_err(|_| Error::Device("pipeline cache poisoned by a panic".into()))
+    }
+
+    /// Number of compiled pipelines held.
+    pub fn cached_pipelines(&self) -> usize {
+        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// A zeroed storage buffer of at least `bytes` (rounded up to 4), recorded in `stats`.
+    pub(crate) fn storage(&self, stats: &mut CallStats, label: &str, bytes: u64) -> wgpu::Buffer {
+        let size = bytes.max(4).next_multiple_of(4);
+        stats.allocations.push(Allocation {
+            label: label.to_string(),
+            bytes: size,
+        });
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `bytes` (padded to 4), recorded in `stats`.
+    pub(crate) fn upload(&self, stats: &mut CallStats, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let mut padded;
+        let contents = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+            bytes
+        } else {
+            padded = bytes.to_vec();
+            padded.resize(bytes.len().max(4).next_multiple_of(4), 0);
+            &padded
+        };
+        stats.allocations.push(Allocation {
+            label: label.to_string(),
+            bytes: contents.len() as u64,
+        });
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            })
+    }
+
+    /// A uniform buffer (not counted: it is a few bytes of parameters).
+    pub(crate) fn uniform<T: bytemuck::Pod>(&self, value: &T) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// Run `f` with validation and out-of-memory errors captured, so a device
+    /// error becomes an `Err` naming `what` instead of a panic.
+    pub(crate) fn checked<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = f();
+        let oom = pollster::block_on(oom.pop());
+        let validation = pollster::block_on(validation.pop());
+        if let Some(e) = oom {
+            return Err(Error::Device(format!("{what}: out of device memory: {e}")));
+        }
+        if let Some(e) = validation {
+            return Err(Error::Device(format!("{what}: {e}")));
+        }
+        result
+    }
+
+    /// Submit `encoder`, wait for completion, and return the wall time.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<f64> {
+        let start = Instant::now();
+        let index = self.queue.submit([encoder.finish()]);
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Copy `bytes` bytes of `buffer` back to the host.
+    pub(crate) fn read_back(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.max(4).next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+        self.submit(encoder)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for a readback: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::Device("readback callback never ran".into()))?
+            .map_err(|e| Error::Device(format!("mapping a readback buffer: {e}")))?;
+        let data = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Device(format!("reading a mapped buffer: {e}")))?
+            .to_vec();
+        staging.unmap();
+        Ok(data[..bytes as usize].to_vec())
+    }
+
+    /// A bind group for `pipeline` with `buffers[i]` at binding `i` where present.
+    pub(crate) fn bind(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .map(|(binding, b)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+}

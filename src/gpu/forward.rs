@@ -1,0 +1,568 @@
+//! Host side of the flash forward kernel: plan, upload, dispatch, read back,
+//! and the splitting of problems larger than one storage binding or dispatch.
+
+use super::engine::{CallStats, Engine};
+use super::params::{Params, Piece};
+use super::shaders::{self, Variant};
+use crate::attention::ForwardOutput;
+use crate::error::{Error, Result};
+use crate::options::AttentionOptions;
+use crate::plan::{plan_forward, Plan, PlanOverrides, PlanRequest, StorageKind};
+use crate::reference::Layout;
+use crate::tensor::{AttentionShape, HostData, Precision, Tensor, TensorData, TensorView};
+use std::ops::Range;
+
+/// Caller-owned device buffers for [`Engine::forward_buffers`]: q, k, v in
+/// the storage precision (f16 as raw halves, padded to 4 bytes), o likewise,
+/// lse as f32. All need `STORAGE` usage.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBuffers<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub o: &'a wgpu::Buffer,
+    pub lse: &'a wgpu::Buffer,
+}
+
+/// One piece of a split problem: batch entries, kv heads (with their query
+/// heads), query rows and keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub batch: Range<usize>,
+    pub kv_heads: Range<usize>,
+    pub rows: Range<usize>,
+    pub keys: Range<usize>,
+}
+
+impl Split {
+    fn shape(&self, full: &AttentionShape) -> AttentionShape {
+        AttentionShape {
+            batch: self.batch.len(),
+            seqlen_q: self.rows.len(),
+            seqlen_k: self.keys.len(),
+            heads_q: self.kv_heads.len() * full.group(),
+            heads_kv: self.kv_heads.len(),
+            head_dim: full.head_dim,
+        }
+    }
+
+    fn q_heads(&self, full: &AttentionShape) -> Range<usize> {
+        self.kv_heads.start * full.group()..self.kv_heads.end * full.group()
+    }
+}
+
+/// Bytes of q, k/v and lse a piece of the given extents binds.
+fn piece_bytes(s: &AttentionShape, elem: u64) -> [u64; 3] {
+    [
+        s.q_len() as u64 * elem,
+        s.kv_len() as u64 * elem,
+        s.lse_len() as u64 * 4,
+    ]
+}
+
+/// Cut `shape` into pieces whose bindings fit in `max_binding` bytes and whose
+/// batch and head grid dimensions fit in `max_groups`. Whole batches and kv
+/// heads are preferred; rows and keys are split only when one kv head is too big
+/// (split keys are merged by LSE, as in FlashDecoding).
+pub(crate) fn split(
+    shape: &AttentionShape,
+    elem: u64,
+    max_binding: u64,
+    max_groups: usize,
+) -> Result<Vec<Split>> {
+    let g = shape.group();
+    let fits = |nb: usize, nh: usize, rows: usize, keys: usize| {
+        let s = AttentionShape {
+            batch: nb,
+            seqlen_q: rows,
+            seqlen_k: keys,
+            heads_q: nh * g,
+            heads_kv: nh,
+            head_dim: shape.head_dim,
+        };
+        nb <= max_groups
+            && nh * g <= max_groups
+            && piece_bytes(&s, elem).iter().all(|&b| b <= max_binding)
+    };
+    let (b, h, sq, sk) = (shape.batch, shape.heads_kv, shape.seqlen_q, shape.seqlen_k);
+    if fits(b, h, sq, sk) {
+        return Ok(vec![Split {
+            batch: 0..b,
+            kv_heads: 0..h,
+            rows: 0..sq,
+            keys: 0..sk,
+        }]);
+    }
+    let chunks = |n: usize, step: usize| {
+        (0..n)
+            .step_by(step.max(1))
+            .map(move |s| s..(s + step).min(n))
+    };
+    let mut out = Vec::new();
+    let heads_per = (1..=h).rev().find(|&nh| fits(1, nh, sq, sk));
+    if let Some(nh) = heads_per {
+        for bi in 0..b {
+            for hs in chunks(h, nh) {
+                out.push(Split {
+                    batch: bi..bi + 1,
+                    kv_heads: hs,
+                    rows: 0..sq,
+                    keys: 0..sk,
+                });
+            }
+        }
+        return Ok(out);
+    }
+    let row_bytes = (g * shape.head_dim) as u64 * elem;
+    let rows_per = (max_binding / row_bytes).min(sq as u64) as usize;
+    let keys_per = (max_binding / (shape.head_dim as u64 * elem)).min(sk as u64) as usize;
+    if rows_per == 0 || keys_per == 0 || g > max_groups {
+        return Err(Error::Unsupported(format!(
+            "one query row of a kv-head group needs {row_bytes} bytes, more than one storage binding ({max_binding} bytes)"
+        )));
+    }
+    for bi in 0..b {
+        for hk in 0..h {
+            for rows in chunks(sq, rows_per) {
+                for keys in chunks(sk, keys_per) {
+                    out.push(Split {
+                        batch: bi..bi + 1,
+                        kv_heads: hk..hk + 1,
+                        rows: rows.clone(),
+                        keys,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Copy the `(batch, rows, heads)` block of a standard-layout tensor.
+fn gather<T: Copy>(
+    src: &[T],
+    layout: Layout,
+    batch: &Range<usize>,
+    rows: &Range<usize>,
+    heads: &Range<usize>,
+) -> Vec<T> {
+    let d = layout.dim;
+    let mut out = Vec::with_capacity(batch.len() * rows.len() * heads.len() * d);
+    for b in batch.clone() {
+        for i in rows.clone() {
+            let start = layout.row(b, i, heads.start);
+            out.extend_from_slice(&src[start..start + heads.len() * d]);
+        }
+    }
+    out
+}
+
+/// Inverse of [`gather`].
+fn scatter<T: Copy>(
+    dst: &mut [T],
+    layout: Layout,
+    batch: &Range<usize>,
+    rows: &Range<usize>,
+    heads: &Range<usize>,
+    src: &[T],
+) {
+    let n = heads.len() * layout.dim;
+    let mut chunks = src.chunks_exact(n);
+    for b in batch.clone() {
+        for i in rows.clone() {
+            if let Some(chunk) = chunks.next() {
+                let start = layout.row(b, i, heads.start);
+                dst[start..start + n].copy_from_slice(chunk);
+            }
+        }
+    }
+}
+
+fn host_gather(
+    data: HostData,
+    layout: Layout,
+    batch: &Range<usize>,
+    rows: &Range<usize>,
+    heads: &Range<usize>,
+) -> TensorData {
+    match data {
+        HostData::F32(d) => TensorData::F32(gather(d, layout, batch, rows, heads)),
+        HostData::F16(d) => TensorData::F16(gather(d, layout, batch, rows, heads)),
+    }
+}
+
+impl Engine {
+    /// The plan this engine would run for a problem.
+    pub fn plan(
+        &self,
+        shape: &AttentionShape,
+        precision: Precision,
+        overrides: &PlanOverrides,
+    ) -> Result<Plan> {
+        let req = PlanRequest::new(shape.head_dim, precision)
+            .seqlens(shape.seqlen_q, shape.seqlen_k)
+            .overrides(*overrides);
+        plan_forward(&req, &self.caps())
+    }
+
+    /// Exact attention forward on host tensors (see [`Engine::forward_with`]).
+    pub fn forward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        self.forward_with(q, k, v, opts, &PlanOverrides::default())
+    }
+
+    /// Exact attention forward on host tensors with plan overrides. Problems
+    /// larger than one storage binding or dispatch are split, never rejected.
+    pub fn forward_with(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        let shape = AttentionShape::from_views(q, k, v)?;
+        opts.validate()?;
+        let precision = q.precision();
+        let plan = self.plan(&shape, precision, overrides)?;
+        let mut stats = CallStats {
+            plan: Some(plan.clone()),
+            ..Default::default()
+        };
+        let elem = precision.bytes() as u64;
+        let pieces = split(&shape, elem, self.max_binding(), self.max_groups() as usize)?;
+
+        if pieces.len() == 1 {
+            let (o, lse) = self.run_uploaded(
+                &Piece::whole(shape),
+                &plan,
+                opts,
+                [q.data.as_bytes(), k.data.as_bytes(), v.data.as_bytes()],
+                &mut stats,
+            )?;
+            return Ok(ForwardOutput {
+                o: Tensor {
+                    shape: shape.q_shape().to_vec(),
+                    data: o,
+                },
+                lse,
+                shape,
+                stats,
+            });
+        }
+
+        // Split path: gather each piece, run it, scatter (and merge split keys).
+        let (ql, kl) = (Layout::q(&shape), Layout::kv(&shape));
+        let mut o_full = vec![0f32; shape.q_len()];
+        let mut o_exact = TensorData::from_f32(vec![0.0; shape.q_len()], precision);
+        let mut lse_full = vec![f32::NEG_INFINITY; shape.lse_len()];
+        let keys_split = pieces.iter().any(|p| p.keys.len() != shape.seqlen_k);
+        for s in &pieces {
+            let local = s.shape(&shape);
+            let qh = s.q_heads(&shape);
+            let qd = host_gather(q.data, ql, &s.batch, &s.rows, &qh);
+            let kd = host_gather(k.data, kl, &s.batch, &s.keys, &s.kv_heads);
+            let vd = host_gather(v.data, kl, &s.batch, &s.keys, &s.kv_heads);
+            let piece = Piece {
+                local,
+                full: shape,
+                q_start: s.rows.start,
+                k_start: s.keys.start,
+            };
+            let bytes = [
+                qd.as_host().as_bytes(),
+                kd.as_host().as_bytes(),
+                vd.as_host().as_bytes(),
+            ];
+            let (o, lse) = self.run_uploaded(&piece, &plan, opts, bytes, &mut stats)?;
+            if keys_split {
+                merge_piece(&shape, s, &o.to_f32(), &lse, &mut o_full, &mut lse_full);
+            } else {
+                match (&mut o_exact, &o) {
+                    (TensorData::F32(dst), TensorData::F32(src)) => {
+                        scatter(dst, ql, &s.batch, &s.rows, &qh, src)
+                    }
+                    (TensorData::F16(dst), TensorData::F16(src)) => {
+                        scatter(dst, ql, &s.batch, &s.rows, &qh, src)
+                    }
+                    _ => {
+                        return Err(Error::Dtype(
+                            "output precision changed between pieces".into(),
+                        ))
+                    }
+                }
+                for (bl, b) in s.batch.clone().enumerate() {
+                    for (hl, h) in qh.clone().enumerate() {
+                        let src =
+                            &lse[(bl * local.heads_q + hl) * local.seqlen_q..][..local.seqlen_q];
+                        let dst = (b * shape.heads_q + h) * shape.seqlen_q + s.rows.start;
+                        lse_full[dst..dst + local.seqlen_q].copy_from_slice(src);
+                    }
+                }
+            }
+        }
+        let o = if keys_split {
+            TensorData::from_f32(o_full, precision)
+        } else {
+            o_exact
+        };
+        Ok(ForwardOutput {
+            o: Tensor {
+                shape: shape.q_shape().to_vec(),
+                data: o,
+            },
+            lse: lse_full,
+            shape,
+            stats,
+        })
+    }
+
+    /// Upload one piece, run it and read o and lse back.
+    fn run_uploaded(
+        &self,
+        piece: &Piece,
+        plan: &Plan,
+        opts: &AttentionOptions,
+        qkv: [&[u8]; 3],
+        stats: &mut CallStats,
+    ) -> Result<(TensorData, Vec<f32>)> {
+        let s = &piece.local;
+        let precision = plan.storage.precision();
+        let (o_bytes, lse_bytes) = (
+            s.q_len() as u64 * precision.bytes() as u64,
+            s.lse_len() as u64 * 4,
+        );
+        let bufs = self.checked("allocating attention buffers", || {
+            Ok([
+                self.upload(stats, "q", qkv[0]),
+                self.upload(stats, "k", qkv[1]),
+                self.upload(stats, "v", qkv[2]),
+                self.storage(stats, "o", o_bytes),
+                self.storage(stats, "lse", lse_bytes),
+            ])
+        })?;
+        let [q, k, v, o, lse] = &bufs;
+        self.encode_and_run(
+            &AttentionBuffers { q, k, v, o, lse },
+            piece,
+            plan,
+            opts,
+            stats,
+        )?;
+        let o = TensorData::from_bytes(&self.read_back(o, o_bytes)?, precision, s.q_len());
+        let lse = bytemuck::pod_collect_to_vec::<u8, f32>(&self.read_back(lse, lse_bytes)?);
+        Ok((o, lse))
+    }
+
+    /// Forward on caller-owned device buffers (data stays on the GPU). Every
+    /// tensor must fit in one storage binding; returns what the call did.
+    pub fn forward_buffers(
+        &self,
+        buffers: &AttentionBuffers,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<CallStats> {
+        opts.validate()?;
+        let plan = self.plan(shape, precision, overrides)?;
+        let elem = precision.bytes() as u64;
+        let need = |n: usize, e: u64| (n as u64 * e).max(4).next_multiple_of(4);
+        let checks = [
+            ("q", buffers.q, need(shape.q_len(), elem)),
+            ("k", buffers.k, need(shape.kv_len(), elem)),
+            ("v", buffers.v, need(shape.kv_len(), elem)),
+            ("o", buffers.o, need(shape.q_len(), elem)),
+            ("lse", buffers.lse, need(shape.lse_len(), 4)),
+        ];
+        for (name, buffer, bytes) in checks {
+            if buffer.size() < bytes {
+                return Err(Error::Shape(format!(
+                    "buffer {name} holds {} bytes, the problem needs {bytes}",
+                    buffer.size()
+                )));
+            }
+            if bytes > self.max_binding() {
+                return Err(Error::Unsupported(format!(
+                    "buffer {name} needs {bytes} bytes, more than one storage binding ({}); use the host-tensor API, which splits",
+                    self.max_binding()
+                )));
+            }
+        }
+        let mut stats = CallStats {
+            plan: Some(plan.clone()),
+            ..Default::default()
+        };
+        self.encode_and_run(buffers, &Piece::whole(*shape), &plan, opts, &mut stats)?;
+        Ok(stats)
+    }
+
+    /// Dispatch the flash kernel over one piece, splitting the grid at the
+    /// device's per-dimension workgroup limit.
+    fn encode_and_run(
+        &self,
+        b: &AttentionBuffers,
+        piece: &Piece,
+        plan: &Plan,
+        opts: &AttentionOptions,
+        stats: &mut CallStats,
+    ) -> Result<()> {
+        let s = &piece.local;
+        let variant = Variant {
+            masked: opts.mask(&piece.full).is_active(),
+            softcap: opts.softcap_value() > 0.0,
+        };
+        let max_groups = self.max_groups();
+        if s.heads_q > max_groups as usize || s.batch > max_groups as usize {
+            return Err(Error::Unsupported(format!(
+                "batch {} × heads {} exceeds the device's {max_groups} workgroups per dimension; use the host-tensor API, which splits",
+                s.batch, s.heads_q
+            )));
+        }
+        let pipeline = self.pipeline(&shaders::flash_forward(plan, variant), "main")?;
+        let base = Params::new(piece, opts)?;
+        let blocks = s.seqlen_q.div_ceil(plan.br as usize) as u32;
+        self.checked("running the flash forward kernel", || {
+            let mut encoder = self.device().create_command_encoder(&Default::default());
+            if plan.storage == StorageKind::F16Packed {
+                // Packed stores OR halves into zeroed words.
+                encoder.clear_buffer(b.o, 0, None);
+            }
+            let mut groups = Vec::new();
+            for offset in (0..blocks).step_by(max_groups as usize) {
+                let params = self.uniform(&Params {
+                    block_offset: offset,
+                    ..base
+                });
+                let bind = self.bind(
+                    &pipeline,
+                    &[
+                        (0, &params),
+                        (1, b.q),
+                        (2, b.k),
+                        (3, b.v),
+                        (4, b.o),
+                        (5, b.lse),
+                    ],
+                );
+                groups.push((bind, (blocks - offset).min(max_groups)));
+            }
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                for (bind, x) in &groups {
+                    pass.set_bind_group(0, bind, &[]);
+                    pass.dispatch_workgroups(*x, s.heads_q as u32, s.batch as u32);
+                    stats.dispatches += 1;
+                }
+            }
+            stats.kernel_seconds += self.submit(encoder)?;
+            Ok(())
+        })
+    }
+}
+
+/// Fold one piece's (o, lse) into the running result by LSE weights; pieces
+/// over different keys of the same rows combine exactly.
+fn merge_piece(
+    shape: &AttentionShape,
+    s: &Split,
+    o: &[f32],
+    lse: &[f32],
+    o_full: &mut [f32],
+    lse_full: &mut [f32],
+) {
+    let local = s.shape(shape);
+    let d = shape.head_dim;
+    let (ql, ll) = (Layout::q(shape), Layout::q(&local));
+    for (bl, b) in s.batch.clone().enumerate() {
+        for (hl, h) in s.q_heads(shape).enumerate() {
+            for (il, i) in s.rows.clone().enumerate() {
+                let part = lse[(bl * local.heads_q + hl) * local.seqlen_q + il];
+                let slot = (b * shape.heads_q + h) * shape.seqlen_q + i;
+                let prev = lse_full[slot];
+                let new = log_add_exp(prev, part);
+                if new == f32::NEG_INFINITY {
+                    continue;
+                }
+                let (wa, wb) = ((prev - new).exp(), (part - new).exp());
+                let dst = &mut o_full[ql.row(b, i, h)..][..d];
+                let src = &o[ll.row(bl, il, hl)..][..d];
+                for (x, y) in dst.iter_mut().zip(src) {
+                    *x = *x * wa + *y * wb;
+                }
+                lse_full[slot] = new;
+            }
+        }
+    }
+}
+
+fn log_add_exp(a: f32, b: f32) -> f32 {
+    let m = a.max(b);
+    if m == f32::NEG_INFINITY {
+        return m;
+    }
+    m + ((a - m).exp() + (b - m).exp()).ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, sq: usize, sk: usize, hq: usize, hk: usize, d: usize) -> AttentionShape {
+        AttentionShape::new(b, sq, sk, hq, hk, d).unwrap()
+    }
+
+    #[test]
+    fn small_problem_is_one_piece() {
+        let s = shape(2, 100, 50, 4, 2, 64);
+        assert_eq!(split(&s, 4, 1 << 27, 65535).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn split_covers_everything_once() {
+        let s = shape(2, 37, 29, 4, 2, 8);
+        for cap in [4096u64, 2048, 512, 64] {
+            let pieces = split(&s, 4, cap, 65535).unwrap();
+            let mut seen = vec![0u32; s.batch * s.heads_kv * s.seqlen_q * s.seqlen_k];
+            for p in &pieces {
+                let ls = p.shape(&s);
+                for (bytes, _) in piece_bytes(&ls, 4).iter().zip(0..) {
+                    assert!(*bytes <= cap, "{p:?} at cap {cap}");
+                }
+                for b in p.batch.clone() {
+                    for h in p.kv_heads.clone() {
+                        for i in p.rows.clone() {
+                            for j in p.keys.clone() {
+                                seen[((b * s.heads_kv + h) * s.seqlen_q + i) * s.seqlen_k + j] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "cap {cap}");
+        }
+    }
+
+    #[test]
+    fn grid_limit_splits_heads() {
+        let s = shape(1, 4, 4, 8, 8, 4);
+        let pieces = split(&s, 4, 1 << 20, 4).unwrap();
+        assert!(pieces.len() >= 2);
+        assert!(pieces.iter().all(|p| p.kv_heads.len() <= 4));
+    }
+
+    #[test]
+    fn log_add_exp_handles_empty() {
+        assert_eq!(
+            log_add_exp(f32::NEG_INFINITY, f32::NEG_INFINITY),
+            f32::NEG_INFINITY
+        );
+        assert!((log_add_exp(0.0, 0.0) - 2f32.ln()).abs() < 1e-6);
+    }
+}

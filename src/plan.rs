@@ -1,0 +1,623 @@
+//! The tile planner: a pure function from device limits and a problem to a [`Plan`].
+//!
+//! FlashAttention's Algorithm 1 keeps four tiles on chip (Q_i: Br×d, K_j and
+//! V_j: Bc×d, S_ij: Br×Bc), so with M elements of workgroup storage it picks
+//! `Bc = ceil(M / 4d)` and `Br = min(Bc, d)`. Our kernels keep those tiles in
+//! f32 (f16 inputs are widened on load), so M is counted in f32 elements.
+//! The formula is then clamped to what the device can dispatch and what the
+//! kernel can hold in registers, and every clamp is recorded with its reason.
+//! [`forward_workgroup_bytes`] is the single source of truth for the bytes the
+//! shader declares: the shader text is generated from the same Plan fields.
+
+use crate::error::{Error, Result};
+use crate::tensor::{Precision, MAX_HEAD_DIM};
+
+/// Bytes per on-chip element: tiles are f32 whatever the storage precision.
+pub const WORKING_BYTES: u32 = 4;
+/// Br and Bc are multiples of this (when at least this large).
+pub const GRANULARITY: u32 = 4;
+/// Most scores one invocation holds in registers (Bc / threads_per_row).
+pub const MAX_SCORES_PER_THREAD: u32 = 16;
+/// Most output columns one invocation accumulates (head_dim / threads_per_row).
+pub const MAX_ACC_PER_THREAD: u32 = 32;
+/// Invocations per workgroup the planner aims for.
+pub const TARGET_WORKGROUP: u32 = 256;
+/// Most invocations that share one query row.
+pub const MAX_THREADS_PER_ROW: u32 = 32;
+
+/// The device limits the planner reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceCaps {
+    /// `max_compute_workgroup_storage_size`, bytes (M).
+    pub max_workgroup_storage: u32,
+    /// `max_compute_invocations_per_workgroup`.
+    pub max_invocations: u32,
+    /// `max_compute_workgroup_size_x`.
+    pub max_workgroup_size_x: u32,
+    /// SHADER_F16: native `f16` in storage buffers.
+    pub shader_f16: bool,
+}
+
+impl DeviceCaps {
+    pub fn from_wgpu(limits: &wgpu::Limits, features: wgpu::Features) -> Self {
+        Self {
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            max_workgroup_size_x: limits.max_compute_workgroup_size_x,
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+        }
+    }
+
+    /// WebGPU's default limits (what a browser grants unless asked for more).
+    pub fn webgpu_default() -> Self {
+        Self {
+            max_workgroup_storage: 16384,
+            max_invocations: 256,
+            max_workgroup_size_x: 256,
+            shader_f16: false,
+        }
+    }
+}
+
+/// How q, k, v and o are stored in the kernel's storage buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StorageKind {
+    F32,
+    /// f16 pairs packed in `u32`, `unpack2x16float`: runs on every adapter.
+    F16Packed,
+    /// `enable f16;` and `array<f16>`: needs SHADER_F16.
+    F16Native,
+}
+
+impl StorageKind {
+    pub fn precision(self) -> Precision {
+        match self {
+            StorageKind::F32 => Precision::F32,
+            StorageKind::F16Packed | StorageKind::F16Native => Precision::F16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageKind::F32 => "f32",
+            StorageKind::F16Packed => "f16 (packed u32)",
+            StorageKind::F16Native => "f16 (native)",
+        }
+    }
+}
+
+/// Caller overrides of the planner's choices; `None` keeps the planner's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PlanOverrides {
+    pub br: Option<u32>,
+    pub bc: Option<u32>,
+    pub threads_per_row: Option<u32>,
+    /// Cap M below the device's limit (Theorem 2 sweeps, browser-like limits).
+    pub max_workgroup_storage: Option<u32>,
+    /// For f16: force the packed (`false`) or native (`true`) path.
+    pub f16_native: Option<bool>,
+}
+
+/// What the planner is asked to plan for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanRequest {
+    pub head_dim: usize,
+    pub precision: Precision,
+    /// Query rows per (batch, head); Br is not made larger than needed.
+    pub seqlen_q: usize,
+    /// Keys per (batch, head); Bc is not made larger than needed.
+    pub seqlen_k: usize,
+    pub overrides: PlanOverrides,
+}
+
+impl PlanRequest {
+    pub fn new(head_dim: usize, precision: Precision) -> Self {
+        Self {
+            head_dim,
+            precision,
+            seqlen_q: usize::MAX,
+            seqlen_k: usize::MAX,
+            overrides: PlanOverrides::default(),
+        }
+    }
+
+    pub fn seqlens(mut self, seqlen_q: usize, seqlen_k: usize) -> Self {
+        self.seqlen_q = seqlen_q;
+        self.seqlen_k = seqlen_k;
+        self
+    }
+
+    pub fn overrides(mut self, overrides: PlanOverrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+}
+
+/// One change the planner made to the formula's value, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Clamp {
+    pub field: &'static str,
+    pub from: u32,
+    pub to: u32,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Clamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} -> {}: {}",
+            self.field, self.from, self.to, self.reason
+        )
+    }
+}
+
+/// Tile sizes and thread layout of the forward kernel.
+///
+/// Each workgroup owns `br` query rows of one (batch, head) and loops over
+/// key/value blocks of `bc` rows; `threads_per_row` invocations share a row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Plan {
+    pub head_dim: u32,
+    pub storage: StorageKind,
+    /// M in bytes, as used (the device limit or an override).
+    pub m_bytes: u32,
+    /// The formula's values before clamping: `ceil(M/4d)` and `min(that, d)`.
+    pub bc_formula: u32,
+    pub br_formula: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub threads_per_row: u32,
+    /// `br * threads_per_row`.
+    pub workgroup_size: u32,
+    /// Bytes of `var<workgroup>` the kernel declares.
+    pub workgroup_bytes: u32,
+    pub clamps: Vec<Clamp>,
+}
+
+impl Plan {
+    /// Scores each invocation holds: `ceil(bc / threads_per_row)`.
+    pub fn scores_per_thread(&self) -> u32 {
+        self.bc.div_ceil(self.threads_per_row)
+    }
+
+    /// Output columns each invocation accumulates: `ceil(d / threads_per_row)`.
+    pub fn acc_per_thread(&self) -> u32 {
+        self.head_dim.div_ceil(self.threads_per_row)
+    }
+
+    /// M in f32 elements.
+    pub fn m_elements(&self) -> u32 {
+        self.m_bytes / WORKING_BYTES
+    }
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "M = {} bytes = {} f32 elements; d = {}; storage {}",
+            self.m_bytes,
+            self.m_elements(),
+            self.head_dim,
+            self.storage.name()
+        )?;
+        writeln!(
+            f,
+            "formula: Bc = ceil(M/4d) = {}, Br = min(Bc, d) = {}",
+            self.bc_formula, self.br_formula
+        )?;
+        writeln!(
+            f,
+            "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
+            self.br, self.bc, self.threads_per_row, self.workgroup_size, self.workgroup_bytes
+        )?;
+        if self.clamps.is_empty() {
+            write!(f, "clamps: none")
+        } else {
+            write!(f, "clamps:")?;
+            for c in &self.clamps {
+                write!(f, "\n  - {c}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Workgroup bytes of the forward kernel: Q (Br×d), K and V (Bc×d), P (Br×Bc)
+/// and one partial per invocation for row reductions, all f32.
+pub fn forward_workgroup_bytes(br: u32, bc: u32, head_dim: u32, threads_per_row: u32) -> u32 {
+    WORKING_BYTES * (br * head_dim + 2 * bc * head_dim + br * bc + br * threads_per_row)
+}
+
+fn round_down(x: u32, g: u32) -> u32 {
+    if x >= g {
+        x / g * g
+    } else {
+        x
+    }
+}
+
+fn round_up(x: usize, g: u32) -> u32 {
+    let x = x.min(u32::MAX as usize / 2) as u32;
+    x.div_ceil(g) * g
+}
+
+fn prev_pow2(x: u32) -> u32 {
+    if x == 0 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+/// Plan the forward kernel for `req` on a device with `caps`.
+pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
+    let d = req.head_dim as u32;
+    if req.head_dim == 0 || req.head_dim > MAX_HEAD_DIM {
+        return Err(Error::Shape(format!(
+            "head_dim {} is outside 1..={MAX_HEAD_DIM}",
+            req.head_dim
+        )));
+    }
+    let ov = req.overrides;
+    let mut clamps = Vec::new();
+    let mut clamp = |field, from: u32, to: u32, reason: String| {
+        if from != to {
+            clamps.push(Clamp {
+                field,
+                from,
+                to,
+                reason,
+            });
+        }
+    };
+
+    let m_bytes = match ov.max_workgroup_storage {
+        Some(cap) if cap > caps.max_workgroup_storage => {
+            return Err(Error::Plan(format!(
+                "requested workgroup storage {cap} bytes exceeds the device maximum {}",
+                caps.max_workgroup_storage
+            )))
+        }
+        Some(cap) => cap,
+        None => caps.max_workgroup_storage,
+    };
+    let m = m_bytes / WORKING_BYTES;
+    let bc_formula = m.div_ceil(4 * d).max(1);
+    let br_formula = bc_formula.min(d);
+    let max_wg = caps.max_invocations.min(caps.max_workgroup_size_x).max(1);
+
+    // --- Bc ---
+    let mut bc = bc_formula;
+    let rounded = round_down(bc, GRANULARITY);
+    clamp(
+        "Bc",
+        bc,
+        rounded,
+        format!("rounded down to the kernel granularity {GRANULARITY}"),
+    );
+    bc = rounded;
+    let needed = round_up(req.seqlen_k, GRANULARITY);
+    if bc > needed {
+        clamp(
+            "Bc",
+            bc,
+            needed,
+            format!("seqlen_k is only {}", req.seqlen_k),
+        );
+        bc = needed;
+    }
+    let bc_reg_max = MAX_THREADS_PER_ROW * MAX_SCORES_PER_THREAD;
+    if bc > bc_reg_max {
+        clamp(
+            "Bc",
+            bc,
+            bc_reg_max,
+            format!(
+                "register pressure: at most {MAX_SCORES_PER_THREAD} scores per invocation × {MAX_THREADS_PER_ROW} invocations per row"
+            ),
+        );
+        bc = bc_reg_max;
+    }
+    if let Some(o) = ov.bc {
+        bc = o;
+    }
+
+    // --- Br ---
+    let mut br = br_formula;
+    let rounded = round_down(br, GRANULARITY);
+    clamp(
+        "Br",
+        br,
+        rounded,
+        format!("rounded down to the kernel granularity {GRANULARITY}"),
+    );
+    br = rounded;
+    let needed = round_up(req.seqlen_q, GRANULARITY);
+    if br > needed {
+        clamp(
+            "Br",
+            br,
+            needed,
+            format!("seqlen_q is only {}", req.seqlen_q),
+        );
+        br = needed;
+    }
+    if br > max_wg {
+        clamp(
+            "Br",
+            br,
+            max_wg,
+            format!("the device allows {max_wg} invocations per workgroup"),
+        );
+        br = max_wg;
+    }
+    if let Some(o) = ov.br {
+        br = o;
+    }
+    if br == 0 || bc == 0 {
+        return Err(Error::Plan(format!(
+            "Br and Bc must be at least 1 (Br {br}, Bc {bc})"
+        )));
+    }
+
+    // --- threads per row: enough to keep registers bounded, enough to fill
+    // the target workgroup, never more than the device allows.
+    let target = TARGET_WORKGROUP.min(max_wg);
+    let min_tc = d
+        .div_ceil(MAX_ACC_PER_THREAD)
+        .max(bc.div_ceil(MAX_SCORES_PER_THREAD))
+        .next_power_of_two();
+    let mut tc = prev_pow2((target / br).max(1))
+        .max(min_tc)
+        .min(MAX_THREADS_PER_ROW)
+        .min(bc.next_power_of_two());
+    if let Some(o) = ov.threads_per_row {
+        tc = o;
+    }
+    if tc == 0 {
+        return Err(Error::Plan("threads_per_row must be at least 1".into()));
+    }
+    // Too many invocations: fewer rows per workgroup.
+    while br * tc > max_wg && ov.br.is_none() && br > 1 {
+        let next = round_down(br - 1, GRANULARITY).max(1).min(br - 1);
+        clamp(
+            "Br",
+            br,
+            next,
+            format!("{br} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"),
+        );
+        br = next;
+    }
+    if br * tc > max_wg {
+        return Err(Error::Plan(format!(
+            "workgroup of {} invocations (Br {br} × {tc} per row) exceeds the device maximum {max_wg}",
+            br * tc
+        )));
+    }
+    if bc.div_ceil(tc) > MAX_SCORES_PER_THREAD || d.div_ceil(tc) > MAX_ACC_PER_THREAD {
+        return Err(Error::Plan(format!(
+            "{tc} invocations per row leave {} scores and {} accumulators per invocation (max {MAX_SCORES_PER_THREAD} and {MAX_ACC_PER_THREAD})",
+            bc.div_ceil(tc),
+            d.div_ceil(tc)
+        )));
+    }
+
+    // --- fit the workgroup storage: shrink Bc first (it only costs more
+    // K/V passes), then Br.
+    let mut bytes = forward_workgroup_bytes(br, bc, d, tc);
+    if bytes > m_bytes && (ov.bc.is_some() && ov.br.is_some()) {
+        return Err(Error::Plan(format!(
+            "tiles Br {br} × Bc {bc} at d {d} need {bytes} bytes of workgroup storage, the maximum is {m_bytes}"
+        )));
+    }
+    let (bc0, br0) = (bc, br);
+    while bytes > m_bytes {
+        if ov.bc.is_none() && bc > 1 && (bc >= br || ov.br.is_some()) {
+            bc = round_down(bc - 1, GRANULARITY).max(1).min(bc - 1);
+        } else if ov.br.is_none() && br > 1 {
+            br = round_down(br - 1, GRANULARITY).max(1).min(br - 1);
+        } else {
+            return Err(Error::Plan(format!(
+                "tiles Br {br} × Bc {bc} at d {d} need {bytes} bytes of workgroup storage, the maximum is {m_bytes}"
+            )));
+        }
+        bytes = forward_workgroup_bytes(br, bc, d, tc);
+    }
+    let why = format!(
+        "Q, K, V, P tiles plus row partials must fit in {m_bytes} bytes of workgroup storage"
+    );
+    clamp("Bc", bc0, bc, why.clone());
+    clamp("Br", br0, br, why);
+
+    let storage = match req.precision {
+        Precision::F32 => StorageKind::F32,
+        Precision::F16 => match ov.f16_native {
+            Some(true) if !caps.shader_f16 => {
+                return Err(Error::Unsupported(
+                    "native f16 needs the SHADER_F16 feature, which this adapter lacks".into(),
+                ))
+            }
+            Some(true) => StorageKind::F16Native,
+            Some(false) => StorageKind::F16Packed,
+            None if caps.shader_f16 => StorageKind::F16Native,
+            None => StorageKind::F16Packed,
+        },
+    };
+
+    Ok(Plan {
+        head_dim: d,
+        storage,
+        m_bytes,
+        bc_formula,
+        br_formula,
+        br,
+        bc,
+        threads_per_row: tc,
+        workgroup_size: br * tc,
+        workgroup_bytes: bytes,
+        clamps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(kib: u32) -> DeviceCaps {
+        DeviceCaps {
+            max_workgroup_storage: kib * 1024,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: false,
+        }
+    }
+
+    #[test]
+    fn formula_is_pinned() {
+        // lavapipe: M = 32 KiB = 8192 f32 elements, d = 64: Bc = ceil(8192/256) = 32.
+        let p = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+        assert_eq!((p.bc_formula, p.br_formula), (32, 32));
+        assert_eq!((p.bc, p.br), (32, 32));
+        assert!(p.workgroup_bytes <= 32 * 1024);
+        // Bc = ceil(M/4d) rounds up: M = 100 KiB, d = 59 → ceil(25600/236) = 109.
+        let p = plan_forward(&PlanRequest::new(59, Precision::F32), &caps(100)).unwrap();
+        assert_eq!(p.bc_formula, 109);
+        assert_eq!(p.br_formula, 59);
+    }
+
+    #[test]
+    fn every_limit_and_head_dim_fits() {
+        for kib in [16, 32, 48, 64, 100, 228] {
+            for d in [32, 64, 128, 256] {
+                let c = caps(kib);
+                let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+                let m = kib * 1024 / 4;
+                assert_eq!(p.bc_formula, m.div_ceil(4 * d as u32), "{kib} KiB d {d}");
+                assert_eq!(p.br_formula, p.bc_formula.min(d as u32));
+                assert!(p.br <= p.br_formula && p.bc <= p.bc_formula);
+                assert_eq!(
+                    p.workgroup_bytes,
+                    forward_workgroup_bytes(p.br, p.bc, d as u32, p.threads_per_row)
+                );
+                assert!(p.workgroup_bytes <= c.max_workgroup_storage, "{p}");
+                assert!(p.workgroup_size <= c.max_invocations);
+                assert!(p.scores_per_thread() <= MAX_SCORES_PER_THREAD);
+                assert!(p.acc_per_thread() <= MAX_ACC_PER_THREAD);
+                if p.br >= GRANULARITY {
+                    assert_eq!(p.br % GRANULARITY, 0);
+                }
+                // Every deviation from the formula is explained.
+                if p.bc != p.bc_formula {
+                    assert!(p.clamps.iter().any(|c| c.field == "Bc"), "{p}");
+                }
+                if p.br != p.br_formula {
+                    assert!(p.clamps.iter().any(|c| c.field == "Br"), "{p}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn larger_memory_never_gives_smaller_tiles() {
+        for d in [32, 64, 128, 256] {
+            let mut last = 0;
+            for kib in [16, 32, 48, 64, 100, 228] {
+                let p = plan_forward(&PlanRequest::new(d, Precision::F32), &caps(kib)).unwrap();
+                assert!(p.bc >= last, "d {d} {kib} KiB");
+                last = p.bc;
+            }
+        }
+    }
+
+    #[test]
+    fn storage_clamp_is_recorded() {
+        // d = 256 at 16 KiB: Bc = ceil(4096/1024) = 4 = Br; 4·(4·256 + 2·4·256 + 16 + 4·tc) > 16 KiB.
+        let p = plan_forward(&PlanRequest::new(256, Precision::F32), &caps(16)).unwrap();
+        assert!(p.workgroup_bytes <= 16 * 1024);
+        assert!(
+            p.clamps
+                .iter()
+                .any(|c| c.reason.contains("workgroup storage")),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn invocation_limit_clamps_br() {
+        let c = DeviceCaps {
+            max_invocations: 64,
+            max_workgroup_size_x: 64,
+            ..caps(64)
+        };
+        let p = plan_forward(&PlanRequest::new(64, Precision::F32), &c).unwrap();
+        assert!(p.workgroup_size <= 64);
+        assert!(
+            p.clamps.iter().any(|c| c.reason.contains("invocations")),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn short_sequences_shrink_tiles() {
+        let p = plan_forward(
+            &PlanRequest::new(64, Precision::F32).seqlens(1, 3),
+            &caps(32),
+        )
+        .unwrap();
+        assert_eq!((p.br, p.bc), (4, 4));
+        assert!(p.clamps.iter().any(|c| c.reason.contains("seqlen_q")));
+    }
+
+    #[test]
+    fn overrides_are_checked() {
+        let req = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+            br: Some(64),
+            bc: Some(64),
+            ..Default::default()
+        });
+        let err = plan_forward(&req, &caps(16)).unwrap_err().to_string();
+        assert!(err.contains("bytes of workgroup storage"), "{err}");
+        let req = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+            br: Some(8),
+            bc: Some(16),
+            ..Default::default()
+        });
+        let p = plan_forward(&req, &caps(32)).unwrap();
+        assert_eq!((p.br, p.bc), (8, 16));
+    }
+
+    #[test]
+    fn f16_path_follows_features() {
+        let p = plan_forward(&PlanRequest::new(64, Precision::F16), &caps(32)).unwrap();
+        assert_eq!(p.storage, StorageKind::F16Packed);
+        let c = DeviceCaps {
+            shader_f16: true,
+            ..caps(32)
+        };
+        let p = plan_forward(&PlanRequest::new(64, Precision::F16), &c).unwrap();
+        assert_eq!(p.storage, StorageKind::F16Native);
+        let req = PlanRequest::new(64, Precision::F16).overrides(PlanOverrides {
+            f16_native: Some(true),
+            ..Default::default()
+        });
+        assert!(plan_forward(&req, &caps(32)).is_err());
+    }
+
+    #[test]
+    fn tiny_and_odd_head_dims_plan() {
+        for d in [1, 3, 16, 59, 111, 255] {
+            for kib in [16, 32] {
+                let c = DeviceCaps {
+                    max_invocations: 256,
+                    max_workgroup_size_x: 256,
+                    ..caps(kib)
+                };
+                let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+                assert!(p.workgroup_bytes <= c.max_workgroup_storage);
+                assert!(p.workgroup_size <= 256);
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Shared test harness: one engine per test process, deterministic cases,
+//! SPEC.md's accuracy rule.
+#![allow(dead_code)]
+
+use flashattn::accuracy::{check_forward, Check};
+use flashattn::random::Rng;
+use flashattn::{AttentionOptions, Engine, ForwardOutput, PlanOverrides, Precision, TensorView};
+use half::f16;
+use std::sync::OnceLock;
+
+/// The engine for this process, or `None` (with a visible notice) when no
+/// adapter exists. With FLASHATTN_REQUIRE_GPU=1 (set by CI and scripts/test.sh)
+/// a missing adapter fails the test instead.
+pub fn engine() -> Option<&'static Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    let e = ENGINE.get_or_init(|| match Engine::new() {
+        Ok(e) => {
+            eprintln!("GPU tests run on {}", e.describe());
+            Some(e)
+        }
+        Err(err) => {
+            if std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("FLASHATTN_REQUIRE_GPU=1 but no adapter: {err}");
+            }
+            eprintln!("SKIPPED: GPU tests need an adapter: {err}");
+            None
+        }
+    });
+    e.as_ref()
+}
+
+/// Owned inputs of one case.
+pub struct Inputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub q16: Vec<f16>,
+    pub k16: Vec<f16>,
+    pub v16: Vec<f16>,
+    pub q_shape: [usize; 4],
+    pub kv_shape: [usize; 4],
+    pub precision: Precision,
+}
+
+impl Inputs {
+    pub fn views(&self) -> [TensorView<'_>; 3] {
+        match self.precision {
+            Precision::F32 => [
+                TensorView::f32(self.q_shape, &self.q),
+                TensorView::f32(self.kv_shape, &self.k),
+                TensorView::f32(self.kv_shape, &self.v),
+            ],
+            Precision::F16 => [
+                TensorView::f16(self.q_shape, &self.q16),
+                TensorView::f16(self.kv_shape, &self.k16),
+                TensorView::f16(self.kv_shape, &self.v16),
+            ],
+        }
+    }
+}
+
+/// One forward test case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub precision: Precision,
+    pub opts: AttentionOptions,
+    /// Standard deviation of q and k entries (large values stress the softmax).
+    pub std: f32,
+    pub overrides: PlanOverrides,
+    pub seed: u64,
+}
+
+impl Case {
+    pub fn new(seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> Self {
+        Self {
+            batch: 1,
+            seqlen_q,
+            seqlen_k,
+            heads_q: 2,
+            heads_kv: 2,
+            head_dim,
+            precision: Precision::F32,
+            opts: AttentionOptions::default(),
+            std: 1.0,
+            overrides: PlanOverrides::default(),
+            seed: 7,
+        }
+    }
+
+    pub fn heads(mut self, q: usize, kv: usize) -> Self {
+        self.heads_q = q;
+        self.heads_kv = kv;
+        self
+    }
+
+    pub fn batch(mut self, b: usize) -> Self {
+        self.batch = b;
+        self
+    }
+
+    pub fn f16(mut self) -> Self {
+        self.precision = Precision::F16;
+        self
+    }
+
+    pub fn opts(mut self, opts: AttentionOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    pub fn std(mut self, std: f32) -> Self {
+        self.std = std;
+        self
+    }
+
+    pub fn overrides(mut self, o: PlanOverrides) -> Self {
+        self.overrides = o;
+        self
+    }
+
+    pub fn inputs(&self) -> Inputs {
+        let mut rng =
+            Rng::new(self.seed ^ (self.seqlen_q as u64) << 20 ^ (self.head_dim as u64) << 40);
+        let q_shape = [self.batch, self.seqlen_q, self.heads_q, self.head_dim];
+        let kv_shape = [self.batch, self.seqlen_k, self.heads_kv, self.head_dim];
+        let nq: usize = q_shape.iter().product();
+        let nk: usize = kv_shape.iter().product();
+        let round =
+            |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| self.precision.round(x)).collect() };
+        let q = round(rng.normal_vec(nq, self.std));
+        let k = round(rng.normal_vec(nk, self.std));
+        let v = round(rng.normal_vec(nk, 1.0));
+        let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect();
+        Inputs {
+            q16: to16(&q),
+            k16: to16(&k),
+            v16: to16(&v),
+            q,
+            k,
+            v,
+            q_shape,
+            kv_shape,
+            precision: self.precision,
+        }
+    }
+}
+
+/// Assert a forward output meets the accuracy rule.
+pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Check; 2] {
+    let [q, k, v] = inputs.views();
+    let checks = check_forward(out, &q, &k, &v, &case.opts).expect("reference");
+    for c in &checks {
+        assert!(c.passed(), "{case:?}\n{c}");
+    }
+    assert_eq!(
+        out.o.precision(),
+        case.precision,
+        "output keeps the input dtype"
+    );
+    if std::env::var_os("FLASHATTN_VERBOSE").is_some() {
+        eprintln!(
+            "{} {:?}: {} | {}",
+            case.seqlen_q,
+            out.stats
+                .plan
+                .as_ref()
+                .map(|p| (p.br, p.bc, p.threads_per_row)),
+            checks[0],
+            checks[1]
+        );
+    }
+    checks
+}
+
+/// Run a case on the GPU and check it.
+pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let out = engine
+        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    assert_accurate(case, &inputs, &out);
+    out
+}
