@@ -101,8 +101,11 @@ fn main(
             if (HAS_SOFTCAP) {
                 sc = params.softcap_log2 * tanh(sc / params.softcap);
             }
-            if (needs_mask) {
-                var ok = row_valid && (FULL_SC || c < BC) && k0 + c < params.seqlen_k;
+            if (!FULL_SC && c >= BC) {
+                // Lanes past the tile's last column hold no score at all.
+                sc = NEG_BIG;
+            } else if (needs_mask) {
+                var ok = row_valid && k0 + c < params.seqlen_k;
                 if (IS_MASKED) {
                     ok = ok && band_allows(row_abs, k_abs0 + i32(c));
                 }

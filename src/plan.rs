@@ -370,9 +370,9 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         .max(bc.div_ceil(MAX_SCORES_PER_THREAD))
         .next_power_of_two();
     let mut tc = prev_pow2((target / br).max(1))
-        .max(min_tc)
         .min(MAX_THREADS_PER_ROW)
-        .min(bc.next_power_of_two());
+        .min(bc.next_power_of_two())
+        .max(min_tc);
     if let Some(o) = ov.threads_per_row {
         tc = o;
     }
@@ -533,9 +533,15 @@ mod tests {
 
     #[test]
     fn storage_clamp_is_recorded() {
-        // d = 256 at 16 KiB: Bc = ceil(4096/1024) = 4 = Br; 4·(4·256 + 2·4·256 + 16 + 4·tc) > 16 KiB.
-        let p = plan_forward(&PlanRequest::new(256, Precision::F32), &caps(16)).unwrap();
-        assert!(p.workgroup_bytes <= 16 * 1024);
+        // M = 1000 bytes = 250 elements, d = 8: Bc = ceil(250/32) = 8 = Br, but the
+        // tiles plus row partials need 4·(64 + 128 + 64 + 8·8) = 1280 bytes.
+        let c = DeviceCaps {
+            max_workgroup_storage: 1000,
+            ..caps(1)
+        };
+        let p = plan_forward(&PlanRequest::new(8, Precision::F32), &c).unwrap();
+        assert_eq!((p.bc_formula, p.br_formula), (8, 8));
+        assert!(p.workgroup_bytes <= 1000, "{p}");
         assert!(
             p.clamps
                 .iter()
@@ -603,6 +609,16 @@ mod tests {
             ..Default::default()
         });
         assert!(plan_forward(&req, &caps(32)).is_err());
+    }
+
+    #[test]
+    fn browser_limits_plan_every_head_dim() {
+        for d in 1..=256 {
+            let c = DeviceCaps::webgpu_default();
+            let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            assert!(p.workgroup_bytes <= c.max_workgroup_storage, "d {d}: {p}");
+            assert!(p.workgroup_size <= c.max_invocations, "d {d}: {p}");
+        }
     }
 
     #[test]

@@ -1,0 +1,122 @@
+//! Every composed WGSL module is validated by naga, so a shader error fails a
+//! test rather than a user's run. Capabilities come from wgpu's own mapping of
+//! adapter features, with and without SHADER_F16.
+
+use flashattn::gpu::shaders::{self, Variant};
+use flashattn::{plan_forward, DeviceCaps, PlanRequest, Precision, StorageKind};
+
+fn capabilities(f16: bool) -> naga::valid::Capabilities {
+    let features = if f16 {
+        wgpu::Features::SHADER_F16
+    } else {
+        wgpu::Features::empty()
+    };
+    wgpu_naga_bridge::features_to_naga_capabilities(features, wgpu::DownlevelFlags::all())
+}
+
+fn validate(source: &str, f16: bool) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities(f16))
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(source))?;
+    Ok(())
+}
+
+fn variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for masked in [false, true] {
+        for softcap in [false, true] {
+            v.push(Variant { masked, softcap });
+        }
+    }
+    v
+}
+
+fn storage_kinds() -> [(StorageKind, bool); 3] {
+    [
+        (StorageKind::F32, false),
+        (StorageKind::F16Packed, false),
+        (StorageKind::F16Native, true),
+    ]
+}
+
+#[test]
+fn flash_forward_validates_for_every_plan_and_variant() {
+    let caps = [
+        DeviceCaps::webgpu_default(),
+        DeviceCaps {
+            max_workgroup_storage: 32768,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+        },
+        DeviceCaps {
+            max_workgroup_storage: 49152,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+        },
+    ];
+    for c in caps {
+        for d in [1, 3, 16, 59, 64, 111, 128, 256] {
+            let mut plan = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            for (storage, f16) in storage_kinds() {
+                plan.storage = storage;
+                for variant in variants() {
+                    let src = shaders::flash_forward(&plan, variant);
+                    validate(&src, f16)
+                        .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn naive_forward_validates() {
+    for d in [1, 59, 64, 256] {
+        for (storage, f16) in storage_kinds() {
+            for variant in variants() {
+                let src = shaders::naive_forward(d, storage, variant);
+                validate(&src, f16)
+                    .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn native_f16_needs_the_capability_and_packed_does_not() {
+    let mut plan = plan_forward(
+        &PlanRequest::new(64, Precision::F16),
+        &DeviceCaps::webgpu_default(),
+    )
+    .unwrap();
+    assert_eq!(plan.storage, StorageKind::F16Packed);
+    assert!(validate(&shaders::flash_forward(&plan, Variant::default()), false).is_ok());
+    plan.storage = StorageKind::F16Native;
+    assert!(validate(&shaders::flash_forward(&plan, Variant::default()), false).is_err());
+}
+
+#[test]
+fn declared_workgroup_storage_matches_the_plan() {
+    // naga's view of the module's workgroup variables equals the planner's bytes.
+    for d in [16, 59, 64, 256] {
+        let plan = plan_forward(
+            &PlanRequest::new(d, Precision::F32),
+            &DeviceCaps::webgpu_default(),
+        )
+        .unwrap();
+        let src = shaders::flash_forward(&plan, Variant::default());
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let bytes: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert_eq!(bytes, plan.workgroup_bytes, "d {d}");
+    }
+}
