@@ -90,10 +90,11 @@ impl AttentionOptions {
 
     /// The mask reduced to one band `lo(i) <= j <= hi(i)` for the given shape.
     pub fn mask(&self, shape: &AttentionShape) -> Mask {
-        let right = match (self.causal, self.window.right) {
-            (true, Some(r)) => Some(r.min(0)),
-            (true, None) => Some(0),
-            (false, r) => r,
+        // Causal is a window whose right side is 0 (ANDed with any other right bound).
+        let right = if self.causal {
+            Some(0)
+        } else {
+            self.window.right
         };
         Mask {
             offset: shape.seqlen_k as i64 - shape.seqlen_q as i64,

@@ -397,7 +397,7 @@ fn buffer_api_keeps_data_on_gpu() {
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let Some(e) = engine() else { return };
-    let x = vec![0.0f32; 2 * 3 * 4];
+    let x = [0.0f32; 2 * 3 * 4];
     let q = TensorView::f32([1, 2, 3, 4], &x[..24]);
     let k = TensorView::f32([1, 2, 2, 4], &x[..16]);
     let err = e

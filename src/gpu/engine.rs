@@ -181,8 +181,10 @@ impl Engine {
 
     /// Largest byte size one storage binding may have.
     pub fn max_binding(&self) -> u64 {
-        let device =
-            (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size);
+        let device = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
         self.binding_cap.map_or(device, |c| c.min(device))
     }
 
