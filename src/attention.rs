@@ -60,6 +60,7 @@ pub enum Backend {
     Cpu,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl Backend {
     /// Open the requested backend. For `Auto`, a missing adapter falls back to
     /// the CPU and the returned notice says so.

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::plan::{DeviceCaps, Plan};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use web_time::Instant;
 use wgpu::util::DeviceExt;
 
 /// One storage buffer the engine allocated during a call.
@@ -71,6 +71,7 @@ fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
 impl Engine {
     /// Create an engine on the best adapter: Vulkan, Metal or DX12 first, then
     /// GL. `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the choice.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         pollster::block_on(Self::new_async())
     }
@@ -207,7 +208,7 @@ impl Engine {
 
     /// A compiled pipeline for `source`'s `entry`, cached by the source text
     /// (which is generated one-to-one from plan and variant).
-    pub(crate) fn pipeline(
+    pub(crate) async fn pipeline(
         &self,
         source: &str,
         entry: &'static str,
@@ -216,9 +217,11 @@ impl Engine {
         if let Some(p) = self.lock_pipelines()?.get(&key) {
             return Ok(p.clone());
         }
-        let pipeline = self.checked(&format!("compiling kernel `{entry}`"), || {
-            Ok(self.compile(source, entry))
-        })?;
+        let pipeline = self
+            .checked(&format!("compiling kernel `{entry}`"), || {
+                Ok(self.compile(source, entry))
+            })
+            .await?;
         self.lock_pipelines()?.insert(key, pipeline.clone());
         Ok(pipeline)
     }
@@ -308,12 +311,12 @@ impl Engine {
 
     /// Run `f` with validation and out-of-memory errors captured, so a device
     /// error becomes an `Err` naming `what` instead of a panic.
-    pub(crate) fn checked<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) async fn checked<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let result = f();
-        let oom = pollster::block_on(oom.pop());
-        let validation = pollster::block_on(validation.pop());
+        let oom = oom.pop().await;
+        let validation = validation.pop().await;
         if let Some(e) = oom {
             return Err(Error::Device(format!("{what}: out of device memory: {e}")));
         }
@@ -323,21 +326,35 @@ impl Engine {
         result
     }
 
-    /// Submit `encoder`, wait for completion, and return the wall time.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<f64> {
-        let start = Instant::now();
-        let index = self.queue.submit([encoder.finish()]);
+    /// Let the device make progress: blocks until idle on native backends;
+    /// a no-op on the web, where the browser drives callbacks.
+    fn wait_idle(&self) -> Result<()> {
         self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: None,
-            })
-            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))
+    }
+
+    /// Submit `encoder`, wait for completion, and return the wall time.
+    pub(crate) async fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<f64> {
+        let start = Instant::now();
+        self.checked("submitting GPU work", || {
+            self.queue.submit([encoder.finish()]);
+            Ok(())
+        })
+        .await?;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = tx.send(());
+        });
+        self.wait_idle()?;
+        rx.await
+            .map_err(|_| Error::Device("the device was lost before the work completed".into()))?;
         Ok(start.elapsed().as_secs_f64())
     }
 
     /// Copy `bytes` bytes of `buffer` back to the host.
-    pub(crate) fn read_back(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    pub(crate) async fn read_back(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.max(4).next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -347,15 +364,13 @@ impl Engine {
         });
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.submit(encoder)?;
-        let (tx, rx) = std::sync::mpsc::channel();
+        self.submit(encoder).await?;
+        let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for a readback: {e}")))?;
-        rx.recv()
+        self.wait_idle()?;
+        rx.await
             .map_err(|_| Error::Device("readback callback never ran".into()))?
             .map_err(|e| Error::Device(format!("mapping a readback buffer: {e}")))?;
         let data = staging

@@ -206,6 +206,7 @@ impl Engine {
     }
 
     /// Exact attention forward on host tensors (see [`Engine::forward_with`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
         q: &TensorView,
@@ -218,11 +219,24 @@ impl Engine {
 
     /// Exact attention forward on host tensors with plan overrides. Problems
     /// larger than one storage binding or dispatch are split, never rejected.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_with(
         &self,
         q: &TensorView,
         k: &TensorView,
         v: &TensorView,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        pollster::block_on(self.forward_async(q, k, v, opts, overrides))
+    }
+
+    /// [`Engine::forward_with`] as a future (the form to use on the web).
+    pub async fn forward_async(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
@@ -238,13 +252,15 @@ impl Engine {
         let pieces = split(&shape, elem, self.max_binding(), self.max_groups() as usize)?;
 
         if pieces.len() == 1 {
-            let (o, lse) = self.run_uploaded(
-                &Piece::whole(shape),
-                &plan,
-                opts,
-                [q.data.as_bytes(), k.data.as_bytes(), v.data.as_bytes()],
-                &mut stats,
-            )?;
+            let (o, lse) = self
+                .run_uploaded(
+                    &Piece::whole(shape),
+                    &plan,
+                    opts,
+                    [q.data.as_bytes(), k.data.as_bytes(), v.data.as_bytes()],
+                    &mut stats,
+                )
+                .await?;
             return Ok(ForwardOutput {
                 o: Tensor {
                     shape: shape.q_shape().to_vec(),
@@ -279,7 +295,9 @@ impl Engine {
                 kd.as_host().as_bytes(),
                 vd.as_host().as_bytes(),
             ];
-            let (o, lse) = self.run_uploaded(&piece, &plan, opts, bytes, &mut stats)?;
+            let (o, lse) = self
+                .run_uploaded(&piece, &plan, opts, bytes, &mut stats)
+                .await?;
             if keys_split {
                 merge_piece(&shape, s, &o.to_f32(), &lse, &mut o_full, &mut lse_full);
             } else {
@@ -323,7 +341,7 @@ impl Engine {
     }
 
     /// Upload one piece, run it and read o and lse back.
-    fn run_uploaded(
+    async fn run_uploaded(
         &self,
         piece: &Piece,
         plan: &Plan,
@@ -337,15 +355,17 @@ impl Engine {
             s.q_len() as u64 * precision.bytes() as u64,
             s.lse_len() as u64 * 4,
         );
-        let bufs = self.checked("allocating attention buffers", || {
-            Ok([
-                self.upload(stats, "q", qkv[0]),
-                self.upload(stats, "k", qkv[1]),
-                self.upload(stats, "v", qkv[2]),
-                self.storage(stats, "o", o_bytes),
-                self.storage(stats, "lse", lse_bytes),
-            ])
-        })?;
+        let bufs = self
+            .checked("allocating attention buffers", || {
+                Ok([
+                    self.upload(stats, "q", qkv[0]),
+                    self.upload(stats, "k", qkv[1]),
+                    self.upload(stats, "v", qkv[2]),
+                    self.storage(stats, "o", o_bytes),
+                    self.storage(stats, "lse", lse_bytes),
+                ])
+            })
+            .await?;
         let [q, k, v, o, lse] = &bufs;
         self.encode_and_run(
             &AttentionBuffers { q, k, v, o, lse },
@@ -353,17 +373,31 @@ impl Engine {
             plan,
             opts,
             stats,
-        )?;
-        let o = TensorData::from_bytes(&self.read_back(o, o_bytes)?, precision, s.q_len());
-        let lse = bytemuck::pod_collect_to_vec::<u8, f32>(&self.read_back(lse, lse_bytes)?);
+        )
+        .await?;
+        let o = TensorData::from_bytes(&self.read_back(o, o_bytes).await?, precision, s.q_len());
+        let lse = bytemuck::pod_collect_to_vec::<u8, f32>(&self.read_back(lse, lse_bytes).await?);
         Ok((o, lse))
     }
 
     /// Forward on caller-owned device buffers (data stays on the GPU). Every
     /// tensor must fit in one storage binding; returns what the call did.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_buffers(
         &self,
         buffers: &AttentionBuffers,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<CallStats> {
+        pollster::block_on(self.forward_buffers_async(buffers, shape, precision, opts, overrides))
+    }
+
+    /// [`Engine::forward_buffers`] as a future.
+    pub async fn forward_buffers_async(
+        &self,
+        buffers: &AttentionBuffers<'_>,
         shape: &AttentionShape,
         precision: Precision,
         opts: &AttentionOptions,
@@ -398,15 +432,16 @@ impl Engine {
             plan: Some(plan.clone()),
             ..Default::default()
         };
-        self.encode_and_run(buffers, &Piece::whole(*shape), &plan, opts, &mut stats)?;
+        self.encode_and_run(buffers, &Piece::whole(*shape), &plan, opts, &mut stats)
+            .await?;
         Ok(stats)
     }
 
     /// Dispatch the flash kernel over one piece, splitting the grid at the
     /// device's per-dimension workgroup limit.
-    fn encode_and_run(
+    async fn encode_and_run(
         &self,
-        b: &AttentionBuffers,
+        b: &AttentionBuffers<'_>,
         piece: &Piece,
         plan: &Plan,
         opts: &AttentionOptions,
@@ -424,46 +459,51 @@ impl Engine {
                 s.batch, s.heads_q
             )));
         }
-        let pipeline = self.pipeline(&shaders::flash_forward(plan, variant), "main")?;
+        let pipeline = self
+            .pipeline(&shaders::flash_forward(plan, variant), "main")
+            .await?;
         let base = Params::new(piece, opts)?;
         let blocks = s.seqlen_q.div_ceil(plan.br as usize) as u32;
-        self.checked("running the flash forward kernel", || {
-            let mut encoder = self.device().create_command_encoder(&Default::default());
-            if plan.storage == StorageKind::F16Packed {
-                // Packed stores OR halves into zeroed words.
-                encoder.clear_buffer(b.o, 0, None);
-            }
-            let mut groups = Vec::new();
-            for offset in (0..blocks).step_by(max_groups as usize) {
-                let params = self.uniform(&Params {
-                    block_offset: offset,
-                    ..base
-                });
-                let bind = self.bind(
-                    &pipeline,
-                    &[
-                        (0, &params),
-                        (1, b.q),
-                        (2, b.k),
-                        (3, b.v),
-                        (4, b.o),
-                        (5, b.lse),
-                    ],
-                );
-                groups.push((bind, (blocks - offset).min(max_groups)));
-            }
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                for (bind, x) in &groups {
-                    pass.set_bind_group(0, bind, &[]);
-                    pass.dispatch_workgroups(*x, s.heads_q as u32, s.batch as u32);
-                    stats.dispatches += 1;
+        let encoder = self
+            .checked("encoding the flash forward kernel", || {
+                let mut encoder = self.device().create_command_encoder(&Default::default());
+                if plan.storage == StorageKind::F16Packed {
+                    // Packed stores OR halves into zeroed words.
+                    encoder.clear_buffer(b.o, 0, None);
                 }
-            }
-            stats.kernel_seconds += self.submit(encoder)?;
-            Ok(())
-        })
+                let mut groups = Vec::new();
+                for offset in (0..blocks).step_by(max_groups as usize) {
+                    let params = self.uniform(&Params {
+                        block_offset: offset,
+                        ..base
+                    });
+                    let bind = self.bind(
+                        &pipeline,
+                        &[
+                            (0, &params),
+                            (1, b.q),
+                            (2, b.k),
+                            (3, b.v),
+                            (4, b.o),
+                            (5, b.lse),
+                        ],
+                    );
+                    groups.push((bind, (blocks - offset).min(max_groups)));
+                }
+                {
+                    let mut pass = encoder.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipeline);
+                    for (bind, x) in &groups {
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(*x, s.heads_q as u32, s.batch as u32);
+                        stats.dispatches += 1;
+                    }
+                }
+                Ok(encoder)
+            })
+            .await?;
+        stats.kernel_seconds += self.submit(encoder).await?;
+        Ok(())
     }
 }
 
