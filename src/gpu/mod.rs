@@ -1,10 +1,12 @@
 //! The wgpu backend: engine, kernels' host code and WGSL composition.
 
+mod backward;
 mod engine;
 mod forward;
 mod naive;
 mod params;
 pub mod shaders;
+mod split;
 
 pub use engine::{Allocation, CallStats, Engine};
 pub use forward::AttentionBuffers;
