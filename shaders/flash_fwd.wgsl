@@ -67,7 +67,9 @@ fn main(
                 kx = load_k(g);
                 vx = load_v(g);
             }
-            k_tile[e] = kx;
+            // K is stored transposed ([x][key]) so the invocations of a row,
+            // which own consecutive keys, read consecutive words.
+            k_tile[(e % D) * BC + e / D] = kx;
             v_tile[e] = vx;
         }
         workgroupBarrier();
@@ -78,7 +80,7 @@ fn main(
             for (var k = 0u; k < SC; k++) {
                 let c = t + k * TC;
                 if (FULL_SC || c < BC) {
-                    s[k] += qx * k_tile[c * D + x];
+                    s[k] += qx * k_tile[x * BC + c];
                 }
             }
         }

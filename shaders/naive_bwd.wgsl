@@ -1,29 +1,10 @@
 // Naive backward, the baseline for the flash backward: after the naive
-// forward's `scores` and `softmax` have stored S and P, dP = dO·Vᵀ is stored,
-// turned into dS in place, and dQ, dK, dV are plain matmuls over the stored
-// N×N matrices. Appended to naive_fwd.wgsl (same prelude and buffers).
+// forward has stored S and P, dP = dO·Vᵀ is stored (matmul.wgsl), turned into
+// dS in place here, dQ = scale·dS·K is a matmul, and dK, dV — sums over the
+// query heads of each kv head — are computed here over the stored matrices.
+// Appended to naive_fwd.wgsl (same prelude and buffers).
 
 @group(0) @binding(13) var<storage, read_write> ds_buf: array<f32>;
-
-// dP[i, j] = dO_i · V_j; z = batch·heads_q + head.
-@compute @workgroup_size(16, 16)
-fn dp(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let j = gid.x;
-    let i = gid.y;
-    let bh = gid.z;
-    if (i >= params.seqlen_q || j >= params.seqlen_k) {
-        return;
-    }
-    let b = bh / params.heads_q;
-    let h = bh % params.heads_q;
-    let ob = b * params.q_batch_stride + i * params.q_row_stride + h * D;
-    let vb = b * params.kv_batch_stride + j * params.kv_row_stride + (h / params.group) * D;
-    var acc = 0.0;
-    for (var x = 0u; x < D; x++) {
-        acc += load_do(ob + x) * load_v(vb + x);
-    }
-    ds_buf[(bh * params.seqlen_q + i) * params.seqlen_k + j] = acc;
-}
 
 // Per row: D_i = Σ_j P·dP, then dS = P·(dP - D_i), times the softcap derivative.
 @compute @workgroup_size(64)
@@ -46,26 +27,6 @@ fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         ds_buf[base + j] = round_storage(g);
     }
-}
-
-// dQ[i, x] = scale · Σ_j dS[i, j] K[j, x]; z = batch·heads_q + head.
-@compute @workgroup_size(16, 16)
-fn dq(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let x = gid.x;
-    let i = gid.y;
-    let bh = gid.z;
-    if (i >= params.seqlen_q || x >= D) {
-        return;
-    }
-    let b = bh / params.heads_q;
-    let h = bh % params.heads_q;
-    let kb = b * params.kv_batch_stride + (h / params.group) * D + x;
-    let sb = (bh * params.seqlen_q + i) * params.seqlen_k;
-    var acc = 0.0;
-    for (var j = 0u; j < params.seqlen_k; j++) {
-        acc += ds_buf[sb + j] * load_k(kb + j * params.kv_row_stride);
-    }
-    store_dq(b * params.q_batch_stride + i * params.q_row_stride + h * D + x, acc * params.scale);
 }
 
 // dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and dV[j, x] = Σ P[i, j] dO[i, x];

@@ -116,6 +116,50 @@ fn naive_backward_validates() {
 }
 
 #[test]
+fn matmul_validates_in_every_configuration() {
+    use shaders::Epilogue;
+    for (storage, f16) in storage_kinds() {
+        for b_trans in [false, true] {
+            for aligned in [false, true] {
+                for (epilogue, variant) in [
+                    (Epilogue::Scale, Variant::default()),
+                    (
+                        Epilogue::Scores,
+                        Variant {
+                            masked: true,
+                            softcap: true,
+                        },
+                    ),
+                ] {
+                    let src = shaders::matmul(
+                        storage,
+                        storage,
+                        StorageKind::F32,
+                        b_trans,
+                        aligned,
+                        epilogue,
+                        variant,
+                    );
+                    validate(&src, f16)
+                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
+                    let src = shaders::matmul(
+                        StorageKind::F32,
+                        storage,
+                        storage,
+                        b_trans,
+                        aligned,
+                        epilogue,
+                        variant,
+                    );
+                    validate(&src, f16)
+                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn naive_forward_validates() {
     for d in [1, 59, 64, 256] {
         for (storage, f16) in storage_kinds() {

@@ -3,6 +3,7 @@
 mod backward;
 mod engine;
 mod forward;
+mod matmul;
 mod naive;
 mod params;
 pub mod shaders;
@@ -10,4 +11,5 @@ mod split;
 
 pub use engine::{Allocation, CallStats, Engine};
 pub use forward::AttentionBuffers;
+pub use matmul::CeilingResult;
 pub use params::Params;

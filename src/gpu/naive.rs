@@ -1,27 +1,88 @@
-//! The naive baseline on the GPU: S, P (and for the backward dP/dS) are
-//! materialized in storage buffers of batch·heads·Sq·Sk f32 each. It exists to
-//! be measured against, and it fails where those buffers outgrow a storage
-//! binding — which is the point.
+//! The naive baseline on the GPU: S and P (and for the backward dP/dS) are
+//! materialized in storage buffers of batch·heads·Sq·Sk f32 each. Its matmuls
+//! are the tuned tiled matmul that also measures the adapter's ceiling, so a
+//! comparison with flash isolates what tiling the softmax saves. It fails where
+//! the N×N buffers outgrow a storage binding — which is the point.
 
-use super::engine::{CallStats, Engine};
+use super::engine::{CallStats, Engine, Step};
+use super::matmul::{MatmulParams, MatmulSpec};
 use super::params::{Params, Piece};
-use super::shaders::{self, binding::*, Variant};
+use super::shaders::{self, binding::*, Epilogue, Variant};
 use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
 use crate::plan::{PlanOverrides, StorageKind};
 use crate::reference::check_like_q;
-use crate::tensor::{AttentionShape, Tensor, TensorData, TensorView};
+use crate::tensor::{AttentionShape, Precision, Tensor, TensorData, TensorView};
 
 const TILE: usize = 16;
 const ROWS_PER_GROUP: usize = 64;
 
-/// One dispatch: pipeline, bindings, grid.
-type Step<'a> = (
-    wgpu::ComputePipeline,
-    Vec<(u32, &'a wgpu::Buffer)>,
-    [usize; 3],
-);
+fn variant(shape: &AttentionShape, opts: &AttentionOptions) -> Variant {
+    Variant {
+        masked: opts.mask(shape).is_active(),
+        softcap: opts.softcap_value() > 0.0,
+    }
+}
+
+/// Strides of the per-head `X·Yᵀ` products between two (batch, seq, heads, d)
+/// tensors: rows of `x` (seqlen `m`, `hx` heads) against rows of `y` (seqlen
+/// `n`, `hy` heads, read through GQA), into an (m×n) f32 matrix per head.
+fn nt_params(shape: &AttentionShape, m: usize, n: usize) -> MatmulParams {
+    let (hq, hk, d) = (
+        shape.heads_q as u32,
+        shape.heads_kv as u32,
+        shape.head_dim as u32,
+    );
+    let (m, n) = (m as u32, n as u32);
+    MatmulParams {
+        m,
+        n,
+        k: d,
+        lda: hq * d,
+        ldb: hk * d,
+        ldc: n,
+        a_batch: m * hq * d,
+        a_head: d,
+        b_batch: n * hk * d,
+        b_head: d,
+        c_batch: hq * m * n,
+        c_head: m * n,
+        heads: hq,
+        group: hq / hk,
+        alpha: 1.0,
+        _pad: 0,
+    }
+}
+
+/// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
+/// (batch, Sk, heads_kv, d) tensor, into a (batch, Sq, heads_q, d) tensor.
+fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
+    let (hq, hk, d) = (
+        shape.heads_q as u32,
+        shape.heads_kv as u32,
+        shape.head_dim as u32,
+    );
+    let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    MatmulParams {
+        m: sq,
+        n: d,
+        k: sk,
+        lda: sk,
+        ldb: hk * d,
+        ldc: hq * d,
+        a_batch: hq * sq * sk,
+        a_head: sq * sk,
+        b_batch: sk * hk * d,
+        b_head: d,
+        c_batch: sq * hq * d,
+        c_head: d,
+        heads: hq,
+        group: hq / hk,
+        alpha,
+        _pad: 0,
+    }
+}
 
 impl Engine {
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -36,7 +97,7 @@ impl Engine {
         pollster::block_on(self.naive_forward_async(q, k, v, opts))
     }
 
-    /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as plain matmuls.
+    /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as matmuls over them.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn naive_backward(
         &self,
@@ -53,7 +114,7 @@ impl Engine {
     fn naive_check(
         &self,
         shape: &AttentionShape,
-        precision: crate::Precision,
+        precision: Precision,
     ) -> Result<(StorageKind, u64)> {
         let storage = self
             .plan(shape, precision, &PlanOverrides::default())?
@@ -82,10 +143,10 @@ impl Engine {
     }
 
     /// Encode `steps` in one pass, run them, and count them in `stats`.
-    async fn run_steps(
+    pub(crate) async fn run_steps(
         &self,
         what: &str,
-        steps: &[Step<'_>],
+        steps: &[Step],
         params: &Params,
         clear: &[&wgpu::Buffer],
         stats: &mut CallStats,
@@ -101,7 +162,7 @@ impl Engine {
                     .iter()
                     .map(|(p, entries, _)| {
                         let mut all = vec![(0, &uniform)];
-                        all.extend(entries.iter().copied());
+                        all.extend(entries.iter().map(|(b, buf)| (*b, buf)));
                         self.bind(p, &all)
                     })
                     .collect();
@@ -121,6 +182,36 @@ impl Engine {
         Ok(())
     }
 
+    /// S = scale·QKᵀ (soft-capped, masked) by the tiled matmul, then `softmax`:
+    /// P stored, LSE written. Shared by the naive forward and backward.
+    async fn naive_softmax_steps(
+        &self,
+        shape: &AttentionShape,
+        storage: StorageKind,
+        opts: &AttentionOptions,
+        [qb, kb, lb, sb, pb]: [&wgpu::Buffer; 5],
+    ) -> Result<Vec<Step>> {
+        let v = variant(shape, opts);
+        let scores = MatmulSpec::new(
+            [storage, storage, StorageKind::F32],
+            true,
+            Epilogue::Scores,
+            v,
+            nt_params(shape, shape.seqlen_q, shape.seqlen_k),
+            shape.batch,
+        );
+        let source = shaders::naive_forward(shape.head_dim as u32, storage, v);
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        Ok(vec![
+            self.matmul_step(&scores, [qb, kb, sb]).await?,
+            (
+                self.pipeline(&source, "softmax").await?,
+                vec![(LSE, lb.clone()), (S, sb.clone()), (P, pb.clone())],
+                [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
+            ),
+        ])
+    }
+
     /// [`Engine::naive_forward`] as a future.
     pub async fn naive_forward_async(
         &self,
@@ -133,7 +224,6 @@ impl Engine {
         opts.validate()?;
         let precision = q.precision();
         let (storage, nn) = self.naive_check(&shape, precision)?;
-        let source = shaders::naive_forward(shape.head_dim as u32, storage, variant(&shape, opts));
         let mut stats = CallStats::default();
         let o_bytes = shape.q_len() as u64 * precision.bytes() as u64;
         let lse_bytes = shape.lse_len() as u64 * 4;
@@ -152,17 +242,17 @@ impl Engine {
             .await?;
         let [qb, kb, vb, ob, lb, sb, pb] = &bufs;
         let mut steps = self
-            .naive_softmax_steps(&source, &shape, [qb, kb, lb, sb, pb])
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
             .await?;
-        steps.push((
-            self.pipeline(&source, "pv").await?,
-            vec![(V, vb), (O, ob), (P, pb)],
-            [
-                shape.head_dim.div_ceil(TILE),
-                shape.seqlen_q.div_ceil(TILE),
-                shape.batch * shape.heads_q,
-            ],
-        ));
+        let pv = MatmulSpec::new(
+            [StorageKind::F32, storage, storage],
+            false,
+            Epilogue::Scale,
+            Variant::default(),
+            nn_params(&shape, 1.0),
+            shape.batch,
+        );
+        steps.push(self.matmul_step(&pv, [pb, vb, ob]).await?);
         let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
             vec![ob]
         } else {
@@ -192,32 +282,6 @@ impl Engine {
             shape,
             stats,
         })
-    }
-
-    /// `scores` then `softmax`: S and P stored, LSE written.
-    async fn naive_softmax_steps<'a>(
-        &self,
-        source: &str,
-        shape: &AttentionShape,
-        [qb, kb, lb, sb, pb]: [&'a wgpu::Buffer; 5],
-    ) -> Result<Vec<Step<'a>>> {
-        let bh = shape.batch * shape.heads_q;
-        Ok(vec![
-            (
-                self.pipeline(source, "scores").await?,
-                vec![(Q, qb), (K, kb), (S, sb)],
-                [
-                    shape.seqlen_k.div_ceil(TILE),
-                    shape.seqlen_q.div_ceil(TILE),
-                    bh,
-                ],
-            ),
-            (
-                self.pipeline(source, "softmax").await?,
-                vec![(LSE, lb), (S, sb), (P, pb)],
-                [(bh * shape.seqlen_q).div_ceil(ROWS_PER_GROUP), 1, 1],
-            ),
-        ])
     }
 
     /// [`Engine::naive_backward`] as a future.
@@ -256,40 +320,51 @@ impl Engine {
             })
             .await?;
         let [qb, kb, vb, dob, lb, sb, pb, dsb, dqb, dkb, dvb] = &bufs;
-        let (bh, d) = (shape.batch * shape.heads_q, shape.head_dim);
         let mut steps = self
-            .naive_softmax_steps(&source, &shape, [qb, kb, lb, sb, pb])
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
             .await?;
-        steps.extend([
-            (
-                self.pipeline(&source, "dp").await?,
-                vec![(V, vb), (DO, dob), (DS, dsb)],
-                [
-                    shape.seqlen_k.div_ceil(TILE),
-                    shape.seqlen_q.div_ceil(TILE),
-                    bh,
-                ],
-            ),
-            (
-                self.pipeline(&source, "ds").await?,
-                vec![(S, sb), (P, pb), (DS, dsb)],
-                [(bh * shape.seqlen_q).div_ceil(ROWS_PER_GROUP), 1, 1],
-            ),
-            (
-                self.pipeline(&source, "dq").await?,
-                vec![(K, kb), (DS, dsb), (DQ, dqb)],
-                [d.div_ceil(TILE), shape.seqlen_q.div_ceil(TILE), bh],
-            ),
-            (
-                self.pipeline(&source, "dkdv").await?,
-                vec![(Q, qb), (DO, dob), (P, pb), (DS, dsb), (DK, dkb), (DV, dvb)],
-                [
-                    d.div_ceil(TILE),
-                    shape.seqlen_k.div_ceil(TILE),
-                    shape.batch * shape.heads_kv,
-                ],
-            ),
-        ]);
+        // dP = dO·Vᵀ (same strides as S = Q·Kᵀ), dQ = scale·dS·K.
+        let dp = MatmulSpec::new(
+            [storage, storage, StorageKind::F32],
+            true,
+            Epilogue::Scale,
+            Variant::default(),
+            nt_params(&shape, shape.seqlen_q, shape.seqlen_k),
+            shape.batch,
+        );
+        let dq = MatmulSpec::new(
+            [StorageKind::F32, storage, storage],
+            false,
+            Epilogue::Scale,
+            Variant::default(),
+            nn_params(&shape, opts.scale_for(shape.head_dim)),
+            shape.batch,
+        );
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        steps.push(self.matmul_step(&dp, [dob, vb, dsb]).await?);
+        steps.push((
+            self.pipeline(&source, "ds").await?,
+            vec![(S, sb.clone()), (P, pb.clone()), (DS, dsb.clone())],
+            [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
+        ));
+        steps.push(self.matmul_step(&dq, [dsb, kb, dqb]).await?);
+        // dK and dV sum over the query heads of each kv head: a plain kernel.
+        steps.push((
+            self.pipeline(&source, "dkdv").await?,
+            vec![
+                (Q, qb.clone()),
+                (DO, dob.clone()),
+                (P, pb.clone()),
+                (DS, dsb.clone()),
+                (DK, dkb.clone()),
+                (DV, dvb.clone()),
+            ],
+            [
+                shape.head_dim.div_ceil(TILE),
+                shape.seqlen_k.div_ceil(TILE),
+                shape.batch * shape.heads_kv,
+            ],
+        ));
         let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
             vec![dqb, dkb, dvb]
         } else {
@@ -321,12 +396,5 @@ impl Engine {
             dv: tensor(shape.kv_shape(), read(dvb, kv_bytes, shape.kv_len()).await?),
             stats,
         })
-    }
-}
-
-fn variant(shape: &AttentionShape, opts: &AttentionOptions) -> Variant {
-    Variant {
-        masked: opts.mask(shape).is_active(),
-        softcap: opts.softcap_value() > 0.0,
     }
 }

@@ -11,6 +11,7 @@ pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_pac
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
 pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
 pub const NAIVE_FWD: &str = include_str!("../../shaders/naive_fwd.wgsl");
+pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 pub const NAIVE_BWD: &str = include_str!("../../shaders/naive_bwd.wgsl");
 pub const FLASH_BWD_COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
@@ -184,6 +185,50 @@ pub fn naive_backward(head_dim: u32, storage: StorageKind, variant: Variant) -> 
         ],
     ));
     s.push_str(NAIVE_BWD);
+    s
+}
+
+/// What the matmul kernel does with each result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// `alpha · acc`.
+    Scale,
+    /// Attention scores: `scale`, softcap and mask from the attention params.
+    Scores,
+}
+
+/// The tiled matmul `C = epilogue(A · op(B))`; `a`, `b`, `c` give each
+/// operand's storage kind. Entry point `main`; bindings 1 (A), 2 (B), 3 (C),
+/// 14 (matmul params) and 0 (attention params, read by the scores epilogue).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    a: StorageKind,
+    b: StorageKind,
+    c: StorageKind,
+    b_trans: bool,
+    aligned: bool,
+    epilogue: Epilogue,
+    variant: Variant,
+) -> String {
+    let native = [a, b, c].contains(&StorageKind::F16Native);
+    let mut consts = vec![
+        ("B_TRANS", b_trans.to_string()),
+        ("ALIGNED", aligned.to_string()),
+        ("EPILOGUE", format!("{}u", epilogue as u32)),
+    ];
+    consts.extend(flags(variant));
+    let mut s = prelude(
+        if native {
+            StorageKind::F16Native
+        } else {
+            StorageKind::F32
+        },
+        &consts,
+    );
+    s.push_str(&buffer_decls(a, &[("a", 1, Access::Read)]));
+    s.push_str(&buffer_decls(b, &[("b", 2, Access::Read)]));
+    s.push_str(&buffer_decls(c, &[("c", 3, Access::Write)]));
+    s.push_str(MATMUL);
     s
 }
 
