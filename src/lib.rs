@@ -26,6 +26,7 @@
 
 pub mod accuracy;
 pub mod attention;
+pub mod bench;
 pub mod cpu;
 pub mod error;
 pub mod gpu;
