@@ -31,6 +31,7 @@ pub mod error;
 pub mod gpu;
 pub mod options;
 pub mod plan;
+pub mod plot;
 pub mod random;
 pub mod reference;
 pub mod tensor;
