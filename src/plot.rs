@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::{Error, Result};
 
@@ -48,11 +49,11 @@ pub struct Chart {
 }
 
 /// Size of every rendered chart, in pixels (SVG user units).
-pub const SIZE: (u32, u32) = (960, 600);
+pub const SIZE: (u32, u32) = (1100, 620);
 
 const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans-subset.ttf");
 
-/// Colorblind-safe (Okabe–Ito) colors; markers cycle separately so that two
+/// Okabe–Ito colorblind-safe colors (gray instead of its pale yellow); markers cycle separately so that two
 /// series never share both color and marker within 8 × 5 series.
 const COLORS: [RGBColor; 8] = [
     RGBColor(0, 114, 178),
@@ -62,9 +63,11 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(86, 180, 233),
     RGBColor(230, 159, 0),
     RGBColor(0, 0, 0),
-    RGBColor(240, 228, 66),
+    RGBColor(120, 120, 120),
 ];
 const MARKERS: usize = 5;
+/// Length of the line sample in front of each legend entry, in pixels.
+const LEGEND_KEY: u32 = 28;
 
 /// Render `chart` to `path`: SVG or PNG chosen by the extension.
 ///
@@ -278,7 +281,17 @@ where
 {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let mut ctx = ChartBuilder::on(root)
+    // The legend gets its own panel right of the chart: inside the plotting
+    // area it would hide data whichever corner it took.
+    let label_style = ("sans-serif", 15).into_font().color(&BLACK);
+    let mut text_w = 0;
+    for s in &chart.series {
+        text_w = text_w.max(root.estimate_text_size(&s.name, &label_style).map_err(e)?.0);
+    }
+    let width = root.dim_in_pixel().0;
+    let legend_w = (text_w + LEGEND_KEY + 30).min(width * 2 / 5);
+    let (plot_area, legend_area) = root.split_horizontally(width - legend_w);
+    let mut ctx = ChartBuilder::on(&plot_area)
         .caption(&chart.title, ("sans-serif", 24))
         .margin(20)
         .x_label_area_size(50)
@@ -296,44 +309,45 @@ where
         .bold_line_style(BLACK.mix(0.15))
         .draw()
         .map_err(e)?;
+    let top = ctx.plotting_area().get_pixel_range().1.start + 10;
     for (i, s) in chart.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let line = color.stroke_width(2);
         ctx.draw_series(LineSeries::new(s.points.iter().copied(), line))
-            .map_err(e)?
-            .label(s.name.as_str())
-            .legend(move |(lx, ly)| {
-                EmptyElement::at((lx + 12, ly))
-                    + PathElement::new(vec![(-12, 0), (12, 0)], line)
-                    + marker(i, color)
-            });
+            .map_err(e)?;
         ctx.draw_series(
             s.points
                 .iter()
-                .map(|&p| EmptyElement::at(p) + marker(i, color)),
+                .map(|&p| EmptyElement::at(p) + marker(i, color, (0, 0))),
         )
         .map_err(e)?;
+        let y = top + 26 * i as i32;
+        let key = EmptyElement::at((5, y))
+            + PathElement::new(vec![(0, 0), (LEGEND_KEY as i32, 0)], line)
+            + marker(i, color, (LEGEND_KEY as i32 / 2, 0));
+        legend_area.draw(&key).map_err(e)?;
+        let text = Text::new(
+            s.name.as_str(),
+            (LEGEND_KEY as i32 + 12, y),
+            label_style.pos(Pos::new(HPos::Left, VPos::Center)),
+        );
+        legend_area.draw(&text).map_err(e)?;
     }
-    let position = legend_corner(chart, &ctx.x_range(), &ctx.y_range());
-    ctx.configure_series_labels()
-        .position(position)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.4))
-        .draw()
-        .map_err(e)?;
     root.present().map_err(e)
 }
 
-/// The marker of series `i`: a filled polygon in pixels around its point
+/// The marker of series `i`: a filled polygon in pixels around `(cx, cy)`
 /// (circle, square, triangle, diamond, inverted triangle), so every shape
 /// has one element type.
-fn marker(i: usize, color: RGBColor) -> Polygon<(i32, i32)> {
+fn marker(i: usize, color: RGBColor, (cx, cy): (i32, i32)) -> Polygon<(i32, i32)> {
     let ring = |n: usize, r: f64, turn: f64| -> Vec<(i32, i32)> {
         (0..n)
             .map(|k| {
                 let a = std::f64::consts::TAU * (k as f64 / n as f64 + turn);
-                ((r * a.cos()).round() as i32, (r * a.sin()).round() as i32)
+                (
+                    cx + (r * a.cos()).round() as i32,
+                    cy + (r * a.sin()).round() as i32,
+                )
             })
             .collect()
     };
@@ -345,35 +359,6 @@ fn marker(i: usize, color: RGBColor) -> Polygon<(i32, i32)> {
         _ => ring(3, 6.0, 0.25),
     };
     Polygon::new(points, color.filled())
-}
-
-/// The corner of the plotting area with the fewest points near it, so the
-/// legend hides as little data as possible.
-fn legend_corner(chart: &Chart, x: &Range<f64>, y: &Range<f64>) -> SeriesLabelPosition {
-    let unit = |v: f64, r: &Range<f64>, log: bool| {
-        if log {
-            (v.ln() - r.start.ln()) / (r.end.ln() - r.start.ln())
-        } else {
-            (v - r.start) / (r.end - r.start)
-        }
-    };
-    let mut count = [0usize; 4];
-    for &(px, py) in chart.series.iter().flat_map(|s| s.points.iter()) {
-        let (u, v) = (unit(px, x, chart.log_x), unit(py, y, chart.log_y));
-        // A legend box covers roughly 40% × 35% of the area from its corner.
-        count[0] += usize::from(u < 0.4 && v > 0.65);
-        count[1] += usize::from(u > 0.6 && v > 0.65);
-        count[2] += usize::from(u < 0.4 && v < 0.35);
-        count[3] += usize::from(u > 0.6 && v < 0.35);
-    }
-    let corners = [
-        SeriesLabelPosition::UpperLeft,
-        SeriesLabelPosition::UpperRight,
-        SeriesLabelPosition::LowerLeft,
-        SeriesLabelPosition::LowerRight,
-    ];
-    let best = (0..4).min_by_key(|&c| count[c]).unwrap_or(1);
-    corners[best].clone()
 }
 
 /// Tick labels: plain decimals with only the digits the axis needs; on a
