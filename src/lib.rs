@@ -32,6 +32,7 @@ pub mod gpu;
 pub mod options;
 pub mod plan;
 pub mod plot;
+pub mod precision;
 pub mod random;
 pub mod reference;
 pub mod tensor;
