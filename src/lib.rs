@@ -32,6 +32,8 @@ pub mod error;
 pub mod gpu;
 pub mod options;
 pub mod plan;
+pub mod plot;
+pub mod precision;
 pub mod random;
 pub mod reference;
 pub mod tensor;
