@@ -318,6 +318,7 @@ fn prepare<'a>(
 }
 
 /// The case matrix: every combination of the lists given.
+#[allow(clippy::too_many_arguments)]
 pub fn matrix(
     passes: &[Pass],
     implementations: &[Implementation],
