@@ -91,7 +91,7 @@ pub fn render(chart: &Chart, path: &Path) -> Result<()> {
         })
     });
     if written.is_err() {
-        // The PNG backend writes its buffer when dropped, even after an error.
+        // Drawing can fail after the temporary file was created.
         let _ = std::fs::remove_file(&tmp);
     }
     written
@@ -203,8 +203,7 @@ fn register_font() -> Result<()> {
 }
 
 /// `.NAME.tmpPID-N.EXT` next to `path`: same filesystem, so the rename is
-/// atomic; the real extension last, because the PNG backend picks its
-/// encoder from it.
+/// atomic; hidden, so a crash leaves no file that looks like a chart.
 fn temp_path(path: &Path, format: Format) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
@@ -234,8 +233,12 @@ fn draw_to(chart: &Chart, tmp: &Path, format: Format, x: Range<f64>, y: Range<f6
                 std::fs::write(tmp, svg).map_err(|e| format!("{}: {e}", tmp.display()))
             }
             Format::Png => {
-                let root = BitMapBackend::new(tmp, SIZE).into_drawing_area();
-                draw_axes(&root, chart, x, y)
+                let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+                {
+                    let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+                    draw_axes(&root, chart, x, y)?;
+                }
+                write_png(tmp, &rgb).map_err(|e| format!("{}: {e}", tmp.display()))
             }
         }
     };
@@ -243,6 +246,19 @@ fn draw_to(chart: &Chart, tmp: &Path, format: Format, x: Range<f64>, y: Range<f6
         Ok(r) => r.map_err(fail),
         Err(_) => Err(fail("the plotting library panicked".into())),
     }
+}
+
+/// Encodes an RGB buffer of [`SIZE`] with the `png` crate directly, rather
+/// than plotters' `bitmap_encoder`, which pulls in the whole `image` crate
+/// (JPEG and BMP codecs included) for this one call.
+fn write_png(path: &Path, rgb: &[u8]) -> std::result::Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), SIZE.0, SIZE.1);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(|e| e.to_string())?;
+    writer.write_image_data(rgb).map_err(|e| e.to_string())?;
+    writer.finish().map_err(|e| e.to_string())
 }
 
 /// Picks the coordinate types (2 × 2 combinations of linear and log).
