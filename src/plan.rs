@@ -22,7 +22,7 @@ pub const MAX_SCORES_PER_THREAD: u32 = 16;
 pub const MAX_ACC_PER_THREAD: u32 = 32;
 /// Invocations per workgroup the planner aims for. Fewer invocations per
 /// row means more work per invocation between barriers; on lavapipe, 64
-/// measured fastest for both passes (forward Br 32 × 2, backward B 16 × 4:
+/// measured fastest for both passes (forward Br 32 × 2, backward B 16–24 × 4:
 /// 1.2x and 1.8x less CPU time than 256), and 64 is two warps on NVIDIA.
 pub const TARGET_WORKGROUP: u32 = 64;
 /// Most invocations that share one query row.
@@ -742,7 +742,7 @@ mod tests {
                 assert!(p.workgroup_size <= c.max_invocations);
             }
         }
-        // lavapipe, d = 64: Algorithm 1 gives 32, the backward's six tiles need 16.
+        // lavapipe, d = 64: Algorithm 1 gives 32, the backward's six tiles need 24.
         let p = plan_backward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
         assert!(p.br < 32);
         assert!(

@@ -39,6 +39,8 @@ pub struct Report {
     pub sweep: Vec<SweepPoint>,
     /// Storage accesses of the naive forward at the sweep's size (independent of M).
     pub sweep_naive_accesses: Option<u64>,
+    /// The largest storage binding the adapter allows (where naive stops).
+    pub max_binding_bytes: Option<u64>,
 }
 
 fn list<T: std::str::FromStr<Err = Error>>(s: &str) -> Result<Vec<T>> {
@@ -178,6 +180,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     bar.finish_and_clear();
 
     let report = Report {
+        max_binding_bytes: engine.as_ref().map(|e| e.max_binding()),
         adapter,
         ceilings,
         results,

@@ -78,6 +78,22 @@ pub fn write(report: &Report, path: &Path) -> Result<Vec<PathBuf>> {
         )?;
         written.push(out);
     }
+    if let (Some(limit), false) = (report.max_binding_bytes, memory.is_empty()) {
+        // Naive's S alone must fit one binding: the line it crosses where it fails.
+        let xs: Vec<f64> = report
+            .results
+            .iter()
+            .map(|r| r.case.seqlen as f64)
+            .collect();
+        let (lo, hi) = xs
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        let mib = limit as f64 / (1u64 << 20) as f64;
+        memory.insert(
+            "one storage binding (adapter limit)".into(),
+            vec![(lo, mib), (hi, mib)],
+        );
+    }
     if !memory.is_empty() {
         let out = sibling(path, "memory")?;
         render(
