@@ -44,8 +44,13 @@ struct Params {
 const NEG_BIG: f32 = -1.0e30;
 const LN2: f32 = 0.6931471805599453;
 
+// -inf, for the LSE of empty rows. WGSL makes a constant expression that
+// evaluates to infinity a shader-creation error (browsers' Tint enforces it,
+// naga does not); an identifier declared with `let` is never a constant
+// expression, so this bitcast happens at run time.
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    let bits = 0xff800000u;
+    return bitcast<f32>(bits);
 }
 
 // Whether absolute row `i` may attend to absolute key `j` under the band mask.
