@@ -19,7 +19,7 @@ if [ -z "$version" ]; then
   exit 1
 fi
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ]; then
-  echo "web/build.sh: installing wasm-bindgen-cli $version (about 11 minutes on 2 cores, once)"
+  echo "web/build.sh: installing wasm-bindgen-cli $version (about 4 minutes on 2 cores, once)"
   # Not --locked: the CLI's own lockfile pins a crate version the registry may lack.
   cargo install wasm-bindgen-cli --version "$version"
 fi

@@ -49,6 +49,8 @@ function showDevice(dev, jsInfo) {
     </table>`;
 }
 
+const checkHeads = (r) => r.checks.map((c) => `<th>${c.name}: error ≤ bound</th>`).join('');
+
 function checkCells(r) {
   return r.checks.map((c) => `<td>${exp3(c.max_error)} ≤ ${exp3(c.bound)} ${verdict(c.passed)}</td>`).join('');
 }
@@ -56,7 +58,7 @@ function checkCells(r) {
 function showResult(r) {
   $('result').innerHTML = `
     <pre>${esc(r.plan.text)}</pre>
-    <table><tr><th>kernel</th><th>with transfers</th><th>GFLOP/s</th><th>CPU backend (wasm)</th><th>o</th><th>lse</th></tr>
+    <table><tr><th>kernel</th><th>with transfers</th><th>GFLOP/s</th><th>CPU backend (wasm)</th>${checkHeads(r)}</tr>
     <tr><td>${r.kernel_ms.toFixed(2)} ms</td><td>${r.wall_ms.toFixed(2)} ms</td><td>${r.gflops.toPrecision(3)}</td>
     <td>${r.cpu_ms.toFixed(1)} ms</td>${checkCells(r)}</tr></table>`;
 }
@@ -79,7 +81,7 @@ async function runForm(ev) {
 
 function showChecks(results) {
   $('checks').innerHTML = `<table style="margin-top:6px">
-    <tr><th>case</th><th>Br × Bc (threads/row)</th><th>kernel</th><th>GFLOP/s</th><th>o: error ≤ bound</th><th>lse: error ≤ bound</th></tr>
+    <tr><th>case</th><th>Br × Bc (threads/row)</th><th>kernel</th><th>GFLOP/s</th>${checkHeads(results[0])}</tr>
     ${results.map((r) => `<tr><td>${r.seqlen} × d ${r.head_dim} × ${r.heads} heads, ${r.causal ? 'causal' : 'full'}, ${r.precision}</td>
       <td>${r.plan.br} × ${r.plan.bc} (${r.plan.threads_per_row})</td><td>${r.kernel_ms.toFixed(2)} ms</td>
       <td>${r.gflops.toPrecision(3)}</td>${checkCells(r)}</tr>`).join('')}
@@ -171,7 +173,8 @@ async function main() {
   window.flashattnResults = results;
   try {
     await init();
-    $('backward-note').textContent = fa.has_backward()
+    results.has_backward = fa.has_backward();
+    $('backward-note').textContent = results.has_backward
       ? 'Backward checks run too.'
       : 'The library has no backward pass yet; the checks cover the forward (o and lse).';
     // The adapter's own description, when the browser gives one (wgpu's may be terse).

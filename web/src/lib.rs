@@ -464,8 +464,10 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
     })
 }
 
-/// Whether this build can run a backward pass. The library has no backward
-/// yet; when it does, the page adds gradient checks behind this flag.
+/// Whether `run_case` checks a backward pass too. The library has no backward
+/// yet. When it does: run it in `run_case` on a seeded `do`, append `dq`, `dk`,
+/// `dv` checks (SPEC.md's rule with `accuracy::BACKWARD_RATIO`) and return
+/// true here; `web/test/browser.mjs` then requires those checks in every case.
 #[wasm_bindgen]
 pub fn has_backward() -> bool {
     false

@@ -65,7 +65,9 @@ function checkResults(r) {
   for (const c of r.cases) {
     const name = `seqlen ${c.seqlen} d ${c.head_dim} heads ${c.heads} ${c.causal ? 'causal' : 'full'} ${c.precision}`;
     expect(c.passed === true, `${name}: the page says FAIL`);
-    expect(c.checks.length === 2 && c.checks[0].name === 'o' && c.checks[1].name === 'lse', `${name}: checks are not o and lse`);
+    // Once the library has a backward pass, run_case must check its gradients too.
+    const want = r.has_backward ? ['o', 'lse', 'dq', 'dk', 'dv'] : ['o', 'lse'];
+    expect(c.checks.map((k) => k.name).join() === want.join(), `${name}: checks ${c.checks.map((k) => k.name)}, expected ${want}`);
     for (const k of c.checks) {
       // Re-apply the rule to the numbers rather than trusting the flag alone.
       expect(k.non_finite === null && finite(k.max_error) && finite(k.bound) && k.max_error <= k.bound,
