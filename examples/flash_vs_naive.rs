@@ -6,6 +6,25 @@
 use flashattn::random::Rng;
 use flashattn::{AttentionOptions, Engine, TensorView};
 
+/// CPU seconds this process has used (user + system): on a CPU adapter such
+/// as lavapipe it measures the work done, even when other processes compete.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -49,8 +68,16 @@ fn main() -> flashattn::Result<()> {
             };
             run()?;
             let mut t = Vec::new();
+            let cpu0 = cpu_seconds();
             for _ in 0..3 {
                 t.push(run()?.stats.kernel_seconds);
+            }
+            if std::env::var_os("CPU_TIME").is_some() {
+                eprintln!(
+                    "  {} cpu s/run: {:.3}",
+                    if naive { "naive" } else { "flash" },
+                    (cpu_seconds() - cpu0) / 3.0
+                );
             }
             Ok(median(t))
         };

@@ -27,22 +27,27 @@ struct Params {
     mask_offset: i32,
     window_left: i32,
     window_right: i32,
-    // Scores are q·k · q_scale; with softcap C: C·tanh(q·k·q_scale / C).
-    // Without softcap q_scale already carries log2(e) so exp2 can be used.
-    q_scale: f32,
+    // Scores are scale · q·k; with softcap C > 0: C·tanh(scale · q·k / C).
+    scale: f32,
     softcap: f32,
-    // C·log2(e): brings soft-capped scores into the exp2 domain.
-    softcap_log2: f32,
+    _pad0: u32,
     // Batch entries in this dispatch.
     batch: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+    _pad4: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 
-// Masked scores are set to this finite sentinel; exp2 of anything relative to a
+// Masked scores are set to this finite sentinel; exp of anything relative to a
 // real maximum underflows to 0, and an all-masked row keeps l = 0.
+// Scores stay in natural units (exp, not exp2 with log2(e) folded into q): the
+// backward recomputes each score with the same arithmetic as the forward, so
+// s - lse is exact for a row's largest score and large-magnitude rows keep
+// their precision; the extra multiply per score is negligible next to the dot.
 const NEG_BIG: f32 = -1.0e30;
-const LN2: f32 = 0.6931471805599453;
 
 // -inf, for the LSE of empty rows. WGSL makes a constant expression that
 // evaluates to infinity a shader-creation error (browsers' Tint enforces it,
@@ -53,8 +58,46 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(bits);
 }
 
+// The score after the optional softcap.
+fn cap_score(s: f32) -> f32 {
+    if (HAS_SOFTCAP) {
+        return params.softcap * tanh(s / params.softcap);
+    }
+    return s;
+}
+
 // Whether absolute row `i` may attend to absolute key `j` under the band mask.
 fn band_allows(i: i32, j: i32) -> bool {
     let center = i + params.mask_offset;
     return j >= center - params.window_left && j <= center + params.window_right;
+}
+
+// Local key range [x, y) that any of the absolute rows first..=last may see.
+fn visible_keys(first_row: i32, last_row: i32) -> vec2<i32> {
+    let n = i32(params.seqlen_k);
+    if (!IS_MASKED) {
+        return vec2<i32>(0, n);
+    }
+    let k0 = i32(params.k_start);
+    let lo = clamp(first_row + params.mask_offset - params.window_left - k0, 0, n);
+    let hi = clamp(last_row + params.mask_offset + params.window_right + 1 - k0, 0, n);
+    return vec2<i32>(lo, max(lo, hi));
+}
+
+// Local row range [x, y) that may see any of the absolute keys first..=last.
+fn visible_rows(first_key: i32, last_key: i32) -> vec2<i32> {
+    let n = i32(params.seqlen_q);
+    if (!IS_MASKED) {
+        return vec2<i32>(0, n);
+    }
+    let q0 = i32(params.q_start);
+    let lo = clamp(first_key - params.mask_offset - params.window_right - q0, 0, n);
+    let hi = clamp(last_key - params.mask_offset + params.window_left + 1 - q0, 0, n);
+    return vec2<i32>(lo, max(lo, hi));
+}
+
+// Whether every (row, key) of the tile rows first..=last × keys k_first..=k_last
+// is allowed by the band, so the tile needs no per-element mask.
+fn band_covers(first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool {
+    return !IS_MASKED || (band_allows(last_row, k_first) && band_allows(first_row, k_last));
 }

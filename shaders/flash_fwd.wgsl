@@ -36,7 +36,7 @@ fn main(
         let row = e / D;
         var x = 0.0;
         if (row < rows_here) {
-            x = load_q(q_base + (q0 + row) * params.q_row_stride + e % D) * params.q_scale;
+            x = load_q(q_base + (q0 + row) * params.q_row_stride + e % D) * params.scale;
         }
         q_tile[e] = x;
     }
@@ -44,14 +44,9 @@ fn main(
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    var key_lo = 0;
-    var key_hi = i32(params.seqlen_k);
-    if (IS_MASKED) {
-        key_lo = clamp(first_row + params.mask_offset - params.window_left - i32(params.k_start), 0, i32(params.seqlen_k));
-        key_hi = clamp(last_row + params.mask_offset + params.window_right + 1 - i32(params.k_start), 0, i32(params.seqlen_k));
-    }
-    let kb_begin = u32(key_lo) / BC;
-    let kb_end = select(kb_begin, (u32(key_hi) + BC - 1u) / BC, key_hi > key_lo);
+    let keys = visible_keys(first_row, last_row);
+    let kb_begin = u32(keys.x) / BC;
+    let kb_end = select(kb_begin, (u32(keys.y) + BC - 1u) / BC, keys.y > keys.x);
 
     let row_abs = first_row + i32(r);
     let row_valid = r < rows_here;
@@ -72,7 +67,9 @@ fn main(
                 kx = load_k(g);
                 vx = load_v(g);
             }
-            k_tile[e] = kx;
+            // K is stored transposed ([x][key]) so the invocations of a row,
+            // which own consecutive keys, read consecutive words.
+            k_tile[(e % D) * BC + e / D] = kx;
             v_tile[e] = vx;
         }
         workgroupBarrier();
@@ -89,24 +86,19 @@ fn main(
             for (var k = 0u; k < SC; k++) {
                 let c = t + k * TC;
                 if (FULL_SC || c < BC) {
-                    s[k] += qx * k_tile[c * D + x];
+                    s[k] += qx * k_tile[x * BC + c];
                 }
             }
         }
 
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);
-        var needs_mask = k0 + BC > params.seqlen_k || rows_here < BR;
-        if (IS_MASKED) {
-            needs_mask = needs_mask || !(band_allows(last_row, k_abs0) && band_allows(first_row, k_abs0 + i32(BC) - 1));
-        }
+        let needs_mask = k0 + BC > params.seqlen_k || rows_here < BR
+            || !band_covers(first_row, last_row, k_abs0, k_abs0 + i32(BC) - 1);
         var block_max = NEG_BIG;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
-            var sc = s[k];
-            if (HAS_SOFTCAP) {
-                sc = params.softcap_log2 * tanh(sc / params.softcap);
-            }
+            var sc = cap_score(s[k]);
             if (!FULL_SC && c >= BC) {
                 // Lanes past the tile's last column hold no score at all.
                 sc = NEG_BIG;
@@ -127,13 +119,13 @@ fn main(
         for (var u = 0u; u < TC; u++) {
             m_new = max(m_new, row_part[r * TC + u]);
         }
-        let alpha = exp2(m_run - m_new);
+        let alpha = exp(m_run - m_new);
         m_run = m_new;
         l_part *= alpha;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
             // Row sums use the unrounded P; P·V uses P in storage precision.
-            let p = select(0.0, exp2(s[k] - m_new), s[k] > NEG_BIG);
+            let p = select(0.0, exp(s[k] - m_new), s[k] > NEG_BIG);
             l_part += p;
             if (FULL_SC || c < BC) {
                 p_tile[r * BC + c] = round_storage(p);
@@ -173,7 +165,7 @@ fn main(
             }
         }
         if (t == 0u) {
-            let lse = select(neg_inf(), m_run * LN2 + log(l), l > 0.0);
+            let lse = select(neg_inf(), m_run + log(l), l > 0.0);
             store_lse(b * params.lse_batch_stride + h * params.lse_head_stride + row, lse);
         }
     }

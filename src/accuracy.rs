@@ -5,7 +5,7 @@
 //! reference's magnitude. Non-finite reference entries (`-inf` LSE of empty
 //! rows) must be matched exactly; any NaN fails.
 
-use crate::attention::ForwardOutput;
+use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::reference;
@@ -142,6 +142,47 @@ pub fn check_forward(
             &baseline.lse,
             Precision::F32,
             ratio,
+        ),
+    ])
+}
+
+/// Check gradients against the f64 reference and the naive baseline.
+pub fn check_backward(
+    out: &BackwardOutput,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<[Check; 3]> {
+    let reference = reference::backward(q, k, v, d_o, opts)?;
+    let baseline = reference::naive_backward_baseline(q, k, v, d_o, opts)?;
+    let p = q.precision();
+    let widen = |t: &crate::Tensor| -> Vec<f64> { t.to_f32().iter().map(|&x| x as f64).collect() };
+    Ok([
+        check(
+            "dq",
+            &widen(&out.dq),
+            &reference.dq,
+            &baseline.dq,
+            p,
+            BACKWARD_RATIO,
+        ),
+        check(
+            "dk",
+            &widen(&out.dk),
+            &reference.dk,
+            &baseline.dk,
+            p,
+            BACKWARD_RATIO,
+        ),
+        check(
+            "dv",
+            &widen(&out.dv),
+            &reference.dv,
+            &baseline.dv,
+            p,
+            BACKWARD_RATIO,
         ),
     ])
 }

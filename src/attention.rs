@@ -28,6 +28,16 @@ impl ForwardOutput {
     }
 }
 
+/// The result of a backward pass: gradients in the inputs' shapes and precision.
+#[derive(Clone, Debug)]
+pub struct BackwardOutput {
+    pub dq: Tensor,
+    pub dk: Tensor,
+    pub dv: Tensor,
+    /// What the call did on the device (empty on the CPU backend).
+    pub stats: CallStats,
+}
+
 /// Which implementation to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -105,6 +115,25 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.forward_with(q, k, v, opts, overrides),
             Backend::Cpu => cpu::forward(q, k, v, opts),
+        }
+    }
+
+    /// Gradients given the forward's `o` and `lse`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        o: &TensorView,
+        lse: &[f32],
+        d_o: &TensorView,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        match self {
+            Backend::Wgpu(e) => e.backward_with(q, k, v, o, lse, d_o, opts, overrides),
+            Backend::Cpu => cpu::backward(q, k, v, o, lse, d_o, opts),
         }
     }
 }

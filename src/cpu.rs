@@ -1,11 +1,11 @@
 //! The CPU backend: the same tiled online-softmax algorithm as the WGSL kernel,
 //! in f32 on all cores (rayon). It is the fallback when no adapter exists.
 
-use crate::attention::ForwardOutput;
+use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::Result;
 use crate::gpu::CallStats;
 use crate::options::AttentionOptions;
-use crate::reference::Layout;
+use crate::reference::{backward_rows, check_like_q, Layout};
 use crate::tensor::{AttentionShape, Tensor, TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -126,6 +126,52 @@ pub fn forward(
         },
         lse,
         shape,
+        stats: CallStats::default(),
+    })
+}
+
+/// Gradients on the CPU: row-wise recomputation in f32 (P and dS rounded to
+/// the storage precision before use), parallel over (batch, kv head), so the
+/// result is deterministic. `o` and `lse` are validated but not needed: the
+/// CPU recomputes each row's softmax exactly.
+pub fn backward(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    o: &TensorView,
+    lse: &[f32],
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<BackwardOutput> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    let precision = q.precision();
+    check_like_q(&shape, precision, o, "o")?;
+    check_like_q(&shape, precision, d_o, "do")?;
+    if lse.len() != shape.lse_len() {
+        return Err(crate::Error::Shape(format!(
+            "lse has {} elements, expected {} (batch, heads_q, seqlen_q)",
+            lse.len(),
+            shape.lse_len()
+        )));
+    }
+    opts.validate()?;
+    let (dq, dk, dv) = backward_rows(
+        &shape,
+        &q.data.to_f32(),
+        &k.data.to_f32(),
+        &v.data.to_f32(),
+        &d_o.data.to_f32(),
+        opts,
+        |x| precision.round(x),
+    );
+    let tensor = |shape: [usize; 4], x: Vec<f32>| Tensor {
+        shape: shape.to_vec(),
+        data: TensorData::from_f32(x, precision),
+    };
+    Ok(BackwardOutput {
+        dq: tensor(shape.q_shape(), dq),
+        dk: tensor(shape.kv_shape(), dk),
+        dv: tensor(shape.kv_shape(), dv),
         stats: CallStats::default(),
     })
 }

@@ -35,11 +35,13 @@ pub mod random;
 pub mod reference;
 pub mod tensor;
 
-pub use attention::{Backend, BackendKind, ForwardOutput};
+pub use attention::{Backend, BackendKind, BackwardOutput, ForwardOutput};
 pub use error::{Error, Result};
 pub use gpu::{AttentionBuffers, CallStats, Engine};
 pub use options::{AttentionOptions, Mask, Window};
-pub use plan::{plan_forward, DeviceCaps, Plan, PlanOverrides, PlanRequest, StorageKind};
+pub use plan::{
+    plan_backward, plan_forward, DeviceCaps, Plan, PlanOverrides, PlanRequest, StorageKind,
+};
 pub use tensor::{
     AttentionShape, HostData, Precision, Tensor, TensorData, TensorView, MAX_HEAD_DIM,
 };

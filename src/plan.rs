@@ -461,6 +461,120 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     })
 }
 
+/// Workgroup bytes of each backward kernel: Q·scale, dO, K, V tiles (B×d),
+/// P and dS (B×B), and LSE and D per row, all f32.
+pub fn backward_workgroup_bytes(b: u32, head_dim: u32) -> u32 {
+    WORKING_BYTES * (4 * b * head_dim + 2 * b * b + 2 * b)
+}
+
+/// Plan the backward kernels. They keep six tiles on chip instead of four, so
+/// starting from Algorithm 1's values the square tile B = Br = Bc shrinks until
+/// Q, dO, K, V, P and dS fit, and the planner says so.
+pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
+    let fwd = plan_forward(
+        &PlanRequest {
+            overrides: PlanOverrides {
+                br: None,
+                bc: None,
+                threads_per_row: None,
+                ..req.overrides
+            },
+            ..*req
+        },
+        caps,
+    )?;
+    let d = fwd.head_dim;
+    let m_bytes = fwd.m_bytes;
+    let max_wg = caps.max_invocations.min(caps.max_workgroup_size_x).max(1);
+    let mut clamps = Vec::new();
+    let mut clamp = |field, from: u32, to: u32, reason: String| {
+        if from != to {
+            clamps.push(Clamp {
+                field,
+                from,
+                to,
+                reason,
+            });
+        }
+    };
+    let mut b = round_down(fwd.br_formula, GRANULARITY);
+    clamp("B", fwd.br_formula, b, format!("square tiles Br = Bc = min(Br, Bc), rounded down to the kernel granularity {GRANULARITY}"));
+    let needed = round_up(req.seqlen_q.max(req.seqlen_k), GRANULARITY);
+    if b > needed {
+        clamp(
+            "B",
+            b,
+            needed,
+            format!(
+                "seqlen_q and seqlen_k are at most {}",
+                req.seqlen_q.max(req.seqlen_k)
+            ),
+        );
+        b = needed;
+    }
+    if let Some(o) = req.overrides.br.or(req.overrides.bc) {
+        b = o;
+    }
+    if b == 0 {
+        return Err(Error::Plan("the backward tile B must be at least 1".into()));
+    }
+    // Two score arrays (S, dP) and two accumulator arrays (dK and dV) per invocation.
+    let min_tc = d
+        .div_ceil(MAX_ACC_PER_THREAD / 2)
+        .max(b.div_ceil(MAX_SCORES_PER_THREAD / 2))
+        .next_power_of_two();
+    let mut tc = prev_pow2((TARGET_WORKGROUP.min(max_wg) / b).max(1))
+        .min(MAX_THREADS_PER_ROW)
+        .min(b.next_power_of_two())
+        .max(min_tc);
+    if let Some(o) = req.overrides.threads_per_row {
+        tc = o;
+    }
+    let fixed = req.overrides.br.is_some() || req.overrides.bc.is_some();
+    let shrink = |b: u32| round_down(b - 1, GRANULARITY).max(1).min(b - 1);
+    while b * tc > max_wg && !fixed && b > 1 {
+        let next = shrink(b);
+        clamp("B", b, next, format!("{b} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"));
+        b = next;
+    }
+    let mut bytes = backward_workgroup_bytes(b, d);
+    let b0 = b;
+    while bytes > m_bytes && !fixed && b > 1 {
+        b = shrink(b);
+        bytes = backward_workgroup_bytes(b, d);
+    }
+    clamp(
+        "B",
+        b0,
+        b,
+        format!("the backward keeps Q, dO, K, V (4·B·d) plus P and dS (2·B²) on chip: they must fit in {m_bytes} bytes"),
+    );
+    if bytes > m_bytes || b * tc > max_wg {
+        return Err(Error::Plan(format!(
+            "backward tile B {b} at d {d} needs {bytes} bytes of workgroup storage (max {m_bytes}) and {} invocations (max {max_wg})",
+            b * tc
+        )));
+    }
+    if b.div_ceil(tc) > MAX_SCORES_PER_THREAD / 2 || d.div_ceil(tc) > MAX_ACC_PER_THREAD / 2 {
+        return Err(Error::Plan(format!(
+            "{tc} invocations per row leave too many registers per invocation at B {b}, d {d}"
+        )));
+    }
+    Ok(Plan {
+        head_dim: d,
+        storage: fwd.storage,
+        m_bytes,
+        bc_formula: fwd.bc_formula,
+        br_formula: fwd.br_formula,
+        br: b,
+        bc: b,
+        threads_per_row: tc,
+        workgroup_size: b * tc,
+        workgroup_bytes: bytes,
+        clamps,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,10 +726,36 @@ mod tests {
     }
 
     #[test]
+    fn backward_tiles_are_smaller_and_fit() {
+        for kib in [16, 32, 48, 64, 100, 228] {
+            for d in [32, 64, 128, 256] {
+                let c = caps(kib);
+                let f = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+                let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+                assert_eq!(p.br, p.bc);
+                assert!(p.br <= f.br, "{kib} KiB d {d}");
+                assert_eq!(p.workgroup_bytes, backward_workgroup_bytes(p.br, d as u32));
+                assert!(p.workgroup_bytes <= c.max_workgroup_storage);
+                assert!(p.workgroup_size <= c.max_invocations);
+            }
+        }
+        // lavapipe, d = 64: Algorithm 1 gives 32, the backward's six tiles need 16.
+        let p = plan_backward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+        assert!(p.br < 32);
+        assert!(
+            p.clamps.iter().any(|c| c.reason.contains("P and dS")),
+            "{p}"
+        );
+    }
+
+    #[test]
     fn browser_limits_plan_every_head_dim() {
         for d in 1..=256 {
             let c = DeviceCaps::webgpu_default();
             let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            assert!(p.workgroup_bytes <= c.max_workgroup_storage, "d {d}: {p}");
+            assert!(p.workgroup_size <= c.max_invocations, "d {d}: {p}");
+            let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             assert!(p.workgroup_bytes <= c.max_workgroup_storage, "d {d}: {p}");
             assert!(p.workgroup_size <= c.max_invocations, "d {d}: {p}");
         }

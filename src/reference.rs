@@ -216,3 +216,239 @@ pub fn round_all(values: &[f64], precision: Precision) -> Vec<f64> {
         .map(|&x| precision.round(x as f32) as f64)
         .collect()
 }
+
+/// Gradients of attention, in f64 (or f32 for the baseline), standard layouts.
+#[derive(Clone, Debug)]
+pub struct ReferenceGrads {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// The arithmetic the row-wise backward needs, for f64 (reference) and f32
+/// (baseline and CPU backend).
+pub(crate) trait Real:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::AddAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    fn from_f32(x: f32) -> Self;
+    fn exp(self) -> Self;
+    fn tanh(self) -> Self;
+}
+
+macro_rules! impl_real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn from_f32(x: f32) -> Self {
+                x as $t
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+        }
+    };
+}
+impl_real!(f32);
+impl_real!(f64);
+
+/// Row-wise attention backward by recomputation: for each query row, P from
+/// the scores, dP = dO·Vᵀ, D = Σ P·dP, dS = P·(dP - D)·softcap'. `round` is
+/// applied to P and dS before the products that use them (storage precision).
+/// Parallel over (batch, kv head); within a task the group's heads and rows
+/// run in a fixed order, so the result is deterministic.
+pub(crate) fn backward_rows<T: Real>(
+    shape: &AttentionShape,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    opts: &AttentionOptions,
+    round: impl Fn(T) -> T + Sync,
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (ql, kl) = (Layout::q(shape), Layout::kv(shape));
+    let d = shape.head_dim;
+    let scale = T::from_f32(opts.scale_for(d));
+    let cap = opts.softcap_value();
+    let softcap = T::from_f32(cap);
+    let mask = opts.mask(shape);
+    let tasks: Vec<(usize, usize)> = (0..shape.batch)
+        .flat_map(|b| (0..shape.heads_kv).map(move |hk| (b, hk)))
+        .collect();
+    let results: Vec<(Vec<T>, Vec<T>, Vec<T>)> = tasks
+        .par_iter()
+        .map(|&(b, hk)| {
+            let g = shape.group();
+            let mut dq = vec![T::ZERO; g * shape.seqlen_q * d];
+            let mut dk = vec![T::ZERO; shape.seqlen_k * d];
+            let mut dv = vec![T::ZERO; shape.seqlen_k * d];
+            let dot = |a: &[T], b: &[T]| a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y);
+            for gi in 0..g {
+                let h = hk * g + gi;
+                for i in 0..shape.seqlen_q {
+                    let range = mask.key_range(i);
+                    if range.is_empty() {
+                        continue;
+                    }
+                    let qrow = &q[ql.row(b, i, h)..][..d];
+                    let grow = &d_o[ql.row(b, i, h)..][..d];
+                    // Scores and the softcap derivative.
+                    let (s, dcap): (Vec<T>, Vec<T>) = range
+                        .clone()
+                        .map(|j| {
+                            let x = dot(qrow, &k[kl.row(b, j, hk)..][..d]) * scale;
+                            if cap > 0.0 {
+                                let th = (x / softcap).tanh();
+                                (softcap * th, T::ONE - th * th)
+                            } else {
+                                (x, T::ONE)
+                            }
+                        })
+                        .unzip();
+                    let m = s
+                        .iter()
+                        .cloned()
+                        .fold(s[0], |a, b| if b > a { b } else { a });
+                    let e: Vec<T> = s.iter().map(|&x| (x - m).exp()).collect();
+                    let l = e.iter().fold(T::ZERO, |a, &b| a + b);
+                    let p: Vec<T> = e.iter().map(|&x| x / l).collect();
+                    let dp: Vec<T> = range
+                        .clone()
+                        .map(|j| dot(grow, &v[kl.row(b, j, hk)..][..d]))
+                        .collect();
+                    let dsum = p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
+                    let dq_row = &mut dq[(gi * shape.seqlen_q + i) * d..][..d];
+                    for (c, j) in range.enumerate() {
+                        let pj = round(p[c]);
+                        let ds = round(p[c] * (dp[c] - dsum) * dcap[c]);
+                        let krow = &k[kl.row(b, j, hk)..][..d];
+                        for x in 0..d {
+                            dq_row[x] += ds * krow[x];
+                            dk[j * d + x] += ds * qrow[x];
+                            dv[j * d + x] += pj * grow[x];
+                        }
+                    }
+                    dq_row.iter_mut().for_each(|x| *x = *x * scale);
+                }
+            }
+            dk.iter_mut().for_each(|x| *x = *x * scale);
+            (dq, dk, dv)
+        })
+        .collect();
+    let mut dq = vec![T::ZERO; shape.q_len()];
+    let mut dk = vec![T::ZERO; shape.kv_len()];
+    let mut dv = vec![T::ZERO; shape.kv_len()];
+    for (&(b, hk), (tq, tk, tv)) in tasks.iter().zip(results) {
+        let g = shape.group();
+        for gi in 0..g {
+            for i in 0..shape.seqlen_q {
+                dq[ql.row(b, i, hk * g + gi)..][..d]
+                    .copy_from_slice(&tq[(gi * shape.seqlen_q + i) * d..][..d]);
+            }
+        }
+        for j in 0..shape.seqlen_k {
+            dk[kl.row(b, j, hk)..][..d].copy_from_slice(&tk[j * d..][..d]);
+            dv[kl.row(b, j, hk)..][..d].copy_from_slice(&tv[j * d..][..d]);
+        }
+    }
+    (dq, dk, dv)
+}
+
+/// Exact gradients in f64 on the (already rounded) inputs.
+pub fn backward(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<ReferenceGrads> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    check_like_q(&shape, q.precision(), d_o, "do")?;
+    opts.validate()?;
+    let widen =
+        |t: &TensorView| -> Vec<f64> { t.data.to_f32().iter().map(|&x| x as f64).collect() };
+    let (dq, dk, dv) = backward_rows(
+        &shape,
+        &widen(q),
+        &widen(k),
+        &widen(v),
+        &widen(d_o),
+        opts,
+        |x| x,
+    );
+    Ok(ReferenceGrads { dq, dk, dv })
+}
+
+/// The accuracy rule's backward baseline: the same row-wise computation in
+/// f32 with P and dS rounded to the storage precision before the matmuls that
+/// use them and the gradients rounded to it at the end.
+pub fn naive_backward_baseline(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<ReferenceGrads> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    check_like_q(&shape, q.precision(), d_o, "do")?;
+    opts.validate()?;
+    let prec = q.precision();
+    let (dq, dk, dv) = backward_rows(
+        &shape,
+        &q.data.to_f32(),
+        &k.data.to_f32(),
+        &v.data.to_f32(),
+        &d_o.data.to_f32(),
+        opts,
+        |x| prec.round(x),
+    );
+    let out = |x: Vec<f32>| x.into_iter().map(|v| prec.round(v) as f64).collect();
+    Ok(ReferenceGrads {
+        dq: out(dq),
+        dk: out(dk),
+        dv: out(dv),
+    })
+}
+
+/// `t` must have q's shape and q's dtype (for `o` and `do`).
+pub(crate) fn check_like_q(
+    shape: &AttentionShape,
+    precision: Precision,
+    t: &TensorView,
+    name: &str,
+) -> Result<()> {
+    if t.precision() != precision {
+        return Err(crate::Error::Dtype(format!(
+            "{name} is {} but q is {precision}",
+            t.precision()
+        )));
+    }
+    if t.shape != shape.q_shape() {
+        return Err(crate::Error::Shape(format!(
+            "{name} has shape {:?}, expected q's shape {:?}",
+            t.shape,
+            shape.q_shape()
+        )));
+    }
+    if t.data.len() != shape.q_len() {
+        return Err(crate::Error::Shape(format!(
+            "{name} has {} elements, expected {}",
+            t.data.len(),
+            shape.q_len()
+        )));
+    }
+    Ok(())
+}

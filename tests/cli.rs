@@ -419,3 +419,94 @@ fn demo_runs_and_passes() {
         assert!(text.contains(needle), "missing {needle}: {text}");
     }
 }
+
+fn backward_cmd(f: &Files, extra: &[&str]) -> Output {
+    let mut c = bin();
+    c.arg("backward");
+    for (flag, name) in [
+        ("--q", "q.npy"),
+        ("--k", "k.npy"),
+        ("--v", "v.npy"),
+        ("--do", "do.npy"),
+        ("--dq", "dq.npy"),
+        ("--dk", "dk.npy"),
+        ("--dv", "dv.npy"),
+    ] {
+        c.arg(flag).arg(f.path(name));
+    }
+    c.args(extra).output().unwrap()
+}
+
+fn check_grads(
+    f: &Files,
+    qs: [usize; 4],
+    ks: [usize; 4],
+    qkv: &[Vec<f32>; 3],
+    g: &[f32],
+    opts: &AttentionOptions,
+) {
+    let q = TensorView::f32(qs, &qkv[0]);
+    let k = TensorView::f32(ks, &qkv[1]);
+    let v = TensorView::f32(ks, &qkv[2]);
+    let d_o = TensorView::f32(qs, g);
+    let t = |name: &str, shape: [usize; 4]| {
+        let (s, data) = read_f32(&f.path(name));
+        assert_eq!(s, shape.map(|x| x as u64).to_vec(), "{name}");
+        flashattn::Tensor {
+            shape: shape.to_vec(),
+            data: flashattn::TensorData::F32(data),
+        }
+    };
+    let out = flashattn::BackwardOutput {
+        dq: t("dq.npy", qs),
+        dk: t("dk.npy", ks),
+        dv: t("dv.npy", ks),
+        stats: Default::default(),
+    };
+    for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, opts).unwrap() {
+        assert!(c.passed(), "{c}");
+    }
+}
+
+#[test]
+fn backward_matches_reference_on_each_backend() {
+    let backends: &[&str] = if common::engine().is_some() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    for backend in backends {
+        let f = Files::new();
+        let qkv = f.qkv(1, 29, 41, 4, 2, 24);
+        let g = Rng::new(9).normal_vec(29 * 4 * 24, 1.0);
+        write_f32(&f.path("do.npy"), &[1, 29, 4, 24], &g);
+        let out = backward_cmd(&f, &["--backend", backend, "--causal", "--softcap", "5"]);
+        assert!(
+            out.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let opts = AttentionOptions {
+            causal: true,
+            softcap: Some(5.0),
+            ..Default::default()
+        };
+        check_grads(&f, [1, 29, 4, 24], [1, 41, 2, 24], &qkv, &g, &opts);
+    }
+}
+
+#[test]
+fn backward_bad_inputs_write_nothing() {
+    let f = Files::new();
+    f.qkv(1, 8, 8, 2, 1, 16);
+    write_f32(&f.path("do.npy"), &[1, 8, 2, 8], &[0.0; 128]);
+    let out = backward_cmd(&f, &["--backend", "cpu"]);
+    assert_bad(&f, &out, "do");
+    for name in ["dq.npy", "dk.npy", "dv.npy"] {
+        assert!(!f.path(name).exists());
+    }
+    std::fs::remove_file(f.path("do.npy")).unwrap();
+    assert_bad(&f, &backward_cmd(&f, &["--backend", "cpu"]), "do");
+    write_f16(&f.path("do.npy"), &[1, 8, 2, 16], &[0.0; 256]);
+    assert_bad(&f, &backward_cmd(&f, &["--backend", "cpu"]), "do");
+}

@@ -308,6 +308,9 @@ fn naive_baseline_matches_and_materializes_scores() {
         Case::new(97, 113, 64).opts(causal()).f16(),
         Case::new(40, 10, 32).opts(causal()).heads(4, 2),
         Case::new(64, 64, 32).opts(AttentionOptions::default().softcap(10.0)),
+        // Multiples of the matmul tiles: the variants without bounds checks.
+        Case::new(128, 192, 64).heads(4, 2),
+        Case::new(128, 128, 64).opts(causal()).f16(),
     ] {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
@@ -316,6 +319,15 @@ fn naive_baseline_matches_and_materializes_scores() {
         let s = case.heads_q * case.seqlen_q * case.seqlen_k * 4;
         assert!(out.stats.allocations.iter().any(|a| a.bytes == s as u64));
     }
+}
+
+#[test]
+fn matmul_ceiling_runs_and_reports_its_flops() {
+    let Some(e) = engine() else { return };
+    let r = e.matmul_ceiling(128, 64, 2).unwrap();
+    assert_eq!(r.seconds.len(), 2);
+    assert_eq!(r.flops, 2.0 * 128.0 * 128.0 * 64.0);
+    assert!(r.gflops() > 0.0 && r.gflops().is_finite());
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! adapter features, with and without SHADER_F16.
 
 use flashattn::gpu::shaders::{self, Variant};
-use flashattn::{plan_forward, DeviceCaps, PlanRequest, Precision, StorageKind};
+use flashattn::{plan_backward, plan_forward, DeviceCaps, PlanRequest, Precision, StorageKind};
 
 fn capabilities(f16: bool) -> naga::valid::Capabilities {
     let features = if f16 {
@@ -73,6 +73,93 @@ fn flash_forward_validates_for_every_plan_and_variant() {
 }
 
 #[test]
+fn flash_backward_validates_for_every_plan_and_variant() {
+    for c in [
+        DeviceCaps::webgpu_default(),
+        DeviceCaps {
+            max_workgroup_storage: 32768,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+        },
+    ] {
+        for d in [1, 3, 59, 64, 128, 256] {
+            let mut plan = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            for (storage, f16) in storage_kinds() {
+                plan.storage = storage;
+                for variant in variants() {
+                    for (name, src) in ["pre", "dkdv", "dq"]
+                        .iter()
+                        .zip(shaders::flash_backward(&plan, variant))
+                    {
+                        validate(&src, f16).unwrap_or_else(|e| {
+                            panic!("{name} d {d} {storage:?} {variant:?}:\n{e}")
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn naive_backward_validates() {
+    for d in [1, 59, 256] {
+        for (storage, f16) in storage_kinds() {
+            for variant in variants() {
+                let src = shaders::naive_backward(d, storage, variant);
+                validate(&src, f16)
+                    .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_validates_in_every_configuration() {
+    use shaders::Epilogue;
+    for (storage, f16) in storage_kinds() {
+        for b_trans in [false, true] {
+            for aligned in [false, true] {
+                for (epilogue, variant) in [
+                    (Epilogue::Scale, Variant::default()),
+                    (
+                        Epilogue::Scores,
+                        Variant {
+                            masked: true,
+                            softcap: true,
+                        },
+                    ),
+                ] {
+                    let src = shaders::matmul(
+                        storage,
+                        storage,
+                        StorageKind::F32,
+                        b_trans,
+                        aligned,
+                        epilogue,
+                        variant,
+                    );
+                    validate(&src, f16)
+                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
+                    let src = shaders::matmul(
+                        StorageKind::F32,
+                        storage,
+                        storage,
+                        b_trans,
+                        aligned,
+                        epilogue,
+                        variant,
+                    );
+                    validate(&src, f16)
+                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn naive_forward_validates() {
     for d in [1, 59, 64, 256] {
         for (storage, f16) in storage_kinds() {
@@ -98,25 +185,30 @@ fn native_f16_needs_the_capability_and_packed_does_not() {
     assert!(validate(&shaders::flash_forward(&plan, Variant::default()), false).is_err());
 }
 
+/// Bytes of `var<workgroup>` a module declares, as naga lays them out.
+fn workgroup_bytes(src: &str) -> u32 {
+    let module = naga::front::wgsl::parse_str(src).unwrap();
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| layouter[g.ty].size)
+        .sum()
+}
+
 #[test]
 fn declared_workgroup_storage_matches_the_plan() {
-    // naga's view of the module's workgroup variables equals the planner's bytes.
+    // naga's view of each module's workgroup variables equals the planner's bytes.
     for d in [16, 59, 64, 256] {
-        let plan = plan_forward(
-            &PlanRequest::new(d, Precision::F32),
-            &DeviceCaps::webgpu_default(),
-        )
-        .unwrap();
+        let caps = DeviceCaps::webgpu_default();
+        let plan = plan_forward(&PlanRequest::new(d, Precision::F32), &caps).unwrap();
         let src = shaders::flash_forward(&plan, Variant::default());
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let bytes: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
-        assert_eq!(bytes, plan.workgroup_bytes, "d {d}");
+        assert_eq!(workgroup_bytes(&src), plan.workgroup_bytes, "d {d}");
+        let plan = plan_backward(&PlanRequest::new(d, Precision::F32), &caps).unwrap();
+        for src in &shaders::flash_backward(&plan, Variant::default())[1..] {
+            assert_eq!(workgroup_bytes(src), plan.workgroup_bytes, "backward d {d}");
+        }
     }
 }

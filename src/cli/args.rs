@@ -18,6 +18,8 @@ pub struct Cli {
 pub enum Command {
     /// Attention forward on .npy inputs: writes o (and optionally lse).
     Forward(ForwardArgs),
+    /// Attention backward on .npy inputs: recomputes the forward, writes dq, dk, dv.
+    Backward(BackwardArgs),
     /// Show the adapter, its limits and the tile plan with the reason for each clamp.
     Plan(PlanArgs),
     /// Run a forward at a realistic shape on the best adapter and check it against the f64 reference.
@@ -72,6 +74,24 @@ pub struct ForwardArgs {
     /// Optional output lse, (batch, heads_q, seqlen_q), f32.
     #[arg(long)]
     pub lse: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct BackwardArgs {
+    #[command(flatten)]
+    pub attention: AttentionArgs,
+    /// Gradient of the output, shape and dtype of q.
+    #[arg(long = "do", value_name = "DO")]
+    pub d_o: PathBuf,
+    /// Output dq (shape of q).
+    #[arg(long)]
+    pub dq: PathBuf,
+    /// Output dk (shape of k).
+    #[arg(long)]
+    pub dk: PathBuf,
+    /// Output dv (shape of v).
+    #[arg(long)]
+    pub dv: PathBuf,
 }
 
 #[derive(Args, Debug)]

@@ -5,7 +5,7 @@ pub mod args;
 mod demo;
 pub mod npy;
 
-use args::{AttentionArgs, Command, ForwardArgs, PlanArgs};
+use args::{AttentionArgs, BackwardArgs, Command, ForwardArgs, PlanArgs};
 use flashattn::{
     AttentionOptions, AttentionShape, Backend, BackendKind, Engine, Error, PlanOverrides,
     PlanRequest, Precision, Result, Tensor, TensorData, Window,
@@ -14,6 +14,7 @@ use flashattn::{
 pub fn run(command: Command) -> Result<()> {
     match command {
         Command::Forward(a) => forward(a),
+        Command::Backward(a) => backward(a),
         Command::Plan(a) => plan(a),
         Command::Demo(a) => demo::run(a),
     }
@@ -142,6 +143,44 @@ fn forward(a: ForwardArgs) -> Result<()> {
     npy::write_all(&outputs)
 }
 
+fn backward(a: BackwardArgs) -> Result<()> {
+    let p = prepare(&a.attention)?;
+    let d_o = npy::read("do", &a.d_o)?;
+    if d_o.shape != p.q.shape {
+        return Err(Error::Shape(format!(
+            "do has shape {:?}, expected q's shape {:?}",
+            d_o.shape, p.q.shape
+        )));
+    }
+    if d_o.precision() != p.input_dtype {
+        return Err(Error::Dtype(format!(
+            "do is {} but q is {}",
+            d_o.precision(),
+            p.input_dtype
+        )));
+    }
+    let d_o = convert(d_o, p.q.precision());
+    let backend = open_backend(p.backend, &p.overrides)?;
+    let (q, k, v) = (p.q.view()?, p.k.view()?, p.v.view()?);
+    let fwd = backend.forward(&q, &k, &v, &p.opts, &p.overrides)?;
+    let grads = backend.backward(
+        &q,
+        &k,
+        &v,
+        &fwd.o.view()?,
+        &fwd.lse,
+        &d_o.view()?,
+        &p.opts,
+        &p.overrides,
+    )?;
+    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| convert(t, p.input_dtype));
+    npy::write_all(&[
+        (a.dq.as_path(), &dq),
+        (a.dk.as_path(), &dk),
+        (a.dv.as_path(), &dv),
+    ])
+}
+
 fn plan(a: PlanArgs) -> Result<()> {
     let precision: Precision = a.precision.parse()?;
     if let Some(d) = a.head_dim {
@@ -188,10 +227,17 @@ fn plan(a: PlanArgs) -> Result<()> {
     );
     let dims = a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]);
     for d in dims {
-        let plan = flashattn::plan_forward(&PlanRequest::new(d, precision), &engine_caps)?;
-        println!("\nhead_dim {d}, {precision}:");
-        for line in plan.to_string().lines() {
+        let req = PlanRequest::new(d, precision);
+        let forward = flashattn::plan_forward(&req, &engine_caps)?;
+        println!("\nhead_dim {d}, {precision}, forward:");
+        for line in forward.to_string().lines() {
             println!("  {line}");
+        }
+        // The backward needs more workgroup storage; a device may run only the forward.
+        println!("head_dim {d}, {precision}, backward:");
+        match flashattn::plan_backward(&req, &engine_caps) {
+            Ok(plan) => plan.to_string().lines().for_each(|l| println!("  {l}")),
+            Err(e) => println!("  not possible here: {e}"),
         }
     }
     Ok(())

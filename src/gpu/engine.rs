@@ -39,6 +39,10 @@ impl CallStats {
     }
 }
 
+/// One dispatch: pipeline, `(binding, buffer)` pairs besides the attention
+/// params at binding 0, and the grid.
+pub(crate) type Step = (wgpu::ComputePipeline, Vec<(u32, wgpu::Buffer)>, [usize; 3]);
+
 /// A GPU attention engine on one wgpu device.
 ///
 /// Cheap to share: kernels take `&self`, pipelines are compiled once per

@@ -1,18 +1,88 @@
-//! The naive baseline on the GPU: S and P materialized in a storage buffer of
-//! batch·heads·Sq·Sk f32. It exists to be measured against, and it fails where
-//! that buffer outgrows a storage binding — which is the point.
+//! The naive baseline on the GPU: S and P (and for the backward dP/dS) are
+//! materialized in storage buffers of batch·heads·Sq·Sk f32 each. Its matmuls
+//! are the tuned tiled matmul that also measures the adapter's ceiling, so a
+//! comparison with flash isolates what tiling the softmax saves. It fails where
+//! the N×N buffers outgrow a storage binding — which is the point.
 
-use super::engine::{CallStats, Engine};
+use super::engine::{CallStats, Engine, Step};
+use super::matmul::{MatmulParams, MatmulSpec};
 use super::params::{Params, Piece};
-use super::shaders::{self, Variant};
-use crate::attention::ForwardOutput;
+use super::shaders::{self, binding::*, Epilogue, Variant};
+use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
 use crate::plan::{PlanOverrides, StorageKind};
-use crate::tensor::{AttentionShape, Tensor, TensorData, TensorView};
+use crate::reference::check_like_q;
+use crate::tensor::{AttentionShape, Precision, Tensor, TensorData, TensorView};
 
 const TILE: usize = 16;
 const ROWS_PER_GROUP: usize = 64;
+
+fn variant(shape: &AttentionShape, opts: &AttentionOptions) -> Variant {
+    Variant {
+        masked: opts.mask(shape).is_active(),
+        softcap: opts.softcap_value() > 0.0,
+    }
+}
+
+/// Strides of the per-head `X·Yᵀ` products between two (batch, seq, heads, d)
+/// tensors: rows of `x` (seqlen `m`, `hx` heads) against rows of `y` (seqlen
+/// `n`, `hy` heads, read through GQA), into an (m×n) f32 matrix per head.
+fn nt_params(shape: &AttentionShape, m: usize, n: usize) -> MatmulParams {
+    let (hq, hk, d) = (
+        shape.heads_q as u32,
+        shape.heads_kv as u32,
+        shape.head_dim as u32,
+    );
+    let (m, n) = (m as u32, n as u32);
+    MatmulParams {
+        m,
+        n,
+        k: d,
+        lda: hq * d,
+        ldb: hk * d,
+        ldc: n,
+        a_batch: m * hq * d,
+        a_head: d,
+        b_batch: n * hk * d,
+        b_head: d,
+        c_batch: hq * m * n,
+        c_head: m * n,
+        heads: hq,
+        group: hq / hk,
+        alpha: 1.0,
+        _pad: 0,
+    }
+}
+
+/// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
+/// (batch, Sk, heads_kv, d) tensor, into a (batch, Sq, heads_q, d) tensor.
+fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
+    let (hq, hk, d) = (
+        shape.heads_q as u32,
+        shape.heads_kv as u32,
+        shape.head_dim as u32,
+    );
+    let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    MatmulParams {
+        m: sq,
+        n: d,
+        k: sk,
+        lda: sk,
+        ldb: hk * d,
+        ldc: hq * d,
+        a_batch: hq * sq * sk,
+        a_head: sq * sk,
+        b_batch: sk * hk * d,
+        b_head: d,
+        c_batch: sq * hq * d,
+        c_head: d,
+        heads: hq,
+        group: hq / hk,
+        alpha,
+        _pad: 0,
+    }
+}
 
 impl Engine {
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -27,6 +97,121 @@ impl Engine {
         pollster::block_on(self.naive_forward_async(q, k, v, opts))
     }
 
+    /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as matmuls over them.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn naive_backward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        d_o: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        pollster::block_on(self.naive_backward_async(q, k, v, d_o, opts))
+    }
+
+    /// Check sizes and grids; returns the storage kind and the bytes of one N×N buffer.
+    fn naive_check(
+        &self,
+        shape: &AttentionShape,
+        precision: Precision,
+    ) -> Result<(StorageKind, u64)> {
+        let storage = self
+            .plan(shape, precision, &PlanOverrides::default())?
+            .storage;
+        let nn = (shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k) as u64 * 4;
+        if nn > self.max_binding() {
+            return Err(Error::Unsupported(format!(
+                "naive attention materializes N×N scores: {nn} bytes, more than one storage binding ({} bytes)",
+                self.max_binding()
+            )));
+        }
+        let max_groups = self.max_groups() as usize;
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        let dims = [
+            shape.batch * shape.heads_q,
+            shape.seqlen_q.div_ceil(TILE),
+            shape.seqlen_k.div_ceil(TILE),
+            rows.div_ceil(ROWS_PER_GROUP),
+        ];
+        if dims.iter().any(|&d| d > max_groups) {
+            return Err(Error::Unsupported(format!(
+                "naive attention grid {dims:?} exceeds {max_groups} workgroups per dimension"
+            )));
+        }
+        Ok((storage, nn))
+    }
+
+    /// Encode `steps` in one pass, run them, and count them in `stats`.
+    pub(crate) async fn run_steps(
+        &self,
+        what: &str,
+        steps: &[Step],
+        params: &Params,
+        clear: &[&wgpu::Buffer],
+        stats: &mut CallStats,
+    ) -> Result<()> {
+        let uniform = self.uniform(params);
+        let encoder = self
+            .checked(what, || {
+                let mut encoder = self.device().create_command_encoder(&Default::default());
+                for b in clear {
+                    encoder.clear_buffer(b, 0, None);
+                }
+                let binds: Vec<_> = steps
+                    .iter()
+                    .map(|(p, entries, _)| {
+                        let mut all = vec![(0, &uniform)];
+                        all.extend(entries.iter().map(|(b, buf)| (*b, buf)));
+                        self.bind(p, &all)
+                    })
+                    .collect();
+                {
+                    let mut pass = encoder.begin_compute_pass(&Default::default());
+                    for ((pipeline, _, [x, y, z]), bind) in steps.iter().zip(&binds) {
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
+                        stats.dispatches += 1;
+                    }
+                }
+                Ok(encoder)
+            })
+            .await?;
+        stats.kernel_seconds += self.submit(encoder).await?;
+        Ok(())
+    }
+
+    /// S = scale·QKᵀ (soft-capped, masked) by the tiled matmul, then `softmax`:
+    /// P stored, LSE written. Shared by the naive forward and backward.
+    async fn naive_softmax_steps(
+        &self,
+        shape: &AttentionShape,
+        storage: StorageKind,
+        opts: &AttentionOptions,
+        [qb, kb, lb, sb, pb]: [&wgpu::Buffer; 5],
+    ) -> Result<Vec<Step>> {
+        let v = variant(shape, opts);
+        let scores = MatmulSpec::new(
+            [storage, storage, StorageKind::F32],
+            true,
+            Epilogue::Scores,
+            v,
+            nt_params(shape, shape.seqlen_q, shape.seqlen_k),
+            shape.batch,
+        );
+        let source = shaders::naive_forward(shape.head_dim as u32, storage, v);
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        Ok(vec![
+            self.matmul_step(&scores, [qb, kb, sb]).await?,
+            (
+                self.pipeline(&source, "softmax").await?,
+                vec![(LSE, lb.clone()), (S, sb.clone()), (P, pb.clone())],
+                [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
+            ),
+        ])
+    }
+
     /// [`Engine::naive_forward`] as a future.
     pub async fn naive_forward_async(
         &self,
@@ -38,38 +223,7 @@ impl Engine {
         let shape = AttentionShape::from_views(q, k, v)?;
         opts.validate()?;
         let precision = q.precision();
-        let storage = self
-            .plan(&shape, precision, &PlanOverrides::default())?
-            .storage;
-        let s_bytes = (shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k) as u64 * 4;
-        if s_bytes > self.max_binding() {
-            return Err(Error::Unsupported(format!(
-                "naive attention materializes S: {s_bytes} bytes, more than one storage binding ({} bytes)",
-                self.max_binding()
-            )));
-        }
-        let max_groups = self.max_groups() as usize;
-        let grid_z = shape.batch * shape.heads_q;
-        if grid_z > max_groups
-            || shape.seqlen_q.div_ceil(TILE) > max_groups
-            || shape.seqlen_k.div_ceil(TILE) > max_groups
-        {
-            return Err(Error::Unsupported(format!(
-                "naive attention grid ({} × {} × {grid_z}) exceeds {max_groups} workgroups per dimension",
-                shape.seqlen_k.div_ceil(TILE),
-                shape.seqlen_q.div_ceil(TILE)
-            )));
-        }
-        let variant = Variant {
-            masked: opts.mask(&shape).is_active(),
-            softcap: opts.softcap_value() > 0.0,
-        };
-        let source = shaders::naive_forward(shape.head_dim as u32, storage, variant);
-        let scores = self.pipeline(&source, "scores").await?;
-        let softmax = self.pipeline(&source, "softmax").await?;
-        let pv = self.pipeline(&source, "pv").await?;
-        let params = Params::new(&Piece::whole(shape), opts)?;
-
+        let (storage, nn) = self.naive_check(&shape, precision)?;
         let mut stats = CallStats::default();
         let o_bytes = shape.q_len() as u64 * precision.bytes() as u64;
         let lse_bytes = shape.lse_len() as u64 * 4;
@@ -81,65 +235,38 @@ impl Engine {
                     self.upload(&mut stats, "v", v.data.as_bytes()),
                     self.storage(&mut stats, "o", o_bytes),
                     self.storage(&mut stats, "lse", lse_bytes),
-                    self.storage(&mut stats, "s (N×N scores)", s_bytes),
+                    self.storage(&mut stats, "S (N×N scores)", nn),
+                    self.storage(&mut stats, "P (N×N probabilities)", nn),
                 ])
             })
             .await?;
-        let [qb, kb, vb, ob, lb, sb] = &bufs;
-        let uniform = self.uniform(&params);
-        let encoder = self
-            .checked("encoding the naive forward kernels", || {
-                let mut encoder = self.device().create_command_encoder(&Default::default());
-                if storage == StorageKind::F16Packed {
-                    encoder.clear_buffer(ob, 0, None);
-                }
-                let steps = [
-                    (
-                        &scores,
-                        vec![(0, &uniform), (1, qb), (2, kb), (6, sb)],
-                        [
-                            shape.seqlen_k.div_ceil(TILE),
-                            shape.seqlen_q.div_ceil(TILE),
-                            grid_z,
-                        ],
-                    ),
-                    (
-                        &softmax,
-                        vec![(0, &uniform), (5, lb), (6, sb)],
-                        [(grid_z * shape.seqlen_q).div_ceil(ROWS_PER_GROUP), 1, 1],
-                    ),
-                    (
-                        &pv,
-                        vec![(0, &uniform), (3, vb), (4, ob), (6, sb)],
-                        [
-                            shape.head_dim.div_ceil(TILE),
-                            shape.seqlen_q.div_ceil(TILE),
-                            grid_z,
-                        ],
-                    ),
-                ];
-                let binds: Vec<_> = steps
-                    .iter()
-                    .map(|(p, entries, _)| self.bind(p, entries))
-                    .collect();
-                {
-                    let mut pass = encoder.begin_compute_pass(&Default::default());
-                    for ((pipeline, _, [x, y, z]), bind) in steps.iter().zip(&binds) {
-                        if *x > max_groups {
-                            return Err(Error::Unsupported(format!(
-                            "naive softmax needs {x} workgroups, the device allows {max_groups}"
-                        )));
-                        }
-                        pass.set_pipeline(pipeline);
-                        pass.set_bind_group(0, bind, &[]);
-                        pass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
-                        stats.dispatches += 1;
-                    }
-                }
-                Ok(encoder)
-            })
+        let [qb, kb, vb, ob, lb, sb, pb] = &bufs;
+        let mut steps = self
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
             .await?;
-        stats.kernel_seconds += self.submit(encoder).await?;
+        let pv = MatmulSpec::new(
+            [StorageKind::F32, storage, storage],
+            false,
+            Epilogue::Scale,
+            Variant::default(),
+            nn_params(&shape, 1.0),
+            shape.batch,
+        );
+        steps.push(self.matmul_step(&pv, [pb, vb, ob]).await?);
+        let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
+            vec![ob]
+        } else {
+            vec![]
+        };
+        let params = Params::new(&Piece::whole(shape), opts)?;
+        self.run_steps(
+            "running the naive forward kernels",
+            &steps,
+            &params,
+            &clear,
+            &mut stats,
+        )
+        .await?;
         let o = TensorData::from_bytes(
             &self.read_back(ob, o_bytes).await?,
             precision,
@@ -153,6 +280,120 @@ impl Engine {
             },
             lse,
             shape,
+            stats,
+        })
+    }
+
+    /// [`Engine::naive_backward`] as a future.
+    pub async fn naive_backward_async(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        d_o: &TensorView<'_>,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        let shape = AttentionShape::from_views(q, k, v)?;
+        let precision = q.precision();
+        check_like_q(&shape, precision, d_o, "do")?;
+        opts.validate()?;
+        let (storage, nn) = self.naive_check(&shape, precision)?;
+        let source = shaders::naive_backward(shape.head_dim as u32, storage, variant(&shape, opts));
+        let mut stats = CallStats::default();
+        let elem = precision.bytes() as u64;
+        let (q_bytes, kv_bytes) = (shape.q_len() as u64 * elem, shape.kv_len() as u64 * elem);
+        let bufs = self
+            .checked("allocating naive backward buffers", || {
+                Ok([
+                    self.upload(&mut stats, "q", q.data.as_bytes()),
+                    self.upload(&mut stats, "k", k.data.as_bytes()),
+                    self.upload(&mut stats, "v", v.data.as_bytes()),
+                    self.upload(&mut stats, "do", d_o.data.as_bytes()),
+                    self.storage(&mut stats, "lse", shape.lse_len() as u64 * 4),
+                    self.storage(&mut stats, "S (N×N scores)", nn),
+                    self.storage(&mut stats, "P (N×N probabilities)", nn),
+                    self.storage(&mut stats, "dP/dS (N×N)", nn),
+                    self.storage(&mut stats, "dq", q_bytes),
+                    self.storage(&mut stats, "dk", kv_bytes),
+                    self.storage(&mut stats, "dv", kv_bytes),
+                ])
+            })
+            .await?;
+        let [qb, kb, vb, dob, lb, sb, pb, dsb, dqb, dkb, dvb] = &bufs;
+        let mut steps = self
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
+            .await?;
+        // dP = dO·Vᵀ (same strides as S = Q·Kᵀ), dQ = scale·dS·K.
+        let dp = MatmulSpec::new(
+            [storage, storage, StorageKind::F32],
+            true,
+            Epilogue::Scale,
+            Variant::default(),
+            nt_params(&shape, shape.seqlen_q, shape.seqlen_k),
+            shape.batch,
+        );
+        let dq = MatmulSpec::new(
+            [StorageKind::F32, storage, storage],
+            false,
+            Epilogue::Scale,
+            Variant::default(),
+            nn_params(&shape, opts.scale_for(shape.head_dim)),
+            shape.batch,
+        );
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        steps.push(self.matmul_step(&dp, [dob, vb, dsb]).await?);
+        steps.push((
+            self.pipeline(&source, "ds").await?,
+            vec![(S, sb.clone()), (P, pb.clone()), (DS, dsb.clone())],
+            [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
+        ));
+        steps.push(self.matmul_step(&dq, [dsb, kb, dqb]).await?);
+        // dK and dV sum over the query heads of each kv head: a plain kernel.
+        steps.push((
+            self.pipeline(&source, "dkdv").await?,
+            vec![
+                (Q, qb.clone()),
+                (DO, dob.clone()),
+                (P, pb.clone()),
+                (DS, dsb.clone()),
+                (DK, dkb.clone()),
+                (DV, dvb.clone()),
+            ],
+            [
+                shape.head_dim.div_ceil(TILE),
+                shape.seqlen_k.div_ceil(TILE),
+                shape.batch * shape.heads_kv,
+            ],
+        ));
+        let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
+            vec![dqb, dkb, dvb]
+        } else {
+            vec![]
+        };
+        let params = Params::new(&Piece::whole(shape), opts)?;
+        self.run_steps(
+            "running the naive backward kernels",
+            &steps,
+            &params,
+            &clear,
+            &mut stats,
+        )
+        .await?;
+        let read = |b, bytes, n| async move {
+            Ok::<_, Error>(TensorData::from_bytes(
+                &self.read_back(b, bytes).await?,
+                precision,
+                n,
+            ))
+        };
+        let tensor = |shape: [usize; 4], data| Tensor {
+            shape: shape.to_vec(),
+            data,
+        };
+        Ok(BackwardOutput {
+            dq: tensor(shape.q_shape(), read(dqb, q_bytes, shape.q_len()).await?),
+            dk: tensor(shape.kv_shape(), read(dkb, kv_bytes, shape.kv_len()).await?),
+            dv: tensor(shape.kv_shape(), read(dvb, kv_bytes, shape.kv_len()).await?),
             stats,
         })
     }

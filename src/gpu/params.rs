@@ -25,10 +25,11 @@ pub struct Params {
     pub mask_offset: i32,
     pub window_left: i32,
     pub window_right: i32,
-    pub q_scale: f32,
+    pub scale: f32,
     pub softcap: f32,
-    pub softcap_log2: f32,
+    pub _pad0: u32,
     pub batch: u32,
+    pub _pad: [u32; 4],
 }
 
 /// A piece of a problem as laid out in the buffers bound for one dispatch:
@@ -72,7 +73,6 @@ impl Params {
                 unbounded - 1
             )));
         }
-        let log2e = std::f32::consts::LOG2_E;
         Ok(Self {
             seqlen_q: to_u32("seqlen_q", s.seqlen_q)?,
             seqlen_k: to_u32("seqlen_k", s.seqlen_k)?,
@@ -90,10 +90,11 @@ impl Params {
             mask_offset: mask.offset as i32,
             window_left: mask.left.unwrap_or(unbounded) as i32,
             window_right: mask.right.unwrap_or(unbounded) as i32,
-            q_scale: if softcap > 0.0 { scale } else { scale * log2e },
+            scale,
             softcap,
-            softcap_log2: softcap * log2e,
+            _pad0: 0,
             batch: to_u32("batch", s.batch)?,
+            _pad: [0; 4],
         })
     }
 }

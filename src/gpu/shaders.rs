@@ -11,6 +11,12 @@ pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_pac
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
 pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
 pub const NAIVE_FWD: &str = include_str!("../../shaders/naive_fwd.wgsl");
+pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+pub const NAIVE_BWD: &str = include_str!("../../shaders/naive_bwd.wgsl");
+pub const FLASH_BWD_COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
+pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
+pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
+pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 
 /// Which specialized code paths a kernel contains. A variant without a mask
 /// contains no mask code (the flags are `const`, so branches fold away).
@@ -55,10 +61,17 @@ fn section(template: &str, name: &str) -> String {
 }
 
 /// Declarations and accessors for the given buffers in one storage kind:
-/// `load_{name}` for reads, `store_{name}` for writes, and `round_storage`.
+/// `load_{name}` for reads, `store_{name}` for writes, plus `round_storage`.
 pub fn storage_decls(storage: StorageKind, buffers: &[(&str, u32, Access)]) -> String {
+    let mut out = section(template(storage), "common");
+    out.push_str(&buffer_decls(storage, buffers));
+    out
+}
+
+/// Buffer declarations only (no `round_storage`), e.g. f32 LSE next to f16 tensors.
+pub fn buffer_decls(storage: StorageKind, buffers: &[(&str, u32, Access)]) -> String {
     let t = template(storage);
-    let mut out = section(t, "common");
+    let mut out = String::new();
     for &(name, binding, access) in buffers {
         let part = match access {
             Access::Read => "read",
@@ -91,23 +104,41 @@ fn prelude(storage: StorageKind, constants: &[(&str, String)]) -> String {
     s
 }
 
-/// The q, k, v, o, lse bindings every forward kernel uses (binding 0 is `params`).
+/// Bindings shared by every kernel (0 is `params`). One table, so host code
+/// and shaders agree on the numbers.
+pub mod binding {
+    pub const Q: u32 = 1;
+    pub const K: u32 = 2;
+    pub const V: u32 = 3;
+    pub const O: u32 = 4;
+    pub const LSE: u32 = 5;
+    pub const S: u32 = 6;
+    pub const P: u32 = 7;
+    pub const DO: u32 = 8;
+    pub const DVEC: u32 = 9;
+    pub const DQ: u32 = 10;
+    pub const DK: u32 = 11;
+    pub const DV: u32 = 12;
+    pub const DS: u32 = 13;
+}
+
+/// The q, k, v, o, lse bindings every forward kernel uses.
 fn forward_buffers(storage: StorageKind) -> String {
+    use binding::*;
     let mut s = storage_decls(
         storage,
         &[
-            ("q", 1, Access::Read),
-            ("k", 2, Access::Read),
-            ("v", 3, Access::Read),
-            ("o", 4, Access::Write),
+            ("q", Q, Access::Read),
+            ("k", K, Access::Read),
+            ("v", V, Access::Read),
+            ("o", O, Access::Write),
         ],
     );
     // LSE is f32 whatever the storage precision.
-    s.push_str(
-        &section(STORAGE_F32, "write")
-            .replace("{name}", "lse")
-            .replace("{binding}", "5"),
-    );
+    s.push_str(&buffer_decls(
+        StorageKind::F32,
+        &[("lse", LSE, Access::Write)],
+    ));
     s
 }
 
@@ -121,16 +152,7 @@ fn flags(variant: Variant) -> [(&'static str, String); 2] {
 /// The flash forward kernel for a plan: the tile sizes in the text are the
 /// plan's, so the declared workgroup bytes equal `plan.workgroup_bytes`.
 pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
-    let u = |x: u32| format!("{x}u");
-    let mut c = vec![
-        ("BR", u(plan.br)),
-        ("BC", u(plan.bc)),
-        ("D", u(plan.head_dim)),
-        ("TC", u(plan.threads_per_row)),
-        ("WG", u(plan.workgroup_size)),
-        ("SC", u(plan.scores_per_thread())),
-        ("ACC", u(plan.acc_per_thread())),
-    ];
+    let mut c = tile_consts(plan, false);
     c.extend(flags(variant));
     let mut s = prelude(plan.storage, &c);
     s.push_str(&forward_buffers(plan.storage));
@@ -147,6 +169,132 @@ pub fn naive_forward(head_dim: u32, storage: StorageKind, variant: Variant) -> S
     s.push_str(&forward_buffers(storage));
     s.push_str(NAIVE_FWD);
     s
+}
+
+/// The naive backward: the naive forward's entry points plus `dp`, `ds`, `dq`, `dkdv`.
+pub fn naive_backward(head_dim: u32, storage: StorageKind, variant: Variant) -> String {
+    use binding::*;
+    let mut s = naive_forward(head_dim, storage, variant);
+    s.push_str(&buffer_decls(
+        storage,
+        &[
+            ("do", DO, Access::Read),
+            ("dq", DQ, Access::Write),
+            ("dk", DK, Access::Write),
+            ("dv", DV, Access::Write),
+        ],
+    ));
+    s.push_str(NAIVE_BWD);
+    s
+}
+
+/// What the matmul kernel does with each result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// `alpha · acc`.
+    Scale,
+    /// Attention scores: `scale`, softcap and mask from the attention params.
+    Scores,
+}
+
+/// The tiled matmul `C = epilogue(A · op(B))`; `a`, `b`, `c` give each
+/// operand's storage kind. Entry point `main`; bindings 1 (A), 2 (B), 3 (C),
+/// 14 (matmul params) and 0 (attention params, read by the scores epilogue).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    a: StorageKind,
+    b: StorageKind,
+    c: StorageKind,
+    b_trans: bool,
+    aligned: bool,
+    epilogue: Epilogue,
+    variant: Variant,
+) -> String {
+    let native = [a, b, c].contains(&StorageKind::F16Native);
+    let mut consts = vec![
+        ("B_TRANS", b_trans.to_string()),
+        ("ALIGNED", aligned.to_string()),
+        ("EPILOGUE", format!("{}u", epilogue as u32)),
+    ];
+    consts.extend(flags(variant));
+    let mut s = prelude(
+        if native {
+            StorageKind::F16Native
+        } else {
+            StorageKind::F32
+        },
+        &consts,
+    );
+    s.push_str(&buffer_decls(a, &[("a", 1, Access::Read)]));
+    s.push_str(&buffer_decls(b, &[("b", 2, Access::Read)]));
+    s.push_str(&buffer_decls(c, &[("c", 3, Access::Write)]));
+    s.push_str(MATMUL);
+    s
+}
+
+/// Tile constants of a plan, as WGSL `const` values.
+fn tile_consts(plan: &Plan, square: bool) -> Vec<(&'static str, String)> {
+    let u = |x: u32| format!("{x}u");
+    let mut c = if square {
+        vec![("B", u(plan.br))]
+    } else {
+        vec![("BR", u(plan.br)), ("BC", u(plan.bc))]
+    };
+    c.extend([
+        ("D", u(plan.head_dim)),
+        ("TC", u(plan.threads_per_row)),
+        ("WG", u(plan.workgroup_size)),
+        ("SC", u(plan.scores_per_thread())),
+        ("ACC", u(plan.acc_per_thread())),
+    ]);
+    c
+}
+
+/// The three backward kernels of a backward plan: `(D = rowsum(dO·O), dK/dV, dQ)`.
+pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
+    use binding::*;
+    let mut c = tile_consts(plan, true);
+    c.extend(flags(variant));
+    let st = plan.storage;
+    let pre = {
+        let mut s = prelude(st, &c);
+        s.push_str(&storage_decls(
+            st,
+            &[("do", DO, Access::Read), ("o", O, Access::Read)],
+        ));
+        s.push_str(&buffer_decls(
+            StorageKind::F32,
+            &[("dvec", DVEC, Access::Write)],
+        ));
+        s.push_str(FLASH_BWD_PRE);
+        s
+    };
+    let reads = [
+        ("q", Q, Access::Read),
+        ("k", K, Access::Read),
+        ("v", V, Access::Read),
+        ("do", DO, Access::Read),
+    ];
+    let stats = buffer_decls(
+        StorageKind::F32,
+        &[("lse", LSE, Access::Read), ("dvec", DVEC, Access::Read)],
+    );
+    let kernel = |writes: &[(&str, u32, Access)], body: &str| {
+        let mut s = prelude(st, &c);
+        let mut buffers = reads.to_vec();
+        buffers.extend_from_slice(writes);
+        s.push_str(&storage_decls(st, &buffers));
+        s.push_str(&stats);
+        s.push_str(FLASH_BWD_COMMON);
+        s.push_str(body);
+        s
+    };
+    let dkdv = kernel(
+        &[("dk", DK, Access::Write), ("dv", DV, Access::Write)],
+        FLASH_BWD_DKDV,
+    );
+    let dq = kernel(&[("dq", DQ, Access::Write)], FLASH_BWD_DQ);
+    [pre, dkdv, dq]
 }
 
 #[cfg(test)]

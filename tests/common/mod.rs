@@ -188,3 +188,44 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
     assert_accurate(case, &inputs, &out);
     out
 }
+
+/// A seeded output gradient for a case (in the case's precision).
+pub fn output_grad(case: &Case) -> (Vec<f32>, Vec<f16>) {
+    let mut rng = Rng::new(case.seed ^ 0xd0);
+    let n = case.batch * case.seqlen_q * case.heads_q * case.head_dim;
+    let g: Vec<f32> = rng
+        .normal_vec(n, 1.0)
+        .into_iter()
+        .map(|x| case.precision.round(x))
+        .collect();
+    let g16 = g.iter().map(|&x| f16::from_f32(x)).collect();
+    (g, g16)
+}
+
+/// Forward then backward on the GPU, both checked against the f64 reference.
+pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutput {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fwd = engine
+        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let (g, g16) = output_grad(case);
+    let d_o = match case.precision {
+        Precision::F32 => TensorView::f32(inputs.q_shape, &g),
+        Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
+    };
+    let o = fwd.o.view().unwrap();
+    let out = engine
+        .backward_with(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts, &case.overrides)
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let checks =
+        flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).expect("reference");
+    for c in &checks {
+        assert!(c.passed(), "{case:?}\n{c}");
+    }
+    if std::env::var_os("FLASHATTN_VERBOSE").is_some() {
+        eprintln!("{case:?}\n  {} | {} | {}", checks[0], checks[1], checks[2]);
+    }
+    assert_eq!(out.dq.precision(), case.precision);
+    out
+}

@@ -1,0 +1,62 @@
+// dK and dV: one workgroup per block of B keys of one kv head. It loops over
+// every query head of its GQA group and every query block that can see its
+// keys, in a fixed order, accumulating in registers: no atomics, so results
+// are bit-for-bit deterministic and the group sum needs no second pass.
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let r = tid / TC;
+    let t = tid % TC;
+    let k0 = (wg.x + params.block_offset) * B;
+    let hk = wg.y;
+    let b = wg.z;
+    let keys_here = min(B, params.seqlen_k - k0);
+    let key_abs0 = i32(params.k_start + k0);
+    load_key_tiles(tid, b, hk, k0, keys_here);
+
+    // Skip, don't mask: only query blocks that see one of these keys.
+    let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
+    let qb_begin = u32(rows.x) / B;
+    let qb_end = select(qb_begin, (u32(rows.y) + B - 1u) / B, rows.y > rows.x);
+
+    var dk: array<f32, ACC>;
+    var dv: array<f32, ACC>;
+    for (var g = 0u; g < params.group; g++) {
+        let h = hk * params.group + g;
+        for (var qb = qb_begin; qb < qb_end; qb++) {
+            let q0 = qb * B;
+            let rows_here = min(B, params.seqlen_q - q0);
+            // The previous tile's readers must finish before it is overwritten.
+            workgroupBarrier();
+            load_row_tiles(tid, b, h, q0, rows_here);
+            workgroupBarrier();
+            tile_p_ds(r, t, i32(params.q_start + q0), rows_here, key_abs0, keys_here);
+            workgroupBarrier();
+            // Now invocation (r, t) owns key r: dV_r += Pᵀ dO, dK_r += dSᵀ (Q·scale).
+            for (var i = 0u; i < B; i++) {
+                let p = p_tile[i * B + r];
+                let ds = ds_tile[i * B + r];
+                for (var k = 0u; k < ACC; k++) {
+                    let x = t + k * TC;
+                    if (FULL_ACC || x < D) {
+                        dv[k] += p * do_tile[i * D + x];
+                        dk[k] += ds * q_tile[i * D + x];
+                    }
+                }
+            }
+        }
+    }
+    if (r < keys_here) {
+        let base = b * params.kv_batch_stride + (k0 + r) * params.kv_row_stride + hk * D;
+        for (var k = 0u; k < ACC; k++) {
+            let x = t + k * TC;
+            if (FULL_ACC || x < D) {
+                store_dk(base + x, dk[k]);
+                store_dv(base + x, dv[k]);
+            }
+        }
+    }
+}

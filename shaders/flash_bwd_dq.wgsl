@@ -1,0 +1,53 @@
+// dQ: one workgroup per block of B query rows of one head, looping over the
+// key blocks the rows can see (FA2's parallel-over-Q structure). Recomputing
+// P and dS here instead of accumulating dQ with float atomics in the dK/dV
+// pass costs one more S and dP per tile but keeps dQ deterministic.
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let r = tid / TC;
+    let t = tid % TC;
+    let q0 = (wg.x + params.block_offset) * B;
+    let h = wg.y;
+    let b = wg.z;
+    let hk = h / params.group;
+    let rows_here = min(B, params.seqlen_q - q0);
+    let row_abs0 = i32(params.q_start + q0);
+    load_row_tiles(tid, b, h, q0, rows_here);
+
+    let keys = visible_keys(row_abs0, row_abs0 + i32(rows_here) - 1);
+    let kb_begin = u32(keys.x) / B;
+    let kb_end = select(kb_begin, (u32(keys.y) + B - 1u) / B, keys.y > keys.x);
+
+    var dq: array<f32, ACC>;
+    for (var kb = kb_begin; kb < kb_end; kb++) {
+        let k0 = kb * B;
+        let keys_here = min(B, params.seqlen_k - k0);
+        workgroupBarrier();
+        load_key_tiles(tid, b, hk, k0, keys_here);
+        workgroupBarrier();
+        tile_p_ds(r, t, row_abs0, rows_here, i32(params.k_start + k0), keys_here);
+        workgroupBarrier();
+        for (var c = 0u; c < B; c++) {
+            let ds = ds_tile[r * B + c];
+            for (var k = 0u; k < ACC; k++) {
+                let x = t + k * TC;
+                if (FULL_ACC || x < D) {
+                    dq[k] += ds * k_tile[c * D + x];
+                }
+            }
+        }
+    }
+    if (r < rows_here) {
+        let base = b * params.q_batch_stride + (q0 + r) * params.q_row_stride + h * D;
+        for (var k = 0u; k < ACC; k++) {
+            let x = t + k * TC;
+            if (FULL_ACC || x < D) {
+                store_dq(base + x, dq[k] * params.scale);
+            }
+        }
+    }
+}

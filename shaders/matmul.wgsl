@@ -1,0 +1,118 @@
+// Tiled matmul, the practical ceiling on this adapter and the engine of the
+// naive baseline: C[z] = epilogue(A[z] · op(B[z])), A is M×K, op(B) is K×N
+// (B stored N×K and read transposed when B_TRANS, else stored K×N).
+// A workgroup of 16×16 invocations computes a 64×64 tile of C, each invocation
+// a 4×4 block in registers (rows ty + 16·i, columns tx + 16·j, so neighbouring
+// invocations read neighbouring words); K advances 16 at a time through
+// workgroup memory. ALIGNED variants (M, N multiples of 64, K of 16) carry no
+// bounds checks.
+//
+// The composer prepends B_TRANS, ALIGNED, EPILOGUE (0: alpha·acc, 1: attention
+// scores with scale, softcap and mask) and load_a, load_b, store_c.
+
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const TK: u32 = 16u;
+
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    lda: u32,
+    ldb: u32,
+    ldc: u32,
+    // Offsets of batch z = b·heads + h: b·x_batch + h·x_head (B uses h / group).
+    a_batch: u32,
+    a_head: u32,
+    b_batch: u32,
+    b_head: u32,
+    c_batch: u32,
+    c_head: u32,
+    heads: u32,
+    group: u32,
+    alpha: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(14) var<uniform> mm: MatmulParams;
+
+var<workgroup> a_tile: array<f32, TK * TM>; // [k][row]
+var<workgroup> b_tile: array<f32, TK * TN>; // [k][col]
+
+fn epilogue(row: u32, col: u32, acc: f32) -> f32 {
+    if (EPILOGUE == 1u) {
+        let s = cap_score(acc * params.scale);
+        if (IS_MASKED && !band_allows(i32(params.q_start + row), i32(params.k_start + col))) {
+            return NEG_BIG;
+        }
+        return s;
+    }
+    return acc * mm.alpha;
+}
+
+@compute @workgroup_size(16, 16)
+fn main(
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let row0 = wg.y * TM;
+    let col0 = wg.x * TN;
+    let b = wg.z / mm.heads;
+    let h = wg.z % mm.heads;
+    let a_off = b * mm.a_batch + h * mm.a_head;
+    let b_off = b * mm.b_batch + (h / mm.group) * mm.b_head;
+    let c_off = b * mm.c_batch + h * mm.c_head;
+    var acc: array<f32, 16>;
+
+    for (var k0 = 0u; k0 < mm.k; k0 += TK) {
+        workgroupBarrier();
+        // 256 invocations load 64×16 of A and of B: 4 each.
+        for (var e = tid; e < TK * TM; e += 256u) {
+            let kk = e % TK;
+            let rr = e / TK;
+            var av = 0.0;
+            if (ALIGNED || (row0 + rr < mm.m && k0 + kk < mm.k)) {
+                av = load_a(a_off + (row0 + rr) * mm.lda + k0 + kk);
+            }
+            a_tile[kk * TM + rr] = av;
+            var bv = 0.0;
+            if (B_TRANS) {
+                if (ALIGNED || (col0 + rr < mm.n && k0 + kk < mm.k)) {
+                    bv = load_b(b_off + (col0 + rr) * mm.ldb + k0 + kk);
+                }
+                b_tile[kk * TN + rr] = bv;
+            } else {
+                let kr = e / TN;
+                let cc = e % TN;
+                if (ALIGNED || (col0 + cc < mm.n && k0 + kr < mm.k)) {
+                    bv = load_b(b_off + (k0 + kr) * mm.ldb + col0 + cc);
+                }
+                b_tile[kr * TN + cc] = bv;
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk++) {
+            var a: array<f32, 4>;
+            var bb: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                a[i] = a_tile[kk * TM + lid.y + 16u * i];
+                bb[i] = b_tile[kk * TN + lid.x + 16u * i];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i * 4u + j] += a[i] * bb[j];
+                }
+            }
+        }
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + lid.y + 16u * i;
+        for (var j = 0u; j < 4u; j++) {
+            let col = col0 + lid.x + 16u * j;
+            if (ALIGNED || (row < mm.m && col < mm.n)) {
+                store_c(c_off + row * mm.ldc + col, epilogue(row, col, acc[i * 4u + j]));
+            }
+        }
+    }
+}

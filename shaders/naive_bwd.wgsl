@@ -1,0 +1,60 @@
+// Naive backward, the baseline for the flash backward: after the naive
+// forward has stored S and P, dP = dO·Vᵀ is stored (matmul.wgsl), turned into
+// dS in place here, dQ = scale·dS·K is a matmul, and dK, dV — sums over the
+// query heads of each kv head — are computed here over the stored matrices.
+// Appended to naive_fwd.wgsl (same prelude and buffers).
+
+@group(0) @binding(13) var<storage, read_write> ds_buf: array<f32>;
+
+// Per row: D_i = Σ_j P·dP, then dS = P·(dP - D_i), times the softcap derivative.
+@compute @workgroup_size(64)
+fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let row = gid.x;
+    if (row >= params.batch * params.heads_q * params.seqlen_q) {
+        return;
+    }
+    let base = row * params.seqlen_k;
+    var dsum = 0.0;
+    for (var j = 0u; j < params.seqlen_k; j++) {
+        dsum += p_buf[base + j] * ds_buf[base + j];
+    }
+    for (var j = 0u; j < params.seqlen_k; j++) {
+        var g = p_buf[base + j] * (ds_buf[base + j] - dsum);
+        if (HAS_SOFTCAP) {
+            // s_buf holds C·tanh(x/C) for allowed entries.
+            let th = select(0.0, s_buf[base + j] / params.softcap, s_buf[base + j] > NEG_BIG);
+            g *= 1.0 - th * th;
+        }
+        ds_buf[base + j] = round_storage(g);
+    }
+}
+
+// dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and dV[j, x] = Σ P[i, j] dO[i, x];
+// z = batch·heads_kv + kv head.
+@compute @workgroup_size(16, 16)
+fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let x = gid.x;
+    let j = gid.y;
+    let bk = gid.z;
+    if (j >= params.seqlen_k || x >= D) {
+        return;
+    }
+    let heads_kv = params.heads_q / params.group;
+    let b = bk / heads_kv;
+    let hk = bk % heads_kv;
+    var dk = 0.0;
+    var dv = 0.0;
+    for (var g = 0u; g < params.group; g++) {
+        let h = hk * params.group + g;
+        let bh = b * params.heads_q + h;
+        for (var i = 0u; i < params.seqlen_q; i++) {
+            let e = (bh * params.seqlen_q + i) * params.seqlen_k + j;
+            let qo = b * params.q_batch_stride + i * params.q_row_stride + h * D + x;
+            dk += ds_buf[e] * load_q(qo);
+            dv += p_buf[e] * load_do(qo);
+        }
+    }
+    let o = b * params.kv_batch_stride + j * params.kv_row_stride + hk * D + x;
+    store_dk(o, dk * params.scale);
+    store_dv(o, dv);
+}

@@ -1,0 +1,176 @@
+//! Host side of the tiled matmul (`shaders/matmul.wgsl`): the adapter's
+//! practical ceiling, measured on attention's dominant shape (N×d times d×N),
+//! and the matmuls of the naive baseline.
+
+use super::engine::{CallStats, Engine, Step};
+use super::params::{Params, Piece};
+use super::shaders::{self, Epilogue, Variant};
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::plan::StorageKind;
+use crate::random::Rng;
+use crate::tensor::AttentionShape;
+use bytemuck::{Pod, Zeroable};
+
+/// Rows and columns of C per workgroup, and the K step (see matmul.wgsl).
+pub const TILE_MN: usize = 64;
+pub const TILE_K: usize = 16;
+
+/// The WGSL twin is `MatmulParams` in matmul.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MatmulParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub ldb: u32,
+    pub ldc: u32,
+    pub a_batch: u32,
+    pub a_head: u32,
+    pub b_batch: u32,
+    pub b_head: u32,
+    pub c_batch: u32,
+    pub c_head: u32,
+    pub heads: u32,
+    pub group: u32,
+    pub alpha: f32,
+    pub _pad: u32,
+}
+
+/// One matmul of a problem: the kernel text and its launch.
+pub(crate) struct MatmulSpec {
+    pub source: String,
+    pub params: MatmulParams,
+    pub grid: [usize; 3],
+}
+
+impl MatmulSpec {
+    /// `C = epilogue(A·op(B))` batched over `batch · heads` with these strides.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        storages: [StorageKind; 3],
+        b_trans: bool,
+        epilogue: Epilogue,
+        variant: Variant,
+        params: MatmulParams,
+        batch: usize,
+    ) -> Self {
+        let aligned = params.m as usize % TILE_MN == 0
+            && params.n as usize % TILE_MN == 0
+            && params.k as usize % TILE_K == 0;
+        let [a, b, c] = storages;
+        Self {
+            source: shaders::matmul(a, b, c, b_trans, aligned, epilogue, variant),
+            grid: [
+                (params.n as usize).div_ceil(TILE_MN),
+                (params.m as usize).div_ceil(TILE_MN),
+                batch * params.heads as usize,
+            ],
+            params,
+        }
+    }
+
+    /// FLOPs of one run (2·M·N·K per batch entry).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.params.m as f64
+            * self.params.n as f64
+            * self.params.k as f64
+            * self.grid[2] as f64
+    }
+}
+
+/// A timed matmul on this adapter.
+#[derive(Clone, Debug)]
+pub struct CeilingResult {
+    pub n: usize,
+    pub d: usize,
+    /// Kernel seconds of each repeat.
+    pub seconds: Vec<f64>,
+    pub flops: f64,
+}
+
+impl CeilingResult {
+    /// GFLOP/s of the fastest repeat.
+    pub fn gflops(&self) -> f64 {
+        let best = self.seconds.iter().cloned().fold(f64::INFINITY, f64::min);
+        self.flops / best / 1e9
+    }
+}
+
+impl Engine {
+    /// The practical ceiling: `C = X·Yᵀ` with X, Y of N×d f32 (the shape of
+    /// S = QKᵀ), C of N×N f32, timed `repeats` times after a warm-up.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn matmul_ceiling(&self, n: usize, d: usize, repeats: usize) -> Result<CeilingResult> {
+        pollster::block_on(self.matmul_ceiling_async(n, d, repeats))
+    }
+
+    /// [`Engine::matmul_ceiling`] as a future.
+    pub async fn matmul_ceiling_async(
+        &self,
+        n: usize,
+        d: usize,
+        repeats: usize,
+    ) -> Result<CeilingResult> {
+        let shape = AttentionShape::new(1, n, n, 1, 1, d)?;
+        let spec = MatmulSpec::new(
+            [StorageKind::F32; 3],
+            true,
+            Epilogue::Scale,
+            Variant::default(),
+            MatmulParams {
+                m: n as u32,
+                n: n as u32,
+                k: d as u32,
+                lda: d as u32,
+                ldb: d as u32,
+                ldc: n as u32,
+                heads: 1,
+                group: 1,
+                alpha: 1.0,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut rng = Rng::new(11);
+        let x = rng.normal_vec(n * d, 1.0);
+        let y = rng.normal_vec(n * d, 1.0);
+        let mut stats = CallStats::default();
+        let xb = self.upload(&mut stats, "x", bytemuck::cast_slice(&x));
+        let yb = self.upload(&mut stats, "y", bytemuck::cast_slice(&y));
+        let cb = self.storage(&mut stats, "c", (n * n * 4) as u64);
+        let params = Params::new(&Piece::whole(shape), &AttentionOptions::default())?;
+        let mut seconds = Vec::new();
+        for i in 0..=repeats {
+            let mut run = CallStats::default();
+            let steps = [self.matmul_step(&spec, [&xb, &yb, &cb]).await?];
+            self.run_steps("running the matmul ceiling", &steps, &params, &[], &mut run)
+                .await?;
+            if i > 0 {
+                seconds.push(run.kernel_seconds);
+            }
+        }
+        Ok(CeilingResult {
+            n,
+            d,
+            seconds,
+            flops: spec.flops(),
+        })
+    }
+
+    /// The pipeline, bindings (A, B, C and the matmul params) and grid of a matmul.
+    pub(crate) async fn matmul_step(
+        &self,
+        spec: &MatmulSpec,
+        [a, b, c]: [&wgpu::Buffer; 3],
+    ) -> Result<Step> {
+        let pipeline = self.pipeline(&spec.source, "main").await?;
+        let params = self.uniform(&spec.params);
+        Ok((
+            pipeline,
+            vec![(1, a.clone()), (2, b.clone()), (3, c.clone()), (14, params)],
+            spec.grid,
+        ))
+    }
+}

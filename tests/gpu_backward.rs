@@ -1,0 +1,295 @@
+//! GPU backward (dq, dk, dv) against the f64 reference under SPEC.md's rule
+//! (R = 3), determinism, allocation accounting, finite differences.
+
+mod common;
+
+use common::{engine, output_grad, run_gpu_backward, Case};
+use flashattn::{AttentionOptions, PlanOverrides, TensorView, Window};
+
+fn causal() -> AttentionOptions {
+    AttentionOptions::default().causal(true)
+}
+
+fn packed() -> PlanOverrides {
+    PlanOverrides {
+        f16_native: Some(false),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn odd_sizes_f32() {
+    let Some(e) = engine() else { return };
+    for s in [1, 3, 97, 113] {
+        run_gpu_backward(e, &Case::new(s, s, 64));
+    }
+    run_gpu_backward(e, &Case::new(255, 255, 32).heads(1, 1));
+}
+
+#[test]
+fn seqlen_q_differs_from_seqlen_k() {
+    let Some(e) = engine() else { return };
+    for (sq, sk) in [(1, 97), (97, 1), (113, 37), (37, 113)] {
+        run_gpu_backward(e, &Case::new(sq, sk, 64));
+        run_gpu_backward(e, &Case::new(sq, sk, 40).opts(causal()));
+    }
+}
+
+#[test]
+fn head_dims() {
+    let Some(e) = engine() else { return };
+    for d in [1, 16, 59, 111, 128, 256] {
+        run_gpu_backward(e, &Case::new(67, 53, d));
+    }
+}
+
+#[test]
+fn f16_packed_and_native() {
+    let Some(e) = engine() else { return };
+    let mut variants = vec![packed()];
+    if e.caps().shader_f16 {
+        variants.push(PlanOverrides {
+            f16_native: Some(true),
+            ..Default::default()
+        });
+    }
+    for o in variants {
+        for d in [32, 59, 128] {
+            run_gpu_backward(e, &Case::new(61, 83, d).f16().overrides(o));
+            run_gpu_backward(e, &Case::new(83, 61, d).f16().overrides(o).opts(causal()));
+        }
+    }
+}
+
+#[test]
+fn gqa_and_mqa_sum_over_groups() {
+    let Some(e) = engine() else { return };
+    for (hq, hk) in [(4, 2), (6, 3), (4, 1)] {
+        run_gpu_backward(e, &Case::new(45, 70, 32).heads(hq, hk).batch(2));
+        run_gpu_backward(e, &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).f16());
+    }
+}
+
+#[test]
+fn causal_window_softcap() {
+    let Some(e) = engine() else { return };
+    for (l, r) in [(5, 0), (0, 7), (16, 16), (-1, 3), (20, -1)] {
+        let opts = AttentionOptions {
+            window: Window::from_signed(l, r),
+            ..Default::default()
+        };
+        run_gpu_backward(e, &Case::new(90, 77, 32).opts(opts));
+        run_gpu_backward(e, &Case::new(77, 90, 32).opts(opts.causal(true)));
+    }
+    for cap in [3.0, 20.0] {
+        let opts = AttentionOptions::default().softcap(cap);
+        run_gpu_backward(e, &Case::new(70, 80, 64).opts(opts).std(2.0));
+        run_gpu_backward(
+            e,
+            &Case::new(70, 80, 64).opts(opts.causal(true)).f16().std(2.0),
+        );
+    }
+}
+
+#[test]
+fn empty_rows_and_large_scores() {
+    let Some(e) = engine() else { return };
+    let out = run_gpu_backward(e, &Case::new(40, 10, 32).opts(causal()));
+    let dq = out.dq.to_f32();
+    // Rows 0..30 see no key: their dq is exactly zero.
+    assert!(dq[..30 * 2 * 32].iter().all(|&x| x == 0.0));
+    run_gpu_backward(e, &Case::new(97, 113, 32).std(6.0));
+}
+
+#[test]
+fn tile_overrides_agree() {
+    let Some(e) = engine() else { return };
+    for (b, tc) in [(1, 2), (4, 2), (8, 8), (12, 4)] {
+        let o = PlanOverrides {
+            br: Some(b),
+            bc: Some(b),
+            threads_per_row: Some(tc),
+            ..Default::default()
+        };
+        run_gpu_backward(e, &Case::new(37, 41, 24).overrides(o).opts(causal()));
+    }
+}
+
+#[test]
+fn split_problems_sum_partial_gradients() {
+    let Some(_) = engine() else { return };
+    let tiny = flashattn::Engine::new()
+        .unwrap()
+        .with_binding_limit(16 * 16 * 4);
+    let out = run_gpu_backward(&tiny, &Case::new(50, 70, 16).heads(2, 1).opts(causal()));
+    assert!(out.stats.dispatches > 6);
+    let heads = flashattn::Engine::new()
+        .unwrap()
+        .with_binding_limit(64 * 2 * 16 * 4);
+    run_gpu_backward(&heads, &Case::new(64, 64, 16).heads(4, 2).batch(2));
+}
+
+#[test]
+fn two_runs_are_bit_identical() {
+    let Some(e) = engine() else { return };
+    for case in [
+        Case::new(113, 97, 64).heads(4, 2).opts(causal()),
+        Case::new(97, 113, 59).heads(4, 1).f16(),
+    ] {
+        let a = run_gpu_backward(e, &case);
+        let b = run_gpu_backward(e, &case);
+        assert_eq!(a.dq, b.dq);
+        assert_eq!(a.dk, b.dk);
+        assert_eq!(a.dv, b.dv);
+    }
+}
+
+#[test]
+fn flash_backward_has_no_quadratic_buffer_but_naive_does() {
+    let Some(e) = engine() else { return };
+    let case = Case::new(512, 512, 64).heads(2, 2);
+    let out = run_gpu_backward(e, &case);
+    let n2 = 512u64 * 512 * 2 * 4;
+    // Every buffer is at most the size of q (N·heads·d); S would be N²·heads.
+    let largest = out.stats.largest_allocation().unwrap();
+    assert!(largest.bytes <= 512 * 2 * 64 * 4, "{largest:?}");
+    assert!(largest.bytes * 8 <= n2);
+    // Beyond inputs and gradients: only D (one f32 per row) and the LSE.
+    let extra: u64 = out
+        .stats
+        .allocations
+        .iter()
+        .filter(|a| a.label.starts_with('D') || a.label == "lse")
+        .map(|a| a.bytes)
+        .sum();
+    assert_eq!(extra, 2 * 512 * 2 * 4);
+
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let (g, _) = output_grad(&case);
+    let d_o = TensorView::f32(inputs.q_shape, &g);
+    let naive = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+    assert!(
+        naive
+            .stats
+            .allocations
+            .iter()
+            .filter(|a| a.bytes == n2)
+            .count()
+            >= 3
+    );
+}
+
+#[test]
+fn naive_backward_meets_the_rule() {
+    let Some(e) = engine() else { return };
+    for case in [
+        Case::new(61, 47, 32).heads(4, 2).opts(causal()),
+        Case::new(47, 61, 24).f16(),
+        Case::new(50, 50, 16).opts(AttentionOptions::default().softcap(4.0)),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let (g, g16) = output_grad(&case);
+        let d_o = match case.precision {
+            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
+            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
+        };
+        let out = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+        for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap() {
+            assert!(c.passed(), "{case:?} {c}");
+        }
+    }
+}
+
+/// L = Σ o·dO; its gradient by central differences of the f64 reference
+/// forward must match the GPU's analytic gradients.
+#[test]
+fn finite_differences_on_tiny_cases() {
+    let Some(e) = engine() else { return };
+    for opts in [
+        AttentionOptions::default(),
+        causal(),
+        AttentionOptions::default().softcap(2.0),
+    ] {
+        let case = Case::new(3, 4, 5).heads(2, 1).opts(opts);
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let (g, _) = output_grad(&case);
+        let fwd = e.forward(&q, &k, &v, &opts).unwrap();
+        let o = fwd.o.view().unwrap();
+        let d_o = TensorView::f32(inputs.q_shape, &g);
+        let grads = e.backward(&q, &k, &v, &o, &fwd.lse, &d_o, &opts).unwrap();
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| {
+            let r = flashattn::reference::forward_f64(q, k, v, &fwd.shape, &opts);
+            r.o.iter().zip(&g).map(|(a, b)| a * *b as f64).sum::<f64>()
+        };
+        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let (qf, kf, vf) = (widen(&inputs.q), widen(&inputs.k), widen(&inputs.v));
+        let eps = 1e-5;
+        for (which, analytic) in [
+            (0, grads.dq.to_f32()),
+            (1, grads.dk.to_f32()),
+            (2, grads.dv.to_f32()),
+        ] {
+            for i in 0..analytic.len() {
+                let mut t = [qf.clone(), kf.clone(), vf.clone()];
+                t[which][i] += eps;
+                let plus = loss(&t[0], &t[1], &t[2]);
+                t[which][i] -= 2.0 * eps;
+                let minus = loss(&t[0], &t[1], &t[2]);
+                let fd = (plus - minus) / (2.0 * eps);
+                assert!(
+                    (fd - analytic[i] as f64).abs() < 1e-4 * (1.0 + fd.abs()),
+                    "{opts:?} tensor {which} index {i}: finite difference {fd}, analytic {}",
+                    analytic[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_backward_meets_the_rule() {
+    for case in [
+        Case::new(61, 47, 32).heads(4, 2).opts(causal()),
+        Case::new(47, 61, 24)
+            .f16()
+            .opts(AttentionOptions::default().softcap(3.0)),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let fwd = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
+        let (g, g16) = output_grad(&case);
+        let d_o = match case.precision {
+            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
+            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
+        };
+        let o = fwd.o.view().unwrap();
+        let out = flashattn::cpu::backward(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts).unwrap();
+        for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap() {
+            assert!(c.passed(), "{case:?} {c}");
+        }
+    }
+}
+
+#[test]
+fn bad_backward_inputs_are_errors() {
+    let Some(e) = engine() else { return };
+    let x = [0.5f32; 64];
+    let q = TensorView::f32([1, 4, 2, 4], &x[..32]);
+    let k = TensorView::f32([1, 4, 1, 4], &x[..16]);
+    let wrong = TensorView::f32([1, 4, 1, 8], &x[..32]);
+    let lse = [0.0f32; 8];
+    let opts = AttentionOptions::default();
+    let err = e
+        .backward(&q, &k, &k, &q, &lse, &wrong, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do"), "{err}");
+    let err = e
+        .backward(&q, &k, &k, &q, &lse[..3], &q, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lse"), "{err}");
+}
