@@ -6,6 +6,10 @@
 # (as root, via apt) and playwright-core (npm ci, from web/package-lock.json).
 # Fails, never skips, when the page's checks fail or no WebGPU adapter exists.
 set -euo pipefail
+# SCREENSHOT and RESULTS (see web/test/browser.mjs) are relative to the caller's directory.
+for var in SCREENSHOT RESULTS; do
+  if [ -n "${!var:-}" ]; then export "$var=$(realpath -m "${!var}")"; fi
+done
 cd "$(dirname "$0")/../web"
 start=$(date +%s)
 

@@ -20,7 +20,7 @@ const SEED = 7;
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;' }[c]));
 const exp3 = (x) => (Number.isFinite(x) ? x.toExponential(2) : String(x));
-const verdict = (ok) => (ok ? '<span class="ok">pass</span>' : '<span class="bad">FAIL</span>');
+const verdict = (ok) => (ok ? '<span class="ok">✓</span>' : '<span class="bad">FAIL</span>');
 const kib = (b) => (b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(0)} MiB` : `${(b / 1024).toFixed(0)} KiB`);
 
 function setStatus(text, ok) {
@@ -52,15 +52,19 @@ function showDevice(dev, jsInfo) {
 const checkHeads = (r) => r.checks.map((c) => `<th>${c.name}: error ≤ bound</th>`).join('');
 
 function checkCells(r) {
-  return r.checks.map((c) => `<td>${exp3(c.max_error)} ≤ ${exp3(c.bound)} ${verdict(c.passed)}</td>`).join('');
+  return r.checks.map((c) => `<td>${exp3(c.max_error)} <span class="muted">≤ ${exp3(c.bound)}</span> ${verdict(c.passed)}</td>`).join('');
 }
 
 function showResult(r) {
   $('result').innerHTML = `
-    <pre>${esc(r.plan.text)}</pre>
-    <table><tr><th>kernel</th><th>with transfers</th><th>GFLOP/s</th><th>CPU backend (wasm)</th>${checkHeads(r)}</tr>
-    <tr><td>${r.kernel_ms.toFixed(2)} ms</td><td>${r.wall_ms.toFixed(2)} ms</td><td>${r.gflops.toPrecision(3)}</td>
-    <td>${r.cpu_ms.toFixed(1)} ms</td>${checkCells(r)}</tr></table>`;
+    <div class="row"><div><b>forward plan</b><pre>${esc(r.plan.text)}</pre></div>
+    <div><b>backward plan</b><pre>${esc(r.backward_plan.text)}</pre></div></div>
+    <table><tr><th></th><th>kernel</th><th>with transfers</th><th>GFLOP/s</th><th>CPU backend (wasm)</th></tr>
+    <tr><td>forward</td><td>${r.kernel_ms.toFixed(2)} ms</td><td>${r.wall_ms.toFixed(2)} ms</td><td>${r.gflops.toPrecision(3)}</td>
+    <td>${r.cpu_ms.toFixed(1)} ms</td></tr>
+    <tr><td>backward</td><td>${r.backward_kernel_ms.toFixed(2)} ms</td><td>${r.backward_wall_ms.toFixed(2)} ms</td>
+    <td>${r.backward_gflops.toPrecision(3)}</td><td></td></tr></table>
+    <table style="margin-top:6px"><tr>${checkHeads(r)}</tr><tr>${checkCells(r)}</tr></table>`;
 }
 
 async function runForm(ev) {
@@ -80,11 +84,11 @@ async function runForm(ev) {
 }
 
 function showChecks(results) {
-  $('checks').innerHTML = `<table style="margin-top:6px">
-    <tr><th>case</th><th>Br × Bc (threads/row)</th><th>kernel</th><th>GFLOP/s</th>${checkHeads(results[0])}</tr>
-    ${results.map((r) => `<tr><td>${r.seqlen} × d ${r.head_dim} × ${r.heads} heads, ${r.causal ? 'causal' : 'full'}, ${r.precision}</td>
-      <td>${r.plan.br} × ${r.plan.bc} (${r.plan.threads_per_row})</td><td>${r.kernel_ms.toFixed(2)} ms</td>
-      <td>${r.gflops.toPrecision(3)}</td>${checkCells(r)}</tr>`).join('')}
+  $('checks').innerHTML = `<table class="compact" style="margin-top:6px">
+    <tr><th>case</th><th>fwd Br × Bc</th><th>fwd</th><th>bwd</th>${checkHeads(results[0])}</tr>
+    ${results.map((r) => `<tr><td>${r.seqlen} × d ${r.head_dim} × ${r.heads}h, ${r.causal ? 'causal' : 'full'}, ${r.precision}</td>
+      <td>${r.plan.br} × ${r.plan.bc}</td><td>${r.kernel_ms.toFixed(1)} ms</td><td>${r.backward_kernel_ms.toFixed(1)} ms</td>
+      ${checkCells(r)}</tr>`).join('')}
     </table>`;
 }
 
@@ -173,10 +177,6 @@ async function main() {
   window.flashattnResults = results;
   try {
     await init();
-    results.has_backward = fa.has_backward();
-    $('backward-note').textContent = results.has_backward
-      ? 'Backward checks run too.'
-      : 'The library has no backward pass yet; the checks cover the forward (o and lse).';
     // The adapter's own description, when the browser gives one (wgpu's may be terse).
     const adapter = navigator.gpu ? await navigator.gpu.requestAdapter() : null;
     if (!adapter) throw new Error('this browser exposes no WebGPU adapter (navigator.gpu is missing or requestAdapter() returned null)');

@@ -6,7 +6,7 @@
 //! holds no copy of any kernel. Every entry point returns a JSON string, so
 //! the JavaScript side stays a thin view.
 
-use flashattn::accuracy::{check_forward, Check};
+use flashattn::accuracy::{check_backward, check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
     cpu, AttentionOptions, AttentionShape, Engine, Plan, PlanOverrides, Precision, TensorData,
@@ -180,6 +180,12 @@ struct CaseReport {
     peak_bytes: u64,
     /// The CPU backend (single-threaded in wasm) on the same inputs.
     cpu_ms: f64,
+    backward_plan: PlanReport,
+    /// Best of the timed backward runs (dq, dk, dv from o, lse and do).
+    backward_kernel_ms: f64,
+    backward_wall_ms: f64,
+    backward_gflops: f64,
+    /// o, lse, then dq, dk, dv.
     checks: Vec<CheckReport>,
     passed: bool,
 }
@@ -187,8 +193,9 @@ struct CaseReport {
 /// Timed runs after the warm-up (which compiles the pipeline).
 const TIMED_RUNS: usize = 3;
 
-/// Run one forward on WebGPU with seeded inputs `(1, seqlen, heads, head_dim)`,
-/// time it, and check o and lse against the f64 reference with SPEC.md's rule.
+/// Run one forward and backward on WebGPU with seeded inputs
+/// `(1, seqlen, heads, head_dim)` and output gradient, time them, and check o,
+/// lse, dq, dk and dv against the f64 reference with SPEC.md's rule.
 #[wasm_bindgen]
 pub async fn run_case(
     seqlen: usize,
@@ -204,10 +211,11 @@ pub async fn run_case(
     let opts = AttentionOptions::default().causal(causal);
     let mut rng = Rng::new(seed);
     let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
-    let (q, k, v) = (
+    let (q, k, v, d_o) = (
         make(shape.q_len()),
         make(shape.kv_len()),
         make(shape.kv_len()),
+        make(shape.q_len()),
     );
     fn view(shape: [usize; 4], data: &TensorData) -> TensorView<'_> {
         TensorView {
@@ -215,10 +223,11 @@ pub async fn run_case(
             data: data.as_host(),
         }
     }
-    let (qv, kv, vv) = (
+    let (qv, kv, vv, dov) = (
         view(shape.q_shape(), &q),
         view(shape.kv_shape(), &k),
         view(shape.kv_shape(), &v),
+        view(shape.q_shape(), &d_o),
     );
     let none = PlanOverrides::default();
 
@@ -241,20 +250,44 @@ pub async fn run_case(
     cpu::forward(&qv, &kv, &vv, &opts).map_err(js_err)?;
     let cpu_seconds = start.elapsed().as_secs_f64();
 
-    let checks = check_forward(&out, &qv, &kv, &vv, &opts).map_err(js_err)?;
-    let plan = out
-        .stats
-        .plan
-        .as_ref()
-        .ok_or_else(|| JsError::new("the GPU forward reported no plan"))?;
+    // The backward reads the forward's o and lse, as in training.
+    let ov = out.o.view().map_err(js_err)?;
+    let bwd = e
+        .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+        .await
+        .map_err(js_err)?;
+    let (mut bwd_kernel, mut bwd_wall) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..TIMED_RUNS {
+        let start = Instant::now();
+        let timed = e
+            .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+            .await
+            .map_err(js_err)?;
+        bwd_wall = bwd_wall.min(start.elapsed().as_secs_f64());
+        bwd_kernel = bwd_kernel.min(timed.stats.kernel_seconds);
+    }
+
+    let mut checks = check_forward(&out, &qv, &kv, &vv, &opts)
+        .map_err(js_err)?
+        .to_vec();
+    checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
+    let plan_of = |stats: &flashattn::CallStats, what: &str| {
+        stats
+            .plan
+            .as_ref()
+            .map(PlanReport::from)
+            .ok_or_else(|| JsError::new(&format!("the GPU {what} reported no plan")))
+    };
     let flops = 4.0 * (heads * seqlen * seqlen * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
+    // Five matmuls against the forward's two (FlashAttention-2's convention).
+    let bwd_flops = 2.5 * flops;
     to_json(&CaseReport {
         seqlen,
         head_dim,
         heads,
         causal,
         precision: precision.to_string(),
-        plan: plan.into(),
+        plan: plan_of(&out.stats, "forward")?,
         kernel_ms: kernel * 1e3,
         wall_ms: wall * 1e3,
         // Timer resolution in browsers is coarse; never divide by zero.
@@ -262,6 +295,10 @@ pub async fn run_case(
         dispatches: out.stats.dispatches,
         peak_bytes: out.stats.peak_bytes(),
         cpu_ms: cpu_seconds * 1e3,
+        backward_plan: plan_of(&bwd.stats, "backward")?,
+        backward_kernel_ms: bwd_kernel * 1e3,
+        backward_wall_ms: bwd_wall * 1e3,
+        backward_gflops: bwd_flops / bwd_kernel.max(1e-6) / 1e9,
         passed: checks.iter().all(|c| c.passed()),
         checks: checks.iter().map(CheckReport::from).collect(),
     })
@@ -462,15 +499,6 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
         gpu_lse: out.lse[0],
         gpu_plan,
     })
-}
-
-/// Whether `run_case` checks a backward pass too. The library has no backward
-/// yet. When it does: run it in `run_case` on a seeded `do`, append `dq`, `dk`,
-/// `dv` checks (SPEC.md's rule with `accuracy::BACKWARD_RATIO`) and return
-/// true here; `web/test/browser.mjs` then requires those checks in every case.
-#[wasm_bindgen]
-pub fn has_backward() -> bool {
-    false
 }
 
 /// Route Rust panics to the browser console (otherwise they read as

@@ -65,8 +65,7 @@ function checkResults(r) {
   for (const c of r.cases) {
     const name = `seqlen ${c.seqlen} d ${c.head_dim} heads ${c.heads} ${c.causal ? 'causal' : 'full'} ${c.precision}`;
     expect(c.passed === true, `${name}: the page says FAIL`);
-    // Once the library has a backward pass, run_case must check its gradients too.
-    const want = r.has_backward ? ['o', 'lse', 'dq', 'dk', 'dv'] : ['o', 'lse'];
+    const want = ['o', 'lse', 'dq', 'dk', 'dv'];
     expect(c.checks.map((k) => k.name).join() === want.join(), `${name}: checks ${c.checks.map((k) => k.name)}, expected ${want}`);
     for (const k of c.checks) {
       // Re-apply the rule to the numbers rather than trusting the flag alone.
@@ -78,6 +77,9 @@ function checkResults(r) {
     expect(c.plan.text.includes('Bc = ceil(M/4d)'), `${name}: plan text lacks the formula`);
     if (c.precision === 'f16' && !dev.shader_f16) expect(c.plan.storage === 'f16 (packed u32)', `${name}: storage ${c.plan.storage}`);
     expect(finite(c.kernel_ms) && c.kernel_ms > 0 && finite(c.gflops) && c.gflops > 0, `${name}: time ${c.kernel_ms} ms, ${c.gflops} GFLOP/s`);
+    expect(finite(c.backward_kernel_ms) && c.backward_kernel_ms > 0 && finite(c.backward_gflops) && c.backward_gflops > 0,
+      `${name}: backward time ${c.backward_kernel_ms} ms, ${c.backward_gflops} GFLOP/s`);
+    expect(c.backward_plan.m_bytes === m && c.backward_plan.workgroup_bytes <= m, `${name}: backward planned with M = ${c.backward_plan.m_bytes}`);
   }
 
   // The worked example: online softmax, whole-row softmax and the WGSL kernel all give 0.752.
@@ -118,7 +120,7 @@ async function main() {
       '--disable-component-update', '--disable-sync', '--disable-quic'],
   });
   try {
-    const page = await browser.newPage({ viewport: { width: 1100, height: 900 }, deviceScaleFactor: 1 });
+    const page = await browser.newPage({ viewport: { width: 1160, height: 900 }, deviceScaleFactor: 1 });
     const consoleErrors = [];
     page.on('console', (msg) => { if (msg.type() === 'error') consoleErrors.push(msg.text()); });
     page.on('pageerror', (e) => consoleErrors.push(String(e)));
@@ -136,9 +138,9 @@ async function main() {
     if (r.device) console.log(`adapter: ${[r.device.adapter, r.device.js_info?.vendor, r.device.js_info?.architecture].filter(Boolean).join(' ')}; workgroup storage granted ${r.device.granted.max_compute_workgroup_storage_size} B; shader-f16 ${r.device.shader_f16}`);
     for (const c of r.cases || []) {
       console.log(`  seqlen ${String(c.seqlen).padStart(3)} d ${String(c.head_dim).padStart(2)} heads ${c.heads} ${c.causal ? 'causal' : 'full  '} ${c.precision}: ` +
-        `Br ${c.plan.br} Bc ${c.plan.bc}, kernel ${c.kernel_ms.toFixed(2)} ms (${c.wall_ms.toFixed(2)} ms with transfers), ` +
-        `${c.gflops.toFixed(3)} GFLOP/s, o err ${c.checks[0].max_error.toExponential(2)} <= ${c.checks[0].bound.toExponential(2)}, ` +
-        `lse err ${c.checks[1].max_error.toExponential(2)} <= ${c.checks[1].bound.toExponential(2)} ${c.passed ? 'ok' : 'FAIL'}`);
+        `fwd Br ${c.plan.br} Bc ${c.plan.bc} ${c.kernel_ms.toFixed(1)} ms (${c.wall_ms.toFixed(1)} with transfers, ${c.gflops.toPrecision(3)} GFLOP/s), ` +
+        `bwd ${c.backward_kernel_ms.toFixed(1)} ms (${c.backward_gflops.toPrecision(3)} GFLOP/s); ` +
+        c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') + ` ${c.passed ? 'ok' : 'FAIL'}`);
     }
     for (const w of r.worked || []) console.log(`  worked example Bc ${w.block}: online ${w.online_o.toFixed(4)}, softmax ${w.softmax_o.toFixed(4)}, GPU ${w.gpu_o.toFixed(4)}`);
     console.log(`screenshot: ${path.relative(process.cwd(), screenshotPath)}; results: ${path.relative(process.cwd(), resultsPath)}; ${((Date.now() - started) / 1000).toFixed(1)} s`);
