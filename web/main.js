@@ -5,7 +5,7 @@
 import init, * as fa from './pkg/flashattn_web.js';
 
 // Odd sizes, causal and not, f32 and packed f16 (SwiftShader has no shader-f16).
-export const SELFTEST_CASES = [
+const SELFTEST_CASES = [
   { seqlen: 1, head_dim: 24, heads: 1, causal: false, precision: 'f32' },
   { seqlen: 1, head_dim: 59, heads: 2, causal: true, precision: 'f16' },
   { seqlen: 37, head_dim: 59, heads: 2, causal: true, precision: 'f32' },
