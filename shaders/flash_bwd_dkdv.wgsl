@@ -59,4 +59,5 @@ fn main(
             }
         }
     }
+    io_flush();
 }

@@ -50,4 +50,5 @@ fn main(
             }
         }
     }
+    io_flush();
 }

@@ -21,4 +21,5 @@ fn main(
         acc += load_do(base + x) * load_o(base + x);
     }
     store_dvec(b * params.lse_batch_stride + h * params.lse_head_stride + i, acc);
+    io_flush();
 }

@@ -169,4 +169,5 @@ fn main(
             store_lse(b * params.lse_batch_stride + h * params.lse_head_stride + row, lse);
         }
     }
+    io_flush();
 }

@@ -115,4 +115,5 @@ fn main(
             }
         }
     }
+    io_flush();
 }

@@ -4,8 +4,6 @@
 // query heads of each kv head — are computed here over the stored matrices.
 // Appended to naive_fwd.wgsl (same prelude and buffers).
 
-@group(0) @binding(13) var<storage, read_write> ds_buf: array<f32>;
-
 // Per row: D_i = Σ_j P·dP, then dS = P·(dP - D_i), times the softcap derivative.
 @compute @workgroup_size(64)
 fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -16,17 +14,19 @@ fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
     let base = row * params.seqlen_k;
     var dsum = 0.0;
     for (var j = 0u; j < params.seqlen_k; j++) {
-        dsum += p_buf[base + j] * ds_buf[base + j];
+        dsum += load_p(base + j) * load_ds(base + j);
     }
     for (var j = 0u; j < params.seqlen_k; j++) {
-        var g = p_buf[base + j] * (ds_buf[base + j] - dsum);
+        var g = load_p(base + j) * (load_ds(base + j) - dsum);
         if (HAS_SOFTCAP) {
             // s_buf holds C·tanh(x/C) for allowed entries.
-            let th = select(0.0, s_buf[base + j] / params.softcap, s_buf[base + j] > NEG_BIG);
+            let sc = load_s(base + j);
+            let th = select(0.0, sc / params.softcap, sc > NEG_BIG);
             g *= 1.0 - th * th;
         }
-        ds_buf[base + j] = round_storage(g);
+        store_ds(base + j, round_storage(g));
     }
+    io_flush();
 }
 
 // dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and dV[j, x] = Σ P[i, j] dO[i, x];
@@ -50,11 +50,12 @@ fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
         for (var i = 0u; i < params.seqlen_q; i++) {
             let e = (bh * params.seqlen_q + i) * params.seqlen_k + j;
             let qo = b * params.q_batch_stride + i * params.q_row_stride + h * D + x;
-            dk += ds_buf[e] * load_q(qo);
-            dv += p_buf[e] * load_do(qo);
+            dk += load_ds(e) * load_q(qo);
+            dv += load_p(e) * load_do(qo);
         }
     }
     let o = b * params.kv_batch_stride + j * params.kv_row_stride + hk * D + x;
     store_dk(o, dk * params.scale);
     store_dv(o, dv);
+    io_flush();
 }

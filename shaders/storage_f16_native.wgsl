@@ -7,10 +7,12 @@ fn round_storage(x: f32) -> f32 {
 // @read
 @group(0) @binding({binding}) var<storage, read> {name}_buf: array<f16>;
 fn load_{name}(i: u32) -> f32 {
+    io_read();
     return f32({name}_buf[i]);
 }
 // @write
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f16>;
 fn store_{name}(i: u32, x: f32) {
+    io_write();
     {name}_buf[i] = f16(x);
 }

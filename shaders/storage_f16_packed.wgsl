@@ -9,11 +9,13 @@ fn round_storage(x: f32) -> f32 {
 // @read
 @group(0) @binding({binding}) var<storage, read> {name}_buf: array<u32>;
 fn load_{name}(i: u32) -> f32 {
+    io_read();
     return unpack2x16float({name}_buf[i >> 1u])[i & 1u];
 }
 // @write
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<atomic<u32>>;
 fn store_{name}(i: u32, x: f32) {
+    io_write();
     let bits = pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
     atomicOr(&{name}_buf[i >> 1u], bits << ((i & 1u) * 16u));
 }

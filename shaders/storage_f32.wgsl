@@ -1,5 +1,6 @@
 // Storage template for f32 tensors. The composer emits `@common` once and
-// `@read` / `@write` once per buffer, replacing {name} and {binding}.
+// `@read` / `@write` / `@read_write` once per buffer, replacing {name} and
+// {binding}. Accessors count elements for the IO accounting (io_count.wgsl).
 // @common
 fn round_storage(x: f32) -> f32 {
     return x;
@@ -7,10 +8,22 @@ fn round_storage(x: f32) -> f32 {
 // @read
 @group(0) @binding({binding}) var<storage, read> {name}_buf: array<f32>;
 fn load_{name}(i: u32) -> f32 {
+    io_read();
     return {name}_buf[i];
 }
 // @write
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f32>;
 fn store_{name}(i: u32, x: f32) {
+    io_write();
+    {name}_buf[i] = x;
+}
+// @read_write
+@group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f32>;
+fn load_{name}(i: u32) -> f32 {
+    io_read();
+    return {name}_buf[i];
+}
+fn store_{name}(i: u32, x: f32) {
+    io_write();
     {name}_buf[i] = x;
 }

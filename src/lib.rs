@@ -26,11 +26,14 @@
 
 pub mod accuracy;
 pub mod attention;
+pub mod bench;
 pub mod cpu;
 pub mod error;
 pub mod gpu;
 pub mod options;
 pub mod plan;
+pub mod plot;
+pub mod precision;
 pub mod random;
 pub mod reference;
 pub mod tensor;

@@ -510,3 +510,79 @@ fn backward_bad_inputs_write_nothing() {
     write_f16(&f.path("do.npy"), &[1, 8, 2, 16], &[0.0; 256]);
     assert_bad(&f, &backward_cmd(&f, &["--backend", "cpu"]), "do");
 }
+
+#[test]
+fn bench_writes_table_json_csv_and_plots() {
+    if common::engine().is_none() {
+        return;
+    }
+    let f = Files::new();
+    let (json, csv, plot) = (f.path("b.json"), f.path("b.csv"), f.path("b.svg"));
+    let out = bin()
+        .args([
+            "bench",
+            "--seqlens",
+            "64,96",
+            "--passes",
+            "forward,backward",
+            "--repeats",
+            "1",
+            "--sweep-m",
+            "--sweep-seqlen",
+            "64",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "ceiling:",
+        "GFLOP/s",
+        "forward  flash",
+        "backward naive",
+        "speedup of flash",
+        "Theorem 2",
+    ] {
+        assert!(text.contains(needle), "missing {needle}: {text}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * 2 * 3);
+    assert!(results
+        .iter()
+        .all(|r| r["error"].is_null() && r["seconds"].as_array().unwrap().len() == 1));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap().lines().count(),
+        1 + 12
+    );
+    for part in ["time", "memory", "accesses"] {
+        let svg = std::fs::read_to_string(f.path(&format!("b-{part}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") || svg.contains("<svg"), "{part}");
+    }
+}
+
+#[test]
+fn bench_bad_arguments() {
+    let f = Files::new();
+    let out = bin()
+        .args(["bench", "--plot"])
+        .arg(f.path("x.txt"))
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "plot");
+    let out = bin().args(["bench", "--seqlens", "0"]).output().unwrap();
+    assert_bad(&f, &out, "seqlens");
+    let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
+    assert_bad(&f, &out, "tpu");
+}

@@ -26,7 +26,13 @@ fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for masked in [false, true] {
         for softcap in [false, true] {
-            v.push(Variant { masked, softcap });
+            for count_io in [false, true] {
+                v.push(Variant {
+                    masked,
+                    softcap,
+                    count_io,
+                });
+            }
         }
     }
     v
@@ -128,6 +134,7 @@ fn matmul_validates_in_every_configuration() {
                         Variant {
                             masked: true,
                             softcap: true,
+                            count_io: true,
                         },
                     ),
                 ] {

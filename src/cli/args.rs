@@ -22,6 +22,8 @@ pub enum Command {
     Backward(BackwardArgs),
     /// Show the adapter, its limits and the tile plan with the reason for each clamp.
     Plan(PlanArgs),
+    /// Benchmark flash vs naive WGSL vs CPU side by side: table, JSON, CSV, plots.
+    Bench(BenchArgs),
     /// Run a forward at a realistic shape on the best adapter and check it against the f64 reference.
     Demo(DemoArgs),
 }
@@ -105,6 +107,49 @@ pub struct PlanArgs {
     /// Cap the workgroup storage M in bytes (below the device's limit).
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Sequence lengths (seqlen_q = seqlen_k), comma-separated.
+    #[arg(long, default_value = "256,512,1024,2048,4096")]
+    pub seqlens: String,
+    /// Head dimensions, comma-separated.
+    #[arg(long, default_value = "64")]
+    pub head_dims: String,
+    /// Implementations: flash, naive, cpu.
+    #[arg(long, default_value = "flash,naive,cpu")]
+    pub impls: String,
+    /// Passes: forward, backward.
+    #[arg(long, default_value = "forward,backward")]
+    pub passes: String,
+    /// Causal: no, yes or both.
+    #[arg(long, default_value = "no")]
+    pub causal: String,
+    #[arg(long, default_value_t = 1)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+    /// Timed repeats per case (after one untimed warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Sweep the workgroup storage M (Theorem 2) at --sweep-seqlen.
+    #[arg(long)]
+    pub sweep_m: bool,
+    #[arg(long, default_value_t = 1024)]
+    pub sweep_seqlen: usize,
+    /// Write every measurement as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the results table as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

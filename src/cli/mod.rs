@@ -2,8 +2,10 @@
 //! one function per subcommand here and in `demo`.
 
 pub mod args;
+mod bench;
 mod demo;
 pub mod npy;
+mod plots;
 
 use args::{AttentionArgs, BackwardArgs, Command, ForwardArgs, PlanArgs};
 use flashattn::{
@@ -17,6 +19,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Backward(a) => backward(a),
         Command::Plan(a) => plan(a),
         Command::Demo(a) => demo::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }
 
@@ -241,4 +244,30 @@ fn plan(a: PlanArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Check a `--plot` path before any work: SVG or PNG by extension.
+pub fn plot_path_ok(path: &std::path::Path) -> Result<()> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("svg") | Some("png") => Ok(()),
+        _ => Err(Error::Option(format!(
+            "--plot expects a .svg or .png file name, got {}",
+            path.display()
+        ))),
+    }
+}
+
+/// Write `text` to `path` through a temporary file, so a failure leaves nothing.
+pub fn write_text(path: &std::path::Path, text: &str) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&temp);
+            Error::Io(format!("cannot write {}: {e}", path.display()))
+        })
 }

@@ -4,7 +4,7 @@
 
 use super::engine::{CallStats, Engine};
 use super::params::{Params, Piece};
-use super::shaders::{self, binding, Variant};
+use super::shaders::{self, binding};
 use super::split::{gather_lse, host_gather, scatter_add, split};
 use crate::attention::BackwardOutput;
 // Only the native-only blocking `forward_backward` returns a forward output.
@@ -187,15 +187,16 @@ impl Engine {
         let precision = plan.storage.precision();
         let elem = precision.bytes() as u64;
         let (q_bytes, kv_bytes) = (s.q_len() as u64 * elem, s.kv_len() as u64 * elem);
-        let variant = Variant {
-            masked: opts.mask(&piece.full).is_active(),
-            softcap: opts.softcap_value() > 0.0,
-        };
+        let variant = self.variant(
+            opts.mask(&piece.full).is_active(),
+            opts.softcap_value() > 0.0,
+        );
         let [pre_src, dkdv_src, dq_src] = shaders::flash_backward(plan, variant);
         let pre = self.pipeline(&pre_src, "main").await?;
         let dkdv = self.pipeline(&dkdv_src, "main").await?;
         let dq = self.pipeline(&dq_src, "main").await?;
         let base = Params::new(piece, opts)?;
+        stats.accesses += super::io::flash_backward(&base, plan, variant.masked);
         let max_groups = self.max_groups();
 
         let bufs = self
@@ -287,7 +288,7 @@ impl Engine {
                 Ok(encoder)
             })
             .await?;
-        stats.kernel_seconds += self.submit(encoder).await?;
+        self.submit(encoder, stats).await?;
         let read = |b, bytes, n| async move {
             Ok::<_, Error>(TensorData::from_bytes(
                 &self.read_back(b, bytes).await?,

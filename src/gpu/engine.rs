@@ -1,6 +1,8 @@
 //! The wgpu runtime: device, adapter facts, pipeline cache, buffer helpers with
 //! allocation accounting.
 
+use super::io::Accesses;
+use super::shaders::{binding, Variant};
 use crate::error::{Error, Result};
 use crate::plan::{DeviceCaps, Plan};
 use std::collections::HashMap;
@@ -25,6 +27,12 @@ pub struct CallStats {
     pub dispatches: u32,
     /// Seconds from submit to completion of the call's kernels (no uploads or readbacks).
     pub kernel_seconds: f64,
+    /// Storage-buffer elements the kernels read and write, counted
+    /// analytically from the plan (see `gpu::io`).
+    pub accesses: Accesses,
+    /// The same, counted by the kernels themselves (engines made with
+    /// [`Engine::with_io_counting`] only).
+    pub measured_accesses: Option<Accesses>,
 }
 
 impl CallStats {
@@ -55,6 +63,8 @@ pub struct Engine {
     features: wgpu::Features,
     binding_cap: Option<u64>,
     workgroup_storage_cap: Option<u32>,
+    /// Two atomic words (reads, writes) when kernels count their accesses.
+    io_counter: Option<wgpu::Buffer>,
     pipelines: Mutex<HashMap<(String, &'static str), wgpu::ComputePipeline>>,
 }
 
@@ -138,6 +148,7 @@ impl Engine {
             info,
             binding_cap: None,
             workgroup_storage_cap: None,
+            io_counter: None,
             pipelines: Mutex::new(HashMap::new()),
         }
     }
@@ -153,6 +164,31 @@ impl Engine {
     pub fn with_workgroup_storage_limit(mut self, bytes: u32) -> Self {
         self.workgroup_storage_cap = Some(bytes);
         self
+    }
+
+    /// Compile instrumented kernels that count every storage element they read
+    /// and write; each call's [`CallStats::measured_accesses`] holds the counts
+    /// (32-bit counters: up to 4·10⁹ accesses per kind and submission). Slower;
+    /// for tests and studies, one call at a time.
+    pub fn with_io_counting(mut self) -> Self {
+        self.io_counter = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("io counts"),
+            size: 8,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }));
+        self
+    }
+
+    /// The kernel variant for these flags on this engine (instrumented or not).
+    pub(crate) fn variant(&self, masked: bool, softcap: bool) -> Variant {
+        Variant {
+            masked,
+            softcap,
+            count_io: self.io_counter.is_some(),
+        }
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -339,8 +375,28 @@ impl Engine {
             .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))
     }
 
+    /// Submit a call's kernels, wait for them, and record their time (and, on
+    /// an instrumented engine, their counted accesses) in `stats`.
+    pub(crate) async fn submit(
+        &self,
+        encoder: wgpu::CommandEncoder,
+        stats: &mut CallStats,
+    ) -> Result<()> {
+        stats.kernel_seconds += self.submit_raw(encoder).await?;
+        if let Some(counter) = &self.io_counter {
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read_back(counter, 8).await?);
+            self.queue.write_buffer(counter, 0, &[0; 8]);
+            let counted = Accesses {
+                reads: words[0] as u64,
+                writes: words[1] as u64,
+            };
+            stats.measured_accesses = Some(stats.measured_accesses.unwrap_or_default() + counted);
+        }
+        Ok(())
+    }
+
     /// Submit `encoder`, wait for completion, and return the wall time.
-    pub(crate) async fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<f64> {
+    async fn submit_raw(&self, encoder: wgpu::CommandEncoder) -> Result<f64> {
         let start = Instant::now();
         self.checked("submitting GPU work", || {
             self.queue.submit([encoder.finish()]);
@@ -368,7 +424,7 @@ impl Engine {
         });
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.submit(encoder).await?;
+        self.submit_raw(encoder).await?;
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -386,14 +442,17 @@ impl Engine {
         Ok(data[..bytes as usize].to_vec())
     }
 
-    /// A bind group for `pipeline` with `buffers[i]` at binding `i` where present.
+    /// A bind group for `pipeline` with `buffers[i]` at binding `i` where
+    /// present, plus the access counters on an instrumented engine.
     pub(crate) fn bind(
         &self,
         pipeline: &wgpu::ComputePipeline,
         buffers: &[(u32, &wgpu::Buffer)],
     ) -> wgpu::BindGroup {
+        let io = self.io_counter.as_ref().map(|c| (binding::IO, c));
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
+            .chain(io.iter())
             .map(|(binding, b)| wgpu::BindGroupEntry {
                 binding: *binding,
                 resource: b.as_entire_binding(),

@@ -3,7 +3,7 @@
 
 use super::engine::{CallStats, Engine};
 use super::params::{Params, Piece};
-use super::shaders::{self, Variant};
+use super::shaders;
 use super::split::{host_gather, merge_piece, scatter, split};
 use crate::attention::ForwardOutput;
 use crate::error::{Error, Result};
@@ -281,10 +281,10 @@ impl Engine {
         stats: &mut CallStats,
     ) -> Result<()> {
         let s = &piece.local;
-        let variant = Variant {
-            masked: opts.mask(&piece.full).is_active(),
-            softcap: opts.softcap_value() > 0.0,
-        };
+        let variant = self.variant(
+            opts.mask(&piece.full).is_active(),
+            opts.softcap_value() > 0.0,
+        );
         let max_groups = self.max_groups();
         if s.heads_q > max_groups as usize || s.batch > max_groups as usize {
             return Err(Error::Unsupported(format!(
@@ -296,6 +296,7 @@ impl Engine {
             .pipeline(&shaders::flash_forward(plan, variant), "main")
             .await?;
         let base = Params::new(piece, opts)?;
+        stats.accesses += super::io::flash_forward(&base, plan, variant.masked);
         let blocks = s.seqlen_q.div_ceil(plan.br as usize) as u32;
         let encoder = self
             .checked("encoding the flash forward kernel", || {
@@ -335,7 +336,7 @@ impl Engine {
                 Ok(encoder)
             })
             .await?;
-        stats.kernel_seconds += self.submit(encoder).await?;
+        self.submit(encoder, stats).await?;
         Ok(())
     }
 }

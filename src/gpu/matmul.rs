@@ -118,7 +118,7 @@ impl Engine {
             [StorageKind::F32; 3],
             true,
             Epilogue::Scale,
-            Variant::default(),
+            self.variant(false, false),
             MatmulParams {
                 m: n as u32,
                 n: n as u32,
@@ -144,7 +144,7 @@ impl Engine {
         let mut seconds = Vec::new();
         for i in 0..=repeats {
             let mut run = CallStats::default();
-            let steps = [self.matmul_step(&spec, [&xb, &yb, &cb]).await?];
+            let steps = [self.matmul_step(&spec, [&xb, &yb, &cb], &mut run).await?];
             self.run_steps("running the matmul ceiling", &steps, &params, &[], &mut run)
                 .await?;
             if i > 0 {
@@ -159,12 +159,15 @@ impl Engine {
         })
     }
 
-    /// The pipeline, bindings (A, B, C and the matmul params) and grid of a matmul.
+    /// The pipeline, bindings (A, B, C and the matmul params) and grid of a
+    /// matmul; its storage accesses are added to `stats`.
     pub(crate) async fn matmul_step(
         &self,
         spec: &MatmulSpec,
         [a, b, c]: [&wgpu::Buffer; 3],
+        stats: &mut CallStats,
     ) -> Result<Step> {
+        stats.accesses += super::io::matmul(spec);
         let pipeline = self.pipeline(&spec.source, "main").await?;
         let params = self.uniform(&spec.params);
         Ok((

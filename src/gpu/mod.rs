@@ -3,6 +3,7 @@
 mod backward;
 mod engine;
 mod forward;
+pub mod io;
 mod matmul;
 mod naive;
 mod params;

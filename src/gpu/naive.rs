@@ -7,7 +7,7 @@
 use super::engine::{CallStats, Engine, Step};
 use super::matmul::{MatmulParams, MatmulSpec};
 use super::params::{Params, Piece};
-use super::shaders::{self, binding::*, Epilogue, Variant};
+use super::shaders::{self, binding::*, Epilogue};
 use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
@@ -17,13 +17,6 @@ use crate::tensor::{AttentionShape, Precision, Tensor, TensorData, TensorView};
 
 const TILE: usize = 16;
 const ROWS_PER_GROUP: usize = 64;
-
-fn variant(shape: &AttentionShape, opts: &AttentionOptions) -> Variant {
-    Variant {
-        masked: opts.mask(shape).is_active(),
-        softcap: opts.softcap_value() > 0.0,
-    }
-}
 
 /// Strides of the per-head `X·Yᵀ` products between two (batch, seq, heads, d)
 /// tensors: rows of `x` (seqlen `m`, `hx` heads) against rows of `y` (seqlen
@@ -178,7 +171,7 @@ impl Engine {
                 Ok(encoder)
             })
             .await?;
-        stats.kernel_seconds += self.submit(encoder).await?;
+        self.submit(encoder, stats).await?;
         Ok(())
     }
 
@@ -190,8 +183,9 @@ impl Engine {
         storage: StorageKind,
         opts: &AttentionOptions,
         [qb, kb, lb, sb, pb]: [&wgpu::Buffer; 5],
+        stats: &mut CallStats,
     ) -> Result<Vec<Step>> {
-        let v = variant(shape, opts);
+        let v = self.variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0);
         let scores = MatmulSpec::new(
             [storage, storage, StorageKind::F32],
             true,
@@ -202,8 +196,9 @@ impl Engine {
         );
         let source = shaders::naive_forward(shape.head_dim as u32, storage, v);
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        stats.accesses += super::io::naive_softmax(&Params::new(&Piece::whole(*shape), opts)?);
         Ok(vec![
-            self.matmul_step(&scores, [qb, kb, sb]).await?,
+            self.matmul_step(&scores, [qb, kb, sb], stats).await?,
             (
                 self.pipeline(&source, "softmax").await?,
                 vec![(LSE, lb.clone()), (S, sb.clone()), (P, pb.clone())],
@@ -242,17 +237,17 @@ impl Engine {
             .await?;
         let [qb, kb, vb, ob, lb, sb, pb] = &bufs;
         let mut steps = self
-            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb], &mut stats)
             .await?;
         let pv = MatmulSpec::new(
             [StorageKind::F32, storage, storage],
             false,
             Epilogue::Scale,
-            Variant::default(),
+            self.variant(false, false),
             nn_params(&shape, 1.0),
             shape.batch,
         );
-        steps.push(self.matmul_step(&pv, [pb, vb, ob]).await?);
+        steps.push(self.matmul_step(&pv, [pb, vb, ob], &mut stats).await?);
         let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
             vec![ob]
         } else {
@@ -298,7 +293,11 @@ impl Engine {
         check_like_q(&shape, precision, d_o, "do")?;
         opts.validate()?;
         let (storage, nn) = self.naive_check(&shape, precision)?;
-        let source = shaders::naive_backward(shape.head_dim as u32, storage, variant(&shape, opts));
+        let source = shaders::naive_backward(
+            shape.head_dim as u32,
+            storage,
+            self.variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0),
+        );
         let mut stats = CallStats::default();
         let elem = precision.bytes() as u64;
         let (q_bytes, kv_bytes) = (shape.q_len() as u64 * elem, shape.kv_len() as u64 * elem);
@@ -321,14 +320,14 @@ impl Engine {
             .await?;
         let [qb, kb, vb, dob, lb, sb, pb, dsb, dqb, dkb, dvb] = &bufs;
         let mut steps = self
-            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb])
+            .naive_softmax_steps(&shape, storage, opts, [qb, kb, lb, sb, pb], &mut stats)
             .await?;
         // dP = dO·Vᵀ (same strides as S = Q·Kᵀ), dQ = scale·dS·K.
         let dp = MatmulSpec::new(
             [storage, storage, StorageKind::F32],
             true,
             Epilogue::Scale,
-            Variant::default(),
+            self.variant(false, false),
             nt_params(&shape, shape.seqlen_q, shape.seqlen_k),
             shape.batch,
         );
@@ -336,18 +335,18 @@ impl Engine {
             [StorageKind::F32, storage, storage],
             false,
             Epilogue::Scale,
-            Variant::default(),
+            self.variant(false, false),
             nn_params(&shape, opts.scale_for(shape.head_dim)),
             shape.batch,
         );
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
-        steps.push(self.matmul_step(&dp, [dob, vb, dsb]).await?);
+        steps.push(self.matmul_step(&dp, [dob, vb, dsb], &mut stats).await?);
         steps.push((
             self.pipeline(&source, "ds").await?,
             vec![(S, sb.clone()), (P, pb.clone()), (DS, dsb.clone())],
             [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
         ));
-        steps.push(self.matmul_step(&dq, [dsb, kb, dqb]).await?);
+        steps.push(self.matmul_step(&dq, [dsb, kb, dqb], &mut stats).await?);
         // dK and dV sum over the query heads of each kv head: a plain kernel.
         steps.push((
             self.pipeline(&source, "dkdv").await?,
@@ -371,6 +370,11 @@ impl Engine {
             vec![]
         };
         let params = Params::new(&Piece::whole(shape), opts)?;
+        stats.accesses += super::io::naive_backward_rows(
+            &params,
+            shape.head_dim as u32,
+            opts.softcap_value() > 0.0,
+        );
         self.run_steps(
             "running the naive backward kernels",
             &steps,

@@ -6,6 +6,7 @@
 use crate::plan::{Plan, StorageKind};
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
+pub const IO_COUNT: &str = include_str!("../../shaders/io_count.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
@@ -25,6 +26,8 @@ pub struct Variant {
     /// Causal and/or local window.
     pub masked: bool,
     pub softcap: bool,
+    /// Count storage accesses into binding 15 (the instrumented build).
+    pub count_io: bool,
 }
 
 /// Whether a buffer is read or written by the kernel.
@@ -32,6 +35,7 @@ pub struct Variant {
 pub enum Access {
     Read,
     Write,
+    ReadWrite,
 }
 
 fn template(storage: StorageKind) -> &'static str {
@@ -76,6 +80,7 @@ pub fn buffer_decls(storage: StorageKind, buffers: &[(&str, u32, Access)]) -> St
         let part = match access {
             Access::Read => "read",
             Access::Write => "write",
+            Access::ReadWrite => "read_write",
         };
         out.push_str(
             &section(t, part)
@@ -94,13 +99,17 @@ fn consts(values: &[(&str, String)]) -> String {
         .collect()
 }
 
-fn prelude(storage: StorageKind, constants: &[(&str, String)]) -> String {
+fn prelude(storage: StorageKind, constants: &[(&str, String)], variant: Variant) -> String {
     let mut s = String::new();
     if storage == StorageKind::F16Native {
         s.push_str("enable f16;\n");
     }
     s.push_str(&consts(constants));
     s.push_str(COMMON);
+    s.push_str(&section(
+        IO_COUNT,
+        if variant.count_io { "on" } else { "off" },
+    ));
     s
 }
 
@@ -120,6 +129,8 @@ pub mod binding {
     pub const DK: u32 = 11;
     pub const DV: u32 = 12;
     pub const DS: u32 = 13;
+    pub const MATMUL: u32 = 14;
+    pub const IO: u32 = 15;
 }
 
 /// The q, k, v, o, lse bindings every forward kernel uses.
@@ -154,7 +165,7 @@ fn flags(variant: Variant) -> [(&'static str, String); 2] {
 pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
     let mut c = tile_consts(plan, false);
     c.extend(flags(variant));
-    let mut s = prelude(plan.storage, &c);
+    let mut s = prelude(plan.storage, &c, variant);
     s.push_str(&forward_buffers(plan.storage));
     s.push_str(FLASH_FWD);
     s
@@ -165,8 +176,15 @@ pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
 pub fn naive_forward(head_dim: u32, storage: StorageKind, variant: Variant) -> String {
     let mut c = vec![("D", format!("{head_dim}u"))];
     c.extend(flags(variant));
-    let mut s = prelude(storage, &c);
+    let mut s = prelude(storage, &c, variant);
     s.push_str(&forward_buffers(storage));
+    s.push_str(&buffer_decls(
+        StorageKind::F32,
+        &[
+            ("s", binding::S, Access::ReadWrite),
+            ("p", binding::P, Access::ReadWrite),
+        ],
+    ));
     s.push_str(NAIVE_FWD);
     s
 }
@@ -183,6 +201,10 @@ pub fn naive_backward(head_dim: u32, storage: StorageKind, variant: Variant) -> 
             ("dk", DK, Access::Write),
             ("dv", DV, Access::Write),
         ],
+    ));
+    s.push_str(&buffer_decls(
+        StorageKind::F32,
+        &[("ds", DS, Access::ReadWrite)],
     ));
     s.push_str(NAIVE_BWD);
     s
@@ -224,6 +246,7 @@ pub fn matmul(
             StorageKind::F32
         },
         &consts,
+        variant,
     );
     s.push_str(&buffer_decls(a, &[("a", 1, Access::Read)]));
     s.push_str(&buffer_decls(b, &[("b", 2, Access::Read)]));
@@ -257,7 +280,7 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
     c.extend(flags(variant));
     let st = plan.storage;
     let pre = {
-        let mut s = prelude(st, &c);
+        let mut s = prelude(st, &c, variant);
         s.push_str(&storage_decls(
             st,
             &[("do", DO, Access::Read), ("o", O, Access::Read)],
@@ -280,7 +303,7 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
         &[("lse", LSE, Access::Read), ("dvec", DVEC, Access::Read)],
     );
     let kernel = |writes: &[(&str, u32, Access)], body: &str| {
-        let mut s = prelude(st, &c);
+        let mut s = prelude(st, &c, variant);
         let mut buffers = reads.to_vec();
         buffers.extend_from_slice(writes);
         s.push_str(&storage_decls(st, &buffers));

@@ -1,0 +1,165 @@
+//! The instrumented kernels' own access counts equal the analytic counts, for
+//! every kernel and mask; and Theorem 2's shape: flash accesses fall like 1/M.
+
+mod common;
+
+use common::{engine, output_grad, Case};
+use flashattn::gpu::io::Accesses;
+use flashattn::{AttentionOptions, Engine, PlanOverrides, TensorView, Window};
+use std::sync::OnceLock;
+
+/// One instrumented engine for this process (calls run one at a time).
+fn counting() -> Option<&'static std::sync::Mutex<Engine>> {
+    engine()?;
+    static E: OnceLock<std::sync::Mutex<Engine>> = OnceLock::new();
+    Some(E.get_or_init(|| std::sync::Mutex::new(Engine::new().unwrap().with_io_counting())))
+}
+
+fn assert_counts(what: &str, analytic: Accesses, measured: Option<Accesses>) {
+    assert_eq!(Some(analytic), measured, "{what}: analytic vs counted");
+    assert!(analytic.reads > 0 && analytic.writes > 0, "{what}");
+}
+
+fn cases() -> Vec<Case> {
+    let causal = AttentionOptions::default().causal(true);
+    let window = AttentionOptions {
+        window: Window::from_signed(9, 4),
+        ..Default::default()
+    };
+    vec![
+        Case::new(97, 113, 64),
+        Case::new(113, 97, 59).opts(causal),
+        Case::new(40, 10, 32).opts(causal).heads(4, 2),
+        Case::new(77, 90, 24).opts(window).batch(2),
+        Case::new(64, 64, 16)
+            .opts(AttentionOptions::default().softcap(5.0))
+            .f16(),
+        Case::new(33, 47, 40).f16().overrides(PlanOverrides {
+            f16_native: Some(false),
+            ..Default::default()
+        }),
+        Case::new(1, 300, 64).heads(8, 1),
+    ]
+}
+
+#[test]
+fn flash_forward_and_backward_counts_match() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    for case in cases() {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let fwd = e
+            .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+            .unwrap();
+        assert_counts(
+            &format!("forward {case:?}"),
+            fwd.stats.accesses,
+            fwd.stats.measured_accesses,
+        );
+        let (g, g16) = output_grad(&case);
+        let d_o = match case.precision {
+            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
+            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
+        };
+        let o = fwd.o.view().unwrap();
+        let bwd = e
+            .backward_with(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts, &case.overrides)
+            .unwrap();
+        assert_counts(
+            &format!("backward {case:?}"),
+            bwd.stats.accesses,
+            bwd.stats.measured_accesses,
+        );
+    }
+}
+
+#[test]
+fn naive_and_matmul_counts_match() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    for case in cases() {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let fwd = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
+        assert_counts(
+            &format!("naive forward {case:?}"),
+            fwd.stats.accesses,
+            fwd.stats.measured_accesses,
+        );
+        let (g, g16) = output_grad(&case);
+        let d_o = match case.precision {
+            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
+            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
+        };
+        let bwd = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+        assert_counts(
+            &format!("naive backward {case:?}"),
+            bwd.stats.accesses,
+            bwd.stats.measured_accesses,
+        );
+    }
+    let c = e.matmul_ceiling(100, 40, 1).unwrap();
+    assert!(c.gflops() > 0.0);
+}
+
+#[test]
+fn split_problems_count_every_piece() {
+    let Some(_) = counting() else { return };
+    let e = Engine::new()
+        .unwrap()
+        .with_binding_limit(16 * 16 * 4)
+        .with_io_counting();
+    let case = Case::new(50, 70, 16)
+        .heads(2, 1)
+        .opts(AttentionOptions::default().causal(true));
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    assert!(fwd.stats.dispatches > 4);
+    assert_counts(
+        "split forward",
+        fwd.stats.accesses,
+        fwd.stats.measured_accesses,
+    );
+}
+
+/// Theorem 2: with Br ≈ Bc ≈ M/4d, K and V are read once per query block, so
+/// flash reads ≈ 2·N·d·N/Br ∝ N²d²/M; the naive computation's accesses do not
+/// depend on M and exceed flash's.
+#[test]
+fn flash_accesses_fall_like_one_over_m() {
+    let Some(e) = engine() else { return };
+    let case = Case::new(512, 512, 64).heads(1, 1);
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let mut last = u64::MAX;
+    let mut products = Vec::new();
+    for m in [4096u32, 8192, 16384, 32768] {
+        if m > e.caps().max_workgroup_storage {
+            continue;
+        }
+        let o = PlanOverrides {
+            max_workgroup_storage: Some(m),
+            ..Default::default()
+        };
+        let out = e.forward_with(&q, &k, &v, &case.opts, &o).unwrap();
+        let a = out.stats.accesses.total();
+        assert!(a < last, "M {m}: {a} accesses, not fewer than {last}");
+        last = a;
+        products.push(a as f64 * m as f64);
+    }
+    let (lo, hi) = products
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &p| (lo.min(p), hi.max(p)));
+    assert!(
+        hi / lo < 2.5,
+        "accesses × M should be roughly constant: {products:?}"
+    );
+    let naive = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
+    assert!(
+        naive.stats.accesses.total() > last,
+        "naive {:?} vs flash {last}",
+        naive.stats.accesses
+    );
+}
