@@ -2,6 +2,8 @@
 # The full test suite on a real Vulkan driver. Installs Mesa's lavapipe (a CPU
 # Vulkan driver) when no Vulkan driver is present, then runs every test with
 # GPU tests required: a missing adapter fails the run instead of skipping.
+# Ends with the browser test (scripts/test-web.sh): the library compiled to
+# wasm32 and checked on headless Chromium's WebGPU adapter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +23,5 @@ fi
 export FLASHATTN_REQUIRE_GPU=1
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 cargo test --release "$@"
+
+scripts/test-web.sh

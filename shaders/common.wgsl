@@ -49,8 +49,13 @@ struct Params {
 // their precision; the extra multiply per score is negligible next to the dot.
 const NEG_BIG: f32 = -1.0e30;
 
+// -inf, for the LSE of empty rows. WGSL makes a constant expression that
+// evaluates to infinity a shader-creation error (browsers' Tint enforces it,
+// naga does not); an identifier declared with `let` is never a constant
+// expression, so this bitcast happens at run time.
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    let bits = 0xff800000u;
+    return bitcast<f32>(bits);
 }
 
 // The score after the optional softcap.

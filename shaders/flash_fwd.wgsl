@@ -74,7 +74,13 @@ fn main(
         }
         workgroupBarrier();
 
+        // Zeroed explicitly each block: a loop-body `var` without initializer
+        // should be re-zeroed per iteration, but Chromium's WebGPU (Tint on
+        // SwiftShader) zeroes it only once, which summed scores across blocks.
         var s: array<f32, SC>;
+        for (var k = 0u; k < SC; k++) {
+            s[k] = 0.0;
+        }
         for (var x = 0u; x < D; x++) {
             let qx = q_tile[r * D + x];
             for (var k = 0u; k < SC; k++) {

@@ -1,11 +1,11 @@
 //! Backend-independent results and the backend choice used by the CLI and demo.
 
-use crate::cpu;
 use crate::error::{Error, Result};
 use crate::gpu::{CallStats, Engine};
-use crate::options::AttentionOptions;
-use crate::plan::PlanOverrides;
-use crate::tensor::{AttentionShape, Tensor, TensorView};
+use crate::tensor::{AttentionShape, Tensor};
+// Only the blocking `Backend` methods use these, and they are native-only.
+#[cfg(not(target_arch = "wasm32"))]
+use crate::{cpu, options::AttentionOptions, plan::PlanOverrides, tensor::TensorView};
 
 /// The result of a forward pass.
 #[derive(Clone, Debug)]

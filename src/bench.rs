@@ -211,6 +211,7 @@ impl BenchInputs {
 }
 
 /// One timed run: seconds and the call's accounting.
+#[cfg(not(target_arch = "wasm32"))]
 struct Run {
     seconds: f64,
     peak_bytes: u64,

@@ -32,6 +32,8 @@ pub mod error;
 pub mod gpu;
 pub mod options;
 pub mod plan;
+// Charts for the CLI; plotters has no embedded-font API on wasm32 (browsers draw text).
+#[cfg(not(target_arch = "wasm32"))]
 pub mod plot;
 pub mod precision;
 pub mod random;

@@ -6,7 +6,10 @@ use super::engine::{CallStats, Engine};
 use super::params::{Params, Piece};
 use super::shaders::{self, binding};
 use super::split::{gather_lse, host_gather, scatter_add, split};
-use crate::attention::{BackwardOutput, ForwardOutput};
+use crate::attention::BackwardOutput;
+// Only the native-only blocking `forward_backward` returns a forward output.
+#[cfg(not(target_arch = "wasm32"))]
+use crate::attention::ForwardOutput;
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
 use crate::plan::{plan_backward, Plan, PlanOverrides, PlanRequest, StorageKind};

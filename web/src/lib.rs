@@ -1,0 +1,509 @@
+//! flashattn in the browser: the wasm-bindgen entry points `web/main.js` calls.
+//!
+//! Everything the page shows comes from the library itself: the planner, the
+//! same WGSL kernels run through wgpu's WebGPU backend, the CPU backend, the
+//! f64 reference and SPEC.md's accuracy rule, all compiled to wasm32. The page
+//! holds no copy of any kernel. Every entry point returns a JSON string, so
+//! the JavaScript side stays a thin view.
+
+use flashattn::accuracy::{check_backward, check_forward, Check};
+use flashattn::random::Rng;
+use flashattn::{
+    cpu, AttentionOptions, AttentionShape, Engine, Plan, PlanOverrides, Precision, TensorData,
+    TensorView,
+};
+use serde::Serialize;
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+use web_time::Instant;
+
+thread_local! {
+    // One device for the page: pipelines are cached in it across runs.
+    static ENGINE: RefCell<Option<Rc<Engine>>> = const { RefCell::new(None) };
+}
+
+fn js_err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn to_json(value: &impl Serialize) -> Result<String, JsError> {
+    serde_json::to_string(value).map_err(js_err)
+}
+
+/// The page's engine, created on first use on the browser's WebGPU adapter.
+async fn engine() -> Result<Rc<Engine>, JsError> {
+    if let Some(e) = ENGINE.with(|e| e.borrow().clone()) {
+        return Ok(e);
+    }
+    let engine = Rc::new(Engine::new_async().await.map_err(|e| {
+        JsError::new(&format!(
+            "no WebGPU device: {e}. Use a browser with WebGPU enabled \
+             (Chromium: --enable-unsafe-webgpu when headless)"
+        ))
+    })?);
+    ENGINE.with(|e| *e.borrow_mut() = Some(engine.clone()));
+    Ok(engine)
+}
+
+#[derive(Serialize)]
+struct Limits {
+    max_compute_workgroup_storage_size: u32,
+    max_compute_invocations_per_workgroup: u32,
+    max_compute_workgroup_size_x: u32,
+    max_compute_workgroups_per_dimension: u32,
+    max_storage_buffer_binding_size: u64,
+    max_buffer_size: u64,
+    max_storage_buffers_per_shader_stage: u32,
+}
+
+impl From<&wgpu::Limits> for Limits {
+    fn from(l: &wgpu::Limits) -> Self {
+        Self {
+            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
+            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+            max_buffer_size: l.max_buffer_size,
+            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct DeviceReport {
+    /// wgpu's adapter name (browsers often leave it empty; the page adds
+    /// `GPUAdapter.info`'s vendor and architecture).
+    adapter: String,
+    backend: String,
+    device_type: String,
+    /// What the device was granted: the engine requests the adapter's limits.
+    granted: Limits,
+    /// What a browser grants when a page asks for nothing.
+    webgpu_defaults: Limits,
+    shader_f16: bool,
+    timestamp_query: bool,
+    /// The f16 storage path the planner picks on this device.
+    f16_storage: &'static str,
+}
+
+/// Create the engine and describe the adapter, its granted limits and features.
+#[wasm_bindgen]
+pub async fn device_info() -> Result<String, JsError> {
+    let e = engine().await?;
+    let f16_plan =
+        flashattn::plan_forward(&flashattn::PlanRequest::new(64, Precision::F16), &e.caps())
+            .map_err(js_err)?;
+    to_json(&DeviceReport {
+        adapter: e.adapter_info().name.clone(),
+        backend: format!("{:?}", e.adapter_info().backend),
+        device_type: format!("{:?}", e.adapter_info().device_type),
+        granted: e.limits().into(),
+        webgpu_defaults: (&wgpu::Limits::default()).into(),
+        shader_f16: e.features().contains(wgpu::Features::SHADER_F16),
+        timestamp_query: e.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+        f16_storage: f16_plan.storage.name(),
+    })
+}
+
+#[derive(Serialize)]
+struct PlanReport {
+    text: String,
+    storage: &'static str,
+    m_bytes: u32,
+    bc_formula: u32,
+    br_formula: u32,
+    br: u32,
+    bc: u32,
+    threads_per_row: u32,
+    workgroup_size: u32,
+    workgroup_bytes: u32,
+    clamps: Vec<String>,
+}
+
+impl From<&Plan> for PlanReport {
+    fn from(p: &Plan) -> Self {
+        Self {
+            text: p.to_string(),
+            storage: p.storage.name(),
+            m_bytes: p.m_bytes,
+            bc_formula: p.bc_formula,
+            br_formula: p.br_formula,
+            br: p.br,
+            bc: p.bc,
+            threads_per_row: p.threads_per_row,
+            workgroup_size: p.workgroup_size,
+            workgroup_bytes: p.workgroup_bytes,
+            clamps: p.clamps.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CheckReport {
+    name: String,
+    max_error: f64,
+    bound: f64,
+    baseline_error: f64,
+    passed: bool,
+    non_finite: Option<String>,
+}
+
+impl From<&Check> for CheckReport {
+    fn from(c: &Check) -> Self {
+        Self {
+            name: c.name.clone(),
+            max_error: c.max_error,
+            bound: c.bound,
+            baseline_error: c.baseline_error,
+            passed: c.passed(),
+            non_finite: c.non_finite.clone(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CaseReport {
+    seqlen: usize,
+    head_dim: usize,
+    heads: usize,
+    causal: bool,
+    precision: String,
+    plan: PlanReport,
+    /// Best of the timed runs: submit to completion of the kernel.
+    kernel_ms: f64,
+    /// Best of the timed runs: upload, kernel and readback.
+    wall_ms: f64,
+    gflops: f64,
+    dispatches: u32,
+    peak_bytes: u64,
+    /// The CPU backend (single-threaded in wasm) on the same inputs.
+    cpu_ms: f64,
+    backward_plan: PlanReport,
+    /// Best of the timed backward runs (dq, dk, dv from o, lse and do).
+    backward_kernel_ms: f64,
+    backward_wall_ms: f64,
+    backward_gflops: f64,
+    /// o, lse, then dq, dk, dv.
+    checks: Vec<CheckReport>,
+    passed: bool,
+}
+
+/// Timed runs after the warm-up (which compiles the pipeline).
+const TIMED_RUNS: usize = 3;
+
+/// Run one forward and backward on WebGPU with seeded inputs
+/// `(1, seqlen, heads, head_dim)` and output gradient, time them, and check o,
+/// lse, dq, dk and dv against the f64 reference with SPEC.md's rule.
+#[wasm_bindgen]
+pub async fn run_case(
+    seqlen: usize,
+    head_dim: usize,
+    heads: usize,
+    causal: bool,
+    precision: String,
+    seed: u64,
+) -> Result<String, JsError> {
+    let e = engine().await?;
+    let precision: Precision = precision.parse().map_err(js_err)?;
+    let shape = AttentionShape::new(1, seqlen, seqlen, heads, heads, head_dim).map_err(js_err)?;
+    let opts = AttentionOptions::default().causal(causal);
+    let mut rng = Rng::new(seed);
+    let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
+    let (q, k, v, d_o) = (
+        make(shape.q_len()),
+        make(shape.kv_len()),
+        make(shape.kv_len()),
+        make(shape.q_len()),
+    );
+    fn view(shape: [usize; 4], data: &TensorData) -> TensorView<'_> {
+        TensorView {
+            shape,
+            data: data.as_host(),
+        }
+    }
+    let (qv, kv, vv, dov) = (
+        view(shape.q_shape(), &q),
+        view(shape.kv_shape(), &k),
+        view(shape.kv_shape(), &v),
+        view(shape.q_shape(), &d_o),
+    );
+    let none = PlanOverrides::default();
+
+    // The warm-up compiles the kernel; its result is the one checked.
+    let out = e
+        .forward_async(&qv, &kv, &vv, &opts, &none)
+        .await
+        .map_err(js_err)?;
+    let (mut kernel, mut wall) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..TIMED_RUNS {
+        let start = Instant::now();
+        let timed = e
+            .forward_async(&qv, &kv, &vv, &opts, &none)
+            .await
+            .map_err(js_err)?;
+        wall = wall.min(start.elapsed().as_secs_f64());
+        kernel = kernel.min(timed.stats.kernel_seconds);
+    }
+    let start = Instant::now();
+    cpu::forward(&qv, &kv, &vv, &opts).map_err(js_err)?;
+    let cpu_seconds = start.elapsed().as_secs_f64();
+
+    // The backward reads the forward's o and lse, as in training.
+    let ov = out.o.view().map_err(js_err)?;
+    let bwd = e
+        .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+        .await
+        .map_err(js_err)?;
+    let (mut bwd_kernel, mut bwd_wall) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..TIMED_RUNS {
+        let start = Instant::now();
+        let timed = e
+            .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+            .await
+            .map_err(js_err)?;
+        bwd_wall = bwd_wall.min(start.elapsed().as_secs_f64());
+        bwd_kernel = bwd_kernel.min(timed.stats.kernel_seconds);
+    }
+
+    let mut checks = check_forward(&out, &qv, &kv, &vv, &opts)
+        .map_err(js_err)?
+        .to_vec();
+    checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
+    let plan_of = |stats: &flashattn::CallStats, what: &str| {
+        stats
+            .plan
+            .as_ref()
+            .map(PlanReport::from)
+            .ok_or_else(|| JsError::new(&format!("the GPU {what} reported no plan")))
+    };
+    let flops = 4.0 * (heads * seqlen * seqlen * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
+    // Five matmuls against the forward's two (FlashAttention-2's convention).
+    let bwd_flops = 2.5 * flops;
+    to_json(&CaseReport {
+        seqlen,
+        head_dim,
+        heads,
+        causal,
+        precision: precision.to_string(),
+        plan: plan_of(&out.stats, "forward")?,
+        kernel_ms: kernel * 1e3,
+        wall_ms: wall * 1e3,
+        // Timer resolution in browsers is coarse; never divide by zero.
+        gflops: flops / kernel.max(1e-6) / 1e9,
+        dispatches: out.stats.dispatches,
+        peak_bytes: out.stats.peak_bytes(),
+        cpu_ms: cpu_seconds * 1e3,
+        backward_plan: plan_of(&bwd.stats, "backward")?,
+        backward_kernel_ms: bwd_kernel * 1e3,
+        backward_wall_ms: bwd_wall * 1e3,
+        backward_gflops: bwd_flops / bwd_kernel.max(1e-6) / 1e9,
+        passed: checks.iter().all(|c| c.passed()),
+        checks: checks.iter().map(CheckReport::from).collect(),
+    })
+}
+
+#[derive(Serialize)]
+struct Heatmap {
+    seqlen: usize,
+    head_dim: usize,
+    causal: bool,
+    /// Row-major `seqlen × seqlen` softmax probabilities.
+    p: Vec<f64>,
+    /// Largest `|Σ_j p_ij − 1|` over rows: shows the LSE normalizes exactly.
+    max_row_sum_error: f64,
+}
+
+/// The attention matrix of a small seeded example, rebuilt from the GPU's LSE
+/// output as `P = exp(S − lse)` (what a backward pass does). The forward
+/// itself never stores P.
+#[wasm_bindgen]
+pub async fn heatmap(
+    seqlen: usize,
+    head_dim: usize,
+    causal: bool,
+    seed: u64,
+) -> Result<String, JsError> {
+    let e = engine().await?;
+    let shape = AttentionShape::new(1, seqlen, seqlen, 1, 1, head_dim).map_err(js_err)?;
+    let opts = AttentionOptions::default().causal(causal);
+    let mut rng = Rng::new(seed);
+    // Keys are noisy copies of the queries, so each token attends mostly to
+    // itself and a few look-alikes: a visible diagonal instead of noise.
+    let q = rng.normal_vec(shape.q_len(), 1.2);
+    let k: Vec<f32> = q
+        .iter()
+        .zip(rng.normal_vec(shape.kv_len(), 1.5))
+        .map(|(a, n)| a + n)
+        .collect();
+    let v = rng.normal_vec(shape.kv_len(), 1.0);
+    let out = e
+        .forward_async(
+            &TensorView::f32(shape.q_shape(), &q),
+            &TensorView::f32(shape.kv_shape(), &k),
+            &TensorView::f32(shape.kv_shape(), &v),
+            &opts,
+            &PlanOverrides::default(),
+        )
+        .await
+        .map_err(js_err)?;
+    let scale = opts.scale_for(head_dim) as f64;
+    let mask = opts.mask(&shape);
+    let mut p = vec![0.0; seqlen * seqlen];
+    let mut max_row_sum_error = 0.0f64;
+    for i in 0..seqlen {
+        let lse = out.lse[i] as f64;
+        let qi = &q[i * head_dim..][..head_dim];
+        let mut sum = 0.0;
+        for j in mask.key_range(i) {
+            let kj = &k[j * head_dim..][..head_dim];
+            let s: f64 = qi.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let pij = (s * scale - lse).exp();
+            p[i * seqlen + j] = pij;
+            sum += pij;
+        }
+        max_row_sum_error = max_row_sum_error.max((sum - 1.0).abs());
+    }
+    to_json(&Heatmap {
+        seqlen,
+        head_dim,
+        causal,
+        p,
+        max_row_sum_error,
+    })
+}
+
+/// The seeds' worked example: one query, scores 1.414, 0.707, 0.707 (scale 1,
+/// `q = 1.414`, `k = 1, 0.5, 0.5`), values 1, 0, 1.
+const EXAMPLE_Q: f32 = 1.414;
+const EXAMPLE_K: [f32; 3] = [1.0, 0.5, 0.5];
+const EXAMPLE_V: [f32; 3] = [1.0, 0.0, 1.0];
+
+#[derive(Serialize)]
+struct Step {
+    keys: [usize; 2],
+    scores: Vec<f64>,
+    block_max: f64,
+    /// `exp(m_old − m_new)`: how much the running sums shrink.
+    alpha: f64,
+    m: f64,
+    l: f64,
+    /// Unnormalized accumulator `Σ exp(s − m)·v`.
+    acc: f64,
+    /// The running answer `acc / l`.
+    o: f64,
+}
+
+#[derive(Serialize)]
+struct WorkedExample {
+    block: usize,
+    scores: Vec<f64>,
+    v: Vec<f64>,
+    steps: Vec<Step>,
+    online_o: f64,
+    online_lse: f64,
+    /// Whole-row softmax, for comparison.
+    weights: Vec<f64>,
+    softmax_o: f64,
+    softmax_lse: f64,
+    /// The WGSL kernel on WebGPU with `Bc = block`.
+    gpu_o: f32,
+    gpu_lse: f32,
+    gpu_plan: String,
+}
+
+/// Online softmax over the worked example in blocks of `block` keys, step by
+/// step, next to whole-row softmax and the GPU kernel run with `Bc = block`.
+#[wasm_bindgen]
+pub async fn worked_example(block: usize) -> Result<String, JsError> {
+    if !(1..=EXAMPLE_K.len()).contains(&block) {
+        return Err(JsError::new(&format!(
+            "block must be 1..={}, got {block}",
+            EXAMPLE_K.len()
+        )));
+    }
+    let scores: Vec<f64> = EXAMPLE_K
+        .iter()
+        .map(|&k| EXAMPLE_Q as f64 * k as f64)
+        .collect();
+    let v: Vec<f64> = EXAMPLE_V.iter().map(|&x| x as f64).collect();
+
+    // The recurrence the kernel runs per query row (FlashAttention Algorithm 1).
+    let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0, 0.0);
+    let mut steps = Vec::new();
+    for start in (0..scores.len()).step_by(block) {
+        let end = (start + block).min(scores.len());
+        let s = &scores[start..end];
+        let block_max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let m_new = m.max(block_max);
+        let alpha = (m - m_new).exp();
+        l = l * alpha + s.iter().map(|x| (x - m_new).exp()).sum::<f64>();
+        acc = acc * alpha
+            + s.iter()
+                .zip(&v[start..end])
+                .map(|(x, vj)| (x - m_new).exp() * vj)
+                .sum::<f64>();
+        m = m_new;
+        steps.push(Step {
+            keys: [start, end],
+            scores: s.to_vec(),
+            block_max,
+            alpha,
+            m,
+            l,
+            acc,
+            o: acc / l,
+        });
+    }
+
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let total: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+    let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp() / total).collect();
+    let softmax_o = weights.iter().zip(&v).map(|(w, x)| w * x).sum();
+
+    let e = engine().await?;
+    let overrides = PlanOverrides {
+        bc: Some(block as u32),
+        br: Some(1),
+        threads_per_row: Some(1),
+        ..Default::default()
+    };
+    let out = e
+        .forward_async(
+            &TensorView::f32([1, 1, 1, 1], &[EXAMPLE_Q]),
+            &TensorView::f32([1, 3, 1, 1], &EXAMPLE_K),
+            &TensorView::f32([1, 3, 1, 1], &EXAMPLE_V),
+            &AttentionOptions::default().scale(1.0),
+            &overrides,
+        )
+        .await
+        .map_err(js_err)?;
+    let gpu_plan = out
+        .stats
+        .plan
+        .as_ref()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    to_json(&WorkedExample {
+        block,
+        scores,
+        v,
+        steps,
+        online_o: acc / l,
+        online_lse: m + l.ln(),
+        weights,
+        softmax_o,
+        softmax_lse: max + total.ln(),
+        gpu_o: out.o.to_f32()[0],
+        gpu_lse: out.lse[0],
+        gpu_plan,
+    })
+}
+
+/// Route Rust panics to the browser console (otherwise they read as
+/// "unreachable executed").
+#[wasm_bindgen(start)]
+pub fn start() {
+    console_error_panic_hook::set_once();
+}
