@@ -1,15 +1,19 @@
 // Tiled matmul, the practical ceiling on this adapter and the engine of the
 // naive baseline: C[z] = epilogue(A[z] · op(B[z])), A is M×K, op(B) is K×N
 // (B stored N×K and read transposed when B_TRANS, else stored K×N).
-// A workgroup of 16×16 invocations computes a 64×64 tile of C, each invocation
-// a 4×4 block in registers (rows ty + 16·i, columns tx + 16·j, so neighbouring
-// invocations read neighbouring words); K advances 16 at a time through
-// workgroup memory. ALIGNED variants (M, N multiples of 64, K of 16) carry no
+// A workgroup of MW×MW invocations computes a 64×64 tile of C, each invocation
+// an MT×MT block in registers (rows ty + MW·i, columns tx + MW·j, so
+// neighbouring invocations read neighbouring words); K advances 16 at a time
+// through workgroup memory. 16×16 invocations of 4×4 measured fastest on
+// lavapipe too (1.84 GFLOP/s at N 2048, d 64, against 1.17 for 8×8 of 8×8
+// and 0.73 for 4×4 of 16×16). ALIGNED variants (M, N multiples of 64, K of 16) carry no
 // bounds checks.
 //
 // The composer prepends B_TRANS, ALIGNED, EPILOGUE (0: alpha·acc, 1: attention
 // scores with scale, softcap and mask) and load_a, load_b, store_c.
 
+const MW: u32 = 16u;
+const MT: u32 = 4u;
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 16u;
@@ -50,7 +54,7 @@ fn epilogue(row: u32, col: u32, acc: f32) -> f32 {
     return acc * mm.alpha;
 }
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(MW, MW)
 fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
@@ -63,12 +67,15 @@ fn main(
     let a_off = b * mm.a_batch + h * mm.a_head;
     let b_off = b * mm.b_batch + (h / mm.group) * mm.b_head;
     let c_off = b * mm.c_batch + h * mm.c_head;
-    var acc: array<f32, 16>;
+    var acc: array<f32, MT * MT>;
+    for (var i = 0u; i < MT * MT; i++) {
+        acc[i] = 0.0;
+    }
 
     for (var k0 = 0u; k0 < mm.k; k0 += TK) {
         workgroupBarrier();
-        // 256 invocations load 64×16 of A and of B: 4 each.
-        for (var e = tid; e < TK * TM; e += 256u) {
+        // MW² invocations load 64×16 of A and of B between them.
+        for (var e = tid; e < TK * TM; e += MW * MW) {
             let kk = e % TK;
             let rr = e / TK;
             var av = 0.0;
@@ -93,25 +100,25 @@ fn main(
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var a: array<f32, 4>;
-            var bb: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = a_tile[kk * TM + lid.y + 16u * i];
-                bb[i] = b_tile[kk * TN + lid.x + 16u * i];
+            var a: array<f32, MT>;
+            var bb: array<f32, MT>;
+            for (var i = 0u; i < MT; i++) {
+                a[i] = a_tile[kk * TM + lid.y + MW * i];
+                bb[i] = b_tile[kk * TN + lid.x + MW * i];
             }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] += a[i] * bb[j];
+            for (var i = 0u; i < MT; i++) {
+                for (var j = 0u; j < MT; j++) {
+                    acc[i * MT + j] += a[i] * bb[j];
                 }
             }
         }
     }
-    for (var i = 0u; i < 4u; i++) {
-        let row = row0 + lid.y + 16u * i;
-        for (var j = 0u; j < 4u; j++) {
-            let col = col0 + lid.x + 16u * j;
+    for (var i = 0u; i < MT; i++) {
+        let row = row0 + lid.y + MW * i;
+        for (var j = 0u; j < MT; j++) {
+            let col = col0 + lid.x + MW * j;
             if (ALIGNED || (row < mm.m && col < mm.n)) {
-                store_c(c_off + row * mm.ldc + col, epilogue(row, col, acc[i * 4u + j]));
+                store_c(c_off + row * mm.ldc + col, epilogue(row, col, acc[i * MT + j]));
             }
         }
     }
