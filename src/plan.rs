@@ -20,17 +20,21 @@ pub const GRANULARITY: u32 = 4;
 pub const MAX_SCORES_PER_THREAD: u32 = 16;
 /// Most output columns one invocation accumulates (head_dim / threads_per_row).
 pub const MAX_ACC_PER_THREAD: u32 = 32;
-/// Most scores plus accumulators one invocation holds over all its rows
-/// (registers on a GPU; on a CPU adapter they live in cache anyway).
+/// Most scores plus accumulators one invocation holds over all its rows:
+/// registers on a GPU. A CPU adapter keeps them in private memory, but not
+/// without limit: lavapipe returned wrong results (N ≥ 1024) with 4 rows ×
+/// (16 scores + 32 accumulators) = 192 per invocation, and correct ones at 96.
 pub const MAX_VALUES_PER_THREAD: u32 = 64;
-pub const MAX_VALUES_PER_THREAD_CPU: u32 = 256;
-/// Invocations per workgroup the planner aims for: 64 is two warps on NVIDIA
-/// (and measured 1.2x and 1.8x faster than 256 for forward and backward on
-/// lavapipe). On CPU adapters the forward aims for 16: fewer, fatter
-/// invocations, each owning 4 rows (N 2048, d 64 on lavapipe: 250 ms against
-/// 580 ms with 2 rows × 32 invocations and 910 ms with 1 row × 64).
+pub const MAX_VALUES_PER_THREAD_CPU: u32 = 96;
+/// Invocations per workgroup the planner aims for: 64, two warps on NVIDIA.
+/// On CPU adapters invocations own up to 4 rows instead of 2. Lavapipe
+/// returned wrong results at scale (N ≥ 1024, many workgroups) for plans with
+/// fewer than 4 lanes per row or fewer than 64 invocations, and correct ones
+/// for every plan with ≥ 4 lanes per row and ≥ 64 invocations we tried; the
+/// planner stays inside that region and tests check plans at N 4096 against
+/// the CPU backend.
 pub const TARGET_WORKGROUP: u32 = 64;
-pub const TARGET_WORKGROUP_CPU: u32 = 16;
+pub const TARGET_WORKGROUP_CPU: u32 = 64;
 /// Most invocations that share one query row.
 pub const MAX_THREADS_PER_ROW: u32 = 32;
 
@@ -422,10 +426,19 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         return Err(Error::Plan("threads_per_row must be at least 1".into()));
     }
     // Registers per invocation: RT rows of scores and accumulators.
-    while ov.rows_per_thread.is_none()
-        && rt > 1
-        && rt * (bc.div_ceil(tc) + d.div_ceil(tc)) > max_values
-    {
+    // Too many values per invocation: spread a row over more lanes first,
+    // then own fewer rows.
+    while rt * (bc.div_ceil(tc) + d.div_ceil(tc)) > max_values {
+        if ov.threads_per_row.is_none() && tc < MAX_THREADS_PER_ROW && tc < bc {
+            tc *= 2;
+        } else if ov.rows_per_thread.is_none() && rt > 1 {
+            rt /= 2;
+        } else {
+            break;
+        }
+    }
+    // Keep the workgroup at the target size where Br allows it.
+    while ov.rows_per_thread.is_none() && rt > 1 && br / rt * tc < target {
         rt /= 2;
     }
     // Too many invocations: fewer rows per workgroup.

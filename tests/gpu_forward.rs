@@ -294,10 +294,30 @@ fn flash_allocates_no_quadratic_buffer_at_4096() {
     let largest = out.stats.largest_allocation().unwrap();
     assert!(largest.bytes < quadratic / 4, "{largest:?}");
     assert_eq!(largest.bytes, n * 8 * 64 * 4);
-    // Spot-check rows against the f64 reference (the whole check is too slow here).
-    let o = out.o.to_f32();
-    assert!(o.iter().all(|x| x.is_finite()));
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    // The f64 reference is too slow at this size; the CPU backend (f32, all
+    // cores, its own tiling) is checked against it elsewhere, so agreeing with
+    // it to f32 rounding is the check here.
+    let cpu = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let (od, ld) = (
+        max_diff(&out.o.to_f32(), &cpu.o.to_f32()),
+        max_diff(&out.lse, &cpu.lse),
+    );
+    assert!(od < 1e-4 && ld < 1e-4, "GPU vs CPU: o {od}, lse {ld}");
+}
+
+#[test]
+fn long_sequences_meet_the_rule() {
+    let Some(e) = engine() else { return };
+    // Many query and key blocks: a plan whose kernel misbehaves only at scale
+    // (lavapipe with too much private memory per invocation) shows up here.
+    run_gpu(e, &Case::new(1024, 1024, 64).heads(1, 1));
+    run_gpu(e, &Case::new(1024, 1536, 128).heads(1, 1).opts(causal()));
 }
 
 #[test]
