@@ -5,7 +5,7 @@ use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::Result;
 use crate::gpu::CallStats;
 use crate::options::AttentionOptions;
-use crate::reference::{backward_rows, check_like_q, Layout};
+use crate::reference::{backward_rows, validate_backward, Layout};
 use crate::tensor::{AttentionShape, Tensor, TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -143,18 +143,8 @@ pub fn backward(
     d_o: &TensorView,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = validate_backward(q, k, v, o, lse, d_o, opts)?;
     let precision = q.precision();
-    check_like_q(&shape, precision, o, "o")?;
-    check_like_q(&shape, precision, d_o, "do")?;
-    if lse.len() != shape.lse_len() {
-        return Err(crate::Error::Shape(format!(
-            "lse has {} elements, expected {} (batch, heads_q, seqlen_q)",
-            lse.len(),
-            shape.lse_len()
-        )));
-    }
-    opts.validate()?;
     let (dq, dk, dv) = backward_rows(
         &shape,
         &q.data.to_f32(),

@@ -423,6 +423,30 @@ pub fn naive_backward_baseline(
     })
 }
 
+/// Validate the inputs of a backward pass (every backend checks the same).
+pub fn validate_backward(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    o: &TensorView,
+    lse: &[f32],
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<AttentionShape> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    check_like_q(&shape, q.precision(), o, "o")?;
+    check_like_q(&shape, q.precision(), d_o, "do")?;
+    if lse.len() != shape.lse_len() {
+        return Err(crate::Error::Shape(format!(
+            "lse has {} elements, expected {} (batch, heads_q, seqlen_q)",
+            lse.len(),
+            shape.lse_len()
+        )));
+    }
+    opts.validate()?;
+    Ok(shape)
+}
+
 /// `t` must have q's shape and q's dtype (for `o` and `do`).
 pub(crate) fn check_like_q(
     shape: &AttentionShape,

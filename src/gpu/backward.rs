@@ -13,7 +13,7 @@ use crate::attention::ForwardOutput;
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
 use crate::plan::{plan_backward, Plan, PlanOverrides, PlanRequest, StorageKind};
-use crate::reference::{check_like_q, Layout};
+use crate::reference::{validate_backward, Layout};
 use crate::tensor::{AttentionShape, Precision, Tensor, TensorData, TensorView};
 
 /// Rows of D computed per workgroup.
@@ -95,18 +95,8 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let shape = AttentionShape::from_views(q, k, v)?;
+        let shape = validate_backward(q, k, v, o, lse, d_o, opts)?;
         let precision = q.precision();
-        check_like_q(&shape, precision, o, "o")?;
-        check_like_q(&shape, precision, d_o, "do")?;
-        if lse.len() != shape.lse_len() {
-            return Err(Error::Shape(format!(
-                "lse has {} elements, expected {} (batch, heads_q, seqlen_q)",
-                lse.len(),
-                shape.lse_len()
-            )));
-        }
-        opts.validate()?;
         let plan = self.plan_backward(&shape, precision, overrides)?;
         let mut stats = CallStats {
             plan: Some(plan.clone()),
