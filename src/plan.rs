@@ -20,21 +20,11 @@ pub const GRANULARITY: u32 = 4;
 pub const MAX_SCORES_PER_THREAD: u32 = 16;
 /// Most output columns one invocation accumulates (head_dim / threads_per_row).
 pub const MAX_ACC_PER_THREAD: u32 = 32;
-/// Most scores plus accumulators one invocation holds over all its rows:
-/// registers on a GPU. A CPU adapter keeps them in private memory, but not
-/// without limit: lavapipe returned wrong results (N ≥ 1024) with 4 rows ×
-/// (16 scores + 32 accumulators) = 192 per invocation, and correct ones at 96.
-pub const MAX_VALUES_PER_THREAD: u32 = 64;
-pub const MAX_VALUES_PER_THREAD_CPU: u32 = 96;
-/// Invocations per workgroup the planner aims for: 64, two warps on NVIDIA.
-/// On CPU adapters invocations own up to 4 rows instead of 2. Lavapipe
-/// returned wrong results at scale (N ≥ 1024, many workgroups) for plans with
-/// fewer than 4 lanes per row or fewer than 64 invocations, and correct ones
-/// for every plan with ≥ 4 lanes per row and ≥ 64 invocations we tried; the
-/// planner stays inside that region and tests check plans at N 4096 against
-/// the CPU backend.
+/// Invocations per workgroup the planner aims for. Fewer invocations per
+/// row means more work per invocation between barriers; on lavapipe, 64
+/// measured fastest for both passes (forward Br 32 × 2, backward B 16–24 × 4:
+/// 1.2x and 1.8x less CPU time than 256), and 64 is two warps on NVIDIA.
 pub const TARGET_WORKGROUP: u32 = 64;
-pub const TARGET_WORKGROUP_CPU: u32 = 64;
 /// Most invocations that share one query row.
 pub const MAX_THREADS_PER_ROW: u32 = 32;
 
@@ -49,19 +39,11 @@ pub struct DeviceCaps {
     pub max_workgroup_size_x: u32,
     /// SHADER_F16: native `f16` in storage buffers.
     pub shader_f16: bool,
-    /// The adapter runs on the CPU (lavapipe, SwiftShader, WARP): few, fat
-    /// invocations beat wide workgroups there.
-    pub cpu_like: bool,
 }
 
 impl DeviceCaps {
-    pub fn from_wgpu(
-        limits: &wgpu::Limits,
-        features: wgpu::Features,
-        device_type: wgpu::DeviceType,
-    ) -> Self {
+    pub fn from_wgpu(limits: &wgpu::Limits, features: wgpu::Features) -> Self {
         Self {
-            cpu_like: device_type == wgpu::DeviceType::Cpu,
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: limits.max_compute_workgroup_size_x,
@@ -76,7 +58,6 @@ impl DeviceCaps {
             max_invocations: 256,
             max_workgroup_size_x: 256,
             shader_f16: false,
-            cpu_like: false,
         }
     }
 }
@@ -114,8 +95,6 @@ pub struct PlanOverrides {
     pub br: Option<u32>,
     pub bc: Option<u32>,
     pub threads_per_row: Option<u32>,
-    /// Query rows each invocation owns (forward only; 1 or 2).
-    pub rows_per_thread: Option<u32>,
     /// Cap M below the device's limit (Theorem 2 sweeps, browser-like limits).
     pub max_workgroup_storage: Option<u32>,
     /// For f16: force the packed (`false`) or native (`true`) path.
@@ -192,10 +171,7 @@ pub struct Plan {
     pub br: u32,
     pub bc: u32,
     pub threads_per_row: u32,
-    /// Query rows each invocation owns: K and V words read from workgroup
-    /// memory feed this many rows (register tiling). Always 1 in the backward.
-    pub rows_per_thread: u32,
-    /// `br / rows_per_thread * threads_per_row`.
+    /// `br * threads_per_row`.
     pub workgroup_size: u32,
     /// Bytes of `var<workgroup>` the kernel declares.
     pub workgroup_bytes: u32,
@@ -236,8 +212,8 @@ impl std::fmt::Display for Plan {
         )?;
         writeln!(
             f,
-            "plan: Br = {}, Bc = {}, threads/row = {}, rows/thread = {}, workgroup = {} invocations, {} bytes of workgroup storage",
-            self.br, self.bc, self.threads_per_row, self.rows_per_thread, self.workgroup_size, self.workgroup_bytes
+            "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
+            self.br, self.bc, self.threads_per_row, self.workgroup_size, self.workgroup_bytes
         )?;
         if self.clamps.is_empty() {
             write!(f, "clamps: none")
@@ -389,33 +365,14 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         )));
     }
 
-    // --- rows per invocation: each K/V word read from workgroup memory feeds
-    // this many rows (two on GPUs, four on CPU adapters) where Br allows.
-    let max_rt = if caps.cpu_like { 4 } else { 2 };
-    let mut rt = ov.rows_per_thread.unwrap_or_else(|| {
-        [4, 2, 1]
-            .into_iter()
-            .find(|&r| r <= max_rt && br % r == 0)
-            .unwrap_or(1)
-    });
-    if rt == 0 || br % rt != 0 {
-        return Err(Error::Plan(format!(
-            "rows per thread {rt} must divide Br {br}"
-        )));
-    }
     // --- threads per row: enough to keep registers bounded, enough to fill
     // the target workgroup, never more than the device allows.
-    let (target, max_values) = if caps.cpu_like {
-        (TARGET_WORKGROUP_CPU, MAX_VALUES_PER_THREAD_CPU)
-    } else {
-        (TARGET_WORKGROUP, MAX_VALUES_PER_THREAD)
-    };
-    let target = target.min(max_wg);
+    let target = TARGET_WORKGROUP.min(max_wg);
     let min_tc = d
         .div_ceil(MAX_ACC_PER_THREAD)
         .max(bc.div_ceil(MAX_SCORES_PER_THREAD))
         .next_power_of_two();
-    let mut tc = prev_pow2((target * rt / br).max(1))
+    let mut tc = prev_pow2((target / br).max(1))
         .min(MAX_THREADS_PER_ROW)
         .min(bc.next_power_of_two())
         .max(min_tc);
@@ -425,24 +382,8 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     if tc == 0 {
         return Err(Error::Plan("threads_per_row must be at least 1".into()));
     }
-    // Registers per invocation: RT rows of scores and accumulators.
-    // Too many values per invocation: spread a row over more lanes first,
-    // then own fewer rows.
-    while rt * (bc.div_ceil(tc) + d.div_ceil(tc)) > max_values {
-        if ov.threads_per_row.is_none() && tc < MAX_THREADS_PER_ROW && tc < bc {
-            tc *= 2;
-        } else if ov.rows_per_thread.is_none() && rt > 1 {
-            rt /= 2;
-        } else {
-            break;
-        }
-    }
-    // Keep the workgroup at the target size where Br allows it.
-    while ov.rows_per_thread.is_none() && rt > 1 && br / rt * tc < target {
-        rt /= 2;
-    }
     // Too many invocations: fewer rows per workgroup.
-    while br / rt * tc > max_wg && ov.br.is_none() && br > 1 {
+    while br * tc > max_wg && ov.br.is_none() && br > 1 {
         let next = round_down(br - 1, GRANULARITY).max(1).min(br - 1);
         clamp(
             "Br",
@@ -452,13 +393,10 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         );
         br = next;
     }
-    if br % rt != 0 {
-        rt = 1;
-    }
-    if br / rt * tc > max_wg {
+    if br * tc > max_wg {
         return Err(Error::Plan(format!(
-            "workgroup of {} invocations (Br {br} / {rt} rows each × {tc} per row) exceeds the device maximum {max_wg}",
-            br / rt * tc
+            "workgroup of {} invocations (Br {br} × {tc} per row) exceeds the device maximum {max_wg}",
+            br * tc
         )));
     }
     if bc.div_ceil(tc) > MAX_SCORES_PER_THREAD || d.div_ceil(tc) > MAX_ACC_PER_THREAD {
@@ -481,11 +419,8 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     while bytes > m_bytes {
         if ov.bc.is_none() && bc > 1 && (bc >= br || ov.br.is_some()) {
             bc = round_down(bc - 1, GRANULARITY).max(1).min(bc - 1);
-        } else if ov.br.is_none() && br > rt {
-            br = round_down(br - 1, GRANULARITY).max(rt).min(br - 1);
-            if br % rt != 0 {
-                br -= br % rt;
-            }
+        } else if ov.br.is_none() && br > 1 {
+            br = round_down(br - 1, GRANULARITY).max(1).min(br - 1);
         } else {
             return Err(Error::Plan(format!(
                 "tiles Br {br} × Bc {bc} at d {d} need {bytes} bytes of workgroup storage, the maximum is {m_bytes}"
@@ -523,8 +458,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         br,
         bc,
         threads_per_row: tc,
-        rows_per_thread: rt,
-        workgroup_size: br / rt * tc,
+        workgroup_size: br * tc,
         workgroup_bytes: bytes,
         clamps,
     })
@@ -546,7 +480,6 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
                 br: None,
                 bc: None,
                 threads_per_row: None,
-                rows_per_thread: None,
                 ..req.overrides
             },
             ..*req
@@ -639,7 +572,6 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         br: b,
         bc: b,
         threads_per_row: tc,
-        rows_per_thread: 1,
         workgroup_size: b * tc,
         workgroup_bytes: bytes,
         clamps,
@@ -656,7 +588,6 @@ mod tests {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: false,
-            cpu_like: false,
         }
     }
 

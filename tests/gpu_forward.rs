@@ -318,6 +318,10 @@ fn long_sequences_meet_the_rule() {
     // (lavapipe with too much private memory per invocation) shows up here.
     run_gpu(e, &Case::new(1024, 1024, 64).heads(1, 1));
     run_gpu(e, &Case::new(1024, 1536, 128).heads(1, 1).opts(causal()));
+    // Wide heads over long sequences run in pieces of at most 512 keys.
+    let out = run_gpu(e, &Case::new(64, 2048, 256).heads(1, 1));
+    assert!(out.stats.dispatches >= 2);
+    run_gpu(e, &Case::new(1100, 1100, 192).heads(1, 1).opts(causal()));
 }
 
 #[test]

@@ -55,14 +55,12 @@ fn flash_forward_validates_for_every_plan_and_variant() {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
-            cpu_like: false,
         },
         DeviceCaps {
             max_workgroup_storage: 49152,
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
-            cpu_like: false,
         },
     ];
     for c in caps {
@@ -89,7 +87,6 @@ fn flash_backward_validates_for_every_plan_and_variant() {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
-            cpu_like: false,
         },
     ] {
         for d in [1, 3, 59, 64, 128, 256] {

@@ -213,7 +213,7 @@ impl Engine {
 
     /// The limits the planner sees.
     pub fn caps(&self) -> DeviceCaps {
-        let mut caps = DeviceCaps::from_wgpu(&self.limits, self.features, self.info.device_type);
+        let mut caps = DeviceCaps::from_wgpu(&self.limits, self.features);
         if let Some(cap) = self.workgroup_storage_cap {
             caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
         }

@@ -263,9 +263,6 @@ fn tile_consts(plan: &Plan, square: bool) -> Vec<(&'static str, String)> {
     } else {
         vec![("BR", u(plan.br)), ("BC", u(plan.bc))]
     };
-    if !square {
-        c.push(("RT", u(plan.rows_per_thread)));
-    }
     c.extend([
         ("D", u(plan.head_dim)),
         ("TC", u(plan.threads_per_row)),
