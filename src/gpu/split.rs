@@ -160,6 +160,29 @@ pub fn gather<T: Copy>(
     out
 }
 
+/// Visit the rows of the `(batch, rows, heads)` block of a standard-layout
+/// tensor in `dst` together with the matching chunks of the packed `src`.
+fn for_block<T: Copy>(
+    dst: &mut [T],
+    layout: Layout,
+    batch: &Range<usize>,
+    rows: &Range<usize>,
+    heads: &Range<usize>,
+    src: &[T],
+    mut f: impl FnMut(&mut [T], &[T]),
+) {
+    let n = heads.len() * layout.dim;
+    let mut chunks = src.chunks_exact(n);
+    for b in batch.clone() {
+        for i in rows.clone() {
+            if let Some(chunk) = chunks.next() {
+                let start = layout.row(b, i, heads.start);
+                f(&mut dst[start..start + n], chunk);
+            }
+        }
+    }
+}
+
 /// Inverse of [`gather`].
 pub fn scatter<T: Copy>(
     dst: &mut [T],
@@ -169,16 +192,9 @@ pub fn scatter<T: Copy>(
     heads: &Range<usize>,
     src: &[T],
 ) {
-    let n = heads.len() * layout.dim;
-    let mut chunks = src.chunks_exact(n);
-    for b in batch.clone() {
-        for i in rows.clone() {
-            if let Some(chunk) = chunks.next() {
-                let start = layout.row(b, i, heads.start);
-                dst[start..start + n].copy_from_slice(chunk);
-            }
-        }
-    }
+    for_block(dst, layout, batch, rows, heads, src, |d, s| {
+        d.copy_from_slice(s)
+    });
 }
 
 pub fn host_gather(
@@ -247,18 +263,9 @@ pub fn scatter_add(
     heads: &Range<usize>,
     src: &[f32],
 ) {
-    let n = heads.len() * layout.dim;
-    let mut chunks = src.chunks_exact(n);
-    for b in batch.clone() {
-        for i in rows.clone() {
-            if let Some(chunk) = chunks.next() {
-                let start = layout.row(b, i, heads.start);
-                for (d, s) in dst[start..start + n].iter_mut().zip(chunk) {
-                    *d += s;
-                }
-            }
-        }
-    }
+    for_block(dst, layout, batch, rows, heads, src, |d, s| {
+        d.iter_mut().zip(s).for_each(|(x, y)| *x += y)
+    });
 }
 
 /// The `(batch, heads, rows)` block of an LSE-layout array.
