@@ -5,7 +5,7 @@ use crate::attention::{BackwardOutput, ForwardOutput};
 use crate::error::Result;
 use crate::gpu::CallStats;
 use crate::options::AttentionOptions;
-use crate::reference::{backward_rows, validate_backward, Layout};
+use crate::reference::{backward_in_storage_precision, validate_backward, Layout};
 use crate::tensor::{AttentionShape, Tensor, TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -145,15 +145,7 @@ pub fn backward(
 ) -> Result<BackwardOutput> {
     let shape = validate_backward(q, k, v, o, lse, d_o, opts)?;
     let precision = q.precision();
-    let (dq, dk, dv) = backward_rows(
-        &shape,
-        &q.data.to_f32(),
-        &k.data.to_f32(),
-        &v.data.to_f32(),
-        &d_o.data.to_f32(),
-        opts,
-        |x| precision.round(x),
-    );
+    let [dq, dk, dv] = backward_in_storage_precision(&shape, q, k, v, d_o, opts);
     let tensor = |shape: [usize; 4], x: Vec<f32>| Tensor {
         shape: shape.to_vec(),
         data: TensorData::from_f32(x, precision),

@@ -10,7 +10,7 @@
 //! shader declares: the shader text is generated from the same Plan fields.
 
 use crate::error::{Error, Result};
-use crate::tensor::{Precision, MAX_HEAD_DIM};
+use crate::tensor::{AttentionShape, Precision, MAX_HEAD_DIM};
 
 /// Bytes per on-chip element: tiles are f32 whatever the storage precision.
 pub const WORKING_BYTES: u32 = 4;
@@ -122,6 +122,17 @@ impl PlanRequest {
             seqlen_k: usize::MAX,
             overrides: PlanOverrides::default(),
         }
+    }
+
+    /// The request for a whole attention problem.
+    pub fn for_shape(
+        shape: &AttentionShape,
+        precision: Precision,
+        overrides: PlanOverrides,
+    ) -> Self {
+        Self::new(shape.head_dim, precision)
+            .seqlens(shape.seqlen_q, shape.seqlen_k)
+            .overrides(overrides)
     }
 
     pub fn seqlens(mut self, seqlen_q: usize, seqlen_k: usize) -> Self {

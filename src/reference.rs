@@ -367,6 +367,21 @@ pub(crate) fn backward_rows<T: Real>(
     (dq, dk, dv)
 }
 
+/// The shape of a backward problem without `o`/`lse` (the reference and the
+/// baseline recompute them).
+fn backward_shape(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<AttentionShape> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    check_like_q(&shape, q.precision(), d_o, "do")?;
+    opts.validate()?;
+    Ok(shape)
+}
+
 /// Exact gradients in f64 on the (already rounded) inputs.
 pub fn backward(
     q: &TensorView,
@@ -375,9 +390,7 @@ pub fn backward(
     d_o: &TensorView,
     opts: &AttentionOptions,
 ) -> Result<ReferenceGrads> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    check_like_q(&shape, q.precision(), d_o, "do")?;
-    opts.validate()?;
+    let shape = backward_shape(q, k, v, d_o, opts)?;
     let widen =
         |t: &TensorView| -> Vec<f64> { t.data.to_f32().iter().map(|&x| x as f64).collect() };
     let (dq, dk, dv) = backward_rows(
@@ -392,22 +405,20 @@ pub fn backward(
     Ok(ReferenceGrads { dq, dk, dv })
 }
 
-/// The accuracy rule's backward baseline: the same row-wise computation in
-/// f32 with P and dS rounded to the storage precision before the matmuls that
-/// use them and the gradients rounded to it at the end.
-pub fn naive_backward_baseline(
+/// Row-wise gradients in f32 with P and dS rounded to the storage precision
+/// before the matmuls that use them and the results rounded to it: the
+/// accuracy rule's baseline, and the CPU backend's backward.
+pub(crate) fn backward_in_storage_precision(
+    shape: &AttentionShape,
     q: &TensorView,
     k: &TensorView,
     v: &TensorView,
     d_o: &TensorView,
     opts: &AttentionOptions,
-) -> Result<ReferenceGrads> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    check_like_q(&shape, q.precision(), d_o, "do")?;
-    opts.validate()?;
+) -> [Vec<f32>; 3] {
     let prec = q.precision();
     let (dq, dk, dv) = backward_rows(
-        &shape,
+        shape,
         &q.data.to_f32(),
         &k.data.to_f32(),
         &v.data.to_f32(),
@@ -415,12 +426,21 @@ pub fn naive_backward_baseline(
         opts,
         |x| prec.round(x),
     );
-    let out = |x: Vec<f32>| x.into_iter().map(|v| prec.round(v) as f64).collect();
-    Ok(ReferenceGrads {
-        dq: out(dq),
-        dk: out(dk),
-        dv: out(dv),
-    })
+    [dq, dk, dv].map(|g| g.into_iter().map(|x| prec.round(x)).collect())
+}
+
+/// The accuracy rule's backward baseline (see [`backward_in_storage_precision`]).
+pub fn naive_backward_baseline(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    d_o: &TensorView,
+    opts: &AttentionOptions,
+) -> Result<ReferenceGrads> {
+    let shape = backward_shape(q, k, v, d_o, opts)?;
+    let [dq, dk, dv] = backward_in_storage_precision(&shape, q, k, v, d_o, opts)
+        .map(|g| g.into_iter().map(f64::from).collect());
+    Ok(ReferenceGrads { dq, dk, dv })
 }
 
 /// Validate the inputs of a backward pass (every backend checks the same).

@@ -27,10 +27,10 @@ impl Engine {
         precision: Precision,
         overrides: &PlanOverrides,
     ) -> Result<Plan> {
-        let req = PlanRequest::new(shape.head_dim, precision)
-            .seqlens(shape.seqlen_q, shape.seqlen_k)
-            .overrides(*overrides);
-        plan_backward(&req, &self.caps())
+        plan_backward(
+            &PlanRequest::for_shape(shape, precision, *overrides),
+            &self.caps(),
+        )
     }
 
     /// Gradients dq, dk, dv from the forward's `o` and `lse` and the output gradient `d_o`.

@@ -32,10 +32,10 @@ impl Engine {
         precision: Precision,
         overrides: &PlanOverrides,
     ) -> Result<Plan> {
-        let req = PlanRequest::new(shape.head_dim, precision)
-            .seqlens(shape.seqlen_q, shape.seqlen_k)
-            .overrides(*overrides);
-        plan_forward(&req, &self.caps())
+        plan_forward(
+            &PlanRequest::for_shape(shape, precision, *overrides),
+            &self.caps(),
+        )
     }
 
     /// Exact attention forward on host tensors (see [`Engine::forward_with`]).
