@@ -60,4 +60,5 @@ fn main(
         }
     }
     io_flush();
+    check_loop_budget();
 }

@@ -51,4 +51,5 @@ fn main(
         }
     }
     io_flush();
+    check_loop_budget();
 }

@@ -22,4 +22,5 @@ fn main(
     }
     store_dvec(b * params.lse_batch_stride + h * params.lse_head_stride + i, acc);
     io_flush();
+    check_loop_budget();
 }

@@ -170,4 +170,5 @@ fn main(
         }
     }
     io_flush();
+    check_loop_budget();
 }

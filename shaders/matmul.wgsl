@@ -123,4 +123,5 @@ fn main(
         }
     }
     io_flush();
+    check_loop_budget();
 }

@@ -27,6 +27,7 @@ fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
         store_ds(base + j, round_storage(g));
     }
     io_flush();
+    check_loop_budget();
 }
 
 // dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and dV[j, x] = Σ P[i, j] dO[i, x];
@@ -58,4 +59,5 @@ fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
     store_dk(o, dk * params.scale);
     store_dv(o, dv);
     io_flush();
+    check_loop_budget();
 }

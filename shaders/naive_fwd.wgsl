@@ -32,4 +32,5 @@ fn softmax(@builtin(global_invocation_id) gid: vec3<u32>) {
     let h = bh % params.heads_q;
     store_lse(b * params.lse_batch_stride + h * params.lse_head_stride + i, select(neg_inf(), m + log(l), l > 0.0));
     io_flush();
+    check_loop_budget();
 }

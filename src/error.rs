@@ -33,6 +33,15 @@ pub enum Error {
     /// The device reported an error while creating or running a kernel.
     #[error("device error: {0}")]
     Device(String),
+    /// A kernel ran into the adapter's loop limit (llvmpipe ends every loop of
+    /// an invocation after 65535 iterations in total). Calls on host tensors
+    /// handle it by rerunning in shorter pieces; it reaches callers only from
+    /// APIs that cannot split (device buffers, the naive baseline).
+    #[error(
+        "a kernel ran past {0}'s loop limit (65535 loop iterations per invocation in total) and stopped short, \
+         so its results were discarded; the host-tensor API reruns such calls in shorter pieces"
+    )]
+    LoopBudget(String),
     /// Reading or writing a file failed.
     #[error("{0}")]
     Io(String),

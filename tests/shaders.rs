@@ -26,11 +26,12 @@ fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for masked in [false, true] {
         for softcap in [false, true] {
-            for count_io in [false, true] {
+            for instrumented in 0..4 {
                 v.push(Variant {
                     masked,
                     softcap,
-                    count_io,
+                    count_io: instrumented & 1 != 0,
+                    loop_guard: instrumented & 2 != 0,
                 });
             }
         }
@@ -135,6 +136,7 @@ fn matmul_validates_in_every_configuration() {
                             masked: true,
                             softcap: true,
                             count_io: true,
+                            loop_guard: true,
                         },
                     ),
                 ] {

@@ -96,14 +96,53 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
         let shape = validate_backward(q, k, v, o, lse, d_o, opts)?;
+        let plan = self.plan_backward(&shape, q.precision(), overrides)?;
+        let mut reruns = 0;
+        loop {
+            let max_seq = self.sequence_cap("backward", &plan);
+            let inputs = [q, k, v, o, d_o];
+            match self
+                .backward_pieces(inputs, lse, opts, &shape, &plan, max_seq)
+                .await
+            {
+                Err(Error::LoopBudget(_)) => {
+                    let longest = shape.seqlen_q.max(shape.seqlen_k).min(max_seq);
+                    self.halve_sequence_cap("backward", &plan, longest)?;
+                    reruns += 1;
+                }
+                Ok(mut out) => {
+                    out.stats.reruns = reruns;
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt at a backward, in pieces of at most `max_seq` rows and keys.
+    async fn backward_pieces(
+        &self,
+        [q, k, v, o, d_o]: [&TensorView<'_>; 5],
+        lse: &[f32],
+        opts: &AttentionOptions,
+        shape: &AttentionShape,
+        plan: &Plan,
+        max_seq: usize,
+    ) -> Result<BackwardOutput> {
+        let (shape, plan) = (*shape, plan.clone());
         let precision = q.precision();
-        let plan = self.plan_backward(&shape, precision, overrides)?;
         let mut stats = CallStats {
             plan: Some(plan.clone()),
             ..Default::default()
         };
         let elem = precision.bytes() as u64;
-        let pieces = split(&shape, elem, self.max_binding(), self.max_groups() as usize)?;
+        let pieces = split(
+            &shape,
+            elem,
+            self.max_binding(),
+            self.max_groups() as usize,
+            max_seq,
+        )?;
         let tensors = |[dq, dk, dv]: [TensorData; 3], stats| BackwardOutput {
             dq: Tensor {
                 shape: shape.q_shape().to_vec(),
@@ -228,7 +267,7 @@ impl Engine {
                 let p0 = uniform(0);
                 work.push((
                     &pre,
-                    self.bind(&pre, &[(0, &p0), (DO, dob), (O, ob), (DVEC, dvecb)]),
+                    self.bind(stats, &pre, &[(0, &p0), (DO, dob), (O, ob), (DVEC, dvecb)]),
                     [x, groups.div_ceil(x), 1],
                 ));
                 let blocks = |n: usize| n.div_ceil(plan.br as usize) as u32;
@@ -254,7 +293,7 @@ impl Engine {
                             (DVEC, dvecb),
                         ];
                         entries.extend(outputs.iter().map(|&(b, buf)| (b, buf)));
-                        let bind = self.bind(pipeline, &entries);
+                        let bind = self.bind(stats, pipeline, &entries);
                         work.push((
                             pipeline,
                             bind,

@@ -33,6 +33,13 @@ pub struct CallStats {
     /// The same, counted by the kernels themselves (engines made with
     /// [`Engine::with_io_counting`] only).
     pub measured_accesses: Option<Accesses>,
+    /// Times the call was rerun in shorter pieces because llvmpipe's loop
+    /// limit cut a kernel short (see [`Engine::has_loop_limiter`]).
+    pub reruns: u32,
+    /// On llvmpipe: this call's two words [budget spent, 0] that its kernels
+    /// write (see `shaders/loop_budget.wgsl`); one per call, so concurrent
+    /// calls on one engine cannot see each other's flags.
+    pub(crate) loop_flag: Option<wgpu::Buffer>,
 }
 
 impl CallStats {
@@ -65,6 +72,11 @@ pub struct Engine {
     workgroup_storage_cap: Option<u32>,
     /// Two atomic words (reads, writes) when kernels count their accesses.
     io_counter: Option<wgpu::Buffer>,
+    /// Whether kernels carry the loop-budget guard (llvmpipe).
+    loop_guard: bool,
+    /// Longest run of rows or keys one dispatch may cover, per kernel and plan,
+    /// learned when the loop guard fired.
+    sequence_caps: Mutex<HashMap<String, usize>>,
     pipelines: Mutex<HashMap<(String, &'static str), wgpu::ComputePipeline>>,
 }
 
@@ -75,6 +87,12 @@ impl std::fmt::Debug for Engine {
             .field("backend", &self.info.backend)
             .finish()
     }
+}
+
+/// llvmpipe (lavapipe on Vulkan, and the GL driver) ends every loop of an
+/// invocation after 65535 iterations in total; see `shaders/loop_budget.wgsl`.
+fn has_loop_limiter(info: &wgpu::AdapterInfo) -> bool {
+    info.name.contains("llvmpipe")
 }
 
 /// Features flashattn uses when the adapter has them.
@@ -140,6 +158,7 @@ impl Engine {
 
     /// Wrap an existing device (its limits and features are read from it).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let loop_guard = has_loop_limiter(&info);
         Self {
             limits: device.limits(),
             features: device.features(),
@@ -149,6 +168,8 @@ impl Engine {
             binding_cap: None,
             workgroup_storage_cap: None,
             io_counter: None,
+            loop_guard,
+            sequence_caps: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
         }
     }
@@ -188,7 +209,50 @@ impl Engine {
             masked,
             softcap,
             count_io: self.io_counter.is_some(),
+            loop_guard: self.loop_guard,
         }
+    }
+
+    /// Whether this adapter cuts long-running loops short (llvmpipe), so
+    /// kernels report it and calls rerun in shorter pieces.
+    pub fn has_loop_limiter(&self) -> bool {
+        self.loop_guard
+    }
+
+    /// The longest run of rows or keys one dispatch of `kernel` under `plan`
+    /// may cover (unbounded until the loop guard has fired for it).
+    pub(crate) fn sequence_cap(&self, kernel: &str, plan: &Plan) -> usize {
+        let key = format!("{kernel} {plan:?}");
+        self.sequence_caps
+            .lock()
+            .ok()
+            .and_then(|caps| caps.get(&key).copied())
+            .unwrap_or(usize::MAX)
+    }
+
+    /// After the loop guard fired on a call whose longest piece covered
+    /// `longest` rows or keys: remember half of it for this kernel and plan and
+    /// return it, or fail when a piece is already as short as one tile.
+    pub(crate) fn halve_sequence_cap(
+        &self,
+        kernel: &str,
+        plan: &Plan,
+        longest: usize,
+    ) -> Result<usize> {
+        let floor = plan.br.max(plan.bc) as usize;
+        if longest <= floor {
+            return Err(Error::Unsupported(format!(
+                "the {kernel} kernel exceeds {}'s loop limit (65535 loop iterations per invocation) even on {longest} rows and keys",
+                self.info.name
+            )));
+        }
+        let cap = (longest / 2).max(floor);
+        let key = format!("{kernel} {plan:?}");
+        self.sequence_caps
+            .lock()
+            .map_err(|_| Error::Device("sequence caps poisoned by a panic".into()))?
+            .insert(key, cap);
+        Ok(cap)
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -392,6 +456,11 @@ impl Engine {
             };
             stats.measured_accesses = Some(stats.measured_accesses.unwrap_or_default() + counted);
         }
+        if let Some(flag) = &stats.loop_flag {
+            if self.read_back(flag, 4).await? != [0; 4] {
+                return Err(Error::LoopBudget(self.info.name.clone()));
+            }
+        }
         Ok(())
     }
 
@@ -443,16 +512,28 @@ impl Engine {
     }
 
     /// A bind group for `pipeline` with `buffers[i]` at binding `i` where
-    /// present, plus the access counters on an instrumented engine.
+    /// present, plus the access counters on an instrumented engine and the
+    /// loop-budget flag on llvmpipe.
     pub(crate) fn bind(
         &self,
+        stats: &mut CallStats,
         pipeline: &wgpu::ComputePipeline,
         buffers: &[(u32, &wgpu::Buffer)],
     ) -> wgpu::BindGroup {
+        if self.loop_guard && stats.loop_flag.is_none() {
+            stats.loop_flag = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("loop budget"),
+                size: 8,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }));
+        }
         let io = self.io_counter.as_ref().map(|c| (binding::IO, c));
+        let guard = stats.loop_flag.as_ref().map(|c| (binding::LOOP_BUDGET, c));
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .chain(io.iter())
+            .chain(guard.iter())
             .map(|(binding, b)| wgpu::BindGroupEntry {
                 binding: *binding,
                 resource: b.as_entire_binding(),

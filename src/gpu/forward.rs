@@ -75,14 +75,55 @@ impl Engine {
     ) -> Result<ForwardOutput> {
         let shape = AttentionShape::from_views(q, k, v)?;
         opts.validate()?;
+        let plan = self.plan(&shape, q.precision(), overrides)?;
+        let mut reruns = 0;
+        loop {
+            let max_seq = self.sequence_cap("forward", &plan);
+            match self
+                .forward_pieces(q, k, v, opts, &shape, &plan, max_seq)
+                .await
+            {
+                Err(Error::LoopBudget(_)) => {
+                    let longest = shape.seqlen_q.max(shape.seqlen_k).min(max_seq);
+                    self.halve_sequence_cap("forward", &plan, longest)?;
+                    reruns += 1;
+                }
+                Ok(mut out) => {
+                    out.stats.reruns = reruns;
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt at a host-tensor forward, in pieces of at most `max_seq`
+    /// rows and keys (besides the binding and dispatch limits).
+    #[allow(clippy::too_many_arguments)]
+    async fn forward_pieces(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttentionOptions,
+        shape: &AttentionShape,
+        plan: &Plan,
+        max_seq: usize,
+    ) -> Result<ForwardOutput> {
+        let (shape, plan) = (*shape, plan.clone());
         let precision = q.precision();
-        let plan = self.plan(&shape, precision, overrides)?;
         let mut stats = CallStats {
             plan: Some(plan.clone()),
             ..Default::default()
         };
         let elem = precision.bytes() as u64;
-        let pieces = split(&shape, elem, self.max_binding(), self.max_groups() as usize)?;
+        let pieces = split(
+            &shape,
+            elem,
+            self.max_binding(),
+            self.max_groups() as usize,
+            max_seq,
+        )?;
 
         if pieces.len() == 1 {
             let (o, lse) = self
@@ -312,6 +353,7 @@ impl Engine {
                         ..base
                     });
                     let bind = self.bind(
+                        stats,
                         &pipeline,
                         &[
                             (0, &params),

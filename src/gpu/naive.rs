@@ -156,7 +156,7 @@ impl Engine {
                     .map(|(p, entries, _)| {
                         let mut all = vec![(0, &uniform)];
                         all.extend(entries.iter().map(|(b, buf)| (*b, buf)));
-                        self.bind(p, &all)
+                        self.bind(stats, p, &all)
                     })
                     .collect();
                 {

@@ -7,6 +7,7 @@ use crate::plan::{Plan, StorageKind};
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 pub const IO_COUNT: &str = include_str!("../../shaders/io_count.wgsl");
+pub const LOOP_BUDGET: &str = include_str!("../../shaders/loop_budget.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
@@ -28,6 +29,8 @@ pub struct Variant {
     pub softcap: bool,
     /// Count storage accesses into binding 15 (the instrumented build).
     pub count_io: bool,
+    /// Report into binding 16 when llvmpipe's loop limiter cut the kernel short.
+    pub loop_guard: bool,
 }
 
 /// Whether a buffer is read or written by the kernel.
@@ -110,6 +113,10 @@ fn prelude(storage: StorageKind, constants: &[(&str, String)], variant: Variant)
         IO_COUNT,
         if variant.count_io { "on" } else { "off" },
     ));
+    s.push_str(&section(
+        LOOP_BUDGET,
+        if variant.loop_guard { "on" } else { "off" },
+    ));
     s
 }
 
@@ -131,6 +138,7 @@ pub mod binding {
     pub const DS: u32 = 13;
     pub const MATMUL: u32 = 14;
     pub const IO: u32 = 15;
+    pub const LOOP_BUDGET: u32 = 16;
 }
 
 /// The q, k, v, o, lse bindings every forward kernel uses.

@@ -43,17 +43,19 @@ fn piece_bytes(s: &AttentionShape, elem: u64) -> [u64; 3] {
     ]
 }
 
-/// Cut `shape` into pieces whose bindings fit in `max_binding` bytes and whose
-/// batch and head grid dimensions fit in `max_groups`. Whole batches and kv
-/// heads are preferred; rows and keys are split only when one kv head is too big
-/// (split keys are merged by LSE, as in FlashDecoding).
+/// Cut `shape` into pieces whose bindings fit in `max_binding` bytes, whose
+/// batch and head grid dimensions fit in `max_groups`, and that cover at most
+/// `max_seq` rows and keys (the engine lowers it on adapters that cut long
+/// loops short). Whole batches and kv heads are preferred; rows and keys are
+/// split only when one kv head is too big (split keys are merged by LSE, as in
+/// FlashDecoding).
 pub(crate) fn split(
     shape: &AttentionShape,
     elem: u64,
     max_binding: u64,
     max_groups: usize,
+    max_seq: usize,
 ) -> Result<Vec<Split>> {
-    let max_seq = max_sequence_per_piece(shape.head_dim);
     let g = shape.group();
     let fits = |nb: usize, nh: usize, rows: usize, keys: usize| {
         let s = AttentionShape {
@@ -123,22 +125,6 @@ pub(crate) fn split(
         }
     }
     Ok(out)
-}
-
-/// Longest run of rows or keys one dispatch covers. For head dims above 128,
-/// lavapipe returned wrong results from workgroups streaming long sequences
-/// (d 256: forward right at 1500 keys and wrong at 2048; backward wrong at
-/// 2048 even in pieces of 1024, right in pieces of 512), while the naive
-/// kernels and d ≤ 128 at 4096 were right. We have not found the cause, so
-/// such problems are cut into pieces of at most 512 rows and keys, recombined
-/// exactly (LSE merge for the forward, partial sums for the gradients); tests
-/// compare d 256 at 2048 keys against the CPU backend.
-pub(crate) fn max_sequence_per_piece(head_dim: usize) -> usize {
-    if head_dim > 128 {
-        512
-    } else {
-        usize::MAX
-    }
 }
 
 /// Copy the `(batch, rows, heads)` block of a standard-layout tensor.
@@ -291,14 +277,25 @@ mod tests {
     #[test]
     fn small_problem_is_one_piece() {
         let s = shape(2, 100, 50, 4, 2, 64);
-        assert_eq!(split(&s, 4, 1 << 27, 65535).unwrap().len(), 1);
+        assert_eq!(split(&s, 4, 1 << 27, 65535, usize::MAX).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn sequence_cap_bounds_rows_and_keys() {
+        let s = shape(2, 1000, 700, 4, 2, 64);
+        let pieces = split(&s, 4, 1 << 27, 65535, 256).unwrap();
+        assert!(pieces
+            .iter()
+            .all(|p| p.rows.len() <= 256 && p.keys.len() <= 256));
+        // Every (batch, kv head) covers 4 row runs × 3 key runs.
+        assert_eq!(pieces.len(), 2 * 2 * 4 * 3);
     }
 
     #[test]
     fn split_covers_everything_once() {
         let s = shape(2, 37, 29, 4, 2, 8);
         for cap in [4096u64, 2048, 512, 64] {
-            let pieces = split(&s, 4, cap, 65535).unwrap();
+            let pieces = split(&s, 4, cap, 65535, usize::MAX).unwrap();
             let mut seen = vec![0u32; s.batch * s.heads_kv * s.seqlen_q * s.seqlen_k];
             for p in &pieces {
                 let ls = p.shape(&s);
@@ -322,7 +319,7 @@ mod tests {
     #[test]
     fn grid_limit_splits_heads() {
         let s = shape(1, 4, 4, 8, 8, 4);
-        let pieces = split(&s, 4, 1 << 20, 4).unwrap();
+        let pieces = split(&s, 4, 1 << 20, 4, usize::MAX).unwrap();
         assert!(pieces.len() >= 2);
         assert!(pieces.iter().all(|p| p.kv_heads.len() <= 4));
     }
