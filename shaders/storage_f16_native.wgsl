@@ -10,6 +10,12 @@ fn load_{name}(i: u32) -> f32 {
     io_read();
     return f32({name}_buf[i]);
 }
+// @read4
+@group(0) @binding({binding}) var<storage, read> {name}_buf: array<vec4<f16>>;
+fn load4_{name}(i: u32) -> vec4<f32> {
+    io_read4();
+    return vec4<f32>({name}_buf[i]);
+}
 // @write
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f16>;
 fn store_{name}(i: u32, x: f32) {

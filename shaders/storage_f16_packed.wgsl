@@ -12,6 +12,13 @@ fn load_{name}(i: u32) -> f32 {
     io_read();
     return unpack2x16float({name}_buf[i >> 1u])[i & 1u];
 }
+// @read4
+@group(0) @binding({binding}) var<storage, read> {name}_buf: array<vec2<u32>>;
+fn load4_{name}(i: u32) -> vec4<f32> {
+    io_read4();
+    let w = {name}_buf[i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
 // @write
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<atomic<u32>>;
 fn store_{name}(i: u32, x: f32) {

@@ -1,6 +1,7 @@
 // Storage template for f32 tensors. The composer emits `@common` once and
-// `@read` / `@write` / `@read_write` once per buffer, replacing {name} and
-// {binding}. Accessors count elements for the IO accounting (io_count.wgsl).
+// `@read` / `@read4` / `@write` / `@read_write` once per buffer, replacing
+// {name} and {binding} (`@read4`: vec4 loads, for the lanes kernel).
+// Accessors count elements for the IO accounting (io_count.wgsl).
 // @common
 fn round_storage(x: f32) -> f32 {
     return x;
@@ -9,6 +10,12 @@ fn round_storage(x: f32) -> f32 {
 @group(0) @binding({binding}) var<storage, read> {name}_buf: array<f32>;
 fn load_{name}(i: u32) -> f32 {
     io_read();
+    return {name}_buf[i];
+}
+// @read4
+@group(0) @binding({binding}) var<storage, read> {name}_buf: array<vec4<f32>>;
+fn load4_{name}(i: u32) -> vec4<f32> {
+    io_read4();
     return {name}_buf[i];
 }
 // @write

@@ -45,7 +45,8 @@ pub use error::{Error, Result};
 pub use gpu::{AttentionBuffers, CallStats, Engine};
 pub use options::{AttentionOptions, Mask, Window};
 pub use plan::{
-    plan_backward, plan_forward, DeviceCaps, Plan, PlanOverrides, PlanRequest, StorageKind,
+    plan_backward, plan_forward, DeviceCaps, ForwardKernel, Plan, PlanOverrides, PlanRequest,
+    StorageKind,
 };
 pub use tensor::{
     AttentionShape, HostData, Precision, Tensor, TensorData, TensorView, MAX_HEAD_DIM,

@@ -39,6 +39,10 @@ pub struct DeviceCaps {
     pub max_workgroup_size_x: u32,
     /// SHADER_F16: native `f16` in storage buffers.
     pub shader_f16: bool,
+    /// `Some(n)` on CPU adapters (lavapipe) whose subgroups are always `n`
+    /// SIMD lanes and that support subgroup operations: there the lanes
+    /// kernel ([`ForwardKernel::Lanes`]) is the fast forward.
+    pub lane_subgroup: Option<u32>,
 }
 
 impl DeviceCaps {
@@ -48,6 +52,25 @@ impl DeviceCaps {
             max_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: limits.max_compute_workgroup_size_x,
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            lane_subgroup: None,
+        }
+    }
+
+    /// The limits of a device with this adapter: [`DeviceCaps::from_wgpu`]
+    /// plus the lanes kernel on CPU adapters with fixed-size subgroups.
+    pub fn from_adapter(
+        limits: &wgpu::Limits,
+        features: wgpu::Features,
+        info: &wgpu::AdapterInfo,
+    ) -> Self {
+        let fixed = info.subgroup_min_size == info.subgroup_max_size;
+        let lanes = info.device_type == wgpu::DeviceType::Cpu
+            && features.contains(wgpu::Features::SUBGROUP)
+            && fixed
+            && LANE_SUBGROUPS.contains(&info.subgroup_min_size);
+        Self {
+            lane_subgroup: lanes.then_some(info.subgroup_min_size),
+            ..Self::from_wgpu(limits, features)
         }
     }
 
@@ -58,6 +81,45 @@ impl DeviceCaps {
             max_invocations: 256,
             max_workgroup_size_x: 256,
             shader_f16: false,
+            lane_subgroup: None,
+        }
+    }
+}
+
+/// Subgroup sizes the lanes kernel is generated for.
+pub const LANE_SUBGROUPS: [u32; 3] = [4, 8, 16];
+
+/// Which forward kernel a plan runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ForwardKernel {
+    /// `flash_fwd.wgsl`: Q, K, V and P tiles in workgroup memory, sized by
+    /// the Br/Bc formula. The kernel for GPUs (and for every head dim).
+    #[default]
+    Tiled,
+    /// `flash_fwd_lanes.wgsl`: one query row per lane of a subgroup-sized
+    /// workgroup, K/V rows shared by subgroup broadcast, no workgroup memory.
+    /// For CPU adapters, where per-invocation memory accesses are what costs.
+    Lanes,
+}
+
+impl ForwardKernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardKernel::Tiled => "tiled",
+            ForwardKernel::Lanes => "lanes",
+        }
+    }
+}
+
+impl std::str::FromStr for ForwardKernel {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "tiled" => Ok(ForwardKernel::Tiled),
+            "lanes" => Ok(ForwardKernel::Lanes),
+            _ => Err(Error::Option(format!(
+                "unknown kernel `{s}` (expected `tiled` or `lanes`)"
+            ))),
         }
     }
 }
@@ -99,6 +161,19 @@ pub struct PlanOverrides {
     pub max_workgroup_storage: Option<u32>,
     /// For f16: force the packed (`false`) or native (`true`) path.
     pub f16_native: Option<bool>,
+    /// Force the forward kernel (`Lanes` needs a CPU adapter with fixed
+    /// subgroups and a head dim that is a multiple of 4).
+    pub kernel: Option<ForwardKernel>,
+}
+
+impl PlanOverrides {
+    /// Whether any tile parameter is fixed, which only the tiled kernel has.
+    fn fixes_tiles(&self) -> bool {
+        self.br.is_some()
+            || self.bc.is_some()
+            || self.threads_per_row.is_some()
+            || self.max_workgroup_storage.is_some()
+    }
 }
 
 /// What the planner is asked to plan for.
@@ -172,6 +247,9 @@ impl std::fmt::Display for Clamp {
 /// key/value blocks of `bc` rows; `threads_per_row` invocations share a row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
+    /// The forward kernel; a lanes plan has `br = bc = ` the subgroup size,
+    /// one invocation per row and no workgroup storage.
+    pub kernel: ForwardKernel,
     pub head_dim: u32,
     pub storage: StorageKind,
     /// M in bytes, as used (the device limit or an override).
@@ -221,6 +299,14 @@ impl std::fmt::Display for Plan {
             "formula: Bc = ceil(M/4d) = {}, Br = min(Bc, d) = {}",
             self.bc_formula, self.br_formula
         )?;
+        if self.kernel == ForwardKernel::Lanes {
+            writeln!(
+                f,
+                "kernel: lanes — a CPU adapter with {}-lane subgroups: one query row per lane, \
+                 K/V rows shared by subgroup broadcast, no workgroup storage (the tiled formula does not apply)",
+                self.br
+            )?;
+        }
         writeln!(
             f,
             "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
@@ -275,18 +361,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         )));
     }
     let ov = req.overrides;
-    let mut clamps = Vec::new();
-    let mut clamp = |field, from: u32, to: u32, reason: String| {
-        if from != to {
-            clamps.push(Clamp {
-                field,
-                from,
-                to,
-                reason,
-            });
-        }
-    };
-
+    let storage = storage_kind(req, caps)?;
     let m_bytes = match ov.max_workgroup_storage {
         Some(cap) if cap > caps.max_workgroup_storage => {
             return Err(Error::Plan(format!(
@@ -300,6 +375,34 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     let m = m_bytes / WORKING_BYTES;
     let bc_formula = m.div_ceil(4 * d).max(1);
     let br_formula = bc_formula.min(d);
+    if let (ForwardKernel::Lanes, Some(sg)) = (choose_kernel(req, caps)?, caps.lane_subgroup) {
+        return Ok(Plan {
+            kernel: ForwardKernel::Lanes,
+            head_dim: d,
+            storage,
+            m_bytes,
+            bc_formula,
+            br_formula,
+            br: sg,
+            bc: sg,
+            threads_per_row: 1,
+            workgroup_size: sg,
+            workgroup_bytes: 0,
+            clamps: Vec::new(),
+        });
+    }
+    let mut clamps = Vec::new();
+    let mut clamp = |field, from: u32, to: u32, reason: String| {
+        if from != to {
+            clamps.push(Clamp {
+                field,
+                from,
+                to,
+                reason,
+            });
+        }
+    };
+
     let max_wg = caps.max_invocations.min(caps.max_workgroup_size_x).max(1);
 
     // --- Bc ---
@@ -445,22 +548,8 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     clamp("Bc", bc0, bc, why.clone());
     clamp("Br", br0, br, why);
 
-    let storage = match req.precision {
-        Precision::F32 => StorageKind::F32,
-        Precision::F16 => match ov.f16_native {
-            Some(true) if !caps.shader_f16 => {
-                return Err(Error::Unsupported(
-                    "native f16 needs the SHADER_F16 feature, which this adapter lacks".into(),
-                ))
-            }
-            Some(true) => StorageKind::F16Native,
-            Some(false) => StorageKind::F16Packed,
-            None if caps.shader_f16 => StorageKind::F16Native,
-            None => StorageKind::F16Packed,
-        },
-    };
-
     Ok(Plan {
+        kernel: ForwardKernel::Tiled,
         head_dim: d,
         storage,
         m_bytes,
@@ -473,6 +562,49 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         workgroup_bytes: bytes,
         clamps,
     })
+}
+
+/// How q, k, v and o are stored: f32, or f16 native where SHADER_F16 allows
+/// (unless overridden), else packed.
+fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<StorageKind> {
+    Ok(match req.precision {
+        Precision::F32 => StorageKind::F32,
+        Precision::F16 => match req.overrides.f16_native {
+            Some(true) if !caps.shader_f16 => {
+                return Err(Error::Unsupported(
+                    "native f16 needs the SHADER_F16 feature, which this adapter lacks".into(),
+                ))
+            }
+            Some(true) => StorageKind::F16Native,
+            Some(false) => StorageKind::F16Packed,
+            None if caps.shader_f16 => StorageKind::F16Native,
+            None => StorageKind::F16Packed,
+        },
+    })
+}
+
+/// The forward kernel for `req`: lanes on CPU adapters with fixed subgroups
+/// when the head dim allows and no tile parameter is overridden, else tiled.
+fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<ForwardKernel> {
+    let ov = req.overrides;
+    let d = req.head_dim;
+    match ov.kernel {
+        Some(ForwardKernel::Lanes) if ov.fixes_tiles() => Err(Error::Plan(
+            "Br, Bc, threads per row and workgroup storage apply to the tiled kernel only".into(),
+        )),
+        Some(ForwardKernel::Lanes) if caps.lane_subgroup.is_none() => Err(Error::Unsupported(
+            "the lanes kernel needs a CPU adapter with fixed-size subgroups and subgroup operations"
+                .into(),
+        )),
+        Some(ForwardKernel::Lanes) if d % 4 != 0 => Err(Error::Plan(format!(
+            "the lanes kernel needs a head dim that is a multiple of 4, not {d}"
+        ))),
+        Some(kernel) => Ok(kernel),
+        None if caps.lane_subgroup.is_some() && d % 4 == 0 && !ov.fixes_tiles() => {
+            Ok(ForwardKernel::Lanes)
+        }
+        None => Ok(ForwardKernel::Tiled),
+    }
 }
 
 /// Workgroup bytes of each backward kernel: Q·scale, dO, K, V tiles (B×d),
@@ -491,6 +623,8 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
                 br: None,
                 bc: None,
                 threads_per_row: None,
+                // The backward has tiled kernels only.
+                kernel: Some(ForwardKernel::Tiled),
                 ..req.overrides
             },
             ..*req
@@ -575,6 +709,7 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         )));
     }
     Ok(Plan {
+        kernel: ForwardKernel::Tiled,
         head_dim: d,
         storage: fwd.storage,
         m_bytes,
@@ -599,7 +734,71 @@ mod tests {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: false,
+            lane_subgroup: None,
         }
+    }
+
+    #[test]
+    fn lanes_kernel_on_cpu_adapters_only() {
+        let cpu = DeviceCaps {
+            lane_subgroup: Some(8),
+            ..caps(32)
+        };
+        let p = plan_forward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
+        assert_eq!(p.kernel, ForwardKernel::Lanes);
+        assert_eq!((p.br, p.bc, p.threads_per_row), (8, 8, 1));
+        assert_eq!((p.workgroup_size, p.workgroup_bytes), (8, 0));
+        // The formula's values are still reported next to the lanes kernel.
+        assert_eq!((p.bc_formula, p.br_formula), (32, 32));
+        assert!(p.to_string().contains("kernel: lanes"), "{p}");
+        // GPUs, head dims that are not a multiple of 4, and tile overrides: tiled.
+        let gpu = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+        assert_eq!(gpu.kernel, ForwardKernel::Tiled);
+        let odd = plan_forward(&PlanRequest::new(59, Precision::F16), &cpu).unwrap();
+        assert_eq!(odd.kernel, ForwardKernel::Tiled);
+        let sweep = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+            max_workgroup_storage: Some(8192),
+            ..Default::default()
+        });
+        assert_eq!(
+            plan_forward(&sweep, &cpu).unwrap().kernel,
+            ForwardKernel::Tiled
+        );
+        // Forcing either kernel.
+        let force = |kernel, d| {
+            plan_forward(
+                &PlanRequest::new(d, Precision::F32).overrides(PlanOverrides {
+                    kernel: Some(kernel),
+                    ..Default::default()
+                }),
+                &cpu,
+            )
+        };
+        assert_eq!(
+            force(ForwardKernel::Tiled, 64).unwrap().kernel,
+            ForwardKernel::Tiled
+        );
+        assert!(force(ForwardKernel::Lanes, 62)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 4"));
+        let on_gpu = plan_forward(
+            &PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+                kernel: Some(ForwardKernel::Lanes),
+                ..Default::default()
+            }),
+            &caps(32),
+        );
+        assert!(matches!(on_gpu, Err(Error::Unsupported(_))), "{on_gpu:?}");
+        // The backward plans tiles whatever the forward kernel.
+        let bwd = plan_backward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
+        assert_eq!(bwd.kernel, ForwardKernel::Tiled);
+        assert!(bwd.workgroup_bytes > 0);
+        assert_eq!(
+            "lanes".parse::<ForwardKernel>().unwrap(),
+            ForwardKernel::Lanes
+        );
+        assert!("wide".parse::<ForwardKernel>().is_err());
     }
 
     #[test]

@@ -213,6 +213,36 @@ fn forward_wgpu_matches_reference() {
         ..Default::default()
     };
     check_o(&f, [[1, 50, 2, 40], [1, 33, 1, 40]], &qkv, &opts);
+    // Either forward kernel on request (lanes only where the adapter has it).
+    let lse = lse.to_str().unwrap();
+    let out = f.forward(&["--backend", "wgpu", "--kernel", "tiled", "--lse", lse]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_o(
+        &f,
+        [[1, 50, 2, 40], [1, 33, 1, 40]],
+        &qkv,
+        &Default::default(),
+    );
+    let lanes = f.forward(&["--backend", "wgpu", "--kernel", "lanes", "--lse", lse]);
+    if common::engine().is_some_and(|e| e.caps().lane_subgroup.is_some()) {
+        assert!(
+            lanes.status.success(),
+            "{}",
+            String::from_utf8_lossy(&lanes.stderr)
+        );
+        check_o(
+            &f,
+            [[1, 50, 2, 40], [1, 33, 1, 40]],
+            &qkv,
+            &Default::default(),
+        );
+    } else {
+        assert_bad(&f, &lanes, "lanes kernel");
+    }
 }
 
 #[test]
@@ -323,6 +353,12 @@ fn unsupported_backend_flags() {
         &f.forward(&["--backend", "cpu", "--block-q", "8"]),
         "wgpu",
     );
+    assert_bad(
+        &f,
+        &f.forward(&["--backend", "cpu", "--kernel", "lanes"]),
+        "wgpu",
+    );
+    assert_bad(&f, &f.forward(&["--kernel", "wide"]), "kernel");
     assert_bad(&f, &f.forward(&["--backend", "tpu"]), "backend");
     assert_bad(&f, &f.forward(&["--precision", "bf16"]), "precision");
     assert_bad(&f, &f.forward(&["--window", "3"]), "window");

@@ -4,10 +4,19 @@
 mod common;
 
 use common::{assert_accurate, engine, run_gpu, Case};
-use flashattn::{AttentionOptions, PlanOverrides, Precision, StorageKind, TensorView, Window};
+use flashattn::{
+    AttentionOptions, ForwardKernel, PlanOverrides, Precision, StorageKind, TensorView, Window,
+};
 
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
+}
+
+fn tiled() -> PlanOverrides {
+    PlanOverrides {
+        kernel: Some(ForwardKernel::Tiled),
+        ..Default::default()
+    }
 }
 
 /// Both f16 paths where the adapter has native f16, else the packed one.
@@ -330,7 +339,8 @@ fn kernels_cut_short_by_the_loop_limit_rerun_in_pieces() {
     // dispatch: llvmpipe cuts it short, the guard reports it, and the call
     // reruns in shorter pieces merged by LSE. Other adapters run it whole.
     let e = flashattn::Engine::new().unwrap();
-    let case = Case::new(64, 2048, 256).heads(1, 1);
+    // The lanes kernel loops once per 8 keys; the tiled one many times per tile.
+    let case = Case::new(64, 2048, 256).heads(1, 1).overrides(tiled());
     let out = run_gpu(&e, &case);
     if e.has_loop_limiter() {
         assert!(out.stats.reruns >= 1, "{:?}", out.stats);
@@ -523,13 +533,7 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
         head_dim: 256,
     };
     let err = e
-        .forward_buffers(
-            &bufs,
-            &shape,
-            Precision::F32,
-            &case.opts,
-            &PlanOverrides::default(),
-        )
+        .forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
         .unwrap_err();
     assert!(matches!(err, flashattn::Error::LoopBudget(_)), "{err}");
     assert!(err.to_string().contains("65535"), "{err}");

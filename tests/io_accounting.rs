@@ -5,7 +5,7 @@ mod common;
 
 use common::{engine, output_grad, Case};
 use flashattn::gpu::io::Accesses;
-use flashattn::{AttentionOptions, Engine, PlanOverrides, TensorView, Window};
+use flashattn::{AttentionOptions, Engine, ForwardKernel, PlanOverrides, TensorView, Window};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -56,6 +56,17 @@ fn flash_forward_and_backward_counts_match() {
             &format!("forward {case:?}"),
             fwd.stats.accesses,
             fwd.stats.measured_accesses,
+        );
+        // Both forward kernels where the adapter has the lanes one.
+        let tiled = PlanOverrides {
+            kernel: Some(ForwardKernel::Tiled),
+            ..case.overrides
+        };
+        let t = e.forward_with(&q, &k, &v, &case.opts, &tiled).unwrap();
+        assert_counts(
+            &format!("tiled forward {case:?}"),
+            t.stats.accesses,
+            t.stats.measured_accesses,
         );
         let (g, g16) = output_grad(&case);
         let d_o = match case.precision {

@@ -48,6 +48,44 @@ fn storage_kinds() -> [(StorageKind, bool); 3] {
 }
 
 #[test]
+fn lanes_forward_validates_for_every_subgroup_and_variant() {
+    let caps = wgpu_naga_bridge::features_to_naga_capabilities(
+        wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP,
+        wgpu::DownlevelFlags::all(),
+    );
+    for sg in flashattn::plan::LANE_SUBGROUPS {
+        let c = DeviceCaps {
+            max_workgroup_storage: 32768,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+            lane_subgroup: Some(sg),
+        };
+        for d in [4, 8, 60, 64, 128, 256] {
+            let mut plan = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            assert_eq!(plan.kernel, flashattn::ForwardKernel::Lanes);
+            for (storage, _) in storage_kinds() {
+                plan.storage = storage;
+                for variant in variants() {
+                    let src = shaders::flash_forward(&plan, variant);
+                    let module = naga::front::wgsl::parse_str(&src)
+                        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                        .validate(&module)
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "sg {sg} d {d} {storage:?} {variant:?}:\n{}",
+                                e.emit_to_string(&src)
+                            )
+                        });
+                    assert!(!src.contains('$'), "unexpanded template line");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn flash_forward_validates_for_every_plan_and_variant() {
     let caps = [
         DeviceCaps::webgpu_default(),
@@ -56,12 +94,14 @@ fn flash_forward_validates_for_every_plan_and_variant() {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
+            lane_subgroup: None,
         },
         DeviceCaps {
             max_workgroup_storage: 49152,
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
+            lane_subgroup: None,
         },
     ];
     for c in caps {
@@ -88,6 +128,7 @@ fn flash_backward_validates_for_every_plan_and_variant() {
             max_invocations: 1024,
             max_workgroup_size_x: 1024,
             shader_f16: true,
+            lane_subgroup: None,
         },
     ] {
         for d in [1, 3, 59, 64, 128, 256] {

@@ -64,6 +64,10 @@ pub struct AttentionArgs {
     /// Override the planner's Bc (keys per block; wgpu only).
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
+    /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs)
+    /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -76,11 +76,14 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     let overrides = PlanOverrides {
         br: a.block_q,
         bc: a.block_k,
+        kernel: a.kernel.as_deref().map(str::parse).transpose()?,
         ..Default::default()
     };
-    if backend == BackendKind::Cpu && (a.block_q.is_some() || a.block_k.is_some()) {
+    if backend == BackendKind::Cpu
+        && (a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some())
+    {
         return Err(Error::Unsupported(
-            "--block-q and --block-k apply to the wgpu backend only".into(),
+            "--block-q, --block-k and --kernel apply to the wgpu backend only".into(),
         ));
     }
     if backend == BackendKind::Cuda {

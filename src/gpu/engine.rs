@@ -97,7 +97,8 @@ fn has_loop_limiter(info: &wgpu::AdapterInfo) -> bool {
 
 /// Features flashattn uses when the adapter has them.
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
-    adapter & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY)
+    adapter
+        & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP)
 }
 
 impl Engine {
@@ -277,7 +278,7 @@ impl Engine {
 
     /// The limits the planner sees.
     pub fn caps(&self) -> DeviceCaps {
-        let mut caps = DeviceCaps::from_wgpu(&self.limits, self.features);
+        let mut caps = DeviceCaps::from_adapter(&self.limits, self.features, &self.info);
         if let Some(cap) = self.workgroup_storage_cap {
             caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
         }

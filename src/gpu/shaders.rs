@@ -3,7 +3,7 @@
 //! constants, `common.wgsl`, storage accessors instantiated from a template per
 //! buffer, and the kernel body.
 
-use crate::plan::{Plan, StorageKind};
+use crate::plan::{ForwardKernel, Plan, StorageKind};
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 pub const IO_COUNT: &str = include_str!("../../shaders/io_count.wgsl");
@@ -12,6 +12,7 @@ pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
 pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
+pub const FLASH_FWD_LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
 pub const NAIVE_FWD: &str = include_str!("../../shaders/naive_fwd.wgsl");
 pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 pub const NAIVE_BWD: &str = include_str!("../../shaders/naive_bwd.wgsl");
@@ -37,6 +38,8 @@ pub struct Variant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     Read,
+    /// Read four consecutive elements at a time (`load4_{name}`).
+    Read4,
     Write,
     ReadWrite,
 }
@@ -82,6 +85,7 @@ pub fn buffer_decls(storage: StorageKind, buffers: &[(&str, u32, Access)]) -> St
     for &(name, binding, access) in buffers {
         let part = match access {
             Access::Read => "read",
+            Access::Read4 => "read4",
             Access::Write => "write",
             Access::ReadWrite => "read_write",
         };
@@ -171,12 +175,80 @@ fn flags(variant: Variant) -> [(&'static str, String); 2] {
 /// The flash forward kernel for a plan: the tile sizes in the text are the
 /// plan's, so the declared workgroup bytes equal `plan.workgroup_bytes`.
 pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
+    if plan.kernel == ForwardKernel::Lanes {
+        return flash_forward_lanes(plan, variant);
+    }
     let mut c = tile_consts(plan, false);
     c.extend(flags(variant));
     let mut s = prelude(plan.storage, &c, variant);
     s.push_str(&forward_buffers(plan.storage));
     s.push_str(FLASH_FWD);
     s
+}
+
+/// The lanes forward kernel (subgroups of `plan.br` lanes), unrolled.
+fn flash_forward_lanes(plan: &Plan, variant: Variant) -> String {
+    use binding::*;
+    let u = |x: u32| format!("{x}u");
+    let mut c = vec![("SG", u(plan.br)), ("D", u(plan.head_dim))];
+    c.extend(flags(variant));
+    let mut s = prelude(plan.storage, &c, variant);
+    s.push_str(&storage_decls(
+        plan.storage,
+        &[
+            ("q", Q, Access::Read4),
+            ("k", K, Access::Read4),
+            ("v", V, Access::Read4),
+            ("o", O, Access::Write),
+        ],
+    ));
+    s.push_str(&buffer_decls(
+        StorageKind::F32,
+        &[("lse", LSE, Access::Write)],
+    ));
+    s.push_str(&unroll(FLASH_FWD_LANES, plan.br, plan.head_dim / 4));
+    s
+}
+
+/// Expand the lanes kernel's repetition: a line containing `$j` is repeated
+/// for each j < `lanes`, one containing `$i` for each i < `chunks`; a line
+/// with both repeats for every (j, i), j outer unless it ends in `// i outer`.
+pub fn unroll(template: &str, lanes: u32, chunks: u32) -> String {
+    const I_OUTER: &str = " // i outer";
+    let range = |used: bool, n: u32| -> Vec<Option<u32>> {
+        if used {
+            (0..n).map(Some).collect()
+        } else {
+            vec![None]
+        }
+    };
+    let mut out = String::with_capacity(template.len() * 4);
+    for line in template.lines() {
+        let (line, i_outer) = match line.strip_suffix(I_OUTER) {
+            Some(l) => (l, true),
+            None => (line, false),
+        };
+        let js = range(line.contains("$j"), lanes);
+        let is = range(line.contains("$i"), chunks);
+        let mut pairs: Vec<(Option<u32>, Option<u32>)> = Vec::new();
+        if i_outer {
+            pairs.extend(is.iter().flat_map(|&i| js.iter().map(move |&j| (j, i))));
+        } else {
+            pairs.extend(js.iter().flat_map(|&j| is.iter().map(move |&i| (j, i))));
+        }
+        for (j, i) in pairs {
+            let mut l = line.to_string();
+            if let Some(j) = j {
+                l = l.replace("$j", &j.to_string());
+            }
+            if let Some(i) = i {
+                l = l.replace("$i", &i.to_string());
+            }
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The naive (materialized S/P) forward kernels; entry points `scores`,
@@ -331,6 +403,21 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unroll_repeats_lines_per_lane_and_chunk() {
+        let t = "a\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
+        assert_eq!(
+            unroll(t, 2, 3),
+            "a\nx0 = 0u;\nx1 = 1u;\nx2 = 2u;\n\
+             s0 += q0 * k0;\ns0 += q1 * k0;\ns0 += q2 * k0;\n\
+             s1 += q0 * k1;\ns1 += q1 * k1;\ns1 += q2 * k1;\nb\n"
+        );
+        assert_eq!(
+            unroll("s$j += q$i; // i outer\n", 2, 2),
+            "s0 += q0;\ns1 += q0;\ns0 += q1;\ns1 += q1;\n"
+        );
+    }
 
     #[test]
     fn sections_are_split() {

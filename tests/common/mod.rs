@@ -4,7 +4,9 @@
 
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
-use flashattn::{AttentionOptions, Engine, ForwardOutput, PlanOverrides, Precision, TensorView};
+use flashattn::{
+    AttentionOptions, Engine, ForwardKernel, ForwardOutput, PlanOverrides, Precision, TensorView,
+};
 use half::f16;
 use std::sync::OnceLock;
 
@@ -178,14 +180,27 @@ pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Ch
     checks
 }
 
-/// Run a case on the GPU and check it.
+/// Run a case on the GPU and check it. Where the planner picks the lanes
+/// kernel (CPU adapters), the tiled kernel — the one GPUs run — is checked
+/// on the same case too, unless the case forces a kernel.
 pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let out = engine
-        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
-        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-    assert_accurate(case, &inputs, &out);
+    let run = |overrides: &PlanOverrides| {
+        let out = engine
+            .forward_with(&q, &k, &v, &case.opts, overrides)
+            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+        assert_accurate(case, &inputs, &out);
+        out
+    };
+    let out = run(&case.overrides);
+    let lanes = out.stats.plan.as_ref().map(|p| p.kernel) == Some(ForwardKernel::Lanes);
+    if lanes && case.overrides.kernel.is_none() {
+        run(&PlanOverrides {
+            kernel: Some(ForwardKernel::Tiled),
+            ..case.overrides
+        });
+    }
     out
 }
 
