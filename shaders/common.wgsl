@@ -101,3 +101,9 @@ fn visible_rows(first_key: i32, last_key: i32) -> vec2<i32> {
 fn band_covers(first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool {
     return !IS_MASKED || (band_allows(last_row, k_first) && band_allows(first_row, k_last));
 }
+
+// s + a·b summed in order of dimension, as the tiled kernels' loops sum (the
+// lanes kernels, which work on vec4s, use it to round the same way).
+fn add_dot(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    return (((s + a.x * b.x) + a.y * b.y) + a.z * b.z) + a.w * b.w;
+}

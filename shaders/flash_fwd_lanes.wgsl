@@ -21,13 +21,6 @@
 // (four consecutive elements at vec4 index i), store_o, store_lse,
 // round_storage from a storage template.
 
-// s + q·k summed in order of dimension, as the tiled kernels sum: the
-// backward recomputes scores that way, and s − LSE must be exact for a
-// row's largest score (see common.wgsl).
-fn add_dot(s: f32, q: vec4<f32>, k: vec4<f32>) -> f32 {
-    return (((s + q.x * k.x) + q.y * k.y) + q.z * k.z) + q.w * k.w;
-}
-
 // Lane j's score after softcap and, where the block needs it, the mask.
 fn lane_score(s: f32, masking: bool, row_ok: bool, key: u32, row_abs: i32, key_abs: i32) -> f32 {
     let sc = cap_score(s);
@@ -83,6 +76,8 @@ fn main(
         }
 
         var s$j = 0.0;
+        // Summed like the tiled kernels (add_dot): the backward recomputes
+        // scores that way, and s − LSE must be exact for a row's largest score.
         s$j = add_dot(s$j, qr$i, subgroupBroadcast(kr$i, $ju)); // i outer
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);

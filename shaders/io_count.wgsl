@@ -1,5 +1,5 @@
 // Storage-access accounting. Every load_*/store_* accessor calls io_read()
-// or io_write() (load4_* calls io_read4()); every entry point ends with
+// or io_write() (load4_*/store4_*: io_read4()/io_write4()); every entry point ends with
 // io_flush(). The composer emits the `@off` section (empty functions,
 // compiled away) unless the engine counts accesses, then `@on`:
 // per-invocation private counters, added atomically to a two-word buffer
@@ -8,6 +8,7 @@
 fn io_read() {}
 fn io_read4() {}
 fn io_write() {}
+fn io_write4() {}
 fn io_flush() {}
 // @on
 @group(0) @binding(15) var<storage, read_write> io_counts: array<atomic<u32>, 2>;
@@ -21,6 +22,9 @@ fn io_read4() {
 }
 fn io_write() {
     io_writes += 1u;
+}
+fn io_write4() {
+    io_writes += 4u;
 }
 fn io_flush() {
     if (io_reads > 0u) {

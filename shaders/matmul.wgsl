@@ -1,6 +1,5 @@
-// Tiled matmul, the practical ceiling on this adapter and the engine of the
-// naive baseline: C[z] = epilogue(A[z] · op(B[z])), A is M×K, op(B) is K×N
-// (B stored N×K and read transposed when B_TRANS, else stored K×N).
+// Tiled matmul, the practical ceiling on GPUs and the engine of the naive
+// baseline there (matmul_common.wgsl has the parameters and the epilogue).
 // A workgroup of MW×MW invocations computes a 64×64 tile of C, each invocation
 // an MT×MT block in registers (rows ty + MW·i, columns tx + MW·j, so
 // neighbouring invocations read neighbouring words); K advances 16 at a time
@@ -9,8 +8,7 @@
 // and 0.73 for 4×4 of 16×16). ALIGNED variants (M, N multiples of 64, K of 16) carry no
 // bounds checks.
 //
-// The composer prepends B_TRANS, ALIGNED, EPILOGUE (0: alpha·acc, 1: attention
-// scores with scale, softcap and mask) and load_a, load_b, store_c.
+// The composer prepends ALIGNED and matmul_common.wgsl.
 
 const MW: u32 = 16u;
 const MT: u32 = 4u;
@@ -18,41 +16,8 @@ const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 16u;
 
-struct MatmulParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    lda: u32,
-    ldb: u32,
-    ldc: u32,
-    // Offsets of batch z = b·heads + h: b·x_batch + h·x_head (B uses h / group).
-    a_batch: u32,
-    a_head: u32,
-    b_batch: u32,
-    b_head: u32,
-    c_batch: u32,
-    c_head: u32,
-    heads: u32,
-    group: u32,
-    alpha: f32,
-    _pad: u32,
-}
-
-@group(0) @binding(14) var<uniform> mm: MatmulParams;
-
 var<workgroup> a_tile: array<f32, TK * TM>; // [k][row]
 var<workgroup> b_tile: array<f32, TK * TN>; // [k][col]
-
-fn epilogue(row: u32, col: u32, acc: f32) -> f32 {
-    if (EPILOGUE == 1u) {
-        let s = cap_score(acc * params.scale);
-        if (IS_MASKED && !band_allows(i32(params.q_start + row), i32(params.k_start + col))) {
-            return NEG_BIG;
-        }
-        return s;
-    }
-    return acc * mm.alpha;
-}
 
 @compute @workgroup_size(MW, MW)
 fn main(
@@ -62,11 +27,10 @@ fn main(
 ) {
     let row0 = wg.y * TM;
     let col0 = wg.x * TN;
-    let b = wg.z / mm.heads;
-    let h = wg.z % mm.heads;
-    let a_off = b * mm.a_batch + h * mm.a_head;
-    let b_off = b * mm.b_batch + (h / mm.group) * mm.b_head;
-    let c_off = b * mm.c_batch + h * mm.c_head;
+    let off = matmul_offsets(wg.z);
+    let a_off = off.x;
+    let b_off = off.y;
+    let c_off = off.z;
     var acc: array<f32, MT * MT>;
     for (var i = 0u; i < MT * MT; i++) {
         acc[i] = 0.0;

@@ -1,6 +1,7 @@
 // Storage template for f32 tensors. The composer emits `@common` once and
 // `@read` / `@read4` / `@write` / `@read_write` once per buffer, replacing
-// {name} and {binding} (`@read4`: vec4 loads, for the lanes kernel).
+// {name} and {binding} (`@read4` / `@write4`: vec4 accesses, for the lanes
+// kernels).
 // Accessors count elements for the IO accounting (io_count.wgsl).
 // @common
 fn round_storage(x: f32) -> f32 {
@@ -22,6 +23,12 @@ fn load4_{name}(i: u32) -> vec4<f32> {
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<f32>;
 fn store_{name}(i: u32, x: f32) {
     io_write();
+    {name}_buf[i] = x;
+}
+// @write4
+@group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<vec4<f32>>;
+fn store4_{name}(i: u32, x: vec4<f32>) {
+    io_write4();
     {name}_buf[i] = x;
 }
 // @read_write

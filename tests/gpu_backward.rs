@@ -235,11 +235,22 @@ fn flash_backward_has_no_quadratic_buffer_but_naive_does() {
 #[test]
 fn naive_backward_meets_the_rule() {
     let Some(e) = engine() else { return };
-    for case in [
+    // The tiled matmuls (GPUs) as well as the lanes ones (CPU adapters, which
+    // need multiples of 4).
+    let tiled = flashattn::Engine::new().unwrap().with_tiled_kernels_only();
+    let cases = [
         Case::new(61, 47, 32).heads(4, 2).opts(causal()),
         Case::new(47, 61, 24).f16(),
         Case::new(50, 50, 16).opts(AttentionOptions::default().softcap(4.0)),
-    ] {
+        Case::new(64, 96, 32).heads(4, 2).opts(causal()),
+        Case::new(64, 64, 16)
+            .f16()
+            .opts(AttentionOptions::default().softcap(4.0)),
+    ];
+    for (e, case) in [e, &tiled]
+        .into_iter()
+        .flat_map(|e| cases.clone().map(|c| (e, c)))
+    {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let (g, g16) = output_grad(&case);

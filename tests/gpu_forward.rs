@@ -355,15 +355,20 @@ fn kernels_cut_short_by_the_loop_limit_rerun_in_pieces() {
 #[test]
 fn naive_baseline_matches_and_materializes_scores() {
     let Some(e) = engine() else { return };
-    for case in [
-        Case::new(97, 113, 64),
-        Case::new(97, 113, 64).opts(causal()).f16(),
-        Case::new(40, 10, 32).opts(causal()).heads(4, 2),
-        Case::new(64, 64, 32).opts(AttentionOptions::default().softcap(10.0)),
-        // Multiples of the matmul tiles: the variants without bounds checks.
-        Case::new(128, 192, 64).heads(4, 2),
-        Case::new(128, 128, 64).opts(causal()).f16(),
-    ] {
+    // The tiled matmuls (GPUs) as well as the lanes ones (CPU adapters).
+    let tiled = flashattn::Engine::new().unwrap().with_tiled_kernels_only();
+    for (e, case) in [e, &tiled].into_iter().flat_map(|e| {
+        [
+            Case::new(97, 113, 64),
+            Case::new(97, 113, 64).opts(causal()).f16(),
+            Case::new(40, 10, 32).opts(causal()).heads(4, 2),
+            Case::new(64, 64, 32).opts(AttentionOptions::default().softcap(10.0)),
+            // Multiples of the matmul tiles: the variants without bounds checks.
+            Case::new(128, 192, 64).heads(4, 2),
+            Case::new(128, 128, 64).opts(causal()).f16(),
+        ]
+        .map(|c| (e, c))
+    }) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let out = e.naive_forward(&q, &k, &v, &case.opts).unwrap();

@@ -2,23 +2,33 @@
 //! test rather than a user's run. Capabilities come from wgpu's own mapping of
 //! adapter features, with and without SHADER_F16.
 
-use flashattn::gpu::shaders::{self, Variant};
+use flashattn::gpu::shaders::{self, MatmulKernel, Variant};
 use flashattn::{plan_backward, plan_forward, DeviceCaps, PlanRequest, Precision, StorageKind};
 
-fn capabilities(f16: bool) -> naga::valid::Capabilities {
-    let features = if f16 {
-        wgpu::Features::SHADER_F16
-    } else {
-        wgpu::Features::empty()
-    };
+fn capabilities(f16: bool, subgroups: bool) -> naga::valid::Capabilities {
+    let mut features = wgpu::Features::empty();
+    if f16 {
+        features |= wgpu::Features::SHADER_F16;
+    }
+    if subgroups {
+        features |= wgpu::Features::SUBGROUP;
+    }
     wgpu_naga_bridge::features_to_naga_capabilities(features, wgpu::DownlevelFlags::all())
 }
 
 fn validate(source: &str, f16: bool) -> Result<(), String> {
+    validate_with(source, f16, false)
+}
+
+/// Validate with or without the SUBGROUP capability (the lanes kernels need it).
+fn validate_with(source: &str, f16: bool, subgroups: bool) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities(f16))
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(source))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        capabilities(f16, subgroups),
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(source))?;
     Ok(())
 }
 
@@ -49,10 +59,6 @@ fn storage_kinds() -> [(StorageKind, bool); 3] {
 
 #[test]
 fn lanes_forward_validates_for_every_subgroup_and_variant() {
-    let caps = wgpu_naga_bridge::features_to_naga_capabilities(
-        wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP,
-        wgpu::DownlevelFlags::all(),
-    );
     for sg in flashattn::plan::LANE_SUBGROUPS {
         let c = DeviceCaps {
             max_workgroup_storage: 32768,
@@ -68,16 +74,8 @@ fn lanes_forward_validates_for_every_subgroup_and_variant() {
                 plan.storage = storage;
                 for variant in variants() {
                     let src = shaders::flash_forward(&plan, variant);
-                    let module = naga::front::wgsl::parse_str(&src)
-                        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-                        .validate(&module)
-                        .unwrap_or_else(|e| {
-                            panic!(
-                                "sg {sg} d {d} {storage:?} {variant:?}:\n{}",
-                                e.emit_to_string(&src)
-                            )
-                        });
+                    validate_with(&src, true, true)
+                        .unwrap_or_else(|e| panic!("sg {sg} d {d} {storage:?} {variant:?}:\n{e}"));
                     assert!(!src.contains('$'), "unexpanded template line");
                 }
             }
@@ -168,7 +166,18 @@ fn matmul_validates_in_every_configuration() {
     use shaders::Epilogue;
     for (storage, f16) in storage_kinds() {
         for b_trans in [false, true] {
-            for aligned in [false, true] {
+            for kernel in [
+                MatmulKernel::Tiled { aligned: false },
+                MatmulKernel::Tiled { aligned: true },
+                MatmulKernel::Lanes {
+                    lanes: 8,
+                    chunks: 16,
+                },
+                MatmulKernel::Lanes {
+                    lanes: 4,
+                    chunks: 1,
+                },
+            ] {
                 for (epilogue, variant) in [
                     (Epilogue::Scale, Variant::default()),
                     (
@@ -181,28 +190,21 @@ fn matmul_validates_in_every_configuration() {
                         },
                     ),
                 ] {
-                    let src = shaders::matmul(
-                        storage,
-                        storage,
-                        StorageKind::F32,
-                        b_trans,
-                        aligned,
-                        epilogue,
-                        variant,
-                    );
-                    validate(&src, f16)
-                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
-                    let src = shaders::matmul(
-                        StorageKind::F32,
-                        storage,
-                        storage,
-                        b_trans,
-                        aligned,
-                        epilogue,
-                        variant,
-                    );
-                    validate(&src, f16)
-                        .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {aligned}:\n{e}"));
+                    for [a, b, c] in [
+                        [storage, storage, StorageKind::F32],
+                        [StorageKind::F32, storage, storage],
+                    ] {
+                        // The lanes dot form stores f32 C only (MatmulSpec never asks otherwise).
+                        let lanes = matches!(kernel, MatmulKernel::Lanes { .. });
+                        if lanes && b_trans && c != StorageKind::F32 {
+                            continue;
+                        }
+                        let src = shaders::matmul(a, b, c, b_trans, kernel, epilogue, variant);
+                        validate_with(&src, f16, true)
+                            .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {kernel:?}:\n{e}"));
+                        let entry = kernel.entry(b_trans);
+                        assert!(src.contains(&format!("fn {entry}(")), "{entry}");
+                    }
                 }
             }
         }

@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 pub struct Ceiling {
     pub head_dim: usize,
     pub n: usize,
+    /// The matmul kernel that ran (`tiled`, or `lanes` on CPU adapters).
+    pub kernel: String,
     pub gflops: f64,
 }
 
@@ -122,6 +124,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ceilings.push(Ceiling {
                 head_dim: d,
                 n,
+                kernel: c.kernel.to_string(),
                 gflops: c.gflops(),
             });
             bar.inc(1);
@@ -229,8 +232,8 @@ fn print_table(report: &Report) {
     println!("adapter: {}", report.adapter);
     for c in &report.ceilings {
         println!(
-            "ceiling: tiled matmul N×d · d×N, N {}, d {}: {:.2} GFLOP/s",
-            c.n, c.head_dim, c.gflops
+            "ceiling: {} matmul N×d · d×N, N {}, d {}: {:.2} GFLOP/s",
+            c.kernel, c.n, c.head_dim, c.gflops
         );
     }
     println!(

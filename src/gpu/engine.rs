@@ -70,6 +70,7 @@ pub struct Engine {
     features: wgpu::Features,
     binding_cap: Option<u64>,
     workgroup_storage_cap: Option<u32>,
+    tiled_only: bool,
     /// Two atomic words (reads, writes) when kernels count their accesses.
     io_counter: Option<wgpu::Buffer>,
     /// Whether kernels carry the loop-budget guard (llvmpipe).
@@ -168,6 +169,7 @@ impl Engine {
             info,
             binding_cap: None,
             workgroup_storage_cap: None,
+            tiled_only: false,
             io_counter: None,
             loop_guard,
             sequence_caps: Mutex::new(HashMap::new()),
@@ -185,6 +187,13 @@ impl Engine {
     /// Plan with at most `bytes` of workgroup storage (browser-like limits, M sweeps).
     pub fn with_workgroup_storage_limit(mut self, bytes: u32) -> Self {
         self.workgroup_storage_cap = Some(bytes);
+        self
+    }
+
+    /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has the
+    /// lanes kernels: for comparisons, and to test the GPU path on lavapipe.
+    pub fn with_tiled_kernels_only(mut self) -> Self {
+        self.tiled_only = true;
         self
     }
 
@@ -281,6 +290,9 @@ impl Engine {
         let mut caps = DeviceCaps::from_adapter(&self.limits, self.features, &self.info);
         if let Some(cap) = self.workgroup_storage_cap {
             caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
+        }
+        if self.tiled_only {
+            caps.lane_subgroup = None;
         }
         caps
     }

@@ -7,6 +7,7 @@
 
 use super::matmul::{MatmulSpec, TILE_MN};
 use super::params::Params;
+use super::shaders::MatmulKernel;
 use crate::plan::Plan;
 
 /// Elements read from and written to storage buffers.
@@ -153,10 +154,18 @@ pub(crate) fn matmul(spec: &MatmulSpec) -> Accesses {
         spec.params.n as u64,
         spec.params.k as u64,
     );
-    let tiles = |x: u64| x.div_ceil(TILE_MN as u64);
     let z = spec.grid[2] as u64;
+    let reads = match spec.kernel {
+        // Every 64-row tile of A meets every 64-column tile of B.
+        MatmulKernel::Tiled { .. } => {
+            let tiles = |x: u64| x.div_ceil(TILE_MN as u64);
+            m * k * tiles(n) + n * k * tiles(m)
+        }
+        // A once; all of B for every subgroup of rows.
+        MatmulKernel::Lanes { lanes, .. } => m * k + n * k * m.div_ceil(lanes as u64),
+    };
     Accesses {
-        reads: z * (m * k * tiles(n) + n * k * tiles(m)),
+        reads: z * reads,
         writes: z * m * n,
     }
 }

@@ -4,7 +4,7 @@
 
 use super::engine::{CallStats, Engine, Step};
 use super::params::{Params, Piece};
-use super::shaders::{self, Epilogue, Variant};
+use super::shaders::{self, Epilogue, MatmulKernel, Variant};
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::plan::StorageKind;
@@ -41,12 +41,19 @@ pub struct MatmulParams {
 /// One matmul of a problem: the kernel text and its launch.
 pub(crate) struct MatmulSpec {
     pub source: String,
+    pub kernel: MatmulKernel,
+    pub entry: &'static str,
     pub params: MatmulParams,
     pub grid: [usize; 3],
 }
 
+/// Longest row the lanes matmul keeps in registers (K for `dot`, N for `axpy`).
+pub const LANES_MAX_ROW: u32 = 256;
+
 impl MatmulSpec {
     /// `C = epilogue(A·op(B))` batched over `batch · heads` with these strides.
+    /// `lanes` is the adapter's lanes subgroup ([`crate::DeviceCaps::lane_subgroup`]):
+    /// where the shape allows, the lanes kernel runs, else the tiled one.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         storages: [StorageKind; 3],
@@ -55,19 +62,54 @@ impl MatmulSpec {
         variant: Variant,
         params: MatmulParams,
         batch: usize,
+        lanes: Option<u32>,
     ) -> Self {
-        let aligned = params.m as usize % TILE_MN == 0
-            && params.n as usize % TILE_MN == 0
-            && params.k as usize % TILE_K == 0;
         let [a, b, c] = storages;
-        Self {
-            source: shaders::matmul(a, b, c, b_trans, aligned, epilogue, variant),
-            grid: [
+        let kernel = Self::choose(&params, b_trans, c, lanes);
+        let z = batch * params.heads as usize;
+        let grid = match kernel {
+            MatmulKernel::Tiled { .. } => [
                 (params.n as usize).div_ceil(TILE_MN),
                 (params.m as usize).div_ceil(TILE_MN),
-                batch * params.heads as usize,
+                z,
             ],
+            MatmulKernel::Lanes { lanes, .. } => {
+                [1, (params.m as usize).div_ceil(lanes as usize), z]
+            }
+        };
+        Self {
+            source: shaders::matmul(a, b, c, b_trans, kernel, epilogue, variant),
+            kernel,
+            entry: kernel.entry(b_trans),
+            grid,
             params,
+        }
+    }
+
+    /// The lanes kernel where the adapter has it, the row it keeps in
+    /// registers (K for Bᵀ, N otherwise) is a multiple of 4 up to
+    /// [`LANES_MAX_ROW`], and every row it accesses as vec4s starts on a
+    /// multiple of 4; else the tiled kernel.
+    fn choose(p: &MatmulParams, b_trans: bool, c: StorageKind, lanes: Option<u32>) -> MatmulKernel {
+        let aligned = p.m as usize % TILE_MN == 0
+            && p.n as usize % TILE_MN == 0
+            && p.k as usize % TILE_K == 0;
+        let tiled = MatmulKernel::Tiled { aligned };
+        let Some(lanes) = lanes else { return tiled };
+        let row = if b_trans { p.k } else { p.n };
+        let quads = |xs: &[u32]| xs.iter().all(|x| x % 4 == 0);
+        let b_rows = quads(&[p.ldb, p.b_batch, p.b_head]);
+        // The dot form also stores C four columns at a time, in f32.
+        let a_rows = !b_trans || quads(&[p.lda, p.a_batch, p.a_head]);
+        let c_rows =
+            !b_trans || (c == StorageKind::F32 && quads(&[p.n, p.ldc, p.c_batch, p.c_head]));
+        if row % 4 == 0 && row > 0 && row <= LANES_MAX_ROW && a_rows && b_rows && c_rows {
+            MatmulKernel::Lanes {
+                lanes,
+                chunks: row / 4,
+            }
+        } else {
+            tiled
         }
     }
 
@@ -85,6 +127,8 @@ impl MatmulSpec {
 pub struct CeilingResult {
     pub n: usize,
     pub d: usize,
+    /// Which matmul kernel ran (`tiled` or `lanes`).
+    pub kernel: &'static str,
     /// Kernel seconds of each repeat.
     pub seconds: Vec<f64>,
     pub flops: f64,
@@ -132,6 +176,7 @@ impl Engine {
                 ..Default::default()
             },
             1,
+            self.caps().lane_subgroup,
         );
         let mut rng = Rng::new(11);
         let x = rng.normal_vec(n * d, 1.0);
@@ -154,6 +199,10 @@ impl Engine {
         Ok(CeilingResult {
             n,
             d,
+            kernel: match spec.kernel {
+                MatmulKernel::Tiled { .. } => "tiled",
+                MatmulKernel::Lanes { .. } => "lanes",
+            },
             seconds,
             flops: spec.flops(),
         })
@@ -168,7 +217,7 @@ impl Engine {
         stats: &mut CallStats,
     ) -> Result<Step> {
         stats.accesses += super::io::matmul(spec);
-        let pipeline = self.pipeline(&spec.source, "main").await?;
+        let pipeline = self.pipeline(&spec.source, spec.entry).await?;
         let params = self.uniform(&spec.params);
         Ok((
             pipeline,

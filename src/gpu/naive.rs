@@ -193,6 +193,7 @@ impl Engine {
             v,
             nt_params(shape, shape.seqlen_q, shape.seqlen_k),
             shape.batch,
+            self.caps().lane_subgroup,
         );
         let source = shaders::naive_forward(shape.head_dim as u32, storage, v);
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
@@ -246,6 +247,7 @@ impl Engine {
             self.variant(false, false),
             nn_params(&shape, 1.0),
             shape.batch,
+            self.caps().lane_subgroup,
         );
         steps.push(self.matmul_step(&pv, [pb, vb, ob], &mut stats).await?);
         let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
@@ -330,6 +332,7 @@ impl Engine {
             self.variant(false, false),
             nt_params(&shape, shape.seqlen_q, shape.seqlen_k),
             shape.batch,
+            self.caps().lane_subgroup,
         );
         let dq = MatmulSpec::new(
             [StorageKind::F32, storage, storage],
@@ -338,6 +341,7 @@ impl Engine {
             self.variant(false, false),
             nn_params(&shape, opts.scale_for(shape.head_dim)),
             shape.batch,
+            self.caps().lane_subgroup,
         );
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
         steps.push(self.matmul_step(&dp, [dob, vb, dsb], &mut stats).await?);

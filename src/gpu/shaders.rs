@@ -15,6 +15,8 @@ pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
 pub const FLASH_FWD_LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
 pub const NAIVE_FWD: &str = include_str!("../../shaders/naive_fwd.wgsl");
 pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+pub const MATMUL_COMMON: &str = include_str!("../../shaders/matmul_common.wgsl");
+pub const MATMUL_LANES: &str = include_str!("../../shaders/matmul_lanes.wgsl");
 pub const NAIVE_BWD: &str = include_str!("../../shaders/naive_bwd.wgsl");
 pub const FLASH_BWD_COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
@@ -40,6 +42,8 @@ pub enum Access {
     Read,
     /// Read four consecutive elements at a time (`load4_{name}`).
     Read4,
+    /// Write four consecutive elements at a time (`store4_{name}`; f32 only).
+    Write4,
     Write,
     ReadWrite,
 }
@@ -86,6 +90,7 @@ pub fn buffer_decls(storage: StorageKind, buffers: &[(&str, u32, Access)]) -> St
         let part = match access {
             Access::Read => "read",
             Access::Read4 => "read4",
+            Access::Write4 => "write4",
             Access::Write => "write",
             Access::ReadWrite => "read_write",
         };
@@ -210,9 +215,11 @@ fn flash_forward_lanes(plan: &Plan, variant: Variant) -> String {
     s
 }
 
-/// Expand the lanes kernel's repetition: a line containing `$j` is repeated
+/// Expand the lanes kernels' repetition: a line containing `$j` is repeated
 /// for each j < `lanes`, one containing `$i` for each i < `chunks`; a line
 /// with both repeats for every (j, i), j outer unless it ends in `// i outer`.
+/// A line containing `$q` repeats for each quad q < `lanes / 4`, with
+/// `$q0`..`$q3` standing for 4q..4q+3. Comment lines are dropped.
 pub fn unroll(template: &str, lanes: u32, chunks: u32) -> String {
     const I_OUTER: &str = " // i outer";
     let range = |used: bool, n: u32| -> Vec<Option<u32>> {
@@ -223,11 +230,26 @@ pub fn unroll(template: &str, lanes: u32, chunks: u32) -> String {
         }
     };
     let mut out = String::with_capacity(template.len() * 4);
-    for line in template.lines() {
+    // Comments explain the template, not its expansion (and would repeat).
+    for line in template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+    {
         let (line, i_outer) = match line.strip_suffix(I_OUTER) {
             Some(l) => (l, true),
             None => (line, false),
         };
+        if line.contains("$q") {
+            for q in 0..lanes / 4 {
+                let mut l = line.to_string();
+                for c in 0..4 {
+                    l = l.replace(&format!("$q{c}"), &(4 * q + c).to_string());
+                }
+                out.push_str(&l.replace("$q", &q.to_string()));
+                out.push('\n');
+            }
+            continue;
+        }
         let js = range(line.contains("$j"), lanes);
         let is = range(line.contains("$i"), chunks);
         let mut pairs: Vec<(Option<u32>, Option<u32>)> = Vec::new();
@@ -299,25 +321,62 @@ pub enum Epilogue {
     Scores,
 }
 
-/// The tiled matmul `C = epilogue(A · op(B))`; `a`, `b`, `c` give each
-/// operand's storage kind. Entry point `main`; bindings 1 (A), 2 (B), 3 (C),
-/// 14 (matmul params) and 0 (attention params, read by the scores epilogue).
+/// Which matmul kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulKernel {
+    /// `matmul.wgsl`, any shape; `aligned`: M, N multiples of 64 and K of 16.
+    Tiled { aligned: bool },
+    /// `matmul_lanes.wgsl` on `lanes`-wide subgroups: the `dot` form when B is
+    /// transposed (K = 4·`chunks`), else `axpy` (N = 4·`chunks`).
+    Lanes { lanes: u32, chunks: u32 },
+}
+
+impl MatmulKernel {
+    /// The entry point of this kernel's module.
+    pub fn entry(self, b_trans: bool) -> &'static str {
+        match self {
+            MatmulKernel::Tiled { .. } => "main",
+            MatmulKernel::Lanes { .. } if b_trans => "dot",
+            MatmulKernel::Lanes { .. } => "axpy",
+        }
+    }
+}
+
+/// The matmul `C = epilogue(A · op(B))`; `a`, `b`, `c` give each operand's
+/// storage kind. Bindings 1 (A), 2 (B), 3 (C), 14 (matmul params) and 0
+/// (attention params, read by the scores epilogue); entry point
+/// [`MatmulKernel::entry`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     a: StorageKind,
     b: StorageKind,
     c: StorageKind,
     b_trans: bool,
-    aligned: bool,
+    kernel: MatmulKernel,
     epilogue: Epilogue,
     variant: Variant,
 ) -> String {
     let native = [a, b, c].contains(&StorageKind::F16Native);
     let mut consts = vec![
         ("B_TRANS", b_trans.to_string()),
-        ("ALIGNED", aligned.to_string()),
         ("EPILOGUE", format!("{}u", epilogue as u32)),
     ];
+    let (a_access, c_access, body) = match kernel {
+        MatmulKernel::Tiled { aligned } => {
+            consts.push(("ALIGNED", aligned.to_string()));
+            (Access::Read, Access::Write, MATMUL.to_string())
+        }
+        MatmulKernel::Lanes { lanes, chunks } => {
+            consts.push(("SG", format!("{lanes}u")));
+            let (a, c, form) = if b_trans {
+                (Access::Read4, Access::Write4, "dot")
+            } else {
+                (Access::Read, Access::Write, "axpy")
+            };
+            let body = unroll(&section(MATMUL_LANES, form), lanes, chunks);
+            (a, c, body)
+        }
+    };
     consts.extend(flags(variant));
     let mut s = prelude(
         if native {
@@ -328,10 +387,15 @@ pub fn matmul(
         &consts,
         variant,
     );
-    s.push_str(&buffer_decls(a, &[("a", 1, Access::Read)]));
-    s.push_str(&buffer_decls(b, &[("b", 2, Access::Read)]));
-    s.push_str(&buffer_decls(c, &[("c", 3, Access::Write)]));
-    s.push_str(MATMUL);
+    let b_access = match kernel {
+        MatmulKernel::Tiled { .. } => Access::Read,
+        MatmulKernel::Lanes { .. } => Access::Read4,
+    };
+    s.push_str(&buffer_decls(a, &[("a", 1, a_access)]));
+    s.push_str(&buffer_decls(b, &[("b", 2, b_access)]));
+    s.push_str(&buffer_decls(c, &[("c", 3, c_access)]));
+    s.push_str(MATMUL_COMMON);
+    s.push_str(&body);
     s
 }
 
@@ -406,7 +470,7 @@ mod tests {
 
     #[test]
     fn unroll_repeats_lines_per_lane_and_chunk() {
-        let t = "a\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
+        let t = "a\n// about $i\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
         assert_eq!(
             unroll(t, 2, 3),
             "a\nx0 = 0u;\nx1 = 1u;\nx2 = 2u;\n\
@@ -416,6 +480,10 @@ mod tests {
         assert_eq!(
             unroll("s$j += q$i; // i outer\n", 2, 2),
             "s0 += q0;\ns1 += q0;\ns0 += q1;\ns1 += q1;\n"
+        );
+        assert_eq!(
+            unroll("c[$q] = f(s$q0, s$q3);\n", 8, 1),
+            "c[0] = f(s0, s3);\nc[1] = f(s4, s7);\n"
         );
     }
 
