@@ -107,3 +107,12 @@ fn band_covers(first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool
 fn add_dot(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return (((s + a.x * b.x) + a.y * b.y) + a.z * b.z) + a.w * b.w;
 }
+
+// Whether the (row, key) pair of a lanes kernel's block takes part: always
+// where the block needs no mask; else both in range and allowed by the band.
+fn pair_allowed(masking: bool, in_range: bool, row_abs: i32, key_abs: i32) -> bool {
+    if (!masking) {
+        return true;
+    }
+    return in_range && (!IS_MASKED || band_allows(row_abs, key_abs));
+}

@@ -5,7 +5,8 @@
 // tile" can own query row r in one phase and key row r in the other.
 //
 // Prelude: B, D, TC, WG = B·TC, SC = ceil(B/TC), ACC = ceil(D/TC), IS_MASKED,
-// HAS_SOFTCAP; load_q/k/v/do, load_lse, load_dvec, round_storage.
+// HAS_SOFTCAP; load_q/k/v/do, load_lse, load_dvec, round_storage;
+// flash_bwd_math.wgsl.
 
 const FULL_SC: bool = (B % TC) == 0u;
 const FULL_ACC: bool = (D % TC) == 0u;
@@ -39,10 +40,7 @@ fn load_row_tiles(tid: u32, b: u32, h: u32, q0: u32, n_rows: u32) {
         var dv = 0.0;
         if (row < n_rows) {
             let g = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + row;
-            // Empty rows carry lse = -inf; all their entries are masked, so any
-            // finite stand-in keeps the arithmetic free of infinities.
-            let x = load_lse(g);
-            lse = select(x, 0.0, bitcast<u32>(x) == 0xff800000u);
+            lse = finite_lse(load_lse(g));
             dv = load_dvec(g);
         }
         lse_tile[row] = lse;
@@ -91,24 +89,9 @@ fn tile_p_ds(r: u32, t: u32, row_abs0: i32, n_rows: u32, key_abs0: i32, n_keys: 
         if (!FULL_SC && c >= B) {
             continue;
         }
-        // Same arithmetic as the forward's score, so s - lse is exact for the
-        // row's largest score (see common.wgsl).
-        var sc = s[k];
-        // d(softcap)/ds = 1 - tanh²: the chain rule factor on dS.
-        var dcap = 1.0;
-        if (HAS_SOFTCAP) {
-            let th = tanh(sc / params.softcap);
-            sc = params.softcap * th;
-            dcap = 1.0 - th * th;
-        }
-        var ok = true;
-        if (needs_mask) {
-            ok = r < n_rows && c < n_keys && (!IS_MASKED || band_allows(row_abs, key_abs0 + i32(c)));
-        }
-        let p = select(0.0, exp(sc - lse_tile[r]), ok);
-        let ds = p * (dp[k] - dvec_tile[r]) * dcap;
-        // Low precision: P and dS are rounded before the matmuls that use them.
-        p_tile[r * B + c] = round_storage(p);
-        ds_tile[r * B + c] = round_storage(ds);
+        let ok = pair_allowed(needs_mask, r < n_rows && c < n_keys, row_abs, key_abs0 + i32(c));
+        let pds = p_and_ds(s[k], dp[k], lse_tile[r], dvec_tile[r], ok);
+        p_tile[r * B + c] = pds.x;
+        ds_tile[r * B + c] = pds.y;
     }
 }

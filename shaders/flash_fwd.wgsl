@@ -102,11 +102,9 @@ fn main(
             if (!FULL_SC && c >= BC) {
                 // Lanes past the tile's last column hold no score at all.
                 sc = NEG_BIG;
-            } else if (needs_mask) {
-                var ok = row_valid && k0 + c < params.seqlen_k;
-                if (IS_MASKED) {
-                    ok = ok && band_allows(row_abs, k_abs0 + i32(c));
-                }
+            } else {
+                let in_range = row_valid && k0 + c < params.seqlen_k;
+                let ok = pair_allowed(needs_mask, in_range, row_abs, k_abs0 + i32(c));
                 sc = select(NEG_BIG, sc, ok);
             }
             s[k] = sc;

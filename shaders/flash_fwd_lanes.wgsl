@@ -21,19 +21,6 @@
 // (four consecutive elements at vec4 index i), store_o, store_lse,
 // round_storage from a storage template.
 
-// Lane j's score after softcap and, where the block needs it, the mask.
-fn lane_score(s: f32, masking: bool, row_ok: bool, key: u32, row_abs: i32, key_abs: i32) -> f32 {
-    let sc = cap_score(s);
-    if (!masking) {
-        return sc;
-    }
-    var ok = row_ok && key < params.seqlen_k;
-    if (IS_MASKED) {
-        ok = ok && band_allows(row_abs, key_abs);
-    }
-    return select(NEG_BIG, sc, ok);
-}
-
 @compute @workgroup_size(SG)
 fn main(
     @builtin(local_invocation_index) tid: u32,
@@ -83,7 +70,7 @@ fn main(
         let k_abs0 = i32(params.k_start + k0);
         let masking = k0 + SG > params.seqlen_k || rows_here < SG
             || !band_covers(first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
-        s$j = lane_score(s$j, masking, row_valid, k0 + $ju, row_abs, k_abs0 + $j);
+        s$j = select(NEG_BIG, cap_score(s$j), pair_allowed(masking, row_valid && k0 + $ju < params.seqlen_k, row_abs, k_abs0 + $j));
 
         var m_new = m_run;
         m_new = max(m_new, s$j);

@@ -30,7 +30,48 @@ fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
     check_loop_budget();
 }
 
-// dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and dV[j, x] = Σ P[i, j] dO[i, x];
+// Without GQA, dV = Pᵀ·dO and dK = scale·dSᵀ·Q are matmuls over transposed
+// copies (P and dS are transposed into the buffers of S and P, which are no
+// longer needed). One invocation per element; rows spread over x and y.
+fn transposed_indices(gid: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
+    let e = gid.x + gid.y * groups.x * 64u;
+    let per_head = params.seqlen_q * params.seqlen_k;
+    let z = e / per_head;
+    let i = (e % per_head) / params.seqlen_k;
+    let j = e % params.seqlen_k;
+    // (in range, source index, destination index)
+    let ok = select(0u, 1u, e < params.batch * params.heads_q * per_head);
+    return vec3<u32>(ok, e, z * per_head + j * params.seqlen_q + i);
+}
+
+@compute @workgroup_size(64)
+fn p_transposed(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    let t = transposed_indices(gid, groups);
+    if (t.x == 1u) {
+        store_s(t.z, load_p(t.y));
+    }
+    io_flush();
+    check_loop_budget();
+}
+
+@compute @workgroup_size(64)
+fn ds_transposed(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    let t = transposed_indices(gid, groups);
+    if (t.x == 1u) {
+        store_p(t.z, load_ds(t.y));
+    }
+    io_flush();
+    check_loop_budget();
+}
+
+// With GQA: dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and
+// dV[j, x] = Σ P[i, j] dO[i, x], summed over the group by one plain kernel;
 // z = batch·heads_kv + kv head.
 @compute @workgroup_size(16, 16)
 fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {

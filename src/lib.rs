@@ -45,7 +45,7 @@ pub use error::{Error, Result};
 pub use gpu::{AttentionBuffers, CallStats, Engine};
 pub use options::{AttentionOptions, Mask, Window};
 pub use plan::{
-    plan_backward, plan_forward, DeviceCaps, ForwardKernel, Plan, PlanOverrides, PlanRequest,
+    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
     StorageKind,
 };
 pub use tensor::{

@@ -41,7 +41,7 @@ pub struct DeviceCaps {
     pub shader_f16: bool,
     /// `Some(n)` on CPU adapters (lavapipe) whose subgroups are always `n`
     /// SIMD lanes and that support subgroup operations: there the lanes
-    /// kernel ([`ForwardKernel::Lanes`]) is the fast forward.
+    /// kernel ([`KernelFamily::Lanes`]) is the fast forward.
     pub lane_subgroup: Option<u32>,
 }
 
@@ -88,35 +88,40 @@ impl DeviceCaps {
 
 /// Subgroup sizes the lanes kernel is generated for.
 pub const LANE_SUBGROUPS: [u32; 3] = [4, 8, 16];
+/// Widest head the lanes kernels take. Their code is unrolled over the head
+/// dim, and on lavapipe compiling the d 256 backward took ~80 s (d 128: ~15 s)
+/// while the rows no longer fit in registers; wider heads run tiled.
+pub const LANES_MAX_HEAD_DIM: usize = 128;
 
-/// Which forward kernel a plan runs.
+/// Which family of kernels a plan runs (forward or backward).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum ForwardKernel {
-    /// `flash_fwd.wgsl`: Q, K, V and P tiles in workgroup memory, sized by
-    /// the Br/Bc formula. The kernel for GPUs (and for every head dim).
+pub enum KernelFamily {
+    /// `flash_fwd.wgsl`, `flash_bwd_*.wgsl`: tiles in workgroup memory, sized
+    /// by the Br/Bc formula. The kernels for GPUs (and for every head dim).
     #[default]
     Tiled,
-    /// `flash_fwd_lanes.wgsl`: one query row per lane of a subgroup-sized
-    /// workgroup, K/V rows shared by subgroup broadcast, no workgroup memory.
-    /// For CPU adapters, where per-invocation memory accesses are what costs.
+    /// `flash_fwd_lanes.wgsl`, `flash_bwd_lanes.wgsl`: one row per lane of a
+    /// subgroup-sized workgroup, the other operand's rows shared by subgroup
+    /// broadcast, no workgroup memory. For CPU adapters, where
+    /// per-invocation memory accesses are what costs.
     Lanes,
 }
 
-impl ForwardKernel {
+impl KernelFamily {
     pub fn name(self) -> &'static str {
         match self {
-            ForwardKernel::Tiled => "tiled",
-            ForwardKernel::Lanes => "lanes",
+            KernelFamily::Tiled => "tiled",
+            KernelFamily::Lanes => "lanes",
         }
     }
 }
 
-impl std::str::FromStr for ForwardKernel {
+impl std::str::FromStr for KernelFamily {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         match s {
-            "tiled" => Ok(ForwardKernel::Tiled),
-            "lanes" => Ok(ForwardKernel::Lanes),
+            "tiled" => Ok(KernelFamily::Tiled),
+            "lanes" => Ok(KernelFamily::Lanes),
             _ => Err(Error::Option(format!(
                 "unknown kernel `{s}` (expected `tiled` or `lanes`)"
             ))),
@@ -161,9 +166,9 @@ pub struct PlanOverrides {
     pub max_workgroup_storage: Option<u32>,
     /// For f16: force the packed (`false`) or native (`true`) path.
     pub f16_native: Option<bool>,
-    /// Force the forward kernel (`Lanes` needs a CPU adapter with fixed
+    /// Force the kernel family (`Lanes` needs a CPU adapter with fixed
     /// subgroups and a head dim that is a multiple of 4).
-    pub kernel: Option<ForwardKernel>,
+    pub kernel: Option<KernelFamily>,
 }
 
 impl PlanOverrides {
@@ -247,9 +252,9 @@ impl std::fmt::Display for Clamp {
 /// key/value blocks of `bc` rows; `threads_per_row` invocations share a row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
-    /// The forward kernel; a lanes plan has `br = bc = ` the subgroup size,
+    /// The kernel family; a lanes plan has `br = bc = ` the subgroup size,
     /// one invocation per row and no workgroup storage.
-    pub kernel: ForwardKernel,
+    pub kernel: KernelFamily,
     pub head_dim: u32,
     pub storage: StorageKind,
     /// M in bytes, as used (the device limit or an override).
@@ -299,7 +304,7 @@ impl std::fmt::Display for Plan {
             "formula: Bc = ceil(M/4d) = {}, Br = min(Bc, d) = {}",
             self.bc_formula, self.br_formula
         )?;
-        if self.kernel == ForwardKernel::Lanes {
+        if self.kernel == KernelFamily::Lanes {
             writeln!(
                 f,
                 "kernel: lanes — a CPU adapter with {}-lane subgroups: one query row per lane, \
@@ -375,9 +380,9 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     let m = m_bytes / WORKING_BYTES;
     let bc_formula = m.div_ceil(4 * d).max(1);
     let br_formula = bc_formula.min(d);
-    if let (ForwardKernel::Lanes, Some(sg)) = (choose_kernel(req, caps)?, caps.lane_subgroup) {
+    if let (KernelFamily::Lanes, Some(sg)) = (choose_kernel(req, caps)?, caps.lane_subgroup) {
         return Ok(Plan {
-            kernel: ForwardKernel::Lanes,
+            kernel: KernelFamily::Lanes,
             head_dim: d,
             storage,
             m_bytes,
@@ -549,7 +554,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     clamp("Br", br0, br, why);
 
     Ok(Plan {
-        kernel: ForwardKernel::Tiled,
+        kernel: KernelFamily::Tiled,
         head_dim: d,
         storage,
         m_bytes,
@@ -583,27 +588,33 @@ fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<StorageKind> {
     })
 }
 
-/// The forward kernel for `req`: lanes on CPU adapters with fixed subgroups
+/// The kernel family for `req`: lanes on CPU adapters with fixed subgroups
 /// when the head dim allows and no tile parameter is overridden, else tiled.
-fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<ForwardKernel> {
+fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
     let d = req.head_dim;
     match ov.kernel {
-        Some(ForwardKernel::Lanes) if ov.fixes_tiles() => Err(Error::Plan(
+        Some(KernelFamily::Lanes) if ov.fixes_tiles() => Err(Error::Plan(
             "Br, Bc, threads per row and workgroup storage apply to the tiled kernel only".into(),
         )),
-        Some(ForwardKernel::Lanes) if caps.lane_subgroup.is_none() => Err(Error::Unsupported(
+        Some(KernelFamily::Lanes) if caps.lane_subgroup.is_none() => Err(Error::Unsupported(
             "the lanes kernel needs a CPU adapter with fixed-size subgroups and subgroup operations"
                 .into(),
         )),
-        Some(ForwardKernel::Lanes) if d % 4 != 0 => Err(Error::Plan(format!(
-            "the lanes kernel needs a head dim that is a multiple of 4, not {d}"
-        ))),
-        Some(kernel) => Ok(kernel),
-        None if caps.lane_subgroup.is_some() && d % 4 == 0 && !ov.fixes_tiles() => {
-            Ok(ForwardKernel::Lanes)
+        Some(KernelFamily::Lanes) if d % 4 != 0 || d > LANES_MAX_HEAD_DIM => {
+            Err(Error::Plan(format!(
+                "the lanes kernels need a head dim that is a multiple of 4 up to {LANES_MAX_HEAD_DIM}, not {d}"
+            )))
         }
-        None => Ok(ForwardKernel::Tiled),
+        Some(kernel) => Ok(kernel),
+        None if caps.lane_subgroup.is_some()
+            && d % 4 == 0
+            && d <= LANES_MAX_HEAD_DIM
+            && !ov.fixes_tiles() =>
+        {
+            Ok(KernelFamily::Lanes)
+        }
+        None => Ok(KernelFamily::Tiled),
     }
 }
 
@@ -617,14 +628,17 @@ pub fn backward_workgroup_bytes(b: u32, head_dim: u32) -> u32 {
 /// starting from Algorithm 1's values the square tile B = Br = Bc shrinks until
 /// Q, dO, K, V, P and dS fit, and the planner says so.
 pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
+    if choose_kernel(req, caps)? == KernelFamily::Lanes {
+        // One row (or key) per lane in both passes: the forward's lanes plan.
+        return plan_forward(req, caps);
+    }
     let fwd = plan_forward(
         &PlanRequest {
             overrides: PlanOverrides {
                 br: None,
                 bc: None,
                 threads_per_row: None,
-                // The backward has tiled kernels only.
-                kernel: Some(ForwardKernel::Tiled),
+                kernel: Some(KernelFamily::Tiled),
                 ..req.overrides
             },
             ..*req
@@ -709,7 +723,7 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         )));
     }
     Ok(Plan {
-        kernel: ForwardKernel::Tiled,
+        kernel: KernelFamily::Tiled,
         head_dim: d,
         storage: fwd.storage,
         m_bytes,
@@ -745,7 +759,7 @@ mod tests {
             ..caps(32)
         };
         let p = plan_forward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
-        assert_eq!(p.kernel, ForwardKernel::Lanes);
+        assert_eq!(p.kernel, KernelFamily::Lanes);
         assert_eq!((p.br, p.bc, p.threads_per_row), (8, 8, 1));
         assert_eq!((p.workgroup_size, p.workgroup_bytes), (8, 0));
         // The formula's values are still reported next to the lanes kernel.
@@ -753,16 +767,16 @@ mod tests {
         assert!(p.to_string().contains("kernel: lanes"), "{p}");
         // GPUs, head dims that are not a multiple of 4, and tile overrides: tiled.
         let gpu = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
-        assert_eq!(gpu.kernel, ForwardKernel::Tiled);
+        assert_eq!(gpu.kernel, KernelFamily::Tiled);
         let odd = plan_forward(&PlanRequest::new(59, Precision::F16), &cpu).unwrap();
-        assert_eq!(odd.kernel, ForwardKernel::Tiled);
+        assert_eq!(odd.kernel, KernelFamily::Tiled);
         let sweep = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
             max_workgroup_storage: Some(8192),
             ..Default::default()
         });
         assert_eq!(
             plan_forward(&sweep, &cpu).unwrap().kernel,
-            ForwardKernel::Tiled
+            KernelFamily::Tiled
         );
         // Forcing either kernel.
         let force = |kernel, d| {
@@ -775,30 +789,40 @@ mod tests {
             )
         };
         assert_eq!(
-            force(ForwardKernel::Tiled, 64).unwrap().kernel,
-            ForwardKernel::Tiled
+            force(KernelFamily::Tiled, 64).unwrap().kernel,
+            KernelFamily::Tiled
         );
-        assert!(force(ForwardKernel::Lanes, 62)
+        assert!(force(KernelFamily::Lanes, 62)
             .unwrap_err()
             .to_string()
             .contains("multiple of 4"));
+        assert!(force(KernelFamily::Lanes, 256).is_err());
+        assert_eq!(
+            plan_forward(&PlanRequest::new(256, Precision::F32), &cpu)
+                .unwrap()
+                .kernel,
+            KernelFamily::Tiled
+        );
         let on_gpu = plan_forward(
             &PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
-                kernel: Some(ForwardKernel::Lanes),
+                kernel: Some(KernelFamily::Lanes),
                 ..Default::default()
             }),
             &caps(32),
         );
         assert!(matches!(on_gpu, Err(Error::Unsupported(_))), "{on_gpu:?}");
-        // The backward plans tiles whatever the forward kernel.
+        // The backward follows: lanes where the forward is lanes, else tiles.
         let bwd = plan_backward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
-        assert_eq!(bwd.kernel, ForwardKernel::Tiled);
+        assert_eq!(bwd.kernel, KernelFamily::Lanes);
+        assert_eq!((bwd.br, bwd.workgroup_bytes), (8, 0));
+        let bwd = plan_backward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+        assert_eq!(bwd.kernel, KernelFamily::Tiled);
         assert!(bwd.workgroup_bytes > 0);
         assert_eq!(
-            "lanes".parse::<ForwardKernel>().unwrap(),
-            ForwardKernel::Lanes
+            "lanes".parse::<KernelFamily>().unwrap(),
+            KernelFamily::Lanes
         );
-        assert!("wide".parse::<ForwardKernel>().is_err());
+        assert!("wide".parse::<KernelFamily>().is_err());
     }
 
     #[test]

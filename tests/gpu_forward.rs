@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_accurate, engine, run_gpu, Case};
 use flashattn::{
-    AttentionOptions, ForwardKernel, PlanOverrides, Precision, StorageKind, TensorView, Window,
+    AttentionOptions, KernelFamily, PlanOverrides, Precision, StorageKind, TensorView, Window,
 };
 
 fn causal() -> AttentionOptions {
@@ -14,7 +14,7 @@ fn causal() -> AttentionOptions {
 
 fn tiled() -> PlanOverrides {
     PlanOverrides {
-        kernel: Some(ForwardKernel::Tiled),
+        kernel: Some(KernelFamily::Tiled),
         ..Default::default()
     }
 }

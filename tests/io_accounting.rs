@@ -5,7 +5,7 @@ mod common;
 
 use common::{engine, output_grad, Case};
 use flashattn::gpu::io::Accesses;
-use flashattn::{AttentionOptions, Engine, ForwardKernel, PlanOverrides, TensorView, Window};
+use flashattn::{AttentionOptions, Engine, KernelFamily, PlanOverrides, TensorView, Window};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -59,7 +59,7 @@ fn flash_forward_and_backward_counts_match() {
         );
         // Both forward kernels where the adapter has the lanes one.
         let tiled = PlanOverrides {
-            kernel: Some(ForwardKernel::Tiled),
+            kernel: Some(KernelFamily::Tiled),
             ..case.overrides
         };
         let t = e.forward_with(&q, &k, &v, &case.opts, &tiled).unwrap();

@@ -181,8 +181,9 @@ pub(crate) fn naive_softmax(p: &Params) -> Accesses {
     }
 }
 
-/// The naive dS pass (P and dP read twice, S once more with softcap) and the
-/// dK/dV pass (dS, Q, P, dO for every query row of the group per element).
+/// The naive dS pass (P and dP read twice, S once more with softcap) and
+/// either the transposes of P and dS (no GQA) or the dK/dV pass (dS, Q, P, dO
+/// for every query row of the group per element).
 pub(crate) fn naive_backward_rows(p: &Params, head_dim: u32, softcap: bool) -> Accesses {
     let (b, hq, sq, sk, d) = (
         p.batch as u64,
@@ -196,10 +197,18 @@ pub(crate) fn naive_backward_rows(p: &Params, head_dim: u32, softcap: bool) -> A
         reads: rows * sk * (4 + softcap as u64),
         writes: rows * sk,
     };
-    let kv_elements = b * (hq / p.group as u64) * sk * d;
-    let dkdv = Accesses {
-        reads: kv_elements * p.group as u64 * sq * 4,
-        writes: kv_elements * 2,
+    let dkdv = if p.group == 1 {
+        // P and dS transposed (the matmuls that follow count themselves).
+        Accesses {
+            reads: 2 * rows * sk,
+            writes: 2 * rows * sk,
+        }
+    } else {
+        let kv_elements = b * (hq / p.group as u64) * sk * d;
+        Accesses {
+            reads: kv_elements * p.group as u64 * sq * 4,
+            writes: kv_elements * 2,
+        }
     };
     ds + dkdv
 }

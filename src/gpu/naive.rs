@@ -1,7 +1,8 @@
 //! The naive baseline on the GPU: S and P (and for the backward dP/dS) are
 //! materialized in storage buffers of batch·heads·Sq·Sk f32 each. Its matmuls
-//! are the tuned tiled matmul that also measures the adapter's ceiling, so a
-//! comparison with flash isolates what tiling the softmax saves. It fails where
+//! are the tuned matmuls that also measure the adapter's ceiling (tiled, or
+//! lanes on CPU adapters), so a comparison with flash isolates what tiling
+//! the softmax saves. It fails where
 //! the N×N buffers outgrow a storage binding — which is the point.
 
 use super::engine::{CallStats, Engine, Step};
@@ -72,6 +73,36 @@ fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
         c_head: d,
         heads: hq,
         group: hq / hk,
+        alpha,
+        _pad: 0,
+    }
+}
+
+/// Strides of `Mᵀ·Y` where M is a per-head (Sq×Sk) f32 matrix stored
+/// transposed (Sk×Sq) and Y a (batch, Sq, heads_q, d) tensor, into a (batch,
+/// Sk, heads_kv, d) tensor: dV = Pᵀ·dO and dK = scale·dSᵀ·Q without GQA.
+fn tn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
+    let (hq, hk, d) = (
+        shape.heads_q as u32,
+        shape.heads_kv as u32,
+        shape.head_dim as u32,
+    );
+    let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    MatmulParams {
+        m: sk,
+        n: d,
+        k: sq,
+        lda: sq,
+        ldb: hq * d,
+        ldc: hk * d,
+        a_batch: hq * sq * sk,
+        a_head: sq * sk,
+        b_batch: sq * hq * d,
+        b_head: d,
+        c_batch: sk * hk * d,
+        c_head: d,
+        heads: hq,
+        group: 1,
         alpha,
         _pad: 0,
     }
@@ -351,23 +382,57 @@ impl Engine {
             [rows.div_ceil(ROWS_PER_GROUP), 1, 1],
         ));
         steps.push(self.matmul_step(&dq, [dsb, kb, dqb], &mut stats).await?);
-        // dK and dV sum over the query heads of each kv head: a plain kernel.
-        steps.push((
-            self.pipeline(&source, "dkdv").await?,
-            vec![
-                (Q, qb.clone()),
-                (DO, dob.clone()),
-                (P, pb.clone()),
-                (DS, dsb.clone()),
-                (DK, dkb.clone()),
-                (DV, dvb.clone()),
-            ],
-            [
-                shape.head_dim.div_ceil(TILE),
-                shape.seqlen_k.div_ceil(TILE),
-                shape.batch * shape.heads_kv,
-            ],
-        ));
+        if shape.group() == 1 {
+            // dV = Pᵀ·dO and dK = scale·dSᵀ·Q: transpose, then the tuned matmul.
+            let elements = shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k;
+            let groups = elements.div_ceil(ROWS_PER_GROUP);
+            let x = groups.min(self.max_groups() as usize);
+            let grid = [x, groups.div_ceil(x), 1];
+            steps.push((
+                self.pipeline(&source, "p_transposed").await?,
+                vec![(P, pb.clone()), (S, sb.clone())],
+                grid,
+            ));
+            steps.push((
+                self.pipeline(&source, "ds_transposed").await?,
+                vec![(DS, dsb.clone()), (P, pb.clone())],
+                grid,
+            ));
+            let lanes = self.caps().lane_subgroup;
+            let storages = [StorageKind::F32, storage, storage];
+            let scale = opts.scale_for(shape.head_dim);
+            for (alpha, a, b, c) in [(1.0, sb, dob, dvb), (scale, pb, qb, dkb)] {
+                let v = self.variant(false, false);
+                let spec = MatmulSpec::new(
+                    storages,
+                    false,
+                    Epilogue::Scale,
+                    v,
+                    tn_params(&shape, alpha),
+                    shape.batch,
+                    lanes,
+                );
+                steps.push(self.matmul_step(&spec, [a, b, c], &mut stats).await?);
+            }
+        } else {
+            // With GQA, dK and dV sum over the query heads of each kv head: a plain kernel.
+            steps.push((
+                self.pipeline(&source, "dkdv").await?,
+                vec![
+                    (Q, qb.clone()),
+                    (DO, dob.clone()),
+                    (P, pb.clone()),
+                    (DS, dsb.clone()),
+                    (DK, dkb.clone()),
+                    (DV, dvb.clone()),
+                ],
+                [
+                    shape.head_dim.div_ceil(TILE),
+                    shape.seqlen_k.div_ceil(TILE),
+                    shape.batch * shape.heads_kv,
+                ],
+            ));
+        }
         let clear: Vec<&wgpu::Buffer> = if storage == StorageKind::F16Packed {
             vec![dqb, dkb, dvb]
         } else {

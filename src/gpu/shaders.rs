@@ -3,7 +3,7 @@
 //! constants, `common.wgsl`, storage accessors instantiated from a template per
 //! buffer, and the kernel body.
 
-use crate::plan::{ForwardKernel, Plan, StorageKind};
+use crate::plan::{KernelFamily, Plan, StorageKind};
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 pub const IO_COUNT: &str = include_str!("../../shaders/io_count.wgsl");
@@ -19,6 +19,8 @@ pub const MATMUL_COMMON: &str = include_str!("../../shaders/matmul_common.wgsl")
 pub const MATMUL_LANES: &str = include_str!("../../shaders/matmul_lanes.wgsl");
 pub const NAIVE_BWD: &str = include_str!("../../shaders/naive_bwd.wgsl");
 pub const FLASH_BWD_COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
+pub const FLASH_BWD_MATH: &str = include_str!("../../shaders/flash_bwd_math.wgsl");
+pub const FLASH_BWD_LANES: &str = include_str!("../../shaders/flash_bwd_lanes.wgsl");
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
@@ -180,7 +182,7 @@ fn flags(variant: Variant) -> [(&'static str, String); 2] {
 /// The flash forward kernel for a plan: the tile sizes in the text are the
 /// plan's, so the declared workgroup bytes equal `plan.workgroup_bytes`.
 pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
-    if plan.kernel == ForwardKernel::Lanes {
+    if plan.kernel == KernelFamily::Lanes {
         return flash_forward_lanes(plan, variant);
     }
     let mut c = tile_consts(plan, false);
@@ -417,10 +419,17 @@ fn tile_consts(plan: &Plan, square: bool) -> Vec<(&'static str, String)> {
     c
 }
 
-/// The three backward kernels of a backward plan: `(D = rowsum(dO·O), dK/dV, dQ)`.
+/// The three backward kernels of a backward plan: `(D = rowsum(dO·O), dK/dV, dQ)`,
+/// tiled or lanes as the plan says.
 pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
     use binding::*;
-    let mut c = tile_consts(plan, true);
+    let lanes = plan.kernel == KernelFamily::Lanes;
+    let mut c = if lanes {
+        let u = |x: u32| format!("{x}u");
+        vec![("SG", u(plan.br)), ("D", u(plan.head_dim))]
+    } else {
+        tile_consts(plan, true)
+    };
     c.extend(flags(variant));
     let st = plan.storage;
     let pre = {
@@ -436,31 +445,39 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
         s.push_str(FLASH_BWD_PRE);
         s
     };
+    let read = if lanes { Access::Read4 } else { Access::Read };
     let reads = [
-        ("q", Q, Access::Read),
-        ("k", K, Access::Read),
-        ("v", V, Access::Read),
-        ("do", DO, Access::Read),
+        ("q", Q, read),
+        ("k", K, read),
+        ("v", V, read),
+        ("do", DO, read),
     ];
     let stats = buffer_decls(
         StorageKind::F32,
         &[("lse", LSE, Access::Read), ("dvec", DVEC, Access::Read)],
     );
-    let kernel = |writes: &[(&str, u32, Access)], body: &str| {
+    let kernel = |writes: &[(&str, u32, Access)], tiled: &str, lanes_section: &str| {
         let mut s = prelude(st, &c, variant);
         let mut buffers = reads.to_vec();
         buffers.extend_from_slice(writes);
         s.push_str(&storage_decls(st, &buffers));
         s.push_str(&stats);
-        s.push_str(FLASH_BWD_COMMON);
-        s.push_str(body);
+        s.push_str(FLASH_BWD_MATH);
+        if lanes {
+            let body = section(FLASH_BWD_LANES, lanes_section);
+            s.push_str(&unroll(&body, plan.br, plan.head_dim / 4));
+        } else {
+            s.push_str(FLASH_BWD_COMMON);
+            s.push_str(tiled);
+        }
         s
     };
     let dkdv = kernel(
         &[("dk", DK, Access::Write), ("dv", DV, Access::Write)],
         FLASH_BWD_DKDV,
+        "dkdv",
     );
-    let dq = kernel(&[("dq", DQ, Access::Write)], FLASH_BWD_DQ);
+    let dq = kernel(&[("dq", DQ, Access::Write)], FLASH_BWD_DQ, "dq");
     [pre, dkdv, dq]
 }
 

@@ -5,7 +5,7 @@
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, Engine, ForwardKernel, ForwardOutput, PlanOverrides, Precision, TensorView,
+    AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorView,
 };
 use half::f16;
 use std::sync::OnceLock;
@@ -194,10 +194,10 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    let lanes = out.stats.plan.as_ref().map(|p| p.kernel) == Some(ForwardKernel::Lanes);
+    let lanes = out.stats.plan.as_ref().map(|p| p.kernel) == Some(KernelFamily::Lanes);
     if lanes && case.overrides.kernel.is_none() {
         run(&PlanOverrides {
-            kernel: Some(ForwardKernel::Tiled),
+            kernel: Some(KernelFamily::Tiled),
             ..case.overrides
         });
     }

@@ -1,0 +1,28 @@
+// The per-entry arithmetic of the backward, shared by the tiled kernels
+// (flash_bwd_common.wgsl) and the lanes kernels (flash_bwd_lanes.wgsl), so
+// both recompute P and dS exactly alike.
+
+// A row's LSE as the backward uses it: empty rows carry lse = -inf; all their
+// entries are masked, so any finite stand-in keeps the arithmetic free of
+// infinities.
+fn finite_lse(x: f32) -> f32 {
+    return select(x, 0.0, bitcast<u32>(x) == 0xff800000u);
+}
+
+// P = exp(s - lse) and dS = P·(dP - D), times the softcap's derivative, from
+// the raw score s (the forward's arithmetic: s - lse is exact for a row's
+// largest score, see common.wgsl); both rounded to the storage precision
+// before the matmuls that use them. Entries that do not take part are 0.
+fn p_and_ds(s: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f32> {
+    var sc = s;
+    // d(softcap)/ds = 1 - tanh²: the chain rule factor on dS.
+    var dcap = 1.0;
+    if (HAS_SOFTCAP) {
+        let th = tanh(sc / params.softcap);
+        sc = params.softcap * th;
+        dcap = 1.0 - th * th;
+    }
+    let p = select(0.0, exp(sc - lse), ok);
+    let ds = p * (dp - dvec) * dcap;
+    return vec2<f32>(round_storage(p), round_storage(ds));
+}
