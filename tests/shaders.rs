@@ -182,10 +182,12 @@ fn matmul_validates_in_every_configuration() {
                 MatmulKernel::Lanes {
                     lanes: 8,
                     chunks: 16,
+                    rows: 2,
                 },
                 MatmulKernel::Lanes {
                     lanes: 4,
                     chunks: 1,
+                    rows: 1,
                 },
             ] {
                 for (epilogue, variant) in [

@@ -162,7 +162,9 @@ pub(crate) fn matmul(spec: &MatmulSpec) -> Accesses {
             m * k * tiles(n) + n * k * tiles(m)
         }
         // A once; all of B for every subgroup of rows.
-        MatmulKernel::Lanes { lanes, .. } => m * k + n * k * m.div_ceil(lanes as u64),
+        MatmulKernel::Lanes { lanes, rows, .. } => {
+            m * k + n * k * m.div_ceil((lanes * rows) as u64)
+        }
     };
     Accesses {
         reads: z * reads,

@@ -197,7 +197,12 @@ pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
 fn flash_forward_lanes(plan: &Plan, variant: Variant) -> String {
     use binding::*;
     let u = |x: u32| format!("{x}u");
-    let mut c = vec![("SG", u(plan.br)), ("D", u(plan.head_dim))];
+    let rows = plan.br / plan.bc;
+    let mut c = vec![
+        ("SG", u(plan.bc)),
+        ("RPL", u(rows)),
+        ("D", u(plan.head_dim)),
+    ];
     c.extend(flags(variant));
     let mut s = prelude(plan.storage, &c, variant);
     s.push_str(&storage_decls(
@@ -213,24 +218,38 @@ fn flash_forward_lanes(plan: &Plan, variant: Variant) -> String {
         StorageKind::F32,
         &[("lse", LSE, Access::Write)],
     ));
-    s.push_str(&unroll(FLASH_FWD_LANES, plan.br, plan.head_dim / 4));
+    s.push_str(&unroll(FLASH_FWD_LANES, lanes_unroll(plan)));
     s
 }
 
-/// Expand the lanes kernels' repetition: a line containing `$j` is repeated
-/// for each j < `lanes`, one containing `$i` for each i < `chunks`; a line
-/// with both repeats for every (j, i), j outer unless it ends in `// i outer`.
-/// A line containing `$q` repeats for each quad q < `lanes / 4`, with
-/// `$q0`..`$q3` standing for 4q..4q+3. Comment lines are dropped.
-pub fn unroll(template: &str, lanes: u32, chunks: u32) -> String {
+/// A lanes plan's repetition counts: `bc` lanes (keys per step), `br / bc`
+/// rows per lane, head dim / 4 chunks.
+fn lanes_unroll(plan: &Plan) -> Unroll {
+    Unroll {
+        lanes: plan.bc,
+        chunks: plan.head_dim / 4,
+        rows: plan.br / plan.bc,
+    }
+}
+
+/// The repetition counts of a lanes template (see [`unroll`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unroll {
+    /// `$j`: lanes of a subgroup (and `$q`: quads of lanes).
+    pub lanes: u32,
+    /// `$i`: vec4 chunks of a row.
+    pub chunks: u32,
+    /// `$r`: rows each lane owns.
+    pub rows: u32,
+}
+
+/// Expand a lanes template: a line containing `$r`, `$q`, `$j` or `$i`
+/// repeats for each value of each placeholder it contains — r < `rows`,
+/// q < `lanes / 4` (with `$q0`..`$q3` standing for 4q..4q+3), j < `lanes`,
+/// i < `chunks` — nested in that order, or with i outermost when the line
+/// ends in `// i outer`. Comment lines are dropped.
+pub fn unroll(template: &str, n: Unroll) -> String {
     const I_OUTER: &str = " // i outer";
-    let range = |used: bool, n: u32| -> Vec<Option<u32>> {
-        if used {
-            (0..n).map(Some).collect()
-        } else {
-            vec![None]
-        }
-    };
     let mut out = String::with_capacity(template.len() * 4);
     // Comments explain the template, not its expansion (and would repeat).
     for line in template
@@ -241,33 +260,36 @@ pub fn unroll(template: &str, lanes: u32, chunks: u32) -> String {
             Some(l) => (l, true),
             None => (line, false),
         };
-        if line.contains("$q") {
-            for q in 0..lanes / 4 {
-                let mut l = line.to_string();
-                for c in 0..4 {
-                    l = l.replace(&format!("$q{c}"), &(4 * q + c).to_string());
-                }
-                out.push_str(&l.replace("$q", &q.to_string()));
-                out.push('\n');
-            }
-            continue;
+        let mut dims: Vec<(char, u32)> = [
+            ('r', n.rows),
+            ('q', n.lanes / 4),
+            ('j', n.lanes),
+            ('i', n.chunks),
+        ]
+        .into_iter()
+        .filter(|(c, _)| line.contains(&format!("${c}")))
+        .collect();
+        if i_outer && dims.last().is_some_and(|d| d.0 == 'i') {
+            dims.rotate_right(1);
         }
-        let js = range(line.contains("$j"), lanes);
-        let is = range(line.contains("$i"), chunks);
-        let mut pairs: Vec<(Option<u32>, Option<u32>)> = Vec::new();
-        if i_outer {
-            pairs.extend(is.iter().flat_map(|&i| js.iter().map(move |&j| (j, i))));
-        } else {
-            pairs.extend(js.iter().flat_map(|&j| is.iter().map(move |&i| (j, i))));
+        // Every combination of the line's placeholders, first dim outermost.
+        let mut lines = vec![line.to_string()];
+        for (c, count) in dims.iter().rev() {
+            lines = (0..*count)
+                .flat_map(|v| {
+                    lines.iter().map(move |l| {
+                        let mut l = l.clone();
+                        if *c == 'q' {
+                            for k in 0..4 {
+                                l = l.replace(&format!("$q{k}"), &(4 * v + k).to_string());
+                            }
+                        }
+                        l.replace(&format!("${c}"), &v.to_string())
+                    })
+                })
+                .collect();
         }
-        for (j, i) in pairs {
-            let mut l = line.to_string();
-            if let Some(j) = j {
-                l = l.replace("$j", &j.to_string());
-            }
-            if let Some(i) = i {
-                l = l.replace("$i", &i.to_string());
-            }
+        for l in lines {
             out.push_str(&l);
             out.push('\n');
         }
@@ -328,9 +350,10 @@ pub enum Epilogue {
 pub enum MatmulKernel {
     /// `matmul.wgsl`, any shape; `aligned`: M, N multiples of 64 and K of 16.
     Tiled { aligned: bool },
-    /// `matmul_lanes.wgsl` on `lanes`-wide subgroups: the `dot` form when B is
-    /// transposed (K = 4·`chunks`), else `axpy` (N = 4·`chunks`).
-    Lanes { lanes: u32, chunks: u32 },
+    /// `matmul_lanes.wgsl` on `lanes`-wide subgroups, `rows` rows of C per
+    /// lane: the `dot` form when B is transposed (K = 4·`chunks`), else
+    /// `axpy` (N = 4·`chunks`).
+    Lanes { lanes: u32, chunks: u32, rows: u32 },
 }
 
 impl MatmulKernel {
@@ -368,14 +391,24 @@ pub fn matmul(
             consts.push(("ALIGNED", aligned.to_string()));
             (Access::Read, Access::Write, MATMUL.to_string())
         }
-        MatmulKernel::Lanes { lanes, chunks } => {
+        MatmulKernel::Lanes {
+            lanes,
+            chunks,
+            rows,
+        } => {
             consts.push(("SG", format!("{lanes}u")));
+            consts.push(("RPL", format!("{rows}u")));
             let (a, c, form) = if b_trans {
                 (Access::Read4, Access::Write4, "dot")
             } else {
                 (Access::Read, Access::Write, "axpy")
             };
-            let body = unroll(&section(MATMUL_LANES, form), lanes, chunks);
+            let n = Unroll {
+                lanes,
+                chunks,
+                rows,
+            };
+            let body = unroll(&section(MATMUL_LANES, form), n);
             (a, c, body)
         }
     };
@@ -426,7 +459,7 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
     let lanes = plan.kernel == KernelFamily::Lanes;
     let mut c = if lanes {
         let u = |x: u32| format!("{x}u");
-        vec![("SG", u(plan.br)), ("D", u(plan.head_dim))]
+        vec![("SG", u(plan.bc)), ("D", u(plan.head_dim))]
     } else {
         tile_consts(plan, true)
     };
@@ -465,7 +498,7 @@ pub fn flash_backward(plan: &Plan, variant: Variant) -> [String; 3] {
         s.push_str(FLASH_BWD_MATH);
         if lanes {
             let body = section(FLASH_BWD_LANES, lanes_section);
-            s.push_str(&unroll(&body, plan.br, plan.head_dim / 4));
+            s.push_str(&unroll(&body, lanes_unroll(plan)));
         } else {
             s.push_str(FLASH_BWD_COMMON);
             s.push_str(tiled);
@@ -487,20 +520,34 @@ mod tests {
 
     #[test]
     fn unroll_repeats_lines_per_lane_and_chunk() {
+        let n = |lanes, chunks, rows| Unroll {
+            lanes,
+            chunks,
+            rows,
+        };
         let t = "a\n// about $i\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
         assert_eq!(
-            unroll(t, 2, 3),
+            unroll(t, n(2, 3, 1)),
             "a\nx0 = 0u;\nx1 = 1u;\nx2 = 2u;\n\
              s0 += q0 * k0;\ns0 += q1 * k0;\ns0 += q2 * k0;\n\
              s1 += q0 * k1;\ns1 += q1 * k1;\ns1 += q2 * k1;\nb\n"
         );
         assert_eq!(
-            unroll("s$j += q$i; // i outer\n", 2, 2),
+            unroll("s$j += q$i; // i outer\n", n(2, 2, 1)),
             "s0 += q0;\ns1 += q0;\ns0 += q1;\ns1 += q1;\n"
         );
         assert_eq!(
-            unroll("c[$q] = f(s$q0, s$q3);\n", 8, 1),
+            unroll("c[$q] = f(s$q0, s$q3);\n", n(8, 1, 1)),
             "c[0] = f(s0, s3);\nc[1] = f(s4, s7);\n"
+        );
+        assert_eq!(
+            unroll("s$r_$j += q$r_$i; // i outer\n", n(2, 2, 2)),
+            "s0_0 += q0_0;\ns0_1 += q0_0;\ns1_0 += q1_0;\ns1_1 += q1_0;\n\
+             s0_0 += q0_1;\ns0_1 += q0_1;\ns1_0 += q1_1;\ns1_1 += q1_1;\n"
+        );
+        assert_eq!(
+            unroll("o$r[$q] = s$r_$q1;\n", n(8, 1, 2)),
+            "o0[0] = s0_1;\no0[1] = s0_5;\no1[0] = s1_1;\no1[1] = s1_5;\n"
         );
     }
 
