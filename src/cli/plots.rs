@@ -67,7 +67,11 @@ pub fn write(report: &Report, path: &Path) -> Result<Vec<PathBuf>> {
         let out = sibling(path, "time")?;
         render(
             &Chart {
-                title: format!("Attention time vs sequence length — {}", report.adapter),
+                // The adapter's name only: the full description overflows the title.
+                title: format!(
+                    "Attention time vs N — {}",
+                    report.adapter.split(" (").next().unwrap_or(&report.adapter)
+                ),
                 x_label: "sequence length N".into(),
                 y_label: "median time (ms)".into(),
                 log_x: true,
