@@ -96,6 +96,13 @@ fn visible_rows(first_key: i32, last_key: i32) -> vec2<i32> {
     return vec2<i32>(lo, max(lo, hi));
 }
 
+// The blocks of `size` that cover the local range [r.x, r.y) of visible_keys
+// or visible_rows, as [begin, end) block indices (empty if the range is).
+fn block_range(r: vec2<i32>, size: u32) -> vec2<u32> {
+    let begin = u32(r.x) / size;
+    return vec2<u32>(begin, select(begin, (u32(r.y) + size - 1u) / size, r.y > r.x));
+}
+
 // Whether every (row, key) of the tile rows first..=last × keys k_first..=k_last
 // is allowed by the band, so the tile needs no per-element mask.
 fn band_covers(first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool {

@@ -19,14 +19,13 @@ fn main(
 
     // Skip, don't mask: only query blocks that see one of these keys.
     let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
-    let qb_begin = u32(rows.x) / B;
-    let qb_end = select(qb_begin, (u32(rows.y) + B - 1u) / B, rows.y > rows.x);
+    let row_blocks = block_range(rows, B);
 
     var dk: array<f32, ACC>;
     var dv: array<f32, ACC>;
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var qb = qb_begin; qb < qb_end; qb++) {
+        for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
             let q0 = qb * B;
             let rows_here = min(B, params.seqlen_q - q0);
             // The previous tile's readers must finish before it is overwritten.

@@ -19,11 +19,10 @@ fn main(
     load_row_tiles(tid, b, h, q0, rows_here);
 
     let keys = visible_keys(row_abs0, row_abs0 + i32(rows_here) - 1);
-    let kb_begin = u32(keys.x) / B;
-    let kb_end = select(kb_begin, (u32(keys.y) + B - 1u) / B, keys.y > keys.x);
+    let key_blocks = block_range(keys, B);
 
     var dq: array<f32, ACC>;
-    for (var kb = kb_begin; kb < kb_end; kb++) {
+    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * B;
         let keys_here = min(B, params.seqlen_k - k0);
         workgroupBarrier();

@@ -40,11 +40,10 @@ fn main(
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
     let keys = visible_keys(first_row, last_row);
-    let kb_begin = u32(keys.x) / SG;
-    let kb_end = select(kb_begin, (u32(keys.y) + SG - 1u) / SG, keys.y > keys.x);
+    let key_blocks = block_range(keys, SG);
     let row_abs = first_row + i32(tid);
     var dq$i = vec4<f32>(0.0);
-    for (var kb = kb_begin; kb < kb_end; kb++) {
+    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);
@@ -98,13 +97,12 @@ fn main(
     let key_abs0 = i32(params.k_start + k0);
     let key_abs = key_abs0 + i32(tid);
     let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
-    let qb_begin = u32(rows.x) / SG;
-    let qb_end = select(qb_begin, (u32(rows.y) + SG - 1u) / SG, rows.y > rows.x);
+    let row_blocks = block_range(rows, SG);
     var dk$i = vec4<f32>(0.0);
     var dv$i = vec4<f32>(0.0);
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var qb = qb_begin; qb < qb_end; qb++) {
+        for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
             let q0 = qb * SG;
             let rows_here = min(SG, params.seqlen_q - q0);
             // Lane j holds query row q0 + j; rows past the end read as zero.

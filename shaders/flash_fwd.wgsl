@@ -45,8 +45,7 @@ fn main(
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
     let keys = visible_keys(first_row, last_row);
-    let kb_begin = u32(keys.x) / BC;
-    let kb_end = select(kb_begin, (u32(keys.y) + BC - 1u) / BC, keys.y > keys.x);
+    let key_blocks = block_range(keys, BC);
 
     let row_abs = first_row + i32(r);
     let row_valid = r < rows_here;
@@ -54,7 +53,7 @@ fn main(
     var l_part = 0.0;
     var acc: array<f32, ACC>;
 
-    for (var kb = kb_begin; kb < kb_end; kb++) {
+    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * BC;
         // Previous block's P·V must finish before its tiles are overwritten.
         workgroupBarrier();

@@ -42,14 +42,13 @@ fn main(
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
     let keys = visible_keys(first_row, last_row);
-    let kb_begin = u32(keys.x) / SG;
-    let kb_end = select(kb_begin, (u32(keys.y) + SG - 1u) / SG, keys.y > keys.x);
+    let key_blocks = block_range(keys, SG);
     let row_abs$r = first_row + i32($ru * SG + tid);
     var m_run$r = NEG_BIG;
     var l$r = 0.0;
     var acc$r_$i = vec4<f32>(0.0);
 
-    for (var kb = kb_begin; kb < kb_end; kb++) {
+    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);

@@ -340,6 +340,18 @@ pub fn forward_workgroup_bytes(br: u32, bc: u32, head_dim: u32, threads_per_row:
     WORKING_BYTES * (br * head_dim + 2 * bc * head_dim + br * bc + br * threads_per_row)
 }
 
+/// Record that the planner moved `field` from `from` to `to` (if it did).
+fn record_clamp(clamps: &mut Vec<Clamp>, field: &'static str, from: u32, to: u32, reason: String) {
+    if from != to {
+        clamps.push(Clamp {
+            field,
+            from,
+            to,
+            reason,
+        });
+    }
+}
+
 fn round_down(x: u32, g: u32) -> u32 {
     if x >= g {
         x / g * g
@@ -409,16 +421,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         });
     }
     let mut clamps = Vec::new();
-    let mut clamp = |field, from: u32, to: u32, reason: String| {
-        if from != to {
-            clamps.push(Clamp {
-                field,
-                from,
-                to,
-                reason,
-            });
-        }
-    };
+    let mut clamp = |field, from, to, reason| record_clamp(&mut clamps, field, from, to, reason);
 
     let max_wg = caps.max_invocations.min(caps.max_workgroup_size_x).max(1);
 
@@ -662,16 +665,7 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     let m_bytes = fwd.m_bytes;
     let max_wg = caps.max_invocations.min(caps.max_workgroup_size_x).max(1);
     let mut clamps = Vec::new();
-    let mut clamp = |field, from: u32, to: u32, reason: String| {
-        if from != to {
-            clamps.push(Clamp {
-                field,
-                from,
-                to,
-                reason,
-            });
-        }
-    };
+    let mut clamp = |field, from, to, reason| record_clamp(&mut clamps, field, from, to, reason);
     let mut b = round_down(fwd.br_formula, GRANULARITY);
     clamp("B", fwd.br_formula, b, format!("square tiles Br = Bc = min(Br, Bc), rounded down to the kernel granularity {GRANULARITY}"));
     let needed = round_up(req.seqlen_q.max(req.seqlen_k), GRANULARITY);

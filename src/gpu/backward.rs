@@ -97,26 +97,14 @@ impl Engine {
     ) -> Result<BackwardOutput> {
         let shape = validate_backward(q, k, v, o, lse, d_o, opts)?;
         let plan = self.plan_backward(&shape, q.precision(), overrides)?;
-        let mut reruns = 0;
-        loop {
-            let max_seq = self.sequence_cap("backward", &plan);
-            let inputs = [q, k, v, o, d_o];
-            match self
-                .backward_pieces(inputs, lse, opts, &shape, &plan, max_seq)
-                .await
-            {
-                Err(Error::LoopBudget(_)) => {
-                    let longest = shape.seqlen_q.max(shape.seqlen_k).min(max_seq);
-                    self.halve_sequence_cap("backward", &plan, longest)?;
-                    reruns += 1;
-                }
-                Ok(mut out) => {
-                    out.stats.reruns = reruns;
-                    return Ok(out);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let longest = shape.seqlen_q.max(shape.seqlen_k);
+        let (mut out, reruns) = self
+            .with_reruns("backward", &plan, longest, |max_seq| {
+                self.backward_pieces([q, k, v, o, d_o], lse, opts, &shape, &plan, max_seq)
+            })
+            .await?;
+        out.stats.reruns = reruns;
+        Ok(out)
     }
 
     /// One attempt at a backward, in pieces of at most `max_seq` rows and keys.

@@ -240,15 +240,37 @@ impl Engine {
             .unwrap_or(usize::MAX)
     }
 
-    /// After the loop guard fired on a call whose longest piece covered
-    /// `longest` rows or keys: remember half of it for this kernel and plan and
-    /// return it, or fail when a piece is already as short as one tile.
-    pub(crate) fn halve_sequence_cap(
+    /// Run `attempt` with the longest run of rows and keys one dispatch of
+    /// `kernel` may cover, halving it each time the loop guard fires, until a
+    /// run completes; returns its result and the number of reruns.
+    pub(crate) async fn with_reruns<T, F, Fut>(
         &self,
         kernel: &str,
         plan: &Plan,
         longest: usize,
-    ) -> Result<usize> {
+        mut attempt: F,
+    ) -> Result<(T, u32)>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut reruns = 0;
+        loop {
+            let max_seq = self.sequence_cap(kernel, plan);
+            match attempt(max_seq).await {
+                Err(Error::LoopBudget(_)) => {
+                    self.halve_sequence_cap(kernel, plan, longest.min(max_seq))?;
+                    reruns += 1;
+                }
+                other => return other.map(|out| (out, reruns)),
+            }
+        }
+    }
+
+    /// After the loop guard fired on a call whose longest piece covered
+    /// `longest` rows or keys: remember half of it for this kernel and plan and
+    /// return it, or fail when a piece is already as short as one tile.
+    fn halve_sequence_cap(&self, kernel: &str, plan: &Plan, longest: usize) -> Result<usize> {
         let floor = plan.br.max(plan.bc) as usize;
         if longest <= floor {
             return Err(Error::Unsupported(format!(

@@ -76,25 +76,14 @@ impl Engine {
         let shape = AttentionShape::from_views(q, k, v)?;
         opts.validate()?;
         let plan = self.plan(&shape, q.precision(), overrides)?;
-        let mut reruns = 0;
-        loop {
-            let max_seq = self.sequence_cap("forward", &plan);
-            match self
-                .forward_pieces(q, k, v, opts, &shape, &plan, max_seq)
-                .await
-            {
-                Err(Error::LoopBudget(_)) => {
-                    let longest = shape.seqlen_q.max(shape.seqlen_k).min(max_seq);
-                    self.halve_sequence_cap("forward", &plan, longest)?;
-                    reruns += 1;
-                }
-                Ok(mut out) => {
-                    out.stats.reruns = reruns;
-                    return Ok(out);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let longest = shape.seqlen_q.max(shape.seqlen_k);
+        let (mut out, reruns) = self
+            .with_reruns("forward", &plan, longest, |max_seq| {
+                self.forward_pieces(q, k, v, opts, &shape, &plan, max_seq)
+            })
+            .await?;
+        out.stats.reruns = reruns;
+        Ok(out)
     }
 
     /// One attempt at a host-tensor forward, in pieces of at most `max_seq`

@@ -88,23 +88,17 @@ fn tn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
         shape.head_dim as u32,
     );
     let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    // The per-head matrices are laid out as in `nn_params`, only transposed.
     MatmulParams {
         m: sk,
-        n: d,
         k: sq,
         lda: sq,
         ldb: hq * d,
         ldc: hk * d,
-        a_batch: hq * sq * sk,
-        a_head: sq * sk,
         b_batch: sq * hq * d,
-        b_head: d,
         c_batch: sk * hk * d,
-        c_head: d,
-        heads: hq,
         group: 1,
-        alpha,
-        _pad: 0,
+        ..nn_params(shape, alpha)
     }
 }
 
