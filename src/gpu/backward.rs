@@ -5,7 +5,7 @@
 use super::engine::{CallStats, Engine};
 use super::params::{Params, Piece};
 use super::shaders::{self, binding};
-use super::split::{gather_lse, host_gather, scatter_add, split};
+use super::split::{gather_lse, host_gather, scatter_add};
 use crate::attention::BackwardOutput;
 // Only the native-only blocking `forward_backward` returns a forward output.
 #[cfg(not(target_arch = "wasm32"))]
@@ -119,18 +119,8 @@ impl Engine {
     ) -> Result<BackwardOutput> {
         let (shape, plan) = (*shape, plan.clone());
         let precision = q.precision();
-        let mut stats = CallStats {
-            plan: Some(plan.clone()),
-            ..Default::default()
-        };
-        let elem = precision.bytes() as u64;
-        let pieces = split(
-            &shape,
-            elem,
-            self.max_binding(),
-            self.max_groups() as usize,
-            max_seq,
-        )?;
+        let mut stats = CallStats::for_plan(&plan);
+        let pieces = self.pieces(&shape, precision, max_seq)?;
         let tensors = |[dq, dk, dv]: [TensorData; 3], stats| BackwardOutput {
             dq: Tensor {
                 shape: shape.q_shape().to_vec(),

@@ -3,8 +3,10 @@
 
 use super::io::Accesses;
 use super::shaders::{binding, Variant};
+use super::split::{split, Split};
 use crate::error::{Error, Result};
 use crate::plan::{DeviceCaps, Plan};
+use crate::tensor::{AttentionShape, Precision};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use web_time::Instant;
@@ -43,6 +45,14 @@ pub struct CallStats {
 }
 
 impl CallStats {
+    /// The stats of a call that runs `plan`, before it has done anything.
+    pub(crate) fn for_plan(plan: &Plan) -> Self {
+        Self {
+            plan: Some(plan.clone()),
+            ..Default::default()
+        }
+    }
+
     /// Bytes of all buffers allocated by the call (they coexist).
     pub fn peak_bytes(&self) -> u64 {
         self.allocations.iter().map(|a| a.bytes).sum()
@@ -238,6 +248,23 @@ impl Engine {
             .ok()
             .and_then(|caps| caps.get(&key).copied())
             .unwrap_or(usize::MAX)
+    }
+
+    /// How a host-tensor call on `shape` is cut: pieces that fit one storage
+    /// binding and the dispatch limit, at most `max_seq` rows and keys each.
+    pub(crate) fn pieces(
+        &self,
+        shape: &AttentionShape,
+        precision: Precision,
+        max_seq: usize,
+    ) -> Result<Vec<Split>> {
+        split(
+            shape,
+            precision.bytes() as u64,
+            self.max_binding(),
+            self.max_groups() as usize,
+            max_seq,
+        )
     }
 
     /// Run `attempt` with the longest run of rows and keys one dispatch of

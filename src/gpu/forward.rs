@@ -4,7 +4,7 @@
 use super::engine::{CallStats, Engine};
 use super::params::{Params, Piece};
 use super::shaders;
-use super::split::{host_gather, merge_piece, scatter, split};
+use super::split::{host_gather, merge_piece, scatter};
 use crate::attention::ForwardOutput;
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
@@ -101,18 +101,8 @@ impl Engine {
     ) -> Result<ForwardOutput> {
         let (shape, plan) = (*shape, plan.clone());
         let precision = q.precision();
-        let mut stats = CallStats {
-            plan: Some(plan.clone()),
-            ..Default::default()
-        };
-        let elem = precision.bytes() as u64;
-        let pieces = split(
-            &shape,
-            elem,
-            self.max_binding(),
-            self.max_groups() as usize,
-            max_seq,
-        )?;
+        let mut stats = CallStats::for_plan(&plan);
+        let pieces = self.pieces(&shape, precision, max_seq)?;
 
         if pieces.len() == 1 {
             let (o, lse) = self
@@ -291,10 +281,7 @@ impl Engine {
                 )));
             }
         }
-        let mut stats = CallStats {
-            plan: Some(plan.clone()),
-            ..Default::default()
-        };
+        let mut stats = CallStats::for_plan(&plan);
         self.encode_and_run(buffers, &Piece::whole(*shape), &plan, opts, &mut stats)
             .await?;
         Ok(stats)
