@@ -106,6 +106,11 @@ fn has_loop_limiter(info: &wgpu::AdapterInfo) -> bool {
     info.name.contains("llvmpipe")
 }
 
+/// The key of a learned sequence cap: the kernel and its whole plan.
+fn cap_key(kernel: &str, plan: &Plan) -> String {
+    format!("{kernel} {plan:?}")
+}
+
 /// Features flashattn uses when the adapter has them.
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
     adapter
@@ -242,11 +247,10 @@ impl Engine {
     /// The longest run of rows or keys one dispatch of `kernel` under `plan`
     /// may cover (unbounded until the loop guard has fired for it).
     pub(crate) fn sequence_cap(&self, kernel: &str, plan: &Plan) -> usize {
-        let key = format!("{kernel} {plan:?}");
         self.sequence_caps
             .lock()
             .ok()
-            .and_then(|caps| caps.get(&key).copied())
+            .and_then(|caps| caps.get(&cap_key(kernel, plan)).copied())
             .unwrap_or(usize::MAX)
     }
 
@@ -295,9 +299,9 @@ impl Engine {
     }
 
     /// After the loop guard fired on a call whose longest piece covered
-    /// `longest` rows or keys: remember half of it for this kernel and plan and
-    /// return it, or fail when a piece is already as short as one tile.
-    fn halve_sequence_cap(&self, kernel: &str, plan: &Plan, longest: usize) -> Result<usize> {
+    /// `longest` rows or keys: remember half of it for this kernel and plan,
+    /// or fail when a piece is already as short as one tile.
+    fn halve_sequence_cap(&self, kernel: &str, plan: &Plan, longest: usize) -> Result<()> {
         let floor = plan.br.max(plan.bc) as usize;
         if longest <= floor {
             return Err(Error::Unsupported(format!(
@@ -305,13 +309,11 @@ impl Engine {
                 self.info.name
             )));
         }
-        let cap = (longest / 2).max(floor);
-        let key = format!("{kernel} {plan:?}");
         self.sequence_caps
             .lock()
             .map_err(|_| Error::Device("sequence caps poisoned by a panic".into()))?
-            .insert(key, cap);
-        Ok(cap)
+            .insert(cap_key(kernel, plan), (longest / 2).max(floor));
+        Ok(())
     }
 
     pub fn device(&self) -> &wgpu::Device {

@@ -193,7 +193,8 @@ pub fn flash_forward(plan: &Plan, variant: Variant) -> String {
     s
 }
 
-/// The lanes forward kernel (subgroups of `plan.br` lanes), unrolled.
+/// The lanes forward kernel, unrolled: subgroups of `plan.bc` lanes, each
+/// owning `plan.br / plan.bc` query rows.
 fn flash_forward_lanes(plan: &Plan, variant: Variant) -> String {
     use binding::*;
     let u = |x: u32| format!("{x}u");
