@@ -311,10 +311,9 @@ impl std::fmt::Display for Plan {
         if self.kernel == KernelFamily::Lanes {
             writeln!(
                 f,
-                "kernel: lanes — a CPU adapter with {}-lane subgroups: {} query rows per lane, \
-                 K/V rows shared by subgroup broadcast, no workgroup storage (the tiled formula does not apply)",
-                self.bc,
-                self.br / self.bc
+                "kernel: lanes — a CPU adapter with {}-lane subgroups: each lane owns rows, \
+                 K/V rows are shared by subgroup broadcast, no workgroup storage (see the clamps)",
+                self.bc
             )?;
         }
         writeln!(
@@ -405,6 +404,22 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
         } else {
             1
         };
+        let mut clamps = Vec::new();
+        let why = format!("lanes kernel on a CPU adapter with {sg}-lane subgroups");
+        record_clamp(
+            &mut clamps,
+            "Bc",
+            bc_formula,
+            sg,
+            format!("{why}: one key per lane per step"),
+        );
+        record_clamp(
+            &mut clamps,
+            "Br",
+            br_formula,
+            sg * rows,
+            format!("{why}: {rows} query rows per lane"),
+        );
         return Ok(Plan {
             kernel: KernelFamily::Lanes,
             head_dim: d,
@@ -417,7 +432,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
             threads_per_row: 1,
             workgroup_size: sg,
             workgroup_bytes: 0,
-            clamps: Vec::new(),
+            clamps,
         });
     }
     let mut clamps = Vec::new();
@@ -645,7 +660,10 @@ pub fn backward_workgroup_bytes(b: u32, head_dim: u32) -> u32 {
 pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Plan> {
     if choose_kernel(req, caps)? == KernelFamily::Lanes {
         // The lanes backward kernels own one row (dQ) or key (dK/dV) per lane.
-        let fwd = plan_forward(req, caps)?;
+        let mut fwd = plan_forward(req, caps)?;
+        fwd.clamps.retain(|c| c.field != "Br");
+        let why = "lanes backward: one query row (dQ) or key (dK/dV) per lane";
+        record_clamp(&mut fwd.clamps, "Br", fwd.br_formula, fwd.bc, why.into());
         return Ok(Plan { br: fwd.bc, ..fwd });
     }
     let fwd = plan_forward(
@@ -768,6 +786,9 @@ mod tests {
         let p = plan_forward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
         assert_eq!(p.kernel, KernelFamily::Lanes);
         assert_eq!((p.br, p.bc, p.threads_per_row), (16, 8, 1));
+        // Every departure from the formula says why.
+        assert_eq!(p.clamps.len(), 2, "{p}");
+        assert!(p.clamps.iter().all(|c| c.reason.contains("lanes kernel")));
         let short = PlanRequest::new(64, Precision::F32).seqlens(5, 100);
         assert_eq!(plan_forward(&short, &cpu).unwrap().br, 8);
         assert_eq!((p.workgroup_size, p.workgroup_bytes), (8, 0));
