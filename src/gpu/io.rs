@@ -115,29 +115,31 @@ pub(crate) fn flash_forward(p: &Params, plan: &Plan, masked: bool) -> Accesses {
 pub(crate) fn flash_backward(p: &Params, plan: &Plan, masked: bool) -> Accesses {
     let (sq, sk, d) = (p.seqlen_q as u64, p.seqlen_k as u64, plan.head_dim as u64);
     let (b, hq, group) = (p.batch as u64, p.heads_q as u64, p.group as u64);
-    let tile = plan.br as u64;
+    // Workgroups own blocks of br rows (dQ) or keys (dK/dV) and step through
+    // the other side in blocks of bc (equal in tiled plans).
+    let (outer, inner) = (plan.br as u64, plan.bc as u64);
     let band = Band(p, masked);
     let mut total = Accesses {
         reads: b * hq * sq * 2 * d,
         writes: b * hq * sq,
     };
     let mut per_kv_head = Accesses::default();
-    for (k0, keys) in all_blocks(sk, tile) {
+    for (k0, keys) in all_blocks(sk, outer) {
         per_kv_head.reads += 2 * keys * d;
         per_kv_head.writes += 2 * keys * d;
         let first = (p.k_start as u64 + k0) as i64;
         let (lo, hi) = band.rows(first, first + keys as i64 - 1);
-        for (_, rows) in blocks(lo, hi, tile, sq) {
+        for (_, rows) in blocks(lo, hi, inner, sq) {
             per_kv_head.reads += group * (2 * rows * d + 2 * rows);
         }
     }
     let mut per_q_head = Accesses::default();
-    for (q0, rows) in all_blocks(sq, tile) {
+    for (q0, rows) in all_blocks(sq, outer) {
         per_q_head.reads += 2 * rows * d + 2 * rows;
         per_q_head.writes += rows * d;
         let first = (p.q_start as u64 + q0) as i64;
         let (lo, hi) = band.keys(first, first + rows as i64 - 1);
-        for (_, keys) in blocks(lo, hi, tile, sk) {
+        for (_, keys) in blocks(lo, hi, inner, sk) {
             per_q_head.reads += 2 * keys * d;
         }
     }
