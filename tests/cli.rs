@@ -94,18 +94,24 @@ impl Files {
         [q, k, v]
     }
 
-    fn forward(&self, extra: &[&str]) -> Output {
+    /// Run `command` with each `(flag, file)` pointing into this directory.
+    fn run(&self, command: &str, files: &[(&str, &str)], extra: &[&str]) -> Output {
         let mut c = bin();
-        c.arg("forward");
-        for (flag, name) in [
+        c.arg(command);
+        for (flag, name) in files {
+            c.arg(flag).arg(self.path(name));
+        }
+        c.args(extra).output().unwrap()
+    }
+
+    fn forward(&self, extra: &[&str]) -> Output {
+        let files = [
             ("--q", "q.npy"),
             ("--k", "k.npy"),
             ("--v", "v.npy"),
             ("--out", "o.npy"),
-        ] {
-            c.arg(flag).arg(self.path(name));
-        }
-        c.args(extra).output().unwrap()
+        ];
+        self.run("forward", &files, extra)
     }
 }
 
@@ -457,9 +463,7 @@ fn demo_runs_and_passes() {
 }
 
 fn backward_cmd(f: &Files, extra: &[&str]) -> Output {
-    let mut c = bin();
-    c.arg("backward");
-    for (flag, name) in [
+    let files = [
         ("--q", "q.npy"),
         ("--k", "k.npy"),
         ("--v", "v.npy"),
@@ -467,10 +471,8 @@ fn backward_cmd(f: &Files, extra: &[&str]) -> Output {
         ("--dq", "dq.npy"),
         ("--dk", "dk.npy"),
         ("--dv", "dv.npy"),
-    ] {
-        c.arg(flag).arg(f.path(name));
-    }
-    c.args(extra).output().unwrap()
+    ];
+    f.run("backward", &files, extra)
 }
 
 fn check_grads(

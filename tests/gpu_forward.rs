@@ -387,23 +387,26 @@ fn matmul_ceiling_runs_and_reports_its_flops() {
     assert!(r.gflops() > 0.0 && r.gflops().is_finite());
 }
 
+/// A storage buffer on the engine's device holding `data` (and copyable out).
+fn device_buffer(e: &flashattn::Engine, data: &[f32]) -> wgpu::Buffer {
+    use wgpu::util::DeviceExt;
+    e.device()
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents: bytemuck::cast_slice(data),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        })
+}
+
 #[test]
 fn buffer_api_keeps_data_on_gpu() {
-    use wgpu::util::DeviceExt;
     let Some(e) = engine() else { return };
     let case = Case::new(45, 67, 32).heads(4, 2);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
     let dev = e.device();
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
-    let make = |data: &[f32]| {
-        dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: None,
-            contents: bytemuck::cast_slice(data),
-            usage,
-        })
-    };
+    let make = |data: &[f32]| device_buffer(e, data);
     let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
     let ob = make(&vec![0.0; inputs.q.len()]);
     // Guard region after lse: it must stay untouched.
@@ -504,7 +507,6 @@ fn cpu_backend_meets_the_rule_too() {
 
 #[test]
 fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
-    use wgpu::util::DeviceExt;
     let Some(e) = engine() else { return };
     if !e.has_loop_limiter() {
         return;
@@ -512,14 +514,7 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     // The device-buffer API cannot split, so past llvmpipe's loop limit it errs.
     let case = Case::new(64, 2048, 256).heads(1, 1);
     let inputs = case.inputs();
-    let make = |data: &[f32]| {
-        e.device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: None,
-                contents: bytemuck::cast_slice(data),
-                usage: wgpu::BufferUsages::STORAGE,
-            })
-    };
+    let make = |data: &[f32]| device_buffer(e, data);
     let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
     let (ob, lb) = (make(&vec![0.0; inputs.q.len()]), make(&[0.0; 64]));
     let bufs = flashattn::AttentionBuffers {

@@ -49,6 +49,18 @@ fn variants() -> Vec<Variant> {
     v
 }
 
+/// Lavapipe's limits (32 KiB of workgroup storage, f16), with or without
+/// the lanes kernels.
+fn lavapipe_like(lane_subgroup: Option<u32>) -> DeviceCaps {
+    DeviceCaps {
+        max_workgroup_storage: 32768,
+        max_invocations: 1024,
+        max_workgroup_size_x: 1024,
+        shader_f16: true,
+        lane_subgroup,
+    }
+}
+
 fn storage_kinds() -> [(StorageKind, bool); 3] {
     [
         (StorageKind::F32, false),
@@ -60,13 +72,7 @@ fn storage_kinds() -> [(StorageKind, bool); 3] {
 #[test]
 fn lanes_forward_validates_for_every_subgroup_and_variant() {
     for sg in flashattn::plan::LANE_SUBGROUPS {
-        let c = DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: Some(sg),
-        };
+        let c = lavapipe_like(Some(sg));
         for d in [4, 8, 60, 64, 128] {
             let mut plan = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             assert_eq!(plan.kernel, flashattn::KernelFamily::Lanes);
@@ -87,13 +93,7 @@ fn lanes_forward_validates_for_every_subgroup_and_variant() {
 fn flash_forward_validates_for_every_plan_and_variant() {
     let caps = [
         DeviceCaps::webgpu_default(),
-        DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: None,
-        },
+        lavapipe_like(None),
         DeviceCaps {
             max_workgroup_storage: 49152,
             max_invocations: 1024,
@@ -121,21 +121,9 @@ fn flash_forward_validates_for_every_plan_and_variant() {
 fn flash_backward_validates_for_every_plan_and_variant() {
     for c in [
         DeviceCaps::webgpu_default(),
-        DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: None,
-        },
+        lavapipe_like(None),
         // The lanes backward (CPU adapters).
-        DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: Some(8),
-        },
+        lavapipe_like(Some(8)),
     ] {
         for d in [1, 3, 59, 64, 128, 256] {
             let mut plan = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();

@@ -48,28 +48,26 @@ pub fn read(what: &str, path: &Path) -> Result<Tensor> {
 }
 
 fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     match &t.data {
-        TensorData::F32(d) => {
-            let mut w = npyz::WriteOptions::new()
-                .default_dtype()
-                .shape(&shape)
-                .writer(&mut buf)
-                .begin_nd()?;
-            w.extend(d.iter().copied())?;
-            w.finish()?;
-        }
-        TensorData::F16(d) => {
-            let mut w = npyz::WriteOptions::new()
-                .default_dtype()
-                .shape(&shape)
-                .writer(&mut buf)
-                .begin_nd()?;
-            w.extend(d.iter().copied())?;
-            w.finish()?;
-        }
+        TensorData::F32(d) => encode_array(&shape, d),
+        TensorData::F16(d) => encode_array(&shape, d),
     }
+}
+
+/// An `.npy` file's bytes for `data` in C order with this shape.
+fn encode_array<T: npyz::AutoSerialize + Copy>(
+    shape: &[u64],
+    data: &[T],
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()?;
+    w.extend(data.iter().copied())?;
+    w.finish()?;
     Ok(buf)
 }
 

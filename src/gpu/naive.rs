@@ -19,16 +19,24 @@ use crate::tensor::{AttentionShape, Precision, Tensor, TensorData, TensorView};
 const TILE: usize = 16;
 const ROWS_PER_GROUP: usize = 64;
 
+/// (heads_q, heads_kv, head_dim, seqlen_q, seqlen_k) as the matmul's u32s.
+fn dims(shape: &AttentionShape) -> [u32; 5] {
+    [
+        shape.heads_q,
+        shape.heads_kv,
+        shape.head_dim,
+        shape.seqlen_q,
+        shape.seqlen_k,
+    ]
+    .map(|x| x as u32)
+}
+
 /// Strides of the per-head `X·Yᵀ` products between two (batch, seq, heads, d)
-/// tensors: rows of `x` (seqlen `m`, `hx` heads) against rows of `y` (seqlen
-/// `n`, `hy` heads, read through GQA), into an (m×n) f32 matrix per head.
-fn nt_params(shape: &AttentionShape, m: usize, n: usize) -> MatmulParams {
-    let (hq, hk, d) = (
-        shape.heads_q as u32,
-        shape.heads_kv as u32,
-        shape.head_dim as u32,
-    );
-    let (m, n) = (m as u32, n as u32);
+/// tensors: rows of `x` (Sq rows, heads_q heads) against rows of `y` (Sk rows,
+/// heads_kv heads, read through GQA), into an (Sq×Sk) f32 matrix per head:
+/// S = Q·Kᵀ and dP = dO·Vᵀ.
+fn nt_params(shape: &AttentionShape) -> MatmulParams {
+    let [hq, hk, d, m, n] = dims(shape);
     MatmulParams {
         m,
         n,
@@ -52,12 +60,7 @@ fn nt_params(shape: &AttentionShape, m: usize, n: usize) -> MatmulParams {
 /// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
 /// (batch, Sk, heads_kv, d) tensor, into a (batch, Sq, heads_q, d) tensor.
 fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
-    let (hq, hk, d) = (
-        shape.heads_q as u32,
-        shape.heads_kv as u32,
-        shape.head_dim as u32,
-    );
-    let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    let [hq, hk, d, sq, sk] = dims(shape);
     MatmulParams {
         m: sq,
         n: d,
@@ -82,12 +85,7 @@ fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
 /// transposed (Sk×Sq) and Y a (batch, Sq, heads_q, d) tensor, into a (batch,
 /// Sk, heads_kv, d) tensor: dV = Pᵀ·dO and dK = scale·dSᵀ·Q without GQA.
 fn tn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
-    let (hq, hk, d) = (
-        shape.heads_q as u32,
-        shape.heads_kv as u32,
-        shape.head_dim as u32,
-    );
-    let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+    let [hq, hk, d, sq, sk] = dims(shape);
     // The per-head matrices are laid out as in `nn_params`, only transposed.
     MatmulParams {
         m: sk,
@@ -216,7 +214,7 @@ impl Engine {
             true,
             Epilogue::Scores,
             v,
-            nt_params(shape, shape.seqlen_q, shape.seqlen_k),
+            nt_params(shape),
             shape.batch,
             self.caps().lane_subgroup,
         );
@@ -355,7 +353,7 @@ impl Engine {
             true,
             Epilogue::Scale,
             self.variant(false, false),
-            nt_params(&shape, shape.seqlen_q, shape.seqlen_k),
+            nt_params(&shape),
             shape.batch,
             self.caps().lane_subgroup,
         );
