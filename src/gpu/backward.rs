@@ -117,9 +117,9 @@ impl Engine {
         plan: &Plan,
         max_seq: usize,
     ) -> Result<BackwardOutput> {
-        let (shape, plan) = (*shape, plan.clone());
+        let shape = *shape;
         let precision = q.precision();
-        let mut stats = CallStats::for_plan(&plan);
+        let mut stats = CallStats::for_plan(plan);
         let pieces = self.pieces(&shape, precision, max_seq)?;
         let tensors = |[dq, dk, dv]: [TensorData; 3], stats| BackwardOutput {
             dq: Tensor {
@@ -139,7 +139,7 @@ impl Engine {
         if pieces.len() == 1 {
             let inputs = [q, k, v, o, d_o].map(|t| t.data.as_bytes());
             let grads = self
-                .run_piece(&Piece::whole(shape), &plan, opts, inputs, lse, &mut stats)
+                .run_piece(&Piece::whole(shape), plan, opts, inputs, lse, &mut stats)
                 .await?;
             return Ok(tensors(grads, stats));
         }
@@ -165,7 +165,7 @@ impl Engine {
             let [pq, pk, pv] = self
                 .run_piece(
                     &piece,
-                    &plan,
+                    plan,
                     opts,
                     inputs,
                     &gather_lse(lse, &shape, s),

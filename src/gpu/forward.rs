@@ -99,16 +99,16 @@ impl Engine {
         plan: &Plan,
         max_seq: usize,
     ) -> Result<ForwardOutput> {
-        let (shape, plan) = (*shape, plan.clone());
+        let shape = *shape;
         let precision = q.precision();
-        let mut stats = CallStats::for_plan(&plan);
+        let mut stats = CallStats::for_plan(plan);
         let pieces = self.pieces(&shape, precision, max_seq)?;
 
         if pieces.len() == 1 {
             let (o, lse) = self
                 .run_uploaded(
                     &Piece::whole(shape),
-                    &plan,
+                    plan,
                     opts,
                     [q.data.as_bytes(), k.data.as_bytes(), v.data.as_bytes()],
                     &mut stats,
@@ -149,7 +149,7 @@ impl Engine {
                 vd.as_host().as_bytes(),
             ];
             let (o, lse) = self
-                .run_uploaded(&piece, &plan, opts, bytes, &mut stats)
+                .run_uploaded(&piece, plan, opts, bytes, &mut stats)
                 .await?;
             if keys_split {
                 merge_piece(&shape, s, &o.to_f32(), &lse, &mut o_full, &mut lse_full);

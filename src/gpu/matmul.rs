@@ -1,6 +1,7 @@
-//! Host side of the tiled matmul (`shaders/matmul.wgsl`): the adapter's
-//! practical ceiling, measured on attention's dominant shape (N×d times d×N),
-//! and the matmuls of the naive baseline.
+//! Host side of the matmuls (`shaders/matmul.wgsl`, tiled, and
+//! `shaders/matmul_lanes.wgsl` on CPU adapters): the adapter's practical
+//! ceiling, measured on attention's dominant shape (N×d times d×N), and the
+//! matmuls of the naive baseline.
 
 use super::engine::{CallStats, Engine, Step};
 use super::params::{Params, Piece};
@@ -78,8 +79,9 @@ impl MatmulSpec {
                 (params.m as usize).div_ceil(TILE_MN),
                 z,
             ],
-            MatmulKernel::Lanes { lanes, .. } => {
-                [1, (params.m as usize).div_ceil(lanes as usize), z]
+            // Each workgroup owns lanes × rows rows of C.
+            MatmulKernel::Lanes { lanes, rows, .. } => {
+                [1, (params.m as usize).div_ceil((lanes * rows) as usize), z]
             }
         };
         Self {
