@@ -8,8 +8,8 @@
 //! to one small case per kind so CI proves the benches still run.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flashattn::bench::{self, Implementation, Pass};
 use flashattn::{Engine, Precision};
+use flashattn_cli::bench::{self, Implementation, Matrix, Pass};
 use std::time::Duration;
 
 fn attention(c: &mut Criterion) {
@@ -48,16 +48,17 @@ fn attention(c: &mut Criterion) {
                 group
                     .sample_size(10)
                     .warm_up_time(Duration::from_millis(100));
-                let cases = bench::matrix(
-                    &[pass],
-                    implementations,
-                    seqlens,
-                    &[d],
-                    &[causal],
-                    1,
-                    1,
-                    Precision::F32,
-                );
+                let cases = Matrix {
+                    passes: vec![pass],
+                    implementations: implementations.to_vec(),
+                    seqlens: seqlens.to_vec(),
+                    head_dims: vec![d],
+                    causal: vec![causal],
+                    heads: 1,
+                    batch: 1,
+                    precision: Precision::F32,
+                }
+                .cases();
                 for case in cases {
                     // A case the device cannot run (naive past the binding
                     // limit) is reported and left out, never timed as a number.

@@ -10,13 +10,13 @@
 
 use std::path::{Path, PathBuf};
 
-use flashattn::plot::{self, Chart, Series};
-use flashattn::precision::{
+use flashattn::random::Rng;
+use flashattn_cli::plot::{self, Chart, Series};
+use flashattn_cli::precision::{
     attention_f64, blockwise_independent_attention, blockwise_independent_softmax, max_abs_diff,
     online_attention, online_attention_split, online_softmax, online_softmax_split, softmax_f64,
-    whole_row_attention, whole_row_softmax, Arith, F16Storage, Merge, F16, F32,
+    whole_row_attention, whole_row_softmax, Arith, F16Storage, Merge, StudyError, F16, F32,
 };
-use flashattn::random::Rng;
 use rayon::prelude::*;
 
 const N: usize = 1024;
@@ -68,7 +68,7 @@ impl Errors {
 }
 
 /// Errors of one row: (softmax probabilities, attention output).
-fn row_errors(s: &[f32], v: &[f32]) -> flashattn::Result<(Errors, Errors)> {
+fn row_errors(s: &[f32], v: &[f32]) -> Result<(Errors, Errors), StudyError> {
     let p_ref = softmax_f64(s);
     let o_ref = attention_f64(s, v)?;
     let o_err = |o: f32| (f64::from(o) - o_ref).abs();
@@ -100,7 +100,7 @@ fn row_errors(s: &[f32], v: &[f32]) -> flashattn::Result<(Errors, Errors)> {
             o_err(blockwise_independent_attention::<F16>(s, v, b)?),
         ];
     }
-    fn whole<R: Arith>(s: &[f32], v: &[f32], p_ref: &[f64]) -> flashattn::Result<(f64, f32)> {
+    fn whole<R: Arith>(s: &[f32], v: &[f32], p_ref: &[f64]) -> Result<(f64, f32), StudyError> {
         Ok((
             max_abs_diff(&whole_row_softmax::<R>(s), p_ref),
             whole_row_attention::<R>(s, v)?,
@@ -177,7 +177,7 @@ fn softmax_path(path: &Path) -> PathBuf {
     path.with_file_name(format!("{stem}-softmax.{ext}"))
 }
 
-fn main() -> flashattn::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(
         std::env::args()
             .nth(1)
@@ -197,7 +197,7 @@ fn main() -> flashattn::Result<()> {
     let per_row = rows
         .par_iter()
         .map(|(s, v)| row_errors(s, v))
-        .collect::<flashattn::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, StudyError>>()?;
     let (p, o) = per_row
         .into_iter()
         .fold((Errors::ZERO, Errors::ZERO), |(p, o), (pr, or)| {
@@ -210,8 +210,7 @@ fn main() -> flashattn::Result<()> {
     print_table("attention output o = softmax(s)·v", &o);
 
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| flashattn::Error::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)?;
     }
     plot::render(&chart("Attention output o = softmax(s)·v", &o), &out)?;
     let soft = softmax_path(&out);

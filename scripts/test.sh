@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # The full test suite on a real Vulkan driver. Installs Mesa's lavapipe (a CPU
-# Vulkan driver) when no Vulkan driver is present, then runs every test with
-# GPU tests required: a missing adapter fails the run instead of skipping.
-# Ends with the browser test (scripts/test-web.sh): the library compiled to
-# wasm32 and checked on headless Chromium's WebGPU adapter.
+# Vulkan driver) when no Vulkan driver is present, and spirv-val (Debian
+# spirv-tools) for the shader tests, then runs every test of the workspace
+# (library and command line) with GPU tests and SPIR-V validation required:
+# a missing adapter or tool fails the run instead of skipping. Ends with the
+# browser test (scripts/test-web.sh): the library compiled to wasm32 and
+# checked on headless Chromium's WebGPU adapter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have_vulkan_icd() {
   ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
 }
-if ! have_vulkan_icd; then
+missing=()
+have_vulkan_icd || missing+=(mesa-vulkan-drivers)
+command -v spirv-val >/dev/null || missing+=(spirv-tools)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "scripts/test.sh: no Vulkan driver; run as root to install mesa-vulkan-drivers" >&2
+    echo "scripts/test.sh: missing ${missing[*]}; run as root to install them" >&2
     exit 1
   fi
-  echo "scripts/test.sh: installing Mesa lavapipe (mesa-vulkan-drivers)"
+  echo "scripts/test.sh: installing ${missing[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-export FLASHATTN_REQUIRE_GPU=1
+export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_SPIRV_VAL=1
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-cargo test --release "$@"
+cargo test --release --workspace "$@"
 
 scripts/test-web.sh

@@ -1,5 +1,6 @@
 // Shared by every attention kernel: the call parameters and the mask band.
-// The Rust twin of `Params` is `gpu::params::Params`; keep field order equal.
+// The Rust twin of `Params` is `kernels::params::Params`; a test compares
+// their layouts member by member (naga's layout of this struct).
 
 struct Params {
     // Rows and keys visible to this dispatch (local indices start at 0).
@@ -30,13 +31,9 @@ struct Params {
     // Scores are scale · q·k; with softcap C > 0: C·tanh(scale · q·k / C).
     scale: f32,
     softcap: f32,
-    _pad0: u32,
     // Batch entries in this dispatch.
     batch: u32,
-    _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
-    _pad4: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

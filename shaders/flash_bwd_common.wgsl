@@ -4,12 +4,12 @@
 // to storage. Tiles are square (B rows × B keys) so that "invocation r of the
 // tile" can own query row r in one phase and key row r in the other.
 //
-// Prelude: B, D, TC, WG = B·TC, SC = ceil(B/TC), ACC = ceil(D/TC), IS_MASKED,
-// HAS_SOFTCAP; load_q/k/v/do, load_lse, load_dvec, round_storage;
-// flash_bwd_math.wgsl.
+// Prelude: overrides B, D, TC, WG = B·TC, IS_MASKED, HAS_SOFTCAP; constants
+// SC = ceil(B/TC), ACC = ceil(D/TC); load_q/k/v/do, load_lse, load_dvec,
+// round_storage; flash_bwd_math.wgsl.
 
-const FULL_SC: bool = (B % TC) == 0u;
-const FULL_ACC: bool = (D % TC) == 0u;
+override FULL_SC: bool = (B % TC) == 0u;
+override FULL_ACC: bool = (D % TC) == 0u;
 
 var<workgroup> q_tile: array<f32, B * D>;   // q · scale
 var<workgroup> do_tile: array<f32, B * D>;
@@ -68,8 +68,10 @@ fn load_key_tiles(tid: u32, b: u32, hk: u32, k0: u32, n_keys: u32) {
 // Invocation (r, t) fills p_tile and ds_tile for row r, keys t + k·TC.
 // `row_abs0`/`key_abs0` place the tile in the full problem for the mask.
 fn tile_p_ds(r: u32, t: u32, row_abs0: i32, n_rows: u32, key_abs0: i32, n_keys: u32) {
-    var s: array<f32, SC>;
-    var dp: array<f32, SC>;
+    // Initialized explicitly: Chromium's Tint zeroes a function's `var`
+    // without initializer only once, not at every call from a loop.
+    var s = array<f32, SC>();
+    var dp = array<f32, SC>();
     for (var x = 0u; x < D; x++) {
         let qx = q_tile[r * D + x];
         let gx = do_tile[r * D + x];

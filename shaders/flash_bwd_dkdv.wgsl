@@ -21,8 +21,8 @@ fn main(
     let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
     let row_blocks = block_range(rows, B);
 
-    var dk: array<f32, ACC>;
-    var dv: array<f32, ACC>;
+    var dk = array<f32, ACC>();
+    var dv = array<f32, ACC>();
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {

@@ -21,7 +21,7 @@ fn main(
     let keys = visible_keys(row_abs0, row_abs0 + i32(rows_here) - 1);
     let key_blocks = block_range(keys, B);
 
-    var dq: array<f32, ACC>;
+    var dq = array<f32, ACC>();
     for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * B;
         let keys_here = min(B, params.seqlen_k - k0);

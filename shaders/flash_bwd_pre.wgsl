@@ -15,7 +15,7 @@ fn main(
     let h = row % params.heads_q;
     let i = (row / params.heads_q) % params.seqlen_q;
     let b = row / (params.heads_q * params.seqlen_q);
-    let base = row * D;
+    let base = b * params.q_batch_stride + i * params.q_row_stride + h * D;
     var acc = 0.0;
     for (var x = 0u; x < D; x++) {
         acc += load_do(base + x) * load_o(base + x);

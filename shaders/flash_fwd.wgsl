@@ -3,13 +3,14 @@
 // keeping a running max and sum per row (online softmax). S and P live only in
 // workgroup memory; O and LSE are written once at the end.
 //
-// The composer prepends: BR, BC, D, TC (invocations per row), WG = BR·TC,
-// SC = ceil(BC/TC) scores and ACC = ceil(D/TC) outputs per invocation,
-// IS_MASKED, HAS_SOFTCAP; common.wgsl; and load_q/k/v, store_o, store_lse,
-// round_storage from a storage template.
+// The composer declares: overrides BR, BC, D, TC (invocations per row),
+// WG = BR·TC, IS_MASKED, HAS_SOFTCAP; constants SC = ceil(BC/TC) scores and
+// ACC = ceil(D/TC) outputs per invocation (register arrays need constant
+// sizes); common.wgsl; and load_q/k/v, store_o, store_lse, round_storage from
+// a storage template.
 
-const FULL_SC: bool = (BC % TC) == 0u;
-const FULL_ACC: bool = (D % TC) == 0u;
+override FULL_SC: bool = (BC % TC) == 0u;
+override FULL_ACC: bool = (D % TC) == 0u;
 
 var<workgroup> q_tile: array<f32, BR * D>;
 var<workgroup> k_tile: array<f32, BC * D>;
@@ -51,7 +52,7 @@ fn main(
     let row_valid = r < rows_here;
     var m_run = NEG_BIG;
     var l_part = 0.0;
-    var acc: array<f32, ACC>;
+    var acc = array<f32, ACC>();
 
     for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * BC;
@@ -73,13 +74,12 @@ fn main(
         }
         workgroupBarrier();
 
-        // Zeroed explicitly each block: a loop-body `var` without initializer
-        // should be re-zeroed per iteration, but Chromium's WebGPU (Tint on
-        // SwiftShader) zeroes it only once, which summed scores across blocks.
-        var s: array<f32, SC>;
-        for (var k = 0u; k < SC; k++) {
-            s[k] = 0.0;
-        }
+        // Initialized explicitly each block: a loop-body `var` without
+        // initializer should be re-zeroed per iteration, but Chromium's
+        // WebGPU (Tint on SwiftShader) zeroes it only once, which summed
+        // scores across blocks. Every function-scope `var` has an
+        // initializer (a test checks).
+        var s = array<f32, SC>();
         for (var x = 0u; x < D; x++) {
             let qx = q_tile[r * D + x];
             for (var k = 0u; k < SC; k++) {

@@ -31,10 +31,7 @@ fn main(
     let a_off = off.x;
     let b_off = off.y;
     let c_off = off.z;
-    var acc: array<f32, MT * MT>;
-    for (var i = 0u; i < MT * MT; i++) {
-        acc[i] = 0.0;
-    }
+    var acc = array<f32, MT * MT>();
 
     for (var k0 = 0u; k0 < mm.k; k0 += TK) {
         workgroupBarrier();
@@ -64,8 +61,8 @@ fn main(
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var a: array<f32, MT>;
-            var bb: array<f32, MT>;
+            var a = array<f32, MT>();
+            var bb = array<f32, MT>();
             for (var i = 0u; i < MT; i++) {
                 a[i] = a_tile[kk * TM + lid.y + MW * i];
                 bb[i] = b_tile[kk * TN + lid.x + MW * i];

@@ -1,7 +1,7 @@
 // Storage template for f16 tensors packed two per u32: runs on every adapter,
 // SHADER_F16 or not. Element i lives in half (i & 1) of word i >> 1.
 // Odd head dims put a word across two rows that different workgroups own, so
-// stores OR their half into a zeroed word atomically instead of read-modify-write.
+// stores update their half of a word atomically instead of read-modify-write.
 // @common
 fn round_storage(x: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
@@ -23,6 +23,12 @@ fn load4_{name}(i: u32) -> vec4<f32> {
 @group(0) @binding({binding}) var<storage, read_write> {name}_buf: array<atomic<u32>>;
 fn store_{name}(i: u32, x: f32) {
     io_write();
-    let bits = pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
-    atomicOr(&{name}_buf[i >> 1u], bits << ((i & 1u) * 16u));
+    let shift = (i & 1u) * 16u;
+    let bits = (pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu) << shift;
+    // Each half has one writer: clear this half, then set it. The other half
+    // (maybe another workgroup's element) is left alone, whatever the buffer
+    // held before, so outputs need no zeroing and the caller's buffers no
+    // COPY_DST.
+    atomicAnd(&{name}_buf[i >> 1u], ~(0xffffu << shift));
+    atomicOr(&{name}_buf[i >> 1u], bits);
 }

@@ -5,11 +5,11 @@
 //! reference's magnitude. Non-finite reference entries (`-inf` LSE of empty
 //! rows) must be matched exactly; any NaN fails.
 
-use crate::attention::{BackwardOutput, ForwardOutput};
+use crate::api::options::AttentionOptions;
+use crate::api::output::{BackwardOutput, ForwardOutput};
+use crate::api::tensor::{Precision, Tensor, TensorView};
 use crate::error::Result;
-use crate::options::AttentionOptions;
 use crate::reference;
-use crate::tensor::{Precision, TensorView};
 
 /// `R` of the rule for the forward pass.
 pub fn forward_ratio(softcap: bool) -> f64 {
@@ -158,7 +158,7 @@ pub fn check_backward(
     let reference = reference::backward(q, k, v, d_o, opts)?;
     let baseline = reference::naive_backward_baseline(q, k, v, d_o, opts)?;
     let p = q.precision();
-    let widen = |t: &crate::Tensor| -> Vec<f64> { t.to_f32().iter().map(|&x| x as f64).collect() };
+    let widen = |t: &Tensor| -> Vec<f64> { t.to_f32().iter().map(|&x| x as f64).collect() };
     Ok([
         check(
             "dq",

@@ -1,50 +1,212 @@
-//! One error type for the whole crate, split by who has to act on it.
+//! One error type for the whole library, its variants grouped by who has to
+//! act: the caller's input, the caller's configuration, the hardware, or the
+//! execution. Every variant carries the values that caused it, so callers and
+//! tests match on variants and fields, never on message text.
+//!
+//! This module depends on nothing else in the crate (names of tensors, dtypes
+//! and kernels are `&'static str`), so every other module can use it.
 
 use thiserror::Error;
 
 /// Everything that can go wrong in flashattn.
-///
-/// The variants separate *bad input* (`Shape`, `Dtype`, `Option`), *bad
-/// configuration* (`Plan`), *the hardware can't* (`Unsupported`, `NoAdapter`)
-/// and *execution failed* (`Device`, `Io`), so callers can react to each.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// A tensor's shape is wrong or inconsistent with the others.
-    #[error("shape error: {0}")]
-    Shape(String),
-    /// A tensor's element type is not supported or does not match.
-    #[error("dtype error: {0}")]
-    Dtype(String),
-    /// An attention option is invalid (scale, softcap, window).
-    #[error("invalid option: {0}")]
-    Option(String),
-    /// The requested or overridden tile plan cannot run on this device.
-    #[error("plan error: {0}")]
-    Plan(String),
-    /// The device or backend cannot do what was asked.
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// No GPU adapter could be found.
+    // ---- bad input ----
+    /// A size that must be at least 1 is 0.
+    #[error("{dim} must be at least 1, got 0")]
+    EmptyDim { dim: &'static str },
+    #[error("head_dim {head_dim} is larger than the supported maximum {max}")]
+    HeadDimTooLarge { head_dim: usize, max: usize },
+    #[error("heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")]
+    HeadsNotDivisible { heads_q: usize, heads_kv: usize },
+    /// A tensor's data does not hold as many elements as its shape says.
+    #[error("{tensor} has shape {shape:?} ({expected} elements) but {actual} elements of data")]
+    DataLength {
+        tensor: &'static str,
+        shape: Vec<usize>,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("{tensor} has rank {rank} (shape {shape:?}); expected {expected} dims")]
+    Rank {
+        tensor: &'static str,
+        shape: Vec<usize>,
+        rank: usize,
+        expected: usize,
+    },
+    /// One dimension of two tensors that must agree differs.
+    #[error("{dim} of {tensor} ({value}) and {other} ({other_value}) differ")]
+    DimMismatch {
+        dim: &'static str,
+        tensor: &'static str,
+        value: usize,
+        other: &'static str,
+        other_value: usize,
+    },
+    /// A tensor's shape differs from the one it must have.
+    #[error("{tensor} has shape {shape:?}, expected {expected:?} (the shape of {like}); the shapes differ")]
+    ShapeMismatch {
+        tensor: &'static str,
+        shape: Vec<usize>,
+        like: &'static str,
+        expected: Vec<usize>,
+    },
+    #[error("{tensor} has dtype {dtype} but {like} has {expected}: they must share one dtype")]
+    DtypeMismatch {
+        tensor: &'static str,
+        dtype: &'static str,
+        like: &'static str,
+        expected: &'static str,
+    },
+    #[error("scale must be finite, got {scale}")]
+    NonFiniteScale { scale: f32 },
+    #[error("softcap must be a finite value >= 0, got {softcap}")]
+    InvalidSoftcap { softcap: f32 },
+    /// A name (precision, backend, kernel) that is not one of the known ones.
+    #[error("unknown {what} `{name}` (expected {expected})")]
+    UnknownName {
+        what: &'static str,
+        name: String,
+        expected: &'static str,
+    },
+    /// A caller-owned device buffer is smaller than the problem needs.
+    #[error("buffer {buffer} holds {size} bytes, the problem needs {needed}")]
+    BufferTooSmall {
+        buffer: &'static str,
+        size: u64,
+        needed: u64,
+    },
+
+    // ---- bad configuration (plans and overrides) ----
+    #[error("requested workgroup storage of {requested} bytes exceeds the device maximum {max}")]
+    StorageOverride { requested: u32, max: u32 },
+    #[error("tiles Br {br} × Bc {bc} at d {head_dim} need {bytes} bytes of workgroup storage, the maximum is {max}")]
+    WorkgroupStorage {
+        br: u32,
+        bc: u32,
+        head_dim: u32,
+        bytes: u32,
+        max: u32,
+    },
+    #[error("a workgroup of {invocations} invocations exceeds the device maximum {max}")]
+    WorkgroupTooLarge { invocations: u32, max: u32 },
+    #[error("{threads_per_row} invocations per row leave {scores} scores and {accumulators} accumulators per invocation (max {max_scores} and {max_accumulators})")]
+    RegisterPressure {
+        threads_per_row: u32,
+        scores: u32,
+        accumulators: u32,
+        max_scores: u32,
+        max_accumulators: u32,
+    },
+    #[error("tile sizes must be at least 1 (Br {br}, Bc {bc}, threads per row {threads_per_row})")]
+    EmptyTile {
+        br: u32,
+        bc: u32,
+        threads_per_row: u32,
+    },
+    #[error("Br, Bc, threads per row and workgroup storage apply to the tiled kernels only, not to the lanes kernels")]
+    TileOverrideOnLanes,
     #[error(
-        "no GPU adapter found ({0}); install a Vulkan driver (on Debian: `apt-get install -y mesa-vulkan-drivers` \
+        "the lanes kernels need a head dim that is a multiple of 4 up to {max}, not {head_dim}"
+    )]
+    LanesHeadDim { head_dim: usize, max: usize },
+
+    // ---- the hardware (or this build) can't ----
+    #[error(
+        "the lanes kernels need a CPU adapter with fixed-size subgroups and subgroup operations"
+    )]
+    LanesUnavailable,
+    #[error("native f16 needs the SHADER_F16 feature, which this adapter lacks")]
+    NativeF16Unavailable,
+    /// One storage binding cannot hold what an API that does not split needs.
+    #[error("{what} needs {bytes} bytes, more than one storage binding holds ({max} bytes)")]
+    BindingTooLarge {
+        what: &'static str,
+        bytes: u64,
+        max: u64,
+    },
+    #[error("{what} needs {groups} workgroups in one dimension, more than the device's {max}")]
+    GridTooLarge {
+        what: &'static str,
+        groups: u64,
+        max: u32,
+    },
+    #[error("{what} {value} does not fit in 32 bits")]
+    Overflow { what: &'static str, value: u64 },
+    #[error(
+        "the {backend} backend is not built into this binary (rebuild with `--features {backend}`)"
+    )]
+    BackendNotBuilt { backend: &'static str },
+    #[error(
+        "no GPU adapter found; install a Vulkan driver (on Debian: `apt-get install -y mesa-vulkan-drivers` \
          gives the CPU-based lavapipe) or use the CPU backend (`--backend cpu`)"
     )]
-    NoAdapter(String),
-    /// The device reported an error while creating or running a kernel.
-    #[error("device error: {0}")]
-    Device(String),
-    /// A kernel ran into the adapter's loop limit (llvmpipe ends every loop of
-    /// an invocation after 65535 iterations in total). Calls on host tensors
-    /// handle it by rerunning in shorter pieces; it reaches callers only from
-    /// APIs that cannot split (device buffers, the naive baseline).
-    #[error(
-        "a kernel ran past {0}'s loop limit (65535 loop iterations per invocation in total) and stopped short, \
-         so its results were discarded; the host-tensor API reruns such calls in shorter pieces"
-    )]
-    LoopBudget(String),
-    /// Reading or writing a file failed.
-    #[error("{0}")]
-    Io(String),
+    NoAdapter {
+        #[source]
+        source: wgpu::RequestAdapterError,
+    },
+    /// Even a piece one tile long runs past the adapter's loop limit.
+    #[error("the {kernel} kernel runs past the adapter's loop limit ({limit} iterations per invocation) even on {length} rows or keys")]
+    LoopLimitTooLow {
+        kernel: &'static str,
+        limit: u32,
+        length: usize,
+    },
+
+    // ---- execution failed ----
+    #[error("requesting a device on {adapter}")]
+    RequestDevice {
+        adapter: String,
+        #[source]
+        source: wgpu::RequestDeviceError,
+    },
+    /// The device rejected something (a validation error captured by a scope).
+    #[error("{during}: the device reported an error")]
+    Device {
+        during: &'static str,
+        #[source]
+        source: wgpu::Error,
+    },
+    #[error("{during}: out of device memory")]
+    OutOfMemory {
+        during: &'static str,
+        #[source]
+        source: wgpu::Error,
+    },
+    /// An error no scope captured (reported by the device's handler).
+    #[error("the device reported an error outside any call: {message}")]
+    Uncaptured { message: String },
+    #[error("waiting for the GPU")]
+    Poll {
+        #[source]
+        source: wgpu::PollError,
+    },
+    #[error("mapping a readback buffer")]
+    Map {
+        #[source]
+        source: wgpu::BufferAsyncError,
+    },
+    #[error("reading a mapped readback buffer")]
+    MapRange {
+        #[source]
+        source: wgpu::MapRangeError,
+    },
+    #[error("the device was lost before the work completed")]
+    DeviceLost,
+    /// A kernel ran past the adapter's loop limit (llvmpipe stops every loop of
+    /// an invocation after `limit` iterations in total) and stopped short, so
+    /// its results were discarded. Host-tensor calls rerun in shorter pieces;
+    /// this reaches callers only from APIs that cannot split.
+    #[error("the {kernel} kernel ran past the adapter's loop limit ({limit} loop iterations per invocation) on {rows} rows × {keys} keys and stopped short, so its results were discarded; the host-tensor API splits such calls")]
+    LoopBudget {
+        kernel: &'static str,
+        rows: usize,
+        keys: usize,
+        limit: u32,
+    },
+    #[error("{what} was poisoned by a panic in another thread")]
+    Poisoned { what: &'static str },
 }
 
 /// Shorthand for `Result<T, flashattn::Error>`.

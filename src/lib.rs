@@ -23,31 +23,50 @@
 //! Semantics (shapes, masks, LSE, empty rows, accuracy) follow SPEC.md:
 //! `q` is `(batch, seqlen_q, heads_q, head_dim)`, `k`/`v` are
 //! `(batch, seqlen_k, heads_kv, head_dim)`, `lse` is `(batch, heads_q, seqlen_q)`.
+//!
+//! ## Layers
+//! - [`api`]: what callers hand in and get back (tensors, shapes, options,
+//!   outputs and stats), shared by every backend;
+//! - [`plan`]: pure planning, problem + device limits → tiles and pieces;
+//! - [`kernels`]: one unit per kernel — WGSL module, typed key, grid,
+//!   bindings, storage-access count, loop cost;
+//! - [`runtime`]: the device, pipelines by kernel key, pooled buffers,
+//!   submission and readback, the adapter's loop limit;
+//! - [`ops`]: forward, backward, the naive baseline and the matmul ceiling,
+//!   built from kernels and the runtime; [`Engine`] is their public face;
+//! - [`cpu`], [`reference`], [`accuracy`]: the CPU backend, the f64
+//!   reference and SPEC.md's accuracy rule; [`Backend`] chooses.
 
 pub mod accuracy;
-pub mod attention;
-pub mod bench;
-pub mod cpu;
-pub mod error;
-pub mod gpu;
-pub mod options;
-pub mod plan;
-// Charts for the CLI; plotters has no embedded-font API on wasm32 (browsers draw text).
+pub mod api;
+pub mod backend;
 #[cfg(not(target_arch = "wasm32"))]
-pub mod plot;
-pub mod precision;
+pub mod choice;
+pub mod cpu;
+pub mod engine;
+pub mod error;
+pub mod kernels;
+pub mod ops;
+pub mod plan;
 pub mod random;
 pub mod reference;
-pub mod tensor;
+pub mod runtime;
 
-pub use attention::{Backend, BackendKind, BackwardOutput, ForwardOutput};
+pub use api::inputs::BackwardInputs;
+pub use api::options::{AttentionOptions, Mask, Window};
+pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput};
+pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
+pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
+pub use backend::{Backend, BackendKind, Choice};
+#[cfg(not(target_arch = "wasm32"))]
+pub use choice::Workload;
+pub use engine::Engine;
 pub use error::{Error, Result};
-pub use gpu::{AttentionBuffers, CallStats, Engine};
-pub use options::{AttentionOptions, Mask, Window};
+pub use kernels::AttentionBuffers;
+pub use ops::ceiling::CeilingResult;
 pub use plan::{
-    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
-    StorageKind,
+    plan_backward, plan_forward, Clamp, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
+    Planned, StorageKind,
 };
-pub use tensor::{
-    AttentionShape, HostData, Precision, Tensor, TensorData, TensorView, MAX_HEAD_DIM,
-};
+/// The wgpu this crate is built on, for apps that pass their own devices and buffers.
+pub use wgpu;

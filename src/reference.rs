@@ -2,9 +2,10 @@
 //! materialized baseline (S and P stored, storage-precision rounding) that the
 //! accuracy rule measures the reference's own rounding noise with.
 
+use crate::api::options::AttentionOptions;
+use crate::api::shape::{lse_index, AttentionShape, Layout};
+use crate::api::tensor::{Precision, TensorView};
 use crate::error::Result;
-use crate::options::AttentionOptions;
-use crate::tensor::{AttentionShape, Precision, TensorView};
 use rayon::prelude::*;
 
 /// Output of a reference computation, in f64.
@@ -14,38 +15,6 @@ pub struct ReferenceOutput {
     pub o: Vec<f64>,
     /// `(batch, heads_q, seqlen_q)`, natural-log; `-inf` for empty rows.
     pub lse: Vec<f64>,
-}
-
-/// Flat index helpers for the `(batch, seq, heads, dim)` layout.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    pub seqlen: usize,
-    pub heads: usize,
-    pub dim: usize,
-}
-
-impl Layout {
-    pub fn q(shape: &AttentionShape) -> Self {
-        Self {
-            seqlen: shape.seqlen_q,
-            heads: shape.heads_q,
-            dim: shape.head_dim,
-        }
-    }
-
-    pub fn kv(shape: &AttentionShape) -> Self {
-        Self {
-            seqlen: shape.seqlen_k,
-            heads: shape.heads_kv,
-            dim: shape.head_dim,
-        }
-    }
-
-    /// Offset of the first element of row `(b, s, h)`.
-    #[inline]
-    pub fn row(&self, b: usize, s: usize, h: usize) -> usize {
-        ((b * self.seqlen + s) * self.heads + h) * self.dim
-    }
 }
 
 /// The scores of one row after scale, softcap and mask, `None` where masked.
@@ -204,7 +173,7 @@ where
         debug_assert_eq!(o.len(), d);
         out.o.extend_from_slice(&o);
         let (b, i, h) = (r / (sq * hq), (r / hq) % sq, r % hq);
-        out.lse[(b * hq + h) * sq + i] = lse;
+        out.lse[lse_index(shape, b, h, i)] = lse;
     }
     out
 }
@@ -265,106 +234,135 @@ macro_rules! impl_real {
 impl_real!(f32);
 impl_real!(f64);
 
-/// Row-wise attention backward by recomputation: for each query row, P from
-/// the scores, dP = dO·Vᵀ, D = Σ P·dP, dS = P·(dP - D)·softcap'. `round` is
-/// applied to P and dS before the products that use them (storage precision).
-/// Parallel over (batch, kv head); within a task the group's heads and rows
-/// run in a fixed order, so the result is deterministic.
-pub(crate) fn backward_rows<T: Real>(
-    shape: &AttentionShape,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    d_o: &[T],
-    opts: &AttentionOptions,
-    round: impl Fn(T) -> T + Sync,
-) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let (ql, kl) = (Layout::q(shape), Layout::kv(shape));
-    let d = shape.head_dim;
-    let scale = T::from_f32(opts.scale_for(d));
-    let cap = opts.softcap_value();
-    let softcap = T::from_f32(cap);
-    let mask = opts.mask(shape);
-    let tasks: Vec<(usize, usize)> = (0..shape.batch)
-        .flat_map(|b| (0..shape.heads_kv).map(move |hk| (b, hk)))
-        .collect();
-    let results: Vec<(Vec<T>, Vec<T>, Vec<T>)> = tasks
-        .par_iter()
-        .map(|&(b, hk)| {
-            let g = shape.group();
-            let mut dq = vec![T::ZERO; g * shape.seqlen_q * d];
-            let mut dk = vec![T::ZERO; shape.seqlen_k * d];
-            let mut dv = vec![T::ZERO; shape.seqlen_k * d];
-            let dot = |a: &[T], b: &[T]| a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y);
+/// One backward problem in `T` arithmetic: inputs in the standard layouts,
+/// and the rounding applied to P and dS before the products that use them.
+pub(crate) struct RowBackward<'a, T, R> {
+    pub shape: &'a AttentionShape,
+    pub q: &'a [T],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub d_o: &'a [T],
+    pub opts: &'a AttentionOptions,
+    pub round: R,
+}
+
+/// One task's gradients: dq of the group's rows, dk and dv of its kv head.
+struct TaskGrads<T> {
+    dq: Vec<T>,
+    dk: Vec<T>,
+    dv: Vec<T>,
+}
+
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
+}
+
+impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
+    /// Row-wise attention backward by recomputation: for each query row, P
+    /// from the scores, dP = dO·Vᵀ, D = Σ P·dP, dS = P·(dP - D)·softcap'.
+    /// Parallel over (batch, kv head); within a task the group's heads and
+    /// rows run in a fixed order, so the result is deterministic.
+    pub fn run(&self) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let shape = self.shape;
+        let tasks: Vec<(usize, usize)> = (0..shape.batch)
+            .flat_map(|b| (0..shape.heads_kv).map(move |hk| (b, hk)))
+            .collect();
+        let results: Vec<TaskGrads<T>> = tasks.par_iter().map(|&t| self.task(t)).collect();
+        let (ql, kl, d, g) = (
+            Layout::q(shape),
+            Layout::kv(shape),
+            shape.head_dim,
+            shape.group(),
+        );
+        let mut dq = vec![T::ZERO; shape.q_len()];
+        let mut dk = vec![T::ZERO; shape.kv_len()];
+        let mut dv = vec![T::ZERO; shape.kv_len()];
+        for (&(b, hk), t) in tasks.iter().zip(results) {
             for gi in 0..g {
-                let h = hk * g + gi;
                 for i in 0..shape.seqlen_q {
-                    let range = mask.key_range(i);
-                    if range.is_empty() {
-                        continue;
-                    }
-                    let qrow = &q[ql.row(b, i, h)..][..d];
-                    let grow = &d_o[ql.row(b, i, h)..][..d];
-                    // Scores and the softcap derivative.
-                    let (s, dcap): (Vec<T>, Vec<T>) = range
-                        .clone()
-                        .map(|j| {
-                            let x = dot(qrow, &k[kl.row(b, j, hk)..][..d]) * scale;
-                            if cap > 0.0 {
-                                let th = (x / softcap).tanh();
-                                (softcap * th, T::ONE - th * th)
-                            } else {
-                                (x, T::ONE)
-                            }
-                        })
-                        .unzip();
-                    let m = s
-                        .iter()
-                        .cloned()
-                        .fold(s[0], |a, b| if b > a { b } else { a });
-                    let e: Vec<T> = s.iter().map(|&x| (x - m).exp()).collect();
-                    let l = e.iter().fold(T::ZERO, |a, &b| a + b);
-                    let p: Vec<T> = e.iter().map(|&x| x / l).collect();
-                    let dp: Vec<T> = range
-                        .clone()
-                        .map(|j| dot(grow, &v[kl.row(b, j, hk)..][..d]))
-                        .collect();
-                    let dsum = p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
-                    let dq_row = &mut dq[(gi * shape.seqlen_q + i) * d..][..d];
-                    for (c, j) in range.enumerate() {
-                        let pj = round(p[c]);
-                        let ds = round(p[c] * (dp[c] - dsum) * dcap[c]);
-                        let krow = &k[kl.row(b, j, hk)..][..d];
-                        for x in 0..d {
-                            dq_row[x] += ds * krow[x];
-                            dk[j * d + x] += ds * qrow[x];
-                            dv[j * d + x] += pj * grow[x];
-                        }
-                    }
-                    dq_row.iter_mut().for_each(|x| *x = *x * scale);
+                    dq[ql.row(b, i, hk * g + gi)..][..d]
+                        .copy_from_slice(&t.dq[(gi * shape.seqlen_q + i) * d..][..d]);
                 }
             }
-            dk.iter_mut().for_each(|x| *x = *x * scale);
-            (dq, dk, dv)
-        })
-        .collect();
-    let mut dq = vec![T::ZERO; shape.q_len()];
-    let mut dk = vec![T::ZERO; shape.kv_len()];
-    let mut dv = vec![T::ZERO; shape.kv_len()];
-    for (&(b, hk), (tq, tk, tv)) in tasks.iter().zip(results) {
-        let g = shape.group();
-        for gi in 0..g {
-            for i in 0..shape.seqlen_q {
-                dq[ql.row(b, i, hk * g + gi)..][..d]
-                    .copy_from_slice(&tq[(gi * shape.seqlen_q + i) * d..][..d]);
+            for j in 0..shape.seqlen_k {
+                dk[kl.row(b, j, hk)..][..d].copy_from_slice(&t.dk[j * d..][..d]);
+                dv[kl.row(b, j, hk)..][..d].copy_from_slice(&t.dv[j * d..][..d]);
             }
         }
-        for j in 0..shape.seqlen_k {
-            dk[kl.row(b, j, hk)..][..d].copy_from_slice(&tk[j * d..][..d]);
-            dv[kl.row(b, j, hk)..][..d].copy_from_slice(&tv[j * d..][..d]);
-        }
+        (dq, dk, dv)
     }
-    (dq, dk, dv)
+
+    /// Every row of the group of kv head `hk` of batch entry `b`.
+    fn task(&self, (b, hk): (usize, usize)) -> TaskGrads<T> {
+        let s = self.shape;
+        let (d, g) = (s.head_dim, s.group());
+        let mut t = TaskGrads {
+            dq: vec![T::ZERO; g * s.seqlen_q * d],
+            dk: vec![T::ZERO; s.seqlen_k * d],
+            dv: vec![T::ZERO; s.seqlen_k * d],
+        };
+        for gi in 0..g {
+            for i in 0..s.seqlen_q {
+                self.row(&mut t, (b, hk, gi), i);
+            }
+        }
+        let scale = T::from_f32(self.opts.scale_for(d));
+        t.dk.iter_mut().for_each(|x| *x = *x * scale);
+        t
+    }
+
+    /// Row `i` of query head `hk·g + gi`: its dq, and its share of dk, dv.
+    fn row(&self, t: &mut TaskGrads<T>, (b, hk, gi): (usize, usize, usize), i: usize) {
+        let s = self.shape;
+        let (ql, kl, d) = (Layout::q(s), Layout::kv(s), s.head_dim);
+        let range = self.opts.mask(s).key_range(i);
+        if range.is_empty() {
+            return;
+        }
+        let h = hk * s.group() + gi;
+        let qrow = &self.q[ql.row(b, i, h)..][..d];
+        let grow = &self.d_o[ql.row(b, i, h)..][..d];
+        let scale = T::from_f32(self.opts.scale_for(d));
+        let cap = self.opts.softcap_value();
+        let softcap = T::from_f32(cap);
+        // Scores and the softcap derivative.
+        let (sc, dcap): (Vec<T>, Vec<T>) = range
+            .clone()
+            .map(|j| {
+                let x = dot(qrow, &self.k[kl.row(b, j, hk)..][..d]) * scale;
+                if cap > 0.0 {
+                    let th = (x / softcap).tanh();
+                    (softcap * th, T::ONE - th * th)
+                } else {
+                    (x, T::ONE)
+                }
+            })
+            .unzip();
+        let m = sc
+            .iter()
+            .cloned()
+            .fold(sc[0], |a, b| if b > a { b } else { a });
+        let e: Vec<T> = sc.iter().map(|&x| (x - m).exp()).collect();
+        let l = e.iter().fold(T::ZERO, |a, &b| a + b);
+        let p: Vec<T> = e.iter().map(|&x| x / l).collect();
+        let dp: Vec<T> = range
+            .clone()
+            .map(|j| dot(grow, &self.v[kl.row(b, j, hk)..][..d]))
+            .collect();
+        let dsum = p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
+        let dq_row = &mut t.dq[(gi * s.seqlen_q + i) * d..][..d];
+        for (c, j) in range.enumerate() {
+            let pj = (self.round)(p[c]);
+            let ds = (self.round)(p[c] * (dp[c] - dsum) * dcap[c]);
+            let krow = &self.k[kl.row(b, j, hk)..][..d];
+            for x in 0..d {
+                dq_row[x] += ds * krow[x];
+                t.dk[j * d + x] += ds * qrow[x];
+                t.dv[j * d + x] += pj * grow[x];
+            }
+        }
+        dq_row.iter_mut().for_each(|x| *x = *x * scale);
+    }
 }
 
 /// The shape of a backward problem without `o`/`lse` (the reference and the
@@ -377,7 +375,7 @@ fn backward_shape(
     opts: &AttentionOptions,
 ) -> Result<AttentionShape> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    check_like_q(&shape, q.precision(), d_o, "do")?;
+    shape.check_like_q(d_o, q, "do")?;
     opts.validate()?;
     Ok(shape)
 }
@@ -393,22 +391,24 @@ pub fn backward(
     let shape = backward_shape(q, k, v, d_o, opts)?;
     let widen =
         |t: &TensorView| -> Vec<f64> { t.data.to_f32().iter().map(|&x| x as f64).collect() };
-    let (dq, dk, dv) = backward_rows(
-        &shape,
-        &widen(q),
-        &widen(k),
-        &widen(v),
-        &widen(d_o),
+    let (q, k, v, d_o) = (widen(q), widen(k), widen(v), widen(d_o));
+    let (dq, dk, dv) = RowBackward {
+        shape: &shape,
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
         opts,
-        |x| x,
-    );
+        round: |x| x,
+    }
+    .run();
     Ok(ReferenceGrads { dq, dk, dv })
 }
 
 /// Row-wise gradients in f32 with P and dS rounded to the storage precision
 /// before the matmuls that use them and the results rounded to it: the
 /// accuracy rule's baseline, and the CPU backend's backward.
-pub(crate) fn backward_in_storage_precision(
+fn backward_in_storage_precision(
     shape: &AttentionShape,
     q: &TensorView,
     k: &TensorView,
@@ -417,15 +417,17 @@ pub(crate) fn backward_in_storage_precision(
     opts: &AttentionOptions,
 ) -> [Vec<f32>; 3] {
     let prec = q.precision();
-    let (dq, dk, dv) = backward_rows(
+    let [q, k, v, d_o] = [q, k, v, d_o].map(|t| t.data.to_f32());
+    let (dq, dk, dv) = RowBackward {
         shape,
-        &q.data.to_f32(),
-        &k.data.to_f32(),
-        &v.data.to_f32(),
-        &d_o.data.to_f32(),
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
         opts,
-        |x| prec.round(x),
-    );
+        round: |x| prec.round(x),
+    }
+    .run();
     [dq, dk, dv].map(|g| g.into_iter().map(|x| prec.round(x)).collect())
 }
 
@@ -441,58 +443,4 @@ pub fn naive_backward_baseline(
     let [dq, dk, dv] = backward_in_storage_precision(&shape, q, k, v, d_o, opts)
         .map(|g| g.into_iter().map(f64::from).collect());
     Ok(ReferenceGrads { dq, dk, dv })
-}
-
-/// Validate the inputs of a backward pass (every backend checks the same).
-pub fn validate_backward(
-    q: &TensorView,
-    k: &TensorView,
-    v: &TensorView,
-    o: &TensorView,
-    lse: &[f32],
-    d_o: &TensorView,
-    opts: &AttentionOptions,
-) -> Result<AttentionShape> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    check_like_q(&shape, q.precision(), o, "o")?;
-    check_like_q(&shape, q.precision(), d_o, "do")?;
-    if lse.len() != shape.lse_len() {
-        return Err(crate::Error::Shape(format!(
-            "lse has {} elements, expected {} (batch, heads_q, seqlen_q)",
-            lse.len(),
-            shape.lse_len()
-        )));
-    }
-    opts.validate()?;
-    Ok(shape)
-}
-
-/// `t` must have q's shape and q's dtype (for `o` and `do`).
-pub(crate) fn check_like_q(
-    shape: &AttentionShape,
-    precision: Precision,
-    t: &TensorView,
-    name: &str,
-) -> Result<()> {
-    if t.precision() != precision {
-        return Err(crate::Error::Dtype(format!(
-            "{name} is {} but q is {precision}",
-            t.precision()
-        )));
-    }
-    if t.shape != shape.q_shape() {
-        return Err(crate::Error::Shape(format!(
-            "{name} has shape {:?}, expected q's shape {:?}",
-            t.shape,
-            shape.q_shape()
-        )));
-    }
-    if t.data.len() != shape.q_len() {
-        return Err(crate::Error::Shape(format!(
-            "{name} has {} elements, expected {}",
-            t.data.len(),
-            shape.q_len()
-        )));
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{engine, output_grad, run_gpu_backward, Case};
-use flashattn::{AttentionOptions, PlanOverrides, TensorView, Window};
+use flashattn::{AttentionOptions, BackwardInputs, Error, PlanOverrides, TensorView, Window};
 
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
@@ -144,27 +144,9 @@ fn long_sequences_agree_with_the_cpu_backend() {
         let (g, _) = output_grad(&case);
         let d_o = TensorView::f32(inputs.q_shape, &g);
         let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
-        let gpu = e
-            .backward(
-                &q,
-                &k,
-                &v,
-                &fwd.o.view().unwrap(),
-                &fwd.lse,
-                &d_o,
-                &case.opts,
-            )
-            .unwrap();
-        let cpu = flashattn::cpu::backward(
-            &q,
-            &k,
-            &v,
-            &fwd.o.view().unwrap(),
-            &fwd.lse,
-            &d_o,
-            &case.opts,
-        )
-        .unwrap();
+        let inputs = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let gpu = e.backward(&inputs, &case.opts).unwrap();
+        let cpu = flashattn::cpu::backward(&inputs, &case.opts).unwrap();
         for (name, a, b) in [
             ("dq", &gpu.dq, &cpu.dq),
             ("dk", &gpu.dk, &cpu.dk),
@@ -176,7 +158,11 @@ fn long_sequences_agree_with_the_cpu_backend() {
                 .zip(b.to_f32())
                 .map(|(x, y)| (x - y).abs())
                 .fold(0f32, f32::max);
-            assert!(diff < 1e-3, "{name}: GPU and CPU differ by {diff}");
+            assert!(
+                diff < 1e-3,
+                "{case:?} {name}: GPU and CPU differ by {diff} ({:?})",
+                gpu.stats
+            );
         }
     }
 }
@@ -280,9 +266,9 @@ fn finite_differences_on_tiny_cases() {
         let [q, k, v] = inputs.views();
         let (g, _) = output_grad(&case);
         let fwd = e.forward(&q, &k, &v, &opts).unwrap();
-        let o = fwd.o.view().unwrap();
         let d_o = TensorView::f32(inputs.q_shape, &g);
-        let grads = e.backward(&q, &k, &v, &o, &fwd.lse, &d_o, &opts).unwrap();
+        let bwd = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let grads = e.backward(&bwd, &opts).unwrap();
         let loss = |q: &[f64], k: &[f64], v: &[f64]| {
             let r = flashattn::reference::forward_f64(q, k, v, &fwd.shape, &opts);
             r.o.iter().zip(&g).map(|(a, b)| a * *b as f64).sum::<f64>()
@@ -313,30 +299,6 @@ fn finite_differences_on_tiny_cases() {
 }
 
 #[test]
-fn cpu_backward_meets_the_rule() {
-    for case in [
-        Case::new(61, 47, 32).heads(4, 2).opts(causal()),
-        Case::new(47, 61, 24)
-            .f16()
-            .opts(AttentionOptions::default().softcap(3.0)),
-    ] {
-        let inputs = case.inputs();
-        let [q, k, v] = inputs.views();
-        let fwd = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
-        let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
-        let o = fwd.o.view().unwrap();
-        let out = flashattn::cpu::backward(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts).unwrap();
-        for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap() {
-            assert!(c.passed(), "{case:?} {c}");
-        }
-    }
-}
-
-#[test]
 fn bad_backward_inputs_are_errors() {
     let Some(e) = engine() else { return };
     let x = [0.5f32; 64];
@@ -345,14 +307,131 @@ fn bad_backward_inputs_are_errors() {
     let wrong = TensorView::f32([1, 4, 1, 8], &x[..32]);
     let lse = [0.0f32; 8];
     let opts = AttentionOptions::default();
-    let err = e
-        .backward(&q, &k, &k, &q, &lse, &wrong, &opts)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("do"), "{err}");
-    let err = e
-        .backward(&q, &k, &k, &q, &lse[..3], &q, &opts)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("lse"), "{err}");
+    let inputs = |lse, d_o| BackwardInputs {
+        q,
+        k,
+        v: k,
+        o: q,
+        lse,
+        d_o,
+    };
+    let err = e.backward(&inputs(&lse, wrong), &opts).unwrap_err();
+    assert!(
+        matches!(err, Error::ShapeMismatch { tensor: "do", .. }),
+        "{err:?}"
+    );
+    let err = e.backward(&inputs(&lse[..3], q), &opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "lse",
+                expected: 8,
+                actual: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let half_data = vec![half::f16::ZERO; 32];
+    let f16_do = TensorView::f16([1, 4, 2, 4], &half_data);
+    let err = e.backward(&inputs(&lse, f16_do), &opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DtypeMismatch {
+                tensor: "do",
+                dtype: "f16",
+                expected: "f32",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// `flash_bwd_pre` (D = rowsum(dO·O)) must follow the parameters' strides
+/// like every other kernel, not assume rows packed `head_dim` apart: here
+/// rows of o and dO are padded, as in a strided view of a larger tensor.
+#[test]
+fn dvec_follows_the_row_strides() {
+    use flashattn::kernels::{
+        binding, BackwardBuffers, BackwardPart, FlashBackward, Params, Piece,
+    };
+    use flashattn::runtime::{Call, Dispatch};
+    use wgpu::util::DeviceExt;
+    let Some(e) = engine() else { return };
+    let (b, s, h, d, pad) = (2usize, 5usize, 3usize, 7usize, 9usize);
+    let shape = flashattn::AttentionShape::new(b, s, s, h, h, d).unwrap();
+    let row = h * d + pad;
+    let mut params = Params::new(&Piece::whole(shape), &AttentionOptions::default()).unwrap();
+    params.q_row_stride = row as u32;
+    params.q_batch_stride = (s * row) as u32;
+    let mut rng = flashattn::random::Rng::new(3);
+    let (o, d_o) = (
+        rng.normal_vec(b * s * row, 1.0),
+        rng.normal_vec(b * s * row, 1.0),
+    );
+    let gpu = e.runtime();
+    let buffer = |data: &[f32]| {
+        gpu.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: bytemuck::cast_slice(data),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            })
+    };
+    let (ob, dob, dvec, unused) = (
+        buffer(&o),
+        buffer(&d_o),
+        buffer(&vec![0.0; b * h * s]),
+        buffer(&[0.0; 4]),
+    );
+    let bufs = BackwardBuffers {
+        q: &unused,
+        k: &unused,
+        v: &unused,
+        o: &ob,
+        d_o: &dob,
+        lse: &unused,
+        dvec: &dvec,
+        dq: &unused,
+        dk: &unused,
+        dv: &unused,
+    };
+    let plan = e
+        .plan_backward(&shape, flashattn::Precision::F32, &PlanOverrides::default())
+        .unwrap()
+        .plan;
+    let kernel = FlashBackward {
+        part: BackwardPart::Dvec,
+        plan,
+        variant: gpu.variant(false, false),
+    };
+    let got: Vec<f32> = pollster::block_on(async {
+        let mut call = Call::new(gpu, None);
+        let dispatch = Dispatch {
+            kernel: kernel.into(),
+            uniforms: vec![(binding::PARAMS, bytemuck::bytes_of(&params).to_vec())],
+            buffers: kernel.entries(&bufs),
+            grid: kernel.grid(&shape, gpu.max_groups()),
+            walk: None,
+        };
+        call.run(&[dispatch]).await.unwrap();
+        let bytes = call.read(&[(&dvec, (b * h * s * 4) as u64)]).await.unwrap();
+        bytemuck::pod_collect_to_vec(&bytes[0])
+    });
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s {
+                let at = bi * s * row + i * row + hi * d;
+                let want: f32 = (0..d).map(|x| o[at + x] * d_o[at + x]).sum();
+                let got = got[(bi * h + hi) * s + i];
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "b {bi} h {hi} row {i}: D = {got}, expected {want}"
+                );
+            }
+        }
+    }
 }

@@ -5,7 +5,8 @@ mod common;
 
 use common::{assert_accurate, engine, run_gpu, Case};
 use flashattn::{
-    AttentionOptions, KernelFamily, PlanOverrides, Precision, StorageKind, TensorView, Window,
+    AttentionOptions, Error, KernelFamily, PlanOverrides, Precision, StorageKind, TensorView,
+    Window,
 };
 
 fn causal() -> AttentionOptions {
@@ -330,21 +331,40 @@ fn long_sequences_meet_the_rule() {
 }
 
 #[test]
-fn kernels_cut_short_by_the_loop_limit_rerun_in_pieces() {
+fn calls_past_the_loop_limit_are_split_before_they_run() {
     if engine().is_none() {
         return;
     }
-    // A fresh engine, so no piece length has been learned yet. d 256 over 2048
-    // keys takes more than 65535 loop iterations per invocation in one
-    // dispatch: llvmpipe cuts it short, the guard reports it, and the call
-    // reruns in shorter pieces merged by LSE. Other adapters run it whole.
+    // A fresh engine, so nothing has been learned yet. d 256 over 2048 keys
+    // takes more loop iterations than llvmpipe allows one invocation in one
+    // dispatch: the plan predicts it and the call runs in pieces over keys,
+    // merged by LSE, with no rerun. Adapters without a limit run it whole.
     let e = flashattn::Engine::new().unwrap();
     // The lanes kernel loops once per 8 keys; the tiled one many times per tile.
     let case = Case::new(64, 2048, 256).heads(1, 1).overrides(tiled());
     let out = run_gpu(&e, &case);
-    if e.has_loop_limiter() {
+    assert_eq!(out.stats.reruns, 0, "{:?}", out.stats);
+    if e.loop_limit().is_some() {
+        assert!(out.stats.pieces >= 2, "{:?}", out.stats);
+    } else {
+        assert_eq!(out.stats.pieces, 1);
+    }
+}
+
+#[test]
+fn kernels_cut_short_by_the_loop_limit_rerun_in_pieces() {
+    if engine().is_none() {
+        return;
+    }
+    // Without the prediction only the guard protects: the kernel runs past
+    // the limit, its guard reports it, the call reruns with the keys halved,
+    // and the shorter length is remembered.
+    let e = flashattn::Engine::new().unwrap().without_loop_prediction();
+    let case = Case::new(64, 2048, 256).heads(1, 1).overrides(tiled());
+    let out = run_gpu(&e, &case);
+    if e.loop_limit().is_some() {
         assert!(out.stats.reruns >= 1, "{:?}", out.stats);
-        assert!(out.stats.dispatches >= 2);
+        assert!(out.stats.pieces >= 2);
         // The learned piece length is reused: no rerun the second time.
         assert_eq!(run_gpu(&e, &case).stats.reruns, 0);
     } else {
@@ -461,9 +481,18 @@ fn buffer_api_keeps_data_on_gpu() {
             &case.opts,
             &PlanOverrides::default(),
         )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("buffer o"), "{err}");
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BufferTooSmall {
+                buffer: "o",
+                size: 16,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -475,14 +504,53 @@ fn bad_inputs_are_errors_not_panics() {
     let err = e
         .forward(&q, &k, &k, &AttentionOptions::default())
         .unwrap_err();
-    assert!(err.to_string().contains("multiple of heads_kv"), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::HeadsNotDivisible {
+                heads_q: 3,
+                heads_kv: 2
+            }
+        ),
+        "{err:?}"
+    );
     let short = TensorView::f32([1, 2, 3, 4], &x[..10]);
-    assert!(e
+    let err = e
         .forward(&short, &short, &short, &AttentionOptions::default())
-        .is_err());
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "q",
+                expected: 24,
+                actual: 10,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let nan = AttentionOptions::default().scale(f32::NAN);
-    let err = e.forward(&q, &q, &q, &nan).unwrap_err().to_string();
-    assert!(err.contains("scale"), "{err}");
+    let err = e.forward(&q, &q, &q, &nan).unwrap_err();
+    assert!(
+        matches!(err, Error::NonFiniteScale { scale } if scale.is_nan()),
+        "{err:?}"
+    );
+    let wide = vec![0.0f32; 300];
+    let big = TensorView::f32([1, 1, 1, 300], &wide);
+    let err = e
+        .forward(&big, &big, &big, &AttentionOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::HeadDimTooLarge {
+                head_dim: 300,
+                max: 256
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -508,9 +576,9 @@ fn cpu_backend_meets_the_rule_too() {
 #[test]
 fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     let Some(e) = engine() else { return };
-    if !e.has_loop_limiter() {
+    let Some(limit) = e.loop_limit() else {
         return;
-    }
+    };
     // The device-buffer API cannot split, so past llvmpipe's loop limit it errs.
     let case = Case::new(64, 2048, 256).heads(1, 1);
     let inputs = case.inputs();
@@ -532,9 +600,95 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
         heads_kv: 1,
         head_dim: 256,
     };
+    // Predicted before running...
     let err = e
         .forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
         .unwrap_err();
-    assert!(matches!(err, flashattn::Error::LoopBudget(_)), "{err}");
-    assert!(err.to_string().contains("65535"), "{err}");
+    assert!(
+        matches!(err, Error::LoopBudget { keys: 2048, limit: l, .. } if l == limit),
+        "{err:?}"
+    );
+    // ...and caught by the guard when the prediction is off.
+    let blind = flashattn::Engine::new().unwrap().without_loop_prediction();
+    let make = |data: &[f32]| device_buffer(&blind, data);
+    let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
+    let (ob, lb) = (make(&vec![0.0; inputs.q.len()]), make(&[0.0; 64]));
+    let bufs = flashattn::AttentionBuffers {
+        q: &qb,
+        k: &kb,
+        v: &vb,
+        o: &ob,
+        lse: &lb,
+    };
+    let err = blind
+        .forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
+        .unwrap_err();
+    assert!(matches!(err, Error::LoopBudget { .. }), "{err:?}");
+}
+
+/// The device-buffer forward with packed f16 storage writes exactly o's
+/// elements: the caller's buffer needs no COPY_DST (it was once cleared
+/// whole with `clear_buffer`, which needs it and wiped what followed o),
+/// and whatever it held before does not leak into the result.
+#[test]
+fn packed_f16_buffer_forward_writes_only_o() {
+    use wgpu::util::DeviceExt;
+    let Some(e) = engine() else { return };
+    // An odd head dim: f16 pairs straddle rows that different workgroups own.
+    let case = Case::new(33, 45, 59).heads(2, 1).f16();
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let packed = PlanOverrides {
+        f16_native: Some(false),
+        ..Default::default()
+    };
+    let expected = e.forward_with(&q, &k, &v, &case.opts, &packed).unwrap();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+    let buffer = |bytes: &[u8]| {
+        let mut padded = bytes.to_vec();
+        padded.resize(bytes.len().next_multiple_of(4), 0);
+        e.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: &padded,
+                usage,
+            })
+    };
+    let (qb, kb, vb) = (
+        buffer(q.data.as_bytes()),
+        buffer(k.data.as_bytes()),
+        buffer(v.data.as_bytes()),
+    );
+    let o_bytes = (inputs.q16.len() * 2).next_multiple_of(4);
+    // o starts full of garbage and is followed by a guard region.
+    let ob = buffer(&vec![0xAB; o_bytes + 256]);
+    let lb = buffer(&vec![0u8; expected.lse.len() * 4]);
+    let bufs = flashattn::AttentionBuffers {
+        q: &qb,
+        k: &kb,
+        v: &vb,
+        o: &ob,
+        lse: &lb,
+    };
+    e.forward_buffers(&bufs, &expected.shape, Precision::F16, &case.opts, &packed)
+        .unwrap();
+    let dev = e.device();
+    let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: ob.size(),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = dev.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(&ob, 0, &staging, 0, ob.size());
+    e.queue().submit([enc.finish()]);
+    staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+    dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let got = staging.slice(..).get_mapped_range().unwrap().to_vec();
+    let n = inputs.q16.len() * 2;
+    assert_eq!(&got[..n], expected.o.data.as_host().as_bytes(), "o differs");
+    assert!(
+        got[o_bytes..].iter().all(|&x| x == 0xAB),
+        "the guard after o was overwritten"
+    );
 }

@@ -4,8 +4,9 @@
 mod common;
 
 use common::{engine, output_grad, Case};
-use flashattn::gpu::io::Accesses;
-use flashattn::{AttentionOptions, Engine, KernelFamily, PlanOverrides, TensorView, Window};
+use flashattn::{
+    Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, TensorView, Window,
+};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -73,9 +74,9 @@ fn flash_forward_and_backward_counts_match() {
             flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
             flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
         };
-        let o = fwd.o.view().unwrap();
+        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
         let bwd = e
-            .backward_with(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts, &case.overrides)
+            .backward_with(&bwd_inputs, &case.opts, &case.overrides)
             .unwrap();
         assert_counts(
             &format!("backward {case:?}"),

@@ -1,11 +1,32 @@
-//! Every composed WGSL module is validated by naga, so a shader error fails a
-//! test rather than a user's run. Capabilities come from wgpu's own mapping of
-//! adapter features, with and without SHADER_F16.
+//! Every kernel flashattn composes is checked here, without a device, the
+//! way wgpu's backends will check it: naga parses and validates the WGSL,
+//! applies the pipeline's override values, and translates the result to
+//! SPIR-V (Vulkan; validated by `spirv-val` when installed), MSL (Metal),
+//! HLSL (DX12) and GLSL (GL). Also: the workgroup storage each module
+//! declares equals its plan's, the uniform structs equal their Rust twins
+//! member by member, and every function-scope `var` is initialized.
 
-use flashattn::gpu::shaders::{self, MatmulKernel, Variant};
-use flashattn::{plan_backward, plan_forward, DeviceCaps, PlanRequest, Precision, StorageKind};
+use flashattn::kernels::compose::{LoopCheck, Variant};
+use flashattn::kernels::{
+    BackwardPart, Epilogue, FlashBackward, FlashForward, KernelKey, KernelSource, LoopProbe,
+    Matmul, MatmulForm, MatmulParams, Naive, NaiveEntry, Params, Uniform,
+};
+use flashattn::{
+    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanRequest, Precision,
+    StorageKind,
+};
+use naga::back::pipeline_constants::process_overrides;
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 
-fn capabilities(f16: bool, subgroups: bool) -> naga::valid::Capabilities {
+/// A kernel with what it needs of the device.
+struct Kernel {
+    label: String,
+    key: KernelKey,
+    f16: bool,
+    subgroups: bool,
+}
+
+fn capabilities(f16: bool, subgroups: bool) -> Capabilities {
     let mut features = wgpu::Features::empty();
     if f16 {
         features |= wgpu::Features::SHADER_F16;
@@ -16,37 +37,42 @@ fn capabilities(f16: bool, subgroups: bool) -> naga::valid::Capabilities {
     wgpu_naga_bridge::features_to_naga_capabilities(features, wgpu::DownlevelFlags::all())
 }
 
-fn validate(source: &str, f16: bool) -> Result<(), String> {
-    validate_with(source, f16, false)
+/// The module as a pipeline sees it: parsed, validated, overrides applied
+/// (and validated again).
+fn compile(k: &Kernel) -> Result<(naga::Module, ModuleInfo), String> {
+    let src = k.key.source();
+    let module =
+        naga::front::wgsl::parse_str(&src.text).map_err(|e| e.emit_to_string(&src.text))?;
+    let mut validator = Validator::new(ValidationFlags::all(), capabilities(k.f16, k.subgroups));
+    let info = validator
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(&src.text))?;
+    let constants: naga::back::PipelineConstants = src
+        .overrides
+        .iter()
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    let stage = Some((naga::ShaderStage::Compute, src.entry));
+    let (module, info) = process_overrides(&module, &info, stage, &constants)
+        .map_err(|e| format!("overrides {constants:?}: {e}"))?;
+    Ok((module.into_owned(), info.into_owned()))
 }
 
-/// Validate with or without the SUBGROUP capability (the lanes kernels need it).
-fn validate_with(source: &str, f16: bool, subgroups: bool) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        capabilities(f16, subgroups),
-    )
-    .validate(&module)
-    .map_err(|e| e.emit_to_string(source))?;
-    Ok(())
-}
-
-fn variants() -> Vec<Variant> {
-    let mut v = Vec::new();
-    for masked in [false, true] {
-        for softcap in [false, true] {
-            for instrumented in 0..4 {
-                v.push(Variant {
-                    masked,
-                    softcap,
-                    count_io: instrumented & 1 != 0,
-                    loop_guard: instrumented & 2 != 0,
-                });
-            }
-        }
-    }
-    v
+fn variants(all: bool) -> Vec<Variant> {
+    let flags: Vec<u8> = if all { (0..16).collect() } else { vec![0, 15] };
+    flags
+        .into_iter()
+        .map(|f| Variant {
+            masked: f & 1 != 0,
+            softcap: f & 2 != 0,
+            count_io: f & 4 != 0,
+            loop_check: if f & 8 != 0 {
+                LoopCheck::Guard
+            } else {
+                LoopCheck::Off
+            },
+        })
+        .collect()
 }
 
 /// Lavapipe's limits (32 KiB of workgroup storage, f16), with or without
@@ -61,185 +87,314 @@ fn lavapipe_like(lane_subgroup: Option<u32>) -> DeviceCaps {
     }
 }
 
-fn storage_kinds() -> [(StorageKind, bool); 3] {
-    [
-        (StorageKind::F32, false),
-        (StorageKind::F16Packed, false),
-        (StorageKind::F16Native, true),
-    ]
+fn device_caps() -> Vec<DeviceCaps> {
+    let big = DeviceCaps {
+        max_workgroup_storage: 49152,
+        ..lavapipe_like(None)
+    };
+    let mut caps = vec![DeviceCaps::webgpu_default(), lavapipe_like(None), big];
+    caps.extend(flashattn::plan::LANE_SUBGROUPS.map(|sg| lavapipe_like(Some(sg))));
+    caps
 }
 
-#[test]
-fn lanes_forward_validates_for_every_subgroup_and_variant() {
-    for sg in flashattn::plan::LANE_SUBGROUPS {
-        let c = lavapipe_like(Some(sg));
-        for d in [4, 8, 60, 64, 128] {
-            let mut plan = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
-            assert_eq!(plan.kernel, flashattn::KernelFamily::Lanes);
-            for (storage, _) in storage_kinds() {
-                plan.storage = storage;
-                for variant in variants() {
-                    let src = shaders::flash_forward(&plan, variant);
-                    validate_with(&src, true, true)
-                        .unwrap_or_else(|e| panic!("sg {sg} d {d} {storage:?} {variant:?}:\n{e}"));
-                    assert!(!src.contains('$'), "unexpanded template line");
+const STORAGE: [StorageKind; 3] = [
+    StorageKind::F32,
+    StorageKind::F16Packed,
+    StorageKind::F16Native,
+];
+
+/// Head dims every kernel is composed for.
+const HEAD_DIMS: [usize; 10] = [1, 3, 4, 16, 59, 60, 64, 111, 128, 256];
+
+/// The plans (forward and backward) for `head_dims` on every device.
+fn plans(head_dims: &[usize]) -> Vec<(String, Plan, Plan)> {
+    let mut out = Vec::new();
+    for caps in device_caps() {
+        for &d in head_dims {
+            let req = PlanRequest::new(d, Precision::F32);
+            let fwd = plan_forward(&req, &caps).unwrap().plan;
+            let bwd = plan_backward(&req, &caps).unwrap().plan;
+            let lanes = fwd.kernel == KernelFamily::Lanes;
+            assert_eq!(
+                lanes,
+                caps.lane_subgroup.is_some() && d % 4 == 0 && d <= 128
+            );
+            let label = format!(
+                "M {} sg {:?} d {d}",
+                caps.max_workgroup_storage, caps.lane_subgroup
+            );
+            out.push((label, fwd, bwd));
+        }
+    }
+    out
+}
+
+/// The flash kernels: each plan × storage × variant.
+fn flash_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
+    let mut out = Vec::new();
+    for (label, fwd, bwd) in plans(head_dims) {
+        for storage in STORAGE {
+            let (fwd, bwd) = (Plan { storage, ..fwd }, Plan { storage, ..bwd });
+            let f16 = storage == StorageKind::F16Native;
+            let subgroups = fwd.kernel == KernelFamily::Lanes;
+            for variant in variants(all_variants) {
+                let mut keys = vec![KernelKey::from(FlashForward { plan: fwd, variant })];
+                for part in [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq] {
+                    keys.push(
+                        FlashBackward {
+                            part,
+                            plan: bwd,
+                            variant,
+                        }
+                        .into(),
+                    );
+                }
+                for key in keys {
+                    let label = format!("{} {label} {storage:?} {variant:?}", key.name());
+                    out.push(Kernel {
+                        label,
+                        key,
+                        f16,
+                        subgroups,
+                    });
                 }
             }
         }
     }
+    out
 }
 
-#[test]
-fn flash_forward_validates_for_every_plan_and_variant() {
-    let caps = [
-        DeviceCaps::webgpu_default(),
-        lavapipe_like(None),
-        DeviceCaps {
-            max_workgroup_storage: 49152,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: None,
+/// The matmul in every form, storage and epilogue; the naive kernels; the probe.
+fn other_kernels(all_variants: bool) -> Vec<Kernel> {
+    let mut out = Vec::new();
+    let forms = [
+        MatmulForm::Tiled { aligned: false },
+        MatmulForm::Tiled { aligned: true },
+        MatmulForm::Lanes {
+            lanes: 8,
+            chunks: 16,
+            rows: 2,
+        },
+        MatmulForm::Lanes {
+            lanes: 4,
+            chunks: 1,
+            rows: 1,
         },
     ];
-    for c in caps {
-        for d in [1, 3, 16, 59, 64, 111, 128, 256] {
-            let mut plan = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
-            for (storage, f16) in storage_kinds() {
-                plan.storage = storage;
-                for variant in variants() {
-                    let src = shaders::flash_forward(&plan, variant);
-                    validate(&src, f16)
-                        .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn flash_backward_validates_for_every_plan_and_variant() {
-    for c in [
-        DeviceCaps::webgpu_default(),
-        lavapipe_like(None),
-        // The lanes backward (CPU adapters).
-        lavapipe_like(Some(8)),
-    ] {
-        for d in [1, 3, 59, 64, 128, 256] {
-            let mut plan = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
-            let lanes = plan.kernel == flashattn::KernelFamily::Lanes;
-            assert_eq!(lanes, c.lane_subgroup.is_some() && d % 4 == 0 && d <= 128);
-            for (storage, f16) in storage_kinds() {
-                plan.storage = storage;
-                for variant in variants() {
-                    for (name, src) in ["pre", "dkdv", "dq"]
-                        .iter()
-                        .zip(shaders::flash_backward(&plan, variant))
-                    {
-                        validate_with(&src, f16, lanes).unwrap_or_else(|e| {
-                            panic!("{name} d {d} {storage:?} {variant:?}:\n{e}")
+    for storage in STORAGE {
+        let f16 = storage == StorageKind::F16Native;
+        for form in forms {
+            let subgroups = matches!(form, MatmulForm::Lanes { .. });
+            for b_trans in [false, true] {
+                for (epilogue, variant) in [
+                    (Epilogue::Scale, Variant::default()),
+                    (Epilogue::Scores, variants(false)[1]),
+                ] {
+                    for abc in [
+                        [storage, storage, StorageKind::F32],
+                        [StorageKind::F32, storage, storage],
+                    ] {
+                        // The lanes dot form stores f32 C only (the planner never asks otherwise).
+                        if subgroups && b_trans && abc[2] != StorageKind::F32 {
+                            continue;
+                        }
+                        let key = KernelKey::from(Matmul {
+                            storage: abc,
+                            b_trans,
+                            form,
+                            epilogue,
+                            variant,
+                        });
+                        let label = format!("matmul {abc:?} {form:?} bT {b_trans} {epilogue:?}");
+                        out.push(Kernel {
+                            label,
+                            key,
+                            f16,
+                            subgroups,
                         });
                     }
                 }
             }
         }
-    }
-}
-
-#[test]
-fn naive_backward_validates() {
-    for d in [1, 59, 256] {
-        for (storage, f16) in storage_kinds() {
-            for variant in variants() {
-                let src = shaders::naive_backward(d, storage, variant);
-                validate(&src, f16)
-                    .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
-            }
-        }
-    }
-}
-
-#[test]
-fn matmul_validates_in_every_configuration() {
-    use shaders::Epilogue;
-    for (storage, f16) in storage_kinds() {
-        for b_trans in [false, true] {
-            for kernel in [
-                MatmulKernel::Tiled { aligned: false },
-                MatmulKernel::Tiled { aligned: true },
-                MatmulKernel::Lanes {
-                    lanes: 8,
-                    chunks: 16,
-                    rows: 2,
-                },
-                MatmulKernel::Lanes {
-                    lanes: 4,
-                    chunks: 1,
-                    rows: 1,
-                },
+        for d in [1, 59, 64, 256] {
+            for entry in [
+                NaiveEntry::Softmax,
+                NaiveEntry::Ds,
+                NaiveEntry::TransposeP,
+                NaiveEntry::TransposeDs,
+                NaiveEntry::DkDv,
             ] {
-                for (epilogue, variant) in [
-                    (Epilogue::Scale, Variant::default()),
-                    (
-                        Epilogue::Scores,
-                        Variant {
-                            masked: true,
-                            softcap: true,
-                            count_io: true,
-                            loop_guard: true,
-                        },
-                    ),
-                ] {
-                    for [a, b, c] in [
-                        [storage, storage, StorageKind::F32],
-                        [StorageKind::F32, storage, storage],
-                    ] {
-                        // The lanes dot form stores f32 C only (MatmulSpec never asks otherwise).
-                        let lanes = matches!(kernel, MatmulKernel::Lanes { .. });
-                        if lanes && b_trans && c != StorageKind::F32 {
-                            continue;
-                        }
-                        let src = shaders::matmul(a, b, c, b_trans, kernel, epilogue, variant);
-                        validate_with(&src, f16, true)
-                            .unwrap_or_else(|e| panic!("{storage:?} {b_trans} {kernel:?}:\n{e}"));
-                        let entry = kernel.entry(b_trans);
-                        assert!(src.contains(&format!("fn {entry}(")), "{entry}");
-                    }
+                for variant in variants(all_variants) {
+                    let key = KernelKey::from(Naive {
+                        entry,
+                        head_dim: d,
+                        storage,
+                        variant,
+                    });
+                    let label = format!("naive {entry:?} d {d} {storage:?} {variant:?}");
+                    out.push(Kernel {
+                        label,
+                        key,
+                        f16,
+                        subgroups: false,
+                    });
                 }
             }
         }
     }
+    out.push(Kernel {
+        label: "loop probe".into(),
+        key: LoopProbe.into(),
+        f16: false,
+        subgroups: false,
+    });
+    out
 }
 
+/// Every kernel: each plan, storage and head dim, with no optional code and
+/// with all of it.
+fn all_kernels() -> Vec<Kernel> {
+    let mut k = flash_kernels(&HEAD_DIMS, false);
+    k.extend(other_kernels(false));
+    k
+}
+
+/// Every combination of the optional code (mask, softcap, access counters,
+/// loop guard), on the head dims that exercise partial tiles and full ones.
 #[test]
-fn naive_forward_validates() {
-    for d in [1, 59, 64, 256] {
-        for (storage, f16) in storage_kinds() {
-            for variant in variants() {
-                let src = shaders::naive_forward(d, storage, variant);
-                validate(&src, f16)
-                    .unwrap_or_else(|e| panic!("d {d} {storage:?} {variant:?}:\n{e}"));
-            }
-        }
+fn every_variant_validates_with_its_overrides() {
+    let mut kernels = flash_kernels(&[59, 64], true);
+    kernels.extend(other_kernels(true));
+    for k in &kernels {
+        compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
+        let src = k.key.source();
+        assert!(
+            !src.text.contains('$'),
+            "{}: unexpanded template line",
+            k.label
+        );
+    }
+}
+
+/// SPIR-V, MSL, HLSL and GLSL of one module; GLSL only where wgpu's GL
+/// backend could run it (it offers neither SHADER_F16 nor SUBGROUP).
+fn translate(
+    k: &Kernel,
+    module: &naga::Module,
+    info: &ModuleInfo,
+    spirv_val: bool,
+) -> Result<(), String> {
+    let entry = k.key.source().entry.to_string();
+    let stage = (naga::ShaderStage::Compute, entry.clone());
+    let spv_options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        ..Default::default()
+    };
+    let spv = naga::back::spv::write_vec(module, info, &spv_options, None)
+        .map_err(|e| format!("SPIR-V: {e}"))?;
+    if spirv_val {
+        spirv_validate(&spv).map_err(|e| format!("spirv-val: {e}"))?;
+    }
+    let msl_options = naga::back::msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    let msl_pipeline = naga::back::msl::PipelineOptions {
+        entry_point: Some(stage.clone()),
+        ..Default::default()
+    };
+    naga::back::msl::write_string(module, info, &msl_options, &msl_pipeline)
+        .map_err(|e| format!("MSL: {e}"))?;
+    let hlsl_options = naga::back::hlsl::Options {
+        shader_model: naga::back::hlsl::ShaderModel::V6_2,
+        ..Default::default()
+    };
+    let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
+        entry_point: Some(stage),
+    };
+    let mut hlsl = String::new();
+    naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+        .write(module, info, None)
+        .map_err(|e| format!("HLSL: {e}"))?;
+    if !k.f16 && !k.subgroups {
+        let glsl_options = naga::back::glsl::Options {
+            version: naga::back::glsl::Version::Desktop(430),
+            ..Default::default()
+        };
+        let glsl_pipeline = naga::back::glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry,
+            multiview: None,
+        };
+        let mut glsl = String::new();
+        let policies = naga::proc::BoundsCheckPolicies::default();
+        naga::back::glsl::Writer::new(
+            &mut glsl,
+            module,
+            info,
+            &glsl_options,
+            &glsl_pipeline,
+            policies,
+        )
+        .and_then(|mut w| w.write())
+        .map_err(|e| format!("GLSL: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Whether `spirv-val` (Debian `spirv-tools`) is installed; without it the
+/// SPIR-V check is skipped visibly, unless FLASHATTN_REQUIRE_SPIRV_VAL=1
+/// (set by scripts/test.sh, which installs it) makes that a failure.
+fn have_spirv_val() -> bool {
+    let found = std::process::Command::new("spirv-val")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        let required = std::env::var("FLASHATTN_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "FLASHATTN_REQUIRE_SPIRV_VAL=1 but spirv-val is not installed"
+        );
+        eprintln!("SKIPPED: spirv-val is not installed (Debian: apt-get install spirv-tools)");
+    }
+    found
+}
+
+fn spirv_validate(words: &[u32]) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("kernel.spv");
+    std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(words)).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("spirv-val")
+        .args(["--target-env", "vulkan1.1"])
+        .arg(&path)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
 #[test]
-fn native_f16_needs_the_capability_and_packed_does_not() {
-    let mut plan = plan_forward(
-        &PlanRequest::new(64, Precision::F16),
-        &DeviceCaps::webgpu_default(),
-    )
-    .unwrap();
-    assert_eq!(plan.storage, StorageKind::F16Packed);
-    assert!(validate(&shaders::flash_forward(&plan, Variant::default()), false).is_ok());
-    plan.storage = StorageKind::F16Native;
-    assert!(validate(&shaders::flash_forward(&plan, Variant::default()), false).is_err());
+fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
+    let spirv_val = have_spirv_val();
+    let kernels = all_kernels();
+    for k in &kernels {
+        let (module, info) = compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
+        translate(k, &module, &info, spirv_val).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
+    }
+    let glsl = kernels.iter().filter(|k| !k.f16 && !k.subgroups).count();
+    eprintln!(
+        "{} modules to SPIR-V{}, MSL and HLSL; {glsl} to GLSL",
+        kernels.len(),
+        if spirv_val { " (spirv-val: valid)" } else { "" }
+    );
 }
 
 /// Bytes of `var<workgroup>` a module declares, as naga lays them out.
-fn workgroup_bytes(src: &str) -> u32 {
-    let module = naga::front::wgsl::parse_str(src).unwrap();
+fn workgroup_bytes(module: &naga::Module) -> u32 {
     let mut layouter = naga::proc::Layouter::default();
     layouter.update(module.to_ctx()).unwrap();
     module
@@ -252,15 +407,121 @@ fn workgroup_bytes(src: &str) -> u32 {
 
 #[test]
 fn declared_workgroup_storage_matches_the_plan() {
-    // naga's view of each module's workgroup variables equals the planner's bytes.
-    for d in [16, 59, 64, 256] {
-        let caps = DeviceCaps::webgpu_default();
-        let plan = plan_forward(&PlanRequest::new(d, Precision::F32), &caps).unwrap();
-        let src = shaders::flash_forward(&plan, Variant::default());
-        assert_eq!(workgroup_bytes(&src), plan.workgroup_bytes, "d {d}");
-        let plan = plan_backward(&PlanRequest::new(d, Precision::F32), &caps).unwrap();
-        for src in &shaders::flash_backward(&plan, Variant::default())[1..] {
-            assert_eq!(workgroup_bytes(src), plan.workgroup_bytes, "backward d {d}");
+    for k in flash_kernels(&HEAD_DIMS, false) {
+        let (module, _) = compile(&k).unwrap();
+        let (plan, part) = match k.key {
+            KernelKey::FlashForward(f) => (f.plan, None),
+            KernelKey::FlashBackward(b) => (b.plan, Some(b.part)),
+            _ => unreachable!(),
+        };
+        let declared = workgroup_bytes(&module);
+        match part {
+            // D = rowsum(dO·O) keeps nothing on chip.
+            Some(BackwardPart::Dvec) => assert_eq!(declared, 0, "{}", k.label),
+            _ => assert_eq!(declared, plan.workgroup_bytes, "{}", k.label),
         }
     }
+}
+
+/// The WGSL struct `T::WGSL_NAME` in `source`, laid out by naga, must have
+/// exactly `T::FIELDS` (names and offsets) and `T`'s size.
+fn assert_layout<T: Uniform>(source: &KernelSource) {
+    let module = naga::front::wgsl::parse_str(&source.text).unwrap();
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    let (handle, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some(T::WGSL_NAME))
+        .unwrap_or_else(|| panic!("no struct {} in the module", T::WGSL_NAME));
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("{} is not a struct", T::WGSL_NAME);
+    };
+    let wgsl: Vec<(String, usize)> = members
+        .iter()
+        .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+        .collect();
+    let rust: Vec<(String, usize)> = T::FIELDS.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+    assert_eq!(wgsl, rust, "{} members", T::WGSL_NAME);
+    assert_eq!(
+        *span as usize,
+        std::mem::size_of::<T>(),
+        "{} size",
+        T::WGSL_NAME
+    );
+    assert_eq!(layouter[handle].size, *span);
+}
+
+#[test]
+fn uniform_structs_match_their_wgsl_twins() {
+    let (_, fwd, _) = plans(&[64]).remove(0);
+    let forward = FlashForward {
+        plan: fwd,
+        variant: Variant::default(),
+    };
+    assert_layout::<Params>(&forward.source());
+    let matmul = Matmul {
+        storage: [StorageKind::F32; 3],
+        b_trans: true,
+        form: MatmulForm::Tiled { aligned: false },
+        epilogue: Epilogue::Scores,
+        variant: Variant::default(),
+    };
+    assert_layout::<MatmulParams>(&matmul.source());
+    assert_layout::<Params>(&matmul.source());
+}
+
+/// Function-scope `var`s declared without an initializer, as `line: text`.
+fn uninitialized_vars(text: &str) -> Vec<String> {
+    let mut depth = 0i32;
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim();
+        let declares =
+            t.starts_with("var ") && t.contains(':') && t.ends_with(';') && !t.contains('=');
+        if depth > 0 && declares {
+            found.push(format!("{}: {t}", n + 1));
+        }
+        depth += line.matches('{').count() as i32 - line.matches('}').count() as i32;
+    }
+    found
+}
+
+/// Chromium's Tint zeroes a function-scope `var` without initializer once,
+/// not each time a loop body (or a function called in a loop) declares it,
+/// which once summed scores across blocks: every such `var` is initialized.
+#[test]
+fn every_function_var_has_an_initializer() {
+    assert_eq!(
+        uninitialized_vars("fn f() {\n  var a: f32;\n  var b = 0.0;\n}\nvar<workgroup> w: f32;\n"),
+        vec!["2: var a: f32;"]
+    );
+    for k in all_kernels() {
+        let bad = uninitialized_vars(&k.key.source().text);
+        assert!(bad.is_empty(), "{}: {bad:?}", k.label);
+    }
+}
+
+#[test]
+fn native_f16_needs_the_capability_and_packed_does_not() {
+    let plan = plan_forward(
+        &PlanRequest::new(64, Precision::F16),
+        &DeviceCaps::webgpu_default(),
+    )
+    .unwrap()
+    .plan;
+    assert_eq!(plan.storage, StorageKind::F16Packed);
+    let kernel = |storage, f16| Kernel {
+        label: format!("{storage:?}"),
+        key: FlashForward {
+            plan: Plan { storage, ..plan },
+            variant: Variant::default(),
+        }
+        .into(),
+        f16,
+        subgroups: false,
+    };
+    assert!(compile(&kernel(StorageKind::F16Packed, false)).is_ok());
+    assert!(compile(&kernel(StorageKind::F16Native, false)).is_err());
+    assert!(compile(&kernel(StorageKind::F16Native, true)).is_ok());
 }

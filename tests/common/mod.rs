@@ -169,10 +169,7 @@ pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Ch
         eprintln!(
             "{} {:?}: {} | {}",
             case.seqlen_q,
-            out.stats
-                .plan
-                .as_ref()
-                .map(|p| (p.br, p.bc, p.threads_per_row)),
+            out.stats.plan.map(|p| (p.br, p.bc, p.threads_per_row)),
             checks[0],
             checks[1]
         );
@@ -194,7 +191,7 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    let lanes = out.stats.plan.as_ref().map(|p| p.kernel) == Some(KernelFamily::Lanes);
+    let lanes = out.stats.plan.map(|p| p.kernel) == Some(KernelFamily::Lanes);
     if lanes && case.overrides.kernel.is_none() {
         run(&PlanOverrides {
             kernel: Some(KernelFamily::Tiled),
@@ -229,9 +226,9 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
         Precision::F32 => TensorView::f32(inputs.q_shape, &g),
         Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
     };
-    let o = fwd.o.view().unwrap();
+    let inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
     let out = engine
-        .backward_with(&q, &k, &v, &o, &fwd.lse, &d_o, &case.opts, &case.overrides)
+        .backward_with(&inputs, &case.opts, &case.overrides)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let checks =
         flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).expect("reference");

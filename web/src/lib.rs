@@ -9,8 +9,8 @@
 use flashattn::accuracy::{check_backward, check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
-    cpu, AttentionOptions, AttentionShape, Engine, Plan, PlanOverrides, Precision, TensorData,
-    TensorView,
+    cpu, AttentionOptions, AttentionShape, BackwardInputs, Engine, PlanOverrides, Planned,
+    Precision, TensorData, TensorView,
 };
 use serde::Serialize;
 use std::cell::RefCell;
@@ -94,7 +94,8 @@ pub async fn device_info() -> Result<String, JsError> {
     let e = engine().await?;
     let f16_plan =
         flashattn::plan_forward(&flashattn::PlanRequest::new(64, Precision::F16), &e.caps())
-            .map_err(js_err)?;
+            .map_err(js_err)?
+            .plan;
     to_json(&DeviceReport {
         adapter: e.adapter_info().name.clone(),
         backend: format!("{:?}", e.adapter_info().backend),
@@ -122,10 +123,11 @@ struct PlanReport {
     clamps: Vec<String>,
 }
 
-impl From<&Plan> for PlanReport {
-    fn from(p: &Plan) -> Self {
+impl From<&Planned> for PlanReport {
+    fn from(planned: &Planned) -> Self {
+        let p = &planned.plan;
         Self {
-            text: p.to_string(),
+            text: planned.to_string(),
             storage: p.storage.name(),
             m_bytes: p.m_bytes,
             bc_formula: p.bc_formula,
@@ -135,7 +137,7 @@ impl From<&Plan> for PlanReport {
             threads_per_row: p.threads_per_row,
             workgroup_size: p.workgroup_size,
             workgroup_bytes: p.workgroup_bytes,
-            clamps: p.clamps.iter().map(|c| c.to_string()).collect(),
+            clamps: planned.clamps.iter().map(|c| c.to_string()).collect(),
         }
     }
 }
@@ -251,16 +253,16 @@ pub async fn run_case(
     let cpu_seconds = start.elapsed().as_secs_f64();
 
     // The backward reads the forward's o and lse, as in training.
-    let ov = out.o.view().map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
     let bwd = e
-        .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+        .backward_async(&bwd_inputs, &opts, &none)
         .await
         .map_err(js_err)?;
     let (mut bwd_kernel, mut bwd_wall) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..TIMED_RUNS {
         let start = Instant::now();
         let timed = e
-            .backward_async(&qv, &kv, &vv, &ov, &out.lse, &dov, &opts, &none)
+            .backward_async(&bwd_inputs, &opts, &none)
             .await
             .map_err(js_err)?;
         bwd_wall = bwd_wall.min(start.elapsed().as_secs_f64());
@@ -271,13 +273,8 @@ pub async fn run_case(
         .map_err(js_err)?
         .to_vec();
     checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
-    let plan_of = |stats: &flashattn::CallStats, what: &str| {
-        stats
-            .plan
-            .as_ref()
-            .map(PlanReport::from)
-            .ok_or_else(|| JsError::new(&format!("the GPU {what} reported no plan")))
-    };
+    let forward_plan = e.plan(&shape, precision, &none).map_err(js_err)?;
+    let backward_plan = e.plan_backward(&shape, precision, &none).map_err(js_err)?;
     let flops = 4.0 * (heads * seqlen * seqlen * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
     // Five matmuls against the forward's two (FlashAttention-2's convention).
     let bwd_flops = 2.5 * flops;
@@ -287,7 +284,7 @@ pub async fn run_case(
         heads,
         causal,
         precision: precision.to_string(),
-        plan: plan_of(&out.stats, "forward")?,
+        plan: PlanReport::from(&forward_plan),
         kernel_ms: kernel * 1e3,
         wall_ms: wall * 1e3,
         // Timer resolution in browsers is coarse; never divide by zero.
@@ -295,7 +292,7 @@ pub async fn run_case(
         dispatches: out.stats.dispatches,
         peak_bytes: out.stats.peak_bytes(),
         cpu_ms: cpu_seconds * 1e3,
-        backward_plan: plan_of(&bwd.stats, "backward")?,
+        backward_plan: PlanReport::from(&backward_plan),
         backward_kernel_ms: bwd_kernel * 1e3,
         backward_wall_ms: bwd_wall * 1e3,
         backward_gflops: bwd_flops / bwd_kernel.max(1e-6) / 1e9,
@@ -479,12 +476,7 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
         )
         .await
         .map_err(js_err)?;
-    let gpu_plan = out
-        .stats
-        .plan
-        .as_ref()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
+    let gpu_plan = out.stats.plan.map(|p| p.to_string()).unwrap_or_default();
     to_json(&WorkedExample {
         block,
         scores,

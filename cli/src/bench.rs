@@ -1,0 +1,428 @@
+//! Benchmark cases shared by `flashattn bench` and the criterion benches: one
+//! case list, every case knows its FLOPs, and flash, naive and CPU run side
+//! by side in one process so results are ratios measured under the same load.
+
+use crate::error::{CliError, Result};
+use flashattn::random::Rng;
+use flashattn::{
+    cpu, Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine, Precision,
+    TensorData, TensorView,
+};
+use serde::Serialize;
+
+/// Forward or backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// Which implementation runs the case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Implementation {
+    /// The tiled WGSL kernels.
+    Flash,
+    /// The WGSL baseline with S and P in storage (tiled matmuls).
+    Naive,
+    /// The CPU backend.
+    Cpu,
+}
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+        }
+    }
+}
+
+impl Implementation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Implementation::Flash => "flash",
+            Implementation::Naive => "naive",
+            Implementation::Cpu => "cpu",
+        }
+    }
+}
+
+impl std::str::FromStr for Pass {
+    type Err = CliError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "forward" | "fwd" => Ok(Pass::Forward),
+            "backward" | "bwd" => Ok(Pass::Backward),
+            other => Err(CliError::BadFlag {
+                flag: "--passes",
+                expected: "forward or backward",
+                value: other.to_string(),
+            }),
+        }
+    }
+}
+
+impl std::str::FromStr for Implementation {
+    type Err = CliError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "flash" => Ok(Implementation::Flash),
+            "naive" => Ok(Implementation::Naive),
+            "cpu" => Ok(Implementation::Cpu),
+            other => Err(CliError::BadFlag {
+                flag: "--impls",
+                expected: "flash, naive or cpu",
+                value: other.to_string(),
+            }),
+        }
+    }
+}
+
+/// One benchmark case.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BenchCase {
+    pub pass: Pass,
+    pub implementation: Implementation,
+    pub batch: usize,
+    pub heads: usize,
+    pub seqlen: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    #[serde(serialize_with = "precision_name")]
+    pub precision: Precision,
+}
+
+fn precision_name<S: serde::Serializer>(
+    p: &Precision,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+impl BenchCase {
+    pub fn shape(&self) -> flashattn::Result<AttentionShape> {
+        AttentionShape::new(
+            self.batch,
+            self.seqlen,
+            self.seqlen,
+            self.heads,
+            self.heads,
+            self.head_dim,
+        )
+    }
+
+    pub fn options(&self) -> AttentionOptions {
+        AttentionOptions::default().causal(self.causal)
+    }
+
+    /// `4·Sq·Sk·d·heads·batch`, halved for causal; the backward does 2.5 times
+    /// the forward's matmul work (five N×N×d products instead of two), the
+    /// convention of flash-attention's benchmarks.
+    pub fn flops(&self) -> f64 {
+        let fwd = 4.0
+            * (self.seqlen * self.seqlen * self.head_dim * self.heads * self.batch) as f64
+            / if self.causal { 2.0 } else { 1.0 };
+        match self.pass {
+            Pass::Forward => fwd,
+            Pass::Backward => 2.5 * fwd,
+        }
+    }
+
+    /// Storage bytes the naive implementation needs (inputs, outputs, and the
+    /// N×N buffers it materializes), whether or not the device allows them.
+    pub fn naive_bytes(&self) -> u64 {
+        let e = self.precision.bytes() as u64;
+        let nd = (self.batch * self.heads * self.seqlen * self.head_dim) as u64;
+        let rows = (self.batch * self.heads * self.seqlen) as u64;
+        let nn = rows * self.seqlen as u64 * 4;
+        match self.pass {
+            Pass::Forward => 4 * nd * e + rows * 4 + 2 * nn,
+            Pass::Backward => 7 * nd * e + rows * 4 + 3 * nn,
+        }
+    }
+}
+
+/// What one case measured. Failures (a naive run over the binding limit, say)
+/// are results too: `error` says why.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    #[serde(flatten)]
+    pub case: BenchCase,
+    /// Seconds of each timed repeat (kernel time on the GPU, wall time on the CPU).
+    pub seconds: Vec<f64>,
+    pub flops: f64,
+    /// Bytes of storage buffers the call allocated (all alive at once).
+    pub peak_bytes: u64,
+    /// Storage-buffer elements read and written by the kernels (analytic).
+    pub reads: u64,
+    pub writes: u64,
+    pub error: Option<String>,
+}
+
+impl BenchResult {
+    pub fn min_seconds(&self) -> Option<f64> {
+        self.seconds.iter().cloned().reduce(f64::min)
+    }
+
+    pub fn median_seconds(&self) -> Option<f64> {
+        let mut s = self.seconds.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        s.get(s.len() / 2).copied()
+    }
+
+    /// GFLOP/s of the fastest repeat.
+    pub fn gflops(&self) -> Option<f64> {
+        self.min_seconds().map(|t| self.flops / t / 1e9)
+    }
+
+    pub fn accesses(&self) -> Accesses {
+        Accesses {
+            reads: self.reads,
+            writes: self.writes,
+        }
+    }
+}
+
+/// Seeded inputs of a case, in its precision.
+pub struct BenchInputs {
+    pub shape: AttentionShape,
+    pub q: TensorData,
+    pub k: TensorData,
+    pub v: TensorData,
+    pub d_o: TensorData,
+}
+
+impl BenchInputs {
+    pub fn new(case: &BenchCase) -> flashattn::Result<Self> {
+        let shape = case.shape()?;
+        let mut rng = Rng::new(case.seqlen as u64 * 31 + case.head_dim as u64);
+        let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), case.precision);
+        Ok(Self {
+            q: make(shape.q_len()),
+            k: make(shape.kv_len()),
+            v: make(shape.kv_len()),
+            d_o: make(shape.q_len()),
+            shape,
+        })
+    }
+
+    pub fn views(&self) -> [TensorView<'_>; 4] {
+        let s = &self.shape;
+        [
+            TensorView {
+                shape: s.q_shape(),
+                data: self.q.as_host(),
+            },
+            TensorView {
+                shape: s.kv_shape(),
+                data: self.k.as_host(),
+            },
+            TensorView {
+                shape: s.kv_shape(),
+                data: self.v.as_host(),
+            },
+            TensorView {
+                shape: s.q_shape(),
+                data: self.d_o.as_host(),
+            },
+        ]
+    }
+}
+
+/// One timed run: seconds and the call's accounting.
+struct Run {
+    seconds: f64,
+    peak_bytes: u64,
+    accesses: Accesses,
+}
+
+/// Run `case` once untimed (compiles pipelines) and `repeats` times timed.
+pub fn run(engine: Option<&Engine>, case: &BenchCase, repeats: usize) -> BenchResult {
+    let mut result = BenchResult {
+        case: *case,
+        seconds: Vec::new(),
+        flops: case.flops(),
+        peak_bytes: 0,
+        reads: 0,
+        writes: 0,
+        error: None,
+    };
+    let outcome = (|| -> Result<()> {
+        let inputs = BenchInputs::new(case)?;
+        let once = prepare(engine, case, &inputs)?;
+        for i in 0..=repeats {
+            let r = once()?;
+            result.peak_bytes = r.peak_bytes;
+            result.reads = r.accesses.reads;
+            result.writes = r.accesses.writes;
+            if i > 0 {
+                result.seconds.push(r.seconds);
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        result.error = Some(crate::error::one_line(&e));
+    }
+    result
+}
+
+/// A closure running the case once. For backward cases the forward (o, lse)
+/// is computed here, outside the timed closure.
+fn prepare<'a>(
+    engine: Option<&'a Engine>,
+    case: &BenchCase,
+    inputs: &'a BenchInputs,
+) -> Result<Box<dyn Fn() -> Result<Run> + 'a>> {
+    let opts = case.options();
+    let [q, k, v, d_o] = inputs.views();
+    let gpu = || {
+        engine.ok_or(CliError::NeedsGpu {
+            what: "the flash and naive benchmarks",
+        })
+    };
+    let from_stats = |s: &CallStats| Run {
+        seconds: s.kernel_seconds,
+        peak_bytes: s.peak_bytes(),
+        accesses: s.accesses,
+    };
+    let wall = |f: &dyn Fn() -> flashattn::Result<()>| -> Result<Run> {
+        let start = std::time::Instant::now();
+        f()?;
+        Ok(Run {
+            seconds: start.elapsed().as_secs_f64(),
+            peak_bytes: 0,
+            accesses: Accesses::default(),
+        })
+    };
+    Ok(match (case.pass, case.implementation) {
+        (Pass::Forward, Implementation::Flash) => {
+            let e = gpu()?;
+            Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
+        }
+        (Pass::Forward, Implementation::Naive) => {
+            let e = gpu()?;
+            Box::new(move || Ok(from_stats(&e.naive_forward(&q, &k, &v, &opts)?.stats)))
+        }
+        (Pass::Forward, Implementation::Cpu) => {
+            Box::new(move || wall(&|| cpu::forward(&q, &k, &v, &opts).map(|_| ())))
+        }
+        (Pass::Backward, Implementation::Flash) => {
+            let e = gpu()?;
+            let fwd = e.forward(&q, &k, &v, &opts)?;
+            Box::new(move || {
+                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
+            })
+        }
+        (Pass::Backward, Implementation::Naive) => {
+            let e = gpu()?;
+            Box::new(move || {
+                Ok(from_stats(
+                    &e.naive_backward(&q, &k, &v, &d_o, &opts)?.stats,
+                ))
+            })
+        }
+        (Pass::Backward, Implementation::Cpu) => {
+            let fwd = cpu::forward(&q, &k, &v, &opts)?;
+            Box::new(move || {
+                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                wall(&|| cpu::backward(&inputs, &opts).map(|_| ()))
+            })
+        }
+    })
+}
+
+/// A case matrix: every combination of the lists, at one batch, head count
+/// and precision.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    pub passes: Vec<Pass>,
+    pub implementations: Vec<Implementation>,
+    pub seqlens: Vec<usize>,
+    pub head_dims: Vec<usize>,
+    pub causal: Vec<bool>,
+    pub heads: usize,
+    pub batch: usize,
+    pub precision: Precision,
+}
+
+impl Matrix {
+    /// The cases, pass-major, then head dim, causal, seqlen, implementation.
+    pub fn cases(&self) -> Vec<BenchCase> {
+        let mut out = Vec::new();
+        for &pass in &self.passes {
+            for &head_dim in &self.head_dims {
+                for &causal in &self.causal {
+                    for &seqlen in &self.seqlens {
+                        for &implementation in &self.implementations {
+                            out.push(BenchCase {
+                                pass,
+                                implementation,
+                                batch: self.batch,
+                                heads: self.heads,
+                                seqlen,
+                                head_dim,
+                                causal,
+                                precision: self.precision,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(pass: Pass, causal: bool) -> BenchCase {
+        BenchCase {
+            pass,
+            implementation: Implementation::Flash,
+            batch: 2,
+            heads: 3,
+            seqlen: 100,
+            head_dim: 64,
+            causal,
+            precision: Precision::F32,
+        }
+    }
+
+    #[test]
+    fn flops_follow_the_convention() {
+        assert_eq!(
+            case(Pass::Forward, false).flops(),
+            4.0 * 100.0 * 100.0 * 64.0 * 6.0
+        );
+        assert_eq!(
+            case(Pass::Forward, true).flops(),
+            2.0 * 100.0 * 100.0 * 64.0 * 6.0
+        );
+        assert_eq!(
+            case(Pass::Backward, false).flops(),
+            2.5 * 4.0 * 100.0 * 100.0 * 64.0 * 6.0
+        );
+    }
+
+    #[test]
+    fn matrix_is_the_product() {
+        let m = Matrix {
+            passes: vec![Pass::Forward, Pass::Backward],
+            implementations: vec![Implementation::Flash, Implementation::Naive],
+            seqlens: vec![256, 512],
+            head_dims: vec![64],
+            causal: vec![false, true],
+            heads: 1,
+            batch: 1,
+            precision: Precision::F32,
+        }
+        .cases();
+        assert_eq!(m.len(), 2 * 2 * 2 * 2);
+    }
+}

@@ -1,0 +1,170 @@
+//! `flashattn forward` and `flashattn backward` on `.npy` files. Everything
+//! is validated before any device work, and outputs are written only when
+//! every one of them succeeded.
+
+use super::parse_window;
+use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs};
+use crate::error::{CliError, Result};
+use crate::npy;
+use flashattn::{
+    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, PlanOverrides,
+    Precision, Tensor, TensorData, TensorView, Workload,
+};
+
+/// Everything an attention command needs, validated before any device work.
+pub struct Prepared {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    /// The dtype of the input files (outputs keep it).
+    pub input_dtype: Precision,
+    pub opts: AttentionOptions,
+    pub overrides: PlanOverrides,
+    pub backend: BackendKind,
+}
+
+impl Prepared {
+    fn views(&self) -> Result<[TensorView<'_>; 3]> {
+        Ok([self.q.view()?, self.k.view()?, self.v.view()?])
+    }
+
+    /// What `auto` chooses a backend for.
+    fn workload(&self, backward: bool) -> Result<Workload> {
+        let [q, k, v] = self.views()?;
+        Ok(Workload {
+            shape: AttentionShape::from_views(&q, &k, &v)?,
+            precision: self.q.precision(),
+            opts: self.opts,
+            backward,
+        })
+    }
+}
+
+/// `t` in precision `to`.
+pub fn convert(t: Tensor, to: Precision) -> Tensor {
+    if t.precision() == to {
+        return t;
+    }
+    Tensor {
+        data: TensorData::from_f32(t.to_f32(), to),
+        shape: t.shape,
+    }
+}
+
+/// Parse the flags and read q, k, v.
+pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
+    let backend: BackendKind = a.backend.parse()?;
+    let precision: Option<Precision> = a.precision.as_deref().map(str::parse).transpose()?;
+    let window = a.window.as_deref().map(parse_window).transpose()?;
+    let opts = AttentionOptions {
+        causal: a.causal,
+        window: window.unwrap_or_default(),
+        softcap: a.softcap,
+        scale: a.scale,
+    };
+    opts.validate()?;
+    let overrides = PlanOverrides {
+        br: a.block_q,
+        bc: a.block_k,
+        kernel: a.kernel.as_deref().map(str::parse).transpose()?,
+        ..Default::default()
+    };
+    let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some();
+    if backend == BackendKind::Cpu && tuned {
+        return Err(CliError::WgpuOnly {
+            flags: "--block-q, --block-k and --kernel",
+        });
+    }
+    if backend == BackendKind::Cuda {
+        // Fail before reading anything: this binary has no CUDA backend.
+        return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
+    }
+    let [q, k, v] =
+        [("q", &a.q), ("k", &a.k), ("v", &a.v)].map(|(what, path)| npy::read(what, path));
+    let (q, k, v) = (q?, k?, v?);
+    for (what, t) in [("q", &q), ("k", &k), ("v", &v)] {
+        if t.shape.len() != 4 {
+            return Err(CliError::Rank {
+                what,
+                rank: t.shape.len(),
+                shape: t.shape.clone(),
+            });
+        }
+    }
+    AttentionShape::from_views(&q.view()?, &k.view()?, &v.view()?)?;
+    let input_dtype = q.precision();
+    let to = precision.unwrap_or(input_dtype);
+    Ok(Prepared {
+        q: convert(q, to),
+        k: convert(k, to),
+        v: convert(v, to),
+        input_dtype,
+        opts,
+        overrides,
+        backend,
+    })
+}
+
+/// Open the backend, saying on stderr which one and why.
+pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
+    let choice = Backend::open(p.backend, &p.workload(backward)?)?;
+    if p.backend == BackendKind::Auto {
+        eprintln!("flashattn: {}", choice.reason);
+    }
+    let tiles = p.overrides.br.is_some() || p.overrides.bc.is_some();
+    if matches!(choice.backend, Backend::Cpu) && tiles {
+        return Err(CliError::WgpuOnly {
+            flags: "--block-q and --block-k",
+        });
+    }
+    Ok(choice.backend)
+}
+
+pub fn forward(a: ForwardArgs) -> Result<()> {
+    let p = prepare(&a.attention)?;
+    let backend = open_backend(&p, false)?;
+    let [q, k, v] = p.views()?;
+    let out = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
+    let lse = out.lse_tensor();
+    let o = convert(out.o, p.input_dtype);
+    let mut outputs = vec![(a.out.as_path(), &o)];
+    if let Some(path) = &a.lse {
+        outputs.push((path.as_path(), &lse));
+    }
+    npy::write_all(&outputs)
+}
+
+pub fn backward(a: BackwardArgs) -> Result<()> {
+    let p = prepare(&a.attention)?;
+    let d_o = npy::read("do", &a.d_o)?;
+    if d_o.shape != p.q.shape {
+        return Err(flashattn::Error::ShapeMismatch {
+            tensor: "do",
+            shape: d_o.shape,
+            like: "q",
+            expected: p.q.shape,
+        }
+        .into());
+    }
+    if d_o.precision() != p.input_dtype {
+        return Err(flashattn::Error::DtypeMismatch {
+            tensor: "do",
+            dtype: d_o.precision().name(),
+            like: "q",
+            expected: p.input_dtype.name(),
+        }
+        .into());
+    }
+    let d_o = convert(d_o, p.q.precision());
+    let backend = open_backend(&p, true)?;
+    let [q, k, v] = p.views()?;
+    let fwd = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
+    let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
+    let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
+    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| convert(t, p.input_dtype));
+    npy::write_all(&[
+        (a.dq.as_path(), &dq),
+        (a.dk.as_path(), &dk),
+        (a.dv.as_path(), &dv),
+    ])
+}

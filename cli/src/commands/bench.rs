@@ -1,0 +1,210 @@
+//! `flashattn bench`: the benchmark cases from the command line, side by side
+//! in one run — flash vs naive WGSL vs CPU, the matmul ceiling, memory and
+//! storage accesses — as a table, JSON, CSV and plots.
+
+use super::{plot_path_ok, write_text};
+use crate::args::BenchArgs;
+use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
+use crate::charts;
+use crate::error::{CliError, Result};
+use crate::report::{csv_text, Ceiling, Report, SweepPoint};
+use flashattn::{Engine, PlanOverrides, Precision};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Comma-separated values of one flag.
+fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.trim().parse())
+        .collect()
+}
+
+/// Comma-separated positive integers of `flag`.
+fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
+    let bad = |x: &str| CliError::BadFlag {
+        flag,
+        expected: "positive integers",
+        value: x.to_string(),
+    };
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad(x))
+        })
+        .collect()
+}
+
+/// The case matrix the flags ask for.
+fn matrix(a: &BenchArgs) -> Result<Matrix> {
+    let causal = match a.causal.as_str() {
+        "no" | "false" => vec![false],
+        "yes" | "true" => vec![true],
+        "both" => vec![false, true],
+        other => {
+            return Err(CliError::BadFlag {
+                flag: "--causal",
+                expected: "no, yes or both",
+                value: other.to_string(),
+            })
+        }
+    };
+    Ok(Matrix {
+        passes: list(&a.passes)?,
+        implementations: list(&a.impls)?,
+        seqlens: sizes("--seqlens", &a.seqlens)?,
+        head_dims: sizes("--head-dims", &a.head_dims)?,
+        causal,
+        heads: a.heads,
+        batch: a.batch,
+        precision: a.precision.parse::<Precision>()?,
+    })
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let m = matrix(&a)?;
+    if let Some(p) = &a.plot {
+        plot_path_ok(p)?;
+    }
+    let engine = match Engine::new() {
+        Ok(e) => Some(e),
+        Err(e) if m.implementations.iter().all(|i| *i == Implementation::Cpu) => {
+            eprintln!("flashattn: {e}; benchmarking the CPU backend only");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let cases = m.cases();
+    let sweep_steps = if a.sweep_m && engine.is_some() { 4 } else { 0 };
+    let bar = ProgressBar::new((cases.len() + m.head_dims.len() + sweep_steps) as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} {msg} [{elapsed}]",
+    )?);
+    let repeats = a.repeats.max(1);
+    let ceilings = match &engine {
+        Some(e) => ceilings(e, &m, repeats, &bar)?,
+        None => Vec::new(),
+    };
+    let mut results = Vec::new();
+    for case in &cases {
+        bar.set_message(label(case));
+        results.push(bench::run(engine.as_ref(), case, repeats));
+        bar.inc(1);
+    }
+    let sweep_head_dim = m.head_dims.first().copied().unwrap_or(64);
+    let (sweep, sweep_naive_accesses) = match (&engine, a.sweep_m) {
+        (Some(e), true) => sweep(e, a.sweep_seqlen, sweep_head_dim, m.precision, &bar)?,
+        _ => (Vec::new(), None),
+    };
+    bar.finish_and_clear();
+    let report = Report {
+        max_binding_bytes: engine.as_ref().map(|e| e.max_binding()),
+        adapter: engine
+            .as_ref()
+            .map_or("none (CPU only)".into(), |e| e.describe()),
+        ceilings,
+        results,
+        sweep_seqlen: a.sweep_seqlen,
+        sweep_head_dim,
+        sweep,
+        sweep_naive_accesses,
+    };
+    report.print();
+    write_outputs(&report, &a)
+}
+
+/// The matmul ceiling for every head dim.
+fn ceilings(e: &Engine, m: &Matrix, repeats: usize, bar: &ProgressBar) -> Result<Vec<Ceiling>> {
+    let mut out = Vec::new();
+    for &d in &m.head_dims {
+        // The ceiling's C is N×N f32: stay within one storage binding.
+        let max_n = ((e.max_binding() / 4) as f64).sqrt() as usize;
+        let longest = m.seqlens.iter().copied().max().unwrap_or(1024);
+        let n = longest.clamp(256, 4096).min(max_n);
+        bar.set_message(format!("matmul ceiling, N {n}, d {d}"));
+        let c = e.matmul_ceiling(n, d, repeats)?;
+        out.push(Ceiling {
+            head_dim: d,
+            n,
+            kernel: c.kernel.to_string(),
+            gflops: c.gflops(),
+        });
+        bar.inc(1);
+    }
+    Ok(out)
+}
+
+/// The flash forward's storage accesses at M/8, M/4, M/2 and M, and the
+/// naive forward's at the same size (Theorem 2).
+fn sweep(
+    e: &Engine,
+    seqlen: usize,
+    head_dim: usize,
+    precision: Precision,
+    bar: &ProgressBar,
+) -> Result<(Vec<SweepPoint>, Option<u64>)> {
+    let case = BenchCase {
+        pass: Pass::Forward,
+        implementation: Implementation::Flash,
+        batch: 1,
+        heads: 1,
+        seqlen,
+        head_dim,
+        causal: false,
+        precision,
+    };
+    let inputs = BenchInputs::new(&case)?;
+    let [q, k, v, _] = inputs.views();
+    let max_m = e.caps().max_workgroup_storage;
+    let mut points = Vec::new();
+    for m in [max_m / 8, max_m / 4, max_m / 2, max_m] {
+        bar.set_message(format!("M sweep, M = {m} bytes"));
+        let o = PlanOverrides {
+            max_workgroup_storage: Some(m),
+            ..Default::default()
+        };
+        let out = e.forward_with(&q, &k, &v, &case.options(), &o)?;
+        let plan = e.plan(&out.shape, precision, &o)?.plan;
+        points.push(SweepPoint {
+            m_bytes: m,
+            br: plan.br,
+            bc: plan.bc,
+            reads: out.stats.accesses.reads,
+            writes: out.stats.accesses.writes,
+            seconds: out.stats.kernel_seconds,
+        });
+        bar.inc(1);
+    }
+    let naive = e.naive_forward(&q, &k, &v, &case.options()).ok();
+    Ok((points, naive.map(|n| n.stats.accesses.total())))
+}
+
+/// JSON, CSV and charts, as the flags ask.
+fn write_outputs(report: &Report, a: &BenchArgs) -> Result<()> {
+    if let Some(path) = &a.json {
+        write_text(path, &serde_json::to_string_pretty(report)?)?;
+    }
+    if let Some(path) = &a.csv {
+        write_text(path, &csv_text(report)?)?;
+    }
+    if let Some(path) = &a.plot {
+        for written in charts::write(report, path)? {
+            eprintln!("wrote {}", written.display());
+        }
+    }
+    Ok(())
+}
+
+fn label(c: &BenchCase) -> String {
+    format!(
+        "{} {} N {} d {}{}",
+        c.pass.name(),
+        c.implementation.name(),
+        c.seqlen,
+        c.head_dim,
+        if c.causal { " causal" } else { "" }
+    )
+}

@@ -1,0 +1,102 @@
+//! `flashattn demo`: a forward at a realistic shape on the backend `auto`
+//! chooses (and says why), checked against the f64 reference.
+
+use crate::args::DemoArgs;
+use crate::error::{CliError, Result};
+use flashattn::accuracy::check_forward;
+use flashattn::random::Rng;
+use flashattn::{
+    AttentionOptions, AttentionShape, Backend, BackendKind, PlanOverrides, Precision, TensorData,
+    TensorView, Workload,
+};
+use std::time::Instant;
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    let precision: Precision = a.precision.parse()?;
+    let kind: BackendKind = a.backend.parse()?;
+    let shape = AttentionShape::new(a.batch, a.seqlen, a.seqlen, a.heads, a.heads, a.head_dim)?;
+    let opts = AttentionOptions::default().causal(a.causal);
+    let workload = Workload {
+        shape,
+        precision,
+        opts,
+        backward: false,
+    };
+    let choice = Backend::open(kind, &workload)?;
+    println!("backend: {}", choice.backend.name());
+    println!("why: {}", choice.reason);
+    if let (Backend::Cpu, BackendKind::Auto) = (&choice.backend, kind) {
+        println!("NOTICE: running on the CPU backend (no GPU adapter is faster here; a GPU driver, e.g. mesa-vulkan-drivers for a CPU Vulkan adapter, may change that).");
+    }
+    println!(
+        "problem: batch {}, seqlen {}, heads {}, head_dim {}, {precision}{}",
+        a.batch,
+        a.seqlen,
+        a.heads,
+        a.head_dim,
+        if a.causal { ", causal" } else { "" }
+    );
+    let mut rng = Rng::new(a.seed);
+    let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
+    let data = [shape.q_len(), shape.kv_len(), shape.kv_len()].map(&mut make);
+    let shapes = [shape.q_shape(), shape.kv_shape(), shape.kv_shape()];
+    let [q, k, v] = [0, 1, 2].map(|i| TensorView {
+        shape: shapes[i],
+        data: data[i].as_host(),
+    });
+    run_and_check(&choice.backend, [&q, &k, &v], &opts, &a)
+}
+
+/// Time one forward (after a warm-up that compiles the kernels) and check it.
+fn run_and_check(
+    backend: &Backend,
+    qkv: [&TensorView; 3],
+    opts: &AttentionOptions,
+    a: &DemoArgs,
+) -> Result<()> {
+    let none = PlanOverrides::default();
+    if let Backend::Wgpu(engine) = backend {
+        let [q, ..] = qkv;
+        let shape = AttentionShape::from_views(qkv[0], qkv[1], qkv[2])?;
+        println!("plan:");
+        for line in engine
+            .plan(&shape, q.precision(), &none)?
+            .to_string()
+            .lines()
+        {
+            println!("  {line}");
+        }
+        backend.forward(qkv, opts, &none)?;
+    }
+    let start = Instant::now();
+    let out = backend.forward(qkv, opts, &none)?;
+    let wall = start.elapsed().as_secs_f64();
+    let kernel = if out.stats.kernel_seconds > 0.0 {
+        out.stats.kernel_seconds
+    } else {
+        wall
+    };
+    let flops = 4.0 * (a.batch * a.heads * a.seqlen * a.seqlen * a.head_dim) as f64
+        / if a.causal { 2.0 } else { 1.0 };
+    println!(
+        "time: {:.1} ms kernel, {:.1} ms with transfers; {:.2} GFLOP/s",
+        kernel * 1e3,
+        wall * 1e3,
+        flops / kernel / 1e9
+    );
+    println!("checking against the f64 reference...");
+    let [q, k, v] = qkv;
+    let checks = check_forward(&out, q, k, v, opts)?;
+    for c in &checks {
+        println!("  {c}");
+    }
+    let failed = checks.iter().filter(|c| !c.passed()).count();
+    if failed > 0 {
+        return Err(CliError::Inaccurate {
+            failed,
+            checked: checks.len(),
+        });
+    }
+    println!("result: PASS (SPEC.md accuracy rule)");
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `flashattn plan`: the adapter, its limits, and the forward and backward
+//! plans with the reason for every clamp.
+
+use crate::args::PlanArgs;
+use crate::error::{CliError, Result};
+use flashattn::{plan_backward, plan_forward, AttentionShape, Engine, PlanRequest, Precision};
+
+pub fn run(a: PlanArgs) -> Result<()> {
+    let precision: Precision = a.precision.parse()?;
+    if let Some(d) = a.head_dim {
+        AttentionShape::new(1, 1, 1, 1, 1, d)?;
+    }
+    let engine = Engine::new()?;
+    let mut caps = engine.caps();
+    if let Some(requested) = a.max_workgroup_storage {
+        if requested > caps.max_workgroup_storage {
+            return Err(CliError::StorageCap {
+                requested,
+                max: caps.max_workgroup_storage,
+            });
+        }
+        caps.max_workgroup_storage = requested;
+    }
+    print_device(&engine);
+    for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
+        let req = PlanRequest::new(d, precision);
+        println!("\nhead_dim {d}, {precision}, forward:");
+        indent(&plan_forward(&req, &caps)?.to_string());
+        // The backward needs more workgroup storage; a device may run only the forward.
+        println!("head_dim {d}, {precision}, backward:");
+        match plan_backward(&req, &caps) {
+            Ok(plan) => indent(&plan.to_string()),
+            Err(e) => println!("  not possible here: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn indent(text: &str) {
+    text.lines().for_each(|l| println!("  {l}"));
+}
+
+/// The adapter, the limits the planner reads, features and the loop limit.
+fn print_device(engine: &Engine) {
+    let l = engine.limits();
+    println!("adapter: {}", engine.describe());
+    println!("limits:");
+    let rows: [(&str, u64, &str); 6] = [
+        (
+            "max_compute_workgroup_storage_size",
+            l.max_compute_workgroup_storage_size.into(),
+            " bytes (M)",
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            l.max_compute_invocations_per_workgroup.into(),
+            "",
+        ),
+        (
+            "max_compute_workgroup_size_x",
+            l.max_compute_workgroup_size_x.into(),
+            "",
+        ),
+        (
+            "max_compute_workgroups_per_dimension",
+            l.max_compute_workgroups_per_dimension.into(),
+            "",
+        ),
+        (
+            "max_storage_buffer_binding_size",
+            l.max_storage_buffer_binding_size,
+            " bytes",
+        ),
+        ("max_buffer_size", l.max_buffer_size, " bytes"),
+    ];
+    for (name, value, unit) in rows {
+        println!("  {name}  {value}{unit}");
+    }
+    let f = engine.features();
+    for (name, feature) in [
+        ("SHADER_F16", flashattn::wgpu::Features::SHADER_F16),
+        ("SUBGROUP", flashattn::wgpu::Features::SUBGROUP),
+    ] {
+        println!("  {name}  {}", f.contains(feature));
+    }
+    match engine.loop_limit() {
+        Some(n) => println!("  loop limit  {n} iterations per invocation (measured; calls are split to stay within it)"),
+        None => println!("  loop limit  none (measured)"),
+    }
+}

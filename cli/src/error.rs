@@ -1,0 +1,90 @@
+//! The command line's errors: the library's, and those of files, flags,
+//! charts and reports, each with the values a user needs to fix it. `main`
+//! prints one line: the error and its sources, joined by ": ".
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Everything a `flashattn` command can fail with.
+#[derive(Debug, Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Attention(#[from] flashattn::Error),
+    #[error("cannot read {what} from {}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} file {} is not a valid .npy file", path.display())]
+    NotNpy {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} file {} is in Fortran order; save it C-contiguous", path.display())]
+    FortranOrder { what: &'static str, path: PathBuf },
+    #[error("{what} file {} has dtype {dtype}; expected float32 or float16 (little-endian)", path.display())]
+    Dtype {
+        what: &'static str,
+        path: PathBuf,
+        dtype: String,
+    },
+    #[error("{what} has rank {rank} (shape {shape:?}); expected 4 dims (batch, seqlen, heads, head_dim)")]
+    Rank {
+        what: &'static str,
+        rank: usize,
+        shape: Vec<usize>,
+    },
+    #[error("cannot write {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A flag's value cannot be parsed or is out of range.
+    #[error("{flag} expects {expected}, got `{value}`")]
+    BadFlag {
+        flag: &'static str,
+        expected: &'static str,
+        value: String,
+    },
+    #[error("{what} need a GPU adapter")]
+    NeedsGpu { what: &'static str },
+    #[error("{flags} apply to the wgpu backend only")]
+    WgpuOnly { flags: &'static str },
+    #[error("--max-workgroup-storage {requested} exceeds the device's {max} bytes")]
+    StorageCap { requested: u32, max: u32 },
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
+    #[error("--plot needs a file name, got {}", path.display())]
+    PlotName { path: PathBuf },
+    #[error("writing JSON")]
+    Json(#[from] serde_json::Error),
+    #[error("writing CSV")]
+    Csv(#[from] csv::Error),
+    #[error("progress bar")]
+    Progress(#[from] indicatif::style::TemplateError),
+    #[error("{failed} of {checked} outputs do not meet SPEC.md's accuracy rule")]
+    Inaccurate { failed: usize, checked: usize },
+}
+
+/// Shorthand for `Result<T, CliError>`.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+/// The error and its sources on one line.
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line.replace('\n', " ")
+}

@@ -1,0 +1,16 @@
+//! The `flashattn` command line as a library: its commands, `.npy` I/O,
+//! benchmark cases and reports, charts and the precision study. The root
+//! crate's criterion benches and precision example use it; apps embedding
+//! attention need only the `flashattn` crate.
+
+pub mod args;
+pub mod bench;
+pub mod charts;
+pub mod commands;
+pub mod error;
+pub mod npy;
+pub mod plot;
+pub mod precision;
+pub mod report;
+
+pub use error::{CliError, Result};

@@ -1,0 +1,47 @@
+//! `flashattn`: forward, backward, plan, demo, bench. Errors are one line on
+//! stderr and a non-zero exit; no output file is left behind by a failed run.
+
+use clap::Parser;
+use flashattn_cli::args::Cli;
+use flashattn_cli::commands;
+use flashattn_cli::error::one_line;
+
+fn main() {
+    // Mesa's drivers complain on stderr when this is unset; the message is noise.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    let args = match Cli::try_parse() {
+        Ok(a) => a,
+        Err(e) => exit_on_usage(e),
+    };
+    if let Err(e) = commands::run(args.command) {
+        eprintln!("error: {}", one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+/// Help and version go to stdout (exit 0); a bad command line is clap's
+/// first line on stderr (exit 2), without its usage block.
+fn exit_on_usage(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            std::process::exit(0);
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            std::process::exit(2);
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("{}", first.trim());
+            std::process::exit(2);
+        }
+    }
+}

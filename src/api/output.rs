@@ -1,0 +1,130 @@
+//! What every backend returns: outputs in the inputs' precision, and what the
+//! call did (plan, memory, dispatches, time, storage accesses).
+
+use super::shape::AttentionShape;
+use super::tensor::{Tensor, TensorData};
+use crate::plan::Plan;
+
+/// The result of a forward pass.
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    /// `(batch, seqlen_q, heads_q, head_dim)`, in the inputs' precision.
+    pub o: Tensor,
+    /// `(batch, heads_q, seqlen_q)`, f32, natural log; `-inf` for rows with no allowed key.
+    pub lse: Vec<f32>,
+    pub shape: AttentionShape,
+    /// What the call did on the device (empty on the CPU backend).
+    pub stats: CallStats,
+}
+
+impl ForwardOutput {
+    /// The LSE as an owned `(batch, heads_q, seqlen_q)` tensor.
+    pub fn lse_tensor(&self) -> Tensor {
+        Tensor {
+            shape: self.shape.lse_shape().to_vec(),
+            data: TensorData::F32(self.lse.clone()),
+        }
+    }
+}
+
+/// The result of a backward pass: gradients in the inputs' shapes and precision.
+#[derive(Clone, Debug)]
+pub struct BackwardOutput {
+    pub dq: Tensor,
+    pub dk: Tensor,
+    pub dv: Tensor,
+    /// What the call did on the device (empty on the CPU backend).
+    pub stats: CallStats,
+}
+
+/// Elements read from and written to storage buffers ("HBM accesses").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accesses {
+    pub reads: u64,
+    pub writes: u64,
+}
+
+impl Accesses {
+    pub fn total(&self) -> u64 {
+        self.reads + self.writes
+    }
+
+    /// `n` times these accesses.
+    pub fn times(self, n: u64) -> Self {
+        Self {
+            reads: self.reads * n,
+            writes: self.writes * n,
+        }
+    }
+}
+
+impl std::ops::Add for Accesses {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            reads: self.reads + o.reads,
+            writes: self.writes + o.writes,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Accesses {
+    fn add_assign(&mut self, o: Self) {
+        *self = *self + o;
+    }
+}
+
+/// One storage buffer a call used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub label: &'static str,
+    pub bytes: u64,
+}
+
+/// What one call did: the plan it ran, every storage buffer it used (all
+/// alive at once, so their sum is the call's peak), how it was cut into
+/// pieces, dispatch count and the time of its GPU submissions.
+#[derive(Clone, Debug, Default)]
+pub struct CallStats {
+    pub plan: Option<Plan>,
+    pub allocations: Vec<Allocation>,
+    /// Pieces the problem was cut into (storage bindings, dispatch limits,
+    /// the adapter's loop limit); 1 when it ran whole.
+    pub pieces: u32,
+    pub dispatches: u32,
+    /// Seconds from submit to completion of the call's kernels (no uploads or readbacks).
+    pub kernel_seconds: f64,
+    /// Storage-buffer elements the kernels read and write, counted
+    /// analytically from the plan (each kernel's own count).
+    pub accesses: Accesses,
+    /// The same, counted by the kernels themselves (engines made with
+    /// `Engine::with_io_counting` only).
+    pub measured_accesses: Option<Accesses>,
+    /// Times the call was rerun in shorter pieces because the adapter's loop
+    /// limit cut a kernel short although the plan predicted it would fit.
+    pub reruns: u32,
+    /// Loop iterations each kernel took, as the adapter's loop limit counts
+    /// them, the most of any dispatch (engines made with
+    /// `Engine::with_loop_meter` only): what the loop model must predict.
+    pub loop_iterations: Vec<(&'static str, u32)>,
+}
+
+impl CallStats {
+    /// The stats of a call that runs `plan`, before it has done anything.
+    pub fn for_plan(plan: Plan) -> Self {
+        Self {
+            plan: Some(plan),
+            ..Default::default()
+        }
+    }
+
+    /// Bytes of all buffers the call used (they coexist).
+    pub fn peak_bytes(&self) -> u64 {
+        self.allocations.iter().map(|a| a.bytes).sum()
+    }
+
+    /// The largest single buffer.
+    pub fn largest_allocation(&self) -> Option<&Allocation> {
+        self.allocations.iter().max_by_key(|a| a.bytes)
+    }
+}

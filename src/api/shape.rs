@@ -1,0 +1,199 @@
+//! The sizes of one attention problem, validated, and the row-major layout
+//! every backend indexes tensors with.
+
+use super::tensor::TensorView;
+use crate::error::{Error, Result};
+
+/// Largest supported head dimension.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The sizes of one attention call, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Check every size rule of SPEC.md, naming the offending values.
+    pub fn new(
+        batch: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let s = Self {
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let fields = [
+            ("batch", self.batch),
+            ("seqlen_q", self.seqlen_q),
+            ("seqlen_k", self.seqlen_k),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("head_dim", self.head_dim),
+        ];
+        if let Some((dim, _)) = fields.into_iter().find(|(_, v)| *v == 0) {
+            return Err(Error::EmptyDim { dim });
+        }
+        if self.head_dim > MAX_HEAD_DIM {
+            return Err(Error::HeadDimTooLarge {
+                head_dim: self.head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        if self.heads_q % self.heads_kv != 0 {
+            return Err(Error::HeadsNotDivisible {
+                heads_q: self.heads_q,
+                heads_kv: self.heads_kv,
+            });
+        }
+        Ok(())
+    }
+
+    /// Derive and validate the shape from q, k, v views.
+    pub fn from_views(q: &TensorView, k: &TensorView, v: &TensorView) -> Result<Self> {
+        for (name, t) in [("q", q), ("k", k), ("v", v)] {
+            t.check_len(name)?;
+        }
+        if k.shape != v.shape {
+            return Err(Error::ShapeMismatch {
+                tensor: "v",
+                shape: v.shape.to_vec(),
+                like: "k",
+                expected: k.shape.to_vec(),
+            });
+        }
+        let [b, sq, hq, d] = q.shape;
+        let [bk, sk, hk, dk] = k.shape;
+        for (dim, value, other_value) in [("batch", b, bk), ("head_dim", d, dk)] {
+            if value != other_value {
+                return Err(Error::DimMismatch {
+                    dim,
+                    tensor: "q",
+                    value,
+                    other: "k/v",
+                    other_value,
+                });
+            }
+        }
+        for (name, t) in [("k", k), ("v", v)] {
+            if t.precision() != q.precision() {
+                return Err(Error::DtypeMismatch {
+                    tensor: name,
+                    dtype: t.precision().name(),
+                    like: "q",
+                    expected: q.precision().name(),
+                });
+            }
+        }
+        Self::new(b, sq, sk, hq, hk, d)
+    }
+
+    /// `t` must have q's shape and dtype (as `o` and `do` must).
+    pub fn check_like_q(&self, t: &TensorView, q: &TensorView, name: &'static str) -> Result<()> {
+        t.check_len(name)?;
+        if t.shape != self.q_shape() {
+            return Err(Error::ShapeMismatch {
+                tensor: name,
+                shape: t.shape.to_vec(),
+                like: "q",
+                expected: self.q_shape().to_vec(),
+            });
+        }
+        if t.precision() != q.precision() {
+            return Err(Error::DtypeMismatch {
+                tensor: name,
+                dtype: t.precision().name(),
+                like: "q",
+                expected: q.precision().name(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Query heads per kv head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
+    }
+
+    pub fn kv_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_k, self.heads_kv, self.head_dim]
+    }
+
+    pub fn lse_shape(&self) -> [usize; 3] {
+        [self.batch, self.heads_q, self.seqlen_q]
+    }
+
+    pub fn q_len(&self) -> usize {
+        self.batch * self.seqlen_q * self.heads_q * self.head_dim
+    }
+
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.seqlen_k * self.heads_kv * self.head_dim
+    }
+
+    pub fn lse_len(&self) -> usize {
+        self.batch * self.heads_q * self.seqlen_q
+    }
+}
+
+/// Flat index arithmetic of the `(batch, seq, heads, dim)` layout.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub seqlen: usize,
+    pub heads: usize,
+    pub dim: usize,
+}
+
+impl Layout {
+    /// The layout of q (and o, do, dq).
+    pub fn q(shape: &AttentionShape) -> Self {
+        Self {
+            seqlen: shape.seqlen_q,
+            heads: shape.heads_q,
+            dim: shape.head_dim,
+        }
+    }
+
+    /// The layout of k and v (and dk, dv).
+    pub fn kv(shape: &AttentionShape) -> Self {
+        Self {
+            seqlen: shape.seqlen_k,
+            heads: shape.heads_kv,
+            dim: shape.head_dim,
+        }
+    }
+
+    /// Offset of the first element of row `(b, s, h)`.
+    #[inline]
+    pub fn row(&self, b: usize, s: usize, h: usize) -> usize {
+        ((b * self.seqlen + s) * self.heads + h) * self.dim
+    }
+}
+
+/// Offset of `lse[b, h, i]` in the `(batch, heads_q, seqlen_q)` layout.
+#[inline]
+pub fn lse_index(shape: &AttentionShape, b: usize, h: usize, i: usize) -> usize {
+    (b * shape.heads_q + h) * shape.seqlen_q + i
+}

@@ -1,0 +1,235 @@
+//! Host tensors: storage precisions, borrowed views and owned data.
+
+use crate::error::{Error, Result};
+use half::f16;
+
+/// Storage precision of q, k, v and o. Accumulation is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    F32,
+    F16,
+}
+
+impl Precision {
+    /// Bytes per stored element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Precision::F32 => 4,
+            Precision::F16 => 2,
+        }
+    }
+
+    /// Spacing of representable numbers just above 1.0 (machine epsilon).
+    pub fn epsilon(self) -> f64 {
+        match self {
+            Precision::F32 => f32::EPSILON as f64,
+            Precision::F16 => f16::EPSILON.to_f64(),
+        }
+    }
+
+    /// Round an f32 value to this storage precision (identity for f32).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::F32 => x,
+            Precision::F16 => f16::from_f32(x).to_f32(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "f16" => Ok(Precision::F16),
+            other => Err(Error::UnknownName {
+                what: "precision",
+                name: other.to_string(),
+                expected: "f32 or f16",
+            }),
+        }
+    }
+}
+
+/// Borrowed element data of a host tensor.
+#[derive(Clone, Copy, Debug)]
+pub enum HostData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> HostData<'a> {
+    /// The raw little-endian bytes (what a storage buffer holds).
+    pub fn as_bytes(&self) -> &'a [u8] {
+        match *self {
+            HostData::F32(d) => bytemuck::cast_slice(d),
+            HostData::F16(d) => bytemuck::cast_slice(d),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(d) => d.len(),
+            HostData::F16(d) => d.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn precision(&self) -> Precision {
+        match self {
+            HostData::F32(_) => Precision::F32,
+            HostData::F16(_) => Precision::F16,
+        }
+    }
+
+    /// Widen every element to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            HostData::F32(d) => d.to_vec(),
+            HostData::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// A borrowed, row-major, contiguous 4-d tensor `(batch, seqlen, heads, head_dim)`.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView<'a> {
+    pub shape: [usize; 4],
+    pub data: HostData<'a>,
+}
+
+impl<'a> TensorView<'a> {
+    pub fn f32(shape: [usize; 4], data: &'a [f32]) -> Self {
+        Self {
+            shape,
+            data: HostData::F32(data),
+        }
+    }
+
+    pub fn f16(shape: [usize; 4], data: &'a [f16]) -> Self {
+        Self {
+            shape,
+            data: HostData::F16(data),
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.data.precision()
+    }
+
+    /// The data must hold exactly as many elements as the shape says.
+    pub fn check_len(&self, name: &'static str) -> Result<()> {
+        let expected: usize = self.shape.iter().product();
+        if self.data.len() != expected {
+            return Err(Error::DataLength {
+                tensor: name,
+                shape: self.shape.to_vec(),
+                expected,
+                actual: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Owned element data.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl TensorData {
+    /// Store f32 values in the given precision (rounding for f16).
+    pub fn from_f32(values: Vec<f32>, precision: Precision) -> Self {
+        match precision {
+            Precision::F32 => TensorData::F32(values),
+            Precision::F16 => TensorData::F16(values.into_iter().map(f16::from_f32).collect()),
+        }
+    }
+
+    /// Decode the first `n` elements of raw little-endian bytes.
+    pub fn from_bytes(bytes: &[u8], precision: Precision, n: usize) -> Self {
+        let bytes = &bytes[..n * precision.bytes()];
+        match precision {
+            Precision::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(bytes)),
+            Precision::F16 => TensorData::F16(bytemuck::pod_collect_to_vec(bytes)),
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        match self {
+            TensorData::F32(_) => Precision::F32,
+            TensorData::F16(_) => Precision::F16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(d) => d.len(),
+            TensorData::F16(d) => d.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn to_f32(&self) -> Vec<f32> {
+        self.as_host().to_f32()
+    }
+
+    pub fn as_host(&self) -> HostData<'_> {
+        match self {
+            TensorData::F32(d) => HostData::F32(d),
+            TensorData::F16(d) => HostData::F16(d),
+        }
+    }
+}
+
+/// An owned, row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl Tensor {
+    pub fn precision(&self) -> Precision {
+        self.data.precision()
+    }
+
+    pub fn to_f32(&self) -> Vec<f32> {
+        self.data.to_f32()
+    }
+
+    /// View a 4-d owned tensor as a [`TensorView`].
+    pub fn view(&self) -> Result<TensorView<'_>> {
+        let shape: [usize; 4] = self.shape.as_slice().try_into().map_err(|_| Error::Rank {
+            tensor: "tensor",
+            shape: self.shape.clone(),
+            rank: self.shape.len(),
+            expected: 4,
+        })?;
+        Ok(TensorView {
+            shape,
+            data: self.data.as_host(),
+        })
+    }
+}

@@ -1,0 +1,139 @@
+//! Choosing and running a backend: wgpu (an [`Engine`]) or the CPU. `auto`
+//! takes a hardware GPU when there is one; where the only adapters run on
+//! the CPU (llvmpipe over Vulkan or GL, SwiftShader, WARP) it measures the
+//! problem on the fastest kernels such an adapter has against the CPU
+//! backend and takes the faster — and always says why.
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+// Running a backend blocks on the GPU's futures, which only native targets can.
+#[cfg(not(target_arch = "wasm32"))]
+use crate::{
+    api::inputs::BackwardInputs,
+    api::options::AttentionOptions,
+    api::output::{BackwardOutput, ForwardOutput},
+    api::tensor::TensorView,
+    choice::{choose, Decision, Workload},
+    cpu,
+    plan::PlanOverrides,
+};
+
+/// Which implementation to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A hardware GPU when one exists; else the faster of a CPU adapter's
+    /// kernels and the CPU backend, measured on the problem.
+    Auto,
+    Wgpu,
+    Cpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Wgpu => "wgpu",
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "wgpu" => Ok(Self::Wgpu),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            other => Err(Error::UnknownName {
+                what: "backend",
+                name: other.to_string(),
+                expected: "auto, wgpu, cpu or cuda",
+            }),
+        }
+    }
+}
+
+/// A ready backend.
+#[derive(Debug)]
+pub enum Backend {
+    Wgpu(Box<Engine>),
+    Cpu,
+}
+
+/// A backend and the reason it was chosen, for the user.
+#[derive(Debug)]
+pub struct Choice {
+    pub backend: Backend,
+    pub reason: String,
+}
+
+impl Backend {
+    /// Open the backend `kind` asks for; for `Auto`, choose for `workload`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(kind: BackendKind, workload: &Workload) -> Result<Choice> {
+        match kind {
+            BackendKind::Cpu => Ok(Choice {
+                backend: Backend::Cpu,
+                reason: "the CPU backend, as requested".into(),
+            }),
+            BackendKind::Wgpu => {
+                let e = Engine::new()?;
+                let reason = format!("wgpu on {}, as requested", e.describe());
+                Ok(Choice {
+                    backend: Backend::Wgpu(Box::new(e)),
+                    reason,
+                })
+            }
+            BackendKind::Auto => Ok(match pollster::block_on(choose(workload))? {
+                Decision::Gpu(engine, reason) => Choice {
+                    backend: Backend::Wgpu(engine),
+                    reason,
+                },
+                Decision::Cpu(reason) => Choice {
+                    backend: Backend::Cpu,
+                    reason,
+                },
+            }),
+            BackendKind::Cuda => Err(Error::BackendNotBuilt { backend: "cuda" }),
+        }
+    }
+
+    /// One line naming the backend.
+    pub fn name(&self) -> String {
+        match self {
+            Backend::Wgpu(e) => format!("wgpu on {}", e.describe()),
+            Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+        }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        match self {
+            Backend::Wgpu(e) => e.forward_with(q, k, v, opts, overrides),
+            Backend::Cpu => cpu::forward(q, k, v, opts),
+        }
+    }
+
+    /// Gradients given the forward's `o` and `lse` (in `inputs`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        match self {
+            Backend::Wgpu(e) => e.backward_with(inputs, opts, overrides),
+            Backend::Cpu => cpu::backward(inputs, opts),
+        }
+    }
+}

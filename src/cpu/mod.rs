@@ -1,0 +1,9 @@
+//! The CPU backend: the same semantics as the GPU kernels, in f32 on all
+//! cores (rayon). The fallback where no adapter exists, and the faster path
+//! on some CPU-only machines (see `--backend auto`).
+
+mod backward;
+mod forward;
+
+pub use backward::backward;
+pub use forward::forward;

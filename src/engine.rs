@@ -1,0 +1,377 @@
+//! The public face of the wgpu backend: an [`Engine`] owns one device and
+//! offers the operations on it. Every method is a thin call into `ops`;
+//! the blocking forms exist on native targets, the `*_async` forms
+//! everywhere (they are the ones to use on the web).
+
+use crate::api::inputs::BackwardInputs;
+use crate::api::options::AttentionOptions;
+use crate::api::output::{BackwardOutput, CallStats, ForwardOutput};
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::{Precision, TensorView};
+use crate::error::Result;
+use crate::kernels::AttentionBuffers;
+use crate::ops;
+use crate::ops::ceiling::CeilingResult;
+use crate::plan::{plan_backward, plan_forward, DeviceCaps, PlanOverrides, PlanRequest, Planned};
+use crate::runtime::adapter;
+use crate::runtime::Gpu;
+
+/// A GPU attention engine on one wgpu device.
+///
+/// Cheap to share: methods take `&self`; pipelines are compiled once per
+/// kernel and cached, buffers are reused across calls.
+#[derive(Debug)]
+pub struct Engine {
+    gpu: Gpu,
+}
+
+impl Engine {
+    /// An engine on the best adapter: hardware first, then Vulkan/Metal/DX12
+    /// before GL. `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the choice.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Self> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// Async form of [`Engine::new`] (the only form on the web).
+    pub async fn new_async() -> Result<Self> {
+        Self::from_adapter(&adapter::best_adapter().await?).await
+    }
+
+    /// An engine on a chosen adapter, with its real limits.
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        Ok(Self {
+            gpu: adapter::open(adapter).await?,
+        })
+    }
+
+    /// Wrap an existing device (its limits and features are read from it).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+    ) -> Result<Self> {
+        pollster::block_on(Self::from_device_async(device, queue, info))
+    }
+
+    /// Async form of [`Engine::from_device`].
+    pub async fn from_device_async(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+    ) -> Result<Self> {
+        Ok(Self {
+            gpu: adapter::wrap(device, queue, info).await?,
+        })
+    }
+
+    /// Pretend storage bindings hold at most `bytes` (to exercise and study
+    /// how large problems are split; the device's own limit still applies).
+    pub fn with_binding_limit(mut self, bytes: u64) -> Self {
+        self.gpu.settings.binding_cap = Some(bytes);
+        self
+    }
+
+    /// Plan with at most `bytes` of workgroup storage (browser-like limits, M sweeps).
+    pub fn with_workgroup_storage_limit(mut self, bytes: u32) -> Self {
+        self.gpu.settings.workgroup_storage_cap = Some(bytes);
+        self
+    }
+
+    /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has
+    /// the lanes kernels: for comparisons, and to test the GPU path on lavapipe.
+    pub fn with_tiled_kernels_only(mut self) -> Self {
+        self.gpu.settings.tiled_only = true;
+        self
+    }
+
+    /// Do not split calls by their predicted loop count; only the guards
+    /// catch kernels the loop limit cut short (which then rerun). For
+    /// testing the guards.
+    pub fn without_loop_prediction(mut self) -> Self {
+        self.gpu.settings.no_loop_prediction = true;
+        self
+    }
+
+    /// Compile kernels that measure the loop iterations they take (as the
+    /// adapter's loop limit counts them) into
+    /// [`CallStats::loop_iterations`], instead of guarding against the limit:
+    /// for checking the loop model on adapters that have one.
+    pub fn with_loop_meter(mut self) -> Self {
+        self.gpu.settings.loop_meter = true;
+        self
+    }
+
+    /// Compile instrumented kernels that count every storage element they
+    /// read and write; each call's [`CallStats::measured_accesses`] holds the
+    /// counts (32-bit counters: up to 4·10⁹ accesses per kind and
+    /// submission). Slower; for tests and studies, one call at a time.
+    pub fn with_io_counting(mut self) -> Self {
+        let counter = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("io counts"),
+            size: 8,
+            usage: crate::runtime::buffers::STORAGE,
+            mapped_at_creation: false,
+        });
+        self.gpu.queue.write_buffer(&counter, 0, &[0; 8]);
+        self.gpu.io_counter = Some(counter);
+        self
+    }
+
+    /// The runtime under this engine: its device, caches and settings, for
+    /// dispatching kernels directly (`runtime::Call`, `kernels::*`).
+    pub fn runtime(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The loop limit the probe measured on this adapter (`None`: none).
+    pub fn loop_limit(&self) -> Option<u32> {
+        self.gpu.loop_limit.limit()
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.gpu.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.gpu.queue
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.gpu.info
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.gpu.features
+    }
+
+    /// The limits the planner sees.
+    pub fn caps(&self) -> DeviceCaps {
+        self.gpu.caps()
+    }
+
+    /// Largest byte size one storage binding may have.
+    pub fn max_binding(&self) -> u64 {
+        self.gpu.max_binding()
+    }
+
+    /// One line naming the adapter and backend.
+    pub fn describe(&self) -> String {
+        self.gpu.describe()
+    }
+
+    /// Number of compiled pipelines held.
+    pub fn cached_pipelines(&self) -> usize {
+        self.gpu.pipelines.len()
+    }
+
+    /// The forward plan this engine would run for a problem, with its clamps.
+    pub fn plan(
+        &self,
+        shape: &AttentionShape,
+        precision: Precision,
+        overrides: &PlanOverrides,
+    ) -> Result<Planned> {
+        plan_forward(
+            &PlanRequest::for_shape(shape, precision, *overrides),
+            &self.caps(),
+        )
+    }
+
+    /// The backward plan this engine would run for a problem, with its clamps.
+    pub fn plan_backward(
+        &self,
+        shape: &AttentionShape,
+        precision: Precision,
+        overrides: &PlanOverrides,
+    ) -> Result<Planned> {
+        plan_backward(
+            &PlanRequest::for_shape(shape, precision, *overrides),
+            &self.caps(),
+        )
+    }
+}
+
+/// The operations, blocking (native) and async.
+impl Engine {
+    /// Exact attention forward on host tensors.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        self.forward_with(q, k, v, opts, &PlanOverrides::default())
+    }
+
+    /// [`Engine::forward`] with plan overrides. Problems larger than one
+    /// storage binding, the dispatch grid or the adapter's loop limit are
+    /// split, never rejected.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_with(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        pollster::block_on(self.forward_async(q, k, v, opts, overrides))
+    }
+
+    /// [`Engine::forward_with`] as a future.
+    pub async fn forward_async(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        ops::forward::forward(&self.gpu, [q, k, v], opts, overrides).await
+    }
+
+    /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
+    /// the output gradient.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        self.backward_with(inputs, opts, &PlanOverrides::default())
+    }
+
+    /// [`Engine::backward`] with plan overrides.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn backward_with(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        pollster::block_on(self.backward_async(inputs, opts, overrides))
+    }
+
+    /// [`Engine::backward_with`] as a future.
+    pub async fn backward_async(
+        &self,
+        inputs: &BackwardInputs<'_>,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        ops::backward::backward(&self.gpu, inputs, opts, overrides).await
+    }
+
+    /// Forward, then backward with its `o` and `lse`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_backward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        d_o: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<(ForwardOutput, BackwardOutput)> {
+        let fwd = self.forward(q, k, v, opts)?;
+        let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+        let bwd = self.backward(&inputs, opts)?;
+        Ok((fwd, bwd))
+    }
+
+    /// Forward on caller-owned device buffers (data stays on the GPU). Every
+    /// tensor must fit one storage binding and the call the adapter's loop
+    /// limit ([`crate::Error::LoopBudget`] otherwise): this API never splits.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_buffers(
+        &self,
+        buffers: &AttentionBuffers,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<CallStats> {
+        pollster::block_on(self.forward_buffers_async(buffers, shape, precision, opts, overrides))
+    }
+
+    /// [`Engine::forward_buffers`] as a future.
+    pub async fn forward_buffers_async(
+        &self,
+        buffers: &AttentionBuffers<'_>,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<CallStats> {
+        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, overrides)).await
+    }
+
+    /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn naive_forward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        pollster::block_on(self.naive_forward_async(q, k, v, opts))
+    }
+
+    /// [`Engine::naive_forward`] as a future.
+    pub async fn naive_forward_async(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+    }
+
+    /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as matmuls over them.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn naive_backward(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        d_o: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        pollster::block_on(self.naive_backward_async([q, k, v, d_o], opts))
+    }
+
+    /// [`Engine::naive_backward`] as a future.
+    pub async fn naive_backward_async(
+        &self,
+        qkv_do: [&TensorView<'_>; 4],
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+    }
+
+    /// The practical ceiling: `C = X·Yᵀ` with X, Y of N×d f32 (the shape of
+    /// S = QKᵀ), C of N×N f32, timed `repeats` times after a warm-up.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn matmul_ceiling(&self, n: usize, d: usize, repeats: usize) -> Result<CeilingResult> {
+        pollster::block_on(self.matmul_ceiling_async(n, d, repeats))
+    }
+
+    /// [`Engine::matmul_ceiling`] as a future.
+    pub async fn matmul_ceiling_async(
+        &self,
+        n: usize,
+        d: usize,
+        repeats: usize,
+    ) -> Result<CeilingResult> {
+        ops::ceiling::matmul_ceiling(&self.gpu, n, d, repeats).await
+    }
+}

@@ -1,0 +1,369 @@
+//! WGSL composition: the one place that turns shader pieces into a module.
+//!
+//! WGSL has no `#include`, so a kernel's module is: `enable f16;` where
+//! needed, its declarations, `common.wgsl`, the access counters and the
+//! loop-budget guard (each `on` or `off`), storage accessors instantiated
+//! from a template per buffer, shared pieces, and the kernel body.
+//!
+//! Values reach the WGSL in one of two ways, by one rule:
+//! - **`override` constants** for everything that only sizes or selects
+//!   (tile sizes, workgroup sizes, head dims, flags): declared here with
+//!   [`Composer::override_u32`] / [`Composer::override_bool`] and supplied
+//!   when the pipeline is created, so one text serves every value;
+//! - **`const` text** only where WGSL demands a constant expression: the
+//!   sizes of function-scope arrays (`array<f32, ACC>` holds an invocation's
+//!   registers), via [`Composer::const_u32`];
+//! - the lanes kernels are also *unrolled* text ([`unroll`]): WGSL has no
+//!   unroll directive and llvmpipe keeps loop-indexed arrays in memory, so
+//!   their per-lane, per-row and per-chunk lines are repeated by count.
+
+use crate::plan::StorageKind;
+
+pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
+pub const IO_COUNT: &str = include_str!("../../shaders/io_count.wgsl");
+pub const LOOP_BUDGET: &str = include_str!("../../shaders/loop_budget.wgsl");
+pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
+pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
+pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
+
+/// Which optional code a kernel carries. A variant without a mask contains
+/// no mask code (the flags are constants, so branches fold away).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Causal and/or local window.
+    pub masked: bool,
+    pub softcap: bool,
+    /// Count storage accesses into [`binding::IO`] (the instrumented build).
+    pub count_io: bool,
+    /// What the kernel does about the adapter's loop limit.
+    pub loop_check: LoopCheck,
+}
+
+/// How a kernel ends on an adapter with a loop limit (`loop_budget.wgsl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoopCheck {
+    /// No limit: nothing.
+    #[default]
+    Off,
+    /// Report into [`binding::LOOP_BUDGET`] when the limit cut the kernel short.
+    Guard,
+    /// Measure the iterations the kernel took (tests of the loop model).
+    Meter,
+}
+
+/// Bindings of group 0, one table for every kernel, so host code and
+/// shaders agree on the numbers.
+pub mod binding {
+    pub const PARAMS: u32 = 0;
+    pub const Q: u32 = 1;
+    pub const K: u32 = 2;
+    pub const V: u32 = 3;
+    pub const O: u32 = 4;
+    pub const LSE: u32 = 5;
+    pub const S: u32 = 6;
+    pub const P: u32 = 7;
+    pub const DO: u32 = 8;
+    pub const DVEC: u32 = 9;
+    pub const DQ: u32 = 10;
+    pub const DK: u32 = 11;
+    pub const DV: u32 = 12;
+    pub const DS: u32 = 13;
+    pub const MATMUL: u32 = 14;
+    pub const IO: u32 = 15;
+    pub const LOOP_BUDGET: u32 = 16;
+    /// The matmul's operands (its own numbering: A, B, C).
+    pub const A: u32 = 1;
+    pub const B: u32 = 2;
+    pub const C: u32 = 3;
+}
+
+/// How a kernel accesses one buffer (selects the storage template's section).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Four consecutive elements at a time (`load4_{name}`).
+    Read4,
+    Write,
+    /// Four consecutive elements at a time (`store4_{name}`; f32 only).
+    Write4,
+    ReadWrite,
+}
+
+impl Access {
+    fn section(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Read4 => "read4",
+            Access::Write => "write",
+            Access::Write4 => "write4",
+            Access::ReadWrite => "read_write",
+        }
+    }
+}
+
+/// A compiled kernel's inputs: the module text, its entry point, and the
+/// values of its `override` constants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelSource {
+    pub text: String,
+    pub entry: &'static str,
+    pub overrides: Vec<(&'static str, f64)>,
+}
+
+/// Builds one module.
+#[derive(Debug, Default)]
+pub struct Composer {
+    text: String,
+    overrides: Vec<(&'static str, f64)>,
+}
+
+impl Composer {
+    /// A module whose tensors are stored as `storage` (native f16 enables f16).
+    pub fn new(storage: StorageKind) -> Self {
+        let mut c = Self::default();
+        if storage == StorageKind::F16Native {
+            c.text.push_str("enable f16;\n");
+        }
+        c
+    }
+
+    /// `override NAME: u32;`, supplied as `value` when the pipeline is made.
+    pub fn override_u32(&mut self, name: &'static str, value: u32) -> &mut Self {
+        self.text.push_str(&format!("override {name}: u32;\n"));
+        self.overrides.push((name, value as f64));
+        self
+    }
+
+    /// `override NAME: bool;`, supplied as `value` when the pipeline is made.
+    pub fn override_bool(&mut self, name: &'static str, value: bool) -> &mut Self {
+        self.text.push_str(&format!("override {name}: bool;\n"));
+        self.overrides.push((name, value as u32 as f64));
+        self
+    }
+
+    /// `const NAME = valueu;`, where WGSL demands a constant expression.
+    pub fn const_u32(&mut self, name: &str, value: u32) -> &mut Self {
+        self.text.push_str(&format!("const {name} = {value}u;\n"));
+        self
+    }
+
+    /// `common.wgsl` with the variant's flags, access counters and guard.
+    pub fn common(&mut self, variant: Variant) -> &mut Self {
+        self.override_bool("IS_MASKED", variant.masked)
+            .override_bool("HAS_SOFTCAP", variant.softcap);
+        self.push(COMMON)
+            .push(&section(IO_COUNT, on_off(variant.count_io)))
+            .push(&section(LOOP_BUDGET, loop_section(variant.loop_check)))
+    }
+
+    /// Declarations and accessors of `buffers` in `storage`: `load_{name}` /
+    /// `store_{name}` (and the vec4 forms), plus `round_storage`.
+    pub fn storage(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
+        self.push(&section(template(storage), "common"))
+            .buffers(storage, buffers)
+    }
+
+    /// Buffer declarations only (e.g. f32 LSE next to f16 tensors).
+    pub fn buffers(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
+        let t = template(storage);
+        for &(name, binding, access) in buffers {
+            let decl = section(t, access.section())
+                .replace("{name}", name)
+                .replace("{binding}", &binding.to_string());
+            self.text.push_str(&decl);
+        }
+        self
+    }
+
+    pub fn push(&mut self, text: &str) -> &mut Self {
+        self.text.push_str(text);
+        self
+    }
+
+    pub fn finish(&mut self, entry: &'static str) -> KernelSource {
+        KernelSource {
+            text: std::mem::take(&mut self.text),
+            entry,
+            overrides: std::mem::take(&mut self.overrides),
+        }
+    }
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn loop_section(check: LoopCheck) -> &'static str {
+    match check {
+        LoopCheck::Off => "off",
+        LoopCheck::Guard => "on",
+        LoopCheck::Meter => "meter",
+    }
+}
+
+fn template(storage: StorageKind) -> &'static str {
+    match storage {
+        StorageKind::F32 => STORAGE_F32,
+        StorageKind::F16Packed => STORAGE_F16_PACKED,
+        StorageKind::F16Native => STORAGE_F16_NATIVE,
+    }
+}
+
+/// The text of one `// @name` section of a sectioned file (until the next
+/// `// @` line).
+pub fn section(template: &str, name: &str) -> String {
+    let marker = format!("// @{name}");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in template.lines() {
+        if line.starts_with("// @") {
+            inside = line.trim() == marker;
+            continue;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The repetition counts of a lanes template (see [`unroll`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unroll {
+    /// `$j`: lanes of a subgroup (and `$q`: quads of lanes).
+    pub lanes: u32,
+    /// `$i`: vec4 chunks of a row.
+    pub chunks: u32,
+    /// `$r`: rows each lane owns.
+    pub rows: u32,
+}
+
+/// Expand a lanes template: a line containing `$r`, `$q`, `$j` or `$i`
+/// repeats for each value of each placeholder it contains — r < `rows`,
+/// q < `lanes / 4` (with `$q0`..`$q3` standing for 4q..4q+3), j < `lanes`,
+/// i < `chunks` — nested in that order, or with i outermost when the line
+/// ends in `// i outer`. Comment lines are dropped.
+pub fn unroll(template: &str, n: Unroll) -> String {
+    let mut out = String::with_capacity(template.len() * 4);
+    // Comments explain the template, not its expansion (and would repeat).
+    for line in template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+    {
+        for l in expand_line(line, n) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Every combination of one line's placeholders, first dim outermost.
+fn expand_line(line: &str, n: Unroll) -> Vec<String> {
+    const I_OUTER: &str = " // i outer";
+    let (line, i_outer) = match line.strip_suffix(I_OUTER) {
+        Some(l) => (l, true),
+        None => (line, false),
+    };
+    let mut dims: Vec<(char, u32)> = [
+        ('r', n.rows),
+        ('q', n.lanes / 4),
+        ('j', n.lanes),
+        ('i', n.chunks),
+    ]
+    .into_iter()
+    .filter(|(c, _)| line.contains(&format!("${c}")))
+    .collect();
+    if i_outer && dims.last().is_some_and(|d| d.0 == 'i') {
+        dims.rotate_right(1);
+    }
+    let mut lines = vec![line.to_string()];
+    for &(c, count) in dims.iter().rev() {
+        lines = (0..count)
+            .flat_map(|v| lines.iter().map(move |l| substitute(l, c, v)))
+            .collect();
+    }
+    lines
+}
+
+/// `$c` replaced by `v` (and, for quads, `$q0`..`$q3` by 4v..4v+3).
+fn substitute(line: &str, c: char, v: u32) -> String {
+    let mut l = line.to_string();
+    if c == 'q' {
+        for k in 0..4 {
+            l = l.replace(&format!("$q{k}"), &(4 * v + k).to_string());
+        }
+    }
+    l.replace(&format!("${c}"), &v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unroll_repeats_lines_per_lane_and_chunk() {
+        let n = |lanes, chunks, rows| Unroll {
+            lanes,
+            chunks,
+            rows,
+        };
+        let t = "a\n// about $i\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
+        assert_eq!(
+            unroll(t, n(2, 3, 1)),
+            "a\nx0 = 0u;\nx1 = 1u;\nx2 = 2u;\n\
+             s0 += q0 * k0;\ns0 += q1 * k0;\ns0 += q2 * k0;\n\
+             s1 += q0 * k1;\ns1 += q1 * k1;\ns1 += q2 * k1;\nb\n"
+        );
+        assert_eq!(
+            unroll("s$j += q$i; // i outer\n", n(2, 2, 1)),
+            "s0 += q0;\ns1 += q0;\ns0 += q1;\ns1 += q1;\n"
+        );
+        assert_eq!(
+            unroll("c[$q] = f(s$q0, s$q3);\n", n(8, 1, 1)),
+            "c[0] = f(s0, s3);\nc[1] = f(s4, s7);\n"
+        );
+        assert_eq!(
+            unroll("s$r_$j += q$r_$i; // i outer\n", n(2, 2, 2)),
+            "s0_0 += q0_0;\ns0_1 += q0_0;\ns1_0 += q1_0;\ns1_1 += q1_0;\n\
+             s0_0 += q0_1;\ns0_1 += q0_1;\ns1_0 += q1_1;\ns1_1 += q1_1;\n"
+        );
+        assert_eq!(
+            unroll("o$r[$q] = s$r_$q1;\n", n(8, 1, 2)),
+            "o0[0] = s0_1;\no0[1] = s0_5;\no1[0] = s1_1;\no1[1] = s1_5;\n"
+        );
+    }
+
+    #[test]
+    fn sections_are_split() {
+        let read = section(STORAGE_F32, "read");
+        assert!(read.contains("fn load_{name}"));
+        assert!(!read.contains("store_"));
+        let src = Composer::new(StorageKind::F16Packed)
+            .storage(StorageKind::F16Packed, &[("q", 1, Access::Read)])
+            .finish("main");
+        assert!(src
+            .text
+            .contains("@binding(1) var<storage, read> q_buf: array<u32>"));
+        assert!(src.text.contains("fn round_storage"));
+    }
+
+    #[test]
+    fn overrides_are_declared_and_valued() {
+        let src = Composer::new(StorageKind::F16Native)
+            .override_u32("BR", 32)
+            .override_bool("IS_X", true)
+            .const_u32("ACC", 8)
+            .finish("main");
+        assert!(src.text.starts_with("enable f16;\n"));
+        assert!(src
+            .text
+            .contains("override BR: u32;\noverride IS_X: bool;\nconst ACC = 8u;\n"));
+        assert_eq!(src.overrides, vec![("BR", 32.0), ("IS_X", 1.0)]);
+    }
+}

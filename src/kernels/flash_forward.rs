@@ -1,0 +1,165 @@
+//! The flash forward kernel, in its two families: tiled (`flash_fwd.wgsl`,
+//! tiles in workgroup memory, for GPUs) and lanes (`flash_fwd_lanes.wgsl`,
+//! rows owned by subgroup lanes, for CPU adapters). One workgroup per block
+//! of Br query rows of one (batch, head); it streams the key blocks its rows
+//! can see and writes O and LSE once.
+
+use super::band::{all_blocks, blocks, Band};
+use super::compose::{binding, unroll, Access, Composer, KernelSource, Unroll, Variant};
+use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
+use super::params::Params;
+use crate::api::output::Accesses;
+use crate::api::shape::AttentionShape;
+use crate::plan::{KernelFamily, Plan, StorageKind};
+
+const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
+const LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
+
+/// The flash forward for one plan and variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashForward {
+    pub plan: Plan,
+    pub variant: Variant,
+}
+
+/// Device buffers of a forward: q, k, v in the storage precision (f16 as
+/// raw halves, padded to 4 bytes), o likewise, lse as f32. All need
+/// `STORAGE` usage.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBuffers<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub o: &'a wgpu::Buffer,
+    pub lse: &'a wgpu::Buffer,
+}
+
+impl FlashForward {
+    pub const NAME: &'static str = "flash forward";
+
+    pub fn source(&self) -> KernelSource {
+        match self.plan.kernel {
+            KernelFamily::Tiled => self.tiled_source(),
+            KernelFamily::Lanes => self.lanes_source(),
+        }
+    }
+
+    fn tiled_source(&self) -> KernelSource {
+        let p = &self.plan;
+        let mut c = Composer::new(p.storage);
+        c.override_u32("BR", p.br)
+            .override_u32("BC", p.bc)
+            .override_u32("D", p.head_dim)
+            .override_u32("TC", p.threads_per_row)
+            .override_u32("WG", p.workgroup_size)
+            .const_u32("SC", p.scores_per_thread())
+            .const_u32("ACC", p.acc_per_thread())
+            .common(self.variant);
+        declare_buffers(&mut c, p.storage, Access::Read);
+        c.push(TILED).finish("main")
+    }
+
+    fn lanes_source(&self) -> KernelSource {
+        let p = &self.plan;
+        let mut c = Composer::new(p.storage);
+        c.override_u32("SG", p.bc)
+            .override_u32("RPL", p.br / p.bc)
+            .override_u32("D", p.head_dim)
+            .common(self.variant);
+        declare_buffers(&mut c, p.storage, Access::Read4);
+        c.push(&unroll(LANES, lanes_unroll(p))).finish("main")
+    }
+
+    /// Workgroups along x: one per block of Br rows (heads and batch are y, z).
+    pub fn blocks(&self, piece: &AttentionShape) -> u32 {
+        piece.seqlen_q.div_ceil(self.plan.br as usize) as u32
+    }
+
+    /// The `(binding, buffer)` pairs of a dispatch (params go to binding 0).
+    pub fn entries<'a>(b: &AttentionBuffers<'a>) -> [(u32, &'a wgpu::Buffer); 5] {
+        use binding::*;
+        [(Q, b.q), (K, b.k), (V, b.v), (O, b.o), (LSE, b.lse)]
+    }
+
+    /// Storage accesses of one dispatch over `p`: each workgroup reads its Q
+    /// rows once and K and V for every visible key block; writes O and LSE once.
+    pub fn accesses(&self, p: &Params) -> Accesses {
+        let plan = &self.plan;
+        let (sq, sk, d) = (p.seqlen_q as u64, p.seqlen_k as u64, plan.head_dim as u64);
+        let band = Band {
+            params: p,
+            masked: self.variant.masked,
+        };
+        let mut per_head = Accesses::default();
+        for (q0, rows) in all_blocks(sq, plan.br as u64) {
+            per_head.reads += rows * d;
+            per_head.writes += rows * d + rows;
+            let first = (p.q_start as u64 + q0) as i64;
+            let (lo, hi) = band.keys(first, first + rows as i64 - 1);
+            for (_, keys) in blocks(lo, hi, plan.bc as u64, sk) {
+                per_head.reads += 2 * keys * d;
+            }
+        }
+        per_head.times(p.batch as u64 * p.heads_q as u64)
+    }
+
+    /// Loop iterations per invocation (per 8 on llvmpipe), as a function of
+    /// the keys it walks: the key-block loop and, in the tiled kernel, the
+    /// loops in it that llvmpipe does not unroll. The lanes kernel's are all
+    /// unrolled text. Op counts are generous estimates of each loop body's
+    /// size (nearer the unroll budget the driver's choice is hard to
+    /// predict, and counting too many only cuts calls a little shorter);
+    /// `tests/loop_limit.rs` checks the totals against the driver.
+    pub fn loop_cost(&self) -> LoopCost {
+        let p = &self.plan;
+        // The key-block loop's last pass, and the loop-budget guard.
+        let (per_step, fixed) = match p.kernel {
+            KernelFamily::Lanes => (1, 1 + GUARD),
+            KernelFamily::Tiled => {
+                let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);
+                let (sc, acc) = (p.scores_per_thread(), p.acc_per_thread());
+                let tile = |n: u32| counted(n.div_ceil(wg) as u64, 0, 0);
+                // q·k over d (its loop over scores unrolled), then P·V over
+                // the block's keys (its loop over outputs unrolled).
+                let (dot, pv) = (constant(d, 6 + 24 * sc, 0), constant(bc, 3 + 24 * acc, 0));
+                let nested = 1 + (dot > 0) as u64 + (pv > 0) as u64;
+                (
+                    1 + tile(bc * d) + dot + pv,
+                    tile(p.br * d) + 1 + nested + GUARD,
+                )
+            }
+        };
+        LoopCost {
+            dim: LoopDim::Keys,
+            step: p.bc,
+            per_step,
+            fixed,
+        }
+    }
+}
+
+/// q, k, v (read with `read`), o in the storage precision; lse in f32.
+fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
+    use binding::*;
+    c.storage(
+        storage,
+        &[
+            ("q", Q, read),
+            ("k", K, read),
+            ("v", V, read),
+            ("o", O, Access::Write),
+        ],
+    )
+    // LSE is f32 whatever the storage precision.
+    .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)]);
+}
+
+/// A lanes plan's repetition counts: `bc` lanes (keys per step), `br / bc`
+/// rows per lane, head dim / 4 chunks.
+pub fn lanes_unroll(plan: &Plan) -> Unroll {
+    Unroll {
+        lanes: plan.bc,
+        chunks: plan.head_dim / 4,
+        rows: plan.br / plan.bc,
+    }
+}

@@ -1,0 +1,25 @@
+//! Kernels as typed units. Each file is one kernel (or one family): its
+//! WGSL module (composed in [`compose`]), its typed key ([`KernelKey`], what
+//! the runtime caches pipelines by), its grid, its bindings, its analytic
+//! storage-access count and its loop cost. Nothing here touches a device.
+
+pub mod band;
+pub mod compose;
+pub mod flash_backward;
+pub mod flash_forward;
+pub mod key;
+pub mod loop_probe;
+pub mod loops;
+pub mod matmul;
+pub mod naive;
+pub mod params;
+
+pub use compose::{binding, KernelSource, LoopCheck, Variant};
+pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
+pub use flash_forward::{AttentionBuffers, FlashForward};
+pub use key::KernelKey;
+pub use loop_probe::LoopProbe;
+pub use loops::{LoopCost, LoopDim};
+pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
+pub use naive::{Naive, NaiveEntry};
+pub use params::{MatmulParams, Params, Piece, Uniform};

@@ -1,0 +1,163 @@
+//! The uniform blocks kernels read. Each Rust struct has a WGSL twin
+//! (`Params` in `shaders/common.wgsl`, `MatmulParams` in
+//! `shaders/matmul_common.wgsl`); [`Uniform::FIELDS`] lists the Rust layout,
+//! and a test checks it member by member against naga's layout of the WGSL
+//! struct, so the two cannot drift apart unnoticed.
+
+use crate::api::options::AttentionOptions;
+use crate::api::shape::AttentionShape;
+use crate::error::{Error, Result};
+use bytemuck::{Pod, Zeroable};
+
+/// A `#[repr(C)]` uniform struct whose layout a test compares with WGSL's.
+pub trait Uniform: Pod {
+    /// The WGSL struct's name.
+    const WGSL_NAME: &'static str;
+    /// Field names and byte offsets, in declaration order.
+    const FIELDS: &'static [(&'static str, usize)];
+}
+
+/// Declares a uniform struct and its [`Uniform`] layout table.
+macro_rules! uniform_struct {
+    ($(#[$m:meta])* pub struct $name:ident as $wgsl:literal {
+        $($(#[$fm:meta])* pub $field:ident: $ty:ty,)*
+    }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+        pub struct $name {
+            $($(#[$fm])* pub $field: $ty,)*
+        }
+
+        impl Uniform for $name {
+            const WGSL_NAME: &'static str = $wgsl;
+            const FIELDS: &'static [(&'static str, usize)] =
+                &[$((stringify!($field), std::mem::offset_of!($name, $field)),)*];
+        }
+    };
+}
+
+uniform_struct! {
+    /// The call parameters every attention kernel reads (binding 0).
+    pub struct Params as "Params" {
+        pub seqlen_q: u32,
+        pub seqlen_k: u32,
+        pub q_start: u32,
+        pub k_start: u32,
+        pub heads_q: u32,
+        pub group: u32,
+        pub q_row_stride: u32,
+        pub kv_row_stride: u32,
+        pub q_batch_stride: u32,
+        pub kv_batch_stride: u32,
+        pub lse_batch_stride: u32,
+        pub lse_head_stride: u32,
+        pub block_offset: u32,
+        pub mask_offset: i32,
+        pub window_left: i32,
+        pub window_right: i32,
+        pub scale: f32,
+        pub softcap: f32,
+        pub batch: u32,
+        pub _pad: u32,
+    }
+}
+
+uniform_struct! {
+    /// The parameters of the matmul kernels (binding 14).
+    pub struct MatmulParams as "MatmulParams" {
+        pub m: u32,
+        pub n: u32,
+        pub k: u32,
+        pub lda: u32,
+        pub ldb: u32,
+        pub ldc: u32,
+        pub a_batch: u32,
+        pub a_head: u32,
+        pub b_batch: u32,
+        pub b_head: u32,
+        pub c_batch: u32,
+        pub c_head: u32,
+        pub heads: u32,
+        pub group: u32,
+        pub alpha: f32,
+        pub _pad: u32,
+    }
+}
+
+/// A piece of a problem as laid out in the buffers bound for one dispatch:
+/// `local` sizes index the buffers; `q_start`/`k_start` place it in `full`,
+/// the problem the masks are defined on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub local: AttentionShape,
+    pub full: AttentionShape,
+    pub q_start: usize,
+    pub k_start: usize,
+}
+
+impl Piece {
+    pub fn whole(shape: AttentionShape) -> Self {
+        Self {
+            local: shape,
+            full: shape,
+            q_start: 0,
+            k_start: 0,
+        }
+    }
+}
+
+/// `x` as a u32, or an error naming it.
+pub fn to_u32(what: &'static str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::Overflow {
+        what,
+        value: x as u64,
+    })
+}
+
+impl Params {
+    /// The parameters of `piece` under `opts`, in the contiguous layouts.
+    pub fn new(piece: &Piece, opts: &AttentionOptions) -> Result<Self> {
+        let s = &piece.local;
+        let d = s.head_dim;
+        let mask = opts.mask(&piece.full);
+        // "Unbounded" becomes a bound past both ends of the sequences.
+        let unbounded = piece.full.seqlen_q as i64 + piece.full.seqlen_k as i64 + 1;
+        if unbounded > i32::MAX as i64 / 2 {
+            return Err(Error::Overflow {
+                what: "seqlen_q + seqlen_k (for 32-bit mask arithmetic)",
+                value: unbounded as u64 - 1,
+            });
+        }
+        Ok(Self {
+            seqlen_q: to_u32("seqlen_q", s.seqlen_q)?,
+            seqlen_k: to_u32("seqlen_k", s.seqlen_k)?,
+            q_start: to_u32("q_start", piece.q_start)?,
+            k_start: to_u32("k_start", piece.k_start)?,
+            heads_q: to_u32("heads_q", s.heads_q)?,
+            group: to_u32("group", s.group())?,
+            q_row_stride: to_u32("q row stride", s.heads_q * d)?,
+            kv_row_stride: to_u32("kv row stride", s.heads_kv * d)?,
+            q_batch_stride: to_u32("q batch stride", s.seqlen_q * s.heads_q * d)?,
+            kv_batch_stride: to_u32("kv batch stride", s.seqlen_k * s.heads_kv * d)?,
+            lse_batch_stride: to_u32("lse batch stride", s.heads_q * s.seqlen_q)?,
+            lse_head_stride: to_u32("lse head stride", s.seqlen_q)?,
+            block_offset: 0,
+            mask_offset: mask.offset as i32,
+            window_left: mask.left.unwrap_or(unbounded) as i32,
+            window_right: mask.right.unwrap_or(unbounded) as i32,
+            scale: opts.scale_for(d),
+            softcap: opts.softcap_value(),
+            batch: to_u32("batch", s.batch)?,
+            _pad: 0,
+        })
+    }
+
+    /// These parameters for the dispatch whose first block is `offset`.
+    pub fn at_block(&self, offset: u32) -> Self {
+        Self {
+            block_offset: offset,
+            ..*self
+        }
+    }
+}

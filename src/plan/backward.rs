@@ -1,0 +1,152 @@
+//! The backward planner. The backward kernels keep six tiles on chip instead
+//! of four, so starting from Algorithm 1's values the square tile
+//! B = Br = Bc shrinks until Q, dO, K, V, P and dS fit, and the planner says so.
+
+use super::caps::DeviceCaps;
+use super::forward::{choose_kernel, plan_forward};
+use super::request::{KernelFamily, PlanOverrides, PlanRequest};
+use super::tiles::{
+    backward_workgroup_bytes, prev_pow2, round_down, round_up, shrink, Plan, Planned, GRANULARITY,
+    MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW, TARGET_WORKGROUP,
+};
+use crate::error::{Error, Result};
+
+/// Plan the backward kernels for `req` on a device with `caps`.
+pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
+    if choose_kernel(req, caps)? == KernelFamily::Lanes {
+        return lanes_backward(req, caps);
+    }
+    // Algorithm 1's values for this device (tile overrides apply to B below).
+    let mut p = plan_forward(
+        &PlanRequest {
+            overrides: PlanOverrides {
+                br: None,
+                bc: None,
+                threads_per_row: None,
+                kernel: Some(KernelFamily::Tiled),
+                ..req.overrides
+            },
+            ..*req
+        },
+        caps,
+    )?;
+    p.clamps.clear();
+    let ov = req.overrides;
+    let b = match ov.br.or(ov.bc) {
+        Some(b) => b,
+        None => square_tile(&mut p, req.seqlen_q.max(req.seqlen_k)),
+    };
+    if b == 0 || ov.threads_per_row == Some(0) {
+        return Err(Error::EmptyTile {
+            br: b,
+            bc: b,
+            threads_per_row: ov.threads_per_row.unwrap_or(1),
+        });
+    }
+    let d = p.plan.head_dim;
+    let max_wg = caps.max_workgroup();
+    let tc = ov
+        .threads_per_row
+        .unwrap_or_else(|| threads_per_row(d, b, max_wg));
+    let fixed = ov.br.is_some() || ov.bc.is_some();
+    let (b, bytes) = fit(&mut p, b, tc, max_wg, fixed)?;
+    p.plan = Plan {
+        br: b,
+        bc: b,
+        threads_per_row: tc,
+        workgroup_size: b * tc,
+        workgroup_bytes: bytes,
+        ..p.plan
+    };
+    Ok(p)
+}
+
+/// The lanes backward kernels own one query row (dQ) or key (dK/dV) per lane.
+fn lanes_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
+    let mut p = plan_forward(req, caps)?;
+    p.clamps.retain(|c| c.field != "Br");
+    let why = "lanes backward: one query row (dQ) or key (dK/dV) per lane";
+    let (from, to) = (p.plan.br_formula, p.plan.bc);
+    p.record("Br", from, to, why.into());
+    p.plan.br = p.plan.bc;
+    Ok(p)
+}
+
+/// B from Algorithm 1's Br: rounded to the granularity, no longer than the
+/// longer sequence.
+fn square_tile(p: &mut Planned, longest: usize) -> u32 {
+    let br = p.plan.br_formula;
+    let mut b = round_down(br, GRANULARITY);
+    let why = format!(
+        "square tiles Br = Bc = min(Br, Bc), rounded down to the kernel granularity {GRANULARITY}"
+    );
+    p.record("B", br, b, why);
+    let needed = round_up(longest, GRANULARITY);
+    if b > needed {
+        let why = format!("seqlen_q and seqlen_k are at most {longest}");
+        p.record("B", b, needed, why);
+        b = needed;
+    }
+    b
+}
+
+/// Invocations per row: two score arrays (S, dP) and two accumulator arrays
+/// (dK and dV) per invocation must fit the register budget.
+fn threads_per_row(d: u32, b: u32, max_wg: u32) -> u32 {
+    let min_tc = d
+        .div_ceil(MAX_ACC_PER_THREAD / 2)
+        .max(b.div_ceil(MAX_SCORES_PER_THREAD / 2))
+        .next_power_of_two();
+    prev_pow2((TARGET_WORKGROUP.min(max_wg) / b).max(1))
+        .min(MAX_THREADS_PER_ROW)
+        .min(b.next_power_of_two())
+        .max(min_tc)
+}
+
+/// Shrink B until its invocations and its six tiles fit the device; returns
+/// `(b, workgroup bytes)`.
+fn fit(p: &mut Planned, mut b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<(u32, u32)> {
+    while b * tc > max_wg && !fixed && b > 1 {
+        let next = shrink(b);
+        let why = format!(
+            "{b} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"
+        );
+        p.record("B", b, next, why);
+        b = next;
+    }
+    let (d, m_bytes) = (p.plan.head_dim, p.plan.m_bytes);
+    let mut bytes = backward_workgroup_bytes(b, d);
+    let b0 = b;
+    while bytes > m_bytes && !fixed && b > 1 {
+        b = shrink(b);
+        bytes = backward_workgroup_bytes(b, d);
+    }
+    let why = format!("the backward keeps Q, dO, K, V (4·B·d) plus P and dS (2·B²) on chip: they must fit in {m_bytes} bytes");
+    p.record("B", b0, b, why);
+    if bytes > m_bytes {
+        return Err(Error::WorkgroupStorage {
+            br: b,
+            bc: b,
+            head_dim: d,
+            bytes,
+            max: m_bytes,
+        });
+    }
+    if b * tc > max_wg {
+        return Err(Error::WorkgroupTooLarge {
+            invocations: b * tc,
+            max: max_wg,
+        });
+    }
+    let (scores, accumulators) = (b.div_ceil(tc), d.div_ceil(tc));
+    if scores > MAX_SCORES_PER_THREAD / 2 || accumulators > MAX_ACC_PER_THREAD / 2 {
+        return Err(Error::RegisterPressure {
+            threads_per_row: tc,
+            scores,
+            accumulators,
+            max_scores: MAX_SCORES_PER_THREAD / 2,
+            max_accumulators: MAX_ACC_PER_THREAD / 2,
+        });
+    }
+    Ok((b, bytes))
+}

@@ -1,0 +1,25 @@
+//! Planning: pure functions from a problem and the device's limits to tile
+//! sizes ([`plan_forward`], [`plan_backward`]) and to pieces ([`split`]).
+//! Nothing here touches a device, so every rule is unit-tested with made-up
+//! limits.
+
+pub mod backward;
+pub mod caps;
+pub mod forward;
+pub mod pieces;
+pub mod request;
+pub mod tiles;
+
+pub use backward::plan_backward;
+pub use caps::{DeviceCaps, LANE_SUBGROUPS};
+pub use forward::{plan_forward, LANES_MAX_HEAD_DIM, LANES_ROWS_PER_LANE};
+pub use pieces::{split, PieceLimits, Split};
+pub use request::{KernelFamily, PlanOverrides, PlanRequest, StorageKind};
+pub use tiles::{
+    backward_workgroup_bytes, forward_workgroup_bytes, Clamp, Plan, Planned, GRANULARITY,
+    MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW, TARGET_WORKGROUP,
+    WORKING_BYTES,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! Cutting a problem into pieces: over (batch, kv heads, rows, keys), so that
+//! each piece fits one storage binding, the dispatch grid, and the adapter's
+//! loop limit. Pure: the host code that gathers, runs and merges pieces is
+//! in `ops::pieces`.
+
+use crate::api::shape::AttentionShape;
+use crate::error::{Error, Result};
+use std::ops::Range;
+
+/// What bounds one piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PieceLimits {
+    /// Bytes per stored element.
+    pub elem: u64,
+    /// Largest storage binding, bytes.
+    pub max_binding: u64,
+    /// Most workgroups per dispatch dimension (batch and heads are grid dimensions).
+    pub max_groups: usize,
+    /// Most query rows one piece may cover (the loop limit of kernels that
+    /// loop over rows).
+    pub max_rows: usize,
+    /// Most keys one piece may cover (the loop limit of kernels that loop
+    /// over keys).
+    pub max_keys: usize,
+}
+
+/// One piece of a split problem: batch entries, kv heads (with their query
+/// heads), query rows and keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub batch: Range<usize>,
+    pub kv_heads: Range<usize>,
+    pub rows: Range<usize>,
+    pub keys: Range<usize>,
+}
+
+impl Split {
+    pub fn shape(&self, full: &AttentionShape) -> AttentionShape {
+        AttentionShape {
+            batch: self.batch.len(),
+            seqlen_q: self.rows.len(),
+            seqlen_k: self.keys.len(),
+            heads_q: self.kv_heads.len() * full.group(),
+            heads_kv: self.kv_heads.len(),
+            head_dim: full.head_dim,
+        }
+    }
+
+    pub fn q_heads(&self, full: &AttentionShape) -> Range<usize> {
+        self.kv_heads.start * full.group()..self.kv_heads.end * full.group()
+    }
+}
+
+/// Bytes of q, k/v and lse a piece of the given extents binds.
+fn piece_bytes(s: &AttentionShape, elem: u64) -> [u64; 3] {
+    [
+        s.q_len() as u64 * elem,
+        s.kv_len() as u64 * elem,
+        s.lse_len() as u64 * 4,
+    ]
+}
+
+impl PieceLimits {
+    /// Whether a piece of `nb` batch entries, `nh` kv heads (with their query
+    /// heads), `rows` rows and `keys` keys of `shape` is within the limits.
+    fn fits(&self, shape: &AttentionShape, nb: usize, nh: usize, rows: usize, keys: usize) -> bool {
+        let g = shape.group();
+        let piece = AttentionShape {
+            batch: nb,
+            seqlen_q: rows,
+            seqlen_k: keys,
+            heads_q: nh * g,
+            heads_kv: nh,
+            head_dim: shape.head_dim,
+        };
+        nb <= self.max_groups
+            && nh * g <= self.max_groups
+            && rows <= self.max_rows
+            && keys <= self.max_keys
+            && piece_bytes(&piece, self.elem)
+                .iter()
+                .all(|&b| b <= self.max_binding)
+    }
+}
+
+/// Cut `shape` into pieces within `limits`. Whole batches and kv heads are
+/// preferred; rows and keys are split only when one kv head is too big or
+/// too long (split keys are merged by LSE, as in FlashDecoding).
+pub fn split(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>> {
+    let (b, h, sq, sk) = (shape.batch, shape.heads_kv, shape.seqlen_q, shape.seqlen_k);
+    if limits.fits(shape, b, h, sq, sk) {
+        return Ok(vec![Split {
+            batch: 0..b,
+            kv_heads: 0..h,
+            rows: 0..sq,
+            keys: 0..sk,
+        }]);
+    }
+    if let Some(nh) = (1..=h).rev().find(|&nh| limits.fits(shape, 1, nh, sq, sk)) {
+        let pieces = (0..b).flat_map(|bi| {
+            chunks(h, nh).map(move |kv_heads| Split {
+                batch: bi..bi + 1,
+                kv_heads,
+                rows: 0..sq,
+                keys: 0..sk,
+            })
+        });
+        return Ok(pieces.collect());
+    }
+    by_rows_and_keys(shape, limits)
+}
+
+/// One kv head per piece, rows and keys in runs that fit.
+fn by_rows_and_keys(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>> {
+    let (g, d, elem) = (shape.group(), shape.head_dim as u64, limits.elem);
+    if g > limits.max_groups {
+        return Err(Error::GridTooLarge {
+            what: "one kv head's group of query heads",
+            groups: g as u64,
+            max: limits.max_groups as u32,
+        });
+    }
+    let row_bytes = g as u64 * d * elem;
+    let run = |n: usize, cap: usize, bytes: u64| {
+        (limits.max_binding / bytes).min(n.min(cap) as u64) as usize
+    };
+    let rows_per = run(shape.seqlen_q, limits.max_rows, row_bytes);
+    let keys_per = run(shape.seqlen_k, limits.max_keys, d * elem);
+    if rows_per == 0 || keys_per == 0 {
+        return Err(Error::BindingTooLarge {
+            what: "one query row of a kv-head group",
+            bytes: row_bytes,
+            max: limits.max_binding,
+        });
+    }
+    let mut out = Vec::new();
+    for bi in 0..shape.batch {
+        for hk in 0..shape.heads_kv {
+            for rows in chunks(shape.seqlen_q, rows_per) {
+                for keys in chunks(shape.seqlen_k, keys_per) {
+                    out.push(Split {
+                        batch: bi..bi + 1,
+                        kv_heads: hk..hk + 1,
+                        rows: rows.clone(),
+                        keys,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `0..n` in runs of `step`.
+fn chunks(n: usize, step: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..n)
+        .step_by(step.max(1))
+        .map(move |s| s..(s + step).min(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, sq: usize, sk: usize, hq: usize, hk: usize, d: usize) -> AttentionShape {
+        AttentionShape::new(b, sq, sk, hq, hk, d).unwrap()
+    }
+
+    fn limits(
+        max_binding: u64,
+        max_groups: usize,
+        max_rows: usize,
+        max_keys: usize,
+    ) -> PieceLimits {
+        PieceLimits {
+            elem: 4,
+            max_binding,
+            max_groups,
+            max_rows,
+            max_keys,
+        }
+    }
+
+    #[test]
+    fn small_problem_is_one_piece() {
+        let s = shape(2, 100, 50, 4, 2, 64);
+        assert_eq!(
+            split(&s, &limits(1 << 27, 65535, usize::MAX, usize::MAX))
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn sequence_cap_bounds_rows_and_keys() {
+        let s = shape(2, 1000, 700, 4, 2, 64);
+        let pieces = split(&s, &limits(1 << 27, 65535, 256, 256)).unwrap();
+        assert!(pieces
+            .iter()
+            .all(|p| p.rows.len() <= 256 && p.keys.len() <= 256));
+        // Every (batch, kv head) covers 4 row runs × 3 key runs.
+        assert_eq!(pieces.len(), 2 * 2 * 4 * 3);
+        // Only the dimension that is capped is cut.
+        let pieces = split(&s, &limits(1 << 27, 65535, usize::MAX, 256)).unwrap();
+        assert!(pieces
+            .iter()
+            .all(|p| p.rows == (0..1000) && p.keys.len() <= 256));
+        assert_eq!(pieces.len(), 2 * 2 * 3);
+        let pieces = split(&s, &limits(1 << 27, 65535, 300, usize::MAX)).unwrap();
+        assert!(pieces
+            .iter()
+            .all(|p| p.keys == (0..700) && p.rows.len() <= 300));
+        assert_eq!(pieces.len(), 2 * 2 * 4);
+    }
+
+    #[test]
+    fn split_covers_everything_once() {
+        let s = shape(2, 37, 29, 4, 2, 8);
+        for cap in [4096u64, 2048, 512, 64] {
+            let pieces = split(&s, &limits(cap, 65535, usize::MAX, usize::MAX)).unwrap();
+            let mut seen = vec![0u32; s.batch * s.heads_kv * s.seqlen_q * s.seqlen_k];
+            for p in &pieces {
+                let ls = p.shape(&s);
+                for (bytes, _) in piece_bytes(&ls, 4).iter().zip(0..) {
+                    assert!(*bytes <= cap, "{p:?} at cap {cap}");
+                }
+                for b in p.batch.clone() {
+                    for h in p.kv_heads.clone() {
+                        for i in p.rows.clone() {
+                            for j in p.keys.clone() {
+                                seen[((b * s.heads_kv + h) * s.seqlen_q + i) * s.seqlen_k + j] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "cap {cap}");
+        }
+    }
+
+    #[test]
+    fn grid_limit_splits_heads() {
+        let s = shape(1, 4, 4, 8, 8, 4);
+        let pieces = split(&s, &limits(1 << 20, 4, usize::MAX, usize::MAX)).unwrap();
+        assert!(pieces.len() >= 2);
+        assert!(pieces.iter().all(|p| p.kv_heads.len() <= 4));
+    }
+
+    #[test]
+    fn impossible_pieces_are_typed_errors() {
+        let s = shape(1, 8, 8, 4, 1, 64);
+        assert!(matches!(
+            split(&s, &limits(1 << 20, 2, usize::MAX, usize::MAX)),
+            Err(Error::GridTooLarge {
+                groups: 4,
+                max: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            split(&s, &limits(100, 65535, usize::MAX, usize::MAX)),
+            Err(Error::BindingTooLarge {
+                bytes: 1024,
+                max: 100,
+                ..
+            })
+        ));
+    }
+}

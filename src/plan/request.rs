@@ -1,0 +1,143 @@
+//! What the planner is asked: head dim, precision, sequence lengths, and the
+//! caller's overrides; and the two choices it makes before sizing tiles
+//! (kernel family and storage kind).
+
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
+use crate::error::{Error, Result};
+
+/// Which family of kernels a plan runs (forward or backward).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// `flash_fwd.wgsl`, `flash_bwd_*.wgsl`: tiles in workgroup memory, sized
+    /// by the Br/Bc formula. The kernels for GPUs (and for every head dim).
+    #[default]
+    Tiled,
+    /// `flash_fwd_lanes.wgsl`, `flash_bwd_lanes.wgsl`: rows owned by the
+    /// lanes of a subgroup-sized workgroup, the other operand's rows shared
+    /// by subgroup broadcast, no workgroup memory. For CPU adapters, where
+    /// per-invocation memory accesses are what costs.
+    Lanes,
+}
+
+impl KernelFamily {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Tiled => "tiled",
+            KernelFamily::Lanes => "lanes",
+        }
+    }
+}
+
+impl std::str::FromStr for KernelFamily {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "tiled" => Ok(KernelFamily::Tiled),
+            "lanes" => Ok(KernelFamily::Lanes),
+            _ => Err(Error::UnknownName {
+                what: "kernel",
+                name: s.to_string(),
+                expected: "tiled or lanes",
+            }),
+        }
+    }
+}
+
+/// How q, k, v and o are stored in the kernels' storage buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StorageKind {
+    F32,
+    /// f16 pairs packed in `u32`, `unpack2x16float`: runs on every adapter.
+    F16Packed,
+    /// `enable f16;` and `array<f16>`: needs SHADER_F16.
+    F16Native,
+}
+
+impl StorageKind {
+    pub fn precision(self) -> Precision {
+        match self {
+            StorageKind::F32 => Precision::F32,
+            StorageKind::F16Packed | StorageKind::F16Native => Precision::F16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageKind::F32 => "f32",
+            StorageKind::F16Packed => "f16 (packed u32)",
+            StorageKind::F16Native => "f16 (native)",
+        }
+    }
+}
+
+/// Caller overrides of the planner's choices; `None` keeps the planner's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PlanOverrides {
+    pub br: Option<u32>,
+    pub bc: Option<u32>,
+    pub threads_per_row: Option<u32>,
+    /// Cap M below the device's limit (Theorem 2 sweeps, browser-like limits).
+    pub max_workgroup_storage: Option<u32>,
+    /// For f16: force the packed (`false`) or native (`true`) path.
+    pub f16_native: Option<bool>,
+    /// Force the kernel family (`Lanes` needs a CPU adapter with fixed
+    /// subgroups and a head dim that is a multiple of 4 up to 128).
+    pub kernel: Option<KernelFamily>,
+}
+
+impl PlanOverrides {
+    /// Whether any tile parameter is fixed, which only the tiled kernels have.
+    pub fn fixes_tiles(&self) -> bool {
+        self.br.is_some()
+            || self.bc.is_some()
+            || self.threads_per_row.is_some()
+            || self.max_workgroup_storage.is_some()
+    }
+}
+
+/// What the planner is asked to plan for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanRequest {
+    pub head_dim: usize,
+    pub precision: Precision,
+    /// Query rows per (batch, head); Br is not made larger than needed.
+    pub seqlen_q: usize,
+    /// Keys per (batch, head); Bc is not made larger than needed.
+    pub seqlen_k: usize,
+    pub overrides: PlanOverrides,
+}
+
+impl PlanRequest {
+    pub fn new(head_dim: usize, precision: Precision) -> Self {
+        Self {
+            head_dim,
+            precision,
+            seqlen_q: usize::MAX,
+            seqlen_k: usize::MAX,
+            overrides: PlanOverrides::default(),
+        }
+    }
+
+    /// The request for a whole attention problem.
+    pub fn for_shape(
+        shape: &AttentionShape,
+        precision: Precision,
+        overrides: PlanOverrides,
+    ) -> Self {
+        Self::new(shape.head_dim, precision)
+            .seqlens(shape.seqlen_q, shape.seqlen_k)
+            .overrides(overrides)
+    }
+
+    pub fn seqlens(mut self, seqlen_q: usize, seqlen_k: usize) -> Self {
+        self.seqlen_q = seqlen_q;
+        self.seqlen_k = seqlen_k;
+        self
+    }
+
+    pub fn overrides(mut self, overrides: PlanOverrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+}

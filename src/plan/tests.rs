@@ -1,0 +1,396 @@
+//! Unit tests of the planners: made-up limits, no device.
+
+use super::*;
+use crate::api::tensor::Precision;
+use crate::error::Error;
+
+fn caps(kib: u32) -> DeviceCaps {
+    DeviceCaps {
+        max_workgroup_storage: kib * 1024,
+        max_invocations: 1024,
+        max_workgroup_size_x: 1024,
+        shader_f16: false,
+        lane_subgroup: None,
+    }
+}
+
+#[test]
+fn lanes_kernel_on_cpu_adapters_only() {
+    let cpu = DeviceCaps {
+        lane_subgroup: Some(8),
+        ..caps(32)
+    };
+    let p = plan_forward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
+    assert_eq!(p.plan.kernel, KernelFamily::Lanes);
+    assert_eq!((p.plan.br, p.plan.bc, p.plan.threads_per_row), (16, 8, 1));
+    // Every departure from the formula says why.
+    assert_eq!(p.clamps.len(), 2, "{p}");
+    assert!(p.clamps.iter().all(|c| c.reason.contains("lanes kernel")));
+    let short = PlanRequest::new(64, Precision::F32).seqlens(5, 100);
+    assert_eq!(plan_forward(&short, &cpu).unwrap().plan.br, 8);
+    assert_eq!((p.plan.workgroup_size, p.plan.workgroup_bytes), (8, 0));
+    // The formula's values are still reported next to the lanes kernel.
+    assert_eq!((p.plan.bc_formula, p.plan.br_formula), (32, 32));
+    assert!(p.to_string().contains("kernel: lanes"), "{p}");
+    // GPUs, head dims that are not a multiple of 4, and tile overrides: tiled.
+    let gpu = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+    assert_eq!(gpu.plan.kernel, KernelFamily::Tiled);
+    let odd = plan_forward(&PlanRequest::new(59, Precision::F16), &cpu).unwrap();
+    assert_eq!(odd.plan.kernel, KernelFamily::Tiled);
+    let sweep = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        max_workgroup_storage: Some(8192),
+        ..Default::default()
+    });
+    assert_eq!(
+        plan_forward(&sweep, &cpu).unwrap().plan.kernel,
+        KernelFamily::Tiled
+    );
+}
+
+#[test]
+fn either_kernel_can_be_forced_where_it_runs() {
+    let cpu = DeviceCaps {
+        lane_subgroup: Some(8),
+        ..caps(32)
+    };
+    let force = |kernel, d| {
+        plan_forward(
+            &PlanRequest::new(d, Precision::F32).overrides(PlanOverrides {
+                kernel: Some(kernel),
+                ..Default::default()
+            }),
+            &cpu,
+        )
+    };
+    assert_eq!(
+        force(KernelFamily::Tiled, 64).unwrap().plan.kernel,
+        KernelFamily::Tiled
+    );
+    assert!(matches!(
+        force(KernelFamily::Lanes, 62),
+        Err(Error::LanesHeadDim {
+            head_dim: 62,
+            max: 128
+        })
+    ));
+    assert!(matches!(
+        force(KernelFamily::Lanes, 256),
+        Err(Error::LanesHeadDim { head_dim: 256, .. })
+    ));
+    assert_eq!(
+        plan_forward(&PlanRequest::new(256, Precision::F32), &cpu)
+            .unwrap()
+            .plan
+            .kernel,
+        KernelFamily::Tiled
+    );
+    let on_gpu = plan_forward(
+        &PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+            kernel: Some(KernelFamily::Lanes),
+            ..Default::default()
+        }),
+        &caps(32),
+    );
+    assert!(matches!(on_gpu, Err(Error::LanesUnavailable)), "{on_gpu:?}");
+    // The backward follows: lanes where the forward is lanes, else tiles.
+    let bwd = plan_backward(&PlanRequest::new(64, Precision::F32), &cpu).unwrap();
+    assert_eq!(bwd.plan.kernel, KernelFamily::Lanes);
+    assert_eq!((bwd.plan.br, bwd.plan.workgroup_bytes), (8, 0));
+    let bwd = plan_backward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+    assert_eq!(bwd.plan.kernel, KernelFamily::Tiled);
+    assert!(bwd.plan.workgroup_bytes > 0);
+    assert_eq!(
+        "lanes".parse::<KernelFamily>().unwrap(),
+        KernelFamily::Lanes
+    );
+    assert!(matches!(
+        "wide".parse::<KernelFamily>(),
+        Err(Error::UnknownName { what: "kernel", .. })
+    ));
+}
+
+#[test]
+fn formula_is_pinned() {
+    // lavapipe: M = 32 KiB = 8192 f32 elements, d = 64: Bc = ceil(8192/256) = 32.
+    let p = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+    assert_eq!((p.plan.bc_formula, p.plan.br_formula), (32, 32));
+    assert_eq!((p.plan.bc, p.plan.br), (32, 32));
+    assert!(p.plan.workgroup_bytes <= 32 * 1024);
+    // Bc = ceil(M/4d) rounds up: M = 100 KiB, d = 59 → ceil(25600/236) = 109.
+    let p = plan_forward(&PlanRequest::new(59, Precision::F32), &caps(100)).unwrap();
+    assert_eq!(p.plan.bc_formula, 109);
+    assert_eq!(p.plan.br_formula, 59);
+}
+
+#[test]
+fn every_limit_and_head_dim_fits() {
+    for kib in [16, 32, 48, 64, 100, 228] {
+        for d in [32, 64, 128, 256] {
+            let c = caps(kib);
+            let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            let m = kib * 1024 / 4;
+            assert_eq!(
+                p.plan.bc_formula,
+                m.div_ceil(4 * d as u32),
+                "{kib} KiB d {d}"
+            );
+            assert_eq!(p.plan.br_formula, p.plan.bc_formula.min(d as u32));
+            assert!(p.plan.br <= p.plan.br_formula && p.plan.bc <= p.plan.bc_formula);
+            assert_eq!(
+                p.plan.workgroup_bytes,
+                forward_workgroup_bytes(p.plan.br, p.plan.bc, d as u32, p.plan.threads_per_row)
+            );
+            assert!(p.plan.workgroup_bytes <= c.max_workgroup_storage, "{p}");
+            assert!(p.plan.workgroup_size <= c.max_invocations);
+            assert!(p.plan.scores_per_thread() <= MAX_SCORES_PER_THREAD);
+            assert!(p.plan.acc_per_thread() <= MAX_ACC_PER_THREAD);
+            if p.plan.br >= GRANULARITY {
+                assert_eq!(p.plan.br % GRANULARITY, 0);
+            }
+            // Every deviation from the formula is explained.
+            if p.plan.bc != p.plan.bc_formula {
+                assert!(p.clamps.iter().any(|c| c.field == "Bc"), "{p}");
+            }
+            if p.plan.br != p.plan.br_formula {
+                assert!(p.clamps.iter().any(|c| c.field == "Br"), "{p}");
+            }
+        }
+    }
+}
+
+#[test]
+fn larger_memory_never_gives_smaller_tiles() {
+    for d in [32, 64, 128, 256] {
+        let mut last = 0;
+        for kib in [16, 32, 48, 64, 100, 228] {
+            let p = plan_forward(&PlanRequest::new(d, Precision::F32), &caps(kib)).unwrap();
+            assert!(p.plan.bc >= last, "d {d} {kib} KiB");
+            last = p.plan.bc;
+        }
+    }
+}
+
+#[test]
+fn storage_clamp_is_recorded() {
+    // M = 1000 bytes = 250 elements, d = 8: Bc = ceil(250/32) = 8 = Br, but the
+    // tiles plus row partials need 4·(64 + 128 + 64 + 8·8) = 1280 bytes.
+    let c = DeviceCaps {
+        max_workgroup_storage: 1000,
+        ..caps(1)
+    };
+    let p = plan_forward(&PlanRequest::new(8, Precision::F32), &c).unwrap();
+    assert_eq!((p.plan.bc_formula, p.plan.br_formula), (8, 8));
+    assert!(p.plan.workgroup_bytes <= 1000, "{p}");
+    assert!(
+        p.clamps
+            .iter()
+            .any(|c| c.reason.contains("workgroup storage")),
+        "{p}"
+    );
+}
+
+#[test]
+fn invocation_limit_clamps_br() {
+    let c = DeviceCaps {
+        max_invocations: 64,
+        max_workgroup_size_x: 64,
+        ..caps(64)
+    };
+    let p = plan_forward(&PlanRequest::new(64, Precision::F32), &c).unwrap();
+    assert!(p.plan.workgroup_size <= 64);
+    assert!(
+        p.clamps.iter().any(|c| c.reason.contains("invocations")),
+        "{p}"
+    );
+}
+
+#[test]
+fn short_sequences_shrink_tiles() {
+    let p = plan_forward(
+        &PlanRequest::new(64, Precision::F32).seqlens(1, 3),
+        &caps(32),
+    )
+    .unwrap();
+    assert_eq!((p.plan.br, p.plan.bc), (4, 4));
+    assert!(p.clamps.iter().any(|c| c.reason.contains("seqlen_q")));
+}
+
+#[test]
+fn overrides_are_checked() {
+    let req = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        br: Some(64),
+        bc: Some(64),
+        ..Default::default()
+    });
+    let err = plan_forward(&req, &caps(16)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WorkgroupStorage {
+                br: 64,
+                bc: 64,
+                head_dim: 64,
+                max: 16384,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Overrides that fit nothing are errors with their values.
+    let zero = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        br: Some(0),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&zero, &caps(32)),
+        Err(Error::EmptyTile { br: 0, .. })
+    ));
+    let wide = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        br: Some(64),
+        threads_per_row: Some(32),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&wide, &caps(32)),
+        Err(Error::WorkgroupTooLarge {
+            invocations: 2048,
+            max: 1024
+        })
+    ));
+    let few = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        threads_per_row: Some(1),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&few, &caps(32)),
+        Err(Error::RegisterPressure {
+            threads_per_row: 1,
+            ..
+        })
+    ));
+    let over = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        max_workgroup_storage: Some(1 << 20),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&over, &caps(32)),
+        Err(Error::StorageOverride {
+            requested: 1048576,
+            max: 32768
+        })
+    ));
+    let req = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        br: Some(8),
+        bc: Some(16),
+        ..Default::default()
+    });
+    let p = plan_forward(&req, &caps(32)).unwrap();
+    assert_eq!((p.plan.br, p.plan.bc), (8, 16));
+}
+
+#[test]
+fn f16_path_follows_features() {
+    let p = plan_forward(&PlanRequest::new(64, Precision::F16), &caps(32)).unwrap();
+    assert_eq!(p.plan.storage, StorageKind::F16Packed);
+    let c = DeviceCaps {
+        shader_f16: true,
+        ..caps(32)
+    };
+    let p = plan_forward(&PlanRequest::new(64, Precision::F16), &c).unwrap();
+    assert_eq!(p.plan.storage, StorageKind::F16Native);
+    let req = PlanRequest::new(64, Precision::F16).overrides(PlanOverrides {
+        f16_native: Some(true),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&req, &caps(32)),
+        Err(Error::NativeF16Unavailable)
+    ));
+}
+
+#[test]
+fn backward_tiles_are_smaller_and_fit() {
+    for kib in [16, 32, 48, 64, 100, 228] {
+        for d in [32, 64, 128, 256] {
+            let c = caps(kib);
+            let f = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            assert_eq!(p.plan.br, p.plan.bc);
+            assert!(p.plan.br <= f.plan.br, "{kib} KiB d {d}");
+            assert_eq!(
+                p.plan.workgroup_bytes,
+                backward_workgroup_bytes(p.plan.br, d as u32)
+            );
+            assert!(p.plan.workgroup_bytes <= c.max_workgroup_storage);
+            assert!(p.plan.workgroup_size <= c.max_invocations);
+        }
+    }
+    // lavapipe, d = 64: Algorithm 1 gives 32, the backward's six tiles need 24.
+    let p = plan_backward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+    assert!(p.plan.br < 32);
+    assert!(
+        p.clamps.iter().any(|c| c.reason.contains("P and dS")),
+        "{p}"
+    );
+}
+
+#[test]
+fn browser_limits_plan_every_head_dim() {
+    for d in 1..=256 {
+        let c = DeviceCaps::webgpu_default();
+        let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+        assert!(
+            p.plan.workgroup_bytes <= c.max_workgroup_storage,
+            "d {d}: {p}"
+        );
+        assert!(p.plan.workgroup_size <= c.max_invocations, "d {d}: {p}");
+        let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+        assert!(
+            p.plan.workgroup_bytes <= c.max_workgroup_storage,
+            "d {d}: {p}"
+        );
+        assert!(p.plan.workgroup_size <= c.max_invocations, "d {d}: {p}");
+    }
+}
+
+#[test]
+fn tiny_and_odd_head_dims_plan() {
+    for d in [1, 3, 16, 59, 111, 255] {
+        for kib in [16, 32] {
+            let c = DeviceCaps {
+                max_invocations: 256,
+                max_workgroup_size_x: 256,
+                ..caps(kib)
+            };
+            let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
+            assert!(p.plan.workgroup_bytes <= c.max_workgroup_storage);
+            assert!(p.plan.workgroup_size <= 256);
+        }
+    }
+}
+
+/// A plan is a key: `Copy`, `Eq` and `Hash`, with its explanation beside it.
+#[test]
+fn plans_are_plain_values() {
+    fn key<T: Copy + Eq + std::hash::Hash>(_: T) {}
+    let p = plan_forward(&PlanRequest::new(64, Precision::F32), &caps(32)).unwrap();
+    key(p.plan);
+    let mut seen = std::collections::HashSet::new();
+    seen.insert(p.plan);
+    assert!(seen.contains(&p.plan));
+}
+
+#[test]
+fn head_dims_out_of_range_are_typed() {
+    assert!(matches!(
+        plan_forward(&PlanRequest::new(0, Precision::F32), &caps(32)),
+        Err(Error::EmptyDim { dim: "head_dim" })
+    ));
+    assert!(matches!(
+        plan_forward(&PlanRequest::new(300, Precision::F32), &caps(32)),
+        Err(Error::HeadDimTooLarge {
+            head_dim: 300,
+            max: 256
+        })
+    ));
+}

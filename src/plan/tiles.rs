@@ -1,0 +1,203 @@
+//! The planner's result: a [`Plan`] (tile sizes and thread layout, a plain
+//! `Copy + Eq + Hash` value that also keys compiled kernels) and, beside it,
+//! the [`Clamp`]s that explain every departure from FlashAttention's formula.
+//! The workgroup bytes the kernels declare are computed here, from the same
+//! fields the shaders are built from.
+
+use super::request::{KernelFamily, StorageKind};
+
+/// Bytes per on-chip element: tiles are f32 whatever the storage precision.
+pub const WORKING_BYTES: u32 = 4;
+/// Br and Bc are multiples of this (when at least this large).
+pub const GRANULARITY: u32 = 4;
+/// Most scores one invocation holds in registers (Bc / threads_per_row).
+pub const MAX_SCORES_PER_THREAD: u32 = 16;
+/// Most output columns one invocation accumulates (head_dim / threads_per_row).
+pub const MAX_ACC_PER_THREAD: u32 = 32;
+/// Invocations per workgroup the planner aims for. Fewer invocations per
+/// row means more work per invocation between barriers; on lavapipe, 64
+/// measured fastest for both passes (forward Br 32 × 2, backward B 16–24 × 4:
+/// 1.2x and 1.8x less CPU time than 256), and 64 is two warps on NVIDIA.
+pub const TARGET_WORKGROUP: u32 = 64;
+/// Most invocations that share one query row.
+pub const MAX_THREADS_PER_ROW: u32 = 32;
+
+/// Tile sizes and thread layout of the forward or backward kernels.
+///
+/// Each workgroup owns `br` query rows of one (batch, head) and loops over
+/// key/value blocks of `bc` rows; `threads_per_row` invocations share a row.
+/// A lanes plan has one invocation per row and no workgroup storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Plan {
+    pub kernel: KernelFamily,
+    pub head_dim: u32,
+    pub storage: StorageKind,
+    /// M in bytes, as used (the device limit or an override).
+    pub m_bytes: u32,
+    /// The formula's values before clamping: `ceil(M/4d)` and `min(that, d)`.
+    pub bc_formula: u32,
+    pub br_formula: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub threads_per_row: u32,
+    /// Invocations per workgroup.
+    pub workgroup_size: u32,
+    /// Bytes of `var<workgroup>` the kernel declares.
+    pub workgroup_bytes: u32,
+}
+
+impl Plan {
+    /// Scores each invocation holds: `ceil(bc / threads_per_row)`.
+    pub fn scores_per_thread(&self) -> u32 {
+        self.bc.div_ceil(self.threads_per_row)
+    }
+
+    /// Output columns each invocation accumulates: `ceil(d / threads_per_row)`.
+    pub fn acc_per_thread(&self) -> u32 {
+        self.head_dim.div_ceil(self.threads_per_row)
+    }
+
+    /// M in f32 elements.
+    pub fn m_elements(&self) -> u32 {
+        self.m_bytes / WORKING_BYTES
+    }
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "M = {} bytes = {} f32 elements; d = {}; storage {}",
+            self.m_bytes,
+            self.m_elements(),
+            self.head_dim,
+            self.storage.name()
+        )?;
+        writeln!(
+            f,
+            "formula: Bc = ceil(M/4d) = {}, Br = min(Bc, d) = {}",
+            self.bc_formula, self.br_formula
+        )?;
+        if self.kernel == KernelFamily::Lanes {
+            writeln!(
+                f,
+                "kernel: lanes — a CPU adapter with {}-lane subgroups: each lane owns rows, \
+                 K/V rows are shared by subgroup broadcast, no workgroup storage (see the clamps)",
+                self.bc
+            )?;
+        }
+        write!(
+            f,
+            "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
+            self.br, self.bc, self.threads_per_row, self.workgroup_size, self.workgroup_bytes
+        )
+    }
+}
+
+/// One change the planner made to the formula's value, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Clamp {
+    pub field: &'static str,
+    pub from: u32,
+    pub to: u32,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Clamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Clamp {
+            field,
+            from,
+            to,
+            reason,
+        } = self;
+        write!(f, "{field} {from} -> {to}: {reason}")
+    }
+}
+
+/// A plan and the explanation of every clamp that produced it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub plan: Plan,
+    pub clamps: Vec<Clamp>,
+}
+
+impl Planned {
+    /// Record that the planner moved `field` from `from` to `to` (if it did).
+    pub(crate) fn record(&mut self, field: &'static str, from: u32, to: u32, reason: String) {
+        record(&mut self.clamps, field, from, to, reason);
+    }
+}
+
+impl std::fmt::Display for Planned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}", self.plan)?;
+        if self.clamps.is_empty() {
+            return write!(f, "clamps: none");
+        }
+        write!(f, "clamps:")?;
+        for c in &self.clamps {
+            write!(f, "\n  - {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Push a clamp of `field` from `from` to `to` (if it moved).
+pub(crate) fn record(
+    clamps: &mut Vec<Clamp>,
+    field: &'static str,
+    from: u32,
+    to: u32,
+    reason: String,
+) {
+    if from != to {
+        clamps.push(Clamp {
+            field,
+            from,
+            to,
+            reason,
+        });
+    }
+}
+
+/// Workgroup bytes of the forward kernel: Q (Br×d), K and V (Bc×d), P (Br×Bc)
+/// and one partial per invocation for row reductions, all f32.
+pub fn forward_workgroup_bytes(br: u32, bc: u32, head_dim: u32, threads_per_row: u32) -> u32 {
+    WORKING_BYTES * (br * head_dim + 2 * bc * head_dim + br * bc + br * threads_per_row)
+}
+
+/// Workgroup bytes of each backward kernel: Q·scale, dO, K, V tiles (B×d),
+/// P and dS (B×B), and LSE and D per row, all f32.
+pub fn backward_workgroup_bytes(b: u32, head_dim: u32) -> u32 {
+    WORKING_BYTES * (4 * b * head_dim + 2 * b * b + 2 * b)
+}
+
+/// `x` rounded down to a multiple of `g` (unless smaller than `g`).
+pub(crate) fn round_down(x: u32, g: u32) -> u32 {
+    if x >= g {
+        x / g * g
+    } else {
+        x
+    }
+}
+
+/// `x` rounded up to a multiple of `g`, saturating far below `u32::MAX`.
+pub(crate) fn round_up(x: usize, g: u32) -> u32 {
+    let x = x.min(u32::MAX as usize / 2) as u32;
+    x.div_ceil(g) * g
+}
+
+/// The largest power of two `<= x` (1 for 0).
+pub(crate) fn prev_pow2(x: u32) -> u32 {
+    if x == 0 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+/// The next smaller tile size: one granularity step down, at least 1.
+pub(crate) fn shrink(b: u32) -> u32 {
+    round_down(b - 1, GRANULARITY).max(1).min(b - 1)
+}

@@ -1,0 +1,131 @@
+//! Finding adapters and opening a device on one: the adapter's real limits
+//! are requested (the WebGPU defaults would halve the tiles), the features
+//! flashattn uses where offered, and the loop-limit probe runs.
+
+use super::call::{Call, Dispatch};
+use super::gpu::Gpu;
+use super::loop_limit::LoopLimit;
+use crate::error::{Error, Result};
+use crate::kernels::loop_probe::PROBE_BOUND;
+use crate::kernels::LoopProbe;
+
+/// Features flashattn uses when the adapter has them.
+fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
+    adapter
+        & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP)
+}
+
+/// Whether an adapter runs on the CPU (llvmpipe over Vulkan or GL,
+/// SwiftShader, WARP) rather than on GPU hardware.
+pub fn is_software(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+/// How good an adapter is for attention: hardware before software, and
+/// Vulkan, Metal or DX12 before GL (no f16, no subgroups, slow compiles).
+#[cfg(not(target_arch = "wasm32"))]
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    (kind, (info.backend == wgpu::Backend::Gl) as u8)
+}
+
+/// The instance descriptor: `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts
+/// the backends when set; else `backends`.
+fn descriptor(backends: wgpu::Backends) -> (wgpu::InstanceDescriptor, bool) {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    let from_env = std::env::var_os("WGPU_BACKEND").is_some();
+    if !from_env {
+        desc.backends = backends;
+    }
+    (desc, from_env)
+}
+
+/// Every adapter this machine offers, best first. GL is tried only when
+/// Vulkan, Metal and DX12 offer nothing (or `WGPU_BACKEND` asks for it).
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn adapters() -> Vec<wgpu::Adapter> {
+    let mut found = Vec::new();
+    for backends in [wgpu::Backends::PRIMARY, wgpu::Backends::SECONDARY] {
+        let (desc, from_env) = descriptor(backends);
+        let instance = wgpu::Instance::new(desc);
+        found = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        if !found.is_empty() || from_env {
+            break;
+        }
+    }
+    found.sort_by_key(|a| rank(&a.get_info()));
+    found
+}
+
+/// The best adapter (the browser's on the web).
+pub async fn best_adapter() -> Result<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(a) = adapters().await.into_iter().next() {
+        return Ok(a);
+    }
+    // Nothing enumerated (or the web): ask, to get wgpu's reason with the error.
+    let (desc, _) = descriptor(wgpu::Backends::all());
+    let options = wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    };
+    wgpu::Instance::new(desc)
+        .request_adapter(&options)
+        .await
+        .map_err(|source| Error::NoAdapter { source })
+}
+
+/// A device on `adapter` with its real limits, probed for its loop limit.
+pub async fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+    let info = adapter.get_info();
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("flashattn"),
+            required_features: wanted_features(adapter.features()),
+            required_limits: adapter.limits(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|source| Error::RequestDevice {
+            adapter: info.name.clone(),
+            source,
+        })?;
+    wrap(device, queue, info).await
+}
+
+/// A [`Gpu`] on an existing device, probed for its loop limit.
+pub async fn wrap(
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+) -> Result<Gpu> {
+    let mut gpu = Gpu::new(device, queue, info);
+    probe(&mut gpu).await?;
+    Ok(gpu)
+}
+
+/// Run the loop-limit probe on `gpu` and record what it finds.
+async fn probe(gpu: &mut Gpu) -> Result<()> {
+    let done = {
+        let mut call = Call::new(gpu, None);
+        let words = call.upload("loop probe", bytemuck::cast_slice(&[PROBE_BOUND, 0]))?;
+        let dispatch = Dispatch {
+            kernel: LoopProbe.into(),
+            uniforms: Vec::new(),
+            buffers: vec![(0, &words)],
+            grid: [1, 1, 1],
+            walk: None,
+        };
+        call.run(&[dispatch]).await?;
+        let bytes = call.read(&[(&words, 8)]).await?;
+        bytemuck::pod_read_unaligned::<u32>(&bytes[0][4..8])
+    };
+    gpu.loop_limit = LoopLimit::new((done < PROBE_BOUND).then_some(done));
+    Ok(())
+}

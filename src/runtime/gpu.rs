@@ -1,0 +1,145 @@
+//! The device flashattn runs on: wgpu handles, what the adapter offers, the
+//! engine's settings, and the shared state calls use (pipelines, buffers,
+//! the loop limit, errors no scope captured).
+
+use super::buffers::BufferPool;
+use super::loop_limit::LoopLimit;
+use super::pipelines::PipelineCache;
+use crate::error::{Error, Result};
+use crate::kernels::{LoopCheck, Variant};
+use crate::plan::DeviceCaps;
+use std::sync::{Arc, Mutex};
+
+/// Settings that change what the planner sees or what kernels carry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Settings {
+    /// Pretend storage bindings hold at most this many bytes.
+    pub binding_cap: Option<u64>,
+    /// Plan with at most this much workgroup storage.
+    pub workgroup_storage_cap: Option<u32>,
+    /// Never plan the lanes kernels.
+    pub tiled_only: bool,
+    /// Do not split calls by the predicted loop count (the guard still
+    /// catches kernels cut short): for testing the guard.
+    pub no_loop_prediction: bool,
+    /// Kernels measure the loop iterations they take instead of guarding
+    /// (testing the loop model; adapters with a loop limit only).
+    pub loop_meter: bool,
+}
+
+/// One wgpu device and everything calls on it share.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    pub settings: Settings,
+    /// Two atomic words (reads, writes) when kernels count their accesses.
+    pub io_counter: Option<wgpu::Buffer>,
+    pub loop_limit: LoopLimit,
+    pub pipelines: PipelineCache,
+    pub pool: BufferPool,
+    /// The first device error no scope captured, reported by the next call.
+    pub uncaptured: Arc<Mutex<Option<String>>>,
+}
+
+impl Gpu {
+    /// Wrap a device (its limits and features are read from it). The loop
+    /// limit is unknown until [`Gpu::probe_loop_limit`] runs.
+    pub fn new(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let uncaptured = Arc::new(Mutex::new(None));
+        let slot = uncaptured.clone();
+        // Errors are captured by scopes around every call; anything that
+        // escapes them is kept for the next call to report, rather than
+        // aborting the host program or printing.
+        device.on_uncaptured_error(Arc::new(move |e| {
+            if let Ok(mut s) = slot.lock() {
+                s.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        Self {
+            limits: device.limits(),
+            features: device.features(),
+            device,
+            queue,
+            info,
+            settings: Settings::default(),
+            io_counter: None,
+            loop_limit: LoopLimit::default(),
+            pipelines: PipelineCache::default(),
+            pool: BufferPool::default(),
+            uncaptured,
+        }
+    }
+
+    /// The limits the planner sees.
+    pub fn caps(&self) -> DeviceCaps {
+        let mut caps = DeviceCaps::from_adapter(&self.limits, self.features, &self.info);
+        if let Some(cap) = self.settings.workgroup_storage_cap {
+            caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
+        }
+        if self.settings.tiled_only {
+            caps.lane_subgroup = None;
+        }
+        caps
+    }
+
+    /// The kernel variant for these flags on this device (instrumented, guarded).
+    pub fn variant(&self, masked: bool, softcap: bool) -> Variant {
+        Variant {
+            masked,
+            softcap,
+            count_io: self.io_counter.is_some(),
+            loop_check: match (self.loop_limit.limit(), self.settings.loop_meter) {
+                (None, _) => LoopCheck::Off,
+                (Some(_), false) => LoopCheck::Guard,
+                (Some(_), true) => LoopCheck::Meter,
+            },
+        }
+    }
+
+    /// Largest byte size one storage binding may have.
+    pub fn max_binding(&self) -> u64 {
+        let device = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        self.settings.binding_cap.map_or(device, |c| c.min(device))
+    }
+
+    /// Most workgroups per dispatch dimension.
+    pub fn max_groups(&self) -> u32 {
+        self.limits.max_compute_workgroups_per_dimension
+    }
+
+    /// One line naming the adapter and backend.
+    pub fn describe(&self) -> String {
+        let i = &self.info;
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            i.name, i.backend, i.device_type, i.driver, i.driver_info
+        )
+    }
+
+    /// The device error no scope captured since the last call, if any.
+    pub fn take_uncaptured(&self) -> Result<()> {
+        let mut slot = self.uncaptured.lock().map_err(|_| Error::Poisoned {
+            what: "the uncaptured-error slot",
+        })?;
+        match slot.take() {
+            Some(message) => Err(Error::Uncaptured { message }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("loop_limit", &self.loop_limit.limit())
+            .finish()
+    }
+}

@@ -1,0 +1,16 @@
+//! The wgpu runtime: the device and its settings ([`Gpu`]), adapters and
+//! device creation, compiled pipelines by kernel key, pooled buffers, one
+//! call's dispatches and readbacks, and the adapter's loop limit.
+
+pub mod adapter;
+pub mod buffers;
+pub mod call;
+pub mod gpu;
+pub mod loop_limit;
+pub mod pipelines;
+pub mod scope;
+pub mod submit;
+
+pub use buffers::padded;
+pub use call::{Call, Dispatch};
+pub use gpu::{Gpu, Settings};

@@ -1,0 +1,164 @@
+//! The loop model against the driver. On an adapter with a loop limit
+//! (llvmpipe), kernels built with the meter (`Engine::with_loop_meter`)
+//! report the loop iterations they took, as the limit counts them; each
+//! kernel's model (`loop_cost`, from its plan) must never predict fewer —
+//! else calls would run past the limit and need the guard — and not many
+//! more, else calls would be cut into more pieces than needed.
+
+mod common;
+
+use common::{engine, output_grad, Case};
+use flashattn::kernels::loops::GUARD;
+use flashattn::kernels::{BackwardPart, FlashBackward, FlashForward, LoopCost, Variant};
+use flashattn::{BackwardInputs, Engine, KernelFamily, PlanOverrides, Precision, TensorView};
+use std::sync::OnceLock;
+
+/// An engine whose kernels meter their loops, where the adapter has a limit.
+fn metered() -> Option<&'static Engine> {
+    let e = engine()?;
+    if e.loop_limit().is_none() {
+        eprintln!("SKIPPED: {} has no loop limit to model", e.describe());
+        return None;
+    }
+    static METERED: OnceLock<Engine> = OnceLock::new();
+    Some(METERED.get_or_init(|| Engine::new().unwrap().with_loop_meter()))
+}
+
+fn tiled() -> PlanOverrides {
+    PlanOverrides {
+        kernel: Some(KernelFamily::Tiled),
+        ..Default::default()
+    }
+}
+
+/// Tiled kernels with these tiles (small ones have loops llvmpipe unrolls).
+fn tiles(b: u32, threads_per_row: u32) -> PlanOverrides {
+    PlanOverrides {
+        br: Some(b),
+        bc: Some(b),
+        threads_per_row: Some(threads_per_row),
+        ..tiled()
+    }
+}
+
+/// Tiled kernels planned for a browser's 16 KiB of workgroup storage.
+fn browser() -> PlanOverrides {
+    PlanOverrides {
+        max_workgroup_storage: Some(16384),
+        ..tiled()
+    }
+}
+
+/// `measured` within the model's prediction, and the prediction tight. The
+/// meter takes the guard's place, so its iterations are not measured.
+fn assert_modeled(what: &str, cost: &LoopCost, len: usize, measured: u32) {
+    let predicted = cost.iterations(len) - GUARD;
+    let m = measured as u64;
+    eprintln!("{what} over {len}: measured {m}, predicted {predicted}");
+    assert!(
+        m <= predicted && predicted <= m + m / 4 + 32,
+        "{what} over {len}: measured {m} loop iterations, the model predicts {predicted} ({cost:?})"
+    );
+}
+
+/// The iterations the call's `kernel` took.
+fn measured(stats: &flashattn::CallStats, kernel: &str) -> u32 {
+    let found = stats.loop_iterations.iter().find(|(k, _)| *k == kernel);
+    found
+        .map(|(_, n)| *n)
+        .unwrap_or_else(|| panic!("{kernel} was not metered: {stats:?}"))
+}
+
+#[test]
+fn forward_loops_are_modeled() {
+    let Some(e) = metered() else { return };
+    let cases = [
+        (64, PlanOverrides::default()),
+        (128, PlanOverrides::default()),
+        (16, tiled()),
+        (59, tiled()),
+        (64, tiled()),
+        (128, tiled()),
+        (256, tiled()),
+        (64, browser()),
+        (256, browser()),
+        (16, tiles(4, 1)),
+        (64, tiles(4, 2)),
+        (64, tiles(8, 4)),
+        (32, tiles(8, 8)),
+        (256, tiles(4, 16)),
+    ];
+    for (d, overrides) in cases {
+        for keys in [96, 384] {
+            let case = Case::new(64, keys, d).heads(1, 1).overrides(overrides);
+            let inputs = case.inputs();
+            let [q, k, v] = inputs.views();
+            let out = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
+            let plan = out.stats.plan.unwrap();
+            let kernel = FlashForward {
+                plan,
+                variant: Variant::default(),
+            };
+            let what = format!("{} forward d {d}", plan.kernel.name());
+            assert_modeled(
+                &what,
+                &kernel.loop_cost(),
+                keys,
+                measured(&out.stats, FlashForward::NAME),
+            );
+        }
+    }
+}
+
+#[test]
+fn backward_loops_are_modeled() {
+    let Some(e) = metered() else { return };
+    for (d, overrides) in [
+        (64, PlanOverrides::default()),
+        (59, tiled()),
+        (64, tiled()),
+        (128, tiled()),
+        (256, tiled()),
+        (64, browser()),
+        (256, browser()),
+        (16, tiles(4, 1)),
+        (64, tiles(4, 4)),
+        (64, tiles(8, 4)),
+        (32, tiles(8, 8)),
+        (256, tiles(4, 16)),
+    ] {
+        for (heads, len) in [((1, 1), 96), ((2, 1), 200)] {
+            let case = Case::new(len, len, d)
+                .heads(heads.0, heads.1)
+                .overrides(overrides);
+            let inputs = case.inputs();
+            let [q, k, v] = inputs.views();
+            let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
+            let (g, _) = output_grad(&case);
+            let d_o = TensorView::f32(inputs.q_shape, &g);
+            let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+            let out = e
+                .backward_with(&bwd_inputs, &case.opts, &overrides)
+                .unwrap();
+            let plan = e
+                .plan_backward(&fwd.shape, Precision::F32, &overrides)
+                .unwrap()
+                .plan;
+            let group = (heads.0 / heads.1) as u32;
+            for part in [BackwardPart::DkDv, BackwardPart::Dq] {
+                let kernel = FlashBackward {
+                    part,
+                    plan,
+                    variant: Variant::default(),
+                };
+                let what = format!(
+                    "{} {} d {d} group {group}",
+                    plan.kernel.name(),
+                    kernel.name()
+                );
+                let cost = kernel.loop_cost(group);
+                assert_modeled(&what, &cost, len, measured(&out.stats, kernel.name()));
+            }
+        }
+    }
+}
