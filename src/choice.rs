@@ -1,12 +1,9 @@
 //! `--backend auto`, decided by what is faster for the problem (SPEC.md): a
-//! hardware GPU when there is one; where the only adapters run on the CPU,
-//! each that has its fast (lanes) kernels for the problem is timed against
-//! the CPU backend on a slice of the problem, and the faster wins. Software
-//! adapters without them would run the tiled kernels, which are shaped for
-//! GPUs: on a CPU every per-invocation load they make is a loop over the
-//! SIMD lanes, and under llvmpipe's GL driver their first compile takes
-//! minutes; such adapters are passed over for the CPU backend, and the
-//! reason says so.
+//! hardware GPU when there is one; where the only adapters run on the CPU
+//! (llvmpipe over Vulkan or GL, SwiftShader, WARP), each is timed against
+//! the CPU backend on a slice of the problem, with the kernels it would run
+//! (lanes where it has fixed-size subgroups, else tiled), and the fastest
+//! wins. The reason given carries the times.
 
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
@@ -15,7 +12,7 @@ use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::cpu;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::plan::{plan_forward, DeviceCaps, KernelFamily, PlanRequest};
+use crate::plan::{plan_forward, PlanRequest};
 use crate::random::Rng;
 use crate::runtime::adapter::{adapters, is_software};
 use web_time::Instant;
@@ -47,58 +44,54 @@ pub async fn choose(workload: &Workload) -> Result<Decision> {
     let found = adapters().await;
     let Some(best) = found.first() else {
         return Ok(Decision::Cpu(
-            "no GPU adapter found; the CPU backend".into(),
+            "no GPU adapter found: the CPU backend".into(),
         ));
     };
-    let info = best.get_info();
-    if !is_software(&info) {
+    if !is_software(&best.get_info()) {
         let engine = Engine::from_adapter(best).await?;
         let why = format!("a hardware GPU: {}", engine.describe());
         return Ok(Decision::Gpu(Box::new(engine), why));
     }
-    let mut passed = Vec::new();
-    for adapter in &found {
-        let info = adapter.get_info();
-        let caps = DeviceCaps::from_adapter(&adapter.limits(), adapter.features(), &info);
-        let req = PlanRequest::for_shape(&workload.shape, workload.precision, Default::default());
-        if plan_forward(&req, &caps)?.plan.kernel == KernelFamily::Lanes {
-            let engine = Engine::from_adapter(adapter).await?;
-            return race(engine, workload).await;
-        }
-        passed.push(format!("{} ({:?})", info.name, info.backend));
-    }
-    Ok(Decision::Cpu(format!(
-        "the only adapters run on the CPU ({}) and have no lanes kernels for this problem \
-         (no fixed-size subgroups, or head_dim not a multiple of 4 up to 128): their tiled \
-         kernels are built for GPUs and run slower than the CPU backend there",
-        passed.join(", ")
-    )))
-}
-
-/// Time a slice of the workload on the engine and on the CPU backend.
-async fn race(engine: Engine, w: &Workload) -> Result<Decision> {
-    let slice = Slice::new(w);
+    let slice = Slice::new(workload);
     let views = slice.views();
-    // The first GPU run compiles the kernels; it is not timed.
-    slice.run_gpu(&engine, &views).await?;
-    let gpu = slice.run_gpu(&engine, &views).await?;
     let cpu = slice.run_cpu(&views)?;
+    let mut timed = Vec::new();
+    let mut fastest: Option<(Engine, f64)> = None;
+    for adapter in &found {
+        let engine = Engine::from_adapter(adapter).await?;
+        // The first run compiles the kernels; it is not timed.
+        slice.run_gpu(&engine, &views).await?;
+        let t = slice.run_gpu(&engine, &views).await?;
+        timed.push(format!("{} {:.1} ms", label(&engine, workload), t * 1e3));
+        if fastest.as_ref().is_none_or(|(_, best)| t < *best) {
+            fastest = Some((engine, t));
+        }
+    }
     let s = &slice.shape;
     let what = format!(
-        "{} is a CPU adapter; on a slice of this problem ({} × {} tokens, {} heads{}) its lanes kernels took {:.1} ms and the CPU backend {:.1} ms",
-        engine.adapter_info().name,
+        "the only adapters run on the CPU; on a slice of this problem ({} × {} tokens, {} heads{}) {} and the CPU backend {:.1} ms",
         s.seqlen_q,
         s.seqlen_k,
         s.heads_q,
-        if w.backward { ", forward and backward" } else { "" },
-        gpu * 1e3,
+        if workload.backward { ", forward and backward" } else { "" },
+        timed.join(", "),
         cpu * 1e3
     );
-    Ok(if gpu <= cpu {
-        Decision::Gpu(Box::new(engine), format!("{what}: using wgpu"))
-    } else {
-        Decision::Cpu(format!("{what}: using the CPU backend"))
+    Ok(match fastest {
+        Some((engine, t)) if t <= cpu => {
+            let why = format!("{what}: using {}", engine.adapter_info().name);
+            Decision::Gpu(Box::new(engine), why)
+        }
+        _ => Decision::Cpu(format!("{what}: using the CPU backend")),
     })
+}
+
+/// An adapter and the kernels it runs for the workload, for the reason.
+fn label(engine: &Engine, w: &Workload) -> String {
+    let info = engine.adapter_info();
+    let req = PlanRequest::for_shape(&w.shape, w.precision, Default::default());
+    let kernels = plan_forward(&req, &engine.caps()).map_or("no", |p| p.plan.kernel.name());
+    format!("{} ({:?}, {kernels} kernels) took", info.name, info.backend)
 }
 
 /// Seeded inputs of the slice `auto` times.

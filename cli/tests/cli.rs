@@ -481,6 +481,42 @@ fn demo_runs_and_passes() {
     }
 }
 
+/// Without a Vulkan driver (hidden here), `auto` still finds the fastest
+/// path — the CPU backend, or llvmpipe over GL where Mesa's GL driver is
+/// installed and faster — says why, and the demo passes quickly.
+#[test]
+fn demo_without_vulkan_chooses_and_says_why() {
+    let start = std::time::Instant::now();
+    let out = bin()
+        .env("VK_ICD_FILENAMES", "/nonexistent")
+        .args([
+            "demo",
+            "--seqlen",
+            "256",
+            "--heads",
+            "2",
+            "--head-dim",
+            "32",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let why = text
+        .lines()
+        .find(|l| l.starts_with("why: "))
+        .unwrap_or_default();
+    assert!(why.contains("CPU") || why.contains("took"), "{text}");
+    let backend = text.lines().find(|l| l.starts_with("backend: ")).unwrap_or_default();
+    assert!(!backend.contains("Vulkan"), "{text}");
+    assert!(text.contains("PASS"), "{text}");
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
+}
+
 fn backward_cmd(f: &Files, extra: &[&str]) -> Output {
     let files = [
         ("--q", "q.npy"),

@@ -32,6 +32,8 @@ pub struct Call<'g> {
     pub stats: CallStats,
     /// Pooled buffers in use, given back when the call ends.
     held: Vec<wgpu::Buffer>,
+    /// Uploads written to the queue but not yet submitted.
+    uploads_pending: bool,
 }
 
 impl<'g> Call<'g> {
@@ -44,6 +46,7 @@ impl<'g> Call<'g> {
                 ..Default::default()
             },
             held: Vec::new(),
+            uploads_pending: false,
         }
     }
 
@@ -62,6 +65,7 @@ impl<'g> Call<'g> {
     pub fn upload(&mut self, label: &'static str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let b = self.storage(label, bytes.len() as u64)?;
         write_padded(&self.gpu.queue, &b, bytes);
+        self.uploads_pending = true;
         Ok(b)
     }
 
@@ -84,6 +88,11 @@ impl<'g> Call<'g> {
         let mut pipelines = Vec::with_capacity(dispatches.len());
         for d in dispatches {
             pipelines.push(gpu.pipelines.get(&gpu.device, &d.kernel).await?);
+        }
+        if std::mem::take(&mut self.uploads_pending) {
+            // Copy the inputs in a submission of their own, so the kernels'
+            // time is theirs alone.
+            submit(gpu, gpu.device.create_command_encoder(&Default::default())).await?;
         }
         let flags = self.loop_flags(dispatches)?;
         let uniforms = self.uniforms(dispatches)?;
