@@ -407,6 +407,28 @@ fn matmul_ceiling_runs_and_reports_its_flops() {
     assert!(r.gflops() > 0.0 && r.gflops().is_finite());
 }
 
+/// q, k, v of `inputs` (f32), a zeroed o, and an lse buffer of `lse` on
+/// the engine's device.
+fn attention_buffers(
+    e: &flashattn::Engine,
+    inputs: &common::Inputs,
+    lse: &[f32],
+) -> [wgpu::Buffer; 5] {
+    let make = |data: &[f32]| device_buffer(e, data);
+    [
+        make(&inputs.q),
+        make(&inputs.k),
+        make(&inputs.v),
+        make(&vec![0.0; inputs.q.len()]),
+        make(lse),
+    ]
+}
+
+fn views(b: &[wgpu::Buffer; 5]) -> flashattn::AttentionBuffers<'_> {
+    let [q, k, v, o, lse] = b;
+    flashattn::AttentionBuffers { q, k, v, o, lse }
+}
+
 /// A storage buffer on the engine's device holding `data` (and copyable out).
 fn device_buffer(e: &flashattn::Engine, data: &[f32]) -> wgpu::Buffer {
     use wgpu::util::DeviceExt;
@@ -426,20 +448,13 @@ fn buffer_api_keeps_data_on_gpu() {
     let [q, k, v] = inputs.views();
     let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
     let dev = e.device();
-    let make = |data: &[f32]| device_buffer(e, data);
-    let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
-    let ob = make(&vec![0.0; inputs.q.len()]);
     // Guard region after lse: it must stay untouched.
     let lse_len = expected.lse.len();
-    let lb = make(&vec![1234.5; lse_len + 64]);
+    let buffers = attention_buffers(e, &inputs, &vec![1234.5; lse_len + 64]);
+    let bufs = views(&buffers);
+    let (ob, lb) = (&buffers[3], &buffers[4]);
+    let make = |data: &[f32]| device_buffer(e, data);
     let shape = expected.shape;
-    let bufs = flashattn::AttentionBuffers {
-        q: &qb,
-        k: &kb,
-        v: &vb,
-        o: &ob,
-        lse: &lb,
-    };
     e.forward_buffers(
         &bufs,
         &shape,
@@ -463,8 +478,8 @@ fn buffer_api_keeps_data_on_gpu() {
         let v = bytemuck::pod_collect_to_vec(&staging.slice(..).get_mapped_range().unwrap());
         v
     };
-    assert_eq!(read(&ob), expected.o.to_f32());
-    let lse = read(&lb);
+    assert_eq!(read(ob), expected.o.to_f32());
+    let lse = read(lb);
     assert_eq!(&lse[..lse_len], &expected.lse[..]);
     assert!(
         lse[lse_len..].iter().all(|&x| x == 1234.5),
@@ -582,16 +597,8 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     // The device-buffer API cannot split, so past llvmpipe's loop limit it errs.
     let case = Case::new(64, 2048, 256).heads(1, 1);
     let inputs = case.inputs();
-    let make = |data: &[f32]| device_buffer(e, data);
-    let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
-    let (ob, lb) = (make(&vec![0.0; inputs.q.len()]), make(&[0.0; 64]));
-    let bufs = flashattn::AttentionBuffers {
-        q: &qb,
-        k: &kb,
-        v: &vb,
-        o: &ob,
-        lse: &lb,
-    };
+    let buffers = attention_buffers(e, &inputs, &[0.0; 64]);
+    let bufs = views(&buffers);
     let shape = flashattn::AttentionShape {
         batch: 1,
         seqlen_q: 64,
@@ -610,16 +617,8 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     );
     // ...and caught by the guard when the prediction is off.
     let blind = flashattn::Engine::new().unwrap().without_loop_prediction();
-    let make = |data: &[f32]| device_buffer(&blind, data);
-    let (qb, kb, vb) = (make(&inputs.q), make(&inputs.k), make(&inputs.v));
-    let (ob, lb) = (make(&vec![0.0; inputs.q.len()]), make(&[0.0; 64]));
-    let bufs = flashattn::AttentionBuffers {
-        q: &qb,
-        k: &kb,
-        v: &vb,
-        o: &ob,
-        lse: &lb,
-    };
+    let buffers = attention_buffers(&blind, &inputs, &[0.0; 64]);
+    let bufs = views(&buffers);
     let err = blind
         .forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
         .unwrap_err();

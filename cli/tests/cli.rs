@@ -132,6 +132,15 @@ impl Files {
     }
 }
 
+/// A zero exit (else the stderr it printed).
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Non-zero exit, exactly one non-empty stderr line mentioning `needle`, no o.npy.
 fn assert_bad(files: &Files, out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -189,11 +198,7 @@ fn forward_cpu_matches_reference() {
         "--lse",
         lse.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let (lshape, _) = read_f32(&lse);
     assert_eq!(lshape, vec![2, 4, 37]);
     let opts = AttentionOptions {
@@ -224,11 +229,7 @@ fn forward_wgpu_matches_reference() {
         "--lse",
         lse.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let opts = AttentionOptions {
         softcap: Some(4.0),
         scale: Some(0.2),
@@ -239,11 +240,7 @@ fn forward_wgpu_matches_reference() {
     // Either forward kernel on request (lanes only where the adapter has it).
     let lse = lse.to_str().unwrap();
     let out = f.forward(&["--backend", "wgpu", "--kernel", "tiled", "--lse", lse]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     check_o(
         &f,
         [[1, 50, 2, 40], [1, 33, 1, 40]],
@@ -252,11 +249,7 @@ fn forward_wgpu_matches_reference() {
     );
     let lanes = f.forward(&["--backend", "wgpu", "--kernel", "lanes", "--lse", lse]);
     if engine().is_some_and(|e| e.caps().lane_subgroup.is_some()) {
-        assert!(
-            lanes.status.success(),
-            "{}",
-            String::from_utf8_lossy(&lanes.stderr)
-        );
+        assert_ok(&lanes);
         check_o(
             &f,
             [[1, 50, 2, 40], [1, 33, 1, 40]],
@@ -422,11 +415,7 @@ fn plan_shows_formula_and_clamps() {
     }
     let out = bin().args(["plan", "--head-dim", "64"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     for needle in [
         "adapter:",
         "max_compute_workgroup_storage_size",
@@ -511,7 +500,10 @@ fn demo_without_vulkan_chooses_and_says_why() {
         .find(|l| l.starts_with("why: "))
         .unwrap_or_default();
     assert!(why.contains("CPU") || why.contains("took"), "{text}");
-    let backend = text.lines().find(|l| l.starts_with("backend: ")).unwrap_or_default();
+    let backend = text
+        .lines()
+        .find(|l| l.starts_with("backend: "))
+        .unwrap_or_default();
     assert!(!backend.contains("Vulkan"), "{text}");
     assert!(text.contains("PASS"), "{text}");
     assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());

@@ -18,6 +18,19 @@ pub struct ForwardOutput {
 }
 
 impl ForwardOutput {
+    /// The output of a forward over `shape`: `o` in q's layout.
+    pub fn new(shape: AttentionShape, o: TensorData, lse: Vec<f32>, stats: CallStats) -> Self {
+        Self {
+            o: Tensor {
+                shape: shape.q_shape().to_vec(),
+                data: o,
+            },
+            lse,
+            shape,
+            stats,
+        }
+    }
+
     /// The LSE as an owned `(batch, heads_q, seqlen_q)` tensor.
     pub fn lse_tensor(&self) -> Tensor {
         Tensor {
@@ -35,6 +48,22 @@ pub struct BackwardOutput {
     pub dv: Tensor,
     /// What the call did on the device (empty on the CPU backend).
     pub stats: CallStats,
+}
+
+impl BackwardOutput {
+    /// The gradients of a backward over `shape`, in q's and k's layouts.
+    pub fn new(shape: &AttentionShape, [dq, dk, dv]: [TensorData; 3], stats: CallStats) -> Self {
+        let tensor = |shape: [usize; 4], data| Tensor {
+            shape: shape.to_vec(),
+            data,
+        };
+        Self {
+            dq: tensor(shape.q_shape(), dq),
+            dk: tensor(shape.kv_shape(), dk),
+            dv: tensor(shape.kv_shape(), dv),
+            stats,
+        }
+    }
 }
 
 /// Elements read from and written to storage buffers ("HBM accesses").

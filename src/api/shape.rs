@@ -93,16 +93,8 @@ impl AttentionShape {
                 });
             }
         }
-        for (name, t) in [("k", k), ("v", v)] {
-            if t.precision() != q.precision() {
-                return Err(Error::DtypeMismatch {
-                    tensor: name,
-                    dtype: t.precision().name(),
-                    like: "q",
-                    expected: q.precision().name(),
-                });
-            }
-        }
+        same_dtype(k, q, "k")?;
+        same_dtype(v, q, "v")?;
         Self::new(b, sq, sk, hq, hk, d)
     }
 
@@ -117,15 +109,7 @@ impl AttentionShape {
                 expected: self.q_shape().to_vec(),
             });
         }
-        if t.precision() != q.precision() {
-            return Err(Error::DtypeMismatch {
-                tensor: name,
-                dtype: t.precision().name(),
-                like: "q",
-                expected: q.precision().name(),
-            });
-        }
-        Ok(())
+        same_dtype(t, q, name)
     }
 
     /// Query heads per kv head.
@@ -156,6 +140,19 @@ impl AttentionShape {
     pub fn lse_len(&self) -> usize {
         self.batch * self.heads_q * self.seqlen_q
     }
+}
+
+/// `t` (called `name`) must have q's dtype.
+fn same_dtype(t: &TensorView, q: &TensorView, name: &'static str) -> Result<()> {
+    if t.precision() != q.precision() {
+        return Err(Error::DtypeMismatch {
+            tensor: name,
+            dtype: t.precision().name(),
+            like: "q",
+            expected: q.precision().name(),
+        });
+    }
+    Ok(())
 }
 
 /// Flat index arithmetic of the `(batch, seq, heads, dim)` layout.

@@ -15,7 +15,7 @@ use crate::api::inputs::BackwardInputs;
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{BackwardOutput, CallStats};
 use crate::api::shape::{lse_index, AttentionShape, Layout};
-use crate::api::tensor::{Precision, Tensor, TensorData};
+use crate::api::tensor::{Precision, TensorData};
 use crate::error::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -81,16 +81,8 @@ pub fn backward(inputs: &BackwardInputs, opts: &AttentionOptions) -> Result<Back
         lse: i.lse,
     };
     let [dq, dk, dv] = gradients(&shape, &tensors, opts, precision);
-    let tensor = |shape: [usize; 4], x: Vec<f32>| Tensor {
-        shape: shape.to_vec(),
-        data: TensorData::from_f32(x, precision),
-    };
-    Ok(BackwardOutput {
-        dq: tensor(shape.q_shape(), dq),
-        dk: tensor(shape.kv_shape(), dk),
-        dv: tensor(shape.kv_shape(), dv),
-        stats: CallStats::default(),
-    })
+    let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, precision));
+    Ok(BackwardOutput::new(&shape, grads, CallStats::default()))
 }
 
 /// Gradients `[dq, dk, dv]` in the standard layouts, rounded to `precision`.

@@ -4,7 +4,7 @@
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::shape::{lse_index, AttentionShape, Layout};
-use crate::api::tensor::{Precision, Tensor, TensorData, TensorView};
+use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::Result;
 use rayon::prelude::*;
 
@@ -56,15 +56,8 @@ pub fn forward(
         .collect();
     let blocks: Vec<Block> = tasks.par_iter().map(|&t| p.block(t)).collect();
     let (o, lse) = p.assemble(&tasks, blocks);
-    Ok(ForwardOutput {
-        o: Tensor {
-            shape: shape.q_shape().to_vec(),
-            data: TensorData::from_f32(o, p.precision),
-        },
-        lse,
-        shape,
-        stats: CallStats::default(),
-    })
+    let o = TensorData::from_f32(o, p.precision);
+    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
 }
 
 /// A row's running softmax state.

@@ -9,7 +9,7 @@ use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::BackwardOutput;
 use crate::api::shape::AttentionShape;
-use crate::api::tensor::{Tensor, TensorData};
+use crate::api::tensor::TensorData;
 use crate::error::Result;
 use crate::kernels::{
     binding, BackwardBuffers, BackwardPart, FlashBackward, KernelKey, LoopCost, Params, Piece,
@@ -87,17 +87,7 @@ async fn in_pieces(
         }
         sum.finish(precision)
     };
-    let [dq, dk, dv] = grads;
-    let tensor = |shape: [usize; 4], data| Tensor {
-        shape: shape.to_vec(),
-        data,
-    };
-    Ok(BackwardOutput {
-        dq: tensor(shape.q_shape(), dq),
-        dk: tensor(shape.kv_shape(), dk),
-        dv: tensor(shape.kv_shape(), dv),
-        stats: call.finish(),
-    })
+    Ok(BackwardOutput::new(&shape, grads, call.finish()))
 }
 
 /// Gather one piece (with the full rows' LSE) and run it: its gradients are

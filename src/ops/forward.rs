@@ -8,7 +8,7 @@ use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::shape::AttentionShape;
-use crate::api::tensor::{Precision, Tensor, TensorData, TensorView};
+use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::{binding, AttentionBuffers, FlashForward, KernelKey, Params, Piece};
 use crate::plan::{plan_forward, split, PieceLimits, PlanOverrides, PlanRequest, Split};
@@ -81,15 +81,7 @@ async fn in_pieces(gpu: &Gpu, f: &Forward<'_>, limits: PieceLimits) -> Result<Fo
         }
         out.finish(precision)
     };
-    Ok(ForwardOutput {
-        o: Tensor {
-            shape: shape.q_shape().to_vec(),
-            data: o,
-        },
-        lse,
-        shape,
-        stats: call.finish(),
-    })
+    Ok(ForwardOutput::new(shape, o, lse, call.finish()))
 }
 
 /// Gather one piece of a split problem and run it.

@@ -8,7 +8,7 @@
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::shape::AttentionShape;
-use crate::api::tensor::{Precision, Tensor, TensorData, TensorView};
+use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::naive::{ROWS_PER_GROUP, TILE};
 use crate::kernels::{
@@ -222,15 +222,7 @@ pub async fn naive_forward(
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
     let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, shape.q_len());
     drop(steps);
-    Ok(ForwardOutput {
-        o: Tensor {
-            shape: shape.q_shape().to_vec(),
-            data: o,
-        },
-        lse,
-        shape,
-        stats: call.finish(),
-    })
+    Ok(ForwardOutput::new(shape, o, lse, call.finish()))
 }
 
 /// The naive backward's buffers.
@@ -270,16 +262,9 @@ pub async fn naive_backward(
     let data = call
         .read(&[(&b.dq, q_bytes), (&b.dk, kv_bytes), (&b.dv, kv_bytes)])
         .await?;
-    let tensor = |i: usize, shape: [usize; 4]| Tensor {
-        shape: shape.to_vec(),
-        data: TensorData::from_bytes(&data[i], precision, shape.iter().product()),
-    };
-    Ok(BackwardOutput {
-        dq: tensor(0, shape.q_shape()),
-        dk: tensor(1, shape.kv_shape()),
-        dv: tensor(2, shape.kv_shape()),
-        stats: call.finish(),
-    })
+    let lens = [shape.q_len(), shape.kv_len(), shape.kv_len()];
+    let grads = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    Ok(BackwardOutput::new(&shape, grads, call.finish()))
 }
 
 fn grad_buffers(call: &mut Call, n: &Problem, [q, k, v, d_o]: [&TensorView; 4]) -> Result<Grads> {

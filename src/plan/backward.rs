@@ -6,8 +6,8 @@ use super::caps::DeviceCaps;
 use super::forward::{choose_kernel, plan_forward};
 use super::request::{KernelFamily, PlanOverrides, PlanRequest};
 use super::tiles::{
-    backward_workgroup_bytes, prev_pow2, round_down, round_up, shrink, Plan, Planned, GRANULARITY,
-    MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW, TARGET_WORKGROUP,
+    backward_workgroup_bytes, fit_invocations, round_down, round_up, shrink, threads_per_row, Plan,
+    Planned, GRANULARITY, MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD,
 };
 use crate::error::{Error, Result};
 
@@ -45,9 +45,10 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     }
     let d = p.plan.head_dim;
     let max_wg = caps.max_workgroup();
+    // Two score arrays (S, dP) and two accumulator arrays (dK, dV) per invocation.
     let tc = ov
         .threads_per_row
-        .unwrap_or_else(|| threads_per_row(d, b, max_wg));
+        .unwrap_or_else(|| threads_per_row(d, b, b, max_wg, 2));
     let fixed = ov.br.is_some() || ov.bc.is_some();
     let (b, bytes) = fit(&mut p, b, tc, max_wg, fixed)?;
     p.plan = Plan {
@@ -90,30 +91,10 @@ fn square_tile(p: &mut Planned, longest: usize) -> u32 {
     b
 }
 
-/// Invocations per row: two score arrays (S, dP) and two accumulator arrays
-/// (dK and dV) per invocation must fit the register budget.
-fn threads_per_row(d: u32, b: u32, max_wg: u32) -> u32 {
-    let min_tc = d
-        .div_ceil(MAX_ACC_PER_THREAD / 2)
-        .max(b.div_ceil(MAX_SCORES_PER_THREAD / 2))
-        .next_power_of_two();
-    prev_pow2((TARGET_WORKGROUP.min(max_wg) / b).max(1))
-        .min(MAX_THREADS_PER_ROW)
-        .min(b.next_power_of_two())
-        .max(min_tc)
-}
-
 /// Shrink B until its invocations and its six tiles fit the device; returns
 /// `(b, workgroup bytes)`.
-fn fit(p: &mut Planned, mut b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<(u32, u32)> {
-    while b * tc > max_wg && !fixed && b > 1 {
-        let next = shrink(b);
-        let why = format!(
-            "{b} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"
-        );
-        p.record("B", b, next, why);
-        b = next;
-    }
+fn fit(p: &mut Planned, b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<(u32, u32)> {
+    let mut b = fit_invocations(p, "B", [b, tc, max_wg], fixed)?;
     let (d, m_bytes) = (p.plan.head_dim, p.plan.m_bytes);
     let mut bytes = backward_workgroup_bytes(b, d);
     let b0 = b;
@@ -130,12 +111,6 @@ fn fit(p: &mut Planned, mut b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result
             head_dim: d,
             bytes,
             max: m_bytes,
-        });
-    }
-    if b * tc > max_wg {
-        return Err(Error::WorkgroupTooLarge {
-            invocations: b * tc,
-            max: max_wg,
         });
     }
     let (scores, accumulators) = (b.div_ceil(tc), d.div_ceil(tc));

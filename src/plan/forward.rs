@@ -11,8 +11,8 @@
 use super::caps::DeviceCaps;
 use super::request::{KernelFamily, PlanRequest, StorageKind};
 use super::tiles::{
-    forward_workgroup_bytes, prev_pow2, round_down, round_up, shrink, Plan, Planned, GRANULARITY,
-    MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW, TARGET_WORKGROUP,
+    fit_invocations, forward_workgroup_bytes, round_down, round_up, shrink, threads_per_row, Plan,
+    Planned, GRANULARITY, MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW,
     WORKING_BYTES,
 };
 use crate::api::shape::MAX_HEAD_DIM;
@@ -122,8 +122,8 @@ fn tiled_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Result
     let d = p.plan.head_dim;
     let tc = ov
         .threads_per_row
-        .unwrap_or_else(|| threads_per_row(d, br, bc, max_wg));
-    let br = fit_invocations(&mut p, br, tc, max_wg, ov.br.is_some())?;
+        .unwrap_or_else(|| threads_per_row(d, br, bc, max_wg, 1));
+    let br = fit_invocations(&mut p, "Br", [br, tc, max_wg], ov.br.is_some())?;
     check_registers(bc, d, tc)?;
     let (br, bc, bytes) = fit_storage(&mut p, [br, bc, tc], [ov.br.is_some(), ov.bc.is_some()])?;
     p.plan = Plan {
@@ -186,38 +186,6 @@ fn clamp_br(p: &mut Planned, seqlen_q: usize, max_wg: u32) -> u32 {
         br = max_wg;
     }
     br
-}
-
-/// Invocations per row: enough to keep registers bounded, enough to fill the
-/// target workgroup, never more than the device allows.
-fn threads_per_row(d: u32, br: u32, bc: u32, max_wg: u32) -> u32 {
-    let min_tc = d
-        .div_ceil(MAX_ACC_PER_THREAD)
-        .max(bc.div_ceil(MAX_SCORES_PER_THREAD))
-        .next_power_of_two();
-    prev_pow2((TARGET_WORKGROUP.min(max_wg) / br).max(1))
-        .min(MAX_THREADS_PER_ROW)
-        .min(bc.next_power_of_two())
-        .max(min_tc)
-}
-
-/// Fewer rows per workgroup until `br × tc` invocations fit the device.
-fn fit_invocations(p: &mut Planned, mut br: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<u32> {
-    while br * tc > max_wg && !fixed && br > 1 {
-        let next = shrink(br);
-        let why = format!(
-            "{br} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"
-        );
-        p.record("Br", br, next, why);
-        br = next;
-    }
-    if br * tc > max_wg {
-        return Err(Error::WorkgroupTooLarge {
-            invocations: br * tc,
-            max: max_wg,
-        });
-    }
-    Ok(br)
 }
 
 /// Every invocation's scores and accumulators must fit its registers.

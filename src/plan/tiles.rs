@@ -197,6 +197,47 @@ pub(crate) fn prev_pow2(x: u32) -> u32 {
     }
 }
 
+/// Invocations per row: enough that each holds at most its share of
+/// `arrays` score and accumulator arrays within the register budget
+/// (`MAX_SCORES_PER_THREAD`, `MAX_ACC_PER_THREAD`, split between the
+/// arrays), enough to fill the target workgroup, never more than the
+/// device allows.
+pub(crate) fn threads_per_row(d: u32, rows: u32, cols: u32, max_wg: u32, arrays: u32) -> u32 {
+    let min_tc = d
+        .div_ceil(MAX_ACC_PER_THREAD / arrays)
+        .max(cols.div_ceil(MAX_SCORES_PER_THREAD / arrays))
+        .next_power_of_two();
+    prev_pow2((TARGET_WORKGROUP.min(max_wg) / rows).max(1))
+        .min(MAX_THREADS_PER_ROW)
+        .min(cols.next_power_of_two())
+        .max(min_tc)
+}
+
+/// Fewer rows per workgroup (`field`: Br or B) until `rows × tc`
+/// invocations fit the device, unless the rows are `fixed`.
+pub(crate) fn fit_invocations(
+    p: &mut Planned,
+    field: &'static str,
+    [mut rows, tc, max_wg]: [u32; 3],
+    fixed: bool,
+) -> crate::error::Result<u32> {
+    while rows * tc > max_wg && !fixed && rows > 1 {
+        let next = shrink(rows);
+        let why = format!(
+            "{rows} rows × {tc} invocations exceeds the device's {max_wg} invocations per workgroup"
+        );
+        p.record(field, rows, next, why);
+        rows = next;
+    }
+    if rows * tc > max_wg {
+        return Err(crate::error::Error::WorkgroupTooLarge {
+            invocations: rows * tc,
+            max: max_wg,
+        });
+    }
+    Ok(rows)
+}
+
 /// The next smaller tile size: one granularity step down, at least 1.
 pub(crate) fn shrink(b: u32) -> u32 {
     round_down(b - 1, GRANULARITY).max(1).min(b - 1)
