@@ -16,6 +16,12 @@
 //! - the lanes kernels are also *unrolled* text ([`unroll`]): WGSL has no
 //!   unroll directive and llvmpipe keeps loop-indexed arrays in memory, so
 //!   their per-lane, per-row and per-chunk lines are repeated by count.
+//!   Measured on lavapipe (Intel Xeon, AVX-512): the lanes forward written
+//!   with WGSL loops over private arrays instead ran 6.2–6.5x slower (median
+//!   of 30, N 1024 and 4096, d 64 and 128; bit-identical results) and its
+//!   first compile took 3x longer; looping only the lanes still cost 2x. The
+//!   unroller serves the lanes kernels only; every other kernel is plain
+//!   WGSL with override constants.
 
 use crate::plan::StorageKind;
 
