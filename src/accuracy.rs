@@ -5,11 +5,12 @@
 //! reference's magnitude. Non-finite reference entries (`-inf` LSE of empty
 //! rows) must be matched exactly; any NaN fails.
 
+use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::tensor::{Precision, Tensor, TensorView};
 use crate::error::Result;
-use crate::reference;
+use crate::reference::{self, ReferenceOutput};
 
 /// `R` of the rule for the forward pass.
 pub fn forward_ratio(softcap: bool) -> f64 {
@@ -130,20 +131,41 @@ pub fn check_forward(
 ) -> Result<[Check; 2]> {
     let reference = reference::forward(q, k, v, opts)?;
     let baseline = reference::naive_baseline(q, k, v, opts)?;
+    Ok(check_o_lse((&out.o, &out.lse), [reference, baseline], opts))
+}
+
+/// The rule applied to o (in its own dtype) and lse (f32).
+fn check_o_lse(
+    (o, lse): (&Tensor, &[f32]),
+    [reference, baseline]: [ReferenceOutput; 2],
+    opts: &AttentionOptions,
+) -> [Check; 2] {
     let ratio = forward_ratio(opts.softcap_value() > 0.0);
-    let o: Vec<f64> = out.o.to_f32().iter().map(|&x| x as f64).collect();
-    let lse: Vec<f64> = out.lse.iter().map(|&x| x as f64).collect();
-    Ok([
-        check("o", &o, &reference.o, &baseline.o, q.precision(), ratio),
+    let widen = |x: Vec<f32>| -> Vec<f64> { x.into_iter().map(f64::from).collect() };
+    let (o64, lse64) = (widen(o.to_f32()), widen(lse.to_vec()));
+    [
+        check("o", &o64, &reference.o, &baseline.o, o.precision(), ratio),
         check(
             "lse",
-            &lse,
+            &lse64,
             &reference.lse,
             &baseline.lse,
             Precision::F32,
             ratio,
         ),
-    ])
+    ]
+}
+
+/// Check a decoding step's o and lse against the f64 reference and the
+/// naive baseline computed on `cache` (as it was before the step) and `step`.
+pub fn check_decode(
+    out: &DecodeOutput,
+    cache: &HostKvCache,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+) -> Result<[Check; 2]> {
+    let outputs = reference::decode(cache, step, opts)?;
+    Ok(check_o_lse((&out.o, &out.lse), outputs, opts))
 }
 
 /// Check gradients against the f64 reference and the naive baseline.

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 // Running a backend blocks on the GPU's futures, which only native targets can.
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{
+    api::decode::{DecodeOutput, DecodeStep, HostKvCache},
     api::inputs::BackwardInputs,
     api::options::AttentionOptions,
     api::output::{BackwardOutput, ForwardOutput},
@@ -134,6 +135,22 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.backward_with(inputs, opts, overrides),
             Backend::Cpu => cpu::backward(inputs, opts),
+        }
+    }
+
+    /// One decoding step on a host cache (appended in place when the step
+    /// has `k_new`/`v_new`); `num_splits` `None` lets the planner split.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        match self {
+            Backend::Wgpu(e) => e.decode_host(cache, step, opts, num_splits),
+            Backend::Cpu => cpu::decode(cache, step, opts, num_splits),
         }
     }
 }

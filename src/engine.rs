@@ -3,6 +3,7 @@
 //! the blocking forms exist on native targets, the `*_async` forms
 //! everywhere (they are the ones to use on the web).
 
+use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput};
@@ -12,9 +13,11 @@ use crate::error::Result;
 use crate::kernels::AttentionBuffers;
 use crate::ops;
 use crate::ops::ceiling::CeilingResult;
-use crate::plan::{plan_backward, plan_forward, DeviceCaps, PlanOverrides, PlanRequest, Planned};
+use crate::plan::{
+    plan_backward, plan_forward, DecodePlan, DeviceCaps, PlanOverrides, PlanRequest, Planned,
+};
 use crate::runtime::adapter;
-use crate::runtime::Gpu;
+use crate::runtime::{Gpu, KvCache};
 
 /// A GPU attention engine on one wgpu device.
 ///
@@ -373,5 +376,86 @@ impl Engine {
         repeats: usize,
     ) -> Result<CeilingResult> {
         ops::ceiling::matmul_ceiling(&self.gpu, n, d, repeats).await
+    }
+
+    /// An all-zero KV cache on the device, kept between decoding steps.
+    pub fn kv_cache(&self, shape: CacheShape, precision: Precision) -> Result<KvCache> {
+        KvCache::zeros(&self.gpu, shape, precision)
+    }
+
+    /// A device copy of a host KV cache.
+    pub fn upload_kv_cache(&self, host: &HostKvCache) -> Result<KvCache> {
+        KvCache::upload(&self.gpu, host)
+    }
+
+    /// A device KV cache's contents, on the host.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_kv_cache(&self, cache: &KvCache) -> Result<HostKvCache> {
+        pollster::block_on(self.read_kv_cache_async(cache))
+    }
+
+    /// [`Engine::read_kv_cache`] as a future.
+    pub async fn read_kv_cache_async(&self, cache: &KvCache) -> Result<HostKvCache> {
+        cache.read(&self.gpu).await
+    }
+
+    /// The decode plan a step would run with (splits, tiles, and why).
+    pub fn plan_decode(
+        &self,
+        problem: &DecodeProblem,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodePlan> {
+        ops::decode::plan(&self.gpu, problem, opts, num_splits)
+    }
+
+    /// One decoding step on a device cache: the step's `k_new`/`v_new`
+    /// appended in place (by a kernel), then attention over each sequence's
+    /// keys, split across workgroups as planned (`num_splits` `None` or
+    /// `Some(0)`) or as asked. A step that fails validation changes nothing.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode(
+        &self,
+        cache: &mut KvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        pollster::block_on(self.decode_async(cache, step, opts, num_splits))
+    }
+
+    /// [`Engine::decode`] as a future.
+    pub async fn decode_async(
+        &self,
+        cache: &mut KvCache,
+        step: &DecodeStep<'_>,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        ops::decode::decode(&self.gpu, cache, step, opts, num_splits).await
+    }
+
+    /// [`Engine::decode`] on a host cache (uploaded, and read back when the
+    /// step appends): what the command line does.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_host(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        pollster::block_on(self.decode_host_async(cache, step, opts, num_splits))
+    }
+
+    /// [`Engine::decode_host`] as a future.
+    pub async fn decode_host_async(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep<'_>,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits).await
     }
 }

@@ -70,6 +70,48 @@ pub enum Error {
         name: String,
         expected: &'static str,
     },
+    /// An index array (cache_seqlens, cache_batch_idx, block_table) has the wrong length.
+    #[error("{tensor} has {len} entries, expected {expected}")]
+    IndexLength {
+        tensor: &'static str,
+        len: usize,
+        expected: usize,
+    },
+    #[error("{tensor}[{index}] is {value}; lengths and indices must not be negative")]
+    NegativeIndex {
+        tensor: &'static str,
+        index: usize,
+        value: i64,
+    },
+    /// A sequence's tokens after this step would not fit its cache.
+    #[error("sequence {batch} would hold {cache_len} + {new} tokens, past its cache capacity of {capacity}")]
+    CacheOverflow {
+        batch: usize,
+        cache_len: usize,
+        new: usize,
+        capacity: usize,
+    },
+    /// A cache row or page a sequence uses does not exist.
+    #[error(
+        "{tensor} entry {slot} of sequence {batch} is {page}, out of range for a cache of {pages}"
+    )]
+    PageOutOfRange {
+        tensor: &'static str,
+        batch: usize,
+        slot: usize,
+        page: i64,
+        pages: usize,
+    },
+    /// Two sequences would append to the same cache row.
+    #[error("sequences {first} and {second} both append to cache row {row}")]
+    AppendConflict {
+        first: usize,
+        second: usize,
+        row: usize,
+    },
+    /// The cache index arguments do not fit the cache's layout.
+    #[error("{reason}")]
+    CacheIndex { reason: &'static str },
     /// A caller-owned device buffer is smaller than the problem needs.
     #[error("buffer {buffer} holds {size} bytes, the problem needs {needed}")]
     BufferTooSmall {

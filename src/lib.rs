@@ -52,6 +52,9 @@ pub mod random;
 pub mod reference;
 pub mod runtime;
 
+pub use api::decode::{
+    BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
+};
 pub use api::inputs::BackwardInputs;
 pub use api::options::{AttentionOptions, Mask, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput};
@@ -65,8 +68,9 @@ pub use error::{Error, Result};
 pub use kernels::AttentionBuffers;
 pub use ops::ceiling::CeilingResult;
 pub use plan::{
-    plan_backward, plan_forward, Clamp, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
-    Planned, StorageKind,
+    plan_backward, plan_decode, plan_forward, Clamp, DecodePlan, DeviceCaps, KernelFamily, Plan,
+    PlanOverrides, PlanRequest, Planned, StorageKind,
 };
+pub use runtime::KvCache;
 /// The wgpu this crate is built on, for apps that pass their own devices and buffers.
 pub use wgpu;

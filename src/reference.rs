@@ -2,9 +2,10 @@
 //! materialized baseline (S and P stored, storage-precision rounding) that the
 //! accuracy rule measures the reference's own rounding noise with.
 
+use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
 use crate::api::shape::{lse_index, AttentionShape, Layout};
-use crate::api::tensor::{Precision, TensorView};
+use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::Result;
 use rayon::prelude::*;
 
@@ -443,4 +444,88 @@ pub fn naive_backward_baseline(
     let [dq, dk, dv] = backward_in_storage_precision(&shape, q, k, v, d_o, opts)
         .map(|g| g.into_iter().map(f64::from).collect());
     Ok(ReferenceGrads { dq, dk, dv })
+}
+
+/// The cache after `step`'s append, by SPEC.md's rule: token `t` of sequence
+/// `b` goes to page `block_table[b, t / page_size]`, slot `t % page_size`
+/// (a dense cache: row `cache_batch_idx[b]`, position `t`). Validates first.
+pub fn decode_cache(cache: &HostKvCache, step: &DecodeStep) -> Result<HostKvCache> {
+    DecodeProblem::new(step, &cache.shape, cache.precision())?;
+    let mut out = cache.clone();
+    let Some([k_new, v_new]) = step.new_kv else {
+        return Ok(out);
+    };
+    let [batch, seqlen_new, _, _] = k_new.shape;
+    let row_len = cache.shape.row_len();
+    for (dst, src) in [(&mut out.k, &k_new), (&mut out.v, &v_new)] {
+        let mut values = dst.to_f32();
+        let new = src.data.to_f32();
+        for b in 0..batch {
+            for t in 0..seqlen_new {
+                let row = spec_row(cache, step, b, step.cache_seqlens[b] as usize + t);
+                values[row * row_len..][..row_len]
+                    .copy_from_slice(&new[(b * seqlen_new + t) * row_len..][..row_len]);
+            }
+        }
+        *dst = TensorData::from_f32(values, cache.precision());
+    }
+    Ok(out)
+}
+
+/// Cache row of token `t` of sequence `b`, straight from SPEC.md's wording.
+fn spec_row(cache: &HostKvCache, step: &DecodeStep, b: usize, t: usize) -> usize {
+    let [_, inner, _, _] = cache.shape.dims();
+    match step.block_table {
+        Some(table) => table.pages[b * table.max_pages + t / inner] as usize * inner + t % inner,
+        None => step.cache_batch_idx.map_or(b, |idx| idx[b] as usize) * inner + t,
+    }
+}
+
+/// Decoding in f64 and, beside it, the naive baseline: each sequence's keys
+/// (the cache after the append) attended as a batch-1 forward, so a sequence
+/// with `seqlen_k[b]` keys has the offset `seqlen_k[b] − seqlen_q`.
+pub fn decode(
+    cache: &HostKvCache,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+) -> Result<[ReferenceOutput; 2]> {
+    opts.validate()?;
+    let updated = decode_cache(cache, step)?;
+    let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
+    let (prec, d, row_len) = (p.precision, p.head_dim, cache.shape.row_len());
+    let q = step.q.data.to_f32();
+    let (kc, vc) = (updated.k.to_f32(), updated.v.to_f32());
+    let per_seq = p.seqlen_q * p.heads_q;
+    let mut outs = [(); 2].map(|_| ReferenceOutput {
+        o: vec![0.0; p.q_len()],
+        lse: vec![f64::NEG_INFINITY; p.lse_len()],
+    });
+    for b in 0..p.batch {
+        let Some(shape) = p.sequence(b) else {
+            continue; // no keys: o = 0, lse = -inf
+        };
+        let gather = |c: &[f32]| -> TensorData {
+            let rows = (0..shape.seqlen_k).flat_map(|t| {
+                let row = spec_row(cache, step, b, t);
+                c[row * row_len..][..row_len].iter().copied()
+            });
+            TensorData::from_f32(rows.collect(), prec)
+        };
+        let (kb, vb) = (gather(&kc), gather(&vc));
+        let qb = TensorData::from_f32(q[b * per_seq * d..][..per_seq * d].to_vec(), prec);
+        let (qv, kv, vv) = (
+            qb.view(shape.q_shape()),
+            kb.view(shape.kv_shape()),
+            vb.view(shape.kv_shape()),
+        );
+        let results = [
+            forward(&qv, &kv, &vv, opts)?,
+            naive_baseline(&qv, &kv, &vv, opts)?,
+        ];
+        for (out, r) in outs.iter_mut().zip(results) {
+            out.o[b * per_seq * d..][..per_seq * d].copy_from_slice(&r.o);
+            out.lse[b * per_seq..][..per_seq].copy_from_slice(&r.lse);
+        }
+    }
+    Ok(outs)
 }

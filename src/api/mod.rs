@@ -1,6 +1,7 @@
 //! The backend-neutral API: what callers hand in (tensors, shapes, options,
-//! backward inputs) and what every backend hands back (outputs and stats).
+//! backward inputs, decoding steps and KV caches) and what every backend hands back (outputs and stats).
 
+pub mod decode;
 pub mod inputs;
 pub mod options;
 pub mod output;

@@ -84,6 +84,12 @@ impl AttentionOptions {
 
     /// The mask reduced to one band `lo(i) <= j <= hi(i)` for the given shape.
     pub fn mask(&self, shape: &AttentionShape) -> Mask {
+        self.mask_for(shape.seqlen_q, shape.seqlen_k)
+    }
+
+    /// The band for `seqlen_q` rows over `seqlen_k` keys (which may be 0,
+    /// as a decoding sequence with an empty cache has).
+    pub fn mask_for(&self, seqlen_q: usize, seqlen_k: usize) -> Mask {
         // Causal is a window whose right side is 0 (ANDed with any other right bound).
         let right = if self.causal {
             Some(0)
@@ -91,10 +97,10 @@ impl AttentionOptions {
             self.window.right
         };
         Mask {
-            offset: shape.seqlen_k as i64 - shape.seqlen_q as i64,
+            offset: seqlen_k as i64 - seqlen_q as i64,
             left: self.window.left.map(|l| l as i64),
             right: right.map(|r| r as i64),
-            seqlen_k: shape.seqlen_k as i64,
+            seqlen_k: seqlen_k as i64,
         }
     }
 }

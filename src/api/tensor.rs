@@ -201,6 +201,14 @@ impl TensorData {
             TensorData::F16(d) => HostData::F16(d),
         }
     }
+
+    /// This data viewed as a 4-d tensor of `shape`.
+    pub fn view(&self, shape: [usize; 4]) -> TensorView<'_> {
+        TensorView {
+            shape,
+            data: self.as_host(),
+        }
+    }
 }
 
 /// An owned, row-major tensor.

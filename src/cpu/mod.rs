@@ -3,7 +3,9 @@
 //! on some CPU-only machines (see `--backend auto`).
 
 mod backward;
+mod decode;
 mod forward;
 
 pub use backward::backward;
+pub use decode::decode;
 pub use forward::forward;

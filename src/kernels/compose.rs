@@ -77,6 +77,14 @@ pub mod binding {
     pub const MATMUL: u32 = 14;
     pub const IO: u32 = 15;
     pub const LOOP_BUDGET: u32 = 16;
+    /// The decode kernels' own: their parameters, the key counts and page
+    /// table (one buffer), the appended rows, and the splits' partials.
+    pub const DECODE: u32 = 17;
+    pub const INDEX: u32 = 18;
+    pub const K_NEW: u32 = 19;
+    pub const V_NEW: u32 = 20;
+    pub const O_PART: u32 = 21;
+    pub const LSE_PART: u32 = 22;
     /// The matmul's operands (its own numbering: A, B, C).
     pub const A: u32 = 1;
     pub const B: u32 = 2;

@@ -2,6 +2,7 @@
 //! its pipeline. The runtime caches compiled pipelines by this key.
 
 use super::compose::KernelSource;
+use super::decode::{DecodeMerge, FlashDecode, KvAppend};
 use super::flash_backward::{BackwardPart, FlashBackward};
 use super::flash_forward::FlashForward;
 use super::loop_probe::LoopProbe;
@@ -17,6 +18,9 @@ pub enum KernelKey {
     Matmul(Matmul),
     Naive(Naive),
     LoopProbe(LoopProbe),
+    FlashDecode(FlashDecode),
+    KvAppend(KvAppend),
+    DecodeMerge(DecodeMerge),
 }
 
 impl KernelKey {
@@ -28,6 +32,9 @@ impl KernelKey {
             KernelKey::Matmul(k) => k.source(),
             KernelKey::Naive(k) => k.source(),
             KernelKey::LoopProbe(k) => k.source(),
+            KernelKey::FlashDecode(k) => k.source(),
+            KernelKey::KvAppend(k) => k.source(),
+            KernelKey::DecodeMerge(k) => k.source(),
         }
     }
 
@@ -35,7 +42,7 @@ impl KernelKey {
     /// can be split along it.
     pub fn loop_dim(&self) -> Option<LoopDim> {
         match self {
-            KernelKey::FlashForward(_) => Some(LoopDim::Keys),
+            KernelKey::FlashForward(_) | KernelKey::FlashDecode(_) => Some(LoopDim::Keys),
             KernelKey::FlashBackward(k) => match k.part {
                 BackwardPart::Dvec => None,
                 BackwardPart::DkDv => Some(LoopDim::Rows),
@@ -53,6 +60,9 @@ impl KernelKey {
             KernelKey::Matmul(_) => Matmul::NAME,
             KernelKey::Naive(_) => Naive::NAME,
             KernelKey::LoopProbe(_) => LoopProbe::NAME,
+            KernelKey::FlashDecode(_) => FlashDecode::NAME,
+            KernelKey::KvAppend(_) => KvAppend::NAME,
+            KernelKey::DecodeMerge(_) => DecodeMerge::NAME,
         }
     }
 }
@@ -84,5 +94,23 @@ impl From<Naive> for KernelKey {
 impl From<LoopProbe> for KernelKey {
     fn from(k: LoopProbe) -> Self {
         KernelKey::LoopProbe(k)
+    }
+}
+
+impl From<FlashDecode> for KernelKey {
+    fn from(k: FlashDecode) -> Self {
+        KernelKey::FlashDecode(k)
+    }
+}
+
+impl From<KvAppend> for KernelKey {
+    fn from(k: KvAppend) -> Self {
+        KernelKey::KvAppend(k)
+    }
+}
+
+impl From<DecodeMerge> for KernelKey {
+    fn from(k: DecodeMerge) -> Self {
+        KernelKey::DecodeMerge(k)
     }
 }

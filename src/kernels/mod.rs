@@ -5,6 +5,7 @@
 
 pub mod band;
 pub mod compose;
+pub mod decode;
 pub mod flash_backward;
 pub mod flash_forward;
 pub mod key;
@@ -15,6 +16,7 @@ pub mod naive;
 pub mod params;
 
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
+pub use decode::{DecodeMerge, FlashDecode, KvAppend};
 pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
 pub use flash_forward::{AttentionBuffers, FlashForward};
 pub use key::KernelKey;
@@ -22,4 +24,4 @@ pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
 pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
-pub use params::{MatmulParams, Params, Piece, Uniform};
+pub use params::{DecodeParams, MatmulParams, Params, Piece, Uniform};

@@ -4,6 +4,7 @@
 //! and a test checks it member by member against naga's layout of the WGSL
 //! struct, so the two cannot drift apart unnoticed.
 
+use crate::api::decode::DecodeProblem;
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
 use crate::error::{Error, Result};
@@ -85,6 +86,24 @@ uniform_struct! {
     }
 }
 
+uniform_struct! {
+    /// The parameters of the decode kernels (binding 17), beside [`Params`].
+    pub struct DecodeParams as "DecodeParams" {
+        pub page_size: u32,
+        pub max_pages: u32,
+        pub keys_per_split: u32,
+        pub num_splits: u32,
+        pub group_rows: u32,
+        pub row_blocks: u32,
+        pub o_split_stride: u32,
+        pub lse_split_stride: u32,
+        pub seqlen_new: u32,
+        pub groups_x: u32,
+        pub pages_at: u32,
+        pub _pad: u32,
+    }
+}
+
 /// A piece of a problem as laid out in the buffers bound for one dispatch:
 /// `local` sizes index the buffers; `q_start`/`k_start` place it in `full`,
 /// the problem the masks are defined on.
@@ -150,6 +169,25 @@ impl Params {
             softcap: opts.softcap_value(),
             batch: to_u32("batch", s.batch)?,
             _pad: 0,
+        })
+    }
+
+    /// The parameters of a decoding step: the longest sequence sizes the
+    /// unbounded window; each sequence's offset is computed in the kernel
+    /// from its own key count, so `mask_offset` is 0.
+    pub fn decode(p: &DecodeProblem, opts: &AttentionOptions) -> Result<Self> {
+        let shape = AttentionShape {
+            batch: p.batch,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.max_seqlen_k().max(1),
+            heads_q: p.heads_q,
+            heads_kv: p.heads_kv,
+            head_dim: p.head_dim,
+        };
+        Ok(Self {
+            mask_offset: 0,
+            kv_batch_stride: 0,
+            ..Self::new(&Piece::whole(shape), opts)?
         })
     }
 

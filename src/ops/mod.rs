@@ -1,9 +1,11 @@
 //! Operations built from kernels and the runtime: the flash forward and
 //! backward (on host tensors, split and rerun as needed; or on device
-//! buffers), the naive baseline, and the matmul ceiling.
+//! buffers), decoding against KV caches, the naive baseline, and the matmul
+//! ceiling.
 
 pub mod backward;
 pub mod ceiling;
+pub mod decode;
 pub mod forward;
 pub mod naive;
 pub mod pieces;

@@ -5,6 +5,7 @@
 
 pub mod backward;
 pub mod caps;
+pub mod decode;
 pub mod forward;
 pub mod pieces;
 pub mod request;
@@ -12,6 +13,9 @@ pub mod tiles;
 
 pub use backward::plan_backward;
 pub use caps::{DeviceCaps, LANE_SUBGROUPS};
+pub use decode::{
+    plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,
+};
 pub use forward::{plan_forward, LANES_MAX_HEAD_DIM, LANES_ROWS_PER_LANE};
 pub use pieces::{split, PieceLimits, Split};
 pub use request::{KernelFamily, PlanOverrides, PlanRequest, StorageKind};

@@ -7,6 +7,7 @@ use super::loop_limit::LoopLimit;
 use super::pipelines::PipelineCache;
 use crate::error::{Error, Result};
 use crate::kernels::{LoopCheck, Variant};
+use crate::plan::decode::GPU_PARALLEL_WORKGROUPS;
 use crate::plan::DeviceCaps;
 use std::sync::{Arc, Mutex};
 
@@ -83,6 +84,17 @@ impl Gpu {
             caps.lane_subgroup = None;
         }
         caps
+    }
+
+    /// Workgroups that run at once and fill the device, for splitting work
+    /// that has too few: a CPU adapter runs one per core (lavapipe's
+    /// threads); a GPU cannot say, so [`GPU_PARALLEL_WORKGROUPS`].
+    pub fn parallelism(&self) -> usize {
+        match self.info.device_type {
+            #[cfg(not(target_arch = "wasm32"))]
+            wgpu::DeviceType::Cpu => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            _ => GPU_PARALLEL_WORKGROUPS,
+        }
     }
 
     /// The kernel variant for these flags on this device (instrumented, guarded).

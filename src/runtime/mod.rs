@@ -1,11 +1,12 @@
 //! The wgpu runtime: the device and its settings ([`Gpu`]), adapters and
 //! device creation, compiled pipelines by kernel key, pooled buffers, one
-//! call's dispatches and readbacks, and the adapter's loop limit.
+//! call's dispatches and readbacks, and the adapter's loop limit, and device KV caches.
 
 pub mod adapter;
 pub mod buffers;
 pub mod call;
 pub mod gpu;
+pub mod kv_cache;
 pub mod loop_limit;
 pub mod pipelines;
 pub mod scope;
@@ -14,3 +15,4 @@ pub mod submit;
 pub use buffers::padded;
 pub use call::{Call, Dispatch};
 pub use gpu::{Gpu, Settings};
+pub use kv_cache::KvCache;

@@ -2,6 +2,8 @@
 //! SPEC.md's accuracy rule.
 #![allow(dead_code)]
 
+pub mod decode;
+
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{

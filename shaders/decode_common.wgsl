@@ -1,0 +1,61 @@
+// Shared by the decode kernels (append, split-KV attention, merge): the
+// decode parameters, each sequence's key count and the page table that
+// places its tokens in the cache. The Rust twin of `DecodeParams` is
+// `kernels::decode::DecodeParams` (a test compares the layouts).
+//
+// A dense cache is one page per sequence (its cache row) of `capacity`
+// tokens, so both layouts read through cache_row().
+
+struct DecodeParams {
+    // Token t of sequence b is cache row
+    // pages[b * max_pages + t / page_size] * page_size + t % page_size.
+    page_size: u32,
+    max_pages: u32,
+    // Split s covers keys s * keys_per_split .. of every sequence.
+    keys_per_split: u32,
+    num_splits: u32,
+    // Packed rows per kv head (query heads of a group × tokens), and the
+    // blocks of RB of them.
+    group_rows: u32,
+    row_blocks: u32,
+    // Elements between consecutive splits' partial o and lse.
+    o_split_stride: u32,
+    lse_split_stride: u32,
+    // Tokens appended per sequence this step.
+    seqlen_new: u32,
+    // Workgroups along x of the append and merge grids (they wrap into y).
+    groups_x: u32,
+    // Where the page table starts in `index`.
+    pages_at: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(17) var<uniform> decode: DecodeParams;
+// One buffer (storage bindings are few): each sequence's keys after this
+// step's append, then the page table from `pages_at`.
+@group(0) @binding(18) var<storage, read> index: array<u32>;
+
+// Keys of sequence b after this step's append.
+fn seqlen_k(b: u32) -> u32 {
+    return index[b];
+}
+
+// The cache row of token t of sequence b.
+fn cache_row(b: u32, t: u32) -> u32 {
+    let page = index[decode.pages_at + b * decode.max_pages + t / decode.page_size];
+    return page * decode.page_size + t % decode.page_size;
+}
+
+// Offset of row (b, i, h) of q and o, and of lse[b, h, i].
+fn q_offset(b: u32, i: u32, h: u32) -> u32 {
+    return b * params.q_batch_stride + i * params.q_row_stride + h * D;
+}
+
+fn lse_offset(b: u32, h: u32, i: u32) -> u32 {
+    return b * params.lse_batch_stride + h * params.lse_head_stride + i;
+}
+
+// The flat index of a 2-d grid of WG-invocation workgroups that wraps x into y.
+fn wrapped(wg: vec3<u32>, tid: u32) -> u32 {
+    return (wg.y * decode.groups_x + wg.x) * WG + tid;
+}

@@ -1,0 +1,634 @@
+//! Decoding against a KV cache (SPEC.md, "KV cache and decoding"): the
+//! cache's layout, one step's inputs, and the validation every backend runs
+//! before it writes anything, so a bad step leaves the cache untouched.
+//!
+//! Dense and paged caches are one thing to the kernels: token `t` of
+//! sequence `b` lives in cache row `pages[b][t / page_size] · page_size +
+//! t % page_size`, where a dense cache is one page per sequence (its cache
+//! row, `cache_batch_idx[b]`) of `capacity` tokens.
+
+use super::options::{AttentionOptions, Mask};
+use super::output::CallStats;
+use super::shape::{AttentionShape, MAX_HEAD_DIM};
+use super::tensor::{Precision, Tensor, TensorData, TensorView};
+use crate::error::{Error, Result};
+
+/// How the first two dims of a cache are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheLayout {
+    /// `(batch, capacity, heads_kv, head_dim)`: row `b` holds one sequence.
+    Dense { batch: usize, capacity: usize },
+    /// `(pages, page_size, heads_kv, head_dim)`: sequences own pages through
+    /// a block table. Any page size ≥ 1.
+    Paged { pages: usize, page_size: usize },
+}
+
+/// The shape of a K (or V) cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CacheShape {
+    pub layout: CacheLayout,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
+
+impl CacheShape {
+    /// Check the sizes (every one ≥ 1, head dim within the maximum).
+    pub fn new(layout: CacheLayout, heads_kv: usize, head_dim: usize) -> Result<Self> {
+        let s = Self {
+            layout,
+            heads_kv,
+            head_dim,
+        };
+        let [outer, inner, _, _] = s.dims();
+        let names = match layout {
+            CacheLayout::Dense { .. } => ["cache batch", "cache capacity"],
+            CacheLayout::Paged { .. } => ["pages", "page_size"],
+        };
+        let fields = [
+            (names[0], outer),
+            (names[1], inner),
+            ("heads_kv", heads_kv),
+            ("head_dim", head_dim),
+        ];
+        if let Some((dim, _)) = fields.into_iter().find(|(_, v)| *v == 0) {
+            return Err(Error::EmptyDim { dim });
+        }
+        if head_dim > MAX_HEAD_DIM {
+            return Err(Error::HeadDimTooLarge {
+                head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        Ok(s)
+    }
+
+    /// The shape of a cache tensor, read as paged or dense.
+    pub fn from_dims([outer, inner, heads_kv, head_dim]: [usize; 4], paged: bool) -> Result<Self> {
+        let layout = if paged {
+            CacheLayout::Paged {
+                pages: outer,
+                page_size: inner,
+            }
+        } else {
+            CacheLayout::Dense {
+                batch: outer,
+                capacity: inner,
+            }
+        };
+        Self::new(layout, heads_kv, head_dim)
+    }
+
+    /// `(outer, inner, heads_kv, head_dim)`.
+    pub fn dims(&self) -> [usize; 4] {
+        let (outer, inner) = match self.layout {
+            CacheLayout::Dense { batch, capacity } => (batch, capacity),
+            CacheLayout::Paged { pages, page_size } => (pages, page_size),
+        };
+        [outer, inner, self.heads_kv, self.head_dim]
+    }
+
+    pub fn is_paged(&self) -> bool {
+        matches!(self.layout, CacheLayout::Paged { .. })
+    }
+
+    /// Token rows the cache holds (each `heads_kv × head_dim` elements).
+    pub fn rows(&self) -> usize {
+        let [outer, inner, _, _] = self.dims();
+        outer * inner
+    }
+
+    /// Elements of one token row.
+    pub fn row_len(&self) -> usize {
+        self.heads_kv * self.head_dim
+    }
+
+    /// Elements of the whole cache.
+    pub fn len(&self) -> usize {
+        self.rows() * self.row_len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A paged cache's block table: `(batch, max_pages)` page indices.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockTable<'a> {
+    pub pages: &'a [i32],
+    pub max_pages: usize,
+}
+
+/// One decoding step's inputs (host memory; the cache is passed apart).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeStep<'a> {
+    /// `(batch, seqlen_q, heads_q, head_dim)`.
+    pub q: TensorView<'a>,
+    /// `(batch,)`: tokens already in each sequence's cache.
+    pub cache_seqlens: &'a [i32],
+    /// `(batch,)`: each sequence's row of a dense cache (default: row b).
+    pub cache_batch_idx: Option<&'a [i32]>,
+    /// Where a paged cache's sequences live (required for paged caches).
+    pub block_table: Option<BlockTable<'a>>,
+    /// `k_new`, `v_new` `(batch, seqlen_new, heads_kv, head_dim)`: appended
+    /// at `cache_seqlens[b]..`, then attended to.
+    pub new_kv: Option<[TensorView<'a>; 2]>,
+}
+
+impl<'a> DecodeStep<'a> {
+    pub fn new(q: TensorView<'a>, cache_seqlens: &'a [i32]) -> Self {
+        Self {
+            q,
+            cache_seqlens,
+            cache_batch_idx: None,
+            block_table: None,
+            new_kv: None,
+        }
+    }
+
+    /// Append `k_new`, `v_new` before attending.
+    pub fn append(mut self, k_new: TensorView<'a>, v_new: TensorView<'a>) -> Self {
+        self.new_kv = Some([k_new, v_new]);
+        self
+    }
+
+    pub fn batch_idx(mut self, idx: &'a [i32]) -> Self {
+        self.cache_batch_idx = Some(idx);
+        self
+    }
+
+    pub fn block_table(mut self, pages: &'a [i32], max_pages: usize) -> Self {
+        self.block_table = Some(BlockTable { pages, max_pages });
+        self
+    }
+}
+
+/// Token `t` of sequence `b` is cache row
+/// `pages[b · max_pages + t / page_size] · page_size + t % page_size`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageTable {
+    pub page_size: usize,
+    pub max_pages: usize,
+    pub pages: Vec<u32>,
+}
+
+impl PageTable {
+    /// The cache row of token `t` of sequence `b`.
+    #[inline]
+    pub fn row(&self, b: usize, t: usize) -> usize {
+        self.pages[b * self.max_pages + t / self.page_size] as usize * self.page_size
+            + t % self.page_size
+    }
+}
+
+/// A step validated against its cache: every index in range, every length
+/// within capacity, no two sequences appending to one cache row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeProblem {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// Tokens appended per sequence (0 without `k_new`/`v_new`).
+    pub seqlen_new: usize,
+    pub precision: Precision,
+    pub cache: CacheShape,
+    pub table: PageTable,
+    /// Tokens in each sequence's cache before this step's append.
+    pub cache_lens: Vec<usize>,
+}
+
+impl DecodeProblem {
+    /// Validate `step` against a cache of `cache` shape holding `precision`.
+    pub fn new(step: &DecodeStep, cache: &CacheShape, precision: Precision) -> Result<Self> {
+        step.q.check_len("q")?;
+        let [batch, seqlen_q, heads_q, head_dim] = step.q.shape;
+        AttentionShape::new(batch, seqlen_q, 1, heads_q, cache.heads_kv, head_dim)?;
+        same(
+            "head_dim",
+            ("q", head_dim),
+            ("the kv cache", cache.head_dim),
+        )?;
+        dtype_like(step.q.precision(), "q", precision)?;
+        let seqlen_new = new_rows(step, batch, cache, precision)?;
+        let cache_lens = lengths("cache_seqlens", step.cache_seqlens, batch)?;
+        let table = page_table(step, cache, batch)?;
+        let p = Self {
+            batch,
+            seqlen_q,
+            heads_q,
+            heads_kv: cache.heads_kv,
+            head_dim,
+            seqlen_new,
+            precision,
+            cache: *cache,
+            table,
+            cache_lens,
+        };
+        p.check_capacity()?;
+        p.check_pages()?;
+        p.check_appends()?;
+        Ok(p)
+    }
+
+    /// Keys sequence `b` attends to: its cache plus the appended tokens.
+    pub fn seqlen_k(&self, b: usize) -> usize {
+        self.cache_lens[b] + self.seqlen_new
+    }
+
+    pub fn max_seqlen_k(&self) -> usize {
+        (0..self.batch).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
+    }
+
+    /// Keys summed over the batch.
+    pub fn total_keys(&self) -> usize {
+        (0..self.batch).map(|b| self.seqlen_k(b)).sum()
+    }
+
+    /// Query heads per kv head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
+    }
+
+    pub fn new_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_new, self.heads_kv, self.head_dim]
+    }
+
+    pub fn lse_shape(&self) -> [usize; 3] {
+        [self.batch, self.heads_q, self.seqlen_q]
+    }
+
+    pub fn q_len(&self) -> usize {
+        self.q_shape().iter().product()
+    }
+
+    pub fn lse_len(&self) -> usize {
+        self.lse_shape().iter().product()
+    }
+
+    /// Sequence `b` alone as an attention problem (batch 1), `None` when it
+    /// has no keys (every row is then empty).
+    pub fn sequence(&self, b: usize) -> Option<AttentionShape> {
+        let sk = self.seqlen_k(b);
+        (sk > 0).then_some(AttentionShape {
+            batch: 1,
+            seqlen_q: self.seqlen_q,
+            seqlen_k: sk,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        })
+    }
+
+    /// Sequence `b`'s mask: `off_b = seqlen_k[b] − seqlen_q`.
+    pub fn mask(&self, b: usize, opts: &AttentionOptions) -> Mask {
+        opts.mask_for(self.seqlen_q, self.seqlen_k(b))
+    }
+
+    /// The cache row of token `t` of sequence `b`.
+    pub fn cache_row(&self, b: usize, t: usize) -> usize {
+        self.table.row(b, t)
+    }
+
+    /// `(b, t, cache row)` of every appended token, in `k_new`'s row order.
+    pub fn appended_rows(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.batch).flat_map(move |b| {
+            (0..self.seqlen_new).map(move |t| (b, t, self.cache_row(b, self.cache_lens[b] + t)))
+        })
+    }
+
+    fn check_capacity(&self) -> Result<()> {
+        let capacity = self.table.max_pages * self.table.page_size;
+        for b in 0..self.batch {
+            if self.seqlen_k(b) > capacity {
+                return Err(Error::CacheOverflow {
+                    batch: b,
+                    cache_len: self.cache_lens[b],
+                    new: self.seqlen_new,
+                    capacity,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages a sequence uses must exist.
+    fn check_pages(&self) -> Result<()> {
+        let [outer, _, _, _] = self.cache.dims();
+        let t = &self.table;
+        for b in 0..self.batch {
+            for slot in 0..self.seqlen_k(b).div_ceil(t.page_size) {
+                let page = t.pages[b * t.max_pages + slot];
+                if page as usize >= outer {
+                    return Err(Error::PageOutOfRange {
+                        tensor: self.index_name(),
+                        batch: b,
+                        slot,
+                        page: page as i32 as i64,
+                        pages: outer,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Two sequences writing one cache row would race (and lose a token).
+    fn check_appends(&self) -> Result<()> {
+        let mut owner = std::collections::HashMap::new();
+        for (b, _, row) in self.appended_rows() {
+            if let Some(first) = owner.insert(row, b) {
+                return Err(Error::AppendConflict {
+                    first,
+                    second: b,
+                    row,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn index_name(&self) -> &'static str {
+        if self.cache.is_paged() {
+            "block_table"
+        } else {
+            "cache_batch_idx"
+        }
+    }
+}
+
+/// `k_new`/`v_new`: both or neither, `(batch, seqlen_new, heads_kv, d)`.
+fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -> Result<usize> {
+    let Some([k, v]) = step.new_kv else {
+        return Ok(0);
+    };
+    for (name, t) in [("k_new", &k), ("v_new", &v)] {
+        t.check_len(name)?;
+        dtype_like(t.precision(), name, p)?;
+    }
+    let expected = [batch, k.shape[1], cache.heads_kv, cache.head_dim];
+    for (name, t) in [("k_new", &k), ("v_new", &v)] {
+        if t.shape != expected {
+            return Err(Error::ShapeMismatch {
+                tensor: name,
+                shape: t.shape.to_vec(),
+                like: "(batch of q, seqlen_new, heads_kv and head_dim of the cache)",
+                expected: expected.to_vec(),
+            });
+        }
+    }
+    Ok(k.shape[1])
+}
+
+/// An i32 length array of `batch` entries, none negative.
+fn lengths(tensor: &'static str, values: &[i32], batch: usize) -> Result<Vec<usize>> {
+    index_len(tensor, values.len(), batch)?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, &value)| {
+            usize::try_from(value).map_err(|_| Error::NegativeIndex {
+                tensor,
+                index,
+                value: value as i64,
+            })
+        })
+        .collect()
+}
+
+/// The page table of either layout, its indices checked for sign.
+fn page_table(step: &DecodeStep, cache: &CacheShape, batch: usize) -> Result<PageTable> {
+    match (cache.layout, step.block_table, step.cache_batch_idx) {
+        (CacheLayout::Dense { .. }, Some(_), _) => Err(Error::CacheIndex {
+            reason: "a block_table needs a paged cache; this cache is dense",
+        }),
+        (CacheLayout::Paged { .. }, None, _) => Err(Error::CacheIndex {
+            reason: "a paged cache needs a block_table",
+        }),
+        (CacheLayout::Paged { .. }, Some(_), Some(_)) => Err(Error::CacheIndex {
+            reason: "cache_batch_idx applies to dense caches; a paged cache uses its block_table",
+        }),
+        (
+            CacheLayout::Dense {
+                batch: rows,
+                capacity,
+            },
+            None,
+            idx,
+        ) => {
+            let pages = match idx {
+                Some(idx) => {
+                    let rows_of = lengths("cache_batch_idx", idx, batch)?;
+                    if let Some((b, &row)) = rows_of.iter().enumerate().find(|(_, r)| **r >= rows) {
+                        return Err(Error::PageOutOfRange {
+                            tensor: "cache_batch_idx",
+                            batch: b,
+                            slot: 0,
+                            page: row as i64,
+                            pages: rows,
+                        });
+                    }
+                    rows_of
+                }
+                None if batch > rows => {
+                    return Err(Error::DimMismatch {
+                        dim: "batch",
+                        tensor: "q",
+                        value: batch,
+                        other: "the dense cache (without cache_batch_idx)",
+                        other_value: rows,
+                    })
+                }
+                None => (0..batch).collect(),
+            };
+            Ok(PageTable {
+                page_size: capacity,
+                max_pages: 1,
+                pages: pages.into_iter().map(|p| p as u32).collect(),
+            })
+        }
+        (CacheLayout::Paged { page_size, .. }, Some(table), None) => {
+            if table.max_pages == 0 {
+                return Err(Error::EmptyDim {
+                    dim: "max_pages (block_table's second dim)",
+                });
+            }
+            index_len("block_table", table.pages.len(), batch * table.max_pages)?;
+            // Negative entries past a sequence's last page are padding
+            // (never read); check_pages rejects any a sequence uses.
+            Ok(PageTable {
+                page_size,
+                max_pages: table.max_pages,
+                pages: table.pages.iter().map(|&p| p as u32).collect(),
+            })
+        }
+    }
+}
+
+fn index_len(tensor: &'static str, len: usize, expected: usize) -> Result<()> {
+    if len != expected {
+        return Err(Error::IndexLength {
+            tensor,
+            len,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+fn same(
+    dim: &'static str,
+    (a, x): (&'static str, usize),
+    (b, y): (&'static str, usize),
+) -> Result<()> {
+    if x != y {
+        return Err(Error::DimMismatch {
+            dim,
+            tensor: a,
+            value: x,
+            other: b,
+            other_value: y,
+        });
+    }
+    Ok(())
+}
+
+fn dtype_like(p: Precision, tensor: &'static str, cache: Precision) -> Result<()> {
+    if p != cache {
+        return Err(Error::DtypeMismatch {
+            tensor,
+            dtype: p.name(),
+            like: "the kv cache",
+            expected: cache.name(),
+        });
+    }
+    Ok(())
+}
+
+/// A KV cache in host memory: what the command line reads and writes, and
+/// what the CPU backend decodes on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostKvCache {
+    pub shape: CacheShape,
+    pub k: TensorData,
+    pub v: TensorData,
+}
+
+impl HostKvCache {
+    /// A cache of `shape` from K and V data of one dtype.
+    pub fn new(shape: CacheShape, k: TensorData, v: TensorData) -> Result<Self> {
+        for (tensor, t) in [("k_cache", &k), ("v_cache", &v)] {
+            if t.len() != shape.len() {
+                return Err(Error::DataLength {
+                    tensor,
+                    shape: shape.dims().to_vec(),
+                    expected: shape.len(),
+                    actual: t.len(),
+                });
+            }
+        }
+        dtype_like(v.precision(), "v_cache", k.precision())?;
+        Ok(Self { shape, k, v })
+    }
+
+    /// A cache from two 4-d tensors of one shape, read as paged or dense.
+    pub fn from_tensors(k: Tensor, v: Tensor, paged: bool) -> Result<Self> {
+        let dims = |t: &Tensor, tensor| -> Result<[usize; 4]> {
+            t.shape.as_slice().try_into().map_err(|_| Error::Rank {
+                tensor,
+                shape: t.shape.clone(),
+                rank: t.shape.len(),
+                expected: 4,
+            })
+        };
+        let (kd, vd) = (dims(&k, "k_cache")?, dims(&v, "v_cache")?);
+        if kd != vd {
+            return Err(Error::ShapeMismatch {
+                tensor: "v_cache",
+                shape: vd.to_vec(),
+                like: "k_cache",
+                expected: kd.to_vec(),
+            });
+        }
+        Self::new(CacheShape::from_dims(kd, paged)?, k.data, v.data)
+    }
+
+    /// An all-zero cache.
+    pub fn zeros(shape: CacheShape, precision: Precision) -> Self {
+        let zeros = || TensorData::from_f32(vec![0.0; shape.len()], precision);
+        Self {
+            shape,
+            k: zeros(),
+            v: zeros(),
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.k.precision()
+    }
+
+    /// K as a 4-d tensor (a copy).
+    pub fn k_tensor(&self) -> Tensor {
+        self.tensor(&self.k)
+    }
+
+    /// V as a 4-d tensor (a copy).
+    pub fn v_tensor(&self) -> Tensor {
+        self.tensor(&self.v)
+    }
+
+    fn tensor(&self, data: &TensorData) -> Tensor {
+        Tensor {
+            shape: self.shape.dims().to_vec(),
+            data: data.clone(),
+        }
+    }
+}
+
+/// The result of a decoding step.
+#[derive(Clone, Debug)]
+pub struct DecodeOutput {
+    /// `(batch, seqlen_q, heads_q, head_dim)`, in the cache's precision.
+    pub o: Tensor,
+    /// `(batch, heads_q, seqlen_q)`, f32; `-inf` for rows with no allowed key.
+    pub lse: Vec<f32>,
+    pub lse_shape: [usize; 3],
+    /// Splits the keys of each sequence were cut into (1: none).
+    pub num_splits: usize,
+    /// What the call did on the device (empty on the CPU backend).
+    pub stats: CallStats,
+}
+
+impl DecodeOutput {
+    pub fn new(
+        problem: &DecodeProblem,
+        o: TensorData,
+        lse: Vec<f32>,
+        num_splits: usize,
+        stats: CallStats,
+    ) -> Self {
+        Self {
+            o: Tensor {
+                shape: problem.q_shape().to_vec(),
+                data: o,
+            },
+            lse,
+            lse_shape: problem.lse_shape(),
+            num_splits,
+            stats,
+        }
+    }
+
+    /// The LSE as an owned tensor.
+    pub fn lse_tensor(&self) -> Tensor {
+        Tensor {
+            shape: self.lse_shape.to_vec(),
+            data: TensorData::F32(self.lse.clone()),
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The decode kernels (SPEC.md, "KV cache and decoding"): the append
+//! (`kv_append.wgsl`, k_new/v_new into the cache in place), the split-KV
+//! attention (`flash_decode.wgsl`, one workgroup per split, row block, kv
+//! head and sequence, the query group packed into its rows) and the merge
+//! (`decode_merge.wgsl`, the splits combined by their LSE). All read the
+//! cache through one page table (`decode_common.wgsl`).
+
+use super::compose::{binding, Access, Composer, KernelSource, Variant};
+use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
+use super::params::{DecodeParams, Params};
+use crate::api::decode::DecodeProblem;
+use crate::api::output::Accesses;
+use crate::plan::decode::MAX_SPLITS;
+use crate::plan::{DecodeTiles, StorageKind};
+
+const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
+const APPEND: &str = include_str!("../../shaders/kv_append.wgsl");
+const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
+const MERGE: &str = include_str!("../../shaders/decode_merge.wgsl");
+
+/// Invocations of an append or merge workgroup.
+pub const HELPER_WORKGROUP: u32 = 64;
+
+/// The split-KV decode kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashDecode {
+    pub tiles: DecodeTiles,
+    /// Write f32 partials for the merge (more than one split), or the final o and lse.
+    pub partial: bool,
+    pub variant: Variant,
+}
+
+/// Appends k_new/v_new to the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvAppend {
+    pub storage: StorageKind,
+    pub head_dim: u32,
+    pub variant: Variant,
+}
+
+/// Merges the splits' partial outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeMerge {
+    pub storage: StorageKind,
+    pub head_dim: u32,
+    pub variant: Variant,
+}
+
+/// A composer with the decode kernels' shared declarations.
+fn composer(storage: StorageKind, wg: u32, head_dim: u32) -> Composer {
+    let mut c = Composer::new(storage);
+    c.override_u32("WG", wg).override_u32("D", head_dim);
+    c
+}
+
+/// Add common.wgsl and decode_common.wgsl (after the kernel's own overrides).
+fn finish_common(c: &mut Composer, variant: Variant) {
+    c.common(variant).push(DECODE_COMMON);
+}
+
+impl FlashDecode {
+    pub const NAME: &'static str = "flash decode";
+
+    pub fn source(&self) -> KernelSource {
+        let t = &self.tiles;
+        let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
+        c.override_bool("IS_PARTIAL", self.partial)
+            .const_u32("RB", t.rows)
+            .const_u32("ACC", t.acc_per_thread());
+        finish_common(&mut c, self.variant);
+        use binding::*;
+        c.storage(
+            t.storage,
+            &[
+                ("q", Q, Access::Read),
+                ("k", K, Access::Read),
+                ("v", V, Access::Read),
+            ],
+        );
+        // Partials are f32 whatever the cache holds; the final o is not.
+        let o_storage = if self.partial {
+            StorageKind::F32
+        } else {
+            t.storage
+        };
+        c.buffers(o_storage, &[("o", O, Access::Write)])
+            .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)]);
+        c.push(FLASH_DECODE).finish("main")
+    }
+
+    /// `[splits × row blocks, heads_kv, batch]`.
+    pub fn grid(&self, p: &DecodeProblem, dp: &DecodeParams) -> [u32; 3] {
+        [
+            dp.num_splits * dp.row_blocks,
+            p.heads_kv as u32,
+            p.batch as u32,
+        ]
+    }
+
+    /// Storage accesses: each workgroup reads its q rows, then K and V once
+    /// for every key it walks (the whole query group shares them), and
+    /// writes its rows' o and lse. The index buffer (key counts, page
+    /// table) is not counted, as uniforms are not.
+    pub fn accesses(&self, p: &DecodeProblem, params: &Params, dp: &DecodeParams) -> Accesses {
+        let (d, rb) = (self.tiles.head_dim as u64, self.tiles.rows);
+        let mut a = Accesses::default();
+        for b in 0..p.batch {
+            for split in 0..dp.num_splits {
+                for block in 0..dp.row_blocks {
+                    let p0 = block * rb;
+                    let rows = rb.min(dp.group_rows - p0) as u64;
+                    let (lo, hi) = walked_keys(
+                        params,
+                        dp,
+                        self.variant.masked,
+                        p.seqlen_k(b),
+                        split,
+                        p0,
+                        rows as u32,
+                    );
+                    a.reads += rows * d + 2 * (hi - lo) as u64 * d;
+                    a.writes += rows * d + rows;
+                }
+            }
+        }
+        a.times(p.heads_kv as u64)
+    }
+
+    /// Loop iterations per invocation as a function of the keys of its
+    /// split: per block of WG keys, the block loop, the score loop over d
+    /// (rows unrolled), the two softmax loops over the block (invocations
+    /// < RB) and the P·V loop over its keys; once, loading q and storing.
+    pub fn loop_cost(&self) -> LoopCost {
+        let t = &self.tiles;
+        let (d, wg, rb, acc) = (t.head_dim, t.workgroup_size, t.rows, t.acc_per_thread());
+        let score = constant(d, 6 + 3 * rb, 0);
+        let softmax = 2 * constant(wg, 12, 0);
+        let rescale = constant(rb * acc, 4, 0);
+        let pv = counted(wg as u64, 0, (acc > 1) as u64);
+        let load_q = counted((rb * d).div_ceil(wg) as u64, 0, 0);
+        let store = counted(rb as u64, 0, 0);
+        LoopCost {
+            dim: LoopDim::Keys,
+            step: wg,
+            per_step: 1 + score + softmax + rescale + pv,
+            fixed: load_q + 1 + store + GUARD,
+        }
+    }
+}
+
+/// Keys `[lo, hi)` the decode workgroup of sequence `b` (`seqlen_k` keys),
+/// split `split` and packed rows `p0..p0 + rows` walks, as
+/// `flash_decode.wgsl` computes them.
+pub fn walked_keys(
+    params: &Params,
+    dp: &DecodeParams,
+    masked: bool,
+    seqlen_k: usize,
+    split: u32,
+    p0: u32,
+    rows: u32,
+) -> (i64, i64) {
+    let sk = seqlen_k as i64;
+    let split_lo = (split as i64 * dp.keys_per_split as i64).min(sk);
+    let (mut lo, mut hi) = (split_lo, (split_lo + dp.keys_per_split as i64).min(sk));
+    if masked {
+        let (g, offset) = (params.group as i64, sk - params.seqlen_q as i64);
+        let first = p0 as i64 / g + offset;
+        let last = (p0 + rows - 1) as i64 / g + offset;
+        lo = lo.max(first - params.window_left as i64);
+        hi = hi.min(last + params.window_right as i64 + 1);
+    }
+    (lo, hi.max(lo))
+}
+
+impl KvAppend {
+    pub const NAME: &'static str = "kv append";
+
+    pub fn source(&self) -> KernelSource {
+        let mut c = composer(self.storage, HELPER_WORKGROUP, self.head_dim);
+        finish_common(&mut c, self.variant);
+        use binding::*;
+        c.storage(
+            self.storage,
+            &[
+                ("k_new", K_NEW, Access::Read),
+                ("v_new", V_NEW, Access::Read),
+                ("k", K, Access::Write),
+                ("v", V, Access::Write),
+            ],
+        );
+        c.push(APPEND).finish("main")
+    }
+
+    /// Each appended element read once and written once, K and V.
+    pub fn accesses(&self, p: &DecodeProblem) -> Accesses {
+        let n = (p.batch * p.seqlen_new * p.cache.row_len()) as u64;
+        Accesses {
+            reads: 2 * n,
+            writes: 2 * n,
+        }
+    }
+
+    /// No loops but the guard's.
+    pub fn loop_cost(&self) -> LoopCost {
+        fixed_cost(GUARD)
+    }
+}
+
+impl DecodeMerge {
+    pub const NAME: &'static str = "decode merge";
+
+    pub fn source(&self) -> KernelSource {
+        let mut c = composer(self.storage, HELPER_WORKGROUP, self.head_dim);
+        c.const_u32("MAX_SPLITS", MAX_SPLITS as u32);
+        finish_common(&mut c, self.variant);
+        use binding::*;
+        c.storage(self.storage, &[("o", O, Access::Write)]).buffers(
+            StorageKind::F32,
+            &[
+                ("o_part", O_PART, Access::Read),
+                ("lse_part", LSE_PART, Access::Read),
+                ("lse", LSE, Access::Write),
+            ],
+        );
+        c.push(MERGE).finish("main")
+    }
+
+    /// Per row: every split's lse and o row read once; o and lse written once.
+    pub fn accesses(&self, p: &DecodeProblem, splits: u32) -> Accesses {
+        let (rows, d, n) = (p.lse_len() as u64, p.head_dim as u64, splits as u64);
+        Accesses {
+            reads: rows * n * (d + 1),
+            writes: rows * (d + 1),
+        }
+    }
+
+    /// Its loops walk the splits, at most [`MAX_SPLITS`], never keys.
+    pub fn loop_cost(&self) -> LoopCost {
+        let splits = MAX_SPLITS as u64;
+        let cols = (self.head_dim.div_ceil(HELPER_WORKGROUP)) as u64;
+        fixed_cost(
+            counted(1, 0, 0) + 2 * counted(splits, 0, 0) + counted(cols, splits + 1, 1) + GUARD,
+        )
+    }
+}
+
+/// The cost of a kernel whose loops do not grow with any sequence.
+fn fixed_cost(fixed: u64) -> LoopCost {
+    LoopCost {
+        dim: LoopDim::Keys,
+        step: u32::MAX,
+        per_step: 0,
+        fixed,
+    }
+}

@@ -1,0 +1,272 @@
+//! The decode planner (FlashDecoding): pure functions from a decoding
+//! problem and the device's limits to the decode kernel's tiles and to the
+//! number of splits of the keys.
+//!
+//! Decoding has few query rows (the query heads of one GQA group × 1..16
+//! tokens) and many keys. One workgroup takes the rows of one kv head, so
+//! each K/V row is read once per group; with `batch × heads_kv` workgroups
+//! too few to fill the device, the keys of each sequence are split across
+//! workgroups, each writes a partial output with its LSE, and a merge pass
+//! combines them exactly.
+
+use super::caps::DeviceCaps;
+use super::forward::storage_kind;
+use super::request::{PlanOverrides, PlanRequest, StorageKind};
+use super::tiles::{record, round_up, Clamp, TARGET_WORKGROUP, WORKING_BYTES};
+use crate::api::tensor::Precision;
+use crate::error::{Error, Result};
+
+/// Most packed query rows (heads of a group × tokens) one workgroup holds:
+/// each invocation keeps a score per row and `rows × ceil(d / workgroup)`
+/// accumulators in registers.
+pub const MAX_DECODE_ROWS: u32 = 16;
+/// Fewest keys a split is given when the planner chooses: shorter splits
+/// cost more in partial outputs and merging than they gain in parallelism.
+pub const MIN_KEYS_PER_SPLIT: usize = 256;
+/// Most splits the planner chooses (flash-attention's limit too).
+pub const MAX_SPLITS: usize = 128;
+/// Workgroups that fill a GPU, where the adapter cannot say: an H100 has
+/// 132 SMs and runs several decode workgroups on each; 256 fills most
+/// desktop GPUs too.
+pub const GPU_PARALLEL_WORKGROUPS: usize = 256;
+
+/// The decode kernel's shape: what its pipeline depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeTiles {
+    pub head_dim: u32,
+    pub storage: StorageKind,
+    /// Packed query rows per workgroup.
+    pub rows: u32,
+    /// Invocations per workgroup, and keys per block (one key each).
+    pub workgroup_size: u32,
+    /// Bytes of `var<workgroup>` the kernel declares.
+    pub workgroup_bytes: u32,
+}
+
+impl DecodeTiles {
+    /// Output columns each invocation accumulates per row.
+    pub fn acc_per_thread(&self) -> u32 {
+        self.head_dim.div_ceil(self.workgroup_size)
+    }
+}
+
+/// How the keys of each sequence are cut: split `s` covers keys
+/// `s · keys_per_split ..` of every sequence (empty where a sequence is short).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Splits {
+    pub num_splits: usize,
+    pub keys_per_split: usize,
+}
+
+/// A decode plan and the reasons for its choices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub tiles: DecodeTiles,
+    pub splits: Splits,
+    /// Workgroups per split: `batch × heads_kv × row blocks`.
+    pub workgroups: usize,
+    pub clamps: Vec<Clamp>,
+    /// Why this many splits, in words.
+    pub reasons: Vec<String>,
+}
+
+/// The sizes a decode plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeRequest {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// The longest sequence's keys (after the append).
+    pub max_seqlen_k: usize,
+    pub precision: Precision,
+    /// `Some(n)`, n ≥ 1: use n splits (still raised where a limit needs more).
+    pub num_splits: Option<usize>,
+    /// Force f16 storage packed (`false`) or native (`true`).
+    pub f16_native: Option<bool>,
+}
+
+impl DecodeRequest {
+    /// Packed rows of one kv head: its group's query heads × the tokens.
+    pub fn group_rows(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1) * self.seqlen_q
+    }
+}
+
+/// What bounds the splits on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitLimits {
+    /// Workgroups (or CPU tasks) that fill the device.
+    pub parallelism: usize,
+    /// Most keys one split may walk (the adapter's loop limit).
+    pub max_keys: usize,
+    /// Largest storage binding, bytes (the partial outputs must fit one).
+    pub max_binding: u64,
+}
+
+/// Plan the decode kernel for `req` on a device with `caps`.
+pub fn plan_decode(
+    req: &DecodeRequest,
+    caps: &DeviceCaps,
+    limits: &SplitLimits,
+) -> Result<DecodePlan> {
+    let tiles = decode_tiles(req, caps)?;
+    let mut clamps = Vec::new();
+    let wanted = req.group_rows().min(MAX_DECODE_ROWS as usize) as u32;
+    let reason = format!(
+        "{} bytes of workgroup storage hold q and P for {} rows at d {}",
+        caps.max_workgroup_storage, tiles.rows, req.head_dim
+    );
+    record(&mut clamps, "rows", wanted, tiles.rows, reason);
+    let row_blocks = req.group_rows().div_ceil(tiles.rows as usize);
+    let workgroups = req.batch * req.heads_kv * row_blocks;
+    let partial_bytes = (req.batch * req.heads_q * req.seqlen_q * req.head_dim * 4) as u64;
+    let (splits, reasons) = plan_splits(
+        req,
+        tiles.workgroup_size as usize,
+        workgroups,
+        partial_bytes,
+        limits,
+    )?;
+    Ok(DecodePlan {
+        tiles,
+        splits,
+        workgroups,
+        clamps,
+        reasons,
+    })
+}
+
+/// The decode kernel's tiles: one key per invocation and as many packed rows
+/// as the workgroup storage holds (q rows, their P rows, per-row state).
+pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTiles> {
+    let d = req.head_dim as u32;
+    let plan_req = PlanRequest::new(req.head_dim, req.precision).overrides(PlanOverrides {
+        f16_native: req.f16_native,
+        ..Default::default()
+    });
+    let storage = storage_kind(&plan_req, caps)?;
+    let wg = TARGET_WORKGROUP.min(caps.max_workgroup());
+    let wanted = req.group_rows().clamp(1, MAX_DECODE_ROWS as usize) as u32;
+    let rows = (1..=wanted)
+        .rev()
+        .find(|&r| decode_workgroup_bytes(r, wg, d) <= caps.max_workgroup_storage)
+        .ok_or(Error::WorkgroupStorage {
+            br: 1,
+            bc: wg,
+            head_dim: d,
+            bytes: decode_workgroup_bytes(1, wg, d),
+            max: caps.max_workgroup_storage,
+        })?;
+    Ok(DecodeTiles {
+        head_dim: d,
+        storage,
+        rows,
+        workgroup_size: wg,
+        workgroup_bytes: decode_workgroup_bytes(rows, wg, d),
+    })
+}
+
+/// Workgroup bytes of the decode kernel: q (rows × d), P (rows × keys per
+/// block), three f32 per row (m, l, rescale) and a cache row per key.
+pub fn decode_workgroup_bytes(rows: u32, wg: u32, d: u32) -> u32 {
+    WORKING_BYTES * (rows * d + rows * wg + 3 * rows + wg)
+}
+
+/// How many splits, and why. `step` is the kernel's keys per block (splits
+/// are whole blocks), `workgroups` the workgroups of one split,
+/// `partial_bytes` the partial outputs of one split.
+pub fn plan_splits(
+    req: &DecodeRequest,
+    step: usize,
+    workgroups: usize,
+    partial_bytes: u64,
+    limits: &SplitLimits,
+) -> Result<(Splits, Vec<String>)> {
+    let keys = req.max_seqlen_k.max(1);
+    let blocks = keys.div_ceil(step);
+    let mut reasons = Vec::new();
+    let mut n = match req.num_splits {
+        Some(n) => {
+            reasons.push(format!("{n} splits requested"));
+            n.max(1)
+        }
+        None => {
+            let fill = limits.parallelism.div_ceil(workgroups.max(1)).max(1);
+            let by_keys = (keys / MIN_KEYS_PER_SPLIT).max(1);
+            let n = fill.min(by_keys).min(MAX_SPLITS);
+            reasons.push(format!(
+                "{workgroups} workgroups per split, {} fill the device: {fill} splits wanted",
+                limits.parallelism
+            ));
+            if n < fill {
+                reasons.push(format!(
+                    "at most {} splits: {keys} keys, at least {MIN_KEYS_PER_SPLIT} each, at most {MAX_SPLITS} splits",
+                    by_keys.min(MAX_SPLITS)
+                ));
+            }
+            n
+        }
+    };
+    if n > blocks {
+        reasons.push(format!(
+            "{n} splits -> {blocks}: {keys} keys are {blocks} blocks of {step}"
+        ));
+        n = blocks;
+    }
+    let needed = keys.div_ceil(limits.max_keys.max(1));
+    if needed > n {
+        reasons.push(format!(
+            "{n} splits -> {needed}: the adapter's loop limit lets one workgroup walk at most {} keys",
+            limits.max_keys
+        ));
+        n = needed;
+    }
+    let keys_per_split = round_up(keys.div_ceil(n), step as u32) as usize;
+    let n = keys.div_ceil(keys_per_split);
+    let scratch = partial_bytes * n as u64;
+    if n > 1 && scratch > limits.max_binding {
+        return Err(Error::BindingTooLarge {
+            what: "the partial outputs of the splits",
+            bytes: scratch,
+            max: limits.max_binding,
+        });
+    }
+    reasons.push(format!("{n} splits of {keys_per_split} keys"));
+    Ok((
+        Splits {
+            num_splits: n,
+            keys_per_split,
+        },
+        reasons,
+    ))
+}
+
+impl std::fmt::Display for DecodePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = &self.tiles;
+        writeln!(
+            f,
+            "decode plan: {} packed rows per workgroup, {} invocations (one key each per block), \
+             {} bytes of workgroup storage; storage {}",
+            t.rows,
+            t.workgroup_size,
+            t.workgroup_bytes,
+            t.storage.name()
+        )?;
+        writeln!(
+            f,
+            "splits: {} of {} keys; {} workgroups per split",
+            self.splits.num_splits, self.splits.keys_per_split, self.workgroups
+        )?;
+        write!(f, "why:")?;
+        for r in &self.reasons {
+            write!(f, "\n  - {r}")?;
+        }
+        for c in &self.clamps {
+            write!(f, "\n  - {c}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,328 @@
+//! Decoding test cases shared by the CPU and GPU suites: a random cache
+//! (dense or paged, pages shuffled, garbage past every sequence's end),
+//! a step (q, lengths, maybe k_new/v_new), and the checks — o and lse
+//! under SPEC.md's rule against the f64 reference, and the updated cache
+//! bit-identical to SPEC.md's append computed by the reference.
+
+use flashattn::accuracy::check_decode;
+use flashattn::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
+use flashattn::random::Rng;
+use flashattn::{AttentionOptions, Precision, Result, TensorData};
+
+/// How the case's cache is laid out.
+#[derive(Clone, Debug)]
+pub enum Layout {
+    /// `capacity` tokens per row; `rows` ≥ batch cache rows, sequences in
+    /// shuffled rows (cache_batch_idx) when `shuffled`.
+    Dense {
+        capacity: usize,
+        rows: usize,
+        shuffled: bool,
+    },
+    /// Pages of `page_size`, shuffled, with spare pages.
+    Paged { page_size: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct DecodeCase {
+    pub seqlen_q: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub precision: Precision,
+    /// Tokens in each sequence's cache before the step (its length is the batch).
+    pub cache_lens: Vec<usize>,
+    /// Tokens appended (0: no k_new/v_new).
+    pub seqlen_new: usize,
+    pub layout: Layout,
+    pub opts: AttentionOptions,
+    pub num_splits: Option<usize>,
+    pub seed: u64,
+}
+
+impl DecodeCase {
+    pub fn new(cache_lens: &[usize], head_dim: usize) -> Self {
+        let capacity = cache_lens.iter().max().copied().unwrap_or(0) + 16;
+        Self {
+            seqlen_q: 1,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim,
+            precision: Precision::F32,
+            cache_lens: cache_lens.to_vec(),
+            seqlen_new: 0,
+            layout: Layout::Dense {
+                capacity,
+                rows: cache_lens.len(),
+                shuffled: false,
+            },
+            opts: AttentionOptions::default(),
+            num_splits: None,
+            seed: cache_lens.iter().sum::<usize>() as u64 * 31 + head_dim as u64,
+        }
+    }
+    pub fn heads(self, heads_q: usize, heads_kv: usize) -> Self {
+        Self {
+            heads_q,
+            heads_kv,
+            ..self
+        }
+    }
+    pub fn seqlen_q(self, seqlen_q: usize) -> Self {
+        Self { seqlen_q, ..self }
+    }
+    pub fn append(self, seqlen_new: usize) -> Self {
+        // Keep room for the new tokens in a dense cache.
+        let layout = match self.layout {
+            Layout::Dense {
+                capacity,
+                rows,
+                shuffled,
+            } => Layout::Dense {
+                capacity: capacity + seqlen_new,
+                rows,
+                shuffled,
+            },
+            paged => paged,
+        };
+        Self {
+            seqlen_new,
+            layout,
+            ..self
+        }
+    }
+    pub fn paged(self, page_size: usize) -> Self {
+        let layout = Layout::Paged { page_size };
+        Self { layout, ..self }
+    }
+    /// A dense cache with spare rows, sequences in shuffled rows.
+    pub fn batch_idx(self) -> Self {
+        let n = self.cache_lens.len();
+        let capacity = self.cache_lens.iter().max().copied().unwrap_or(0) + self.seqlen_new + 5;
+        let layout = Layout::Dense {
+            capacity,
+            rows: n + 2,
+            shuffled: true,
+        };
+        Self { layout, ..self }
+    }
+    pub fn opts(self, opts: AttentionOptions) -> Self {
+        Self { opts, ..self }
+    }
+    pub fn f16(self) -> Self {
+        let precision = Precision::F16;
+        Self { precision, ..self }
+    }
+    pub fn splits(self, n: usize) -> Self {
+        let num_splits = (n > 0).then_some(n);
+        Self { num_splits, ..self }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.cache_lens.len()
+    }
+
+    /// The cache and step data of this case.
+    pub fn data(&self) -> CaseData {
+        let mut rng = Rng::new(self.seed);
+        let b = self.batch();
+        let mut tensor = |n: usize| TensorData::from_f32(rng.normal_vec(n, 1.0), self.precision);
+        let (shape, index) = self.cache_index(b);
+        let cache = HostKvCache::new(shape, tensor(shape.len()), tensor(shape.len()))
+            .expect("a consistent cache");
+        let q = tensor(b * self.seqlen_q * self.heads_q * self.head_dim);
+        let new_len = b * self.seqlen_new * self.heads_kv * self.head_dim;
+        let (k_new, v_new) = (tensor(new_len), tensor(new_len));
+        CaseData {
+            cache,
+            q,
+            k_new,
+            v_new,
+            lens: self.cache_lens.iter().map(|&x| x as i32).collect(),
+            index,
+            case: self.clone(),
+        }
+    }
+
+    /// The cache shape and its index: cache_batch_idx (dense, shuffled) or a
+    /// block table over shuffled pages, with spare pages and -1 padding.
+    fn cache_index(&self, b: usize) -> (CacheShape, Index) {
+        let mut rng = Rng::new(self.seed ^ 0x5eed);
+        let (hk, d) = (self.heads_kv, self.head_dim);
+        match self.layout {
+            Layout::Dense {
+                capacity,
+                rows,
+                shuffled,
+            } => {
+                let layout = CacheLayout::Dense {
+                    batch: rows,
+                    capacity,
+                };
+                let shape = CacheShape::new(layout, hk, d).expect("a valid cache shape");
+                let idx = shuffled.then(|| {
+                    let mut all: Vec<i32> = (0..rows as i32).collect();
+                    shuffle(&mut all, &mut rng);
+                    all[..b].to_vec()
+                });
+                (shape, Index::Dense(idx))
+            }
+            Layout::Paged { page_size } => {
+                let need: Vec<usize> = self
+                    .cache_lens
+                    .iter()
+                    .map(|&l| (l + self.seqlen_new).div_ceil(page_size))
+                    .collect();
+                let max_pages = need.iter().max().copied().unwrap_or(0).max(1) + 1;
+                let pages = need.iter().sum::<usize>() + 3;
+                let mut order: Vec<i32> = (0..pages as i32).collect();
+                shuffle(&mut order, &mut rng);
+                let mut table = vec![-1i32; b * max_pages];
+                let mut next = order.into_iter();
+                for (s, &n) in need.iter().enumerate() {
+                    for slot in 0..n {
+                        table[s * max_pages + slot] = next.next().unwrap_or(0);
+                    }
+                }
+                let layout = CacheLayout::Paged { pages, page_size };
+                let shape = CacheShape::new(layout, hk, d).expect("a valid cache shape");
+                (shape, Index::Paged(table, max_pages))
+            }
+        }
+    }
+}
+
+fn shuffle(x: &mut [i32], rng: &mut Rng) {
+    for i in (1..x.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        x.swap(i, j);
+    }
+}
+
+/// A dense cache's row per sequence, or a block table and its width.
+#[derive(Clone, Debug)]
+pub enum Index {
+    Dense(Option<Vec<i32>>),
+    Paged(Vec<i32>, usize),
+}
+
+/// The owned data of one case.
+pub struct CaseData {
+    pub cache: HostKvCache,
+    pub q: TensorData,
+    pub k_new: TensorData,
+    pub v_new: TensorData,
+    pub lens: Vec<i32>,
+    pub index: Index,
+    pub case: DecodeCase,
+}
+
+impl CaseData {
+    pub fn step(&self) -> DecodeStep<'_> {
+        let c = &self.case;
+        let q_shape = [c.batch(), c.seqlen_q, c.heads_q, c.head_dim];
+        let mut step = DecodeStep::new(self.q.view(q_shape), &self.lens);
+        if c.seqlen_new > 0 {
+            let shape = [c.batch(), c.seqlen_new, c.heads_kv, c.head_dim];
+            step = step.append(self.k_new.view(shape), self.v_new.view(shape));
+        }
+        match &self.index {
+            Index::Dense(Some(idx)) => step.batch_idx(idx),
+            Index::Dense(None) => step,
+            Index::Paged(table, max_pages) => step.block_table(table, *max_pages),
+        }
+    }
+
+    /// Run `decode` on a copy of the cache and check everything SPEC.md
+    /// promises: o and lse within the rule, the cache updated exactly.
+    pub fn check(
+        &self,
+        decode: impl FnOnce(&mut HostKvCache, &DecodeStep) -> Result<DecodeOutput>,
+    ) -> DecodeOutput {
+        let step = self.step();
+        let mut cache = self.cache.clone();
+        let out = decode(&mut cache, &step).unwrap_or_else(|e| panic!("{:?}: {e}", self.case));
+        let checks = check_decode(&out, &self.cache, &step, &self.case.opts).expect("reference");
+        for c in &checks {
+            assert!(
+                c.passed(),
+                "{:?} (splits {}): {c}",
+                self.case,
+                out.num_splits
+            );
+        }
+        let expected = flashattn::reference::decode_cache(&self.cache, &step).expect("reference");
+        assert!(
+            cache == expected,
+            "{:?}: the cache differs from the input with the new rows appended",
+            self.case
+        );
+        out
+    }
+}
+
+/// The cases both backends run: layouts, page sizes, appends, batch
+/// indices, seqlen_q 1/4/16, GQA 8:1 and MQA, masks, softcap, lengths from
+/// 0 to 8192 varying across the batch, every `num_splits` in {0, 1, 3, 64}.
+pub fn cases() -> Vec<DecodeCase> {
+    let causal = AttentionOptions::default().causal(true);
+    let window = AttentionOptions::default().window(Some(40), Some(0));
+    let mut v = vec![
+        DecodeCase::new(&[1], 64),
+        DecodeCase::new(&[7, 130, 1, 64], 64).append(1),
+        DecodeCase::new(&[300, 0, 45], 32).append(3).opts(causal),
+        DecodeCase::new(&[513, 200], 128)
+            .heads(16, 2)
+            .seqlen_q(4)
+            .append(4)
+            .opts(causal),
+        DecodeCase::new(&[100, 250, 3], 48).batch_idx().append(2),
+        DecodeCase::new(&[900], 96)
+            .heads(8, 1)
+            .seqlen_q(16)
+            .opts(causal),
+        DecodeCase::new(&[400, 1000], 64)
+            .heads(8, 1)
+            .opts(window)
+            .append(1),
+        DecodeCase::new(&[333], 40).opts(AttentionOptions::default().softcap(5.0).scale(0.3)),
+        DecodeCase::new(&[8192, 1, 2000], 64)
+            .heads(8, 1)
+            .append(1)
+            .f16(),
+        DecodeCase::new(&[257, 64], 256).heads(2, 1).append(2).f16(),
+        DecodeCase::new(&[5, 17], 3)
+            .heads(3, 3)
+            .append(3)
+            .f16()
+            .opts(causal),
+    ];
+    for page_size in [1, 16, 48, 256] {
+        v.push(
+            DecodeCase::new(&[200, 37, 600], 64)
+                .heads(8, 2)
+                .paged(page_size)
+                .append(2)
+                .opts(causal)
+                .seqlen_q(2),
+        );
+    }
+    v.push(DecodeCase::new(&[500, 3], 128).paged(48).f16().append(1));
+    for splits in [0, 1, 3, 64] {
+        v.push(
+            DecodeCase::new(&[1500, 700], 64)
+                .heads(8, 1)
+                .append(1)
+                .splits(splits),
+        );
+        v.push(
+            DecodeCase::new(&[1200, 70], 32)
+                .paged(16)
+                .seqlen_q(4)
+                .append(4)
+                .opts(causal)
+                .splits(splits),
+        );
+    }
+    v
+}

@@ -1,0 +1,212 @@
+//! Decoding on the CPU backend (`flashattn::cpu::decode`) against the f64
+//! reference, and its validation: bad steps are typed errors that leave the
+//! cache untouched.
+
+mod common;
+
+use common::decode::{cases, DecodeCase};
+use flashattn::api::decode::{CacheLayout, CacheShape, DecodeStep, HostKvCache};
+use flashattn::{cpu, AttentionOptions, Error, Precision, TensorData};
+
+#[test]
+fn every_case_matches_the_reference() {
+    for case in cases() {
+        let data = case.data();
+        let out = data.check(|cache, step| cpu::decode(cache, step, &case.opts, case.num_splits));
+        if let Some(n) = case.num_splits {
+            let blocks = data.case.cache_lens.iter().max().unwrap() + case.seqlen_new;
+            assert!(out.num_splits <= n.max(1) || out.num_splits <= blocks.div_ceil(64));
+        }
+    }
+}
+
+#[test]
+fn splits_give_the_same_result_within_the_rule() {
+    let case = DecodeCase::new(&[3000], 64).heads(8, 1);
+    let data = case.data();
+    let outs: Vec<_> = [1, 3, 64]
+        .iter()
+        .map(|&n| data.check(|c, s| cpu::decode(c, s, &case.opts, Some(n))))
+        .collect();
+    assert_eq!(outs[0].num_splits, 1);
+    assert_eq!(outs[1].num_splits, 3);
+    assert!(
+        outs[2].num_splits > 3,
+        "64 splits of 3000 keys become whole blocks"
+    );
+}
+
+/// A 2-sequence dense f32 cache of capacity 8, 1 kv head, d 4.
+fn small() -> (HostKvCache, Vec<f32>, Vec<f32>) {
+    let layout = CacheLayout::Dense {
+        batch: 2,
+        capacity: 8,
+    };
+    let shape = CacheShape::new(layout, 1, 4).unwrap();
+    let data = |x: f32| TensorData::F32((0..shape.len()).map(|i| i as f32 * x).collect());
+    let cache = HostKvCache::new(shape, data(0.1), data(-0.2)).unwrap();
+    (cache, vec![0.5; 2 * 4], vec![1.0; 2 * 4])
+}
+
+#[test]
+fn bad_steps_are_typed_errors_and_leave_the_cache_untouched() {
+    let (cache, q, new) = small();
+    let qv = TensorData::F32(q.clone());
+    let nv = TensorData::F32(new.clone());
+    let q = qv.view([2, 1, 1, 4]);
+    let kn = nv.view([2, 1, 1, 4]);
+    let opts = AttentionOptions::default();
+    let run = |step: DecodeStep| {
+        let mut c = cache.clone();
+        let r = cpu::decode(&mut c, &step, &opts, None);
+        assert!(c == cache, "a failed step changed the cache");
+        r.expect_err("the step must fail")
+    };
+    let e = run(DecodeStep::new(q, &[8, 0]).append(kn, kn));
+    assert!(
+        matches!(
+            e,
+            Error::CacheOverflow {
+                batch: 0,
+                cache_len: 8,
+                new: 1,
+                capacity: 8
+            }
+        ),
+        "{e}"
+    );
+    let e = run(DecodeStep::new(q, &[-1, 0]));
+    assert!(
+        matches!(
+            e,
+            Error::NegativeIndex {
+                tensor: "cache_seqlens",
+                index: 0,
+                value: -1
+            }
+        ),
+        "{e}"
+    );
+    let e = run(DecodeStep::new(q, &[1]));
+    assert!(
+        matches!(
+            e,
+            Error::IndexLength {
+                tensor: "cache_seqlens",
+                len: 1,
+                expected: 2
+            }
+        ),
+        "{e}"
+    );
+    let e = run(DecodeStep::new(q, &[1, 1]).batch_idx(&[0, 2]));
+    assert!(
+        matches!(
+            e,
+            Error::PageOutOfRange {
+                tensor: "cache_batch_idx",
+                batch: 1,
+                page: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = run(DecodeStep::new(q, &[1, 1])
+        .batch_idx(&[1, 1])
+        .append(kn, kn));
+    assert!(
+        matches!(
+            e,
+            Error::AppendConflict {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = run(DecodeStep::new(q, &[1, 1]).block_table(&[0, 1], 1));
+    assert!(matches!(e, Error::CacheIndex { .. }), "{e}");
+    let bad_new = TensorData::F32(vec![0.0; 2 * 4 * 2]);
+    let e = run(DecodeStep::new(q, &[1, 1]).append(bad_new.view([2, 1, 2, 4]), kn));
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                tensor: "k_new",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let q16 = TensorData::from_f32(vec![0.0; 8], Precision::F16);
+    let e = run(DecodeStep::new(q16.view([2, 1, 1, 4]), &[1, 1]));
+    assert!(matches!(e, Error::DtypeMismatch { tensor: "q", .. }), "{e}");
+    let q3 = TensorData::F32(vec![0.0; 2 * 3]);
+    let e = run(DecodeStep::new(q3.view([2, 1, 1, 3]), &[1, 1]));
+    assert!(
+        matches!(
+            e,
+            Error::DimMismatch {
+                dim: "head_dim",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn paged_steps_check_every_page_they_use() {
+    let layout = CacheLayout::Paged {
+        pages: 3,
+        page_size: 2,
+    };
+    let shape = CacheShape::new(layout, 1, 4).unwrap();
+    let cache = HostKvCache::zeros(shape, Precision::F32);
+    let q = TensorData::F32(vec![0.5; 4]);
+    let q = q.view([1, 1, 1, 4]);
+    let opts = AttentionOptions::default();
+    let run = |table: &[i32], len: i32| {
+        let mut c = cache.clone();
+        cpu::decode(
+            &mut c,
+            &DecodeStep::new(q, &[len]).block_table(table, 2),
+            &opts,
+            None,
+        )
+    };
+    // Padding past the last used page is never read.
+    run(&[2, -1], 2).expect("one page used");
+    let e = run(&[2, -1], 3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PageOutOfRange {
+                tensor: "block_table",
+                slot: 1,
+                page: -1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = run(&[3, 0], 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PageOutOfRange {
+                page: 3,
+                pages: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = run(&[0, 1], 5).unwrap_err();
+    assert!(matches!(e, Error::CacheOverflow { capacity: 4, .. }), "{e}");
+    let mut c = cache.clone();
+    let e = cpu::decode(&mut c, &DecodeStep::new(q, &[1]), &opts, None).unwrap_err();
+    assert!(matches!(e, Error::CacheIndex { .. }), "{e}");
+}
