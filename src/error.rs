@@ -195,6 +195,13 @@ pub enum Error {
         limit: u32,
         length: usize,
     },
+    /// A decode needs more splits than the merge takes, for the loop limit.
+    #[error("the adapter's loop limit lets one workgroup walk {keys_per_split} keys; {keys} keys would need more than the {max} splits the merge takes")]
+    TooManySplits {
+        keys: usize,
+        keys_per_split: usize,
+        max: usize,
+    },
 
     // ---- execution failed ----
     #[error("requesting a device on {adapter}")]

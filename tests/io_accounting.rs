@@ -175,3 +175,49 @@ fn flash_accesses_fall_like_one_over_m() {
         naive.stats.accesses
     );
 }
+
+/// Decoding: the counted accesses equal the analytic ones for every layout,
+/// mask and split count; and without splits or appends, the reads are q
+/// once plus each K/V element once per GQA group (a workgroup takes the
+/// whole group, so a K/V row is loaded once for all its query heads).
+#[test]
+fn decode_counts_match_and_read_kv_once_per_group() {
+    use common::decode::DecodeCase;
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    let causal = AttentionOptions::default().causal(true);
+    let counted = [
+        DecodeCase::new(&[300, 0, 45], 32).append(3).opts(causal),
+        DecodeCase::new(&[513, 200], 64)
+            .heads(16, 2)
+            .seqlen_q(4)
+            .append(2)
+            .splits(3),
+        DecodeCase::new(&[200, 37], 48)
+            .heads(8, 2)
+            .paged(16)
+            .f16()
+            .append(1)
+            .splits(5),
+    ];
+    for case in counted {
+        let data = case.data();
+        let out = data.check(|c, s| e.decode_host(c, s, &case.opts, case.num_splits));
+        assert_counts(
+            &format!("decode {case:?}"),
+            out.stats.accesses,
+            out.stats.measured_accesses,
+        );
+    }
+    for (lens, heads, d) in [(vec![1000, 7, 300], (8, 1), 64), (vec![4096], (32, 8), 128)] {
+        let case = DecodeCase::new(&lens, d).heads(heads.0, heads.1).splits(1);
+        let data = case.data();
+        let out = data.check(|c, s| e.decode_host(c, s, &case.opts, Some(1)));
+        let keys: usize = lens.iter().sum();
+        let q = lens.len() * heads.0 * d;
+        let kv_once_per_group = 2 * keys * heads.1 * d;
+        let measured = out.stats.measured_accesses.unwrap();
+        assert_eq!(measured.reads as usize, q + kv_once_per_group, "{case:?}");
+        assert_eq!(out.stats.accesses, measured);
+    }
+}

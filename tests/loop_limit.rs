@@ -162,3 +162,61 @@ fn backward_loops_are_modeled() {
         }
     }
 }
+
+/// The decode kernel over one split of every length a split may have.
+#[test]
+fn decode_loops_are_modeled() {
+    use common::decode::DecodeCase;
+    use flashattn::kernels::FlashDecode;
+    use flashattn::plan::decode::decode_tiles;
+    let Some(e) = metered() else { return };
+    for (d, heads, seqlen_q) in [
+        (64, (8, 1), 1),
+        (128, (32, 8), 1),
+        (59, (4, 2), 4),
+        (256, (2, 1), 16),
+        (32, (16, 1), 1),
+        (16, (4, 1), 1),
+    ] {
+        for keys in [96, 1000] {
+            let case = DecodeCase::new(&[keys], d)
+                .heads(heads.0, heads.1)
+                .seqlen_q(seqlen_q)
+                .splits(1);
+            let data = case.data();
+            let step = data.step();
+            let mut cache = data.cache.clone();
+            let out = e
+                .decode_host(&mut cache, &step, &case.opts, Some(1))
+                .unwrap();
+            let problem =
+                flashattn::DecodeProblem::new(&step, &cache.shape, cache.precision()).unwrap();
+            let plan = e.plan_decode(&problem, &case.opts, Some(1)).unwrap();
+            let req = flashattn::plan::DecodeRequest {
+                batch: 1,
+                seqlen_q,
+                heads_q: heads.0,
+                heads_kv: heads.1,
+                head_dim: d,
+                max_seqlen_k: keys,
+                precision: Precision::F32,
+                num_splits: Some(1),
+                f16_native: None,
+            };
+            let tiles = decode_tiles(&req, &e.caps()).unwrap();
+            assert_eq!(tiles, plan.tiles);
+            let kernel = FlashDecode {
+                tiles,
+                partial: false,
+                variant: Variant::default(),
+            };
+            let what = format!("decode d {d} rows {}", tiles.rows);
+            assert_modeled(
+                &what,
+                &kernel.loop_cost(),
+                keys,
+                measured(&out.stats, FlashDecode::NAME),
+            );
+        }
+    }
+}

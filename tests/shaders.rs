@@ -8,9 +8,12 @@
 
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{
-    BackwardPart, Epilogue, FlashBackward, FlashForward, KernelKey, KernelSource, LoopProbe,
-    Matmul, MatmulForm, MatmulParams, Naive, NaiveEntry, Params, Uniform,
+    BackwardPart, DecodeMerge, DecodeParams, Epilogue, FlashBackward, FlashDecode, FlashForward,
+    KernelKey, KernelSource, KvAppend, LoopProbe, Matmul, MatmulForm, MatmulParams, Naive,
+    NaiveEntry, Params, Uniform,
 };
+use flashattn::plan::decode::decode_tiles;
+use flashattn::plan::DecodeRequest;
 use flashattn::{
     plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanRequest, Precision,
     StorageKind,
@@ -251,11 +254,80 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
     out
 }
 
+/// The decode kernels: the split-KV attention for the tiles the planner
+/// gives packed groups of 1, 4 and 16 rows on every device, both forms
+/// (partials or final); the append and the merge.
+fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
+    let mut out = Vec::new();
+    for storage in STORAGE {
+        let f16 = storage == StorageKind::F16Native;
+        let precision = storage.precision();
+        for &d in head_dims {
+            for variant in variants(all_variants) {
+                let mut keys: Vec<KernelKey> = vec![
+                    KvAppend {
+                        storage,
+                        head_dim: d as u32,
+                        variant,
+                    }
+                    .into(),
+                    DecodeMerge {
+                        storage,
+                        head_dim: d as u32,
+                        variant,
+                    }
+                    .into(),
+                ];
+                for (caps, rows) in device_caps()
+                    .into_iter()
+                    .zip([1, 4, 16].into_iter().cycle())
+                {
+                    let req = DecodeRequest {
+                        batch: 1,
+                        seqlen_q: 1,
+                        heads_q: rows,
+                        heads_kv: 1,
+                        head_dim: d,
+                        max_seqlen_k: 100,
+                        precision,
+                        num_splits: None,
+                        f16_native: Some(f16),
+                    };
+                    let Ok(tiles) = decode_tiles(&req, &caps) else {
+                        continue;
+                    };
+                    for partial in [false, true] {
+                        keys.push(
+                            FlashDecode {
+                                tiles,
+                                partial,
+                                variant,
+                            }
+                            .into(),
+                        );
+                    }
+                }
+                for key in keys {
+                    let label = format!("{} d {d} {storage:?} {key:?}", key.name());
+                    out.push(Kernel {
+                        label,
+                        key,
+                        f16,
+                        subgroups: false,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every kernel: each plan, storage and head dim, with no optional code and
 /// with all of it.
 fn all_kernels() -> Vec<Kernel> {
     let mut k = flash_kernels(&HEAD_DIMS, false);
     k.extend(other_kernels(false));
+    k.extend(decode_kernels(&HEAD_DIMS, false));
     k
 }
 
@@ -265,6 +337,7 @@ fn all_kernels() -> Vec<Kernel> {
 fn every_variant_validates_with_its_overrides() {
     let mut kernels = flash_kernels(&[59, 64], true);
     kernels.extend(other_kernels(true));
+    kernels.extend(decode_kernels(&[59, 64], true));
     for k in &kernels {
         compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
         let src = k.key.source();
@@ -423,6 +496,19 @@ fn declared_workgroup_storage_matches_the_plan() {
     }
 }
 
+#[test]
+fn decode_workgroup_storage_matches_the_plan() {
+    for k in decode_kernels(&HEAD_DIMS, false) {
+        let (module, _) = compile(&k).unwrap();
+        let expected = match k.key {
+            KernelKey::FlashDecode(f) => f.tiles.workgroup_bytes,
+            KernelKey::DecodeMerge(_) => 4 * flashattn::plan::decode::MAX_SPLITS as u32,
+            _ => 0,
+        };
+        assert_eq!(workgroup_bytes(&module), expected, "{}", k.label);
+    }
+}
+
 /// The WGSL struct `T::WGSL_NAME` in `source`, laid out by naga, must have
 /// exactly `T::FIELDS` (names and offsets) and `T`'s size.
 fn assert_layout<T: Uniform>(source: &KernelSource) {
@@ -469,6 +555,13 @@ fn uniform_structs_match_their_wgsl_twins() {
     };
     assert_layout::<MatmulParams>(&matmul.source());
     assert_layout::<Params>(&matmul.source());
+    let merge = DecodeMerge {
+        storage: StorageKind::F32,
+        head_dim: 64,
+        variant: Variant::default(),
+    };
+    assert_layout::<DecodeParams>(&merge.source());
+    assert_layout::<Params>(&merge.source());
 }
 
 /// Function-scope `var`s declared without an initializer, as `line: text`.

@@ -133,12 +133,16 @@ impl FlashDecode {
     pub fn loop_cost(&self) -> LoopCost {
         let t = &self.tiles;
         let (d, wg, rb, acc) = (t.head_dim, t.workgroup_size, t.rows, t.acc_per_thread());
-        let score = constant(d, 6 + 3 * rb, 0);
+        // Op counts per trip, generous (see FlashForward::loop_cost): the
+        // loops over rows inside are unrolled first, so a trip holds them all.
+        let score = constant(d, 6 + 10 * rb, 0);
         let softmax = 2 * constant(wg, 12, 0);
-        let rescale = constant(rb * acc, 4, 0);
-        let pv = counted(wg as u64, 0, (acc > 1) as u64);
+        let rescale = constant(rb, 10 * acc + 10, 0);
+        let pv_cols = constant(acc, 12 * rb + 8, 0);
+        let pv = counted(wg as u64, pv_cols, (pv_cols > 0) as u64);
         let load_q = counted((rb * d).div_ceil(wg) as u64, 0, 0);
-        let store = counted(rb as u64, 0, 0);
+        let store_cols = constant(acc, 12, 0);
+        let store = counted(rb as u64, store_cols, (store_cols > 0) as u64);
         LoopCost {
             dim: LoopDim::Keys,
             step: wg,

@@ -187,35 +187,42 @@ pub fn plan_splits(
     let keys = req.max_seqlen_k.max(1);
     let blocks = keys.div_ceil(step);
     let mut reasons = Vec::new();
-    let mut n = match req.num_splits {
-        Some(n) => {
-            reasons.push(format!("{n} splits requested"));
-            n.max(1)
-        }
-        None => {
-            let fill = limits.parallelism.div_ceil(workgroups.max(1)).max(1);
-            let by_keys = (keys / MIN_KEYS_PER_SPLIT).max(1);
-            let n = fill.min(by_keys).min(MAX_SPLITS);
-            reasons.push(format!(
-                "{workgroups} workgroups per split, {} fill the device: {fill} splits wanted",
-                limits.parallelism
-            ));
-            if n < fill {
-                reasons.push(format!(
-                    "at most {} splits: {keys} keys, at least {MIN_KEYS_PER_SPLIT} each, at most {MAX_SPLITS} splits",
-                    by_keys.min(MAX_SPLITS)
-                ));
-            }
-            n
-        }
-    };
+    let mut n = wanted_splits(req, workgroups, limits, &mut reasons);
     if n > blocks {
         reasons.push(format!(
             "{n} splits -> {blocks}: {keys} keys are {blocks} blocks of {step}"
         ));
         n = blocks;
     }
+    if n > MAX_SPLITS {
+        reasons.push(format!(
+            "{n} splits -> {MAX_SPLITS}: the merge takes at most {MAX_SPLITS}"
+        ));
+        n = MAX_SPLITS;
+    }
+    // The partials of every split must fit one storage binding.
+    let fit = (limits.max_binding / partial_bytes.max(1)).clamp(1, MAX_SPLITS as u64) as usize;
+    if n > fit {
+        reasons.push(format!(
+            "{n} splits -> {fit}: the partial outputs of more would not fit one storage binding"
+        ));
+        n = fit;
+    }
     let needed = keys.div_ceil(limits.max_keys.max(1));
+    if needed > MAX_SPLITS {
+        return Err(Error::TooManySplits {
+            keys,
+            keys_per_split: limits.max_keys,
+            max: MAX_SPLITS,
+        });
+    }
+    if needed > fit && needed > 1 {
+        return Err(Error::BindingTooLarge {
+            what: "the partial outputs of the splits the loop limit needs",
+            bytes: partial_bytes * needed as u64,
+            max: limits.max_binding,
+        });
+    }
     if needed > n {
         reasons.push(format!(
             "{n} splits -> {needed}: the adapter's loop limit lets one workgroup walk at most {} keys",
@@ -225,14 +232,6 @@ pub fn plan_splits(
     }
     let keys_per_split = round_up(keys.div_ceil(n), step as u32) as usize;
     let n = keys.div_ceil(keys_per_split);
-    let scratch = partial_bytes * n as u64;
-    if n > 1 && scratch > limits.max_binding {
-        return Err(Error::BindingTooLarge {
-            what: "the partial outputs of the splits",
-            bytes: scratch,
-            max: limits.max_binding,
-        });
-    }
     reasons.push(format!("{n} splits of {keys_per_split} keys"));
     Ok((
         Splits {
@@ -241,6 +240,35 @@ pub fn plan_splits(
         },
         reasons,
     ))
+}
+
+/// The splits asked for, or those that fill the device with splits of at
+/// least [`MIN_KEYS_PER_SPLIT`] keys.
+fn wanted_splits(
+    req: &DecodeRequest,
+    workgroups: usize,
+    limits: &SplitLimits,
+    reasons: &mut Vec<String>,
+) -> usize {
+    let keys = req.max_seqlen_k.max(1);
+    if let Some(n) = req.num_splits {
+        reasons.push(format!("{n} splits requested"));
+        return n.max(1);
+    }
+    let fill = limits.parallelism.div_ceil(workgroups.max(1)).max(1);
+    let by_keys = (keys / MIN_KEYS_PER_SPLIT).max(1);
+    let n = fill.min(by_keys).min(MAX_SPLITS);
+    reasons.push(format!(
+        "{workgroups} workgroups per split, {} fill the device: {fill} splits wanted",
+        limits.parallelism
+    ));
+    if n < fill {
+        reasons.push(format!(
+            "at most {} splits: {keys} keys, at least {MIN_KEYS_PER_SPLIT} each, at most {MAX_SPLITS} splits",
+            by_keys.min(MAX_SPLITS)
+        ));
+    }
+    n
 }
 
 impl std::fmt::Display for DecodePlan {
@@ -268,5 +296,134 @@ impl std::fmt::Display for DecodePlan {
             write!(f, "\n  - {c}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lavapipe() -> DeviceCaps {
+        DeviceCaps {
+            max_workgroup_storage: 32768,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+            lane_subgroup: Some(8),
+        }
+    }
+
+    fn request(heads_q: usize, heads_kv: usize, d: usize, keys: usize) -> DecodeRequest {
+        DecodeRequest {
+            batch: 1,
+            seqlen_q: 1,
+            heads_q,
+            heads_kv,
+            head_dim: d,
+            max_seqlen_k: keys,
+            precision: Precision::F16,
+            num_splits: None,
+            f16_native: Some(false),
+        }
+    }
+
+    fn limits(parallelism: usize, max_keys: usize) -> SplitLimits {
+        SplitLimits {
+            parallelism,
+            max_keys,
+            max_binding: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn a_gqa_group_is_one_workgroup() {
+        let p = plan_decode(&request(32, 8, 128, 8192), &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        assert_eq!(p.tiles.rows, 4);
+        assert_eq!(p.tiles.workgroup_size, 64);
+        assert_eq!(p.tiles.workgroup_bytes, 4 * (4 * 128 + 4 * 64 + 3 * 4 + 64));
+        assert_eq!(p.workgroups, 8);
+        assert!(p.clamps.is_empty());
+    }
+
+    #[test]
+    fn rows_shrink_to_the_workgroup_storage() {
+        let mut req = request(16, 1, 256, 100);
+        req.seqlen_q = 4;
+        let p = plan_decode(&req, &DeviceCaps::webgpu_default(), &limits(256, 1 << 20)).unwrap();
+        assert!(p.tiles.workgroup_bytes <= 16384);
+        assert_eq!(p.tiles.rows, 12);
+        assert_eq!(p.workgroups, 6, "64 packed rows in blocks of 12");
+        assert_eq!(p.clamps.len(), 1);
+        assert_eq!((p.clamps[0].from, p.clamps[0].to), (16, 12));
+    }
+
+    #[test]
+    fn splits_fill_the_device_but_stay_long() {
+        let caps = lavapipe();
+        let gpu = plan_decode(&request(32, 8, 128, 8192), &caps, &limits(256, 1 << 20)).unwrap();
+        assert_eq!(gpu.splits.num_splits, 32, "{gpu}");
+        assert_eq!(gpu.splits.keys_per_split, 256);
+        let short = plan_decode(&request(32, 8, 128, 600), &caps, &limits(256, 1 << 20)).unwrap();
+        assert_eq!(
+            short.splits.num_splits, 2,
+            "at least {MIN_KEYS_PER_SPLIT} keys each"
+        );
+        let cpu = plan_decode(&request(32, 8, 128, 8192), &caps, &limits(2, 1 << 20)).unwrap();
+        assert_eq!(
+            cpu.splits.num_splits, 1,
+            "8 workgroups already fill 2 cores"
+        );
+        assert_eq!(cpu.splits.keys_per_split, 8192);
+    }
+
+    #[test]
+    fn the_loop_limit_raises_any_split_count() {
+        let mut req = request(8, 1, 64, 8192);
+        req.num_splits = Some(1);
+        let p = plan_decode(&req, &lavapipe(), &limits(2, 3000)).unwrap();
+        assert_eq!(p.splits.num_splits, 3);
+        assert!(p.splits.keys_per_split <= 3000 && p.splits.keys_per_split % 64 == 0);
+        assert!(p.reasons.iter().any(|r| r.contains("loop limit")), "{p}");
+        let far = request(8, 1, 64, 1 << 30);
+        let err = plan_decode(&far, &lavapipe(), &limits(2, 3000)).unwrap_err();
+        assert!(matches!(err, Error::TooManySplits { .. }), "{err}");
+    }
+
+    #[test]
+    fn requested_splits_are_whole_blocks_and_at_most_the_merges() {
+        let mut req = request(8, 1, 64, 100);
+        req.num_splits = Some(64);
+        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        assert_eq!((p.splits.num_splits, p.splits.keys_per_split), (2, 64));
+        req.max_seqlen_k = 1 << 20;
+        req.num_splits = Some(1000);
+        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 30)).unwrap();
+        assert_eq!(p.splits.num_splits, MAX_SPLITS);
+        req.num_splits = Some(3);
+        req.max_seqlen_k = 3000;
+        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        assert_eq!((p.splits.num_splits, p.splits.keys_per_split), (3, 1024));
+    }
+
+    #[test]
+    fn partials_must_fit_one_binding() {
+        // 64 KiB of partials per split; 1 MiB holds 16 splits.
+        let req = request(64, 8, 256, 1 << 16);
+        let tight = SplitLimits {
+            max_binding: 1 << 20,
+            ..limits(256, 1 << 20)
+        };
+        let p = plan_decode(&req, &lavapipe(), &tight).unwrap();
+        assert_eq!(p.splits.num_splits, 16, "{p}");
+        let err = plan_decode(
+            &req,
+            &lavapipe(),
+            &SplitLimits {
+                max_keys: 1024,
+                ..tight
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::BindingTooLarge { .. }), "{err}");
     }
 }
