@@ -7,16 +7,36 @@ mod common;
 
 use common::decode::{cases, DecodeCase};
 use common::engine;
+use flashattn::Engine;
 use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeStep, Precision, TensorData};
+use std::sync::OnceLock;
 
-#[test]
-fn every_case_matches_the_reference() {
-    let Some(e) = engine() else { return };
+/// The tiled decode kernel (the GPUs' one) on this adapter, even where it
+/// has the lanes kernel.
+fn tiled() -> Option<&'static Engine> {
+    engine()?;
+    static TILED: OnceLock<Engine> = OnceLock::new();
+    Some(TILED.get_or_init(|| Engine::new().unwrap().with_tiled_kernels_only()))
+}
+
+fn run_cases(e: &Engine) {
     for case in cases() {
         let data = case.data();
         let out = data.check(|cache, step| e.decode_host(cache, step, &case.opts, case.num_splits));
         eprintln!("{:?}: {} splits", case.cache_lens, out.num_splits);
     }
+}
+
+#[test]
+fn every_case_matches_the_reference() {
+    let Some(e) = engine() else { return };
+    run_cases(e);
+}
+
+#[test]
+fn every_case_matches_the_reference_on_the_tiled_kernel() {
+    let Some(e) = tiled() else { return };
+    run_cases(e);
 }
 
 #[test]

@@ -309,11 +309,15 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                 }
                 for key in keys {
                     let label = format!("{} d {d} {storage:?} {key:?}", key.name());
+                    let subgroups = matches!(
+                        key,
+                        KernelKey::FlashDecode(f) if f.tiles.kernel == KernelFamily::Lanes
+                    );
                     out.push(Kernel {
                         label,
                         key,
                         f16,
-                        subgroups: false,
+                        subgroups,
                     });
                 }
             }

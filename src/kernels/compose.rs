@@ -255,13 +255,15 @@ pub struct Unroll {
     pub chunks: u32,
     /// `$r`: rows each lane owns.
     pub rows: u32,
+    /// `$c`: vec4 chunks of a row each lane owns (the lanes decode's outputs).
+    pub cols: u32,
 }
 
-/// Expand a lanes template: a line containing `$r`, `$q`, `$j` or `$i`
-/// repeats for each value of each placeholder it contains — r < `rows`,
-/// q < `lanes / 4` (with `$q0`..`$q3` standing for 4q..4q+3), j < `lanes`,
-/// i < `chunks` — nested in that order, or with i outermost when the line
-/// ends in `// i outer`. Comment lines are dropped.
+/// Expand a lanes template: a line containing `$r`, `$q`, `$j`, `$c` or
+/// `$i` repeats for each value of each placeholder it contains — r <
+/// `rows`, q < `lanes / 4` (with `$q0`..`$q3` standing for 4q..4q+3), j <
+/// `lanes`, c < `cols`, i < `chunks` — nested in that order, or with i
+/// outermost when the line ends in `// i outer`. Comment lines are dropped.
 pub fn unroll(template: &str, n: Unroll) -> String {
     let mut out = String::with_capacity(template.len() * 4);
     // Comments explain the template, not its expansion (and would repeat).
@@ -288,6 +290,7 @@ fn expand_line(line: &str, n: Unroll) -> Vec<String> {
         ('r', n.rows),
         ('q', n.lanes / 4),
         ('j', n.lanes),
+        ('c', n.cols),
         ('i', n.chunks),
     ]
     .into_iter()
@@ -326,6 +329,7 @@ mod tests {
             lanes,
             chunks,
             rows,
+            cols: 2,
         };
         let t = "a\n// about $i\nx$i = $iu;\ns$j += q$i * k$j;\nb\n";
         assert_eq!(
@@ -346,6 +350,10 @@ mod tests {
             unroll("s$r_$j += q$r_$i; // i outer\n", n(2, 2, 2)),
             "s0_0 += q0_0;\ns0_1 += q0_0;\ns1_0 += q1_0;\ns1_1 += q1_0;\n\
              s0_0 += q0_1;\ns0_1 += q0_1;\ns1_0 += q1_1;\ns1_1 += q1_1;\n"
+        );
+        assert_eq!(
+            unroll("a$j_$c += p$j * v$c;\n", n(2, 1, 1)),
+            "a0_0 += p0 * v0;\na0_1 += p0 * v1;\na1_0 += p1 * v0;\na1_1 += p1 * v1;\n"
         );
         assert_eq!(
             unroll("o$r[$q] = s$r_$q1;\n", n(8, 1, 2)),

@@ -5,17 +5,18 @@
 //! (`decode_merge.wgsl`, the splits combined by their LSE). All read the
 //! cache through one page table (`decode_common.wgsl`).
 
-use super::compose::{binding, Access, Composer, KernelSource, Variant};
+use super::compose::{binding, unroll, Access, Composer, KernelSource, Unroll, Variant};
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
 use super::params::{DecodeParams, Params};
 use crate::api::decode::DecodeProblem;
 use crate::api::output::Accesses;
 use crate::plan::decode::MAX_SPLITS;
-use crate::plan::{DecodeTiles, StorageKind};
+use crate::plan::{DecodeTiles, KernelFamily, StorageKind};
 
 const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
 const APPEND: &str = include_str!("../../shaders/kv_append.wgsl");
 const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
+const FLASH_DECODE_LANES: &str = include_str!("../../shaders/flash_decode_lanes.wgsl");
 const MERGE: &str = include_str!("../../shaders/decode_merge.wgsl");
 
 /// Invocations of an append or merge workgroup.
@@ -65,18 +66,28 @@ impl FlashDecode {
         let t = &self.tiles;
         let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
         c.override_bool("IS_PARTIAL", self.partial)
-            .const_u32("RB", t.rows)
-            .const_u32("ACC", t.acc_per_thread());
+            .const_u32("RB", t.rows);
+        let (read, body) = match t.kernel {
+            KernelFamily::Tiled => {
+                c.const_u32("ACC", t.acc_per_thread());
+                (Access::Read, FLASH_DECODE.to_string())
+            }
+            KernelFamily::Lanes => {
+                c.override_u32("SG", t.workgroup_size)
+                    .const_u32("SGC", t.workgroup_size)
+                    .const_u32("CPL", t.chunks_per_lane());
+                let n = Unroll {
+                    lanes: t.workgroup_size,
+                    chunks: t.head_dim / 4,
+                    rows: t.rows,
+                    cols: t.chunks_per_lane(),
+                };
+                (Access::Read4, unroll(FLASH_DECODE_LANES, n))
+            }
+        };
         finish_common(&mut c, self.variant);
         use binding::*;
-        c.storage(
-            t.storage,
-            &[
-                ("q", Q, Access::Read),
-                ("k", K, Access::Read),
-                ("v", V, Access::Read),
-            ],
-        );
+        c.storage(t.storage, &[("q", Q, read), ("k", K, read), ("v", V, read)]);
         // Partials are f32 whatever the cache holds; the final o is not.
         let o_storage = if self.partial {
             StorageKind::F32
@@ -85,7 +96,7 @@ impl FlashDecode {
         };
         c.buffers(o_storage, &[("o", O, Access::Write)])
             .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)]);
-        c.push(FLASH_DECODE).finish("main")
+        c.push(&body).finish("main")
     }
 
     /// `[splits × row blocks, heads_kv, batch]`.
@@ -132,6 +143,15 @@ impl FlashDecode {
     /// < RB) and the P·V loop over its keys; once, loading q and storing.
     pub fn loop_cost(&self) -> LoopCost {
         let t = &self.tiles;
+        if t.kernel == KernelFamily::Lanes {
+            // Unrolled text: the block loop is its only loop.
+            return LoopCost {
+                dim: LoopDim::Keys,
+                step: t.workgroup_size,
+                per_step: 1,
+                fixed: 1 + GUARD,
+            };
+        }
         let (d, wg, rb, acc) = (t.head_dim, t.workgroup_size, t.rows, t.acc_per_thread());
         // Op counts per trip, generous (see FlashForward::loop_cost): the
         // loops over rows inside are unrolled first, so a trip holds them all.

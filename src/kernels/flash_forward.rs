@@ -161,5 +161,6 @@ pub fn lanes_unroll(plan: &Plan) -> Unroll {
         lanes: plan.bc,
         chunks: plan.head_dim / 4,
         rows: plan.br / plan.bc,
+        cols: 1,
     }
 }

@@ -210,6 +210,7 @@ impl Matmul {
                     lanes,
                     chunks,
                     rows,
+                    cols: 1,
                 };
                 (lanes_access(self.b_trans), unroll(&section(LANES, form), n))
             }
