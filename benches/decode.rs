@@ -15,15 +15,16 @@
 //! `cargo bench --bench decode`. Defaults are kept short for CPU adapters
 //! (10 flat samples, 1 s of measurement); FLASHATTN_BENCH_DECODE_32K=1 adds
 //! 32k-token caches (slow on lavapipe), FLASHATTN_BENCH_QUICK=1 shrinks the
-//! matrix to 1k tokens at batch 1 so CI proves the bench still runs.
+//! matrix to 1k tokens at batch 1 so CI proves the bench still runs (as
+//! does `cargo test --benches`, which runs each case once).
 
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use flashattn::random::Rng;
 use flashattn::{
-    cpu, AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine, HostKvCache, Precision,
-    TensorData,
+    cpu, AttentionOptions, CacheLayout, CacheShape, DecodeProblem, DecodeStep, Engine, HostKvCache,
+    Precision, TensorData,
 };
 use std::time::{Duration, Instant};
 
@@ -111,10 +112,14 @@ struct Row {
     call: f64,
     /// Submit-to-completion time of the kernels (wgpu only).
     kernels: Option<f64>,
+    /// The planner's reasons for its splits (wgpu, planner cases).
+    why: Option<String>,
 }
 
 fn decode(c: &mut Criterion) {
-    let quick = flag("FLASHATTN_BENCH_QUICK");
+    // `cargo test --benches` runs each case once without `--bench`: keep it small.
+    let testing = !std::env::args().any(|a| a == "--bench");
+    let quick = flag("FLASHATTN_BENCH_QUICK") || testing;
     let engine = match Engine::new() {
         Ok(e) => {
             eprintln!("benchmarking on {}", e.describe());
@@ -176,11 +181,17 @@ fn decode(c: &mut Criterion) {
                                         t
                                     })
                                 });
+                                let problem = DecodeProblem::new(&step, cache.shape(), precision)
+                                    .expect("decode problem");
+                                let why = e
+                                    .plan_decode(&problem, &opts, splits)
+                                    .map_or_else(|err| err.to_string(), |p| p.reasons.join("; "));
                                 rows.push(Row {
                                     id: format!("b{batch}/{precision}/{label}/{len}"),
                                     splits: first.num_splits,
                                     call: calls / n.max(1) as f64,
                                     kernels: Some(kernels / n.max(1) as f64),
+                                    why: splits.is_none().then_some(why),
                                 });
                             }
                         }
@@ -210,6 +221,7 @@ fn decode(c: &mut Criterion) {
                         splits: first.num_splits,
                         call: calls / n.max(1) as f64,
                         kernels: None,
+                        why: None,
                     });
                 }
             }
@@ -223,7 +235,7 @@ fn decode(c: &mut Criterion) {
         "{:<40} {:>6} {:>10} {:>10}",
         "case", "splits", "call ms", "kernels ms"
     );
-    for r in rows {
+    for r in &rows {
         let kernels = r.kernels.map_or("-".into(), |k| format!("{:.3}", k * 1e3));
         eprintln!(
             "{:<40} {:>6} {:>10.3} {:>10}",
@@ -232,6 +244,9 @@ fn decode(c: &mut Criterion) {
             r.call * 1e3,
             kernels
         );
+    }
+    for r in rows.iter().filter(|r| r.why.is_some()) {
+        eprintln!("{}: {}", r.id, r.why.as_deref().unwrap_or_default());
     }
 }
 
