@@ -83,6 +83,60 @@ async function runForm(ev) {
   }
 }
 
+function showDecode(r) {
+  const splits = [...new Set(r.splits)].join(', ');
+  $('decode').innerHTML = `
+    <table style="margin-top:6px"><tr><th>sequences × start lengths</th><th>pages</th><th>splits used</th>
+      <th>per step</th><th>per token</th><th>kernels per step</th><th>tokens/s</th><th>CPU backend (wasm), one step</th></tr>
+    <tr><td>${r.batch} × ${r.start_lens.join(' / ')}</td><td>${r.pages} × ${r.page_size}</td>
+      <td>${splits} ${r.requested_splits ? `<span class="muted">(asked ${r.requested_splits})</span>` : '<span class="muted">(planner)</span>'}</td>
+      <td>${r.step_ms.toFixed(2)} ms</td><td>${r.token_ms.toFixed(2)} ms</td><td>${r.kernel_ms.toFixed(2)} ms</td>
+      <td>${r.tokens_per_s.toFixed(0)}</td><td>${r.cpu_step_ms.toFixed(1)} ms</td></tr></table>
+    <table style="margin-top:6px"><tr>${checkHeads(r)}<th>|wgpu − cpu|</th><th>cache after the append</th></tr>
+    <tr>${checkCells(r)}<td>o ${exp3(r.max_o_diff)}, lse ${exp3(r.max_lse_diff)}</td>
+      <td>${r.cache_identical ? 'identical ' : 'DIFFERS '}${verdict(r.cache_identical)}</td></tr></table>
+    <div class="muted">averages over ${r.steps} timed steps after one warm-up step; step ${r.checked_step + 1} checked</div>
+    <pre>${esc(r.plan)}</pre>`;
+}
+
+async function runDecode(ev) {
+  if (ev) ev.preventDefault();
+  $('dec_run').disabled = true;
+  $('decode').innerHTML = '<span class="muted">running…</span>';
+  try {
+    const r = JSON.parse(await fa.decode_case(
+      Number($('dec_len').value), Number($('dec_page').value), Number($('dec_splits').value),
+      Number($('dec_steps').value), $('dec_precision').value, BigInt(SEED)));
+    showDecode(r);
+    return r;
+  } catch (e) {
+    $('decode').innerHTML = `<span class="bad">${esc(e.message || e)}</span>`;
+    throw e;
+  } finally {
+    $('dec_run').disabled = false;
+  }
+}
+
+// The self-test's decode runs, through the panel's form: forced splits on odd
+// pages in f16, then the panel's defaults (the planner), which stay shown.
+const DECODE_SELFTEST = [
+  { len: 777, page: 7, splits: 3, steps: 4, precision: 'f16' },
+  { len: 1024, page: 16, splits: 0, steps: 8, precision: 'f32' },
+];
+
+async function runDecodeChecks() {
+  const runs = [];
+  for (const c of DECODE_SELFTEST) {
+    $('dec_len').value = c.len;
+    $('dec_page').value = c.page;
+    $('dec_splits').value = c.splits;
+    $('dec_steps').value = c.steps;
+    $('dec_precision').value = c.precision;
+    runs.push(await runDecode());
+  }
+  return runs;
+}
+
 function showChecks(results) {
   $('checks').innerHTML = `<table class="compact" style="margin-top:6px">
     <tr><th>case</th><th>fwd Br × Bc</th><th>fwd</th><th>bwd</th>${checkHeads(results[0])}</tr>
@@ -185,6 +239,7 @@ async function main() {
     showDevice(results.device, results.device.js_info);
 
     $('form').addEventListener('submit', runForm);
+    $('decodeform').addEventListener('submit', (ev) => runDecode(ev).catch(() => {}));
     $('selftest').addEventListener('click', () => runChecks().catch((e) => setStatus(String(e.message || e), false)));
     $('block').addEventListener('change', () => loadSteps(Number($('block').value), false));
     $('next').addEventListener('click', () => { stepper.shown++; showSteps(); });
@@ -210,7 +265,8 @@ async function main() {
       const err = $('result').querySelector('.bad');
       if (err) throw new Error(`form run failed: ${err.textContent}`);
       results.cases = await runChecks();
-      results.passed = results.cases.every((r) => r.passed);
+      results.decode = await runDecodeChecks();
+      results.passed = results.cases.every((r) => r.passed) && results.decode.every((r) => r.passed);
       setStatus(results.passed ? 'all checks passed' : 'some checks FAILED', results.passed);
     }
   } catch (e) {

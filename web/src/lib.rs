@@ -6,11 +6,11 @@
 //! holds no copy of any kernel. Every entry point returns a JSON string, so
 //! the JavaScript side stays a thin view.
 
-use flashattn::accuracy::{check_backward, check_forward, Check};
+use flashattn::accuracy::{check_backward, check_decode, check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
-    cpu, AttentionOptions, AttentionShape, BackwardInputs, Engine, PlanOverrides, Planned,
-    Precision, TensorData, TensorView,
+    cpu, AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
+    DecodeStep, Engine, HostKvCache, PlanOverrides, Planned, Precision, TensorData, TensorView,
 };
 use serde::Serialize;
 use std::cell::RefCell;
@@ -490,6 +490,197 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
         gpu_o: out.o.to_f32()[0],
         gpu_lse: out.lse[0],
         gpu_plan,
+    })
+}
+
+/// The decode panel's model: 8 query heads over 2 kv heads of d 64, two
+/// sequences (the second two thirds as long as the first).
+const DECODE_HEADS_Q: usize = 8;
+const DECODE_HEADS_KV: usize = 2;
+const DECODE_HEAD_DIM: usize = 64;
+
+#[derive(Serialize)]
+struct DecodeReport {
+    cache_len: usize,
+    page_size: usize,
+    /// 0: the planner chose.
+    requested_splits: usize,
+    precision: String,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    /// Each sequence's tokens before the first step.
+    start_lens: Vec<usize>,
+    /// Pages in the cache (shuffled among the sequences).
+    pages: usize,
+    /// Timed steps (after one untimed warm-up step, which compiles the kernels).
+    steps: usize,
+    /// The splits each timed step ran with.
+    splits: Vec<usize>,
+    /// The last step's plan, with the planner's reasons.
+    plan: String,
+    /// Mean wall time of a timed step: uploads, append, decode, merge, readback.
+    step_ms: f64,
+    /// A step appends one token to each sequence: `step_ms / batch`.
+    token_ms: f64,
+    tokens_per_s: f64,
+    /// Mean submit-to-completion time of a step's kernels.
+    kernel_ms: f64,
+    /// The CPU backend (single-threaded in wasm) on the checked step.
+    cpu_step_ms: f64,
+    /// The checked step (the last one), 0-based among the timed ones.
+    checked_step: usize,
+    /// WebGPU's o and lse, then the CPU backend's, against the f64 reference.
+    checks: Vec<CheckReport>,
+    max_o_diff: f64,
+    max_lse_diff: f64,
+    /// The device cache after the checked step equals the CPU backend's.
+    cache_identical: bool,
+    passed: bool,
+}
+
+/// Build a paged KV cache on the device (pages shuffled among the two
+/// sequences, the first `cache_len` tokens random), run `steps` decoding
+/// steps with `decode_async` — each appends one token per sequence and
+/// attends causally — and time them; check the last step against the CPU
+/// backend run on the same cache contents (read back from the device), both
+/// under SPEC.md's rule against the f64 reference, and compare the caches
+/// after it. `num_splits` 0 lets the planner split the keys.
+#[wasm_bindgen]
+pub async fn decode_case(
+    cache_len: usize,
+    page_size: usize,
+    num_splits: usize,
+    steps: usize,
+    precision: String,
+    seed: u64,
+) -> Result<String, JsError> {
+    if cache_len == 0 || page_size == 0 || steps == 0 {
+        return Err(JsError::new(
+            "cache length, page size and steps must be at least 1",
+        ));
+    }
+    let e = engine().await?;
+    let precision: Precision = precision.parse().map_err(js_err)?;
+    let (hq, hk, d) = (DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEAD_DIM);
+    let mut lens = vec![cache_len, (cache_len * 2 / 3).max(1)];
+    let start_lens = lens.clone();
+    let batch = lens.len();
+    // Room for the warm-up step and the timed ones.
+    let max_pages = (cache_len + steps + 1).div_ceil(page_size);
+    let pages = batch * max_pages;
+    let mut rng = Rng::new(seed);
+    let mut table: Vec<i32> = (0..pages as i32).collect();
+    for i in (1..table.len()).rev() {
+        table.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let layout = CacheLayout::Paged { pages, page_size };
+    let shape = CacheShape::new(layout, hk, d).map_err(js_err)?;
+    let mut random = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
+    let host = HostKvCache::new(shape, random(shape.len()), random(shape.len())).map_err(js_err)?;
+    let mut cache = e.upload_kv_cache(&host).map_err(js_err)?;
+    drop(host);
+    let opts = AttentionOptions::default().causal(true);
+    let splits_arg = (num_splits > 0).then_some(num_splits);
+
+    let (mut wall, mut kernels, mut used) = (0.0, 0.0, Vec::new());
+    let mut checked = None;
+    let mut plan = String::new();
+    for s in 0..=steps {
+        let (q, k, v) = (
+            random(batch * hq * d),
+            random(batch * hk * d),
+            random(batch * hk * d),
+        );
+        let lens_i32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let step = DecodeStep::new(q.view([batch, 1, hq, d]), &lens_i32)
+            .block_table(&table, max_pages)
+            .append(k.view([batch, 1, hk, d]), v.view([batch, 1, hk, d]));
+        let last = s == steps;
+        let before = if last {
+            Some(e.read_kv_cache_async(&cache).await.map_err(js_err)?)
+        } else {
+            None
+        };
+        let start = Instant::now();
+        let out = e
+            .decode_async(&mut cache, &step, &opts, splits_arg)
+            .await
+            .map_err(js_err)?;
+        let seconds = start.elapsed().as_secs_f64();
+        if s > 0 {
+            wall += seconds;
+            kernels += out.stats.kernel_seconds;
+            used.push(out.num_splits);
+        }
+        if let Some(before) = before {
+            let problem = DecodeProblem::new(&step, cache.shape(), precision).map_err(js_err)?;
+            plan = e
+                .plan_decode(&problem, &opts, splits_arg)
+                .map_err(js_err)?
+                .to_string();
+            let mut cpu_cache = before.clone();
+            let start = Instant::now();
+            let cpu_out = cpu::decode(&mut cpu_cache, &step, &opts, splits_arg).map_err(js_err)?;
+            let cpu_seconds = start.elapsed().as_secs_f64();
+            let mut checks = Vec::new();
+            for (who, o) in [("wgpu", &out), ("cpu", &cpu_out)] {
+                for c in check_decode(o, &before, &step, &opts).map_err(js_err)? {
+                    let mut r = CheckReport::from(&c);
+                    r.name = format!("{who} {}", c.name);
+                    checks.push(r);
+                }
+            }
+            let diff = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.is_finite() || y.is_finite())
+                    .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
+                    .fold(0.0, f64::max)
+            };
+            let after = e.read_kv_cache_async(&cache).await.map_err(js_err)?;
+            checked = Some((
+                checks,
+                diff(&out.o.to_f32(), &cpu_out.o.to_f32()),
+                diff(&out.lse, &cpu_out.lse),
+                after == cpu_cache,
+                cpu_seconds,
+            ));
+        }
+        for l in &mut lens {
+            *l += 1;
+        }
+    }
+    let Some((checks, max_o_diff, max_lse_diff, cache_identical, cpu_seconds)) = checked else {
+        return Err(JsError::new("no step was checked"));
+    };
+    let step_seconds = wall / steps as f64;
+    to_json(&DecodeReport {
+        cache_len,
+        page_size,
+        requested_splits: num_splits,
+        precision: precision.to_string(),
+        batch,
+        heads_q: hq,
+        heads_kv: hk,
+        head_dim: d,
+        start_lens,
+        pages,
+        steps,
+        splits: used,
+        plan,
+        step_ms: step_seconds * 1e3,
+        token_ms: step_seconds / batch as f64 * 1e3,
+        tokens_per_s: batch as f64 / step_seconds.max(1e-9),
+        kernel_ms: kernels / steps as f64 * 1e3,
+        cpu_step_ms: cpu_seconds * 1e3,
+        checked_step: steps - 1,
+        passed: cache_identical && checks.iter().all(|c| c.passed),
+        checks,
+        max_o_diff,
+        max_lse_diff,
+        cache_identical,
     })
 }
 

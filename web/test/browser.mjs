@@ -82,6 +82,36 @@ function checkResults(r) {
     expect(c.backward_plan.m_bytes === m && c.backward_plan.workgroup_bytes <= m, `${name}: backward planned with M = ${c.backward_plan.m_bytes}`);
   }
 
+  // The decode panel: a paged cache on the device, steps by decode_async, one checked against the CPU backend.
+  expect(Array.isArray(r.decode) && r.decode.length === 2, 'the decode panel did not run twice');
+  for (const c of r.decode || []) {
+    const name = `decode ${c.precision} cache ${c.cache_len} pages of ${c.page_size} splits ${c.requested_splits || 'planner'}`;
+    expect(c.passed === true, `${name}: the page says FAIL`);
+    const want = ['wgpu o', 'wgpu lse', 'cpu o', 'cpu lse'];
+    expect(c.checks.map((k) => k.name).join() === want.join(), `${name}: checks ${c.checks.map((k) => k.name)}, expected ${want}`);
+    for (const k of c.checks) {
+      expect(k.non_finite === null && finite(k.max_error) && finite(k.bound) && k.max_error <= k.bound,
+        `${name}: ${k.name} error ${k.max_error} vs bound ${k.bound} (${k.non_finite})`);
+    }
+    expect(c.cache_identical === true, `${name}: the device cache after the append differs from the CPU backend's`);
+    expect(c.batch === 2 && c.start_lens[0] === c.cache_len, `${name}: sequences ${c.start_lens}`);
+    expect(c.pages === c.batch * Math.ceil((c.cache_len + c.steps + 1) / c.page_size), `${name}: ${c.pages} pages`);
+    expect(c.splits.length === c.steps && c.splits.every((n) => Number.isInteger(n) && n >= 1), `${name}: splits ${c.splits}`);
+    if (c.requested_splits > 0) {
+      // The loop limit may raise a requested count, never lower it.
+      expect(c.splits.every((n) => n >= c.requested_splits), `${name}: asked ${c.requested_splits}, ran ${c.splits}`);
+    } else {
+      // WebGPU reports no core count, so the planner splits 1k keys over 4 workgroups (FlashDecoding).
+      expect(c.splits.every((n) => n > 1), `${name}: the planner did not split: ${c.splits}`);
+    }
+    expect(c.plan.includes('splits:') && c.plan.includes('why:'), `${name}: plan text ${c.plan}`);
+    if (c.precision === 'f16' && !dev.shader_f16) expect(c.plan.includes('packed'), `${name}: f16 not packed: ${c.plan}`);
+    expect(finite(c.step_ms) && c.step_ms > 0 && finite(c.token_ms) && c.token_ms > 0 && finite(c.tokens_per_s) && c.tokens_per_s > 0,
+      `${name}: ${c.step_ms} ms a step, ${c.token_ms} ms a token`);
+    expect(finite(c.kernel_ms) && c.kernel_ms > 0 && c.kernel_ms <= c.step_ms, `${name}: kernels ${c.kernel_ms} ms of ${c.step_ms}`);
+    expect(finite(c.cpu_step_ms) && c.cpu_step_ms >= 0, `${name}: CPU step ${c.cpu_step_ms} ms`);
+  }
+
   // The worked example: online softmax, whole-row softmax and the WGSL kernel all give 0.752.
   expect(r.worked.length === 3, 'worked example not run for Bc = 1, 2, 3');
   for (const w of r.worked) {
@@ -141,6 +171,13 @@ async function main() {
         `fwd Br ${c.plan.br} Bc ${c.plan.bc} ${c.kernel_ms.toFixed(1)} ms (${c.wall_ms.toFixed(1)} with transfers, ${c.gflops.toPrecision(3)} GFLOP/s), ` +
         `bwd ${c.backward_kernel_ms.toFixed(1)} ms (${c.backward_gflops.toPrecision(3)} GFLOP/s); ` +
         c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') + ` ${c.passed ? 'ok' : 'FAIL'}`);
+    }
+    for (const c of r.decode || []) {
+      console.log(`  decode ${c.precision} cache ${c.cache_len} (pages of ${c.page_size}), ${c.requested_splits ? `${c.requested_splits} splits asked` : 'planner'}: ` +
+        `splits ${[...new Set(c.splits)].join(',')}, ${c.step_ms.toFixed(2)} ms a step (${c.kernel_ms.toFixed(2)} in kernels), ` +
+        `${c.token_ms.toFixed(2)} ms a token, CPU backend ${c.cpu_step_ms.toFixed(1)} ms a step; ` +
+        c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') +
+        `; cache ${c.cache_identical ? 'identical' : 'DIFFERS'} ${c.passed ? 'ok' : 'FAIL'}`);
     }
     for (const w of r.worked || []) console.log(`  worked example Bc ${w.block}: online ${w.online_o.toFixed(4)}, softmax ${w.softmax_o.toFixed(4)}, GPU ${w.gpu_o.toFixed(4)}`);
     console.log(`screenshot: ${path.relative(process.cwd(), screenshotPath)}; results: ${path.relative(process.cwd(), resultsPath)}; ${((Date.now() - started) / 1000).toFixed(1)} s`);
