@@ -12,6 +12,7 @@ use crate::api::tensor::{Precision, TensorView};
 use crate::error::Result;
 use crate::kernels::AttentionBuffers;
 use crate::ops;
+use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::CeilingResult;
 use crate::plan::{
     plan_backward, plan_forward, DecodePlan, DeviceCaps, PlanOverrides, PlanRequest, Planned,
@@ -376,6 +377,24 @@ impl Engine {
         repeats: usize,
     ) -> Result<CeilingResult> {
         ops::ceiling::matmul_ceiling(&self.gpu, n, d, repeats).await
+    }
+
+    /// The adapter's storage bandwidth: `bytes` (rounded up to 16; at most
+    /// one storage binding) copied by the copy kernel `repeats` times after
+    /// a warm-up; [`BandwidthResult::gbps`] is bytes read plus written per
+    /// second of the fastest repeat.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn copy_bandwidth(&self, bytes: u64, repeats: usize) -> Result<BandwidthResult> {
+        pollster::block_on(self.copy_bandwidth_async(bytes, repeats))
+    }
+
+    /// [`Engine::copy_bandwidth`] as a future.
+    pub async fn copy_bandwidth_async(
+        &self,
+        bytes: u64,
+        repeats: usize,
+    ) -> Result<BandwidthResult> {
+        ops::bandwidth::copy_bandwidth(&self.gpu, bytes, repeats).await
     }
 
     /// An all-zero KV cache on the device, kept between decoding steps.

@@ -176,6 +176,15 @@ pub enum Error {
     },
     #[error("{what} {value} does not fit in 32 bits")]
     Overflow { what: &'static str, value: u64 },
+    /// A decoding step whose keys need more splits than the merge combines
+    /// to stay within the adapter's loop limit.
+    #[error("{keys} keys need {needed} splits of at most {max_keys} keys (the adapter's loop limit), more than the {max} splits the merge combines")]
+    TooManySplits {
+        keys: usize,
+        needed: usize,
+        max_keys: usize,
+        max: usize,
+    },
     #[error(
         "the {backend} backend is not built into this binary (rebuild with `--features {backend}`)"
     )]
@@ -195,14 +204,6 @@ pub enum Error {
         limit: u32,
         length: usize,
     },
-    /// A decode needs more splits than the merge takes, for the loop limit.
-    #[error("the adapter's loop limit lets one workgroup walk {keys_per_split} keys; {keys} keys would need more than the {max} splits the merge takes")]
-    TooManySplits {
-        keys: usize,
-        keys_per_split: usize,
-        max: usize,
-    },
-
     // ---- execution failed ----
     #[error("requesting a device on {adapter}")]
     RequestDevice {

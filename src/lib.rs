@@ -32,8 +32,9 @@
 //!   bindings, storage-access count, loop cost;
 //! - [`runtime`]: the device, pipelines by kernel key, pooled buffers,
 //!   submission and readback, the adapter's loop limit;
-//! - [`ops`]: forward, backward, the naive baseline and the matmul ceiling,
-//!   built from kernels and the runtime; [`Engine`] is their public face;
+//! - [`ops`]: forward, backward, decoding, the naive baseline, the matmul
+//!   ceiling and the copy bandwidth, built from kernels and the runtime;
+//!   [`Engine`] is their public face;
 //! - [`cpu`], [`reference`], [`accuracy`]: the CPU backend, the f64
 //!   reference and SPEC.md's accuracy rule; [`Backend`] chooses.
 
@@ -66,6 +67,7 @@ pub use choice::Workload;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::AttentionBuffers;
+pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::CeilingResult;
 pub use plan::{
     plan_backward, plan_decode, plan_forward, Clamp, DecodePlan, DeviceCaps, KernelFamily, Plan,

@@ -121,3 +121,58 @@ fn a_failed_step_leaves_the_device_cache_untouched() {
     );
     assert!(e.read_kv_cache(&cache).unwrap() == host);
 }
+
+/// The copy kernel behind the bandwidth measurement copies, whole
+/// workgroups and a partial last one alike.
+#[test]
+fn the_copy_kernel_copies() {
+    let Some(e) = engine() else { return };
+    let copy =
+        |data: &[f32]| pollster::block_on(flashattn::ops::bandwidth::copy_f32(e.runtime(), data));
+    for len4 in [1, 255, 256, 1003] {
+        // Different values each time: pooled buffers are reused across calls.
+        let data: Vec<f32> = (0..4 * len4)
+            .map(|i| i as f32 * 0.5 - len4 as f32)
+            .collect();
+        assert_eq!(copy(&data).unwrap(), data, "{len4} vec4s");
+    }
+    assert!(matches!(
+        copy(&[1.0; 6]),
+        Err(flashattn::Error::DataLength { actual: 6, .. })
+    ));
+}
+
+#[test]
+fn copy_bandwidth_is_timed_and_bounded_by_one_binding() {
+    let Some(e) = engine() else { return };
+    let r = e.copy_bandwidth(1 << 20, 3).unwrap();
+    assert_eq!((r.bytes, r.seconds.len()), (1 << 20, 3));
+    assert!(r.gbps() > 0.0 && r.gbps().is_finite(), "{r:?}");
+    // Rounded up to whole vec4s.
+    assert_eq!(e.copy_bandwidth(17, 1).unwrap().bytes, 32);
+    assert!(matches!(
+        e.copy_bandwidth(0, 1),
+        Err(flashattn::Error::EmptyDim { .. })
+    ));
+    let small = flashattn::Engine::new().unwrap().with_binding_limit(4096);
+    assert!(matches!(
+        small.copy_bandwidth(8192, 1),
+        Err(flashattn::Error::BindingTooLarge {
+            bytes: 8192,
+            max: 4096,
+            ..
+        })
+    ));
+}
+
+/// The merge combines at most MAX_SPLITS partials: a request for more is
+/// capped (it once ran 188 splits and merged garbage).
+#[test]
+fn requests_past_max_splits_are_capped() {
+    let Some(e) = engine() else { return };
+    let case = DecodeCase::new(&[12000], 64).heads(8, 1).splits(190);
+    let out = case
+        .data()
+        .check(|c, s| e.decode_host(c, s, &case.opts, case.num_splits));
+    assert!(out.num_splits <= flashattn::plan::decode::MAX_SPLITS);
+}

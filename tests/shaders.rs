@@ -8,9 +8,9 @@
 
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{
-    BackwardPart, DecodeMerge, DecodeParams, Epilogue, FlashBackward, FlashDecode, FlashForward,
-    KernelKey, KernelSource, KvAppend, LoopProbe, Matmul, MatmulForm, MatmulParams, Naive,
-    NaiveEntry, Params, Uniform,
+    BackwardPart, BufferCopy, CopyParams, DecodeMerge, DecodeParams, Epilogue, FlashBackward,
+    FlashDecode, FlashForward, KernelKey, KernelSource, KvAppend, LoopProbe, Matmul, MatmulForm,
+    MatmulParams, Naive, NaiveEntry, Params, Uniform,
 };
 use flashattn::plan::decode::decode_tiles;
 use flashattn::plan::DecodeRequest;
@@ -167,7 +167,8 @@ fn flash_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
     out
 }
 
-/// The matmul in every form, storage and epilogue; the naive kernels; the probe.
+/// The matmul in every form, storage and epilogue; the naive kernels; the
+/// copy; the probe.
 fn other_kernels(all_variants: bool) -> Vec<Kernel> {
     let mut out = Vec::new();
     let forms = [
@@ -244,6 +245,14 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
                 }
             }
         }
+    }
+    for variant in variants(all_variants) {
+        out.push(Kernel {
+            label: format!("copy {variant:?}"),
+            key: BufferCopy { variant }.into(),
+            f16: false,
+            subgroups: false,
+        });
     }
     out.push(Kernel {
         label: "loop probe".into(),
@@ -566,6 +575,10 @@ fn uniform_structs_match_their_wgsl_twins() {
     };
     assert_layout::<DecodeParams>(&merge.source());
     assert_layout::<Params>(&merge.source());
+    let copy = BufferCopy {
+        variant: Variant::default(),
+    };
+    assert_layout::<CopyParams>(&copy.source());
 }
 
 /// Function-scope `var`s declared without an initializer, as `line: text`.

@@ -85,6 +85,10 @@ pub mod binding {
     pub const V_NEW: u32 = 20;
     pub const O_PART: u32 = 21;
     pub const LSE_PART: u32 = 22;
+    /// The copy kernel's parameters (its buffers use the matmul's A and C).
+    pub const COPY: u32 = 23;
+    pub const COPY_SRC: u32 = 1;
+    pub const COPY_DST: u32 = 3;
     /// The matmul's operands (its own numbering: A, B, C).
     pub const A: u32 = 1;
     pub const B: u32 = 2;

@@ -2,6 +2,7 @@
 //! its pipeline. The runtime caches compiled pipelines by this key.
 
 use super::compose::KernelSource;
+use super::copy::BufferCopy;
 use super::decode::{DecodeMerge, FlashDecode, KvAppend};
 use super::flash_backward::{BackwardPart, FlashBackward};
 use super::flash_forward::FlashForward;
@@ -21,6 +22,7 @@ pub enum KernelKey {
     FlashDecode(FlashDecode),
     KvAppend(KvAppend),
     DecodeMerge(DecodeMerge),
+    BufferCopy(BufferCopy),
 }
 
 impl KernelKey {
@@ -35,6 +37,7 @@ impl KernelKey {
             KernelKey::FlashDecode(k) => k.source(),
             KernelKey::KvAppend(k) => k.source(),
             KernelKey::DecodeMerge(k) => k.source(),
+            KernelKey::BufferCopy(k) => k.source(),
         }
     }
 
@@ -63,6 +66,7 @@ impl KernelKey {
             KernelKey::FlashDecode(_) => FlashDecode::NAME,
             KernelKey::KvAppend(_) => KvAppend::NAME,
             KernelKey::DecodeMerge(_) => DecodeMerge::NAME,
+            KernelKey::BufferCopy(_) => BufferCopy::NAME,
         }
     }
 }
@@ -112,5 +116,11 @@ impl From<KvAppend> for KernelKey {
 impl From<DecodeMerge> for KernelKey {
     fn from(k: DecodeMerge) -> Self {
         KernelKey::DecodeMerge(k)
+    }
+}
+
+impl From<BufferCopy> for KernelKey {
+    fn from(k: BufferCopy) -> Self {
+        KernelKey::BufferCopy(k)
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod band;
 pub mod compose;
+pub mod copy;
 pub mod decode;
 pub mod flash_backward;
 pub mod flash_forward;
@@ -16,6 +17,7 @@ pub mod naive;
 pub mod params;
 
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
+pub use copy::BufferCopy;
 pub use decode::{DecodeMerge, FlashDecode, KvAppend};
 pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
 pub use flash_forward::{AttentionBuffers, FlashForward};
@@ -24,4 +26,4 @@ pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
 pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
-pub use params::{DecodeParams, MatmulParams, Params, Piece, Uniform};
+pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, Uniform};

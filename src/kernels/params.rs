@@ -104,6 +104,16 @@ uniform_struct! {
     }
 }
 
+uniform_struct! {
+    /// The parameters of the copy kernel (binding 23).
+    pub struct CopyParams as "CopyParams" {
+        pub len4: u32,
+        pub groups_x: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
 /// A piece of a problem as laid out in the buffers bound for one dispatch:
 /// `local` sizes index the buffers; `q_start`/`k_start` place it in `full`,
 /// the problem the masks are defined on.

@@ -1,9 +1,10 @@
 //! Operations built from kernels and the runtime: the flash forward and
 //! backward (on host tensors, split and rerun as needed; or on device
-//! buffers), decoding against KV caches, the naive baseline, and the matmul
-//! ceiling.
+//! buffers), decoding against KV caches, the naive baseline, the matmul
+//! ceiling and the copy bandwidth.
 
 pub mod backward;
+pub mod bandwidth;
 pub mod ceiling;
 pub mod decode;
 pub mod forward;

@@ -94,7 +94,9 @@ pub struct DecodeRequest {
     /// The longest sequence's keys (after the append).
     pub max_seqlen_k: usize,
     pub precision: Precision,
-    /// `Some(n)`, n ≥ 1: use n splits (still raised where a limit needs more).
+    /// `Some(n)`, n ≥ 1: use n splits (within whole blocks and
+    /// [`MAX_SPLITS`]; raised where the loop limit needs more). `None` or
+    /// `Some(0)`: the planner chooses.
     pub num_splits: Option<usize>,
     /// Force f16 storage packed (`false`) or native (`true`).
     pub f16_native: Option<bool>,
@@ -210,7 +212,10 @@ pub fn decode_workgroup_bytes(rows: u32, wg: u32, d: u32) -> u32 {
 
 /// How many splits, and why. `step` is the kernel's keys per block (splits
 /// are whole blocks), `workgroups` the workgroups of one split,
-/// `partial_bytes` the partial outputs of one split.
+/// `partial_bytes` the partial outputs of one split. A request is honoured
+/// within whole blocks and [`MAX_SPLITS`] (what the merge combines); the
+/// loop limit may raise it, and a step that needs more than [`MAX_SPLITS`]
+/// splits to stay within the loop limit is an error.
 pub fn plan_splits(
     req: &DecodeRequest,
     step: usize,
@@ -230,7 +235,7 @@ pub fn plan_splits(
     }
     if n > MAX_SPLITS {
         reasons.push(format!(
-            "{n} splits -> {MAX_SPLITS}: the merge takes at most {MAX_SPLITS}"
+            "{n} splits -> {MAX_SPLITS}: the merge combines at most {MAX_SPLITS}"
         ));
         n = MAX_SPLITS;
     }
@@ -246,7 +251,8 @@ pub fn plan_splits(
     if needed > MAX_SPLITS {
         return Err(Error::TooManySplits {
             keys,
-            keys_per_split: limits.max_keys,
+            needed,
+            max_keys: limits.max_keys,
             max: MAX_SPLITS,
         });
     }
@@ -276,19 +282,20 @@ pub fn plan_splits(
     ))
 }
 
-/// The splits asked for, or those that fill the device with splits of at
-/// least [`MIN_KEYS_PER_SPLIT`] keys.
+/// The splits asked for (`num_splits`), or the planner's: enough to fill
+/// the device, each at least [`MIN_KEYS_PER_SPLIT`] keys, at most
+/// [`MAX_SPLITS`].
 fn wanted_splits(
     req: &DecodeRequest,
     workgroups: usize,
     limits: &SplitLimits,
     reasons: &mut Vec<String>,
 ) -> usize {
-    let keys = req.max_seqlen_k.max(1);
-    if let Some(n) = req.num_splits {
+    if let Some(n) = req.num_splits.filter(|&n| n > 0) {
         reasons.push(format!("{n} splits requested"));
-        return n.max(1);
+        return n;
     }
+    let keys = req.max_seqlen_k.max(1);
     let fill = limits.parallelism.div_ceil(workgroups.max(1)).max(1);
     let by_keys = (keys / MIN_KEYS_PER_SPLIT).max(1);
     let n = fill.min(by_keys).min(MAX_SPLITS);

@@ -394,3 +394,75 @@ fn head_dims_out_of_range_are_typed() {
         })
     ));
 }
+
+fn decode_request(keys: usize, num_splits: Option<usize>) -> DecodeRequest {
+    DecodeRequest {
+        batch: 1,
+        seqlen_q: 1,
+        heads_q: 8,
+        heads_kv: 1,
+        head_dim: 64,
+        max_seqlen_k: keys,
+        precision: Precision::F32,
+        num_splits,
+        f16_native: None,
+    }
+}
+
+fn split_limits(max_keys: usize) -> SplitLimits {
+    SplitLimits {
+        parallelism: 256,
+        max_keys,
+        max_binding: u64::MAX,
+    }
+}
+
+#[test]
+fn requested_splits_stay_within_what_the_merge_combines() {
+    let unlimited = split_limits(usize::MAX);
+    let splits = |keys, n| {
+        plan_splits(&decode_request(keys, n), 64, 1, 0, &unlimited)
+            .unwrap()
+            .0
+            .num_splits
+    };
+    // Zero asks the planner, as None does.
+    assert_eq!(splits(12000, Some(0)), splits(12000, None));
+    assert_eq!(splits(12000, Some(3)), 3);
+    // Past the blocks, then past MAX_SPLITS: each clamp says why.
+    assert_eq!(splits(100, Some(9)), 2);
+    assert_eq!(splits(16384, Some(190)), decode::MAX_SPLITS);
+    let (_, why) = plan_splits(&decode_request(16384, Some(190)), 64, 1, 0, &unlimited).unwrap();
+    assert!(why.iter().any(|r| r.contains("merge combines")), "{why:?}");
+}
+
+#[test]
+fn the_loop_limit_raises_splits_up_to_what_the_merge_combines() {
+    // The loop model's limits are whole blocks.
+    let (s, why) = plan_splits(
+        &decode_request(10_000, Some(1)),
+        64,
+        1,
+        0,
+        &split_limits(1024),
+    )
+    .unwrap();
+    assert_eq!(s.num_splits, 10, "{s:?}");
+    assert!(s.keys_per_split <= 1024, "{s:?}");
+    assert!(why.iter().any(|r| r.contains("loop limit")), "{why:?}");
+    let too_long = plan_splits(
+        &decode_request(200_000, None),
+        64,
+        1,
+        0,
+        &split_limits(1024),
+    );
+    assert!(matches!(
+        too_long,
+        Err(Error::TooManySplits {
+            needed: 196,
+            max: 128,
+            ..
+        })
+    ));
+}
