@@ -20,26 +20,21 @@ pub enum Command {
     Forward(ForwardArgs),
     /// Attention backward on .npy inputs: recomputes the forward, writes dq, dk, dv.
     Backward(BackwardArgs),
+    /// One decoding step against a KV cache (dense or paged) on .npy inputs:
+    /// appends k_new/v_new, writes o (and lse, and the updated caches).
+    Decode(DecodeArgs),
     /// Show the adapter, its limits and the tile plan with the reason for each clamp.
     Plan(PlanArgs),
-    /// Benchmark flash vs naive WGSL vs CPU side by side: table, JSON, CSV, plots.
+    /// Benchmark flash vs naive WGSL vs CPU side by side: table, JSON, CSV,
+    /// plots; with --decode, decoding against KV caches next to the copy bandwidth.
     Bench(BenchArgs),
     /// Run a forward at a realistic shape on the best adapter and check it against the f64 reference.
     Demo(DemoArgs),
 }
 
-/// Options shared by every attention command.
+/// Score, mask, precision and backend flags shared by forward, backward and decode.
 #[derive(Args, Debug, Clone)]
-pub struct AttentionArgs {
-    /// Queries, (batch, seqlen_q, heads_q, head_dim), f32 or f16.
-    #[arg(long)]
-    pub q: PathBuf,
-    /// Keys, (batch, seqlen_k, heads_kv, head_dim).
-    #[arg(long)]
-    pub k: PathBuf,
-    /// Values, shape of k.
-    #[arg(long)]
-    pub v: PathBuf,
+pub struct ScoreArgs {
     /// Bottom-right aligned causal mask.
     #[arg(long)]
     pub causal: bool,
@@ -58,6 +53,22 @@ pub struct AttentionArgs {
     /// auto, wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+}
+
+/// Options shared by forward and backward.
+#[derive(Args, Debug, Clone)]
+pub struct AttentionArgs {
+    /// Queries, (batch, seqlen_q, heads_q, head_dim), f32 or f16.
+    #[arg(long)]
+    pub q: PathBuf,
+    /// Keys, (batch, seqlen_k, heads_kv, head_dim).
+    #[arg(long)]
+    pub k: PathBuf,
+    /// Values, shape of k.
+    #[arg(long)]
+    pub v: PathBuf,
+    #[command(flatten)]
+    pub score: ScoreArgs,
     /// Override the planner's Br (query rows per workgroup; wgpu only).
     #[arg(long, value_name = "BR")]
     pub block_q: Option<u32>,
@@ -101,9 +112,59 @@ pub struct BackwardArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct PlanArgs {
-    /// Head dimension to plan for (default: 32, 64, 128 and 256).
+pub struct DecodeArgs {
+    /// Queries, (batch, seqlen_q, heads_q, head_dim), f32 or f16.
     #[arg(long)]
+    pub q: PathBuf,
+    /// K cache: dense (batch_cache, capacity, heads_kv, head_dim), or paged
+    /// (pages, page_size, heads_kv, head_dim) with --block-table.
+    #[arg(long)]
+    pub k_cache: PathBuf,
+    /// V cache, shape of the K cache.
+    #[arg(long)]
+    pub v_cache: PathBuf,
+    /// (batch,) int32: tokens already in each sequence's cache.
+    #[arg(long)]
+    pub cache_seqlens: PathBuf,
+    /// (batch, max_pages) int32: token t of sequence b lives in page
+    /// block_table[b, t / page_size]; makes the cache paged.
+    #[arg(long)]
+    pub block_table: Option<PathBuf>,
+    /// (batch,) int32: each sequence's row of a dense cache (default: row b).
+    #[arg(long)]
+    pub cache_batch_idx: Option<PathBuf>,
+    /// New keys (batch, seqlen_new, heads_kv, head_dim), written into the
+    /// cache at cache_seqlens[b].. and attended to (with --v-new).
+    #[arg(long)]
+    pub k_new: Option<PathBuf>,
+    /// New values, shape of --k-new.
+    #[arg(long)]
+    pub v_new: Option<PathBuf>,
+    /// Split each sequence's keys across this many workgroups (FlashDecoding);
+    /// 0 lets the planner choose.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub num_splits: usize,
+    #[command(flatten)]
+    pub score: ScoreArgs,
+    /// Output o, shape of q, dtype of q.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Optional output lse, (batch, heads_q, seqlen_q), f32.
+    #[arg(long)]
+    pub lse: Option<PathBuf>,
+    /// Write the K cache after the append (with --v-cache-out).
+    #[arg(long)]
+    pub k_cache_out: Option<PathBuf>,
+    /// Write the V cache after the append (with --k-cache-out).
+    #[arg(long)]
+    pub v_cache_out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Head dimension to plan for (default: 32, 64, 128 and 256; required
+    /// with --decode).
+    #[arg(long, required_if_eq("decode", "true"))]
     pub head_dim: Option<usize>,
     /// Storage precision: f32 or f16.
     #[arg(long, default_value = "f32")]
@@ -111,39 +172,65 @@ pub struct PlanArgs {
     /// Cap the workgroup storage M in bytes (below the device's limit).
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
+    /// Show the decode plan (FlashDecoding's splits of a KV cache's keys)
+    /// for --batch, --heads-q, --heads-kv, --head-dim and --cache-len.
+    #[arg(long)]
+    pub decode: bool,
+    /// Sequences decoded at once (with --decode).
+    #[arg(long, requires = "decode", default_value_t = 1)]
+    pub batch: usize,
+    /// Query heads (with --decode).
+    #[arg(long, requires = "decode", required_if_eq("decode", "true"))]
+    pub heads_q: Option<usize>,
+    /// Key/value heads, dividing --heads-q (with --decode).
+    #[arg(long, requires = "decode", required_if_eq("decode", "true"))]
+    pub heads_kv: Option<usize>,
+    /// Keys each sequence attends to (with --decode).
+    #[arg(long, requires = "decode", required_if_eq("decode", "true"))]
+    pub cache_len: Option<usize>,
+    /// Query tokens per sequence (with --decode; speculative decoding verifies several).
+    #[arg(long, requires = "decode", default_value_t = 1)]
+    pub seqlen_q: usize,
+    /// Splits asked for; 0 lets the planner choose (with --decode).
+    #[arg(long, requires = "decode", default_value_t = 0)]
+    pub num_splits: usize,
 }
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Sequence lengths (seqlen_q = seqlen_k), comma-separated.
-    #[arg(long, default_value = "256,512,1024,2048,4096")]
+    #[arg(
+        long,
+        default_value = "256,512,1024,2048,4096",
+        conflicts_with = "decode"
+    )]
     pub seqlens: String,
     /// Head dimensions, comma-separated.
-    #[arg(long, default_value = "64")]
+    #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
     /// Implementations: flash, naive, cpu.
-    #[arg(long, default_value = "flash,naive,cpu")]
+    #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
     /// Passes: forward, backward.
-    #[arg(long, default_value = "forward,backward")]
+    #[arg(long, default_value = "forward,backward", conflicts_with = "decode")]
     pub passes: String,
     /// Causal: no, yes or both.
-    #[arg(long, default_value = "no")]
+    #[arg(long, default_value = "no", conflicts_with = "decode")]
     pub causal: String,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "decode")]
     pub heads: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "decode")]
     pub batch: usize,
     /// f32 or f16.
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", conflicts_with = "decode")]
     pub precision: String,
     /// Timed repeats per case (after one untimed warm-up).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Sweep the workgroup storage M (Theorem 2) at --sweep-seqlen.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "decode")]
     pub sweep_m: bool,
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, conflicts_with = "decode")]
     pub sweep_seqlen: usize,
     /// Write every measurement as JSON.
     #[arg(long)]
@@ -152,8 +239,52 @@ pub struct BenchArgs {
     #[arg(long)]
     pub csv: Option<PathBuf>,
     /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or .png).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "decode")]
     pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub decode: DecodeBenchArgs,
+}
+
+/// `bench --decode`: decoding steps against KV caches, wgpu and CPU, planner
+/// splits and one split, next to the copy bandwidth.
+#[derive(Args, Debug)]
+pub struct DecodeBenchArgs {
+    /// Benchmark decoding against KV caches instead of the forward and backward.
+    #[arg(long = "decode", id = "decode")]
+    pub on: bool,
+    /// A tiny set for smoke tests: caches 128,512, batches 1,2, heads 4/2,
+    /// head_dim 32, a 4 MiB copy (flags given explicitly still apply).
+    #[arg(long, requires = "decode")]
+    pub quick: bool,
+    /// Keys per sequence, comma-separated [default: 1024,8192,32768].
+    #[arg(long, requires = "decode")]
+    pub cache_lens: Option<String>,
+    /// Batch sizes, comma-separated [default: 1,8].
+    #[arg(long, requires = "decode")]
+    pub batches: Option<String>,
+    /// Query heads [default: 32].
+    #[arg(long, requires = "decode")]
+    pub heads_q: Option<usize>,
+    /// Key/value heads [default: 8].
+    #[arg(long, requires = "decode")]
+    pub heads_kv: Option<usize>,
+    /// Head dimension [default: 128].
+    #[arg(long, requires = "decode")]
+    pub head_dim: Option<usize>,
+    /// Cache dtypes, comma-separated.
+    #[arg(long, requires = "decode", default_value = "f16,f32")]
+    pub dtypes: String,
+    /// Backends, comma-separated: wgpu, cpu.
+    #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
+    pub backends: String,
+    /// Skip (batch, cache length) pairs holding more tokens than this in
+    /// all (e.g. 65536 skips batch 8 × 32k, the largest caches); 0 runs every pair.
+    #[arg(long, requires = "decode", default_value_t = 0)]
+    pub max_tokens: usize,
+    /// MiB the copy-bandwidth measurement copies (within one storage
+    /// binding) [default: 64].
+    #[arg(long, requires = "decode")]
+    pub copy_mib: Option<u64>,
 }
 
 #[derive(Args, Debug)]

@@ -32,11 +32,31 @@ pub enum CliError {
         path: PathBuf,
         dtype: String,
     },
-    #[error("{what} has rank {rank} (shape {shape:?}); expected 4 dims (batch, seqlen, heads, head_dim)")]
+    #[error("{what} file {} has dtype {dtype}; expected int32 (or int64 within int32's range, little-endian)", path.display())]
+    IndexDtype {
+        what: &'static str,
+        path: PathBuf,
+        dtype: String,
+    },
+    #[error("{what} file {}: entry {index} is {value}, outside int32's range", path.display())]
+    IndexRange {
+        what: &'static str,
+        path: PathBuf,
+        index: usize,
+        value: i64,
+    },
+    #[error("{what} has rank {rank} (shape {shape:?}); expected {expected}")]
     Rank {
         what: &'static str,
         rank: usize,
         shape: Vec<usize>,
+        expected: &'static str,
+    },
+    /// One of two flags that go together was given without the other.
+    #[error("{given} needs {missing}: give both or neither")]
+    Pair {
+        given: &'static str,
+        missing: &'static str,
     },
     #[error("cannot write {}", path.display())]
     Write {

@@ -1,5 +1,6 @@
 //! The `flashattn` command line as a library: its commands, `.npy` I/O,
-//! benchmark cases and reports, charts and the precision study. The root
+//! benchmark cases and reports (attention and decoding), charts and the
+//! precision study. The root
 //! crate's criterion benches and precision example use it; apps embedding
 //! attention need only the `flashattn` crate.
 
@@ -7,6 +8,7 @@ pub mod args;
 pub mod bench;
 pub mod charts;
 pub mod commands;
+pub mod decode_bench;
 pub mod error;
 pub mod npy;
 pub mod plot;

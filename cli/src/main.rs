@@ -1,4 +1,4 @@
-//! `flashattn`: forward, backward, plan, demo, bench. Errors are one line on
+//! `flashattn`: forward, backward, decode, plan, demo, bench. Errors are one line on
 //! stderr and a non-zero exit; no output file is left behind by a failed run.
 
 use clap::Parser;
@@ -36,11 +36,18 @@ fn exit_on_usage(e: clap::Error) -> ! {
         }
         _ => {
             let text = e.render().to_string();
-            let first = text
+            let lines: Vec<&str> = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("{}", first.trim());
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            // A missing flag is named on the lines after the first.
+            let line = match e.kind() {
+                ErrorKind::MissingRequiredArgument => lines.join(" "),
+                _ => lines.first().copied().unwrap_or("invalid arguments").into(),
+            };
+            eprintln!("{line}");
             std::process::exit(2);
         }
     }

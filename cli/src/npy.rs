@@ -1,5 +1,6 @@
-//! `.npy` in and out (npyz): f32/f16, C order, little-endian; outputs are
-//! written to a temporary file and renamed, so a failed run leaves no file.
+//! `.npy` in and out (npyz): f32/f16 tensors and i32 (or i64) index
+//! arrays, C order, little-endian; outputs are written to a temporary file
+//! and renamed, so a failed run leaves no file.
 
 use crate::error::{CliError, Result};
 use flashattn::{Tensor, TensorData};
@@ -7,48 +8,145 @@ use half::f16;
 use npyz::{TypeChar, WriterBuilder};
 use std::path::{Path, PathBuf};
 
-/// Read a tensor, naming `what` (e.g. "q") in every error.
-pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
-    let bytes = std::fs::read(path).map_err(|source| CliError::Read {
+/// A parsed `.npy` file: its header checked for C order and little-endian
+/// plain data; its shape and element type.
+struct Npy<'a> {
+    file: npyz::NpyFile<&'a [u8]>,
+    shape: Vec<usize>,
+    /// The element type (`f` float, `i` signed int, ...) and its bytes;
+    /// `None` for a structured or big-endian dtype.
+    kind: Option<(TypeChar, u64)>,
+    descr: String,
+}
+
+/// The whole file at `path`, naming `what` in the error.
+fn read_bytes(what: &'static str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| CliError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Parse the header of `bytes` (the caller checks the element type).
+fn parse<'a>(what: &'static str, path: &Path, bytes: &'a [u8]) -> Result<Npy<'a>> {
+    let file = npyz::NpyFile::new(bytes).map_err(|source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),
         source,
     })?;
-    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|source| CliError::NotNpy {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if npy.order() != npyz::Order::C {
+    if file.order() != npyz::Order::C {
         return Err(CliError::FortranOrder {
             what,
             path: path.to_path_buf(),
         });
     }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let dtype = npy.dtype();
-    let unsupported = || CliError::Dtype {
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let dtype = file.dtype();
+    let kind = match &dtype {
+        npyz::DType::Plain(ts) if ts.endianness() != npyz::Endianness::Big => {
+            Some((ts.type_char(), ts.size_field()))
+        }
+        _ => None,
+    };
+    Ok(Npy {
+        file,
+        shape,
+        kind,
+        descr: dtype.descr(),
+    })
+}
+
+/// Read a tensor, naming `what` (e.g. "q") in every error.
+pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
+    let bytes = read_bytes(what, path)?;
+    let npy = parse(what, path, &bytes)?;
+    let io = |source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),
-        dtype: dtype.descr(),
+        source,
     };
-    let npyz::DType::Plain(ts) = &dtype else {
-        return Err(unsupported());
+    let data = match npy.kind {
+        Some((TypeChar::Float, 4)) => TensorData::F32(npy.file.into_vec::<f32>().map_err(io)?),
+        Some((TypeChar::Float, 2)) => TensorData::F16(npy.file.into_vec::<f16>().map_err(io)?),
+        _ => {
+            return Err(CliError::Dtype {
+                what,
+                path: path.to_path_buf(),
+                dtype: npy.descr,
+            })
+        }
     };
-    if ts.type_char() != TypeChar::Float || ts.endianness() == npyz::Endianness::Big {
-        return Err(unsupported());
+    Ok(Tensor {
+        shape: npy.shape,
+        data,
+    })
+}
+
+/// An index array (cache lengths, cache rows, a block table).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexArray {
+    pub shape: Vec<usize>,
+    pub data: Vec<i32>,
+}
+
+/// Read an int32 array of rank `rank` (int64 is accepted when every entry
+/// fits in int32), naming `what` in every error; `expected` describes the
+/// dims for the rank error, e.g. "1 dim (batch,)".
+pub fn read_index(
+    what: &'static str,
+    path: &Path,
+    rank: usize,
+    expected: &'static str,
+) -> Result<IndexArray> {
+    let bytes = read_bytes(what, path)?;
+    let npy = parse(what, path, &bytes)?;
+    if npy.shape.len() != rank {
+        return Err(CliError::Rank {
+            what,
+            rank: npy.shape.len(),
+            shape: npy.shape,
+            expected,
+        });
     }
     let io = |source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),
         source,
     };
-    let data = match ts.size_field() {
-        4 => TensorData::F32(npy.into_vec::<f32>().map_err(io)?),
-        2 => TensorData::F16(npy.into_vec::<f16>().map_err(io)?),
-        _ => return Err(unsupported()),
+    let data = match npy.kind {
+        Some((TypeChar::Int, 4)) => npy.file.into_vec::<i32>().map_err(io)?,
+        Some((TypeChar::Int, 8)) => {
+            let wide = npy.file.into_vec::<i64>().map_err(io)?;
+            narrow(what, path, &wide)?
+        }
+        _ => {
+            return Err(CliError::IndexDtype {
+                what,
+                path: path.to_path_buf(),
+                dtype: npy.descr,
+            })
+        }
     };
-    Ok(Tensor { shape, data })
+    Ok(IndexArray {
+        shape: npy.shape,
+        data,
+    })
+}
+
+/// int64 entries as int32, or an error naming the first that does not fit.
+fn narrow(what: &'static str, path: &Path, wide: &[i64]) -> Result<Vec<i32>> {
+    wide.iter()
+        .enumerate()
+        .map(|(index, &value)| {
+            i32::try_from(value).map_err(|_| CliError::IndexRange {
+                what,
+                path: path.to_path_buf(),
+                index,
+                value,
+            })
+        })
+        .collect()
 }
 
 fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {

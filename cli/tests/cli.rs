@@ -671,3 +671,568 @@ fn bench_bad_arguments() {
     let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
     assert_bad(&f, &out, "tpu");
 }
+
+// ---- decode ----
+
+#[allow(dead_code)]
+#[path = "../../tests/common/decode.rs"]
+mod decode_case;
+
+use decode_case::{CaseData, DecodeCase, Index};
+use flashattn::{DecodeOutput, HostKvCache, Precision, Tensor, TensorData};
+
+fn write_i32(path: &Path, shape: &[u64], data: &[i32]) {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+    std::fs::write(path, buf).unwrap();
+}
+
+fn write_i64(path: &Path, shape: &[u64], data: &[i64]) {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+    std::fs::write(path, buf).unwrap();
+}
+
+/// A tensor in its own dtype.
+fn write_tensor(path: &Path, shape: &[usize], data: &TensorData) {
+    let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
+    match data.precision() {
+        Precision::F16 => write_f16(path, &shape, &data.to_f32()),
+        _ => write_f32(path, &shape, &data.to_f32()),
+    }
+}
+
+/// A tensor read back in its own dtype.
+fn read_tensor(path: &Path) -> Tensor {
+    let bytes = std::fs::read(path).unwrap();
+    let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let data = if npy.dtype().descr() == "'<f2'" {
+        TensorData::F16(npy.into_vec::<f16>().unwrap())
+    } else {
+        TensorData::F32(npy.into_vec::<f32>().unwrap())
+    };
+    Tensor { shape, data }
+}
+
+/// The files of a decoding case: q.npy, kc.npy, vc.npy, cs.npy, and as the
+/// case has them ix.npy (cache_batch_idx), bt.npy (block table), kn.npy and
+/// vn.npy (new rows); the flags naming them and its options.
+fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
+    let c = &d.case;
+    let b = c.batch();
+    let path = |name: &str| f.path(name).to_str().unwrap().to_string();
+    write_tensor(
+        &f.path("q.npy"),
+        &[b, c.seqlen_q, c.heads_q, c.head_dim],
+        &d.q,
+    );
+    let dims = d.cache.shape.dims();
+    write_tensor(&f.path("kc.npy"), &dims, &d.cache.k);
+    write_tensor(&f.path("vc.npy"), &dims, &d.cache.v);
+    write_i32(&f.path("cs.npy"), &[b as u64], &d.lens);
+    let mut args: Vec<String> = vec![];
+    for (flag, name) in [
+        ("--q", "q.npy"),
+        ("--k-cache", "kc.npy"),
+        ("--v-cache", "vc.npy"),
+        ("--cache-seqlens", "cs.npy"),
+        ("--out", "o.npy"),
+        ("--lse", "lse.npy"),
+    ] {
+        args.extend([flag.to_string(), path(name)]);
+    }
+    match &d.index {
+        Index::Dense(None) => {}
+        Index::Dense(Some(idx)) => {
+            write_i32(&f.path("ix.npy"), &[b as u64], idx);
+            args.extend(["--cache-batch-idx".into(), path("ix.npy")]);
+        }
+        Index::Paged(table, max_pages) => {
+            write_i32(&f.path("bt.npy"), &[b as u64, *max_pages as u64], table);
+            args.extend(["--block-table".into(), path("bt.npy")]);
+        }
+    }
+    if c.seqlen_new > 0 {
+        let shape = [b, c.seqlen_new, c.heads_kv, c.head_dim];
+        write_tensor(&f.path("kn.npy"), &shape, &d.k_new);
+        write_tensor(&f.path("vn.npy"), &shape, &d.v_new);
+        args.extend([
+            "--k-new".into(),
+            path("kn.npy"),
+            "--v-new".into(),
+            path("vn.npy"),
+        ]);
+    }
+    let o = &c.opts;
+    if o.causal {
+        args.push("--causal".into());
+    }
+    if !o.window.is_unbounded() {
+        let side = |x: Option<usize>| x.map_or(-1, |x| x as i64);
+        args.push(format!(
+            "--window={},{}",
+            side(o.window.left),
+            side(o.window.right)
+        ));
+    }
+    if let Some(s) = o.softcap {
+        args.extend(["--softcap".into(), s.to_string()]);
+    }
+    if let Some(s) = o.scale {
+        args.extend(["--scale".into(), s.to_string()]);
+    }
+    args.extend(["--num-splits".into(), c.num_splits.unwrap_or(0).to_string()]);
+    args
+}
+
+fn decode_cmd(args: &[String], extra: &[&str]) -> Output {
+    bin().arg("decode").args(args).args(extra).output().unwrap()
+}
+
+/// o and lse under SPEC.md's rule against the f64 reference, and the
+/// written caches bit-identical to SPEC.md's append.
+fn check_decoded(f: &Files, d: &CaseData, label: &str) {
+    let step = d.step();
+    let o = read_tensor(&f.path("o.npy"));
+    assert_eq!(o.precision(), d.q.precision(), "{label}: o keeps q's dtype");
+    let (lse_shape, lse) = read_f32(&f.path("lse.npy"));
+    let c = &d.case;
+    assert_eq!(
+        lse_shape,
+        [c.batch(), c.heads_q, c.seqlen_q].map(|x| x as u64)
+    );
+    let out = DecodeOutput {
+        o,
+        lse,
+        lse_shape: [c.batch(), c.heads_q, c.seqlen_q],
+        num_splits: 0,
+        stats: Default::default(),
+    };
+    for check in flashattn::accuracy::check_decode(&out, &d.cache, &step, &c.opts).unwrap() {
+        assert!(check.passed(), "{label} {c:?}: {check}");
+    }
+    let expected = flashattn::reference::decode_cache(&d.cache, &step).unwrap();
+    let written = HostKvCache::from_tensors(
+        read_tensor(&f.path("kc2.npy")),
+        read_tensor(&f.path("vc2.npy")),
+        d.cache.shape.is_paged(),
+    )
+    .unwrap();
+    assert!(
+        written == expected,
+        "{label} {c:?}: the written caches differ from SPEC.md's append"
+    );
+}
+
+/// Decoding cases for the command line: dense, cache rows, paged (page
+/// size 1 and 16 over shuffled pages), with and without new rows, masks,
+/// softcap and scale, f16 and f32, one and three splits.
+fn cli_decode_cases() -> Vec<DecodeCase> {
+    let causal = AttentionOptions::default().causal(true);
+    let window = AttentionOptions::default().window(Some(8), Some(0));
+    vec![
+        DecodeCase::new(&[37, 0, 90], 32),
+        DecodeCase::new(&[20, 61], 16)
+            .batch_idx()
+            .append(2)
+            .opts(causal),
+        DecodeCase::new(&[45, 9], 24)
+            .heads(4, 1)
+            .paged(1)
+            .append(1)
+            .f16(),
+        DecodeCase::new(&[70, 3, 33], 32)
+            .paged(16)
+            .seqlen_q(2)
+            .append(3)
+            .opts(window.softcap(4.0)),
+        DecodeCase::new(&[50], 40)
+            .f16()
+            .opts(AttentionOptions::default().softcap(5.0).scale(0.3)),
+        DecodeCase::new(&[700, 300], 64)
+            .heads(8, 1)
+            .append(1)
+            .splits(1),
+        DecodeCase::new(&[700, 300], 64)
+            .heads(8, 1)
+            .paged(16)
+            .append(1)
+            .splits(3)
+            .opts(causal),
+    ]
+}
+
+#[test]
+fn decode_matches_reference_on_each_backend() {
+    let backends: &[&str] = if engine().is_some() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    for backend in backends {
+        for case in cli_decode_cases() {
+            let f = Files::new();
+            let d = case.data();
+            let args = write_decode_case(&f, &d);
+            let (kc2, vc2) = (f.path("kc2.npy"), f.path("vc2.npy"));
+            let out = decode_cmd(
+                &args,
+                &[
+                    "--backend",
+                    backend,
+                    "--k-cache-out",
+                    kc2.to_str().unwrap(),
+                    "--v-cache-out",
+                    vc2.to_str().unwrap(),
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "{backend} {case:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            check_decoded(&f, &d, backend);
+        }
+    }
+}
+
+/// Non-zero exit, one stderr line mentioning `needle`, and none of the
+/// decode command's outputs (nor a temporary file) left behind.
+fn assert_decode_bad(f: &Files, out: &Output, needle: &str) {
+    assert_bad(f, out, needle);
+    for name in ["lse.npy", "kc2.npy", "vc2.npy"] {
+        assert!(!f.path(name).exists(), "a failed run left {name}");
+    }
+}
+
+/// A small valid case (dense, 2 sequences, new rows), its files and flags
+/// with the cache outputs.
+fn bad_input_case(f: &Files) -> Vec<String> {
+    let d = DecodeCase::new(&[5, 9], 8).append(2).data();
+    bad_input_case_paths(f, &d)
+}
+
+/// `args` without `flag` and its value.
+fn without(args: &[String], flag: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+        } else if a == flag {
+            skip = true;
+        } else {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn decode_bad_inputs_write_nothing() {
+    let f = Files::new();
+    let args = bad_input_case(&f);
+    let run = |args: &[String], extra: &[&str]| {
+        decode_cmd(args, &[&["--backend", "cpu"], extra].concat())
+    };
+    // The valid case runs, and writes everything.
+    assert_ok(&run(&args, &[]));
+    for name in ["o.npy", "lse.npy", "kc2.npy", "vc2.npy"] {
+        assert!(f.path(name).exists(), "{name}");
+        std::fs::remove_file(f.path(name)).unwrap();
+    }
+    let cs = f.path("cs.npy");
+    let bad = |needle: &str, args: &[String], extra: &[&str]| {
+        let out = run(args, extra);
+        eprintln!("{needle}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        assert_decode_bad(&f, &out, needle);
+    };
+    // Lengths past the capacity (26 + 2 new > 9 + 16 + 2), negative lengths.
+    write_i32(&cs, &[2], &[5, 26]);
+    bad("capacity", &args, &[]);
+    write_i32(&cs, &[2], &[-1, 3]);
+    bad("negative", &args, &[]);
+    write_i32(&cs, &[3], &[1, 2, 3]);
+    bad("cache_seqlens", &args, &[]);
+    write_i32(&cs, &[2, 1], &[1, 2]);
+    bad("rank", &args, &[]);
+    write_f32(&cs, &[2], &[1.0, 2.0]);
+    bad("int32", &args, &[]);
+    write_i64(&cs, &[2], &[1, 1 << 40]);
+    bad("int32's range", &args, &[]);
+    write_i64(&cs, &[2], &[5, 9]);
+    assert_ok(&run(&args, &[]));
+    std::fs::remove_file(f.path("o.npy")).unwrap();
+    std::fs::remove_file(f.path("lse.npy")).unwrap();
+    std::fs::remove_file(f.path("kc2.npy")).unwrap();
+    std::fs::remove_file(f.path("vc2.npy")).unwrap();
+    // Pairs of flags.
+    bad("--v-new", &without(&args, "--v-new"), &[]);
+    bad("--k-new", &without(&args, "--k-new"), &[]);
+    bad("--v-cache-out", &without(&args, "--v-cache-out"), &[]);
+    // Cache rows out of range.
+    let ix = f.path("ix.npy").to_str().unwrap().to_string();
+    write_i32(&f.path("ix.npy"), &[2], &[1, 2]);
+    bad("out of range", &args, &["--cache-batch-idx", &ix]);
+    write_i32(&f.path("ix.npy"), &[2], &[0, -1]);
+    bad("negative", &args, &["--cache-batch-idx", &ix]);
+    // Shapes and dtypes.
+    write_f32(&f.path("vn.npy"), &[2, 2, 1, 8], &[0.0; 32]);
+    bad("v_new", &args, &[]);
+    write_f16(&f.path("vn.npy"), &[2, 2, 2, 8], &[0.0; 64]);
+    bad("dtype", &args, &[]);
+    write_f32(&f.path("vn.npy"), &[2, 2, 2, 8], &[0.0; 64]);
+    write_f32(&f.path("vc.npy"), &[2, 21, 2, 4], &[0.0; 336]);
+    bad("v_cache", &args, &[]);
+    write_f32(&f.path("vc.npy"), &[2, 21, 2], &[0.0; 84]);
+    bad("rank", &args, &[]);
+    std::fs::remove_file(f.path("vc.npy")).unwrap();
+    bad("v_cache", &args, &[]);
+    // Flags.
+    assert_decode_bad(&f, &decode_cmd(&args, &["--backend", "cuda"]), "cuda");
+    let out = decode_cmd(&without(&args, "--out"), &[]);
+    assert_decode_bad(&f, &out, "--out");
+    bad(
+        "num-splits",
+        &without(&args, "--num-splits"),
+        &["--num-splits", "-1"],
+    );
+    bad("precision", &args, &["--precision", "bf16"]);
+    bad("scale", &args, &["--scale", "nan"]);
+}
+
+#[test]
+fn decode_paged_bad_inputs_write_nothing() {
+    let f = Files::new();
+    let d = DecodeCase::new(&[20, 3], 8).paged(4).append(1).data();
+    let args = write_decode_case(&f, &d);
+    let run = |extra: &[&str]| decode_cmd(&args, &[&["--backend", "cpu"], extra].concat());
+    assert_ok(&run(&[]));
+    std::fs::remove_file(f.path("o.npy")).unwrap();
+    std::fs::remove_file(f.path("lse.npy")).unwrap();
+    let Index::Paged(table, max_pages) = &d.index else {
+        unreachable!()
+    };
+    let pages = d.cache.shape.dims()[0] as i32;
+    let bt = f.path("bt.npy");
+    let shape = [2, *max_pages as u64];
+    // A page past the cache; the table's rows must be the batch.
+    let mut t = table.clone();
+    t[1] = pages;
+    write_i32(&bt, &shape, &t);
+    assert_decode_bad(&f, &run(&[]), "out of range");
+    t[1] = -3;
+    write_i32(&bt, &shape, &t);
+    assert_decode_bad(&f, &run(&[]), "out of range");
+    write_i32(&bt, &[1, *max_pages as u64], &table[..*max_pages]);
+    assert_decode_bad(&f, &run(&[]), "batch");
+    write_i32(&bt, &[2 * *max_pages as u64], table);
+    assert_decode_bad(&f, &run(&[]), "rank");
+    // A paged cache takes no cache_batch_idx.
+    write_i32(&bt, &shape, table);
+    write_i32(&f.path("ix.npy"), &[2], &[0, 1]);
+    let ix = f.path("ix.npy").to_str().unwrap().to_string();
+    assert_decode_bad(&f, &run(&["--cache-batch-idx", &ix]), "cache_batch_idx");
+}
+
+#[test]
+fn decode_precision_converts_and_outputs_keep_file_dtypes() {
+    let f = Files::new();
+    let d = DecodeCase::new(&[30, 12], 16).append(1).data();
+    let args = bad_input_case_paths(&f, &d);
+    // f32 files run in f16: o and the caches come back as f32.
+    let out = decode_cmd(&args, &["--backend", "cpu", "--precision", "f16"]);
+    assert_ok(&out);
+    for name in ["o.npy", "kc2.npy", "vc2.npy"] {
+        assert_eq!(
+            read_tensor(&f.path(name)).precision(),
+            Precision::F32,
+            "{name}"
+        );
+    }
+    for name in ["o.npy", "lse.npy", "kc2.npy", "vc2.npy"] {
+        std::fs::remove_file(f.path(name)).unwrap();
+    }
+    // Mixed dtypes need --precision.
+    let k = d.cache.k.to_f32();
+    let dims: Vec<u64> = d.cache.shape.dims().iter().map(|&x| x as u64).collect();
+    write_f16(&f.path("kc.npy"), &dims, &k);
+    assert_decode_bad(
+        &f,
+        &decode_cmd(&args, &["--backend", "cpu"]),
+        "k_cache has dtype f16",
+    );
+    let out = decode_cmd(&args, &["--backend", "cpu", "--precision", "f32"]);
+    assert_ok(&out);
+    assert_eq!(read_tensor(&f.path("kc2.npy")).precision(), Precision::F16);
+    assert_eq!(read_tensor(&f.path("vc2.npy")).precision(), Precision::F32);
+}
+
+/// The case's files and flags, with the cache outputs.
+fn bad_input_case_paths(f: &Files, d: &CaseData) -> Vec<String> {
+    let mut args = write_decode_case(f, d);
+    for (flag, name) in [("--k-cache-out", "kc2.npy"), ("--v-cache-out", "vc2.npy")] {
+        args.extend([flag.to_string(), f.path(name).to_str().unwrap().to_string()]);
+    }
+    args
+}
+
+#[test]
+fn decode_auto_says_which_backend_and_why() {
+    let f = Files::new();
+    let d = DecodeCase::new(&[40, 7], 16).heads(4, 2).append(1).data();
+    let args = write_decode_case(&f, &d);
+    let out = decode_cmd(&args, &["--backend", "auto"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let why: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("flashattn: "))
+        .collect();
+    assert_eq!(why.len(), 1, "{stderr}");
+    assert!(
+        why[0].contains("wgpu") || why[0].contains("CPU backend") || why[0].contains("GPU"),
+        "{stderr}"
+    );
+    assert!(f.path("o.npy").exists());
+}
+
+#[test]
+fn plan_decode_prints_splits_and_reasons() {
+    let plan = |extra: &[&str]| {
+        let base = ["plan", "--decode", "--heads-q", "32", "--heads-kv", "8"];
+        bin().args(base).args(extra).output().unwrap()
+    };
+    if engine().is_some() {
+        let out = plan(&["--head-dim", "128", "--cache-len", "8192", "--batch", "2"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_ok(&out);
+        for needle in [
+            "adapter:",
+            "decode: batch 2, seqlen_q 1, heads 32/8, head_dim 128, 8192 keys",
+            "decode plan:",
+            "packed rows per workgroup",
+            "splits:",
+            "why:",
+            "workgroups per split",
+        ] {
+            assert!(text.contains(needle), "missing {needle}: {text}");
+        }
+        let out = plan(&[
+            "--head-dim",
+            "64",
+            "--cache-len",
+            "4096",
+            "--num-splits",
+            "3",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_ok(&out);
+        assert!(text.contains("3 splits requested"), "{text}");
+    }
+    let f = Files::new();
+    // Missing sizes are named; sizes are checked before any adapter is opened.
+    assert_bad(&f, &plan(&["--head-dim", "64"]), "--cache-len");
+    let out = bin()
+        .args(["plan", "--decode", "--heads-q", "32", "--heads-kv", "5"])
+        .args(["--head-dim", "64", "--cache-len", "10"])
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "multiple of heads_kv");
+    let out = bin().args(["plan", "--cache-len", "10"]).output().unwrap();
+    assert_bad(&f, &out, "--decode");
+}
+
+#[test]
+fn bench_decode_quick_prints_a_table_with_the_copy_bandwidth() {
+    let f = Files::new();
+    let (json, csv) = (f.path("d.json"), f.path("d.csv"));
+    let backends = if engine().is_some() {
+        "wgpu,cpu"
+    } else {
+        "cpu"
+    };
+    let out = bin()
+        .args(["bench", "--decode", "--quick", "--repeats", "2"])
+        .args(["--cache-lens", "64,300", "--backends", backends])
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "host copy bandwidth",
+        "K/V GB/s",
+        "% copy",
+        "no append",
+        "cpu     f16       2     300 planner",
+        "cpu     f32       1      64 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle}: {text}");
+    }
+    let backends_n = backends.split(',').count();
+    // 2 batches × 2 lengths × 2 dtypes × 2 split modes per backend.
+    let rows = 16 * backends_n;
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), rows);
+    for r in results {
+        assert!(r["error"].is_null(), "{r}");
+        assert_eq!(r["seconds"].as_array().unwrap().len(), 2, "{r}");
+        assert!(r["num_splits"].as_u64().unwrap() >= 1, "{r}");
+    }
+    if engine().is_some() {
+        assert!(
+            text.contains("copy bandwidth (wgpu copy kernel, 4 MiB"),
+            "{text}"
+        );
+        assert!(report["copy"]["gbps"].as_f64().unwrap() > 0.0);
+        assert!(
+            text.contains("wgpu    f32       2     300 planner"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap().lines().count(),
+        1 + rows
+    );
+}
+
+#[test]
+fn bench_decode_bad_arguments() {
+    let f = Files::new();
+    let bench = |args: &[&str]| bin().arg("bench").args(args).output().unwrap();
+    assert_bad(&f, &bench(&["--decode", "--cache-lens", "0"]), "cache-lens");
+    assert_bad(&f, &bench(&["--decode", "--backends", "tpu"]), "tpu");
+    assert_bad(&f, &bench(&["--decode", "--dtypes", "bf16"]), "bf16");
+    assert_bad(
+        &f,
+        &bench(&["--decode", "--heads-q", "6", "--heads-kv", "4"]),
+        "heads",
+    );
+    assert_bad(&f, &bench(&["--decode", "--seqlens", "64"]), "--seqlens");
+    assert_bad(&f, &bench(&["--cache-lens", "64"]), "--decode");
+}

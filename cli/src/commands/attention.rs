@@ -3,7 +3,7 @@
 //! every one of them succeeded.
 
 use super::parse_window;
-use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs};
+use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs, ScoreArgs};
 use crate::error::{CliError, Result};
 use crate::npy;
 use flashattn::{
@@ -53,16 +53,11 @@ pub fn convert(t: Tensor, to: Precision) -> Tensor {
 
 /// Parse the flags and read q, k, v.
 pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
-    let backend: BackendKind = a.backend.parse()?;
-    let precision: Option<Precision> = a.precision.as_deref().map(str::parse).transpose()?;
-    let window = a.window.as_deref().map(parse_window).transpose()?;
-    let opts = AttentionOptions {
-        causal: a.causal,
-        window: window.unwrap_or_default(),
-        softcap: a.softcap,
-        scale: a.scale,
-    };
-    opts.validate()?;
+    let Flags {
+        opts,
+        precision,
+        backend,
+    } = flags(&a.score)?;
     let overrides = PlanOverrides {
         br: a.block_q,
         bc: a.block_k,
@@ -75,10 +70,6 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
             flags: "--block-q, --block-k and --kernel",
         });
     }
-    if backend == BackendKind::Cuda {
-        // Fail before reading anything: this binary has no CUDA backend.
-        return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
-    }
     let [q, k, v] =
         [("q", &a.q), ("k", &a.k), ("v", &a.v)].map(|(what, path)| npy::read(what, path));
     let (q, k, v) = (q?, k?, v?);
@@ -88,6 +79,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
                 what,
                 rank: t.shape.len(),
                 shape: t.shape.clone(),
+                expected: "4 dims (batch, seqlen, heads, head_dim)",
             });
         }
     }
@@ -105,19 +97,58 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     })
 }
 
-/// Open the backend, saying on stderr which one and why.
-pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
-    let choice = Backend::open(p.backend, &p.workload(backward)?)?;
-    if p.backend == BackendKind::Auto {
+/// The flags every attention command shares, parsed and checked.
+pub struct Flags {
+    pub opts: AttentionOptions,
+    /// `--precision`, if given.
+    pub precision: Option<Precision>,
+    pub backend: BackendKind,
+}
+
+/// Parse and check the score, mask, precision and backend flags (before
+/// any file is read).
+pub fn flags(a: &ScoreArgs) -> Result<Flags> {
+    let backend: BackendKind = a.backend.parse()?;
+    let precision: Option<Precision> = a.precision.as_deref().map(str::parse).transpose()?;
+    let window = a.window.as_deref().map(parse_window).transpose()?;
+    let opts = AttentionOptions {
+        causal: a.causal,
+        window: window.unwrap_or_default(),
+        softcap: a.softcap,
+        scale: a.scale,
+    };
+    opts.validate()?;
+    if backend == BackendKind::Cuda {
+        // Fail before reading anything: this binary has no CUDA backend.
+        return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
+    }
+    Ok(Flags {
+        opts,
+        precision,
+        backend,
+    })
+}
+
+/// Open `kind` (for `auto`: the backend faster for `workload`), saying on
+/// stderr which one auto chose and why.
+pub fn open(kind: BackendKind, workload: &Workload) -> Result<Backend> {
+    let choice = Backend::open(kind, workload)?;
+    if kind == BackendKind::Auto {
         eprintln!("flashattn: {}", choice.reason);
     }
+    Ok(choice.backend)
+}
+
+/// Open the backend, saying on stderr which one and why.
+pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
+    let backend = open(p.backend, &p.workload(backward)?)?;
     let tiles = p.overrides.br.is_some() || p.overrides.bc.is_some();
-    if matches!(choice.backend, Backend::Cpu) && tiles {
+    if matches!(backend, Backend::Cpu) && tiles {
         return Err(CliError::WgpuOnly {
             flags: "--block-q and --block-k",
         });
     }
-    Ok(choice.backend)
+    Ok(backend)
 }
 
 pub fn forward(a: ForwardArgs) -> Result<()> {

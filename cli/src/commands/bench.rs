@@ -1,11 +1,14 @@
 //! `flashattn bench`: the benchmark cases from the command line, side by side
 //! in one run — flash vs naive WGSL vs CPU, the matmul ceiling, memory and
-//! storage accesses — as a table, JSON, CSV and plots.
+//! storage accesses — as a table, JSON, CSV and plots; with `--decode`,
+//! decoding steps against KV caches next to the copy bandwidth.
 
 use super::{plot_path_ok, write_text};
 use crate::args::BenchArgs;
+use crate::args::DecodeBenchArgs;
 use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
 use crate::charts;
+use crate::decode_bench::{self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet};
 use crate::error::{CliError, Result};
 use crate::report::{csv_text, Ceiling, Report, SweepPoint};
 use flashattn::{Engine, PlanOverrides, Precision};
@@ -65,6 +68,9 @@ fn matrix(a: &BenchArgs) -> Result<Matrix> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.decode.on {
+        return decode(&a);
+    }
     let m = matrix(&a)?;
     if let Some(p) = &a.plot {
         plot_path_ok(p)?;
@@ -207,4 +213,111 @@ fn label(c: &BenchCase) -> String {
         c.head_dim,
         if c.causal { " causal" } else { "" }
     )
+}
+
+/// The decode set the flags ask for: explicit flags, else `--quick`'s
+/// tiny values, else the full set (SPEC.md's decode shapes: 32 query
+/// heads, 8 kv heads, d 128).
+fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
+    let pick = |given: Option<usize>, quick: usize, full: usize| {
+        given.unwrap_or(if d.quick { quick } else { full })
+    };
+    let lists = |given: &Option<String>, quick: &str, full: &str| {
+        given
+            .clone()
+            .unwrap_or_else(|| if d.quick { quick } else { full }.to_string())
+    };
+    let set = DecodeSet {
+        backends: list(&d.backends)?,
+        batches: sizes("--batches", &lists(&d.batches, "1,2", "1,8"))?,
+        cache_lens: sizes(
+            "--cache-lens",
+            &lists(&d.cache_lens, "128,512", "1024,8192,32768"),
+        )?,
+        heads_q: pick(d.heads_q, 4, 32),
+        heads_kv: pick(d.heads_kv, 2, 8),
+        head_dim: pick(d.head_dim, 32, 128),
+        precisions: list::<Precision>(&d.dtypes)?,
+        max_tokens: d.max_tokens,
+        repeats: repeats.max(1),
+    };
+    flashattn::AttentionShape::new(1, 1, 1, set.heads_q, set.heads_kv, set.head_dim)?;
+    let copy_mib = d.copy_mib.unwrap_or(if d.quick { 4 } else { 64 });
+    if copy_mib == 0 {
+        return Err(CliError::BadFlag {
+            flag: "--copy-mib",
+            expected: "a positive number of MiB",
+            value: "0".into(),
+        });
+    }
+    Ok((set, copy_mib << 20))
+}
+
+/// `bench --decode`: the copy bandwidths, then every group of the set.
+fn decode(a: &BenchArgs) -> Result<()> {
+    let (set, copy_bytes) = decode_set(&a.decode, a.repeats)?;
+    let wgpu = set.backends.contains(&DecodeBackend::Wgpu);
+    let engine = match Engine::new() {
+        Ok(e) => Some(e),
+        Err(e) if !wgpu => {
+            eprintln!("flashattn: {e}; benchmarking the CPU backend only");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let (groups, skipped) = set.groups();
+    let bar = ProgressBar::new(groups.len() as u64 + 2);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} {msg} [{elapsed}]",
+    )?);
+    bar.set_message("copy bandwidth");
+    let copy = match &engine {
+        Some(e) => {
+            let r = e.copy_bandwidth(copy_bytes.min(e.max_binding()), set.repeats)?;
+            Some(CopyBandwidth {
+                bytes: r.bytes,
+                gbps: r.gbps(),
+            })
+        }
+        None => None,
+    };
+    bar.inc(1);
+    let host_copy = CopyBandwidth {
+        bytes: copy_bytes,
+        gbps: db::host_copy_gbps(copy_bytes as usize, set.repeats),
+    };
+    bar.inc(1);
+    let mut results = Vec::new();
+    for g in &groups {
+        bar.set_message(format!(
+            "decode batch {} cache {} {}",
+            g.batch, g.cache_len, g.precision
+        ));
+        results.extend(db::run_group(engine.as_ref(), &set, g));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = DecodeReport {
+        adapter: engine
+            .as_ref()
+            .map_or("none (CPU only)".into(), |e| e.describe()),
+        copy,
+        host_copy,
+        cpu_threads: rayon::current_num_threads(),
+        heads_q: set.heads_q,
+        heads_kv: set.heads_kv,
+        head_dim: set.head_dim,
+        repeats: set.repeats,
+        results,
+        skipped,
+        max_tokens: set.max_tokens,
+    };
+    report.print();
+    if let Some(path) = &a.json {
+        write_text(path, &serde_json::to_string_pretty(&report)?)?;
+    }
+    if let Some(path) = &a.csv {
+        write_text(path, &db::csv_text(&report)?)?;
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod decode;
 pub mod demo;
 pub mod plan;
 
@@ -15,6 +16,7 @@ pub fn run(command: Command) -> Result<()> {
     match command {
         Command::Forward(a) => attention::forward(a),
         Command::Backward(a) => attention::backward(a),
+        Command::Decode(a) => decode::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),

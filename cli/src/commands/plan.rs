@@ -1,24 +1,26 @@
 //! `flashattn plan`: the adapter, its limits, and the forward and backward
-//! plans with the reason for every clamp.
+//! plans with the reason for every clamp; with `--decode`, the decode plan
+//! (tiles, splits and why) for one decoding problem.
 
 use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
-use flashattn::{plan_backward, plan_forward, AttentionShape, Engine, PlanRequest, Precision};
+use flashattn::{
+    plan_backward, plan_forward, AttentionOptions, AttentionShape, CacheLayout, CacheShape,
+    DecodeProblem, DecodeStep, Engine, PlanRequest, Precision, TensorData,
+};
 
 pub fn run(a: PlanArgs) -> Result<()> {
     let precision: Precision = a.precision.parse()?;
     if let Some(d) = a.head_dim {
         AttentionShape::new(1, 1, 1, 1, 1, d)?;
     }
+    if a.decode {
+        return decode(&a, precision);
+    }
     let engine = Engine::new()?;
     let mut caps = engine.caps();
     if let Some(requested) = a.max_workgroup_storage {
-        if requested > caps.max_workgroup_storage {
-            return Err(CliError::StorageCap {
-                requested,
-                max: caps.max_workgroup_storage,
-            });
-        }
+        storage_cap_ok(requested, caps.max_workgroup_storage)?;
         caps.max_workgroup_storage = requested;
     }
     print_device(&engine);
@@ -33,6 +35,52 @@ pub fn run(a: PlanArgs) -> Result<()> {
             Err(e) => println!("  not possible here: {e}"),
         }
     }
+    Ok(())
+}
+
+fn storage_cap_ok(requested: u32, max: u32) -> Result<()> {
+    if requested > max {
+        return Err(CliError::StorageCap { requested, max });
+    }
+    Ok(())
+}
+
+/// The decode plan of `--batch` sequences of `--cache-len` keys each (a
+/// dense cache of that capacity, nothing appended), on this adapter.
+fn decode(a: &PlanArgs, precision: Precision) -> Result<()> {
+    // clap requires these with --decode; the defaults never apply.
+    let [hq, hk, d, n] = [a.heads_q, a.heads_kv, a.head_dim, a.cache_len].map(|x| x.unwrap_or(0));
+    let (b, sq) = (a.batch, a.seqlen_q);
+    AttentionShape::new(b, sq, n.max(1), hq, hk, d)?;
+    let len = i32::try_from(n).map_err(|_| CliError::BadFlag {
+        flag: "--cache-len",
+        expected: "a length that fits in int32",
+        value: n.to_string(),
+    })?;
+    let cache = CacheShape::new(
+        CacheLayout::Dense {
+            batch: b,
+            capacity: n.max(1),
+        },
+        hk,
+        d,
+    )?;
+    let q = TensorData::from_f32(vec![0.0; b * sq * hq * d], precision);
+    let lens = vec![len; b];
+    let step = DecodeStep::new(q.view([b, sq, hq, d]), &lens);
+    let problem = DecodeProblem::new(&step, &cache, precision)?;
+    let mut engine = Engine::new()?;
+    if let Some(requested) = a.max_workgroup_storage {
+        storage_cap_ok(requested, engine.caps().max_workgroup_storage)?;
+        engine = engine.with_workgroup_storage_limit(requested);
+    }
+    print_device(&engine);
+    let splits = (a.num_splits > 0).then_some(a.num_splits);
+    let plan = engine.plan_decode(&problem, &AttentionOptions::default(), splits)?;
+    println!(
+        "\ndecode: batch {b}, seqlen_q {sq}, heads {hq}/{hk}, head_dim {d}, {n} keys per sequence, {precision}:"
+    );
+    indent(&plan.to_string());
     Ok(())
 }
 

@@ -1,0 +1,608 @@
+//! `flashattn bench --decode`: one decoding step (one query token per
+//! sequence, no append) against full dense KV caches, timed on wgpu and on
+//! the CPU backend, with the planner's splits and with one split, next to
+//! the copy bandwidth measured in the same run — decoding reads each K/V
+//! element once, so its effective bandwidth, `2 · Σ seqlen_k · heads_kv ·
+//! head_dim · bytes / time`, is what it is held against.
+//!
+//! Timing: on wgpu the cache is uploaded once (`Engine::upload_kv_cache`)
+//! and stays on the device between repeats; a step's time is its kernel
+//! time (the decode and merge submission; q's upload and o's readback are
+//! not counted), as the forward bench times kernels. On the CPU it is the
+//! wall time of `flashattn::cpu::decode`. Nothing is appended in the timed
+//! steps, so every repeat decodes the same cache.
+
+use crate::error::{one_line, CliError, Result};
+use flashattn::{
+    cpu, AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine, HostKvCache, KvCache,
+    Precision, TensorData,
+};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Where a configuration runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeBackend {
+    Wgpu,
+    Cpu,
+}
+
+impl DecodeBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeBackend::Wgpu => "wgpu",
+            DecodeBackend::Cpu => "cpu",
+        }
+    }
+}
+
+impl std::str::FromStr for DecodeBackend {
+    type Err = CliError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "wgpu" => Ok(DecodeBackend::Wgpu),
+            "cpu" => Ok(DecodeBackend::Cpu),
+            other => Err(CliError::BadFlag {
+                flag: "--backends",
+                expected: "wgpu or cpu",
+                value: other.to_string(),
+            }),
+        }
+    }
+}
+
+/// How many splits a configuration asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// `num_splits = 0`: the planner chooses.
+    Planner,
+    /// `num_splits = 1` (the loop limit may still raise it).
+    One,
+}
+
+impl SplitMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::Planner => "planner",
+            SplitMode::One => "1",
+        }
+    }
+
+    fn num_splits(self) -> Option<usize> {
+        match self {
+            SplitMode::Planner => None,
+            SplitMode::One => Some(1),
+        }
+    }
+}
+
+/// One table row's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DecodeConfig {
+    pub backend: DecodeBackend,
+    pub batch: usize,
+    /// Keys per sequence (the caches are full).
+    pub cache_len: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    #[serde(serialize_with = "precision_name")]
+    pub precision: Precision,
+    pub splits: SplitMode,
+}
+
+fn precision_name<S: serde::Serializer>(
+    p: &Precision,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+impl DecodeConfig {
+    /// Bytes of K and V one step reads: `2 · batch · cache_len · heads_kv ·
+    /// head_dim · bytes per element`.
+    pub fn kv_bytes(&self) -> u64 {
+        (2 * self.batch * self.cache_len * self.heads_kv * self.head_dim * self.precision.bytes())
+            as u64
+    }
+}
+
+/// What one configuration measured; a failure (a cache past one storage
+/// binding, say) is a result too.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeResult {
+    #[serde(flatten)]
+    pub config: DecodeConfig,
+    /// Seconds of each timed repeat (kernel time on wgpu, wall time on the CPU).
+    pub seconds: Vec<f64>,
+    /// The splits the step ran with.
+    pub num_splits: Option<usize>,
+    pub kv_bytes: u64,
+    pub error: Option<String>,
+}
+
+impl DecodeResult {
+    pub fn min_seconds(&self) -> Option<f64> {
+        self.seconds.iter().copied().reduce(f64::min)
+    }
+
+    pub fn median_seconds(&self) -> Option<f64> {
+        let mut s = self.seconds.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        s.get(s.len() / 2).copied()
+    }
+
+    /// Effective K/V read bandwidth of the fastest repeat, GB/s (10⁹ bytes).
+    pub fn gbps(&self) -> Option<f64> {
+        self.min_seconds().map(|t| self.kv_bytes as f64 / t / 1e9)
+    }
+}
+
+/// The configurations of one run.
+#[derive(Clone, Debug)]
+pub struct DecodeSet {
+    pub backends: Vec<DecodeBackend>,
+    pub batches: Vec<usize>,
+    pub cache_lens: Vec<usize>,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub precisions: Vec<Precision>,
+    /// Skip a (batch, cache length) whose batch × length exceeds this (0: none).
+    pub max_tokens: usize,
+    pub repeats: usize,
+}
+
+/// One cache size and dtype: every backend and split mode of it runs on
+/// the same data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub batch: usize,
+    pub cache_len: usize,
+    pub precision: Precision,
+}
+
+impl DecodeSet {
+    /// The groups to run (batch-major, then cache length, then dtype) and
+    /// the (batch, cache length) pairs skipped by `max_tokens`.
+    pub fn groups(&self) -> (Vec<Group>, Vec<(usize, usize)>) {
+        let (mut run, mut skipped) = (Vec::new(), Vec::new());
+        for &batch in &self.batches {
+            for &cache_len in &self.cache_lens {
+                if self.max_tokens > 0 && batch * cache_len > self.max_tokens {
+                    skipped.push((batch, cache_len));
+                    continue;
+                }
+                for &precision in &self.precisions {
+                    run.push(Group {
+                        batch,
+                        cache_len,
+                        precision,
+                    });
+                }
+            }
+        }
+        (run, skipped)
+    }
+
+    /// Rows per group.
+    pub fn rows_per_group(&self) -> usize {
+        2 * self.backends.len()
+    }
+
+    fn config(&self, g: &Group, backend: DecodeBackend, splits: SplitMode) -> DecodeConfig {
+        DecodeConfig {
+            backend,
+            batch: g.batch,
+            cache_len: g.cache_len,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            precision: g.precision,
+            splits,
+        }
+    }
+}
+
+/// Seeded values in [-1, 1), filled in parallel (caches run to GiBs).
+pub fn fill(n: usize, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    v.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut x = (seed ^ (c as u64 + 1)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for e in chunk {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *e = (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            }
+        });
+    v
+}
+
+/// The data of one group: full caches, one query token per sequence.
+struct GroupData {
+    cache: HostKvCache,
+    q: TensorData,
+    q_shape: [usize; 4],
+    lens: Vec<i32>,
+}
+
+impl GroupData {
+    fn new(set: &DecodeSet, g: &Group) -> Result<Self> {
+        let layout = CacheLayout::Dense {
+            batch: g.batch,
+            capacity: g.cache_len,
+        };
+        let shape = CacheShape::new(layout, set.heads_kv, set.head_dim)?;
+        let seed = (g.batch * 1_000_003 + g.cache_len) as u64;
+        let data = |s| TensorData::from_f32(fill(shape.len(), s), g.precision);
+        let cache = HostKvCache::new(shape, data(seed), data(seed + 1))?;
+        let q_shape = [g.batch, 1, set.heads_q, set.head_dim];
+        let q = TensorData::from_f32(fill(q_shape.iter().product(), seed + 2), g.precision);
+        let len = i32::try_from(g.cache_len).map_err(|_| CliError::BadFlag {
+            flag: "--cache-lens",
+            expected: "lengths that fit in int32",
+            value: g.cache_len.to_string(),
+        })?;
+        Ok(Self {
+            cache,
+            q,
+            q_shape,
+            lens: vec![len; g.batch],
+        })
+    }
+
+    fn step(&self) -> DecodeStep<'_> {
+        DecodeStep::new(self.q.view(self.q_shape), &self.lens)
+    }
+}
+
+/// One timed step: seconds and the splits it ran with.
+type Timed = (f64, usize);
+
+/// Run `once` untimed, then `repeats` times timed, into a result.
+fn measure(
+    config: DecodeConfig,
+    repeats: usize,
+    mut once: impl FnMut() -> Result<Timed>,
+) -> DecodeResult {
+    let mut r = DecodeResult {
+        config,
+        seconds: Vec::new(),
+        num_splits: None,
+        kv_bytes: config.kv_bytes(),
+        error: None,
+    };
+    for i in 0..=repeats {
+        match once() {
+            Ok((t, splits)) => {
+                r.num_splits = Some(splits);
+                if i > 0 {
+                    r.seconds.push(t);
+                }
+            }
+            Err(e) => {
+                r.error = Some(one_line(&e));
+                r.seconds.clear();
+                break;
+            }
+        }
+    }
+    r
+}
+
+/// Every backend and split mode of group `g`, on one set of data.
+pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<DecodeResult> {
+    let modes = [SplitMode::Planner, SplitMode::One];
+    let data = match GroupData::new(set, g) {
+        Ok(d) => d,
+        Err(e) => return failed(set, g, &e),
+    };
+    let opts = AttentionOptions::default();
+    let mut out = Vec::new();
+    for &backend in &set.backends {
+        let config = |m| set.config(g, backend, m);
+        match backend {
+            DecodeBackend::Wgpu => {
+                let cache = engine
+                    .ok_or(CliError::NeedsGpu {
+                        what: "the wgpu decode benchmark",
+                    })
+                    .and_then(|e| Ok((e, e.upload_kv_cache(&data.cache)?)));
+                let (e, mut kv): (&Engine, KvCache) = match cache {
+                    Ok(x) => x,
+                    Err(err) => {
+                        out.extend(modes.map(|m| error_result(config(m), &err)));
+                        continue;
+                    }
+                };
+                for m in modes {
+                    out.push(measure(config(m), set.repeats, || {
+                        let r = e.decode(&mut kv, &data.step(), &opts, m.num_splits())?;
+                        Ok((r.stats.kernel_seconds, r.num_splits))
+                    }));
+                }
+            }
+            DecodeBackend::Cpu => {
+                let mut cache = data.cache.clone();
+                for m in modes {
+                    out.push(measure(config(m), set.repeats, || {
+                        let start = Instant::now();
+                        let r = cpu::decode(&mut cache, &data.step(), &opts, m.num_splits())?;
+                        Ok((start.elapsed().as_secs_f64(), r.num_splits))
+                    }));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn error_result(config: DecodeConfig, e: &CliError) -> DecodeResult {
+    DecodeResult {
+        config,
+        seconds: Vec::new(),
+        num_splits: None,
+        kv_bytes: config.kv_bytes(),
+        error: Some(one_line(e)),
+    }
+}
+
+/// Every row of a group whose data could not be made, failed.
+fn failed(set: &DecodeSet, g: &Group, e: &CliError) -> Vec<DecodeResult> {
+    set.backends
+        .iter()
+        .flat_map(|&b| [SplitMode::Planner, SplitMode::One].map(|m| set.config(g, b, m)))
+        .map(|c| error_result(c, e))
+        .collect()
+}
+
+/// Host memory bandwidth: `bytes` copied between two buffers by every
+/// rayon thread, `repeats` times after a warm-up; GB/s of bytes read plus
+/// written by the fastest — the CPU backend's yardstick.
+pub fn host_copy_gbps(bytes: usize, repeats: usize) -> f64 {
+    let src: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+    let mut dst = vec![0u8; bytes];
+    let mut best = f64::INFINITY;
+    for i in 0..=repeats.max(1) {
+        let start = Instant::now();
+        dst.par_chunks_mut(1 << 20)
+            .zip(src.par_chunks(1 << 20))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let t = start.elapsed().as_secs_f64();
+        if i > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&dst);
+    2.0 * bytes as f64 / best / 1e9
+}
+
+/// The adapter's copy bandwidth, measured in the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct CopyBandwidth {
+    pub bytes: u64,
+    /// Bytes read plus written per second of the fastest repeat, GB/s.
+    pub gbps: f64,
+}
+
+/// Everything one `bench --decode` run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeReport {
+    pub adapter: String,
+    /// The wgpu copy kernel's bandwidth (none without an adapter).
+    pub copy: Option<CopyBandwidth>,
+    /// Host memory copied by every CPU thread: the CPU rows' yardstick.
+    pub host_copy: CopyBandwidth,
+    pub cpu_threads: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub repeats: usize,
+    pub results: Vec<DecodeResult>,
+    /// `(batch, cache length)` pairs skipped by `--max-tokens`.
+    pub skipped: Vec<(usize, usize)>,
+    pub max_tokens: usize,
+}
+
+impl DecodeReport {
+    /// The yardstick of a row: the copy kernel for wgpu, host copy for the CPU.
+    fn yardstick(&self, backend: DecodeBackend) -> Option<f64> {
+        match backend {
+            DecodeBackend::Wgpu => self.copy.as_ref().map(|c| c.gbps),
+            DecodeBackend::Cpu => Some(self.host_copy.gbps),
+        }
+    }
+
+    /// The report on stdout: what was measured and how, then one row per
+    /// configuration.
+    pub fn print(&self) {
+        println!("adapter: {}", self.adapter);
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        match &self.copy {
+            Some(c) => println!(
+                "copy bandwidth (wgpu copy kernel, {:.0} MiB, read + written): {:.2} GB/s",
+                mib(c.bytes),
+                c.gbps
+            ),
+            None => println!("copy bandwidth: no adapter"),
+        }
+        println!(
+            "host copy bandwidth ({} threads, {:.0} MiB, read + written): {:.2} GB/s",
+            self.cpu_threads,
+            mib(self.host_copy.bytes),
+            self.host_copy.gbps
+        );
+        println!(
+            "decode: 1 query token per sequence, heads {}/{}, head_dim {}, full dense caches, \
+             no append in the timed steps; min and median of {} repeats after a warm-up; \
+             wgpu: kernel time with the cache kept on the device; cpu: wall time of \
+             flashattn::cpu::decode; K/V GB/s = 2·batch·cache·heads_kv·d·bytes / min time; \
+             % copy: of the copy kernel (wgpu rows) or the host copy (cpu rows)",
+            self.heads_q, self.heads_kv, self.head_dim, self.repeats
+        );
+        println!(
+            "\n{:<7} {:<5} {:>5} {:>7} {:<8} {:>6} {:>10} {:>10} {:>9} {:>7}",
+            "backend",
+            "dtype",
+            "batch",
+            "cache",
+            "splits",
+            "used",
+            "median ms",
+            "min ms",
+            "K/V GB/s",
+            "% copy"
+        );
+        self.results
+            .iter()
+            .for_each(|r| println!("{}", self.row(r)));
+        if !self.skipped.is_empty() {
+            let pairs: Vec<String> = self
+                .skipped
+                .iter()
+                .map(|(b, n)| format!("batch {b} × cache {n}"))
+                .collect();
+            println!(
+                "skipped (batch × cache length over --max-tokens {}; --max-tokens 0 runs them): {}",
+                self.max_tokens,
+                pairs.join(", ")
+            );
+        }
+    }
+
+    /// One configuration's table row.
+    fn row(&self, r: &DecodeResult) -> String {
+        let c = &r.config;
+        let head = format!(
+            "{:<7} {:<5} {:>5} {:>7} {:<8}",
+            c.backend.name(),
+            c.precision.name(),
+            c.batch,
+            c.cache_len,
+            c.splits.name()
+        );
+        let (Some(min), Some(med), Some(g)) = (r.min_seconds(), r.median_seconds(), r.gbps())
+        else {
+            return match &r.error {
+                Some(e) => format!("{head}   FAILED: {e}"),
+                None => format!("{head}   no measurement"),
+            };
+        };
+        let frac = self
+            .yardstick(c.backend)
+            .map_or("-".into(), |x| format!("{:.0}%", 100.0 * g / x));
+        let used = r.num_splits.map_or("-".into(), |n| n.to_string());
+        format!(
+            "{head} {used:>6} {:>10.3} {:>10.3} {g:>9.2} {frac:>7}",
+            med * 1e3,
+            min * 1e3
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    backend: &'a str,
+    precision: &'a str,
+    batch: usize,
+    cache_len: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    splits: &'a str,
+    num_splits: Option<usize>,
+    median_ms: Option<f64>,
+    min_ms: Option<f64>,
+    kv_gbps: Option<f64>,
+    copy_gbps: Option<f64>,
+    error: Option<&'a str>,
+}
+
+/// The results table as CSV (`copy_gbps`: the row's yardstick).
+pub fn csv_text(report: &DecodeReport) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in &report.results {
+        let c = &r.config;
+        w.serialize(CsvRow {
+            backend: c.backend.name(),
+            precision: c.precision.name(),
+            batch: c.batch,
+            cache_len: c.cache_len,
+            heads_q: c.heads_q,
+            heads_kv: c.heads_kv,
+            head_dim: c.head_dim,
+            splits: c.splits.name(),
+            num_splits: r.num_splits,
+            median_ms: r.median_seconds().map(|t| t * 1e3),
+            min_ms: r.min_seconds().map(|t| t * 1e3),
+            kv_gbps: r.gbps(),
+            copy_gbps: report.yardstick(c.backend),
+            error: r.error.as_deref(),
+        })?;
+    }
+    let bytes = w
+        .into_inner()
+        .map_err(|e| CliError::Csv(e.into_error().into()))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set() -> DecodeSet {
+        DecodeSet {
+            backends: vec![DecodeBackend::Wgpu, DecodeBackend::Cpu],
+            batches: vec![1, 8],
+            cache_lens: vec![1024, 8192, 32768],
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            precisions: vec![Precision::F16, Precision::F32],
+            max_tokens: 65536,
+            repeats: 3,
+        }
+    }
+
+    #[test]
+    fn max_tokens_skips_the_largest_pairs() {
+        let (run, skipped) = set().groups();
+        assert_eq!(skipped, vec![(8, 32768)]);
+        assert_eq!(run.len(), 5 * 2);
+        let all = DecodeSet {
+            max_tokens: 0,
+            ..set()
+        };
+        assert_eq!(all.groups().0.len(), 6 * 2);
+    }
+
+    #[test]
+    fn kv_bytes_count_k_and_v_once() {
+        let c = set().config(
+            &Group {
+                batch: 8,
+                cache_len: 1024,
+                precision: Precision::F16,
+            },
+            DecodeBackend::Cpu,
+            SplitMode::One,
+        );
+        assert_eq!(c.kv_bytes(), 2 * 8 * 1024 * 8 * 128 * 2);
+    }
+
+    #[test]
+    fn fill_is_seeded_and_bounded() {
+        let a = fill(200_000, 7);
+        assert_eq!(a, fill(200_000, 7));
+        assert_ne!(a, fill(200_000, 8));
+        assert!(a.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean = a.iter().map(|&x| x as f64).sum::<f64>() / a.len() as f64;
+        assert!(mean.abs() < 0.01, "{mean}");
+    }
+}
