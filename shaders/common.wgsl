@@ -12,9 +12,13 @@ struct Params {
     heads_q: u32,
     // Query heads per kv head (GQA); query head h reads kv head h / group.
     group: u32,
-    // Element strides of the (batch, seq, heads, dim) layouts.
+    // Element strides of the (batch, seq, heads, dim) layouts: q (and dq)
+    // and k (and dk) rows hold head_dim per head, o (and do) and v (and dv)
+    // rows head_dim_v.
     q_row_stride: u32,
     kv_row_stride: u32,
+    o_row_stride: u32,
+    v_row_stride: u32,
     q_batch_stride: u32,
     kv_batch_stride: u32,
     // LSE is (batch, heads_q, seqlen_q).
@@ -63,33 +67,59 @@ fn cap_score(s: f32) -> f32 {
     return s;
 }
 
-// Whether absolute row `i` may attend to absolute key `j` under the band mask.
-fn band_allows(i: i32, j: i32) -> bool {
-    let center = i + params.mask_offset;
+// One sequence of a dispatch as a workgroup sees it: its rows and keys
+// here, where they are stored, and its mask offset.
+struct Seq {
+    // Batch entry (of this dispatch).
+    b: u32,
+    // The workgroup's block within the sequence.
+    block: u32,
+    rows: u32,
+    keys: u32,
+    // Storage rows of local row 0 of q (o, do, dq) and of local key 0 of k
+    // (v, dk, dv); the LSE index of (head 0, local row 0).
+    q_row: u32,
+    k_row: u32,
+    lse: u32,
+    // Key j is on row i's diagonal at j = i + offset (bottom-right aligned).
+    offset: i32,
+}
+
+// The sequence of workgroup `wg`, whose x counts blocks (of rows or keys).
+fn sequence(wg: vec3<u32>) -> Seq {
+    let b = wg.z;
+    return Seq(b, wg.x + params.block_offset, params.seqlen_q, params.seqlen_k,
+        b * params.seqlen_q, b * params.seqlen_k, b * params.lse_batch_stride, params.mask_offset);
+}
+
+// Whether absolute row `i` may attend to absolute key `j` under the band
+// mask, with the diagonal at j = i + offset.
+fn band_allows(offset: i32, i: i32, j: i32) -> bool {
+    let center = i + offset;
     return j >= center - params.window_left && j <= center + params.window_right;
 }
 
-// Local key range [x, y) that any of the absolute rows first..=last may see.
-fn visible_keys(first_row: i32, last_row: i32) -> vec2<i32> {
-    let n = i32(params.seqlen_k);
+// Local key range [x, y) of `seq` that any of the absolute rows first..=last may see.
+fn visible_keys(seq: Seq, first_row: i32, last_row: i32) -> vec2<i32> {
+    let n = i32(seq.keys);
     if (!IS_MASKED) {
         return vec2<i32>(0, n);
     }
     let k0 = i32(params.k_start);
-    let lo = clamp(first_row + params.mask_offset - params.window_left - k0, 0, n);
-    let hi = clamp(last_row + params.mask_offset + params.window_right + 1 - k0, 0, n);
+    let lo = clamp(first_row + seq.offset - params.window_left - k0, 0, n);
+    let hi = clamp(last_row + seq.offset + params.window_right + 1 - k0, 0, n);
     return vec2<i32>(lo, max(lo, hi));
 }
 
-// Local row range [x, y) that may see any of the absolute keys first..=last.
-fn visible_rows(first_key: i32, last_key: i32) -> vec2<i32> {
-    let n = i32(params.seqlen_q);
+// Local row range [x, y) of `seq` that may see any of the absolute keys first..=last.
+fn visible_rows(seq: Seq, first_key: i32, last_key: i32) -> vec2<i32> {
+    let n = i32(seq.rows);
     if (!IS_MASKED) {
         return vec2<i32>(0, n);
     }
     let q0 = i32(params.q_start);
-    let lo = clamp(first_key - params.mask_offset - params.window_right - q0, 0, n);
-    let hi = clamp(last_key - params.mask_offset + params.window_left + 1 - q0, 0, n);
+    let lo = clamp(first_key - seq.offset - params.window_right - q0, 0, n);
+    let hi = clamp(last_key - seq.offset + params.window_left + 1 - q0, 0, n);
     return vec2<i32>(lo, max(lo, hi));
 }
 
@@ -102,8 +132,8 @@ fn block_range(r: vec2<i32>, size: u32) -> vec2<u32> {
 
 // Whether every (row, key) of the tile rows first..=last × keys k_first..=k_last
 // is allowed by the band, so the tile needs no per-element mask.
-fn band_covers(first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool {
-    return !IS_MASKED || (band_allows(last_row, k_first) && band_allows(first_row, k_last));
+fn band_covers(offset: i32, first_row: i32, last_row: i32, k_first: i32, k_last: i32) -> bool {
+    return !IS_MASKED || (band_allows(offset, last_row, k_first) && band_allows(offset, first_row, k_last));
 }
 
 // s + a·b summed in order of dimension, as the tiled kernels' loops sum (the
@@ -114,9 +144,9 @@ fn add_dot(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
 
 // Whether the (row, key) pair of a lanes kernel's block takes part: always
 // where the block needs no mask; else both in range and allowed by the band.
-fn pair_allowed(masking: bool, in_range: bool, row_abs: i32, key_abs: i32) -> bool {
+fn pair_allowed(masking: bool, in_range: bool, offset: i32, row_abs: i32, key_abs: i32) -> bool {
     if (!masking) {
         return true;
     }
-    return in_range && (!IS_MASKED || band_allows(row_abs, key_abs));
+    return in_range && (!IS_MASKED || band_allows(offset, row_abs, key_abs));
 }

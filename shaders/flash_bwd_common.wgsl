@@ -4,42 +4,52 @@
 // to storage. Tiles are square (B rows × B keys) so that "invocation r of the
 // tile" can own query row r in one phase and key row r in the other.
 //
-// Prelude: overrides B, D, TC, WG = B·TC, IS_MASKED, HAS_SOFTCAP; constants
-// SC = ceil(B/TC), ACC = ceil(D/TC); load_q/k/v/do, load_lse, load_dvec,
-// round_storage; flash_bwd_math.wgsl.
+// Prelude: overrides B, D (q/k head dim), DV (v/o head dim), DM = max(D,
+// DV), TC, WG = B·TC,
+// IS_MASKED, HAS_SOFTCAP; constants SC = ceil(B/TC), ACC_K = ceil(D/TC),
+// ACC_V = ceil(DV/TC); load_q/k/v/do, load_lse, load_dvec, round_storage;
+// flash_bwd_math.wgsl.
 
 override FULL_SC: bool = (B % TC) == 0u;
-override FULL_ACC: bool = (D % TC) == 0u;
+override FULL_K: bool = (D % TC) == 0u;
+override FULL_V: bool = (DV % TC) == 0u;
 
 var<workgroup> q_tile: array<f32, B * D>;   // q · scale
-var<workgroup> do_tile: array<f32, B * D>;
+var<workgroup> do_tile: array<f32, B * DV>;
 var<workgroup> k_tile: array<f32, B * D>;
-var<workgroup> v_tile: array<f32, B * D>;
+var<workgroup> v_tile: array<f32, B * DV>;
 var<workgroup> p_tile: array<f32, B * B>;   // [row][key]
 var<workgroup> ds_tile: array<f32, B * B>;  // [row][key]
 var<workgroup> lse_tile: array<f32, B>;
 var<workgroup> dvec_tile: array<f32, B>;
 
-// Query rows q0.. of head h (rows past n_rows read as zero).
-fn load_row_tiles(tid: u32, b: u32, h: u32, q0: u32, n_rows: u32) {
-    let base = b * params.q_batch_stride + h * D;
-    for (var e = tid; e < B * D; e += WG) {
-        let row = e / D;
-        var qx = 0.0;
-        var gx = 0.0;
-        if (row < n_rows) {
-            let g = base + (q0 + row) * params.q_row_stride + e % D;
-            qx = load_q(g) * params.scale;
-            gx = load_do(g);
+// Query rows q0.. of head h of `seq` (rows past n_rows read as zero): one
+// loop over the wider head dim (DM = max(D, DV)) loads Q and dO.
+fn load_row_tiles(tid: u32, seq: Seq, h: u32, q0: u32, n_rows: u32) {
+    for (var e = tid; e < B * DM; e += WG) {
+        let i = e / DM;
+        let x = e % DM;
+        let row = seq.q_row + q0 + i;
+        if (D == DV || x < D) {
+            var qx = 0.0;
+            if (i < n_rows) {
+                qx = load_q(row * params.q_row_stride + h * D + x) * params.scale;
+            }
+            q_tile[i * D + x] = qx;
         }
-        q_tile[e] = qx;
-        do_tile[e] = gx;
+        if (D == DV || x < DV) {
+            var gx = 0.0;
+            if (i < n_rows) {
+                gx = load_do(row * params.o_row_stride + h * DV + x);
+            }
+            do_tile[i * DV + x] = gx;
+        }
     }
     for (var row = tid; row < B; row += WG) {
         var lse = 0.0;
         var dv = 0.0;
         if (row < n_rows) {
-            let g = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + row;
+            let g = seq.lse + h * params.lse_head_stride + q0 + row;
             lse = finite_lse(load_lse(g));
             dv = load_dvec(g);
         }
@@ -48,50 +58,79 @@ fn load_row_tiles(tid: u32, b: u32, h: u32, q0: u32, n_rows: u32) {
     }
 }
 
-// Keys k0.. of kv head hk (keys past n_keys read as zero).
-fn load_key_tiles(tid: u32, b: u32, hk: u32, k0: u32, n_keys: u32) {
-    let base = b * params.kv_batch_stride + hk * D;
-    for (var e = tid; e < B * D; e += WG) {
-        let key = e / D;
-        var kx = 0.0;
-        var vx = 0.0;
-        if (key < n_keys) {
-            let g = base + (k0 + key) * params.kv_row_stride + e % D;
-            kx = load_k(g);
-            vx = load_v(g);
+// Keys k0.. of kv head hk of `seq` (keys past n_keys read as zero), K and V
+// in one loop like load_row_tiles.
+fn load_key_tiles(tid: u32, seq: Seq, hk: u32, k0: u32, n_keys: u32) {
+    for (var e = tid; e < B * DM; e += WG) {
+        let c = e / DM;
+        let x = e % DM;
+        let row = seq.k_row + k0 + c;
+        if (D == DV || x < D) {
+            var kx = 0.0;
+            if (c < n_keys) {
+                kx = load_k(row * params.kv_row_stride + hk * D + x);
+            }
+            k_tile[c * D + x] = kx;
         }
-        k_tile[e] = kx;
-        v_tile[e] = vx;
+        if (D == DV || x < DV) {
+            var vx = 0.0;
+            if (c < n_keys) {
+                vx = load_v(row * params.v_row_stride + hk * DV + x);
+            }
+            v_tile[c * DV + x] = vx;
+        }
     }
 }
 
 // Invocation (r, t) fills p_tile and ds_tile for row r, keys t + k·TC.
-// `row_abs0`/`key_abs0` place the tile in the full problem for the mask.
-fn tile_p_ds(r: u32, t: u32, row_abs0: i32, n_rows: u32, key_abs0: i32, n_keys: u32) {
+// `row_abs0`/`key_abs0` place the tile in the full problem for the mask
+// (on the diagonal key = row + offset).
+fn tile_p_ds(r: u32, t: u32, offset: i32, row_abs0: i32, n_rows: u32, key_abs0: i32, n_keys: u32) {
     // Initialized explicitly: Chromium's Tint zeroes a function's `var`
     // without initializer only once, not at every call from a loop.
     var s = array<f32, SC>();
     var dp = array<f32, SC>();
-    for (var x = 0u; x < D; x++) {
-        let qx = q_tile[r * D + x];
-        let gx = do_tile[r * D + x];
-        for (var k = 0u; k < SC; k++) {
-            let c = t + k * TC;
-            if (FULL_SC || c < B) {
-                s[k] += qx * k_tile[c * D + x];
-                dp[k] += gx * v_tile[c * D + x];
+    for (var x = 0u; x < DM; x++) {
+        if (D == DV) {
+            let qx = q_tile[r * D + x];
+            let gx = do_tile[r * D + x];
+            for (var k = 0u; k < SC; k++) {
+                let c = t + k * TC;
+                if (FULL_SC || c < B) {
+                    s[k] += qx * k_tile[c * D + x];
+                    dp[k] += gx * v_tile[c * D + x];
+                }
+            }
+            continue;
+        }
+        if (x < D) {
+            let qx = q_tile[r * D + x];
+            for (var k = 0u; k < SC; k++) {
+                let c = t + k * TC;
+                if (FULL_SC || c < B) {
+                    s[k] += qx * k_tile[c * D + x];
+                }
+            }
+        }
+        if (x < DV) {
+            let gx = do_tile[r * DV + x];
+            for (var k = 0u; k < SC; k++) {
+                let c = t + k * TC;
+                if (FULL_SC || c < B) {
+                    dp[k] += gx * v_tile[c * DV + x];
+                }
             }
         }
     }
     let needs_mask = n_rows < B || n_keys < B
-        || !band_covers(row_abs0, row_abs0 + i32(B) - 1, key_abs0, key_abs0 + i32(B) - 1);
+        || !band_covers(offset, row_abs0, row_abs0 + i32(B) - 1, key_abs0, key_abs0 + i32(B) - 1);
     let row_abs = row_abs0 + i32(r);
     for (var k = 0u; k < SC; k++) {
         let c = t + k * TC;
         if (!FULL_SC && c >= B) {
             continue;
         }
-        let ok = pair_allowed(needs_mask, r < n_rows && c < n_keys, row_abs, key_abs0 + i32(c));
+        let ok = pair_allowed(needs_mask, r < n_rows && c < n_keys, offset, row_abs, key_abs0 + i32(c));
         let pds = p_and_ds(s[k], dp[k], lse_tile[r], dvec_tile[r], ok);
         p_tile[r * B + c] = pds.x;
         ds_tile[r * B + c] = pds.y;

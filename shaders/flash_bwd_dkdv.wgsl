@@ -10,38 +10,43 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let k0 = (wg.x + params.block_offset) * B;
+    let seq = sequence(wg);
+    let k0 = seq.block * B;
     let hk = wg.y;
-    let b = wg.z;
-    let keys_here = min(B, params.seqlen_k - k0);
+    let keys_here = min(B, seq.keys - k0);
     let key_abs0 = i32(params.k_start + k0);
-    load_key_tiles(tid, b, hk, k0, keys_here);
+    load_key_tiles(tid, seq, hk, k0, keys_here);
 
     // Skip, don't mask: only query blocks that see one of these keys.
-    let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
+    let rows = visible_rows(seq, key_abs0, key_abs0 + i32(keys_here) - 1);
     let row_blocks = block_range(rows, B);
 
-    var dk = array<f32, ACC>();
-    var dv = array<f32, ACC>();
+    var dk = array<f32, ACC_K>();
+    var dv = array<f32, ACC_V>();
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
             let q0 = qb * B;
-            let rows_here = min(B, params.seqlen_q - q0);
+            let rows_here = min(B, seq.rows - q0);
             // The previous tile's readers must finish before it is overwritten.
             workgroupBarrier();
-            load_row_tiles(tid, b, h, q0, rows_here);
+            load_row_tiles(tid, seq, h, q0, rows_here);
             workgroupBarrier();
-            tile_p_ds(r, t, i32(params.q_start + q0), rows_here, key_abs0, keys_here);
+            tile_p_ds(r, t, seq.offset, i32(params.q_start + q0), rows_here, key_abs0, keys_here);
             workgroupBarrier();
             // Now invocation (r, t) owns key r: dV_r += Pᵀ dO, dK_r += dSᵀ (Q·scale).
             for (var i = 0u; i < B; i++) {
                 let p = p_tile[i * B + r];
                 let ds = ds_tile[i * B + r];
-                for (var k = 0u; k < ACC; k++) {
+                for (var k = 0u; k < ACC_V; k++) {
                     let x = t + k * TC;
-                    if (FULL_ACC || x < D) {
-                        dv[k] += p * do_tile[i * D + x];
+                    if (FULL_V || x < DV) {
+                        dv[k] += p * do_tile[i * DV + x];
+                    }
+                }
+                for (var k = 0u; k < ACC_K; k++) {
+                    let x = t + k * TC;
+                    if (FULL_K || x < D) {
                         dk[k] += ds * q_tile[i * D + x];
                     }
                 }
@@ -49,12 +54,17 @@ fn main(
         }
     }
     if (r < keys_here) {
-        let base = b * params.kv_batch_stride + (k0 + r) * params.kv_row_stride + hk * D;
-        for (var k = 0u; k < ACC; k++) {
+        let row = seq.k_row + k0 + r;
+        for (var k = 0u; k < ACC_K; k++) {
             let x = t + k * TC;
-            if (FULL_ACC || x < D) {
-                store_dk(base + x, dk[k]);
-                store_dv(base + x, dv[k]);
+            if (FULL_K || x < D) {
+                store_dk(row * params.kv_row_stride + hk * D + x, dk[k]);
+            }
+        }
+        for (var k = 0u; k < ACC_V; k++) {
+            let x = t + k * TC;
+            if (FULL_V || x < DV) {
+                store_dv(row * params.v_row_stride + hk * DV + x, dv[k]);
             }
         }
     }

@@ -10,42 +10,42 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let q0 = (wg.x + params.block_offset) * B;
+    let seq = sequence(wg);
+    let q0 = seq.block * B;
     let h = wg.y;
-    let b = wg.z;
     let hk = h / params.group;
-    let rows_here = min(B, params.seqlen_q - q0);
+    let rows_here = min(B, seq.rows - q0);
     let row_abs0 = i32(params.q_start + q0);
-    load_row_tiles(tid, b, h, q0, rows_here);
+    load_row_tiles(tid, seq, h, q0, rows_here);
 
-    let keys = visible_keys(row_abs0, row_abs0 + i32(rows_here) - 1);
+    let keys = visible_keys(seq, row_abs0, row_abs0 + i32(rows_here) - 1);
     let key_blocks = block_range(keys, B);
 
-    var dq = array<f32, ACC>();
+    var dq = array<f32, ACC_K>();
     for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * B;
-        let keys_here = min(B, params.seqlen_k - k0);
+        let keys_here = min(B, seq.keys - k0);
         workgroupBarrier();
-        load_key_tiles(tid, b, hk, k0, keys_here);
+        load_key_tiles(tid, seq, hk, k0, keys_here);
         workgroupBarrier();
-        tile_p_ds(r, t, row_abs0, rows_here, i32(params.k_start + k0), keys_here);
+        tile_p_ds(r, t, seq.offset, row_abs0, rows_here, i32(params.k_start + k0), keys_here);
         workgroupBarrier();
         for (var c = 0u; c < B; c++) {
             let ds = ds_tile[r * B + c];
-            for (var k = 0u; k < ACC; k++) {
+            for (var k = 0u; k < ACC_K; k++) {
                 let x = t + k * TC;
-                if (FULL_ACC || x < D) {
+                if (FULL_K || x < D) {
                     dq[k] += ds * k_tile[c * D + x];
                 }
             }
         }
     }
     if (r < rows_here) {
-        let base = b * params.q_batch_stride + (q0 + r) * params.q_row_stride + h * D;
-        for (var k = 0u; k < ACC; k++) {
+        let row = seq.q_row + q0 + r;
+        for (var k = 0u; k < ACC_K; k++) {
             let x = t + k * TC;
-            if (FULL_ACC || x < D) {
-                store_dq(base + x, dq[k] * params.scale);
+            if (FULL_K || x < D) {
+                store_dq(row * params.q_row_stride + h * D + x, dq[k] * params.scale);
             }
         }
     }

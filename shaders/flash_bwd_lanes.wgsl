@@ -8,7 +8,10 @@
 // with the tiled kernels' arithmetic (add_dot, p_and_ds); no atomics, so
 // results are deterministic. The composer emits one section.
 //
-// Prelude: SG, D (a multiple of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v/do,
+// `$i` repeats over the vec4s of a q or k row (D/4), `$v` over those of a
+// v or dO row (DV/4).
+//
+// Prelude: SG, D and DV (multiples of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v/do,
 // load_lse, load_dvec, store_dq or store_dk/store_dv, round_storage;
 // flash_bwd_math.wgsl.
 // @dq
@@ -18,28 +21,29 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let q0 = (wg.x + params.block_offset) * SG;
+    let seq = sequence(wg);
+    let q0 = seq.block * SG;
     let h = wg.y;
-    let b = wg.z;
-    let rows_here = min(SG, params.seqlen_q - q0);
+    let hk = h / params.group;
+    let rows_here = min(SG, seq.rows - q0);
     let row_valid = tid < rows_here;
-    let q_base = b * params.q_batch_stride + h * D + (q0 + tid) * params.q_row_stride;
-    let kv_base = b * params.kv_batch_stride + (h / params.group) * D;
+    let q_row = seq.q_row + q0 + tid;
+    let q_base = q_row * params.q_row_stride + h * D;
     var qr$i = vec4<f32>(0.0);
-    var dor$i = vec4<f32>(0.0);
+    var dor$v = vec4<f32>(0.0);
     var lse = 0.0;
     var dvec = 0.0;
     if (row_valid) {
         qr$i = load4_q(q_base / 4u + $iu) * params.scale;
-        dor$i = load4_do(q_base / 4u + $iu);
-        let g = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + tid;
+        dor$v = load4_do((q_row * params.o_row_stride + h * DV) / 4u + $vu);
+        let g = seq.lse + h * params.lse_head_stride + q0 + tid;
         lse = finite_lse(load_lse(g));
         dvec = load_dvec(g);
     }
 
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(first_row, last_row);
+    let keys = visible_keys(seq, first_row, last_row);
     let key_blocks = block_range(keys, SG);
     let row_abs = first_row + i32(tid);
     var dq$i = vec4<f32>(0.0);
@@ -47,21 +51,23 @@ fn main(
         let k0 = kb * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);
-        var vr$i = vec4<f32>(0.0);
-        if (k0 + lane < params.seqlen_k) {
-            let g = (kv_base + (k0 + lane) * params.kv_row_stride) / 4u;
-            kr$i = load4_k(g + $iu);
-            vr$i = load4_v(g + $iu);
+        var vr$v = vec4<f32>(0.0);
+        if (k0 + lane < seq.keys) {
+            let key = seq.k_row + k0 + lane;
+            let k_at = (key * params.kv_row_stride + hk * D) / 4u;
+            let v_at = (key * params.v_row_stride + hk * DV) / 4u;
+            kr$i = load4_k(k_at + $iu);
+            vr$v = load4_v(v_at + $vu);
         }
         var s$j = 0.0;
         var dp$j = 0.0;
         s$j = add_dot(s$j, qr$i, subgroupBroadcast(kr$i, $ju)); // i outer
-        dp$j = add_dot(dp$j, dor$i, subgroupBroadcast(vr$i, $ju)); // i outer
+        dp$j = add_dot(dp$j, dor$v, subgroupBroadcast(vr$v, $ju)); // v outer
         let k_abs0 = i32(params.k_start + k0);
-        let masking = k0 + SG > params.seqlen_k || rows_here < SG
-            || !band_covers(first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
-        let in$j = row_valid && k0 + $ju < params.seqlen_k;
-        let pds$j = p_and_ds(s$j, dp$j, lse, dvec, pair_allowed(masking, in$j, row_abs, k_abs0 + $j));
+        let masking = k0 + SG > seq.keys || rows_here < SG
+            || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
+        let in$j = row_valid && k0 + $ju < seq.keys;
+        let pds$j = p_and_ds(s$j, dp$j, lse, dvec, pair_allowed(masking, in$j, seq.offset, row_abs, k_abs0 + $j));
         dq$i += pds$j.y * subgroupBroadcast(kr$i, $ju);
     }
     if (row_valid) {
@@ -80,68 +86,70 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let k0 = (wg.x + params.block_offset) * SG;
+    let seq = sequence(wg);
+    let k0 = seq.block * SG;
     let hk = wg.y;
-    let b = wg.z;
-    let keys_here = min(SG, params.seqlen_k - k0);
+    let keys_here = min(SG, seq.keys - k0);
     let key_valid = tid < keys_here;
-    let kv_row = b * params.kv_batch_stride + (k0 + tid) * params.kv_row_stride + hk * D;
+    let key_row = seq.k_row + k0 + tid;
+    let k_row = key_row * params.kv_row_stride + hk * D;
+    let v_row = key_row * params.v_row_stride + hk * DV;
     var kr$i = vec4<f32>(0.0);
-    var vr$i = vec4<f32>(0.0);
+    var vr$v = vec4<f32>(0.0);
     if (key_valid) {
-        kr$i = load4_k(kv_row / 4u + $iu);
-        vr$i = load4_v(kv_row / 4u + $iu);
+        kr$i = load4_k(k_row / 4u + $iu);
+        vr$v = load4_v(v_row / 4u + $vu);
     }
 
     // Skip, don't mask: only query blocks that see one of these keys.
     let key_abs0 = i32(params.k_start + k0);
     let key_abs = key_abs0 + i32(tid);
-    let rows = visible_rows(key_abs0, key_abs0 + i32(keys_here) - 1);
+    let rows = visible_rows(seq, key_abs0, key_abs0 + i32(keys_here) - 1);
     let row_blocks = block_range(rows, SG);
     var dk$i = vec4<f32>(0.0);
-    var dv$i = vec4<f32>(0.0);
+    var dv$v = vec4<f32>(0.0);
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
             let q0 = qb * SG;
-            let rows_here = min(SG, params.seqlen_q - q0);
+            let rows_here = min(SG, seq.rows - q0);
             // Lane j holds query row q0 + j; rows past the end read as zero.
             var qr$i = vec4<f32>(0.0);
-            var dor$i = vec4<f32>(0.0);
+            var dor$v = vec4<f32>(0.0);
             var lse = 0.0;
             var dvec = 0.0;
             if (lane < rows_here) {
-                let qg = (b * params.q_batch_stride + h * D + (q0 + lane) * params.q_row_stride) / 4u;
-                qr$i = load4_q(qg + $iu) * params.scale;
-                dor$i = load4_do(qg + $iu);
-                let lg = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + lane;
+                let row = seq.q_row + q0 + lane;
+                qr$i = load4_q((row * params.q_row_stride + h * D) / 4u + $iu) * params.scale;
+                dor$v = load4_do((row * params.o_row_stride + h * DV) / 4u + $vu);
+                let lg = seq.lse + h * params.lse_head_stride + q0 + lane;
                 lse = finite_lse(load_lse(lg));
                 dvec = load_dvec(lg);
             }
             var s$j = 0.0;
             var dp$j = 0.0;
             s$j = add_dot(s$j, subgroupBroadcast(qr$i, $ju), kr$i); // i outer
-            dp$j = add_dot(dp$j, subgroupBroadcast(dor$i, $ju), vr$i); // i outer
+            dp$j = add_dot(dp$j, subgroupBroadcast(dor$v, $ju), vr$v); // v outer
             let row_abs0 = i32(params.q_start + q0);
             let masking = rows_here < SG || keys_here < SG
-                || !band_covers(row_abs0, row_abs0 + i32(SG) - 1, key_abs0, key_abs0 + i32(SG) - 1);
+                || !band_covers(seq.offset, row_abs0, row_abs0 + i32(SG) - 1, key_abs0, key_abs0 + i32(SG) - 1);
             let in$j = key_valid && $ju < rows_here;
-            let ok$j = pair_allowed(masking, in$j, row_abs0 + $j, key_abs);
+            let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs0 + $j, key_abs);
             let pds$j = p_and_ds(s$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j);
             // dV += Pᵀ dO, dK += dSᵀ (Q·scale), over this block's rows.
-            dv$i += pds$j.x * subgroupBroadcast(dor$i, $ju);
+            dv$v += pds$j.x * subgroupBroadcast(dor$v, $ju);
             dk$i += pds$j.y * subgroupBroadcast(qr$i, $ju);
         }
     }
     if (key_valid) {
-        store_dk(kv_row + 4u * $iu, dk$i.x);
-        store_dk(kv_row + 4u * $iu + 1u, dk$i.y);
-        store_dk(kv_row + 4u * $iu + 2u, dk$i.z);
-        store_dk(kv_row + 4u * $iu + 3u, dk$i.w);
-        store_dv(kv_row + 4u * $iu, dv$i.x);
-        store_dv(kv_row + 4u * $iu + 1u, dv$i.y);
-        store_dv(kv_row + 4u * $iu + 2u, dv$i.z);
-        store_dv(kv_row + 4u * $iu + 3u, dv$i.w);
+        store_dk(k_row + 4u * $iu, dk$i.x);
+        store_dk(k_row + 4u * $iu + 1u, dk$i.y);
+        store_dk(k_row + 4u * $iu + 2u, dk$i.z);
+        store_dk(k_row + 4u * $iu + 3u, dk$i.w);
+        store_dv(v_row + 4u * $vu, dv$v.x);
+        store_dv(v_row + 4u * $vu + 1u, dv$v.y);
+        store_dv(v_row + 4u * $vu + 2u, dv$v.z);
+        store_dv(v_row + 4u * $vu + 3u, dv$v.w);
     }
     io_flush();
     check_loop_budget();

@@ -15,9 +15,9 @@ fn main(
     let h = row % params.heads_q;
     let i = (row / params.heads_q) % params.seqlen_q;
     let b = row / (params.heads_q * params.seqlen_q);
-    let base = b * params.q_batch_stride + i * params.q_row_stride + h * D;
+    let base = (b * params.seqlen_q + i) * params.o_row_stride + h * DV;
     var acc = 0.0;
-    for (var x = 0u; x < D; x++) {
+    for (var x = 0u; x < DV; x++) {
         acc += load_do(base + x) * load_o(base + x);
     }
     store_dvec(b * params.lse_batch_stride + h * params.lse_head_stride + i, acc);

@@ -92,7 +92,7 @@ fn main(
         }
         for (var r = 0u; r < RB; r++) {
             let row_abs = i32((p0 + r) / g) + offset;
-            let ok = j < hi && r < rows_here && (!IS_MASKED || band_allows(row_abs, j));
+            let ok = j < hi && r < rows_here && (!IS_MASKED || band_allows(0, row_abs, j));
             p_tile[r * WG + tid] = select(NEG_BIG, cap_score(s[r]), ok);
         }
         workgroupBarrier();

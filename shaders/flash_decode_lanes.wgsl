@@ -71,7 +71,7 @@ fn main(
             let kr$i = load4_k(k_at + $iu);
             s$r = add_dot(s$r, q$r_$i, kr$i); // i outer
         }
-        let ok$r = j < hi && row_ok$r && (!IS_MASKED || band_allows(row_abs$r, j));
+        let ok$r = j < hi && row_ok$r && (!IS_MASKED || band_allows(0, row_abs$r, j));
         s$r = select(NEG_BIG, cap_score(s$r * params.scale), ok$r);
         let m_new$r = max(m$r, subgroupMax(s$r));
         let alpha$r = exp(m$r - m_new$r);

@@ -3,18 +3,18 @@
 // keeping a running max and sum per row (online softmax). S and P live only in
 // workgroup memory; O and LSE are written once at the end.
 //
-// The composer declares: overrides BR, BC, D, TC (invocations per row),
-// WG = BR·TC, IS_MASKED, HAS_SOFTCAP; constants SC = ceil(BC/TC) scores and
-// ACC = ceil(D/TC) outputs per invocation (register arrays need constant
-// sizes); common.wgsl; and load_q/k/v, store_o, store_lse, round_storage from
-// a storage template.
+// The composer declares: overrides BR, BC, D (q/k head dim), DV (v/o head
+// dim), DM = max(D, DV), TC (invocations per row), WG = BR·TC, IS_MASKED, HAS_SOFTCAP;
+// constants SC = ceil(BC/TC) scores and ACC = ceil(DV/TC) outputs per
+// invocation (register arrays need constant sizes); common.wgsl; and
+// load_q/k/v, store_o, store_lse, round_storage from a storage template.
 
 override FULL_SC: bool = (BC % TC) == 0u;
-override FULL_ACC: bool = (D % TC) == 0u;
+override FULL_ACC: bool = (DV % TC) == 0u;
 
 var<workgroup> q_tile: array<f32, BR * D>;
 var<workgroup> k_tile: array<f32, BC * D>;
-var<workgroup> v_tile: array<f32, BC * D>;
+var<workgroup> v_tile: array<f32, BC * DV>;
 var<workgroup> p_tile: array<f32, BR * BC>;
 // One partial (row max, then row sum) per invocation.
 var<workgroup> row_part: array<f32, BR * TC>;
@@ -26,18 +26,17 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let q0 = (wg.x + params.block_offset) * BR;
+    let seq = sequence(wg);
+    let q0 = seq.block * BR;
     let h = wg.y;
-    let b = wg.z;
-    let q_base = b * params.q_batch_stride + h * D;
-    let kv_base = b * params.kv_batch_stride + (h / params.group) * D;
-    let rows_here = min(BR, params.seqlen_q - q0);
+    let hk = h / params.group;
+    let rows_here = min(BR, seq.rows - q0);
 
     for (var e = tid; e < BR * D; e += WG) {
         let row = e / D;
         var x = 0.0;
         if (row < rows_here) {
-            x = load_q(q_base + (q0 + row) * params.q_row_stride + e % D) * params.scale;
+            x = load_q((seq.q_row + q0 + row) * params.q_row_stride + h * D + e % D) * params.scale;
         }
         q_tile[e] = x;
     }
@@ -45,7 +44,7 @@ fn main(
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(first_row, last_row);
+    let keys = visible_keys(seq, first_row, last_row);
     let key_blocks = block_range(keys, BC);
 
     let row_abs = first_row + i32(r);
@@ -58,19 +57,28 @@ fn main(
         let k0 = kb * BC;
         // Previous block's P·V must finish before its tiles are overwritten.
         workgroupBarrier();
-        for (var e = tid; e < BC * D; e += WG) {
-            let key = k0 + e / D;
-            var kx = 0.0;
-            var vx = 0.0;
-            if (key < params.seqlen_k) {
-                let g = kv_base + key * params.kv_row_stride + e % D;
-                kx = load_k(g);
-                vx = load_v(g);
+        // One loop over the wider head dim loads both tiles (DM = max(D, DV)).
+        for (var e = tid; e < BC * DM; e += WG) {
+            let c = e / DM;
+            let x = e % DM;
+            let row = seq.k_row + k0 + c;
+            let in_range = k0 + c < seq.keys;
+            if (D == DV || x < D) {
+                var kx = 0.0;
+                if (in_range) {
+                    kx = load_k(row * params.kv_row_stride + hk * D + x);
+                }
+                // K is stored transposed ([x][key]) so the invocations of a
+                // row, which own consecutive keys, read consecutive words.
+                k_tile[x * BC + c] = kx;
             }
-            // K is stored transposed ([x][key]) so the invocations of a row,
-            // which own consecutive keys, read consecutive words.
-            k_tile[(e % D) * BC + e / D] = kx;
-            v_tile[e] = vx;
+            if (D == DV || x < DV) {
+                var vx = 0.0;
+                if (in_range) {
+                    vx = load_v(row * params.v_row_stride + hk * DV + x);
+                }
+                v_tile[c * DV + x] = vx;
+            }
         }
         workgroupBarrier();
 
@@ -92,8 +100,8 @@ fn main(
 
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);
-        let needs_mask = k0 + BC > params.seqlen_k || rows_here < BR
-            || !band_covers(first_row, last_row, k_abs0, k_abs0 + i32(BC) - 1);
+        let needs_mask = k0 + BC > seq.keys || rows_here < BR
+            || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(BC) - 1);
         var block_max = NEG_BIG;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
@@ -102,8 +110,8 @@ fn main(
                 // Lanes past the tile's last column hold no score at all.
                 sc = NEG_BIG;
             } else {
-                let in_range = row_valid && k0 + c < params.seqlen_k;
-                let ok = pair_allowed(needs_mask, in_range, row_abs, k_abs0 + i32(c));
+                let in_range = row_valid && k0 + c < seq.keys;
+                let ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, k_abs0 + i32(c));
                 sc = select(NEG_BIG, sc, ok);
             }
             s[k] = sc;
@@ -137,8 +145,8 @@ fn main(
             let p = p_tile[r * BC + c];
             for (var k = 0u; k < ACC; k++) {
                 let x = t + k * TC;
-                if (FULL_ACC || x < D) {
-                    acc[k] += p * v_tile[c * D + x];
+                if (FULL_ACC || x < DV) {
+                    acc[k] += p * v_tile[c * DV + x];
                 }
             }
         }
@@ -157,13 +165,13 @@ fn main(
         let inv_l = select(0.0, 1.0 / l, l > 0.0);
         for (var k = 0u; k < ACC; k++) {
             let x = t + k * TC;
-            if (FULL_ACC || x < D) {
-                store_o(q_base + row * params.q_row_stride + x, acc[k] * inv_l);
+            if (FULL_ACC || x < DV) {
+                store_o((seq.q_row + row) * params.o_row_stride + h * DV + x, acc[k] * inv_l);
             }
         }
         if (t == 0u) {
             let lse = select(neg_inf(), m_run + log(l), l > 0.0);
-            store_lse(b * params.lse_batch_stride + h * params.lse_head_stride + row, lse);
+            store_lse(seq.lse + h * params.lse_head_stride + row, lse);
         }
     }
     io_flush();

@@ -11,14 +11,15 @@
 //
 // The composer unrolls this text (shaders.rs, `unroll`): a line containing
 // `$r` repeats for each of a lane's rows r < RPL (row q0 + r·SG + lane), `$j`
-// for each lane j < SG, `$i` for each vec4 i < D/4 of a row; nested r, j, i,
-// or i outermost where the line ends in `// i outer`. WGSL has no unroll
+// for each lane j < SG, `$i` for each vec4 i < D/4 of a q or k row, `$v` for
+// each vec4 v < DV/4 of a v or o row; nested r, j, i (or v), or i (v)
+// outermost where the line ends in `// i outer` (`// v outer`). WGSL has no unroll
 // directive, and llvmpipe keeps arrays that loops index in memory, which
 // would cost as much as the loads this kernel saves. The order matters: each
 // score is a chain of dependent adds (add_dot), LLVM keeps the order it is
 // given, and RPL·SG interleaved chains hide the adds' latency.
 //
-// Prelude: SG, RPL, D (a multiple of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v
+// Prelude: SG, RPL, D and DV (multiples of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v
 // (four consecutive elements at vec4 index i), store_o, store_lse,
 // round_storage from a storage template.
 
@@ -28,35 +29,39 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let q0 = (wg.x + params.block_offset) * SG * RPL;
+    let seq = sequence(wg);
+    let q0 = seq.block * SG * RPL;
     let h = wg.y;
-    let b = wg.z;
-    let rows_here = min(SG * RPL, params.seqlen_q - q0);
-    let kv_base = b * params.kv_batch_stride + (h / params.group) * D;
+    let hk = h / params.group;
+    let rows_here = min(SG * RPL, seq.rows - q0);
     let row_valid$r = $ru * SG + tid < rows_here;
-    let q_base$r = b * params.q_batch_stride + h * D + (q0 + $ru * SG + tid) * params.q_row_stride;
+    let q_row$r = seq.q_row + q0 + $ru * SG + tid;
+    let q_base$r = q_row$r * params.q_row_stride + h * D;
+    let o_base$r = q_row$r * params.o_row_stride + h * DV;
     var qr$r_$i = vec4<f32>(0.0);
     if (row_valid$r) { qr$r_$i = load4_q(q_base$r / 4u + $iu) * params.scale; }
 
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(first_row, last_row);
+    let keys = visible_keys(seq, first_row, last_row);
     let key_blocks = block_range(keys, SG);
     let row_abs$r = first_row + i32($ru * SG + tid);
     var m_run$r = NEG_BIG;
     var l$r = 0.0;
-    var acc$r_$i = vec4<f32>(0.0);
+    var acc$r_$v = vec4<f32>(0.0);
 
     for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
         let k0 = kb * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);
-        var vr$i = vec4<f32>(0.0);
-        if (k0 + lane < params.seqlen_k) {
-            let g = (kv_base + (k0 + lane) * params.kv_row_stride) / 4u;
-            kr$i = load4_k(g + $iu);
-            vr$i = load4_v(g + $iu);
+        var vr$v = vec4<f32>(0.0);
+        if (k0 + lane < seq.keys) {
+            let key = seq.k_row + k0 + lane;
+            let k_at = (key * params.kv_row_stride + hk * D) / 4u;
+            let v_at = (key * params.v_row_stride + hk * DV) / 4u;
+            kr$i = load4_k(k_at + $iu);
+            vr$v = load4_v(v_at + $vu);
         }
 
         // Summed like the tiled kernels (add_dot): the backward recomputes
@@ -65,30 +70,30 @@ fn main(
         s$r_$j = add_dot(s$r_$j, qr$r_$i, subgroupBroadcast(kr$i, $ju)); // i outer
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);
-        let masking = k0 + SG > params.seqlen_k || rows_here < SG * RPL
-            || !band_covers(first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
-        let in$r_$j = row_valid$r && k0 + $ju < params.seqlen_k;
-        s$r_$j = select(NEG_BIG, cap_score(s$r_$j), pair_allowed(masking, in$r_$j, row_abs$r, k_abs0 + $j));
+        let masking = k0 + SG > seq.keys || rows_here < SG * RPL
+            || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
+        let in$r_$j = row_valid$r && k0 + $ju < seq.keys;
+        s$r_$j = select(NEG_BIG, cap_score(s$r_$j), pair_allowed(masking, in$r_$j, seq.offset, row_abs$r, k_abs0 + $j));
 
         var m_new$r = m_run$r;
         m_new$r = max(m_new$r, s$r_$j);
         let alpha$r = exp(m_run$r - m_new$r);
         m_run$r = m_new$r;
         l$r *= alpha$r;
-        acc$r_$i *= alpha$r;
+        acc$r_$v *= alpha$r;
         // Row sums use the unrounded P; P·V uses P in storage precision.
         let p$r_$j = select(0.0, exp(s$r_$j - m_new$r), s$r_$j > NEG_BIG);
         l$r += p$r_$j;
-        acc$r_$i += round_storage(p$r_$j) * subgroupBroadcast(vr$i, $ju);
+        acc$r_$v += round_storage(p$r_$j) * subgroupBroadcast(vr$v, $ju);
     }
 
     let inv_l$r = select(0.0, 1.0 / l$r, l$r > 0.0);
     let lse$r = select(neg_inf(), m_run$r + log(l$r), l$r > 0.0);
-    let lse_base = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + tid;
-    if (row_valid$r) { store_o(q_base$r + 4u * $iu, acc$r_$i.x * inv_l$r); }
-    if (row_valid$r) { store_o(q_base$r + 4u * $iu + 1u, acc$r_$i.y * inv_l$r); }
-    if (row_valid$r) { store_o(q_base$r + 4u * $iu + 2u, acc$r_$i.z * inv_l$r); }
-    if (row_valid$r) { store_o(q_base$r + 4u * $iu + 3u, acc$r_$i.w * inv_l$r); }
+    let lse_base = seq.lse + h * params.lse_head_stride + q0 + tid;
+    if (row_valid$r) { store_o(o_base$r + 4u * $vu, acc$r_$v.x * inv_l$r); }
+    if (row_valid$r) { store_o(o_base$r + 4u * $vu + 1u, acc$r_$v.y * inv_l$r); }
+    if (row_valid$r) { store_o(o_base$r + 4u * $vu + 2u, acc$r_$v.z * inv_l$r); }
+    if (row_valid$r) { store_o(o_base$r + 4u * $vu + 3u, acc$r_$v.w * inv_l$r); }
     if (row_valid$r) { store_lse(lse_base + $ru * SG, lse$r); }
     io_flush();
     check_loop_budget();

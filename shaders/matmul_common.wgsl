@@ -40,7 +40,7 @@ fn matmul_offsets(z: u32) -> vec3<u32> {
 fn epilogue(row: u32, col: u32, acc: f32) -> f32 {
     if (EPILOGUE == 1u) {
         let s = cap_score(acc * params.scale);
-        if (IS_MASKED && !band_allows(i32(params.q_start + row), i32(params.k_start + col))) {
+        if (IS_MASKED && !band_allows(params.mask_offset, i32(params.q_start + row), i32(params.k_start + col))) {
             return NEG_BIG;
         }
         return s;

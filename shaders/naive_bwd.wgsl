@@ -71,14 +71,14 @@ fn ds_transposed(
 }
 
 // With GQA: dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and
-// dV[j, x] = Σ P[i, j] dO[i, x], summed over the group by one plain kernel;
-// z = batch·heads_kv + kv head.
+// dV[j, x] = Σ P[i, j] dO[i, x], summed over the group by one plain kernel
+// (x < D for dK, x < DV for dV); z = batch·heads_kv + kv head.
 @compute @workgroup_size(16, 16)
 fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let x = gid.x;
     let j = gid.y;
     let bk = gid.z;
-    if (j >= params.seqlen_k || x >= D) {
+    if (j >= params.seqlen_k || x >= max(D, DV)) {
         return;
     }
     let heads_kv = params.heads_q / params.group;
@@ -91,14 +91,22 @@ fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
         let bh = b * params.heads_q + h;
         for (var i = 0u; i < params.seqlen_q; i++) {
             let e = (bh * params.seqlen_q + i) * params.seqlen_k + j;
-            let qo = b * params.q_batch_stride + i * params.q_row_stride + h * D + x;
-            dk += load_ds(e) * load_q(qo);
-            dv += load_p(e) * load_do(qo);
+            let row = b * params.seqlen_q + i;
+            if (x < D) {
+                dk += load_ds(e) * load_q(row * params.q_row_stride + h * D + x);
+            }
+            if (x < DV) {
+                dv += load_p(e) * load_do(row * params.o_row_stride + h * DV + x);
+            }
         }
     }
-    let o = b * params.kv_batch_stride + j * params.kv_row_stride + hk * D + x;
-    store_dk(o, dk * params.scale);
-    store_dv(o, dv);
+    let key = b * params.seqlen_k + j;
+    if (x < D) {
+        store_dk(key * params.kv_row_stride + hk * D + x, dk * params.scale);
+    }
+    if (x < DV) {
+        store_dv(key * params.v_row_stride + hk * DV + x, dv);
+    }
     io_flush();
     check_loop_budget();
 }

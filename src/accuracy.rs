@@ -168,7 +168,8 @@ pub fn check_decode(
     Ok(check_o_lse((&out.o, &out.lse), outputs, opts))
 }
 
-/// Check gradients against the f64 reference and the naive baseline.
+/// Check gradients (and, with sinks, dsinks) against the f64 reference and
+/// the naive baseline.
 pub fn check_backward(
     out: &BackwardOutput,
     q: &TensorView,
@@ -176,12 +177,12 @@ pub fn check_backward(
     v: &TensorView,
     d_o: &TensorView,
     opts: &AttentionOptions,
-) -> Result<[Check; 3]> {
+) -> Result<Vec<Check>> {
     let reference = reference::backward(q, k, v, d_o, opts)?;
     let baseline = reference::naive_backward_baseline(q, k, v, d_o, opts)?;
     let p = q.precision();
     let widen = |t: &Tensor| -> Vec<f64> { t.to_f32().iter().map(|&x| x as f64).collect() };
-    Ok([
+    let mut checks = vec![
         check(
             "dq",
             &widen(&out.dq),
@@ -206,7 +207,18 @@ pub fn check_backward(
             p,
             BACKWARD_RATIO,
         ),
-    ])
+    ];
+    if let (Some(r), Some(b)) = (&reference.dsinks, &baseline.dsinks) {
+        let got: Vec<f64> = out
+            .dsinks
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        checks.push(check("dsinks", &got, r, b, Precision::F32, BACKWARD_RATIO));
+    }
+    Ok(checks)
 }
 
 #[cfg(test)]

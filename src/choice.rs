@@ -18,7 +18,7 @@ use crate::runtime::adapter::{adapters, is_software};
 use web_time::Instant;
 
 /// What a backend is chosen for: `auto` measures on (a slice of) it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Workload {
     pub shape: AttentionShape,
     pub precision: Precision,
@@ -113,13 +113,23 @@ impl Slice {
             heads_q: heads_kv * s.group(),
             heads_kv,
             head_dim: s.head_dim,
+            head_dim_v: s.head_dim_v,
         };
         let mut rng = Rng::new(17);
         let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), w.precision);
-        let data = [shape.q_len(), shape.kv_len(), shape.kv_len(), shape.q_len()].map(&mut make);
+        let data = [shape.q_len(), shape.kv_len(), shape.v_len(), shape.o_len()].map(&mut make);
+        // The band and score options only: per-head, per-block and
+        // per-sequence inputs belong to the whole problem, not the slice.
+        let opts = AttentionOptions {
+            causal: w.opts.causal,
+            window: w.opts.window,
+            softcap: w.opts.softcap,
+            scale: w.opts.scale,
+            ..Default::default()
+        };
         Self {
             shape,
-            opts: w.opts,
+            opts,
             backward: w.backward,
             data,
         }
@@ -127,7 +137,7 @@ impl Slice {
 
     fn views(&self) -> [TensorView<'_>; 4] {
         let s = &self.shape;
-        let shapes = [s.q_shape(), s.kv_shape(), s.kv_shape(), s.q_shape()];
+        let shapes = [s.q_shape(), s.kv_shape(), s.v_shape(), s.o_shape()];
         [0, 1, 2, 3].map(|i| TensorView {
             shape: shapes[i],
             data: self.data[i].as_host(),

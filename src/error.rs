@@ -16,8 +16,12 @@ pub enum Error {
     /// A size that must be at least 1 is 0.
     #[error("{dim} must be at least 1, got 0")]
     EmptyDim { dim: &'static str },
-    #[error("head_dim {head_dim} is larger than the supported maximum {max}")]
-    HeadDimTooLarge { head_dim: usize, max: usize },
+    #[error("the head dim of {tensor} ({head_dim}) is larger than the supported maximum {max}")]
+    HeadDimTooLarge {
+        tensor: &'static str,
+        head_dim: usize,
+        max: usize,
+    },
     #[error("heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")]
     HeadsNotDivisible { heads_q: usize, heads_kv: usize },
     /// A tensor's data does not hold as many elements as its shape says.
@@ -112,6 +116,59 @@ pub enum Error {
     /// The cache index arguments do not fit the cache's layout.
     #[error("{reason}")]
     CacheIndex { reason: &'static str },
+    /// A cu_seqlens array that does not start at 0.
+    #[error("{tensor} must start at 0, got {first}")]
+    CuSeqlensStart { tensor: &'static str, first: i64 },
+    /// A cu_seqlens array that decreases.
+    #[error("{tensor} decreases at index {index}: {value} after {previous}")]
+    CuSeqlensDecrease {
+        tensor: &'static str,
+        index: usize,
+        value: i64,
+        previous: i64,
+    },
+    /// A cu_seqlens array whose last entry is not the packed tensor's row count.
+    #[error("{tensor} ends at {last}, but {rows_of} has {total} rows")]
+    CuSeqlensTotal {
+        tensor: &'static str,
+        last: i64,
+        rows_of: &'static str,
+        total: usize,
+    },
+    /// A packed (varlen) call given a batched tensor.
+    #[error("with cu_seqlens, {tensor} must be packed as (total, heads, head_dim), not batched ({batch} batch entries)")]
+    PackedBatch { tensor: &'static str, batch: usize },
+    /// ALiBi slopes of neither accepted length.
+    #[error("alibi slopes have {len} entries; expected heads_q ({heads_q}) or batch × heads_q ({batch} × {heads_q})")]
+    AlibiSlopes {
+        len: usize,
+        heads_q: usize,
+        batch: usize,
+    },
+    /// An entry of a per-head input (ALiBi slopes, sinks) that is not finite.
+    #[error("{tensor}[{index}] is {value}; every entry must be finite")]
+    NonFinite {
+        tensor: &'static str,
+        index: usize,
+        value: f32,
+    },
+    /// A block size below 1.
+    #[error("block sizes must be at least 1, got {bm} × {bn}")]
+    BlockSize { bm: usize, bn: usize },
+    /// A block-mask dimension that does not fit the problem.
+    #[error("the block mask's {dim} is {value}, expected {expected}{}", if *.broadcast { " (or 1, to broadcast)" } else { "" })]
+    BlockMaskDim {
+        dim: &'static str,
+        value: usize,
+        expected: usize,
+        broadcast: bool,
+    },
+    /// A feature this backend or entry point does not implement.
+    #[error("{what} does not support {feature}")]
+    Unsupported {
+        what: &'static str,
+        feature: &'static str,
+    },
     /// A caller-owned device buffer is smaller than the problem needs.
     #[error("buffer {buffer} holds {size} bytes, the problem needs {needed}")]
     BufferTooSmall {

@@ -1,44 +1,147 @@
 //! The f64 reference every correctness test compares against, and the naive
 //! materialized baseline (S and P stored, storage-precision rounding) that the
-//! accuracy rule measures the reference's own rounding noise with.
+//! accuracy rule measures the reference's own rounding noise with. Both
+//! score pairs with [`PairRule`] (scale, softcap, ALiBi, band and block
+//! masks, sinks) over the batch's [`sequences`] (dense or packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
-use crate::api::shape::{lse_index, AttentionShape, Layout};
+use crate::api::pair_rule::PairRule;
+use crate::api::scores::Real;
+use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
+use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
 use rayon::prelude::*;
 
 /// Output of a reference computation, in f64.
 #[derive(Clone, Debug)]
 pub struct ReferenceOutput {
-    /// `(batch, seqlen_q, heads_q, head_dim)`
+    /// `(batch, seqlen_q, heads_q, head_dim_v)` (packed: `(total_q, heads_q, head_dim_v)`)
     pub o: Vec<f64>,
-    /// `(batch, heads_q, seqlen_q)`, natural-log; `-inf` for empty rows.
+    /// `(batch, heads_q, seqlen_q)` (packed: `(heads_q, total_q)`),
+    /// natural-log; `-inf` for empty rows (the sink's logit with sinks).
     pub lse: Vec<f64>,
 }
 
-/// The scores of one row after scale, softcap and mask, `None` where masked.
-fn row_scores<F: Fn(usize) -> f64>(
-    n_keys: usize,
-    range: std::ops::Range<usize>,
-    dot: F,
-    scale: f64,
-    softcap: f64,
-) -> Vec<Option<f64>> {
-    (0..n_keys)
-        .map(|j| {
-            if !range.contains(&j) {
-                return None;
-            }
-            let s = dot(j) * scale;
-            Some(if softcap > 0.0 {
-                softcap * (s / softcap).tanh()
-            } else {
-                s
+/// One problem's inputs in `T`, in the flat `(rows, heads, dim)` layouts.
+struct Problem<'a, T> {
+    shape: AttentionShape,
+    opts: &'a AttentionOptions,
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+}
+
+impl<T: Real> Problem<'_, T> {
+    fn rule(&self, seq: &Sequence, h: usize) -> PairRule<'_> {
+        PairRule::new(self.opts, seq, h, [self.shape.heads_q, self.shape.head_dim])
+    }
+
+    /// Row `i` of query head `h` of `seq`: the scores of its allowed keys,
+    /// `(key, score, softcap derivative)`.
+    fn scores(&self, rule: &PairRule, seq: &Sequence, h: usize, i: usize) -> Vec<(usize, T, T)> {
+        let s = &self.shape;
+        let (d, hk) = (s.head_dim, h / s.group());
+        let qrow = &self.q[((seq.q.start + i) * s.heads_q + h) * d..][..d];
+        rule.keys(i)
+            .filter(|&j| rule.allows(i, j))
+            .map(|j| {
+                let krow = &self.k[((seq.k.start + j) * s.heads_kv + hk) * d..][..d];
+                let (sc, dcap) = rule.score(dot(qrow, krow), i, j);
+                (j, sc, dcap)
             })
-        })
-        .collect()
+            .collect()
+    }
+
+    /// The row's softmax weights `exp(s − m) / l` (rounded by `round`), its
+    /// LSE, and the sink's weight.
+    fn softmax(
+        &self,
+        scores: &[(usize, T, T)],
+        sink: Option<f32>,
+        round: &impl Fn(T) -> T,
+    ) -> Softmax<T> {
+        let sink = sink.map(T::from_f32);
+        let start = sink.unwrap_or(T::NEG_INFINITY);
+        let m = scores
+            .iter()
+            .fold(start, |a, &(_, x, _)| if x > a { x } else { a });
+        if m <= T::NEG_INFINITY {
+            return Softmax {
+                p: vec![],
+                lse: T::NEG_INFINITY,
+                sink: T::ZERO,
+            };
+        }
+        let e: Vec<T> = scores.iter().map(|&(_, x, _)| (x - m).exp()).collect();
+        let e_sink = sink.map_or(T::ZERO, |x| (x - m).exp());
+        let l = e.iter().fold(e_sink, |a, &b| a + b);
+        Softmax {
+            p: e.iter().map(|&x| round(x / l)).collect(),
+            lse: m + l.ln(),
+            sink: e_sink / l,
+        }
+    }
+
+    /// Row `i` of head `h` of `seq`: `(o row, lse)`.
+    fn row(&self, seq: &Sequence, h: usize, i: usize, round: &impl Fn(T) -> T) -> (Vec<T>, T) {
+        let s = &self.shape;
+        let (dv, hk) = (s.head_dim_v, h / s.group());
+        let rule = self.rule(seq, h);
+        let scores = self.scores(&rule, seq, h, i);
+        let sm = self.softmax(&scores, rule.sink, round);
+        let mut o = vec![T::ZERO; dv];
+        for (&(j, _, _), &p) in scores.iter().zip(&sm.p) {
+            let vrow = &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
+            for (acc, &x) in o.iter_mut().zip(vrow) {
+                *acc += p * x;
+            }
+        }
+        (o, sm.lse)
+    }
+
+    /// Every row, in parallel, assembled in o's and lse's layouts.
+    fn forward(&self, round: impl Fn(T) -> T + Sync) -> (Vec<T>, Vec<T>) {
+        let s = &self.shape;
+        let seqs = sequences(s, self.opts.varlen.as_ref());
+        let tasks: Vec<(usize, usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(n, seq)| {
+                (0..seq.len_q()).flat_map(move |i| (0..s.heads_q).map(move |h| (n, i, h)))
+            })
+            .collect();
+        let rows: Vec<(Vec<T>, T)> = tasks
+            .par_iter()
+            .map(|&(n, i, h)| self.row(&seqs[n], h, i, &round))
+            .collect();
+        let mut o = Vec::with_capacity(s.o_len());
+        let mut lse = vec![T::NEG_INFINITY; s.lse_len()];
+        // Tasks run over sequences, rows, heads: exactly o's row order.
+        for (&(n, i, h), (row, l)) in tasks.iter().zip(rows) {
+            o.extend(row.into_iter().map(&round));
+            lse[seqs[n].lse_index(h, i)] = l;
+        }
+        (o, lse)
+    }
+}
+
+/// A row's softmax.
+struct Softmax<T> {
+    /// Weights of the allowed keys, in their order.
+    p: Vec<T>,
+    lse: T,
+    /// The sink's weight `exp(sink − lse)` (0 without).
+    sink: T,
+}
+
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
+}
+
+fn widen(t: &TensorView) -> Vec<f64> {
+    t.data.to_f32().iter().map(|&x| x as f64).collect()
 }
 
 /// Exact attention forward in f64 on the (already rounded) inputs.
@@ -49,14 +152,12 @@ pub fn forward(
     opts: &AttentionOptions,
 ) -> Result<ReferenceOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate()?;
-    let widen =
-        |t: &TensorView| -> Vec<f64> { t.data.to_f32().iter().map(|&x| x as f64).collect() };
+    opts.validate_for(&shape)?;
     let (qf, kf, vf) = (widen(q), widen(k), widen(v));
     Ok(forward_f64(&qf, &kf, &vf, &shape, opts))
 }
 
-/// [`forward`] on f64 slices already in the standard layout.
+/// [`forward`] on f64 slices already in the standard layouts.
 pub fn forward_f64(
     q: &[f64],
     k: &[f64],
@@ -64,46 +165,20 @@ pub fn forward_f64(
     shape: &AttentionShape,
     opts: &AttentionOptions,
 ) -> ReferenceOutput {
-    let (ql, kl) = (Layout::q(shape), Layout::kv(shape));
-    let d = shape.head_dim;
-    let scale = opts.scale_for(d) as f64;
-    let softcap = opts.softcap_value() as f64;
-    let mask = opts.mask(shape);
-    collect_rows(shape, |b, i, h| {
-        let hk = h / shape.group();
-        let qrow = &q[ql.row(b, i, h)..][..d];
-        let dot = |j: usize| {
-            let krow = &k[kl.row(b, j, hk)..][..d];
-            qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>()
-        };
-        let s = row_scores(shape.seqlen_k, mask.key_range(i), dot, scale, softcap);
-        let m = s
-            .iter()
-            .flatten()
-            .cloned()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let mut o = vec![0.0; d];
-        if m == f64::NEG_INFINITY {
-            return (o, f64::NEG_INFINITY);
-        }
-        let mut l = 0.0;
-        for (j, sj) in s.iter().enumerate() {
-            if let Some(sj) = sj {
-                let p = (sj - m).exp();
-                l += p;
-                let vrow = &v[kl.row(b, j, hk)..][..d];
-                for (acc, x) in o.iter_mut().zip(vrow) {
-                    *acc += p * x;
-                }
-            }
-        }
-        o.iter_mut().for_each(|x| *x /= l);
-        (o, m + l.ln())
-    })
+    let p = Problem {
+        shape: *shape,
+        opts,
+        q,
+        k,
+        v,
+    };
+    let (o, lse) = p.forward(|x| x);
+    ReferenceOutput { o, lse }
 }
 
-/// The naive baseline of the accuracy rule: S and P materialized per row in f32,
-/// P rounded to the storage precision before `P·V`, O rounded to it at the end.
+/// The naive baseline of the accuracy rule: S and P materialized per row in
+/// f32, P rounded to the storage precision before `P·V`, O rounded to it at
+/// the end.
 pub fn naive_baseline(
     q: &TensorView,
     k: &TensorView,
@@ -111,72 +186,22 @@ pub fn naive_baseline(
     opts: &AttentionOptions,
 ) -> Result<ReferenceOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate()?;
+    opts.validate_for(&shape)?;
     let prec = q.precision();
     let (qf, kf, vf) = (q.data.to_f32(), k.data.to_f32(), v.data.to_f32());
-    let (ql, kl) = (Layout::q(&shape), Layout::kv(&shape));
-    let d = shape.head_dim;
-    let scale = opts.scale_for(d);
-    let softcap = opts.softcap_value();
-    let mask = opts.mask(&shape);
-    Ok(collect_rows(&shape, |b, i, h| {
-        let hk = h / shape.group();
-        let qrow = &qf[ql.row(b, i, h)..][..d];
-        let range = mask.key_range(i);
-        let s: Vec<f32> = range
-            .clone()
-            .map(|j| {
-                let krow = &kf[kl.row(b, j, hk)..][..d];
-                let x = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
-                if softcap > 0.0 {
-                    softcap * (x / softcap).tanh()
-                } else {
-                    x
-                }
-            })
-            .collect();
-        if s.is_empty() {
-            return (vec![0.0; d], f64::NEG_INFINITY);
-        }
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let l: f32 = e.iter().sum();
-        let mut o = vec![0.0f32; d];
-        for (j, ej) in range.zip(&e) {
-            let p = prec.round(ej / l);
-            let vrow = &vf[kl.row(b, j, hk)..][..d];
-            for (acc, x) in o.iter_mut().zip(vrow) {
-                *acc += p * x;
-            }
-        }
-        let o = o.iter().map(|&x| prec.round(x) as f64).collect();
-        (o, (m + l.ln()) as f64)
-    }))
-}
-
-/// Run `row(b, i, h) -> (o_row, lse)` over every query row in parallel and
-/// assemble the outputs in the standard layouts.
-fn collect_rows<F>(shape: &AttentionShape, row: F) -> ReferenceOutput
-where
-    F: Fn(usize, usize, usize) -> (Vec<f64>, f64) + Sync,
-{
-    let (sq, hq, d) = (shape.seqlen_q, shape.heads_q, shape.head_dim);
-    let rows: Vec<(Vec<f64>, f64)> = (0..shape.batch * sq * hq)
-        .into_par_iter()
-        .map(|r| row(r / (sq * hq), (r / hq) % sq, r % hq))
-        .collect();
-    let mut out = ReferenceOutput {
-        o: Vec::with_capacity(shape.q_len()),
-        lse: vec![0.0; shape.lse_len()],
+    let p = Problem {
+        shape,
+        opts,
+        q: &qf,
+        k: &kf,
+        v: &vf,
     };
-    // Rows come in (b, i, h) order, which is exactly o's layout.
-    for (r, (o, lse)) in rows.into_iter().enumerate() {
-        debug_assert_eq!(o.len(), d);
-        out.o.extend_from_slice(&o);
-        let (b, i, h) = (r / (sq * hq), (r / hq) % sq, r % hq);
-        out.lse[lse_index(shape, b, h, i)] = lse;
-    }
-    out
+    let (o, lse) = p.forward(|x| prec.round(x));
+    let widen = |x: Vec<f32>| x.into_iter().map(f64::from).collect();
+    Ok(ReferenceOutput {
+        o: widen(o),
+        lse: widen(lse),
+    })
 }
 
 /// The storage precision's rounding applied to a whole output (for reporting).
@@ -193,47 +218,9 @@ pub struct ReferenceGrads {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    /// `(heads_q,)`, with sinks.
+    pub dsinks: Option<Vec<f64>>,
 }
-
-/// The arithmetic the row-wise backward needs, for f64 (reference) and f32
-/// (baseline and CPU backend).
-pub(crate) trait Real:
-    Copy
-    + Send
-    + Sync
-    + PartialOrd
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::AddAssign
-{
-    const ZERO: Self;
-    const ONE: Self;
-    fn from_f32(x: f32) -> Self;
-    fn exp(self) -> Self;
-    fn tanh(self) -> Self;
-}
-
-macro_rules! impl_real {
-    ($t:ty) => {
-        impl Real for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            fn from_f32(x: f32) -> Self {
-                x as $t
-            }
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
-        }
-    };
-}
-impl_real!(f32);
-impl_real!(f64);
 
 /// One backward problem in `T` arithmetic: inputs in the standard layouts,
 /// and the rounding applied to P and dS before the products that use them.
@@ -247,64 +234,81 @@ pub(crate) struct RowBackward<'a, T, R> {
     pub round: R,
 }
 
-/// One task's gradients: dq of the group's rows, dk and dv of its kv head.
+/// One task's gradients: dq of the group's rows, dk and dv of its kv head,
+/// the sinks' gradients of the group's heads.
 struct TaskGrads<T> {
     dq: Vec<T>,
     dk: Vec<T>,
     dv: Vec<T>,
+    dsinks: Vec<T>,
 }
 
-fn dot<T: Real>(a: &[T], b: &[T]) -> T {
-    a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
-}
+/// The gradients `[dq, dk, dv]` and `dsinks`.
+type Grads<T> = ([Vec<T>; 3], Vec<T>);
 
 impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
     /// Row-wise attention backward by recomputation: for each query row, P
-    /// from the scores, dP = dO·Vᵀ, D = Σ P·dP, dS = P·(dP - D)·softcap'.
-    /// Parallel over (batch, kv head); within a task the group's heads and
-    /// rows run in a fixed order, so the result is deterministic.
-    pub fn run(&self) -> (Vec<T>, Vec<T>, Vec<T>) {
+    /// from the scores, dP = dO·Vᵀ, D = Σ P·dP, dS = P·(dP - D)·softcap',
+    /// dsink = −P_sink·D. Parallel over (sequence, kv head); within a task
+    /// the group's heads and rows run in a fixed order, so the result is
+    /// deterministic.
+    pub fn run(&self) -> Grads<T> {
         let shape = self.shape;
-        let tasks: Vec<(usize, usize)> = (0..shape.batch)
-            .flat_map(|b| (0..shape.heads_kv).map(move |hk| (b, hk)))
+        let seqs = sequences(shape, self.opts.varlen.as_ref());
+        let tasks: Vec<(usize, usize)> = (0..seqs.len())
+            .flat_map(|n| (0..shape.heads_kv).map(move |hk| (n, hk)))
             .collect();
-        let results: Vec<TaskGrads<T>> = tasks.par_iter().map(|&t| self.task(t)).collect();
-        let (ql, kl, d, g) = (
-            Layout::q(shape),
-            Layout::kv(shape),
-            shape.head_dim,
-            shape.group(),
-        );
+        let results: Vec<TaskGrads<T>> = tasks
+            .par_iter()
+            .map(|&(n, hk)| self.task(&seqs[n], hk))
+            .collect();
+        let (d, dv, g) = (shape.head_dim, shape.head_dim_v, shape.group());
         let mut dq = vec![T::ZERO; shape.q_len()];
         let mut dk = vec![T::ZERO; shape.kv_len()];
-        let mut dv = vec![T::ZERO; shape.kv_len()];
-        for (&(b, hk), t) in tasks.iter().zip(results) {
+        let mut dvs = vec![T::ZERO; shape.v_len()];
+        let mut dsinks = vec![T::ZERO; shape.heads_q];
+        for (&(n, hk), t) in tasks.iter().zip(results) {
+            let seq = &seqs[n];
             for gi in 0..g {
-                for i in 0..shape.seqlen_q {
-                    dq[ql.row(b, i, hk * g + gi)..][..d]
-                        .copy_from_slice(&t.dq[(gi * shape.seqlen_q + i) * d..][..d]);
+                let h = hk * g + gi;
+                dsinks[h] += t.dsinks[gi];
+                for i in 0..seq.len_q() {
+                    dq[((seq.q.start + i) * shape.heads_q + h) * d..][..d]
+                        .copy_from_slice(&t.dq[(gi * seq.len_q() + i) * d..][..d]);
                 }
             }
-            for j in 0..shape.seqlen_k {
-                dk[kl.row(b, j, hk)..][..d].copy_from_slice(&t.dk[j * d..][..d]);
-                dv[kl.row(b, j, hk)..][..d].copy_from_slice(&t.dv[j * d..][..d]);
+            for j in 0..seq.len_k() {
+                let row = (seq.k.start + j) * shape.heads_kv + hk;
+                dk[row * d..][..d].copy_from_slice(&t.dk[j * d..][..d]);
+                dvs[row * dv..][..dv].copy_from_slice(&t.dv[j * dv..][..dv]);
             }
         }
-        (dq, dk, dv)
+        ([dq, dk, dvs], dsinks)
     }
 
-    /// Every row of the group of kv head `hk` of batch entry `b`.
-    fn task(&self, (b, hk): (usize, usize)) -> TaskGrads<T> {
+    fn problem(&self) -> Problem<'_, T> {
+        Problem {
+            shape: *self.shape,
+            opts: self.opts,
+            q: self.q,
+            k: self.k,
+            v: self.v,
+        }
+    }
+
+    /// Every row of the group of kv head `hk` of sequence `seq`.
+    fn task(&self, seq: &Sequence, hk: usize) -> TaskGrads<T> {
         let s = self.shape;
         let (d, g) = (s.head_dim, s.group());
         let mut t = TaskGrads {
-            dq: vec![T::ZERO; g * s.seqlen_q * d],
-            dk: vec![T::ZERO; s.seqlen_k * d],
-            dv: vec![T::ZERO; s.seqlen_k * d],
+            dq: vec![T::ZERO; g * seq.len_q() * d],
+            dk: vec![T::ZERO; seq.len_k() * d],
+            dv: vec![T::ZERO; seq.len_k() * s.head_dim_v],
+            dsinks: vec![T::ZERO; g],
         };
         for gi in 0..g {
-            for i in 0..s.seqlen_q {
-                self.row(&mut t, (b, hk, gi), i);
+            for i in 0..seq.len_q() {
+                self.row(&mut t, seq, (hk, gi), i);
             }
         }
         let scale = T::from_f32(self.opts.scale_for(d));
@@ -312,54 +316,37 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         t
     }
 
-    /// Row `i` of query head `hk·g + gi`: its dq, and its share of dk, dv.
-    fn row(&self, t: &mut TaskGrads<T>, (b, hk, gi): (usize, usize, usize), i: usize) {
+    /// Row `i` of query head `hk·g + gi`: its dq, its share of dk, dv and
+    /// of its head's dsink.
+    fn row(&self, t: &mut TaskGrads<T>, seq: &Sequence, (hk, gi): (usize, usize), i: usize) {
         let s = self.shape;
-        let (ql, kl, d) = (Layout::q(s), Layout::kv(s), s.head_dim);
-        let range = self.opts.mask(s).key_range(i);
-        if range.is_empty() {
-            return;
-        }
+        let (d, dv) = (s.head_dim, s.head_dim_v);
         let h = hk * s.group() + gi;
-        let qrow = &self.q[ql.row(b, i, h)..][..d];
-        let grow = &self.d_o[ql.row(b, i, h)..][..d];
+        let p = self.problem();
+        let rule = p.rule(seq, h);
+        let scores = p.scores(&rule, seq, h, i);
+        if scores.is_empty() {
+            return; // no key: o = 0, so D = 0 and every gradient term is 0
+        }
+        let sm = p.softmax(&scores, rule.sink, &|x| x);
+        let at = (seq.q.start + i) * s.heads_q + h;
+        let (qrow, grow) = (&self.q[at * d..][..d], &self.d_o[at * dv..][..dv]);
+        let vrow = |j: usize| &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
+        let dp: Vec<T> = scores.iter().map(|&(j, _, _)| dot(grow, vrow(j))).collect();
+        let dsum = sm.p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
+        t.dsinks[gi] += T::ZERO - sm.sink * dsum;
         let scale = T::from_f32(self.opts.scale_for(d));
-        let cap = self.opts.softcap_value();
-        let softcap = T::from_f32(cap);
-        // Scores and the softcap derivative.
-        let (sc, dcap): (Vec<T>, Vec<T>) = range
-            .clone()
-            .map(|j| {
-                let x = dot(qrow, &self.k[kl.row(b, j, hk)..][..d]) * scale;
-                if cap > 0.0 {
-                    let th = (x / softcap).tanh();
-                    (softcap * th, T::ONE - th * th)
-                } else {
-                    (x, T::ONE)
-                }
-            })
-            .unzip();
-        let m = sc
-            .iter()
-            .cloned()
-            .fold(sc[0], |a, b| if b > a { b } else { a });
-        let e: Vec<T> = sc.iter().map(|&x| (x - m).exp()).collect();
-        let l = e.iter().fold(T::ZERO, |a, &b| a + b);
-        let p: Vec<T> = e.iter().map(|&x| x / l).collect();
-        let dp: Vec<T> = range
-            .clone()
-            .map(|j| dot(grow, &self.v[kl.row(b, j, hk)..][..d]))
-            .collect();
-        let dsum = p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
-        let dq_row = &mut t.dq[(gi * s.seqlen_q + i) * d..][..d];
-        for (c, j) in range.enumerate() {
-            let pj = (self.round)(p[c]);
-            let ds = (self.round)(p[c] * (dp[c] - dsum) * dcap[c]);
-            let krow = &self.k[kl.row(b, j, hk)..][..d];
+        let dq_row = &mut t.dq[(gi * seq.len_q() + i) * d..][..d];
+        for (c, &(j, _, dcap)) in scores.iter().enumerate() {
+            let pj = (self.round)(sm.p[c]);
+            let ds = (self.round)(sm.p[c] * (dp[c] - dsum) * dcap);
+            let krow = &self.k[((seq.k.start + j) * s.heads_kv + hk) * d..][..d];
             for x in 0..d {
                 dq_row[x] += ds * krow[x];
                 t.dk[j * d + x] += ds * qrow[x];
-                t.dv[j * d + x] += pj * grow[x];
+            }
+            for (acc, &g) in t.dv[j * dv..][..dv].iter_mut().zip(grow) {
+                *acc += pj * g;
             }
         }
         dq_row.iter_mut().for_each(|x| *x = *x * scale);
@@ -376,8 +363,8 @@ fn backward_shape(
     opts: &AttentionOptions,
 ) -> Result<AttentionShape> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    shape.check_like_q(d_o, q, "do")?;
-    opts.validate()?;
+    shape.check_like_o(d_o, q, "do")?;
+    opts.validate_for(&shape)?;
     Ok(shape)
 }
 
@@ -390,10 +377,8 @@ pub fn backward(
     opts: &AttentionOptions,
 ) -> Result<ReferenceGrads> {
     let shape = backward_shape(q, k, v, d_o, opts)?;
-    let widen =
-        |t: &TensorView| -> Vec<f64> { t.data.to_f32().iter().map(|&x| x as f64).collect() };
     let (q, k, v, d_o) = (widen(q), widen(k), widen(v), widen(d_o));
-    let (dq, dk, dv) = RowBackward {
+    let ([dq, dk, dv], dsinks) = RowBackward {
         shape: &shape,
         q: &q,
         k: &k,
@@ -403,36 +388,17 @@ pub fn backward(
         round: |x| x,
     }
     .run();
-    Ok(ReferenceGrads { dq, dk, dv })
+    Ok(ReferenceGrads {
+        dq,
+        dk,
+        dv,
+        dsinks: opts.sinks.is_some().then_some(dsinks),
+    })
 }
 
-/// Row-wise gradients in f32 with P and dS rounded to the storage precision
-/// before the matmuls that use them and the results rounded to it: the
-/// accuracy rule's baseline, and the CPU backend's backward.
-fn backward_in_storage_precision(
-    shape: &AttentionShape,
-    q: &TensorView,
-    k: &TensorView,
-    v: &TensorView,
-    d_o: &TensorView,
-    opts: &AttentionOptions,
-) -> [Vec<f32>; 3] {
-    let prec = q.precision();
-    let [q, k, v, d_o] = [q, k, v, d_o].map(|t| t.data.to_f32());
-    let (dq, dk, dv) = RowBackward {
-        shape,
-        q: &q,
-        k: &k,
-        v: &v,
-        d_o: &d_o,
-        opts,
-        round: |x| prec.round(x),
-    }
-    .run();
-    [dq, dk, dv].map(|g| g.into_iter().map(|x| prec.round(x)).collect())
-}
-
-/// The accuracy rule's backward baseline (see [`backward_in_storage_precision`]).
+/// The accuracy rule's backward baseline: row-wise gradients in f32 with P
+/// and dS rounded to the storage precision before the matmuls that use
+/// them, and the results rounded to it (dsinks stay f32).
 pub fn naive_backward_baseline(
     q: &TensorView,
     k: &TensorView,
@@ -441,9 +407,28 @@ pub fn naive_backward_baseline(
     opts: &AttentionOptions,
 ) -> Result<ReferenceGrads> {
     let shape = backward_shape(q, k, v, d_o, opts)?;
-    let [dq, dk, dv] = backward_in_storage_precision(&shape, q, k, v, d_o, opts)
-        .map(|g| g.into_iter().map(f64::from).collect());
-    Ok(ReferenceGrads { dq, dk, dv })
+    let prec = q.precision();
+    let [qf, kf, vf, gf] = [q, k, v, d_o].map(|t| t.data.to_f32());
+    let (grads, dsinks) = RowBackward {
+        shape: &shape,
+        q: &qf,
+        k: &kf,
+        v: &vf,
+        d_o: &gf,
+        opts,
+        round: |x| prec.round(x),
+    }
+    .run();
+    let [dq, dk, dv] = grads.map(|g| g.into_iter().map(|x| prec.round(x) as f64).collect());
+    Ok(ReferenceGrads {
+        dq,
+        dk,
+        dv,
+        dsinks: opts
+            .sinks
+            .is_some()
+            .then(|| dsinks.into_iter().map(f64::from).collect()),
+    })
 }
 
 /// The cache after `step`'s append, by SPEC.md's rule: token `t` of sequence

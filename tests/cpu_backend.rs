@@ -8,7 +8,7 @@ use flashattn::{AttentionOptions, BackwardInputs, BackwardOutput, Precision, Ten
 use half::f16;
 
 /// One problem: sizes, options, dtype, the std of q and k, a seed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Case {
     batch: usize,
     sq: usize,
@@ -155,9 +155,9 @@ fn cpu_backward_causal_and_local_windows() {
     all.push(window(16, 16).causal(true));
     for opts in all {
         for (sq, sk) in [(113, 113), (97, 150), (150, 97)] {
-            run(&Case::new(sq, sk, 64).opts(opts));
+            run(&Case::new(sq, sk, 64).opts(opts.clone()));
         }
-        run(&Case::new(113, 90, 59).heads(4, 2).opts(opts).f16());
+        run(&Case::new(113, 90, 59).heads(4, 2).opts(opts.clone()).f16());
     }
 }
 
@@ -165,9 +165,11 @@ fn cpu_backward_causal_and_local_windows() {
 fn cpu_backward_softcap() {
     for cap in [3.0, 20.0] {
         let soft = AttentionOptions::default().softcap(cap);
-        run(&Case::new(113, 80, 64).qk_std(2.0).opts(soft));
-        run(&Case::new(80, 113, 59).qk_std(2.0).opts(soft.causal(true)));
-        run(&Case::new(113, 113, 64).qk_std(2.0).opts(soft).f16());
+        run(&Case::new(113, 80, 64).qk_std(2.0).opts(soft.clone()));
+        run(&Case::new(80, 113, 59)
+            .qk_std(2.0)
+            .opts(soft.clone().causal(true)));
+        run(&Case::new(113, 113, 64).qk_std(2.0).opts(soft.clone()).f16());
     }
 }
 
@@ -194,8 +196,8 @@ fn cpu_backward_empty_rows_have_zero_dq() {
 #[test]
 fn cpu_backward_large_magnitude_scores() {
     for opts in [AttentionOptions::default(), causal()] {
-        run(&Case::new(113, 97, 64).qk_std(6.0).opts(opts));
-        run(&Case::new(97, 113, 64).qk_std(6.0).opts(opts).f16());
+        run(&Case::new(113, 97, 64).qk_std(6.0).opts(opts.clone()));
+        run(&Case::new(97, 113, 64).qk_std(6.0).opts(opts.clone()).f16());
     }
 }
 

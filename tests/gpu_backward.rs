@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{engine, output_grad, run_gpu_backward, Case};
+use common::{engine, output_grad, run_gpu_backward, run_gpu_backward_both, Case};
 use flashattn::{AttentionOptions, BackwardInputs, Error, PlanOverrides, TensorView, Window};
 
 fn causal() -> AttentionOptions {
@@ -44,6 +44,31 @@ fn head_dims() {
 }
 
 #[test]
+fn head_dims_past_256() {
+    let Some(e) = engine() else { return };
+    for d in [288, 384, 512] {
+        run_gpu_backward(e, &Case::new(23, 31, d).heads(2, 1));
+    }
+    run_gpu_backward(e, &Case::new(31, 23, 512).opts(causal()).f16());
+    let browser = PlanOverrides {
+        max_workgroup_storage: Some(16384),
+        ..Default::default()
+    };
+    run_gpu_backward(e, &Case::new(17, 19, 512).overrides(browser));
+}
+
+#[test]
+fn v_has_a_head_dim_of_its_own() {
+    let Some(e) = engine() else { return };
+    for (d, dv) in [(192, 128), (40, 24), (24, 40), (59, 13)] {
+        let out = run_gpu_backward_both(e, &Case::new(37, 45, d).dv(dv).heads(4, 2));
+        assert_eq!(out.dv.shape, vec![1, 45, 2, dv]);
+        assert_eq!(out.dk.shape, vec![1, 45, 2, d]);
+        run_gpu_backward_both(e, &Case::new(45, 37, d).dv(dv).opts(causal()).f16());
+    }
+}
+
+#[test]
 fn f16_packed_and_native() {
     let Some(e) = engine() else { return };
     let mut variants = vec![packed()];
@@ -78,15 +103,18 @@ fn causal_window_softcap() {
             window: Window::from_signed(l, r),
             ..Default::default()
         };
-        run_gpu_backward(e, &Case::new(90, 77, 32).opts(opts));
-        run_gpu_backward(e, &Case::new(77, 90, 32).opts(opts.causal(true)));
+        run_gpu_backward(e, &Case::new(90, 77, 32).opts(opts.clone()));
+        run_gpu_backward(e, &Case::new(77, 90, 32).opts(opts.clone().causal(true)));
     }
     for cap in [3.0, 20.0] {
         let opts = AttentionOptions::default().softcap(cap);
-        run_gpu_backward(e, &Case::new(70, 80, 64).opts(opts).std(2.0));
+        run_gpu_backward(e, &Case::new(70, 80, 64).opts(opts.clone()).std(2.0));
         run_gpu_backward(
             e,
-            &Case::new(70, 80, 64).opts(opts.causal(true)).f16().std(2.0),
+            &Case::new(70, 80, 64)
+                .opts(opts.clone().causal(true))
+                .f16()
+                .std(2.0),
         );
     }
 }
@@ -240,10 +268,7 @@ fn naive_backward_meets_the_rule() {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
+        let d_o = inputs.grad(&g, &g16);
         let out = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
         for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap() {
             assert!(c.passed(), "{case:?} {c}");
@@ -261,7 +286,7 @@ fn finite_differences_on_tiny_cases() {
         causal(),
         AttentionOptions::default().softcap(2.0),
     ] {
-        let case = Case::new(3, 4, 5).heads(2, 1).opts(opts);
+        let case = Case::new(3, 4, 5).heads(2, 1).opts(opts.clone());
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let (g, _) = output_grad(&case);
@@ -365,8 +390,7 @@ fn dvec_follows_the_row_strides() {
     let shape = flashattn::AttentionShape::new(b, s, s, h, h, d).unwrap();
     let row = h * d + pad;
     let mut params = Params::new(&Piece::whole(shape), &AttentionOptions::default()).unwrap();
-    params.q_row_stride = row as u32;
-    params.q_batch_stride = (s * row) as u32;
+    params.o_row_stride = row as u32;
     let mut rng = flashattn::random::Rng::new(3);
     let (o, d_o) = (
         rng.normal_vec(b * s * row, 1.0),

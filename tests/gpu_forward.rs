@@ -93,6 +93,39 @@ fn head_dims() {
 }
 
 #[test]
+fn head_dims_past_256() {
+    let Some(e) = engine() else { return };
+    for d in [288, 384, 512] {
+        let out = run_gpu(e, &Case::new(37, 45, d).heads(2, 1));
+        assert_eq!(out.stats.plan.unwrap().head_dim, d as u32);
+    }
+    run_gpu(e, &Case::new(29, 40, 512).opts(causal()).f16());
+    // The browser's default 16 KiB of workgroup storage plans d 512 too.
+    let browser = PlanOverrides {
+        max_workgroup_storage: Some(16384),
+        ..Default::default()
+    };
+    let out = run_gpu(e, &Case::new(21, 30, 512).overrides(browser));
+    assert!(out.stats.plan.unwrap().workgroup_bytes <= 16384);
+}
+
+#[test]
+fn v_has_a_head_dim_of_its_own() {
+    let Some(e) = engine() else { return };
+    // DeepSeek's MLA (192 for q/k, 128 for v), and small odd pairs both ways.
+    for (d, dv) in [(192, 128), (40, 24), (24, 40), (59, 13)] {
+        let out = run_gpu(e, &Case::new(45, 53, d).dv(dv).heads(4, 2));
+        assert_eq!(out.o.shape, vec![1, 45, 4, dv]);
+        run_gpu(e, &Case::new(53, 45, d).dv(dv).opts(causal()).f16());
+    }
+    let window = AttentionOptions {
+        window: Window::from_signed(7, 3),
+        ..Default::default()
+    };
+    run_gpu(e, &Case::new(40, 40, 32).dv(512).opts(window.softcap(5.0)));
+}
+
+#[test]
 fn head_dims_f16() {
     let Some(e) = engine() else { return };
     for o in f16_variants() {
@@ -155,9 +188,9 @@ fn local_windows() {
             window: w,
             ..Default::default()
         };
-        run_gpu(e, &Case::new(113, 97, 64).opts(opts));
-        run_gpu(e, &Case::new(97, 113, 32).opts(opts.causal(true)));
-        run_gpu(e, &Case::new(97, 113, 32).opts(opts).f16());
+        run_gpu(e, &Case::new(113, 97, 64).opts(opts.clone()));
+        run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone().causal(true)));
+        run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone()).f16());
     }
 }
 
@@ -166,11 +199,11 @@ fn softcap() {
     let Some(e) = engine() else { return };
     for cap in [5.0, 30.0] {
         let opts = AttentionOptions::default().softcap(cap);
-        run_gpu(e, &Case::new(97, 113, 64).opts(opts).std(3.0));
+        run_gpu(e, &Case::new(97, 113, 64).opts(opts.clone()).std(3.0));
         run_gpu(
             e,
             &Case::new(97, 113, 64)
-                .opts(opts.causal(true))
+                .opts(opts.clone().causal(true))
                 .f16()
                 .std(3.0),
         );
@@ -551,8 +584,8 @@ fn bad_inputs_are_errors_not_panics() {
         matches!(err, Error::NonFiniteScale { scale } if scale.is_nan()),
         "{err:?}"
     );
-    let wide = vec![0.0f32; 300];
-    let big = TensorView::f32([1, 1, 1, 300], &wide);
+    let wide = vec![0.0f32; 600];
+    let big = TensorView::f32([1, 1, 1, 600], &wide);
     let err = e
         .forward(&big, &big, &big, &AttentionOptions::default())
         .unwrap_err();
@@ -560,8 +593,9 @@ fn bad_inputs_are_errors_not_panics() {
         matches!(
             err,
             Error::HeadDimTooLarge {
-                head_dim: 300,
-                max: 256
+                head_dim: 600,
+                max: 512,
+                ..
             }
         ),
         "{err:?}"
@@ -606,6 +640,7 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
         heads_q: 1,
         heads_kv: 1,
         head_dim: 256,
+        head_dim_v: 256,
     };
     // Predicted before running...
     let err = e

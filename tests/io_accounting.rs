@@ -4,9 +4,7 @@
 mod common;
 
 use common::{engine, output_grad, Case};
-use flashattn::{
-    Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, TensorView, Window,
-};
+use flashattn::{Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, Window};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -29,9 +27,9 @@ fn cases() -> Vec<Case> {
     };
     vec![
         Case::new(97, 113, 64),
-        Case::new(113, 97, 59).opts(causal),
-        Case::new(40, 10, 32).opts(causal).heads(4, 2),
-        Case::new(77, 90, 24).opts(window).batch(2),
+        Case::new(113, 97, 59).opts(causal.clone()),
+        Case::new(40, 10, 32).opts(causal.clone()).heads(4, 2),
+        Case::new(77, 90, 24).opts(window.clone()).batch(2),
         Case::new(64, 64, 16)
             .opts(AttentionOptions::default().softcap(5.0))
             .f16(),
@@ -40,6 +38,10 @@ fn cases() -> Vec<Case> {
             ..Default::default()
         }),
         Case::new(1, 300, 64).heads(8, 1),
+        // v with its own head dim (both ways), and a head dim past 256.
+        Case::new(33, 41, 40).dv(24).heads(4, 2),
+        Case::new(25, 30, 24).dv(40).opts(causal.clone()),
+        Case::new(20, 27, 512).heads(2, 1),
     ]
 }
 
@@ -70,10 +72,7 @@ fn flash_forward_and_backward_counts_match() {
             t.stats.measured_accesses,
         );
         let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
+        let d_o = inputs.grad(&g, &g16);
         let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
         let bwd = e
             .backward_with(&bwd_inputs, &case.opts, &case.overrides)
@@ -100,10 +99,7 @@ fn naive_and_matmul_counts_match() {
             fwd.stats.measured_accesses,
         );
         let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
+        let d_o = inputs.grad(&g, &g16);
         let bwd = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
         assert_counts(
             &format!("naive backward {case:?}"),
@@ -187,7 +183,9 @@ fn decode_counts_match_and_read_kv_once_per_group() {
     let e = e.lock().unwrap();
     let causal = AttentionOptions::default().causal(true);
     let counted = [
-        DecodeCase::new(&[300, 0, 45], 32).append(3).opts(causal),
+        DecodeCase::new(&[300, 0, 45], 32)
+            .append(3)
+            .opts(causal.clone()),
         DecodeCase::new(&[513, 200], 64)
             .heads(16, 2)
             .seqlen_q(4)

@@ -10,7 +10,7 @@ mod common;
 use common::{engine, output_grad, Case};
 use flashattn::kernels::loops::GUARD;
 use flashattn::kernels::{BackwardPart, FlashBackward, FlashForward, LoopCost, Variant};
-use flashattn::{BackwardInputs, Engine, KernelFamily, PlanOverrides, Precision, TensorView};
+use flashattn::{BackwardInputs, Engine, KernelFamily, PlanOverrides, Precision};
 use std::sync::OnceLock;
 
 /// An engine whose kernels meter their loops, where the adapter has a limit.
@@ -69,6 +69,66 @@ fn measured(stats: &flashattn::CallStats, kernel: &str) -> u32 {
         .unwrap_or_else(|| panic!("{kernel} was not metered: {stats:?}"))
 }
 
+/// The forward's iterations on `case` against its model.
+fn forward_modeled(e: &Engine, case: &Case) {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let out = e
+        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+        .unwrap();
+    let plan = out.stats.plan.unwrap();
+    let kernel = FlashForward {
+        plan,
+        variant: Variant::default(),
+    };
+    let what = format!(
+        "{} forward d {} dv {}",
+        plan.kernel.name(),
+        case.head_dim,
+        case.head_dim_v
+    );
+    let measured = measured(&out.stats, FlashForward::NAME);
+    assert_modeled(&what, &kernel.loop_cost(), case.seqlen_k, measured);
+}
+
+/// The backward's dK/dV and dQ iterations on `case` (seqlen_q = seqlen_k)
+/// against their models.
+fn backward_modeled(e: &Engine, case: &Case) {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let overrides = &case.overrides;
+    let fwd = e.forward_with(&q, &k, &v, &case.opts, overrides).unwrap();
+    let (g, g16) = output_grad(case);
+    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&g, &g16)).unwrap();
+    let out = e.backward_with(&bwd_inputs, &case.opts, overrides).unwrap();
+    let plan = e
+        .plan_backward(&fwd.shape, Precision::F32, overrides)
+        .unwrap()
+        .plan;
+    let group = (case.heads_q / case.heads_kv) as u32;
+    for part in [BackwardPart::DkDv, BackwardPart::Dq] {
+        let kernel = FlashBackward {
+            part,
+            plan,
+            variant: Variant::default(),
+        };
+        let what = format!(
+            "{} {} d {} dv {} group {group}",
+            plan.kernel.name(),
+            kernel.name(),
+            case.head_dim,
+            case.head_dim_v
+        );
+        let cost = kernel.loop_cost(group);
+        assert_modeled(
+            &what,
+            &cost,
+            case.seqlen_q,
+            measured(&out.stats, kernel.name()),
+        );
+    }
+}
+
 #[test]
 fn forward_loops_are_modeled() {
     let Some(e) = metered() else { return };
@@ -90,22 +150,7 @@ fn forward_loops_are_modeled() {
     ];
     for (d, overrides) in cases {
         for keys in [96, 384] {
-            let case = Case::new(64, keys, d).heads(1, 1).overrides(overrides);
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            let out = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
-            let plan = out.stats.plan.unwrap();
-            let kernel = FlashForward {
-                plan,
-                variant: Variant::default(),
-            };
-            let what = format!("{} forward d {d}", plan.kernel.name());
-            assert_modeled(
-                &what,
-                &kernel.loop_cost(),
-                keys,
-                measured(&out.stats, FlashForward::NAME),
-            );
+            forward_modeled(e, &Case::new(64, keys, d).heads(1, 1).overrides(overrides));
         }
     }
 }
@@ -131,35 +176,25 @@ fn backward_loops_are_modeled() {
             let case = Case::new(len, len, d)
                 .heads(heads.0, heads.1)
                 .overrides(overrides);
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
-            let (g, _) = output_grad(&case);
-            let d_o = TensorView::f32(inputs.q_shape, &g);
-            let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
-            let out = e
-                .backward_with(&bwd_inputs, &case.opts, &overrides)
-                .unwrap();
-            let plan = e
-                .plan_backward(&fwd.shape, Precision::F32, &overrides)
-                .unwrap()
-                .plan;
-            let group = (heads.0 / heads.1) as u32;
-            for part in [BackwardPart::DkDv, BackwardPart::Dq] {
-                let kernel = FlashBackward {
-                    part,
-                    plan,
-                    variant: Variant::default(),
-                };
-                let what = format!(
-                    "{} {} d {d} group {group}",
-                    plan.kernel.name(),
-                    kernel.name()
-                );
-                let cost = kernel.loop_cost(group);
-                assert_modeled(&what, &cost, len, measured(&out.stats, kernel.name()));
-            }
+            backward_modeled(e, &case);
         }
+    }
+}
+
+/// Head dims past 256 and v's own head dim, forward and backward.
+#[test]
+fn wide_and_v_head_dims_are_modeled() {
+    let Some(e) = metered() else { return };
+    for (d, dv, overrides) in [
+        (512, 512, PlanOverrides::default()),
+        (384, 384, browser()),
+        (192, 128, tiled()),
+        (40, 24, PlanOverrides::default()),
+        (24, 40, tiled()),
+    ] {
+        let case = |sq, sk| Case::new(sq, sk, d).dv(dv).heads(1, 1).overrides(overrides);
+        forward_modeled(e, &case(32, 160));
+        backward_modeled(e, &case(80, 80));
     }
 }
 

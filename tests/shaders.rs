@@ -107,23 +107,45 @@ const STORAGE: [StorageKind; 3] = [
 ];
 
 /// Head dims every kernel is composed for.
-const HEAD_DIMS: [usize; 10] = [1, 3, 4, 16, 59, 60, 64, 111, 128, 256];
+const HEAD_DIMS: [usize; 11] = [1, 3, 4, 16, 59, 60, 64, 111, 128, 256, 512];
 
-/// The plans (forward and backward) for `head_dims` on every device.
-fn plans(head_dims: &[usize]) -> Vec<(String, Plan, Plan)> {
+/// (q/k, v) head dims the flash kernels are composed for: every head dim
+/// with v's alike, and v with a head dim of its own (MLA's 192/128, small
+/// odd pairs both ways).
+const FLASH_DIMS: [(usize, usize); 15] = [
+    (1, 1),
+    (3, 3),
+    (4, 4),
+    (16, 16),
+    (59, 59),
+    (60, 60),
+    (64, 64),
+    (111, 111),
+    (128, 128),
+    (256, 256),
+    (288, 288),
+    (512, 512),
+    (192, 128),
+    (40, 24),
+    (24, 60),
+];
+
+/// The plans (forward and backward) for `dims` on every device.
+fn plans(dims: &[(usize, usize)]) -> Vec<(String, Plan, Plan)> {
     let mut out = Vec::new();
     for caps in device_caps() {
-        for &d in head_dims {
-            let req = PlanRequest::new(d, Precision::F32);
+        for &(d, dv) in dims {
+            let req = PlanRequest::new(d, Precision::F32).head_dim_v(dv);
             let fwd = plan_forward(&req, &caps).unwrap().plan;
             let bwd = plan_backward(&req, &caps).unwrap().plan;
             let lanes = fwd.kernel == KernelFamily::Lanes;
+            let lanes_dim = |d: usize| d % 4 == 0 && d <= 128;
             assert_eq!(
                 lanes,
-                caps.lane_subgroup.is_some() && d % 4 == 0 && d <= 128
+                caps.lane_subgroup.is_some() && lanes_dim(d) && lanes_dim(dv)
             );
             let label = format!(
-                "M {} sg {:?} d {d}",
+                "M {} sg {:?} d {d} dv {dv}",
                 caps.max_workgroup_storage, caps.lane_subgroup
             );
             out.push((label, fwd, bwd));
@@ -133,9 +155,9 @@ fn plans(head_dims: &[usize]) -> Vec<(String, Plan, Plan)> {
 }
 
 /// The flash kernels: each plan × storage × variant.
-fn flash_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
+fn flash_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
     let mut out = Vec::new();
-    for (label, fwd, bwd) in plans(head_dims) {
+    for (label, fwd, bwd) in plans(dims) {
         for storage in STORAGE {
             let (fwd, bwd) = (Plan { storage, ..fwd }, Plan { storage, ..bwd });
             let f16 = storage == StorageKind::F16Native;
@@ -232,6 +254,7 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
                     let key = KernelKey::from(Naive {
                         entry,
                         head_dim: d,
+                        head_dim_v: d,
                         storage,
                         variant,
                     });
@@ -338,7 +361,7 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
 /// Every kernel: each plan, storage and head dim, with no optional code and
 /// with all of it.
 fn all_kernels() -> Vec<Kernel> {
-    let mut k = flash_kernels(&HEAD_DIMS, false);
+    let mut k = flash_kernels(&FLASH_DIMS, false);
     k.extend(other_kernels(false));
     k.extend(decode_kernels(&HEAD_DIMS, false));
     k
@@ -348,7 +371,7 @@ fn all_kernels() -> Vec<Kernel> {
 /// loop guard), on the head dims that exercise partial tiles and full ones.
 #[test]
 fn every_variant_validates_with_its_overrides() {
-    let mut kernels = flash_kernels(&[59, 64], true);
+    let mut kernels = flash_kernels(&[(59, 59), (64, 64), (40, 24)], true);
     kernels.extend(other_kernels(true));
     kernels.extend(decode_kernels(&[59, 64], true));
     for k in &kernels {
@@ -493,7 +516,7 @@ fn workgroup_bytes(module: &naga::Module) -> u32 {
 
 #[test]
 fn declared_workgroup_storage_matches_the_plan() {
-    for k in flash_kernels(&HEAD_DIMS, false) {
+    for k in flash_kernels(&FLASH_DIMS, false) {
         let (module, _) = compile(&k).unwrap();
         let (plan, part) = match k.key {
             KernelKey::FlashForward(f) => (f.plan, None),
@@ -553,7 +576,7 @@ fn assert_layout<T: Uniform>(source: &KernelSource) {
 
 #[test]
 fn uniform_structs_match_their_wgsl_twins() {
-    let (_, fwd, _) = plans(&[64]).remove(0);
+    let (_, fwd, _) = plans(&[(64, 64)]).remove(0);
     let forward = FlashForward {
         plan: fwd,
         variant: Variant::default(),

@@ -329,8 +329,8 @@ fn heads_not_divisible() {
 #[test]
 fn head_dim_too_large() {
     let f = Files::new();
-    f.qkv(1, 2, 2, 1, 1, 257);
-    assert_bad(&f, &f.forward(&["--backend", "cpu"]), "head_dim");
+    f.qkv(1, 2, 2, 1, 1, 513);
+    assert_bad(&f, &f.forward(&["--backend", "cpu"]), "head dim");
 }
 
 #[test]
@@ -438,7 +438,7 @@ fn plan_shows_formula_and_clamps() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("workgroup storage"), "{text}");
-    let out = bin().args(["plan", "--head-dim", "300"]).output().unwrap();
+    let out = bin().args(["plan", "--head-dim", "600"]).output().unwrap();
     assert!(!out.status.success());
 }
 
@@ -546,6 +546,7 @@ fn check_grads(
         dq: t("dq.npy", qs),
         dk: t("dk.npy", ks),
         dv: t("dv.npy", ks),
+        dsinks: None,
         stats: Default::default(),
     };
     for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, opts).unwrap() {
@@ -850,7 +851,7 @@ fn cli_decode_cases() -> Vec<DecodeCase> {
         DecodeCase::new(&[20, 61], 16)
             .batch_idx()
             .append(2)
-            .opts(causal),
+            .opts(causal.clone()),
         DecodeCase::new(&[45, 9], 24)
             .heads(4, 1)
             .paged(1)
@@ -873,7 +874,7 @@ fn cli_decode_cases() -> Vec<DecodeCase> {
             .paged(16)
             .append(1)
             .splits(3)
-            .opts(causal),
+            .opts(causal.clone()),
     ]
 }
 

@@ -55,6 +55,7 @@ impl CacheShape {
         }
         if head_dim > MAX_HEAD_DIM {
             return Err(Error::HeadDimTooLarge {
+                tensor: "the cache",
                 head_dim,
                 max: MAX_HEAD_DIM,
             });
@@ -282,6 +283,7 @@ impl DecodeProblem {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
         })
     }
 

@@ -8,7 +8,8 @@ use super::tensor::TensorView;
 use crate::error::{Error, Result};
 
 /// The inputs of a backward pass. `o` and `lse` are the forward's outputs
-/// for the same q, k, v and options; `d_o` has o's shape and dtype.
+/// for the same q, k, v and options; `d_o` has o's shape and dtype
+/// (o has v's head dim).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardInputs<'a> {
     pub q: TensorView<'a>,
@@ -41,8 +42,8 @@ impl<'a> BackwardInputs<'a> {
     /// the problem's shape.
     pub fn shape(&self) -> Result<AttentionShape> {
         let shape = AttentionShape::from_views(&self.q, &self.k, &self.v)?;
-        shape.check_like_q(&self.o, &self.q, "o")?;
-        shape.check_like_q(&self.d_o, &self.q, "do")?;
+        shape.check_like_o(&self.o, &self.q, "o")?;
+        shape.check_like_o(&self.d_o, &self.q, "do")?;
         if self.lse.len() != shape.lse_len() {
             return Err(Error::DataLength {
                 tensor: "lse",

@@ -1,9 +1,14 @@
 //! The backend-neutral API: what callers hand in (tensors, shapes, options,
 //! backward inputs, decoding steps and KV caches) and what every backend hands back (outputs and stats).
 
+pub mod band;
+pub mod block_mask;
 pub mod decode;
 pub mod inputs;
 pub mod options;
 pub mod output;
+pub mod pair_rule;
+pub mod scores;
 pub mod shape;
 pub mod tensor;
+pub mod varlen;

@@ -1,6 +1,11 @@
-//! Attention options (scale, softcap, masks) and the mask arithmetic every backend shares.
+//! Attention options (scale, softcap, masks, ALiBi, sinks, block-sparse
+//! masks, packed batches) and the band arithmetic every backend shares.
 
+pub use super::band::Mask;
+use super::block_mask::BlockMask;
+use super::scores::{Alibi, Sinks};
 use super::shape::AttentionShape;
+use super::varlen::Varlen;
 use crate::error::{Error, Result};
 
 /// A local attention window `(left, right)` around the bottom-right-aligned diagonal.
@@ -26,8 +31,9 @@ impl Window {
     }
 }
 
-/// What to compute besides plain softmax attention.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// What to compute besides plain softmax attention. Cheap to clone: the
+/// per-head and per-block inputs are shared.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AttentionOptions {
     /// Bottom-right aligned causal mask.
     pub causal: bool,
@@ -37,6 +43,15 @@ pub struct AttentionOptions {
     pub softcap: Option<f32>,
     /// Score scale; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// ALiBi slopes, `(heads_q,)` or `(batch, heads_q)`.
+    pub alibi: Option<Alibi>,
+    /// Attention sinks, one logit per query head.
+    pub sinks: Option<Sinks>,
+    /// A block-sparse mask, ANDed with the others.
+    pub block_mask: Option<BlockMask>,
+    /// A packed batch of sequences of their own lengths: q, k, v are then
+    /// `(total, heads, d)`, passed as views of batch 1.
+    pub varlen: Option<Varlen>,
 }
 
 impl AttentionOptions {
@@ -60,6 +75,26 @@ impl AttentionOptions {
         self
     }
 
+    pub fn alibi(mut self, alibi: Alibi) -> Self {
+        self.alibi = Some(alibi);
+        self
+    }
+
+    pub fn sinks(mut self, sinks: Sinks) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    pub fn block_mask(mut self, mask: BlockMask) -> Self {
+        self.block_mask = Some(mask);
+        self
+    }
+
+    pub fn varlen(mut self, varlen: Varlen) -> Self {
+        self.varlen = Some(varlen);
+        self
+    }
+
     /// Reject non-finite scales and softcaps before any work is done.
     pub fn validate(&self) -> Result<()> {
         if let Some(scale) = self.scale.filter(|s| !s.is_finite()) {
@@ -69,6 +104,46 @@ impl AttentionOptions {
             return Err(Error::InvalidSoftcap { softcap });
         }
         Ok(())
+    }
+
+    /// [`AttentionOptions::validate`], and every per-head, per-block and
+    /// per-sequence input against the problem's shape (for a packed batch,
+    /// the shape of its batch-of-one view).
+    pub fn validate_for(&self, shape: &AttentionShape) -> Result<()> {
+        self.validate()?;
+        let (batch, seqlens) = match &self.varlen {
+            Some(v) => {
+                if shape.batch != 1 {
+                    return Err(Error::PackedBatch {
+                        tensor: "q",
+                        batch: shape.batch,
+                    });
+                }
+                v.check_totals(shape.seqlen_q, shape.seqlen_k)?;
+                (v.batch(), v.max_seqlens())
+            }
+            None => (shape.batch, (shape.seqlen_q, shape.seqlen_k)),
+        };
+        if let Some(a) = &self.alibi {
+            a.validate_for(batch, shape.heads_q)?;
+        }
+        if let Some(s) = &self.sinks {
+            s.validate_for(shape.heads_q)?;
+        }
+        if let Some(m) = &self.block_mask {
+            m.validate_for(batch, shape.heads_q, seqlens)?;
+        }
+        Ok(())
+    }
+
+    /// Sequences in the batch: the packed ones, or the batch entries.
+    pub fn batch_of(&self, shape: &AttentionShape) -> usize {
+        self.varlen.as_ref().map_or(shape.batch, |v| v.batch())
+    }
+
+    /// Whether any mask (band or block) can exclude keys.
+    pub fn masks_any(&self, shape: &AttentionShape) -> bool {
+        self.mask(shape).is_active() || self.block_mask.is_some()
     }
 
     /// The scale actually used for a head dimension.
@@ -96,45 +171,6 @@ impl AttentionOptions {
         } else {
             self.window.right
         };
-        Mask {
-            offset: seqlen_k as i64 - seqlen_q as i64,
-            left: self.window.left.map(|l| l as i64),
-            right: right.map(|r| r as i64),
-            seqlen_k: seqlen_k as i64,
-        }
-    }
-}
-
-/// The allowed keys of each query row: `i + off - left <= j <= i + off + right`,
-/// intersected with `0 <= j < seqlen_k`. Causal is `right = 0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mask {
-    pub offset: i64,
-    pub left: Option<i64>,
-    pub right: Option<i64>,
-    pub seqlen_k: i64,
-}
-
-impl Mask {
-    /// Whether any mask beyond the sequence bounds is active.
-    pub fn is_active(&self) -> bool {
-        self.left.is_some() || self.right.is_some()
-    }
-
-    /// Half-open range of keys row `i` may attend to (empty when `start >= end`).
-    pub fn key_range(&self, i: usize) -> std::ops::Range<usize> {
-        let center = i as i64 + self.offset;
-        let lo = self.left.map_or(0, |l| (center - l).max(0));
-        let hi = self
-            .right
-            .map_or(self.seqlen_k, |r| (center + r + 1).min(self.seqlen_k));
-        let lo = lo.min(self.seqlen_k) as usize;
-        let hi = hi.max(0) as usize;
-        lo..hi.max(lo)
-    }
-
-    /// Whether row `i` may attend to key `j`.
-    pub fn allows(&self, i: usize, j: usize) -> bool {
-        self.key_range(i).contains(&j)
+        Mask::new(seqlen_q, seqlen_k, self.window.left, right)
     }
 }

@@ -8,9 +8,12 @@ use crate::plan::Plan;
 /// The result of a forward pass.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
-    /// `(batch, seqlen_q, heads_q, head_dim)`, in the inputs' precision.
+    /// `(batch, seqlen_q, heads_q, head_dim_v)` (packed: `(total_q,
+    /// heads_q, head_dim_v)`), in the inputs' precision.
     pub o: Tensor,
-    /// `(batch, heads_q, seqlen_q)`, f32, natural log; `-inf` for rows with no allowed key.
+    /// `(batch, heads_q, seqlen_q)` (packed: `(heads_q, total_q)`), f32,
+    /// natural log; `-inf` for rows with no allowed key (the sink's logit
+    /// with sinks).
     pub lse: Vec<f32>,
     pub shape: AttentionShape,
     /// What the call did on the device (empty on the CPU backend).
@@ -18,11 +21,12 @@ pub struct ForwardOutput {
 }
 
 impl ForwardOutput {
-    /// The output of a forward over `shape`: `o` in q's layout.
+    /// The output of a forward over `shape`: `o` in q's layout (with v's
+    /// head dim).
     pub fn new(shape: AttentionShape, o: TensorData, lse: Vec<f32>, stats: CallStats) -> Self {
         Self {
             o: Tensor {
-                shape: shape.q_shape().to_vec(),
+                shape: shape.o_shape().to_vec(),
                 data: o,
             },
             lse,
@@ -31,10 +35,24 @@ impl ForwardOutput {
         }
     }
 
-    /// The LSE as an owned `(batch, heads_q, seqlen_q)` tensor.
+    /// With `packed` (a varlen call), `o` as `(total_q, heads_q,
+    /// head_dim_v)`, the layout its batch-of-one view has.
+    pub fn packed(mut self, packed: bool) -> Self {
+        if packed {
+            self.o.shape.remove(0);
+        }
+        self
+    }
+
+    /// The LSE as an owned tensor: `(batch, heads_q, seqlen_q)`, or
+    /// `(heads_q, total_q)` for a packed batch.
     pub fn lse_tensor(&self) -> Tensor {
+        let mut shape = self.shape.lse_shape().to_vec();
+        if self.o.shape.len() == 3 {
+            shape.remove(0);
+        }
         Tensor {
-            shape: self.shape.lse_shape().to_vec(),
+            shape,
             data: TensorData::F32(self.lse.clone()),
         }
     }
@@ -46,12 +64,14 @@ pub struct BackwardOutput {
     pub dq: Tensor,
     pub dk: Tensor,
     pub dv: Tensor,
+    /// `(heads_q,)` f32: the sinks' gradients, with sinks.
+    pub dsinks: Option<Vec<f32>>,
     /// What the call did on the device (empty on the CPU backend).
     pub stats: CallStats,
 }
 
 impl BackwardOutput {
-    /// The gradients of a backward over `shape`, in q's and k's layouts.
+    /// The gradients of a backward over `shape`, in q's, k's and v's layouts.
     pub fn new(shape: &AttentionShape, [dq, dk, dv]: [TensorData; 3], stats: CallStats) -> Self {
         let tensor = |shape: [usize; 4], data| Tensor {
             shape: shape.to_vec(),
@@ -60,9 +80,25 @@ impl BackwardOutput {
         Self {
             dq: tensor(shape.q_shape(), dq),
             dk: tensor(shape.kv_shape(), dk),
-            dv: tensor(shape.kv_shape(), dv),
+            dv: tensor(shape.v_shape(), dv),
+            dsinks: None,
             stats,
         }
+    }
+
+    /// With `packed` (a varlen call), the gradients as `(total, heads, dim)`.
+    pub fn packed(mut self, packed: bool) -> Self {
+        if packed {
+            for t in [&mut self.dq, &mut self.dk, &mut self.dv] {
+                t.shape.remove(0);
+            }
+        }
+        self
+    }
+
+    pub fn with_dsinks(mut self, dsinks: Option<Vec<f32>>) -> Self {
+        self.dsinks = dsinks;
+        self
     }
 }
 

@@ -4,8 +4,8 @@
 use super::tensor::TensorView;
 use crate::error::{Error, Result};
 
-/// Largest supported head dimension.
-pub const MAX_HEAD_DIM: usize = 256;
+/// Largest supported head dimension (of q/k and of v).
+pub const MAX_HEAD_DIM: usize = 512;
 
 /// The sizes of one attention call, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -15,11 +15,16 @@ pub struct AttentionShape {
     pub seqlen_k: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+    /// The head dim of q and k.
     pub head_dim: usize,
+    /// The head dim of v, o and dv (`head_dim` unless v has its own, as
+    /// DeepSeek's MLA has: 192 for q/k, 128 for v).
+    pub head_dim_v: usize,
 }
 
 impl AttentionShape {
-    /// Check every size rule of SPEC.md, naming the offending values.
+    /// Check every size rule of SPEC.md, naming the offending values; v
+    /// has q's head dim (see [`AttentionShape::with_head_dim_v`]).
     pub fn new(
         batch: usize,
         seqlen_q: usize,
@@ -35,7 +40,15 @@ impl AttentionShape {
             heads_q,
             heads_kv,
             head_dim,
+            head_dim_v: head_dim,
         };
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// This shape with v's own head dim (o and dv take it too).
+    pub fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
+        let s = Self { head_dim_v, ..self };
         s.validate()?;
         Ok(s)
     }
@@ -48,15 +61,19 @@ impl AttentionShape {
             ("heads_q", self.heads_q),
             ("heads_kv", self.heads_kv),
             ("head_dim", self.head_dim),
+            ("head_dim_v", self.head_dim_v),
         ];
         if let Some((dim, _)) = fields.into_iter().find(|(_, v)| *v == 0) {
             return Err(Error::EmptyDim { dim });
         }
-        if self.head_dim > MAX_HEAD_DIM {
-            return Err(Error::HeadDimTooLarge {
-                head_dim: self.head_dim,
-                max: MAX_HEAD_DIM,
-            });
+        for (tensor, head_dim) in [("q/k", self.head_dim), ("v", self.head_dim_v)] {
+            if head_dim > MAX_HEAD_DIM {
+                return Err(Error::HeadDimTooLarge {
+                    tensor,
+                    head_dim,
+                    max: MAX_HEAD_DIM,
+                });
+            }
         }
         if self.heads_q % self.heads_kv != 0 {
             return Err(Error::HeadsNotDivisible {
@@ -67,17 +84,20 @@ impl AttentionShape {
         Ok(())
     }
 
-    /// Derive and validate the shape from q, k, v views.
+    /// Derive and validate the shape from q, k, v views: k and v share
+    /// (batch, seqlen, heads); v's last dim is `head_dim_v`.
     pub fn from_views(q: &TensorView, k: &TensorView, v: &TensorView) -> Result<Self> {
         for (name, t) in [("q", q), ("k", k), ("v", v)] {
             t.check_len(name)?;
         }
-        if k.shape != v.shape {
+        if k.shape[..3] != v.shape[..3] {
+            let mut expected = k.shape;
+            expected[3] = v.shape[3];
             return Err(Error::ShapeMismatch {
                 tensor: "v",
                 shape: v.shape.to_vec(),
                 like: "k",
-                expected: k.shape.to_vec(),
+                expected: expected.to_vec(),
             });
         }
         let [b, sq, hq, d] = q.shape;
@@ -88,25 +108,25 @@ impl AttentionShape {
                     dim,
                     tensor: "q",
                     value,
-                    other: "k/v",
+                    other: "k",
                     other_value,
                 });
             }
         }
         same_dtype(k, q, "k")?;
         same_dtype(v, q, "v")?;
-        Self::new(b, sq, sk, hq, hk, d)
+        Self::new(b, sq, sk, hq, hk, d)?.with_head_dim_v(v.shape[3])
     }
 
-    /// `t` must have q's shape and dtype (as `o` and `do` must).
-    pub fn check_like_q(&self, t: &TensorView, q: &TensorView, name: &'static str) -> Result<()> {
+    /// `t` must have o's shape and q's dtype (as `o` and `do` must).
+    pub fn check_like_o(&self, t: &TensorView, q: &TensorView, name: &'static str) -> Result<()> {
         t.check_len(name)?;
-        if t.shape != self.q_shape() {
+        if t.shape != self.o_shape() {
             return Err(Error::ShapeMismatch {
                 tensor: name,
                 shape: t.shape.to_vec(),
-                like: "q",
-                expected: self.q_shape().to_vec(),
+                like: "o",
+                expected: self.o_shape().to_vec(),
             });
         }
         same_dtype(t, q, name)
@@ -121,8 +141,19 @@ impl AttentionShape {
         [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
     }
 
+    /// The shape of k (and dk).
     pub fn kv_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_k, self.heads_kv, self.head_dim]
+    }
+
+    /// The shape of v (and dv).
+    pub fn v_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_k, self.heads_kv, self.head_dim_v]
+    }
+
+    /// The shape of o (and do).
+    pub fn o_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim_v]
     }
 
     pub fn lse_shape(&self) -> [usize; 3] {
@@ -130,15 +161,31 @@ impl AttentionShape {
     }
 
     pub fn q_len(&self) -> usize {
-        self.batch * self.seqlen_q * self.heads_q * self.head_dim
+        self.q_shape().iter().product()
     }
 
+    /// Elements of k (and dk).
     pub fn kv_len(&self) -> usize {
-        self.batch * self.seqlen_k * self.heads_kv * self.head_dim
+        self.kv_shape().iter().product()
+    }
+
+    /// Elements of v (and dv).
+    pub fn v_len(&self) -> usize {
+        self.v_shape().iter().product()
+    }
+
+    /// Elements of o (and do).
+    pub fn o_len(&self) -> usize {
+        self.o_shape().iter().product()
     }
 
     pub fn lse_len(&self) -> usize {
         self.batch * self.heads_q * self.seqlen_q
+    }
+
+    /// Whether v has a head dim of its own.
+    pub fn has_head_dim_v(&self) -> bool {
+        self.head_dim_v != self.head_dim
     }
 }
 
@@ -164,7 +211,7 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout of q (and o, do, dq).
+    /// The layout of q (and dq).
     pub fn q(shape: &AttentionShape) -> Self {
         Self {
             seqlen: shape.seqlen_q,
@@ -173,12 +220,28 @@ impl Layout {
         }
     }
 
-    /// The layout of k and v (and dk, dv).
+    /// The layout of k (and dk).
     pub fn kv(shape: &AttentionShape) -> Self {
         Self {
             seqlen: shape.seqlen_k,
             heads: shape.heads_kv,
             dim: shape.head_dim,
+        }
+    }
+
+    /// The layout of v (and dv).
+    pub fn v(shape: &AttentionShape) -> Self {
+        Self {
+            dim: shape.head_dim_v,
+            ..Self::kv(shape)
+        }
+    }
+
+    /// The layout of o (and do).
+    pub fn o(shape: &AttentionShape) -> Self {
+        Self {
+            dim: shape.head_dim_v,
+            ..Self::q(shape)
         }
     }
 

@@ -129,6 +129,17 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// A packed `(total, heads, dim)` tensor of a varlen call, as the batch
+    /// of one the engine sees it as.
+    pub fn packed_f32([total, heads, dim]: [usize; 3], data: &'a [f32]) -> Self {
+        Self::f32([1, total, heads, dim], data)
+    }
+
+    /// [`TensorView::packed_f32`] for f16 data.
+    pub fn packed_f16([total, heads, dim]: [usize; 3], data: &'a [f16]) -> Self {
+        Self::f16([1, total, heads, dim], data)
+    }
+
     pub fn precision(&self) -> Precision {
         self.data.precision()
     }
@@ -227,9 +238,14 @@ impl Tensor {
         self.data.to_f32()
     }
 
-    /// View a 4-d owned tensor as a [`TensorView`].
+    /// View a 4-d owned tensor as a [`TensorView`] (a packed 3-d one as
+    /// its batch of one).
     pub fn view(&self) -> Result<TensorView<'_>> {
-        let shape: [usize; 4] = self.shape.as_slice().try_into().map_err(|_| Error::Rank {
+        let dims = match self.shape.as_slice() {
+            [t, h, d] => vec![1, *t, *h, *d],
+            other => other.to_vec(),
+        };
+        let shape: [usize; 4] = dims.as_slice().try_into().map_err(|_| Error::Rank {
             tensor: "tensor",
             shape: self.shape.clone(),
             rank: self.shape.len(),

@@ -68,7 +68,7 @@ struct KeyTile {
 /// Gradients dq, dk, dv on the CPU, from the forward's `o` and `lse`.
 pub fn backward(inputs: &BackwardInputs, opts: &AttentionOptions) -> Result<BackwardOutput> {
     let shape = inputs.shape()?;
-    opts.validate()?;
+    super::check(&shape, opts)?;
     let precision = inputs.q.precision();
     let i = inputs;
     let [q, k, v, o, d_o] = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.to_f32());

@@ -39,7 +39,7 @@ pub fn forward(
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate()?;
+    super::check(&shape, opts)?;
     let p = Problem {
         shape,
         q: q.data.to_f32(),

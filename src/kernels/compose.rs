@@ -255,19 +255,22 @@ pub fn section(template: &str, name: &str) -> String {
 pub struct Unroll {
     /// `$j`: lanes of a subgroup (and `$q`: quads of lanes).
     pub lanes: u32,
-    /// `$i`: vec4 chunks of a row.
+    /// `$i`: vec4 chunks of a q or k row.
     pub chunks: u32,
+    /// `$v`: vec4 chunks of a v or o row (v's own head dim).
+    pub v_chunks: u32,
     /// `$r`: rows each lane owns.
     pub rows: u32,
     /// `$c`: vec4 chunks of a row each lane owns (the lanes decode's outputs).
     pub cols: u32,
 }
 
-/// Expand a lanes template: a line containing `$r`, `$q`, `$j`, `$c` or
-/// `$i` repeats for each value of each placeholder it contains — r <
+/// Expand a lanes template: a line containing `$r`, `$q`, `$j`, `$c`, `$i`
+/// or `$v` repeats for each value of each placeholder it contains — r <
 /// `rows`, q < `lanes / 4` (with `$q0`..`$q3` standing for 4q..4q+3), j <
-/// `lanes`, c < `cols`, i < `chunks` — nested in that order, or with i
-/// outermost when the line ends in `// i outer`. Comment lines are dropped.
+/// `lanes`, c < `cols`, i < `chunks`, v < `v_chunks` — nested in that
+/// order, or with i (or v) outermost when the line ends in `// i outer`
+/// (`// v outer`). Comment lines are dropped.
 pub fn unroll(template: &str, n: Unroll) -> String {
     let mut out = String::with_capacity(template.len() * 4);
     // Comments explain the template, not its expansion (and would repeat).
@@ -285,10 +288,13 @@ pub fn unroll(template: &str, n: Unroll) -> String {
 
 /// Every combination of one line's placeholders, first dim outermost.
 fn expand_line(line: &str, n: Unroll) -> Vec<String> {
-    const I_OUTER: &str = " // i outer";
-    let (line, i_outer) = match line.strip_suffix(I_OUTER) {
-        Some(l) => (l, true),
-        None => (line, false),
+    let (line, outer) = match (
+        line.strip_suffix(" // i outer"),
+        line.strip_suffix(" // v outer"),
+    ) {
+        (Some(l), _) => (l, Some('i')),
+        (_, Some(l)) => (l, Some('v')),
+        _ => (line, None),
     };
     let mut dims: Vec<(char, u32)> = [
         ('r', n.rows),
@@ -296,11 +302,12 @@ fn expand_line(line: &str, n: Unroll) -> Vec<String> {
         ('j', n.lanes),
         ('c', n.cols),
         ('i', n.chunks),
+        ('v', n.v_chunks),
     ]
     .into_iter()
     .filter(|(c, _)| line.contains(&format!("${c}")))
     .collect();
-    if i_outer && dims.last().is_some_and(|d| d.0 == 'i') {
+    if outer.is_some() && dims.last().map(|d| d.0) == outer {
         dims.rotate_right(1);
     }
     let mut lines = vec![line.to_string()];
@@ -332,6 +339,7 @@ mod tests {
         let n = |lanes, chunks, rows| Unroll {
             lanes,
             chunks,
+            v_chunks: 3,
             rows,
             cols: 2,
         };
@@ -358,6 +366,11 @@ mod tests {
         assert_eq!(
             unroll("a$j_$c += p$j * v$c;\n", n(2, 1, 1)),
             "a0_0 += p0 * v0;\na0_1 += p0 * v1;\na1_0 += p1 * v0;\na1_1 += p1 * v1;\n"
+        );
+        assert_eq!(
+            unroll("a$v += p$j * w$v; // v outer\n", n(2, 1, 1)),
+            "a0 += p0 * w0;\na0 += p1 * w0;\na1 += p0 * w1;\na1 += p1 * w1;\n\
+             a2 += p0 * w2;\na2 += p1 * w2;\n"
         );
         assert_eq!(
             unroll("o$r[$q] = s$r_$q1;\n", n(8, 1, 2)),

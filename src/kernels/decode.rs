@@ -79,6 +79,7 @@ impl FlashDecode {
                 let n = Unroll {
                     lanes: t.workgroup_size,
                     chunks: t.head_dim / 4,
+                    v_chunks: t.head_dim / 4,
                     rows: t.rows,
                     cols: t.chunks_per_lane(),
                 };

@@ -97,15 +97,18 @@ impl FlashBackward {
     fn prelude(&self) -> Composer {
         let p = &self.plan;
         let mut c = Composer::new(p.storage);
+        c.override_u32("D", p.head_dim)
+            .override_u32("DV", p.head_dim_v);
         match p.kernel {
-            KernelFamily::Lanes => c.override_u32("SG", p.bc).override_u32("D", p.head_dim),
+            KernelFamily::Lanes => c.override_u32("SG", p.bc),
             KernelFamily::Tiled => c
                 .override_u32("B", p.br)
-                .override_u32("D", p.head_dim)
+                .override_u32("DM", p.widest_dim())
                 .override_u32("TC", p.threads_per_row)
                 .override_u32("WG", p.workgroup_size)
                 .const_u32("SC", p.scores_per_thread())
-                .const_u32("ACC", p.acc_per_thread()),
+                .const_u32("ACC_K", p.acc_k_per_thread())
+                .const_u32("ACC_V", p.acc_per_thread()),
         };
         c.common(self.variant);
         c
@@ -186,7 +189,8 @@ impl FlashBackward {
 
     /// Storage accesses of one dispatch over `p`.
     pub fn accesses(&self, p: &Params) -> Accesses {
-        let (sq, d) = (p.seqlen_q as u64, self.plan.head_dim as u64);
+        let sq = p.seqlen_q as u64;
+        let dv = self.plan.head_dim_v as u64;
         let (b, hq, group) = (p.batch as u64, p.heads_q as u64, p.group as u64);
         let band = Band {
             params: p,
@@ -195,7 +199,7 @@ impl FlashBackward {
         match self.part {
             // dO and O read, D written, per row.
             BackwardPart::Dvec => Accesses {
-                reads: b * hq * sq * 2 * d,
+                reads: b * hq * sq * 2 * dv,
                 writes: b * hq * sq,
             },
             BackwardPart::DkDv => self.dkdv_accesses(p, &band).times(b * hq / group),
@@ -203,24 +207,26 @@ impl FlashBackward {
         }
     }
 
+    /// q/k and v/o head dims.
+    fn dims(&self) -> (u64, u64) {
+        (self.plan.head_dim as u64, self.plan.head_dim_v as u64)
+    }
+
     /// One kv head's dK/dV: K, V read and written once per key block; Q,
     /// dO, LSE, D of every visible query block of every head in the group.
     fn dkdv_accesses(&self, p: &Params, band: &Band) -> Accesses {
-        let (sq, sk, d) = (
-            p.seqlen_q as u64,
-            p.seqlen_k as u64,
-            self.plan.head_dim as u64,
-        );
+        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
+        let (d, dv) = self.dims();
         // Workgroups own blocks of br keys and step through rows in blocks of bc.
         let (outer, inner) = (self.plan.br as u64, self.plan.bc as u64);
         let mut a = Accesses::default();
         for (k0, keys) in all_blocks(sk, outer) {
-            a.reads += 2 * keys * d;
-            a.writes += 2 * keys * d;
+            a.reads += keys * (d + dv);
+            a.writes += keys * (d + dv);
             let first = (p.k_start as u64 + k0) as i64;
             let (lo, hi) = band.rows(first, first + keys as i64 - 1);
             for (_, rows) in blocks(lo, hi, inner, sq) {
-                a.reads += p.group as u64 * (2 * rows * d + 2 * rows);
+                a.reads += p.group as u64 * (rows * (d + dv) + 2 * rows);
             }
         }
         a
@@ -229,20 +235,17 @@ impl FlashBackward {
     /// One query head's dQ: Q, dO, LSE, D read once per query block, K and
     /// V per visible key block; dQ written once.
     fn dq_accesses(&self, p: &Params, band: &Band) -> Accesses {
-        let (sq, sk, d) = (
-            p.seqlen_q as u64,
-            p.seqlen_k as u64,
-            self.plan.head_dim as u64,
-        );
+        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
+        let (d, dv) = self.dims();
         let (outer, inner) = (self.plan.br as u64, self.plan.bc as u64);
         let mut a = Accesses::default();
         for (q0, rows) in all_blocks(sq, outer) {
-            a.reads += 2 * rows * d + 2 * rows;
+            a.reads += rows * (d + dv) + 2 * rows;
             a.writes += rows * d;
             let first = (p.q_start as u64 + q0) as i64;
             let (lo, hi) = band.keys(first, first + rows as i64 - 1);
             for (_, keys) in blocks(lo, hi, inner, sk) {
-                a.reads += 2 * keys * d;
+                a.reads += keys * (d + dv);
             }
         }
         a
@@ -261,7 +264,7 @@ impl FlashBackward {
         };
         // Each long loop's last pass, and the loop-budget guard.
         let (per_step, fixed) = match (self.part, p.kernel) {
-            (BackwardPart::Dvec, _) => (0, constant(p.head_dim, 12, 0) + GUARD),
+            (BackwardPart::Dvec, _) => (0, constant(p.head_dim_v, 12, 0) + GUARD),
             (BackwardPart::DkDv, KernelFamily::Lanes) => (g, 2 * g + 2 + GUARD),
             (BackwardPart::Dq, KernelFamily::Lanes) => (1, 1 + GUARD),
             (BackwardPart::DkDv, KernelFamily::Tiled) => {
@@ -306,15 +309,20 @@ struct TileLoops {
 }
 
 fn tile_loops(p: &Plan) -> TileLoops {
-    let (b, d, wg) = (p.br, p.head_dim, p.workgroup_size);
-    let (sc, acc) = (p.scores_per_thread(), p.acc_per_thread());
-    let tile = counted((b * d).div_ceil(wg) as u64, 0, 0);
+    let (b, dm, wg) = (p.br, p.widest_dim(), p.workgroup_size);
+    let (sc, acc_k, acc_v) = (
+        p.scores_per_thread(),
+        p.acc_k_per_thread(),
+        p.acc_per_thread(),
+    );
+    // Tiles load over the wider head dim, and so does the S and dP loop.
+    let tile = counted((b * dm).div_ceil(wg) as u64, 0, 0);
     TileLoops {
         rows: tile + counted(b.div_ceil(wg) as u64, 0, 0),
         keys: tile,
-        dot: constant(d, 8 + 32 * sc, 0),
-        dq: constant(b, 3 + 24 * acc, 0),
-        dkdv: constant(b, 4 + 32 * acc, 0),
+        dot: constant(dm, 8 + 32 * sc, 0),
+        dq: constant(b, 3 + 24 * acc_k, 0),
+        dkdv: constant(b, 4 + 16 * (acc_k + acc_v), 0),
     }
 }
 

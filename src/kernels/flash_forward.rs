@@ -50,6 +50,8 @@ impl FlashForward {
         c.override_u32("BR", p.br)
             .override_u32("BC", p.bc)
             .override_u32("D", p.head_dim)
+            .override_u32("DV", p.head_dim_v)
+            .override_u32("DM", p.widest_dim())
             .override_u32("TC", p.threads_per_row)
             .override_u32("WG", p.workgroup_size)
             .const_u32("SC", p.scores_per_thread())
@@ -65,6 +67,7 @@ impl FlashForward {
         c.override_u32("SG", p.bc)
             .override_u32("RPL", p.br / p.bc)
             .override_u32("D", p.head_dim)
+            .override_u32("DV", p.head_dim_v)
             .common(self.variant);
         declare_buffers(&mut c, p.storage, Access::Read4);
         c.push(&unroll(LANES, lanes_unroll(p))).finish("main")
@@ -85,7 +88,8 @@ impl FlashForward {
     /// rows once and K and V for every visible key block; writes O and LSE once.
     pub fn accesses(&self, p: &Params) -> Accesses {
         let plan = &self.plan;
-        let (sq, sk, d) = (p.seqlen_q as u64, p.seqlen_k as u64, plan.head_dim as u64);
+        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
+        let (d, dv) = (plan.head_dim as u64, plan.head_dim_v as u64);
         let band = Band {
             params: p,
             masked: self.variant.masked,
@@ -93,11 +97,11 @@ impl FlashForward {
         let mut per_head = Accesses::default();
         for (q0, rows) in all_blocks(sq, plan.br as u64) {
             per_head.reads += rows * d;
-            per_head.writes += rows * d + rows;
+            per_head.writes += rows * dv + rows;
             let first = (p.q_start as u64 + q0) as i64;
             let (lo, hi) = band.keys(first, first + rows as i64 - 1);
             for (_, keys) in blocks(lo, hi, plan.bc as u64, sk) {
-                per_head.reads += 2 * keys * d;
+                per_head.reads += keys * (d + dv);
             }
         }
         per_head.times(p.batch as u64 * p.heads_q as u64)
@@ -119,12 +123,13 @@ impl FlashForward {
                 let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);
                 let (sc, acc) = (p.scores_per_thread(), p.acc_per_thread());
                 let tile = |n: u32| counted(n.div_ceil(wg) as u64, 0, 0);
-                // q·k over d (its loop over scores unrolled), then P·V over
-                // the block's keys (its loop over outputs unrolled).
+                // The K and V tiles' load (one loop over the wider head
+                // dim), q·k over d (its loop over scores unrolled), then P·V
+                // over the block's keys (its loop over outputs unrolled).
                 let (dot, pv) = (constant(d, 6 + 24 * sc, 0), constant(bc, 3 + 24 * acc, 0));
                 let nested = 1 + (dot > 0) as u64 + (pv > 0) as u64;
                 (
-                    1 + tile(bc * d) + dot + pv,
+                    1 + tile(bc * p.widest_dim()) + dot + pv,
                     tile(p.br * d) + 1 + nested + GUARD,
                 )
             }
@@ -155,11 +160,12 @@ fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
 }
 
 /// A lanes plan's repetition counts: `bc` lanes (keys per step), `br / bc`
-/// rows per lane, head dim / 4 chunks.
+/// rows per lane, head dims / 4 chunks (q/k and v/o).
 pub fn lanes_unroll(plan: &Plan) -> Unroll {
     Unroll {
         lanes: plan.bc,
         chunks: plan.head_dim / 4,
+        v_chunks: plan.head_dim_v / 4,
         rows: plan.br / plan.bc,
         cols: 1,
     }

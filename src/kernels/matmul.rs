@@ -209,6 +209,7 @@ impl Matmul {
                 let n = Unroll {
                     lanes,
                     chunks,
+                    v_chunks: chunks,
                     rows,
                     cols: 1,
                 };

@@ -31,11 +31,12 @@ pub enum NaiveEntry {
     DkDv,
 }
 
-/// One naive kernel for a head dim, storage kind and variant.
+/// One naive kernel for head dims (q/k and v), storage kind and variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Naive {
     pub entry: NaiveEntry,
     pub head_dim: u32,
+    pub head_dim_v: u32,
     pub storage: StorageKind,
     pub variant: Variant,
 }
@@ -57,7 +58,9 @@ impl Naive {
     pub fn source(&self) -> KernelSource {
         use binding::*;
         let mut c = Composer::new(self.storage);
-        c.override_u32("D", self.head_dim).common(self.variant);
+        c.override_u32("D", self.head_dim)
+            .override_u32("DV", self.head_dim_v)
+            .common(self.variant);
         c.storage(
             self.storage,
             &[
@@ -125,12 +128,14 @@ impl Naive {
                 reads: rows * sk,
                 writes: rows * sk,
             },
-            // dS, Q, P, dO for every query row of the group per element.
+            // dS and Q for every query row of the group per dK element,
+            // P and dO per dV element.
             NaiveEntry::DkDv => {
-                let kv_elements = b * (hq / p.group as u64) * sk * self.head_dim as u64;
+                let keys = b * (hq / p.group as u64) * sk;
+                let elements = keys * (self.head_dim + self.head_dim_v) as u64;
                 Accesses {
-                    reads: kv_elements * p.group as u64 * sq * 4,
-                    writes: kv_elements * 2,
+                    reads: elements * p.group as u64 * sq * 2,
+                    writes: elements,
                 }
             }
         }

@@ -49,6 +49,8 @@ uniform_struct! {
         pub group: u32,
         pub q_row_stride: u32,
         pub kv_row_stride: u32,
+        pub o_row_stride: u32,
+        pub v_row_stride: u32,
         pub q_batch_stride: u32,
         pub kv_batch_stride: u32,
         pub lse_batch_stride: u32,
@@ -148,7 +150,7 @@ impl Params {
     /// The parameters of `piece` under `opts`, in the contiguous layouts.
     pub fn new(piece: &Piece, opts: &AttentionOptions) -> Result<Self> {
         let s = &piece.local;
-        let d = s.head_dim;
+        let (d, dv) = (s.head_dim, s.head_dim_v);
         let mask = opts.mask(&piece.full);
         // "Unbounded" becomes a bound past both ends of the sequences.
         let unbounded = piece.full.seqlen_q as i64 + piece.full.seqlen_k as i64 + 1;
@@ -167,6 +169,8 @@ impl Params {
             group: to_u32("group", s.group())?,
             q_row_stride: to_u32("q row stride", s.heads_q * d)?,
             kv_row_stride: to_u32("kv row stride", s.heads_kv * d)?,
+            o_row_stride: to_u32("o row stride", s.heads_q * dv)?,
+            v_row_stride: to_u32("v row stride", s.heads_kv * dv)?,
             q_batch_stride: to_u32("q batch stride", s.seqlen_q * s.heads_q * d)?,
             kv_batch_stride: to_u32("kv batch stride", s.seqlen_k * s.heads_kv * d)?,
             lse_batch_stride: to_u32("lse batch stride", s.heads_q * s.seqlen_q)?,
@@ -193,6 +197,7 @@ impl Params {
             heads_q: p.heads_q,
             heads_kv: p.heads_kv,
             head_dim: p.head_dim,
+            head_dim_v: p.head_dim,
         };
         Ok(Self {
             mask_offset: 0,

@@ -3,7 +3,9 @@
 //! deterministic. Extra storage beyond inputs and gradients is D (one f32
 //! per row). Split problems sum partial gradients in a fixed order.
 
-use super::pieces::{gather_keys, gather_lse, gather_rows, GradAssembly};
+use super::pieces::{
+    gather_keys, gather_lse, gather_o_rows, gather_rows, gather_v_keys, GradAssembly,
+};
 use super::reruns::with_reruns;
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
@@ -35,7 +37,8 @@ pub async fn backward(
     overrides: &PlanOverrides,
 ) -> Result<BackwardOutput> {
     let shape = inputs.shape()?;
-    opts.validate()?;
+    opts.validate_for(&shape)?;
+    super::check_features(opts)?;
     let precision = inputs.q.precision();
     let req = PlanRequest::for_shape(&shape, precision, *overrides);
     let plan = plan_backward(&req, &gpu.caps())?.plan;
@@ -97,9 +100,9 @@ async fn run_split(call: &mut Call<'_>, b: &Backward<'_>, s: &Split) -> Result<[
     let parts = [
         gather_rows(i.q.data, shape, s),
         gather_keys(i.k.data, shape, s),
-        gather_keys(i.v.data, shape, s),
-        gather_rows(i.o.data, shape, s),
-        gather_rows(i.d_o.data, shape, s),
+        gather_v_keys(i.v.data, shape, s),
+        gather_o_rows(i.o.data, shape, s),
+        gather_o_rows(i.d_o.data, shape, s),
     ];
     let piece = Piece {
         local: s.shape(shape),
@@ -121,8 +124,8 @@ async fn run_piece(
 ) -> Result<[TensorData; 3]> {
     let s = &piece.local;
     let precision = b.kernels[0].plan.storage.precision();
-    let elem = precision.bytes() as u64;
-    let (q_bytes, kv_bytes) = (s.q_len() as u64 * elem, s.kv_len() as u64 * elem);
+    let lens = [s.q_len(), s.kv_len(), s.v_len()];
+    let [q_bytes, kv_bytes, v_bytes] = lens.map(|n| n as u64 * precision.bytes() as u64);
     let (q, k, v) = (
         call.upload("q", q)?,
         call.upload("k", k)?,
@@ -132,7 +135,7 @@ async fn run_piece(
     let lse = call.upload("lse", bytemuck::cast_slice(lse))?;
     let dvec = call.storage("D = rowsum(dO·O)", s.lse_len() as u64 * 4)?;
     let dq = call.storage("dq", q_bytes)?;
-    let (dk, dv) = (call.storage("dk", kv_bytes)?, call.storage("dv", kv_bytes)?);
+    let (dk, dv) = (call.storage("dk", kv_bytes)?, call.storage("dv", v_bytes)?);
     let bufs = BackwardBuffers {
         q: &q,
         k: &k,
@@ -153,9 +156,8 @@ async fn run_piece(
     }
     call.run(&all).await?;
     let data = call
-        .read(&[(&dq, q_bytes), (&dk, kv_bytes), (&dv, kv_bytes)])
+        .read(&[(&dq, q_bytes), (&dk, kv_bytes), (&dv, v_bytes)])
         .await?;
-    let lens = [s.q_len(), s.kv_len(), s.kv_len()];
     Ok([0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i])))
 }
 

@@ -3,7 +3,7 @@
 //! guard fires) and on caller-owned device buffers (one dispatch set, never
 //! split).
 
-use super::pieces::{gather_keys, gather_rows, ForwardAssembly};
+use super::pieces::{gather_keys, gather_rows, gather_v_keys, ForwardAssembly};
 use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput};
@@ -30,7 +30,8 @@ fn kernel_for(
     opts: &AttentionOptions,
     overrides: &PlanOverrides,
 ) -> Result<FlashForward> {
-    opts.validate()?;
+    opts.validate_for(shape)?;
+    super::check_features(opts)?;
     let req = PlanRequest::for_shape(shape, precision, *overrides);
     Ok(FlashForward {
         plan: plan_forward(&req, &gpu.caps())?.plan,
@@ -94,7 +95,7 @@ async fn run_split(
     let parts = [
         gather_rows(q.data, &f.shape, s),
         gather_keys(k.data, &f.shape, s),
-        gather_keys(v.data, &f.shape, s),
+        gather_v_keys(v.data, &f.shape, s),
     ];
     let piece = Piece {
         local: s.shape(&f.shape),
@@ -120,7 +121,7 @@ async fn run_piece(
 ) -> Result<(TensorData, Vec<f32>)> {
     let s = &piece.local;
     let precision = f.kernel.plan.storage.precision();
-    let o_bytes = s.q_len() as u64 * precision.bytes() as u64;
+    let o_bytes = s.o_len() as u64 * precision.bytes() as u64;
     let lse_bytes = s.lse_len() as u64 * 4;
     let (q, k, v) = (
         call.upload("q", q)?,
@@ -141,7 +142,7 @@ async fn run_piece(
     call.run(&dispatches).await?;
     let mut data = call.read(&[(&o, o_bytes), (&lse, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, s.q_len());
+    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, s.o_len());
     Ok((o, lse))
 }
 
@@ -215,8 +216,8 @@ fn check_buffers(
     let checks = [
         ("q", b.q, need(shape.q_len(), elem)),
         ("k", b.k, need(shape.kv_len(), elem)),
-        ("v", b.v, need(shape.kv_len(), elem)),
-        ("o", b.o, need(shape.q_len(), elem)),
+        ("v", b.v, need(shape.v_len(), elem)),
+        ("o", b.o, need(shape.o_len(), elem)),
         ("lse", b.lse, need(shape.lse_len(), 4)),
     ];
     for (buffer, buf, bytes) in checks {

@@ -40,7 +40,8 @@ impl<'a> Problem<'a> {
         precision: Precision,
         opts: &'a AttentionOptions,
     ) -> Result<Self> {
-        opts.validate()?;
+        opts.validate_for(&shape)?;
+        super::check_features(opts)?;
         let storage = storage_kind(
             &PlanRequest::for_shape(&shape, precision, Default::default()),
             &gpu.caps(),
@@ -88,6 +89,7 @@ impl<'a> Problem<'a> {
         Naive {
             entry,
             head_dim: self.shape.head_dim as u32,
+            head_dim_v: self.shape.head_dim_v as u32,
             storage: self.storage,
             variant,
         }
@@ -163,7 +165,11 @@ impl<'a> Problem<'a> {
         Ok(vec![
             self.matmul(
                 call,
-                (true, Epilogue::Scores, nt_params(&self.shape, 1.0)),
+                (
+                    true,
+                    Epilogue::Scores,
+                    nt_params(&self.shape, self.shape.head_dim, 1.0),
+                ),
                 [st, st, StorageKind::F32],
                 [q, k, s],
             )?,
@@ -203,7 +209,7 @@ pub async fn naive_forward(
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
-    let o_bytes = shape.q_len() as u64 * precision.bytes() as u64;
+    let o_bytes = shape.o_len() as u64 * precision.bytes() as u64;
     let lse_bytes = shape.lse_len() as u64 * 4;
     let (qb, kb, vb) = (
         call.upload("q", q.data.as_bytes())?,
@@ -215,12 +221,16 @@ pub async fn naive_forward(
     let pb = call.storage("P (N×N probabilities)", n.nn)?;
     let mut steps = n.softmax_steps(&mut call, [&qb, &kb, &lb, &sb, &pb])?;
     let st = n.storage;
-    let pv = (false, Epilogue::Scale, nn_params(&shape, 1.0));
+    let pv = (
+        false,
+        Epilogue::Scale,
+        nn_params(&shape, shape.head_dim_v, 1.0),
+    );
     steps.push(n.matmul(&mut call, pv, [StorageKind::F32, st, st], [&pb, &vb, &ob])?);
     call.run(&steps).await?;
     let mut data = call.read(&[(&ob, o_bytes), (&lb, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, shape.q_len());
+    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, shape.o_len());
     drop(steps);
     Ok(ForwardOutput::new(shape, o, lse, call.finish()))
 }
@@ -248,7 +258,7 @@ pub async fn naive_backward(
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    shape.check_like_q(d_o, q, "do")?;
+    shape.check_like_o(d_o, q, "do")?;
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
@@ -257,21 +267,21 @@ pub async fn naive_backward(
     steps.extend(grad_steps(&mut call, &n, &b)?);
     call.run(&steps).await?;
     drop(steps);
-    let elem = precision.bytes() as u64;
-    let (q_bytes, kv_bytes) = (shape.q_len() as u64 * elem, shape.kv_len() as u64 * elem);
+    let lens = [shape.q_len(), shape.kv_len(), shape.v_len()];
+    let bytes = lens.map(|n| n as u64 * precision.bytes() as u64);
     let data = call
-        .read(&[(&b.dq, q_bytes), (&b.dk, kv_bytes), (&b.dv, kv_bytes)])
+        .read(&[(&b.dq, bytes[0]), (&b.dk, bytes[1]), (&b.dv, bytes[2])])
         .await?;
-    let lens = [shape.q_len(), shape.kv_len(), shape.kv_len()];
     let grads = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
     Ok(BackwardOutput::new(&shape, grads, call.finish()))
 }
 
 fn grad_buffers(call: &mut Call, n: &Problem, [q, k, v, d_o]: [&TensorView; 4]) -> Result<Grads> {
     let elem = q.precision().bytes() as u64;
-    let (q_bytes, kv_bytes) = (
+    let (q_bytes, kv_bytes, v_bytes) = (
         n.shape.q_len() as u64 * elem,
         n.shape.kv_len() as u64 * elem,
+        n.shape.v_len() as u64 * elem,
     );
     Ok(Grads {
         q: call.upload("q", q.data.as_bytes())?,
@@ -284,7 +294,7 @@ fn grad_buffers(call: &mut Call, n: &Problem, [q, k, v, d_o]: [&TensorView; 4]) 
         ds: call.storage("dP/dS (N×N)", n.nn)?,
         dq: call.storage("dq", q_bytes)?,
         dk: call.storage("dk", kv_bytes)?,
-        dv: call.storage("dv", kv_bytes)?,
+        dv: call.storage("dv", v_bytes)?,
     })
 }
 
@@ -299,7 +309,11 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
     let mut steps = vec![
         n.matmul(
             call,
-            (true, Epilogue::Scale, nt_params(shape, 1.0)),
+            (
+                true,
+                Epilogue::Scale,
+                nt_params(shape, shape.head_dim_v, 1.0),
+            ),
             [st, st, f32_],
             [&b.d_o, &b.v, &b.ds],
         )?,
@@ -311,7 +325,11 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
         )?,
         n.matmul(
             call,
-            (false, Epilogue::Scale, nn_params(shape, scale)),
+            (
+                false,
+                Epilogue::Scale,
+                nn_params(shape, shape.head_dim, scale),
+            ),
             [f32_, st, st],
             [&b.ds, &b.k, &b.dq],
         )?,
@@ -327,7 +345,7 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
             (DV, &b.dv),
         ];
         let grid = [
-            shape.head_dim.div_ceil(TILE as usize),
+            shape.head_dim.max(shape.head_dim_v).div_ceil(TILE as usize),
             shape.seqlen_k.div_ceil(TILE as usize),
             shape.batch * shape.heads_kv,
         ];
@@ -352,25 +370,30 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
         vec![(binding::DS, &b.ds), (binding::P, &b.p)],
         grid,
     )?);
-    for (alpha, a, x, c) in [(1.0, &b.s, &b.d_o, &b.dv), (scale, &b.p, &b.q, &b.dk)] {
-        let tn = (false, Epilogue::Scale, tn_params(shape, alpha));
+    let (d, dv) = (shape.head_dim, shape.head_dim_v);
+    for (dim, alpha, a, x, c) in [
+        (dv, 1.0, &b.s, &b.d_o, &b.dv),
+        (d, scale, &b.p, &b.q, &b.dk),
+    ] {
+        let tn = (false, Epilogue::Scale, tn_params(shape, dim, alpha));
         steps.push(n.matmul(call, tn, [f32_, st, st], [a, x, c])?);
     }
     Ok(steps)
 }
 
-/// (heads_q, heads_kv, head_dim, seqlen_q, seqlen_k) as the matmul's u32s.
-fn dims(shape: &AttentionShape) -> [u32; 5] {
+/// (heads_q, heads_kv, dim, seqlen_q, seqlen_k) as the matmul's u32s, for
+/// products over `dim` (q/k's head dim or v's).
+fn dims(shape: &AttentionShape, dim: usize) -> [u32; 5] {
     let s = shape;
-    [s.heads_q, s.heads_kv, s.head_dim, s.seqlen_q, s.seqlen_k].map(|x| x as u32)
+    [s.heads_q, s.heads_kv, dim, s.seqlen_q, s.seqlen_k].map(|x| x as u32)
 }
 
 /// Strides of the per-head `X·Yᵀ` products between two (batch, seq, heads, d)
 /// tensors: rows of `x` (Sq rows, heads_q heads) against rows of `y` (Sk rows,
 /// heads_kv heads, read through GQA), into an (Sq×Sk) f32 matrix per head:
-/// S = Q·Kᵀ and dP = dO·Vᵀ.
-fn nt_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
-    let [hq, hk, d, m, n] = dims(shape);
+/// S = Q·Kᵀ and dP = dO·Vᵀ (over `dim`, q/k's head dim or v's).
+fn nt_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
+    let [hq, hk, d, m, n] = dims(shape, dim);
     MatmulParams {
         m,
         n,
@@ -392,9 +415,9 @@ fn nt_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
 }
 
 /// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
-/// (batch, Sk, heads_kv, d) tensor, into a (batch, Sq, heads_q, d) tensor.
-fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
-    let [hq, hk, d, sq, sk] = dims(shape);
+/// (batch, Sk, heads_kv, dim) tensor, into a (batch, Sq, heads_q, dim) tensor.
+fn nn_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
+    let [hq, hk, d, sq, sk] = dims(shape, dim);
     MatmulParams {
         m: sq,
         n: d,
@@ -418,8 +441,8 @@ fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
 /// Strides of `Mᵀ·Y` where M is a per-head (Sq×Sk) f32 matrix stored
 /// transposed (Sk×Sq) and Y a (batch, Sq, heads_q, d) tensor, into a (batch,
 /// Sk, heads_kv, d) tensor: dV = Pᵀ·dO and dK = scale·dSᵀ·Q without GQA.
-fn tn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
-    let [hq, hk, d, sq, sk] = dims(shape);
+fn tn_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
+    let [hq, hk, d, sq, sk] = dims(shape, dim);
     // The per-head matrices are laid out as in `nn_params`, only transposed.
     MatmulParams {
         m: sk,
@@ -430,6 +453,6 @@ fn tn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
         b_batch: sq * hq * d,
         c_batch: sk * hk * d,
         group: 1,
-        ..nn_params(shape, alpha)
+        ..nn_params(shape, dim, alpha)
     }
 }

@@ -18,6 +18,16 @@ pub fn gather_keys(data: HostData, shape: &AttentionShape, s: &Split) -> TensorD
     gather(data, Layout::kv(shape), &s.batch, &s.keys, &s.kv_heads)
 }
 
+/// The rows of `split` of an o-shaped tensor (o, do: v's head dim).
+pub fn gather_o_rows(data: HostData, shape: &AttentionShape, s: &Split) -> TensorData {
+    gather(data, Layout::o(shape), &s.batch, &s.rows, &s.q_heads(shape))
+}
+
+/// The keys of `split` of a v-shaped tensor.
+pub fn gather_v_keys(data: HostData, shape: &AttentionShape, s: &Split) -> TensorData {
+    gather(data, Layout::v(shape), &s.batch, &s.keys, &s.kv_heads)
+}
+
 /// The `(batch, rows, heads)` block of a standard-layout tensor.
 fn gather(
     data: HostData,
@@ -96,13 +106,13 @@ pub struct ForwardAssembly {
 impl ForwardAssembly {
     pub fn new(shape: AttentionShape, precision: Precision, pieces: &[Split]) -> Self {
         let keys_split = pieces.iter().any(|p| p.keys.len() != shape.seqlen_k);
-        let n = if keys_split { shape.q_len() } else { 0 };
+        let n = if keys_split { shape.o_len() } else { 0 };
         Self {
             shape,
             keys_split,
             o_merged: vec![0.0; n],
             o_exact: TensorData::from_f32(
-                vec![0.0; if keys_split { 0 } else { shape.q_len() }],
+                vec![0.0; if keys_split { 0 } else { shape.o_len() }],
                 precision,
             ),
             lse: vec![f32::NEG_INFINITY; shape.lse_len()],
@@ -115,7 +125,7 @@ impl ForwardAssembly {
             self.merge(s, &o.to_f32(), lse);
             return;
         }
-        let (shape, l) = (&self.shape, Layout::q(&self.shape));
+        let (shape, l) = (&self.shape, Layout::o(&self.shape));
         let block = (&s.batch, &s.rows, &s.q_heads(shape));
         // Pieces run in the call's precision; convert anything else.
         let converted;
@@ -148,8 +158,8 @@ impl ForwardAssembly {
     fn merge(&mut self, s: &Split, o: &[f32], lse: &[f32]) {
         let shape = &self.shape;
         let local = s.shape(shape);
-        let d = shape.head_dim;
-        let (ql, ll) = (Layout::q(shape), Layout::q(&local));
+        let d = shape.head_dim_v;
+        let (ql, ll) = (Layout::o(shape), Layout::o(&local));
         for (bl, b) in s.batch.clone().enumerate() {
             for (hl, h) in s.q_heads(shape).enumerate() {
                 for (il, i) in s.rows.clone().enumerate() {
@@ -202,19 +212,19 @@ impl GradAssembly {
     pub fn new(shape: AttentionShape) -> Self {
         Self {
             shape,
-            grads: [shape.q_len(), shape.kv_len(), shape.kv_len()].map(|n| vec![0.0; n]),
+            grads: [shape.q_len(), shape.kv_len(), shape.v_len()].map(|n| vec![0.0; n]),
         }
     }
 
     /// Add one piece's `[dq, dk, dv]`.
     pub fn add(&mut self, s: &Split, parts: &[TensorData; 3]) {
         let shape = &self.shape;
-        let (ql, kl) = (Layout::q(shape), Layout::kv(shape));
+        let (ql, kl, vl) = (Layout::q(shape), Layout::kv(shape), Layout::v(shape));
         let qh = s.q_heads(shape);
         let blocks = [
             (ql, (&s.batch, &s.rows, &qh)),
             (kl, (&s.batch, &s.keys, &s.kv_heads)),
-            (kl, (&s.batch, &s.keys, &s.kv_heads)),
+            (vl, (&s.batch, &s.keys, &s.kv_heads)),
         ];
         for ((dst, part), (layout, block)) in self.grads.iter_mut().zip(parts).zip(blocks) {
             for_block(dst, layout, block, &part.to_f32(), |d, x| {

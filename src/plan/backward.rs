@@ -1,6 +1,7 @@
 //! The backward planner. The backward kernels keep six tiles on chip instead
 //! of four, so starting from Algorithm 1's values the square tile
-//! B = Br = Bc shrinks until Q, dO, K, V, P and dS fit, and the planner says so.
+//! B = Br = Bc shrinks until Q, K (B×d), dO, V (B×dv), P and dS fit, and the
+//! planner says so.
 
 use super::caps::DeviceCaps;
 use super::forward::{choose_kernel, plan_forward};
@@ -43,7 +44,7 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
             threads_per_row: ov.threads_per_row.unwrap_or(1),
         });
     }
-    let d = p.plan.head_dim;
+    let d = p.plan.widest_dim();
     let max_wg = caps.max_workgroup();
     // Two score arrays (S, dP) and two accumulator arrays (dK, dV) per invocation.
     let tc = ov
@@ -95,14 +96,15 @@ fn square_tile(p: &mut Planned, longest: usize) -> u32 {
 /// `(b, workgroup bytes)`.
 fn fit(p: &mut Planned, b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<(u32, u32)> {
     let mut b = fit_invocations(p, "B", [b, tc, max_wg], fixed)?;
-    let (d, m_bytes) = (p.plan.head_dim, p.plan.m_bytes);
-    let mut bytes = backward_workgroup_bytes(b, d);
+    let (dims, m_bytes) = ([p.plan.head_dim, p.plan.head_dim_v], p.plan.m_bytes);
+    let d = p.plan.widest_dim();
+    let mut bytes = backward_workgroup_bytes(b, dims);
     let b0 = b;
     while bytes > m_bytes && !fixed && b > 1 {
         b = shrink(b);
-        bytes = backward_workgroup_bytes(b, d);
+        bytes = backward_workgroup_bytes(b, dims);
     }
-    let why = format!("the backward keeps Q, dO, K, V (4·B·d) plus P and dS (2·B²) on chip: they must fit in {m_bytes} bytes");
+    let why = format!("the backward keeps Q, K (2·B·d), dO, V (2·B·dv) plus P and dS (2·B²) on chip: they must fit in {m_bytes} bytes");
     p.record("B", b0, b, why);
     if bytes > m_bytes {
         return Err(Error::WorkgroupStorage {

@@ -3,8 +3,10 @@
 //!
 //! FlashAttention's Algorithm 1 keeps four tiles on chip (Q_i: Br×d, K_j and
 //! V_j: Bc×d, S_ij: Br×Bc), so with M elements of workgroup storage it picks
-//! `Bc = ceil(M / 4d)` and `Br = min(Bc, d)`. Our kernels keep those tiles in
-//! f32 (f16 inputs are widened on load), so M is counted in f32 elements.
+//! `Bc = ceil(M / 4d)` and `Br = min(Bc, d)`. With v's own head dim dv the
+//! Bc-row tiles are K_j (Bc×d) and V_j (Bc×dv), so `Bc = ceil(M / (2d +
+//! 2dv))` (the same for dv = d). Our kernels keep those tiles in f32 (f16
+//! inputs are widened on load), so M is counted in f32 elements.
 //! The formula is then clamped to what the device can dispatch and what the
 //! kernel can hold in registers, and every clamp is recorded with its reason.
 
@@ -30,16 +32,8 @@ pub const LANES_ROWS_PER_LANE: u32 = 2;
 
 /// Plan the forward kernel for `req` on a device with `caps`.
 pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
-    let d = req.head_dim as u32;
-    if req.head_dim == 0 {
-        return Err(Error::EmptyDim { dim: "head_dim" });
-    }
-    if req.head_dim > MAX_HEAD_DIM {
-        return Err(Error::HeadDimTooLarge {
-            head_dim: req.head_dim,
-            max: MAX_HEAD_DIM,
-        });
-    }
+    check_head_dims(req)?;
+    let (d, dv) = (req.head_dim as u32, req.head_dim_v as u32);
     let m_bytes = match req.overrides.max_workgroup_storage {
         Some(requested) if requested > caps.max_workgroup_storage => {
             return Err(Error::StorageOverride {
@@ -50,11 +44,14 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
         Some(cap) => cap,
         None => caps.max_workgroup_storage,
     };
-    let bc_formula = (m_bytes / WORKING_BYTES).div_ceil(4 * d).max(1);
+    let bc_formula = (m_bytes / WORKING_BYTES).div_ceil(2 * (d + dv)).max(1);
+    let kernel = choose_kernel(req, caps)?;
     let start = Planned {
+        kernel_reason: tiled_reason(req, caps, kernel),
         plan: Plan {
-            kernel: choose_kernel(req, caps)?,
+            kernel,
             head_dim: d,
+            head_dim_v: dv,
             storage: storage_kind(req, caps)?,
             m_bytes,
             bc_formula,
@@ -71,6 +68,26 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
         (KernelFamily::Lanes, Some(sg)) => Ok(lanes_forward(start, req, sg)),
         _ => tiled_forward(start, req, caps),
     }
+}
+
+/// Both head dims in 1..=MAX_HEAD_DIM.
+fn check_head_dims(req: &PlanRequest) -> Result<()> {
+    for (dim, tensor, head_dim) in [
+        ("head_dim", "q/k", req.head_dim),
+        ("head_dim_v", "v", req.head_dim_v),
+    ] {
+        if head_dim == 0 {
+            return Err(Error::EmptyDim { dim });
+        }
+        if head_dim > MAX_HEAD_DIM {
+            return Err(Error::HeadDimTooLarge {
+                tensor,
+                head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The lanes forward: one key per lane per step, `LANES_ROWS_PER_LANE`
@@ -119,12 +136,12 @@ fn tiled_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Result
             threads_per_row: ov.threads_per_row.unwrap_or(1),
         });
     }
-    let d = p.plan.head_dim;
+    let dv = p.plan.head_dim_v;
     let tc = ov
         .threads_per_row
-        .unwrap_or_else(|| threads_per_row(d, br, bc, max_wg, 1));
+        .unwrap_or_else(|| threads_per_row(dv, br, bc, max_wg, 1));
     let br = fit_invocations(&mut p, "Br", [br, tc, max_wg], ov.br.is_some())?;
-    check_registers(bc, d, tc)?;
+    check_registers(bc, dv, tc)?;
     let (br, bc, bytes) = fit_storage(&mut p, [br, bc, tc], [ov.br.is_some(), ov.bc.is_some()])?;
     p.plan = Plan {
         br,
@@ -188,9 +205,10 @@ fn clamp_br(p: &mut Planned, seqlen_q: usize, max_wg: u32) -> u32 {
     br
 }
 
-/// Every invocation's scores and accumulators must fit its registers.
-fn check_registers(bc: u32, d: u32, tc: u32) -> Result<()> {
-    let (scores, accumulators) = (bc.div_ceil(tc), d.div_ceil(tc));
+/// Every invocation's scores and output accumulators (over v's head dim)
+/// must fit its registers.
+fn check_registers(bc: u32, dv: u32, tc: u32) -> Result<()> {
+    let (scores, accumulators) = (bc.div_ceil(tc), dv.div_ceil(tc));
     if scores > MAX_SCORES_PER_THREAD || accumulators > MAX_ACC_PER_THREAD {
         return Err(Error::RegisterPressure {
             threads_per_row: tc,
@@ -210,8 +228,8 @@ fn fit_storage(
     [mut br, mut bc, tc]: [u32; 3],
     [br_fixed, bc_fixed]: [bool; 2],
 ) -> Result<(u32, u32, u32)> {
-    let (d, m_bytes) = (p.plan.head_dim, p.plan.m_bytes);
-    let mut bytes = forward_workgroup_bytes(br, bc, d, tc);
+    let (dims, m_bytes) = ([p.plan.head_dim, p.plan.head_dim_v], p.plan.m_bytes);
+    let mut bytes = forward_workgroup_bytes(br, bc, dims, tc);
     let (bc0, br0) = (bc, br);
     while bytes > m_bytes {
         let shrink_bc = !bc_fixed && bc > 1 && (bc >= br || br_fixed);
@@ -223,12 +241,12 @@ fn fit_storage(
             return Err(Error::WorkgroupStorage {
                 br,
                 bc,
-                head_dim: d,
+                head_dim: dims[0].max(dims[1]),
                 bytes,
                 max: m_bytes,
             });
         }
-        bytes = forward_workgroup_bytes(br, bc, d, tc);
+        bytes = forward_workgroup_bytes(br, bc, dims, tc);
     }
     let why = format!(
         "Q, K, V, P tiles plus row partials must fit in {m_bytes} bytes of workgroup storage"
@@ -253,12 +271,34 @@ pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<Stora
     })
 }
 
+/// Why `kernel` is tiled where the adapter has the lanes kernels and the
+/// caller asked for neither: a head dim the lanes kernels do not take.
+fn tiled_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -> Option<String> {
+    let ov = req.overrides;
+    let chosen = ov.kernel.is_none() && !ov.fixes_tiles();
+    (kernel == KernelFamily::Tiled && chosen && caps.lane_subgroup.is_some()).then(|| {
+        format!(
+            "the lanes kernels take head dims that are multiples of 4 up to \
+             {LANES_MAX_HEAD_DIM} (d {}, dv {}): their code is unrolled per head dim, and \
+             wider rows no longer fit their registers and take lavapipe minutes to compile",
+            req.head_dim, req.head_dim_v
+        )
+    })
+}
+
 /// The kernel family for `req`: lanes on CPU adapters with fixed subgroups
-/// when the head dim allows and no tile parameter is overridden, else tiled.
+/// when both head dims allow (multiples of 4 up to [`LANES_MAX_HEAD_DIM`]:
+/// the lanes code is unrolled per head dim and compiles slowly past it on
+/// lavapipe) and no tile parameter is overridden, else tiled.
 pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
-    let d = req.head_dim;
-    let lanes_dim = d % 4 == 0 && d <= LANES_MAX_HEAD_DIM;
+    let lanes_ok = |d: usize| d % 4 == 0 && d <= LANES_MAX_HEAD_DIM;
+    let lanes_dim = lanes_ok(req.head_dim) && lanes_ok(req.head_dim_v);
+    let d = if lanes_ok(req.head_dim) {
+        req.head_dim_v
+    } else {
+        req.head_dim
+    };
     match ov.kernel {
         Some(KernelFamily::Lanes) if ov.fixes_tiles() => Err(Error::TileOverrideOnLanes),
         Some(KernelFamily::Lanes) if caps.lane_subgroup.is_none() => Err(Error::LanesUnavailable),

@@ -43,6 +43,7 @@ impl Split {
             heads_q: self.kv_heads.len() * full.group(),
             heads_kv: self.kv_heads.len(),
             head_dim: full.head_dim,
+            head_dim_v: full.head_dim_v,
         }
     }
 
@@ -51,11 +52,13 @@ impl Split {
     }
 }
 
-/// Bytes of q, k/v and lse a piece of the given extents binds.
-fn piece_bytes(s: &AttentionShape, elem: u64) -> [u64; 3] {
+/// Bytes of q, k, v, o and lse a piece of the given extents binds.
+fn piece_bytes(s: &AttentionShape, elem: u64) -> [u64; 5] {
     [
         s.q_len() as u64 * elem,
         s.kv_len() as u64 * elem,
+        s.v_len() as u64 * elem,
+        s.o_len() as u64 * elem,
         s.lse_len() as u64 * 4,
     ]
 }
@@ -72,6 +75,7 @@ impl PieceLimits {
             heads_q: nh * g,
             heads_kv: nh,
             head_dim: shape.head_dim,
+            head_dim_v: shape.head_dim_v,
         };
         nb <= self.max_groups
             && nh * g <= self.max_groups
@@ -112,7 +116,8 @@ pub fn split(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>>
 
 /// One kv head per piece, rows and keys in runs that fit.
 fn by_rows_and_keys(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>> {
-    let (g, d, elem) = (shape.group(), shape.head_dim as u64, limits.elem);
+    let (g, elem) = (shape.group(), limits.elem);
+    let d = shape.head_dim.max(shape.head_dim_v) as u64;
     if g > limits.max_groups {
         return Err(Error::GridTooLarge {
             what: "one kv head's group of query heads",

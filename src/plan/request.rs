@@ -82,7 +82,7 @@ pub struct PlanOverrides {
     /// For f16: force the packed (`false`) or native (`true`) path.
     pub f16_native: Option<bool>,
     /// Force the kernel family (`Lanes` needs a CPU adapter with fixed
-    /// subgroups and a head dim that is a multiple of 4 up to 128).
+    /// subgroups and head dims that are multiples of 4 up to 128).
     pub kernel: Option<KernelFamily>,
 }
 
@@ -99,7 +99,10 @@ impl PlanOverrides {
 /// What the planner is asked to plan for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanRequest {
+    /// The head dim of q and k.
     pub head_dim: usize,
+    /// The head dim of v and o.
+    pub head_dim_v: usize,
     pub precision: Precision,
     /// Query rows per (batch, head); Br is not made larger than needed.
     pub seqlen_q: usize,
@@ -112,6 +115,7 @@ impl PlanRequest {
     pub fn new(head_dim: usize, precision: Precision) -> Self {
         Self {
             head_dim,
+            head_dim_v: head_dim,
             precision,
             seqlen_q: usize::MAX,
             seqlen_k: usize::MAX,
@@ -126,8 +130,15 @@ impl PlanRequest {
         overrides: PlanOverrides,
     ) -> Self {
         Self::new(shape.head_dim, precision)
+            .head_dim_v(shape.head_dim_v)
             .seqlens(shape.seqlen_q, shape.seqlen_k)
             .overrides(overrides)
+    }
+
+    /// v's own head dim.
+    pub fn head_dim_v(mut self, head_dim_v: usize) -> Self {
+        self.head_dim_v = head_dim_v;
+        self
     }
 
     pub fn seqlens(mut self, seqlen_q: usize, seqlen_k: usize) -> Self {

@@ -125,7 +125,7 @@ fn formula_is_pinned() {
 #[test]
 fn every_limit_and_head_dim_fits() {
     for kib in [16, 32, 48, 64, 100, 228] {
-        for d in [32, 64, 128, 256] {
+        for d in [32, 64, 128, 256, 288, 384, 512] {
             let c = caps(kib);
             let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             let m = kib * 1024 / 4;
@@ -138,7 +138,12 @@ fn every_limit_and_head_dim_fits() {
             assert!(p.plan.br <= p.plan.br_formula && p.plan.bc <= p.plan.bc_formula);
             assert_eq!(
                 p.plan.workgroup_bytes,
-                forward_workgroup_bytes(p.plan.br, p.plan.bc, d as u32, p.plan.threads_per_row)
+                forward_workgroup_bytes(
+                    p.plan.br,
+                    p.plan.bc,
+                    [d as u32; 2],
+                    p.plan.threads_per_row
+                )
             );
             assert!(p.plan.workgroup_bytes <= c.max_workgroup_storage, "{p}");
             assert!(p.plan.workgroup_size <= c.max_invocations);
@@ -311,7 +316,7 @@ fn f16_path_follows_features() {
 #[test]
 fn backward_tiles_are_smaller_and_fit() {
     for kib in [16, 32, 48, 64, 100, 228] {
-        for d in [32, 64, 128, 256] {
+        for d in [32, 64, 128, 256, 384, 512] {
             let c = caps(kib);
             let f = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
@@ -319,7 +324,7 @@ fn backward_tiles_are_smaller_and_fit() {
             assert!(p.plan.br <= f.plan.br, "{kib} KiB d {d}");
             assert_eq!(
                 p.plan.workgroup_bytes,
-                backward_workgroup_bytes(p.plan.br, d as u32)
+                backward_workgroup_bytes(p.plan.br, [d as u32; 2])
             );
             assert!(p.plan.workgroup_bytes <= c.max_workgroup_storage);
             assert!(p.plan.workgroup_size <= c.max_invocations);
@@ -336,7 +341,7 @@ fn backward_tiles_are_smaller_and_fit() {
 
 #[test]
 fn browser_limits_plan_every_head_dim() {
-    for d in 1..=256 {
+    for d in 1..=512 {
         let c = DeviceCaps::webgpu_default();
         let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
         assert!(
@@ -351,6 +356,61 @@ fn browser_limits_plan_every_head_dim() {
         );
         assert!(p.plan.workgroup_size <= c.max_invocations, "d {d}: {p}");
     }
+}
+
+#[test]
+fn v_head_dims_count_in_m() {
+    // Bc = ceil(M / (2d + 2dv)): lavapipe's 8192 f32 elements, d 192, dv 128.
+    let req = PlanRequest::new(192, Precision::F32).head_dim_v(128);
+    let p = plan_forward(&req, &caps(32)).unwrap();
+    assert_eq!(p.plan.bc_formula, 8192u32.div_ceil(2 * (192 + 128)));
+    assert_eq!((p.plan.head_dim, p.plan.head_dim_v), (192, 128));
+    assert_eq!(
+        p.plan.workgroup_bytes,
+        forward_workgroup_bytes(p.plan.br, p.plan.bc, [192, 128], p.plan.threads_per_row)
+    );
+    assert!(p.to_string().contains("dv = 128"), "{p}");
+    // Accumulators follow v's head dim; the backward fits both dims.
+    assert_eq!(
+        p.plan.acc_per_thread(),
+        128u32.div_ceil(p.plan.threads_per_row)
+    );
+    for kib in [16, 32, 48] {
+        for (d, dv) in [(192, 128), (40, 24), (24, 512), (512, 16)] {
+            let req = PlanRequest::new(d, Precision::F32).head_dim_v(dv);
+            let b = plan_backward(&req, &caps(kib)).unwrap();
+            assert_eq!(
+                b.plan.workgroup_bytes,
+                backward_workgroup_bytes(b.plan.br, [d as u32, dv as u32])
+            );
+            assert!(b.plan.workgroup_bytes <= kib * 1024, "{b}");
+        }
+    }
+    // Lanes need both dims to be multiples of 4 up to 128, and say why not.
+    let cpu = DeviceCaps {
+        lane_subgroup: Some(8),
+        ..caps(32)
+    };
+    let mla = plan_forward(&req_dv(64, 128), &cpu).unwrap();
+    assert_eq!(mla.plan.kernel, KernelFamily::Lanes);
+    for (d, dv) in [(64, 256), (256, 64), (64, 62), (288, 288)] {
+        let p = plan_forward(&req_dv(d, dv), &cpu).unwrap();
+        assert_eq!(p.plan.kernel, KernelFamily::Tiled);
+        assert!(p.kernel_reason.is_some(), "{p}");
+        assert!(p.to_string().contains("kernel: tiled, not lanes"), "{p}");
+    }
+    assert!(matches!(
+        plan_forward(&req_dv(64, 600), &caps(32)),
+        Err(Error::HeadDimTooLarge {
+            tensor: "v",
+            head_dim: 600,
+            max: 512
+        })
+    ));
+}
+
+fn req_dv(d: usize, dv: usize) -> PlanRequest {
+    PlanRequest::new(d, Precision::F32).head_dim_v(dv)
 }
 
 #[test]
@@ -387,10 +447,11 @@ fn head_dims_out_of_range_are_typed() {
         Err(Error::EmptyDim { dim: "head_dim" })
     ));
     assert!(matches!(
-        plan_forward(&PlanRequest::new(300, Precision::F32), &caps(32)),
+        plan_forward(&PlanRequest::new(600, Precision::F32), &caps(32)),
         Err(Error::HeadDimTooLarge {
-            head_dim: 300,
-            max: 256
+            head_dim: 600,
+            max: 512,
+            ..
         })
     ));
 }

@@ -12,7 +12,7 @@ pub const WORKING_BYTES: u32 = 4;
 pub const GRANULARITY: u32 = 4;
 /// Most scores one invocation holds in registers (Bc / threads_per_row).
 pub const MAX_SCORES_PER_THREAD: u32 = 16;
-/// Most output columns one invocation accumulates (head_dim / threads_per_row).
+/// Most output columns one invocation accumulates (head dim / threads_per_row).
 pub const MAX_ACC_PER_THREAD: u32 = 32;
 /// Invocations per workgroup the planner aims for. Fewer invocations per
 /// row means more work per invocation between barriers; on lavapipe, 64
@@ -30,7 +30,10 @@ pub const MAX_THREADS_PER_ROW: u32 = 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
     pub kernel: KernelFamily,
+    /// The head dim of q and k.
     pub head_dim: u32,
+    /// The head dim of v and o.
+    pub head_dim_v: u32,
     pub storage: StorageKind,
     /// M in bytes, as used (the device limit or an override).
     pub m_bytes: u32,
@@ -52,9 +55,20 @@ impl Plan {
         self.bc.div_ceil(self.threads_per_row)
     }
 
-    /// Output columns each invocation accumulates: `ceil(d / threads_per_row)`.
+    /// Output (and dV) columns each invocation accumulates: `ceil(dv /
+    /// threads_per_row)`.
     pub fn acc_per_thread(&self) -> u32 {
+        self.head_dim_v.div_ceil(self.threads_per_row)
+    }
+
+    /// dQ and dK columns each invocation accumulates: `ceil(d / threads_per_row)`.
+    pub fn acc_k_per_thread(&self) -> u32 {
         self.head_dim.div_ceil(self.threads_per_row)
+    }
+
+    /// The wider of the two head dims.
+    pub fn widest_dim(&self) -> u32 {
+        self.head_dim.max(self.head_dim_v)
     }
 
     /// M in f32 elements.
@@ -65,17 +79,26 @@ impl Plan {
 
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims = if self.head_dim_v == self.head_dim {
+            format!("d = {}", self.head_dim)
+        } else {
+            format!("d = {}, dv = {}", self.head_dim, self.head_dim_v)
+        };
         writeln!(
             f,
-            "M = {} bytes = {} f32 elements; d = {}; storage {}",
+            "M = {} bytes = {} f32 elements; {dims}; storage {}",
             self.m_bytes,
             self.m_elements(),
-            self.head_dim,
             self.storage.name()
         )?;
+        let formula = if self.head_dim_v == self.head_dim {
+            "ceil(M/4d)"
+        } else {
+            "ceil(M/(2d + 2dv))"
+        };
         writeln!(
             f,
-            "formula: Bc = ceil(M/4d) = {}, Br = min(Bc, d) = {}",
+            "formula: Bc = {formula} = {}, Br = min(Bc, d) = {}",
             self.bc_formula, self.br_formula
         )?;
         if self.kernel == KernelFamily::Lanes {
@@ -120,6 +143,9 @@ impl std::fmt::Display for Clamp {
 pub struct Planned {
     pub plan: Plan,
     pub clamps: Vec<Clamp>,
+    /// Why the planner took the tiled kernels on an adapter that has the
+    /// lanes ones (the head dims), if it did.
+    pub kernel_reason: Option<String>,
 }
 
 impl Planned {
@@ -132,6 +158,9 @@ impl Planned {
 impl std::fmt::Display for Planned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}", self.plan)?;
+        if let Some(why) = &self.kernel_reason {
+            writeln!(f, "kernel: tiled, not lanes: {why}")?;
+        }
         if self.clamps.is_empty() {
             return write!(f, "clamps: none");
         }
@@ -161,16 +190,16 @@ pub(crate) fn record(
     }
 }
 
-/// Workgroup bytes of the forward kernel: Q (Br×d), K and V (Bc×d), P (Br×Bc)
-/// and one partial per invocation for row reductions, all f32.
-pub fn forward_workgroup_bytes(br: u32, bc: u32, head_dim: u32, threads_per_row: u32) -> u32 {
-    WORKING_BYTES * (br * head_dim + 2 * bc * head_dim + br * bc + br * threads_per_row)
+/// Workgroup bytes of the forward kernel: Q (Br×d), K (Bc×d), V (Bc×dv),
+/// P (Br×Bc) and one partial per invocation for row reductions, all f32.
+pub fn forward_workgroup_bytes(br: u32, bc: u32, [d, dv]: [u32; 2], threads_per_row: u32) -> u32 {
+    WORKING_BYTES * (br * d + bc * d + bc * dv + br * bc + br * threads_per_row)
 }
 
-/// Workgroup bytes of each backward kernel: Q·scale, dO, K, V tiles (B×d),
-/// P and dS (B×B), and LSE and D per row, all f32.
-pub fn backward_workgroup_bytes(b: u32, head_dim: u32) -> u32 {
-    WORKING_BYTES * (4 * b * head_dim + 2 * b * b + 2 * b)
+/// Workgroup bytes of each backward kernel: Q·scale and K tiles (B×d), dO
+/// and V tiles (B×dv), P and dS (B×B), and LSE and D per row, all f32.
+pub fn backward_workgroup_bytes(b: u32, [d, dv]: [u32; 2]) -> u32 {
+    WORKING_BYTES * (2 * b * d + 2 * b * dv + 2 * b * b + 2 * b)
 }
 
 /// `x` rounded down to a multiple of `g` (unless smaller than `g`).

@@ -270,20 +270,22 @@ pub fn cases() -> Vec<DecodeCase> {
     let mut v = vec![
         DecodeCase::new(&[1], 64),
         DecodeCase::new(&[7, 130, 1, 64], 64).append(1),
-        DecodeCase::new(&[300, 0, 45], 32).append(3).opts(causal),
+        DecodeCase::new(&[300, 0, 45], 32)
+            .append(3)
+            .opts(causal.clone()),
         DecodeCase::new(&[513, 200], 128)
             .heads(16, 2)
             .seqlen_q(4)
             .append(4)
-            .opts(causal),
+            .opts(causal.clone()),
         DecodeCase::new(&[100, 250, 3], 48).batch_idx().append(2),
         DecodeCase::new(&[900], 96)
             .heads(8, 1)
             .seqlen_q(16)
-            .opts(causal),
+            .opts(causal.clone()),
         DecodeCase::new(&[400, 1000], 64)
             .heads(8, 1)
-            .opts(window)
+            .opts(window.clone())
             .append(1),
         DecodeCase::new(&[333], 40).opts(AttentionOptions::default().softcap(5.0).scale(0.3)),
         DecodeCase::new(&[8192, 1, 2000], 64)
@@ -295,7 +297,7 @@ pub fn cases() -> Vec<DecodeCase> {
             .heads(3, 3)
             .append(3)
             .f16()
-            .opts(causal),
+            .opts(causal.clone()),
     ];
     for page_size in [1, 16, 48, 256] {
         v.push(
@@ -303,7 +305,7 @@ pub fn cases() -> Vec<DecodeCase> {
                 .heads(8, 2)
                 .paged(page_size)
                 .append(2)
-                .opts(causal)
+                .opts(causal.clone())
                 .seqlen_q(2),
         );
     }
@@ -320,7 +322,7 @@ pub fn cases() -> Vec<DecodeCase> {
                 .paged(16)
                 .seqlen_q(4)
                 .append(4)
-                .opts(causal)
+                .opts(causal.clone())
                 .splits(splits),
         );
     }

@@ -43,21 +43,32 @@ pub struct Inputs {
     pub v16: Vec<f16>,
     pub q_shape: [usize; 4],
     pub kv_shape: [usize; 4],
+    pub v_shape: [usize; 4],
+    /// o's (and do's) shape.
+    pub o_shape: [usize; 4],
     pub precision: Precision,
 }
 
 impl Inputs {
+    /// An output gradient (o's shape) in the inputs' precision.
+    pub fn grad<'a>(&self, g: &'a [f32], g16: &'a [f16]) -> TensorView<'a> {
+        match self.precision {
+            Precision::F32 => TensorView::f32(self.o_shape, g),
+            Precision::F16 => TensorView::f16(self.o_shape, g16),
+        }
+    }
+
     pub fn views(&self) -> [TensorView<'_>; 3] {
         match self.precision {
             Precision::F32 => [
                 TensorView::f32(self.q_shape, &self.q),
                 TensorView::f32(self.kv_shape, &self.k),
-                TensorView::f32(self.kv_shape, &self.v),
+                TensorView::f32(self.v_shape, &self.v),
             ],
             Precision::F16 => [
                 TensorView::f16(self.q_shape, &self.q16),
                 TensorView::f16(self.kv_shape, &self.k16),
-                TensorView::f16(self.kv_shape, &self.v16),
+                TensorView::f16(self.v_shape, &self.v16),
             ],
         }
     }
@@ -72,6 +83,8 @@ pub struct Case {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// v's head dim (o's, dv's).
+    pub head_dim_v: usize,
     pub precision: Precision,
     pub opts: AttentionOptions,
     /// Standard deviation of q and k entries (large values stress the softmax).
@@ -89,6 +102,7 @@ impl Case {
             heads_q: 2,
             heads_kv: 2,
             head_dim,
+            head_dim_v: head_dim,
             precision: Precision::F32,
             opts: AttentionOptions::default(),
             std: 1.0,
@@ -100,6 +114,12 @@ impl Case {
     pub fn heads(mut self, q: usize, kv: usize) -> Self {
         self.heads_q = q;
         self.heads_kv = kv;
+        self
+    }
+
+    /// v with a head dim of its own.
+    pub fn dv(mut self, dv: usize) -> Self {
+        self.head_dim_v = dv;
         self
     }
 
@@ -133,13 +153,15 @@ impl Case {
             Rng::new(self.seed ^ (self.seqlen_q as u64) << 20 ^ (self.head_dim as u64) << 40);
         let q_shape = [self.batch, self.seqlen_q, self.heads_q, self.head_dim];
         let kv_shape = [self.batch, self.seqlen_k, self.heads_kv, self.head_dim];
+        let v_shape = [self.batch, self.seqlen_k, self.heads_kv, self.head_dim_v];
         let nq: usize = q_shape.iter().product();
         let nk: usize = kv_shape.iter().product();
+        let nv: usize = v_shape.iter().product();
         let round =
             |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| self.precision.round(x)).collect() };
         let q = round(rng.normal_vec(nq, self.std));
         let k = round(rng.normal_vec(nk, self.std));
-        let v = round(rng.normal_vec(nk, 1.0));
+        let v = round(rng.normal_vec(nv, 1.0));
         let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect();
         Inputs {
             q16: to16(&q),
@@ -150,6 +172,8 @@ impl Case {
             v,
             q_shape,
             kv_shape,
+            v_shape,
+            o_shape: [self.batch, self.seqlen_q, self.heads_q, self.head_dim_v],
             precision: self.precision,
         }
     }
@@ -206,7 +230,7 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
 /// A seeded output gradient for a case (in the case's precision).
 pub fn output_grad(case: &Case) -> (Vec<f32>, Vec<f16>) {
     let mut rng = Rng::new(case.seed ^ 0xd0);
-    let n = case.batch * case.seqlen_q * case.heads_q * case.head_dim;
+    let n = case.batch * case.seqlen_q * case.heads_q * case.head_dim_v;
     let g: Vec<f32> = rng
         .normal_vec(n, 1.0)
         .into_iter()
@@ -214,6 +238,21 @@ pub fn output_grad(case: &Case) -> (Vec<f32>, Vec<f16>) {
         .collect();
     let g16 = g.iter().map(|&x| f16::from_f32(x)).collect();
     (g, g16)
+}
+
+/// [`run_gpu_backward`], and where the planner picked the lanes kernels the
+/// tiled ones (the GPU path) on the same case too.
+pub fn run_gpu_backward_both(engine: &Engine, case: &Case) -> flashattn::BackwardOutput {
+    let out = run_gpu_backward(engine, case);
+    let lanes = out.stats.plan.map(|p| p.kernel) == Some(KernelFamily::Lanes);
+    if lanes && case.overrides.kernel.is_none() {
+        let tiled = PlanOverrides {
+            kernel: Some(KernelFamily::Tiled),
+            ..case.overrides
+        };
+        run_gpu_backward(engine, &case.clone().overrides(tiled));
+    }
+    out
 }
 
 /// Forward then backward on the GPU, both checked against the f64 reference.
@@ -224,10 +263,7 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
         .forward_with(&q, &k, &v, &case.opts, &case.overrides)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let (g, g16) = output_grad(case);
-    let d_o = match case.precision {
-        Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-        Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-    };
+    let d_o = inputs.grad(&g, &g16);
     let inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
     let out = engine
         .backward_with(&inputs, &case.opts, &case.overrides)

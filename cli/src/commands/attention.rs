@@ -34,7 +34,7 @@ impl Prepared {
         Ok(Workload {
             shape: AttentionShape::from_views(&q, &k, &v)?,
             precision: self.q.precision(),
-            opts: self.opts,
+            opts: self.opts.clone(),
             backward,
         })
     }
@@ -116,6 +116,7 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
         window: window.unwrap_or_default(),
         softcap: a.softcap,
         scale: a.scale,
+        ..Default::default()
     };
     opts.validate()?;
     if backend == BackendKind::Cuda {

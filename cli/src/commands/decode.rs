@@ -79,7 +79,7 @@ impl Prepared {
         Ok(Workload {
             shape,
             precision: p.precision,
-            opts: self.opts,
+            opts: self.opts.clone(),
             backward: false,
         })
     }

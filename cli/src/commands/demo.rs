@@ -19,7 +19,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let workload = Workload {
         shape,
         precision,
-        opts,
+        opts: opts.clone(),
         backward: false,
     };
     let choice = Backend::open(kind, &workload)?;

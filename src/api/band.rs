@@ -1,0 +1,53 @@
+//! The causal/local band every mask reduces to: key `j` is allowed for row
+//! `i` iff `i + off - left <= j <= i + off + right` (bottom-right aligned,
+//! `off = seqlen_k - seqlen_q`), within `0 <= j < seqlen_k`.
+
+/// The allowed keys of each query row: `i + off - left <= j <= i + off + right`,
+/// intersected with `0 <= j < seqlen_k`. Causal is `right = 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mask {
+    pub offset: i64,
+    pub left: Option<i64>,
+    pub right: Option<i64>,
+    pub seqlen_k: i64,
+}
+
+impl Mask {
+    /// The band of `seqlen_q` rows over `seqlen_k` keys with a window of
+    /// `left` and `right` keys (`None`: unbounded) around each row's diagonal.
+    pub fn new(
+        seqlen_q: usize,
+        seqlen_k: usize,
+        left: Option<usize>,
+        right: Option<usize>,
+    ) -> Self {
+        Self {
+            offset: seqlen_k as i64 - seqlen_q as i64,
+            left: left.map(|l| l as i64),
+            right: right.map(|r| r as i64),
+            seqlen_k: seqlen_k as i64,
+        }
+    }
+
+    /// Whether any mask beyond the sequence bounds is active.
+    pub fn is_active(&self) -> bool {
+        self.left.is_some() || self.right.is_some()
+    }
+
+    /// Half-open range of keys row `i` may attend to (empty when `start >= end`).
+    pub fn key_range(&self, i: usize) -> std::ops::Range<usize> {
+        let center = i as i64 + self.offset;
+        let lo = self.left.map_or(0, |l| (center - l).max(0));
+        let hi = self
+            .right
+            .map_or(self.seqlen_k, |r| (center + r + 1).min(self.seqlen_k));
+        let lo = lo.min(self.seqlen_k) as usize;
+        let hi = hi.max(0) as usize;
+        lo..hi.max(lo)
+    }
+
+    /// Whether row `i` may attend to key `j`.
+    pub fn allows(&self, i: usize, j: usize) -> bool {
+        self.key_range(i).contains(&j)
+    }
+}
