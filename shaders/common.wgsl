@@ -35,9 +35,41 @@ struct Params {
     // Scores are scale · q·k; with softcap C > 0: C·tanh(scale · q·k / C).
     scale: f32,
     softcap: f32,
-    // Batch entries in this dispatch.
+    // Batch entries (sequences, when packed) in this dispatch.
     batch: u32,
-    _pad: u32,
+    // This dispatch's first batch entry and first query head in the whole
+    // problem (slopes, sinks and the block mask are indexed globally).
+    batch_start: u32,
+    head_start: u32,
+    // Where the side tables start, in words of the side buffer (side.wgsl).
+    // A packed batch: cu_q, cu_k, cu_qblocks, cu_kblocks (batch + 1 each),
+    // then each sequence's mask offset.
+    seq_at: u32,
+    // ALiBi slope of (batch entry b, query head h): alibi_at + b·alibi_batch_stride + h.
+    alibi_at: u32,
+    alibi_batch_stride: u32,
+    // Sink logit of query head h: sinks_at + h.
+    sinks_at: u32,
+    // Block-sparse tile lists, by query block (forward, dQ) and by key
+    // block (dK/dV): list r spans entries starts[r]..starts[r + 1], where
+    // r = h·head_stride + the block's flat index; each entry is a tile index,
+    // bit 31 set where the block mask needs testing per pair.
+    qtiles_at: u32,
+    qtiles_entries: u32,
+    qtiles_head_stride: u32,
+    ktiles_at: u32,
+    ktiles_entries: u32,
+    ktiles_head_stride: u32,
+    // The block mask, one byte per block, four per word: byte
+    // b·mask_batch_stride + h·mask_head_stride + (i / mask_bm)·mask_cols + j / mask_bn.
+    mask_at: u32,
+    mask_bm: u32,
+    mask_bn: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    // Sequences of a packed batch (whose `batch` is 1).
+    seq_count: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -70,10 +102,12 @@ fn cap_score(s: f32) -> f32 {
 // One sequence of a dispatch as a workgroup sees it: its rows and keys
 // here, where they are stored, and its mask offset.
 struct Seq {
-    // Batch entry (of this dispatch).
+    // Batch entry (sequence) in the whole problem.
     b: u32,
-    // The workgroup's block within the sequence.
+    // The workgroup's block within the sequence, and its flat index over
+    // every sequence of the dispatch (the tile lists' row).
     block: u32,
+    flat: u32,
     rows: u32,
     keys: u32,
     // Storage rows of local row 0 of q (o, do, dq) and of local key 0 of k
@@ -85,11 +119,122 @@ struct Seq {
     offset: i32,
 }
 
-// The sequence of workgroup `wg`, whose x counts blocks (of rows or keys).
-fn sequence(wg: vec3<u32>) -> Seq {
-    let b = wg.z;
-    return Seq(b, wg.x + params.block_offset, params.seqlen_q, params.seqlen_k,
-        b * params.seqlen_q, b * params.seqlen_k, b * params.lse_batch_stride, params.mask_offset);
+// The sequence of workgroup `wg`, whose x counts blocks of `size` rows (or
+// keys, `by_keys`). Dense batches: z is the batch entry. Packed batches
+// (IS_VARLEN): x counts the blocks of every sequence, and the workgroup finds
+// its own by a binary search of the blocks' prefix sums.
+fn sequence(wg: vec3<u32>, size: u32, by_keys: bool) -> Seq {
+    let x = wg.x + params.block_offset;
+    if (!IS_VARLEN) {
+        let z = wg.z;
+        let n = select(params.seqlen_q, params.seqlen_k, by_keys);
+        return Seq(params.batch_start + z, x, z * ((n + size - 1u) / size) + x,
+            params.seqlen_q, params.seqlen_k, z * params.seqlen_q, z * params.seqlen_k,
+            z * params.lse_batch_stride, params.mask_offset);
+    }
+    let n = params.seq_count;
+    let cu_q = params.seq_at;
+    let cu_k = cu_q + n + 1u;
+    let cu_blocks = select(cu_k + n + 1u, cu_k + 2u * (n + 1u), by_keys);
+    // The last sequence whose first block is at most x (empty ones have none).
+    var lo = 0u;
+    var len = n;
+    while (len > 1u) {
+        let half = len / 2u;
+        if (side_word(cu_blocks + lo + half) <= x) {
+            lo += half;
+        }
+        len -= half;
+    }
+    let q_row = side_word(cu_q + lo);
+    let k_row = side_word(cu_k + lo);
+    let offset = bitcast<i32>(side_word(cu_k + 3u * (n + 1u) + lo));
+    return Seq(lo, x - side_word(cu_blocks + lo), x,
+        side_word(cu_q + lo + 1u) - q_row, side_word(cu_k + lo + 1u) - k_row,
+        q_row, k_row, q_row, offset);
+}
+
+// ALiBi's slope for query head h (of this dispatch) of `seq`.
+fn alibi_slope(seq: Seq, h: u32) -> f32 {
+    if (!HAS_ALIBI) {
+        return 0.0;
+    }
+    let at = params.alibi_at + seq.b * params.alibi_batch_stride + params.head_start + h;
+    return bitcast<f32>(side_word(at));
+}
+
+// ALiBi's bias slope · |i + offset − j| of absolute row i and key j (0 without).
+fn alibi_bias(slope: f32, offset: i32, i: i32, j: i32) -> f32 {
+    if (!HAS_ALIBI) {
+        return 0.0;
+    }
+    return slope * f32(abs(i + offset - j));
+}
+
+// The sink logit of query head h (of this dispatch).
+fn sink_logit(h: u32) -> f32 {
+    return bitcast<f32>(side_word(params.sinks_at + params.head_start + h));
+}
+
+// A row's running max and sum before its first key: with sinks (in the
+// piece that holds key 0) the sink is a key of score sink_h and value 0.
+fn softmax_start(h: u32) -> vec2<f32> {
+    if (HAS_SINKS && params.k_start == 0u) {
+        return vec2<f32>(sink_logit(h), 1.0);
+    }
+    return vec2<f32>(NEG_BIG, 0.0);
+}
+
+// The range of a workgroup's loop over tiles: the band's blocks [x, y) of
+// `size` covering the local range `visible`, or (IS_SPARSE) the entries of
+// its tile list for query head h.
+fn tile_steps(seq: Seq, h: u32, visible: vec2<i32>, size: u32, by_keys: bool) -> vec2<u32> {
+    if (!IS_SPARSE) {
+        return block_range(visible, size);
+    }
+    let at = select(params.qtiles_at, params.ktiles_at, by_keys);
+    let stride = select(params.qtiles_head_stride, params.ktiles_head_stride, by_keys);
+    let r = at + h * stride + seq.flat;
+    return vec2<u32>(side_word(r), side_word(r + 1u));
+}
+
+// The tile of loop step `i` (a block index; bit 31: test the mask per pair).
+fn tile_at(i: u32, by_keys: bool) -> u32 {
+    if (!IS_SPARSE) {
+        return i;
+    }
+    return side_word(select(params.qtiles_entries, params.ktiles_entries, by_keys) + i);
+}
+
+// The block index of a tile, and whether its pairs need the mask test.
+fn tile_index(tile: u32) -> u32 {
+    return tile & 0x7fffffffu;
+}
+
+fn tile_partial(tile: u32) -> bool {
+    return IS_SPARSE && tile >= 0x80000000u;
+}
+
+// Byte index of block (0, 0) of the block mask of `seq` and query head h.
+fn mask_base(seq: Seq, h: u32) -> u32 {
+    if (!IS_SPARSE) {
+        return 0u;
+    }
+    return seq.b * params.mask_batch_stride + (params.head_start + h) * params.mask_head_stride;
+}
+
+// Whether the block mask allows absolute row i, key j (sequence-relative)
+// of a tile: always where the tile needs no test; else in range and set.
+fn block_allows(partial: bool, in_range: bool, base: u32, i: i32, j: i32) -> bool {
+    if (!partial) {
+        return true;
+    }
+    if (!in_range) {
+        return false;
+    }
+    let e = base + (u32(i) / params.mask_bm) * params.mask_cols + u32(j) / params.mask_bn;
+    let word = side_word(params.mask_at + e / 4u);
+    return ((word >> (8u * (e % 4u))) & 0xffu) != 0u;
 }
 
 // Whether absolute row `i` may attend to absolute key `j` under the band

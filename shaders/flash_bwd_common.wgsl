@@ -82,10 +82,22 @@ fn load_key_tiles(tid: u32, seq: Seq, hk: u32, k0: u32, n_keys: u32) {
     }
 }
 
+// Where a B×B tile lies: its first absolute row and key (sequence-relative)
+// and how many of each it has, the sequence's diagonal offset, ALiBi's slope,
+// and the block mask (whether to test it per pair, and its base).
+struct Tile {
+    offset: i32,
+    row0: i32,
+    rows: u32,
+    key0: i32,
+    keys: u32,
+    slope: f32,
+    partial: bool,
+    mask_at: u32,
+}
+
 // Invocation (r, t) fills p_tile and ds_tile for row r, keys t + k·TC.
-// `row_abs0`/`key_abs0` place the tile in the full problem for the mask
-// (on the diagonal key = row + offset).
-fn tile_p_ds(r: u32, t: u32, offset: i32, row_abs0: i32, n_rows: u32, key_abs0: i32, n_keys: u32) {
+fn tile_p_ds(r: u32, t: u32, tile: Tile) {
     // Initialized explicitly: Chromium's Tint zeroes a function's `var`
     // without initializer only once, not at every call from a loop.
     var s = array<f32, SC>();
@@ -122,16 +134,20 @@ fn tile_p_ds(r: u32, t: u32, offset: i32, row_abs0: i32, n_rows: u32, key_abs0: 
             }
         }
     }
-    let needs_mask = n_rows < B || n_keys < B
-        || !band_covers(offset, row_abs0, row_abs0 + i32(B) - 1, key_abs0, key_abs0 + i32(B) - 1);
-    let row_abs = row_abs0 + i32(r);
+    let needs_mask = tile.partial || tile.rows < B || tile.keys < B
+        || !band_covers(tile.offset, tile.row0, tile.row0 + i32(B) - 1, tile.key0, tile.key0 + i32(B) - 1);
+    let row_abs = tile.row0 + i32(r);
     for (var k = 0u; k < SC; k++) {
         let c = t + k * TC;
         if (!FULL_SC && c >= B) {
             continue;
         }
-        let ok = pair_allowed(needs_mask, r < n_rows && c < n_keys, offset, row_abs, key_abs0 + i32(c));
-        let pds = p_and_ds(s[k], dp[k], lse_tile[r], dvec_tile[r], ok);
+        let key_abs = tile.key0 + i32(c);
+        let in_range = r < tile.rows && c < tile.keys;
+        let ok = pair_allowed(needs_mask, in_range, tile.offset, row_abs, key_abs)
+            && block_allows(tile.partial, in_range, tile.mask_at, row_abs, key_abs);
+        let bias = alibi_bias(tile.slope, tile.offset, row_abs, key_abs);
+        let pds = p_and_ds(s[k], bias, dp[k], lse_tile[r], dvec_tile[r], ok);
         p_tile[r * B + c] = pds.x;
         ds_tile[r * B + c] = pds.y;
     }

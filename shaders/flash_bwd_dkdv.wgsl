@@ -10,7 +10,7 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let seq = sequence(wg);
+    let seq = sequence(wg, B, true);
     let k0 = seq.block * B;
     let hk = wg.y;
     let keys_here = min(B, seq.keys - k0);
@@ -19,20 +19,23 @@ fn main(
 
     // Skip, don't mask: only query blocks that see one of these keys.
     let rows = visible_rows(seq, key_abs0, key_abs0 + i32(keys_here) - 1);
-    let row_blocks = block_range(rows, B);
 
     var dk = array<f32, ACC_K>();
     var dv = array<f32, ACC_V>();
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
-            let q0 = qb * B;
+        let steps = tile_steps(seq, h, rows, B, true);
+        for (var step = steps.x; step < steps.y; step++) {
+            let blk = tile_at(step, true);
+            let q0 = tile_index(blk) * B;
             let rows_here = min(B, seq.rows - q0);
             // The previous tile's readers must finish before it is overwritten.
             workgroupBarrier();
             load_row_tiles(tid, seq, h, q0, rows_here);
             workgroupBarrier();
-            tile_p_ds(r, t, seq.offset, i32(params.q_start + q0), rows_here, key_abs0, keys_here);
+            let tile = Tile(seq.offset, i32(params.q_start + q0), rows_here, key_abs0, keys_here,
+                alibi_slope(seq, h), tile_partial(blk), mask_base(seq, h));
+            tile_p_ds(r, t, tile);
             workgroupBarrier();
             // Now invocation (r, t) owns key r: dV_r += Pᵀ dO, dK_r += dSᵀ (Q·scale).
             for (var i = 0u; i < B; i++) {

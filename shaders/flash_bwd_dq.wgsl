@@ -10,7 +10,7 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let seq = sequence(wg);
+    let seq = sequence(wg, B, false);
     let q0 = seq.block * B;
     let h = wg.y;
     let hk = h / params.group;
@@ -19,16 +19,21 @@ fn main(
     load_row_tiles(tid, seq, h, q0, rows_here);
 
     let keys = visible_keys(seq, row_abs0, row_abs0 + i32(rows_here) - 1);
-    let key_blocks = block_range(keys, B);
+    let steps = tile_steps(seq, h, keys, B, false);
+    let slope = alibi_slope(seq, h);
+    let mask_at = mask_base(seq, h);
 
     var dq = array<f32, ACC_K>();
-    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
-        let k0 = kb * B;
+    for (var step = steps.x; step < steps.y; step++) {
+        let blk = tile_at(step, false);
+        let k0 = tile_index(blk) * B;
         let keys_here = min(B, seq.keys - k0);
         workgroupBarrier();
         load_key_tiles(tid, seq, hk, k0, keys_here);
         workgroupBarrier();
-        tile_p_ds(r, t, seq.offset, row_abs0, rows_here, i32(params.k_start + k0), keys_here);
+        let tile = Tile(seq.offset, row_abs0, rows_here, i32(params.k_start + k0), keys_here,
+            slope, tile_partial(blk), mask_at);
+        tile_p_ds(r, t, tile);
         workgroupBarrier();
         for (var c = 0u; c < B; c++) {
             let ds = ds_tile[r * B + c];

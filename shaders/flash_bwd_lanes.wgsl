@@ -21,7 +21,7 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let seq = sequence(wg);
+    let seq = sequence(wg, SG, false);
     let q0 = seq.block * SG;
     let h = wg.y;
     let hk = h / params.group;
@@ -43,12 +43,15 @@ fn main(
 
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(seq, first_row, last_row);
-    let key_blocks = block_range(keys, SG);
+    let steps = tile_steps(seq, h, visible_keys(seq, first_row, last_row), SG, false);
+    let slope = alibi_slope(seq, h);
+    let mask_at = mask_base(seq, h);
     let row_abs = first_row + i32(tid);
     var dq$i = vec4<f32>(0.0);
-    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
-        let k0 = kb * SG;
+    for (var step = steps.x; step < steps.y; step++) {
+        let tile = tile_at(step, false);
+        let partial = tile_partial(tile);
+        let k0 = tile_index(tile) * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);
         var vr$v = vec4<f32>(0.0);
@@ -64,10 +67,11 @@ fn main(
         s$j = add_dot(s$j, qr$i, subgroupBroadcast(kr$i, $ju)); // i outer
         dp$j = add_dot(dp$j, dor$v, subgroupBroadcast(vr$v, $ju)); // v outer
         let k_abs0 = i32(params.k_start + k0);
-        let masking = k0 + SG > seq.keys || rows_here < SG
+        let masking = partial || k0 + SG > seq.keys || rows_here < SG
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
         let in$j = row_valid && k0 + $ju < seq.keys;
-        let pds$j = p_and_ds(s$j, dp$j, lse, dvec, pair_allowed(masking, in$j, seq.offset, row_abs, k_abs0 + $j));
+        let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs, k_abs0 + $j) && block_allows(partial, in$j, mask_at, row_abs, k_abs0 + $j);
+        let pds$j = p_and_ds(s$j, alibi_bias(slope, seq.offset, row_abs, k_abs0 + $j), dp$j, lse, dvec, ok$j);
         dq$i += pds$j.y * subgroupBroadcast(kr$i, $ju);
     }
     if (row_valid) {
@@ -86,7 +90,7 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let seq = sequence(wg);
+    let seq = sequence(wg, SG, true);
     let k0 = seq.block * SG;
     let hk = wg.y;
     let keys_here = min(SG, seq.keys - k0);
@@ -105,13 +109,17 @@ fn main(
     let key_abs0 = i32(params.k_start + k0);
     let key_abs = key_abs0 + i32(tid);
     let rows = visible_rows(seq, key_abs0, key_abs0 + i32(keys_here) - 1);
-    let row_blocks = block_range(rows, SG);
     var dk$i = vec4<f32>(0.0);
     var dv$v = vec4<f32>(0.0);
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var qb = row_blocks.x; qb < row_blocks.y; qb++) {
-            let q0 = qb * SG;
+        let steps = tile_steps(seq, h, rows, SG, true);
+        let slope = alibi_slope(seq, h);
+        let mask_at = mask_base(seq, h);
+        for (var step = steps.x; step < steps.y; step++) {
+            let tile = tile_at(step, true);
+            let partial = tile_partial(tile);
+            let q0 = tile_index(tile) * SG;
             let rows_here = min(SG, seq.rows - q0);
             // Lane j holds query row q0 + j; rows past the end read as zero.
             var qr$i = vec4<f32>(0.0);
@@ -131,11 +139,12 @@ fn main(
             s$j = add_dot(s$j, subgroupBroadcast(qr$i, $ju), kr$i); // i outer
             dp$j = add_dot(dp$j, subgroupBroadcast(dor$v, $ju), vr$v); // v outer
             let row_abs0 = i32(params.q_start + q0);
-            let masking = rows_here < SG || keys_here < SG
+            let masking = partial || rows_here < SG || keys_here < SG
                 || !band_covers(seq.offset, row_abs0, row_abs0 + i32(SG) - 1, key_abs0, key_abs0 + i32(SG) - 1);
             let in$j = key_valid && $ju < rows_here;
-            let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs0 + $j, key_abs);
-            let pds$j = p_and_ds(s$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j);
+            let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs0 + $j, key_abs) && block_allows(partial, in$j, mask_at, row_abs0 + $j, key_abs);
+            let bias$j = alibi_bias(slope, seq.offset, row_abs0 + $j, key_abs);
+            let pds$j = p_and_ds(s$j, bias$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j);
             // dV += Pᵀ dO, dK += dSᵀ (Q·scale), over this block's rows.
             dv$v += pds$j.x * subgroupBroadcast(dor$v, $ju);
             dk$i += pds$j.y * subgroupBroadcast(qr$i, $ju);

@@ -10,10 +10,11 @@ fn finite_lse(x: f32) -> f32 {
 }
 
 // P = exp(s - lse) and dS = P·(dP - D), times the softcap's derivative, from
-// the raw score s (the forward's arithmetic: s - lse is exact for a row's
-// largest score, see common.wgsl); both rounded to the storage precision
-// before the matmuls that use them. Entries that do not take part are 0.
-fn p_and_ds(s: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f32> {
+// the raw score s and ALiBi's bias (the forward's arithmetic: s - lse is
+// exact for a row's largest score, see common.wgsl); both rounded to the
+// storage precision before the matmuls that use them. Entries that do not
+// take part are 0. The bias is a constant of the pair: no gradient term.
+fn p_and_ds(s: f32, bias: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f32> {
     var sc = s;
     // d(softcap)/ds = 1 - tanh²: the chain rule factor on dS.
     var dcap = 1.0;
@@ -22,7 +23,7 @@ fn p_and_ds(s: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f32> {
         sc = params.softcap * th;
         dcap = 1.0 - th * th;
     }
-    let p = select(0.0, exp(sc - lse), ok);
+    let p = select(0.0, exp(sc - bias - lse), ok);
     let ds = p * (dp - dvec) * dcap;
     return vec2<f32>(round_storage(p), round_storage(ds));
 }

@@ -26,7 +26,7 @@ fn main(
 ) {
     let r = tid / TC;
     let t = tid % TC;
-    let seq = sequence(wg);
+    let seq = sequence(wg, BR, false);
     let q0 = seq.block * BR;
     let h = wg.y;
     let hk = h / params.group;
@@ -44,17 +44,22 @@ fn main(
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(seq, first_row, last_row);
-    let key_blocks = block_range(keys, BC);
+    let steps = tile_steps(seq, h, visible_keys(seq, first_row, last_row), BC, false);
+    let slope = alibi_slope(seq, h);
+    let mask_at = mask_base(seq, h);
 
     let row_abs = first_row + i32(r);
     let row_valid = r < rows_here;
-    var m_run = NEG_BIG;
-    var l_part = 0.0;
+    // One invocation of the row holds the sink's share of the sum.
+    let start = softmax_start(h);
+    var m_run = start.x;
+    var l_part = select(0.0, start.y, t == 0u);
     var acc = array<f32, ACC>();
 
-    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
-        let k0 = kb * BC;
+    for (var step = steps.x; step < steps.y; step++) {
+        let tile = tile_at(step, false);
+        let partial = tile_partial(tile);
+        let k0 = tile_index(tile) * BC;
         // Previous block's P·V must finish before its tiles are overwritten.
         workgroupBarrier();
         // One loop over the wider head dim loads both tiles (DM = max(D, DV)).
@@ -100,18 +105,20 @@ fn main(
 
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);
-        let needs_mask = k0 + BC > seq.keys || rows_here < BR
+        let needs_mask = partial || k0 + BC > seq.keys || rows_here < BR
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(BC) - 1);
         var block_max = NEG_BIG;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
-            var sc = cap_score(s[k]);
+            let key_abs = k_abs0 + i32(c);
+            var sc = cap_score(s[k]) - alibi_bias(slope, seq.offset, row_abs, key_abs);
             if (!FULL_SC && c >= BC) {
                 // Lanes past the tile's last column hold no score at all.
                 sc = NEG_BIG;
             } else {
                 let in_range = row_valid && k0 + c < seq.keys;
-                let ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, k_abs0 + i32(c));
+                let ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, key_abs)
+                    && block_allows(partial, in_range, mask_at, row_abs, key_abs);
                 sc = select(NEG_BIG, sc, ok);
             }
             s[k] = sc;

@@ -29,7 +29,7 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let seq = sequence(wg);
+    let seq = sequence(wg, SG * RPL, false);
     let q0 = seq.block * SG * RPL;
     let h = wg.y;
     let hk = h / params.group;
@@ -44,15 +44,19 @@ fn main(
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
     let last_row = first_row + i32(rows_here) - 1;
-    let keys = visible_keys(seq, first_row, last_row);
-    let key_blocks = block_range(keys, SG);
+    let steps = tile_steps(seq, h, visible_keys(seq, first_row, last_row), SG, false);
+    let slope = alibi_slope(seq, h);
+    let mask_at = mask_base(seq, h);
     let row_abs$r = first_row + i32($ru * SG + tid);
-    var m_run$r = NEG_BIG;
-    var l$r = 0.0;
+    let start = softmax_start(h);
+    var m_run$r = start.x;
+    var l$r = start.y;
     var acc$r_$v = vec4<f32>(0.0);
 
-    for (var kb = key_blocks.x; kb < key_blocks.y; kb++) {
-        let k0 = kb * SG;
+    for (var step = steps.x; step < steps.y; step++) {
+        let tile = tile_at(step, false);
+        let partial = tile_partial(tile);
+        let k0 = tile_index(tile) * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
         var kr$i = vec4<f32>(0.0);
         var vr$v = vec4<f32>(0.0);
@@ -70,10 +74,11 @@ fn main(
         s$r_$j = add_dot(s$r_$j, qr$r_$i, subgroupBroadcast(kr$i, $ju)); // i outer
         // Mask only where the block crosses a boundary of the band or the sequence.
         let k_abs0 = i32(params.k_start + k0);
-        let masking = k0 + SG > seq.keys || rows_here < SG * RPL
+        let masking = partial || k0 + SG > seq.keys || rows_here < SG * RPL
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
         let in$r_$j = row_valid$r && k0 + $ju < seq.keys;
-        s$r_$j = select(NEG_BIG, cap_score(s$r_$j), pair_allowed(masking, in$r_$j, seq.offset, row_abs$r, k_abs0 + $j));
+        let ok$r_$j = pair_allowed(masking, in$r_$j, seq.offset, row_abs$r, k_abs0 + $j) && block_allows(partial, in$r_$j, mask_at, row_abs$r, k_abs0 + $j);
+        s$r_$j = select(NEG_BIG, cap_score(s$r_$j) - alibi_bias(slope, seq.offset, row_abs$r, k_abs0 + $j), ok$r_$j);
 
         var m_new$r = m_run$r;
         m_new$r = max(m_new$r, s$r_$j);

@@ -334,7 +334,7 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         let vrow = |j: usize| &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
         let dp: Vec<T> = scores.iter().map(|&(j, _, _)| dot(grow, vrow(j))).collect();
         let dsum = sm.p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
-        t.dsinks[gi] += T::ZERO - sm.sink * dsum;
+        t.dsinks[gi] += T::ZERO - sm.sink * self.stored_d(&scores, &sm.p, grow, &vrow);
         let scale = T::from_f32(self.opts.scale_for(d));
         let dq_row = &mut t.dq[(gi * seq.len_q() + i) * d..][..d];
         for (c, &(j, _, dcap)) in scores.iter().enumerate() {
@@ -350,6 +350,34 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
             }
         }
         dq_row.iter_mut().for_each(|x| *x = *x * scale);
+    }
+}
+
+impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
+    /// D = rowsum(dO ∘ O) of a row with the output as stored — P rounded
+    /// before P·V and O rounded, as a materialized implementation holds
+    /// them (exact where `round` is the identity, so the reference's is the
+    /// exact Σ P·dP): the sinks' gradient takes D from the stored O.
+    fn stored_d<'v>(
+        &self,
+        scores: &[(usize, T, T)],
+        p: &[T],
+        grow: &[T],
+        vrow: &impl Fn(usize) -> &'v [T],
+    ) -> T
+    where
+        T: 'v,
+    {
+        let mut o = vec![T::ZERO; grow.len()];
+        for (&(j, _, _), &pj) in scores.iter().zip(p) {
+            let pj = (self.round)(pj);
+            for (acc, &x) in o.iter_mut().zip(vrow(j)) {
+                *acc += pj * x;
+            }
+        }
+        o.iter()
+            .zip(grow)
+            .fold(T::ZERO, |a, (&x, &g)| a + (self.round)(x) * g)
     }
 }
 

@@ -381,7 +381,7 @@ fn bad_backward_inputs_are_errors() {
 #[test]
 fn dvec_follows_the_row_strides() {
     use flashattn::kernels::{
-        binding, BackwardBuffers, BackwardPart, FlashBackward, Params, Piece,
+        binding, BackwardBuffers, BackwardPart, FlashBackward, Params, Piece, Sequences,
     };
     use flashattn::runtime::{Call, Dispatch};
     use wgpu::util::DeviceExt;
@@ -422,6 +422,7 @@ fn dvec_follows_the_row_strides() {
         dq: &unused,
         dk: &unused,
         dv: &unused,
+        dsinks: None,
     };
     let plan = e
         .plan_backward(&shape, flashattn::Precision::F32, &PlanOverrides::default())
@@ -438,7 +439,7 @@ fn dvec_follows_the_row_strides() {
             kernel: kernel.into(),
             uniforms: vec![(binding::PARAMS, bytemuck::bytes_of(&params).to_vec())],
             buffers: kernel.entries(&bufs),
-            grid: kernel.grid(&shape, gpu.max_groups()),
+            grid: kernel.grid(&params, &Sequences::dense(&params), gpu.max_groups()),
             walk: None,
         };
         call.run(&[dispatch]).await.unwrap();

@@ -45,44 +45,96 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Forward (both kernels where both apply) and backward (likewise): the
+/// analytic counts equal the counted ones.
+fn flash_counts_match(e: &Engine, case: &Case) {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let tiled = PlanOverrides {
+        kernel: Some(KernelFamily::Tiled),
+        ..case.overrides
+    };
+    let (g, g16) = output_grad(case);
+    let d_o = inputs.grad(&g, &g16);
+    for (kernel, overrides) in [("planned", case.overrides), ("tiled", tiled)] {
+        let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
+        assert_counts(
+            &format!("{kernel} forward {case:?}"),
+            fwd.stats.accesses,
+            fwd.stats.measured_accesses,
+        );
+        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let bwd = e
+            .backward_with(&bwd_inputs, &case.opts, &overrides)
+            .unwrap();
+        assert_counts(
+            &format!("{kernel} backward {case:?}"),
+            bwd.stats.accesses,
+            bwd.stats.measured_accesses,
+        );
+    }
+}
+
 #[test]
 fn flash_forward_and_backward_counts_match() {
     let Some(e) = counting() else { return };
     let e = e.lock().unwrap();
     for case in cases() {
-        let inputs = case.inputs();
-        let [q, k, v] = inputs.views();
-        let fwd = e
-            .forward_with(&q, &k, &v, &case.opts, &case.overrides)
-            .unwrap();
-        assert_counts(
-            &format!("forward {case:?}"),
-            fwd.stats.accesses,
-            fwd.stats.measured_accesses,
-        );
-        // Both forward kernels where the adapter has the lanes one.
-        let tiled = PlanOverrides {
-            kernel: Some(KernelFamily::Tiled),
-            ..case.overrides
-        };
-        let t = e.forward_with(&q, &k, &v, &case.opts, &tiled).unwrap();
-        assert_counts(
-            &format!("tiled forward {case:?}"),
-            t.stats.accesses,
-            t.stats.measured_accesses,
-        );
-        let (g, g16) = output_grad(&case);
-        let d_o = inputs.grad(&g, &g16);
-        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
-        let bwd = e
-            .backward_with(&bwd_inputs, &case.opts, &case.overrides)
-            .unwrap();
-        assert_counts(
-            &format!("backward {case:?}"),
-            bwd.stats.accesses,
-            bwd.stats.measured_accesses,
-        );
+        flash_counts_match(&e, &case);
     }
+}
+
+/// Packed batches, ALiBi, sinks (and their gradients' passes) and block
+/// masks: the side tables are not counted, skipped tiles are not loaded.
+#[test]
+fn layout_counts_match_and_skipped_tiles_are_not_loaded() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    let sparse = Case::new(59, 71, 32).heads(4, 2);
+    let mask = common::block_mask(&sparse, (7, 13), 0.3, 4, 1);
+    let packed = Case::new(1, 1, 24)
+        .heads(4, 2)
+        .varlen(&[9, 0, 37, 20], &[14, 23, 0, 33]);
+    let packed_mask = common::block_mask(&packed, (16, 8), 0.5, 1, 2);
+    let opts = AttentionOptions::default();
+    let cases = [
+        sparse.clone().opts(opts.clone().block_mask(mask.clone())),
+        sparse
+            .clone()
+            .opts(opts.clone().causal(true).block_mask(mask))
+            .f16(),
+        packed.clone(),
+        packed.clone().opts(
+            opts.clone()
+                .causal(true)
+                .alibi(flashattn::api::scores::Alibi::standard(4))
+                .sinks(flashattn::api::scores::Sinks::new(&[0.0, 1.0, -1.0, 2.0]))
+                .block_mask(packed_mask),
+        ),
+    ];
+    for case in &cases {
+        flash_counts_match(&e, case);
+    }
+    // With blocks as large as the tiles, the sparse forward reads K and V
+    // only for about the allowed quarter of them.
+    let case = Case::new(256, 256, 32).heads(2, 2);
+    let quarter = common::block_mask(&case, (32, 32), 0.25, 2, 3);
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let dense = e.forward(&q, &k, &v, &opts).unwrap().stats.accesses;
+    let sparse = e
+        .forward(&q, &k, &v, &opts.block_mask(quarter.clone()))
+        .unwrap()
+        .stats;
+    assert_counts("quarter", sparse.accesses, sparse.measured_accesses);
+    let kv = |a: flashattn::Accesses| a.reads - 256 * 2 * 32;
+    let ratio = kv(sparse.accesses) as f64 / kv(dense) as f64;
+    assert!(
+        (ratio - quarter.density()).abs() < 0.02,
+        "K/V reads {ratio} of dense, density {}",
+        quarter.density()
+    );
+    assert_eq!(sparse.accesses.writes, dense.writes);
 }
 
 #[test]

@@ -74,8 +74,34 @@ fn variants(all: bool) -> Vec<Variant> {
             } else {
                 LoopCheck::Off
             },
+            ..Default::default()
         })
         .collect()
+}
+
+/// The flash kernels' variants: [`variants`] with no layout or score term
+/// and with every one (ALiBi, sinks, packed batches, block masks); with
+/// `all`, also each term alone on every base variant.
+fn flash_variants(all: bool) -> Vec<Variant> {
+    let every = |v: Variant| Variant {
+        alibi: true,
+        sinks: true,
+        varlen: true,
+        sparse: true,
+        ..v
+    };
+    let mut out = Vec::new();
+    for v in variants(all) {
+        out.push(v);
+        out.push(every(v));
+        if all {
+            out.push(Variant { alibi: true, ..v });
+            out.push(Variant { sinks: true, ..v });
+            out.push(Variant { varlen: true, ..v });
+            out.push(Variant { sparse: true, ..v });
+        }
+    }
+    out
 }
 
 /// Lavapipe's limits (32 KiB of workgroup storage, f16), with or without
@@ -162,9 +188,12 @@ fn flash_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
             let (fwd, bwd) = (Plan { storage, ..fwd }, Plan { storage, ..bwd });
             let f16 = storage == StorageKind::F16Native;
             let subgroups = fwd.kernel == KernelFamily::Lanes;
-            for variant in variants(all_variants) {
+            for variant in flash_variants(all_variants) {
                 let mut keys = vec![KernelKey::from(FlashForward { plan: fwd, variant })];
-                for part in [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq] {
+                let sinks = [BackwardPart::SinkPartials, BackwardPart::SinkReduce];
+                let parts = [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq];
+                let with_sinks = variant.sinks.then_some(sinks).into_iter().flatten();
+                for part in parts.into_iter().chain(with_sinks) {
                     keys.push(
                         FlashBackward {
                             part,
@@ -518,17 +547,18 @@ fn workgroup_bytes(module: &naga::Module) -> u32 {
 fn declared_workgroup_storage_matches_the_plan() {
     for k in flash_kernels(&FLASH_DIMS, false) {
         let (module, _) = compile(&k).unwrap();
-        let (plan, part) = match k.key {
-            KernelKey::FlashForward(f) => (f.plan, None),
-            KernelKey::FlashBackward(b) => (b.plan, Some(b.part)),
+        let expected = match k.key {
+            KernelKey::FlashForward(f) => f.plan.workgroup_bytes,
+            // D = rowsum(dO·O) and the sinks' sums keep nothing on chip.
+            KernelKey::FlashBackward(b) => {
+                if matches!(b.part, BackwardPart::Dvec | BackwardPart::SinkReduce) {
+                    assert_eq!(b.workgroup_bytes(), 0, "{}", k.label);
+                }
+                b.workgroup_bytes()
+            }
             _ => unreachable!(),
         };
-        let declared = workgroup_bytes(&module);
-        match part {
-            // D = rowsum(dO·O) keeps nothing on chip.
-            Some(BackwardPart::Dvec) => assert_eq!(declared, 0, "{}", k.label),
-            _ => assert_eq!(declared, plan.workgroup_bytes, "{}", k.label),
-        }
+        assert_eq!(workgroup_bytes(&module), expected, "{}", k.label);
     }
 }
 

@@ -47,6 +47,26 @@ pub struct ScoreArgs {
     /// Score scale (default 1/sqrt(head_dim)).
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
+    /// ALiBi slopes, f32, (heads_q,) or (batch, heads_q): s -= slope·|i + off - j|.
+    #[arg(long, value_name = "SLOPES.npy")]
+    pub alibi: Option<PathBuf>,
+    /// Attention sinks: one f32 logit per query head, (heads_q,).
+    #[arg(long, value_name = "SINKS.npy")]
+    pub sinks: Option<PathBuf>,
+    /// Block-sparse mask, bool or uint8, (mb, mh, ceil(seqlen_q/BM),
+    /// ceil(seqlen_k/BN)) with mb 1 or batch and mh 1 or heads_q.
+    #[arg(long, value_name = "M.npy")]
+    pub block_mask: Option<PathBuf>,
+    /// The block mask's block size BM,BN (any values >= 1).
+    #[arg(long, value_name = "BM,BN")]
+    pub block_size: Option<String>,
+    /// A packed batch: prefix sums of the sequences' query rows, int32
+    /// (batch + 1,); q, k, v are then (total, heads, head_dim).
+    #[arg(long, value_name = "CQ.npy")]
+    pub cu_seqlens_q: Option<PathBuf>,
+    /// Prefix sums of the sequences' key rows, int32 (batch + 1,).
+    #[arg(long, value_name = "CK.npy")]
+    pub cu_seqlens_k: Option<PathBuf>,
     /// Storage precision: f32 or f16 (default: the inputs' dtype).
     #[arg(long)]
     pub precision: Option<String>,
@@ -58,13 +78,14 @@ pub struct ScoreArgs {
 /// Options shared by forward and backward.
 #[derive(Args, Debug, Clone)]
 pub struct AttentionArgs {
-    /// Queries, (batch, seqlen_q, heads_q, head_dim), f32 or f16.
+    /// Queries, (batch, seqlen_q, heads_q, head_dim) (packed: (total_q,
+    /// heads_q, head_dim)), f32 or f16.
     #[arg(long)]
     pub q: PathBuf,
-    /// Keys, (batch, seqlen_k, heads_kv, head_dim).
+    /// Keys, (batch, seqlen_k, heads_kv, head_dim) (packed: (total_k, heads_kv, head_dim)).
     #[arg(long)]
     pub k: PathBuf,
-    /// Values, shape of k.
+    /// Values, shape of k but their own head dim.
     #[arg(long)]
     pub v: PathBuf,
     #[command(flatten)]
@@ -85,10 +106,10 @@ pub struct AttentionArgs {
 pub struct ForwardArgs {
     #[command(flatten)]
     pub attention: AttentionArgs,
-    /// Output o, same shape and dtype as q.
+    /// Output o: q's shape with v's head dim, q's dtype.
     #[arg(long)]
     pub out: PathBuf,
-    /// Optional output lse, (batch, heads_q, seqlen_q), f32.
+    /// Optional output lse, (batch, heads_q, seqlen_q) (packed: (heads_q, total_q)), f32.
     #[arg(long)]
     pub lse: Option<PathBuf>,
 }
@@ -97,7 +118,7 @@ pub struct ForwardArgs {
 pub struct BackwardArgs {
     #[command(flatten)]
     pub attention: AttentionArgs,
-    /// Gradient of the output, shape and dtype of q.
+    /// Gradient of the output: o's shape (q's, with v's head dim), q's dtype.
     #[arg(long = "do", value_name = "DO")]
     pub d_o: PathBuf,
     /// Output dq (shape of q).
@@ -109,6 +130,9 @@ pub struct BackwardArgs {
     /// Output dv (shape of v).
     #[arg(long)]
     pub dv: PathBuf,
+    /// Output dsinks, (heads_q,) f32 (with --sinks).
+    #[arg(long)]
+    pub dsinks: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -149,7 +173,7 @@ pub struct DecodeArgs {
     /// Output o, shape of q, dtype of q.
     #[arg(long)]
     pub out: PathBuf,
-    /// Optional output lse, (batch, heads_q, seqlen_q), f32.
+    /// Optional output lse, (batch, heads_q, seqlen_q) (packed: (heads_q, total_q)), f32.
     #[arg(long)]
     pub lse: Option<PathBuf>,
     /// Write the K cache after the append (with --v-cache-out).

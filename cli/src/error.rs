@@ -38,6 +38,18 @@ pub enum CliError {
         path: PathBuf,
         dtype: String,
     },
+    #[error("{what} file {} has dtype {dtype}; expected bool or uint8", path.display())]
+    MaskDtype {
+        what: &'static str,
+        path: PathBuf,
+        dtype: String,
+    },
+    /// A flag that needs another flag given without it.
+    #[error("{given} needs {needs}")]
+    Needs {
+        given: &'static str,
+        needs: &'static str,
+    },
     #[error("{what} file {}: entry {index} is {value}, outside int32's range", path.display())]
     IndexRange {
         what: &'static str,

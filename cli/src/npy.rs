@@ -83,6 +83,59 @@ pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
     })
 }
 
+/// Read an f32 array (ALiBi slopes, sink logits), naming `what` in every error.
+pub fn read_f32(what: &'static str, path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
+    let t = read(what, path)?;
+    match t.data {
+        TensorData::F32(d) => Ok((t.shape, d)),
+        _ => Err(CliError::Dtype {
+            what,
+            path: path.to_path_buf(),
+            dtype: "float16 (expected float32)".into(),
+        }),
+    }
+}
+
+/// Read a bool or uint8 array (a block mask) of rank `rank`, naming `what`
+/// in every error; entries as bytes (nonzero: allowed).
+pub fn read_mask(
+    what: &'static str,
+    path: &Path,
+    rank: usize,
+    expected: &'static str,
+) -> Result<(Vec<usize>, Vec<u8>)> {
+    let bytes = read_bytes(what, path)?;
+    let npy = parse(what, path, &bytes)?;
+    if npy.shape.len() != rank {
+        return Err(CliError::Rank {
+            what,
+            rank: npy.shape.len(),
+            shape: npy.shape,
+            expected,
+        });
+    }
+    let io = |source| CliError::NotNpy {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let data = match npy.kind {
+        Some((TypeChar::Bool, 1)) => {
+            let flags = npy.file.into_vec::<bool>().map_err(io)?;
+            flags.into_iter().map(u8::from).collect()
+        }
+        Some((TypeChar::Uint, 1)) => npy.file.into_vec::<u8>().map_err(io)?,
+        _ => {
+            return Err(CliError::MaskDtype {
+                what,
+                path: path.to_path_buf(),
+                dtype: npy.descr,
+            })
+        }
+    };
+    Ok((npy.shape, data))
+}
+
 /// An index array (cache lengths, cache rows, a block table).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexArray {
@@ -149,6 +202,7 @@ fn narrow(what: &'static str, path: &Path, wide: &[i64]) -> Result<Vec<i32>> {
         .collect()
 }
 
+/// An `.npy` file's bytes for `t` (f32 or f16, C order).
 fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     match &t.data {

@@ -1237,3 +1237,220 @@ fn bench_decode_bad_arguments() {
     assert_bad(&f, &bench(&["--decode", "--seqlens", "64"]), "--seqlens");
     assert_bad(&f, &bench(&["--cache-lens", "64"]), "--decode");
 }
+
+/// Any plain array as `.npy` (bool, u8, f32, i32 …).
+fn write_array<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+    std::fs::write(path, buf).unwrap();
+}
+
+/// A packed batch with every layout file: q (total_q, 4, 24), k/v (total_k,
+/// 2, 24), cu_seqlens, slopes per sequence, sinks, a u8 block mask of 7×13
+/// blocks (per head); returns the tensors and the options they stand for.
+fn layout_files(f: &Files) -> ([Vec<f32>; 3], [[usize; 4]; 3], AttentionOptions) {
+    let (lq, lk) = ([9usize, 0, 30, 17], [12usize, 20, 0, 25]);
+    let (tq, tk): (usize, usize) = (lq.iter().sum(), lk.iter().sum());
+    let (hq, hk, d) = (4, 2, 24);
+    let mut rng = Rng::new(5);
+    let q = rng.normal_vec(tq * hq * d, 1.0);
+    let k = rng.normal_vec(tk * hk * d, 1.0);
+    let v = rng.normal_vec(tk * hk * d, 1.0);
+    write_f32(&f.path("q.npy"), &[tq as u64, hq as u64, d as u64], &q);
+    write_f32(&f.path("k.npy"), &[tk as u64, hk as u64, d as u64], &k);
+    write_f32(&f.path("v.npy"), &[tk as u64, hk as u64, d as u64], &v);
+    let cu = |l: &[usize]| -> Vec<i32> {
+        std::iter::once(0)
+            .chain(l.iter().scan(0, |a, &n| {
+                *a += n as i32;
+                Some(*a)
+            }))
+            .collect()
+    };
+    write_i32(&f.path("cq.npy"), &[5], &cu(&lq));
+    write_i32(&f.path("ck.npy"), &[5], &cu(&lk));
+    let slopes: Vec<f32> = (0..16).map(|i| 0.03 * (i + 1) as f32).collect();
+    write_f32(&f.path("slopes.npy"), &[4, 4], &slopes);
+    let sinks = [0.5f32, -1.0, 0.0, 2.0];
+    write_f32(&f.path("sinks.npy"), &[4], &sinks);
+    // ceil(30 / 7) = 5 row blocks, ceil(25 / 13) = 2 column blocks.
+    let mask: Vec<u8> = (0..4 * 5 * 2).map(|i| ((i * 7) % 3 != 0) as u8).collect();
+    write_array(&f.path("mask.npy"), &[1, 4, 5, 2], &mask);
+    let opts = AttentionOptions::default()
+        .causal(true)
+        .alibi(flashattn::api::scores::Alibi::new(&slopes))
+        .sinks(flashattn::api::scores::Sinks::new(&sinks))
+        .block_mask(
+            flashattn::api::block_mask::BlockMask::new([1, 4, 5, 2], (7, 13), &mask).unwrap(),
+        )
+        .varlen(flashattn::api::varlen::Varlen::new(&cu(&lq), &cu(&lk)).unwrap());
+    let shapes = [[1, tq, hq, d], [1, tk, hk, d], [1, tk, hk, d]];
+    ([q, k, v], shapes, opts)
+}
+
+/// The layout flags of [`layout_files`].
+const LAYOUT_FLAGS: [(&str, &str); 5] = [
+    ("--cu-seqlens-q", "cq.npy"),
+    ("--cu-seqlens-k", "ck.npy"),
+    ("--alibi", "slopes.npy"),
+    ("--sinks", "sinks.npy"),
+    ("--block-mask", "mask.npy"),
+];
+
+fn layout_run(f: &Files, command: &str, outputs: &[(&str, &str)], extra: &[&str]) -> Output {
+    let mut files = vec![("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")];
+    files.extend(LAYOUT_FLAGS);
+    files.extend_from_slice(outputs);
+    let mut args = vec!["--causal", "--block-size", "7,13"];
+    args.extend_from_slice(extra);
+    f.run(command, &files, &args)
+}
+
+#[test]
+fn layout_flags_forward_and_backward_match_the_reference() {
+    let backends: &[&str] = if engine().is_some() { &["wgpu"] } else { &[] };
+    for backend in backends {
+        let f = Files::new();
+        let (qkv, [qs, ks, vs], opts) = layout_files(&f);
+        let outs = [("--out", "o.npy"), ("--lse", "lse.npy")];
+        assert_ok(&layout_run(&f, "forward", &outs, &["--backend", backend]));
+        let (o_shape, o) = read_f32(&f.path("o.npy"));
+        assert_eq!(o_shape, vec![qs[1] as u64, 4, 24], "packed o is rank 3");
+        let (lse_shape, lse) = read_f32(&f.path("lse.npy"));
+        assert_eq!(
+            lse_shape,
+            vec![4, qs[1] as u64],
+            "lse is (heads_q, total_q)"
+        );
+        let [q, k, v] =
+            [(qs, &qkv[0]), (ks, &qkv[1]), (vs, &qkv[2])].map(|(s, d)| TensorView::f32(s, d));
+        let out = flashattn::ForwardOutput::new(
+            flashattn::AttentionShape::from_views(&q, &k, &v).unwrap(),
+            TensorData::F32(o),
+            lse,
+            Default::default(),
+        );
+        for c in check_forward(&out, &q, &k, &v, &opts).unwrap() {
+            assert!(c.passed(), "{backend} {c}");
+        }
+        let g = Rng::new(11).normal_vec(qs[1] * 4 * 24, 1.0);
+        write_f32(&f.path("do.npy"), &[qs[1] as u64, 4, 24], &g);
+        let grads = [
+            ("--do", "do.npy"),
+            ("--dq", "dq.npy"),
+            ("--dk", "dk.npy"),
+            ("--dv", "dv.npy"),
+            ("--dsinks", "ds.npy"),
+        ];
+        assert_ok(&layout_run(&f, "backward", &grads, &["--backend", backend]));
+        let t = |name: &str, shape: [usize; 4]| {
+            let (s, data) = read_f32(&f.path(name));
+            assert_eq!(s, shape[1..].iter().map(|&x| x as u64).collect::<Vec<_>>());
+            Tensor {
+                shape: shape.to_vec(),
+                data: TensorData::F32(data),
+            }
+        };
+        let (ds_shape, ds) = read_f32(&f.path("ds.npy"));
+        assert_eq!(ds_shape, vec![4]);
+        let out = flashattn::BackwardOutput {
+            dq: t("dq.npy", qs),
+            dk: t("dk.npy", ks),
+            dv: t("dv.npy", vs),
+            dsinks: Some(ds),
+            stats: Default::default(),
+        };
+        let d_o = TensorView::f32(qs, &g);
+        let checks = flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &opts).unwrap();
+        assert_eq!(checks.len(), 4);
+        for c in checks {
+            assert!(c.passed(), "{backend} {c}");
+        }
+    }
+}
+
+#[test]
+fn layout_bad_inputs_are_one_line_and_write_nothing() {
+    let f = Files::new();
+    layout_files(&f);
+    let outs = [("--out", "o.npy")];
+    let bad = |f: &Files, extra: &[&str], needle: &str| {
+        assert_bad(f, &layout_run(f, "forward", &outs, extra), needle);
+    };
+    // A cu_seqlens that decreases, or does not end at the total.
+    write_i32(&f.path("cq.npy"), &[5], &[0, 9, 5, 39, 56]);
+    bad(&f, &[], "decreases");
+    write_i32(&f.path("cq.npy"), &[5], &[0, 9, 9, 39, 55]);
+    bad(&f, &[], "ends at 55");
+    write_i32(&f.path("cq.npy"), &[5], &[0, 9, 9, 39, 56]);
+    // A mask of the wrong tile count, and the wrong dtype.
+    write_array(&f.path("mask.npy"), &[1, 4, 4, 2], &[1u8; 32]);
+    bad(&f, &[], "row-block count");
+    write_f32(&f.path("mask.npy"), &[1, 4, 5, 2], &[1.0; 40]);
+    bad(&f, &[], "bool or uint8");
+    write_array(&f.path("mask.npy"), &[1, 4, 5, 2], &[true; 40]);
+    bad(&f, &["--block-size", "0,4"], "--block-size");
+    // Slopes of the wrong length, non-finite slopes and sinks.
+    write_f32(&f.path("slopes.npy"), &[3], &[0.1; 3]);
+    bad(&f, &[], "alibi slopes");
+    write_f32(&f.path("slopes.npy"), &[4], &[0.1, f32::NAN, 0.1, 0.1]);
+    bad(&f, &[], "finite");
+    write_f32(&f.path("slopes.npy"), &[4], &[0.1; 4]);
+    write_f32(&f.path("sinks.npy"), &[4], &[0.0, 0.0, f32::INFINITY, 0.0]);
+    bad(&f, &[], "sinks");
+    write_f32(&f.path("sinks.npy"), &[4], &[0.0; 4]);
+    // Flags that go together, and packed tensors of rank 4.
+    let mut c = bin();
+    c.arg("forward");
+    for (flag, name) in [
+        ("--q", "q.npy"),
+        ("--k", "k.npy"),
+        ("--v", "v.npy"),
+        ("--out", "o.npy"),
+    ] {
+        c.arg(flag).arg(f.path(name));
+    }
+    c.arg("--block-mask").arg(f.path("mask.npy"));
+    assert_bad(&f, &c.output().unwrap(), "--block-size");
+    let mut c = bin();
+    c.arg("forward");
+    for (flag, name) in [
+        ("--q", "q.npy"),
+        ("--k", "k.npy"),
+        ("--v", "v.npy"),
+        ("--out", "o.npy"),
+    ] {
+        c.arg(flag).arg(f.path(name));
+    }
+    c.arg("--cu-seqlens-q").arg(f.path("cq.npy"));
+    assert_bad(&f, &c.output().unwrap(), "--cu-seqlens-k");
+    write_f32(&f.path("q.npy"), &[1, 56, 4, 24], &vec![0.0; 56 * 96]);
+    bad(&f, &[], "3 dims");
+    layout_files(&f);
+    let grads = [
+        ("--do", "o.npy"),
+        ("--dq", "dq.npy"),
+        ("--dk", "dk.npy"),
+        ("--dv", "dv.npy"),
+        ("--dsinks", "ds.npy"),
+    ];
+    let mut c = bin();
+    c.arg("backward");
+    for (flag, name) in [("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")]
+        .iter()
+        .chain(&grads)
+    {
+        c.arg(flag).arg(f.path(name));
+    }
+    assert_bad(&f, &c.output().unwrap(), "--sinks");
+    for name in ["o.npy", "dq.npy", "dk.npy", "dv.npy", "ds.npy"] {
+        assert!(!f.path(name).exists(), "{name} written");
+    }
+}

@@ -4,36 +4,40 @@
 
 use super::params::Params;
 
-/// The band of a dispatch's parameters; `masked` as the kernel variant.
+/// The band of one sequence of a dispatch; `masked` as the kernel variant.
 pub struct Band<'a> {
     pub params: &'a Params,
     pub masked: bool,
+    /// The sequence's diagonal offset, rows and keys (as `Seq` in common.wgsl).
+    pub offset: i64,
+    pub rows: i64,
+    pub keys: i64,
 }
 
 impl Band<'_> {
     /// Local keys [lo, hi) that absolute rows first..=last may see.
     pub fn keys(&self, first: i64, last: i64) -> (i64, i64) {
         let p = self.params;
-        let n = p.seqlen_k as i64;
+        let n = self.keys;
         if !self.masked {
             return (0, n);
         }
         let k0 = p.k_start as i64;
-        let lo = (first + p.mask_offset as i64 - p.window_left as i64 - k0).clamp(0, n);
-        let hi = (last + p.mask_offset as i64 + p.window_right as i64 + 1 - k0).clamp(0, n);
+        let lo = (first + self.offset - p.window_left as i64 - k0).clamp(0, n);
+        let hi = (last + self.offset + p.window_right as i64 + 1 - k0).clamp(0, n);
         (lo, hi.max(lo))
     }
 
     /// Local rows [lo, hi) that may see absolute keys first..=last.
     pub fn rows(&self, first: i64, last: i64) -> (i64, i64) {
         let p = self.params;
-        let n = p.seqlen_q as i64;
+        let n = self.rows;
         if !self.masked {
             return (0, n);
         }
         let q0 = p.q_start as i64;
-        let lo = (first - p.mask_offset as i64 - p.window_right as i64 - q0).clamp(0, n);
-        let hi = (last - p.mask_offset as i64 + p.window_left as i64 + 1 - q0).clamp(0, n);
+        let lo = (first - self.offset - p.window_right as i64 - q0).clamp(0, n);
+        let hi = (last - self.offset + p.window_left as i64 + 1 - q0).clamp(0, n);
         (lo, hi.max(lo))
     }
 }
@@ -48,9 +52,4 @@ pub fn blocks(lo: i64, hi: i64, b: u64, n: u64) -> impl Iterator<Item = (u64, u6
         begin
     };
     (begin..end).map(move |i| (i * b, b.min(n - i * b)))
-}
-
-/// Every block of `b` over `n` entries: (start, entries).
-pub fn all_blocks(n: u64, b: u64) -> impl Iterator<Item = (u64, u64)> {
-    blocks(0, n as i64, b, n)
 }

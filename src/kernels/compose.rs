@@ -31,6 +31,7 @@ pub const LOOP_BUDGET: &str = include_str!("../../shaders/loop_budget.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
+pub const SIDE: &str = include_str!("../../shaders/side.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).
@@ -39,10 +40,37 @@ pub struct Variant {
     /// Causal and/or local window.
     pub masked: bool,
     pub softcap: bool,
+    /// ALiBi's bias (slopes in the side buffer).
+    pub alibi: bool,
+    /// Attention sinks (logits in the side buffer).
+    pub sinks: bool,
+    /// A packed batch: workgroups find their sequence (prefix sums in the
+    /// side buffer).
+    pub varlen: bool,
+    /// A block mask: loops walk tile lists (and the mask) in the side buffer.
+    pub sparse: bool,
     /// Count storage accesses into [`binding::IO`] (the instrumented build).
     pub count_io: bool,
     /// What the kernel does about the adapter's loop limit.
     pub loop_check: LoopCheck,
+}
+
+impl Variant {
+    /// This variant with the layouts and score terms `opts` asks for.
+    pub fn with_options(self, opts: &crate::api::options::AttentionOptions) -> Self {
+        Self {
+            alibi: opts.alibi.is_some(),
+            sinks: opts.sinks.is_some(),
+            varlen: opts.varlen.is_some(),
+            sparse: opts.block_mask.is_some(),
+            ..self
+        }
+    }
+
+    /// Whether the kernel reads the side buffer.
+    pub fn has_side(&self) -> bool {
+        self.alibi || self.sinks || self.varlen || self.sparse
+    }
 }
 
 /// How a kernel ends on an adapter with a loop limit (`loop_budget.wgsl`).
@@ -87,6 +115,11 @@ pub mod binding {
     pub const LSE_PART: u32 = 22;
     /// The copy kernel's parameters (its buffers use the matmul's A and C).
     pub const COPY: u32 = 23;
+    /// The side tables (`side.wgsl`): packed batches, slopes, sinks, tiles.
+    pub const SIDE: u32 = 24;
+    /// The sinks' gradients: per-workgroup partials, then the sums.
+    pub const DSINK_PART: u32 = 25;
+    pub const DSINKS: u32 = 26;
     pub const COPY_SRC: u32 = 1;
     pub const COPY_DST: u32 = 3;
     /// The matmul's operands (its own numbering: A, B, C).
@@ -165,11 +198,17 @@ impl Composer {
         self
     }
 
-    /// `common.wgsl` with the variant's flags, access counters and guard.
+    /// `common.wgsl` with the variant's flags, the side buffer where it
+    /// reads one, access counters and guard.
     pub fn common(&mut self, variant: Variant) -> &mut Self {
         self.override_bool("IS_MASKED", variant.masked)
-            .override_bool("HAS_SOFTCAP", variant.softcap);
-        self.push(COMMON)
+            .override_bool("HAS_SOFTCAP", variant.softcap)
+            .override_bool("HAS_ALIBI", variant.alibi)
+            .override_bool("HAS_SINKS", variant.sinks)
+            .override_bool("IS_VARLEN", variant.varlen)
+            .override_bool("IS_SPARSE", variant.sparse);
+        self.push(&section(SIDE, on_off(variant.has_side())))
+            .push(COMMON)
             .push(&section(IO_COUNT, on_off(variant.count_io)))
             .push(&section(LOOP_BUDGET, loop_section(variant.loop_check)))
     }

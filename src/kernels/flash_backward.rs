@@ -1,16 +1,16 @@
-//! The flash backward's three kernels: D = rowsum(dO·O) (`flash_bwd_pre`),
-//! dK/dV over key blocks and dQ over query blocks, tiled
-//! (`flash_bwd_{dkdv,dq}.wgsl` on `flash_bwd_common.wgsl`) or lanes
-//! (`flash_bwd_lanes.wgsl`). All atomic-free and deterministic; both P/dS
-//! kernels share their arithmetic (`flash_bwd_math.wgsl`).
+//! The flash backward's kernels: D = rowsum(dO·O) (`flash_bwd_pre`), dK/dV
+//! over key blocks and dQ over query blocks, tiled (`flash_bwd_{dkdv,dq}.wgsl`
+//! on `flash_bwd_common.wgsl`) or lanes (`flash_bwd_lanes.wgsl`), and with
+//! sinks their gradients in two passes (`flash_bwd_sinks.wgsl`). All
+//! atomic-free and deterministic; both P/dS kernels share their arithmetic
+//! (`flash_bwd_math.wgsl`).
 
-use super::band::{all_blocks, blocks, Band};
 use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Variant};
 use super::flash_forward::lanes_unroll;
-use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
+use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::params::Params;
+use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::api::shape::AttentionShape;
 use crate::plan::{KernelFamily, Plan, StorageKind};
 
 const PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
@@ -19,11 +19,16 @@ const COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
 const DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 const DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_bwd_lanes.wgsl");
+const SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 
 /// Rows of D computed per workgroup of the `Dvec` kernel.
 pub const PRE_ROWS: u32 = 64;
+/// Rows each invocation of the sinks' first pass sums (64 invocations a
+/// workgroup: one partial per 1024 rows of a head).
+pub const SINK_ROWS: u32 = 16;
+const SINK_WORKGROUP: u32 = 64;
 
-/// Which of the three backward kernels.
+/// Which of the backward kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackwardPart {
     /// D = rowsum(dO·O), one invocation per row.
@@ -32,6 +37,10 @@ pub enum BackwardPart {
     DkDv,
     /// dQ, one workgroup per query block of one head.
     Dq,
+    /// The sinks' gradient partials, one workgroup per chunk of a head's rows.
+    SinkPartials,
+    /// Each head's partials summed in order.
+    SinkReduce,
 }
 
 /// One backward kernel for one plan and variant.
@@ -56,6 +65,8 @@ pub struct BackwardBuffers<'a> {
     pub dq: &'a wgpu::Buffer,
     pub dk: &'a wgpu::Buffer,
     pub dv: &'a wgpu::Buffer,
+    /// With sinks: the partials (heads_q × chunks, f32) and dsinks (heads_q, f32).
+    pub dsinks: Option<[&'a wgpu::Buffer; 2]>,
 }
 
 impl FlashBackward {
@@ -64,6 +75,8 @@ impl FlashBackward {
             BackwardPart::Dvec => "backward D = rowsum(dO·O)",
             BackwardPart::DkDv => "backward dK/dV",
             BackwardPart::Dq => "backward dQ",
+            BackwardPart::SinkPartials => "backward dsinks partials",
+            BackwardPart::SinkReduce => "backward dsinks",
         }
     }
 
@@ -89,8 +102,33 @@ impl FlashBackward {
             BackwardPart::Dq => {
                 self.gradient_kernel(&mut c, &[("dq", binding::DQ, Access::Write)], DQ, "dq");
             }
+            BackwardPart::SinkPartials | BackwardPart::SinkReduce => self.sinks_kernel(&mut c),
         }
         c.finish("main")
+    }
+
+    /// One pass of the sinks' gradients (f32 buffers only).
+    fn sinks_kernel(&self, c: &mut Composer) {
+        use binding::*;
+        let buffers: &[(&str, u32, Access)] = match self.part {
+            BackwardPart::SinkPartials => &[
+                ("lse", LSE, Access::Read),
+                ("dvec", DVEC, Access::Read),
+                ("part", DSINK_PART, Access::Write),
+            ],
+            _ => &[
+                ("part", DSINK_PART, Access::Read),
+                ("dsinks", DSINKS, Access::Write),
+            ],
+        };
+        let pass = match self.part {
+            BackwardPart::SinkPartials => "partials",
+            _ => "reduce",
+        };
+        c.const_u32("SINK_ROWS", SINK_ROWS)
+            .buffers(StorageKind::F32, buffers)
+            .push(&section(SINKS, "shared"))
+            .push(&section(SINKS, pass));
     }
 
     /// Overrides and constants of the plan, then common.wgsl.
@@ -146,28 +184,46 @@ impl FlashBackward {
         }
     }
 
-    /// The grid of one dispatch over `piece`: rows for D (spread over x and
-    /// y past `max_groups`), key blocks × kv heads for dK/dV, query blocks ×
-    /// heads for dQ; z is the batch.
-    pub fn grid(&self, piece: &AttentionShape, max_groups: u32) -> [u32; 3] {
-        let s = piece;
-        let blocks = |n: usize| n.div_ceil(self.plan.br as usize) as u32;
+    /// The grid of one dispatch over `seqs` (the dispatch's params `p`):
+    /// rows for D (spread over x and y past `max_groups`), key blocks × kv
+    /// heads for dK/dV, query blocks × heads for dQ, z the batch (dense);
+    /// the sinks' chunks × heads, then heads.
+    pub fn grid(&self, p: &Params, seqs: &Sequences, max_groups: u32) -> [u32; 3] {
+        let (b, z) = (self.plan.br, seqs.grid_z());
+        let rows = p.batch * p.seqlen_q;
         match self.part {
             BackwardPart::Dvec => {
-                let groups = (s.batch * s.seqlen_q * s.heads_q).div_ceil(PRE_ROWS as usize) as u32;
-                let x = groups.min(max_groups);
+                let groups = (rows * p.heads_q).div_ceil(PRE_ROWS);
+                let x = groups.min(max_groups).max(1);
                 [x, groups.div_ceil(x), 1]
             }
-            BackwardPart::DkDv => [blocks(s.seqlen_k), s.heads_kv as u32, s.batch as u32],
-            BackwardPart::Dq => [blocks(s.seqlen_q), s.heads_q as u32, s.batch as u32],
+            BackwardPart::DkDv => [seqs.grid_x(b, true), p.heads_q / p.group, z],
+            BackwardPart::Dq => [seqs.grid_x(b, false), p.heads_q, z],
+            BackwardPart::SinkPartials => [sink_chunks(p), p.heads_q, 1],
+            BackwardPart::SinkReduce => [p.heads_q.div_ceil(SINK_WORKGROUP), 1, 1],
+        }
+    }
+
+    /// Bytes of `var<workgroup>` the kernel declares: the plan's tiles for
+    /// dK/dV and dQ, the tree of partials for the sinks' first pass.
+    pub fn workgroup_bytes(&self) -> u32 {
+        match self.part {
+            BackwardPart::DkDv | BackwardPart::Dq => self.plan.workgroup_bytes,
+            BackwardPart::SinkPartials => 4 * SINK_WORKGROUP,
+            BackwardPart::Dvec | BackwardPart::SinkReduce => 0,
         }
     }
 
     /// The `(binding, buffer)` pairs this kernel reads and writes.
     pub fn entries<'a>(&self, b: &BackwardBuffers<'a>) -> Vec<(u32, &'a wgpu::Buffer)> {
         use binding::*;
+        let sinks = b.dsinks.unwrap_or([b.dvec; 2]);
         match self.part {
             BackwardPart::Dvec => vec![(DO, b.d_o), (O, b.o), (DVEC, b.dvec)],
+            BackwardPart::SinkPartials => {
+                vec![(LSE, b.lse), (DVEC, b.dvec), (DSINK_PART, sinks[0])]
+            }
+            BackwardPart::SinkReduce => vec![(DSINK_PART, sinks[0]), (DSINKS, sinks[1])],
             BackwardPart::DkDv | BackwardPart::Dq => {
                 let mut e = vec![
                     (Q, b.q),
@@ -187,23 +243,30 @@ impl FlashBackward {
         }
     }
 
-    /// Storage accesses of one dispatch over `p`.
-    pub fn accesses(&self, p: &Params) -> Accesses {
-        let sq = p.seqlen_q as u64;
-        let dv = self.plan.head_dim_v as u64;
-        let (b, hq, group) = (p.batch as u64, p.heads_q as u64, p.group as u64);
-        let band = Band {
-            params: p,
-            masked: self.variant.masked,
-        };
+    /// Storage accesses of one dispatch with parameters `p` walking `walk`
+    /// (dK/dV's walk by key blocks, dQ's by query blocks). The side buffer
+    /// is not counted (metadata, like uniforms).
+    pub fn accesses(&self, p: &Params, walk: &Walk) -> Accesses {
+        let rows = (p.batch * p.seqlen_q) as u64;
+        let (hq, dv) = (p.heads_q as u64, self.plan.head_dim_v as u64);
+        let chunks = sink_chunks(p) as u64;
         match self.part {
             // dO and O read, D written, per row.
             BackwardPart::Dvec => Accesses {
-                reads: b * hq * sq * 2 * dv,
-                writes: b * hq * sq,
+                reads: hq * rows * 2 * dv,
+                writes: hq * rows,
             },
-            BackwardPart::DkDv => self.dkdv_accesses(p, &band).times(b * hq / group),
-            BackwardPart::Dq => self.dq_accesses(p, &band).times(b * hq),
+            BackwardPart::DkDv => self.dkdv_accesses(p, walk),
+            BackwardPart::Dq => self.dq_accesses(p, walk),
+            // LSE and D of every row read; one partial per chunk written.
+            BackwardPart::SinkPartials => Accesses {
+                reads: hq * rows * 2,
+                writes: hq * chunks,
+            },
+            BackwardPart::SinkReduce => Accesses {
+                reads: hq * chunks,
+                writes: hq,
+            },
         }
     }
 
@@ -212,41 +275,32 @@ impl FlashBackward {
         (self.plan.head_dim as u64, self.plan.head_dim_v as u64)
     }
 
-    /// One kv head's dK/dV: K, V read and written once per key block; Q,
-    /// dO, LSE, D of every visible query block of every head in the group.
-    fn dkdv_accesses(&self, p: &Params, band: &Band) -> Accesses {
-        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
+    /// dK/dV: per key block and kv head, K and V read and written once; Q,
+    /// dO, LSE and D of every tile each head of the group visits.
+    fn dkdv_accesses(&self, p: &Params, walk: &Walk) -> Accesses {
         let (d, dv) = self.dims();
-        // Workgroups own blocks of br keys and step through rows in blocks of bc.
-        let (outer, inner) = (self.plan.br as u64, self.plan.bc as u64);
+        let (g, heads_kv) = (p.group as usize, (p.heads_q / p.group) as usize);
         let mut a = Accesses::default();
-        for (k0, keys) in all_blocks(sk, outer) {
-            a.reads += keys * (d + dv);
-            a.writes += keys * (d + dv);
-            let first = (p.k_start as u64 + k0) as i64;
-            let (lo, hi) = band.rows(first, first + keys as i64 - 1);
-            for (_, rows) in blocks(lo, hi, inner, sq) {
-                a.reads += p.group as u64 * (rows * (d + dv) + 2 * rows);
+        for o in walk.outer() {
+            let keys = o.2;
+            for hk in 0..heads_kv {
+                a.reads += keys * (d + dv) + walk.visited(o, hk * g..(hk + 1) * g) * (d + dv + 2);
+                a.writes += keys * (d + dv);
             }
         }
         a
     }
 
-    /// One query head's dQ: Q, dO, LSE, D read once per query block, K and
-    /// V per visible key block; dQ written once.
-    fn dq_accesses(&self, p: &Params, band: &Band) -> Accesses {
-        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
+    /// dQ: per query block and head, Q, dO, LSE, D read once, K and V per
+    /// visited tile; dQ written once.
+    fn dq_accesses(&self, p: &Params, walk: &Walk) -> Accesses {
         let (d, dv) = self.dims();
-        let (outer, inner) = (self.plan.br as u64, self.plan.bc as u64);
+        let heads = p.heads_q as usize;
         let mut a = Accesses::default();
-        for (q0, rows) in all_blocks(sq, outer) {
-            a.reads += rows * (d + dv) + 2 * rows;
-            a.writes += rows * d;
-            let first = (p.q_start as u64 + q0) as i64;
-            let (lo, hi) = band.keys(first, first + rows as i64 - 1);
-            for (_, keys) in blocks(lo, hi, inner, sk) {
-                a.reads += keys * (d + dv);
-            }
+        for o in walk.outer() {
+            let (rows, h) = (o.2, heads as u64);
+            a.reads += h * (rows * (d + dv) + 2 * rows) + walk.visited(o, 0..heads) * (d + dv);
+            a.writes += h * rows * d;
         }
         a
     }
@@ -258,13 +312,17 @@ impl FlashBackward {
         let p = &self.plan;
         let g = group as u64;
         let (step, dim) = match self.part {
-            BackwardPart::Dvec => (1, LoopDim::Rows),
             BackwardPart::DkDv => (p.br, LoopDim::Rows),
             BackwardPart::Dq => (p.br, LoopDim::Keys),
+            _ => (1, LoopDim::Rows),
         };
         // Each long loop's last pass, and the loop-budget guard.
-        let (per_step, fixed) = match (self.part, p.kernel) {
+        let (per_step, mut fixed) = match (self.part, p.kernel) {
             (BackwardPart::Dvec, _) => (0, constant(p.head_dim_v, 12, 0) + GUARD),
+            // The row loop and the tree, unrolled or not; the reduce's
+            // loop over chunks is short (one per 1024 rows of a head).
+            (BackwardPart::SinkPartials, _) => (0, counted(SINK_ROWS as u64, 0, 0) + 8 + GUARD),
+            (BackwardPart::SinkReduce, _) => (0, 2 + GUARD),
             (BackwardPart::DkDv, KernelFamily::Lanes) => (g, 2 * g + 2 + GUARD),
             (BackwardPart::Dq, KernelFamily::Lanes) => (1, 1 + GUARD),
             (BackwardPart::DkDv, KernelFamily::Tiled) => {
@@ -284,6 +342,9 @@ impl FlashBackward {
                 (step, t.rows + 1 + nested + GUARD)
             }
         };
+        if self.variant.varlen && matches!(self.part, BackwardPart::DkDv | BackwardPart::Dq) {
+            fixed += VARLEN_SEARCH;
+        }
         LoopCost {
             dim,
             step,
@@ -291,6 +352,12 @@ impl FlashBackward {
             fixed,
         }
     }
+}
+
+/// Chunks of the sinks' first pass per head: one per SINK_WORKGROUP ·
+/// SINK_ROWS rows of (batch, row).
+pub fn sink_chunks(p: &Params) -> u32 {
+    (p.batch * p.seqlen_q).div_ceil(SINK_WORKGROUP * SINK_ROWS)
 }
 
 /// Counted iterations of the tiled backward's loops (see

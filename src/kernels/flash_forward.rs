@@ -4,12 +4,10 @@
 //! of Br query rows of one (batch, head); it streams the key blocks its rows
 //! can see and writes O and LSE once.
 
-use super::band::{all_blocks, blocks, Band};
 use super::compose::{binding, unroll, Access, Composer, KernelSource, Unroll, Variant};
-use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
-use super::params::Params;
+use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
+use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::api::shape::AttentionShape;
 use crate::plan::{KernelFamily, Plan, StorageKind};
 
 const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
@@ -73,9 +71,10 @@ impl FlashForward {
         c.push(&unroll(LANES, lanes_unroll(p))).finish("main")
     }
 
-    /// Workgroups along x: one per block of Br rows (heads and batch are y, z).
-    pub fn blocks(&self, piece: &AttentionShape) -> u32 {
-        piece.seqlen_q.div_ceil(self.plan.br as usize) as u32
+    /// Workgroups along x: one per block of Br rows of one sequence (dense:
+    /// the batch is z), or of every sequence (packed); heads are y.
+    pub fn grid_x(&self, seqs: &Sequences) -> u32 {
+        seqs.grid_x(self.plan.br, false)
     }
 
     /// The `(binding, buffer)` pairs of a dispatch (params go to binding 0).
@@ -84,27 +83,19 @@ impl FlashForward {
         [(Q, b.q), (K, b.k), (V, b.v), (O, b.o), (LSE, b.lse)]
     }
 
-    /// Storage accesses of one dispatch over `p`: each workgroup reads its Q
-    /// rows once and K and V for every visible key block; writes O and LSE once.
-    pub fn accesses(&self, p: &Params) -> Accesses {
-        let plan = &self.plan;
-        let (sq, sk) = (p.seqlen_q as u64, p.seqlen_k as u64);
-        let (d, dv) = (plan.head_dim as u64, plan.head_dim_v as u64);
-        let band = Band {
-            params: p,
-            masked: self.variant.masked,
-        };
-        let mut per_head = Accesses::default();
-        for (q0, rows) in all_blocks(sq, plan.br as u64) {
-            per_head.reads += rows * d;
-            per_head.writes += rows * dv + rows;
-            let first = (p.q_start as u64 + q0) as i64;
-            let (lo, hi) = band.keys(first, first + rows as i64 - 1);
-            for (_, keys) in blocks(lo, hi, plan.bc as u64, sk) {
-                per_head.reads += keys * (d + dv);
-            }
+    /// Storage accesses of one dispatch walking `walk` for `heads` query
+    /// heads: each workgroup reads its Q rows once and K and V for every
+    /// tile it visits (the band's blocks, or its tile list); writes O and
+    /// LSE once. The side buffer is not counted (metadata, like uniforms).
+    pub fn accesses(&self, walk: &Walk, heads: usize) -> Accesses {
+        let (d, dv) = (self.plan.head_dim as u64, self.plan.head_dim_v as u64);
+        let mut a = Accesses::default();
+        for o in walk.outer() {
+            let (rows, h) = (o.2, heads as u64);
+            a.reads += h * rows * d + walk.visited(o, 0..heads) * (d + dv);
+            a.writes += h * (rows * dv + rows);
         }
-        per_head.times(p.batch as u64 * p.heads_q as u64)
+        a
     }
 
     /// Loop iterations per invocation (per 8 on llvmpipe), as a function of
@@ -117,7 +108,7 @@ impl FlashForward {
     pub fn loop_cost(&self) -> LoopCost {
         let p = &self.plan;
         // The key-block loop's last pass, and the loop-budget guard.
-        let (per_step, fixed) = match p.kernel {
+        let (per_step, mut fixed) = match p.kernel {
             KernelFamily::Lanes => (1, 1 + GUARD),
             KernelFamily::Tiled => {
                 let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);
@@ -134,6 +125,9 @@ impl FlashForward {
                 )
             }
         };
+        if self.variant.varlen {
+            fixed += VARLEN_SEARCH;
+        }
         LoopCost {
             dim: LoopDim::Keys,
             step: p.bc,

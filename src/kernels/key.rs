@@ -47,9 +47,9 @@ impl KernelKey {
         match self {
             KernelKey::FlashForward(_) | KernelKey::FlashDecode(_) => Some(LoopDim::Keys),
             KernelKey::FlashBackward(k) => match k.part {
-                BackwardPart::Dvec => None,
                 BackwardPart::DkDv => Some(LoopDim::Rows),
                 BackwardPart::Dq => Some(LoopDim::Keys),
+                _ => None,
             },
             _ => None,
         }

@@ -70,6 +70,11 @@ pub fn unrolled(trips: u32, ops: u32, per_trip: u64) -> bool {
     per_trip == 0 && trips <= UNROLLED_TRIP && trips * (ops + 10) <= 832
 }
 
+/// Iterations a packed batch's binary search for the workgroup's sequence
+/// may take (`sequence()` in common.wgsl: at most 32 halvings, and the
+/// pass that leaves).
+pub const VARLEN_SEARCH: u64 = 33;
+
 /// Iterations of the loop-budget guard every kernel ends with (its loop
 /// breaks at the end of its body, so its two passes are all it takes).
 pub const GUARD: u64 = 2;

@@ -15,6 +15,8 @@ pub mod loops;
 pub mod matmul;
 pub mod naive;
 pub mod params;
+pub mod side;
+pub mod walk;
 
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
@@ -27,3 +29,5 @@ pub use loops::{LoopCost, LoopDim};
 pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
 pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, Uniform};
+pub use side::SideTables;
+pub use walk::{SeqDims, Sequences, TileLists, Visit, Walk};

@@ -62,7 +62,25 @@ uniform_struct! {
         pub scale: f32,
         pub softcap: f32,
         pub batch: u32,
-        pub _pad: u32,
+        pub batch_start: u32,
+        pub head_start: u32,
+        pub seq_at: u32,
+        pub alibi_at: u32,
+        pub alibi_batch_stride: u32,
+        pub sinks_at: u32,
+        pub qtiles_at: u32,
+        pub qtiles_entries: u32,
+        pub qtiles_head_stride: u32,
+        pub ktiles_at: u32,
+        pub ktiles_entries: u32,
+        pub ktiles_head_stride: u32,
+        pub mask_at: u32,
+        pub mask_bm: u32,
+        pub mask_bn: u32,
+        pub mask_cols: u32,
+        pub mask_batch_stride: u32,
+        pub mask_head_stride: u32,
+        pub seq_count: u32,
     }
 }
 
@@ -118,13 +136,17 @@ uniform_struct! {
 
 /// A piece of a problem as laid out in the buffers bound for one dispatch:
 /// `local` sizes index the buffers; `q_start`/`k_start` place it in `full`,
-/// the problem the masks are defined on.
+/// the problem the masks are defined on (for a packed batch: in each
+/// sequence); `batch_start`/`head_start` are its first batch entry and
+/// query head there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Piece {
     pub local: AttentionShape,
     pub full: AttentionShape,
     pub q_start: usize,
     pub k_start: usize,
+    pub batch_start: usize,
+    pub head_start: usize,
 }
 
 impl Piece {
@@ -134,6 +156,8 @@ impl Piece {
             full: shape,
             q_start: 0,
             k_start: 0,
+            batch_start: 0,
+            head_start: 0,
         }
     }
 }
@@ -182,7 +206,10 @@ impl Params {
             scale: opts.scale_for(d),
             softcap: opts.softcap_value(),
             batch: to_u32("batch", s.batch)?,
-            _pad: 0,
+            batch_start: to_u32("batch start", piece.batch_start)?,
+            head_start: to_u32("head start", piece.head_start)?,
+            seq_count: to_u32("sequences", opts.varlen.as_ref().map_or(0, |v| v.batch()))?,
+            ..Default::default()
         })
     }
 

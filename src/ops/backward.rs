@@ -1,35 +1,40 @@
 //! The flash backward as an operation on host tensors: D = rowsum(dO·O),
-//! then dK/dV over key blocks and dQ over query blocks, all atomic-free and
-//! deterministic. Extra storage beyond inputs and gradients is D (one f32
-//! per row). Split problems sum partial gradients in a fixed order.
+//! then dK/dV over key blocks and dQ over query blocks, and with sinks
+//! their gradients in two passes, all atomic-free and deterministic. Extra
+//! storage beyond inputs and gradients is D (one f32 per row). Split
+//! problems sum partial gradients in a fixed order.
 
-use super::pieces::{
-    gather_keys, gather_lse, gather_o_rows, gather_rows, gather_v_keys, GradAssembly,
-};
+use super::pieces::GradAssembly;
+use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
-use crate::api::output::BackwardOutput;
-use crate::api::shape::AttentionShape;
+use crate::api::output::{Accesses, BackwardOutput};
+use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::TensorData;
 use crate::error::Result;
 use crate::kernels::{
-    binding, BackwardBuffers, BackwardPart, FlashBackward, KernelKey, LoopCost, Params, Piece,
+    binding, BackwardBuffers, BackwardPart, FlashBackward, KernelKey, LoopCost, Params, Variant,
+    Walk,
 };
-use crate::plan::{plan_backward, split, PieceLimits, Plan, PlanOverrides, PlanRequest, Split};
+use crate::plan::{plan_backward, PieceLimits, Plan, PlanOverrides};
 use crate::runtime::{Call, Dispatch, Gpu};
 
+/// The kernels of a backward, in order; with sinks the two passes of their
+/// gradients follow.
 const PARTS: [BackwardPart; 3] = [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq];
+const SINK_PARTS: [BackwardPart; 2] = [BackwardPart::SinkPartials, BackwardPart::SinkReduce];
 
 /// A backward's inputs and kernels, validated.
 struct Backward<'a> {
     inputs: &'a BackwardInputs<'a>,
     opts: &'a AttentionOptions,
     shape: AttentionShape,
-    kernels: [FlashBackward; 3],
+    kernels: Vec<FlashBackward>,
 }
 
-/// Gradients dq, dk, dv on host tensors (split where needed, never rejected).
+/// Gradients dq, dk, dv (and dsinks) on host tensors (split where needed,
+/// never rejected).
 pub async fn backward(
     gpu: &Gpu,
     inputs: &BackwardInputs<'_>,
@@ -38,20 +43,31 @@ pub async fn backward(
 ) -> Result<BackwardOutput> {
     let shape = inputs.shape()?;
     opts.validate_for(&shape)?;
-    super::check_features(opts)?;
     let precision = inputs.q.precision();
-    let req = PlanRequest::for_shape(&shape, precision, *overrides);
+    let req = plan_request(&shape, opts, precision, *overrides);
     let plan = plan_backward(&req, &gpu.caps())?.plan;
-    let variant = gpu.variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0);
+    let variant = gpu
+        .variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0)
+        .with_options(opts);
+    let sinks = opts
+        .sinks
+        .is_some()
+        .then_some(SINK_PARTS)
+        .into_iter()
+        .flatten();
     let b = Backward {
         inputs,
         opts,
         shape,
-        kernels: PARTS.map(|part| FlashBackward {
-            part,
-            plan,
-            variant,
-        }),
+        kernels: PARTS
+            .into_iter()
+            .chain(sinks)
+            .map(|part| FlashBackward {
+                part,
+                plan,
+                variant: part_variant(part, variant),
+            })
+            .collect(),
     };
     let group = shape.group() as u32;
     let loops: Vec<(KernelKey, LoopCost)> = b
@@ -64,8 +80,31 @@ pub async fn backward(
     })
     .await?;
     out.stats.reruns = reruns;
-    Ok(out)
+    Ok(out.packed(opts.varlen.is_some()))
 }
+
+/// The code each kernel carries of `variant`: D and the sums of the sinks'
+/// partials read no layout or score term, the partials only the sinks.
+fn part_variant(part: BackwardPart, variant: Variant) -> Variant {
+    let plain = Variant {
+        alibi: false,
+        sinks: false,
+        varlen: false,
+        sparse: false,
+        ..variant
+    };
+    match part {
+        BackwardPart::DkDv | BackwardPart::Dq => variant,
+        BackwardPart::SinkPartials => Variant {
+            sinks: true,
+            ..plain
+        },
+        BackwardPart::Dvec | BackwardPart::SinkReduce => plain,
+    }
+}
+
+/// One piece's gradients `[dq, dk, dv]` and its dsinks (with sinks).
+type PieceGrads = ([TensorData; 3], Option<Vec<f32>>);
 
 /// One attempt: the problem in pieces within `limits`.
 async fn in_pieces(
@@ -76,53 +115,54 @@ async fn in_pieces(
 ) -> Result<BackwardOutput> {
     let shape = b.shape;
     let precision = b.inputs.q.precision();
-    let pieces = split(&shape, &limits)?;
+    let pieces = pieces(&shape, b.opts, &limits)?;
     let mut call = Call::new(gpu, Some(plan));
     call.stats.pieces = pieces.len() as u32;
-    let grads = if pieces.len() == 1 {
-        let i = b.inputs;
-        let tensors = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.as_bytes());
-        run_piece(&mut call, b, &Piece::whole(shape), tensors, i.lse).await?
-    } else {
-        let mut sum = GradAssembly::new(shape);
-        for s in &pieces {
-            sum.add(s, &run_split(&mut call, b, s).await?);
+    let (grads, dsinks) = match pieces.as_slice() {
+        [p] if p.whole => {
+            let i = b.inputs;
+            let tensors = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.as_bytes());
+            run_piece(&mut call, b, p, tensors, i.lse).await?
         }
-        sum.finish(precision)
+        _ => {
+            let mut sum = GradAssembly::new(shape);
+            for p in &pieces {
+                let (grads, dsinks) = run_split(&mut call, b, p).await?;
+                sum.add(&p.rows, &grads, dsinks.as_deref());
+            }
+            let (grads, dsinks) = sum.finish(precision);
+            (grads, b.opts.sinks.is_some().then_some(dsinks))
+        }
     };
-    Ok(BackwardOutput::new(&shape, grads, call.finish()))
+    Ok(BackwardOutput::new(&shape, grads, call.finish()).with_dsinks(dsinks))
 }
 
-/// Gather one piece (with the full rows' LSE) and run it: its gradients are
+/// Gather one piece (with its rows' LSE) and run it: its gradients are
 /// partial sums (dQ over its keys, dK/dV over its rows).
-async fn run_split(call: &mut Call<'_>, b: &Backward<'_>, s: &Split) -> Result<[TensorData; 3]> {
-    let (i, shape) = (b.inputs, &b.shape);
+async fn run_split(call: &mut Call<'_>, b: &Backward<'_>, p: &Prepared) -> Result<PieceGrads> {
+    let (i, s) = (b.inputs, &b.shape);
+    let r = &p.rows;
     let parts = [
-        gather_rows(i.q.data, shape, s),
-        gather_keys(i.k.data, shape, s),
-        gather_v_keys(i.v.data, shape, s),
-        gather_o_rows(i.o.data, shape, s),
-        gather_o_rows(i.d_o.data, shape, s),
+        r.gather_q(i.q.data, Layout::q(s)),
+        r.gather_k(i.k.data, Layout::kv(s)),
+        r.gather_k(i.v.data, Layout::v(s)),
+        r.gather_q(i.o.data, Layout::o(s)),
+        r.gather_q(i.d_o.data, Layout::o(s)),
     ];
-    let piece = Piece {
-        local: s.shape(shape),
-        full: *shape,
-        q_start: s.rows.start,
-        k_start: s.keys.start,
-    };
+    let lse = r.gather_lse(i.lse, super::pieces::LseLayout::of(s), p.lse_layout());
     let bytes = parts.each_ref().map(|p| p.as_host().as_bytes());
-    run_piece(call, b, &piece, bytes, &gather_lse(i.lse, shape, s)).await
+    run_piece(call, b, p, bytes, &lse).await
 }
 
-/// Upload one piece, run the three kernels, read dq, dk, dv back.
+/// Upload one piece, run the kernels, read dq, dk, dv (and dsinks) back.
 async fn run_piece(
     call: &mut Call<'_>,
     b: &Backward<'_>,
-    piece: &Piece,
+    p: &Prepared,
     [q, k, v, o, d_o]: [&[u8]; 5],
     lse: &[f32],
-) -> Result<[TensorData; 3]> {
-    let s = &piece.local;
+) -> Result<PieceGrads> {
+    let s = &p.piece.local;
     let precision = b.kernels[0].plan.storage.precision();
     let lens = [s.q_len(), s.kv_len(), s.v_len()];
     let [q_bytes, kv_bytes, v_bytes] = lens.map(|n| n as u64 * precision.bytes() as u64);
@@ -136,6 +176,8 @@ async fn run_piece(
     let dvec = call.storage("D = rowsum(dO·O)", s.lse_len() as u64 * 4)?;
     let dq = call.storage("dq", q_bytes)?;
     let (dk, dv) = (call.storage("dk", kv_bytes)?, call.storage("dv", v_bytes)?);
+    let launch = Launch::new(b, p, call.gpu.max_groups())?;
+    let dsinks = launch.dsink_buffers(call)?;
     let bufs = BackwardBuffers {
         q: &q,
         k: &k,
@@ -147,53 +189,142 @@ async fn run_piece(
         dq: &dq,
         dk: &dk,
         dv: &dv,
+        dsinks: dsinks.as_ref().map(|[a, b]| [a, b]),
     };
-    let base = Params::new(piece, b.opts)?;
-    let mut all = Vec::new();
-    for kernel in &b.kernels {
-        call.stats.accesses += kernel.accesses(&base);
-        all.extend(dispatches(call.gpu, kernel, piece, &base, &bufs));
+    let side = launch.side_buffer(call)?;
+    call.stats.accesses += launch.accesses;
+    let dispatches = launch.dispatches(call.gpu, &b.kernels, &bufs, side.as_ref());
+    call.run(&dispatches).await?;
+    let mut reads = vec![(&dq, q_bytes), (&dk, kv_bytes), (&dv, v_bytes)];
+    if let Some([_, sums]) = &dsinks {
+        reads.push((sums, s.heads_q as u64 * 4));
     }
-    call.run(&all).await?;
-    let data = call
-        .read(&[(&dq, q_bytes), (&dk, kv_bytes), (&dv, v_bytes)])
-        .await?;
-    Ok([0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i])))
+    let data = call.read(&reads).await?;
+    let grads = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    Ok((grads, data.get(3).map(|d| bytemuck::pod_collect_to_vec(d))))
 }
 
-/// The dispatches of one backward kernel over a piece, the block grid split
-/// at the device's per-dimension limit.
-fn dispatches<'a>(
-    gpu: &Gpu,
-    kernel: &FlashBackward,
-    piece: &Piece,
-    base: &Params,
-    bufs: &BackwardBuffers<'a>,
-) -> Vec<Dispatch<'a>> {
-    let s = &piece.local;
-    let max = gpu.max_groups();
-    let [x, y, z] = kernel.grid(s, max);
-    let walk = match kernel.part {
-        BackwardPart::Dvec => None,
-        BackwardPart::DkDv => Some((s.seqlen_q, kernel.plan.br)),
-        BackwardPart::Dq => Some((s.seqlen_k, kernel.plan.br)),
-    };
-    let dispatch = |offset: u32, grid: [u32; 3]| Dispatch {
-        kernel: (*kernel).into(),
-        uniforms: vec![(
-            binding::PARAMS,
-            bytemuck::bytes_of(&base.at_block(offset)).to_vec(),
-        )],
-        buffers: kernel.entries(bufs),
-        grid,
-        walk,
-    };
-    if kernel.part == BackwardPart::Dvec {
-        // D's rows already spread over x and y.
-        return vec![dispatch(0, [x, y, z])];
+/// The backward's dispatches over one piece: shared parameters and side
+/// tables, each kernel's grid, and their storage accesses.
+struct Launch {
+    params: Params,
+    side: Vec<u32>,
+    grids: Vec<[u32; 3]>,
+    accesses: Accesses,
+    /// The longest rows and keys of a sequence (what the long loops walk).
+    longest: (usize, usize),
+    /// With sinks: the partials' length (heads × chunks); the piece holds
+    /// key 0 of its rows (no other piece adds their dsinks).
+    sink_partials: Option<u64>,
+}
+
+impl Launch {
+    fn new(b: &Backward<'_>, p: &Prepared, max_groups: u32) -> Result<Self> {
+        let mut params = Params::new(&p.piece, b.opts)?;
+        let seqs = p.sequences(&params);
+        let heads = p.piece.local.heads_q;
+        let plan = &b.kernels[0].plan;
+        let walk = |by_keys| Walk {
+            params: &params,
+            seqs: &seqs,
+            masked: b.kernels[1].variant.masked,
+            mask: b.opts.block_mask.as_ref(),
+            tiles: [plan.br, plan.bc],
+            by_keys,
+        };
+        let (by_keys, by_rows) = (walk(true), walk(false));
+        let mut accesses = Accesses::default();
+        let mut grids = Vec::new();
+        for k in &b.kernels {
+            let w = if k.part == BackwardPart::DkDv {
+                &by_keys
+            } else {
+                &by_rows
+            };
+            accesses += k.accesses(&params, w);
+            grids.push(k.grid(&params, &seqs, max_groups));
+        }
+        let tables = side_tables(
+            b.opts,
+            &seqs,
+            plan.br,
+            [Some(&by_rows), Some(&by_keys)],
+            heads,
+        );
+        let sink_partials =
+            b.opts.sinks.is_some().then(|| {
+                heads as u64 * crate::kernels::flash_backward::sink_chunks(&params) as u64
+            });
+        let longest = seqs.longest();
+        let side = tables.build(&mut params, p.piece.full.heads_q)?;
+        Ok(Self {
+            params,
+            side,
+            grids,
+            accesses,
+            longest,
+            sink_partials,
+        })
     }
-    (0..x)
-        .step_by(max as usize)
-        .map(|offset| dispatch(offset, [(x - offset).min(max), y, z]))
-        .collect()
+
+    fn side_buffer(&self, call: &mut Call) -> Result<Option<wgpu::Buffer>> {
+        (!self.side.is_empty())
+            .then(|| call.upload("side tables", bytemuck::cast_slice(&self.side)))
+            .transpose()
+    }
+
+    /// With sinks, the partials' and the sums' buffers.
+    fn dsink_buffers(&self, call: &mut Call) -> Result<Option<[wgpu::Buffer; 2]>> {
+        let Some(n) = self.sink_partials else {
+            return Ok(None);
+        };
+        let heads = self.params.heads_q as u64;
+        Ok(Some([
+            call.storage("dsinks partials", n * 4)?,
+            call.storage("dsinks", heads * 4)?,
+        ]))
+    }
+
+    /// Every kernel's dispatches, each grid split at the device's
+    /// per-dimension limit (D's rows already spread over x and y).
+    fn dispatches<'a>(
+        &self,
+        gpu: &Gpu,
+        kernels: &[FlashBackward],
+        bufs: &BackwardBuffers<'a>,
+        side: Option<&'a wgpu::Buffer>,
+    ) -> Vec<Dispatch<'a>> {
+        let max = gpu.max_groups();
+        let mut out = Vec::new();
+        for (kernel, &[x, y, z]) in kernels.iter().zip(&self.grids) {
+            let mut buffers = kernel.entries(bufs);
+            if kernel.variant.has_side() {
+                buffers.extend(side.map(|b| (binding::SIDE, b)));
+            }
+            let walk = match kernel.part {
+                BackwardPart::DkDv => Some((self.longest.0, kernel.plan.br)),
+                BackwardPart::Dq => Some((self.longest.1, kernel.plan.br)),
+                _ => None,
+            };
+            // D's rows already spread over x and y: one dispatch.
+            let step = if kernel.part == BackwardPart::Dvec {
+                x
+            } else {
+                max
+            };
+            for offset in (0..x).step_by(step.max(1) as usize) {
+                out.push(Dispatch {
+                    kernel: (*kernel).into(),
+                    uniforms: vec![(
+                        binding::PARAMS,
+                        bytemuck::bytes_of(&self.params.at_block(offset)).to_vec(),
+                    )],
+                    buffers: buffers.clone(),
+                    grid: [(x - offset).min(max), y, z],
+                    walk,
+                });
+            }
+        }
+        out
+    }
 }

@@ -3,15 +3,16 @@
 //! guard fires) and on caller-owned device buffers (one dispatch set, never
 //! split).
 
-use super::pieces::{gather_keys, gather_rows, gather_v_keys, ForwardAssembly};
+use super::pieces::ForwardAssembly;
+use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
-use crate::api::output::{CallStats, ForwardOutput};
-use crate::api::shape::AttentionShape;
+use crate::api::output::{Accesses, CallStats, ForwardOutput};
+use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
-use crate::kernels::{binding, AttentionBuffers, FlashForward, KernelKey, Params, Piece};
-use crate::plan::{plan_forward, split, PieceLimits, PlanOverrides, PlanRequest, Split};
+use crate::kernels::{binding, AttentionBuffers, FlashForward, KernelKey, Params, Walk};
+use crate::plan::{plan_forward, PieceLimits, PlanOverrides};
 use crate::runtime::{padded, Call, Dispatch, Gpu};
 
 /// A forward's inputs and choices, validated.
@@ -31,11 +32,12 @@ fn kernel_for(
     overrides: &PlanOverrides,
 ) -> Result<FlashForward> {
     opts.validate_for(shape)?;
-    super::check_features(opts)?;
-    let req = PlanRequest::for_shape(shape, precision, *overrides);
+    let req = plan_request(shape, opts, precision, *overrides);
     Ok(FlashForward {
         plan: plan_forward(&req, &gpu.caps())?.plan,
-        variant: gpu.variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0),
+        variant: gpu
+            .variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0)
+            .with_options(opts),
     })
 }
 
@@ -62,25 +64,29 @@ pub async fn forward(
     })
     .await?;
     out.stats.reruns = reruns;
-    Ok(out)
+    Ok(out.packed(opts.varlen.is_some()))
 }
 
 /// One attempt: the problem in pieces within `limits`.
 async fn in_pieces(gpu: &Gpu, f: &Forward<'_>, limits: PieceLimits) -> Result<ForwardOutput> {
     let (shape, precision) = (f.shape, f.qkv[0].precision());
-    let pieces = split(&shape, &limits)?;
+    let pieces = pieces(&shape, f.opts, &limits)?;
     let mut call = Call::new(gpu, Some(f.kernel.plan));
     call.stats.pieces = pieces.len() as u32;
-    let (o, lse) = if pieces.len() == 1 {
-        let bytes = f.qkv.map(|t| t.data.as_bytes());
-        run_piece(&mut call, f, &Piece::whole(shape), bytes).await?
-    } else {
-        let mut out = ForwardAssembly::new(shape, precision, &pieces);
-        for s in &pieces {
-            let (o, lse) = run_split(&mut call, f, s).await?;
-            out.add(s, &o, &lse);
+    let (o, lse) = match pieces.as_slice() {
+        [p] if p.whole => {
+            let bytes = f.qkv.map(|t| t.data.as_bytes());
+            run_piece(&mut call, f, p, bytes).await?
         }
-        out.finish(precision)
+        _ => {
+            let keys_split = pieces.iter().any(|p| p.piece.k_start > 0);
+            let mut out = ForwardAssembly::new(shape, precision, keys_split);
+            for p in &pieces {
+                let (o, lse) = run_split(&mut call, f, p).await?;
+                out.add(&p.rows, (&o, &lse), p.lse_layout());
+            }
+            out.finish(precision)
+        }
     };
     Ok(ForwardOutput::new(shape, o, lse, call.finish()))
 }
@@ -89,37 +95,26 @@ async fn in_pieces(gpu: &Gpu, f: &Forward<'_>, limits: PieceLimits) -> Result<Fo
 async fn run_split(
     call: &mut Call<'_>,
     f: &Forward<'_>,
-    s: &Split,
+    p: &Prepared,
 ) -> Result<(TensorData, Vec<f32>)> {
     let [q, k, v] = f.qkv;
+    let s = &f.shape;
     let parts = [
-        gather_rows(q.data, &f.shape, s),
-        gather_keys(k.data, &f.shape, s),
-        gather_v_keys(v.data, &f.shape, s),
+        p.rows.gather_q(q.data, Layout::q(s)),
+        p.rows.gather_k(k.data, Layout::kv(s)),
+        p.rows.gather_k(v.data, Layout::v(s)),
     ];
-    let piece = Piece {
-        local: s.shape(&f.shape),
-        full: f.shape,
-        q_start: s.rows.start,
-        k_start: s.keys.start,
-    };
-    run_piece(
-        call,
-        f,
-        &piece,
-        parts.each_ref().map(|p| p.as_host().as_bytes()),
-    )
-    .await
+    run_piece(call, f, p, parts.each_ref().map(|p| p.as_host().as_bytes())).await
 }
 
 /// Upload one piece, run it, read o and lse back.
 async fn run_piece(
     call: &mut Call<'_>,
     f: &Forward<'_>,
-    piece: &Piece,
+    p: &Prepared,
     [q, k, v]: [&[u8]; 3],
 ) -> Result<(TensorData, Vec<f32>)> {
-    let s = &piece.local;
+    let s = &p.piece.local;
     let precision = f.kernel.plan.storage.precision();
     let o_bytes = s.o_len() as u64 * precision.bytes() as u64;
     let lse_bytes = s.lse_len() as u64 * 4;
@@ -137,51 +132,105 @@ async fn run_piece(
         o: &o,
         lse: &lse,
     };
-    let (dispatches, accesses) = dispatches(call.gpu, &f.kernel, piece, f.opts, &bufs)?;
-    call.stats.accesses += accesses;
-    call.run(&dispatches).await?;
+    let launch = Launch::new(&f.kernel, p, f.opts)?;
+    launch.check_grid(call.gpu)?;
+    let side = launch.side_buffer(call)?;
+    call.stats.accesses += launch.accesses;
+    call.run(&launch.dispatches(call.gpu, &f.kernel, &bufs, side.as_ref()))
+        .await?;
     let mut data = call.read(&[(&o, o_bytes), (&lse, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
     let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, s.o_len());
     Ok((o, lse))
 }
 
-/// The dispatches of the flash kernel over one piece (the grid split at the
-/// device's per-dimension limit) and their storage accesses.
-fn dispatches<'a>(
-    gpu: &Gpu,
-    kernel: &FlashForward,
-    piece: &Piece,
-    opts: &AttentionOptions,
-    bufs: &AttentionBuffers<'a>,
-) -> Result<(Vec<Dispatch<'a>>, crate::api::output::Accesses)> {
-    let s = &piece.local;
-    let max = gpu.max_groups();
-    for (what, n) in [("batch", s.batch), ("heads_q", s.heads_q)] {
-        if n > max as usize {
-            return Err(Error::GridTooLarge {
-                what,
-                groups: n as u64,
-                max,
-            });
-        }
-    }
-    let base = Params::new(piece, opts)?;
-    let blocks = kernel.blocks(s);
-    let out = (0..blocks)
-        .step_by(max as usize)
-        .map(|offset| Dispatch {
-            kernel: (*kernel).into(),
-            uniforms: vec![(
-                binding::PARAMS,
-                bytemuck::bytes_of(&base.at_block(offset)).to_vec(),
-            )],
-            buffers: FlashForward::entries(bufs).to_vec(),
-            grid: [(blocks - offset).min(max), s.heads_q as u32, s.batch as u32],
-            walk: Some((s.seqlen_k, kernel.plan.bc)),
+/// One dispatch set of the flash forward over a piece: its parameters, the
+/// side tables its variant reads, its grid and storage accesses.
+struct Launch {
+    params: Params,
+    side: Vec<u32>,
+    grid: [u32; 3],
+    accesses: Accesses,
+    /// The most keys a sequence has (what the key loop walks).
+    keys: usize,
+}
+
+impl Launch {
+    fn new(kernel: &FlashForward, p: &Prepared, opts: &AttentionOptions) -> Result<Self> {
+        let mut params = Params::new(&p.piece, opts)?;
+        let seqs = p.sequences(&params);
+        let heads = p.piece.local.heads_q;
+        let plan = &kernel.plan;
+        let walk = Walk {
+            params: &params,
+            seqs: &seqs,
+            masked: kernel.variant.masked,
+            mask: opts.block_mask.as_ref(),
+            tiles: [plan.br, plan.bc],
+            by_keys: false,
+        };
+        let accesses = kernel.accesses(&walk, heads);
+        let tables = side_tables(opts, &seqs, plan.br, [Some(&walk), None], heads);
+        let grid = [kernel.grid_x(&seqs), heads as u32, seqs.grid_z()];
+        let keys = seqs.longest().1;
+        let side = tables.build(&mut params, p.piece.full.heads_q)?;
+        Ok(Self {
+            params,
+            side,
+            grid,
+            accesses,
+            keys,
         })
-        .collect();
-    Ok((out, kernel.accesses(&base)))
+    }
+
+    /// The side buffer, where the variant reads one.
+    fn side_buffer(&self, call: &mut Call) -> Result<Option<wgpu::Buffer>> {
+        (!self.side.is_empty())
+            .then(|| call.upload("side tables", bytemuck::cast_slice(&self.side)))
+            .transpose()
+    }
+
+    /// The dispatches (the grid split at the device's per-dimension limit).
+    fn dispatches<'a>(
+        &self,
+        gpu: &Gpu,
+        kernel: &FlashForward,
+        bufs: &AttentionBuffers<'a>,
+        side: Option<&'a wgpu::Buffer>,
+    ) -> Vec<Dispatch<'a>> {
+        let max = gpu.max_groups();
+        let [blocks, heads, z] = self.grid;
+        let mut buffers = FlashForward::entries(bufs).to_vec();
+        buffers.extend(side.map(|b| (binding::SIDE, b)));
+        (0..blocks)
+            .step_by(max as usize)
+            .map(|offset| Dispatch {
+                kernel: (*kernel).into(),
+                uniforms: vec![(
+                    binding::PARAMS,
+                    bytemuck::bytes_of(&self.params.at_block(offset)).to_vec(),
+                )],
+                buffers: buffers.clone(),
+                grid: [(blocks - offset).min(max), heads, z],
+                walk: Some((self.keys, kernel.plan.bc)),
+            })
+            .collect()
+    }
+
+    /// The grid's batch and heads must fit one dispatch dimension.
+    fn check_grid(&self, gpu: &Gpu) -> Result<()> {
+        let max = gpu.max_groups();
+        for (what, n) in [("heads_q", self.grid[1]), ("batch", self.grid[2])] {
+            if n > max {
+                return Err(Error::GridTooLarge {
+                    what,
+                    groups: n as u64,
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Forward on caller-owned device buffers (data stays on the GPU). Every
@@ -196,11 +245,24 @@ pub async fn forward_buffers(
 ) -> Result<CallStats> {
     let kernel = kernel_for(gpu, shape, precision, opts, overrides)?;
     check_buffers(gpu, buffers, shape, precision)?;
-    check_loop_limit(gpu, &kernel, shape)?;
+    check_loop_limit(gpu, &kernel, shape, opts)?;
+    let unbounded = PieceLimits {
+        elem: precision.bytes() as u64,
+        max_binding: u64::MAX,
+        max_groups: usize::MAX,
+        max_rows: usize::MAX,
+        max_keys: usize::MAX,
+    };
+    let whole = pieces(shape, opts, &unbounded)?;
     let mut call = Call::new(gpu, Some(kernel.plan));
-    let (dispatches, accesses) = dispatches(gpu, &kernel, &Piece::whole(*shape), opts, buffers)?;
-    call.stats.accesses += accesses;
-    call.run(&dispatches).await?;
+    for p in &whole {
+        let launch = Launch::new(&kernel, p, opts)?;
+        launch.check_grid(gpu)?;
+        let side = launch.side_buffer(&mut call)?;
+        call.stats.accesses += launch.accesses;
+        call.run(&launch.dispatches(gpu, &kernel, buffers, side.as_ref()))
+            .await?;
+    }
     Ok(call.finish())
 }
 
@@ -239,13 +301,23 @@ fn check_buffers(
     Ok(())
 }
 
-/// A call that cannot be split must fit the adapter's loop limit as planned.
-fn check_loop_limit(gpu: &Gpu, kernel: &FlashForward, shape: &AttentionShape) -> Result<()> {
+/// A call that cannot be split must fit the adapter's loop limit as planned
+/// (over a packed batch's longest sequence).
+fn check_loop_limit(
+    gpu: &Gpu,
+    kernel: &FlashForward,
+    shape: &AttentionShape,
+    opts: &AttentionOptions,
+) -> Result<()> {
     let key = KernelKey::from(*kernel);
     let predict = !gpu.settings.no_loop_prediction;
     let max = gpu.loop_limit.max_len(&key, &kernel.loop_cost(), predict)?;
+    let keys = opts
+        .varlen
+        .as_ref()
+        .map_or(shape.seqlen_k, |v| v.max_seqlens().1);
     match gpu.loop_limit.limit() {
-        Some(limit) if shape.seqlen_k > max => Err(Error::LoopBudget {
+        Some(limit) if keys > max => Err(Error::LoopBudget {
             kernel: key.name(),
             rows: shape.seqlen_q,
             keys: shape.seqlen_k,

@@ -10,24 +10,5 @@ pub mod decode;
 pub mod forward;
 pub mod naive;
 pub mod pieces;
+pub mod prepare;
 pub mod reruns;
-
-use crate::api::options::AttentionOptions;
-use crate::error::{Error, Result};
-
-/// The options the wgpu kernels take.
-fn check_features(opts: &AttentionOptions) -> Result<()> {
-    let unsupported = [
-        (opts.varlen.is_some(), "packed (varlen) batches"),
-        (opts.alibi.is_some(), "ALiBi"),
-        (opts.sinks.is_some(), "attention sinks"),
-        (opts.block_mask.is_some(), "block-sparse masks"),
-    ];
-    match unsupported.into_iter().find(|(on, _)| *on) {
-        Some((_, feature)) => Err(Error::Unsupported {
-            what: "the wgpu backend",
-            feature,
-        }),
-        None => Ok(()),
-    }
-}

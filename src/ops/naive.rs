@@ -41,7 +41,7 @@ impl<'a> Problem<'a> {
         opts: &'a AttentionOptions,
     ) -> Result<Self> {
         opts.validate_for(&shape)?;
-        super::check_features(opts)?;
+        check_layouts(opts)?;
         let storage = storage_kind(
             &PlanRequest::for_shape(&shape, precision, Default::default()),
             &gpu.caps(),
@@ -180,6 +180,24 @@ impl<'a> Problem<'a> {
                 [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
             )?,
         ])
+    }
+}
+
+/// The baseline materializes S for one dense batch with the band and
+/// softcap; the layouts and score terms of the flash kernels it has not.
+fn check_layouts(opts: &AttentionOptions) -> Result<()> {
+    let unsupported = [
+        (opts.varlen.is_some(), "packed (varlen) batches"),
+        (opts.alibi.is_some(), "ALiBi"),
+        (opts.sinks.is_some(), "attention sinks"),
+        (opts.block_mask.is_some(), "block-sparse masks"),
+    ];
+    match unsupported.into_iter().find(|(on, _)| *on) {
+        Some((_, feature)) => Err(Error::Unsupported {
+            what: "the naive baseline",
+            feature,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -17,7 +17,7 @@ pub use decode::{
     plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,
 };
 pub use forward::{plan_forward, LANES_MAX_HEAD_DIM, LANES_ROWS_PER_LANE};
-pub use pieces::{split, PieceLimits, Split};
+pub use pieces::{split, split_packed, PieceLimits, Split};
 pub use request::{KernelFamily, PlanOverrides, PlanRequest, StorageKind};
 pub use tiles::{
     backward_workgroup_bytes, forward_workgroup_bytes, Clamp, Plan, Planned, GRANULARITY,

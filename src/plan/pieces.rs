@@ -114,6 +114,60 @@ pub fn split(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>>
     by_rows_and_keys(shape, limits)
 }
 
+/// Cut a packed batch (`shape`: its batch of one; sequences of at most
+/// `longest` = (rows, keys)) within `limits`: by kv heads where the whole
+/// rows do not fit a binding or the grid, and into windows of every
+/// sequence's rows and keys (`Split::rows` and `keys` are then
+/// sequence-relative) where the longest is past the loop limit.
+pub fn split_packed(
+    shape: &AttentionShape,
+    longest: (usize, usize),
+    limits: &PieceLimits,
+) -> Result<Vec<Split>> {
+    let (sq, sk, h) = (shape.seqlen_q, shape.seqlen_k, shape.heads_kv);
+    let whole = PieceLimits {
+        max_rows: usize::MAX,
+        max_keys: usize::MAX,
+        ..*limits
+    };
+    let Some(nh) = (1..=h).rev().find(|&nh| whole.fits(shape, 1, nh, sq, sk)) else {
+        let g = shape.group();
+        let elem = limits.elem;
+        return Err(Error::BindingTooLarge {
+            what: "one kv head's group of a packed batch",
+            bytes: (sq * g * shape.head_dim.max(shape.head_dim_v)) as u64 * elem,
+            max: limits.max_binding,
+        });
+    };
+    // Every sequence empty: one (empty) window.
+    let windows = |n: usize, cap: usize| -> Vec<Range<usize>> {
+        let w: Vec<Range<usize>> = chunks(n, cap.clamp(1, n.max(1))).collect();
+        if w.is_empty() {
+            std::iter::once(0..0).collect()
+        } else {
+            w
+        }
+    };
+    let (rows, keys) = (
+        windows(longest.0, limits.max_rows),
+        windows(longest.1, limits.max_keys),
+    );
+    let mut out = Vec::new();
+    for kv_heads in chunks(h, nh) {
+        for r in &rows {
+            for k in &keys {
+                out.push(Split {
+                    batch: 0..1,
+                    kv_heads: kv_heads.clone(),
+                    rows: r.clone(),
+                    keys: k.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One kv head per piece, rows and keys in runs that fit.
 fn by_rows_and_keys(shape: &AttentionShape, limits: &PieceLimits) -> Result<Vec<Split>> {
     let (g, elem) = (shape.group(), limits.elem);
@@ -242,6 +296,42 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "cap {cap}");
         }
+    }
+
+    #[test]
+    fn packed_batches_split_by_heads_and_windows() {
+        let s = shape(1, 1000, 800, 4, 2, 16);
+        let one = split_packed(
+            &s,
+            (300, 200),
+            &limits(1 << 27, 65535, usize::MAX, usize::MAX),
+        );
+        assert_eq!(one.unwrap().len(), 1);
+        // The loop limit cuts windows of every sequence: 3 row × 2 key windows.
+        let w = split_packed(&s, (300, 200), &limits(1 << 27, 65535, 128, 128)).unwrap();
+        assert_eq!(w.len(), 3 * 2);
+        assert!(w
+            .iter()
+            .all(|p| p.kv_heads == (0..2) && p.rows.len() <= 128));
+        // A binding holding one kv head's rows: per kv head.
+        let h = split_packed(
+            &s,
+            (300, 200),
+            &limits(1000 * 2 * 16 * 4, 65535, usize::MAX, usize::MAX),
+        );
+        assert_eq!(h.unwrap().len(), 2);
+        assert!(matches!(
+            split_packed(&s, (300, 200), &limits(64, 65535, usize::MAX, usize::MAX)),
+            Err(Error::BindingTooLarge { .. })
+        ));
+        // Every sequence empty: one piece.
+        let e = shape(1, 1, 1, 4, 2, 16);
+        assert_eq!(
+            split_packed(&e, (0, 0), &limits(1 << 27, 65535, 8, 8))
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]

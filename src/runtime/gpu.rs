@@ -102,6 +102,10 @@ impl Gpu {
         Variant {
             masked,
             softcap,
+            alibi: false,
+            sinks: false,
+            varlen: false,
+            sparse: false,
             count_io: self.io_counter.is_some(),
             loop_check: match (self.loop_limit.limit(), self.settings.loop_meter) {
                 (None, _) => LoopCheck::Off,

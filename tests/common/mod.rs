@@ -133,8 +133,30 @@ impl Case {
         self
     }
 
+    /// These options (a packed batch set by [`Case::varlen`] stays).
     pub fn opts(mut self, opts: AttentionOptions) -> Self {
+        let varlen = self.opts.varlen.take();
         self.opts = opts;
+        self.opts.varlen = self.opts.varlen.take().or(varlen);
+        self
+    }
+
+    /// A packed batch of sequences of these lengths (q and k/v): the
+    /// tensors become `(total, heads, d)`, seen as a batch of one.
+    pub fn varlen(mut self, lens_q: &[usize], lens_k: &[usize]) -> Self {
+        let cu = |lens: &[usize]| -> Vec<i32> {
+            std::iter::once(0)
+                .chain(lens.iter().scan(0, |acc, &n| {
+                    *acc += n as i32;
+                    Some(*acc)
+                }))
+                .collect()
+        };
+        let (cq, ck) = (cu(lens_q), cu(lens_k));
+        self.opts.varlen = Some(flashattn::api::varlen::Varlen::new(&cq, &ck).unwrap());
+        self.batch = 1;
+        self.seqlen_q = lens_q.iter().sum();
+        self.seqlen_k = lens_k.iter().sum();
         self
     }
 
@@ -177,6 +199,24 @@ impl Case {
             precision: self.precision,
         }
     }
+}
+
+/// A seeded random block mask of `case`'s (longest) sequences with blocks
+/// of `block`, `heads` grids (1 broadcasts) and `density` of them allowed.
+pub fn block_mask(
+    case: &Case,
+    block: (usize, usize),
+    density: f64,
+    heads: usize,
+    seed: u64,
+) -> flashattn::api::block_mask::BlockMask {
+    let (sq, sk) = case
+        .opts
+        .varlen
+        .as_ref()
+        .map_or((case.seqlen_q, case.seqlen_k), |v| v.max_seqlens());
+    let grid = flashattn::api::block_mask::BlockGrid::new(sq, sk, block).unwrap();
+    flashattn::api::block_mask::BlockMask::random(grid, heads, density, seed)
 }
 
 /// Assert a forward output meets the accuracy rule.

@@ -2,6 +2,7 @@
 //! is validated before any device work, and outputs are written only when
 //! every one of them succeeded.
 
+use super::layouts::{self, LayoutFlags};
 use super::parse_window;
 use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs, ScoreArgs};
 use crate::error::{CliError, Result};
@@ -51,12 +52,13 @@ pub fn convert(t: Tensor, to: Precision) -> Tensor {
     }
 }
 
-/// Parse the flags and read q, k, v.
+/// Parse the flags and read q, k, v (and the layout flags' files).
 pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     let Flags {
         opts,
         precision,
         backend,
+        layouts: layout_flags,
     } = flags(&a.score)?;
     let overrides = PlanOverrides {
         br: a.block_q,
@@ -73,17 +75,23 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     let [q, k, v] =
         [("q", &a.q), ("k", &a.k), ("v", &a.v)].map(|(what, path)| npy::read(what, path));
     let (q, k, v) = (q?, k?, v?);
+    let (rank, expected) = match layout_flags.packed {
+        true => (3, "3 dims (total, heads, head_dim) with --cu-seqlens-q/-k"),
+        false => (4, "4 dims (batch, seqlen, heads, head_dim)"),
+    };
     for (what, t) in [("q", &q), ("k", &k), ("v", &v)] {
-        if t.shape.len() != 4 {
+        if t.shape.len() != rank {
             return Err(CliError::Rank {
                 what,
                 rank: t.shape.len(),
                 shape: t.shape.clone(),
-                expected: "4 dims (batch, seqlen, heads, head_dim)",
+                expected,
             });
         }
     }
-    AttentionShape::from_views(&q.view()?, &k.view()?, &v.view()?)?;
+    let shape = AttentionShape::from_views(&q.view()?, &k.view()?, &v.view()?)?;
+    let opts = layouts::read(&a.score, layout_flags, opts)?;
+    opts.validate_for(&shape)?;
     let input_dtype = q.precision();
     let to = precision.unwrap_or(input_dtype);
     Ok(Prepared {
@@ -99,10 +107,12 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
 
 /// The flags every attention command shares, parsed and checked.
 pub struct Flags {
+    /// The options of the flags (the layout files not yet read).
     pub opts: AttentionOptions,
     /// `--precision`, if given.
     pub precision: Option<Precision>,
     pub backend: BackendKind,
+    pub layouts: LayoutFlags,
 }
 
 /// Parse and check the score, mask, precision and backend flags (before
@@ -119,6 +129,7 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
         ..Default::default()
     };
     opts.validate()?;
+    let layouts = layouts::flags(a)?;
     if backend == BackendKind::Cuda {
         // Fail before reading anything: this binary has no CUDA backend.
         return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
@@ -127,6 +138,7 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
         opts,
         precision,
         backend,
+        layouts,
     })
 }
 
@@ -167,14 +179,25 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
 }
 
 pub fn backward(a: BackwardArgs) -> Result<()> {
+    if a.dsinks.is_some() && a.attention.score.sinks.is_none() {
+        return Err(CliError::Needs {
+            given: "--dsinks",
+            needs: "--sinks",
+        });
+    }
     let p = prepare(&a.attention)?;
     let d_o = npy::read("do", &a.d_o)?;
-    if d_o.shape != p.q.shape {
+    // do has o's shape: q's, with v's head dim.
+    let mut o_shape = p.q.shape.clone();
+    if let (Some(last), Some(dv)) = (o_shape.last_mut(), p.v.shape.last()) {
+        *last = *dv;
+    }
+    if d_o.shape != o_shape {
         return Err(flashattn::Error::ShapeMismatch {
             tensor: "do",
             shape: d_o.shape,
-            like: "q",
-            expected: p.q.shape,
+            like: "o",
+            expected: o_shape,
         }
         .into());
     }
@@ -194,9 +217,17 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
     let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| convert(t, p.input_dtype));
-    npy::write_all(&[
+    let dsinks = grads.dsinks.map(|d| Tensor {
+        shape: vec![d.len()],
+        data: TensorData::F32(d),
+    });
+    let mut outputs = vec![
         (a.dq.as_path(), &dq),
         (a.dk.as_path(), &dk),
         (a.dv.as_path(), &dv),
-    ])
+    ];
+    if let (Some(path), Some(t)) = (&a.dsinks, &dsinks) {
+        outputs.push((path.as_path(), t));
+    }
+    npy::write_all(&outputs)
 }

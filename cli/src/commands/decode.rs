@@ -5,6 +5,7 @@
 //! the updated caches) are written only when all of them succeeded.
 
 use super::attention::{convert, flags, open, Flags};
+use super::pair;
 use crate::args::DecodeArgs;
 use crate::error::{CliError, Result};
 use crate::npy::{self, IndexArray};
@@ -85,22 +86,24 @@ impl Prepared {
     }
 }
 
-/// Both flags of a pair or neither.
-fn pair<'a, T>(
-    (a, a_flag): (&'a Option<T>, &'static str),
-    (b, b_flag): (&'a Option<T>, &'static str),
-) -> Result<Option<(&'a T, &'a T)>> {
-    match (a, b) {
-        (Some(x), Some(y)) => Ok(Some((x, y))),
-        (None, None) => Ok(None),
-        (Some(_), None) => Err(CliError::Pair {
-            given: a_flag,
-            missing: b_flag,
-        }),
-        (None, Some(_)) => Err(CliError::Pair {
-            given: b_flag,
-            missing: a_flag,
-        }),
+/// Decoding takes the band and score flags, not the layout files.
+fn layouts_unsupported(a: &crate::args::ScoreArgs) -> Result<()> {
+    let given = [
+        (a.alibi.is_some(), "ALiBi (--alibi)"),
+        (a.sinks.is_some(), "attention sinks (--sinks)"),
+        (a.block_mask.is_some(), "block-sparse masks (--block-mask)"),
+        (
+            a.cu_seqlens_q.is_some(),
+            "packed batches (--cu-seqlens-q/-k)",
+        ),
+    ];
+    match given.into_iter().find(|(on, _)| *on) {
+        Some((_, feature)) => Err(flashattn::Error::Unsupported {
+            what: "decoding",
+            feature,
+        }
+        .into()),
+        None => Ok(()),
     }
 }
 
@@ -177,7 +180,9 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         opts,
         precision,
         backend,
+        ..
     } = flags(&a.score)?;
+    layouts_unsupported(&a.score)?;
     let new_paths = pair((&a.k_new, "--k-new"), (&a.v_new, "--v-new"))?;
     pair(
         (&a.k_cache_out, "--k-cache-out"),

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod bench;
 pub mod decode;
 pub mod demo;
+pub mod layouts;
 pub mod plan;
 
 use crate::args::Command;
@@ -64,4 +65,23 @@ pub fn write_text(path: &Path, text: &str) -> Result<()> {
                 source,
             }
         })
+}
+
+/// Both flags of a pair or neither.
+pub fn pair<'a, T>(
+    (a, a_flag): (&'a Option<T>, &'static str),
+    (b, b_flag): (&'a Option<T>, &'static str),
+) -> Result<Option<(&'a T, &'a T)>> {
+    match (a, b) {
+        (Some(x), Some(y)) => Ok(Some((x, y))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(CliError::Pair {
+            given: a_flag,
+            missing: b_flag,
+        }),
+        (None, Some(_)) => Err(CliError::Pair {
+            given: b_flag,
+            missing: a_flag,
+        }),
+    }
 }
