@@ -70,6 +70,13 @@ struct Params {
     mask_head_stride: u32,
     // Sequences of a packed batch (whose `batch` is 1).
     seq_count: u32,
+    // A packed batch's workgroups take their blocks in this stride (coprime
+    // with the blocks' count), so that runs of consecutive workgroups — what
+    // each of lavapipe's threads takes — mix long and short sequences.
+    block_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -136,12 +143,14 @@ fn sequence(wg: vec3<u32>, size: u32, by_keys: bool) -> Seq {
     let cu_q = params.seq_at;
     let cu_k = cu_q + n + 1u;
     let cu_blocks = select(cu_k + n + 1u, cu_k + 2u * (n + 1u), by_keys);
-    // The last sequence whose first block is at most x (empty ones have none).
+    // The block this workgroup takes: a permutation of x.
+    let flat = (x * params.block_stride) % side_word(cu_blocks + n);
+    // The last sequence whose first block is at most flat (empty ones have none).
     var lo = 0u;
     var len = n;
     while (len > 1u) {
         let half = len / 2u;
-        if (side_word(cu_blocks + lo + half) <= x) {
+        if (side_word(cu_blocks + lo + half) <= flat) {
             lo += half;
         }
         len -= half;
@@ -149,7 +158,7 @@ fn sequence(wg: vec3<u32>, size: u32, by_keys: bool) -> Seq {
     let q_row = side_word(cu_q + lo);
     let k_row = side_word(cu_k + lo);
     let offset = bitcast<i32>(side_word(cu_k + 3u * (n + 1u) + lo));
-    return Seq(lo, x - side_word(cu_blocks + lo), x,
+    return Seq(lo, flat - side_word(cu_blocks + lo), flat,
         side_word(cu_q + lo + 1u) - q_row, side_word(cu_k + lo + 1u) - k_row,
         q_row, k_row, q_row, offset);
 }
@@ -206,6 +215,13 @@ fn tile_at(i: u32, by_keys: bool) -> u32 {
     return side_word(select(params.qtiles_entries, params.ktiles_entries, by_keys) + i);
 }
 
+// The tile of the step after `step` of `steps` (the last step's own at the
+// end): loops read it a step ahead, so the read of a sparse list is never
+// what the step's loads wait on (on lavapipe that wait cost 40%).
+fn tile_after(step: u32, steps: vec2<u32>, by_keys: bool) -> u32 {
+    return tile_at(min(step + 1u, steps.y - 1u), by_keys);
+}
+
 // The block index of a tile, and whether its pairs need the mask test.
 fn tile_index(tile: u32) -> u32 {
     return tile & 0x7fffffffu;
@@ -224,11 +240,9 @@ fn mask_base(seq: Seq, h: u32) -> u32 {
 }
 
 // Whether the block mask allows absolute row i, key j (sequence-relative)
-// of a tile: always where the tile needs no test; else in range and set.
-fn block_allows(partial: bool, in_range: bool, base: u32, i: i32, j: i32) -> bool {
-    if (!partial) {
-        return true;
-    }
+// of a partial tile: in range and set. Kernels test it only in tiles that
+// need it (`if (partial)`, one branch per tile, uniform across a workgroup).
+fn block_allows(in_range: bool, base: u32, i: i32, j: i32) -> bool {
     if (!in_range) {
         return false;
     }

@@ -144,8 +144,10 @@ fn tile_p_ds(r: u32, t: u32, tile: Tile) {
         }
         let key_abs = tile.key0 + i32(c);
         let in_range = r < tile.rows && c < tile.keys;
-        let ok = pair_allowed(needs_mask, in_range, tile.offset, row_abs, key_abs)
-            && block_allows(tile.partial, in_range, tile.mask_at, row_abs, key_abs);
+        var ok = pair_allowed(needs_mask, in_range, tile.offset, row_abs, key_abs);
+        if (tile.partial) {
+            ok = ok && block_allows(in_range, tile.mask_at, row_abs, key_abs);
+        }
         let bias = alibi_bias(tile.slope, tile.offset, row_abs, key_abs);
         let pds = p_and_ds(s[k], bias, dp[k], lse_tile[r], dvec_tile[r], ok);
         p_tile[r * B + c] = pds.x;

@@ -25,8 +25,10 @@ fn main(
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         let steps = tile_steps(seq, h, rows, B, true);
+        var next = tile_at(steps.x, true);
         for (var step = steps.x; step < steps.y; step++) {
-            let blk = tile_at(step, true);
+            let blk = next;
+            next = tile_after(step, steps, true);
             let q0 = tile_index(blk) * B;
             let rows_here = min(B, seq.rows - q0);
             // The previous tile's readers must finish before it is overwritten.

@@ -24,8 +24,10 @@ fn main(
     let mask_at = mask_base(seq, h);
 
     var dq = array<f32, ACC_K>();
+    var next = tile_at(steps.x, false);
     for (var step = steps.x; step < steps.y; step++) {
-        let blk = tile_at(step, false);
+        let blk = next;
+        next = tile_after(step, steps, false);
         let k0 = tile_index(blk) * B;
         let keys_here = min(B, seq.keys - k0);
         workgroupBarrier();

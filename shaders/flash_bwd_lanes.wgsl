@@ -48,8 +48,10 @@ fn main(
     let mask_at = mask_base(seq, h);
     let row_abs = first_row + i32(tid);
     var dq$i = vec4<f32>(0.0);
+    var next = tile_at(steps.x, false);
     for (var step = steps.x; step < steps.y; step++) {
-        let tile = tile_at(step, false);
+        let tile = next;
+        next = tile_after(step, steps, false);
         let partial = tile_partial(tile);
         let k0 = tile_index(tile) * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
@@ -70,7 +72,10 @@ fn main(
         let masking = partial || k0 + SG > seq.keys || rows_here < SG
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
         let in$j = row_valid && k0 + $ju < seq.keys;
-        let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs, k_abs0 + $j) && block_allows(partial, in$j, mask_at, row_abs, k_abs0 + $j);
+        var ok$j = pair_allowed(masking, in$j, seq.offset, row_abs, k_abs0 + $j);
+        if (partial) {
+        ok$j = ok$j && block_allows(in$j, mask_at, row_abs, k_abs0 + $j);
+        }
         let pds$j = p_and_ds(s$j, alibi_bias(slope, seq.offset, row_abs, k_abs0 + $j), dp$j, lse, dvec, ok$j);
         dq$i += pds$j.y * subgroupBroadcast(kr$i, $ju);
     }
@@ -116,8 +121,10 @@ fn main(
         let steps = tile_steps(seq, h, rows, SG, true);
         let slope = alibi_slope(seq, h);
         let mask_at = mask_base(seq, h);
+        var next = tile_at(steps.x, true);
         for (var step = steps.x; step < steps.y; step++) {
-            let tile = tile_at(step, true);
+            let tile = next;
+            next = tile_after(step, steps, true);
             let partial = tile_partial(tile);
             let q0 = tile_index(tile) * SG;
             let rows_here = min(SG, seq.rows - q0);
@@ -142,7 +149,10 @@ fn main(
             let masking = partial || rows_here < SG || keys_here < SG
                 || !band_covers(seq.offset, row_abs0, row_abs0 + i32(SG) - 1, key_abs0, key_abs0 + i32(SG) - 1);
             let in$j = key_valid && $ju < rows_here;
-            let ok$j = pair_allowed(masking, in$j, seq.offset, row_abs0 + $j, key_abs) && block_allows(partial, in$j, mask_at, row_abs0 + $j, key_abs);
+            var ok$j = pair_allowed(masking, in$j, seq.offset, row_abs0 + $j, key_abs);
+            if (partial) {
+            ok$j = ok$j && block_allows(in$j, mask_at, row_abs0 + $j, key_abs);
+            }
             let bias$j = alibi_bias(slope, seq.offset, row_abs0 + $j, key_abs);
             let pds$j = p_and_ds(s$j, bias$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j);
             // dV += Pᵀ dO, dK += dSᵀ (Q·scale), over this block's rows.

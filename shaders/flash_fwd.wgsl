@@ -56,8 +56,10 @@ fn main(
     var l_part = select(0.0, start.y, t == 0u);
     var acc = array<f32, ACC>();
 
+    var next = tile_at(steps.x, false);
     for (var step = steps.x; step < steps.y; step++) {
-        let tile = tile_at(step, false);
+        let tile = next;
+        next = tile_after(step, steps, false);
         let partial = tile_partial(tile);
         let k0 = tile_index(tile) * BC;
         // Previous block's P·V must finish before its tiles are overwritten.
@@ -117,8 +119,10 @@ fn main(
                 sc = NEG_BIG;
             } else {
                 let in_range = row_valid && k0 + c < seq.keys;
-                let ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, key_abs)
-                    && block_allows(partial, in_range, mask_at, row_abs, key_abs);
+                var ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, key_abs);
+                if (partial) {
+                    ok = ok && block_allows(in_range, mask_at, row_abs, key_abs);
+                }
                 sc = select(NEG_BIG, sc, ok);
             }
             s[k] = sc;

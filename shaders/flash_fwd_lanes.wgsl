@@ -53,8 +53,10 @@ fn main(
     var l$r = start.y;
     var acc$r_$v = vec4<f32>(0.0);
 
+    var next = tile_at(steps.x, false);
     for (var step = steps.x; step < steps.y; step++) {
-        let tile = tile_at(step, false);
+        let tile = next;
+        next = tile_after(step, steps, false);
         let partial = tile_partial(tile);
         let k0 = tile_index(tile) * SG;
         // Lane j holds key k0 + j; keys past the end read as zero.
@@ -77,7 +79,10 @@ fn main(
         let masking = partial || k0 + SG > seq.keys || rows_here < SG * RPL
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(SG) - 1);
         let in$r_$j = row_valid$r && k0 + $ju < seq.keys;
-        let ok$r_$j = pair_allowed(masking, in$r_$j, seq.offset, row_abs$r, k_abs0 + $j) && block_allows(partial, in$r_$j, mask_at, row_abs$r, k_abs0 + $j);
+        var ok$r_$j = pair_allowed(masking, in$r_$j, seq.offset, row_abs$r, k_abs0 + $j);
+        if (partial) {
+        ok$r_$j = ok$r_$j && block_allows(in$r_$j, mask_at, row_abs$r, k_abs0 + $j);
+        }
         s$r_$j = select(NEG_BIG, cap_score(s$r_$j) - alibi_bias(slope, seq.offset, row_abs$r, k_abs0 + $j), ok$r_$j);
 
         var m_new$r = m_run$r;

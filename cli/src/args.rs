@@ -256,13 +256,43 @@ pub struct BenchArgs {
     pub sweep_m: bool,
     #[arg(long, default_value_t = 1024, conflicts_with = "decode")]
     pub sweep_seqlen: usize,
+    /// The block-sparse density sweep instead: forward and backward at each
+    /// of --densities and dense, N --sparse-seqlen, blocks --sparse-block,
+    /// the first --head-dims, against density × the dense time.
+    #[arg(long, conflicts_with_all = ["decode", "varlen"])]
+    pub sparse: bool,
+    #[arg(long, default_value_t = 4096, requires = "sparse")]
+    pub sparse_seqlen: usize,
+    /// Densities (fractions of blocks allowed), comma-separated.
+    #[arg(long, default_value = "0.1,0.25,0.5", requires = "sparse")]
+    pub densities: String,
+    /// The masks' block size BM,BN.
+    #[arg(
+        long,
+        default_value = "64,64",
+        value_name = "BM,BN",
+        requires = "sparse"
+    )]
+    pub sparse_block: String,
+    /// A packed batch (varlen) against its sequences one by one instead,
+    /// forward and backward, the first --head-dims.
+    #[arg(long, conflicts_with = "decode")]
+    pub varlen: bool,
+    /// The packed batch's sequence lengths, comma-separated.
+    #[arg(
+        long,
+        default_value = "64,128,256,512,1024,2048,3072,4096",
+        requires = "varlen"
+    )]
+    pub varlen_lens: String,
     /// Write every measurement as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Write the results table as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
-    /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or .png).
+    /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or
+    /// .png); with --sparse, FILE is the density chart.
     #[arg(long, conflicts_with = "decode")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]

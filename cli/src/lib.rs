@@ -10,6 +10,7 @@ pub mod charts;
 pub mod commands;
 pub mod decode_bench;
 pub mod error;
+pub mod layout_bench;
 pub mod npy;
 pub mod plot;
 pub mod precision;

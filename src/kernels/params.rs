@@ -81,6 +81,10 @@ uniform_struct! {
         pub mask_batch_stride: u32,
         pub mask_head_stride: u32,
         pub seq_count: u32,
+        pub block_stride: u32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+        pub _pad2: u32,
     }
 }
 
@@ -209,6 +213,7 @@ impl Params {
             batch_start: to_u32("batch start", piece.batch_start)?,
             head_start: to_u32("head start", piece.head_start)?,
             seq_count: to_u32("sequences", opts.varlen.as_ref().map_or(0, |v| v.batch()))?,
+            block_stride: 1,
             ..Default::default()
         })
     }

@@ -35,6 +35,7 @@ impl SideTables<'_> {
         let at = |words: &Vec<u32>| to_u32("side buffer offset", words.len());
         if let Some(t) = &self.seqs {
             params.seq_at = at(&words)?;
+            params.block_stride = block_stride(t, params.seq_count as usize);
             words.extend_from_slice(t);
         }
         if let Some(a) = self.alibi {
@@ -83,6 +84,30 @@ impl SideTables<'_> {
         }
         Ok(words)
     }
+}
+
+/// A stride coprime with both block counts of a packed batch's `table`
+/// (`Sequences::table`) whose products with them stay within 32 bits: the
+/// order workgroups take blocks in (`sequence()` in common.wgsl). Strides
+/// near a hundred put blocks of every sequence into each run of consecutive
+/// workgroups; 1 (the identity) where none fits.
+pub fn block_stride(table: &[u32], sequences: usize) -> u32 {
+    let total = |k: usize| table[k * (sequences + 1) + sequences] as u64;
+    let (rows, keys) = (total(2), total(3));
+    let coprime = |a: u64, b: u64| {
+        let (mut a, mut b) = (a, b);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a == 1
+    };
+    (97u64..1000)
+        .find(|&s| {
+            [rows, keys]
+                .iter()
+                .all(|&t| t == 0 || (coprime(s, t) && s * t < 1 << 32))
+        })
+        .unwrap_or(1) as u32
 }
 
 /// The block mask's geometry in `params` (`block_allows` in common.wgsl).

@@ -10,6 +10,7 @@ use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
 use crate::charts;
 use crate::decode_bench::{self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet};
 use crate::error::{CliError, Result};
+use crate::layout_bench::{self as lb, LayoutConfig};
 use crate::report::{csv_text, Ceiling, Report, SweepPoint};
 use flashattn::{Engine, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -71,6 +72,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.decode.on {
         return decode(&a);
     }
+    if a.sparse || a.varlen {
+        return layouts(&a);
+    }
     let m = matrix(&a)?;
     if let Some(p) = &a.plot {
         plot_path_ok(p)?;
@@ -120,6 +124,69 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     report.print();
     write_outputs(&report, &a)
+}
+
+/// `--sparse` (the density sweep) or `--varlen` (packed against one by one).
+fn layouts(a: &BenchArgs) -> Result<()> {
+    if let Some(p) = &a.plot {
+        plot_path_ok(p)?;
+    }
+    let m = matrix(a)?;
+    let config = LayoutConfig {
+        seqlen: a.sparse_seqlen,
+        head_dim: m.head_dims.first().copied().unwrap_or(64),
+        heads: a.heads,
+        causal: m.causal[0],
+        precision: m.precision,
+        repeats: a.repeats.max(1),
+    };
+    let densities: Vec<f64> = list(&a.densities).map_err(|_| CliError::BadFlag {
+        flag: "--densities",
+        expected: "fractions in (0, 1], comma-separated",
+        value: a.densities.clone(),
+    })?;
+    if densities.iter().any(|d| !(*d > 0.0 && *d <= 1.0)) {
+        return Err(CliError::BadFlag {
+            flag: "--densities",
+            expected: "fractions in (0, 1], comma-separated",
+            value: a.densities.clone(),
+        });
+    }
+    let block = super::layouts::parse_block_size("--sparse-block", &a.sparse_block)?;
+    let lens = sizes("--varlen-lens", &a.varlen_lens)?;
+    let engine = Engine::new()?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")?);
+    let progress = |msg: String| {
+        bar.set_message(msg);
+        bar.tick();
+    };
+    let json = if a.sparse {
+        let counting = Engine::new()?.with_io_counting();
+        let r = lb::sparse_sweep(
+            &engine,
+            Some(&counting),
+            &config,
+            (&densities, block),
+            progress,
+        )?;
+        bar.finish_and_clear();
+        r.print();
+        if let Some(p) = &a.plot {
+            r.plot(p)?;
+            println!("wrote {}", p.display());
+        }
+        serde_json::to_string_pretty(&r)?
+    } else {
+        let r = lb::varlen_vs_separate(&engine, &config, &lens, progress)?;
+        bar.finish_and_clear();
+        r.print();
+        serde_json::to_string_pretty(&r)?
+    };
+    if let Some(path) = &a.json {
+        write_text(path, &json)?;
+    }
+    Ok(())
 }
 
 /// The matmul ceiling for every head dim.

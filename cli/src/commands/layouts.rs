@@ -36,14 +36,18 @@ pub fn flags(a: &ScoreArgs) -> Result<LayoutFlags> {
         (&a.cu_seqlens_k, "--cu-seqlens-k"),
     )?
     .is_some();
-    let block = a.block_size.as_deref().map(parse_block_size).transpose()?;
+    let block = a
+        .block_size
+        .as_deref()
+        .map(|s| parse_block_size("--block-size", s))
+        .transpose()?;
     Ok(LayoutFlags { block, packed })
 }
 
-/// Parse `BM,BN` (both at least 1).
-fn parse_block_size(s: &str) -> Result<(usize, usize)> {
+/// Parse `BM,BN` (both at least 1) of `flag`.
+pub fn parse_block_size(flag: &'static str, s: &str) -> Result<(usize, usize)> {
     let bad = || CliError::BadFlag {
-        flag: "--block-size",
+        flag,
         expected: "BM,BN with both at least 1, such as 64,64",
         value: s.to_string(),
     };
