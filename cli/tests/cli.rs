@@ -1315,7 +1315,11 @@ fn layout_run(f: &Files, command: &str, outputs: &[(&str, &str)], extra: &[&str]
 
 #[test]
 fn layout_flags_forward_and_backward_match_the_reference() {
-    let backends: &[&str] = if engine().is_some() { &["wgpu"] } else { &[] };
+    let backends: &[&str] = if engine().is_some() {
+        &["wgpu", "cpu"]
+    } else {
+        &["cpu"]
+    };
     for backend in backends {
         let f = Files::new();
         let (qkv, [qs, ks, vs], opts) = layout_files(&f);
@@ -1453,4 +1457,56 @@ fn layout_bad_inputs_are_one_line_and_write_nothing() {
     for name in ["o.npy", "dq.npy", "dk.npy", "dv.npy", "ds.npy"] {
         assert!(!f.path(name).exists(), "{name} written");
     }
+}
+
+#[test]
+fn bench_sparse_and_varlen_print_tables_and_json() {
+    if engine().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (json, plot) = (
+        dir.path().join("sparse.json"),
+        dir.path().join("sparse.svg"),
+    );
+    let out = bin()
+        .args([
+            "bench",
+            "--sparse",
+            "--sparse-seqlen",
+            "256",
+            "--densities",
+            "0.25,0.5",
+        ])
+        .args(["--sparse-block", "32,32", "--repeats", "1", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Two densities, forward and backward: each counted access equals the analytic count.
+    assert_eq!(text.matches("= analytic").count(), 4, "{text}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["points"].as_array().unwrap().len(), 4);
+    assert!(std::fs::read_to_string(&plot).unwrap().contains("<svg"));
+    let out = bin()
+        .args([
+            "bench",
+            "--varlen",
+            "--varlen-lens",
+            "16,40,7",
+            "--repeats",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // One dispatch for the packed batch (three kernels backward), one per sequence otherwise.
+    assert!(
+        text.contains("| 1 vs 3 |") && text.contains("| 3 vs 9 |"),
+        "{text}"
+    );
 }

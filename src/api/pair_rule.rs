@@ -4,7 +4,7 @@
 //! apply the same terms in `shaders/common.wgsl`).
 
 use super::band::Mask;
-use super::block_mask::MaskView;
+use super::block_mask::{tile_fate, MaskView, Tile, TileFate};
 use super::options::AttentionOptions;
 use super::scores::Real;
 use super::varlen::Sequence;
@@ -46,6 +46,18 @@ impl<'a> PairRule<'a> {
     /// mask some: [`PairRule::allows`]).
     pub fn keys(&self, i: usize) -> Range<usize> {
         self.band.key_range(i)
+    }
+
+    /// Whether the block mask leaves no pair of `rows × keys` the band
+    /// allows (a tile to skip, not mask; never without a block mask).
+    pub fn skips(&self, rows: &Range<usize>, keys: &Range<usize>) -> bool {
+        self.block.as_ref().is_some_and(|view| {
+            let tile = Tile {
+                rows: rows.clone(),
+                keys: keys.clone(),
+            };
+            tile_fate(view, &self.band, &tile) == TileFate::Skipped
+        })
     }
 
     /// Whether row `i` may attend to key `j` (sequence-relative).

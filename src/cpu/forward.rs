@@ -1,10 +1,15 @@
 //! The CPU forward: the same tiled online-softmax algorithm as the WGSL
-//! kernels, in f32 on all cores (rayon), one task per block of query rows.
+//! kernels, in f32 on all cores (rayon), one task per block of query rows
+//! of one sequence and head. Scores, masks and sinks follow the pair rule
+//! (`api::pair_rule`), and key blocks the block mask leaves no pair in are
+//! skipped (`PairRule::skips`).
 
-use crate::api::options::{AttentionOptions, Mask};
+use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput};
-use crate::api::shape::{lse_index, AttentionShape, Layout};
+use crate::api::pair_rule::PairRule;
+use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData, TensorView};
+use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
 use rayon::prelude::*;
 
@@ -14,14 +19,13 @@ const BR: usize = 16;
 const BC: usize = 64;
 
 /// What every task reads.
-struct Problem {
+struct Problem<'a> {
     shape: AttentionShape,
+    opts: &'a AttentionOptions,
+    seqs: Vec<Sequence>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    scale: f32,
-    softcap: f32,
-    mask: Mask,
     precision: Precision,
 }
 
@@ -39,25 +43,30 @@ pub fn forward(
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    super::check(&shape, opts)?;
+    opts.validate_for(&shape)?;
     let p = Problem {
         shape,
+        opts,
+        seqs: sequences(&shape, opts.varlen.as_ref()),
         q: q.data.to_f32(),
         k: k.data.to_f32(),
         v: v.data.to_f32(),
-        scale: opts.scale_for(shape.head_dim),
-        softcap: opts.softcap_value(),
-        mask: opts.mask(&shape),
         precision: q.precision(),
     };
-    let q_blocks = shape.seqlen_q.div_ceil(BR);
-    let tasks: Vec<(usize, usize, usize)> = (0..shape.batch)
-        .flat_map(|b| (0..shape.heads_q).flat_map(move |h| (0..q_blocks).map(move |qb| (b, h, qb))))
+    let tasks: Vec<(usize, usize, usize)> = p
+        .seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(n, s)| {
+            (0..shape.heads_q)
+                .flat_map(move |h| (0..s.len_q().div_ceil(BR)).map(move |qb| (n, h, qb)))
+        })
         .collect();
     let blocks: Vec<Block> = tasks.par_iter().map(|&t| p.block(t)).collect();
     let (o, lse) = p.assemble(&tasks, blocks);
     let o = TensorData::from_f32(o, p.precision);
-    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+    let out = ForwardOutput::new(shape, o, lse, CallStats::default());
+    Ok(out.packed(opts.varlen.is_some()))
 }
 
 /// A row's running softmax state.
@@ -66,42 +75,46 @@ struct RowState {
     l: f32,
 }
 
-impl Problem {
-    /// Rows `qb·BR..` of head `h` of batch entry `b`, streaming the key
+impl Problem<'_> {
+    /// Rows `qb·BR..` of head `h` of sequence `n`, streaming the key
     /// blocks some row may see (skip, don't mask).
-    fn block(&self, (b, h, qb): (usize, usize, usize)) -> Block {
-        let s = &self.shape;
-        let d = s.head_dim;
-        let rows = qb * BR..((qb + 1) * BR).min(s.seqlen_q);
+    fn block(&self, (n, h, qb): (usize, usize, usize)) -> Block {
+        let seq = &self.seqs[n];
+        let dv = self.shape.head_dim_v;
+        let rule = PairRule::new(self.opts, seq, h, [self.shape.heads_q, self.shape.head_dim]);
+        let rows = qb * BR..((qb + 1) * BR).min(seq.len_q());
+        // A sink is a key of score sink_h and value 0 (its value adds nothing).
+        let start = rule.sink.map_or((f32::NEG_INFINITY, 0.0), |s| (s, 1.0));
         let mut state: Vec<RowState> = rows
             .clone()
             .map(|_| RowState {
-                m: f32::NEG_INFINITY,
-                l: 0.0,
+                m: start.0,
+                l: start.1,
             })
             .collect();
-        let mut acc = vec![0f32; rows.len() * d];
-        let lo = rows
-            .clone()
-            .map(|i| self.mask.key_range(i).start)
-            .min()
-            .unwrap_or(0);
-        let hi = rows
-            .clone()
-            .map(|i| self.mask.key_range(i).end)
-            .max()
-            .unwrap_or(0);
+        let mut acc = vec![0f32; rows.len() * dv];
+        let lo = rows.clone().map(|i| rule.keys(i).start).min().unwrap_or(0);
+        let hi = rows.clone().map(|i| rule.keys(i).end).max().unwrap_or(0);
         let mut scores = vec![0f32; BC];
         for k0 in (lo..hi).step_by(BC) {
             let keys = k0..(k0 + BC).min(hi);
+            if rule.skips(&rows, &keys) {
+                continue;
+            }
             for (r, i) in rows.clone().enumerate() {
-                let out = &mut acc[r * d..][..d];
-                self.row_block((b, h, i), keys.clone(), &mut scores, &mut state[r], out);
+                let out = &mut acc[r * dv..][..dv];
+                self.row_block(
+                    (seq, h, i),
+                    (&rule, keys.clone()),
+                    &mut scores,
+                    &mut state[r],
+                    out,
+                );
             }
         }
         let mut lse = vec![f32::NEG_INFINITY; rows.len()];
         for (r, st) in state.iter().enumerate() {
-            let out = &mut acc[r * d..][..d];
+            let out = &mut acc[r * dv..][..dv];
             if st.l > 0.0 {
                 out.iter_mut().for_each(|x| *x /= st.l);
                 lse[r] = st.m + st.l.ln();
@@ -115,27 +128,23 @@ impl Problem {
     /// One row against one block of keys: the online-softmax update.
     fn row_block(
         &self,
-        (b, h, i): (usize, usize, usize),
-        keys: std::ops::Range<usize>,
+        (seq, h, i): (&Sequence, usize, usize),
+        (rule, keys): (&PairRule, std::ops::Range<usize>),
         s: &mut [f32],
         st: &mut RowState,
         out: &mut [f32],
     ) {
         let shape = &self.shape;
-        let (ql, kl, d) = (Layout::q(shape), Layout::kv(shape), shape.head_dim);
+        let (ql, kl, vl) = (Layout::q(shape), Layout::kv(shape), Layout::v(shape));
+        let (d, dv) = (shape.head_dim, shape.head_dim_v);
         let hk = h / shape.group();
-        let allowed = self.mask.key_range(i);
-        let qrow = &self.q[ql.row(b, i, h)..][..d];
+        let qrow = &self.q[ql.row(0, seq.q.start + i, h)..][..d];
         let mut block_max = f32::NEG_INFINITY;
         for (c, j) in keys.clone().enumerate() {
-            s[c] = if allowed.contains(&j) {
-                let krow = &self.k[kl.row(b, j, hk)..][..d];
-                let x = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * self.scale;
-                if self.softcap > 0.0 {
-                    self.softcap * (x / self.softcap).tanh()
-                } else {
-                    x
-                }
+            s[c] = if rule.allows(i, j) {
+                let krow = &self.k[kl.row(0, seq.k.start + j, hk)..][..d];
+                let x: f32 = qrow.iter().zip(krow).map(|(a, b)| a * b).sum();
+                rule.score(x, i, j).0
             } else {
                 f32::NEG_INFINITY
             };
@@ -154,7 +163,7 @@ impl Problem {
             st.l += p;
             if p != 0.0 {
                 let p = self.precision.round(p);
-                let vrow = &self.v[kl.row(b, j, hk)..][..d];
+                let vrow = &self.v[vl.row(0, seq.k.start + j, hk)..][..dv];
                 out.iter_mut().zip(vrow).for_each(|(o, x)| *o += p * x);
             }
         }
@@ -167,14 +176,16 @@ impl Problem {
         blocks: Vec<Block>,
     ) -> (Vec<f32>, Vec<f32>) {
         let s = &self.shape;
-        let (ql, d) = (Layout::q(s), s.head_dim);
-        let mut o = vec![0f32; s.q_len()];
+        let (ol, dv) = (Layout::o(s), s.head_dim_v);
+        let mut o = vec![0f32; s.o_len()];
         let mut lse = vec![f32::NEG_INFINITY; s.lse_len()];
-        for (&(b, h, qb), block) in tasks.iter().zip(blocks) {
+        for (&(n, h, qb), block) in tasks.iter().zip(blocks) {
+            let seq = &self.seqs[n];
             for (r, l) in block.lse.iter().enumerate() {
                 let i = qb * BR + r;
-                o[ql.row(b, i, h)..][..d].copy_from_slice(&block.acc[r * d..][..d]);
-                lse[lse_index(s, b, h, i)] = *l;
+                o[ol.row(0, seq.q.start + i, h)..][..dv]
+                    .copy_from_slice(&block.acc[r * dv..][..dv]);
+                lse[seq.lse_index(h, i)] = *l;
             }
         }
         (o, lse)
