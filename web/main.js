@@ -16,6 +16,16 @@ const SELFTEST_CASES = [
   { seqlen: 113, head_dim: 59, heads: 1, causal: false, precision: 'f16' },
 ];
 const SEED = 7;
+// Every layout a model brings, forward and backward (web/src/lib.rs, layout_case).
+const LAYOUT_CASES = [
+  { name: 'alibi', precision: 'f32' },
+  { name: 'sinks', precision: 'f16' },
+  { name: 'block-sparse', precision: 'f32' },
+  { name: 'varlen', precision: 'f32' },
+  { name: 'varlen', precision: 'f16' },
+  { name: 'd512', precision: 'f32' },
+  { name: 'dv', precision: 'f16' },
+];
 
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;' }[c]));
@@ -123,6 +133,23 @@ const DECODE_SELFTEST = [
   { len: 777, page: 7, splits: 3, steps: 4, precision: 'f16' },
   { len: 1024, page: 16, splits: 0, steps: 8, precision: 'f32' },
 ];
+
+function showLayoutChecks(results) {
+  $('layoutchecks').innerHTML = `<table class="compact" style="margin-top:6px">
+    <tr><th>layout</th><th>dispatches</th><th>checks: error ≤ bound</th></tr>
+    ${results.map((r) => `<tr><td>${r.name}, ${r.precision}</td><td>${r.dispatches}</td>
+      <td>${r.checks.map((c) => `${c.name} ${exp3(c.max_error)} ${verdict(c.passed)}`).join(' · ')}</td></tr>`).join('')}
+    </table>`;
+}
+
+async function runLayoutChecks() {
+  const results = [];
+  for (const c of LAYOUT_CASES) {
+    results.push(JSON.parse(await fa.run_layout_case(c.name, c.precision, BigInt(SEED))));
+    showLayoutChecks(results);
+  }
+  return results;
+}
 
 async function runDecodeChecks() {
   const runs = [];
@@ -265,8 +292,10 @@ async function main() {
       const err = $('result').querySelector('.bad');
       if (err) throw new Error(`form run failed: ${err.textContent}`);
       results.cases = await runChecks();
+      results.layouts = await runLayoutChecks();
       results.decode = await runDecodeChecks();
-      results.passed = results.cases.every((r) => r.passed) && results.decode.every((r) => r.passed);
+      results.passed = results.cases.every((r) => r.passed) && results.layouts.every((r) => r.passed)
+        && results.decode.every((r) => r.passed);
       setStatus(results.passed ? 'all checks passed' : 'some checks FAILED', results.passed);
     }
   } catch (e) {

@@ -302,6 +302,115 @@ pub async fn run_case(
 }
 
 #[derive(Serialize)]
+struct LayoutReport {
+    name: String,
+    precision: String,
+    /// The forward's plan (the same kernels as every other case, with the
+    /// layout's variant).
+    plan: String,
+    dispatches: u32,
+    /// o, lse, then dq, dk, dv (and dsinks with sinks).
+    checks: Vec<CheckReport>,
+    passed: bool,
+}
+
+/// One layout self-test case: shape (batch, seqlen_q, seqlen_k, heads_q,
+/// heads_kv, head_dim, head_dim_v) and options.
+fn layout_case(name: &str) -> Result<(AttentionShape, AttentionOptions), JsError> {
+    use flashattn::api::block_mask::{BlockGrid, BlockMask};
+    use flashattn::api::scores::{Alibi, Sinks};
+    use flashattn::api::varlen::Varlen;
+    let shape = |b, sq, sk, hq, hk, d| AttentionShape::new(b, sq, sk, hq, hk, d).map_err(js_err);
+    let causal = AttentionOptions::default().causal(true);
+    let mask = |sq, sk, heads| {
+        let grid = BlockGrid::new(sq, sk, (7, 13)).map_err(js_err)?;
+        Ok::<_, JsError>(BlockMask::random(grid, heads, 0.4, 5))
+    };
+    Ok(match name {
+        "alibi" => (
+            shape(2, 37, 45, 4, 2, 24)?,
+            causal.alibi(Alibi::standard(4)),
+        ),
+        "sinks" => (
+            shape(1, 40, 29, 2, 1, 32)?,
+            causal.window(Some(8), None).sinks(Sinks::new(&[0.5, -1.0])),
+        ),
+        "block-sparse" => (
+            shape(1, 45, 57, 2, 2, 16)?,
+            causal.block_mask(mask(45, 57, 2)?),
+        ),
+        "varlen" => {
+            let v = Varlen::new(&[0, 13, 13, 42, 50], &[0, 20, 29, 29, 46]).map_err(js_err)?;
+            let slopes: Vec<f32> = (0..8).map(|i| 0.05 * (i + 1) as f32).collect();
+            let opts = causal
+                .varlen(v)
+                .alibi(Alibi::new(&slopes))
+                .sinks(Sinks::new(&[0.0, 1.0]))
+                .block_mask(mask(29, 20, 1)?);
+            (shape(1, 50, 46, 2, 1, 24)?, opts)
+        }
+        "d512" => (shape(1, 9, 11, 1, 1, 512)?, causal),
+        "dv" => (
+            shape(1, 17, 21, 2, 1, 192)?
+                .with_head_dim_v(128)
+                .map_err(js_err)?,
+            causal,
+        ),
+        other => return Err(JsError::new(&format!("no layout case `{other}`"))),
+    })
+}
+
+/// A layout self-test case (ALiBi, sinks, block-sparse, a packed batch,
+/// d 512, v's own head dim) forward and backward on WebGPU with seeded
+/// inputs, every output checked against the f64 reference.
+#[wasm_bindgen]
+pub async fn run_layout_case(
+    name: String,
+    precision: String,
+    seed: u64,
+) -> Result<String, JsError> {
+    let e = engine().await?;
+    let precision: Precision = precision.parse().map_err(js_err)?;
+    let (shape, opts) = layout_case(&name)?;
+    let mut rng = Rng::new(seed);
+    let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
+    let data = [shape.q_len(), shape.kv_len(), shape.v_len(), shape.o_len()].map(&mut make);
+    let shapes = [
+        shape.q_shape(),
+        shape.kv_shape(),
+        shape.v_shape(),
+        shape.o_shape(),
+    ];
+    let [qv, kv, vv, dov] = [0, 1, 2, 3].map(|i| TensorView {
+        shape: shapes[i],
+        data: data[i].as_host(),
+    });
+    let none = PlanOverrides::default();
+    let out = e
+        .forward_async(&qv, &kv, &vv, &opts, &none)
+        .await
+        .map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
+    let bwd = e
+        .backward_async(&bwd_inputs, &opts, &none)
+        .await
+        .map_err(js_err)?;
+    let mut checks = check_forward(&out, &qv, &kv, &vv, &opts)
+        .map_err(js_err)?
+        .to_vec();
+    checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
+    let plan = e.plan(&shape, precision, &none).map_err(js_err)?;
+    to_json(&LayoutReport {
+        name,
+        precision: precision.to_string(),
+        plan: plan.to_string(),
+        dispatches: out.stats.dispatches,
+        passed: checks.iter().all(|c| c.passed()),
+        checks: checks.iter().map(CheckReport::from).collect(),
+    })
+}
+
+#[derive(Serialize)]
 struct Heatmap {
     seqlen: usize,
     head_dim: usize,

@@ -82,6 +82,25 @@ function checkResults(r) {
     expect(c.backward_plan.m_bytes === m && c.backward_plan.workgroup_bytes <= m, `${name}: backward planned with M = ${c.backward_plan.m_bytes}`);
   }
 
+  // The layouts: each case forward and backward, every output under the rule.
+  const layouts = r.layouts || [];
+  for (const want of ['alibi', 'sinks', 'block-sparse', 'varlen', 'd512', 'dv']) {
+    expect(layouts.some((c) => c.name === want), `no layout case ${want}`);
+  }
+  for (const c of layouts) {
+    const name = `layout ${c.name} ${c.precision}`;
+    expect(c.passed === true, `${name}: the page says FAIL`);
+    const want = ['o', 'lse', 'dq', 'dk', 'dv'];
+    if (c.name === 'sinks' || c.name === 'varlen') want.push('dsinks');
+    expect(c.checks.map((k) => k.name).join() === want.join(), `${name}: checks ${c.checks.map((k) => k.name)}, expected ${want}`);
+    for (const k of c.checks) {
+      expect(k.non_finite === null && finite(k.max_error) && finite(k.bound) && k.max_error <= k.bound,
+        `${name}: ${k.name} error ${k.max_error} vs bound ${k.bound} (${k.non_finite})`);
+    }
+    // A packed batch runs in one dispatch.
+    if (c.name === 'varlen') expect(c.dispatches === 1, `${name}: ${c.dispatches} dispatches`);
+  }
+
   // The decode panel: a paged cache on the device, steps by decode_async, one checked against the CPU backend.
   expect(Array.isArray(r.decode) && r.decode.length === 2, 'the decode panel did not run twice');
   for (const c of r.decode || []) {
@@ -170,6 +189,10 @@ async function main() {
       console.log(`  seqlen ${String(c.seqlen).padStart(3)} d ${String(c.head_dim).padStart(2)} heads ${c.heads} ${c.causal ? 'causal' : 'full  '} ${c.precision}: ` +
         `fwd Br ${c.plan.br} Bc ${c.plan.bc} ${c.kernel_ms.toFixed(1)} ms (${c.wall_ms.toFixed(1)} with transfers, ${c.gflops.toPrecision(3)} GFLOP/s), ` +
         `bwd ${c.backward_kernel_ms.toFixed(1)} ms (${c.backward_gflops.toPrecision(3)} GFLOP/s); ` +
+        c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') + ` ${c.passed ? 'ok' : 'FAIL'}`);
+    }
+    for (const c of r.layouts || []) {
+      console.log(`  layout ${c.name} ${c.precision}: ${c.dispatches} dispatch(es); ` +
         c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') + ` ${c.passed ? 'ok' : 'FAIL'}`);
     }
     for (const c of r.decode || []) {
