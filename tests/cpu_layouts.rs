@@ -6,22 +6,11 @@
 
 mod common;
 
-use common::{assert_accurate, block_mask, output_grad, Case};
+use common::{assert_accurate, block_mask, causal, output_grad, window, Case};
 use flashattn::accuracy::check_backward;
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::api::scores::{Alibi, Sinks};
-use flashattn::{cpu, AttentionOptions, BackwardInputs, Window};
-
-fn causal() -> AttentionOptions {
-    AttentionOptions::default().causal(true)
-}
-
-fn window(l: i64, r: i64) -> AttentionOptions {
-    AttentionOptions {
-        window: Window::from_signed(l, r),
-        ..Default::default()
-    }
-}
+use flashattn::{cpu, AttentionOptions, BackwardInputs};
 
 /// The CPU forward and backward of `case`, both checked.
 fn run(case: &Case) -> flashattn::BackwardOutput {
@@ -125,16 +114,7 @@ fn cpu_v_head_dims_and_wide_heads() {
 
 #[test]
 fn cpu_everything_at_once() {
-    let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
-    let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
-    let base = Case::new(1, 1, 40).dv(24).heads(4, 2).varlen(&lq, &lk);
-    let mask = block_mask(&base, (7, 13), 0.5, 4, 4);
-    let opts = causal()
-        .window(Some(20), None)
-        .softcap(7.0)
-        .alibi(Alibi::new(&slopes))
-        .sinks(Sinks::new(&[0.1, -0.3, 1.0, 2.0]))
-        .block_mask(mask);
-    run(&base.clone().opts(opts.clone()));
-    run(&base.f16().opts(opts));
+    let case = common::everything_at_once();
+    run(&case);
+    run(&case.f16());
 }

@@ -6,21 +6,10 @@
 
 mod common;
 
-use common::{block_mask, engine, run_gpu, run_gpu_backward_both, Case};
+use common::{block_mask, causal, engine, run_gpu, run_gpu_backward_both, window, Case};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::api::scores::{Alibi, Sinks};
-use flashattn::{AttentionOptions, Error, TensorView, Window};
-
-fn causal() -> AttentionOptions {
-    AttentionOptions::default().causal(true)
-}
-
-fn window(l: i64, r: i64) -> AttentionOptions {
-    AttentionOptions {
-        window: Window::from_signed(l, r),
-        ..Default::default()
-    }
-}
+use flashattn::{AttentionOptions, Error, TensorView};
 
 /// Forward (both kernels) and backward (both kernels) of `case`.
 fn both_passes(case: &Case) {
@@ -256,20 +245,9 @@ fn packed_batches_backward() {
 
 #[test]
 fn everything_at_once() {
-    // A packed batch, ALiBi per sequence, sinks, a per-head block mask of
-    // odd blocks, a causal window, softcap, GQA and v's own head dim.
-    let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
-    let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
-    let base = Case::new(1, 1, 40).dv(24).heads(4, 2).varlen(&lq, &lk);
-    let mask = block_mask(&base, (7, 13), 0.5, 4, 4);
-    let opts = causal()
-        .window(Some(20), None)
-        .softcap(7.0)
-        .alibi(Alibi::new(&slopes))
-        .sinks(Sinks::new(&[0.1, -0.3, 1.0, 2.0]))
-        .block_mask(mask);
-    both_passes(&base.clone().opts(opts.clone()));
-    both_passes(&base.f16().opts(opts));
+    let case = common::everything_at_once();
+    both_passes(&case);
+    both_passes(&case.f16());
 }
 
 #[test]

@@ -57,6 +57,25 @@ fn parse<'a>(what: &'static str, path: &Path, bytes: &'a [u8]) -> Result<Npy<'a>
     })
 }
 
+/// [`parse`], and the array must have rank `rank` (`expected` describes its dims).
+fn parse_rank<'a>(
+    what: &'static str,
+    path: &Path,
+    bytes: &'a [u8],
+    (rank, expected): (usize, &'static str),
+) -> Result<Npy<'a>> {
+    let npy = parse(what, path, bytes)?;
+    if npy.shape.len() != rank {
+        return Err(CliError::Rank {
+            what,
+            rank: npy.shape.len(),
+            shape: npy.shape,
+            expected,
+        });
+    }
+    Ok(npy)
+}
+
 /// Read a tensor, naming `what` (e.g. "q") in every error.
 pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
     let bytes = read_bytes(what, path)?;
@@ -105,15 +124,7 @@ pub fn read_mask(
     expected: &'static str,
 ) -> Result<(Vec<usize>, Vec<u8>)> {
     let bytes = read_bytes(what, path)?;
-    let npy = parse(what, path, &bytes)?;
-    if npy.shape.len() != rank {
-        return Err(CliError::Rank {
-            what,
-            rank: npy.shape.len(),
-            shape: npy.shape,
-            expected,
-        });
-    }
+    let npy = parse_rank(what, path, &bytes, (rank, expected))?;
     let io = |source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),
@@ -153,15 +164,7 @@ pub fn read_index(
     expected: &'static str,
 ) -> Result<IndexArray> {
     let bytes = read_bytes(what, path)?;
-    let npy = parse(what, path, &bytes)?;
-    if npy.shape.len() != rank {
-        return Err(CliError::Rank {
-            what,
-            rank: npy.shape.len(),
-            shape: npy.shape,
-            expected,
-        });
-    }
+    let npy = parse_rank(what, path, &bytes, (rank, expected))?;
     let io = |source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),

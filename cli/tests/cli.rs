@@ -35,16 +35,7 @@ fn bin() -> Command {
 }
 
 fn write_f32(path: &Path, shape: &[u64], data: &[f32]) {
-    let mut buf = Vec::new();
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut buf)
-        .begin_nd()
-        .unwrap();
-    w.extend(data.iter().copied()).unwrap();
-    w.finish().unwrap();
-    std::fs::write(path, buf).unwrap();
+    write_array(path, shape, data);
 }
 
 fn write_f16(path: &Path, shape: &[u64], data: &[f32]) {
@@ -683,29 +674,11 @@ use decode_case::{CaseData, DecodeCase, Index};
 use flashattn::{DecodeOutput, HostKvCache, Precision, Tensor, TensorData};
 
 fn write_i32(path: &Path, shape: &[u64], data: &[i32]) {
-    let mut buf = Vec::new();
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut buf)
-        .begin_nd()
-        .unwrap();
-    w.extend(data.iter().copied()).unwrap();
-    w.finish().unwrap();
-    std::fs::write(path, buf).unwrap();
+    write_array(path, shape, data);
 }
 
 fn write_i64(path: &Path, shape: &[u64], data: &[i64]) {
-    let mut buf = Vec::new();
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut buf)
-        .begin_nd()
-        .unwrap();
-    w.extend(data.iter().copied()).unwrap();
-    w.finish().unwrap();
-    std::fs::write(path, buf).unwrap();
+    write_array(path, shape, data);
 }
 
 /// A tensor in its own dtype.
@@ -1411,30 +1384,20 @@ fn layout_bad_inputs_are_one_line_and_write_nothing() {
     bad(&f, &[], "sinks");
     write_f32(&f.path("sinks.npy"), &[4], &[0.0; 4]);
     // Flags that go together, and packed tensors of rank 4.
-    let mut c = bin();
-    c.arg("forward");
-    for (flag, name) in [
+    let plain = [
         ("--q", "q.npy"),
         ("--k", "k.npy"),
         ("--v", "v.npy"),
         ("--out", "o.npy"),
+    ];
+    for (flag, file, needle) in [
+        ("--block-mask", "mask.npy", "--block-size"),
+        ("--cu-seqlens-q", "cq.npy", "--cu-seqlens-k"),
     ] {
-        c.arg(flag).arg(f.path(name));
+        let mut files = plain.to_vec();
+        files.push((flag, file));
+        assert_bad(&f, &f.run("forward", &files, &[]), needle);
     }
-    c.arg("--block-mask").arg(f.path("mask.npy"));
-    assert_bad(&f, &c.output().unwrap(), "--block-size");
-    let mut c = bin();
-    c.arg("forward");
-    for (flag, name) in [
-        ("--q", "q.npy"),
-        ("--k", "k.npy"),
-        ("--v", "v.npy"),
-        ("--out", "o.npy"),
-    ] {
-        c.arg(flag).arg(f.path(name));
-    }
-    c.arg("--cu-seqlens-q").arg(f.path("cq.npy"));
-    assert_bad(&f, &c.output().unwrap(), "--cu-seqlens-k");
     write_f32(&f.path("q.npy"), &[1, 56, 4, 24], &vec![0.0; 56 * 96]);
     bad(&f, &[], "3 dims");
     layout_files(&f);
@@ -1445,15 +1408,9 @@ fn layout_bad_inputs_are_one_line_and_write_nothing() {
         ("--dv", "dv.npy"),
         ("--dsinks", "ds.npy"),
     ];
-    let mut c = bin();
-    c.arg("backward");
-    for (flag, name) in [("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")]
-        .iter()
-        .chain(&grads)
-    {
-        c.arg(flag).arg(f.path(name));
-    }
-    assert_bad(&f, &c.output().unwrap(), "--sinks");
+    let mut files = vec![("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")];
+    files.extend(grads);
+    assert_bad(&f, &f.run("backward", &files, &[]), "--sinks");
     for name in ["o.npy", "dq.npy", "dk.npy", "dv.npy", "ds.npy"] {
         assert!(!f.path(name).exists(), "{name} written");
     }

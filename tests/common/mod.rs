@@ -219,6 +219,38 @@ pub fn block_mask(
     flashattn::api::block_mask::BlockMask::random(grid, heads, density, seed)
 }
 
+/// A causal mask.
+pub fn causal() -> AttentionOptions {
+    AttentionOptions::default().causal(true)
+}
+
+/// A local window in flash-attention's convention (negative: unbounded).
+pub fn window(l: i64, r: i64) -> AttentionOptions {
+    AttentionOptions {
+        window: flashattn::Window::from_signed(l, r),
+        ..Default::default()
+    }
+}
+
+/// Every layout and score term at once: a packed batch with an empty
+/// sequence, ALiBi per sequence, sinks, a per-head block mask of 7×13
+/// blocks, a causal window, softcap, GQA and v's own head dim.
+pub fn everything_at_once() -> Case {
+    use flashattn::api::scores::{Alibi, Sinks};
+    let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
+    let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
+    let base = Case::new(1, 1, 40).dv(24).heads(4, 2).varlen(&lq, &lk);
+    let mask = block_mask(&base, (7, 13), 0.5, 4, 4);
+    let opts = AttentionOptions::default()
+        .causal(true)
+        .window(Some(20), None)
+        .softcap(7.0)
+        .alibi(Alibi::new(&slopes))
+        .sinks(Sinks::new(&[0.1, -0.3, 1.0, 2.0]))
+        .block_mask(mask);
+    base.opts(opts)
+}
+
 /// Assert a forward output meets the accuracy rule.
 pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Check; 2] {
     let [q, k, v] = inputs.views();
