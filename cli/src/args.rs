@@ -277,6 +277,10 @@ pub struct DecodeBenchArgs {
     /// Backends, comma-separated: wgpu, cpu.
     #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
     pub backends: String,
+    /// Split modes each backend runs, comma-separated: planner (num_splits
+    /// 0) or a number of splits.
+    #[arg(long, requires = "decode", default_value = "planner,1")]
+    pub splits: String,
     /// Skip (batch, cache length) pairs holding more tokens than this in
     /// all (e.g. 65536 skips batch 8 × 32k, the largest caches); 0 runs every pair.
     #[arg(long, requires = "decode", default_value_t = 0)]

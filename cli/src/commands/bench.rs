@@ -8,7 +8,9 @@ use crate::args::BenchArgs;
 use crate::args::DecodeBenchArgs;
 use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
 use crate::charts;
-use crate::decode_bench::{self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet};
+use crate::decode_bench::{
+    self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet, SplitMode,
+};
 use crate::error::{CliError, Result};
 use crate::report::{csv_text, Ceiling, Report, SweepPoint};
 use flashattn::{Engine, PlanOverrides, Precision};
@@ -238,6 +240,7 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
         heads_kv: pick(d.heads_kv, 2, 8),
         head_dim: pick(d.head_dim, 32, 128),
         precisions: list::<Precision>(&d.dtypes)?,
+        splits: list::<SplitMode>(&d.splits)?,
         max_tokens: d.max_tokens,
         repeats: repeats.max(1),
     };
