@@ -6,7 +6,7 @@
 use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
-use crate::api::output::{BackwardOutput, CallStats, ForwardOutput};
+use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
 use crate::error::Result;
@@ -152,6 +152,16 @@ impl Engine {
 
     pub fn features(&self) -> wgpu::Features {
         self.gpu.features
+    }
+
+    /// The clock [`CallStats::kernel_seconds`] comes from on this adapter:
+    /// GPU timestamps where it has `TIMESTAMP_QUERY`, else the wall clock.
+    pub fn timing(&self) -> Timing {
+        if self.gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            Timing::GpuTimestamps
+        } else {
+            Timing::WallClock
+        }
     }
 
     /// The limits the planner sees.

@@ -58,7 +58,7 @@ pub use api::decode::{
 };
 pub use api::inputs::BackwardInputs;
 pub use api::options::{AttentionOptions, Mask, Window};
-pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput};
+pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
 pub use backend::{Backend, BackendKind, Choice};

@@ -420,6 +420,8 @@ pub struct CopyBandwidth {
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeReport {
     pub adapter: String,
+    /// How the wgpu rows' kernel times were taken.
+    pub timing: String,
     /// The wgpu copy kernel's bandwidth (none without an adapter).
     pub copy: Option<CopyBandwidth>,
     /// Host memory copied by every CPU thread: the CPU rows' yardstick.
@@ -448,6 +450,7 @@ impl DecodeReport {
     /// configuration.
     pub fn print(&self) {
         println!("adapter: {}", self.adapter);
+        println!("kernel times: {}; CPU rows: wall clock", self.timing);
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         match &self.copy {
             Some(c) => println!(

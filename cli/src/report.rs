@@ -32,6 +32,8 @@ pub struct SweepPoint {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub adapter: String,
+    /// How the wgpu rows' kernel times were taken.
+    pub timing: String,
     pub ceilings: Vec<Ceiling>,
     pub results: Vec<BenchResult>,
     pub sweep_seqlen: usize,
@@ -56,6 +58,7 @@ impl Report {
     /// and the sweep.
     pub fn print(&self) {
         println!("adapter: {}", self.adapter);
+        println!("kernel times: {}; CPU rows: wall clock", self.timing);
         for c in &self.ceilings {
             println!(
                 "ceiling: {} matmul N×d · d×N, N {}, d {}: {:.2} GFLOP/s",

@@ -24,6 +24,11 @@ fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
         .collect()
 }
 
+/// What the report says of how its wgpu rows were timed.
+fn timing_of(engine: Option<&Engine>) -> String {
+    engine.map_or("no adapter".into(), |e| e.timing().describe().into())
+}
+
 /// Comma-separated positive integers of `flag`.
 fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
     let bad = |x: &str| CliError::BadFlag {
@@ -113,6 +118,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         adapter: engine
             .as_ref()
             .map_or("none (CPU only)".into(), |e| e.describe()),
+        timing: timing_of(engine.as_ref()),
         ceilings,
         results,
         sweep_seqlen: a.sweep_seqlen,
@@ -304,6 +310,7 @@ fn decode(a: &BenchArgs) -> Result<()> {
         adapter: engine
             .as_ref()
             .map_or("none (CPU only)".into(), |e| e.describe()),
+        timing: timing_of(engine.as_ref()),
         copy,
         host_copy,
         cpu_threads: rayon::current_num_threads(),
