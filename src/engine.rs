@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::kernels::AttentionBuffers;
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
-use crate::ops::ceiling::CeilingResult;
+use crate::ops::ceiling::{CeilingResult, CeilingShape};
 use crate::plan::{
     plan_backward, plan_forward, DecodePlan, DeviceCaps, PlanOverrides, PlanRequest, Planned,
 };
@@ -372,21 +372,29 @@ impl Engine {
         ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
     }
 
-    /// The practical ceiling: `C = X·Yᵀ` with X, Y of N×d f32 (the shape of
-    /// S = QKᵀ), C of N×N f32, timed `repeats` times after a warm-up.
+    /// The practical ceiling: the tuned f32 matmul of one of attention's
+    /// products (`shape`: S = QKᵀ or O = PV) at N, d, timed `repeats` times
+    /// after a warm-up.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn matmul_ceiling(&self, n: usize, d: usize, repeats: usize) -> Result<CeilingResult> {
-        pollster::block_on(self.matmul_ceiling_async(n, d, repeats))
+    pub fn matmul_ceiling(
+        &self,
+        shape: CeilingShape,
+        n: usize,
+        d: usize,
+        repeats: usize,
+    ) -> Result<CeilingResult> {
+        pollster::block_on(self.matmul_ceiling_async(shape, n, d, repeats))
     }
 
     /// [`Engine::matmul_ceiling`] as a future.
     pub async fn matmul_ceiling_async(
         &self,
+        shape: CeilingShape,
         n: usize,
         d: usize,
         repeats: usize,
     ) -> Result<CeilingResult> {
-        ops::ceiling::matmul_ceiling(&self.gpu, n, d, repeats).await
+        ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
     }
 
     /// The adapter's storage bandwidth: `bytes` (rounded up to 16; at most

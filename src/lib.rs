@@ -68,7 +68,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::AttentionBuffers;
 pub use ops::bandwidth::BandwidthResult;
-pub use ops::ceiling::CeilingResult;
+pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{
     plan_backward, plan_decode, plan_forward, Clamp, DecodePlan, DeviceCaps, KernelFamily, Plan,
     PlanOverrides, PlanRequest, Planned, StorageKind,

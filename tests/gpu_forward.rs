@@ -5,8 +5,8 @@ mod common;
 
 use common::{assert_accurate, engine, run_gpu, Case};
 use flashattn::{
-    AttentionOptions, Error, KernelFamily, PlanOverrides, Precision, StorageKind, TensorView,
-    Window,
+    AttentionOptions, CeilingShape, Error, KernelFamily, PlanOverrides, Precision, StorageKind,
+    TensorView, Window,
 };
 
 fn causal() -> AttentionOptions {
@@ -401,10 +401,13 @@ fn naive_baseline_matches_and_materializes_scores() {
 #[test]
 fn matmul_ceiling_runs_and_reports_its_flops() {
     let Some(e) = engine() else { return };
-    let r = e.matmul_ceiling(128, 64, 2).unwrap();
-    assert_eq!(r.seconds.len(), 2);
-    assert_eq!(r.flops, 2.0 * 128.0 * 128.0 * 64.0);
-    assert!(r.gflops() > 0.0 && r.gflops().is_finite());
+    for shape in [CeilingShape::Scores, CeilingShape::Values] {
+        let r = e.matmul_ceiling(shape, 128, 64, 2).unwrap();
+        assert_eq!(r.shape, shape);
+        assert_eq!(r.seconds.len(), 2);
+        assert_eq!(r.flops, 2.0 * 128.0 * 128.0 * 64.0);
+        assert!(r.gflops() > 0.0 && r.gflops().is_finite());
+    }
 }
 
 /// q, k, v of `inputs` (f32), a zeroed o, and an lse buffer of `lse` on

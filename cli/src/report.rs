@@ -7,9 +7,12 @@ use crate::error::{CliError, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// The matmul ceiling for one head dim.
+/// A matmul ceiling for one head dim.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ceiling {
+    /// `scores` (N×d · d×N: on GPUs bound by storing N² outputs) or
+    /// `values` (N×N · N×d: deep, its cost in the multiply-adds).
+    pub shape: &'static str,
     pub head_dim: usize,
     pub n: usize,
     /// The matmul kernel that ran (`tiled`, or `lanes` on CPU adapters).
@@ -45,13 +48,20 @@ pub struct Report {
     pub max_binding_bytes: Option<u64>,
 }
 
+/// The ceiling of head dim `d`: the faster of its matmuls (equal FLOPs),
+/// so flash's fraction of it (the column "ceiling") is never flattered by
+/// a slow shape.
 fn ceiling_of(report: &Report, d: usize) -> Option<f64> {
     report
         .ceilings
         .iter()
-        .find(|c| c.head_dim == d)
+        .filter(|c| c.head_dim == d)
         .map(|c| c.gflops)
+        .reduce(f64::max)
 }
+
+/// [`Ceiling::shape`] of the P·V product.
+pub const VALUES: &str = "values";
 
 impl Report {
     /// The whole report on stdout: ceilings, one row per case, speedups,
@@ -59,9 +69,15 @@ impl Report {
     pub fn print(&self) {
         println!("adapter: {}", self.adapter);
         println!("kernel times: {}; CPU rows: wall clock", self.timing);
+        println!("ceiling column: flash's GFLOP/s over the faster matmul of its head dim");
         for c in &self.ceilings {
+            let dims = if c.shape == VALUES {
+                "N×N · N×d (O = PV)"
+            } else {
+                "N×d · d×N (S = QKᵀ)"
+            };
             println!(
-                "ceiling: {} matmul N×d · d×N, N {}, d {}: {:.2} GFLOP/s",
+                "ceiling: {} matmul {dims}, N {}, d {}: {:.2} GFLOP/s",
                 c.kernel, c.n, c.head_dim, c.gflops
             );
         }

@@ -369,7 +369,7 @@ fn dims(shape: &AttentionShape) -> [u32; 5] {
 /// tensors: rows of `x` (Sq rows, heads_q heads) against rows of `y` (Sk rows,
 /// heads_kv heads, read through GQA), into an (Sq×Sk) f32 matrix per head:
 /// S = Q·Kᵀ and dP = dO·Vᵀ.
-fn nt_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
+pub(crate) fn nt_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
     let [hq, hk, d, m, n] = dims(shape);
     MatmulParams {
         m,
@@ -393,7 +393,7 @@ fn nt_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
 
 /// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
 /// (batch, Sk, heads_kv, d) tensor, into a (batch, Sq, heads_q, d) tensor.
-fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
+pub(crate) fn nn_params(shape: &AttentionShape, alpha: f32) -> MatmulParams {
     let [hq, hk, d, sq, sk] = dims(shape);
     MatmulParams {
         m: sq,

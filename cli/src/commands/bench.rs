@@ -12,8 +12,8 @@ use crate::decode_bench::{
     self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet, SplitMode,
 };
 use crate::error::{CliError, Result};
-use crate::report::{csv_text, Ceiling, Report, SweepPoint};
-use flashattn::{Engine, PlanOverrides, Precision};
+use crate::report::{self, csv_text, Ceiling, Report, SweepPoint};
+use flashattn::{CeilingShape, Engine, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Comma-separated values of one flag.
@@ -130,7 +130,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     write_outputs(&report, &a)
 }
 
-/// The matmul ceiling for every head dim.
+/// The matmul ceilings (S = QKᵀ and O = PV shapes) for every head dim.
 fn ceilings(e: &Engine, m: &Matrix, repeats: usize, bar: &ProgressBar) -> Result<Vec<Ceiling>> {
     let mut out = Vec::new();
     for &d in &m.head_dims {
@@ -138,14 +138,20 @@ fn ceilings(e: &Engine, m: &Matrix, repeats: usize, bar: &ProgressBar) -> Result
         let max_n = ((e.max_binding() / 4) as f64).sqrt() as usize;
         let longest = m.seqlens.iter().copied().max().unwrap_or(1024);
         let n = longest.clamp(256, 4096).min(max_n);
-        bar.set_message(format!("matmul ceiling, N {n}, d {d}"));
-        let c = e.matmul_ceiling(n, d, repeats)?;
-        out.push(Ceiling {
-            head_dim: d,
-            n,
-            kernel: c.kernel.to_string(),
-            gflops: c.gflops(),
-        });
+        bar.set_message(format!("matmul ceilings, N {n}, d {d}"));
+        for (shape, name) in [
+            (CeilingShape::Scores, "scores"),
+            (CeilingShape::Values, report::VALUES),
+        ] {
+            let c = e.matmul_ceiling(shape, n, d, repeats)?;
+            out.push(Ceiling {
+                shape: name,
+                head_dim: d,
+                n,
+                kernel: c.kernel.to_string(),
+                gflops: c.gflops(),
+            });
+        }
         bar.inc(1);
     }
     Ok(out)
