@@ -100,10 +100,11 @@ fn device_caps() -> Vec<DeviceCaps> {
     caps
 }
 
-const STORAGE: [StorageKind; 3] = [
+const STORAGE: [StorageKind; 4] = [
     StorageKind::F32,
     StorageKind::F16Packed,
     StorageKind::F16Native,
+    StorageKind::Bf16,
 ];
 
 /// Head dims every kernel is composed for.

@@ -1,13 +1,17 @@
 //! Host tensors: storage precisions, borrowed views and owned data.
 
 use crate::error::{Error, Result};
-use half::f16;
+use half::{bf16, f16};
 
 /// Storage precision of q, k, v and o. Accumulation is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Precision {
     F32,
+    /// IEEE half: 10 mantissa bits, 5 exponent bits.
     F16,
+    /// bfloat16: f32's 8 exponent bits, 7 mantissa bits; from f32 by
+    /// round-to-nearest-even (NaN kept NaN).
+    Bf16,
 }
 
 impl Precision {
@@ -15,7 +19,7 @@ impl Precision {
     pub fn bytes(self) -> usize {
         match self {
             Precision::F32 => 4,
-            Precision::F16 => 2,
+            Precision::F16 | Precision::Bf16 => 2,
         }
     }
 
@@ -24,6 +28,7 @@ impl Precision {
         match self {
             Precision::F32 => f32::EPSILON as f64,
             Precision::F16 => f16::EPSILON.to_f64(),
+            Precision::Bf16 => bf16::EPSILON.to_f64(),
         }
     }
 
@@ -32,6 +37,7 @@ impl Precision {
         match self {
             Precision::F32 => x,
             Precision::F16 => f16::from_f32(x).to_f32(),
+            Precision::Bf16 => bf16::from_f32(x).to_f32(),
         }
     }
 
@@ -39,6 +45,7 @@ impl Precision {
         match self {
             Precision::F32 => "f32",
             Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
         }
     }
 }
@@ -55,10 +62,11 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" => Ok(Precision::F32),
             "f16" => Ok(Precision::F16),
+            "bf16" => Ok(Precision::Bf16),
             other => Err(Error::UnknownName {
                 what: "precision",
                 name: other.to_string(),
-                expected: "f32 or f16",
+                expected: "f32, f16 or bf16",
             }),
         }
     }
@@ -69,6 +77,7 @@ impl std::str::FromStr for Precision {
 pub enum HostData<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Bf16(&'a [bf16]),
 }
 
 impl<'a> HostData<'a> {
@@ -77,6 +86,7 @@ impl<'a> HostData<'a> {
         match *self {
             HostData::F32(d) => bytemuck::cast_slice(d),
             HostData::F16(d) => bytemuck::cast_slice(d),
+            HostData::Bf16(d) => bytemuck::cast_slice(d),
         }
     }
 
@@ -84,6 +94,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(d) => d.len(),
             HostData::F16(d) => d.len(),
+            HostData::Bf16(d) => d.len(),
         }
     }
 
@@ -95,6 +106,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(_) => Precision::F32,
             HostData::F16(_) => Precision::F16,
+            HostData::Bf16(_) => Precision::Bf16,
         }
     }
 
@@ -103,6 +115,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(d) => d.to_vec(),
             HostData::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
+            HostData::Bf16(d) => d.iter().map(|x| x.to_f32()).collect(),
         }
     }
 }
@@ -126,6 +139,13 @@ impl<'a> TensorView<'a> {
         Self {
             shape,
             data: HostData::F16(data),
+        }
+    }
+
+    pub fn bf16(shape: [usize; 4], data: &'a [bf16]) -> Self {
+        Self {
+            shape,
+            data: HostData::Bf16(data),
         }
     }
 
@@ -153,14 +173,17 @@ impl<'a> TensorView<'a> {
 pub enum TensorData {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Bf16(Vec<bf16>),
 }
 
 impl TensorData {
-    /// Store f32 values in the given precision (rounding for f16).
+    /// Store f32 values in the given precision (rounding to nearest even
+    /// for f16 and bf16).
     pub fn from_f32(values: Vec<f32>, precision: Precision) -> Self {
         match precision {
             Precision::F32 => TensorData::F32(values),
             Precision::F16 => TensorData::F16(values.into_iter().map(f16::from_f32).collect()),
+            Precision::Bf16 => TensorData::Bf16(values.into_iter().map(bf16::from_f32).collect()),
         }
     }
 
@@ -170,6 +193,7 @@ impl TensorData {
         match precision {
             Precision::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(bytes)),
             Precision::F16 => TensorData::F16(bytemuck::pod_collect_to_vec(bytes)),
+            Precision::Bf16 => TensorData::Bf16(bytemuck::pod_collect_to_vec(bytes)),
         }
     }
 
@@ -177,6 +201,7 @@ impl TensorData {
         match self {
             TensorData::F32(_) => Precision::F32,
             TensorData::F16(_) => Precision::F16,
+            TensorData::Bf16(_) => Precision::Bf16,
         }
     }
 
@@ -184,6 +209,7 @@ impl TensorData {
         match self {
             TensorData::F32(d) => d.len(),
             TensorData::F16(d) => d.len(),
+            TensorData::Bf16(d) => d.len(),
         }
     }
 
@@ -199,6 +225,7 @@ impl TensorData {
         match self {
             TensorData::F32(d) => HostData::F32(d),
             TensorData::F16(d) => HostData::F16(d),
+            TensorData::Bf16(d) => HostData::Bf16(d),
         }
     }
 

@@ -31,6 +31,7 @@ pub const LOOP_BUDGET: &str = include_str!("../../shaders/loop_budget.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
+pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).
@@ -133,6 +134,8 @@ pub struct KernelSource {
 pub struct Composer {
     text: String,
     overrides: Vec<(&'static str, f64)>,
+    /// Storage kinds whose template's `@helpers` are already in the text.
+    helpers: Vec<StorageKind>,
 }
 
 impl Composer {
@@ -177,12 +180,16 @@ impl Composer {
     /// Declarations and accessors of `buffers` in `storage`: `load_{name}` /
     /// `store_{name}` (and the vec4 forms), plus `round_storage`.
     pub fn storage(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
-        self.push(&section(template(storage), "common"))
+        self.helpers(storage)
+            .push(&section(template(storage), "common"))
             .buffers(storage, buffers)
     }
 
     /// Buffer declarations only (e.g. f32 LSE next to f16 tensors).
     pub fn buffers(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
+        if !buffers.is_empty() {
+            self.helpers(storage);
+        }
         let t = template(storage);
         for &(name, binding, access) in buffers {
             let decl = section(t, access.section())
@@ -198,7 +205,17 @@ impl Composer {
         self
     }
 
+    /// The template's `@helpers` (functions its accessors share), once per module.
+    fn helpers(&mut self, storage: StorageKind) -> &mut Self {
+        if !self.helpers.contains(&storage) {
+            self.helpers.push(storage);
+            self.text.push_str(&section(template(storage), "helpers"));
+        }
+        self
+    }
+
     pub fn finish(&mut self, entry: &'static str) -> KernelSource {
+        self.helpers.clear();
         KernelSource {
             text: std::mem::take(&mut self.text),
             entry,
@@ -228,6 +245,7 @@ fn template(storage: StorageKind) -> &'static str {
         StorageKind::F32 => STORAGE_F32,
         StorageKind::F16Packed => STORAGE_F16_PACKED,
         StorageKind::F16Native => STORAGE_F16_NATIVE,
+        StorageKind::Bf16 => STORAGE_BF16,
     }
 }
 

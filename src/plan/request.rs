@@ -52,6 +52,9 @@ pub enum StorageKind {
     F16Packed,
     /// `enable f16;` and `array<f16>`: needs SHADER_F16.
     F16Native,
+    /// bf16 pairs packed in `u32`, widened and rounded with bit operations
+    /// (WGSL has no bf16 type): runs on every adapter.
+    Bf16,
 }
 
 impl StorageKind {
@@ -59,6 +62,7 @@ impl StorageKind {
         match self {
             StorageKind::F32 => Precision::F32,
             StorageKind::F16Packed | StorageKind::F16Native => Precision::F16,
+            StorageKind::Bf16 => Precision::Bf16,
         }
     }
 
@@ -67,6 +71,7 @@ impl StorageKind {
             StorageKind::F32 => "f32",
             StorageKind::F16Packed => "f16 (packed u32)",
             StorageKind::F16Native => "f16 (native)",
+            StorageKind::Bf16 => "bf16 (packed u32)",
         }
     }
 }

@@ -51,6 +51,16 @@ pub fn convert(t: Tensor, to: Precision) -> Tensor {
     }
 }
 
+/// An output for a file whose inputs had `input_dtype`: outputs keep the
+/// inputs' dtype, except bf16 results, which numpy cannot hold: they stay
+/// bf16 and are written as f32 (exactly the bf16 values, SPEC.md).
+pub fn output(t: Tensor, input_dtype: Precision) -> Tensor {
+    if t.precision() == Precision::Bf16 {
+        return t;
+    }
+    convert(t, input_dtype)
+}
+
 /// Parse the flags and read q, k, v.
 pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     let Flags {
@@ -157,7 +167,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     let [q, k, v] = p.views()?;
     let out = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
     let lse = out.lse_tensor();
-    let o = convert(out.o, p.input_dtype);
+    let o = output(out.o, p.input_dtype);
     let mut outputs = vec![(a.out.as_path(), &o)];
     if let Some(path) = &a.lse {
         outputs.push((path.as_path(), &lse));
@@ -192,7 +202,7 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let fwd = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
     let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
-    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| convert(t, p.input_dtype));
+    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| output(t, p.input_dtype));
     npy::write_all(&[
         (a.dq.as_path(), &dq),
         (a.dk.as_path(), &dk),
