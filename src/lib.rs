@@ -60,7 +60,7 @@ pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
 };
 pub use api::inputs::BackwardInputs;
-pub use api::options::{AttentionOptions, Mask, Window};
+pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput};
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};

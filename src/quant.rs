@@ -26,6 +26,8 @@
 //! Stored rows are padded with zero codes to a multiple of 4 elements
 //! ([`row_len`]), so that a row starts on a word of four codes.
 
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorView;
 use crate::error::{Error, Result};
 use crate::random::Rng;
@@ -198,17 +200,79 @@ pub struct Fp8Tensor {
 }
 
 impl Fp8Tensor {
+    /// Each code's value and its head's scale, in storage order.
+    fn values(&self) -> impl Iterator<Item = (f32, f32)> + '_ {
+        let [_, seqlen, heads, _] = self.shape;
+        self.codes.iter().enumerate().map(move |(i, &c)| {
+            let row = i / self.row_len;
+            let (b, h) = (row / (seqlen * heads), row % heads);
+            (e4m3_to_f32(c), self.scales[b * heads + h])
+        })
+    }
+
     /// The values the codes stand for, `(batch, seqlen, heads, row_len)`.
     pub fn dequantize(&self) -> Vec<f32> {
-        let [_, seqlen, heads, _] = self.shape;
-        self.codes
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| {
-                let row = i / self.row_len;
-                let (b, h) = (row / (seqlen * heads), row % heads);
-                e4m3_to_f32(c) * self.scales[b * heads + h]
-            })
+        self.values().map(|(x, s)| x * s).collect()
+    }
+
+    /// [`Fp8Tensor::dequantize`] in f64 (exact: a code's value has 4
+    /// significant bits, a scale 24).
+    pub fn dequantize_f64(&self) -> Vec<f64> {
+        self.values().map(|(x, s)| x as f64 * s as f64).collect()
+    }
+}
+
+/// How one attention problem's q, k and v are quantized: q and k through
+/// the transform (if any); every row stored `row_len` long, so that one
+/// head dim serves the attention kernel (v's extra elements are zeros).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fp8Layout {
+    pub head_dim: usize,
+    pub transform: Option<Hadamard>,
+    pub row_len: usize,
+}
+
+impl Fp8Layout {
+    pub fn new(head_dim: usize, opts: &Fp8Options) -> Self {
+        let transform = opts.hadamard.map(|seed| Hadamard::new(head_dim, seed));
+        let dim = transform.as_ref().map_or(head_dim, |t| t.dim);
+        Self {
+            head_dim,
+            transform,
+            row_len: row_len(dim),
+        }
+    }
+
+    /// q, k (transformed) and v quantized.
+    pub fn quantize(&self, [q, k, v]: [&TensorView; 3]) -> Result<[Fp8Tensor; 3]> {
+        let t = self.transform.as_ref();
+        Ok([
+            quantize(q, "q", t, self.row_len)?,
+            quantize(k, "k", t, self.row_len)?,
+            quantize(v, "v", None, self.row_len)?,
+        ])
+    }
+
+    /// The problem the attention kernel runs: rows `row_len` long.
+    pub fn padded(&self, shape: &AttentionShape) -> AttentionShape {
+        AttentionShape {
+            head_dim: self.row_len,
+            ..*shape
+        }
+    }
+
+    /// `opts` with the score scale of the real head dim made explicit.
+    pub fn options(&self, opts: &AttentionOptions) -> AttentionOptions {
+        AttentionOptions {
+            scale: Some(opts.scale_for(self.head_dim)),
+            ..*opts
+        }
+    }
+
+    /// Output rows `row_len` long cut back to the head dim.
+    pub fn trim<T: Copy>(&self, o: &[T]) -> Vec<T> {
+        o.chunks(self.row_len)
+            .flat_map(|r| r[..self.head_dim].iter().copied())
             .collect()
     }
 }

@@ -48,9 +48,14 @@ pub struct ScoreArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
     /// Storage precision: f32, f16 or bf16 (default: the inputs' dtype; bf16
-    /// rounds the inputs on load and writes its outputs as f32).
+    /// rounds the inputs on load and writes its outputs as f32), or fp8
+    /// (e4m3 with per-(batch, head) scales; forward only, o written as f32).
     #[arg(long)]
     pub precision: Option<String>,
+    /// With --precision fp8: multiply q and k by a seeded random orthogonal
+    /// (Walsh–Hadamard) matrix before quantizing them (incoherent processing).
+    #[arg(long)]
+    pub hadamard: bool,
     /// auto, wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: String,

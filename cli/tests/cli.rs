@@ -651,6 +651,71 @@ fn bf16_rounds_inputs_and_writes_bf16_values_as_f32() {
     }
 }
 
+/// `--precision fp8 [--hadamard]` runs the FP8 forward: o written as f32,
+/// its RMSE against the f64 reference within 10% of the same quantization
+/// computed naively in f64 (SPEC.md); backward and decode refuse FP8, and
+/// --hadamard needs it.
+#[test]
+fn fp8_forward_and_its_errors() {
+    let backends: &[&str] = if engine().is_some() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    let (qs, ks) = ([1, 37, 4, 40], [1, 45, 2, 40]);
+    for backend in backends {
+        for hadamard in [false, true] {
+            let f = Files::new();
+            let qkv = f.qkv(1, 37, 45, 4, 2, 40);
+            let mut flags = vec!["--backend", backend, "--causal", "--precision", "fp8"];
+            if hadamard {
+                flags.push("--hadamard");
+            }
+            assert_ok(&f.forward(&flags));
+            let (shape, o) = read_f32(&f.path("o.npy"));
+            assert_eq!(shape, qs.map(|x| x as u64).to_vec());
+            let views = [
+                TensorView::f32(qs, &qkv[0]),
+                TensorView::f32(ks, &qkv[1]),
+                TensorView::f32(ks, &qkv[2]),
+            ];
+            let out = flashattn::ForwardOutput {
+                o: Tensor {
+                    shape: qs.to_vec(),
+                    data: TensorData::F32(o),
+                },
+                lse: vec![0.0; 4 * 37],
+                shape: flashattn::AttentionShape::from_views(&views[0], &views[1], &views[2])
+                    .unwrap(),
+                stats: Default::default(),
+            };
+            let fp8 = flashattn::Fp8Options {
+                hadamard: hadamard.then_some(flashattn::Fp8Options::DEFAULT_SEED),
+            };
+            let opts = AttentionOptions::default().causal(true);
+            let [q, k, v] = &views;
+            let r = flashattn::accuracy::fp8_report(&out, [q, k, v], &opts, &fp8).unwrap();
+            assert!(
+                r.rmse_ratio() <= 1.1,
+                "{backend} {fp8:?}: {} vs {}",
+                r.o,
+                r.naive
+            );
+        }
+    }
+    let f = Files::new();
+    f.qkv(1, 8, 8, 2, 1, 16);
+    write_f32(&f.path("do.npy"), &[1, 8, 2, 16], &[0.0; 256]);
+    let out = backward_cmd(&f, &["--backend", "cpu", "--precision", "fp8"]);
+    assert_bad(&f, &out, "forward pass only");
+    assert_bad(&f, &f.forward(&["--hadamard"]), "--hadamard");
+    assert_bad(
+        &f,
+        &f.forward(&["--precision", "f16", "--hadamard"]),
+        "--hadamard",
+    );
+}
+
 #[test]
 fn backward_bad_inputs_write_nothing() {
     let f = Files::new();
@@ -1084,6 +1149,7 @@ fn decode_bad_inputs_write_nothing() {
         &["--num-splits", "-1"],
     );
     bad("precision", &args, &["--precision", "f64"]);
+    bad("forward pass only", &args, &["--precision", "fp8"]);
     bad("scale", &args, &["--scale", "nan"]);
 }
 

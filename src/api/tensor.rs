@@ -34,10 +34,16 @@ impl Precision {
 
     /// Round an f32 value to this storage precision (identity for f32).
     pub fn round(self, x: f32) -> f32 {
+        (self.rounding())(x)
+    }
+
+    /// The rounding to this storage precision, as a function (what a
+    /// kernel applies to P before `P·V`).
+    pub fn rounding(self) -> fn(f32) -> f32 {
         match self {
-            Precision::F32 => x,
-            Precision::F16 => f16::from_f32(x).to_f32(),
-            Precision::Bf16 => bf16::from_f32(x).to_f32(),
+            Precision::F32 => |x| x,
+            Precision::F16 => |x| f16::from_f32(x).to_f32(),
+            Precision::Bf16 => |x| bf16::from_f32(x).to_f32(),
         }
     }
 

@@ -176,8 +176,15 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     let Flags {
         opts,
         precision,
+        fp8,
         backend,
     } = flags(&a.score)?;
+    if fp8.is_some() {
+        return Err(flashattn::Error::Fp8Unsupported {
+            operation: "decoding",
+        }
+        .into());
+    }
     let new_paths = pair((&a.k_new, "--k-new"), (&a.v_new, "--v-new"))?;
     pair(
         (&a.k_cache_out, "--k-cache-out"),
