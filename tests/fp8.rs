@@ -7,75 +7,55 @@
 
 mod common;
 
+use common::Case;
 use flashattn::accuracy::{fp8_report, Fp8Report};
 use flashattn::random::{outlier_channels, scale_channels, Rng};
-use flashattn::{AttentionOptions, Fp8Options, TensorView, Window};
+use flashattn::{AttentionOptions, ForwardOutput, Fp8Options, TensorView, Window};
 
-/// One FP8 problem: sizes, options, and the q/k channels made outliers.
+/// One FP8 problem: sizes and options (a [`Case`]), and the q/k channels
+/// made outliers.
 #[derive(Clone, Debug)]
 struct Fp8Case {
-    batch: usize,
-    seqlen_q: usize,
-    seqlen_k: usize,
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    opts: AttentionOptions,
+    case: Case,
     /// `(channel, factor)` applied to every row of q and k.
     outliers: Vec<(usize, f32)>,
-    seed: u64,
 }
 
 impl Fp8Case {
-    fn new(seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> Self {
+    fn new(case: Case) -> Self {
         Self {
-            batch: 1,
-            seqlen_q,
-            seqlen_k,
-            heads_q: 2,
-            heads_kv: 2,
-            head_dim,
-            opts: AttentionOptions::default(),
+            case,
             outliers: Vec::new(),
-            seed: 17,
         }
-    }
-    fn heads(self, heads_q: usize, heads_kv: usize) -> Self {
-        Self {
-            heads_q,
-            heads_kv,
-            ..self
-        }
-    }
-    fn batch(self, batch: usize) -> Self {
-        Self { batch, ..self }
-    }
-    fn opts(self, opts: AttentionOptions) -> Self {
-        Self { opts, ..self }
     }
     /// Four channels of q and k ×10, ×20, ×35 and ×50, as in LLM activations.
     fn outliers(self) -> Self {
-        let outliers = outlier_channels(self.head_dim).to_vec();
+        let outliers = outlier_channels(self.case.head_dim).to_vec();
         Self { outliers, ..self }
     }
 
     fn shapes(&self) -> [[usize; 4]; 3] {
-        let q = [self.batch, self.seqlen_q, self.heads_q, self.head_dim];
-        let kv = [self.batch, self.seqlen_k, self.heads_kv, self.head_dim];
+        let c = &self.case;
+        let q = [c.batch, c.seqlen_q, c.heads_q, c.head_dim];
+        let kv = [c.batch, c.seqlen_k, c.heads_kv, c.head_dim];
         [q, kv, kv]
     }
 
     /// q, k, v in f32 (q and k with their outlier channels).
     fn inputs(&self) -> [Vec<f32>; 3] {
-        let mut rng = Rng::new(self.seed);
+        let mut rng = Rng::new(17);
         let shapes = self.shapes();
         std::array::from_fn(|t| {
             let mut x = rng.normal_vec(shapes[t].iter().product(), 1.0);
             if t < 2 {
-                scale_channels(&mut x, self.head_dim, &self.outliers);
+                scale_channels(&mut x, self.case.head_dim, &self.outliers);
             }
             x
         })
+    }
+
+    fn opts(&self) -> &AttentionOptions {
+        &self.case.opts
     }
 }
 
@@ -88,10 +68,10 @@ fn views<'a>(case: &Fp8Case, data: &'a [Vec<f32>; 3]) -> [TensorView<'a>; 3] {
 fn cpu_report(case: &Fp8Case, fp8: &Fp8Options) -> Fp8Report {
     let data = case.inputs();
     let [q, k, v] = views(case, &data);
-    let out = flashattn::cpu::forward_fp8(&q, &k, &v, &case.opts, fp8).unwrap();
+    let out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), fp8).unwrap();
     assert_eq!(out.o.precision(), flashattn::Precision::F32);
     assert_eq!(out.o.shape, case.shapes()[0].to_vec());
-    fp8_report(&out, [&q, &k, &v], &case.opts, fp8).unwrap()
+    fp8_report(&out, [&q, &k, &v], case.opts(), fp8).unwrap()
 }
 
 /// The kernel adds no error of its own beyond rounding P: its RMSE is
@@ -119,12 +99,12 @@ fn cases() -> Vec<Fp8Case> {
         ..Default::default()
     };
     vec![
-        Fp8Case::new(97, 113, 64),
-        Fp8Case::new(113, 97, 59).opts(causal),
-        Fp8Case::new(64, 80, 32).heads(4, 2).batch(2),
-        Fp8Case::new(80, 64, 128).heads(4, 1).opts(window),
-        Fp8Case::new(70, 90, 24).opts(AttentionOptions::default().softcap(5.0)),
-        Fp8Case::new(33, 47, 3),
+        Fp8Case::new(Case::new(97, 113, 64)),
+        Fp8Case::new(Case::new(113, 97, 59).opts(causal)),
+        Fp8Case::new(Case::new(64, 80, 32).heads(4, 2).batch(2)),
+        Fp8Case::new(Case::new(80, 64, 128).heads(4, 1).opts(window)),
+        Fp8Case::new(Case::new(70, 90, 24).opts(AttentionOptions::default().softcap(5.0))),
+        Fp8Case::new(Case::new(33, 47, 3)),
     ]
 }
 
@@ -142,9 +122,9 @@ fn cpu_fp8_is_within_ten_percent_of_naive_f64_quantization() {
 #[test]
 fn cpu_hadamard_halves_the_error_on_outlier_channels() {
     for case in [
-        Fp8Case::new(128, 128, 64).outliers(),
-        Fp8Case::new(96, 128, 128).outliers().heads(4, 2),
-        Fp8Case::new(64, 64, 59).outliers(),
+        Fp8Case::new(Case::new(128, 128, 64)).outliers(),
+        Fp8Case::new(Case::new(96, 128, 128).heads(4, 2)).outliers(),
+        Fp8Case::new(Case::new(64, 64, 59)).outliers(),
     ] {
         let plain = cpu_report(&case, &Fp8Options::default());
         let rotated = cpu_report(&case, &HADAMARD);
@@ -157,13 +137,16 @@ fn cpu_hadamard_halves_the_error_on_outlier_channels() {
     }
 }
 
-#[test]
-fn cpu_fp8_empty_rows_and_bad_inputs() {
-    let case = Fp8Case::new(40, 10, 32).opts(AttentionOptions::default().causal(true));
+/// Rows that see no key give o = 0 and lse = -inf; a non-finite input is
+/// an error naming it.
+fn check_empty_rows_and_bad_inputs(
+    forward: impl Fn([&TensorView; 3], &AttentionOptions) -> flashattn::Result<ForwardOutput>,
+) {
+    let case = Fp8Case::new(Case::new(40, 10, 32).opts(AttentionOptions::default().causal(true)));
     let data = case.inputs();
     let [q, k, v] = views(&case, &data);
-    let out = flashattn::cpu::forward_fp8(&q, &k, &v, &case.opts, &HADAMARD).unwrap();
-    // Rows 0..30 see no key: o = 0, lse = -inf.
+    let out = forward([&q, &k, &v], case.opts()).unwrap();
+    // Rows 0..30 see no key.
     let o = out.o.to_f32();
     for h in 0..2 {
         for i in 0..30 {
@@ -174,7 +157,7 @@ fn cpu_fp8_empty_rows_and_bad_inputs() {
     let mut bad = data.clone();
     bad[1][5] = f32::INFINITY;
     let [q, k, v] = views(&case, &bad);
-    let err = flashattn::cpu::forward_fp8(&q, &k, &v, &case.opts, &HADAMARD).unwrap_err();
+    let err = forward([&q, &k, &v], case.opts()).unwrap_err();
     assert!(
         matches!(
             err,
@@ -185,6 +168,13 @@ fn cpu_fp8_empty_rows_and_bad_inputs() {
         ),
         "{err:?}"
     );
+}
+
+#[test]
+fn cpu_fp8_empty_rows_and_bad_inputs() {
+    check_empty_rows_and_bad_inputs(|[q, k, v], opts| {
+        flashattn::cpu::forward_fp8(q, k, v, opts, &HADAMARD)
+    });
 }
 
 // ---- wgpu ----
@@ -269,7 +259,7 @@ fn gpu_reports(case: &Fp8Case, fp8: &Fp8Options) -> Vec<Fp8Report> {
     let mut out = Vec::new();
     while let Some(o) = kernels.pop() {
         let f = e
-            .forward_fp8_with([&q, &k, &v], &case.opts, fp8, &o)
+            .forward_fp8_with([&q, &k, &v], case.opts(), fp8, &o)
             .unwrap();
         assert_eq!(f.o.precision(), flashattn::Precision::F32);
         let plan = f.stats.plan.unwrap();
@@ -277,7 +267,7 @@ fn gpu_reports(case: &Fp8Case, fp8: &Fp8Options) -> Vec<Fp8Report> {
         if plan.kernel == KernelFamily::Lanes {
             kernels.push(tiled);
         }
-        out.push(fp8_report(&f, [&q, &k, &v], &case.opts, fp8).unwrap());
+        out.push(fp8_report(&f, [&q, &k, &v], case.opts(), fp8).unwrap());
     }
     out
 }
@@ -296,9 +286,9 @@ fn gpu_fp8_is_within_ten_percent_of_naive_f64_quantization() {
 #[test]
 fn gpu_hadamard_halves_the_error_on_outlier_channels() {
     for case in [
-        Fp8Case::new(128, 128, 64).outliers(),
-        Fp8Case::new(64, 64, 59).outliers(),
-        Fp8Case::new(96, 128, 128).outliers().heads(4, 2),
+        Fp8Case::new(Case::new(128, 128, 64)).outliers(),
+        Fp8Case::new(Case::new(64, 64, 59)).outliers(),
+        Fp8Case::new(Case::new(96, 128, 128).heads(4, 2)).outliers(),
     ] {
         let plain = gpu_reports(&case, &Fp8Options::default());
         let rotated = gpu_reports(&case, &HADAMARD);
@@ -313,31 +303,5 @@ fn gpu_hadamard_halves_the_error_on_outlier_channels() {
 #[test]
 fn gpu_fp8_empty_rows_and_bad_inputs() {
     let Some(e) = engine() else { return };
-    let case = Fp8Case::new(40, 10, 32).opts(AttentionOptions::default().causal(true));
-    let data = case.inputs();
-    let [q, k, v] = views(&case, &data);
-    let out = e.forward_fp8(&q, &k, &v, &case.opts, &HADAMARD).unwrap();
-    let o = out.o.to_f32();
-    for h in 0..2 {
-        for i in 0..30 {
-            assert_eq!(out.lse[h * 40 + i], f32::NEG_INFINITY);
-            assert!(o[(i * 2 + h) * 32..][..32].iter().all(|&x| x == 0.0));
-        }
-    }
-    let mut bad = data.clone();
-    bad[0][3] = f32::NAN;
-    let [q, k, v] = views(&case, &bad);
-    let err = e
-        .forward_fp8(&q, &k, &v, &case.opts, &HADAMARD)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            flashattn::Error::NonFiniteInput {
-                tensor: "q",
-                index: 3
-            }
-        ),
-        "{err:?}"
-    );
+    check_empty_rows_and_bad_inputs(|[q, k, v], opts| e.forward_fp8(q, k, v, opts, &HADAMARD));
 }

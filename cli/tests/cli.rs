@@ -28,6 +28,15 @@ fn engine() -> Option<&'static flashattn::Engine> {
         .as_ref()
 }
 
+/// The backends a test runs on: the CPU, and wgpu where an adapter exists.
+fn backends() -> &'static [&'static str] {
+    if engine().is_some() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    }
+}
+
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_flashattn"));
     c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
@@ -555,11 +564,7 @@ fn check_grads(
 
 #[test]
 fn backward_matches_reference_on_each_backend() {
-    let backends: &[&str] = if engine().is_some() {
-        &["cpu", "wgpu"]
-    } else {
-        &["cpu"]
-    };
+    let backends = backends();
     for backend in backends {
         let f = Files::new();
         let qkv = f.qkv(1, 29, 41, 4, 2, 24);
@@ -597,11 +602,7 @@ fn read_bf16_values(f: &Files, name: &str) -> (Vec<u64>, TensorData) {
 /// bf16 baseline) against the f64 reference on the rounded inputs.
 #[test]
 fn bf16_rounds_inputs_and_writes_bf16_values_as_f32() {
-    let backends: &[&str] = if engine().is_some() {
-        &["cpu", "wgpu"]
-    } else {
-        &["cpu"]
-    };
+    let backends = backends();
     let (qs, ks) = ([1, 29, 4, 24], [1, 41, 2, 24]);
     for backend in backends {
         let f = Files::new();
@@ -657,11 +658,7 @@ fn bf16_rounds_inputs_and_writes_bf16_values_as_f32() {
 /// --hadamard needs it.
 #[test]
 fn fp8_forward_and_its_errors() {
-    let backends: &[&str] = if engine().is_some() {
-        &["cpu", "wgpu"]
-    } else {
-        &["cpu"]
-    };
+    let backends = backends();
     let (qs, ks) = ([1, 37, 4, 40], [1, 45, 2, 40]);
     for backend in backends {
         for hadamard in [false, true] {
@@ -1015,11 +1012,7 @@ fn cli_decode_cases() -> Vec<DecodeCase> {
 
 #[test]
 fn decode_matches_reference_on_each_backend() {
-    let backends: &[&str] = if engine().is_some() {
-        &["cpu", "wgpu"]
-    } else {
-        &["cpu"]
-    };
+    let backends = backends();
     for backend in backends {
         for case in cli_decode_cases() {
             let f = Files::new();
