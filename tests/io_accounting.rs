@@ -214,3 +214,36 @@ fn decode_counts_match_and_read_kv_once_per_group() {
         assert_eq!(out.stats.accesses, measured);
     }
 }
+
+/// The FP8 forward's quantization (each input element read by the max and
+/// the codes pass) and attention counted as analysed, with and without the
+/// transform, on both forward kernels where the adapter has two.
+#[test]
+fn fp8_forward_counts_match() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    let causal = AttentionOptions::default().causal(true);
+    for case in [
+        Case::new(45, 37, 59).opts(causal),
+        Case::new(33, 50, 64).heads(4, 2),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        for fp8 in [
+            flashattn::Fp8Options::default(),
+            flashattn::Fp8Options::hadamard(3),
+        ] {
+            for kernel in [None, Some(KernelFamily::Tiled)] {
+                let o = PlanOverrides {
+                    kernel,
+                    ..Default::default()
+                };
+                let out = e
+                    .forward_fp8_with([&q, &k, &v], &case.opts, &fp8, &o)
+                    .unwrap();
+                let what = format!("fp8 {fp8:?} {kernel:?} {case:?}");
+                assert_counts(&what, out.stats.accesses, out.stats.measured_accesses);
+            }
+        }
+    }
+}
