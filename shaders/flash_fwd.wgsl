@@ -6,8 +6,8 @@
 // The composer declares: overrides BR, BC, D, TC (invocations per row),
 // WG = BR·TC, IS_MASKED, HAS_SOFTCAP; constants SC = ceil(BC/TC) scores and
 // ACC = ceil(D/TC) outputs per invocation (register arrays need constant
-// sizes); common.wgsl; and load_q/k/v, store_o, store_lse, round_storage from
-// a storage template.
+// sizes); common.wgsl; load_q/k/v, store_o, store_lse, round_storage from
+// a storage template; score_scale and out_scale (head_scale.wgsl).
 
 override FULL_SC: bool = (BC % TC) == 0u;
 override FULL_ACC: bool = (D % TC) == 0u;
@@ -32,12 +32,13 @@ fn main(
     let q_base = b * params.q_batch_stride + h * D;
     let kv_base = b * params.kv_batch_stride + (h / params.group) * D;
     let rows_here = min(BR, params.seqlen_q - q0);
+    let q_scale = score_scale(b, h);
 
     for (var e = tid; e < BR * D; e += WG) {
         let row = e / D;
         var x = 0.0;
         if (row < rows_here) {
-            x = load_q(q_base + (q0 + row) * params.q_row_stride + e % D) * params.scale;
+            x = load_q(q_base + (q0 + row) * params.q_row_stride + e % D) * q_scale;
         }
         q_tile[e] = x;
     }
@@ -154,7 +155,7 @@ fn main(
     }
     if (row_valid) {
         let row = q0 + r;
-        let inv_l = select(0.0, 1.0 / l, l > 0.0);
+        let inv_l = select(0.0, out_scale(b, h) / l, l > 0.0);
         for (var k = 0u; k < ACC; k++) {
             let x = t + k * TC;
             if (FULL_ACC || x < D) {

@@ -20,7 +20,8 @@
 //
 // Prelude: SG, RPL, D (a multiple of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v
 // (four consecutive elements at vec4 index i), store_o, store_lse,
-// round_storage from a storage template.
+// round_storage from a storage template; score_scale, out_scale
+// (head_scale.wgsl).
 
 @compute @workgroup_size(SG)
 fn main(
@@ -35,8 +36,9 @@ fn main(
     let kv_base = b * params.kv_batch_stride + (h / params.group) * D;
     let row_valid$r = $ru * SG + tid < rows_here;
     let q_base$r = b * params.q_batch_stride + h * D + (q0 + $ru * SG + tid) * params.q_row_stride;
+    let q_scale = score_scale(b, h);
     var qr$r_$i = vec4<f32>(0.0);
-    if (row_valid$r) { qr$r_$i = load4_q(q_base$r / 4u + $iu) * params.scale; }
+    if (row_valid$r) { qr$r_$i = load4_q(q_base$r / 4u + $iu) * q_scale; }
 
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
@@ -82,7 +84,7 @@ fn main(
         acc$r_$i += round_storage(p$r_$j) * subgroupBroadcast(vr$i, $ju);
     }
 
-    let inv_l$r = select(0.0, 1.0 / l$r, l$r > 0.0);
+    let inv_l$r = select(0.0, out_scale(b, h) / l$r, l$r > 0.0);
     let lse$r = select(neg_inf(), m_run$r + log(l$r), l$r > 0.0);
     let lse_base = b * params.lse_batch_stride + h * params.lse_head_stride + q0 + tid;
     if (row_valid$r) { store_o(q_base$r + 4u * $iu, acc$r_$i.x * inv_l$r); }

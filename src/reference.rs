@@ -3,10 +3,11 @@
 //! accuracy rule measures the reference's own rounding noise with.
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::shape::{lse_index, AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::Result;
+use crate::quant::{e4m3_from_f64, e4m3_to_f32, Fp8Layout, E4M3_MAX};
 use rayon::prelude::*;
 
 /// Output of a reference computation, in f64.
@@ -64,6 +65,42 @@ pub fn forward_f64(
     shape: &AttentionShape,
     opts: &AttentionOptions,
 ) -> ReferenceOutput {
+    forward_rows([q, k, v], shape, opts, |p| p)
+}
+
+/// FP8's yardstick: the same quantization as the FP8 kernels (the codes and
+/// scales of [`crate::quant`]), computed naively in f64 — S whole, P =
+/// exp(S − row max) quantized to e4m3 at its own scale before `P·V`, the
+/// row sum from the unquantized P, as the kernels keep it. `o` is cut back
+/// to the head dim.
+pub fn fp8_naive(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    opts: &AttentionOptions,
+    fp8: &Fp8Options,
+) -> Result<ReferenceOutput> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    opts.validate()?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let [qd, kd, vd] = layout.quantize([q, k, v])?.map(|t| t.dequantize_f64());
+    let round = |p: f64| e4m3_to_f32(e4m3_from_f64(p * E4M3_MAX as f64)) as f64 / E4M3_MAX as f64;
+    let padded = layout.padded(&shape);
+    let out = forward_rows([&qd, &kd, &vd], &padded, &layout.options(opts), round);
+    Ok(ReferenceOutput {
+        o: layout.trim(&out.o),
+        lse: out.lse,
+    })
+}
+
+/// Attention in f64, P rounded by `round_p` before `P·V` (the identity for
+/// the reference).
+fn forward_rows<R: Fn(f64) -> f64 + Sync>(
+    [q, k, v]: [&[f64]; 3],
+    shape: &AttentionShape,
+    opts: &AttentionOptions,
+    round_p: R,
+) -> ReferenceOutput {
     let (ql, kl) = (Layout::q(shape), Layout::kv(shape));
     let d = shape.head_dim;
     let scale = opts.scale_for(d) as f64;
@@ -91,7 +128,7 @@ pub fn forward_f64(
             if let Some(sj) = sj {
                 let p = (sj - m).exp();
                 l += p;
-                let vrow = &v[kl.row(b, j, hk)..][..d];
+                let (p, vrow) = (round_p(p), &v[kl.row(b, j, hk)..][..d]);
                 for (acc, x) in o.iter_mut().zip(vrow) {
                     *acc += p * x;
                 }

@@ -4,8 +4,9 @@
 
 use flashattn::accuracy::check_backward;
 use flashattn::random::Rng;
-use flashattn::{AttentionOptions, BackwardInputs, BackwardOutput, Precision, TensorView, Window};
-use half::f16;
+use flashattn::{
+    AttentionOptions, BackwardInputs, BackwardOutput, Precision, TensorData, TensorView, Window,
+};
 
 /// One problem: sizes, options, dtype, the std of q and k, a seed.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +48,12 @@ impl Case {
         Self { opts, ..self }
     }
     fn f16(self) -> Self {
-        let precision = Precision::F16;
+        self.precision(Precision::F16)
+    }
+    fn bf16(self) -> Self {
+        self.precision(Precision::Bf16)
+    }
+    fn precision(self, precision: Precision) -> Self {
         Self { precision, ..self }
     }
     fn qk_std(self, qk_std: f32) -> Self {
@@ -55,12 +61,10 @@ impl Case {
     }
 }
 
-/// q, k, v, dO of a case, rounded to its precision, in f32 and f16.
+/// q, k, v, dO of a case, rounded to and stored in its precision.
 struct Data {
     shapes: [[usize; 4]; 4],
-    f32s: [Vec<f32>; 4],
-    f16s: [Vec<f16>; 4],
-    precision: Precision,
+    stored: [TensorData; 4],
 }
 
 impl Data {
@@ -70,25 +74,15 @@ impl Data {
         let shapes = [qs, ks, ks, qs];
         let stds = [c.qk_std, c.qk_std, 1.0, 1.0];
         let mut rng = Rng::new(c.seed);
-        let f32s: [Vec<f32>; 4] = std::array::from_fn(|t| {
+        let stored: [TensorData; 4] = std::array::from_fn(|t| {
             let n = shapes[t].iter().product();
-            let x = rng.normal_vec(n, stds[t]);
-            x.into_iter().map(|x| c.precision.round(x)).collect()
+            TensorData::from_f32(rng.normal_vec(n, stds[t]), c.precision)
         });
-        let f16s = std::array::from_fn(|t| f32s[t].iter().map(|&x| f16::from_f32(x)).collect());
-        Self {
-            shapes,
-            f32s,
-            f16s,
-            precision: c.precision,
-        }
+        Self { shapes, stored }
     }
 
     fn views(&self) -> [TensorView<'_>; 4] {
-        std::array::from_fn(|t| match self.precision {
-            Precision::F32 => TensorView::f32(self.shapes[t], &self.f32s[t]),
-            Precision::F16 => TensorView::f16(self.shapes[t], &self.f16s[t]),
-        })
+        std::array::from_fn(|t| self.stored[t].view(self.shapes[t]))
     }
 }
 
@@ -110,6 +104,9 @@ fn run(c: &Case) -> BackwardOutput {
     }
     out
 }
+
+/// The low storage precisions, which round P and dS before the products.
+const LOW: [Precision; 2] = [Precision::F16, Precision::Bf16];
 
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
@@ -143,7 +140,12 @@ fn cpu_backward_seqlen_q_differs_from_seqlen_k() {
 fn cpu_backward_gqa_and_mqa_sum_over_groups() {
     for (hq, hkv) in [(4, 2), (6, 3), (4, 1)] {
         run(&Case::new(45, 70, 32).heads(hq, hkv).batch(2));
-        run(&Case::new(70, 45, 16).heads(hq, hkv).opts(causal()).f16());
+        for p in LOW {
+            run(&Case::new(70, 45, 16)
+                .heads(hq, hkv)
+                .opts(causal())
+                .precision(p));
+        }
     }
 }
 
@@ -157,7 +159,9 @@ fn cpu_backward_causal_and_local_windows() {
         for (sq, sk) in [(113, 113), (97, 150), (150, 97)] {
             run(&Case::new(sq, sk, 64).opts(opts));
         }
-        run(&Case::new(113, 90, 59).heads(4, 2).opts(opts).f16());
+        for p in LOW {
+            run(&Case::new(113, 90, 59).heads(4, 2).opts(opts).precision(p));
+        }
     }
 }
 
@@ -167,7 +171,9 @@ fn cpu_backward_softcap() {
         let soft = AttentionOptions::default().softcap(cap);
         run(&Case::new(113, 80, 64).qk_std(2.0).opts(soft));
         run(&Case::new(80, 113, 59).qk_std(2.0).opts(soft.causal(true)));
-        run(&Case::new(113, 113, 64).qk_std(2.0).opts(soft).f16());
+        for p in LOW {
+            run(&Case::new(113, 113, 64).qk_std(2.0).opts(soft).precision(p));
+        }
     }
 }
 
@@ -176,6 +182,7 @@ fn cpu_backward_empty_rows_have_zero_dq() {
     for c in [
         Case::new(113, 37, 64),
         Case::new(113, 37, 59).f16().heads(4, 2),
+        Case::new(113, 37, 59).bf16().heads(4, 2),
     ] {
         let c = c.opts(causal());
         let out = run(&c);
@@ -195,15 +202,33 @@ fn cpu_backward_empty_rows_have_zero_dq() {
 fn cpu_backward_large_magnitude_scores() {
     for opts in [AttentionOptions::default(), causal()] {
         run(&Case::new(113, 97, 64).qk_std(6.0).opts(opts));
-        run(&Case::new(97, 113, 64).qk_std(6.0).opts(opts).f16());
+        for p in LOW {
+            run(&Case::new(97, 113, 64).qk_std(6.0).opts(opts).precision(p));
+        }
     }
 }
 
 #[test]
-fn cpu_backward_f16() {
-    for (sq, sk, d) in [(1, 1, 1), (3, 37, 16), (37, 3, 59), (113, 113, 64)] {
-        run(&Case::new(sq, sk, d).f16());
-        run(&Case::new(sq, sk, d).f16().batch(2).opts(causal()));
+fn cpu_backward_f16_and_bf16() {
+    for p in LOW {
+        for (sq, sk, d) in [(1, 1, 1), (3, 37, 16), (37, 3, 59), (113, 113, 64)] {
+            run(&Case::new(sq, sk, d).precision(p));
+            run(&Case::new(sq, sk, d).precision(p).batch(2).opts(causal()));
+        }
+        for d in [111, 256] {
+            run(&Case::new(37, 29, d).precision(p));
+        }
+    }
+}
+
+/// Gradients keep the input dtype (SPEC.md): bf16 in, bf16 out.
+#[test]
+fn cpu_backward_outputs_keep_the_dtype() {
+    for p in [Precision::F32, Precision::F16, Precision::Bf16] {
+        let out = run(&Case::new(37, 45, 59).precision(p).opts(causal()));
+        for t in [&out.dq, &out.dk, &out.dv] {
+            assert_eq!(t.precision(), p);
+        }
     }
 }
 

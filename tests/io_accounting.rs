@@ -4,9 +4,7 @@
 mod common;
 
 use common::{engine, output_grad, Case};
-use flashattn::{
-    Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, TensorView, Window,
-};
+use flashattn::{Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, Window};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -40,6 +38,7 @@ fn cases() -> Vec<Case> {
             ..Default::default()
         }),
         Case::new(1, 300, 64).heads(8, 1),
+        Case::new(45, 37, 59).opts(causal).bf16(),
     ]
 }
 
@@ -69,11 +68,8 @@ fn flash_forward_and_backward_counts_match() {
             t.stats.accesses,
             t.stats.measured_accesses,
         );
-        let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
+        let (_, g) = output_grad(&case);
+        let d_o = g.view(inputs.q_shape);
         let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
         let bwd = e
             .backward_with(&bwd_inputs, &case.opts, &case.overrides)
@@ -99,11 +95,8 @@ fn naive_and_matmul_counts_match() {
             fwd.stats.accesses,
             fwd.stats.measured_accesses,
         );
-        let (g, g16) = output_grad(&case);
-        let d_o = match case.precision {
-            flashattn::Precision::F32 => TensorView::f32(inputs.q_shape, &g),
-            flashattn::Precision::F16 => TensorView::f16(inputs.q_shape, &g16),
-        };
+        let (_, g) = output_grad(&case);
+        let d_o = g.view(inputs.q_shape);
         let bwd = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
         assert_counts(
             &format!("naive backward {case:?}"),
@@ -224,5 +217,38 @@ fn decode_counts_match_and_read_kv_once_per_group() {
         let measured = out.stats.measured_accesses.unwrap();
         assert_eq!(measured.reads as usize, q + kv_once_per_group, "{case:?}");
         assert_eq!(out.stats.accesses, measured);
+    }
+}
+
+/// The FP8 forward's quantization (each input element read by the max and
+/// the codes pass) and attention counted as analysed, with and without the
+/// transform, on both forward kernels where the adapter has two.
+#[test]
+fn fp8_forward_counts_match() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    let causal = AttentionOptions::default().causal(true);
+    for case in [
+        Case::new(45, 37, 59).opts(causal),
+        Case::new(33, 50, 64).heads(4, 2),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        for fp8 in [
+            flashattn::Fp8Options::default(),
+            flashattn::Fp8Options::hadamard(3),
+        ] {
+            for kernel in [None, Some(KernelFamily::Tiled)] {
+                let o = PlanOverrides {
+                    kernel,
+                    ..Default::default()
+                };
+                let out = e
+                    .forward_fp8_with([&q, &k, &v], &case.opts, &fp8, &o)
+                    .unwrap();
+                let what = format!("fp8 {fp8:?} {kernel:?} {case:?}");
+                assert_counts(&what, out.stats.accesses, out.stats.measured_accesses);
+            }
+        }
     }
 }

@@ -47,9 +47,15 @@ pub struct ScoreArgs {
     /// Score scale (default 1/sqrt(head_dim)).
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
-    /// Storage precision: f32 or f16 (default: the inputs' dtype).
+    /// Storage precision: f32, f16 or bf16 (default: the inputs' dtype; bf16
+    /// rounds the inputs on load and writes its outputs as f32), or fp8
+    /// (e4m3 with per-(batch, head) scales; forward only, o written as f32).
     #[arg(long)]
     pub precision: Option<String>,
+    /// With --precision fp8: multiply q and k by a seeded random orthogonal
+    /// (Walsh–Hadamard) matrix before quantizing them (incoherent processing).
+    #[arg(long)]
+    pub hadamard: bool,
     /// auto, wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: String,
@@ -166,7 +172,7 @@ pub struct PlanArgs {
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]
     pub head_dim: Option<usize>,
-    /// Storage precision: f32 or f16.
+    /// Storage precision: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Cap the workgroup storage M in bytes (below the device's limit).
@@ -221,7 +227,7 @@ pub struct BenchArgs {
     pub heads: usize,
     #[arg(long, default_value_t = 1, conflicts_with = "decode")]
     pub batch: usize,
-    /// f32 or f16.
+    /// f32, f16 or bf16.
     #[arg(long, default_value = "f32", conflicts_with = "decode")]
     pub precision: String,
     /// Timed repeats per case (after one untimed warm-up).
@@ -303,7 +309,7 @@ pub struct DemoArgs {
     pub head_dim: usize,
     #[arg(long)]
     pub causal: bool,
-    /// f32 or f16.
+    /// f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// auto, wgpu or cpu.

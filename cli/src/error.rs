@@ -75,6 +75,8 @@ pub enum CliError {
     NeedsGpu { what: &'static str },
     #[error("{flags} apply to the wgpu backend only")]
     WgpuOnly { flags: &'static str },
+    #[error("--hadamard applies to --precision fp8 only")]
+    HadamardWithoutFp8,
     #[error("--max-workgroup-storage {requested} exceeds the device's {max} bytes")]
     StorageCap { requested: u32, max: u32 },
     #[error(transparent)]

@@ -1,6 +1,7 @@
 //! The `flashattn` command line as a library: its commands, `.npy` I/O,
 //! benchmark cases and reports (attention and decoding), charts and the
-//! precision study. The root
+//! precision study (one row's softmax, and whole problems in every storage
+//! format). The root
 //! crate's criterion benches and precision example use it; apps embedding
 //! attention need only the `flashattn` crate.
 
@@ -10,6 +11,7 @@ pub mod charts;
 pub mod commands;
 pub mod decode_bench;
 pub mod error;
+pub mod lowp;
 pub mod npy;
 pub mod plot;
 pub mod precision;

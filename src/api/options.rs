@@ -105,6 +105,27 @@ impl AttentionOptions {
     }
 }
 
+/// FP8 (e4m3) forward options (SPEC.md): whether q and k go through
+/// incoherent processing before they are quantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fp8Options {
+    /// The seed of the random ±1 signs of the Walsh–Hadamard transform
+    /// applied to q and k along the head dim (`--hadamard`); `None`: none.
+    pub hadamard: Option<u64>,
+}
+
+impl Fp8Options {
+    /// The seed `--hadamard` uses unless told otherwise.
+    pub const DEFAULT_SEED: u64 = 0x4ada_3a2d;
+
+    /// Incoherent processing with the signs of `seed`.
+    pub fn hadamard(seed: u64) -> Self {
+        Self {
+            hadamard: Some(seed),
+        }
+    }
+}
+
 /// The allowed keys of each query row: `i + off - left <= j <= i + off + right`,
 /// intersected with `0 <= j < seqlen_k`. Causal is `right = 0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

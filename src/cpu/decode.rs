@@ -91,6 +91,7 @@ fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result
     match (cache, new.data) {
         (TensorData::F32(c), HostData::F32(n)) => copy(c, n, p),
         (TensorData::F16(c), HostData::F16(n)) => copy(c, n, p),
+        (TensorData::Bf16(c), HostData::Bf16(n)) => copy(c, n, p),
         (c, n) => {
             return Err(Error::DtypeMismatch {
                 tensor: "k_new/v_new",
@@ -287,6 +288,10 @@ fn widen(data: &TensorData, at: usize, out: &mut [f32]) {
     match data {
         TensorData::F32(x) => out.copy_from_slice(&x[at..][..n]),
         TensorData::F16(x) => out
+            .iter_mut()
+            .zip(&x[at..][..n])
+            .for_each(|(o, h)| *o = h.to_f32()),
+        TensorData::Bf16(x) => out
             .iter_mut()
             .zip(&x[at..][..n])
             .for_each(|(o, h)| *o = h.to_f32()),

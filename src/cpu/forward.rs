@@ -4,7 +4,7 @@
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::shape::{lse_index, AttentionShape, Layout};
-use crate::api::tensor::{Precision, TensorData, TensorView};
+use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Result;
 use rayon::prelude::*;
 
@@ -22,7 +22,8 @@ struct Problem {
     scale: f32,
     softcap: f32,
     mask: Mask,
-    precision: Precision,
+    /// What P is rounded to before `P·V` (the storage precision, or e4m3).
+    round_p: fn(f32) -> f32,
 }
 
 /// One block of query rows: its output rows and their LSE.
@@ -40,24 +41,37 @@ pub fn forward(
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
     opts.validate()?;
+    let precision = q.precision();
+    let qkv = [q, k, v].map(|t| t.data.to_f32());
+    let (o, lse) = attend(shape, qkv, opts, precision.rounding());
+    let o = TensorData::from_f32(o, precision);
+    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+}
+
+/// The forward on f32 data in the standard layouts of `shape`, P rounded
+/// by `round_p` before `P·V`: `(o, lse)` (the FP8 path's core too).
+pub(crate) fn attend(
+    shape: AttentionShape,
+    [q, k, v]: [Vec<f32>; 3],
+    opts: &AttentionOptions,
+    round_p: fn(f32) -> f32,
+) -> (Vec<f32>, Vec<f32>) {
     let p = Problem {
         shape,
-        q: q.data.to_f32(),
-        k: k.data.to_f32(),
-        v: v.data.to_f32(),
+        q,
+        k,
+        v,
         scale: opts.scale_for(shape.head_dim),
         softcap: opts.softcap_value(),
         mask: opts.mask(&shape),
-        precision: q.precision(),
+        round_p,
     };
     let q_blocks = shape.seqlen_q.div_ceil(BR);
     let tasks: Vec<(usize, usize, usize)> = (0..shape.batch)
         .flat_map(|b| (0..shape.heads_q).flat_map(move |h| (0..q_blocks).map(move |qb| (b, h, qb))))
         .collect();
     let blocks: Vec<Block> = tasks.par_iter().map(|&t| p.block(t)).collect();
-    let (o, lse) = p.assemble(&tasks, blocks);
-    let o = TensorData::from_f32(o, p.precision);
-    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+    p.assemble(&tasks, blocks)
 }
 
 /// A row's running softmax state.
@@ -153,7 +167,7 @@ impl Problem {
             let p = (s[c] - m_new).exp();
             st.l += p;
             if p != 0.0 {
-                let p = self.precision.round(p);
+                let p = (self.round_p)(p);
                 let vrow = &self.v[kl.row(b, j, hk)..][..d];
                 out.iter_mut().zip(vrow).for_each(|(o, x)| *o += p * x);
             }

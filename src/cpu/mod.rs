@@ -5,7 +5,9 @@
 mod backward;
 mod decode;
 mod forward;
+mod fp8;
 
 pub use backward::backward;
 pub use decode::decode;
 pub use forward::forward;
+pub use fp8::forward_fp8;

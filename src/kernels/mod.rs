@@ -15,6 +15,7 @@ pub mod loops;
 pub mod matmul;
 pub mod naive;
 pub mod params;
+pub mod quantize;
 
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
@@ -26,4 +27,5 @@ pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
 pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
-pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, Uniform};
+pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, QuantParams, Uniform};
+pub use quantize::{Fp8Quantize, QuantPass};

@@ -147,7 +147,7 @@ async fn run_piece(
 
 /// The dispatches of the flash kernel over one piece (the grid split at the
 /// device's per-dimension limit) and their storage accesses.
-fn dispatches<'a>(
+pub(crate) fn dispatches<'a>(
     gpu: &Gpu,
     kernel: &FlashForward,
     piece: &Piece,
@@ -239,7 +239,11 @@ fn check_buffers(
 }
 
 /// A call that cannot be split must fit the adapter's loop limit as planned.
-fn check_loop_limit(gpu: &Gpu, kernel: &FlashForward, shape: &AttentionShape) -> Result<()> {
+pub(crate) fn check_loop_limit(
+    gpu: &Gpu,
+    kernel: &FlashForward,
+    shape: &AttentionShape,
+) -> Result<()> {
     let key = KernelKey::from(*kernel);
     let predict = !gpu.settings.no_loop_prediction;
     let max = gpu.loop_limit.max_len(&key, &kernel.loop_cost(), predict)?;

@@ -238,8 +238,8 @@ fn fit_storage(
     Ok((br, bc, bytes))
 }
 
-/// How q, k, v and o are stored: f32, or f16 native where SHADER_F16 allows
-/// (unless overridden), else packed.
+/// How q, k, v and o are stored: f32; f16 native where SHADER_F16 allows
+/// (unless overridden), else packed; bf16 packed (its only form).
 pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<StorageKind> {
     Ok(match req.precision {
         Precision::F32 => StorageKind::F32,
@@ -250,6 +250,7 @@ pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<Stora
             None if caps.shader_f16 => StorageKind::F16Native,
             None => StorageKind::F16Packed,
         },
+        Precision::Bf16 => StorageKind::Bf16,
     })
 }
 
