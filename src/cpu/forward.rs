@@ -175,3 +175,31 @@ impl Ctx {
         (o, lse)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_tasks_split_the_keys_into_whole_blocks() {
+        let threads = rayon::current_num_threads();
+        let (per, splits) = key_splits(1, 3000, 64);
+        assert!(splits >= 2 && per.is_multiple_of(64) && per * splits >= 3000);
+        assert!(per * (splits - 1) < 3000, "no empty split");
+        // Enough tasks, or too few keys: one split.
+        assert_eq!(key_splits(2 * threads, 3000, 64).1, 1);
+        assert_eq!(key_splits(1, 100, 64).1, 1);
+    }
+
+    #[test]
+    fn key_blocks_fit_the_cache_and_the_micro_kernel() {
+        for d in 1..=256 {
+            let bc = key_block(d);
+            assert!(
+                bc.is_multiple_of(32) && (32..=256).contains(&bc),
+                "d {d}: {bc}"
+            );
+        }
+        assert_eq!(key_block(64), 64);
+    }
+}
