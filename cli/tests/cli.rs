@@ -685,27 +685,24 @@ fn bench_runs_the_outside_baselines_or_says_why_not() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let row = |text: &str, name: &str| {
+        let found = text.lines().find(|l| l.contains(&format!(" {name} ")));
+        found.unwrap().to_string()
+    };
     // No interpreter: both baselines are rows that say why, the CPU row is measured.
     let text = bench("/nonexistent/python");
     for name in ["numpy", "torch"] {
-        let row = text
-            .lines()
-            .find(|l| l.contains(&format!(" {name} ")))
-            .unwrap();
+        let row = row(&text, name);
         assert!(
             row.contains("FAILED") && row.contains("cannot start"),
             "{row}"
         );
     }
-    let cpu = text.lines().find(|l| l.contains(" cpu ")).unwrap();
-    assert!(!cpu.contains("FAILED"), "{cpu}");
+    assert!(!row(&text, "cpu").contains("FAILED"), "{text}");
     // python3: each baseline is measured (and a ratio printed) or not importable.
     let text = bench("python3");
     for name in ["numpy", "torch"] {
-        let row = text
-            .lines()
-            .find(|l| l.contains(&format!(" {name} ")))
-            .unwrap();
+        let row = row(&text, name);
         assert!(
             row.contains("not importable") || text.contains(&format!("x {name}")),
             "{text}"

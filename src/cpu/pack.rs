@@ -32,20 +32,18 @@ pub(crate) fn padded(d: usize) -> usize {
     d.div_ceil(PAD) * PAD
 }
 
-/// `t` (layout `l`, `batch` entries) as per-head row-major panels of
-/// `rows` rows (at least `l.seqlen`) of `padded(d)` floats.
-pub(crate) fn rows(t: &[f32], l: &Layout, batch: usize, rows: usize) -> Panels {
-    let (d, dp) = (l.dim, padded(l.dim));
-    let per_head = rows * dp;
+/// Panels of `per_head` zeros for every (batch entry, head) of `l`, each
+/// filled in parallel by `fill(b, h, panel)`.
+fn per_head(
+    l: &Layout,
+    batch: usize,
+    per_head: usize,
+    fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Panels {
     let mut data = vec![0f32; batch * l.heads * per_head];
     data.par_chunks_mut(per_head.max(1))
         .enumerate()
-        .for_each(|(bh, panel)| {
-            let (b, h) = (bh / l.heads, bh % l.heads);
-            for s in 0..l.seqlen {
-                panel[s * dp..][..d].copy_from_slice(&t[l.row(b, s, h)..][..d]);
-            }
-        });
+        .for_each(|(bh, panel)| fill(bh / l.heads, bh % l.heads, panel));
     Panels {
         data,
         per_head,
@@ -53,27 +51,28 @@ pub(crate) fn rows(t: &[f32], l: &Layout, batch: usize, rows: usize) -> Panels {
     }
 }
 
+/// `t` (layout `l`, `batch` entries) as per-head row-major panels of
+/// `rows` rows (at least `l.seqlen`) of `padded(d)` floats.
+pub(crate) fn rows(t: &[f32], l: &Layout, batch: usize, rows: usize) -> Panels {
+    let (d, dp) = (l.dim, padded(l.dim));
+    per_head(l, batch, rows * dp, |b, h, panel| {
+        for s in 0..l.seqlen {
+            panel[s * dp..][..d].copy_from_slice(&t[l.row(b, s, h)..][..d]);
+        }
+    })
+}
+
 /// `t` as per-head blocks of `bc` rows, each transposed to `(d, bc)`:
 /// block `kb` of a head starts at `kb · d · bc`.
 pub(crate) fn transposed(t: &[f32], l: &Layout, batch: usize, bc: usize) -> Panels {
     let d = l.dim;
-    let per_head = l.seqlen.div_ceil(bc) * bc * d;
-    let mut data = vec![0f32; batch * l.heads * per_head];
-    data.par_chunks_mut(per_head.max(1))
-        .enumerate()
-        .for_each(|(bh, panel)| {
-            let (b, h) = (bh / l.heads, bh % l.heads);
-            for s in 0..l.seqlen {
-                let block = &mut panel[s / bc * bc * d..][..bc * d];
-                let row = &t[l.row(b, s, h)..][..d];
-                for (x, v) in row.iter().enumerate() {
-                    block[x * bc + s % bc] = *v;
-                }
+    per_head(l, batch, l.seqlen.div_ceil(bc) * bc * d, |b, h, panel| {
+        for s in 0..l.seqlen {
+            let block = &mut panel[s / bc * bc * d..][..bc * d];
+            let row = &t[l.row(b, s, h)..][..d];
+            for (x, v) in row.iter().enumerate() {
+                block[x * bc + s % bc] = *v;
             }
-        });
-    Panels {
-        data,
-        per_head,
-        heads: l.heads,
-    }
+        }
+    })
 }
