@@ -162,6 +162,8 @@ pub enum Error {
         "the lanes kernels need a CPU adapter with fixed-size subgroups and subgroup operations"
     )]
     LanesUnavailable,
+    #[error("the CPU backend's {isa} kernels need an instruction set this machine lacks")]
+    IsaUnavailable { isa: &'static str },
     #[error("native f16 needs the SHADER_F16 feature, which this adapter lacks")]
     NativeF16Unavailable,
     /// FP8 (e4m3) is built for the forward pass only.

@@ -307,7 +307,7 @@ pub fn quantize(
         });
     }
     let dim = transform.map_or(d, |t| t.dim);
-    if row_len < dim || row_len % 4 != 0 {
+    if row_len < dim || !row_len.is_multiple_of(4) {
         return Err(Error::DimMismatch {
             dim: "row length",
             tensor,

@@ -214,9 +214,15 @@ pub struct BenchArgs {
     /// Head dimensions, comma-separated.
     #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
-    /// Implementations: flash, naive, cpu.
+    /// Implementations: flash (the planner's kernels: lanes on CPU adapters
+    /// with subgroups), tiled (the tiled kernels forced), naive, cpu, and the
+    /// outside baselines numpy (naive float32 attention) and torch (SDPA on
+    /// the CPU), run by benches/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
+    /// The Python interpreter for the numpy and torch baselines (e.g. a venv's).
+    #[arg(long, env = "FLASHATTN_PYTHON", default_value = "python3")]
+    pub python: String,
     /// Passes: forward, backward.
     #[arg(long, default_value = "forward,backward", conflicts_with = "decode")]
     pub passes: String,

@@ -6,6 +6,7 @@
 //! attention need only the `flashattn` crate.
 
 pub mod args;
+pub mod baselines;
 pub mod bench;
 pub mod charts;
 pub mod commands;

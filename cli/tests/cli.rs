@@ -805,6 +805,44 @@ fn bench_bad_arguments() {
     assert_bad(&f, &out, "tpu");
 }
 
+#[test]
+fn bench_runs_the_outside_baselines_or_says_why_not() {
+    let bench = |python: &str| {
+        let args = ["bench", "--impls", "cpu,numpy,torch", "--seqlens", "64"];
+        let more = ["--passes", "forward", "--repeats", "1", "--python", python];
+        let out = bin().args(args).args(more).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let row = |text: &str, name: &str| {
+        let found = text.lines().find(|l| l.contains(&format!(" {name} ")));
+        found.unwrap().to_string()
+    };
+    // No interpreter: both baselines are rows that say why, the CPU row is measured.
+    let text = bench("/nonexistent/python");
+    for name in ["numpy", "torch"] {
+        let row = row(&text, name);
+        assert!(
+            row.contains("FAILED") && row.contains("cannot start"),
+            "{row}"
+        );
+    }
+    assert!(!row(&text, "cpu").contains("FAILED"), "{text}");
+    // python3: each baseline is measured (and a ratio printed) or not importable.
+    let text = bench("python3");
+    for name in ["numpy", "torch"] {
+        let row = row(&text, name);
+        assert!(
+            row.contains("not importable") || text.contains(&format!("x {name}")),
+            "{text}"
+        );
+    }
+}
+
 // ---- decode ----
 
 #[allow(dead_code)]

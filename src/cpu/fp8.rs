@@ -27,7 +27,13 @@ pub fn forward_fp8(
     // into the scores and the output instead (equal up to rounding).
     let qkv = quantized.map(|t| t.dequantize());
     let padded = layout.padded(&shape);
-    let (o, lse) = super::forward::attend(padded, qkv, &layout.options(opts), round_p);
+    let (o, lse) = super::forward::forward_f32(
+        super::Isa::detect(),
+        padded,
+        qkv,
+        &layout.options(opts),
+        Some(round_p),
+    );
     let o = TensorData::F32(layout.trim(&o));
     Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
 }

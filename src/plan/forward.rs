@@ -259,7 +259,7 @@ pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<Stora
 pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
     let d = req.head_dim;
-    let lanes_dim = d % 4 == 0 && d <= LANES_MAX_HEAD_DIM;
+    let lanes_dim = d.is_multiple_of(4) && d <= LANES_MAX_HEAD_DIM;
     match ov.kernel {
         Some(KernelFamily::Lanes) if ov.fixes_tiles() => Err(Error::TileOverrideOnLanes),
         Some(KernelFamily::Lanes) if caps.lane_subgroup.is_none() => Err(Error::LanesUnavailable),

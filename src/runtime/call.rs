@@ -345,7 +345,7 @@ impl PassClock {
 
 /// `bytes` written at the start of `buffer`, zero-padded to 4.
 fn write_padded(queue: &wgpu::Queue, buffer: &wgpu::Buffer, bytes: &[u8]) {
-    if bytes.len() % 4 == 0 && !bytes.is_empty() {
+    if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
         queue.write_buffer(buffer, 0, bytes);
     } else {
         let mut p = bytes.to_vec();

@@ -6,6 +6,7 @@
 use super::{plot_path_ok, write_text};
 use crate::args::BenchArgs;
 use crate::args::DecodeBenchArgs;
+use crate::baselines::Baselines;
 use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
 use crate::charts;
 use crate::decode_bench::{
@@ -84,7 +85,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let engine = match Engine::new() {
         Ok(e) => Some(e),
-        Err(e) if m.implementations.iter().all(|i| *i == Implementation::Cpu) => {
+        Err(e) if m.implementations.iter().all(|i| !i.on_gpu()) => {
             eprintln!("flashattn: {e}; benchmarking the CPU backend only");
             None
         }
@@ -101,10 +102,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(e) => ceilings(e, &m, repeats, &bar)?,
         None => Vec::new(),
     };
+    let outside = m.implementations.iter().any(|i| i.outside());
+    let baselines = outside.then(|| Baselines::new(&a.python)).transpose()?;
     let mut results = Vec::new();
     for case in &cases {
         bar.set_message(label(case));
-        results.push(bench::run(engine.as_ref(), case, repeats));
+        results.push(match &baselines {
+            Some(b) if case.implementation.outside() => b.run(case, repeats),
+            _ => bench::run(engine.as_ref(), case, repeats),
+        });
         bar.inc(1);
     }
     let sweep_head_dim = m.head_dims.first().copied().unwrap_or(64);
