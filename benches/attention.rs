@@ -8,7 +8,7 @@
 //! to one small case per kind so CI proves the benches still run.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flashattn::{Engine, Precision};
+use flashattn::{CeilingShape, Engine, Precision};
 use flashattn_cli::bench::{self, Implementation, Matrix, Pass};
 use std::time::Duration;
 
@@ -89,9 +89,11 @@ fn attention(c: &mut Criterion) {
             let n = if quick { 128 } else { 2048 };
             group.throughput(Throughput::Elements((2 * n * n * d) as u64));
             group.bench_function(BenchmarkId::new(format!("d{d}"), n), |b| {
-                b.iter_custom(|iters| match e.matmul_ceiling(n, d, iters as usize) {
-                    Ok(r) => Duration::from_secs_f64(r.seconds.iter().sum()),
-                    Err(err) => panic!("matmul ceiling failed: {err}"),
+                b.iter_custom(|iters| {
+                    match e.matmul_ceiling(CeilingShape::Values, n, d, iters as usize) {
+                        Ok(r) => Duration::from_secs_f64(r.seconds.iter().sum()),
+                        Err(err) => panic!("matmul ceiling failed: {err}"),
+                    }
                 })
             });
         }

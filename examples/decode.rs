@@ -168,7 +168,7 @@ impl Config {
         if self.prompts.is_empty() || self.prompts.contains(&0) {
             return Err("--prompts: one length ≥ 1 per sequence".into());
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(format!(
                 "--heads {} is not a multiple of --kv-heads {}",
                 self.heads_q, self.heads_kv

@@ -7,7 +7,8 @@
 // dim), DM = max(D, DV), TC (invocations per row), WG = BR·TC, IS_MASKED, HAS_SOFTCAP;
 // constants SC = ceil(BC/TC) scores and ACC = ceil(DV/TC) outputs per
 // invocation (register arrays need constant sizes); common.wgsl; and
-// load_q/k/v, store_o, store_lse, round_storage from a storage template.
+// load_q/k/v, store_o, store_lse, round_storage from a storage template;
+// score_scale and out_scale (head_scale.wgsl).
 
 override FULL_SC: bool = (BC % TC) == 0u;
 override FULL_ACC: bool = (DV % TC) == 0u;
@@ -31,12 +32,13 @@ fn main(
     let h = wg.y;
     let hk = h / params.group;
     let rows_here = min(BR, seq.rows - q0);
+    let q_scale = score_scale(seq.b, h);
 
     for (var e = tid; e < BR * D; e += WG) {
         let row = e / D;
         var x = 0.0;
         if (row < rows_here) {
-            x = load_q((seq.q_row + q0 + row) * params.q_row_stride + h * D + e % D) * params.scale;
+            x = load_q((seq.q_row + q0 + row) * params.q_row_stride + h * D + e % D) * q_scale;
         }
         q_tile[e] = x;
     }
@@ -173,7 +175,7 @@ fn main(
     }
     if (row_valid) {
         let row = q0 + r;
-        let inv_l = select(0.0, 1.0 / l, l > 0.0);
+        let inv_l = select(0.0, out_scale(seq.b, h) / l, l > 0.0);
         for (var k = 0u; k < ACC; k++) {
             let x = t + k * TC;
             if (FULL_ACC || x < DV) {

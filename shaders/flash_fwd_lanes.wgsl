@@ -21,7 +21,8 @@
 //
 // Prelude: SG, RPL, D and DV (multiples of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v
 // (four consecutive elements at vec4 index i), store_o, store_lse,
-// round_storage from a storage template.
+// round_storage from a storage template; score_scale, out_scale
+// (head_scale.wgsl).
 
 @compute @workgroup_size(SG)
 fn main(
@@ -38,8 +39,9 @@ fn main(
     let q_row$r = seq.q_row + q0 + $ru * SG + tid;
     let q_base$r = q_row$r * params.q_row_stride + h * D;
     let o_base$r = q_row$r * params.o_row_stride + h * DV;
+    let q_scale = score_scale(seq.b, h);
     var qr$r_$i = vec4<f32>(0.0);
-    if (row_valid$r) { qr$r_$i = load4_q(q_base$r / 4u + $iu) * params.scale; }
+    if (row_valid$r) { qr$r_$i = load4_q(q_base$r / 4u + $iu) * q_scale; }
 
     // Skip, don't mask: only key blocks some row of this block may see are visited.
     let first_row = i32(params.q_start + q0);
@@ -97,7 +99,7 @@ fn main(
         acc$r_$v += round_storage(p$r_$j) * subgroupBroadcast(vr$v, $ju);
     }
 
-    let inv_l$r = select(0.0, 1.0 / l$r, l$r > 0.0);
+    let inv_l$r = select(0.0, out_scale(seq.b, h) / l$r, l$r > 0.0);
     let lse$r = select(neg_inf(), m_run$r + log(l$r), l$r > 0.0);
     let lse_base = seq.lse + h * params.lse_head_stride + q0 + tid;
     if (row_valid$r) { store_o(o_base$r + 4u * $vu, acc$r_$v.x * inv_l$r); }

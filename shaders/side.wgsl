@@ -10,7 +10,7 @@ fn side_word(i: u32) -> u32 {
     return 0u;
 }
 // @on
-@group(0) @binding(24) var<storage, read> side: array<u32>;
+@group(0) @binding(27) var<storage, read> side: array<u32>;
 fn side_word(i: u32) -> u32 {
     return side[i];
 }

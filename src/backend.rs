@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::{
     api::decode::{DecodeOutput, DecodeStep, HostKvCache},
     api::inputs::BackwardInputs,
-    api::options::AttentionOptions,
+    api::options::{AttentionOptions, Fp8Options},
     api::output::{BackwardOutput, ForwardOutput},
     api::tensor::TensorView,
     choice::{choose, Decision, Workload},
@@ -121,6 +121,21 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.forward_with(q, k, v, opts, overrides),
             Backend::Cpu => cpu::forward(q, k, v, opts),
+        }
+    }
+
+    /// The FP8 (e4m3) forward: `o` f32.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_fp8(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        match self {
+            Backend::Wgpu(e) => e.forward_fp8_with(qkv, opts, fp8, overrides),
+            Backend::Cpu => cpu::forward_fp8(qkv[0], qkv[1], qkv[2], opts, fp8),
         }
     }
 

@@ -5,18 +5,19 @@
 
 use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
-use crate::api::output::{BackwardOutput, CallStats, ForwardOutput};
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
 use crate::error::Result;
 use crate::kernels::AttentionBuffers;
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
-use crate::ops::ceiling::CeilingResult;
+use crate::ops::ceiling::{CeilingResult, CeilingShape};
 use crate::plan::{
     plan_backward, plan_forward, DecodePlan, DeviceCaps, PlanOverrides, PlanRequest, Planned,
 };
+use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
 use crate::runtime::{Gpu, KvCache};
 
@@ -154,6 +155,16 @@ impl Engine {
         self.gpu.features
     }
 
+    /// The clock [`CallStats::kernel_seconds`] comes from on this adapter:
+    /// GPU timestamps where it has `TIMESTAMP_QUERY`, else the wall clock.
+    pub fn timing(&self) -> Timing {
+        if self.gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            Timing::GpuTimestamps
+        } else {
+            Timing::WallClock
+        }
+    }
+
     /// The limits the planner sees.
     pub fn caps(&self) -> DeviceCaps {
         self.gpu.caps()
@@ -240,6 +251,63 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         ops::forward::forward(&self.gpu, [q, k, v], opts, overrides).await
+    }
+
+    /// FP8 (e4m3) attention forward (SPEC.md): q, k, v (any storage
+    /// precision) quantized on the device with per-(batch, head) scales, q
+    /// and k through the seeded Hadamard transform when `fp8` asks; `o` is
+    /// f32. Runs as one dispatch set: past one storage binding, the grid or
+    /// the loop limit it is an error, not split.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_fp8(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+    ) -> Result<ForwardOutput> {
+        self.forward_fp8_with([q, k, v], opts, fp8, &PlanOverrides::default())
+    }
+
+    /// [`Engine::forward_fp8`] with plan overrides.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_fp8_with(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        pollster::block_on(self.forward_fp8_async(qkv, opts, fp8, overrides))
+    }
+
+    /// [`Engine::forward_fp8_with`] as a future.
+    pub async fn forward_fp8_async(
+        &self,
+        qkv: [&TensorView<'_>; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+    }
+
+    /// One tensor quantized to e4m3 by the device's kernels and read back:
+    /// exactly what the FP8 forward runs on (and what
+    /// [`crate::quant::quantize`] computes on the host).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn quantize_fp8(&self, x: &TensorView, fp8: &Fp8Options) -> Result<Fp8Tensor> {
+        pollster::block_on(self.quantize_fp8_async(x, fp8))
+    }
+
+    /// [`Engine::quantize_fp8`] as a future.
+    pub async fn quantize_fp8_async(
+        &self,
+        x: &TensorView<'_>,
+        fp8: &Fp8Options,
+    ) -> Result<Fp8Tensor> {
+        ops::fp8::quantize(&self.gpu, x, fp8).await
     }
 
     /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
@@ -362,21 +430,29 @@ impl Engine {
         ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
     }
 
-    /// The practical ceiling: `C = X·Yᵀ` with X, Y of N×d f32 (the shape of
-    /// S = QKᵀ), C of N×N f32, timed `repeats` times after a warm-up.
+    /// The practical ceiling: the tuned f32 matmul of one of attention's
+    /// products (`shape`: S = QKᵀ or O = PV) at N, d, timed `repeats` times
+    /// after a warm-up.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn matmul_ceiling(&self, n: usize, d: usize, repeats: usize) -> Result<CeilingResult> {
-        pollster::block_on(self.matmul_ceiling_async(n, d, repeats))
+    pub fn matmul_ceiling(
+        &self,
+        shape: CeilingShape,
+        n: usize,
+        d: usize,
+        repeats: usize,
+    ) -> Result<CeilingResult> {
+        pollster::block_on(self.matmul_ceiling_async(shape, n, d, repeats))
     }
 
     /// [`Engine::matmul_ceiling`] as a future.
     pub async fn matmul_ceiling_async(
         &self,
+        shape: CeilingShape,
         n: usize,
         d: usize,
         repeats: usize,
     ) -> Result<CeilingResult> {
-        ops::ceiling::matmul_ceiling(&self.gpu, n, d, repeats).await
+        ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
     }
 
     /// The adapter's storage bandwidth: `bytes` (rounded up to 16; at most

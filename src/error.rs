@@ -65,6 +65,9 @@ pub enum Error {
     },
     #[error("scale must be finite, got {scale}")]
     NonFiniteScale { scale: f32 },
+    /// FP8 quantization needs finite inputs (a NaN or ±inf has no scale).
+    #[error("{tensor}[{index}] is not finite; FP8 quantization needs finite inputs")]
+    NonFiniteInput { tensor: &'static str, index: usize },
     #[error("softcap must be a finite value >= 0, got {softcap}")]
     InvalidSoftcap { softcap: f32 },
     /// A name (precision, backend, kernel) that is not one of the known ones.
@@ -216,8 +219,13 @@ pub enum Error {
         "the lanes kernels need a CPU adapter with fixed-size subgroups and subgroup operations"
     )]
     LanesUnavailable,
+    #[error("the CPU backend's {isa} kernels need an instruction set this machine lacks")]
+    IsaUnavailable { isa: &'static str },
     #[error("native f16 needs the SHADER_F16 feature, which this adapter lacks")]
     NativeF16Unavailable,
+    /// FP8 (e4m3) is built for the forward pass only.
+    #[error("FP8 (e4m3) runs the forward pass only; {operation} with --precision fp8 is not built (use f32, f16 or bf16)")]
+    Fp8Unsupported { operation: &'static str },
     /// One storage binding cannot hold what an API that does not split needs.
     #[error("{what} needs {bytes} bytes, more than one storage binding holds ({max} bytes)")]
     BindingTooLarge {

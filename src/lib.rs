@@ -36,7 +36,9 @@
 //!   ceiling and the copy bandwidth, built from kernels and the runtime;
 //!   [`Engine`] is their public face;
 //! - [`cpu`], [`reference`], [`accuracy`]: the CPU backend, the f64
-//!   reference and SPEC.md's accuracy rule; [`Backend`] chooses.
+//!   reference and SPEC.md's accuracy rule; [`Backend`] chooses;
+//! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
+//!   host, which the wgpu kernels reproduce bit for bit.
 
 pub mod accuracy;
 pub mod api;
@@ -49,6 +51,7 @@ pub mod error;
 pub mod kernels;
 pub mod ops;
 pub mod plan;
+pub mod quant;
 pub mod random;
 pub mod reference;
 pub mod runtime;
@@ -57,18 +60,18 @@ pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
 };
 pub use api::inputs::BackwardInputs;
-pub use api::options::{AttentionOptions, Mask, Window};
-pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput};
+pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
+pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
 pub use backend::{Backend, BackendKind, Choice};
 #[cfg(not(target_arch = "wasm32"))]
-pub use choice::Workload;
+pub use choice::{ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::AttentionBuffers;
 pub use ops::bandwidth::BandwidthResult;
-pub use ops::ceiling::CeilingResult;
+pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{
     plan_backward, plan_decode, plan_forward, Clamp, DecodePlan, DeviceCaps, KernelFamily, Plan,
     PlanOverrides, PlanRequest, Planned, StorageKind,

@@ -39,4 +39,40 @@ impl Rng {
     pub fn normal_vec(&mut self, n: usize, std: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() as f32 * std).collect()
     }
+
+    /// `n` values `N(0, 1) + N(0, outlier_std²)·Bernoulli(rate)`: the
+    /// inputs of FlashAttention-3's FP8 accuracy study (rate 0.001, std 10).
+    pub fn normal_with_outliers(&mut self, n: usize, rate: f64, outlier_std: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let x = self.normal() as f32;
+                let hit = self.uniform() < rate;
+                x + if hit {
+                    self.normal() as f32 * outlier_std
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+}
+
+/// The outlier channels the FP8 tests and the precision study use: four of
+/// a head dim's channels ×10, ×20, ×35 and ×50.
+pub fn outlier_channels(head_dim: usize) -> [(usize, f32); 4] {
+    let d = head_dim.max(3);
+    [(1, 10.0), (d / 3, 20.0), (d / 2, 35.0), (d - 2, 50.0)]
+}
+
+/// Multiply channel `c` of every row of `x` (rows of `dim` values) by
+/// `factor`, for each `(c, factor)`: the outlier channels of LLM
+/// activations (a few of q's and k's channels 10–50× larger than the rest).
+pub fn scale_channels(x: &mut [f32], dim: usize, channels: &[(usize, f32)]) {
+    for row in x.chunks_mut(dim) {
+        for &(c, factor) in channels {
+            if let Some(v) = row.get_mut(c) {
+                *v *= factor;
+            }
+        }
+    }
 }

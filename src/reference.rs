@@ -5,13 +5,14 @@
 //! masks, sinks) over the batch's [`sequences`] (dense or packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::pair_rule::PairRule;
 use crate::api::scores::Real;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
+use crate::quant::{e4m3_from_f64, e4m3_to_f32, Fp8Layout, E4M3_MAX};
 use rayon::prelude::*;
 
 /// Output of a reference computation, in f64.
@@ -54,13 +55,13 @@ impl<T: Real> Problem<'_, T> {
             .collect()
     }
 
-    /// The row's softmax weights `exp(s − m) / l` (rounded by `round`), its
-    /// LSE, and the sink's weight.
+    /// The row's softmax weights `weight(exp(s − m), l)` (`e / l` exactly,
+    /// or rounded as a baseline rounds it), its LSE, and the sink's weight.
     fn softmax(
         &self,
         scores: &[(usize, T, T)],
         sink: Option<f32>,
-        round: &impl Fn(T) -> T,
+        weight: &impl Fn(T, T) -> T,
     ) -> Softmax<T> {
         let sink = sink.map(T::from_f32);
         let start = sink.unwrap_or(T::NEG_INFINITY);
@@ -78,19 +79,19 @@ impl<T: Real> Problem<'_, T> {
         let e_sink = sink.map_or(T::ZERO, |x| (x - m).exp());
         let l = e.iter().fold(e_sink, |a, &b| a + b);
         Softmax {
-            p: e.iter().map(|&x| round(x / l)).collect(),
+            p: e.iter().map(|&x| weight(x, l)).collect(),
             lse: m + l.ln(),
             sink: e_sink / l,
         }
     }
 
     /// Row `i` of head `h` of `seq`: `(o row, lse)`.
-    fn row(&self, seq: &Sequence, h: usize, i: usize, round: &impl Fn(T) -> T) -> (Vec<T>, T) {
+    fn row(&self, seq: &Sequence, h: usize, i: usize, weight: &impl Fn(T, T) -> T) -> (Vec<T>, T) {
         let s = &self.shape;
         let (dv, hk) = (s.head_dim_v, h / s.group());
         let rule = self.rule(seq, h);
         let scores = self.scores(&rule, seq, h, i);
-        let sm = self.softmax(&scores, rule.sink, round);
+        let sm = self.softmax(&scores, rule.sink, weight);
         let mut o = vec![T::ZERO; dv];
         for (&(j, _, _), &p) in scores.iter().zip(&sm.p) {
             let vrow = &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
@@ -101,8 +102,9 @@ impl<T: Real> Problem<'_, T> {
         (o, sm.lse)
     }
 
-    /// Every row, in parallel, assembled in o's and lse's layouts.
-    fn forward(&self, round: impl Fn(T) -> T + Sync) -> (Vec<T>, Vec<T>) {
+    /// Every row, in parallel, assembled in o's and lse's layouts; `weight`
+    /// makes the softmax weights, `out` rounds each output.
+    fn forward(&self, weight: impl Fn(T, T) -> T + Sync, out: impl Fn(T) -> T) -> (Vec<T>, Vec<T>) {
         let s = &self.shape;
         let seqs = sequences(s, self.opts.varlen.as_ref());
         let tasks: Vec<(usize, usize, usize)> = seqs
@@ -114,13 +116,13 @@ impl<T: Real> Problem<'_, T> {
             .collect();
         let rows: Vec<(Vec<T>, T)> = tasks
             .par_iter()
-            .map(|&(n, i, h)| self.row(&seqs[n], h, i, &round))
+            .map(|&(n, i, h)| self.row(&seqs[n], h, i, &weight))
             .collect();
         let mut o = Vec::with_capacity(s.o_len());
         let mut lse = vec![T::NEG_INFINITY; s.lse_len()];
         // Tasks run over sequences, rows, heads: exactly o's row order.
         for (&(n, i, h), (row, l)) in tasks.iter().zip(rows) {
-            o.extend(row.into_iter().map(&round));
+            o.extend(row.into_iter().map(&out));
             lse[seqs[n].lse_index(h, i)] = l;
         }
         (o, lse)
@@ -172,8 +174,41 @@ pub fn forward_f64(
         k,
         v,
     };
-    let (o, lse) = p.forward(|x| x);
+    let (o, lse) = p.forward(|e, l| e / l, |x| x);
     ReferenceOutput { o, lse }
+}
+
+/// FP8's yardstick: the same quantization as the FP8 kernels (the codes and
+/// scales of [`crate::quant`]), computed naively in f64 — S whole, P =
+/// exp(S − row max) quantized to e4m3 at its own scale before `P·V`, the
+/// row sum from the unquantized P, as the kernels keep it. `o` is cut back
+/// to the head dim.
+pub fn fp8_naive(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    opts: &AttentionOptions,
+    fp8: &Fp8Options,
+) -> Result<ReferenceOutput> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    opts.validate()?;
+    Fp8Layout::check_supported(&shape, opts)?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let [qd, kd, vd] = layout.quantize([q, k, v])?.map(|t| t.dequantize_f64());
+    let round = |p: f64| e4m3_to_f32(e4m3_from_f64(p * E4M3_MAX as f64)) as f64 / E4M3_MAX as f64;
+    let opts = layout.options(opts);
+    let p = Problem {
+        shape: layout.padded(&shape),
+        opts: &opts,
+        q: &qd,
+        k: &kd,
+        v: &vd,
+    };
+    let (o, lse) = p.forward(|e, l| round(e) / l, |x| x);
+    Ok(ReferenceOutput {
+        o: layout.trim(&o),
+        lse,
+    })
 }
 
 /// The naive baseline of the accuracy rule: S and P materialized per row in
@@ -196,7 +231,7 @@ pub fn naive_baseline(
         k: &kf,
         v: &vf,
     };
-    let (o, lse) = p.forward(|x| prec.round(x));
+    let (o, lse) = p.forward(|e, l| prec.round(e / l), |x| prec.round(x));
     let widen = |x: Vec<f32>| x.into_iter().map(f64::from).collect();
     Ok(ReferenceOutput {
         o: widen(o),
@@ -328,7 +363,7 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         if scores.is_empty() {
             return; // no key: o = 0, so D = 0 and every gradient term is 0
         }
-        let sm = p.softmax(&scores, rule.sink, &|x| x);
+        let sm = p.softmax(&scores, rule.sink, &|e, l| e / l);
         let at = (seq.q.start + i) * s.heads_q + h;
         let (qrow, grow) = (&self.q[at * d..][..d], &self.d_o[at * dv..][..dv]);
         let vrow = |j: usize| &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];

@@ -4,6 +4,7 @@
 
 mod common;
 
+use flashattn::choice::{choose_with, Decision, ProbeCache};
 use flashattn::{
     AttentionOptions, AttentionShape, Backend, BackendKind, Error, Precision, Workload,
 };
@@ -39,20 +40,45 @@ fn explicit_backends_open_what_was_asked() {
 }
 
 #[test]
-fn auto_says_why_with_the_times_it_measured() {
+fn auto_says_why_with_the_times_it_measured_and_caches_them() {
     let Some(e) = common::engine() else { return };
     let hardware = e.adapter_info().device_type != flashattn::wgpu::DeviceType::Cpu;
-    // d 64: lanes kernels on a CPU adapter with subgroups; d 59: tiled ones.
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ProbeCache::in_dir(dir.path());
+    // d 64: lanes and tiled kernels on a CPU adapter with subgroups; d 59: tiled ones.
     for d in [64, 59] {
-        let choice = Backend::open(BackendKind::Auto, &workload(d)).unwrap();
+        let decide = || pollster::block_on(choose_with(&workload(d), Some(&cache))).unwrap();
+        let (first, why) = split(decide());
         if hardware {
-            assert!(matches!(choice.backend, Backend::Wgpu(_)));
-            assert!(choice.reason.contains("hardware GPU"), "{}", choice.reason);
-        } else {
-            // Both sides were timed, and the winner is named.
-            for needle in ["took", "ms", "CPU backend", "using"] {
-                assert!(choice.reason.contains(needle), "{}", choice.reason);
-            }
+            assert!(first && why.contains("hardware GPU"), "{why}");
+            continue;
         }
+        // Every path was timed, and the winner is named with its margin.
+        for needle in [
+            "took",
+            "ms",
+            "CPU backend",
+            "tiled kernels",
+            "using",
+            "faster than",
+        ] {
+            assert!(why.contains(needle), "{why}");
+        }
+        assert_eq!(why.contains("lanes kernels"), d == 64, "{why}");
+        // The second call takes the cached winner without timing again.
+        let (second, cached) = split(decide());
+        assert_eq!(first, second);
+        assert!(
+            cached.starts_with(&why) && cached.contains("cached in"),
+            "{cached}"
+        );
+    }
+}
+
+/// Whether the decision is a GPU engine, and its reason.
+fn split(d: Decision) -> (bool, String) {
+    match d {
+        Decision::Gpu(_, why) => (true, why),
+        Decision::Cpu(why) => (false, why),
     }
 }

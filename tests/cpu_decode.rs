@@ -9,6 +9,17 @@ use flashattn::api::decode::{CacheLayout, CacheShape, DecodeStep, HostKvCache};
 use flashattn::{cpu, AttentionOptions, Error, Precision, TensorData};
 
 #[test]
+fn every_case_matches_the_reference_on_every_instruction_set() {
+    for &isa in cpu::Isa::available() {
+        let backend = cpu::Cpu::with_isa(isa).unwrap();
+        for case in cases() {
+            let data = case.data();
+            data.check(|cache, step| backend.decode(cache, step, &case.opts, case.num_splits));
+        }
+    }
+}
+
+#[test]
 fn every_case_matches_the_reference() {
     for case in cases() {
         let data = case.data();

@@ -5,8 +5,8 @@ mod common;
 
 use common::{assert_accurate, engine, run_gpu, Case};
 use flashattn::{
-    AttentionOptions, Error, KernelFamily, PlanOverrides, Precision, StorageKind, TensorView,
-    Window,
+    AttentionOptions, CeilingShape, Error, KernelFamily, PlanOverrides, Precision, StorageKind,
+    TensorView, Window,
 };
 
 fn causal() -> AttentionOptions {
@@ -92,6 +92,17 @@ fn head_dims() {
     }
 }
 
+/// Every low-precision storage path: f16 packed (and native where the
+/// adapter has it), bf16 packed.
+fn low_precisions() -> Vec<(Precision, PlanOverrides)> {
+    let mut v: Vec<_> = f16_variants()
+        .into_iter()
+        .map(|o| (Precision::F16, o))
+        .collect();
+    v.push((Precision::Bf16, PlanOverrides::default()));
+    v
+}
+
 #[test]
 fn head_dims_past_256() {
     let Some(e) = engine() else { return };
@@ -126,13 +137,25 @@ fn v_has_a_head_dim_of_its_own() {
 }
 
 #[test]
-fn head_dims_f16() {
+fn head_dims_f16_and_bf16() {
     let Some(e) = engine() else { return };
-    for o in f16_variants() {
-        for d in [16, 32, 59, 64, 111, 128, 256] {
-            run_gpu(e, &Case::new(97, 113, d).f16().overrides(o));
+    for (p, o) in low_precisions() {
+        for d in [1, 16, 32, 59, 64, 111, 128, 256] {
+            run_gpu(e, &Case::new(97, 113, d).precision(p).overrides(o));
         }
     }
+}
+
+#[test]
+fn bf16_odd_seqlens_and_batches() {
+    let Some(e) = engine() else { return };
+    for s in [1, 3, 113] {
+        run_gpu(e, &Case::new(s, s, 64).bf16());
+    }
+    for (sq, sk) in [(1, 255), (255, 1), (3, 113)] {
+        run_gpu(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
+    }
+    run_gpu(e, &Case::new(37, 53, 64).batch(3).heads(5, 5).bf16());
 }
 
 #[test]
@@ -148,6 +171,8 @@ fn f16_paths_are_what_was_asked() {
         };
         assert_eq!(storage, want);
     }
+    let out = run_gpu(e, &Case::new(33, 47, 64).bf16());
+    assert_eq!(out.stats.plan.unwrap().storage, StorageKind::Bf16);
 }
 
 #[test]
@@ -156,6 +181,10 @@ fn gqa_and_mqa() {
     for (hq, hk) in [(4, 2), (6, 3), (8, 1), (3, 1)] {
         run_gpu(e, &Case::new(97, 113, 64).heads(hq, hk).batch(2));
         run_gpu(e, &Case::new(61, 61, 32).heads(hq, hk).opts(causal()).f16());
+        run_gpu(
+            e,
+            &Case::new(61, 61, 32).heads(hq, hk).opts(causal()).bf16(),
+        );
     }
 }
 
@@ -164,8 +193,9 @@ fn causal_masks() {
     let Some(e) = engine() else { return };
     for (sq, sk) in [(1, 1), (3, 3), (97, 97), (113, 255), (255, 113), (1, 300)] {
         run_gpu(e, &Case::new(sq, sk, 64).opts(causal()));
-        for o in f16_variants() {
-            run_gpu(e, &Case::new(sq, sk, 59).opts(causal()).f16().overrides(o));
+        for (p, o) in low_precisions() {
+            let case = Case::new(sq, sk, 59).opts(causal()).precision(p);
+            run_gpu(e, &case.overrides(o));
         }
     }
 }
@@ -191,6 +221,7 @@ fn local_windows() {
         run_gpu(e, &Case::new(113, 97, 64).opts(opts.clone()));
         run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone().causal(true)));
         run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone()).f16());
+        run_gpu(e, &Case::new(97, 113, 32).opts(opts).bf16());
     }
 }
 
@@ -200,13 +231,12 @@ fn softcap() {
     for cap in [5.0, 30.0] {
         let opts = AttentionOptions::default().softcap(cap);
         run_gpu(e, &Case::new(97, 113, 64).opts(opts.clone()).std(3.0));
-        run_gpu(
-            e,
-            &Case::new(97, 113, 64)
+        for p in [Precision::F16, Precision::Bf16] {
+            let case = Case::new(97, 113, 64)
                 .opts(opts.clone().causal(true))
-                .f16()
-                .std(3.0),
-        );
+                .std(3.0);
+            run_gpu(e, &case.precision(p));
+        }
     }
 }
 
@@ -230,6 +260,7 @@ fn empty_rows_give_zero_and_neg_inf() {
     for case in [
         Case::new(40, 10, 64).opts(causal()),
         Case::new(40, 10, 64).opts(causal()).f16(),
+        Case::new(40, 10, 64).opts(causal()).bf16(),
         // A (0, 0) window with seqlen_q > seqlen_k: row i sees only key i - 20.
         Case::new(30, 10, 32).opts(AttentionOptions {
             window: Window::from_signed(0, 0),
@@ -262,6 +293,8 @@ fn large_magnitude_scores_are_stable() {
     run_gpu(e, &Case::new(97, 113, 32).std(8.0));
     run_gpu(e, &Case::new(97, 113, 32).std(8.0).opts(causal()));
     run_gpu(e, &Case::new(97, 113, 32).std(8.0).f16());
+    run_gpu(e, &Case::new(97, 113, 32).std(8.0).bf16());
+    run_gpu(e, &Case::new(97, 113, 32).std(8.0).opts(causal()).bf16());
 }
 
 #[test]
@@ -321,6 +354,10 @@ fn problems_larger_than_a_binding_are_split() {
     let out = run_gpu(&tiny, &Case::new(50, 70, 16).heads(2, 1).opts(causal()));
     assert!(out.stats.dispatches > 4);
     run_gpu(&tiny, &Case::new(50, 70, 16).heads(2, 1).f16());
+    run_gpu(
+        &tiny,
+        &Case::new(50, 70, 16).heads(2, 1).bf16().opts(causal()),
+    );
     let _ = e;
 }
 
@@ -419,6 +456,8 @@ fn naive_baseline_matches_and_materializes_scores() {
             // Multiples of the matmul tiles: the variants without bounds checks.
             Case::new(128, 192, 64).heads(4, 2),
             Case::new(128, 128, 64).opts(causal()).f16(),
+            Case::new(97, 113, 59).opts(causal()).bf16(),
+            Case::new(128, 128, 64).heads(4, 2).bf16(),
         ]
         .map(|c| (e, c))
     }) {
@@ -434,10 +473,13 @@ fn naive_baseline_matches_and_materializes_scores() {
 #[test]
 fn matmul_ceiling_runs_and_reports_its_flops() {
     let Some(e) = engine() else { return };
-    let r = e.matmul_ceiling(128, 64, 2).unwrap();
-    assert_eq!(r.seconds.len(), 2);
-    assert_eq!(r.flops, 2.0 * 128.0 * 128.0 * 64.0);
-    assert!(r.gflops() > 0.0 && r.gflops().is_finite());
+    for shape in [CeilingShape::Scores, CeilingShape::Values] {
+        let r = e.matmul_ceiling(shape, 128, 64, 2).unwrap();
+        assert_eq!(r.shape, shape);
+        assert_eq!(r.seconds.len(), 2);
+        assert_eq!(r.flops, 2.0 * 128.0 * 128.0 * 64.0);
+        assert!(r.gflops() > 0.0 && r.gflops().is_finite());
+    }
 }
 
 /// q, k, v of `inputs` (f32), a zeroed o, and an lse buffer of `lse` on
@@ -480,7 +522,6 @@ fn buffer_api_keeps_data_on_gpu() {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
-    let dev = e.device();
     // Guard region after lse: it must stay untouched.
     let lse_len = expected.lse.len();
     let buffers = attention_buffers(e, &inputs, &vec![1234.5; lse_len + 64]);
@@ -496,21 +537,7 @@ fn buffer_api_keeps_data_on_gpu() {
         &PlanOverrides::default(),
     )
     .unwrap();
-    let read = |b: &wgpu::Buffer| -> Vec<f32> {
-        let staging = dev.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: b.size(),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = dev.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(b, 0, &staging, 0, b.size());
-        e.queue().submit([enc.finish()]);
-        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-        dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        let v = bytemuck::pod_collect_to_vec(&staging.slice(..).get_mapped_range().unwrap());
-        v
-    };
+    let read = |b: &wgpu::Buffer| -> Vec<f32> { bytemuck::pod_collect_to_vec(&read_bytes(e, b)) };
     assert_eq!(read(ob), expected.o.to_f32());
     let lse = read(lb);
     assert_eq!(&lse[..lse_len], &expected.lse[..]);
@@ -607,6 +634,12 @@ fn cpu_backend_meets_the_rule_too() {
     for case in [
         Case::new(97, 113, 64),
         Case::new(113, 97, 59).opts(causal()).f16(),
+        Case::new(113, 97, 59).opts(causal()).bf16(),
+        Case::new(97, 113, 256).heads(4, 2).bf16(),
+        Case::new(97, 113, 32).std(8.0).bf16(),
+        Case::new(64, 64, 16)
+            .opts(AttentionOptions::default().softcap(5.0))
+            .bf16(),
         Case::new(40, 10, 32).opts(causal()).heads(4, 1),
         Case::new(97, 113, 32).std(8.0),
         Case::new(64, 64, 16).opts(AttentionOptions::default().softcap(5.0)),
@@ -660,23 +693,32 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     assert!(matches!(err, Error::LoopBudget { .. }), "{err:?}");
 }
 
-/// The device-buffer forward with packed f16 storage writes exactly o's
-/// elements: the caller's buffer needs no COPY_DST (it was once cleared
-/// whole with `clear_buffer`, which needs it and wiped what followed o),
-/// and whatever it held before does not leak into the result.
+/// The device-buffer forward with packed storage (f16 and bf16, two per
+/// u32) writes exactly o's elements: the caller's buffer needs no COPY_DST
+/// (it was once cleared whole with `clear_buffer`, which needs it and wiped
+/// what followed o), and whatever it held before does not leak into the result.
 #[test]
-fn packed_f16_buffer_forward_writes_only_o() {
-    use wgpu::util::DeviceExt;
+fn packed_buffer_forward_writes_only_o() {
     let Some(e) = engine() else { return };
-    // An odd head dim: f16 pairs straddle rows that different workgroups own.
-    let case = Case::new(33, 45, 59).heads(2, 1).f16();
-    let inputs = case.inputs();
-    let [q, k, v] = inputs.views();
-    let packed = PlanOverrides {
+    let packed_f16 = PlanOverrides {
         f16_native: Some(false),
         ..Default::default()
     };
-    let expected = e.forward_with(&q, &k, &v, &case.opts, &packed).unwrap();
+    for (precision, overrides) in [
+        (Precision::F16, packed_f16),
+        (Precision::Bf16, PlanOverrides::default()),
+    ] {
+        packed_forward_writes_only_o(e, precision, &overrides);
+    }
+}
+
+fn packed_forward_writes_only_o(e: &flashattn::Engine, precision: Precision, o: &PlanOverrides) {
+    use wgpu::util::DeviceExt;
+    // An odd head dim: pairs straddle rows that different workgroups own.
+    let case = Case::new(33, 45, 59).heads(2, 1).precision(precision);
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let expected = e.forward_with(&q, &k, &v, &case.opts, o).unwrap();
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
     let buffer = |bytes: &[u8]| {
         let mut padded = bytes.to_vec();
@@ -693,7 +735,8 @@ fn packed_f16_buffer_forward_writes_only_o() {
         buffer(k.data.as_bytes()),
         buffer(v.data.as_bytes()),
     );
-    let o_bytes = (inputs.q16.len() * 2).next_multiple_of(4);
+    let n = inputs.q.len() * 2;
+    let o_bytes = n.next_multiple_of(4);
     // o starts full of garbage and is followed by a guard region.
     let ob = buffer(&vec![0xAB; o_bytes + 256]);
     let lb = buffer(&vec![0u8; expected.lse.len() * 4]);
@@ -704,25 +747,34 @@ fn packed_f16_buffer_forward_writes_only_o() {
         o: &ob,
         lse: &lb,
     };
-    e.forward_buffers(&bufs, &expected.shape, Precision::F16, &case.opts, &packed)
+    e.forward_buffers(&bufs, &expected.shape, precision, &case.opts, o)
         .unwrap();
+    let got = read_bytes(e, &ob);
+    assert_eq!(
+        &got[..n],
+        expected.o.data.as_host().as_bytes(),
+        "{precision}: o differs"
+    );
+    assert!(
+        got[o_bytes..].iter().all(|&x| x == 0xAB),
+        "{precision}: the guard after o was overwritten"
+    );
+}
+
+/// A device buffer's bytes, read back.
+fn read_bytes(e: &flashattn::Engine, b: &wgpu::Buffer) -> Vec<u8> {
     let dev = e.device();
     let staging = dev.create_buffer(&wgpu::BufferDescriptor {
         label: None,
-        size: ob.size(),
+        size: b.size(),
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
     let mut enc = dev.create_command_encoder(&Default::default());
-    enc.copy_buffer_to_buffer(&ob, 0, &staging, 0, ob.size());
+    enc.copy_buffer_to_buffer(b, 0, &staging, 0, b.size());
     e.queue().submit([enc.finish()]);
     staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
     dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-    let got = staging.slice(..).get_mapped_range().unwrap().to_vec();
-    let n = inputs.q16.len() * 2;
-    assert_eq!(&got[..n], expected.o.data.as_host().as_bytes(), "o differs");
-    assert!(
-        got[o_bytes..].iter().all(|&x| x == 0xAB),
-        "the guard after o was overwritten"
-    );
+    let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
+    bytes
 }

@@ -1,8 +1,8 @@
 //! Every layout a model brings, on the GPU against the f64 reference under
 //! SPEC.md's rule: ALiBi, attention sinks (and their gradients), block-sparse
 //! masks of any block size, packed (varlen) batches — each alone and with
-//! causal masks, windows, softcap and GQA, f32 and f16, forward and backward,
-//! the lanes kernels and the tiled ones where both apply.
+//! causal masks, windows, softcap and GQA, f32, f16 and bf16, forward and
+//! backward, the lanes kernels and the tiled ones where both apply.
 
 mod common;
 
@@ -241,13 +241,15 @@ fn packed_batches_backward() {
             .opts(window(5, 5).softcap(5.0))
             .varlen(&lq, &lk),
     );
+    both_passes(&Case::new(1, 1, 16).opts(causal()).varlen(&lq, &lk).bf16());
 }
 
 #[test]
 fn everything_at_once() {
     let case = common::everything_at_once();
     both_passes(&case);
-    both_passes(&case.f16());
+    both_passes(&case.clone().f16());
+    both_passes(&case.bf16());
 }
 
 #[test]

@@ -42,6 +42,7 @@ fn cases() -> Vec<Case> {
         Case::new(33, 41, 40).dv(24).heads(4, 2),
         Case::new(25, 30, 24).dv(40).opts(causal.clone()),
         Case::new(20, 27, 512).heads(2, 1),
+        Case::new(45, 37, 59).opts(causal).bf16(),
     ]
 }
 
@@ -54,8 +55,8 @@ fn flash_counts_match(e: &Engine, case: &Case) {
         kernel: Some(KernelFamily::Tiled),
         ..case.overrides
     };
-    let (g, g16) = output_grad(case);
-    let d_o = inputs.grad(&g, &g16);
+    let (_, g) = output_grad(case);
+    let d_o = inputs.grad(&g);
     for (kernel, overrides) in [("planned", case.overrides), ("tiled", tiled)] {
         let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
         assert_counts(
@@ -150,8 +151,8 @@ fn naive_and_matmul_counts_match() {
             fwd.stats.accesses,
             fwd.stats.measured_accesses,
         );
-        let (g, g16) = output_grad(&case);
-        let d_o = inputs.grad(&g, &g16);
+        let (_, g) = output_grad(&case);
+        let d_o = inputs.grad(&g);
         let bwd = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
         assert_counts(
             &format!("naive backward {case:?}"),
@@ -159,8 +160,13 @@ fn naive_and_matmul_counts_match() {
             bwd.stats.measured_accesses,
         );
     }
-    let c = e.matmul_ceiling(100, 40, 1).unwrap();
-    assert!(c.gflops() > 0.0);
+    for shape in [
+        flashattn::CeilingShape::Scores,
+        flashattn::CeilingShape::Values,
+    ] {
+        let c = e.matmul_ceiling(shape, 100, 40, 1).unwrap();
+        assert!(c.gflops() > 0.0);
+    }
 }
 
 #[test]
@@ -269,5 +275,38 @@ fn decode_counts_match_and_read_kv_once_per_group() {
         let measured = out.stats.measured_accesses.unwrap();
         assert_eq!(measured.reads as usize, q + kv_once_per_group, "{case:?}");
         assert_eq!(out.stats.accesses, measured);
+    }
+}
+
+/// The FP8 forward's quantization (each input element read by the max and
+/// the codes pass) and attention counted as analysed, with and without the
+/// transform, on both forward kernels where the adapter has two.
+#[test]
+fn fp8_forward_counts_match() {
+    let Some(e) = counting() else { return };
+    let e = e.lock().unwrap();
+    let causal = AttentionOptions::default().causal(true);
+    for case in [
+        Case::new(45, 37, 59).opts(causal),
+        Case::new(33, 50, 64).heads(4, 2),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        for fp8 in [
+            flashattn::Fp8Options::default(),
+            flashattn::Fp8Options::hadamard(3),
+        ] {
+            for kernel in [None, Some(KernelFamily::Tiled)] {
+                let o = PlanOverrides {
+                    kernel,
+                    ..Default::default()
+                };
+                let out = e
+                    .forward_fp8_with([&q, &k, &v], &case.opts, &fp8, &o)
+                    .unwrap();
+                let what = format!("fp8 {fp8:?} {kernel:?} {case:?}");
+                assert_counts(&what, out.stats.accesses, out.stats.measured_accesses);
+            }
+        }
     }
 }

@@ -98,8 +98,8 @@ fn backward_modeled(e: &Engine, case: &Case) {
     let [q, k, v] = inputs.views();
     let overrides = &case.overrides;
     let fwd = e.forward_with(&q, &k, &v, &case.opts, overrides).unwrap();
-    let (g, g16) = output_grad(case);
-    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&g, &g16)).unwrap();
+    let (_, g) = output_grad(case);
+    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&g)).unwrap();
     let out = e.backward_with(&bwd_inputs, &case.opts, overrides).unwrap();
     let plan = e
         .plan_backward(&fwd.shape, Precision::F32, overrides)

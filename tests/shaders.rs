@@ -9,8 +9,8 @@
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{
     BackwardPart, BufferCopy, CopyParams, DecodeMerge, DecodeParams, Epilogue, FlashBackward,
-    FlashDecode, FlashForward, KernelKey, KernelSource, KvAppend, LoopProbe, Matmul, MatmulForm,
-    MatmulParams, Naive, NaiveEntry, Params, Uniform,
+    FlashDecode, FlashForward, Fp8Quantize, KernelKey, KernelSource, KvAppend, LoopProbe, Matmul,
+    MatmulForm, MatmulParams, Naive, NaiveEntry, Params, QuantParams, QuantPass, Uniform,
 };
 use flashattn::plan::decode::decode_tiles;
 use flashattn::plan::DecodeRequest;
@@ -126,10 +126,11 @@ fn device_caps() -> Vec<DeviceCaps> {
     caps
 }
 
-const STORAGE: [StorageKind; 3] = [
+const STORAGE: [StorageKind; 4] = [
     StorageKind::F32,
     StorageKind::F16Packed,
     StorageKind::F16Native,
+    StorageKind::Bf16,
 ];
 
 /// Head dims every kernel is composed for.
@@ -387,12 +388,59 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
     out
 }
 
+/// The FP8 forward (its plans: the stored row, a multiple of 4, in f32
+/// tiles; FP8 storage) and the quantization kernels, plain and through the
+/// Hadamard transform, for `head_dims`.
+fn fp8_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
+    let mut out = Vec::new();
+    let stored: Vec<(usize, usize)> = head_dims
+        .iter()
+        .map(|&d| (d.next_multiple_of(4), d.next_multiple_of(4)))
+        .collect();
+    for (label, fwd, _) in plans(&stored) {
+        let plan = Plan {
+            storage: StorageKind::Fp8,
+            ..fwd
+        };
+        for variant in variants(all_variants) {
+            out.push(Kernel {
+                label: format!("fp8 forward {label} {variant:?}"),
+                key: FlashForward { plan, variant }.into(),
+                f16: false,
+                subgroups: plan.kernel == KernelFamily::Lanes,
+            });
+        }
+    }
+    for &d in head_dims {
+        for hadamard in [false, true] {
+            for pass in [QuantPass::Absmax, QuantPass::Scales, QuantPass::Codes] {
+                for variant in variants(all_variants) {
+                    let key = Fp8Quantize {
+                        pass,
+                        head_dim: d as u32,
+                        hadamard,
+                        variant,
+                    };
+                    out.push(Kernel {
+                        label: format!("{key:?}"),
+                        key: key.into(),
+                        f16: false,
+                        subgroups: false,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every kernel: each plan, storage and head dim, with no optional code and
 /// with all of it.
 fn all_kernels() -> Vec<Kernel> {
     let mut k = flash_kernels(&FLASH_DIMS, false);
     k.extend(other_kernels(false));
     k.extend(decode_kernels(&HEAD_DIMS, false));
+    k.extend(fp8_kernels(&HEAD_DIMS, false));
     k
 }
 
@@ -403,6 +451,7 @@ fn every_variant_validates_with_its_overrides() {
     let mut kernels = flash_kernels(&[(59, 59), (64, 64), (40, 24)], true);
     kernels.extend(other_kernels(true));
     kernels.extend(decode_kernels(&[59, 64], true));
+    kernels.extend(fp8_kernels(&[59, 64], true));
     for k in &kernels {
         compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
         let src = k.key.source();
@@ -545,7 +594,13 @@ fn workgroup_bytes(module: &naga::Module) -> u32 {
 
 #[test]
 fn declared_workgroup_storage_matches_the_plan() {
-    for k in flash_kernels(&FLASH_DIMS, false) {
+    let mut kernels = flash_kernels(&FLASH_DIMS, false);
+    kernels.extend(
+        fp8_kernels(&HEAD_DIMS, false)
+            .into_iter()
+            .filter(|k| matches!(k.key, KernelKey::FlashForward(_))),
+    );
+    for k in kernels {
         let (module, _) = compile(&k).unwrap();
         let expected = match k.key {
             KernelKey::FlashForward(f) => f.plan.workgroup_bytes,
@@ -632,6 +687,33 @@ fn uniform_structs_match_their_wgsl_twins() {
         variant: Variant::default(),
     };
     assert_layout::<CopyParams>(&copy.source());
+    let quant = Fp8Quantize {
+        pass: QuantPass::Codes,
+        head_dim: 64,
+        hadamard: true,
+        variant: Variant::default(),
+    };
+    assert_layout::<QuantParams>(&quant.source());
+}
+
+/// The quantization kernels keep their rows in workgroup memory: at most
+/// 512 f32 (plus the block maximum in the absmax pass), well inside
+/// WebGPU's 16 KiB; the scales pass, which loads no rows, none.
+#[test]
+fn quantization_workgroup_storage_is_small() {
+    for k in fp8_kernels(&HEAD_DIMS, false) {
+        if let KernelKey::Fp8Quantize(q) = k.key {
+            let (module, _) = compile(&k).unwrap();
+            let rows = q.rows_per_group() * q.dim();
+            let expected = match q.pass {
+                QuantPass::Absmax => 4 * rows + 4,
+                QuantPass::Codes => 4 * rows,
+                QuantPass::Scales => 0,
+            };
+            assert_eq!(workgroup_bytes(&module), expected, "{}", k.label);
+            assert!(rows <= 512 || q.rows_per_group() == 1, "{}", k.label);
+        }
+    }
 }
 
 /// Function-scope `var`s declared without an initializer, as `line: text`.

@@ -4,7 +4,8 @@
 // window.flashattnResults for test/browser.mjs.
 import init, * as fa from './pkg/flashattn_web.js';
 
-// Odd sizes, causal and not, f32 and packed f16 (SwiftShader has no shader-f16).
+// Odd sizes, causal and not, f32, packed f16 (SwiftShader has no shader-f16)
+// and packed bf16.
 const SELFTEST_CASES = [
   { seqlen: 1, head_dim: 24, heads: 1, causal: false, precision: 'f32' },
   { seqlen: 1, head_dim: 59, heads: 2, causal: true, precision: 'f16' },
@@ -14,6 +15,10 @@ const SELFTEST_CASES = [
   { seqlen: 113, head_dim: 24, heads: 2, causal: true, precision: 'f16' },
   { seqlen: 113, head_dim: 59, heads: 1, causal: true, precision: 'f32' },
   { seqlen: 113, head_dim: 59, heads: 1, causal: false, precision: 'f16' },
+  { seqlen: 1, head_dim: 24, heads: 2, causal: false, precision: 'bf16' },
+  { seqlen: 37, head_dim: 59, heads: 2, causal: true, precision: 'bf16' },
+  { seqlen: 113, head_dim: 64, heads: 3, causal: false, precision: 'bf16' },
+  { seqlen: 113, head_dim: 59, heads: 1, causal: true, precision: 'bf16' },
 ];
 const SEED = 7;
 // Every layout a model brings, forward and backward (web/src/lib.rs, layout_case).
@@ -23,6 +28,7 @@ const LAYOUT_CASES = [
   { name: 'block-sparse', precision: 'f32' },
   { name: 'varlen', precision: 'f32' },
   { name: 'varlen', precision: 'f16' },
+  { name: 'block-sparse', precision: 'bf16' },
   { name: 'd512', precision: 'f32' },
   { name: 'dv', precision: 'f16' },
 ];
@@ -128,9 +134,10 @@ async function runDecode(ev) {
 }
 
 // The self-test's decode runs, through the panel's form: forced splits on odd
-// pages in f16, then the panel's defaults (the planner), which stay shown.
+// pages in f16 and bf16, then the panel's defaults (the planner), which stay shown.
 const DECODE_SELFTEST = [
   { len: 777, page: 7, splits: 3, steps: 4, precision: 'f16' },
+  { len: 301, page: 5, splits: 2, steps: 3, precision: 'bf16' },
   { len: 1024, page: 16, splits: 0, steps: 8, precision: 'f32' },
 ];
 

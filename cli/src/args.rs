@@ -67,9 +67,15 @@ pub struct ScoreArgs {
     /// Prefix sums of the sequences' key rows, int32 (batch + 1,).
     #[arg(long, value_name = "CK.npy")]
     pub cu_seqlens_k: Option<PathBuf>,
-    /// Storage precision: f32 or f16 (default: the inputs' dtype).
+    /// Storage precision: f32, f16 or bf16 (default: the inputs' dtype; bf16
+    /// rounds the inputs on load and writes its outputs as f32), or fp8
+    /// (e4m3 with per-(batch, head) scales; forward only, o written as f32).
     #[arg(long)]
     pub precision: Option<String>,
+    /// With --precision fp8: multiply q and k by a seeded random orthogonal
+    /// (Walsh–Hadamard) matrix before quantizing them (incoherent processing).
+    #[arg(long)]
+    pub hadamard: bool,
     /// auto, wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: String,
@@ -190,7 +196,7 @@ pub struct PlanArgs {
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]
     pub head_dim: Option<usize>,
-    /// Storage precision: f32 or f16.
+    /// Storage precision: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Cap the workgroup storage M in bytes (below the device's limit).
@@ -232,9 +238,15 @@ pub struct BenchArgs {
     /// Head dimensions, comma-separated.
     #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
-    /// Implementations: flash, naive, cpu.
+    /// Implementations: flash (the planner's kernels: lanes on CPU adapters
+    /// with subgroups), tiled (the tiled kernels forced), naive, cpu, and the
+    /// outside baselines numpy (naive float32 attention) and torch (SDPA on
+    /// the CPU), run by benches/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
+    /// The Python interpreter for the numpy and torch baselines (e.g. a venv's).
+    #[arg(long, env = "FLASHATTN_PYTHON", default_value = "python3")]
+    pub python: String,
     /// Passes: forward, backward.
     #[arg(long, default_value = "forward,backward", conflicts_with = "decode")]
     pub passes: String,
@@ -245,7 +257,7 @@ pub struct BenchArgs {
     pub heads: usize,
     #[arg(long, default_value_t = 1, conflicts_with = "decode")]
     pub batch: usize,
-    /// f32 or f16.
+    /// f32, f16 or bf16.
     #[arg(long, default_value = "f32", conflicts_with = "decode")]
     pub precision: String,
     /// Timed repeats per case (after one untimed warm-up).
@@ -331,6 +343,10 @@ pub struct DecodeBenchArgs {
     /// Backends, comma-separated: wgpu, cpu.
     #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
     pub backends: String,
+    /// Split modes each backend runs, comma-separated: planner (num_splits
+    /// 0) or a number of splits.
+    #[arg(long, requires = "decode", default_value = "planner,1")]
+    pub splits: String,
     /// Skip (batch, cache length) pairs holding more tokens than this in
     /// all (e.g. 65536 skips batch 8 × 32k, the largest caches); 0 runs every pair.
     #[arg(long, requires = "decode", default_value_t = 0)]
@@ -353,7 +369,7 @@ pub struct DemoArgs {
     pub head_dim: usize,
     #[arg(long)]
     pub causal: bool,
-    /// f32 or f16.
+    /// f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// auto, wgpu or cpu.

@@ -1,12 +1,14 @@
 //! Benchmark cases shared by `flashattn bench` and the criterion benches: one
-//! case list, every case knows its FLOPs, and flash, naive and CPU run side
-//! by side in one process so results are ratios measured under the same load.
+//! case list, every case knows its FLOPs, and flash (the planner's kernels),
+//! tiled (the tiled kernels forced), naive and CPU run side by side in one
+//! process so results are ratios measured under the same load; numpy and
+//! torch run in the same run through `benches/baselines.py` ([`crate::baselines`]).
 
 use crate::error::{CliError, Result};
 use flashattn::random::Rng;
 use flashattn::{
-    cpu, Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine, Precision,
-    TensorData, TensorView,
+    cpu, Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine,
+    KernelFamily, PlanOverrides, Precision, TensorData, TensorView,
 };
 use serde::Serialize;
 
@@ -22,12 +24,19 @@ pub enum Pass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Implementation {
-    /// The tiled WGSL kernels.
+    /// The WGSL kernels the planner picks (lanes kernels on CPU adapters
+    /// with fixed-size subgroups, else tiled).
     Flash,
+    /// The tiled WGSL kernels, forced (the GPU path, on any adapter).
+    Tiled,
     /// The WGSL baseline with S and P in storage (tiled matmuls).
     Naive,
     /// The CPU backend.
     Cpu,
+    /// numpy's naive float32 attention (outside baseline, `benches/baselines.py`).
+    Numpy,
+    /// torch's scaled_dot_product_attention on the CPU (outside baseline).
+    Torch,
 }
 
 impl Pass {
@@ -43,9 +52,25 @@ impl Implementation {
     pub fn name(self) -> &'static str {
         match self {
             Implementation::Flash => "flash",
+            Implementation::Tiled => "tiled",
             Implementation::Naive => "naive",
             Implementation::Cpu => "cpu",
+            Implementation::Numpy => "numpy",
+            Implementation::Torch => "torch",
         }
+    }
+
+    /// Whether it runs on the wgpu adapter.
+    pub fn on_gpu(self) -> bool {
+        matches!(
+            self,
+            Implementation::Flash | Implementation::Tiled | Implementation::Naive
+        )
+    }
+
+    /// Whether it runs outside this process (the baselines script).
+    pub fn outside(self) -> bool {
+        matches!(self, Implementation::Numpy | Implementation::Torch)
     }
 }
 
@@ -69,11 +94,14 @@ impl std::str::FromStr for Implementation {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "flash" => Ok(Implementation::Flash),
+            "tiled" => Ok(Implementation::Tiled),
             "naive" => Ok(Implementation::Naive),
             "cpu" => Ok(Implementation::Cpu),
+            "numpy" => Ok(Implementation::Numpy),
+            "torch" => Ok(Implementation::Torch),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, naive or cpu",
+                expected: "flash, tiled, naive, cpu, numpy or torch",
                 value: other.to_string(),
             }),
         }
@@ -159,9 +187,26 @@ pub struct BenchResult {
     pub reads: u64,
     pub writes: u64,
     pub error: Option<String>,
+    /// What ran, where it is not this build (the outside baselines' versions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl BenchResult {
+    /// No measurement yet.
+    pub fn new(case: &BenchCase) -> Self {
+        Self {
+            case: *case,
+            seconds: Vec::new(),
+            flops: case.flops(),
+            peak_bytes: 0,
+            reads: 0,
+            writes: 0,
+            error: None,
+            note: None,
+        }
+    }
+
     pub fn min_seconds(&self) -> Option<f64> {
         self.seconds.iter().cloned().reduce(f64::min)
     }
@@ -240,15 +285,7 @@ struct Run {
 
 /// Run `case` once untimed (compiles pipelines) and `repeats` times timed.
 pub fn run(engine: Option<&Engine>, case: &BenchCase, repeats: usize) -> BenchResult {
-    let mut result = BenchResult {
-        case: *case,
-        seconds: Vec::new(),
-        flops: case.flops(),
-        peak_bytes: 0,
-        reads: 0,
-        writes: 0,
-        error: None,
-    };
+    let mut result = BenchResult::new(case);
     let outcome = (|| -> Result<()> {
         let inputs = BenchInputs::new(case)?;
         let once = prepare(engine, case, &inputs)?;
@@ -297,10 +334,22 @@ fn prepare<'a>(
             accesses: Accesses::default(),
         })
     };
+    let tiled = PlanOverrides {
+        kernel: Some(KernelFamily::Tiled),
+        ..Default::default()
+    };
     Ok(match (case.pass, case.implementation) {
         (Pass::Forward, Implementation::Flash) => {
             let e = gpu()?;
             Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
+        }
+        (Pass::Forward, Implementation::Tiled) => {
+            let e = gpu()?;
+            Box::new(move || {
+                Ok(from_stats(
+                    &e.forward_with(&q, &k, &v, &opts, &tiled)?.stats,
+                ))
+            })
         }
         (Pass::Forward, Implementation::Naive) => {
             let e = gpu()?;
@@ -317,6 +366,14 @@ fn prepare<'a>(
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
             })
         }
+        (Pass::Backward, Implementation::Tiled) => {
+            let e = gpu()?;
+            let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
+            Box::new(move || {
+                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                Ok(from_stats(&e.backward_with(&inputs, &opts, &tiled)?.stats))
+            })
+        }
         (Pass::Backward, Implementation::Naive) => {
             let e = gpu()?;
             Box::new(move || {
@@ -330,6 +387,11 @@ fn prepare<'a>(
             Box::new(move || {
                 let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
                 wall(&|| cpu::backward(&inputs, &opts).map(|_| ()))
+            })
+        }
+        (_, Implementation::Numpy | Implementation::Torch) => {
+            return Err(CliError::OutsideBaseline {
+                implementation: case.implementation.name(),
             })
         }
     })

@@ -54,27 +54,50 @@ impl std::str::FromStr for DecodeBackend {
 }
 
 /// How many splits a configuration asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitMode {
     /// `num_splits = 0`: the planner chooses.
     Planner,
-    /// `num_splits = 1` (the loop limit may still raise it).
-    One,
+    /// `num_splits = n`, n ≥ 1 (kept within whole blocks; the loop limit may
+    /// raise it).
+    Fixed(usize),
 }
 
 impl SplitMode {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            SplitMode::Planner => "planner",
-            SplitMode::One => "1",
+            SplitMode::Planner => "planner".into(),
+            SplitMode::Fixed(n) => n.to_string(),
         }
     }
 
     fn num_splits(self) -> Option<usize> {
         match self {
             SplitMode::Planner => None,
-            SplitMode::One => Some(1),
+            SplitMode::Fixed(n) => Some(n),
+        }
+    }
+}
+
+impl Serialize for SplitMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl std::str::FromStr for SplitMode {
+    type Err = CliError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "planner" | "0" => Ok(SplitMode::Planner),
+            n => match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(SplitMode::Fixed(n)),
+                _ => Err(CliError::BadFlag {
+                    flag: "--splits",
+                    expected: "planner or a positive number of splits",
+                    value: n.to_string(),
+                }),
+            },
         }
     }
 }
@@ -151,6 +174,8 @@ pub struct DecodeSet {
     pub heads_kv: usize,
     pub head_dim: usize,
     pub precisions: Vec<Precision>,
+    /// The split modes each backend runs, in order.
+    pub splits: Vec<SplitMode>,
     /// Skip a (batch, cache length) whose batch × length exceeds this (0: none).
     pub max_tokens: usize,
     pub repeats: usize,
@@ -190,7 +215,7 @@ impl DecodeSet {
 
     /// Rows per group.
     pub fn rows_per_group(&self) -> usize {
-        2 * self.backends.len()
+        self.splits.len() * self.backends.len()
     }
 
     fn config(&self, g: &Group, backend: DecodeBackend, splits: SplitMode) -> DecodeConfig {
@@ -298,7 +323,7 @@ fn measure(
 
 /// Every backend and split mode of group `g`, on one set of data.
 pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<DecodeResult> {
-    let modes = [SplitMode::Planner, SplitMode::One];
+    let modes = &set.splits;
     let data = match GroupData::new(set, g) {
         Ok(d) => d,
         Err(e) => return failed(set, g, &e),
@@ -317,11 +342,11 @@ pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<Dec
                 let (e, mut kv): (&Engine, KvCache) = match cache {
                     Ok(x) => x,
                     Err(err) => {
-                        out.extend(modes.map(|m| error_result(config(m), &err)));
+                        out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
                         continue;
                     }
                 };
-                for m in modes {
+                for &m in modes {
                     out.push(measure(config(m), set.repeats, || {
                         let r = e.decode(&mut kv, &data.step(), &opts, m.num_splits())?;
                         Ok((r.stats.kernel_seconds, r.num_splits))
@@ -330,7 +355,7 @@ pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<Dec
             }
             DecodeBackend::Cpu => {
                 let mut cache = data.cache.clone();
-                for m in modes {
+                for &m in modes {
                     out.push(measure(config(m), set.repeats, || {
                         let start = Instant::now();
                         let r = cpu::decode(&mut cache, &data.step(), &opts, m.num_splits())?;
@@ -357,7 +382,7 @@ fn error_result(config: DecodeConfig, e: &CliError) -> DecodeResult {
 fn failed(set: &DecodeSet, g: &Group, e: &CliError) -> Vec<DecodeResult> {
     set.backends
         .iter()
-        .flat_map(|&b| [SplitMode::Planner, SplitMode::One].map(|m| set.config(g, b, m)))
+        .flat_map(|&b| set.splits.iter().map(move |&m| set.config(g, b, m)))
         .map(|c| error_result(c, e))
         .collect()
 }
@@ -395,6 +420,8 @@ pub struct CopyBandwidth {
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeReport {
     pub adapter: String,
+    /// How the wgpu rows' kernel times were taken.
+    pub timing: String,
     /// The wgpu copy kernel's bandwidth (none without an adapter).
     pub copy: Option<CopyBandwidth>,
     /// Host memory copied by every CPU thread: the CPU rows' yardstick.
@@ -423,6 +450,7 @@ impl DecodeReport {
     /// configuration.
     pub fn print(&self) {
         println!("adapter: {}", self.adapter);
+        println!("kernel times: {}; CPU rows: wall clock", self.timing);
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         match &self.copy {
             Some(c) => println!(
@@ -515,7 +543,7 @@ struct CsvRow<'a> {
     heads_q: usize,
     heads_kv: usize,
     head_dim: usize,
-    splits: &'a str,
+    splits: String,
     num_splits: Option<usize>,
     median_ms: Option<f64>,
     min_ms: Option<f64>,
@@ -565,8 +593,36 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             precisions: vec![Precision::F16, Precision::F32],
+            splits: vec![SplitMode::Planner, SplitMode::Fixed(1)],
             max_tokens: 65536,
             repeats: 3,
+        }
+    }
+
+    #[test]
+    fn split_modes_parse_and_name_themselves() {
+        let modes: Vec<SplitMode> = ["planner", "0", "1", "16"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                SplitMode::Planner,
+                SplitMode::Planner,
+                SplitMode::Fixed(1),
+                SplitMode::Fixed(16)
+            ]
+        );
+        assert_eq!(modes[3].name(), "16");
+        for bad in ["-1", "two", ""] {
+            assert!(matches!(
+                bad.parse::<SplitMode>(),
+                Err(CliError::BadFlag {
+                    flag: "--splits",
+                    ..
+                })
+            ));
         }
     }
 
@@ -591,7 +647,7 @@ mod tests {
                 precision: Precision::F16,
             },
             DecodeBackend::Cpu,
-            SplitMode::One,
+            SplitMode::Fixed(1),
         );
         assert_eq!(c.kv_bytes(), 2 * 8 * 1024 * 8 * 128 * 2);
     }

@@ -85,8 +85,14 @@ pub enum CliError {
     },
     #[error("{what} need a GPU adapter")]
     NeedsGpu { what: &'static str },
+    #[error("{implementation} is an outside baseline: `flashattn bench` runs it through benches/baselines.py")]
+    OutsideBaseline { implementation: &'static str },
+    #[error("the baselines script ({python}) failed: {message}")]
+    Baseline { python: String, message: String },
     #[error("{flags} apply to the wgpu backend only")]
     WgpuOnly { flags: &'static str },
+    #[error("--hadamard applies to --precision fp8 only")]
+    HadamardWithoutFp8,
     #[error("--max-workgroup-storage {requested} exceeds the device's {max} bytes")]
     StorageCap { requested: u32, max: u32 },
     #[error(transparent)]

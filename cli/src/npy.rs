@@ -1,4 +1,4 @@
-//! `.npy` in and out (npyz): f32/f16 tensors and i32 (or i64) index
+//! `.npy` in and out (npyz): f32/f16 tensors (bf16 written as f32) and i32 (or i64) index
 //! arrays, C order, little-endian; outputs are written to a temporary file
 //! and renamed, so a failed run leaves no file.
 
@@ -211,6 +211,8 @@ fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
     match &t.data {
         TensorData::F32(d) => encode_array(&shape, d),
         TensorData::F16(d) => encode_array(&shape, d),
+        // numpy has no bf16: bf16 values travel as (exactly equal) f32 (SPEC.md).
+        TensorData::Bf16(_) => encode_array(&shape, &t.to_f32()),
     }
 }
 

@@ -2,14 +2,17 @@
 //! against naive WGSL and the CPU side by side, the matmul ceiling, memory,
 //! storage accesses and the workgroup-storage sweep.
 
-use crate::bench::{BenchResult, Implementation};
+use crate::bench::BenchResult;
 use crate::error::{CliError, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// The matmul ceiling for one head dim.
+/// A matmul ceiling for one head dim.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ceiling {
+    /// `scores` (N×d · d×N: on GPUs bound by storing N² outputs) or
+    /// `values` (N×N · N×d: deep, its cost in the multiply-adds).
+    pub shape: &'static str,
     pub head_dim: usize,
     pub n: usize,
     /// The matmul kernel that ran (`tiled`, or `lanes` on CPU adapters).
@@ -32,6 +35,8 @@ pub struct SweepPoint {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub adapter: String,
+    /// How the wgpu rows' kernel times were taken.
+    pub timing: String,
     pub ceilings: Vec<Ceiling>,
     pub results: Vec<BenchResult>,
     pub sweep_seqlen: usize,
@@ -43,22 +48,36 @@ pub struct Report {
     pub max_binding_bytes: Option<u64>,
 }
 
+/// The ceiling of head dim `d`: the faster of its matmuls (equal FLOPs),
+/// so flash's fraction of it (the column "ceiling") is never flattered by
+/// a slow shape.
 fn ceiling_of(report: &Report, d: usize) -> Option<f64> {
     report
         .ceilings
         .iter()
-        .find(|c| c.head_dim == d)
+        .filter(|c| c.head_dim == d)
         .map(|c| c.gflops)
+        .reduce(f64::max)
 }
+
+/// [`Ceiling::shape`] of the P·V product.
+pub const VALUES: &str = "values";
 
 impl Report {
     /// The whole report on stdout: ceilings, one row per case, speedups,
     /// and the sweep.
     pub fn print(&self) {
         println!("adapter: {}", self.adapter);
+        println!("kernel times: {}; CPU rows: wall clock", self.timing);
+        println!("ceiling column: flash's GFLOP/s over the faster matmul of its head dim");
         for c in &self.ceilings {
+            let dims = if c.shape == VALUES {
+                "N×N · N×d (O = PV)"
+            } else {
+                "N×d · d×N (S = QKᵀ)"
+            };
             println!(
-                "ceiling: {} matmul N×d · d×N, N {}, d {}: {:.2} GFLOP/s",
+                "ceiling: {} matmul {dims}, N {}, d {}: {:.2} GFLOP/s",
                 c.kernel, c.n, c.head_dim, c.gflops
             );
         }
@@ -80,6 +99,7 @@ impl Report {
             .iter()
             .for_each(|r| println!("{}", self.row(r)));
         self.print_speedups();
+        self.print_cpu_ratios();
         self.print_sweep();
     }
 
@@ -101,7 +121,7 @@ impl Report {
                 None => format!("{head}   no measurement"),
             };
         };
-        let gpu = c.implementation != Implementation::Cpu;
+        let gpu = c.implementation.on_gpu();
         let on_gpu = |text: String| if gpu { text } else { "-".into() };
         let frac = ceiling_of(self, c.head_dim)
             .filter(|_| gpu)
@@ -143,6 +163,86 @@ impl Report {
             .collect();
         if !lines.is_empty() {
             println!("\nspeedup of flash (time of the other / time of flash, same run):");
+            lines.iter().for_each(|l| println!("{l}"));
+        }
+    }
+
+    /// The CPU backend against the outside baselines and the adapter's
+    /// kernels, as throughput ratios (time of the other / time of cpu), and
+    /// its causal time against the non-causal one.
+    fn print_cpu_ratios(&self) {
+        let t = |pass: &str, i: &str, d: usize, causal: bool, n: usize| {
+            self.results
+                .iter()
+                .find(|r| {
+                    let c = &r.case;
+                    (
+                        c.pass.name(),
+                        c.implementation.name(),
+                        c.head_dim,
+                        c.causal,
+                        c.seqlen,
+                    ) == (pass, i, d, causal, n)
+                })
+                .and_then(|r| r.min_seconds())
+        };
+        let mut keys: Vec<(usize, bool, usize)> = self
+            .results
+            .iter()
+            .map(|r| (r.case.head_dim, r.case.causal, r.case.seqlen))
+            .collect();
+        keys.dedup();
+        keys.sort();
+        keys.dedup();
+        let others = ["torch", "numpy", "flash", "tiled"];
+        let mut lines = Vec::new();
+        for &(d, causal, n) in &keys {
+            let both =
+                |i: &str| Some(t("forward", i, d, causal, n)? + t("backward", i, d, causal, n)?);
+            let ratios = |cpu: Option<f64>, of: &dyn Fn(&str) -> Option<f64>| -> Vec<String> {
+                let Some(cpu) = cpu else { return Vec::new() };
+                let r = others
+                    .iter()
+                    .filter_map(|o| Some(format!("{:.2}x {o}", of(o)? / cpu)));
+                let mut v = vec![format!("cpu {:.1} ms", cpu * 1e3)];
+                v.extend(r);
+                v
+            };
+            let tag = format!("N {n} d {d}{}", if causal { " causal" } else { "" });
+            let f = ratios(t("forward", "cpu", d, causal, n), &|o| {
+                t("forward", o, d, causal, n)
+            });
+            if f.len() > 1 {
+                lines.push(format!("  forward {tag}: {}", f.join(", ")));
+            }
+            let fb = ratios(both("cpu"), &|o| both(o));
+            if fb.len() > 1 {
+                lines.push(format!("  forward+backward {tag}: {}", fb.join(", ")));
+            }
+            if let (true, Some(c), Some(nc)) = (
+                causal,
+                t("forward", "cpu", d, true, n),
+                t("forward", "cpu", d, false, n),
+            ) {
+                lines.push(format!(
+                    "  forward {tag}: cpu causal / non-causal time {:.2}",
+                    c / nc
+                ));
+            }
+        }
+        let notes: Vec<&str> = self
+            .results
+            .iter()
+            .filter_map(|r| r.note.as_deref())
+            .collect();
+        if !lines.is_empty() {
+            let mut seen = notes.clone();
+            seen.sort();
+            seen.dedup();
+            println!(
+                "\nCPU backend throughput as a multiple of each other's (time of the other / time of cpu, same run){}:",
+                if seen.is_empty() { String::new() } else { format!("; {}", seen.join(", ")) }
+            );
             lines.iter().for_each(|l| println!("{l}"));
         }
     }

@@ -136,6 +136,22 @@ impl AttentionOptions {
         Ok(())
     }
 
+    /// For paths that take the band and score options only (the naive
+    /// baseline, the FP8 forward): `Unsupported` naming the first layout
+    /// given.
+    pub fn band_only(&self, what: &'static str) -> Result<()> {
+        let unsupported = [
+            (self.varlen.is_some(), "packed (varlen) batches"),
+            (self.alibi.is_some(), "ALiBi"),
+            (self.sinks.is_some(), "attention sinks"),
+            (self.block_mask.is_some(), "block-sparse masks"),
+        ];
+        match unsupported.into_iter().find(|(on, _)| *on) {
+            Some((_, feature)) => Err(Error::Unsupported { what, feature }),
+            None => Ok(()),
+        }
+    }
+
     /// Sequences in the batch: the packed ones, or the batch entries.
     pub fn batch_of(&self, shape: &AttentionShape) -> usize {
         self.varlen.as_ref().map_or(shape.batch, |v| v.batch())
@@ -172,5 +188,26 @@ impl AttentionOptions {
             self.window.right
         };
         Mask::new(seqlen_q, seqlen_k, self.window.left, right)
+    }
+}
+
+/// FP8 (e4m3) forward options (SPEC.md): whether q and k go through
+/// incoherent processing before they are quantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fp8Options {
+    /// The seed of the random ±1 signs of the Walsh–Hadamard transform
+    /// applied to q and k along the head dim (`--hadamard`); `None`: none.
+    pub hadamard: Option<u64>,
+}
+
+impl Fp8Options {
+    /// The seed `--hadamard` uses unless told otherwise.
+    pub const DEFAULT_SEED: u64 = 0x4ada_3a2d;
+
+    /// Incoherent processing with the signs of `seed`.
+    pub fn hadamard(seed: u64) -> Self {
+        Self {
+            hadamard: Some(seed),
+        }
     }
 }

@@ -146,6 +146,28 @@ pub struct Allocation {
     pub bytes: u64,
 }
 
+/// Which clock [`CallStats::kernel_seconds`] was read from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Timing {
+    /// Host time from submit to completion: includes the driver's submission
+    /// and wake-up latency (adapters without `TIMESTAMP_QUERY`, and the CPU
+    /// backend's wall time).
+    #[default]
+    WallClock,
+    /// The adapter's timestamps at the start and end of each compute pass
+    /// (`TIMESTAMP_QUERY`): the kernels' own time on the device.
+    GpuTimestamps,
+}
+
+impl Timing {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Timing::WallClock => "wall clock from submit to completion",
+            Timing::GpuTimestamps => "GPU timestamp queries at the compute-pass boundaries",
+        }
+    }
+}
+
 /// What one call did: the plan it ran, every storage buffer it used (all
 /// alive at once, so their sum is the call's peak), how it was cut into
 /// pieces, dispatch count and the time of its GPU submissions.
@@ -157,8 +179,10 @@ pub struct CallStats {
     /// the adapter's loop limit); 1 when it ran whole.
     pub pieces: u32,
     pub dispatches: u32,
-    /// Seconds from submit to completion of the call's kernels (no uploads or readbacks).
+    /// Seconds the call's kernels took (no uploads or readbacks), by the
+    /// clock `timing` names.
     pub kernel_seconds: f64,
+    pub timing: Timing,
     /// Storage-buffer elements the kernels read and write, counted
     /// analytically from the plan (each kernel's own count).
     pub accesses: Accesses,

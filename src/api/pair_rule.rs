@@ -48,15 +48,16 @@ impl<'a> PairRule<'a> {
         self.band.key_range(i)
     }
 
-    /// Whether the block mask leaves no pair of `rows × keys` the band
-    /// allows (a tile to skip, not mask; never without a block mask).
-    pub fn skips(&self, rows: &Range<usize>, keys: &Range<usize>) -> bool {
-        self.block.as_ref().is_some_and(|view| {
+    /// How the block mask treats the tile `rows × keys` (within the
+    /// sequence) under the band: skipped (no allowed pair), full or
+    /// partial; `None` without a block mask.
+    pub fn block_fate(&self, rows: &Range<usize>, keys: &Range<usize>) -> Option<TileFate> {
+        self.block.as_ref().map(|view| {
             let tile = Tile {
                 rows: rows.clone(),
                 keys: keys.clone(),
             };
-            tile_fate(view, &self.band, &tile) == TileFate::Skipped
+            tile_fate(view, &self.band, &tile)
         })
     }
 

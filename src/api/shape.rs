@@ -75,7 +75,7 @@ impl AttentionShape {
                 });
             }
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::HeadsNotDivisible {
                 heads_q: self.heads_q,
                 heads_kv: self.heads_kv,

@@ -1,13 +1,17 @@
 //! Host tensors: storage precisions, borrowed views and owned data.
 
 use crate::error::{Error, Result};
-use half::f16;
+use half::{bf16, f16};
 
 /// Storage precision of q, k, v and o. Accumulation is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Precision {
     F32,
+    /// IEEE half: 10 mantissa bits, 5 exponent bits.
     F16,
+    /// bfloat16: f32's 8 exponent bits, 7 mantissa bits; from f32 by
+    /// round-to-nearest-even (NaN kept NaN).
+    Bf16,
 }
 
 impl Precision {
@@ -15,7 +19,7 @@ impl Precision {
     pub fn bytes(self) -> usize {
         match self {
             Precision::F32 => 4,
-            Precision::F16 => 2,
+            Precision::F16 | Precision::Bf16 => 2,
         }
     }
 
@@ -24,14 +28,22 @@ impl Precision {
         match self {
             Precision::F32 => f32::EPSILON as f64,
             Precision::F16 => f16::EPSILON.to_f64(),
+            Precision::Bf16 => bf16::EPSILON.to_f64(),
         }
     }
 
     /// Round an f32 value to this storage precision (identity for f32).
     pub fn round(self, x: f32) -> f32 {
+        (self.rounding())(x)
+    }
+
+    /// The rounding to this storage precision, as a function (what a
+    /// kernel applies to P before `P·V`).
+    pub fn rounding(self) -> fn(f32) -> f32 {
         match self {
-            Precision::F32 => x,
-            Precision::F16 => f16::from_f32(x).to_f32(),
+            Precision::F32 => |x| x,
+            Precision::F16 => |x| f16::from_f32(x).to_f32(),
+            Precision::Bf16 => |x| bf16::from_f32(x).to_f32(),
         }
     }
 
@@ -39,6 +51,7 @@ impl Precision {
         match self {
             Precision::F32 => "f32",
             Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
         }
     }
 }
@@ -55,10 +68,11 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" => Ok(Precision::F32),
             "f16" => Ok(Precision::F16),
+            "bf16" => Ok(Precision::Bf16),
             other => Err(Error::UnknownName {
                 what: "precision",
                 name: other.to_string(),
-                expected: "f32 or f16",
+                expected: "f32, f16 or bf16",
             }),
         }
     }
@@ -69,6 +83,7 @@ impl std::str::FromStr for Precision {
 pub enum HostData<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Bf16(&'a [bf16]),
 }
 
 impl<'a> HostData<'a> {
@@ -77,6 +92,7 @@ impl<'a> HostData<'a> {
         match *self {
             HostData::F32(d) => bytemuck::cast_slice(d),
             HostData::F16(d) => bytemuck::cast_slice(d),
+            HostData::Bf16(d) => bytemuck::cast_slice(d),
         }
     }
 
@@ -84,6 +100,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(d) => d.len(),
             HostData::F16(d) => d.len(),
+            HostData::Bf16(d) => d.len(),
         }
     }
 
@@ -95,6 +112,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(_) => Precision::F32,
             HostData::F16(_) => Precision::F16,
+            HostData::Bf16(_) => Precision::Bf16,
         }
     }
 
@@ -103,6 +121,7 @@ impl<'a> HostData<'a> {
         match self {
             HostData::F32(d) => d.to_vec(),
             HostData::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
+            HostData::Bf16(d) => d.iter().map(|x| x.to_f32()).collect(),
         }
     }
 }
@@ -129,6 +148,13 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    pub fn bf16(shape: [usize; 4], data: &'a [bf16]) -> Self {
+        Self {
+            shape,
+            data: HostData::Bf16(data),
+        }
+    }
+
     /// A packed `(total, heads, dim)` tensor of a varlen call, as the batch
     /// of one the engine sees it as.
     pub fn packed_f32([total, heads, dim]: [usize; 3], data: &'a [f32]) -> Self {
@@ -138,6 +164,11 @@ impl<'a> TensorView<'a> {
     /// [`TensorView::packed_f32`] for f16 data.
     pub fn packed_f16([total, heads, dim]: [usize; 3], data: &'a [f16]) -> Self {
         Self::f16([1, total, heads, dim], data)
+    }
+
+    /// [`TensorView::packed_f32`] for bf16 data.
+    pub fn packed_bf16([total, heads, dim]: [usize; 3], data: &'a [bf16]) -> Self {
+        Self::bf16([1, total, heads, dim], data)
     }
 
     pub fn precision(&self) -> Precision {
@@ -164,14 +195,17 @@ impl<'a> TensorView<'a> {
 pub enum TensorData {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Bf16(Vec<bf16>),
 }
 
 impl TensorData {
-    /// Store f32 values in the given precision (rounding for f16).
+    /// Store f32 values in the given precision (rounding to nearest even
+    /// for f16 and bf16).
     pub fn from_f32(values: Vec<f32>, precision: Precision) -> Self {
         match precision {
             Precision::F32 => TensorData::F32(values),
             Precision::F16 => TensorData::F16(values.into_iter().map(f16::from_f32).collect()),
+            Precision::Bf16 => TensorData::Bf16(values.into_iter().map(bf16::from_f32).collect()),
         }
     }
 
@@ -181,6 +215,7 @@ impl TensorData {
         match precision {
             Precision::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(bytes)),
             Precision::F16 => TensorData::F16(bytemuck::pod_collect_to_vec(bytes)),
+            Precision::Bf16 => TensorData::Bf16(bytemuck::pod_collect_to_vec(bytes)),
         }
     }
 
@@ -188,6 +223,7 @@ impl TensorData {
         match self {
             TensorData::F32(_) => Precision::F32,
             TensorData::F16(_) => Precision::F16,
+            TensorData::Bf16(_) => Precision::Bf16,
         }
     }
 
@@ -195,6 +231,7 @@ impl TensorData {
         match self {
             TensorData::F32(d) => d.len(),
             TensorData::F16(d) => d.len(),
+            TensorData::Bf16(d) => d.len(),
         }
     }
 
@@ -210,6 +247,7 @@ impl TensorData {
         match self {
             TensorData::F32(d) => HostData::F32(d),
             TensorData::F16(d) => HostData::F16(d),
+            TensorData::Bf16(d) => HostData::Bf16(d),
         }
     }
 

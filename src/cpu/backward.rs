@@ -1,380 +1,335 @@
-//! The CPU backward: FlashAttention-2's, written independently of the
-//! reference and of the accuracy rule's baseline.
+//! The CPU backward: FlashAttention-2's, on the micro-kernel, written
+//! independently of the reference and of the accuracy rule's baseline.
 //!
-//! It takes the forward's `lse` as given (`P = exp(s - lse)`, no softmax is
-//! recomputed) and `D = rowsum(dO ∘ O)`. Two deterministic passes, no atomics:
-//! pass 1 runs one task per (sequence, kv head, block of `BC` keys) and
-//! accumulates that block's dK and dV over the group's query heads and the
-//! band of rows that can see the block; pass 2 runs one task per (sequence,
-//! query head, block of `BR` rows) and accumulates dQ over the key blocks
-//! those rows can see. Every task loops in a fixed order, so repeated runs
-//! are bit-identical. Key tiles are stored transposed, `(d, n)`, so a row of
-//! scores is a sum of contiguous axpys the compiler vectorizes. Scores and
-//! masks follow the pair rule (`api::pair_rule`: ALiBi, the band and block
-//! masks per sequence); with sinks, `dsink_h = −Σ exp(sink_h − lse)·D` is
-//! summed in row order.
+//! It takes the forward's `lse` as given (`P = exp(s − lse)`, no softmax is
+//! recomputed) and `D = rowsum(dO ∘ O)`. Two passes, no atomics: pass 1 runs
+//! one task per (batch, kv head, key block) and accumulates that block's
+//! `dV += Pᵀ·dO` and `dK += dSᵀ·Q` over the group's query heads and the
+//! query blocks that can see it; pass 2 runs one task per (batch, query
+//! head, query block) and accumulates `dQ += dS·K` over the key blocks its
+//! rows can see. Both recompute S, P, dP and dS per tile with the same
+//! code ([`tile_grads`]), and every task sums in a fixed order, so repeated
+//! runs are bit-identical.
 
+use super::attend::Geometry;
+use super::forward::{key_block, BR};
+use super::isa::{Isa, Task};
+use super::micro::{gemm, Dims, Kernel, Mat};
+use super::pack::{self, Panels};
+use super::scores::{rows_seeing, ScoreRow, ScoreRule, Visibility};
+use super::vmath;
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{BackwardOutput, CallStats};
-use crate::api::pair_rule::PairRule;
-use crate::api::shape::{AttentionShape, Layout};
+use crate::api::shape::{lse_index, AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData};
-use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Query rows per dQ task.
-const BR: usize = 64;
-/// Keys per dK/dV task and per key tile.
-const BC: usize = 64;
-
-/// The tensors of one backward call, f32, in the standard layouts: `q`,
-/// `d_o` `(batch, seqlen_q, heads_q, d)` (dO with v's head dim), `k`, `v`
-/// `(batch, seqlen_k, heads_kv, d)`, `lse` as the forward wrote it.
-struct Tensors<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub d_o: &'a [f32],
-    pub lse: &'a [f32],
-}
-
-/// Everything a task reads: inputs, `D`, and the problem's constants.
+/// Everything the tasks read, laid out for the products.
 struct Ctx<'a> {
-    x: &'a Tensors<'a>,
+    shape: AttentionShape,
+    g: Geometry,
+    /// q and dO per query head, rows of `dpad` floats.
+    q: Panels,
+    d_o: Panels,
+    /// Kᵀ and Vᵀ in `(d, bc)` blocks, and K in rows of `dpad`, per kv head.
+    kt: Panels,
+    vt: Panels,
+    k: Panels,
+    lse: &'a [f32],
     /// `D = rowsum(dO ∘ O)`, laid out like `lse`.
     delta: Vec<f32>,
-    shape: AttentionShape,
-    opts: &'a AttentionOptions,
-    seqs: Vec<Sequence>,
-    ql: Layout,
-    kl: Layout,
-    vl: Layout,
-    ol: Layout,
-    scale: f32,
+    rule: ScoreRule,
+    mask: Mask,
     precision: Precision,
 }
 
-/// One query row: where it lives in q and dO, its `lse` and `D`.
-struct Row {
-    at_q: usize,
-    at_o: usize,
-    lse: f32,
-    delta: f32,
-}
-
-/// K and V of one key block of one kv head, transposed to `(d, n)` and `(dv, n)`.
-struct KeyTile {
-    keys: Range<usize>,
-    kt: Vec<f32>,
-    vt: Vec<f32>,
-}
-
-/// Gradients dq, dk, dv (and dsinks) on the CPU, from the forward's `o` and `lse`.
-pub fn backward(inputs: &BackwardInputs, opts: &AttentionOptions) -> Result<BackwardOutput> {
+/// Gradients dq, dk, dv on `isa`'s kernels, from the forward's `o` and `lse`.
+pub(crate) fn backward(
+    isa: Isa,
+    inputs: &BackwardInputs,
+    opts: &AttentionOptions,
+) -> Result<BackwardOutput> {
     let shape = inputs.shape()?;
-    opts.validate_for(&shape)?;
-    let precision = inputs.q.precision();
+    opts.validate()?;
+    super::check_layouts(&shape, opts)?;
     let i = inputs;
     let [q, k, v, o, d_o] = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.to_f32());
-    let tensors = Tensors {
-        q: &q,
-        k: &k,
-        v: &v,
-        d_o: &d_o,
-        lse: i.lse,
-    };
+    let d = shape.head_dim;
+    let bc = key_block(d);
+    let (ql, kl, b) = (Layout::q(&shape), Layout::kv(&shape), shape.batch);
     let ctx = Ctx {
-        x: &tensors,
-        delta: row_deltas(&shape, &o, &d_o),
         shape,
-        opts,
-        seqs: sequences(&shape, opts.varlen.as_ref()),
-        ql: Layout::q(&shape),
-        kl: Layout::kv(&shape),
-        vl: Layout::v(&shape),
-        ol: Layout::o(&shape),
-        scale: opts.scale_for(shape.head_dim),
-        precision,
+        g: Geometry {
+            d,
+            dpad: pack::padded(d),
+            bc,
+        },
+        q: pack::rows(&q, &ql, b, shape.seqlen_q),
+        d_o: pack::rows(&d_o, &ql, b, shape.seqlen_q),
+        kt: pack::transposed(&k, &kl, b, bc),
+        vt: pack::transposed(&v, &kl, b, bc),
+        k: pack::rows(&k, &kl, b, shape.seqlen_k.div_ceil(bc) * bc),
+        lse: i.lse,
+        delta: row_deltas(&shape, &o, &d_o),
+        rule: ScoreRule::new(opts, d),
+        mask: opts.mask(&shape),
+        precision: inputs.q.precision(),
     };
-    let (dk, dv) = ctx.key_pass();
-    let dq = ctx.query_pass();
-    let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, precision));
-    let out = BackwardOutput::new(&shape, grads, CallStats::default()).with_dsinks(ctx.dsinks());
-    Ok(out.packed(opts.varlen.is_some()))
+    let (dk, dv) = ctx.key_pass(isa);
+    let dq = ctx.query_pass(isa);
+    let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, ctx.precision));
+    Ok(BackwardOutput::new(&shape, grads, CallStats::default()))
 }
 
 /// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout.
 fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {
     let (sq, hq) = (shape.seqlen_q, shape.heads_q);
-    let ol = Layout::o(shape);
+    let ql = Layout::q(shape);
     (0..shape.lse_len())
         .into_par_iter()
         .map(|r| {
-            let at = ol.row(r / (hq * sq), r % sq, (r / sq) % hq);
-            let (a, b) = (&o[at..][..ol.dim], &d_o[at..][..ol.dim]);
-            a.iter().zip(b).map(|(x, y)| x * y).sum()
+            let at = ql.row(r / (hq * sq), r % sq, (r / sq) % hq);
+            vmath::dot(&o[at..][..ql.dim], &d_o[at..][..ql.dim])
         })
         .collect()
 }
 
-/// `y += a · x`.
-#[inline]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
+/// One tile's P and dS `(rows, bc)`, both rounded to the storage precision
+/// (dS without the scale).
+struct Tile {
+    p: Vec<f32>,
+    ds: Vec<f32>,
 }
 
-/// The first `i` in `0..n` where `pred` is false (`pred` holds on a prefix).
-fn partition(n: usize, pred: impl Fn(usize) -> bool) -> usize {
-    let (mut lo, mut hi) = (0, n);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if pred(mid) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+/// A block of query rows of one head against one block of keys.
+struct TileAt<'r> {
+    b: usize,
+    h: usize,
+    rows: &'r [ScoreRow],
+    kb: usize,
+    vis: Visibility,
 }
 
 impl Ctx<'_> {
-    fn rule(&self, seq: &Sequence, h: usize) -> PairRule<'_> {
-        PairRule::new(self.opts, seq, h, [self.shape.heads_q, self.shape.head_dim])
+    /// The rows `rows` as the scores see them.
+    fn score_rows(&self, rows: Range<usize>) -> Vec<ScoreRow> {
+        rows.map(|i| ScoreRow {
+            i,
+            keys: self.mask.key_range(i),
+        })
+        .collect()
     }
 
-    fn row(&self, seq: &Sequence, h: usize, i: usize) -> Row {
-        let r = seq.lse_index(h, i);
-        let flat = seq.q.start + i;
-        Row {
-            at_q: self.ql.row(0, flat, h),
-            at_o: self.ol.row(0, flat, h),
-            lse: self.x.lse[r],
-            delta: self.delta[r],
-        }
-    }
-
-    /// `dsink_h = −Σ exp(sink_h − lse)·D` over each head's rows, in order.
-    fn dsinks(&self) -> Option<Vec<f32>> {
-        let sinks = self.opts.sinks.as_ref()?;
-        let mut out = vec![0f32; self.shape.heads_q];
-        for (h, (ds, &sink)) in out.iter_mut().zip(sinks.logits()).enumerate() {
-            for seq in &self.seqs {
-                for i in 0..seq.len_q() {
-                    let r = seq.lse_index(h, i);
-                    *ds -= (sink - self.x.lse[r]).exp() * self.delta[r];
-                }
-            }
-        }
-        Some(out)
-    }
-
-    /// The rows of `rule`'s sequence that may see some key of `keys`: both
-    /// ends of the band `keys(i)` never decrease with `i`, so they form one range.
-    fn rows_seeing(&self, rule: &PairRule, len_q: usize, keys: &Range<usize>) -> Range<usize> {
-        let first = partition(len_q, |i| rule.keys(i).end <= keys.start);
-        let end = partition(len_q, |i| rule.keys(i).start < keys.end);
-        first..end.max(first)
-    }
-
-    /// The keys some row of `rows` may see (empty rows see none).
-    fn keys_seen(rule: &PairRule, rows: Range<usize>) -> Range<usize> {
-        let (mut lo, mut hi) = (usize::MAX, 0);
-        for i in rows {
-            let r = rule.keys(i);
-            if !r.is_empty() {
-                lo = lo.min(r.start);
-                hi = hi.max(r.end);
-            }
-        }
-        lo.min(hi)..hi
-    }
-
-    /// The columns of `tile` row `i` may see by the band, relative to the tile.
-    fn cols(rule: &PairRule, i: usize, tile: &KeyTile) -> Range<usize> {
-        let r = rule.keys(i);
-        let (lo, hi) = (r.start.max(tile.keys.start), r.end.min(tile.keys.end));
-        if lo >= hi {
-            return 0..0;
-        }
-        lo - tile.keys.start..hi - tile.keys.start
-    }
-
-    fn load_tile(&self, seq: &Sequence, hk: usize, keys: Range<usize>) -> KeyTile {
-        let (n, d, dv) = (keys.len(), self.kl.dim, self.vl.dim);
-        let mut kt = vec![0f32; d * n];
-        let mut vt = vec![0f32; dv * n];
-        for (c, j) in keys.clone().enumerate() {
-            let flat = seq.k.start + j;
-            let (ka, va) = (self.kl.row(0, flat, hk), self.vl.row(0, flat, hk));
-            for x in 0..d {
-                kt[x * n + c] = self.x.k[ka + x];
-            }
-            for x in 0..dv {
-                vt[x * n + c] = self.x.v[va + x];
-            }
-        }
-        KeyTile { keys, kt, vt }
-    }
-
-    /// For `row` (row `i`) against `tile`'s columns `cols`: P into `p` and dS
-    /// into `ds`, both rounded to the storage precision (dS without the
-    /// scale); pairs the block mask masks are 0.
-    fn row_grads(
-        &self,
-        (rule, row, i): (&PairRule, &Row, usize),
-        tile: &KeyTile,
-        cols: Range<usize>,
-        [p, ds]: [&mut [f32]; 2],
-    ) {
-        let (n, d, dv) = (tile.keys.len(), self.ql.dim, self.ol.dim);
-        let (q, g) = (&self.x.q[row.at_q..][..d], &self.x.d_o[row.at_o..][..dv]);
-        p[cols.clone()].fill(0.0);
-        ds[cols.clone()].fill(0.0);
-        for (x, &qx) in q.iter().enumerate() {
-            axpy(&mut p[cols.clone()], qx, &tile.kt[x * n..][cols.clone()]);
-        }
-        for (x, &gx) in g.iter().enumerate() {
-            axpy(&mut ds[cols.clone()], gx, &tile.vt[x * n..][cols.clone()]);
-        }
-        for c in cols {
-            let j = tile.keys.start + c;
-            if !rule.allows(i, j) {
-                (p[c], ds[c]) = (0.0, 0.0);
+    /// S, P, dP and dS of one tile: `S = Q·Kᵀ`, `dP = dO·Vᵀ` on the
+    /// micro-kernel, then `P = exp(S − lse)`, `dS = P ∘ (dP − D) ∘ ∂cap`.
+    #[inline(always)]
+    fn tile_grads<K: Kernel>(&self, at: &TileAt, t: &mut Tile) {
+        let g = &self.g;
+        let (n, i0) = (at.rows.len(), at.rows[0].i);
+        let hk = at.h / self.shape.group();
+        let (qa, ka) = (i0 * g.dpad, at.kb * g.d * g.bc);
+        let dims = Dims {
+            m: n,
+            n: g.bc,
+            k: g.d,
+        };
+        let (q, kt) = (
+            self.q.mat(at.b, at.h, qa, g.dpad),
+            self.kt.mat(at.b, hk, ka, g.bc),
+        );
+        gemm::<K>(dims, q, kt, &mut t.p, g.bc, false);
+        let (d_o, vt) = (
+            self.d_o.mat(at.b, at.h, qa, g.dpad),
+            self.vt.mat(at.b, hk, ka, g.bc),
+        );
+        gemm::<K>(dims, d_o, vt, &mut t.ds, g.bc, false);
+        let keys = at.kb * g.bc..(at.kb + 1) * g.bc;
+        for (r, row) in at.rows.iter().enumerate() {
+            let at_lse = lse_index(&self.shape, at.b, at.h, row.i);
+            let (lse, delta) = (self.lse[at_lse], self.delta[at_lse]);
+            let p = &mut t.p[r * g.bc..][..g.bc];
+            let ds = &mut t.ds[r * g.bc..][..g.bc];
+            if lse == f32::NEG_INFINITY {
+                p.fill(0.0);
+                ds.fill(0.0);
                 continue;
             }
-            let (s, dcap) = rule.score(p[c], i, j);
-            let pc = (s - row.lse).exp();
-            p[c] = self.precision.round(pc);
-            ds[c] = self.precision.round(pc * (ds[c] - row.delta) * dcap);
+            self.rule.apply(row, &keys, at.vis, p);
+            for (s, dp) in p.iter_mut().zip(ds.iter_mut()) {
+                let pc = vmath::exp(*s - lse);
+                // Masked scores are −inf, where the softcap's slope is not finite.
+                let dcap = if pc > 0.0 { self.rule.dcap(*s) } else { 0.0 };
+                *dp = pc * (*dp - delta) * dcap;
+                *s = pc;
+            }
+            vmath::round_to(self.precision, p);
+            vmath::round_to(self.precision, ds);
         }
     }
 
     /// Pass 1: dK and dV of every key block, scattered into the layouts.
-    fn key_pass(&self) -> (Vec<f32>, Vec<f32>) {
-        let sh = &self.shape;
-        let tasks: Vec<(usize, usize, usize)> = self
-            .seqs
-            .iter()
-            .enumerate()
-            .flat_map(|(n, s)| {
-                (0..sh.heads_kv)
-                    .flat_map(move |hk| (0..s.len_k().div_ceil(BC)).map(move |kb| (n, hk, kb)))
-            })
+    fn key_pass(&self, isa: Isa) -> (Vec<f32>, Vec<f32>) {
+        let s = &self.shape;
+        let blocks = s.seqlen_k.div_ceil(self.g.bc);
+        let tiles: Vec<[Vec<f32>; 2]> = (0..s.batch * s.heads_kv * blocks)
+            .into_par_iter()
+            .map(|t| isa.run(KeyTask { ctx: self, task: t }))
             .collect();
-        let block = |n: usize, kb: usize| kb * BC..((kb + 1) * BC).min(self.seqs[n].len_k());
-        let tiles: Vec<(Vec<f32>, Vec<f32>)> = tasks
-            .par_iter()
-            .map(|&(n, hk, kb)| self.key_block(&self.seqs[n], hk, block(n, kb)))
-            .collect();
-        let (mut dk, mut dv) = (vec![0f32; sh.kv_len()], vec![0f32; sh.v_len()]);
-        let (d, dvd) = (sh.head_dim, sh.head_dim_v);
-        for (&(n, hk, kb), (tk, tv)) in tasks.iter().zip(&tiles) {
-            for (c, j) in block(n, kb).enumerate() {
-                let flat = self.seqs[n].k.start + j;
-                dk[self.kl.row(0, flat, hk)..][..d].copy_from_slice(&tk[c * d..][..d]);
-                dv[self.vl.row(0, flat, hk)..][..dvd].copy_from_slice(&tv[c * dvd..][..dvd]);
+        let (mut dk, mut dv) = (vec![0f32; s.kv_len()], vec![0f32; s.kv_len()]);
+        let (kl, d, dp) = (Layout::kv(s), s.head_dim, self.g.dpad);
+        for (t, [tk, tv]) in tiles.iter().enumerate() {
+            let (bh, kb) = (t / blocks, t % blocks);
+            let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
+            for (c, j) in (kb * self.g.bc..((kb + 1) * self.g.bc).min(s.seqlen_k)).enumerate() {
+                let at = kl.row(b, j, hk);
+                dk[at..][..d].copy_from_slice(&tk[c * dp..][..d]);
+                dv[at..][..d].copy_from_slice(&tv[c * dp..][..d]);
             }
         }
-        (dk, dv)
-    }
-
-    /// dK `(n, d)` and dV `(n, dv)` of the keys `keys` of kv head `hk` of
-    /// `seq`, summed over the group's query heads, scaled and rounded.
-    fn key_block(&self, seq: &Sequence, hk: usize, keys: Range<usize>) -> (Vec<f32>, Vec<f32>) {
-        let (d, dvd) = (self.kl.dim, self.vl.dim);
-        let tile = self.load_tile(seq, hk, keys);
-        let n = tile.keys.len();
-        let (mut dk, mut dv) = (vec![0f32; n * d], vec![0f32; n * dvd]);
-        let (mut p, mut ds) = ([0f32; BC], [0f32; BC]);
-        let g = self.shape.group();
-        for h in hk * g..(hk + 1) * g {
-            let rule = self.rule(seq, h);
-            for i in self.rows_seeing(&rule, seq.len_q(), &tile.keys) {
-                let row = self.row(seq, h, i);
-                let cols = Self::cols(&rule, i, &tile);
-                if cols.is_empty() || row.lse == f32::NEG_INFINITY {
-                    continue;
-                }
-                self.row_grads((&rule, &row, i), &tile, cols.clone(), [&mut p, &mut ds]);
-                let (q, gr) = (&self.x.q[row.at_q..][..d], &self.x.d_o[row.at_o..][..dvd]);
-                for c in cols {
-                    axpy(&mut dk[c * d..][..d], ds[c], q);
-                    axpy(&mut dv[c * dvd..][..dvd], p[c], gr);
-                }
-            }
-        }
-        let prec = self.precision;
-        dk.iter_mut().for_each(|x| *x = prec.round(*x * self.scale));
-        dv.iter_mut().for_each(|x| *x = prec.round(*x));
         (dk, dv)
     }
 
     /// Pass 2: dQ of every query block, scattered into q's layout.
-    fn query_pass(&self) -> Vec<f32> {
-        let sh = &self.shape;
-        let tasks: Vec<(usize, usize, usize)> = self
-            .seqs
-            .iter()
-            .enumerate()
-            .flat_map(|(n, s)| {
-                (0..sh.heads_q)
-                    .flat_map(move |h| (0..s.len_q().div_ceil(BR)).map(move |qb| (n, h, qb)))
-            })
+    fn query_pass(&self, isa: Isa) -> Vec<f32> {
+        let s = &self.shape;
+        let blocks = s.seqlen_q.div_ceil(BR);
+        let tiles: Vec<Vec<f32>> = (0..s.batch * s.heads_q * blocks)
+            .into_par_iter()
+            .map(|t| isa.run(QueryTask { ctx: self, task: t }))
             .collect();
-        let block = |n: usize, qb: usize| qb * BR..((qb + 1) * BR).min(self.seqs[n].len_q());
-        let tiles: Vec<Vec<f32>> = tasks
-            .par_iter()
-            .map(|&(n, h, qb)| self.query_block(&self.seqs[n], h, block(n, qb)))
-            .collect();
-        let mut dq = vec![0f32; sh.q_len()];
-        let d = sh.head_dim;
-        for (&(n, h, qb), tq) in tasks.iter().zip(&tiles) {
-            for (r, i) in block(n, qb).enumerate() {
-                let flat = self.seqs[n].q.start + i;
-                dq[self.ql.row(0, flat, h)..][..d].copy_from_slice(&tq[r * d..][..d]);
+        let mut dq = vec![0f32; s.q_len()];
+        let (ql, d, dp) = (Layout::q(s), s.head_dim, self.g.dpad);
+        for (t, tq) in tiles.iter().enumerate() {
+            let (bh, qb) = (t / blocks, t % blocks);
+            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+            for (r, i) in (qb * BR..((qb + 1) * BR).min(s.seqlen_q)).enumerate() {
+                dq[ql.row(b, i, h)..][..d].copy_from_slice(&tq[r * dp..][..d]);
             }
         }
         dq
     }
+}
 
-    /// dQ `(rows, d)` of the rows `rows` of query head `h` of `seq`, over
-    /// the key blocks they can see, scaled and rounded.
-    fn query_block(&self, seq: &Sequence, h: usize, rows: Range<usize>) -> Vec<f32> {
-        let d = self.ql.dim;
-        let hk = h / self.shape.group();
-        let rule = self.rule(seq, h);
-        let mut dq = vec![0f32; rows.len() * d];
-        let (mut p, mut ds) = ([0f32; BC], [0f32; BC]);
-        let seen = Self::keys_seen(&rule, rows.clone());
-        let mut k0 = seen.start / BC * BC;
-        while k0 < seen.end {
-            let keys = k0..(k0 + BC).min(seq.len_k());
-            k0 += BC;
-            if rule.skips(&rows, &keys) {
-                continue;
-            }
-            let tile = self.load_tile(seq, hk, keys);
-            for (r, i) in rows.clone().enumerate() {
-                let row = self.row(seq, h, i);
-                let cols = Self::cols(&rule, i, &tile);
-                if cols.is_empty() || row.lse == f32::NEG_INFINITY {
+/// dK and dV `(bc, dpad)` of one key block of one kv head.
+struct KeyTask<'a, 'c> {
+    ctx: &'c Ctx<'a>,
+    task: usize,
+}
+
+impl Task for KeyTask<'_, '_> {
+    type Output = [Vec<f32>; 2];
+    #[inline(always)]
+    fn run<K: Kernel>(self) -> [Vec<f32>; 2] {
+        let c = self.ctx;
+        let (s, g) = (&c.shape, &c.g);
+        let blocks = s.seqlen_k.div_ceil(g.bc);
+        let (bh, kb) = (self.task / blocks, self.task % blocks);
+        let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
+        let keys = kb * g.bc..((kb + 1) * g.bc).min(s.seqlen_k);
+        let seeing = rows_seeing(&c.mask, s.seqlen_q, &keys);
+        let (mut dk, mut dv) = (vec![0f32; g.bc * g.dpad], vec![0f32; g.bc * g.dpad]);
+        let mut t = Tile {
+            p: vec![0f32; BR * g.bc],
+            ds: vec![0f32; BR * g.bc],
+        };
+        let first = seeing.start / BR * BR;
+        for h in hk * s.group()..(hk + 1) * s.group() {
+            for i0 in (first..seeing.end).step_by(BR) {
+                let rows = c.score_rows(i0..(i0 + BR).min(s.seqlen_q));
+                let vis = ScoreRule::visibility(&rows, &(kb * g.bc..(kb + 1) * g.bc));
+                if vis == Visibility::Skip {
                     continue;
                 }
-                self.row_grads((&rule, &row, i), &tile, cols.clone(), [&mut p, &mut ds]);
-                let out = &mut dq[r * d..][..d];
-                for c in cols {
-                    let flat = seq.k.start + tile.keys.start + c;
-                    axpy(out, ds[c], &self.x.k[self.kl.row(0, flat, hk)..][..d]);
-                }
+                let at = TileAt {
+                    b,
+                    h,
+                    rows: &rows,
+                    kb,
+                    vis,
+                };
+                c.tile_grads::<K>(&at, &mut t);
+                let n = rows.len();
+                let dims = Dims {
+                    m: g.bc,
+                    n: g.dpad,
+                    k: n,
+                };
+                let (d_o, q) = (
+                    c.d_o.mat(b, h, i0 * g.dpad, g.dpad),
+                    c.q.mat(b, h, i0 * g.dpad, g.dpad),
+                );
+                gemm::<K>(
+                    dims,
+                    Mat::transposed(&t.p, g.bc),
+                    d_o,
+                    &mut dv,
+                    g.dpad,
+                    true,
+                );
+                gemm::<K>(dims, Mat::transposed(&t.ds, g.bc), q, &mut dk, g.dpad, true);
             }
         }
-        let prec = self.precision;
-        dq.iter_mut().for_each(|x| *x = prec.round(*x * self.scale));
+        let prec = c.precision;
+        dk.iter_mut()
+            .for_each(|x| *x = prec.round(*x * c.rule.scale));
+        vmath::round_to(prec, &mut dv);
+        [dk, dv]
+    }
+}
+
+/// dQ `(rows, dpad)` of one query block of one query head.
+struct QueryTask<'a, 'c> {
+    ctx: &'c Ctx<'a>,
+    task: usize,
+}
+
+impl Task for QueryTask<'_, '_> {
+    type Output = Vec<f32>;
+    #[inline(always)]
+    fn run<K: Kernel>(self) -> Vec<f32> {
+        let c = self.ctx;
+        let (s, g) = (&c.shape, &c.g);
+        let blocks = s.seqlen_q.div_ceil(BR);
+        let (bh, qb) = (self.task / blocks, self.task % blocks);
+        let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+        let rows = c.score_rows(qb * BR..((qb + 1) * BR).min(s.seqlen_q));
+        let n = rows.len();
+        let mut dq = vec![0f32; n * g.dpad];
+        let mut t = Tile {
+            p: vec![0f32; n * g.bc],
+            ds: vec![0f32; n * g.bc],
+        };
+        let span = ScoreRule::span(&rows);
+        let hk = h / s.group();
+        for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
+            let vis = ScoreRule::visibility(&rows, &(kb * g.bc..(kb + 1) * g.bc));
+            if vis == Visibility::Skip {
+                continue;
+            }
+            c.tile_grads::<K>(
+                &TileAt {
+                    b,
+                    h,
+                    rows: &rows,
+                    kb,
+                    vis,
+                },
+                &mut t,
+            );
+            let k = c.k.mat(b, hk, kb * g.bc * g.dpad, g.dpad);
+            let dims = Dims {
+                m: n,
+                n: g.dpad,
+                k: g.bc,
+            };
+            gemm::<K>(dims, Mat::rows(&t.ds, g.bc), k, &mut dq, g.dpad, true);
+        }
+        let prec = c.precision;
+        dq.iter_mut()
+            .for_each(|x| *x = prec.round(*x * c.rule.scale));
         dq
     }
 }

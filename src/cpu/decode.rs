@@ -1,9 +1,11 @@
 //! Decoding on the CPU, the same way the WGSL kernels do it: `k_new`/`v_new`
 //! written into the cache in place, then FlashDecoding's split and merge —
-//! one task per (sequence, kv head, split) runs the online softmax for the
-//! packed rows of the kv head's query group over its keys (so each K/V row
-//! is read once per group) and returns their normalized partial output and
-//! LSE; the merge combines the splits by their LSE.
+//! one task per (sequence, kv head, split) runs the forward's inner loop
+//! ([`attend`], the same micro-kernels and online softmax) for the packed
+//! rows of the kv head's query group over its keys (so each K/V block is
+//! read once per group, through the page table, widened to f32) and returns
+//! their normalized partial output and LSE; the merge combines the splits
+//! by their LSE.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
@@ -12,20 +14,30 @@ use crate::api::tensor::{HostData, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::plan::{plan_splits, DecodeRequest, SplitLimits, Splits};
 use rayon::prelude::*;
-use std::ops::Range;
+
+use super::attend::{attend, Geometry, KeyBlock, KeySource, Partial, Query, Scratch};
+use super::forward::clip;
+use super::isa::{Isa, Task};
+use super::merge::merge_row;
+use super::micro::{Kernel, Mat};
+use super::pack;
+use super::scores::{ScoreRow, ScoreRule};
+use super::vmath::rounding_of;
 
 /// Keys per block of the online softmax (and the splits' granularity).
 const BLOCK: usize = 64;
 
 /// One decoding step on a host cache: validate, append, attend. A step that
 /// fails validation leaves the cache as it was.
-pub fn decode(
+pub(crate) fn decode(
+    isa: Isa,
     cache: &mut HostKvCache,
     step: &DecodeStep,
     opts: &AttentionOptions,
     num_splits: Option<usize>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
+    opts.band_only("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     if let Some([k_new, v_new]) = &step.new_kv {
         append(&mut cache.k, k_new, &p)?;
@@ -36,17 +48,24 @@ pub fn decode(
         p: &p,
         q: step.q.data.to_f32(),
         cache,
-        scale: opts.scale_for(p.head_dim),
-        softcap: opts.softcap_value(),
+        rule: ScoreRule::new(opts, p.head_dim),
         opts,
         splits,
+        g: Geometry {
+            d: p.head_dim,
+            dpad: pack::padded(p.head_dim),
+            bc: BLOCK,
+        },
     };
     let tasks: Vec<(usize, usize, usize)> = (0..p.batch)
         .flat_map(|b| {
             (0..p.heads_kv).flat_map(move |hk| (0..splits.num_splits).map(move |s| (b, hk, s)))
         })
         .collect();
-    let partials: Vec<Partial> = tasks.par_iter().map(|&t| work.partial(t)).collect();
+    let partials: Vec<Partial> = tasks
+        .par_iter()
+        .map(|&task| isa.run(SplitTask { work: &work, task }))
+        .collect();
     let (o, lse) = work.merge(&partials);
     let o = TensorData::from_f32(o, p.precision);
     Ok(DecodeOutput::new(
@@ -91,6 +110,7 @@ fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result
     match (cache, new.data) {
         (TensorData::F32(c), HostData::F32(n)) => copy(c, n, p),
         (TensorData::F16(c), HostData::F16(n)) => copy(c, n, p),
+        (TensorData::Bf16(c), HostData::Bf16(n)) => copy(c, n, p),
         (c, n) => {
             return Err(Error::DtypeMismatch {
                 tensor: "k_new/v_new",
@@ -103,27 +123,15 @@ fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result
     Ok(())
 }
 
-/// One task's result: per packed row, the normalized output and its LSE.
-struct Partial {
-    o: Vec<f32>,
-    lse: Vec<f32>,
-}
-
 /// What every task reads.
 struct Work<'a> {
     p: &'a DecodeProblem,
     q: Vec<f32>,
     cache: &'a HostKvCache,
-    scale: f32,
-    softcap: f32,
+    rule: ScoreRule,
     opts: &'a AttentionOptions,
     splits: Splits,
-}
-
-/// A packed row's running softmax state.
-struct Row {
-    m: f32,
-    l: f32,
+    g: Geometry,
 }
 
 impl Work<'_> {
@@ -133,106 +141,16 @@ impl Work<'_> {
         (r / g, hk * g + r % g)
     }
 
-    /// Sequence `b`, kv head `hk`, split `s`: the group's rows over the split's keys.
-    fn partial(&self, (b, hk, s): (usize, usize, usize)) -> Partial {
+    /// The group's packed q rows of sequence `b`, kv head `hk`, `(rows, d)`.
+    fn packed_q(&self, b: usize, hk: usize) -> Vec<f32> {
         let p = self.p;
         let (d, rows) = (p.head_dim, p.group() * p.seqlen_q);
-        let mask = p.mask(b, self.opts);
-        let split = s * self.splits.keys_per_split;
-        let split = split..(split + self.splits.keys_per_split).min(p.seqlen_k(b));
-        let ranges: Vec<Range<usize>> = (0..rows)
-            .map(|r| clip(mask.key_range(self.row(hk, r).0), &split))
-            .collect();
-        let visible = ranges.iter().filter(|r| !r.is_empty());
-        let lo = visible.clone().map(|r| r.start).min().unwrap_or(0);
-        let hi = visible.map(|r| r.end).max().unwrap_or(0);
-        let mut state: Vec<Row> = (0..rows)
-            .map(|_| Row {
-                m: f32::NEG_INFINITY,
-                l: 0.0,
-            })
-            .collect();
-        let mut acc = vec![0f32; rows * d];
-        let (mut kb, mut vb) = (vec![0f32; BLOCK * d], vec![0f32; BLOCK * d]);
-        let mut scores = vec![0f32; BLOCK];
-        for k0 in (lo..hi).step_by(BLOCK) {
-            let keys = k0..(k0 + BLOCK).min(hi);
-            self.load_block(b, hk, keys.clone(), &mut kb, &mut vb);
-            for (r, range) in ranges.iter().enumerate() {
-                let (i, h) = self.row(hk, r);
-                let qrow = &self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
-                let block = Block {
-                    keys: keys.clone(),
-                    allowed: range,
-                    k: &kb,
-                    v: &vb,
-                };
-                self.update(
-                    qrow,
-                    &block,
-                    &mut scores,
-                    &mut state[r],
-                    &mut acc[r * d..][..d],
-                );
-            }
+        let mut q = vec![0f32; rows * d];
+        for (r, out) in q.chunks_exact_mut(d).enumerate() {
+            let (i, h) = self.row(hk, r);
+            out.copy_from_slice(&self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]);
         }
-        let mut lse = vec![f32::NEG_INFINITY; rows];
-        for (r, st) in state.iter().enumerate() {
-            let out = &mut acc[r * d..][..d];
-            if st.l > 0.0 {
-                out.iter_mut().for_each(|x| *x /= st.l);
-                lse[r] = st.m + st.l.ln();
-            }
-        }
-        Partial { o: acc, lse }
-    }
-
-    /// K and V rows `keys` of kv head `hk` of sequence `b`, widened to f32.
-    fn load_block(&self, b: usize, hk: usize, keys: Range<usize>, kb: &mut [f32], vb: &mut [f32]) {
-        let (d, row_len) = (self.p.head_dim, self.cache.shape.row_len());
-        for (c, t) in keys.enumerate() {
-            let at = self.p.cache_row(b, t) * row_len + hk * d;
-            widen(&self.cache.k, at, &mut kb[c * d..][..d]);
-            widen(&self.cache.v, at, &mut vb[c * d..][..d]);
-        }
-    }
-
-    /// One row's online-softmax update over one block of keys.
-    fn update(&self, qrow: &[f32], blk: &Block, s: &mut [f32], st: &mut Row, out: &mut [f32]) {
-        let d = qrow.len();
-        let mut block_max = f32::NEG_INFINITY;
-        for (c, j) in blk.keys.clone().enumerate() {
-            s[c] = if blk.allowed.contains(&j) {
-                let krow = &blk.k[c * d..][..d];
-                let x = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * self.scale;
-                if self.softcap > 0.0 {
-                    self.softcap * (x / self.softcap).tanh()
-                } else {
-                    x
-                }
-            } else {
-                f32::NEG_INFINITY
-            };
-            block_max = block_max.max(s[c]);
-        }
-        if block_max == f32::NEG_INFINITY {
-            return;
-        }
-        let m_new = st.m.max(block_max);
-        let alpha = (st.m - m_new).exp();
-        st.m = m_new;
-        st.l *= alpha;
-        out.iter_mut().for_each(|x| *x *= alpha);
-        for (c, &sc) in s.iter().enumerate().take(blk.keys.len()) {
-            let p = (sc - m_new).exp();
-            st.l += p;
-            if p != 0.0 {
-                // Row sums use the unrounded P; P·V uses P in storage precision.
-                let p = self.p.precision.round(p);
-                let vrow = &blk.v[c * d..][..d];
-                out.iter_mut().zip(vrow).for_each(|(o, x)| *o += p * x);
-            }
-        }
+        q
     }
 
     /// Combine the splits of every row by their LSE, into o's and lse's layouts.
@@ -245,40 +163,81 @@ impl Work<'_> {
             let (b, hk) = (task / p.heads_kv, task % p.heads_kv);
             for r in 0..g * p.seqlen_q {
                 let (i, h) = self.row(hk, r);
-                let m = chunk
-                    .iter()
-                    .map(|x| x.lse[r])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                if m == f32::NEG_INFINITY {
-                    continue; // no split saw a key: o = 0, lse = -inf
-                }
-                let total = m + chunk.iter().map(|x| (x.lse[r] - m).exp()).sum::<f32>().ln();
                 let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
-                for part in chunk.iter().filter(|x| x.lse[r] > f32::NEG_INFINITY) {
-                    let w = (part.lse[r] - total).exp();
-                    out.iter_mut()
-                        .zip(&part.o[r * d..][..d])
-                        .for_each(|(o, x)| *o += w * x);
-                }
-                lse[(b * p.heads_q + h) * p.seqlen_q + i] = total;
+                lse[(b * p.heads_q + h) * p.seqlen_q + i] = merge_row(chunk, r, self.g.dpad, out);
             }
         }
         (o, lse)
     }
 }
 
-/// One block of keys as one row sees it.
-struct Block<'a> {
-    keys: Range<usize>,
-    allowed: &'a Range<usize>,
-    k: &'a [f32],
-    v: &'a [f32],
+/// Sequence `b`, kv head `hk`, split `s`: the group's rows over the split's keys.
+struct SplitTask<'a, 'w> {
+    work: &'w Work<'a>,
+    task: (usize, usize, usize),
 }
 
-/// `a ∩ b` (empty ranges start where they end).
-fn clip(a: Range<usize>, b: &Range<usize>) -> Range<usize> {
-    let start = a.start.max(b.start);
-    start..a.end.min(b.end).max(start)
+impl Task for SplitTask<'_, '_> {
+    type Output = Partial;
+    #[inline(always)]
+    fn run<K: Kernel>(self) -> Partial {
+        let (w, (b, hk, s)) = (self.work, self.task);
+        let p = w.p;
+        let mask = p.mask(b, w.opts);
+        let split = s * w.splits.keys_per_split;
+        let split = split..(split + w.splits.keys_per_split).min(p.seqlen_k(b));
+        let rows: Vec<ScoreRow> = (0..p.group() * p.seqlen_q)
+            .map(|r| {
+                let (i, _) = w.row(hk, r);
+                let keys = clip(mask.key_range(i), &split);
+                ScoreRow { i, keys }
+            })
+            .collect();
+        let q = w.packed_q(b, hk);
+        let query = Query {
+            q: Mat::rows(&q, p.head_dim),
+            rows: &rows,
+        };
+        let src = CacheBlocks { work: w, b, hk };
+        attend::<K, _>(&w.g, &w.rule, &query, &src, rounding_of(p.precision))
+    }
+}
+
+/// Key blocks read from the cache through its page table, widened to f32.
+struct CacheBlocks<'a, 'w> {
+    work: &'w Work<'a>,
+    b: usize,
+    hk: usize,
+}
+
+impl KeySource for CacheBlocks<'_, '_> {
+    #[inline(always)]
+    fn block<'s>(&'s self, kb: usize, scratch: &'s mut Scratch) -> KeyBlock<'s> {
+        let (w, g) = (self.work, &self.work.g);
+        let (d, row_len) = (g.d, w.cache.shape.row_len());
+        scratch.kt.resize(d * g.bc, 0.0);
+        scratch.v.resize(g.bc * g.dpad, 0.0);
+        let mut row = vec![0f32; d];
+        let keys = kb * g.bc..((kb + 1) * g.bc).min(w.p.seqlen_k(self.b));
+        for c in 0..g.bc {
+            let v = &mut scratch.v[c * g.dpad..][..d];
+            if keys.contains(&(kb * g.bc + c)) {
+                let at = w.p.cache_row(self.b, kb * g.bc + c) * row_len + self.hk * d;
+                widen(&w.cache.k, at, &mut row);
+                widen(&w.cache.v, at, v);
+            } else {
+                row.fill(0.0);
+                v.fill(0.0);
+            }
+            for (x, k) in row.iter().enumerate() {
+                scratch.kt[x * g.bc + c] = *k;
+            }
+        }
+        KeyBlock {
+            kt: &scratch.kt,
+            v: &scratch.v,
+        }
+    }
 }
 
 /// `out.len()` elements of `data` from `at`, as f32.
@@ -287,6 +246,10 @@ fn widen(data: &TensorData, at: usize, out: &mut [f32]) {
     match data {
         TensorData::F32(x) => out.copy_from_slice(&x[at..][..n]),
         TensorData::F16(x) => out
+            .iter_mut()
+            .zip(&x[at..][..n])
+            .for_each(|(o, h)| *o = h.to_f32()),
+        TensorData::Bf16(x) => out
             .iter_mut()
             .zip(&x[at..][..n])
             .for_each(|(o, h)| *o = h.to_f32()),

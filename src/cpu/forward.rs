@@ -1,193 +1,221 @@
-//! The CPU forward: the same tiled online-softmax algorithm as the WGSL
-//! kernels, in f32 on all cores (rayon), one task per block of query rows
-//! of one sequence and head. Scores, masks and sinks follow the pair rule
-//! (`api::pair_rule`), and key blocks the block mask leaves no pair in are
-//! skipped (`PairRule::skips`).
+//! The CPU forward: one rayon task per (batch, query head, block of
+//! [`BR`] query rows), each streaming the key blocks its rows can see
+//! through [`attend`]. Where that gives too few tasks for the threads
+//! (decode-shaped problems: few rows, many keys) the keys are split too and
+//! the splits merged by their LSE.
 
-use crate::api::options::AttentionOptions;
+use super::attend::{attend, Geometry, KeyBlock, KeySource, Partial, Query, Scratch};
+use super::isa::{Isa, Task};
+use super::merge::merge_row;
+use super::micro::{Kernel, Mat};
+use super::pack::{self, Panels};
+use super::scores::{ScoreRow, ScoreRule};
+use super::vmath::{rounding_of, Rounding};
+use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
-use crate::api::pair_rule::PairRule;
-use crate::api::shape::{AttentionShape, Layout};
-use crate::api::tensor::{Precision, TensorData, TensorView};
-use crate::api::varlen::{sequences, Sequence};
+use crate::api::shape::{lse_index, AttentionShape, Layout};
+use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Result;
 use rayon::prelude::*;
 
 /// Query rows per task.
-const BR: usize = 16;
-/// Keys per block of the online softmax.
-const BC: usize = 64;
+pub(crate) const BR: usize = 64;
 
-/// What every task reads.
-struct Problem<'a> {
+/// Keys per block: K and V blocks of `bc × d` f32 each fill about half of
+/// a 64 KiB L1 (the rest holds S and the output rows), at least 32 and at
+/// most 256 keys, a multiple of 32 (two micro-kernel panels).
+pub(crate) fn key_block(d: usize) -> usize {
+    let bytes = 2 * 4 * pack::padded(d);
+    (32 * 1024 / bytes / 32 * 32).clamp(32, 256)
+}
+
+/// Everything the tasks read.
+struct Ctx {
     shape: AttentionShape,
-    opts: &'a AttentionOptions,
-    seqs: Vec<Sequence>,
     q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    precision: Precision,
+    kt: Panels,
+    v: Panels,
+    rule: ScoreRule,
+    mask: Mask,
+    round_p: Rounding,
+    g: Geometry,
+    /// Keys per split (a multiple of `bc`) and the number of splits.
+    split_keys: usize,
+    splits: usize,
 }
 
-/// One block of query rows: its output rows and their LSE.
-struct Block {
-    acc: Vec<f32>,
-    lse: Vec<f32>,
-}
-
-/// Exact attention forward on the CPU.
-pub fn forward(
-    q: &TensorView,
-    k: &TensorView,
-    v: &TensorView,
+/// Exact attention forward on `isa`'s kernels.
+pub(crate) fn forward(
+    isa: Isa,
+    [q, k, v]: [&TensorView; 3],
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate_for(&shape)?;
-    let p = Problem {
+    opts.validate()?;
+    super::check_layouts(&shape, opts)?;
+    let precision = q.precision();
+    let qkv = [q, k, v].map(|t| t.data.to_f32());
+    let (o, lse) = forward_f32(isa, shape, qkv, opts, rounding_of(precision));
+    let o = TensorData::from_f32(o, precision);
+    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+}
+
+/// The forward on f32 data in the standard layouts of a validated `shape`,
+/// P rounded by `round_p` before `P·V`: `(o, lse)` (the FP8 path's core too).
+pub(crate) fn forward_f32(
+    isa: Isa,
+    shape: AttentionShape,
+    [q, k, v]: [Vec<f32>; 3],
+    opts: &AttentionOptions,
+    round_p: Rounding,
+) -> (Vec<f32>, Vec<f32>) {
+    let d = shape.head_dim;
+    let bc = key_block(d);
+    let kl = Layout::kv(&shape);
+    let rows = shape.seqlen_k.div_ceil(bc) * bc;
+    let tasks = shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(BR);
+    let (split_keys, splits) = key_splits(tasks, shape.seqlen_k, bc);
+    let ctx = Ctx {
         shape,
-        opts,
-        seqs: sequences(&shape, opts.varlen.as_ref()),
-        q: q.data.to_f32(),
-        k: k.data.to_f32(),
-        v: v.data.to_f32(),
-        precision: q.precision(),
+        q,
+        kt: pack::transposed(&k, &kl, shape.batch, bc),
+        v: pack::rows(&v, &kl, shape.batch, rows),
+        rule: ScoreRule::new(opts, d),
+        mask: opts.mask(&shape),
+        round_p,
+        g: Geometry {
+            d,
+            dpad: pack::padded(d),
+            bc,
+        },
+        split_keys,
+        splits,
     };
-    let tasks: Vec<(usize, usize, usize)> = p
-        .seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(n, s)| {
-            (0..shape.heads_q)
-                .flat_map(move |h| (0..s.len_q().div_ceil(BR)).map(move |qb| (n, h, qb)))
-        })
+    let parts: Vec<Partial> = (0..tasks * splits)
+        .into_par_iter()
+        .map(|t| isa.run(BlockTask { ctx: &ctx, task: t }))
         .collect();
-    let blocks: Vec<Block> = tasks.par_iter().map(|&t| p.block(t)).collect();
-    let (o, lse) = p.assemble(&tasks, blocks);
-    let o = TensorData::from_f32(o, p.precision);
-    let out = ForwardOutput::new(shape, o, lse, CallStats::default());
-    Ok(out.packed(opts.varlen.is_some()))
+    ctx.assemble(&parts)
 }
 
-/// A row's running softmax state.
-struct RowState {
-    m: f32,
-    l: f32,
+/// Keys per split and splits: one split unless the tasks are fewer than
+/// two per thread, then enough splits of at least two key blocks each.
+pub(crate) fn key_splits(tasks: usize, keys: usize, bc: usize) -> (usize, usize) {
+    let blocks = keys.div_ceil(bc);
+    let want = (2 * rayon::current_num_threads()).div_ceil(tasks.max(1));
+    let splits = want.min(blocks / 2).max(1);
+    let per = blocks.div_ceil(splits);
+    (per * bc, blocks.div_ceil(per))
 }
 
-impl Problem<'_> {
-    /// Rows `qb·BR..` of head `h` of sequence `n`, streaming the key
-    /// blocks some row may see (skip, don't mask).
-    fn block(&self, (n, h, qb): (usize, usize, usize)) -> Block {
-        let seq = &self.seqs[n];
-        let dv = self.shape.head_dim_v;
-        let rule = PairRule::new(self.opts, seq, h, [self.shape.heads_q, self.shape.head_dim]);
-        let rows = qb * BR..((qb + 1) * BR).min(seq.len_q());
-        // A sink is a key of score sink_h and value 0 (its value adds nothing).
-        let start = rule.sink.map_or((f32::NEG_INFINITY, 0.0), |s| (s, 1.0));
-        let mut state: Vec<RowState> = rows
-            .clone()
-            .map(|_| RowState {
-                m: start.0,
-                l: start.1,
+/// Task `task`: split `task % splits` of a block of rows.
+struct BlockTask<'a> {
+    ctx: &'a Ctx,
+    task: usize,
+}
+
+impl Task for BlockTask<'_> {
+    type Output = Partial;
+    #[inline(always)]
+    fn run<K: Kernel>(self) -> Partial {
+        let c = self.ctx;
+        let s = &c.shape;
+        let (split, block) = (self.task % c.splits, self.task / c.splits);
+        let q_blocks = s.seqlen_q.div_ceil(BR);
+        let (bh, qb) = (block / q_blocks, block % q_blocks);
+        let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+        let keys = split * c.split_keys..((split + 1) * c.split_keys).min(s.seqlen_k);
+        let rows: Vec<ScoreRow> = (qb * BR..((qb + 1) * BR).min(s.seqlen_q))
+            .map(|i| ScoreRow {
+                i,
+                keys: clip(c.mask.key_range(i), &keys),
             })
             .collect();
-        let mut acc = vec![0f32; rows.len() * dv];
-        let lo = rows.clone().map(|i| rule.keys(i).start).min().unwrap_or(0);
-        let hi = rows.clone().map(|i| rule.keys(i).end).max().unwrap_or(0);
-        let mut scores = vec![0f32; BC];
-        for k0 in (lo..hi).step_by(BC) {
-            let keys = k0..(k0 + BC).min(hi);
-            if rule.skips(&rows, &keys) {
-                continue;
-            }
-            for (r, i) in rows.clone().enumerate() {
-                let out = &mut acc[r * dv..][..dv];
-                self.row_block(
-                    (seq, h, i),
-                    (&rule, keys.clone()),
-                    &mut scores,
-                    &mut state[r],
-                    out,
-                );
-            }
-        }
-        let mut lse = vec![f32::NEG_INFINITY; rows.len()];
-        for (r, st) in state.iter().enumerate() {
-            let out = &mut acc[r * dv..][..dv];
-            if st.l > 0.0 {
-                out.iter_mut().for_each(|x| *x /= st.l);
-                lse[r] = st.m + st.l.ln();
-            } else {
-                out.iter_mut().for_each(|x| *x = 0.0);
-            }
-        }
-        Block { acc, lse }
+        let ql = Layout::q(s);
+        let query = Query {
+            q: Mat::rows(&c.q[ql.row(b, qb * BR, h)..], s.heads_q * s.head_dim),
+            rows: &rows,
+        };
+        let src = Packed {
+            ctx: c,
+            b,
+            hk: h / s.group(),
+        };
+        attend::<K, _>(&c.g, &c.rule, &query, &src, c.round_p)
     }
+}
 
-    /// One row against one block of keys: the online-softmax update.
-    fn row_block(
-        &self,
-        (seq, h, i): (&Sequence, usize, usize),
-        (rule, keys): (&PairRule, std::ops::Range<usize>),
-        s: &mut [f32],
-        st: &mut RowState,
-        out: &mut [f32],
-    ) {
-        let shape = &self.shape;
-        let (ql, kl, vl) = (Layout::q(shape), Layout::kv(shape), Layout::v(shape));
-        let (d, dv) = (shape.head_dim, shape.head_dim_v);
-        let hk = h / shape.group();
-        let qrow = &self.q[ql.row(0, seq.q.start + i, h)..][..d];
-        let mut block_max = f32::NEG_INFINITY;
-        for (c, j) in keys.clone().enumerate() {
-            s[c] = if rule.allows(i, j) {
-                let krow = &self.k[kl.row(0, seq.k.start + j, hk)..][..d];
-                let x: f32 = qrow.iter().zip(krow).map(|(a, b)| a * b).sum();
-                rule.score(x, i, j).0
-            } else {
-                f32::NEG_INFINITY
-            };
-            block_max = block_max.max(s[c]);
-        }
-        if block_max == f32::NEG_INFINITY {
-            return;
-        }
-        let m_new = st.m.max(block_max);
-        let alpha = (st.m - m_new).exp();
-        st.m = m_new;
-        st.l *= alpha;
-        out.iter_mut().for_each(|x| *x *= alpha);
-        for (c, j) in keys.enumerate() {
-            let p = (s[c] - m_new).exp();
-            st.l += p;
-            if p != 0.0 {
-                let p = self.precision.round(p);
-                let vrow = &self.v[vl.row(0, seq.k.start + j, hk)..][..dv];
-                out.iter_mut().zip(vrow).for_each(|(o, x)| *o += p * x);
-            }
+/// `a ∩ b` (an empty range starts where it ends).
+pub(crate) fn clip(
+    a: std::ops::Range<usize>,
+    b: &std::ops::Range<usize>,
+) -> std::ops::Range<usize> {
+    let start = a.start.max(b.start);
+    start..a.end.min(b.end).max(start)
+}
+
+/// The packed K and V of kv head `hk` of batch entry `b`.
+struct Packed<'a> {
+    ctx: &'a Ctx,
+    b: usize,
+    hk: usize,
+}
+
+impl KeySource for Packed<'_> {
+    #[inline(always)]
+    fn block<'s>(&'s self, kb: usize, _: &'s mut Scratch) -> KeyBlock<'s> {
+        let g = &self.ctx.g;
+        KeyBlock {
+            kt: &self.ctx.kt.head(self.b, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
+            v: &self.ctx.v.head(self.b, self.hk)[kb * g.bc * g.dpad..][..g.bc * g.dpad],
         }
     }
+}
 
-    /// The blocks' rows in o's and lse's layouts.
-    fn assemble(
-        &self,
-        tasks: &[(usize, usize, usize)],
-        blocks: Vec<Block>,
-    ) -> (Vec<f32>, Vec<f32>) {
+impl Ctx {
+    /// Every block's splits merged, in o's and lse's layouts.
+    fn assemble(&self, parts: &[Partial]) -> (Vec<f32>, Vec<f32>) {
         let s = &self.shape;
-        let (ol, dv) = (Layout::o(s), s.head_dim_v);
-        let mut o = vec![0f32; s.o_len()];
+        let (ql, d) = (Layout::q(s), s.head_dim);
+        let q_blocks = s.seqlen_q.div_ceil(BR);
+        let mut o = vec![0f32; s.q_len()];
         let mut lse = vec![f32::NEG_INFINITY; s.lse_len()];
-        for (&(n, h, qb), block) in tasks.iter().zip(blocks) {
-            let seq = &self.seqs[n];
-            for (r, l) in block.lse.iter().enumerate() {
-                let i = qb * BR + r;
-                o[ol.row(0, seq.q.start + i, h)..][..dv]
-                    .copy_from_slice(&block.acc[r * dv..][..dv]);
-                lse[seq.lse_index(h, i)] = *l;
+        for (block, splits) in parts.chunks(self.splits).enumerate() {
+            let (bh, qb) = (block / q_blocks, block % q_blocks);
+            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+            for (r, i) in (qb * BR..((qb + 1) * BR).min(s.seqlen_q)).enumerate() {
+                let out = &mut o[ql.row(b, i, h)..][..d];
+                lse[lse_index(s, b, h, i)] = merge_row(splits, r, self.g.dpad, out);
             }
         }
         (o, lse)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_tasks_split_the_keys_into_whole_blocks() {
+        let threads = rayon::current_num_threads();
+        let (per, splits) = key_splits(1, 3000, 64);
+        assert!(splits >= 2 && per.is_multiple_of(64) && per * splits >= 3000);
+        assert!(per * (splits - 1) < 3000, "no empty split");
+        // Enough tasks, or too few keys: one split.
+        assert_eq!(key_splits(2 * threads, 3000, 64).1, 1);
+        assert_eq!(key_splits(1, 100, 64).1, 1);
+    }
+
+    #[test]
+    fn key_blocks_fit_the_cache_and_the_micro_kernel() {
+        for d in 1..=256 {
+            let bc = key_block(d);
+            assert!(
+                bc.is_multiple_of(32) && (32..=256).contains(&bc),
+                "d {d}: {bc}"
+            );
+        }
+        assert_eq!(key_block(64), 64);
     }
 }

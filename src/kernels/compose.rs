@@ -32,6 +32,10 @@ pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16_PACKED: &str = include_str!("../../shaders/storage_f16_packed.wgsl");
 pub const STORAGE_F16_NATIVE: &str = include_str!("../../shaders/storage_f16_native.wgsl");
 pub const SIDE: &str = include_str!("../../shaders/side.wgsl");
+pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
+pub const STORAGE_FP8: &str = include_str!("../../shaders/storage_fp8.wgsl");
+/// The e4m3 format's functions (FP8 storage and quantization).
+pub const E4M3: &str = include_str!("../../shaders/e4m3.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).
@@ -115,11 +119,20 @@ pub mod binding {
     pub const LSE_PART: u32 = 22;
     /// The copy kernel's parameters (its buffers use the matmul's A and C).
     pub const COPY: u32 = 23;
+    /// The FP8 quantization kernels' parameters, per-(batch, head) maxima
+    /// and scales (the forward kernels read the scales there too); their
+    /// input is Q's binding, the signs K's, the codes V's.
+    pub const QUANT: u32 = 24;
+    pub const ABSMAX: u32 = 25;
+    pub const FP8_SCALES: u32 = 26;
+    pub const QUANT_X: u32 = 1;
+    pub const SIGNS: u32 = 2;
+    pub const CODES: u32 = 3;
     /// The side tables (`side.wgsl`): packed batches, slopes, sinks, tiles.
-    pub const SIDE: u32 = 24;
+    pub const SIDE: u32 = 27;
     /// The sinks' gradients: per-workgroup partials, then the sums.
-    pub const DSINK_PART: u32 = 25;
-    pub const DSINKS: u32 = 26;
+    pub const DSINK_PART: u32 = 28;
+    pub const DSINKS: u32 = 29;
     pub const COPY_SRC: u32 = 1;
     pub const COPY_DST: u32 = 3;
     /// The matmul's operands (its own numbering: A, B, C).
@@ -166,6 +179,8 @@ pub struct KernelSource {
 pub struct Composer {
     text: String,
     overrides: Vec<(&'static str, f64)>,
+    /// Storage kinds whose template's `@helpers` are already in the text.
+    helpers: Vec<StorageKind>,
 }
 
 impl Composer {
@@ -216,12 +231,16 @@ impl Composer {
     /// Declarations and accessors of `buffers` in `storage`: `load_{name}` /
     /// `store_{name}` (and the vec4 forms), plus `round_storage`.
     pub fn storage(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
-        self.push(&section(template(storage), "common"))
+        self.helpers(storage)
+            .push(&section(template(storage), "common"))
             .buffers(storage, buffers)
     }
 
     /// Buffer declarations only (e.g. f32 LSE next to f16 tensors).
     pub fn buffers(&mut self, storage: StorageKind, buffers: &[(&str, u32, Access)]) -> &mut Self {
+        if !buffers.is_empty() {
+            self.helpers(storage);
+        }
         let t = template(storage);
         for &(name, binding, access) in buffers {
             let decl = section(t, access.section())
@@ -237,7 +256,21 @@ impl Composer {
         self
     }
 
+    /// The template's `@helpers` (functions its accessors share; FP8's are
+    /// the e4m3 format), once per module.
+    fn helpers(&mut self, storage: StorageKind) -> &mut Self {
+        if !self.helpers.contains(&storage) {
+            self.helpers.push(storage);
+            if storage == StorageKind::Fp8 {
+                self.text.push_str(E4M3);
+            }
+            self.text.push_str(&section(template(storage), "helpers"));
+        }
+        self
+    }
+
     pub fn finish(&mut self, entry: &'static str) -> KernelSource {
+        self.helpers.clear();
         KernelSource {
             text: std::mem::take(&mut self.text),
             entry,
@@ -267,6 +300,8 @@ fn template(storage: StorageKind) -> &'static str {
         StorageKind::F32 => STORAGE_F32,
         StorageKind::F16Packed => STORAGE_F16_PACKED,
         StorageKind::F16Native => STORAGE_F16_NATIVE,
+        StorageKind::Bf16 => STORAGE_BF16,
+        StorageKind::Fp8 => STORAGE_FP8,
     }
 }
 

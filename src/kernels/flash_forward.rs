@@ -4,7 +4,7 @@
 //! of Br query rows of one (batch, head); it streams the key blocks its rows
 //! can see and writes O and LSE once.
 
-use super::compose::{binding, unroll, Access, Composer, KernelSource, Unroll, Variant};
+use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Unroll, Variant};
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
@@ -12,6 +12,7 @@ use crate::plan::{KernelFamily, Plan, StorageKind};
 
 const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
+const HEAD_SCALE: &str = include_str!("../../shaders/head_scale.wgsl");
 
 /// The flash forward for one plan and variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -137,20 +138,20 @@ impl FlashForward {
     }
 }
 
-/// q, k, v (read with `read`), o in the storage precision; lse in f32.
+/// q, k, v (read with `read`) in the storage precision, o in its output
+/// precision (f32 for FP8); lse in f32; the per-head scales of FP8.
 fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
     use binding::*;
-    c.storage(
-        storage,
-        &[
-            ("q", Q, read),
-            ("k", K, read),
-            ("v", V, read),
-            ("o", O, Access::Write),
-        ],
-    )
-    // LSE is f32 whatever the storage precision.
-    .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)]);
+    let scales = if storage == StorageKind::Fp8 {
+        "fp8"
+    } else {
+        "unit"
+    };
+    c.storage(storage, &[("q", Q, read), ("k", K, read), ("v", V, read)])
+        .buffers(storage.output(), &[("o", O, Access::Write)])
+        // LSE is f32 whatever the storage precision.
+        .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)])
+        .push(&section(HEAD_SCALE, scales));
 }
 
 /// A lanes plan's repetition counts: `bc` lanes (keys per step), `br / bc`

@@ -10,6 +10,7 @@ use super::loop_probe::LoopProbe;
 use super::loops::LoopDim;
 use super::matmul::Matmul;
 use super::naive::Naive;
+use super::quantize::Fp8Quantize;
 
 /// A kernel and everything its pipeline depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +24,7 @@ pub enum KernelKey {
     KvAppend(KvAppend),
     DecodeMerge(DecodeMerge),
     BufferCopy(BufferCopy),
+    Fp8Quantize(Fp8Quantize),
 }
 
 impl KernelKey {
@@ -38,6 +40,7 @@ impl KernelKey {
             KernelKey::KvAppend(k) => k.source(),
             KernelKey::DecodeMerge(k) => k.source(),
             KernelKey::BufferCopy(k) => k.source(),
+            KernelKey::Fp8Quantize(k) => k.source(),
         }
     }
 
@@ -67,6 +70,7 @@ impl KernelKey {
             KernelKey::KvAppend(_) => KvAppend::NAME,
             KernelKey::DecodeMerge(_) => DecodeMerge::NAME,
             KernelKey::BufferCopy(_) => BufferCopy::NAME,
+            KernelKey::Fp8Quantize(_) => Fp8Quantize::NAME,
         }
     }
 }
@@ -122,5 +126,11 @@ impl From<DecodeMerge> for KernelKey {
 impl From<BufferCopy> for KernelKey {
     fn from(k: BufferCopy) -> Self {
         KernelKey::BufferCopy(k)
+    }
+}
+
+impl From<Fp8Quantize> for KernelKey {
+    fn from(k: Fp8Quantize) -> Self {
+        KernelKey::Fp8Quantize(k)
     }
 }

@@ -105,7 +105,9 @@ impl MatmulProblem {
     /// multiple of 4; else the tiled kernel.
     fn form(&self, lanes: Option<u32>) -> MatmulForm {
         let p = &self.params;
-        let aligned = p.m % TILE_MN == 0 && p.n % TILE_MN == 0 && p.k % TILE_K == 0;
+        let aligned = p.m.is_multiple_of(TILE_MN)
+            && p.n.is_multiple_of(TILE_MN)
+            && p.k.is_multiple_of(TILE_K);
         let tiled = MatmulForm::Tiled { aligned };
         let Some(lanes) = lanes else { return tiled };
         let row = if self.b_trans { p.k } else { p.n };

@@ -15,6 +15,7 @@ pub mod loops;
 pub mod matmul;
 pub mod naive;
 pub mod params;
+pub mod quantize;
 pub mod side;
 pub mod walk;
 
@@ -28,6 +29,7 @@ pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
 pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
-pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, Uniform};
+pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, QuantParams, Uniform};
+pub use quantize::{Fp8Quantize, QuantPass};
 pub use side::SideTables;
 pub use walk::{SeqDims, Sequences, TileLists, Visit, Walk};

@@ -138,6 +138,20 @@ uniform_struct! {
     }
 }
 
+uniform_struct! {
+    /// The parameters of the FP8 quantization kernels (binding 24).
+    pub struct QuantParams as "QuantParams" {
+        pub seqlen: u32,
+        pub heads: u32,
+        pub batch: u32,
+        pub row_len: u32,
+        pub scale_offset: u32,
+        pub norm: f32,
+        pub _pad0: u32,
+        pub _pad1: u32,
+    }
+}
+
 /// A piece of a problem as laid out in the buffers bound for one dispatch:
 /// `local` sizes index the buffers; `q_start`/`k_start` place it in `full`,
 /// the problem the masks are defined on (for a packed batch: in each

@@ -1,6 +1,7 @@
-//! The adapter's practical ceiling: the tuned matmul on attention's dominant
-//! shape, `C = X·Yᵀ` with X, Y of N×d f32 and C of N×N f32 (S = QKᵀ), timed.
+//! The adapter's practical ceiling: the tuned matmul on one of attention's
+//! two product shapes, f32, timed.
 
+use super::naive::{nn_params, nt_params};
 use crate::api::shape::AttentionShape;
 use crate::error::Result;
 use crate::kernels::{binding, Epilogue, MatmulParams, MatmulProblem, Params, Piece};
@@ -8,9 +9,40 @@ use crate::plan::StorageKind;
 use crate::random::Rng;
 use crate::runtime::{Call, Dispatch, Gpu};
 
+/// Which of attention's products the ceiling times (equal FLOPs: 2·N²·d).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CeilingShape {
+    /// `S = Q·Kᵀ`: N×d · d×N. With a shallow inner dimension its cost is
+    /// storing the N×N output, which flash never does: not an upper bound
+    /// for flash where stores are dear (CPU adapters).
+    Scores,
+    /// `O = P·V`: N×N · N×d. The inner dimension is deep, so the cost is in
+    /// the multiply-adds: the bound for arithmetic.
+    Values,
+}
+
+impl CeilingShape {
+    pub fn describe(self) -> &'static str {
+        match self {
+            CeilingShape::Scores => "N×d · d×N (S = QKᵀ)",
+            CeilingShape::Values => "N×N · N×d (O = PV)",
+        }
+    }
+
+    /// Whether B is read transposed, and the strides: those of the naive
+    /// baseline's products for one head.
+    fn params(self, attention: &AttentionShape) -> (bool, MatmulParams) {
+        match self {
+            CeilingShape::Scores => (true, nt_params(attention, attention.head_dim, 1.0)),
+            CeilingShape::Values => (false, nn_params(attention, attention.head_dim_v, 1.0)),
+        }
+    }
+}
+
 /// A timed matmul on this adapter.
 #[derive(Clone, Debug)]
 pub struct CeilingResult {
+    pub shape: CeilingShape,
     pub n: usize,
     pub d: usize,
     /// Which matmul kernel ran (`tiled` or `lanes`).
@@ -28,41 +60,33 @@ impl CeilingResult {
     }
 }
 
-/// The matmul timed `repeats` times after a warm-up.
+/// The matmul of `shape` timed `repeats` times after a warm-up.
 pub async fn matmul_ceiling(
     gpu: &Gpu,
+    shape: CeilingShape,
     n: usize,
     d: usize,
     repeats: usize,
 ) -> Result<CeilingResult> {
-    let shape = AttentionShape::new(1, n, n, 1, 1, d)?;
+    let attention = AttentionShape::new(1, n, n, 1, 1, d)?;
+    let (b_trans, params) = shape.params(&attention);
+    let (m, cols, k) = (params.m as usize, params.n as usize, params.k as usize);
     let problem = MatmulProblem {
         storage: [StorageKind::F32; 3],
-        b_trans: true,
+        b_trans,
         epilogue: Epilogue::Scale,
-        params: MatmulParams {
-            m: n as u32,
-            n: n as u32,
-            k: d as u32,
-            lda: d as u32,
-            ldb: d as u32,
-            ldc: n as u32,
-            heads: 1,
-            group: 1,
-            alpha: 1.0,
-            ..Default::default()
-        },
+        params,
         batch: 1,
     };
     let spec = problem.spec(gpu.variant(false, false), gpu.caps().lane_subgroup);
     let mut rng = Rng::new(11);
-    let x = rng.normal_vec(n * d, 1.0);
-    let y = rng.normal_vec(n * d, 1.0);
+    let x = rng.normal_vec(m * k, 1.0);
+    let y = rng.normal_vec(k * cols, 1.0);
     let mut call = Call::new(gpu, None);
     let xb = call.upload("x", bytemuck::cast_slice(&x))?;
     let yb = call.upload("y", bytemuck::cast_slice(&y))?;
-    let cb = call.storage("c", (n * n * 4) as u64)?;
-    let params = Params::new(&Piece::whole(shape), &Default::default())?;
+    let cb = call.storage("c", (m * cols * 4) as u64)?;
+    let params = Params::new(&Piece::whole(attention), &Default::default())?;
     let dispatch = Dispatch {
         kernel: spec.kernel.into(),
         uniforms: vec![
@@ -82,6 +106,7 @@ pub async fn matmul_ceiling(
         }
     }
     Ok(CeilingResult {
+        shape,
         n,
         d,
         kernel: match spec.kernel.form {

@@ -26,6 +26,7 @@ pub async fn decode(
     num_splits: Option<usize>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
+    opts.band_only("decoding")?;
     let p = DecodeProblem::new(step, cache.shape(), cache.precision())?;
     let req = request(&p, num_splits);
     let variant = gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0);
@@ -55,6 +56,7 @@ pub async fn decode_host(
     num_splits: Option<usize>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
+    opts.band_only("decoding")?;
     DecodeProblem::new(step, &host.shape, host.precision())?;
     let cache = KvCache::upload(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits).await?;

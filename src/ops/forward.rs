@@ -246,14 +246,7 @@ pub async fn forward_buffers(
     let kernel = kernel_for(gpu, shape, precision, opts, overrides)?;
     check_buffers(gpu, buffers, shape, precision)?;
     check_loop_limit(gpu, &kernel, shape, opts)?;
-    let unbounded = PieceLimits {
-        elem: precision.bytes() as u64,
-        max_binding: u64::MAX,
-        max_groups: usize::MAX,
-        max_rows: usize::MAX,
-        max_keys: usize::MAX,
-    };
-    let whole = pieces(shape, opts, &unbounded)?;
+    let whole = pieces(shape, opts, &PieceLimits::unbounded(precision))?;
     let mut call = Call::new(gpu, Some(kernel.plan));
     for p in &whole {
         let launch = Launch::new(&kernel, p, opts)?;
@@ -264,6 +257,33 @@ pub async fn forward_buffers(
             .await?;
     }
     Ok(call.finish())
+}
+
+/// The dispatches of the flash kernel over a whole dense problem whose
+/// options read no side tables (the FP8 forward's, on its own buffers) and
+/// their storage accesses.
+pub(crate) fn dispatches<'a>(
+    gpu: &Gpu,
+    kernel: &FlashForward,
+    shape: &AttentionShape,
+    opts: &AttentionOptions,
+    bufs: &AttentionBuffers<'a>,
+) -> Result<(Vec<Dispatch<'a>>, Accesses)> {
+    let elem = kernel.plan.storage.precision();
+    let (mut out, mut accesses) = (Vec::new(), Accesses::default());
+    for p in &pieces(shape, opts, &PieceLimits::unbounded(elem))? {
+        let launch = Launch::new(kernel, p, opts)?;
+        launch.check_grid(gpu)?;
+        if !launch.side.is_empty() {
+            return Err(Error::Unsupported {
+                what: "a dispatch set on caller buffers without side tables",
+                feature: "ALiBi, sinks, block masks or packed batches",
+            });
+        }
+        accesses += launch.accesses;
+        out.extend(launch.dispatches(gpu, kernel, bufs, None));
+    }
+    Ok((out, accesses))
 }
 
 /// Every buffer must hold its tensor and fit one storage binding.
@@ -303,7 +323,7 @@ fn check_buffers(
 
 /// A call that cannot be split must fit the adapter's loop limit as planned
 /// (over a packed batch's longest sequence).
-fn check_loop_limit(
+pub(crate) fn check_loop_limit(
     gpu: &Gpu,
     kernel: &FlashForward,
     shape: &AttentionShape,

@@ -41,7 +41,8 @@ impl<'a> Problem<'a> {
         opts: &'a AttentionOptions,
     ) -> Result<Self> {
         opts.validate_for(&shape)?;
-        check_layouts(opts)?;
+        // It materializes S for one dense batch with the band and softcap.
+        opts.band_only("the naive baseline")?;
         let storage = storage_kind(
             &PlanRequest::for_shape(&shape, precision, Default::default()),
             &gpu.caps(),
@@ -180,24 +181,6 @@ impl<'a> Problem<'a> {
                 [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
             )?,
         ])
-    }
-}
-
-/// The baseline materializes S for one dense batch with the band and
-/// softcap; the layouts and score terms of the flash kernels it has not.
-fn check_layouts(opts: &AttentionOptions) -> Result<()> {
-    let unsupported = [
-        (opts.varlen.is_some(), "packed (varlen) batches"),
-        (opts.alibi.is_some(), "ALiBi"),
-        (opts.sinks.is_some(), "attention sinks"),
-        (opts.block_mask.is_some(), "block-sparse masks"),
-    ];
-    match unsupported.into_iter().find(|(on, _)| *on) {
-        Some((_, feature)) => Err(Error::Unsupported {
-            what: "the naive baseline",
-            feature,
-        }),
-        None => Ok(()),
     }
 }
 
@@ -410,7 +393,7 @@ fn dims(shape: &AttentionShape, dim: usize) -> [u32; 5] {
 /// tensors: rows of `x` (Sq rows, heads_q heads) against rows of `y` (Sk rows,
 /// heads_kv heads, read through GQA), into an (Sq×Sk) f32 matrix per head:
 /// S = Q·Kᵀ and dP = dO·Vᵀ (over `dim`, q/k's head dim or v's).
-fn nt_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
+pub(crate) fn nt_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
     let [hq, hk, d, m, n] = dims(shape, dim);
     MatmulParams {
         m,
@@ -434,7 +417,7 @@ fn nt_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
 
 /// Strides of `M·Y` where M is a per-head (Sq×Sk) f32 matrix and Y a
 /// (batch, Sk, heads_kv, dim) tensor, into a (batch, Sq, heads_q, dim) tensor.
-fn nn_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
+pub(crate) fn nn_params(shape: &AttentionShape, dim: usize, alpha: f32) -> MatmulParams {
     let [hq, hk, d, sq, sk] = dims(shape, dim);
     MatmulParams {
         m: sq,

@@ -166,6 +166,7 @@ fn gather(
     match data {
         HostData::F32(d) => TensorData::F32(copy(d, layout, runs, heads)),
         HostData::F16(d) => TensorData::F16(copy(d, layout, runs, heads)),
+        HostData::Bf16(d) => TensorData::Bf16(copy(d, layout, runs, heads)),
     }
 }
 
@@ -241,6 +242,9 @@ impl ForwardAssembly {
                 for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
             }
             (TensorData::F16(dst), TensorData::F16(src)) => {
+                for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
+            }
+            (TensorData::Bf16(dst), TensorData::Bf16(src)) => {
                 for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
             }
             _ => {}

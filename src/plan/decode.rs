@@ -171,7 +171,7 @@ pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTile
     let group_rows = req.group_rows().max(1);
     let lanes = caps
         .lane_subgroup
-        .filter(|_| d % 4 == 0 && req.head_dim <= LANES_MAX_HEAD_DIM);
+        .filter(|_| d.is_multiple_of(4) && req.head_dim <= LANES_MAX_HEAD_DIM);
     if let Some(sg) = lanes {
         return Ok(DecodeTiles {
             kernel: KernelFamily::Lanes,
@@ -448,7 +448,7 @@ mod tests {
         req.num_splits = Some(1);
         let p = plan_decode(&req, &lavapipe(), &limits(2, 3000)).unwrap();
         assert_eq!(p.splits.num_splits, 3);
-        assert!(p.splits.keys_per_split <= 3000 && p.splits.keys_per_split % 64 == 0);
+        assert!(p.splits.keys_per_split <= 3000 && p.splits.keys_per_split.is_multiple_of(64));
         assert!(p.reasons.iter().any(|r| r.contains("loop limit")), "{p}");
         let far = request(8, 1, 64, 1 << 30);
         let err = plan_decode(&far, &lavapipe(), &limits(2, 3000)).unwrap_err();

@@ -256,8 +256,8 @@ fn fit_storage(
     Ok((br, bc, bytes))
 }
 
-/// How q, k, v and o are stored: f32, or f16 native where SHADER_F16 allows
-/// (unless overridden), else packed.
+/// How q, k, v and o are stored: f32; f16 native where SHADER_F16 allows
+/// (unless overridden), else packed; bf16 packed (its only form).
 pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<StorageKind> {
     Ok(match req.precision {
         Precision::F32 => StorageKind::F32,
@@ -268,6 +268,7 @@ pub(crate) fn storage_kind(req: &PlanRequest, caps: &DeviceCaps) -> Result<Stora
             None if caps.shader_f16 => StorageKind::F16Native,
             None => StorageKind::F16Packed,
         },
+        Precision::Bf16 => StorageKind::Bf16,
     })
 }
 
@@ -292,7 +293,7 @@ fn tiled_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -> O
 /// lavapipe) and no tile parameter is overridden, else tiled.
 pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
-    let lanes_ok = |d: usize| d % 4 == 0 && d <= LANES_MAX_HEAD_DIM;
+    let lanes_ok = |d: usize| d.is_multiple_of(4) && d <= LANES_MAX_HEAD_DIM;
     let lanes_dim = lanes_ok(req.head_dim) && lanes_ok(req.head_dim_v);
     let d = if lanes_ok(req.head_dim) {
         req.head_dim_v

@@ -4,6 +4,7 @@
 //! in `ops::pieces`.
 
 use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 use std::ops::Range;
 
@@ -22,6 +23,19 @@ pub struct PieceLimits {
     /// Most keys one piece may cover (the loop limit of kernels that loop
     /// over keys).
     pub max_keys: usize,
+}
+
+impl PieceLimits {
+    /// No limit but the element size (APIs that never split).
+    pub fn unbounded(precision: Precision) -> Self {
+        Self {
+            elem: precision.bytes() as u64,
+            max_binding: u64::MAX,
+            max_groups: usize::MAX,
+            max_rows: usize::MAX,
+            max_keys: usize::MAX,
+        }
+    }
 }
 
 /// One piece of a split problem: batch entries, kv heads (with their query

@@ -52,13 +52,31 @@ pub enum StorageKind {
     F16Packed,
     /// `enable f16;` and `array<f16>`: needs SHADER_F16.
     F16Native,
+    /// bf16 pairs packed in `u32`, widened and rounded with bit operations
+    /// (WGSL has no bf16 type): runs on every adapter.
+    Bf16,
+    /// FP8 e4m3 codes packed four per `u32`, decoded on load, with
+    /// per-(batch, head) scales; the FP8 forward's q, k, v only (its outputs
+    /// are f32). The planner never picks it: the FP8 forward sets it.
+    Fp8,
 }
 
 impl StorageKind {
+    /// The precision of the tensors a kernel with this storage writes
+    /// (f32 for FP8, whose outputs are f32).
     pub fn precision(self) -> Precision {
         match self {
-            StorageKind::F32 => Precision::F32,
+            StorageKind::F32 | StorageKind::Fp8 => Precision::F32,
             StorageKind::F16Packed | StorageKind::F16Native => Precision::F16,
+            StorageKind::Bf16 => Precision::Bf16,
+        }
+    }
+
+    /// How a kernel with this storage stores its outputs.
+    pub fn output(self) -> StorageKind {
+        match self {
+            StorageKind::Fp8 => StorageKind::F32,
+            other => other,
         }
     }
 
@@ -67,6 +85,8 @@ impl StorageKind {
             StorageKind::F32 => "f32",
             StorageKind::F16Packed => "f16 (packed u32)",
             StorageKind::F16Native => "f16 (native)",
+            StorageKind::Bf16 => "bf16 (packed u32)",
+            StorageKind::Fp8 => "fp8 e4m3 (packed u32, per-head scales)",
         }
     }
 }

@@ -7,7 +7,7 @@ use super::buffers::{padded, STORAGE, UNIFORM};
 use super::gpu::Gpu;
 use super::scope::checked;
 use super::submit::{read_back, submit};
-use crate::api::output::{Accesses, Allocation, CallStats};
+use crate::api::output::{Accesses, Allocation, CallStats, Timing};
 use crate::error::{Error, Result};
 use crate::kernels::{binding, KernelKey};
 use crate::plan::Plan;
@@ -96,6 +96,7 @@ impl<'g> Call<'g> {
         }
         let flags = self.loop_flags(dispatches)?;
         let uniforms = self.uniforms(dispatches)?;
+        let clock = PassClock::new(gpu);
         let encoder = checked(&gpu.device, "encoding kernels", || {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
             let binds: Vec<wgpu::BindGroup> = dispatches
@@ -105,7 +106,10 @@ impl<'g> Call<'g> {
                 .map(|((d, p), u)| self.bind_group(d, p, u, &flags))
                 .collect();
             {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: clock.as_ref().map(PassClock::writes),
+                });
                 for ((d, p), bind) in dispatches.iter().zip(&pipelines).zip(&binds) {
                     pass.set_pipeline(p);
                     pass.set_bind_group(0, bind, &[]);
@@ -113,12 +117,24 @@ impl<'g> Call<'g> {
                     pass.dispatch_workgroups(x, y, z);
                 }
             }
+            if let Some(c) = &clock {
+                c.resolve(&mut encoder);
+            }
             Ok(encoder)
         })
         .await?;
-        self.stats.kernel_seconds += submit(gpu, encoder).await?;
+        let wall = submit(gpu, encoder).await?;
         self.stats.dispatches += dispatches.len() as u32;
-        self.after_submit(dispatches, &flags).await
+        let gpu_seconds = self
+            .after_submit(dispatches, &flags, clock.as_ref())
+            .await?;
+        self.stats.timing = if gpu_seconds.is_some() {
+            Timing::GpuTimestamps
+        } else {
+            Timing::WallClock
+        };
+        self.stats.kernel_seconds += gpu_seconds.unwrap_or(wall);
+        Ok(())
     }
 
     /// One zeroed two-word flag buffer per kernel of the call, where the
@@ -179,21 +195,30 @@ impl<'g> Call<'g> {
         bind_group(&self.gpu.device, pipeline, &entries)
     }
 
-    /// Read the counters and flags the submission wrote.
+    /// Read the counters, flags and pass timestamps the submission wrote
+    /// (one readback); the kernels' seconds when the timestamps are valid.
     async fn after_submit(
         &mut self,
         dispatches: &[Dispatch<'_>],
         flags: &[(KernelKey, wgpu::Buffer)],
-    ) -> Result<()> {
+        clock: Option<&PassClock>,
+    ) -> Result<Option<f64>> {
         let gpu = self.gpu;
         let mut reads: Vec<(&wgpu::Buffer, u64)> = flags.iter().map(|(_, b)| (b, 8)).collect();
         if let Some(counter) = &gpu.io_counter {
             reads.push((counter, 8));
         }
-        if reads.is_empty() {
-            return Ok(());
+        if let Some(c) = clock {
+            reads.push((&c.resolved, PassClock::BYTES));
         }
-        let words = read_back(gpu, &reads).await?;
+        if reads.is_empty() {
+            return Ok(None);
+        }
+        let mut words = read_back(gpu, &reads).await?;
+        let seconds = match clock {
+            Some(c) => words.pop().and_then(|w| c.seconds(&w)),
+            None => None,
+        };
         if let Some(counter) = &gpu.io_counter {
             let c: Vec<u32> = bytemuck::pod_collect_to_vec(&words[words.len() - 1]);
             gpu.queue.write_buffer(counter, 0, &[0; 8]);
@@ -215,7 +240,7 @@ impl<'g> Call<'g> {
                 return Err(self.cut_short(key, dispatches));
             }
         }
-        Ok(())
+        Ok(seconds)
     }
 
     /// Learn from the first kernel its guard caught short and describe it.
@@ -263,9 +288,64 @@ impl Drop for Call<'_> {
     }
 }
 
+/// Timestamps at the start and end of a call's compute pass, on adapters
+/// with `TIMESTAMP_QUERY` (WebGPU's timestamp-query too).
+struct PassClock {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    /// Nanoseconds per tick.
+    period: f64,
+}
+
+impl PassClock {
+    /// Two u64 ticks.
+    const BYTES: u64 = 16;
+
+    fn new(gpu: &Gpu) -> Option<Self> {
+        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return None;
+        }
+        let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("pass clock"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("pass clock ticks"),
+            size: Self::BYTES,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Some(Self {
+            queries,
+            resolved,
+            period: gpu.queue.get_timestamp_period() as f64,
+        })
+    }
+
+    fn writes(&self) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        }
+    }
+
+    fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.queries, 0..2, &self.resolved, 0);
+    }
+
+    /// Seconds between the two ticks; `None` if the adapter wrote none or
+    /// a clock that ran backwards (some drivers reset it between passes).
+    fn seconds(&self, bytes: &[u8]) -> Option<f64> {
+        let [start, end]: [u64; 2] = bytemuck::pod_read_unaligned(bytes.get(..16)?);
+        (end > start && self.period > 0.0).then(|| (end - start) as f64 * self.period * 1e-9)
+    }
+}
+
 /// `bytes` written at the start of `buffer`, zero-padded to 4.
 fn write_padded(queue: &wgpu::Queue, buffer: &wgpu::Buffer, bytes: &[u8]) {
-    if bytes.len() % 4 == 0 && !bytes.is_empty() {
+    if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
         queue.write_buffer(buffer, 0, bytes);
     } else {
         let mut p = bytes.to_vec();

@@ -113,6 +113,10 @@ impl DecodeCase {
         let precision = Precision::F16;
         Self { precision, ..self }
     }
+    pub fn bf16(self) -> Self {
+        let precision = Precision::Bf16;
+        Self { precision, ..self }
+    }
     pub fn splits(self, n: usize) -> Self {
         let num_splits = (n > 0).then_some(n);
         Self { num_splits, ..self }
@@ -262,7 +266,7 @@ impl CaseData {
 }
 
 /// The cases both backends run: layouts, page sizes, appends, batch
-/// indices, seqlen_q 1/4/16, GQA 8:1 and MQA, masks, softcap, lengths from
+/// indices, seqlen_q 1/4/16, GQA 8:1 and MQA, masks, softcap, f32/f16/bf16, lengths from
 /// 0 to 8192 varying across the batch, every `num_splits` in {0, 1, 3, 64}.
 pub fn cases() -> Vec<DecodeCase> {
     let causal = AttentionOptions::default().causal(true);
@@ -310,6 +314,25 @@ pub fn cases() -> Vec<DecodeCase> {
         );
     }
     v.push(DecodeCase::new(&[500, 3], 128).paged(48).f16().append(1));
+    // bf16 caches: odd head dims and pages, appends, GQA, masks, splits.
+    v.push(DecodeCase::new(&[500, 3], 128).paged(48).bf16().append(1));
+    v.push(
+        DecodeCase::new(&[5, 17], 3)
+            .heads(3, 3)
+            .append(3)
+            .bf16()
+            .opts(causal.clone()),
+    );
+    v.push(
+        DecodeCase::new(&[1200, 70], 59)
+            .heads(8, 2)
+            .paged(7)
+            .seqlen_q(4)
+            .append(2)
+            .opts(window)
+            .bf16()
+            .splits(3),
+    );
     for splits in [0, 1, 3, 64] {
         v.push(
             DecodeCase::new(&[1500, 700], 64)

@@ -7,9 +7,9 @@ pub mod decode;
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorView,
+    AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorData,
+    TensorView,
 };
-use half::f16;
 use std::sync::OnceLock;
 
 /// The engine for this process, or `None` (with a visible notice) when no
@@ -33,14 +33,14 @@ pub fn engine() -> Option<&'static Engine> {
     e.as_ref()
 }
 
-/// Owned inputs of one case.
+/// Owned inputs of one case: the values (already rounded to the case's
+/// precision) as f32, and stored in that precision.
 pub struct Inputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
-    pub q16: Vec<f16>,
-    pub k16: Vec<f16>,
-    pub v16: Vec<f16>,
+    /// q, k, v in the case's precision.
+    pub stored: [TensorData; 3],
     pub q_shape: [usize; 4],
     pub kv_shape: [usize; 4],
     pub v_shape: [usize; 4],
@@ -50,27 +50,18 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// An output gradient (o's shape) in the inputs' precision.
-    pub fn grad<'a>(&self, g: &'a [f32], g16: &'a [f16]) -> TensorView<'a> {
-        match self.precision {
-            Precision::F32 => TensorView::f32(self.o_shape, g),
-            Precision::F16 => TensorView::f16(self.o_shape, g16),
-        }
+    /// An output gradient (stored by [`output_grad`]) as a view of o's shape.
+    pub fn grad<'a>(&self, g: &'a TensorData) -> TensorView<'a> {
+        g.view(self.o_shape)
     }
 
     pub fn views(&self) -> [TensorView<'_>; 3] {
-        match self.precision {
-            Precision::F32 => [
-                TensorView::f32(self.q_shape, &self.q),
-                TensorView::f32(self.kv_shape, &self.k),
-                TensorView::f32(self.v_shape, &self.v),
-            ],
-            Precision::F16 => [
-                TensorView::f16(self.q_shape, &self.q16),
-                TensorView::f16(self.kv_shape, &self.k16),
-                TensorView::f16(self.v_shape, &self.v16),
-            ],
-        }
+        let [q, k, v] = &self.stored;
+        [
+            q.view(self.q_shape),
+            k.view(self.kv_shape),
+            v.view(self.v_shape),
+        ]
     }
 }
 
@@ -128,8 +119,16 @@ impl Case {
         self
     }
 
-    pub fn f16(mut self) -> Self {
-        self.precision = Precision::F16;
+    pub fn f16(self) -> Self {
+        self.precision(Precision::F16)
+    }
+
+    pub fn bf16(self) -> Self {
+        self.precision(Precision::Bf16)
+    }
+
+    pub fn precision(mut self, p: Precision) -> Self {
+        self.precision = p;
         self
     }
 
@@ -184,11 +183,9 @@ impl Case {
         let q = round(rng.normal_vec(nq, self.std));
         let k = round(rng.normal_vec(nk, self.std));
         let v = round(rng.normal_vec(nv, 1.0));
-        let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect();
+        let store = |v: &[f32]| TensorData::from_f32(v.to_vec(), self.precision);
         Inputs {
-            q16: to16(&q),
-            k16: to16(&k),
-            v16: to16(&v),
+            stored: [store(&q), store(&k), store(&v)],
             q,
             k,
             v,
@@ -299,8 +296,9 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
     out
 }
 
-/// A seeded output gradient for a case (in the case's precision).
-pub fn output_grad(case: &Case) -> (Vec<f32>, Vec<f16>) {
+/// A seeded output gradient for a case: its values (rounded to the case's
+/// precision) and the same stored in that precision.
+pub fn output_grad(case: &Case) -> (Vec<f32>, TensorData) {
     let mut rng = Rng::new(case.seed ^ 0xd0);
     let n = case.batch * case.seqlen_q * case.heads_q * case.head_dim_v;
     let g: Vec<f32> = rng
@@ -308,8 +306,8 @@ pub fn output_grad(case: &Case) -> (Vec<f32>, Vec<f16>) {
         .into_iter()
         .map(|x| case.precision.round(x))
         .collect();
-    let g16 = g.iter().map(|&x| f16::from_f32(x)).collect();
-    (g, g16)
+    let stored = TensorData::from_f32(g.clone(), case.precision);
+    (g, stored)
 }
 
 /// [`run_gpu_backward`], and where the planner picked the lanes kernels the
@@ -334,8 +332,8 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
     let fwd = engine
         .forward_with(&q, &k, &v, &case.opts, &case.overrides)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-    let (g, g16) = output_grad(case);
-    let d_o = inputs.grad(&g, &g16);
+    let (_, g) = output_grad(case);
+    let d_o = inputs.grad(&g);
     let inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
     let out = engine
         .backward_with(&inputs, &case.opts, &case.overrides)

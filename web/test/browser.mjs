@@ -58,7 +58,7 @@ function checkResults(r) {
 
   // Coverage: every (causal, precision) pair at sizes that are not multiples of the tiles.
   const combos = new Set(r.cases.map((c) => `${c.causal}/${c.precision}`));
-  for (const want of ['false/f32', 'true/f32', 'false/f16', 'true/f16']) {
+  for (const want of ['false/f32', 'true/f32', 'false/f16', 'true/f16', 'false/bf16', 'true/bf16']) {
     expect(combos.has(want), `no case for causal/precision ${want}`);
   }
   expect(r.cases.some((c) => c.seqlen % 4 !== 0 && c.head_dim % 4 !== 0), 'no odd-size case');
@@ -76,6 +76,7 @@ function checkResults(r) {
     expect(c.plan.br >= 1 && c.plan.bc >= 1 && c.plan.workgroup_bytes <= m, `${name}: plan Br ${c.plan.br} Bc ${c.plan.bc} ${c.plan.workgroup_bytes} B`);
     expect(c.plan.text.includes('Bc = ceil(M/4d)'), `${name}: plan text lacks the formula`);
     if (c.precision === 'f16' && !dev.shader_f16) expect(c.plan.storage === 'f16 (packed u32)', `${name}: storage ${c.plan.storage}`);
+    if (c.precision === 'bf16') expect(c.plan.storage === 'bf16 (packed u32)', `${name}: storage ${c.plan.storage}`);
     expect(finite(c.kernel_ms) && c.kernel_ms > 0 && finite(c.gflops) && c.gflops > 0, `${name}: time ${c.kernel_ms} ms, ${c.gflops} GFLOP/s`);
     expect(finite(c.backward_kernel_ms) && c.backward_kernel_ms > 0 && finite(c.backward_gflops) && c.backward_gflops > 0,
       `${name}: backward time ${c.backward_kernel_ms} ms, ${c.backward_gflops} GFLOP/s`);
@@ -87,6 +88,7 @@ function checkResults(r) {
   for (const want of ['alibi', 'sinks', 'block-sparse', 'varlen', 'd512', 'dv']) {
     expect(layouts.some((c) => c.name === want), `no layout case ${want}`);
   }
+  expect(layouts.some((c) => c.precision === 'bf16'), 'no bf16 layout case');
   for (const c of layouts) {
     const name = `layout ${c.name} ${c.precision}`;
     expect(c.passed === true, `${name}: the page says FAIL`);
@@ -102,7 +104,8 @@ function checkResults(r) {
   }
 
   // The decode panel: a paged cache on the device, steps by decode_async, one checked against the CPU backend.
-  expect(Array.isArray(r.decode) && r.decode.length === 2, 'the decode panel did not run twice');
+  expect(Array.isArray(r.decode) && r.decode.length === 3, 'the decode panel did not run three times');
+  expect(r.decode.some((c) => c.precision === 'bf16'), 'no bf16 decode run');
   for (const c of r.decode || []) {
     const name = `decode ${c.precision} cache ${c.cache_len} pages of ${c.page_size} splits ${c.requested_splits || 'planner'}`;
     expect(c.passed === true, `${name}: the page says FAIL`);
@@ -125,6 +128,7 @@ function checkResults(r) {
     }
     expect(c.plan.includes('splits:') && c.plan.includes('why:'), `${name}: plan text ${c.plan}`);
     if (c.precision === 'f16' && !dev.shader_f16) expect(c.plan.includes('packed'), `${name}: f16 not packed: ${c.plan}`);
+    if (c.precision === 'bf16') expect(c.plan.includes('bf16 (packed u32)'), `${name}: bf16 storage: ${c.plan}`);
     expect(finite(c.step_ms) && c.step_ms > 0 && finite(c.token_ms) && c.token_ms > 0 && finite(c.tokens_per_s) && c.tokens_per_s > 0,
       `${name}: ${c.step_ms} ms a step, ${c.token_ms} ms a token`);
     expect(finite(c.kernel_ms) && c.kernel_ms > 0 && c.kernel_ms <= c.step_ms, `${name}: kernels ${c.kernel_ms} ms of ${c.step_ms}`);

@@ -8,8 +8,8 @@ use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs, ScoreArgs};
 use crate::error::{CliError, Result};
 use crate::npy;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, PlanOverrides,
-    Precision, Tensor, TensorData, TensorView, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options,
+    PlanOverrides, Precision, Tensor, TensorData, TensorView, Workload,
 };
 
 /// Everything an attention command needs, validated before any device work.
@@ -20,6 +20,8 @@ pub struct Prepared {
     /// The dtype of the input files (outputs keep it).
     pub input_dtype: Precision,
     pub opts: AttentionOptions,
+    /// `--precision fp8`: q, k, v as read, quantized by the backend.
+    pub fp8: Option<Fp8Options>,
     pub overrides: PlanOverrides,
     pub backend: BackendKind,
 }
@@ -29,12 +31,16 @@ impl Prepared {
         Ok([self.q.view()?, self.k.view()?, self.v.view()?])
     }
 
-    /// What `auto` chooses a backend for.
+    /// What `auto` chooses a backend for (FP8 is timed as f32, its tiles).
     fn workload(&self, backward: bool) -> Result<Workload> {
         let [q, k, v] = self.views()?;
+        let precision = match self.fp8 {
+            Some(_) => Precision::F32,
+            None => self.q.precision(),
+        };
         Ok(Workload {
             shape: AttentionShape::from_views(&q, &k, &v)?,
-            precision: self.q.precision(),
+            precision,
             opts: self.opts.clone(),
             backward,
         })
@@ -52,11 +58,22 @@ pub fn convert(t: Tensor, to: Precision) -> Tensor {
     }
 }
 
+/// An output for a file whose inputs had `input_dtype`: outputs keep the
+/// inputs' dtype, except bf16 results, which numpy cannot hold: they stay
+/// bf16 and are written as f32 (exactly the bf16 values, SPEC.md).
+pub fn output(t: Tensor, input_dtype: Precision) -> Tensor {
+    if t.precision() == Precision::Bf16 {
+        return t;
+    }
+    convert(t, input_dtype)
+}
+
 /// Parse the flags and read q, k, v (and the layout flags' files).
 pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     let Flags {
         opts,
         precision,
+        fp8,
         backend,
         layouts: layout_flags,
     } = flags(&a.score)?;
@@ -100,6 +117,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         v: convert(v, to),
         input_dtype,
         opts,
+        fp8,
         overrides,
         backend,
     })
@@ -109,8 +127,10 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
 pub struct Flags {
     /// The options of the flags (the layout files not yet read).
     pub opts: AttentionOptions,
-    /// `--precision`, if given.
+    /// `--precision`, if given and a storage precision.
     pub precision: Option<Precision>,
+    /// `--precision fp8` (with `--hadamard`: its default seed).
+    pub fp8: Option<Fp8Options>,
     pub backend: BackendKind,
     pub layouts: LayoutFlags,
 }
@@ -119,7 +139,16 @@ pub struct Flags {
 /// any file is read).
 pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     let backend: BackendKind = a.backend.parse()?;
-    let precision: Option<Precision> = a.precision.as_deref().map(str::parse).transpose()?;
+    let fp8 = (a.precision.as_deref() == Some("fp8")).then(|| Fp8Options {
+        hadamard: a.hadamard.then_some(Fp8Options::DEFAULT_SEED),
+    });
+    if a.hadamard && fp8.is_none() {
+        return Err(CliError::HadamardWithoutFp8);
+    }
+    let precision: Option<Precision> = match fp8 {
+        Some(_) => None,
+        None => a.precision.as_deref().map(str::parse).transpose()?,
+    };
     let window = a.window.as_deref().map(parse_window).transpose()?;
     let opts = AttentionOptions {
         causal: a.causal,
@@ -137,6 +166,7 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     Ok(Flags {
         opts,
         precision,
+        fp8,
         backend,
         layouts,
     })
@@ -168,9 +198,16 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     let p = prepare(&a.attention)?;
     let backend = open_backend(&p, false)?;
     let [q, k, v] = p.views()?;
-    let out = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
+    let out = match &p.fp8 {
+        Some(fp8) => backend.forward_fp8([&q, &k, &v], &p.opts, fp8, &p.overrides)?,
+        None => backend.forward([&q, &k, &v], &p.opts, &p.overrides)?,
+    };
     let lse = out.lse_tensor();
-    let o = convert(out.o, p.input_dtype);
+    // FP8's o is f32 (SPEC.md), whatever the files held.
+    let o = match p.fp8 {
+        Some(_) => out.o,
+        None => output(out.o, p.input_dtype),
+    };
     let mut outputs = vec![(a.out.as_path(), &o)];
     if let Some(path) = &a.lse {
         outputs.push((path.as_path(), &lse));
@@ -186,6 +223,10 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
         });
     }
     let p = prepare(&a.attention)?;
+    if p.fp8.is_some() {
+        let operation = "the backward pass";
+        return Err(flashattn::Error::Fp8Unsupported { operation }.into());
+    }
     let d_o = npy::read("do", &a.d_o)?;
     // do has o's shape: q's, with v's head dim.
     let mut o_shape = p.q.shape.clone();
@@ -216,7 +257,7 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let fwd = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
     let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
-    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| convert(t, p.input_dtype));
+    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| output(t, p.input_dtype));
     let dsinks = grads.dsinks.map(|d| Tensor {
         shape: vec![d.len()],
         data: TensorData::F32(d),

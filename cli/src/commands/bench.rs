@@ -6,13 +6,16 @@
 use super::{plot_path_ok, write_text};
 use crate::args::BenchArgs;
 use crate::args::DecodeBenchArgs;
+use crate::baselines::Baselines;
 use crate::bench::{self, BenchCase, BenchInputs, Implementation, Matrix, Pass};
 use crate::charts;
-use crate::decode_bench::{self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet};
+use crate::decode_bench::{
+    self as db, CopyBandwidth, DecodeBackend, DecodeReport, DecodeSet, SplitMode,
+};
 use crate::error::{CliError, Result};
 use crate::layout_bench::{self as lb, LayoutConfig};
-use crate::report::{csv_text, Ceiling, Report, SweepPoint};
-use flashattn::{Engine, PlanOverrides, Precision};
+use crate::report::{self, csv_text, Ceiling, Report, SweepPoint};
+use flashattn::{CeilingShape, Engine, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Comma-separated values of one flag.
@@ -21,6 +24,11 @@ fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
         .filter(|x| !x.is_empty())
         .map(|x| x.trim().parse())
         .collect()
+}
+
+/// What the report says of how its wgpu rows were timed.
+fn timing_of(engine: Option<&Engine>) -> String {
+    engine.map_or("no adapter".into(), |e| e.timing().describe().into())
 }
 
 /// Comma-separated positive integers of `flag`.
@@ -81,7 +89,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let engine = match Engine::new() {
         Ok(e) => Some(e),
-        Err(e) if m.implementations.iter().all(|i| *i == Implementation::Cpu) => {
+        Err(e) if m.implementations.iter().all(|i| !i.on_gpu()) => {
             eprintln!("flashattn: {e}; benchmarking the CPU backend only");
             None
         }
@@ -98,10 +106,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(e) => ceilings(e, &m, repeats, &bar)?,
         None => Vec::new(),
     };
+    let outside = m.implementations.iter().any(|i| i.outside());
+    let baselines = outside.then(|| Baselines::new(&a.python)).transpose()?;
     let mut results = Vec::new();
     for case in &cases {
         bar.set_message(label(case));
-        results.push(bench::run(engine.as_ref(), case, repeats));
+        results.push(match &baselines {
+            Some(b) if case.implementation.outside() => b.run(case, repeats),
+            _ => bench::run(engine.as_ref(), case, repeats),
+        });
         bar.inc(1);
     }
     let sweep_head_dim = m.head_dims.first().copied().unwrap_or(64);
@@ -115,6 +128,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         adapter: engine
             .as_ref()
             .map_or("none (CPU only)".into(), |e| e.describe()),
+        timing: timing_of(engine.as_ref()),
         ceilings,
         results,
         sweep_seqlen: a.sweep_seqlen,
@@ -189,7 +203,7 @@ fn layouts(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The matmul ceiling for every head dim.
+/// The matmul ceilings (S = QKᵀ and O = PV shapes) for every head dim.
 fn ceilings(e: &Engine, m: &Matrix, repeats: usize, bar: &ProgressBar) -> Result<Vec<Ceiling>> {
     let mut out = Vec::new();
     for &d in &m.head_dims {
@@ -197,14 +211,20 @@ fn ceilings(e: &Engine, m: &Matrix, repeats: usize, bar: &ProgressBar) -> Result
         let max_n = ((e.max_binding() / 4) as f64).sqrt() as usize;
         let longest = m.seqlens.iter().copied().max().unwrap_or(1024);
         let n = longest.clamp(256, 4096).min(max_n);
-        bar.set_message(format!("matmul ceiling, N {n}, d {d}"));
-        let c = e.matmul_ceiling(n, d, repeats)?;
-        out.push(Ceiling {
-            head_dim: d,
-            n,
-            kernel: c.kernel.to_string(),
-            gflops: c.gflops(),
-        });
+        bar.set_message(format!("matmul ceilings, N {n}, d {d}"));
+        for (shape, name) in [
+            (CeilingShape::Scores, "scores"),
+            (CeilingShape::Values, report::VALUES),
+        ] {
+            let c = e.matmul_ceiling(shape, n, d, repeats)?;
+            out.push(Ceiling {
+                shape: name,
+                head_dim: d,
+                n,
+                kernel: c.kernel.to_string(),
+                gflops: c.gflops(),
+            });
+        }
         bar.inc(1);
     }
     Ok(out)
@@ -305,6 +325,7 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
         heads_kv: pick(d.heads_kv, 2, 8),
         head_dim: pick(d.head_dim, 32, 128),
         precisions: list::<Precision>(&d.dtypes)?,
+        splits: list::<SplitMode>(&d.splits)?,
         max_tokens: d.max_tokens,
         repeats: repeats.max(1),
     };
@@ -368,6 +389,7 @@ fn decode(a: &BenchArgs) -> Result<()> {
         adapter: engine
             .as_ref()
             .map_or("none (CPU only)".into(), |e| e.describe()),
+        timing: timing_of(engine.as_ref()),
         copy,
         host_copy,
         cpu_threads: rayon::current_num_threads(),

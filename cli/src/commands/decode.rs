@@ -4,7 +4,7 @@
 //! cache row and page index — before any device work; the outputs (o, lse,
 //! the updated caches) are written only when all of them succeeded.
 
-use super::attention::{convert, flags, open, Flags};
+use super::attention::{convert, flags, open, output, Flags};
 use super::pair;
 use crate::args::DecodeArgs;
 use crate::error::{CliError, Result};
@@ -179,9 +179,16 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     let Flags {
         opts,
         precision,
+        fp8,
         backend,
         ..
     } = flags(&a.score)?;
+    if fp8.is_some() {
+        return Err(flashattn::Error::Fp8Unsupported {
+            operation: "decoding",
+        }
+        .into());
+    }
     layouts_unsupported(&a.score)?;
     let new_paths = pair((&a.k_new, "--k-new"), (&a.v_new, "--v-new"))?;
     pair(
@@ -240,14 +247,14 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let mut cache = p.cache;
     let out = backend.decode(&mut cache, &step, &p.opts, p.num_splits)?;
     let lse = out.lse_tensor();
-    let o = convert(out.o, p.dtypes.q);
+    let o = output(out.o, p.dtypes.q);
     let mut outputs: Vec<(PathBuf, Tensor)> = vec![(a.out, o)];
     if let Some(path) = a.lse {
         outputs.push((path, lse));
     }
     if let (Some(k), Some(v)) = (a.k_cache_out, a.v_cache_out) {
-        outputs.push((k, convert(cache.k_tensor(), p.dtypes.k_cache)));
-        outputs.push((v, convert(cache.v_tensor(), p.dtypes.v_cache)));
+        outputs.push((k, output(cache.k_tensor(), p.dtypes.k_cache)));
+        outputs.push((v, output(cache.v_tensor(), p.dtypes.v_cache)));
     }
     let refs: Vec<(&Path, &Tensor)> = outputs.iter().map(|(p, t)| (p.as_path(), t)).collect();
     npy::write_all(&refs)

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Outside baselines for `flashattn bench --impls ...,numpy,torch`.
+
+Times one attention case on the CPU and prints one JSON object on stdout:
+{"impl": ..., "pass": ..., "seconds": [...]} or {"impl": ..., "error": "..."}.
+
+- numpy: naive float32 attention through numpy's BLAS (S and P
+  materialized); the backward from the stored P (dV = P^T dO, dP = dO V^T,
+  dS = P * (dP - rowsum(dP * P)), dQ = dS K, dK = dS^T Q).
+- torch: torch.nn.functional.scaled_dot_product_attention on the CPU; the
+  backward is torch.autograd.grad of the forward's graph (kept between
+  repeats), so it times the backward alone, as flashattn's backward case does.
+
+Inputs are seeded N(0, 1) float32 in (batch, heads, seqlen, head_dim).
+One untimed warm-up, then --repeats timed runs. Nothing here is a
+dependency of flashattn: torch is imported only when asked for.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--impl", choices=["numpy", "torch"], required=True)
+    p.add_argument("--pass", dest="pass_", choices=["forward", "backward"], required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--seqlen", type=int, required=True)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--causal", type=int, choices=[0, 1], default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    return p.parse_args()
+
+
+def timed(fn, repeats):
+    fn()
+    out = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def numpy_case(a):
+    import numpy as np
+
+    rng = np.random.default_rng(a.seqlen * 31 + a.head_dim)
+    shape = (a.batch, a.heads, a.seqlen, a.head_dim)
+    q, k, v, do = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
+    scale = np.float32(1.0 / np.sqrt(a.head_dim))
+    mask = np.triu(np.ones((a.seqlen, a.seqlen), dtype=bool), 1) if a.causal else None
+
+    def forward():
+        s = np.matmul(q, k.swapaxes(-1, -2)) * scale
+        if mask is not None:
+            s[..., mask] = -np.inf
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return np.matmul(s, v), s
+
+    if a.pass_ == "forward":
+        return timed(forward, a.repeats)
+    _, p = forward()
+
+    def backward():
+        dv = np.matmul(p.swapaxes(-1, -2), do)
+        dp = np.matmul(do, v.swapaxes(-1, -2))
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+        dq = np.matmul(ds, k) * scale
+        dk = np.matmul(ds.swapaxes(-1, -2), q) * scale
+        return dq, dk, dv
+
+    return timed(backward, a.repeats)
+
+
+def torch_case(a):
+    import torch
+
+    gen = torch.Generator().manual_seed(a.seqlen * 31 + a.head_dim)
+    shape = (a.batch, a.heads, a.seqlen, a.head_dim)
+    q, k, v, do = (torch.randn(shape, generator=gen, dtype=torch.float32) for _ in range(4))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    causal = bool(a.causal)
+    if a.pass_ == "forward":
+        def forward():
+            with torch.no_grad():
+                return sdpa(q, k, v, is_causal=causal)
+
+        return timed(forward, a.repeats)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = sdpa(q, k, v, is_causal=causal)
+
+    def backward():
+        return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+    return timed(backward, a.repeats)
+
+
+def main():
+    a = parse()
+    result = {"impl": a.impl, "pass": a.pass_}
+    try:
+        run = numpy_case if a.impl == "numpy" else torch_case
+        result["seconds"] = run(a)
+        if a.impl == "torch":
+            import torch
+
+            result["version"] = torch.__version__
+            result["threads"] = torch.get_num_threads()
+        else:
+            import numpy
+
+            result["version"] = numpy.__version__
+    except ImportError as e:
+        result["error"] = f"{a.impl} is not importable by {sys.executable}: {e}"
+    except Exception as e:  # a failed baseline is a result too
+        result["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

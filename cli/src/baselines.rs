@@ -1,0 +1,111 @@
+//! The outside baselines of `flashattn bench` — numpy's naive float32
+//! attention (always there with numpy) and torch's scaled_dot_product_attention
+//! on the CPU (where torch imports) — measured in the same run as the
+//! CPU backend by `benches/baselines.py`, under the Python interpreter the
+//! user names (`--python`, else `$FLASHATTN_PYTHON`, else `python3`). The
+//! script is compiled into the binary and written to a temporary file, so
+//! the bench works from any directory. Neither library is a dependency.
+
+use crate::bench::{BenchCase, BenchResult, Pass};
+use crate::error::{CliError, Result};
+use flashattn::Precision;
+use std::path::PathBuf;
+use std::process::Command;
+
+const SCRIPT: &str = include_str!("../../benches/baselines.py");
+
+/// The interpreter and the script it runs.
+pub struct Baselines {
+    python: String,
+    script: PathBuf,
+}
+
+impl Baselines {
+    /// Write the script where `python` can run it.
+    pub fn new(python: &str) -> Result<Self> {
+        let script =
+            std::env::temp_dir().join(format!("flashattn-baselines-{}.py", std::process::id()));
+        std::fs::write(&script, SCRIPT).map_err(|source| CliError::Write {
+            path: script.clone(),
+            source,
+        })?;
+        Ok(Self {
+            python: python.to_string(),
+            script,
+        })
+    }
+
+    /// Time `case` (one untimed warm-up, then `repeats` runs); a missing
+    /// module or a failed run is the result's error.
+    pub fn run(&self, case: &BenchCase, repeats: usize) -> BenchResult {
+        let mut result = BenchResult::new(case);
+        match self.seconds(case, repeats) {
+            Ok((seconds, note)) => {
+                result.seconds = seconds;
+                result.note = note;
+            }
+            Err(e) => result.error = Some(crate::error::one_line(&e)),
+        }
+        result
+    }
+
+    fn seconds(&self, c: &BenchCase, repeats: usize) -> Result<(Vec<f64>, Option<String>)> {
+        let fail = |message: String| CliError::Baseline {
+            python: self.python.clone(),
+            message,
+        };
+        if c.precision != Precision::F32 {
+            return Err(fail(format!(
+                "the baselines run f32 only, not {}",
+                c.precision
+            )));
+        }
+        let pass = match c.pass {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+        };
+        let out = Command::new(&self.python)
+            .arg(&self.script)
+            .args(["--impl", c.implementation.name(), "--pass", pass])
+            .args([
+                "--batch",
+                &c.batch.to_string(),
+                "--heads",
+                &c.heads.to_string(),
+            ])
+            .args(["--seqlen", &c.seqlen.to_string()])
+            .args(["--head-dim", &c.head_dim.to_string()])
+            .args(["--causal", if c.causal { "1" } else { "0" }])
+            .args(["--repeats", &repeats.max(1).to_string()])
+            .output()
+            .map_err(|e| fail(format!("cannot start it: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let json: serde_json::Value = serde_json::from_str(text.trim()).map_err(|_| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            fail(format!(
+                "no result ({})",
+                err.lines().last().unwrap_or("no output")
+            ))
+        })?;
+        if let Some(e) = json.get("error").and_then(|e| e.as_str()) {
+            return Err(fail(e.to_string()));
+        }
+        let seconds: Vec<f64> = json
+            .get("seconds")
+            .and_then(|s| s.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        let note = json.get("version").and_then(|v| v.as_str()).map(|v| {
+            let threads = json.get("threads").and_then(|t| t.as_u64());
+            let threads = threads.map_or(String::new(), |t| format!(", {t} threads"));
+            format!("{} {v}{threads}", c.implementation.name())
+        });
+        Ok((seconds, note))
+    }
+}
+
+impl Drop for Baselines {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+    }
+}

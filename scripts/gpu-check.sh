@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The whole GPU check for a lent NVIDIA machine (the `device` tool's H200),
+# in two halves, because that machine has no Rust toolchain and no network:
+#
+#   scripts/gpu-check.sh prepare   # here: builds the release binaries the check
+#                                  # runs, strips them into .gpu/bin, and fetches
+#                                  # the Vulkan loader .debs into .gl/ (both ignored)
+#   scripts/gpu-check.sh run       # there (carry .gpu and .gl): the GPU test
+#                                  # suites on NVIDIA's Vulkan driver, then plan,
+#                                  # demo, forward/backward and decode benchmarks
+#
+# `run` writes every log under $OUT (or ./gpu-check-out) and ends with a
+# summary line per step; it is sized to finish in about 8 minutes on an H200.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# The test binaries that need an adapter (each runs alone: the suites are
+# one process each, as in CI).
+SUITES=(gpu_forward gpu_backward gpu_decode io_accounting backend)
+
+prepare() {
+  set -e
+  rm -rf .gpu && mkdir -p .gpu/bin
+  cargo build --release -p flashattn-cli --bin flashattn
+  cargo build --release --example decode
+  local json
+  json=$(cargo test --release -p flashattn --no-run --message-format=json 2>/dev/null)
+  for suite in "${SUITES[@]}"; do
+    local exe
+    exe=$(printf '%s\n' "$json" | grep -o "\"executable\":\"[^\"]*/deps/${suite}-[0-9a-f]*\"" |
+      tail -n 1 | cut -d'"' -f4)
+    [ -n "$exe" ] || { echo "gpu-check: no test binary for $suite" >&2; exit 1; }
+    cp "$exe" ".gpu/bin/$suite"
+  done
+  cp target/release/flashattn target/release/examples/decode .gpu/bin/
+  strip .gpu/bin/*
+  # NVIDIA's driver brings its Vulkan ICD but not the loader (device README).
+  if [ ! -d .gl ] || ! ls .gl/*.deb >/dev/null 2>&1; then
+    mkdir -p .gl /tmp/amd64/partial
+    local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    # shellcheck disable=SC2086
+    apt-get $o update -qq
+    # shellcheck disable=SC2086
+    (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+  fi
+  du -sh .gpu .gl
+  echo "gpu-check: prepared; on the device: run with carry [.gpu, .gl] and command 'scripts/gpu-check.sh run'"
+}
+
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$out/summary.txt"
+}
+
+run() {
+  out=${OUT:-gpu-check-out}
+  mkdir -p "$out"
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  fi
+  export FLASHATTN_REQUIRE_GPU=1 XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan
+  local bin=.gpu/bin
+  { nvidia-smi; lscpu | grep 'Model name'; } >"$out/machine.txt" 2>&1
+  step plan 60 "$bin/flashattn" plan
+  step plan-decode 60 "$bin/flashattn" plan --decode --head-dim 128 --heads-q 32 --heads-kv 8 --cache-len 8192 --precision f16
+  step demo 120 "$bin/flashattn" demo
+  for suite in "${SUITES[@]}"; do
+    step "test-$suite" 240 "$bin/$suite" --test-threads 4
+  done
+  step bench-forward 240 "$bin/flashattn" bench --seqlens 1024,2048,4096,8192,16384 --head-dims 64,128 \
+    --passes forward --causal both --heads 8 --repeats 5 --json "$out/bench-forward.json"
+  step bench-backward 240 "$bin/flashattn" bench --seqlens 1024,4096,8192 --head-dims 64,128 \
+    --passes backward --heads 8 --repeats 3 --json "$out/bench-backward.json"
+  step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \
+    --json "$out/bench-decode.json"
+  step example-decode 120 "$bin/decode" --tokens 256
+  cat "$out/summary.txt"
+}
+
+case "${1:-}" in
+prepare) prepare ;;
+run) run ;;
+*)
+  echo "usage: scripts/gpu-check.sh prepare|run" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,40 @@
+//! The CPU backend's FP8 (e4m3) forward (SPEC.md): q, k, v quantized by
+//! [`crate::quant`] — the same codes and scales the wgpu kernels produce,
+//! bit for bit — then the same online softmax as the f32 forward on their
+//! dequantized values, P quantized to e4m3 at its own scale before `P·V`,
+//! f32 accumulation; `o` is f32.
+
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::output::{CallStats, ForwardOutput};
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::{TensorData, TensorView};
+use crate::error::Result;
+use crate::quant::{round_p, Fp8Layout};
+
+/// FP8 attention forward on the CPU: `o` f32, `lse` as always.
+pub fn forward_fp8(
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    opts: &AttentionOptions,
+    fp8: &Fp8Options,
+) -> Result<ForwardOutput> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    opts.validate()?;
+    Fp8Layout::check_supported(&shape, opts)?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let quantized = layout.quantize([q, k, v])?;
+    // Each tensor's scales multiply its values here; the kernels fold them
+    // into the scores and the output instead (equal up to rounding).
+    let qkv = quantized.map(|t| t.dequantize());
+    let padded = layout.padded(&shape);
+    let (o, lse) = super::forward::forward_f32(
+        super::Isa::detect(),
+        padded,
+        qkv,
+        &layout.options(opts),
+        Some(round_p),
+    );
+    let o = TensorData::F32(layout.trim(&o));
+    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+}

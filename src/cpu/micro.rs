@@ -1,0 +1,344 @@
+//! The register-blocked matmul micro-kernel every product of the CPU
+//! backend runs on (Q·Kᵀ, P·V, and the backward's dP, dV, dK, dQ).
+//!
+//! `C (m×n) = or += A (m×k) · B (k×n)`, B and C row-major, A at any strides
+//! (so Pᵀ and dSᵀ are read in place). A micro-tile keeps `MR × NR` sums of C
+//! in vector registers and, for each step of k, loads one row of B (`NR`
+//! floats: one or two vectors), broadcasts `MR` elements of A and does
+//! `MR × NR` multiply-adds — the outer-product form of BLAS micro-kernels.
+//! The source is plain Rust over fixed-size arrays; compiled inside each
+//! instruction set's `#[target_feature]` entry point (`isa.rs`) the arrays
+//! become registers and the loops vector FMAs. Operands are small blocks
+//! already resident in L1/L2, so there is no packing step: the callers lay
+//! K, V, Q and dO out once per call in the shapes the products read.
+//!
+//! `n` must be a multiple of [`PAD`]: callers pad head-dim rows with zeros.
+
+/// Column granularity: every `n` is a multiple of it.
+pub(crate) const PAD: usize = 16;
+
+/// One instruction set's micro-tiles.
+pub(crate) trait Kernel {
+    /// Whether a full micro-tile is 32 columns wide (else 16).
+    const WIDE: bool;
+    /// The next rows of C at one column panel (16 or, `wide`, 32 columns):
+    /// as many of the `left` rows as one micro-tile holds; returns how many.
+    ///
+    /// # Safety
+    /// `p` must address `left` rows of A and C and the panel's columns of B and C.
+    unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, accumulate: bool) -> usize;
+}
+
+/// Up to 8 × 32 tiles: 16 of the 32 zmm registers hold C.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512;
+#[cfg(target_arch = "x86_64")]
+impl Kernel for Avx512 {
+    const WIDE: bool = true;
+    #[inline(always)]
+    unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, acc: bool) -> usize {
+        use x86::tile512 as t;
+        macro_rules! at {
+            ($mr:literal) => {{
+                if wide {
+                    t::<$mr, 2>(p, k, acc)
+                } else {
+                    t::<$mr, 1>(p, k, acc)
+                }
+                $mr
+            }};
+        }
+        match left {
+            8.. => at!(8),
+            4..=7 => at!(4),
+            2 | 3 => at!(2),
+            _ => at!(1),
+        }
+    }
+}
+
+/// Up to 6 × 16 tiles: 12 of the 16 ymm registers hold C.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+#[cfg(target_arch = "x86_64")]
+impl Kernel for Avx2 {
+    const WIDE: bool = false;
+    #[inline(always)]
+    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
+        use x86::tile256 as t;
+        macro_rules! at {
+            ($mr:literal) => {{
+                t::<$mr>(p, k, acc);
+                $mr
+            }};
+        }
+        match left {
+            6.. => at!(6),
+            4 | 5 => at!(4),
+            2 | 3 => at!(2),
+            _ => at!(1),
+        }
+    }
+}
+
+/// Up to 4 × 16 tiles on NEON's 32 q registers (16 hold C).
+#[cfg(target_arch = "aarch64")]
+pub(crate) struct Neon;
+#[cfg(target_arch = "aarch64")]
+impl Kernel for Neon {
+    const WIDE: bool = false;
+    #[inline(always)]
+    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
+        generic_tile::<Fused>(p, left, k, acc)
+    }
+}
+
+/// Up to 4 × 16 tiles in plain Rust, separate multiply and add (a fused
+/// one without hardware FMA is a library call).
+pub(crate) struct Portable;
+impl Kernel for Portable {
+    const WIDE: bool = false;
+    #[inline(always)]
+    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
+        generic_tile::<Unfused>(p, left, k, acc)
+    }
+}
+
+/// A scalar multiply-add for the plain-Rust tiles.
+trait Madd {
+    fn madd(a: f32, b: f32, c: f32) -> f32;
+}
+
+#[cfg(target_arch = "aarch64")]
+struct Fused;
+#[cfg(target_arch = "aarch64")]
+impl Madd for Fused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+struct Unfused;
+impl Madd for Unfused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// A read-only operand: element `(r, x)` at `data[r * rs + x * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// Row-major with row stride `ld`.
+    pub fn rows(data: &'a [f32], ld: usize) -> Self {
+        Self {
+            data,
+            rs: ld,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with row stride `ld`.
+    pub fn transposed(data: &'a [f32], ld: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: ld,
+        }
+    }
+
+    /// Whether every element `(r < m, x < n)` is in bounds.
+    fn holds(&self, m: usize, n: usize) -> bool {
+        m == 0 || n == 0 || (m - 1) * self.rs + (n - 1) * self.cs < self.data.len()
+    }
+}
+
+/// The sizes of one product: C is `m × n`, the sum runs over `k`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// Raw operands of one micro-tile, bounds checked by [`gemm`].
+#[derive(Clone, Copy)]
+pub(crate) struct Ptrs {
+    a: *const f32,
+    rs: usize,
+    cs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+}
+
+/// `C = A·B` (`accumulate` false) or `C += A·B`; C row-major with stride `ldc`.
+///
+/// # Panics
+/// If an operand is too short for `dims` or `n` is not a multiple of [`PAD`]
+/// (callers size every buffer from the same dims: a bug, not bad input).
+#[inline(always)]
+pub(crate) fn gemm<K: Kernel>(
+    dims: Dims,
+    a: Mat,
+    b: Mat,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let Dims { m, n, k } = dims;
+    assert!(n % PAD == 0 && b.cs == 1 && a.holds(m, k) && b.holds(k, n));
+    assert!(m == 0 || (m - 1) * ldc + n <= c.len());
+    if m == 0 || n == 0 {
+        return;
+    }
+    let mut j = 0;
+    while j < n {
+        let wide = K::WIDE && n - j >= 2 * PAD;
+        let mut r = 0;
+        while r < m {
+            let p = Ptrs {
+                // SAFETY: r < m and j < n, within the bounds asserted above.
+                a: unsafe { a.data.as_ptr().add(r * a.rs) },
+                rs: a.rs,
+                cs: a.cs,
+                b: unsafe { b.data.as_ptr().add(j) },
+                ldb: b.rs,
+                c: unsafe { c.as_mut_ptr().add(r * ldc + j) },
+                ldc,
+            };
+            // SAFETY: the tile covers at most rows r..m and columns j..j+16 or +32 <= n.
+            r += unsafe { K::tile(&p, m - r, k, wide, accumulate) };
+        }
+        j += if wide { 2 * PAD } else { PAD };
+    }
+}
+
+/// The plain-Rust tiles: up to 4 rows × 16 columns.
+#[inline(always)]
+unsafe fn generic_tile<M: Madd>(p: &Ptrs, left: usize, k: usize, acc: bool) -> usize {
+    macro_rules! at {
+        ($mr:literal) => {{
+            tile::<$mr, M>(p, k, acc);
+            $mr
+        }};
+    }
+    match left {
+        4.. => at!(4),
+        2 | 3 => at!(2),
+        _ => at!(1),
+    }
+}
+
+/// `MR × NR` sums of C in registers over the whole of k.
+#[inline(always)]
+unsafe fn tile<const MR: usize, M: Madd>(p: &Ptrs, k: usize, accumulate: bool) {
+    const NR: usize = PAD;
+    let mut acc = [[0f32; NR]; MR];
+    if accumulate {
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = *p.c.add(r * p.ldc + j);
+            }
+        }
+    }
+    for x in 0..k {
+        let brow = p.b.add(x * p.ldb);
+        let mut bv = [0f32; NR];
+        for (j, b) in bv.iter_mut().enumerate() {
+            *b = *brow.add(j);
+        }
+        let a = p.a.add(x * p.cs);
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = *a.add(r * p.rs);
+            for (c, b) in row.iter_mut().zip(&bv) {
+                *c = M::madd(av, *b, *c);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (j, x) in row.iter().enumerate() {
+            *p.c.add(r * p.ldc + j) = *x;
+        }
+    }
+}
+
+/// The x86 tiles in intrinsics: with arrays of vector registers (not of
+/// floats) the compiler keeps every sum in a register.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Ptrs;
+    use std::arch::x86_64::*;
+
+    /// `MR` rows × `NV` zmm vectors (16 floats each) of C.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile512<const MR: usize, const NV: usize>(
+        p: &Ptrs,
+        k: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(p.c.add(r * p.ldc + 16 * v));
+                }
+            }
+        }
+        for x in 0..k {
+            let brow = p.b.add(x * p.ldb);
+            let b: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(brow.add(16 * v)));
+            let a = p.a.add(x * p.cs);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(r * p.rs));
+                for (c, b) in row.iter_mut().zip(&b) {
+                    *c = _mm512_fmadd_ps(av, *b, *c);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                _mm512_storeu_ps(p.c.add(r * p.ldc + 16 * v), *x);
+            }
+        }
+    }
+
+    /// `MR` rows × 16 floats (two ymm vectors) of C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile256<const MR: usize>(p: &Ptrs, k: usize, accumulate: bool) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = _mm256_loadu_ps(p.c.add(r * p.ldc + 8 * v));
+                }
+            }
+        }
+        for x in 0..k {
+            let brow = p.b.add(x * p.ldb);
+            let b = [_mm256_loadu_ps(brow), _mm256_loadu_ps(brow.add(8))];
+            let a = p.a.add(x * p.cs);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_ps(*a.add(r * p.rs));
+                for (c, b) in row.iter_mut().zip(&b) {
+                    *c = _mm256_fmadd_ps(av, *b, *c);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                _mm256_storeu_ps(p.c.add(r * p.ldc + 8 * v), *x);
+            }
+        }
+    }
+}

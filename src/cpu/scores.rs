@@ -1,0 +1,119 @@
+//! The one place the CPU backend turns `q·k` into scores: scale, softcap
+//! and the mask, and which key blocks a block of rows may skip. Forward,
+//! backward and decode all call these, so their scores are bit-identical
+//! (the backward's `s − lse` is exact at a row's maximum) and a new score
+//! term or skipping predicate is added here once.
+
+use super::vmath;
+use crate::api::options::{AttentionOptions, Mask};
+use std::ops::Range;
+
+/// Scale and softcap of a call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScoreRule {
+    pub scale: f32,
+    /// `C` of `C · tanh(s / C)`; 0 = off.
+    pub softcap: f32,
+}
+
+/// One query row as the scores see it: its position `i` and the keys its mask allows (already clipped to what the task walks).
+#[derive(Clone, Debug)]
+pub(crate) struct ScoreRow {
+    pub i: usize,
+    pub keys: Range<usize>,
+}
+
+/// What a block of rows sees of a block of keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Visibility {
+    /// No row sees any key: the block is never loaded or computed.
+    Skip,
+    /// Every row sees every key: no mask is applied.
+    Full,
+    /// Some pairs are masked.
+    Partial,
+}
+
+impl ScoreRule {
+    pub fn new(opts: &AttentionOptions, head_dim: usize) -> Self {
+        Self {
+            scale: opts.scale_for(head_dim),
+            softcap: opts.softcap_value(),
+        }
+    }
+
+    /// What `rows` see of `keys`.
+    pub fn visibility(rows: &[ScoreRow], keys: &Range<usize>) -> Visibility {
+        let sees = |r: &ScoreRow| r.keys.start < keys.end && keys.start < r.keys.end;
+        let all = |r: &ScoreRow| r.keys.start <= keys.start && keys.end <= r.keys.end;
+        if !rows.iter().any(sees) {
+            Visibility::Skip
+        } else if rows.iter().all(all) {
+            Visibility::Full
+        } else {
+            Visibility::Partial
+        }
+    }
+
+    /// The keys some row sees (empty when none does).
+    pub fn span(rows: &[ScoreRow]) -> Range<usize> {
+        let seen = rows.iter().filter(|r| !r.keys.is_empty());
+        let lo = seen.clone().map(|r| r.keys.start).min().unwrap_or(0);
+        let hi = seen.map(|r| r.keys.end).max().unwrap_or(0);
+        lo..hi.max(lo)
+    }
+
+    /// Turn one row of dot products against `keys` into scores in place:
+    /// `scale · x`, soft-capped, and −inf where the row's mask forbids.
+    #[inline(always)]
+    pub fn apply(&self, row: &ScoreRow, keys: &Range<usize>, vis: Visibility, s: &mut [f32]) {
+        let s = &mut s[..keys.len()];
+        if self.softcap > 0.0 {
+            let (cap, inv) = (self.softcap, self.scale / self.softcap);
+            s.iter_mut().for_each(|x| *x = cap * vmath::tanh(*x * inv));
+        } else {
+            vmath::scale(s, self.scale);
+        }
+        if vis == Visibility::Partial {
+            let lo = row.keys.start.clamp(keys.start, keys.end) - keys.start;
+            let hi = row.keys.end.clamp(keys.start, keys.end) - keys.start;
+            let hi = hi.max(lo);
+            s[..lo].fill(f32::NEG_INFINITY);
+            s[hi..].fill(f32::NEG_INFINITY);
+        }
+    }
+
+    /// `∂s/∂(scale·x)` at a score `s` that [`apply`](Self::apply) produced:
+    /// `1 − tanh²` with softcap, else 1.
+    #[inline(always)]
+    pub fn dcap(&self, s: f32) -> f32 {
+        if self.softcap > 0.0 {
+            let t = s / self.softcap;
+            1.0 - t * t
+        } else {
+            1.0
+        }
+    }
+}
+
+/// The rows of `0..seqlen_q` that may see some key of `keys`: both ends of
+/// the band `key_range(i)` never decrease with `i`, so they form one range.
+pub(crate) fn rows_seeing(mask: &Mask, seqlen_q: usize, keys: &Range<usize>) -> Range<usize> {
+    let first = partition(seqlen_q, |i| mask.key_range(i).end <= keys.start);
+    let end = partition(seqlen_q, |i| mask.key_range(i).start < keys.end);
+    first..end.max(first)
+}
+
+/// The first `i` in `0..n` where `pred` is false (`pred` holds on a prefix).
+fn partition(n: usize, pred: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}

@@ -1,0 +1,310 @@
+//! The FP8 (e4m3) forward on the device (SPEC.md): q, k, v uploaded in f32
+//! and quantized there (`kernels::quantize`: per-(batch, head) scales, q
+//! and k through the seeded Walsh–Hadamard transform when asked), then the
+//! flash forward on the codes (FP8 storage: decoded on load, the scales
+//! applied to the scores and the output, P quantized at its own scale), all
+//! in one submission; `o` (f32) and `lse` read back. The quantized values
+//! are `crate::quant`'s, bit for bit. One dispatch set: a problem past one
+//! storage binding, the grid or the adapter's loop limit is a typed error,
+//! never split.
+
+use super::forward::{check_loop_limit, dispatches};
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::output::{Accesses, ForwardOutput};
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::{Precision, TensorData, TensorView};
+use crate::error::{Error, Result};
+use crate::kernels::params::to_u32;
+use crate::kernels::{
+    binding, AttentionBuffers, FlashForward, Fp8Quantize, QuantParams, QuantPass,
+};
+use crate::plan::{plan_forward, PlanOverrides, PlanRequest, StorageKind};
+use crate::quant::{check_finite, Fp8Layout, Fp8Tensor, Hadamard};
+use crate::runtime::{Call, Dispatch, Gpu};
+
+/// One tensor to quantize: its shape, whether it is transformed, its rows'
+/// stored length and where its scales go in the shared buffers.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    name: &'static str,
+    shape: [usize; 4],
+    hadamard: bool,
+    row_len: usize,
+    scale_offset: usize,
+}
+
+impl Spec {
+    fn kernel(&self, gpu: &Gpu, pass: QuantPass) -> Fp8Quantize {
+        Fp8Quantize {
+            pass,
+            head_dim: self.shape[3] as u32,
+            hadamard: self.hadamard,
+            variant: gpu.variant(false, false),
+        }
+    }
+
+    fn heads(&self) -> usize {
+        self.shape[0] * self.shape[2]
+    }
+
+    fn code_bytes(&self) -> u64 {
+        (self.shape[0] * self.shape[1] * self.shape[2] * self.row_len) as u64
+    }
+}
+
+/// The device buffers one tensor's quantization uses.
+struct QuantBuffers<'a> {
+    x: &'a wgpu::Buffer,
+    signs: &'a wgpu::Buffer,
+    absmax: &'a wgpu::Buffer,
+    scales: &'a wgpu::Buffer,
+    codes: &'a wgpu::Buffer,
+}
+
+/// The three passes over one tensor (max, scales, codes), and the storage
+/// elements they read (each input element, twice).
+fn quant_dispatches<'a>(
+    gpu: &Gpu,
+    s: &Spec,
+    norm: f32,
+    b: &QuantBuffers<'a>,
+) -> Result<(Vec<Dispatch<'a>>, Accesses)> {
+    let [batch, seqlen, heads, _] = s.shape;
+    let params = QuantParams {
+        seqlen: to_u32("seqlen", seqlen)?,
+        heads: to_u32("heads", heads)?,
+        batch: to_u32("batch", batch)?,
+        row_len: to_u32("FP8 row length", s.row_len)?,
+        scale_offset: to_u32("scale offset", s.scale_offset)?,
+        norm,
+        ..Default::default()
+    };
+    let uniform = vec![(binding::QUANT, bytemuck::bytes_of(&params).to_vec())];
+    let rows = [(binding::QUANT_X, b.x), (binding::SIGNS, b.signs)];
+    let passes = [
+        (QuantPass::Absmax, vec![(binding::ABSMAX, b.absmax)]),
+        (
+            QuantPass::Scales,
+            vec![(binding::ABSMAX, b.absmax), (binding::FP8_SCALES, b.scales)],
+        ),
+        (
+            QuantPass::Codes,
+            vec![(binding::FP8_SCALES, b.scales), (binding::CODES, b.codes)],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (pass, mut buffers) in passes {
+        let kernel = s.kernel(gpu, pass);
+        if pass != QuantPass::Scales {
+            buffers.extend(rows);
+        }
+        let grid = kernel.grid([batch, seqlen, heads].map(|x| x as u32));
+        if let Some(&n) = grid.iter().find(|&&n| n > gpu.max_groups()) {
+            return Err(Error::GridTooLarge {
+                what: "the FP8 quantization",
+                groups: n as u64,
+                max: gpu.max_groups(),
+            });
+        }
+        out.push(Dispatch {
+            kernel: kernel.into(),
+            uniforms: uniform.clone(),
+            buffers,
+            grid,
+            walk: None,
+        });
+    }
+    let elements = s.shape.iter().product::<usize>() as u64;
+    let accesses = Accesses {
+        reads: 2 * elements,
+        writes: 0,
+    };
+    Ok((out, accesses))
+}
+
+/// Every buffer of one dispatch set must fit one storage binding.
+fn check_binding(gpu: &Gpu, what: &'static str, bytes: u64) -> Result<u64> {
+    if bytes > gpu.max_binding() {
+        return Err(Error::BindingTooLarge {
+            what,
+            bytes,
+            max: gpu.max_binding(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The transform's signs as a buffer (one unused element without it).
+fn signs(call: &mut Call<'_>, t: Option<&Hadamard>) -> Result<wgpu::Buffer> {
+    let signs = t.map_or(vec![1.0f32], |t| t.signs.clone());
+    call.upload("fp8 hadamard signs", bytemuck::cast_slice(&signs))
+}
+
+/// Upload one tensor's f32 values (finite, checked), and make its codes.
+fn upload_tensor(
+    call: &mut Call<'_>,
+    s: &Spec,
+    x: &TensorView,
+) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+    x.check_len(s.name)?;
+    let values = x.data.to_f32();
+    check_finite(&values, s.name)?;
+    check_binding(call.gpu, s.name, 4 * values.len() as u64)?;
+    let bytes = check_binding(call.gpu, "fp8 codes", s.code_bytes())?;
+    Ok((
+        call.upload(s.name, bytemuck::cast_slice(&values))?,
+        call.storage("fp8 codes", bytes)?,
+    ))
+}
+
+/// One tensor quantized on the device and read back (the codes and scales
+/// the FP8 forward uses, for checking them against `crate::quant`).
+pub async fn quantize(gpu: &Gpu, x: &TensorView<'_>, fp8: &Fp8Options) -> Result<Fp8Tensor> {
+    let layout = Fp8Layout::new(x.shape[3], fp8);
+    let transform = layout.transform.as_ref();
+    let spec = Spec {
+        name: "x",
+        shape: x.shape,
+        hadamard: transform.is_some(),
+        row_len: layout.row_len,
+        scale_offset: 0,
+    };
+    let mut call = Call::new(gpu, None);
+    let (xb, codes) = upload_tensor(&mut call, &spec, x)?;
+    let signs = signs(&mut call, transform)?;
+    let n = 4 * spec.heads() as u64;
+    let absmax = call.upload("fp8 absmax", &vec![0u8; n as usize])?;
+    let scales = call.storage("fp8 scales", n)?;
+    let bufs = QuantBuffers {
+        x: &xb,
+        signs: &signs,
+        absmax: &absmax,
+        scales: &scales,
+        codes: &codes,
+    };
+    let norm = transform.map_or(1.0, |t| t.norm);
+    let (ds, accesses) = quant_dispatches(gpu, &spec, norm, &bufs)?;
+    call.stats.accesses += accesses;
+    call.run(&ds).await?;
+    let mut data = call
+        .read(&[(&codes, spec.code_bytes()), (&scales, n)])
+        .await?;
+    let scales = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
+    let mut codes = data.pop().unwrap_or_default();
+    codes.truncate(spec.code_bytes() as usize);
+    Ok(Fp8Tensor {
+        shape: x.shape,
+        dim: transform.map_or(x.shape[3], |t| t.dim),
+        row_len: layout.row_len,
+        codes,
+        scales,
+    })
+}
+
+/// The flash forward kernel over the stored rows, with FP8 storage.
+fn attention_kernel(
+    gpu: &Gpu,
+    padded: &AttentionShape,
+    opts: &AttentionOptions,
+    overrides: &PlanOverrides,
+) -> Result<FlashForward> {
+    // Tiles are f32 on chip whatever the storage: plan as for f32.
+    let req = PlanRequest::for_shape(padded, Precision::F32, *overrides);
+    let plan = plan_forward(&req, &gpu.caps())?.plan;
+    let kernel = FlashForward {
+        plan: crate::plan::Plan {
+            storage: StorageKind::Fp8,
+            ..plan
+        },
+        variant: gpu.variant(opts.mask(padded).is_active(), opts.softcap_value() > 0.0),
+    };
+    check_loop_limit(gpu, &kernel, padded, opts)?;
+    Ok(kernel)
+}
+
+/// The specs of q, k and v: their scales follow each other in one buffer.
+fn specs(shape: &AttentionShape, layout: &Fp8Layout) -> [Spec; 3] {
+    let t = layout.transform.is_some();
+    let spec = |name, shape, hadamard, scale_offset| Spec {
+        name,
+        shape,
+        hadamard,
+        row_len: layout.row_len,
+        scale_offset,
+    };
+    let (bq, bk) = (shape.batch * shape.heads_q, shape.batch * shape.heads_kv);
+    [
+        spec("q", shape.q_shape(), t, 0),
+        spec("k", shape.kv_shape(), t, bq),
+        spec("v", shape.kv_shape(), false, bq + bk),
+    ]
+}
+
+/// FP8 attention forward on host tensors (any storage precision; their
+/// values are quantized): `o` f32, `lse` as always.
+pub async fn forward(
+    gpu: &Gpu,
+    qkv: [&TensorView<'_>; 3],
+    opts: &AttentionOptions,
+    fp8: &Fp8Options,
+    overrides: &PlanOverrides,
+) -> Result<ForwardOutput> {
+    let [q, k, v] = qkv;
+    let shape = AttentionShape::from_views(q, k, v)?;
+    opts.validate()?;
+    Fp8Layout::check_supported(&shape, opts)?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let padded = layout.padded(&shape);
+    let kernel = attention_kernel(gpu, &padded, opts, overrides)?;
+    let mut call = Call::new(gpu, Some(kernel.plan));
+    let specs = specs(&shape, &layout);
+    let mut tensors = Vec::with_capacity(3);
+    for (s, x) in specs.iter().zip(qkv) {
+        tensors.push(upload_tensor(&mut call, s, x)?);
+    }
+    let transform = layout.transform.as_ref();
+    let signs = signs(&mut call, transform)?;
+    let n = 4 * specs.iter().map(Spec::heads).sum::<usize>() as u64;
+    let absmax = call.upload("fp8 absmax", &vec![0u8; n as usize])?;
+    let scales = call.storage("fp8 scales", n)?;
+    let o_bytes = check_binding(gpu, "o", 4 * padded.q_len() as u64)?;
+    let (o, lse) = (
+        call.storage("o", o_bytes)?,
+        call.storage("lse", 4 * shape.lse_len() as u64)?,
+    );
+    let norm = transform.map_or(1.0, |t| t.norm);
+    let mut all = Vec::new();
+    for (s, (x, codes)) in specs.iter().zip(&tensors) {
+        let bufs = QuantBuffers {
+            x,
+            signs: &signs,
+            absmax: &absmax,
+            scales: &scales,
+            codes,
+        };
+        let (ds, accesses) = quant_dispatches(gpu, s, norm, &bufs)?;
+        call.stats.accesses += accesses;
+        all.extend(ds);
+    }
+    let bufs = AttentionBuffers {
+        q: &tensors[0].1,
+        k: &tensors[1].1,
+        v: &tensors[2].1,
+        o: &o,
+        lse: &lse,
+    };
+    let (mut attention, accesses) =
+        dispatches(gpu, &kernel, &padded, &layout.options(opts), &bufs)?;
+    attention
+        .iter_mut()
+        .for_each(|d| d.buffers.push((binding::FP8_SCALES, &scales)));
+    call.stats.accesses += accesses;
+    all.extend(attention);
+    call.run(&all).await?;
+    let lse_bytes = 4 * shape.lse_len() as u64;
+    let mut data = call.read(&[(&o, o_bytes), (&lse, lse_bytes)]).await?;
+    let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
+    let o: Vec<f32> = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
+    let o = TensorData::F32(layout.trim(&o[..padded.q_len()]));
+    Ok(ForwardOutput::new(shape, o, lse, call.finish()))
+}
