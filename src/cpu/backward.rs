@@ -156,9 +156,9 @@ impl Ctx<'_> {
                 ds.fill(0.0);
                 continue;
             }
-            self.rule.apply(row, &keys, at.vis, p);
+            self.rule.apply::<K>(row, &keys, at.vis, p);
             for (s, dp) in p.iter_mut().zip(ds.iter_mut()) {
-                let pc = vmath::exp(*s - lse);
+                let pc = vmath::exp::<K>(*s - lse);
                 // Masked scores are −inf, where the softcap's slope is not finite.
                 let dcap = if pc > 0.0 { self.rule.dcap(*s) } else { 0.0 };
                 *dp = pc * (*dp - delta) * dcap;

@@ -4,6 +4,7 @@
 //! (the backward's `s − lse` is exact at a row's maximum) and a new score
 //! term or skipping predicate is added here once.
 
+use super::micro::Kernel;
 use super::vmath;
 use crate::api::options::{AttentionOptions, Mask};
 use std::ops::Range;
@@ -66,11 +67,18 @@ impl ScoreRule {
     /// Turn one row of dot products against `keys` into scores in place:
     /// `scale · x`, soft-capped, and −inf where the row's mask forbids.
     #[inline(always)]
-    pub fn apply(&self, row: &ScoreRow, keys: &Range<usize>, vis: Visibility, s: &mut [f32]) {
+    pub fn apply<K: Kernel>(
+        &self,
+        row: &ScoreRow,
+        keys: &Range<usize>,
+        vis: Visibility,
+        s: &mut [f32],
+    ) {
         let s = &mut s[..keys.len()];
         if self.softcap > 0.0 {
             let (cap, inv) = (self.softcap, self.scale / self.softcap);
-            s.iter_mut().for_each(|x| *x = cap * vmath::tanh(*x * inv));
+            s.iter_mut()
+                .for_each(|x| *x = cap * vmath::tanh::<K>(*x * inv));
         } else {
             vmath::scale(s, self.scale);
         }

@@ -1,39 +1,46 @@
 //! Vectorizable elementwise math for the online softmax: `exp` and `tanh`
-//! in branch-free f32 arithmetic (so a block of scores becomes vector
-//! instructions, where `f32::exp` is a library call per element), and lane-
-//! wise max and sum. All are `#[inline(always)]`: they take the instruction
-//! set of the entry point they are inlined into (`isa.rs`).
+//! in branch-free f32 arithmetic on the kernel's multiply-add (so a block
+//! of scores becomes vector FMAs, where `f32::exp` is a library call per
+//! element and an unfused `a * b + c` two instructions), and lane-wise max
+//! and sum reduced in a fixed tree. All are `#[inline(always)]`: they take
+//! the instruction set of the entry point they are inlined into (`isa.rs`).
 
+use super::micro::Kernel;
 use crate::api::tensor::Precision;
 
 /// Lanes of the reductions' accumulators (a multiple of every vector width).
 const LANES: usize = 16;
 
+/// Below this `exp` is 0 (f32's normal range ends at about −87.34).
+const EXP_LO: f32 = -87.336_55;
+
 /// `exp(x)` to about 1 ulp (Cephes' `expf`): `2^n · exp(r)` with
 /// `n = round(x / ln 2)`, `r = x − n·ln 2` in two parts, and a degree-6
-/// polynomial for `exp(r)`. Below −87.3 (where `exp` leaves f32's normal
-/// range) the result is 0, and above 88 it stays at `exp(88)` — `exp(−inf) = 0` exactly, as masked scores need.
+/// polynomial for `exp(r)`, every step a multiply-add of `K`. Below −87.3
+/// (where `exp` leaves f32's normal range) the result is 0, and above 88 it
+/// stays at `exp(88)` — `exp(−inf) = 0` exactly, as masked scores need.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<K: Kernel>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 · 2^23: adding it rounds to an integer held in the low mantissa bits.
     const MAGIC: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.336_55, 88.0);
-    let t = xc * LOG2E + MAGIC;
+    // `(bits(t) − bits(MAGIC) + 127) << 23` as one shift and one add.
+    const BIAS: u32 = 127u32.wrapping_sub(MAGIC.to_bits()) << 23;
+    let xc = x.clamp(EXP_LO, 88.0);
+    let t = K::madd(xc, LOG2E, MAGIC);
     let n = t - MAGIC;
-    let r = xc - n * LN2_HI - n * LN2_LO;
+    let r = K::madd(n, -LN2_LO, K::madd(n, -LN2_HI, xc));
     let mut p = 1.987_569_2e-4;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let bits = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23;
-    let e = y * f32::from_bits(bits);
-    if x < -87.336_55 {
+    p = K::madd(p, r, 1.398_2e-3);
+    p = K::madd(p, r, 8.333_452e-3);
+    p = K::madd(p, r, 4.166_579_6e-2);
+    p = K::madd(p, r, 0.166_666_65);
+    p = K::madd(p, r, 0.5);
+    let y = K::madd(p, r * r, r) + 1.0;
+    let e = y * f32::from_bits((t.to_bits() << 23).wrapping_add(BIAS));
+    if x < EXP_LO {
         0.0
     } else {
         e
@@ -44,9 +51,32 @@ pub(crate) fn exp(x: f32) -> f32 {
 /// absolute error stays near f32's epsilon, which is what a soft-capped
 /// score `C · tanh(s / C)` needs.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
-    let e = exp(-2.0 * x.abs());
+pub(crate) fn tanh<K: Kernel>(x: f32) -> f32 {
+    let e = exp::<K>(-2.0 * x.abs());
     ((1.0 - e) / (1.0 + e)).copysign(x)
+}
+
+/// `a` folded pairwise by `f` down to one value: halves, quarters, ... — a
+/// fixed order that vectorizes into shuffles.
+#[inline(always)]
+fn fold(mut a: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            a[i] = f(a[i], a[i + w]);
+        }
+        w /= 2;
+    }
+    a[0]
+}
+
+#[inline(always)]
+fn fmax(a: f32, b: f32) -> f32 {
+    if b > a {
+        b
+    } else {
+        a
+    }
 }
 
 /// The largest element (−inf for none).
@@ -57,31 +87,29 @@ pub(crate) fn max(xs: &[f32]) -> f32 {
     let rest = chunks.remainder();
     for c in chunks {
         for (l, x) in lanes.iter_mut().zip(c) {
-            *l = if *x > *l { *x } else { *l };
+            *l = fmax(*l, *x);
         }
     }
-    rest.iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    rest.iter().fold(fold(lanes, fmax), |m, &x| fmax(m, x))
 }
 
 /// `xs[i] = exp(xs[i] − m)` for every element; returns their sum.
 #[inline(always)]
-pub(crate) fn exp_sub_sum(xs: &mut [f32], m: f32) -> f32 {
+pub(crate) fn exp_sub_sum<K: Kernel>(xs: &mut [f32], m: f32) -> f32 {
     let mut lanes = [0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for (l, x) in lanes.iter_mut().zip(c.iter_mut()) {
-            *x = exp(*x - m);
+            *x = exp::<K>(*x - m);
             *l += *x;
         }
     }
     let mut sum = 0.0;
     for x in chunks.into_remainder() {
-        *x = exp(*x - m);
+        *x = exp::<K>(*x - m);
         sum += *x;
     }
-    sum + lanes.iter().sum::<f32>()
+    sum + fold(lanes, |a, b| a + b)
 }
 
 /// `Σ a_i · b_i` in lanes (a fixed order: the same inputs, the same sum).
@@ -100,7 +128,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             *l += x * y;
         }
     }
-    tail + lanes.iter().sum::<f32>()
+    tail + fold(lanes, |a, b| a + b)
 }
 
 /// `xs *= a`.
@@ -138,27 +166,48 @@ pub(crate) fn round_to(precision: Precision, xs: &mut [f32]) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn exp_is_within_two_ulp_of_libm_and_zero_below_range() {
+    use crate::cpu::micro::Portable;
+
+    /// A kernel whose multiply-add is fused (`f32::mul_add`, exact with or
+    /// without hardware FMA), where this target has one.
+    #[cfg(target_arch = "x86_64")]
+    type Fused = crate::cpu::micro::Avx2;
+    #[cfg(target_arch = "aarch64")]
+    type Fused = crate::cpu::micro::Neon;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    type Fused = Portable;
+
+    fn exp_within_two_ulp<K: Kernel>() {
         let mut worst = 0f64;
         for i in -8700..=8799 {
             let x = i as f32 * 0.01 + 0.003;
-            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            let (got, want) = (exp::<K>(x) as f64, (x as f64).exp());
             worst = worst.max(((got - want) / want).abs());
         }
         assert!(worst < 2.5 * f32::EPSILON as f64, "relative error {worst}");
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp::<K>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp::<K>(-100.0), 0.0);
+        assert_eq!(exp::<K>(0.0), 1.0);
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_libm_and_zero_below_range() {
+        exp_within_two_ulp::<Portable>();
+        exp_within_two_ulp::<Fused>();
+    }
+
+    fn tanh_close<K: Kernel>() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.005;
+            let err = (tanh::<K>(x) as f64 - (x as f64).tanh()).abs();
+            assert!(err < 3.0 * f32::EPSILON as f64, "tanh({x}) off by {err}");
+        }
     }
 
     #[test]
     fn tanh_is_close_in_absolute_terms() {
-        for i in -2000..=2000 {
-            let x = i as f32 * 0.005;
-            let err = (tanh(x) as f64 - (x as f64).tanh()).abs();
-            assert!(err < 3.0 * f32::EPSILON as f64, "tanh({x}) off by {err}");
-        }
+        tanh_close::<Portable>();
+        tanh_close::<Fused>();
     }
 
     #[test]
@@ -169,6 +218,6 @@ mod tests {
         let ones = vec![1f32; 37];
         assert_eq!(dot(&xs, &ones), xs.iter().sum::<f32>());
         let mut zs = vec![0f32; 37];
-        assert_eq!(exp_sub_sum(&mut zs, 0.0), 37.0);
+        assert_eq!(exp_sub_sum::<Portable>(&mut zs, 0.0), 37.0);
     }
 }
