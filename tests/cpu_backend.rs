@@ -305,6 +305,33 @@ fn cpu_backward_two_runs_are_bit_identical() {
     }
 }
 
+/// The backward's tasks are strips of key blocks, as many as the threads
+/// need, whose dQ sums are added afterwards: one strip per kv head on one
+/// thread, three on three, one per key block on sixteen. Each meets the
+/// rule and repeats bit for bit.
+#[test]
+fn cpu_backward_strips_on_any_thread_count() {
+    let c = Case::new(300, 330, 64).heads(4, 2).batch(2).opts(causal());
+    let data = Data::new(&c);
+    for threads in [1, 3, 16] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            run(&c);
+            let cpu = Cpu::new();
+            let (a, b) = (grads(&cpu, &c, &data), grads(&cpu, &c, &data));
+            for (x, y) in [(&a.dq, &b.dq), (&a.dk, &b.dk), (&a.dv, &b.dv)] {
+                let bits = |t: &flashattn::Tensor| -> Vec<u32> {
+                    t.to_f32().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(bits(x), bits(y), "{threads} threads");
+            }
+        });
+    }
+}
+
 #[test]
 fn cpu_backward_is_not_the_baseline() {
     let c = Case::new(113, 97, 64).heads(4, 2);

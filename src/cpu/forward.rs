@@ -30,9 +30,9 @@ pub(crate) fn key_block(d: usize) -> usize {
 }
 
 /// Everything the tasks read.
-struct Ctx {
+struct Ctx<'a> {
     shape: AttentionShape,
-    q: Vec<f32>,
+    q: &'a [f32],
     kt: Panels,
     v: Panels,
     rule: ScoreRule,
@@ -53,8 +53,8 @@ pub(crate) fn forward(
     let shape = AttentionShape::from_views(q, k, v)?;
     opts.validate()?;
     let precision = q.precision();
-    let qkv = [q, k, v].map(|t| t.data.to_f32());
-    let (o, lse) = forward_f32(isa, shape, qkv, opts, rounding_of(precision));
+    let [qf, kf, vf] = [q, k, v].map(pack::widened);
+    let (o, lse) = forward_f32(isa, shape, [&qf, &kf, &vf], opts, rounding_of(precision));
     let o = TensorData::from_f32(o, precision);
     Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
 }
@@ -64,7 +64,7 @@ pub(crate) fn forward(
 pub(crate) fn forward_f32(
     isa: Isa,
     shape: AttentionShape,
-    [q, k, v]: [Vec<f32>; 3],
+    [q, k, v]: [&[f32]; 3],
     opts: &AttentionOptions,
     round_p: Rounding,
 ) -> (Vec<f32>, Vec<f32>) {
@@ -77,8 +77,8 @@ pub(crate) fn forward_f32(
     let ctx = Ctx {
         shape,
         q,
-        kt: pack::transposed(&k, &kl, shape.batch, bc),
-        v: pack::rows(&v, &kl, shape.batch, rows),
+        kt: pack::transposed(k, &kl, shape.batch, bc),
+        v: pack::rows(v, &kl, shape.batch, rows),
         rule: ScoreRule::new(opts, d),
         mask: opts.mask(&shape),
         round_p,
@@ -108,12 +108,12 @@ pub(crate) fn key_splits(tasks: usize, keys: usize, bc: usize) -> (usize, usize)
 }
 
 /// Task `task`: split `task % splits` of a block of rows.
-struct BlockTask<'a> {
-    ctx: &'a Ctx,
+struct BlockTask<'a, 'c> {
+    ctx: &'c Ctx<'a>,
     task: usize,
 }
 
-impl Task for BlockTask<'_> {
+impl Task for BlockTask<'_, '_> {
     type Output = Partial;
     #[inline(always)]
     fn run<K: Kernel>(self) -> Partial {
@@ -154,13 +154,13 @@ pub(crate) fn clip(
 }
 
 /// The packed K and V of kv head `hk` of batch entry `b`.
-struct Packed<'a> {
-    ctx: &'a Ctx,
+struct Packed<'a, 'c> {
+    ctx: &'c Ctx<'a>,
     b: usize,
     hk: usize,
 }
 
-impl KeySource for Packed<'_> {
+impl KeySource for Packed<'_, '_> {
     #[inline(always)]
     fn block<'s>(&'s self, kb: usize, _: &'s mut Scratch) -> KeyBlock<'s> {
         let g = &self.ctx.g;
@@ -171,7 +171,7 @@ impl KeySource for Packed<'_> {
     }
 }
 
-impl Ctx {
+impl Ctx<'_> {
     /// Every block's splits merged, in o's and lse's layouts.
     fn assemble(&self, parts: &[Partial]) -> (Vec<f32>, Vec<f32>) {
         let s = &self.shape;

@@ -3,9 +3,11 @@
 //!
 //! - **Work split**: forward tasks are (batch, query head, block of 64
 //!   query rows), with key splits merged by LSE where that leaves fewer
-//!   than two tasks per thread (decode-shaped problems); the backward runs
-//!   dK/dV tasks per (batch, kv head, key block) and dQ tasks per (batch,
-//!   query head, query block) — two passes, no atomics, bit-identical runs.
+//!   than two tasks per thread (decode-shaped problems); the backward is one
+//!   fused pass of tasks per (batch, kv head, strip of key blocks), each
+//!   producing its blocks' dK/dV and its own dQ sums, which are added in
+//!   strip order afterwards — five products per tile, no atomics,
+//!   bit-identical runs.
 //! - **Products**: Q·Kᵀ, P·V (and dP, dV, dK, dQ) run on one
 //!   register-blocked micro-kernel ([`micro`]): 8×32 tiles of C in zmm
 //!   registers on AVX-512, 6×16 in ymm on AVX2+FMA, 4×16 on NEON and on
