@@ -210,6 +210,23 @@ fn cpu_causal_and_local_windows() {
     }
 }
 
+/// Long enough for many of the forward's large blocks (128 rows, 256
+/// keys at d 64) and the backward's tiles: blocks on a mask's edge are
+/// narrowed to what their rows see, narrow windows take small blocks.
+#[test]
+fn cpu_long_sequences_cross_many_blocks() {
+    let wide = window(1200, 100);
+    for opts in [
+        AttentionOptions::default(),
+        causal(),
+        window(300, 700),
+        wide,
+    ] {
+        run(&Case::new(600, 777, 64).heads(2, 1).opts(opts));
+        run(&Case::new(777, 600, 40).opts(opts).f16());
+    }
+}
+
 #[test]
 fn cpu_softcap() {
     for cap in [3.0, 20.0] {

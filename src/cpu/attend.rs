@@ -5,7 +5,7 @@
 
 use super::micro::{gemm, Dims, Kernel, Mat};
 use super::scores::{ScoreRow, ScoreRule, Visibility};
-use super::vmath::{self, Rounding};
+use super::vmath::{self, Lanes, Rounding, LANES};
 
 /// Sizes every block shares: head dim, its padded width, keys per block.
 #[derive(Clone, Copy, Debug)]
@@ -48,13 +48,14 @@ pub(crate) struct Partial {
 }
 
 /// The block's work buffers: scores/probabilities, output sums, and each
-/// row's running max `m`, running sum `l`, block max and rescale factor.
+/// row's running max `m`, running sum `l` (in lanes, folded at the end),
+/// new max and rescale factor.
 struct Work {
     s: Vec<f32>,
     o: Vec<f32>,
     m: Vec<f32>,
-    l: Vec<f32>,
-    block_max: Vec<f32>,
+    l: Vec<Lanes>,
+    new_max: Vec<f32>,
     alpha: Vec<f32>,
 }
 
@@ -64,8 +65,8 @@ impl Work {
             s: vec![0f32; n * g.bc],
             o: vec![0f32; n * g.dpad],
             m: vec![f32::NEG_INFINITY; n],
-            l: vec![0f32; n],
-            block_max: vec![0f32; n],
+            l: vec![[0f32; LANES]; n],
+            new_max: vec![0f32; n],
             alpha: vec![0f32; n],
         }
     }
@@ -86,43 +87,39 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
     let span = ScoreRule::span(q.rows);
     if !span.is_empty() {
         for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
-            let keys = kb * g.bc..(kb + 1) * g.bc;
-            let vis = ScoreRule::visibility(q.rows, &keys);
+            let (cols, vis) = ScoreRule::narrow(q.rows, &(kb * g.bc..(kb + 1) * g.bc));
             if vis == Visibility::Skip {
                 continue;
             }
             let blk = src.block(kb, &mut scratch);
+            let (c0, nc) = (cols.start - kb * g.bc, cols.len());
             let s_dims = Dims {
                 m: n,
-                n: g.bc,
+                n: nc,
                 k: g.d,
             };
-            gemm::<K>(s_dims, q.q, Mat::rows(blk.kt, g.bc), &mut w.s, g.bc, false);
-            online_update::<K>(g, rule, q.rows, (&keys, vis), &mut w, round_p);
+            let kt = Mat::rows(&blk.kt[c0..], g.bc);
+            gemm::<K>(s_dims, q.q, kt, &mut w.s, g.bc, false);
+            online_update::<K>(g, rule, q.rows, (&cols, vis), &mut w, round_p);
             let pv = Dims {
                 m: n,
                 n: g.dpad,
-                k: g.bc,
+                k: nc,
             };
-            gemm::<K>(
-                pv,
-                Mat::rows(&w.s, g.bc),
-                Mat::rows(blk.v, g.dpad),
-                &mut w.o,
-                g.dpad,
-                true,
-            );
+            let v = Mat::rows(&blk.v[c0 * g.dpad..], g.dpad);
+            gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dpad, true);
         }
     }
     finish(g, w)
 }
 
 /// The online-softmax step of every row on its block of scores: the
-/// scores and their block max, then every row's new max and rescale factor
-/// (one vectorized loop over the rows), then P, the sums and the rescaled
-/// output. P is left in `w.s`, rounded by `round_p`; the sums take P
-/// unrounded. A row that sees no key of the block keeps its state and
-/// gets P = 0.
+/// scores and each row's new max (folded from lane maxima only where some
+/// lane exceeds the running max, which after the first blocks is rare),
+/// then every row's rescale factor (one vectorized loop over the rows),
+/// then P, the lane sums and the rescaled output. P is left in `w.s`,
+/// rounded by `round_p`; the sums take P unrounded. A row that has seen no
+/// key yet keeps its state and gets P = 0.
 #[inline(always)]
 fn online_update<K: Kernel>(
     g: &Geometry,
@@ -132,16 +129,19 @@ fn online_update<K: Kernel>(
     w: &mut Work,
     round_p: Rounding,
 ) {
-    for ((row, s), bm) in rows
-        .iter()
-        .zip(w.s.chunks_exact_mut(g.bc))
-        .zip(&mut w.block_max)
-    {
+    let nc = keys.len();
+    let maxima = w.new_max.iter_mut().zip(&w.m);
+    for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(g.bc)).zip(maxima) {
+        let s = &mut s[..nc];
         rule.apply::<K>(row, keys, vis, s);
-        *bm = vmath::max(s);
+        let lanes = vmath::lane_max(s);
+        *new = if vmath::any_above(&lanes, m) {
+            vmath::fold_max(lanes)
+        } else {
+            m
+        };
     }
-    for ((m, a), bm) in w.m.iter_mut().zip(&mut w.alpha).zip(&w.block_max) {
-        let new = m.max(*bm);
+    for ((m, a), &new) in w.m.iter_mut().zip(&mut w.alpha).zip(&w.new_max) {
         *a = if new == f32::NEG_INFINITY {
             1.0
         } else {
@@ -152,12 +152,16 @@ fn online_update<K: Kernel>(
     let o = w.o.chunks_exact_mut(g.dpad);
     let s = w.s.chunks_exact_mut(g.bc);
     for (r, (s, o)) in s.zip(o).enumerate().take(rows.len()) {
-        if w.block_max[r] == f32::NEG_INFINITY {
+        let s = &mut s[..nc];
+        let (m, alpha) = (w.m[r], w.alpha[r]);
+        if m == f32::NEG_INFINITY {
             s.fill(0.0);
             continue;
         }
-        let alpha = w.alpha[r];
-        w.l[r] = w.l[r] * alpha + vmath::exp_sub_sum::<K>(s, w.m[r]);
+        let p = vmath::exp_sub_lanes::<K>(s, m);
+        for (l, p) in w.l[r].iter_mut().zip(p) {
+            *l = *l * alpha + p;
+        }
         if alpha != 1.0 {
             vmath::scale(o, alpha);
         }
@@ -173,6 +177,7 @@ fn finish(g: &Geometry, mut w: Work) -> Partial {
             .zip(&w.l)
             .zip(w.o.chunks_exact_mut(g.dpad))
             .map(|((&m, &l), o)| {
+                let l = vmath::fold_sum(l);
                 if l > 0.0 {
                     vmath::scale(o, 1.0 / l);
                     m + l.ln()

@@ -16,10 +16,11 @@
 //! runs in a fixed order, so repeated runs are bit-identical.
 
 use super::attend::Geometry;
-use super::forward::{key_block, BR};
+use super::forward::Blocks;
 use super::isa::{Isa, Task};
 use super::micro::{gemm, Dims, Kernel, Mat};
 use super::pack::{self, Panels};
+use super::pool::Buffer;
 use super::scores::{rows_seeing, ScoreRow, ScoreRule, Visibility};
 use super::vmath;
 use crate::api::inputs::BackwardInputs;
@@ -35,6 +36,8 @@ use std::ops::Range;
 struct Ctx<'a> {
     shape: AttentionShape,
     g: Geometry,
+    /// Query rows per tile.
+    br: usize,
     /// q and dO per query head, rows of `dpad` floats.
     q: Panels,
     d_o: Panels,
@@ -63,7 +66,7 @@ pub(crate) fn backward(
     let i = inputs;
     let [q, k, v, o, d_o] = [&i.q, &i.k, &i.v, &i.o, &i.d_o].map(pack::widened);
     let d = shape.head_dim;
-    let bc = key_block(d);
+    let Blocks { rows: br, keys: bc } = Blocks::backward(d);
     let (ql, kl, b) = (Layout::q(&shape), Layout::kv(&shape), shape.batch);
     let ctx = Ctx {
         shape,
@@ -72,6 +75,7 @@ pub(crate) fn backward(
             dpad: pack::padded(d),
             bc,
         },
+        br,
         q: pack::rows(&q, &ql, b, shape.seqlen_q),
         d_o: pack::rows(&d_o, &ql, b, shape.seqlen_q),
         kt: pack::transposed(&k, &kl, b, bc),
@@ -206,10 +210,10 @@ impl Ctx<'_> {
             s.seqlen_q,
             &(kb * g.bc..block.end.min(s.seqlen_k)),
         );
-        let first = seeing.start / BR * BR;
+        let first = seeing.start / self.br * self.br;
         for (hl, h) in (hk * s.group()..(hk + 1) * s.group()).enumerate() {
-            for i0 in (first..seeing.end).step_by(BR) {
-                let rows = self.score_rows(i0..(i0 + BR).min(s.seqlen_q));
+            for i0 in (first..seeing.end).step_by(self.br) {
+                let rows = self.score_rows(i0..(i0 + self.br).min(s.seqlen_q));
                 let vis = ScoreRule::visibility(&rows, &block);
                 if vis == Visibility::Skip {
                     continue;
@@ -305,9 +309,9 @@ impl Ctx<'_> {
 /// the order it ran them, scaled and rounded, and its dQ sums over them for
 /// the group's query heads `(group, seqlen_q, dpad)`, not yet scaled.
 struct KeyOut {
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-    dq: Vec<f32>,
+    dk: Buffer,
+    dv: Buffer,
+    dq: Buffer,
 }
 
 /// Strip `task % strips` of kv head `task / strips` (over batch entries):
@@ -330,13 +334,13 @@ impl Task for KeyTask<'_, '_> {
             .collect();
         let size = g.bc * g.dpad;
         let mut out = KeyOut {
-            dk: vec![0f32; blocks.len() * size],
-            dv: vec![0f32; blocks.len() * size],
-            dq: vec![0f32; s.group() * s.seqlen_q * g.dpad],
+            dk: Buffer::zeroed(blocks.len() * size),
+            dv: Buffer::zeroed(blocks.len() * size),
+            dq: Buffer::zeroed(s.group() * s.seqlen_q * g.dpad),
         };
         let mut t = Tile {
-            p: vec![0f32; BR * g.bc],
-            ds: vec![0f32; BR * g.bc],
+            p: vec![0f32; c.br * g.bc],
+            ds: vec![0f32; c.br * g.bc],
         };
         let kv = out
             .dk

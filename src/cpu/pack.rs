@@ -5,6 +5,7 @@
 //! padding never reaches a result. O(N·d) work against the O(N²·d) products.
 
 use super::micro::{Mat, PAD};
+use super::pool::Buffer;
 use crate::api::shape::Layout;
 use crate::api::tensor::{HostData, TensorView};
 use rayon::prelude::*;
@@ -25,7 +26,7 @@ pub(crate) fn widened<'a>(t: &TensorView<'a>) -> Cow<'a, [f32]> {
 
 /// One tensor laid out per (batch, head), `per_head` floats each.
 pub(crate) struct Panels {
-    data: Vec<f32>,
+    data: Buffer,
     per_head: usize,
     heads: usize,
 }
@@ -55,7 +56,7 @@ fn per_head(
     per_head: usize,
     fill: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Panels {
-    let mut data = vec![0f32; batch * l.heads * per_head];
+    let mut data = Buffer::zeroed(batch * l.heads * per_head);
     data.par_chunks_mut(per_head.max(1))
         .enumerate()
         .for_each(|(bh, panel)| fill(bh / l.heads, bh % l.heads, panel));

@@ -9,7 +9,7 @@ use super::micro::Kernel;
 use crate::api::tensor::Precision;
 
 /// Lanes of the reductions' accumulators (a multiple of every vector width).
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// Below this `exp` is 0 (f32's normal range ends at about −87.34).
 const EXP_LO: f32 = -87.336_55;
@@ -56,18 +56,16 @@ pub(crate) fn tanh<K: Kernel>(x: f32) -> f32 {
     ((1.0 - e) / (1.0 + e)).copysign(x)
 }
 
-/// `a` folded pairwise by `f` down to one value: halves, quarters, ... — a
-/// fixed order that vectorizes into shuffles.
+/// Per-lane partial results of a reduction: lane `j` covers the elements
+/// at positions `j (mod LANES)`.
+pub(crate) type Lanes = [f32; LANES];
+
+/// `a` folded by `f` from the first lane to the last. (A pairwise tree
+/// makes the vectorizer split the loops that produce `a` into 2-lane
+/// pieces; a chain leaves them whole.)
 #[inline(always)]
-fn fold(mut a: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut w = LANES / 2;
-    while w > 0 {
-        for i in 0..w {
-            a[i] = f(a[i], a[i + w]);
-        }
-        w /= 2;
-    }
-    a[0]
+fn fold(a: Lanes, f: impl Fn(f32, f32) -> f32) -> f32 {
+    a[1..].iter().fold(a[0], |acc, &x| f(acc, x))
 }
 
 #[inline(always)]
@@ -79,9 +77,21 @@ fn fmax(a: f32, b: f32) -> f32 {
     }
 }
 
-/// The largest element (−inf for none).
+/// The largest of the lanes.
 #[inline(always)]
-pub(crate) fn max(xs: &[f32]) -> f32 {
+pub(crate) fn fold_max(lanes: Lanes) -> f32 {
+    fold(lanes, fmax)
+}
+
+/// The sum of the lanes.
+#[inline(always)]
+pub(crate) fn fold_sum(lanes: Lanes) -> f32 {
+    fold(lanes, |a, b| a + b)
+}
+
+/// Lane-wise maxima of `xs` (−inf in lanes no element reaches).
+#[inline(always)]
+pub(crate) fn lane_max(xs: &[f32]) -> Lanes {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -90,12 +100,21 @@ pub(crate) fn max(xs: &[f32]) -> f32 {
             *l = fmax(*l, *x);
         }
     }
-    rest.iter().fold(fold(lanes, fmax), |m, &x| fmax(m, x))
+    for (l, x) in lanes.iter_mut().zip(rest) {
+        *l = fmax(*l, *x);
+    }
+    lanes
 }
 
-/// `xs[i] = exp(xs[i] − m)` for every element; returns their sum.
+/// Whether some lane exceeds `m`.
 #[inline(always)]
-pub(crate) fn exp_sub_sum<K: Kernel>(xs: &mut [f32], m: f32) -> f32 {
+pub(crate) fn any_above(lanes: &Lanes, m: f32) -> bool {
+    lanes.iter().fold(false, |hit, &l| hit | (l > m))
+}
+
+/// `xs[i] = exp(xs[i] − m)` for every element; returns their lane sums.
+#[inline(always)]
+pub(crate) fn exp_sub_lanes<K: Kernel>(xs: &mut [f32], m: f32) -> Lanes {
     let mut lanes = [0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
     for c in &mut chunks {
@@ -104,12 +123,11 @@ pub(crate) fn exp_sub_sum<K: Kernel>(xs: &mut [f32], m: f32) -> f32 {
             *l += *x;
         }
     }
-    let mut sum = 0.0;
-    for x in chunks.into_remainder() {
+    for (l, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
         *x = exp::<K>(*x - m);
-        sum += *x;
+        *l += *x;
     }
-    sum + fold(lanes, |a, b| a + b)
+    lanes
 }
 
 /// `Σ a_i · b_i` in lanes (a fixed order: the same inputs, the same sum).
@@ -128,7 +146,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             *l += x * y;
         }
     }
-    tail + fold(lanes, |a, b| a + b)
+    tail + fold_sum(lanes)
 }
 
 /// `xs *= a`.
@@ -213,11 +231,12 @@ mod tests {
     #[test]
     fn reductions_cover_every_element() {
         let xs: Vec<f32> = (0..37).map(|i| ((i * 7) % 37) as f32 - 3.0).collect();
-        assert_eq!(max(&xs), 33.0);
-        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert_eq!(fold_max(lane_max(&xs)), 33.0);
+        assert_eq!(fold_max(lane_max(&[])), f32::NEG_INFINITY);
         let ones = vec![1f32; 37];
         assert_eq!(dot(&xs, &ones), xs.iter().sum::<f32>());
         let mut zs = vec![0f32; 37];
-        assert_eq!(exp_sub_sum::<Portable>(&mut zs, 0.0), 37.0);
+        assert_eq!(fold_sum(exp_sub_lanes::<Portable>(&mut zs, 0.0)), 37.0);
+        assert!(any_above(&lane_max(&xs), 32.5) && !any_above(&lane_max(&xs), 33.0));
     }
 }
