@@ -213,6 +213,23 @@ fn cpu_causal_and_local_windows() {
     }
 }
 
+/// Long enough for many of the forward's large blocks (128 rows, 256
+/// keys at d 64) and the backward's tiles: blocks on a mask's edge are
+/// narrowed to what their rows see, narrow windows take small blocks.
+#[test]
+fn cpu_long_sequences_cross_many_blocks() {
+    let wide = window(1200, 100);
+    for opts in [
+        AttentionOptions::default(),
+        causal(),
+        window(300, 700),
+        wide,
+    ] {
+        run(&Case::new(600, 777, 64).heads(2, 1).opts(opts));
+        run(&Case::new(777, 600, 40).opts(opts).f16());
+    }
+}
+
 #[test]
 fn cpu_softcap() {
     for cap in [3.0, 20.0] {
@@ -313,6 +330,33 @@ fn cpu_backward_two_runs_are_bit_identical() {
         let bits =
             |t: &flashattn::Tensor| t.to_f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(x), bits(y));
+    }
+}
+
+/// The backward's tasks are strips of key blocks, as many as the threads
+/// need, whose dQ sums are added afterwards: one strip per kv head on one
+/// thread, three on three, one per key block on sixteen. Each meets the
+/// rule and repeats bit for bit.
+#[test]
+fn cpu_backward_strips_on_any_thread_count() {
+    let c = Case::new(300, 330, 64).heads(4, 2).batch(2).opts(causal());
+    let data = Data::new(&c);
+    for threads in [1, 3, 16] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            run(&c);
+            let cpu = Cpu::new();
+            let (a, b) = (grads(&cpu, &c, &data), grads(&cpu, &c, &data));
+            for (x, y) in [(&a.dq, &b.dq), (&a.dk, &b.dk), (&a.dv, &b.dv)] {
+                let bits = |t: &flashattn::Tensor| -> Vec<u32> {
+                    t.to_f32().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(bits(x), bits(y), "{threads} threads");
+            }
+        });
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::micro::{gemm, Dims, Kernel, Mat};
 use super::scores::{ScoreRow, ScoreRule, Visibility};
-use super::vmath::{self, Rounding};
+use super::vmath::{self, Lanes, Rounding, LANES};
 
 /// Sizes every block shares: head dim, its padded width, keys per block.
 #[derive(Clone, Copy, Debug)]
@@ -47,18 +47,29 @@ pub(crate) struct Partial {
     pub lse: Vec<f32>,
 }
 
-/// A row's running max and sum.
-#[derive(Clone, Copy)]
-struct Running {
-    m: f32,
-    l: f32,
-}
-
-/// The block's work buffers: scores/probabilities and output sums.
+/// The block's work buffers: scores/probabilities, output sums, and each
+/// row's running max `m`, running sum `l` (in lanes, folded at the end),
+/// new max and rescale factor.
 struct Work {
     s: Vec<f32>,
     o: Vec<f32>,
-    state: Vec<Running>,
+    m: Vec<f32>,
+    l: Vec<Lanes>,
+    new_max: Vec<f32>,
+    alpha: Vec<f32>,
+}
+
+impl Work {
+    fn new(g: &Geometry, n: usize) -> Self {
+        Self {
+            s: vec![0f32; n * g.bc],
+            o: vec![0f32; n * g.dpad],
+            m: vec![f32::NEG_INFINITY; n],
+            l: vec![[0f32; LANES]; n],
+            new_max: vec![0f32; n],
+            alpha: vec![0f32; n],
+        }
+    }
 }
 
 /// Attention of `q`'s rows over the keys their ranges allow.
@@ -71,98 +82,110 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
     round_p: Rounding,
 ) -> Partial {
     let n = q.rows.len();
-    let init = Running {
-        m: f32::NEG_INFINITY,
-        l: 0.0,
-    };
-    let mut w = Work {
-        s: vec![0f32; n * g.bc],
-        o: vec![0f32; n * g.dpad],
-        state: vec![init; n],
-    };
+    let mut w = Work::new(g, n);
     let mut scratch = Scratch::default();
     let span = ScoreRule::span(q.rows);
     if !span.is_empty() {
         for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
-            let keys = kb * g.bc..(kb + 1) * g.bc;
-            let vis = ScoreRule::visibility(q.rows, &keys);
+            let (cols, vis) = ScoreRule::narrow(q.rows, &(kb * g.bc..(kb + 1) * g.bc));
             if vis == Visibility::Skip {
                 continue;
             }
             let blk = src.block(kb, &mut scratch);
+            let (c0, nc) = (cols.start - kb * g.bc, cols.len());
             let s_dims = Dims {
                 m: n,
-                n: g.bc,
+                n: nc,
                 k: g.d,
             };
-            gemm::<K>(s_dims, q.q, Mat::rows(blk.kt, g.bc), &mut w.s, g.bc, false);
-            for (r, row) in q.rows.iter().enumerate() {
-                online_update(g, rule, (row, &keys, vis), &mut w, r, round_p);
-            }
+            let kt = Mat::rows(&blk.kt[c0..], g.bc);
+            gemm::<K>(s_dims, q.q, kt, &mut w.s, g.bc, false);
+            online_update::<K>(g, rule, q.rows, (&cols, vis), &mut w, round_p);
             let pv = Dims {
                 m: n,
                 n: g.dpad,
-                k: g.bc,
+                k: nc,
             };
-            gemm::<K>(
-                pv,
-                Mat::rows(&w.s, g.bc),
-                Mat::rows(blk.v, g.dpad),
-                &mut w.o,
-                g.dpad,
-                true,
-            );
+            let v = Mat::rows(&blk.v[c0 * g.dpad..], g.dpad);
+            gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dpad, true);
         }
     }
     finish(g, w)
 }
 
-/// Row `r`'s online-softmax step on its scores: rescale its sums to the
-/// new max and leave P (rounded by `round_p`) in `w.s`; the sums take P
-/// unrounded.
+/// The online-softmax step of every row on its block of scores: the
+/// scores and each row's new max (folded from lane maxima only where some
+/// lane exceeds the running max, which after the first blocks is rare),
+/// then every row's rescale factor (one vectorized loop over the rows),
+/// then P, the lane sums and the rescaled output. P is left in `w.s`,
+/// rounded by `round_p`; the sums take P unrounded. A row that has seen no
+/// key yet keeps its state and gets P = 0.
 #[inline(always)]
-fn online_update(
+fn online_update<K: Kernel>(
     g: &Geometry,
     rule: &ScoreRule,
-    (row, keys, vis): (&ScoreRow, &std::ops::Range<usize>, Visibility),
+    rows: &[ScoreRow],
+    (keys, vis): (&std::ops::Range<usize>, Visibility),
     w: &mut Work,
-    r: usize,
     round_p: Rounding,
 ) {
-    let s = &mut w.s[r * g.bc..][..g.bc];
-    rule.apply(row, keys, vis, s);
-    let block_max = vmath::max(s);
-    if block_max == f32::NEG_INFINITY {
-        s.fill(0.0);
-        return;
+    let nc = keys.len();
+    let maxima = w.new_max.iter_mut().zip(&w.m);
+    for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(g.bc)).zip(maxima) {
+        let s = &mut s[..nc];
+        rule.apply::<K>(row, keys, vis, s);
+        let lanes = vmath::lane_max(s);
+        *new = if vmath::any_above(&lanes, m) {
+            vmath::fold_max(lanes)
+        } else {
+            m
+        };
     }
-    let st = &mut w.state[r];
-    let m = st.m.max(block_max);
-    let alpha = vmath::exp(st.m - m);
-    st.l = st.l * alpha + vmath::exp_sub_sum(s, m);
-    st.m = m;
-    if alpha != 1.0 {
-        vmath::scale(&mut w.o[r * g.dpad..][..g.dpad], alpha);
+    for ((m, a), &new) in w.m.iter_mut().zip(&mut w.alpha).zip(&w.new_max) {
+        *a = if new == f32::NEG_INFINITY {
+            1.0
+        } else {
+            vmath::exp::<K>(*m - new)
+        };
+        *m = new;
     }
-    vmath::round_with(round_p, s);
+    let o = w.o.chunks_exact_mut(g.dpad);
+    let s = w.s.chunks_exact_mut(g.bc);
+    for (r, (s, o)) in s.zip(o).enumerate().take(rows.len()) {
+        let s = &mut s[..nc];
+        let (m, alpha) = (w.m[r], w.alpha[r]);
+        if m == f32::NEG_INFINITY {
+            s.fill(0.0);
+            continue;
+        }
+        let p = vmath::exp_sub_lanes::<K>(s, m);
+        for (l, p) in w.l[r].iter_mut().zip(p) {
+            *l = *l * alpha + p;
+        }
+        if alpha != 1.0 {
+            vmath::scale(o, alpha);
+        }
+        vmath::round_with(round_p, s);
+    }
 }
 
 /// Normalize every row and take its LSE.
 #[inline(always)]
 fn finish(g: &Geometry, mut w: Work) -> Partial {
-    let lse = w
-        .state
-        .iter()
-        .zip(w.o.chunks_exact_mut(g.dpad))
-        .map(|(st, o)| {
-            if st.l > 0.0 {
-                vmath::scale(o, 1.0 / st.l);
-                st.m + st.l.ln()
-            } else {
-                o.fill(0.0);
-                f32::NEG_INFINITY
-            }
-        })
-        .collect();
+    let lse =
+        w.m.iter()
+            .zip(&w.l)
+            .zip(w.o.chunks_exact_mut(g.dpad))
+            .map(|((&m, &l), o)| {
+                let l = vmath::fold_sum(l);
+                if l > 0.0 {
+                    vmath::scale(o, 1.0 / l);
+                    m + l.ln()
+                } else {
+                    o.fill(0.0);
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
     Partial { o: w.o, lse }
 }

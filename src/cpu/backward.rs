@@ -2,20 +2,25 @@
 //! independently of the reference and of the accuracy rule's baseline.
 //!
 //! It takes the forward's `lse` as given (`P = exp(s − lse)`, no softmax is
-//! recomputed) and `D = rowsum(dO ∘ O)`. Two passes, no atomics: pass 1 runs
-//! one task per (batch, kv head, key block) and accumulates that block's
-//! `dV += Pᵀ·dO` and `dK += dSᵀ·Q` over the group's query heads and the
-//! query blocks that can see it; pass 2 runs one task per (batch, query
-//! head, query block) and accumulates `dQ += dS·K` over the key blocks its
-//! rows can see. Both recompute S, P, dP and dS per tile with the same
-//! code ([`tile_grads`]), and every task sums in a fixed order, so repeated
-//! runs are bit-identical.
+//! recomputed) and `D = rowsum(dO ∘ O)`. One fused pass, no atomics: a task
+//! per (batch, kv head, strip of key blocks) walks its key blocks and, for
+//! each, the group's query heads and the query blocks that can see it; per
+//! tile it computes `S = Q·Kᵀ` and `dP = dO·Vᵀ`, then P and dS
+//! ([`Ctx::tile_grads`]), and runs the three products that use them:
+//! `dV += Pᵀ·dO` and `dK += dSᵀ·Q` into the block's own sums, `dQ += dS·K`
+//! into the task's own dQ sums for the group's rows — five products per
+//! tile, where a dK/dV pass and a separate dQ pass need seven. The strips'
+//! dQ sums are then added in strip order. A strip takes every `strips`-th
+//! key block (so under a causal mask the strips get equal work), and
+//! `strips` is the fewest that gives every thread a few tasks. Every sum
+//! runs in a fixed order, so repeated runs are bit-identical.
 
 use super::attend::Geometry;
-use super::forward::{key_block, BR};
+use super::forward::Blocks;
 use super::isa::{Isa, Task};
 use super::micro::{gemm, Dims, Kernel, Mat};
 use super::pack::{self, Panels};
+use super::pool::Buffer;
 use super::scores::{rows_seeing, ScoreRow, ScoreRule, Visibility};
 use super::vmath;
 use crate::api::inputs::BackwardInputs;
@@ -31,6 +36,8 @@ use std::ops::Range;
 struct Ctx<'a> {
     shape: AttentionShape,
     g: Geometry,
+    /// Query rows per tile.
+    br: usize,
     /// q and dO per query head, rows of `dpad` floats.
     q: Panels,
     d_o: Panels,
@@ -44,6 +51,8 @@ struct Ctx<'a> {
     rule: ScoreRule,
     mask: Mask,
     precision: Precision,
+    /// Key-block strips per (batch, kv head): one task each.
+    strips: usize,
 }
 
 /// Gradients dq, dk, dv on `isa`'s kernels, from the forward's `o` and `lse`.
@@ -56,9 +65,9 @@ pub(crate) fn backward(
     opts.validate()?;
     super::check_layouts(&shape, opts)?;
     let i = inputs;
-    let [q, k, v, o, d_o] = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.to_f32());
+    let [q, k, v, o, d_o] = [&i.q, &i.k, &i.v, &i.o, &i.d_o].map(pack::widened);
     let d = shape.head_dim;
-    let bc = key_block(d);
+    let Blocks { rows: br, keys: bc } = Blocks::backward(d);
     let (ql, kl, b) = (Layout::q(&shape), Layout::kv(&shape), shape.batch);
     let ctx = Ctx {
         shape,
@@ -67,6 +76,7 @@ pub(crate) fn backward(
             dpad: pack::padded(d),
             bc,
         },
+        br,
         q: pack::rows(&q, &ql, b, shape.seqlen_q),
         d_o: pack::rows(&d_o, &ql, b, shape.seqlen_q),
         kt: pack::transposed(&k, &kl, b, bc),
@@ -77,11 +87,23 @@ pub(crate) fn backward(
         rule: ScoreRule::new(opts, d),
         mask: opts.mask(&shape),
         precision: inputs.q.precision(),
+        strips: strips(&shape, bc),
     };
-    let (dk, dv) = ctx.key_pass(isa);
-    let dq = ctx.query_pass(isa);
+    let parts: Vec<KeyOut> = (0..b * shape.heads_kv * ctx.strips)
+        .into_par_iter()
+        .map(|t| isa.run(KeyTask { ctx: &ctx, task: t }))
+        .collect();
+    let (dk, dv) = ctx.scatter_kv(&parts);
+    let dq = ctx.reduce_dq(&parts);
     let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, ctx.precision));
     Ok(BackwardOutput::new(&shape, grads, CallStats::default()))
+}
+
+/// Strips per (batch, kv head): enough for four tasks per thread, at most
+/// one per key block.
+fn strips(shape: &AttentionShape, bc: usize) -> usize {
+    let per_head = (4 * rayon::current_num_threads()).div_ceil(shape.batch * shape.heads_kv);
+    per_head.clamp(1, shape.seqlen_k.div_ceil(bc).max(1))
 }
 
 /// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout.
@@ -157,9 +179,9 @@ impl Ctx<'_> {
                 ds.fill(0.0);
                 continue;
             }
-            self.rule.apply(row, &keys, at.vis, p);
+            self.rule.apply::<K>(row, &keys, at.vis, p);
             for (s, dp) in p.iter_mut().zip(ds.iter_mut()) {
-                let pc = vmath::exp(*s - lse);
+                let pc = vmath::exp::<K>(*s - lse);
                 // Masked scores are −inf, where the softcap's slope is not finite.
                 let dcap = if pc > 0.0 { self.rule.dcap(*s) } else { 0.0 };
                 *dp = pc * (*dp - delta) * dcap;
@@ -170,76 +192,30 @@ impl Ctx<'_> {
         }
     }
 
-    /// Pass 1: dK and dV of every key block, scattered into the layouts.
-    fn key_pass(&self, isa: Isa) -> (Vec<f32>, Vec<f32>) {
-        let s = &self.shape;
-        let blocks = s.seqlen_k.div_ceil(self.g.bc);
-        let tiles: Vec<[Vec<f32>; 2]> = (0..s.batch * s.heads_kv * blocks)
-            .into_par_iter()
-            .map(|t| isa.run(KeyTask { ctx: self, task: t }))
-            .collect();
-        let (mut dk, mut dv) = (vec![0f32; s.kv_len()], vec![0f32; s.kv_len()]);
-        let (kl, d, dp) = (Layout::kv(s), s.head_dim, self.g.dpad);
-        for (t, [tk, tv]) in tiles.iter().enumerate() {
-            let (bh, kb) = (t / blocks, t % blocks);
-            let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
-            for (c, j) in (kb * self.g.bc..((kb + 1) * self.g.bc).min(s.seqlen_k)).enumerate() {
-                let at = kl.row(b, j, hk);
-                dk[at..][..d].copy_from_slice(&tk[c * dp..][..d]);
-                dv[at..][..d].copy_from_slice(&tv[c * dp..][..d]);
-            }
-        }
-        (dk, dv)
-    }
-
-    /// Pass 2: dQ of every query block, scattered into q's layout.
-    fn query_pass(&self, isa: Isa) -> Vec<f32> {
-        let s = &self.shape;
-        let blocks = s.seqlen_q.div_ceil(BR);
-        let tiles: Vec<Vec<f32>> = (0..s.batch * s.heads_q * blocks)
-            .into_par_iter()
-            .map(|t| isa.run(QueryTask { ctx: self, task: t }))
-            .collect();
-        let mut dq = vec![0f32; s.q_len()];
-        let (ql, d, dp) = (Layout::q(s), s.head_dim, self.g.dpad);
-        for (t, tq) in tiles.iter().enumerate() {
-            let (bh, qb) = (t / blocks, t % blocks);
-            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
-            for (r, i) in (qb * BR..((qb + 1) * BR).min(s.seqlen_q)).enumerate() {
-                dq[ql.row(b, i, h)..][..d].copy_from_slice(&tq[r * dp..][..d]);
-            }
-        }
-        dq
-    }
-}
-
-/// dK and dV `(bc, dpad)` of one key block of one kv head.
-struct KeyTask<'a, 'c> {
-    ctx: &'c Ctx<'a>,
-    task: usize,
-}
-
-impl Task for KeyTask<'_, '_> {
-    type Output = [Vec<f32>; 2];
+    /// Key block `kb` of kv head `hk` of batch entry `b` against every
+    /// query block of the group that sees it: its `dK` and `dV` sums into
+    /// `kv`, the group's `dQ` sums (`(group, seqlen_q, dpad)`) into `dq`.
     #[inline(always)]
-    fn run<K: Kernel>(self) -> [Vec<f32>; 2] {
-        let c = self.ctx;
-        let (s, g) = (&c.shape, &c.g);
-        let blocks = s.seqlen_k.div_ceil(g.bc);
-        let (bh, kb) = (self.task / blocks, self.task % blocks);
-        let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
-        let keys = kb * g.bc..((kb + 1) * g.bc).min(s.seqlen_k);
-        let seeing = rows_seeing(&c.mask, s.seqlen_q, &keys);
-        let (mut dk, mut dv) = (vec![0f32; g.bc * g.dpad], vec![0f32; g.bc * g.dpad]);
-        let mut t = Tile {
-            p: vec![0f32; BR * g.bc],
-            ds: vec![0f32; BR * g.bc],
-        };
-        let first = seeing.start / BR * BR;
-        for h in hk * s.group()..(hk + 1) * s.group() {
-            for i0 in (first..seeing.end).step_by(BR) {
-                let rows = c.score_rows(i0..(i0 + BR).min(s.seqlen_q));
-                let vis = ScoreRule::visibility(&rows, &(kb * g.bc..(kb + 1) * g.bc));
+    fn key_block<K: Kernel>(
+        &self,
+        (b, hk, kb): (usize, usize, usize),
+        t: &mut Tile,
+        kv: [&mut [f32]; 2],
+        dq: &mut [f32],
+    ) {
+        let (s, g) = (&self.shape, &self.g);
+        let [dk, dv] = kv;
+        let block = kb * g.bc..(kb + 1) * g.bc;
+        let seeing = rows_seeing(
+            &self.mask,
+            s.seqlen_q,
+            &(kb * g.bc..block.end.min(s.seqlen_k)),
+        );
+        let first = seeing.start / self.br * self.br;
+        for (hl, h) in (hk * s.group()..(hk + 1) * s.group()).enumerate() {
+            for i0 in (first..seeing.end).step_by(self.br) {
+                let rows = self.score_rows(i0..(i0 + self.br).min(s.seqlen_q));
+                let vis = ScoreRule::visibility(&rows, &block);
                 if vis == Visibility::Skip {
                     continue;
                 }
@@ -250,86 +226,130 @@ impl Task for KeyTask<'_, '_> {
                     kb,
                     vis,
                 };
-                c.tile_grads::<K>(&at, &mut t);
+                self.tile_grads::<K>(&at, t);
                 let n = rows.len();
-                let dims = Dims {
+                let kv_dims = Dims {
                     m: g.bc,
                     n: g.dpad,
                     k: n,
                 };
                 let (d_o, q) = (
-                    c.d_o.mat(b, h, i0 * g.dpad, g.dpad),
-                    c.q.mat(b, h, i0 * g.dpad, g.dpad),
+                    self.d_o.mat(b, h, i0 * g.dpad, g.dpad),
+                    self.q.mat(b, h, i0 * g.dpad, g.dpad),
                 );
-                gemm::<K>(
-                    dims,
-                    Mat::transposed(&t.p, g.bc),
-                    d_o,
-                    &mut dv,
-                    g.dpad,
-                    true,
-                );
-                gemm::<K>(dims, Mat::transposed(&t.ds, g.bc), q, &mut dk, g.dpad, true);
+                gemm::<K>(kv_dims, Mat::transposed(&t.p, g.bc), d_o, dv, g.dpad, true);
+                gemm::<K>(kv_dims, Mat::transposed(&t.ds, g.bc), q, dk, g.dpad, true);
+                let q_dims = Dims {
+                    m: n,
+                    n: g.dpad,
+                    k: g.bc,
+                };
+                let k = self.k.mat(b, hk, kb * g.bc * g.dpad, g.dpad);
+                let dq = &mut dq[(hl * s.seqlen_q + i0) * g.dpad..];
+                gemm::<K>(q_dims, Mat::rows(&t.ds, g.bc), k, dq, g.dpad, true);
             }
         }
-        let prec = c.precision;
+        let prec = self.precision;
         dk.iter_mut()
-            .for_each(|x| *x = prec.round(*x * c.rule.scale));
-        vmath::round_to(prec, &mut dv);
-        [dk, dv]
+            .for_each(|x| *x = prec.round(*x * self.rule.scale));
+        vmath::round_to(prec, dv);
+    }
+
+    /// Every task's dK and dV rows, in k's and v's layouts.
+    fn scatter_kv(&self, parts: &[KeyOut]) -> (Vec<f32>, Vec<f32>) {
+        let s = &self.shape;
+        let (d, dp, bc) = (s.head_dim, self.g.dpad, self.g.bc);
+        let (mut dk, mut dv) = (vec![0f32; s.kv_len()], vec![0f32; s.kv_len()]);
+        let row = s.heads_kv * d;
+        dk.par_chunks_mut(row.max(1))
+            .zip(dv.par_chunks_mut(row.max(1)))
+            .enumerate()
+            .for_each(|(r, (dk, dv))| {
+                let (b, j) = (r / s.seqlen_k, r % s.seqlen_k);
+                let (kb, c) = (j / bc, j % bc);
+                for hk in 0..s.heads_kv {
+                    let part = &parts[(b * s.heads_kv + hk) * self.strips + kb % self.strips];
+                    let at = ((kb / self.strips) * bc + c) * dp;
+                    dk[hk * d..][..d].copy_from_slice(&part.dk[at..][..d]);
+                    dv[hk * d..][..d].copy_from_slice(&part.dv[at..][..d]);
+                }
+            });
+        (dk, dv)
+    }
+
+    /// dQ: every row's sums over the strips, in strip order, scaled and
+    /// rounded, in q's layout.
+    fn reduce_dq(&self, parts: &[KeyOut]) -> Vec<f32> {
+        let s = &self.shape;
+        let (d, dp, sq) = (s.head_dim, self.g.dpad, s.seqlen_q);
+        let mut dq = vec![0f32; s.q_len()];
+        let prec = self.precision;
+        dq.par_chunks_mut((s.heads_q * d).max(1))
+            .enumerate()
+            .for_each(|(r, out)| {
+                let (b, i) = (r / sq, r % sq);
+                for (h, out) in out.chunks_exact_mut(d.max(1)).enumerate() {
+                    let (hk, hl) = (h / s.group(), h % s.group());
+                    let strips = &parts[(b * s.heads_kv + hk) * self.strips..][..self.strips];
+                    let at = (hl * sq + i) * dp;
+                    out.fill(0.0);
+                    for part in strips {
+                        out.iter_mut()
+                            .zip(&part.dq[at..][..d])
+                            .for_each(|(y, x)| *y += x);
+                    }
+                    out.iter_mut()
+                        .for_each(|x| *x = prec.round(*x * self.rule.scale));
+                }
+            });
+        dq
     }
 }
 
-/// dQ `(rows, dpad)` of one query block of one query head.
-struct QueryTask<'a, 'c> {
+/// One task's results: dK and dV `(bc, dpad)` of each of its key blocks in
+/// the order it ran them, scaled and rounded, and its dQ sums over them for
+/// the group's query heads `(group, seqlen_q, dpad)`, not yet scaled.
+struct KeyOut {
+    dk: Buffer,
+    dv: Buffer,
+    dq: Buffer,
+}
+
+/// Strip `task % strips` of kv head `task / strips` (over batch entries):
+/// key blocks `strip, strip + strips, ...`.
+struct KeyTask<'a, 'c> {
     ctx: &'c Ctx<'a>,
     task: usize,
 }
 
-impl Task for QueryTask<'_, '_> {
-    type Output = Vec<f32>;
+impl Task for KeyTask<'_, '_> {
+    type Output = KeyOut;
     #[inline(always)]
-    fn run<K: Kernel>(self) -> Vec<f32> {
+    fn run<K: Kernel>(self) -> KeyOut {
         let c = self.ctx;
         let (s, g) = (&c.shape, &c.g);
-        let blocks = s.seqlen_q.div_ceil(BR);
-        let (bh, qb) = (self.task / blocks, self.task % blocks);
-        let (b, h) = (bh / s.heads_q, bh % s.heads_q);
-        let rows = c.score_rows(qb * BR..((qb + 1) * BR).min(s.seqlen_q));
-        let n = rows.len();
-        let mut dq = vec![0f32; n * g.dpad];
-        let mut t = Tile {
-            p: vec![0f32; n * g.bc],
-            ds: vec![0f32; n * g.bc],
+        let (bh, strip) = (self.task / c.strips, self.task % c.strips);
+        let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
+        let blocks: Vec<usize> = (strip..s.seqlen_k.div_ceil(g.bc))
+            .step_by(c.strips)
+            .collect();
+        let size = g.bc * g.dpad;
+        let mut out = KeyOut {
+            dk: Buffer::zeroed(blocks.len() * size),
+            dv: Buffer::zeroed(blocks.len() * size),
+            dq: Buffer::zeroed(s.group() * s.seqlen_q * g.dpad),
         };
-        let span = ScoreRule::span(&rows);
-        let hk = h / s.group();
-        for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
-            let vis = ScoreRule::visibility(&rows, &(kb * g.bc..(kb + 1) * g.bc));
-            if vis == Visibility::Skip {
-                continue;
-            }
-            c.tile_grads::<K>(
-                &TileAt {
-                    b,
-                    h,
-                    rows: &rows,
-                    kb,
-                    vis,
-                },
-                &mut t,
-            );
-            let k = c.k.mat(b, hk, kb * g.bc * g.dpad, g.dpad);
-            let dims = Dims {
-                m: n,
-                n: g.dpad,
-                k: g.bc,
-            };
-            gemm::<K>(dims, Mat::rows(&t.ds, g.bc), k, &mut dq, g.dpad, true);
+        let mut t = Tile {
+            p: vec![0f32; c.br * g.bc],
+            ds: vec![0f32; c.br * g.bc],
+        };
+        let kv = out
+            .dk
+            .chunks_exact_mut(size)
+            .zip(out.dv.chunks_exact_mut(size));
+        for (&kb, (dk, dv)) in blocks.iter().zip(kv) {
+            c.key_block::<K>((b, hk, kb), &mut t, [dk, dv], &mut out.dq);
         }
-        let prec = c.precision;
-        dq.iter_mut()
-            .for_each(|x| *x = prec.round(*x * c.rule.scale));
-        dq
+        out
     }
 }

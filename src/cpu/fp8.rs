@@ -31,7 +31,7 @@ pub fn forward_fp8(
     let (o, lse) = super::forward::forward_f32(
         super::Isa::detect(),
         padded,
-        qkv,
+        [&qkv[0], &qkv[1], &qkv[2]],
         &layout.options(opts),
         Some(round_p),
     );

@@ -27,6 +27,9 @@ pub(crate) trait Kernel {
     /// # Safety
     /// `p` must address `left` rows of A and C and the panel's columns of B and C.
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, accumulate: bool) -> usize;
+    /// `a · b + c`, fused where the instruction set has FMA: what the
+    /// elementwise math ([`super::vmath`]) is built on.
+    fn madd(a: f32, b: f32, c: f32) -> f32;
 }
 
 /// Up to 8 × 32 tiles: 16 of the 32 zmm registers hold C.
@@ -35,6 +38,10 @@ pub(crate) struct Avx512;
 #[cfg(target_arch = "x86_64")]
 impl Kernel for Avx512 {
     const WIDE: bool = true;
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, acc: bool) -> usize {
         use x86::tile512 as t;
@@ -64,6 +71,10 @@ pub(crate) struct Avx2;
 impl Kernel for Avx2 {
     const WIDE: bool = false;
     #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+    #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
         use x86::tile256 as t;
         macro_rules! at {
@@ -88,6 +99,10 @@ pub(crate) struct Neon;
 impl Kernel for Neon {
     const WIDE: bool = false;
     #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        Fused::madd(a, b, c)
+    }
+    #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
         generic_tile::<Fused>(p, left, k, acc)
     }
@@ -98,6 +113,10 @@ impl Kernel for Neon {
 pub(crate) struct Portable;
 impl Kernel for Portable {
     const WIDE: bool = false;
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        Unfused::madd(a, b, c)
+    }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
         generic_tile::<Unfused>(p, left, k, acc)

@@ -5,12 +5,28 @@
 //! padding never reaches a result. O(N·d) work against the O(N²·d) products.
 
 use super::micro::{Mat, PAD};
+use super::pool::Buffer;
 use crate::api::shape::Layout;
+use crate::api::tensor::{HostData, TensorView};
 use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// A tensor's values as f32: f32 storage borrowed as it is, f16 and bf16
+/// widened (in parallel).
+pub(crate) fn widened<'a>(t: &TensorView<'a>) -> Cow<'a, [f32]> {
+    fn widen<T: Copy + Sync>(x: &[T], f: impl Fn(T) -> f32 + Sync) -> Cow<'static, [f32]> {
+        Cow::Owned(x.par_iter().with_min_len(4096).map(|&v| f(v)).collect())
+    }
+    match t.data {
+        HostData::F32(x) => Cow::Borrowed(x),
+        HostData::F16(x) => widen(x, |v| v.to_f32()),
+        HostData::Bf16(x) => widen(x, |v| v.to_f32()),
+    }
+}
 
 /// One tensor laid out per (batch, head), `per_head` floats each.
 pub(crate) struct Panels {
-    data: Vec<f32>,
+    data: Buffer,
     per_head: usize,
     heads: usize,
 }
@@ -40,7 +56,7 @@ fn per_head(
     per_head: usize,
     fill: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Panels {
-    let mut data = vec![0f32; batch * l.heads * per_head];
+    let mut data = Buffer::zeroed(batch * l.heads * per_head);
     data.par_chunks_mut(per_head.max(1))
         .enumerate()
         .for_each(|(bh, panel)| fill(bh / l.heads, bh % l.heads, panel));

@@ -4,6 +4,7 @@
 //! (the backward's `s − lse` is exact at a row's maximum) and a new score
 //! term or skipping predicate is added here once.
 
+use super::micro::{Kernel, PAD};
 use super::vmath;
 use crate::api::options::{AttentionOptions, Mask};
 use std::ops::Range;
@@ -55,6 +56,28 @@ impl ScoreRule {
         }
     }
 
+    /// The keys of `block` that some row sees, widened to whole
+    /// micro-kernel panels ([`PAD`] keys from the block's start) inside the
+    /// block, and what the rows see of them: a block on a mask's edge is
+    /// computed only as far as its rows reach (half of a diagonal block
+    /// under a causal mask is never computed).
+    pub fn narrow(rows: &[ScoreRow], block: &Range<usize>) -> (Range<usize>, Visibility) {
+        let clipped = |r: &ScoreRow| {
+            let lo = r.keys.start.max(block.start);
+            lo..r.keys.end.min(block.end).max(lo)
+        };
+        let seen = rows.iter().map(clipped).filter(|k| !k.is_empty());
+        let lo = seen.clone().map(|k| k.start).min();
+        let (Some(lo), Some(hi)) = (lo, seen.map(|k| k.end).max()) else {
+            return (block.start..block.start, Visibility::Skip);
+        };
+        let lo = block.start + (lo - block.start) / PAD * PAD;
+        let hi = (block.start + (hi - block.start).div_ceil(PAD) * PAD).min(block.end);
+        let cols = lo..hi;
+        let vis = Self::visibility(rows, &cols);
+        (cols, vis)
+    }
+
     /// The keys some row sees (empty when none does).
     pub fn span(rows: &[ScoreRow]) -> Range<usize> {
         let seen = rows.iter().filter(|r| !r.keys.is_empty());
@@ -66,11 +89,18 @@ impl ScoreRule {
     /// Turn one row of dot products against `keys` into scores in place:
     /// `scale · x`, soft-capped, and −inf where the row's mask forbids.
     #[inline(always)]
-    pub fn apply(&self, row: &ScoreRow, keys: &Range<usize>, vis: Visibility, s: &mut [f32]) {
+    pub fn apply<K: Kernel>(
+        &self,
+        row: &ScoreRow,
+        keys: &Range<usize>,
+        vis: Visibility,
+        s: &mut [f32],
+    ) {
         let s = &mut s[..keys.len()];
         if self.softcap > 0.0 {
             let (cap, inv) = (self.softcap, self.scale / self.softcap);
-            s.iter_mut().for_each(|x| *x = cap * vmath::tanh(*x * inv));
+            s.iter_mut()
+                .for_each(|x| *x = cap * vmath::tanh::<K>(*x * inv));
         } else {
             vmath::scale(s, self.scale);
         }

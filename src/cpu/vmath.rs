@@ -1,39 +1,46 @@
 //! Vectorizable elementwise math for the online softmax: `exp` and `tanh`
-//! in branch-free f32 arithmetic (so a block of scores becomes vector
-//! instructions, where `f32::exp` is a library call per element), and lane-
-//! wise max and sum. All are `#[inline(always)]`: they take the instruction
-//! set of the entry point they are inlined into (`isa.rs`).
+//! in branch-free f32 arithmetic on the kernel's multiply-add (so a block
+//! of scores becomes vector FMAs, where `f32::exp` is a library call per
+//! element and an unfused `a * b + c` two instructions), and lane-wise max
+//! and sum reduced in a fixed tree. All are `#[inline(always)]`: they take
+//! the instruction set of the entry point they are inlined into (`isa.rs`).
 
+use super::micro::Kernel;
 use crate::api::tensor::Precision;
 
 /// Lanes of the reductions' accumulators (a multiple of every vector width).
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
+
+/// Below this `exp` is 0 (f32's normal range ends at about −87.34).
+const EXP_LO: f32 = -87.336_55;
 
 /// `exp(x)` to about 1 ulp (Cephes' `expf`): `2^n · exp(r)` with
 /// `n = round(x / ln 2)`, `r = x − n·ln 2` in two parts, and a degree-6
-/// polynomial for `exp(r)`. Below −87.3 (where `exp` leaves f32's normal
-/// range) the result is 0, and above 88 it stays at `exp(88)` — `exp(−inf) = 0` exactly, as masked scores need.
+/// polynomial for `exp(r)`, every step a multiply-add of `K`. Below −87.3
+/// (where `exp` leaves f32's normal range) the result is 0, and above 88 it
+/// stays at `exp(88)` — `exp(−inf) = 0` exactly, as masked scores need.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<K: Kernel>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 · 2^23: adding it rounds to an integer held in the low mantissa bits.
     const MAGIC: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.336_55, 88.0);
-    let t = xc * LOG2E + MAGIC;
+    // `(bits(t) − bits(MAGIC) + 127) << 23` as one shift and one add.
+    const BIAS: u32 = 127u32.wrapping_sub(MAGIC.to_bits()) << 23;
+    let xc = x.clamp(EXP_LO, 88.0);
+    let t = K::madd(xc, LOG2E, MAGIC);
     let n = t - MAGIC;
-    let r = xc - n * LN2_HI - n * LN2_LO;
+    let r = K::madd(n, -LN2_LO, K::madd(n, -LN2_HI, xc));
     let mut p = 1.987_569_2e-4;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let bits = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23;
-    let e = y * f32::from_bits(bits);
-    if x < -87.336_55 {
+    p = K::madd(p, r, 1.398_2e-3);
+    p = K::madd(p, r, 8.333_452e-3);
+    p = K::madd(p, r, 4.166_579_6e-2);
+    p = K::madd(p, r, 0.166_666_65);
+    p = K::madd(p, r, 0.5);
+    let y = K::madd(p, r * r, r) + 1.0;
+    let e = y * f32::from_bits((t.to_bits() << 23).wrapping_add(BIAS));
+    if x < EXP_LO {
         0.0
     } else {
         e
@@ -44,44 +51,83 @@ pub(crate) fn exp(x: f32) -> f32 {
 /// absolute error stays near f32's epsilon, which is what a soft-capped
 /// score `C · tanh(s / C)` needs.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
-    let e = exp(-2.0 * x.abs());
+pub(crate) fn tanh<K: Kernel>(x: f32) -> f32 {
+    let e = exp::<K>(-2.0 * x.abs());
     ((1.0 - e) / (1.0 + e)).copysign(x)
 }
 
-/// The largest element (−inf for none).
+/// Per-lane partial results of a reduction: lane `j` covers the elements
+/// at positions `j (mod LANES)`.
+pub(crate) type Lanes = [f32; LANES];
+
+/// `a` folded by `f` from the first lane to the last. (A pairwise tree
+/// makes the vectorizer split the loops that produce `a` into 2-lane
+/// pieces; a chain leaves them whole.)
 #[inline(always)]
-pub(crate) fn max(xs: &[f32]) -> f32 {
+fn fold(a: Lanes, f: impl Fn(f32, f32) -> f32) -> f32 {
+    a[1..].iter().fold(a[0], |acc, &x| f(acc, x))
+}
+
+#[inline(always)]
+fn fmax(a: f32, b: f32) -> f32 {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
+/// The largest of the lanes.
+#[inline(always)]
+pub(crate) fn fold_max(lanes: Lanes) -> f32 {
+    fold(lanes, fmax)
+}
+
+/// The sum of the lanes.
+#[inline(always)]
+pub(crate) fn fold_sum(lanes: Lanes) -> f32 {
+    fold(lanes, |a, b| a + b)
+}
+
+/// Lane-wise maxima of `xs` (−inf in lanes no element reaches).
+#[inline(always)]
+pub(crate) fn lane_max(xs: &[f32]) -> Lanes {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for (l, x) in lanes.iter_mut().zip(c) {
-            *l = if *x > *l { *x } else { *l };
+            *l = fmax(*l, *x);
         }
     }
-    rest.iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    for (l, x) in lanes.iter_mut().zip(rest) {
+        *l = fmax(*l, *x);
+    }
+    lanes
 }
 
-/// `xs[i] = exp(xs[i] − m)` for every element; returns their sum.
+/// Whether some lane exceeds `m`.
 #[inline(always)]
-pub(crate) fn exp_sub_sum(xs: &mut [f32], m: f32) -> f32 {
+pub(crate) fn any_above(lanes: &Lanes, m: f32) -> bool {
+    lanes.iter().fold(false, |hit, &l| hit | (l > m))
+}
+
+/// `xs[i] = exp(xs[i] − m)` for every element; returns their lane sums.
+#[inline(always)]
+pub(crate) fn exp_sub_lanes<K: Kernel>(xs: &mut [f32], m: f32) -> Lanes {
     let mut lanes = [0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for (l, x) in lanes.iter_mut().zip(c.iter_mut()) {
-            *x = exp(*x - m);
+            *x = exp::<K>(*x - m);
             *l += *x;
         }
     }
-    let mut sum = 0.0;
-    for x in chunks.into_remainder() {
-        *x = exp(*x - m);
-        sum += *x;
+    for (l, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
+        *x = exp::<K>(*x - m);
+        *l += *x;
     }
-    sum + lanes.iter().sum::<f32>()
+    lanes
 }
 
 /// `Σ a_i · b_i` in lanes (a fixed order: the same inputs, the same sum).
@@ -100,7 +146,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             *l += x * y;
         }
     }
-    tail + lanes.iter().sum::<f32>()
+    tail + fold_sum(lanes)
 }
 
 /// `xs *= a`.
@@ -138,37 +184,59 @@ pub(crate) fn round_to(precision: Precision, xs: &mut [f32]) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn exp_is_within_two_ulp_of_libm_and_zero_below_range() {
+    use crate::cpu::micro::Portable;
+
+    /// A kernel whose multiply-add is fused (`f32::mul_add`, exact with or
+    /// without hardware FMA), where this target has one.
+    #[cfg(target_arch = "x86_64")]
+    type Fused = crate::cpu::micro::Avx2;
+    #[cfg(target_arch = "aarch64")]
+    type Fused = crate::cpu::micro::Neon;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    type Fused = Portable;
+
+    fn exp_within_two_ulp<K: Kernel>() {
         let mut worst = 0f64;
         for i in -8700..=8799 {
             let x = i as f32 * 0.01 + 0.003;
-            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            let (got, want) = (exp::<K>(x) as f64, (x as f64).exp());
             worst = worst.max(((got - want) / want).abs());
         }
         assert!(worst < 2.5 * f32::EPSILON as f64, "relative error {worst}");
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp::<K>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp::<K>(-100.0), 0.0);
+        assert_eq!(exp::<K>(0.0), 1.0);
     }
 
     #[test]
-    fn tanh_is_close_in_absolute_terms() {
+    fn exp_is_within_two_ulp_of_libm_and_zero_below_range() {
+        exp_within_two_ulp::<Portable>();
+        exp_within_two_ulp::<Fused>();
+    }
+
+    fn tanh_close<K: Kernel>() {
         for i in -2000..=2000 {
             let x = i as f32 * 0.005;
-            let err = (tanh(x) as f64 - (x as f64).tanh()).abs();
+            let err = (tanh::<K>(x) as f64 - (x as f64).tanh()).abs();
             assert!(err < 3.0 * f32::EPSILON as f64, "tanh({x}) off by {err}");
         }
     }
 
     #[test]
+    fn tanh_is_close_in_absolute_terms() {
+        tanh_close::<Portable>();
+        tanh_close::<Fused>();
+    }
+
+    #[test]
     fn reductions_cover_every_element() {
         let xs: Vec<f32> = (0..37).map(|i| ((i * 7) % 37) as f32 - 3.0).collect();
-        assert_eq!(max(&xs), 33.0);
-        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert_eq!(fold_max(lane_max(&xs)), 33.0);
+        assert_eq!(fold_max(lane_max(&[])), f32::NEG_INFINITY);
         let ones = vec![1f32; 37];
         assert_eq!(dot(&xs, &ones), xs.iter().sum::<f32>());
         let mut zs = vec![0f32; 37];
-        assert_eq!(exp_sub_sum(&mut zs, 0.0), 37.0);
+        assert_eq!(fold_sum(exp_sub_lanes::<Portable>(&mut zs, 0.0)), 37.0);
+        assert!(any_above(&lane_max(&xs), 32.5) && !any_above(&lane_max(&xs), 33.0));
     }
 }
