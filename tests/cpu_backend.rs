@@ -225,7 +225,7 @@ fn cpu_long_sequences_cross_many_blocks() {
         window(300, 700),
         wide,
     ] {
-        run(&Case::new(600, 777, 64).heads(2, 1).opts(opts));
+        run(&Case::new(600, 777, 64).heads(2, 1).opts(opts.clone()));
         run(&Case::new(777, 600, 40).opts(opts).f16());
     }
 }

@@ -1,22 +1,21 @@
-//! The CPU backend on the layouts a model brings. Head dims past 256 run
-//! forward and backward against the f64 reference under SPEC.md's rule, on
-//! every instruction set this machine runs; packed batches, ALiBi, sinks,
-//! block masks and v's own head dim are not on the SIMD backend yet and
-//! must fail with a typed `Unsupported` error, forward and backward, before
-//! any work. No adapter needed.
+//! The CPU backend on every layout a model brings, forward and backward,
+//! against the f64 reference under SPEC.md's rule, on every instruction set
+//! this machine runs: ALiBi, sinks (and dsinks), block-sparse masks of odd
+//! block sizes, packed batches with empty sequences, v's own head dim, head
+//! dims past 256 — alone and with causal masks, windows, softcap and GQA,
+//! f32 and f16. No adapter needed.
 
 mod common;
 
-use common::{assert_accurate, block_mask, causal, output_grad, Case};
+use common::{assert_accurate, block_mask, causal, output_grad, window, Case};
 use flashattn::accuracy::check_backward;
+use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::api::scores::{Alibi, Sinks};
 use flashattn::cpu::{Cpu, Isa};
-use flashattn::{
-    AttentionOptions, AttentionShape, BackwardInputs, CallStats, Error, ForwardOutput, TensorData,
-};
+use flashattn::{AttentionOptions, BackwardInputs};
 
 /// The CPU forward and backward of `case` on every instruction set, each
-/// checked against the reference.
+/// checked against the reference; dsinks exactly when the case has sinks.
 fn run(case: &Case) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
@@ -36,51 +35,113 @@ fn run(case: &Case) {
         for c in check_backward(&bwd, &q, &k, &v, &d_o, &case.opts).unwrap() {
             assert!(c.passed(), "{isa:?} {case:?}\n{c}");
         }
+        assert_eq!(bwd.dsinks.is_some(), case.opts.sinks.is_some());
     }
 }
 
 #[test]
-fn cpu_wide_heads() {
+fn cpu_alibi_and_sinks() {
+    let sinks = Sinks::new(&[0.5, -1.0, 2.0, 0.0]);
+    for opts in [
+        AttentionOptions::default(),
+        causal(),
+        window(9, 3),
+        AttentionOptions::default().softcap(5.0),
+    ] {
+        run(&Case::new(61, 77, 32)
+            .heads(4, 2)
+            .opts(opts.clone().alibi(Alibi::standard(4))));
+        run(&Case::new(77, 61, 24)
+            .heads(4, 1)
+            .opts(opts.sinks(sinks.clone()))
+            .f16());
+    }
+    // Rows with no key: o = 0, lse = the sink.
+    run(&Case::new(40, 10, 16)
+        .heads(4, 4)
+        .opts(causal().sinks(sinks)));
+    let per_batch: Vec<f32> = (0..6).map(|i| 0.1 * (i + 1) as f32).collect();
+    run(&Case::new(33, 45, 16)
+        .batch(2)
+        .heads(3, 3)
+        .opts(causal().alibi(Alibi::new(&per_batch))));
+}
+
+#[test]
+fn cpu_block_masks() {
+    for (i, (bm, bn)) in [(7, 13), (13, 7), (64, 64)].into_iter().enumerate() {
+        for (j, density) in [0.1, 0.35, 0.6].into_iter().enumerate() {
+            let case = Case::new(83, 97, 32).heads(4, 2);
+            let mask = block_mask(&case, (bm, bn), density, 4, (3 * i + j) as u64);
+            run(&case.opts(AttentionOptions::default().block_mask(mask)));
+        }
+    }
+    let case = Case::new(70, 70, 24).f16();
+    let mask = block_mask(&case, (7, 13), 0.5, 1, 9);
+    for opts in [
+        causal(),
+        window(20, 5),
+        AttentionOptions::default().softcap(4.0),
+    ] {
+        run(&case.clone().opts(opts.block_mask(mask.clone())));
+    }
+    // Rows left empty by the mask.
+    let grid = BlockGrid::new(64, 96, (8, 16)).unwrap();
+    let empty_rows = BlockMask::from_fn(grid, [1, 1], |_, _, r, c| r % 3 != 1 && (r + c) % 2 == 0);
+    run(&Case::new(64, 96, 16).opts(AttentionOptions::default().block_mask(empty_rows)));
+}
+
+#[test]
+fn cpu_packed_batches() {
+    let (lq, lk) = ([9, 0, 37, 50, 20], [14, 23, 0, 31, 20]);
+    for opts in [AttentionOptions::default(), causal(), window(8, 2)] {
+        run(&Case::new(1, 1, 32)
+            .heads(4, 2)
+            .opts(opts.clone())
+            .varlen(&lq, &lk));
+        run(&Case::new(1, 1, 24)
+            .heads(2, 1)
+            .opts(opts)
+            .varlen(&lq, &lk)
+            .f16());
+    }
+}
+
+#[test]
+fn cpu_v_head_dims_and_wide_heads() {
+    for (d, dv) in [(192, 128), (40, 24), (24, 40)] {
+        run(&Case::new(37, 45, d).dv(dv).heads(4, 2));
+        run(&Case::new(45, 37, d).dv(dv).opts(causal()).f16());
+    }
     for d in [288, 384, 512] {
         run(&Case::new(23, 31, d).heads(2, 1));
     }
     run(&Case::new(31, 23, 512).opts(causal()).f16());
 }
 
-/// `Unsupported { what: "the CPU backend", feature }` from the forward and
-/// from the backward (on a forward output of the right shape).
-fn assert_unsupported(case: &Case, feature: &str) {
-    let inputs = case.inputs();
-    let [q, k, v] = inputs.views();
-    let is_expected = |e: &Error| {
-        matches!(e, Error::Unsupported { what, feature: f } if *what == "the CPU backend" && *f == feature)
-    };
-    let cpu = Cpu::new();
-    match cpu.forward(&q, &k, &v, &case.opts) {
-        Err(e) if is_expected(&e) => {}
-        other => panic!("{case:?}: expected Unsupported({feature}), got {other:?}"),
-    }
-    let shape = AttentionShape::from_views(&q, &k, &v).unwrap();
-    let o = TensorData::from_f32(vec![0.0; shape.o_len()], case.precision);
-    let fwd = ForwardOutput::new(shape, o, vec![0.0; shape.lse_len()], CallStats::default());
-    let (_, g) = output_grad(case);
-    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&g)).unwrap();
-    match cpu.backward(&bwd_inputs, &case.opts) {
-        Err(e) if is_expected(&e) => {}
-        other => panic!("{case:?}: backward expected Unsupported({feature}), got {other:?}"),
-    }
+#[test]
+fn cpu_everything_at_once() {
+    let case = common::everything_at_once();
+    run(&case);
+    run(&case.f16());
 }
 
+/// Few rows over many keys (one task, fewer than the threads): the
+/// forward splits the keys and merges the splits by their LSE, per sequence
+/// of a packed batch, with the sink added once after the merge and ALiBi
+/// and a block mask on every split.
 #[test]
-fn cpu_layouts_not_yet_taken_are_typed_errors() {
-    let case = Case::new(33, 45, 16).heads(4, 2);
-    let mask = block_mask(&case, (7, 13), 0.5, 1, 3);
-    let with = |opts: AttentionOptions| case.clone().opts(opts);
-    let d = AttentionOptions::default;
-    assert_unsupported(&with(d().alibi(Alibi::standard(4))), "ALiBi");
-    assert_unsupported(&with(d().sinks(Sinks::new(&[0.5; 4]))), "attention sinks");
-    assert_unsupported(&with(d().block_mask(mask)), "block-sparse masks");
-    let packed = Case::new(1, 1, 16).varlen(&[9, 0, 20], &[14, 3, 0]);
-    assert_unsupported(&packed, "packed (varlen) batches");
-    assert_unsupported(&case.clone().dv(24), "a v head dim of its own");
+fn cpu_split_keys_under_every_layout() {
+    let (lq, lk) = ([1, 0, 0], [1500, 0, 70]);
+    let sinks = Sinks::new(&[0.5]);
+    for opts in [causal(), window(300, 0), AttentionOptions::default()] {
+        let opts = opts.alibi(Alibi::standard(1)).sinks(sinks.clone());
+        run(&Case::new(1, 1, 32).heads(1, 1).opts(opts).varlen(&lq, &lk));
+    }
+    let case = Case::new(2, 2000, 40).heads(1, 1);
+    let mask = block_mask(&case, (1, 64), 0.4, 1, 5);
+    run(&case
+        .clone()
+        .opts(AttentionOptions::default().block_mask(mask.clone())));
+    run(&case.f16().opts(causal().block_mask(mask).sinks(sinks)));
 }

@@ -166,7 +166,7 @@ fn plans(dims: &[(usize, usize)]) -> Vec<(String, Plan, Plan)> {
             let fwd = plan_forward(&req, &caps).unwrap().plan;
             let bwd = plan_backward(&req, &caps).unwrap().plan;
             let lanes = fwd.kernel == KernelFamily::Lanes;
-            let lanes_dim = |d: usize| d % 4 == 0 && d <= 128;
+            let lanes_dim = |d: usize| d.is_multiple_of(4) && d <= 128;
             assert_eq!(
                 lanes,
                 caps.lane_subgroup.is_some() && lanes_dim(d) && lanes_dim(dv)

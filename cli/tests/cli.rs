@@ -1457,18 +1457,7 @@ fn layout_run(f: &Files, command: &str, outputs: &[(&str, &str)], extra: &[&str]
 
 #[test]
 fn layout_flags_forward_and_backward_match_the_reference() {
-    // The CPU backend does not take the layouts yet: a one-line error, no output.
-    let f = Files::new();
-    layout_files(&f);
-    let outs = [("--out", "o.npy"), ("--lse", "lse.npy")];
-    let out = layout_run(&f, "forward", &outs, &["--backend", "cpu"]);
-    assert_bad(&f, &out, "the CPU backend does not support");
-    if engine().is_none() {
-        eprintln!("SKIPPED: the layout flags on wgpu need an adapter");
-        return;
-    }
-    {
-        let backend = "wgpu";
+    for backend in backends() {
         let f = Files::new();
         let (qkv, [qs, ks, vs], opts) = layout_files(&f);
         let outs = [("--out", "o.npy"), ("--lse", "lse.npy")];

@@ -7,15 +7,30 @@ use super::micro::{gemm, Dims, Kernel, Mat};
 use super::scores::{ScoreRow, ScoreRule, Visibility};
 use super::vmath::{self, Lanes, Rounding, LANES};
 
-/// Sizes every block shares: head dim, its padded width, keys per block.
+/// Sizes every block shares: q/k's head dim and v's, their padded widths,
+/// keys per block.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Geometry {
     pub d: usize,
     pub dpad: usize,
+    pub dv: usize,
+    pub dvpad: usize,
     pub bc: usize,
 }
 
-/// One block of keys as the products read it: Kᵀ `(d, bc)` and V `(bc, dpad)`.
+impl Geometry {
+    pub fn new([d, dv]: [usize; 2], bc: usize) -> Self {
+        Self {
+            d,
+            dpad: super::pack::padded(d),
+            dv,
+            dvpad: super::pack::padded(dv),
+            bc,
+        }
+    }
+}
+
+/// One block of keys as the products read it: Kᵀ `(d, bc)` and V `(bc, dvpad)`.
 pub(crate) struct KeyBlock<'a> {
     pub kt: &'a [f32],
     pub v: &'a [f32],
@@ -40,7 +55,7 @@ pub(crate) struct Query<'a> {
     pub rows: &'a [ScoreRow],
 }
 
-/// A task's rows: normalized outputs `(rows, dpad)` and their LSE (−inf
+/// A task's rows: normalized outputs `(rows, dvpad)` and their LSE (−inf
 /// and o = 0 for a row that saw no key).
 pub(crate) struct Partial {
     pub o: Vec<f32>,
@@ -63,7 +78,7 @@ impl Work {
     fn new(g: &Geometry, n: usize) -> Self {
         Self {
             s: vec![0f32; n * g.bc],
-            o: vec![0f32; n * g.dpad],
+            o: vec![0f32; n * g.dvpad],
             m: vec![f32::NEG_INFINITY; n],
             l: vec![[0f32; LANES]; n],
             new_max: vec![0f32; n],
@@ -88,6 +103,7 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
     if !span.is_empty() {
         for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
             let (cols, vis) = ScoreRule::narrow(q.rows, &(kb * g.bc..(kb + 1) * g.bc));
+            let vis = rule.refine(q.rows, &cols, vis);
             if vis == Visibility::Skip {
                 continue;
             }
@@ -103,11 +119,11 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
             online_update::<K>(g, rule, q.rows, (&cols, vis), &mut w, round_p);
             let pv = Dims {
                 m: n,
-                n: g.dpad,
+                n: g.dvpad,
                 k: nc,
             };
-            let v = Mat::rows(&blk.v[c0 * g.dpad..], g.dpad);
-            gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dpad, true);
+            let v = Mat::rows(&blk.v[c0 * g.dvpad..], g.dvpad);
+            gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
         }
     }
     finish(g, w)
@@ -149,7 +165,7 @@ fn online_update<K: Kernel>(
         };
         *m = new;
     }
-    let o = w.o.chunks_exact_mut(g.dpad);
+    let o = w.o.chunks_exact_mut(g.dvpad);
     let s = w.s.chunks_exact_mut(g.bc);
     for (r, (s, o)) in s.zip(o).enumerate().take(rows.len()) {
         let s = &mut s[..nc];
@@ -175,7 +191,7 @@ fn finish(g: &Geometry, mut w: Work) -> Partial {
     let lse =
         w.m.iter()
             .zip(&w.l)
-            .zip(w.o.chunks_exact_mut(g.dpad))
+            .zip(w.o.chunks_exact_mut(g.dvpad))
             .map(|((&m, &l), o)| {
                 let l = vmath::fold_sum(l);
                 if l > 0.0 {

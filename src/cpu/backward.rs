@@ -3,7 +3,7 @@
 //!
 //! It takes the forward's `lse` as given (`P = exp(s − lse)`, no softmax is
 //! recomputed) and `D = rowsum(dO ∘ O)`. One fused pass, no atomics: a task
-//! per (batch, kv head, strip of key blocks) walks its key blocks and, for
+//! per (sequence, kv head, strip of key blocks) walks its key blocks and, for
 //! each, the group's query heads and the query blocks that can see it; per
 //! tile it computes `S = Q·Kᵀ` and `dP = dO·Vᵀ`, then P and dS
 //! ([`Ctx::tile_grads`]), and runs the three products that use them:
@@ -24,10 +24,12 @@ use super::pool::Buffer;
 use super::scores::{rows_seeing, ScoreRow, ScoreRule, Visibility};
 use super::vmath;
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::{AttentionOptions, Mask};
+use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, CallStats};
-use crate::api::shape::{lse_index, AttentionShape, Layout};
+use crate::api::pair_rule::PairRule;
+use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData};
+use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -35,86 +37,127 @@ use std::ops::Range;
 /// Everything the tasks read, laid out for the products.
 struct Ctx<'a> {
     shape: AttentionShape,
+    opts: &'a AttentionOptions,
+    seqs: Vec<Sequence>,
     g: Geometry,
     /// Query rows per tile.
     br: usize,
-    /// q and dO per query head, rows of `dpad` floats.
+    /// q and dO per (sequence, query head), rows of `dpad` and `dvpad` floats.
     q: Panels,
     d_o: Panels,
-    /// Kᵀ and Vᵀ in `(d, bc)` blocks, and K in rows of `dpad`, per kv head.
+    /// Kᵀ `(d, bc)` and Vᵀ `(dv, bc)` blocks, and K in rows of `dpad`, per
+    /// (sequence, kv head).
     kt: Panels,
     vt: Panels,
     k: Panels,
     lse: &'a [f32],
     /// `D = rowsum(dO ∘ O)`, laid out like `lse`.
     delta: Vec<f32>,
-    rule: ScoreRule,
-    mask: Mask,
+    scale: f32,
     precision: Precision,
-    /// Key-block strips per (batch, kv head): one task each.
+    /// Key-block strips per (sequence, kv head): one task each.
     strips: usize,
 }
 
-/// Gradients dq, dk, dv on `isa`'s kernels, from the forward's `o` and `lse`.
+/// Gradients dq, dk, dv (and dsinks) on `isa`'s kernels, from the
+/// forward's `o` and `lse`.
 pub(crate) fn backward(
     isa: Isa,
     inputs: &BackwardInputs,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
     let shape = inputs.shape()?;
-    opts.validate()?;
-    super::check_layouts(&shape, opts)?;
+    opts.validate_for(&shape)?;
     let i = inputs;
     let [q, k, v, o, d_o] = [&i.q, &i.k, &i.v, &i.o, &i.d_o].map(pack::widened);
-    let d = shape.head_dim;
-    let Blocks { rows: br, keys: bc } = Blocks::backward(d);
-    let (ql, kl, b) = (Layout::q(&shape), Layout::kv(&shape), shape.batch);
+    let dims = [shape.head_dim, shape.head_dim_v];
+    let Blocks { rows: br, keys: bc } = Blocks::backward(dims);
+    let seqs = sequences(&shape, opts.varlen.as_ref());
+    let q_rows: Vec<Range<usize>> = seqs.iter().map(|s| s.q.clone()).collect();
+    let k_rows: Vec<Range<usize>> = seqs.iter().map(|s| s.k.clone()).collect();
+    let (ql, ol, kl, vl) = (
+        Layout::q(&shape),
+        Layout::o(&shape),
+        Layout::kv(&shape),
+        Layout::v(&shape),
+    );
+    let whole = |n: usize| n;
     let ctx = Ctx {
         shape,
-        g: Geometry {
-            d,
-            dpad: pack::padded(d),
-            bc,
-        },
+        opts,
+        g: Geometry::new(dims, bc),
         br,
-        q: pack::rows(&q, &ql, b, shape.seqlen_q),
-        d_o: pack::rows(&d_o, &ql, b, shape.seqlen_q),
-        kt: pack::transposed(&k, &kl, b, bc),
-        vt: pack::transposed(&v, &kl, b, bc),
-        k: pack::rows(&k, &kl, b, shape.seqlen_k.div_ceil(bc) * bc),
+        q: pack::rows(&q, &ql, &q_rows, whole),
+        d_o: pack::rows(&d_o, &ol, &q_rows, whole),
+        kt: pack::transposed(&k, &kl, &k_rows, bc),
+        vt: pack::transposed(&v, &vl, &k_rows, bc),
+        k: pack::rows(&k, &kl, &k_rows, |n| n.div_ceil(bc) * bc),
         lse: i.lse,
-        delta: row_deltas(&shape, &o, &d_o),
-        rule: ScoreRule::new(opts, d),
-        mask: opts.mask(&shape),
+        delta: row_deltas(
+            &shape,
+            &sink_output(isa, [&q, &k, &v], &o, opts, (&shape, inputs.q.precision())),
+            &d_o,
+        ),
+        scale: opts.scale_for(shape.head_dim),
         precision: inputs.q.precision(),
-        strips: strips(&shape, bc),
+        strips: strips(&shape, &seqs, bc),
+        seqs,
     };
-    let parts: Vec<KeyOut> = (0..b * shape.heads_kv * ctx.strips)
+    let tasks = ctx.seqs.len() * shape.heads_kv * ctx.strips;
+    let parts: Vec<KeyOut> = (0..tasks)
         .into_par_iter()
         .map(|t| isa.run(KeyTask { ctx: &ctx, task: t }))
         .collect();
     let (dk, dv) = ctx.scatter_kv(&parts);
     let dq = ctx.reduce_dq(&parts);
     let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, ctx.precision));
-    Ok(BackwardOutput::new(&shape, grads, CallStats::default()))
+    let out = BackwardOutput::new(&shape, grads, CallStats::default()).with_dsinks(ctx.dsinks());
+    Ok(out.packed(opts.varlen.is_some()))
 }
 
-/// Strips per (batch, kv head): enough for four tasks per thread, at most
-/// one per key block.
-fn strips(shape: &AttentionShape, bc: usize) -> usize {
-    let per_head = (4 * rayon::current_num_threads()).div_ceil(shape.batch * shape.heads_kv);
-    per_head.clamp(1, shape.seqlen_k.div_ceil(bc).max(1))
+/// Strips per (sequence, kv head): enough for four tasks per thread, at
+/// most one per key block of the longest sequence.
+fn strips(shape: &AttentionShape, seqs: &[Sequence], bc: usize) -> usize {
+    let heads = (seqs.len() * shape.heads_kv).max(1);
+    let per_head = (4 * rayon::current_num_threads()).div_ceil(heads);
+    let longest = seqs.iter().map(Sequence::len_k).max().unwrap_or(0);
+    per_head.clamp(1, longest.div_ceil(bc).max(1))
 }
 
-/// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout.
+/// The `O` whose `D` the gradients take: the stored `o`, except in low
+/// precision with sinks, where it is recomputed in f32 with P unrounded (one
+/// forward more) so that `D` is `Σ_j P·dP` to f32 accuracy. `dsink_h` is a
+/// single sum of `P_sink · D` over every row of a head, and from an `o`
+/// rounded to f16 every `D` carries that rounding, as a materialized
+/// baseline's does: a small case's few dsinks then land anywhere within a
+/// few times the baseline's error (seen up to 4×). Recomputed, they sit at
+/// f32 rounding (1e-7 where the f16 baseline errs by 1e-4).
+fn sink_output<'o>(
+    isa: Isa,
+    qkv: [&[f32]; 3],
+    o: &'o [f32],
+    opts: &AttentionOptions,
+    (shape, precision): (&AttentionShape, Precision),
+) -> std::borrow::Cow<'o, [f32]> {
+    match (&opts.sinks, vmath::rounding_of(precision)) {
+        (Some(_), Some(_)) => {
+            let (o32, _) = super::forward::forward_f32(isa, *shape, qkv, opts, None);
+            std::borrow::Cow::Owned(o32)
+        }
+        _ => std::borrow::Cow::Borrowed(o),
+    }
+}
+
+/// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout (a packed
+/// batch's is its batch of one's).
 fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {
     let (sq, hq) = (shape.seqlen_q, shape.heads_q);
-    let ql = Layout::q(shape);
+    let ol = Layout::o(shape);
     (0..shape.lse_len())
         .into_par_iter()
         .map(|r| {
-            let at = ql.row(r / (hq * sq), r % sq, (r / sq) % hq);
-            vmath::dot(&o[at..][..ql.dim], &d_o[at..][..ql.dim])
+            let at = ol.row(r / (hq * sq), r % sq, (r / sq) % hq);
+            vmath::dot(&o[at..][..ol.dim], &d_o[at..][..ol.dim])
         })
         .collect()
 }
@@ -126,21 +169,23 @@ struct Tile {
     ds: Vec<f32>,
 }
 
-/// A block of query rows of one head against one block of keys.
-struct TileAt<'r> {
-    b: usize,
+/// A block of query rows of one head of sequence `n` against one block of
+/// keys, under the head's score rule.
+struct TileAt<'r, 'a> {
+    n: usize,
     h: usize,
     rows: &'r [ScoreRow],
     kb: usize,
     vis: Visibility,
+    rule: &'r ScoreRule<'a>,
 }
 
 impl Ctx<'_> {
-    /// The rows `rows` as the scores see them.
-    fn score_rows(&self, rows: Range<usize>) -> Vec<ScoreRow> {
+    /// The rows `rows` of a sequence as the scores see them.
+    fn score_rows(pair: &PairRule, rows: Range<usize>) -> Vec<ScoreRow> {
         rows.map(|i| ScoreRow {
             i,
-            keys: self.mask.key_range(i),
+            keys: pair.keys(i),
         })
         .collect()
     }
@@ -150,27 +195,29 @@ impl Ctx<'_> {
     #[inline(always)]
     fn tile_grads<K: Kernel>(&self, at: &TileAt, t: &mut Tile) {
         let g = &self.g;
+        let seq = &self.seqs[at.n];
         let (n, i0) = (at.rows.len(), at.rows[0].i);
         let hk = at.h / self.shape.group();
-        let (qa, ka) = (i0 * g.dpad, at.kb * g.d * g.bc);
-        let dims = Dims {
+        let ka = at.kb * g.bc;
+        let s_dims = Dims {
             m: n,
             n: g.bc,
             k: g.d,
         };
         let (q, kt) = (
-            self.q.mat(at.b, at.h, qa, g.dpad),
-            self.kt.mat(at.b, hk, ka, g.bc),
+            self.q.mat(at.n, at.h, i0 * g.dpad, g.dpad),
+            self.kt.mat(at.n, hk, ka * g.d, g.bc),
         );
-        gemm::<K>(dims, q, kt, &mut t.p, g.bc, false);
+        gemm::<K>(s_dims, q, kt, &mut t.p, g.bc, false);
         let (d_o, vt) = (
-            self.d_o.mat(at.b, at.h, qa, g.dpad),
-            self.vt.mat(at.b, hk, ka, g.bc),
+            self.d_o.mat(at.n, at.h, i0 * g.dvpad, g.dvpad),
+            self.vt.mat(at.n, hk, ka * g.dv, g.bc),
         );
-        gemm::<K>(dims, d_o, vt, &mut t.ds, g.bc, false);
-        let keys = at.kb * g.bc..(at.kb + 1) * g.bc;
+        let dp_dims = Dims { k: g.dv, ..s_dims };
+        gemm::<K>(dp_dims, d_o, vt, &mut t.ds, g.bc, false);
+        let keys = ka..ka + g.bc;
         for (r, row) in at.rows.iter().enumerate() {
-            let at_lse = lse_index(&self.shape, at.b, at.h, row.i);
+            let at_lse = seq.lse_index(at.h, row.i);
             let (lse, delta) = (self.lse[at_lse], self.delta[at_lse]);
             let p = &mut t.p[r * g.bc..][..g.bc];
             let ds = &mut t.ds[r * g.bc..][..g.bc];
@@ -179,11 +226,15 @@ impl Ctx<'_> {
                 ds.fill(0.0);
                 continue;
             }
-            self.rule.apply::<K>(row, &keys, at.vis, p);
-            for (s, dp) in p.iter_mut().zip(ds.iter_mut()) {
+            at.rule.apply::<K>(row, &keys, at.vis, p);
+            for (j, (s, dp)) in keys.clone().zip(p.iter_mut().zip(ds.iter_mut())) {
                 let pc = vmath::exp::<K>(*s - lse);
                 // Masked scores are −inf, where the softcap's slope is not finite.
-                let dcap = if pc > 0.0 { self.rule.dcap(*s) } else { 0.0 };
+                let dcap = if pc > 0.0 {
+                    at.rule.dcap(*s, row.i, j)
+                } else {
+                    0.0
+                };
                 *dp = pc * (*dp - delta) * dcap;
                 *s = pc;
             }
@@ -192,106 +243,117 @@ impl Ctx<'_> {
         }
     }
 
-    /// Key block `kb` of kv head `hk` of batch entry `b` against every
-    /// query block of the group that sees it: its `dK` and `dV` sums into
-    /// `kv`, the group's `dQ` sums (`(group, seqlen_q, dpad)`) into `dq`.
+    /// Key block `kb` of kv head `hk` of sequence `n` against every query
+    /// block of the group that sees it: its `dK` and `dV` sums into `kv`,
+    /// the group's `dQ` sums (`(group, len_q, dpad)`) into `dq`.
     #[inline(always)]
     fn key_block<K: Kernel>(
         &self,
-        (b, hk, kb): (usize, usize, usize),
+        (n, hk, kb): (usize, usize, usize),
         t: &mut Tile,
         kv: [&mut [f32]; 2],
         dq: &mut [f32],
     ) {
-        let (s, g) = (&self.shape, &self.g);
+        let (s, g, seq) = (&self.shape, &self.g, &self.seqs[n]);
         let [dk, dv] = kv;
         let block = kb * g.bc..(kb + 1) * g.bc;
-        let seeing = rows_seeing(
-            &self.mask,
-            s.seqlen_q,
-            &(kb * g.bc..block.end.min(s.seqlen_k)),
-        );
-        let first = seeing.start / self.br * self.br;
         for (hl, h) in (hk * s.group()..(hk + 1) * s.group()).enumerate() {
+            let pair = PairRule::new(self.opts, seq, h, [s.heads_q, s.head_dim]);
+            let rule = ScoreRule::of_pair(&pair);
+            let seeing = rows_seeing(
+                &pair.band,
+                seq.len_q(),
+                &(block.start..block.end.min(seq.len_k())),
+            );
+            let first = seeing.start / self.br * self.br;
             for i0 in (first..seeing.end).step_by(self.br) {
-                let rows = self.score_rows(i0..(i0 + self.br).min(s.seqlen_q));
+                let rows = Self::score_rows(&pair, i0..(i0 + self.br).min(seq.len_q()));
                 let vis = ScoreRule::visibility(&rows, &block);
+                let vis = rule.refine(&rows, &block, vis);
                 if vis == Visibility::Skip {
                     continue;
                 }
                 let at = TileAt {
-                    b,
+                    n,
                     h,
                     rows: &rows,
                     kb,
                     vis,
+                    rule: &rule,
                 };
                 self.tile_grads::<K>(&at, t);
-                let n = rows.len();
-                let kv_dims = Dims {
-                    m: g.bc,
-                    n: g.dpad,
-                    k: n,
-                };
+                let m = rows.len();
                 let (d_o, q) = (
-                    self.d_o.mat(b, h, i0 * g.dpad, g.dpad),
-                    self.q.mat(b, h, i0 * g.dpad, g.dpad),
+                    self.d_o.mat(n, h, i0 * g.dvpad, g.dvpad),
+                    self.q.mat(n, h, i0 * g.dpad, g.dpad),
                 );
-                gemm::<K>(kv_dims, Mat::transposed(&t.p, g.bc), d_o, dv, g.dpad, true);
-                gemm::<K>(kv_dims, Mat::transposed(&t.ds, g.bc), q, dk, g.dpad, true);
+                let dv_dims = Dims {
+                    m: g.bc,
+                    n: g.dvpad,
+                    k: m,
+                };
+                gemm::<K>(dv_dims, Mat::transposed(&t.p, g.bc), d_o, dv, g.dvpad, true);
+                let dk_dims = Dims {
+                    n: g.dpad,
+                    ..dv_dims
+                };
+                gemm::<K>(dk_dims, Mat::transposed(&t.ds, g.bc), q, dk, g.dpad, true);
                 let q_dims = Dims {
-                    m: n,
+                    m,
                     n: g.dpad,
                     k: g.bc,
                 };
-                let k = self.k.mat(b, hk, kb * g.bc * g.dpad, g.dpad);
-                let dq = &mut dq[(hl * s.seqlen_q + i0) * g.dpad..];
+                let k = self.k.mat(n, hk, kb * g.bc * g.dpad, g.dpad);
+                let dq = &mut dq[(hl * seq.len_q() + i0) * g.dpad..];
                 gemm::<K>(q_dims, Mat::rows(&t.ds, g.bc), k, dq, g.dpad, true);
             }
         }
         let prec = self.precision;
-        dk.iter_mut()
-            .for_each(|x| *x = prec.round(*x * self.rule.scale));
+        dk.iter_mut().for_each(|x| *x = prec.round(*x * self.scale));
         vmath::round_to(prec, dv);
     }
 
     /// Every task's dK and dV rows, in k's and v's layouts.
     fn scatter_kv(&self, parts: &[KeyOut]) -> (Vec<f32>, Vec<f32>) {
         let s = &self.shape;
-        let (d, dp, bc) = (s.head_dim, self.g.dpad, self.g.bc);
-        let (mut dk, mut dv) = (vec![0f32; s.kv_len()], vec![0f32; s.kv_len()]);
-        let row = s.heads_kv * d;
-        dk.par_chunks_mut(row.max(1))
-            .zip(dv.par_chunks_mut(row.max(1)))
+        let (d, dv, bc) = (s.head_dim, s.head_dim_v, self.g.bc);
+        let (dp, dvp) = (self.g.dpad, self.g.dvpad);
+        let (mut dk, mut dvs) = (vec![0f32; s.kv_len()], vec![0f32; s.v_len()]);
+        dk.par_chunks_mut((s.heads_kv * d).max(1))
+            .zip(dvs.par_chunks_mut((s.heads_kv * dv).max(1)))
             .enumerate()
-            .for_each(|(r, (dk, dv))| {
-                let (b, j) = (r / s.seqlen_k, r % s.seqlen_k);
+            .for_each(|(r, (dk, dvs))| {
+                let n = self.seqs.partition_point(|x| x.k.end <= r);
+                let Some(seq) = self.seqs.get(n) else { return };
+                let j = r - seq.k.start;
                 let (kb, c) = (j / bc, j % bc);
                 for hk in 0..s.heads_kv {
-                    let part = &parts[(b * s.heads_kv + hk) * self.strips + kb % self.strips];
-                    let at = ((kb / self.strips) * bc + c) * dp;
-                    dk[hk * d..][..d].copy_from_slice(&part.dk[at..][..d]);
-                    dv[hk * d..][..d].copy_from_slice(&part.dv[at..][..d]);
+                    let part = &parts[(n * s.heads_kv + hk) * self.strips + kb % self.strips];
+                    let at = (kb / self.strips) * bc + c;
+                    dk[hk * d..][..d].copy_from_slice(&part.dk[at * dp..][..d]);
+                    dvs[hk * dv..][..dv].copy_from_slice(&part.dv[at * dvp..][..dv]);
                 }
             });
-        (dk, dv)
+        (dk, dvs)
     }
 
     /// dQ: every row's sums over the strips, in strip order, scaled and
     /// rounded, in q's layout.
     fn reduce_dq(&self, parts: &[KeyOut]) -> Vec<f32> {
         let s = &self.shape;
-        let (d, dp, sq) = (s.head_dim, self.g.dpad, s.seqlen_q);
+        let (d, dp) = (s.head_dim, self.g.dpad);
         let mut dq = vec![0f32; s.q_len()];
         let prec = self.precision;
         dq.par_chunks_mut((s.heads_q * d).max(1))
             .enumerate()
             .for_each(|(r, out)| {
-                let (b, i) = (r / sq, r % sq);
+                let n = self.seqs.partition_point(|x| x.q.end <= r);
+                let Some(seq) = self.seqs.get(n) else { return };
+                let i = r - seq.q.start;
                 for (h, out) in out.chunks_exact_mut(d.max(1)).enumerate() {
                     let (hk, hl) = (h / s.group(), h % s.group());
-                    let strips = &parts[(b * s.heads_kv + hk) * self.strips..][..self.strips];
-                    let at = (hl * sq + i) * dp;
+                    let strips = &parts[(n * s.heads_kv + hk) * self.strips..][..self.strips];
+                    let at = (hl * seq.len_q() + i) * dp;
                     out.fill(0.0);
                     for part in strips {
                         out.iter_mut()
@@ -299,23 +361,43 @@ impl Ctx<'_> {
                             .for_each(|(y, x)| *y += x);
                     }
                     out.iter_mut()
-                        .for_each(|x| *x = prec.round(*x * self.rule.scale));
+                        .for_each(|x| *x = prec.round(*x * self.scale));
                 }
             });
         dq
     }
+
+    /// With sinks, `dsink_h = −Σ exp(sink_h − lse) · D` over every row of
+    /// head `h`, summed in row order (in f64: deterministic and exact to
+    /// f32).
+    fn dsinks(&self) -> Option<Vec<f32>> {
+        let sinks = self.opts.sinks.as_ref()?.logits();
+        let per_head = |(h, &sink): (usize, &f32)| {
+            let mut sum = 0f64;
+            for seq in &self.seqs {
+                for i in 0..seq.len_q() {
+                    let at = seq.lse_index(h, i);
+                    let p = (sink as f64 - self.lse[at] as f64).exp();
+                    sum += p * self.delta[at] as f64;
+                }
+            }
+            -sum as f32
+        };
+        Some(sinks.iter().enumerate().map(per_head).collect())
+    }
 }
 
-/// One task's results: dK and dV `(bc, dpad)` of each of its key blocks in
-/// the order it ran them, scaled and rounded, and its dQ sums over them for
-/// the group's query heads `(group, seqlen_q, dpad)`, not yet scaled.
+/// One task's results: dK `(bc, dpad)` and dV `(bc, dvpad)` of each of its
+/// key blocks in the order it ran them, scaled and rounded, and its dQ
+/// sums over them for the group's query heads `(group, len_q, dpad)`, not
+/// yet scaled.
 struct KeyOut {
     dk: Buffer,
     dv: Buffer,
     dq: Buffer,
 }
 
-/// Strip `task % strips` of kv head `task / strips` (over batch entries):
+/// Strip `task % strips` of kv head `task / strips` (over sequences):
 /// key blocks `strip, strip + strips, ...`.
 struct KeyTask<'a, 'c> {
     ctx: &'c Ctx<'a>,
@@ -328,16 +410,16 @@ impl Task for KeyTask<'_, '_> {
     fn run<K: Kernel>(self) -> KeyOut {
         let c = self.ctx;
         let (s, g) = (&c.shape, &c.g);
-        let (bh, strip) = (self.task / c.strips, self.task % c.strips);
-        let (b, hk) = (bh / s.heads_kv, bh % s.heads_kv);
-        let blocks: Vec<usize> = (strip..s.seqlen_k.div_ceil(g.bc))
+        let (nh, strip) = (self.task / c.strips, self.task % c.strips);
+        let (n, hk) = (nh / s.heads_kv, nh % s.heads_kv);
+        let seq = &c.seqs[n];
+        let blocks: Vec<usize> = (strip..seq.len_k().div_ceil(g.bc))
             .step_by(c.strips)
             .collect();
-        let size = g.bc * g.dpad;
         let mut out = KeyOut {
-            dk: Buffer::zeroed(blocks.len() * size),
-            dv: Buffer::zeroed(blocks.len() * size),
-            dq: Buffer::zeroed(s.group() * s.seqlen_q * g.dpad),
+            dk: Buffer::zeroed(blocks.len() * g.bc * g.dpad),
+            dv: Buffer::zeroed(blocks.len() * g.bc * g.dvpad),
+            dq: Buffer::zeroed(s.group() * seq.len_q() * g.dpad),
         };
         let mut t = Tile {
             p: vec![0f32; c.br * g.bc],
@@ -345,10 +427,10 @@ impl Task for KeyTask<'_, '_> {
         };
         let kv = out
             .dk
-            .chunks_exact_mut(size)
-            .zip(out.dv.chunks_exact_mut(size));
+            .chunks_exact_mut((g.bc * g.dpad).max(1))
+            .zip(out.dv.chunks_exact_mut((g.bc * g.dvpad).max(1)));
         for (&kb, (dk, dv)) in blocks.iter().zip(kv) {
-            c.key_block::<K>((b, hk, kb), &mut t, [dk, dv], &mut out.dq);
+            c.key_block::<K>((n, hk, kb), &mut t, [dk, dv], &mut out.dq);
         }
         out
     }

@@ -20,7 +20,6 @@ use super::forward::clip;
 use super::isa::{Isa, Task};
 use super::merge::merge_row;
 use super::micro::{Kernel, Mat};
-use super::pack;
 use super::scores::{ScoreRow, ScoreRule};
 use super::vmath::rounding_of;
 
@@ -51,11 +50,7 @@ pub(crate) fn decode(
         rule: ScoreRule::new(opts, p.head_dim),
         opts,
         splits,
-        g: Geometry {
-            d: p.head_dim,
-            dpad: pack::padded(p.head_dim),
-            bc: BLOCK,
-        },
+        g: Geometry::new([p.head_dim; 2], BLOCK),
     };
     let tasks: Vec<(usize, usize, usize)> = (0..p.batch)
         .flat_map(|b| {
@@ -128,7 +123,7 @@ struct Work<'a> {
     p: &'a DecodeProblem,
     q: Vec<f32>,
     cache: &'a HostKvCache,
-    rule: ScoreRule,
+    rule: ScoreRule<'static>,
     opts: &'a AttentionOptions,
     splits: Splits,
     g: Geometry,

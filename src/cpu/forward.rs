@@ -1,22 +1,27 @@
-//! The CPU forward: one rayon task per (batch, query head, block of query
-//! rows), each streaming the key blocks its rows can see through
+//! The CPU forward: one rayon task per (sequence, query head, block of
+//! query rows), each streaming the key blocks its rows can see through
 //! [`attend`]; block sizes from [`Blocks::forward`]. Where that gives too
 //! few tasks for the threads (decode-shaped problems: few rows, many keys)
-//! the keys are split too and the splits merged by their LSE.
+//! the keys are split too and the splits merged by their LSE. A packed
+//! batch's sequences are tasks like a batch's entries; a sink joins each
+//! row's softmax after the merge.
 
 use super::attend::{attend, Geometry, KeyBlock, KeySource, Partial, Query, Scratch};
 use super::isa::{Isa, Task};
-use super::merge::merge_row;
+use super::merge::{merge_row, with_sink};
 use super::micro::{Kernel, Mat};
 use super::pack::{self, Panels};
 use super::scores::{ScoreRow, ScoreRule};
 use super::vmath::{rounding_of, Rounding};
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
+use crate::api::pair_rule::PairRule;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{TensorData, TensorView};
+use crate::api::varlen::{sequences, Sequence};
 use crate::error::Result;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Query rows and keys per block of a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,19 +31,19 @@ pub(crate) struct Blocks {
 }
 
 impl Blocks {
-    /// 64 query rows; K and V blocks of `keys × d` f32 that together fill
-    /// `bytes`: at least 32 and at most 256 keys, a multiple of 32 (two
-    /// micro-kernel panels).
-    fn sized(d: usize, rows: usize, bytes: usize) -> Self {
-        let per_key = 2 * 4 * pack::padded(d);
+    /// `rows` query rows; K and V blocks of `keys × (d + dv)` f32 that
+    /// together fill `bytes`: at least 32 and at most 256 keys, a multiple
+    /// of 32 (two micro-kernel panels).
+    fn sized([d, dv]: [usize; 2], rows: usize, bytes: usize) -> Self {
+        let per_key = 4 * (pack::padded(d) + pack::padded(dv));
         let keys = (bytes / per_key / 32 * 32).clamp(32, 256);
         Self { rows, keys }
     }
 
-    /// The backward's tiles: 64 query rows, K and V blocks filling a 32 KiB
-    /// L1 data cache (64 keys at d 64).
-    pub fn backward(d: usize) -> Self {
-        Self::sized(d, 64, 32 << 10)
+    /// The backward's tiles for head dims `[d, dv]`: 64 query rows, K and
+    /// V blocks filling a 32 KiB L1 data cache (64 keys at d 64).
+    pub fn backward(dims: [usize; 2]) -> Self {
+        Self::sized(dims, 64, 32 << 10)
     }
 
     /// The forward's: 128 rows and K and V blocks of 128 KiB together
@@ -49,11 +54,11 @@ impl Blocks {
     /// ([`ScoreRule::narrow`]), so a causal mask wastes little of them; a
     /// local window narrower than four such blocks gets the backward's
     /// blocks, which follow its band more closely.
-    pub fn forward(d: usize, mask: &Mask) -> Self {
-        let big = Self::sized(d, 128, 128 << 10);
+    pub fn forward(dims: [usize; 2], mask: &Mask) -> Self {
+        let big = Self::sized(dims, 128, 128 << 10);
         let band = mask.left.zip(mask.right).map(|(l, r)| l + r + 1);
         if band.is_some_and(|w| w < 4 * big.keys as i64) {
-            Self::backward(d)
+            Self::backward(dims)
         } else {
             big
         }
@@ -63,11 +68,14 @@ impl Blocks {
 /// Everything the tasks read.
 struct Ctx<'a> {
     shape: AttentionShape,
+    opts: &'a AttentionOptions,
+    seqs: Vec<Sequence>,
+    /// Each sequence's first row block in the task order (and one past
+    /// the last): tasks run (sequence, head, row block).
+    first_block: Vec<usize>,
     q: &'a [f32],
     kt: Panels,
     v: Panels,
-    rule: ScoreRule,
-    mask: Mask,
     round_p: Rounding,
     g: Geometry,
     /// Query rows per task.
@@ -84,13 +92,13 @@ pub(crate) fn forward(
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate()?;
-    super::check_layouts(&shape, opts)?;
+    opts.validate_for(&shape)?;
     let precision = q.precision();
     let [qf, kf, vf] = [q, k, v].map(pack::widened);
     let (o, lse) = forward_f32(isa, shape, [&qf, &kf, &vf], opts, rounding_of(precision));
     let o = TensorData::from_f32(o, precision);
-    Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))
+    let out = ForwardOutput::new(shape, o, lse, CallStats::default());
+    Ok(out.packed(opts.varlen.is_some()))
 }
 
 /// The forward on f32 data in the standard layouts of a validated `shape`,
@@ -102,26 +110,28 @@ pub(crate) fn forward_f32(
     opts: &AttentionOptions,
     round_p: Rounding,
 ) -> (Vec<f32>, Vec<f32>) {
-    let d = shape.head_dim;
-    let mask = opts.mask(&shape);
-    let Blocks { rows: br, keys: bc } = Blocks::forward(d, &mask);
-    let kl = Layout::kv(&shape);
-    let rows = shape.seqlen_k.div_ceil(bc) * bc;
-    let tasks = shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(br);
-    let (split_keys, splits) = key_splits(tasks, shape.seqlen_k, bc);
+    let dims = [shape.head_dim, shape.head_dim_v];
+    let Blocks { rows: br, keys: bc } = Blocks::forward(dims, &opts.mask(&shape));
+    let seqs = sequences(&shape, opts.varlen.as_ref());
+    let key_rows: Vec<Range<usize>> = seqs.iter().map(|s| s.k.clone()).collect();
+    let mut first_block = vec![0];
+    for s in &seqs {
+        first_block
+            .push(first_block[first_block.len() - 1] + shape.heads_q * s.len_q().div_ceil(br));
+    }
+    let tasks = first_block[seqs.len()];
+    let longest = seqs.iter().map(Sequence::len_k).max().unwrap_or(0);
+    let (split_keys, splits) = key_splits(tasks, longest, bc);
     let ctx = Ctx {
         shape,
+        opts,
+        kt: pack::transposed(k, &Layout::kv(&shape), &key_rows, bc),
+        v: pack::rows(v, &Layout::v(&shape), &key_rows, |n| n.div_ceil(bc) * bc),
+        seqs,
+        first_block,
         q,
-        kt: pack::transposed(k, &kl, shape.batch, bc),
-        v: pack::rows(v, &kl, shape.batch, rows),
-        rule: ScoreRule::new(opts, d),
-        mask,
         round_p,
-        g: Geometry {
-            d,
-            dpad: pack::padded(d),
-            bc,
-        },
+        g: Geometry::new(dims, bc),
         br,
         split_keys,
         splits,
@@ -139,8 +149,8 @@ pub(crate) fn key_splits(tasks: usize, keys: usize, bc: usize) -> (usize, usize)
     let blocks = keys.div_ceil(bc);
     let want = (2 * rayon::current_num_threads()).div_ceil(tasks.max(1));
     let splits = want.min(blocks / 2).max(1);
-    let per = blocks.div_ceil(splits);
-    (per * bc, blocks.div_ceil(per))
+    let per = blocks.div_ceil(splits).max(1);
+    (per * bc, blocks.div_ceil(per).max(1))
 }
 
 /// Task `task`: split `task % splits` of a block of rows.
@@ -156,43 +166,48 @@ impl Task for BlockTask<'_, '_> {
         let c = self.ctx;
         let s = &c.shape;
         let (split, block) = (self.task % c.splits, self.task / c.splits);
-        let q_blocks = s.seqlen_q.div_ceil(c.br);
-        let (bh, qb) = (block / q_blocks, block % q_blocks);
-        let (b, h) = (bh / s.heads_q, bh % s.heads_q);
-        let keys = split * c.split_keys..((split + 1) * c.split_keys).min(s.seqlen_k);
-        let rows: Vec<ScoreRow> = (qb * c.br..((qb + 1) * c.br).min(s.seqlen_q))
+        let n = c.first_block.partition_point(|&f| f <= block) - 1;
+        let seq = &c.seqs[n];
+        let q_blocks = seq.len_q().div_ceil(c.br);
+        let (h, qb) = (
+            (block - c.first_block[n]) / q_blocks,
+            (block - c.first_block[n]) % q_blocks,
+        );
+        let pair = PairRule::new(c.opts, seq, h, [s.heads_q, s.head_dim]);
+        let keys = split * c.split_keys..((split + 1) * c.split_keys).min(seq.len_k());
+        let rows: Vec<ScoreRow> = (qb * c.br..((qb + 1) * c.br).min(seq.len_q()))
             .map(|i| ScoreRow {
                 i,
-                keys: clip(c.mask.key_range(i), &keys),
+                keys: clip(pair.keys(i), &keys),
             })
             .collect();
         let ql = Layout::q(s);
         let query = Query {
-            q: Mat::rows(&c.q[ql.row(b, qb * c.br, h)..], s.heads_q * s.head_dim),
+            q: Mat::rows(
+                &c.q[ql.row(0, seq.q.start + qb * c.br, h)..],
+                s.heads_q * s.head_dim,
+            ),
             rows: &rows,
         };
         let src = Packed {
             ctx: c,
-            b,
+            n,
             hk: h / s.group(),
         };
-        attend::<K, _>(&c.g, &c.rule, &query, &src, c.round_p)
+        attend::<K, _>(&c.g, &ScoreRule::of_pair(&pair), &query, &src, c.round_p)
     }
 }
 
 /// `a ∩ b` (an empty range starts where it ends).
-pub(crate) fn clip(
-    a: std::ops::Range<usize>,
-    b: &std::ops::Range<usize>,
-) -> std::ops::Range<usize> {
+pub(crate) fn clip(a: Range<usize>, b: &Range<usize>) -> Range<usize> {
     let start = a.start.max(b.start);
     start..a.end.min(b.end).max(start)
 }
 
-/// The packed K and V of kv head `hk` of batch entry `b`.
+/// The packed K and V of kv head `hk` of sequence `n`.
 struct Packed<'a, 'c> {
     ctx: &'c Ctx<'a>,
-    b: usize,
+    n: usize,
     hk: usize,
 }
 
@@ -201,40 +216,49 @@ impl KeySource for Packed<'_, '_> {
     fn block<'s>(&'s self, kb: usize, _: &'s mut Scratch) -> KeyBlock<'s> {
         let g = &self.ctx.g;
         KeyBlock {
-            kt: &self.ctx.kt.head(self.b, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
-            v: &self.ctx.v.head(self.b, self.hk)[kb * g.bc * g.dpad..][..g.bc * g.dpad],
+            kt: &self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
+            v: &self.ctx.v.head(self.n, self.hk)[kb * g.bc * g.dvpad..][..g.bc * g.dvpad],
         }
     }
 }
 
 impl Ctx<'_> {
-    /// Every block's splits merged, in o's and lse's layouts; o's rows in
-    /// parallel (first touch of fresh memory costs as much as the copy).
+    /// Every block's splits merged (and its sinks added), in o's and lse's
+    /// layouts; o's rows in parallel (first touch of fresh memory costs as
+    /// much as the copy).
     fn assemble(&self, parts: &[Partial]) -> (Vec<f32>, Vec<f32>) {
         let s = &self.shape;
-        let (d, hq, sq) = (s.head_dim, s.heads_q, s.seqlen_q);
-        let q_blocks = sq.div_ceil(self.br);
-        let mut o = vec![0f32; s.q_len()];
+        let (dv, hq) = (s.head_dim_v, s.heads_q);
+        let sinks = self.opts.sinks.as_ref().map(|x| x.logits());
+        let mut o = vec![0f32; s.o_len()];
         // Each row's LSE for every head, in o's row order.
         let mut row_lse = vec![f32::NEG_INFINITY; s.lse_len()];
-        o.par_chunks_mut((hq * d).max(1))
+        o.par_chunks_mut((hq * dv).max(1))
             .zip(row_lse.par_chunks_mut(hq.max(1)))
             .enumerate()
             .for_each(|(r, (out, lse))| {
-                let (b, i) = (r / sq, r % sq);
-                let (qb, at) = (i / self.br, i % self.br);
-                for (h, (out, lse)) in out.chunks_exact_mut(d.max(1)).zip(lse).enumerate() {
-                    let block = (b * hq + h) * q_blocks + qb;
+                let n = self.seqs.partition_point(|x| x.q.end <= r);
+                let Some(seq) = self.seqs.get(n) else { return };
+                let i = r - seq.q.start;
+                let (q_blocks, (qb, at)) =
+                    (seq.len_q().div_ceil(self.br), (i / self.br, i % self.br));
+                for (h, (out, lse)) in out.chunks_exact_mut(dv.max(1)).zip(lse).enumerate() {
+                    let block = self.first_block[n] + h * q_blocks + qb;
                     let splits = &parts[block * self.splits..][..self.splits];
-                    *lse = merge_row(splits, at, self.g.dpad, out);
+                    *lse = merge_row(splits, at, self.g.dvpad, out);
+                    if let Some(sinks) = sinks {
+                        *lse = with_sink(out, *lse, sinks[h]);
+                    }
                 }
             });
-        let lse = (0..s.lse_len())
-            .map(|x| {
-                let (bh, i) = (x / sq, x % sq);
-                row_lse[(bh / hq * sq + i) * hq + bh % hq]
-            })
-            .collect();
+        let mut lse = vec![f32::NEG_INFINITY; s.lse_len()];
+        for seq in &self.seqs {
+            for (i, r) in seq.q.clone().enumerate() {
+                for h in 0..hq {
+                    lse[seq.lse_index(h, i)] = row_lse[r * hq + h];
+                }
+            }
+        }
         (o, lse)
     }
 }
@@ -268,24 +292,27 @@ mod tests {
             mask(Some(64), Some(0)),
         );
         for d in 1..=256 {
-            for b in [Blocks::backward(d), Blocks::forward(d, &full)] {
+            for b in [Blocks::backward([d, d]), Blocks::forward([d, d], &full)] {
                 let bc = b.keys;
                 assert!(
                     bc.is_multiple_of(32) && (32..=256).contains(&bc),
                     "d {d}: {bc}"
                 );
             }
-            assert_eq!(Blocks::forward(d, &causal), Blocks::forward(d, &full));
-            assert_eq!(Blocks::forward(d, &window), Blocks::backward(d));
+            let dims = [d, d];
+            assert_eq!(Blocks::forward(dims, &causal), Blocks::forward(dims, &full));
+            assert_eq!(Blocks::forward(dims, &window), Blocks::backward(dims));
         }
-        assert_eq!(Blocks::backward(64), Blocks { rows: 64, keys: 64 });
+        assert_eq!(Blocks::backward([64, 64]), Blocks { rows: 64, keys: 64 });
         assert_eq!(
-            Blocks::forward(64, &full),
+            Blocks::forward([64, 64], &full),
             Blocks {
                 rows: 128,
                 keys: 256
             }
         );
-        assert_eq!(Blocks::forward(128, &full).keys, 128);
+        assert_eq!(Blocks::forward([128, 128], &full).keys, 128);
+        // v's own head dim counts in the blocks' bytes.
+        assert_eq!(Blocks::forward([192, 128], &full).keys, 96);
     }
 }

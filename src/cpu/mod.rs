@@ -60,9 +60,8 @@ use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorView;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The CPU backend on one instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,19 +120,6 @@ impl Cpu {
     ) -> Result<DecodeOutput> {
         decode::decode(self.isa, cache, step, opts, num_splits)
     }
-}
-
-/// The layouts this backend does not take yet (packed batches, ALiBi,
-/// sinks, block masks, v's own head dim): `Unsupported` naming the first.
-fn check_layouts(shape: &AttentionShape, opts: &AttentionOptions) -> Result<()> {
-    opts.band_only("the CPU backend")?;
-    if shape.has_head_dim_v() {
-        return Err(Error::Unsupported {
-            what: "the CPU backend",
-            feature: "a v head dim of its own",
-        });
-    }
-    Ok(())
 }
 
 /// [`Cpu::forward`] on the fastest instruction set.

@@ -1,5 +1,5 @@
 //! Laying the f32 inputs out once per call in the shapes the micro-kernel
-//! reads: per (batch, head), rows padded with zeros to a multiple of the
+//! reads: per (sequence, head), rows padded with zeros to a multiple of the
 //! micro-kernel's columns, or blocks of keys transposed to `(d, bc)`. Zero
 //! padding adds nothing to a dot product and masked keys get P = 0, so the
 //! padding never reaches a result. O(N·d) work against the O(N²·d) products.
@@ -10,6 +10,7 @@ use crate::api::shape::Layout;
 use crate::api::tensor::{HostData, TensorView};
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// A tensor's values as f32: f32 storage borrowed as it is, f16 and bf16
 /// widened (in parallel).
@@ -24,22 +25,26 @@ pub(crate) fn widened<'a>(t: &TensorView<'a>) -> Cow<'a, [f32]> {
     }
 }
 
-/// One tensor laid out per (batch, head), `per_head` floats each.
+/// One tensor laid out per (sequence, head): a panel each, sized by its
+/// sequence's length (a packed batch's sequences differ).
 pub(crate) struct Panels {
     data: Buffer,
-    per_head: usize,
+    /// Where the panel of (sequence `n`, head `h`) starts, at `n · heads + h`;
+    /// one more entry holds the end.
+    starts: Vec<usize>,
     heads: usize,
 }
 
 impl Panels {
-    /// The panel of head `h` of batch entry `b`.
-    pub fn head(&self, b: usize, h: usize) -> &[f32] {
-        &self.data[(b * self.heads + h) * self.per_head..][..self.per_head]
+    /// The panel of head `h` of sequence `n`.
+    pub fn head(&self, n: usize, h: usize) -> &[f32] {
+        let at = n * self.heads + h;
+        &self.data[self.starts[at]..self.starts[at + 1]]
     }
 
-    /// Head `h` of batch entry `b` from float `at` on, as rows of `ld`.
-    pub fn mat(&self, b: usize, h: usize, at: usize, ld: usize) -> Mat<'_> {
-        Mat::rows(&self.head(b, h)[at..], ld)
+    /// Head `h` of sequence `n` from float `at` on, as rows of `ld`.
+    pub fn mat(&self, n: usize, h: usize, at: usize, ld: usize) -> Mat<'_> {
+        Mat::rows(&self.head(n, h)[at..], ld)
     }
 }
 
@@ -48,47 +53,78 @@ pub(crate) fn padded(d: usize) -> usize {
     d.div_ceil(PAD) * PAD
 }
 
-/// Panels of `per_head` zeros for every (batch entry, head) of `l`, each
-/// filled in parallel by `fill(b, h, panel)`.
+/// Panels of zeros for every (sequence, head) of `l`, `size(rows)` floats
+/// for a sequence of `rows` rows, each filled in parallel by `fill(n, h,
+/// panel)`.
 fn per_head(
     l: &Layout,
-    batch: usize,
-    per_head: usize,
+    seqs: &[Range<usize>],
+    size: impl Fn(usize) -> usize,
     fill: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Panels {
-    let mut data = Buffer::zeroed(batch * l.heads * per_head);
-    data.par_chunks_mut(per_head.max(1))
+    let mut starts = vec![0];
+    for seq in seqs {
+        for _ in 0..l.heads {
+            starts.push(starts[starts.len() - 1] + size(seq.len()));
+        }
+    }
+    let mut data = Buffer::zeroed(starts[starts.len() - 1]);
+    let mut panels = Vec::with_capacity(starts.len() - 1);
+    let mut rest: &mut [f32] = &mut data;
+    for w in starts.windows(2) {
+        let (panel, tail) = rest.split_at_mut(w[1] - w[0]);
+        panels.push(panel);
+        rest = tail;
+    }
+    panels
+        .into_par_iter()
         .enumerate()
-        .for_each(|(bh, panel)| fill(bh / l.heads, bh % l.heads, panel));
+        .for_each(|(nh, panel)| fill(nh / l.heads, nh % l.heads, panel));
     Panels {
         data,
-        per_head,
+        starts,
         heads: l.heads,
     }
 }
 
-/// `t` (layout `l`, `batch` entries) as per-head row-major panels of
-/// `rows` rows (at least `l.seqlen`) of `padded(d)` floats.
-pub(crate) fn rows(t: &[f32], l: &Layout, batch: usize, rows: usize) -> Panels {
+/// `t` (layout `l`; sequence `n` is the rows `seqs[n]` of its flat row
+/// space) as per-head row-major panels of `rows(len)` rows (at least the
+/// sequence's `len`) of `padded(dim)` floats.
+pub(crate) fn rows(
+    t: &[f32],
+    l: &Layout,
+    seqs: &[Range<usize>],
+    rows: impl Fn(usize) -> usize,
+) -> Panels {
     let (d, dp) = (l.dim, padded(l.dim));
-    per_head(l, batch, rows * dp, |b, h, panel| {
-        for s in 0..l.seqlen {
-            panel[s * dp..][..d].copy_from_slice(&t[l.row(b, s, h)..][..d]);
-        }
-    })
+    per_head(
+        l,
+        seqs,
+        |len| rows(len) * dp,
+        |n, h, panel| {
+            for (s, r) in seqs[n].clone().enumerate() {
+                panel[s * dp..][..d].copy_from_slice(&t[l.row(0, r, h)..][..d]);
+            }
+        },
+    )
 }
 
-/// `t` as per-head blocks of `bc` rows, each transposed to `(d, bc)`:
-/// block `kb` of a head starts at `kb · d · bc`.
-pub(crate) fn transposed(t: &[f32], l: &Layout, batch: usize, bc: usize) -> Panels {
+/// `t` as per-head blocks of `bc` rows, each transposed to `(dim, bc)`:
+/// block `kb` of a sequence's head starts at `kb · dim · bc`.
+pub(crate) fn transposed(t: &[f32], l: &Layout, seqs: &[Range<usize>], bc: usize) -> Panels {
     let d = l.dim;
-    per_head(l, batch, l.seqlen.div_ceil(bc) * bc * d, |b, h, panel| {
-        for s in 0..l.seqlen {
-            let block = &mut panel[s / bc * bc * d..][..bc * d];
-            let row = &t[l.row(b, s, h)..][..d];
-            for (x, v) in row.iter().enumerate() {
-                block[x * bc + s % bc] = *v;
+    per_head(
+        l,
+        seqs,
+        |len| len.div_ceil(bc) * bc * d,
+        |n, h, panel| {
+            for (s, r) in seqs[n].clone().enumerate() {
+                let block = &mut panel[s / bc * bc * d..][..bc * d];
+                let row = &t[l.row(0, r, h)..][..d];
+                for (x, v) in row.iter().enumerate() {
+                    block[x * bc + s % bc] = *v;
+                }
             }
-        }
-    })
+        },
+    )
 }

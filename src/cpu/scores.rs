@@ -1,20 +1,28 @@
-//! The one place the CPU backend turns `q·k` into scores: scale, softcap
-//! and the mask, and which key blocks a block of rows may skip. Forward,
+//! The one place the CPU backend turns `q·k` into scores: scale, softcap,
+//! ALiBi's bias, the band and the block mask, and which key blocks a block
+//! of rows may skip. Forward,
 //! backward and decode all call these, so their scores are bit-identical
 //! (the backward's `s − lse` is exact at a row's maximum) and a new score
 //! term or skipping predicate is added here once.
 
 use super::micro::{Kernel, PAD};
 use super::vmath;
+use crate::api::block_mask::{tile_fate, MaskView, Tile, TileFate};
 use crate::api::options::{AttentionOptions, Mask};
+use crate::api::pair_rule::PairRule;
 use std::ops::Range;
 
-/// Scale and softcap of a call.
+/// Scale and softcap of a call, and the per-(sequence, head) terms.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ScoreRule {
+pub(crate) struct ScoreRule<'a> {
     pub scale: f32,
     /// `C` of `C · tanh(s / C)`; 0 = off.
     pub softcap: f32,
+    /// ALiBi's slope and the band's offset: `s −= slope · |i + off − j|`.
+    pub alibi: Option<(f32, i64)>,
+    /// The block mask of the (sequence, head), with the band its tile test
+    /// intersects.
+    pub block: Option<(MaskView<'a>, Mask)>,
 }
 
 /// One query row as the scores see it: its position `i` and the keys its mask allows (already clipped to what the task walks).
@@ -35,11 +43,47 @@ pub(crate) enum Visibility {
     Partial,
 }
 
-impl ScoreRule {
+impl<'a> ScoreRule<'a> {
+    /// Scale and softcap only (decoding, which takes no other term).
     pub fn new(opts: &AttentionOptions, head_dim: usize) -> Self {
         Self {
             scale: opts.scale_for(head_dim),
             softcap: opts.softcap_value(),
+            alibi: None,
+            block: None,
+        }
+    }
+
+    /// Every term of one (sequence, query head).
+    pub fn of_pair(rule: &PairRule<'a>) -> Self {
+        Self {
+            scale: rule.scale,
+            softcap: rule.softcap,
+            alibi: rule.slope.map(|slope| (slope, rule.band.offset)),
+            block: rule.block.map(|view| (view, rule.band)),
+        }
+    }
+
+    /// `vis` (what the band leaves of `rows × keys`) under the block mask
+    /// too: a tile with no allowed pair is skipped, one with masked pairs
+    /// is partial. `rows` are consecutive.
+    pub fn refine(&self, rows: &[ScoreRow], keys: &Range<usize>, vis: Visibility) -> Visibility {
+        let (Some((view, band)), Some(first), Some(last)) =
+            (&self.block, rows.first(), rows.last())
+        else {
+            return vis;
+        };
+        if vis == Visibility::Skip {
+            return vis;
+        }
+        let tile = Tile {
+            rows: first.i..last.i + 1,
+            keys: keys.clone(),
+        };
+        match tile_fate(view, band, &tile) {
+            TileFate::Skipped => Visibility::Skip,
+            TileFate::Partial => Visibility::Partial,
+            TileFate::Full => vis,
         }
     }
 
@@ -87,7 +131,8 @@ impl ScoreRule {
     }
 
     /// Turn one row of dot products against `keys` into scores in place:
-    /// `scale · x`, soft-capped, and −inf where the row's mask forbids.
+    /// `scale · x`, soft-capped, less ALiBi's bias, and −inf where the
+    /// row's band or block mask forbids.
     #[inline(always)]
     pub fn apply<K: Kernel>(
         &self,
@@ -104,25 +149,53 @@ impl ScoreRule {
         } else {
             vmath::scale(s, self.scale);
         }
+        if let Some((slope, off)) = self.alibi {
+            // One f32 product per pair, as the kernels and the reference round it.
+            let at = row.i as i64 + off - keys.start as i64;
+            for (c, x) in s.iter_mut().enumerate() {
+                *x -= slope * (at - c as i64).unsigned_abs() as f32;
+            }
+        }
         if vis == Visibility::Partial {
             let lo = row.keys.start.clamp(keys.start, keys.end) - keys.start;
             let hi = row.keys.end.clamp(keys.start, keys.end) - keys.start;
             let hi = hi.max(lo);
             s[..lo].fill(f32::NEG_INFINITY);
             s[hi..].fill(f32::NEG_INFINITY);
+            if let Some((view, _)) = &self.block {
+                mask_blocks(view, row.i, keys, s);
+            }
         }
     }
 
-    /// `∂s/∂(scale·x)` at a score `s` that [`apply`](Self::apply) produced:
-    /// `1 − tanh²` with softcap, else 1.
+    /// `∂s/∂(scale·x)` at the score `s` that [`apply`](Self::apply)
+    /// produced for `(i, j)`: `1 − tanh²` of the soft-capped score (ALiBi's
+    /// bias added back) with softcap, else 1.
     #[inline(always)]
-    pub fn dcap(&self, s: f32) -> f32 {
+    pub fn dcap(&self, s: f32, i: usize, j: usize) -> f32 {
         if self.softcap > 0.0 {
-            let t = s / self.softcap;
+            let bias = self.alibi.map_or(0.0, |(slope, off)| {
+                slope * (i as i64 + off - j as i64).unsigned_abs() as f32
+            });
+            let t = (s + bias) / self.softcap;
             1.0 - t * t
         } else {
             1.0
         }
+    }
+}
+
+/// −inf on the keys of `keys` whose block the mask forbids to row `i`,
+/// one block column at a time.
+fn mask_blocks(view: &MaskView, i: usize, keys: &Range<usize>, s: &mut [f32]) {
+    let bn = view.grid.bn;
+    let mut j = keys.start;
+    while j < keys.end {
+        let end = ((j / bn + 1) * bn).min(keys.end);
+        if !view.allows(i, j) {
+            s[j - keys.start..end - keys.start].fill(f32::NEG_INFINITY);
+        }
+        j = end;
     }
 }
 
