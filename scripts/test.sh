@@ -9,8 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Any ICD manifest in either place (ls of both fails when one folder is absent).
 have_vulkan_icd() {
-  ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
+  local f
+  for f in /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
 }
 missing=()
 have_vulkan_icd || missing+=(mesa-vulkan-drivers)
