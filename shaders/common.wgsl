@@ -228,7 +228,7 @@ fn tile_index(tile: u32) -> u32 {
 }
 
 fn tile_partial(tile: u32) -> bool {
-    return IS_SPARSE && tile >= 0x80000000u;
+    return IS_SPARSE && HAS_PARTIAL && tile >= 0x80000000u;
 }
 
 // Byte index of block (0, 0) of the block mask of `seq` and query head h.

@@ -160,6 +160,27 @@ fn block_masks_leave_rows_empty_and_skip_tiles() {
     );
 }
 
+/// Mask blocks that are whole numbers of the kernels' tiles (64×64 and
+/// 128×256 over the lanes and tiled kernels' tiles): every tile lies in one
+/// block, the kernels are built without the per-pair mask test
+/// (`Variant::partial`), and the results must still follow the mask, alone,
+/// under a causal band and in a packed batch.
+#[test]
+fn block_masks_aligned_to_the_tiles() {
+    let case = Case::new(300, 333, 32).heads(4, 2);
+    for (block, density) in [((64, 64), 0.3), ((128, 256), 0.5)] {
+        let mask = block_mask(&case, block, density, 4, 11);
+        let dense = AttentionOptions::default();
+        both_passes(&case.clone().opts(dense.block_mask(mask.clone())));
+        both_passes(&case.clone().opts(causal().block_mask(mask)));
+    }
+    let packed = Case::new(1, 1, 32)
+        .heads(2, 1)
+        .varlen(&[200, 0, 70], &[130, 64, 300]);
+    let mask = block_mask(&packed, (64, 64), 0.5, 2, 4);
+    both_passes(&packed.opts(causal().block_mask(mask)));
+}
+
 #[test]
 fn block_mask_builders() {
     let g = BlockGrid::new(90, 90, (8, 8)).unwrap();

@@ -53,6 +53,10 @@ pub struct Variant {
     pub varlen: bool,
     /// A block mask: loops walk tile lists (and the mask) in the side buffer.
     pub sparse: bool,
+    /// Some tile of the walk may need the block mask tested per pair: the
+    /// kernel carries that test (on lavapipe its mere presence in the loop
+    /// cost a full mask 1.5x the dense time).
+    pub partial: bool,
     /// Count storage accesses into [`binding::IO`] (the instrumented build).
     pub count_io: bool,
     /// What the kernel does about the adapter's loop limit.
@@ -69,6 +73,22 @@ impl Variant {
             sparse: opts.block_mask.is_some(),
             ..self
         }
+    }
+
+    /// This variant for tiles of `br` rows × `bc` keys: the per-pair mask
+    /// test only where the mask's blocks are not whole numbers of tiles.
+    /// (Tiles and blocks both count from a sequence's first row and key, so
+    /// where `br | bm` and `bc | bn` every tile lies inside one block: all
+    /// its pairs allowed, or it is skipped.)
+    pub fn with_tiles(
+        self,
+        opts: &crate::api::options::AttentionOptions,
+        [br, bc]: [u32; 2],
+    ) -> Self {
+        let partial = opts.block_mask.as_ref().is_some_and(|m| {
+            !(m.grid.bm.is_multiple_of(br as usize) && m.grid.bn.is_multiple_of(bc as usize))
+        });
+        Self { partial, ..self }
     }
 
     /// Whether the kernel reads the side buffer.
@@ -221,7 +241,8 @@ impl Composer {
             .override_bool("HAS_ALIBI", variant.alibi)
             .override_bool("HAS_SINKS", variant.sinks)
             .override_bool("IS_VARLEN", variant.varlen)
-            .override_bool("IS_SPARSE", variant.sparse);
+            .override_bool("IS_SPARSE", variant.sparse)
+            .override_bool("HAS_PARTIAL", variant.partial);
         self.push(&section(SIDE, on_off(variant.has_side())))
             .push(COMMON)
             .push(&section(IO_COUNT, on_off(variant.count_io)))
@@ -407,6 +428,29 @@ fn substitute(line: &str, c: char, v: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_masks_whose_blocks_split_a_tile_carry_the_pair_test() {
+        use crate::api::block_mask::{BlockGrid, BlockMask};
+        use crate::api::options::AttentionOptions;
+        let with = |block| {
+            let grid = BlockGrid::new(300, 300, block).unwrap();
+            AttentionOptions::default().block_mask(BlockMask::local_global(grid, 1, 1))
+        };
+        let partial =
+            |opts: &AttentionOptions, tiles| Variant::default().with_tiles(opts, tiles).partial;
+        assert!(!partial(&with((64, 64)), [32, 8]));
+        assert!(!partial(&with((128, 256)), [64, 64]));
+        assert!(
+            partial(&with((64, 64)), [48, 8]),
+            "48-row tiles cross 64-row blocks"
+        );
+        assert!(partial(&with((7, 13)), [16, 16]));
+        assert!(
+            !partial(&AttentionOptions::default(), [48, 8]),
+            "no mask, no test"
+        );
+    }
 
     #[test]
     fn unroll_repeats_lines_per_lane_and_chunk() {

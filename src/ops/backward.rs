@@ -48,7 +48,8 @@ pub async fn backward(
     let plan = plan_backward(&req, &gpu.caps())?.plan;
     let variant = gpu
         .variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0)
-        .with_options(opts);
+        .with_options(opts)
+        .with_tiles(opts, [plan.br, plan.bc]);
     let sinks = opts
         .sinks
         .is_some()
@@ -91,6 +92,7 @@ fn part_variant(part: BackwardPart, variant: Variant) -> Variant {
         sinks: false,
         varlen: false,
         sparse: false,
+        partial: false,
         ..variant
     };
     match part {

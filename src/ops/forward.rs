@@ -33,11 +33,13 @@ fn kernel_for(
 ) -> Result<FlashForward> {
     opts.validate_for(shape)?;
     let req = plan_request(shape, opts, precision, *overrides);
+    let plan = plan_forward(&req, &gpu.caps())?.plan;
     Ok(FlashForward {
-        plan: plan_forward(&req, &gpu.caps())?.plan,
+        plan,
         variant: gpu
             .variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0)
-            .with_options(opts),
+            .with_options(opts)
+            .with_tiles(opts, [plan.br, plan.bc]),
     })
 }
 

@@ -106,6 +106,7 @@ impl Gpu {
             sinks: false,
             varlen: false,
             sparse: false,
+            partial: false,
             count_io: self.io_counter.is_some(),
             loop_check: match (self.loop_limit.limit(), self.settings.loop_meter) {
                 (None, _) => LoopCheck::Off,
