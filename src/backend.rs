@@ -63,6 +63,9 @@ impl std::str::FromStr for BackendKind {
 pub enum Backend {
     Wgpu(Box<Engine>),
     Cpu,
+    /// The CUDA kernels on device 0 (feature `cuda`).
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    Cuda(Box<crate::cuda::Cuda>),
 }
 
 /// A backend and the reason it was chosen, for the user.
@@ -99,6 +102,16 @@ impl Backend {
                     reason,
                 },
             }),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                let cuda = crate::cuda::Cuda::new()?;
+                let reason = format!("CUDA on {}, as requested", cuda.describe());
+                Ok(Choice {
+                    backend: Backend::Cuda(Box::new(cuda)),
+                    reason,
+                })
+            }
+            #[cfg(not(feature = "cuda"))]
             BackendKind::Cuda => Err(Error::BackendNotBuilt { backend: "cuda" }),
         }
     }
@@ -108,6 +121,8 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => format!("wgpu on {}", e.describe()),
             Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Backend::Cuda(c) => format!("cuda on {}", c.describe()),
         }
     }
 
@@ -121,6 +136,8 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.forward_with(q, k, v, opts, overrides),
             Backend::Cpu => cpu::forward(q, k, v, opts),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.forward(q, k, v, opts),
         }
     }
 
@@ -136,6 +153,11 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.forward_fp8_with(qkv, opts, fp8, overrides),
             Backend::Cpu => cpu::forward_fp8(qkv[0], qkv[1], qkv[2], opts, fp8),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Err(Error::Unsupported {
+                what: "the CUDA backend",
+                feature: "FP8 (e4m3)",
+            }),
         }
     }
 
@@ -150,6 +172,8 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.backward_with(inputs, opts, overrides),
             Backend::Cpu => cpu::backward(inputs, opts),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.backward(inputs, opts),
         }
     }
 
@@ -166,6 +190,11 @@ impl Backend {
         match self {
             Backend::Wgpu(e) => e.decode_host(cache, step, opts, num_splits),
             Backend::Cpu => cpu::decode(cache, step, opts, num_splits),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Err(Error::Unsupported {
+                what: "the CUDA backend",
+                feature: "decoding (flash_attn_with_kvcache)",
+            }),
         }
     }
 }

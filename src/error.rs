@@ -254,6 +254,20 @@ pub enum Error {
         "the {backend} backend is not built into this binary (rebuild with `--features {backend}`)"
     )]
     BackendNotBuilt { backend: &'static str },
+    /// The CUDA backend needs a library or a device this machine lacks
+    /// (checked before cudarc is asked to load it, which would panic).
+    #[error("the CUDA backend cannot start: {missing} not found")]
+    CudaUnavailable { missing: &'static str },
+    /// The device's compute capability is below what the kernels need.
+    #[error(
+        "the CUDA kernels need compute capability {needed} or later; {device} has {major}.{minor}"
+    )]
+    CudaArch {
+        device: String,
+        major: i32,
+        minor: i32,
+        needed: &'static str,
+    },
     #[error(
         "no GPU adapter found; install a Vulkan driver (on Debian: `apt-get install -y mesa-vulkan-drivers` \
          gives the CPU-based lavapipe) or use the CPU backend (`--backend cpu`)"
@@ -319,6 +333,20 @@ pub enum Error {
         rows: usize,
         keys: usize,
         limit: u32,
+    },
+    /// NVRTC rejected a kernel variant's source (a bug in cuda/, or an
+    /// NVRTC too old for the architecture asked for).
+    #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
+    CudaCompile {
+        kernel: String,
+        arch: String,
+        log: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("{during}: the CUDA driver reported {message}")]
+    CudaDriver {
+        during: &'static str,
+        message: String,
     },
     #[error("{what} was poisoned by a panic in another thread")]
     Poisoned { what: &'static str },

@@ -46,6 +46,8 @@ pub mod backend;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod choice;
 pub mod cpu;
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod kernels;

@@ -160,8 +160,12 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     opts.validate()?;
     let layouts = layouts::flags(a)?;
     if backend == BackendKind::Cuda {
-        // Fail before reading anything: this binary has no CUDA backend.
+        // Fail before reading anything: no CUDA backend in this binary, or
+        // no driver or NVRTC to run it.
+        #[cfg(not(feature = "cuda"))]
         return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
+        #[cfg(feature = "cuda")]
+        flashattn::cuda::context::libraries_present()?;
     }
     Ok(Flags {
         opts,
@@ -186,7 +190,7 @@ pub fn open(kind: BackendKind, workload: &Workload) -> Result<Backend> {
 pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
     let backend = open(p.backend, &p.workload(backward)?)?;
     let tiles = p.overrides.br.is_some() || p.overrides.bc.is_some();
-    if matches!(backend, Backend::Cpu) && tiles {
+    if !matches!(backend, Backend::Wgpu(_)) && tiles {
         return Err(CliError::WgpuOnly {
             flags: "--block-q and --block-k",
         });

@@ -1,0 +1,188 @@
+// FlashAttention-2 backward, recomputing P from the forward's LSE, in three
+// kernels with no float atomics, so gradients are bit-identical on repeat:
+//
+//   flash_bwd_dot   D = rowsum(dO * O), f32, (batch, heads_q, seqlen_q)
+//   flash_bwd_dkdv  one block per (key block, kv head, batch entry): dK, dV
+//                   summed over every query head of the kv head's group
+//                   (GQA) and every query block that sees the keys, in order
+//   flash_bwd_dq    one block per (query block, query head, batch entry):
+//                   dQ over the key blocks its rows see (P and dP are
+//                   recomputed: FA2 adds dQ with atomics instead, which is
+//                   not deterministic)
+//
+// Both gradient kernels use BLOCK rows x BLOCK keys tiles and BLOCK x
+// THREADS_PER_ROW threads; lane l owns columns l, l + THREADS_PER_ROW, ....
+// P and dS are rounded to the storage precision before the products that
+// use them, as the materialized baseline does.
+
+#define COLS (HEAD_DIM / THREADS_PER_ROW)
+#define PER_LANE ((BLOCK + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
+#define PAD (HEAD_DIM + 1)
+
+extern "C" __global__ void flash_bwd_dot(const storage_t* __restrict__ o,
+                                         const storage_t* __restrict__ d_o,
+                                         float* __restrict__ delta, const Problem p, int batch) {
+    const size_t rows = (size_t)batch * p.heads_q * p.seqlen_q;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows;
+         e += (size_t)gridDim.x * blockDim.x) {
+        // e indexes (b, h, i) in lse order; o is (b, i, h, d).
+        const int i = e % p.seqlen_q, h = (e / p.seqlen_q) % p.heads_q,
+                  b = e / ((size_t)p.seqlen_q * p.heads_q);
+        const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+        float s = 0.0f;
+        for (int c = 0; c < p.d; ++c) s = fmaf(load_f32(o[row + c]), load_f32(d_o[row + c]), s);
+        delta[e] = s;
+    }
+}
+
+// P and dS of query row i against key j (already known to be allowed).
+__device__ __forceinline__ void p_and_ds(const Problem& p, const float* q_row, const float* k_row,
+                                         const float* do_row, const float* v_row, float lse_i,
+                                         float delta_i, float* p_ij, float* ds_ij) {
+    float dcap;
+    const float s = score(p, dot_rows(q_row, k_row), &dcap);
+    // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
+    const float pr = lse_i == NEG_INF ? 0.0f : expf(s - lse_i);
+    const float dp = dot_rows(do_row, v_row);
+    *p_ij = round_storage(pr);
+    // dS w.r.t. the raw scaled score: the softcap's derivative included.
+    *ds_ij = round_storage(pr * (dp - delta_i) * dcap);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
+flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
+               const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
+               const float* __restrict__ lse, const float* __restrict__ delta,
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, const Problem p) {
+    __shared__ float k_tile[BLOCK * PAD];
+    __shared__ float v_tile[BLOCK * PAD];
+    __shared__ float q_tile[BLOCK * PAD];
+    __shared__ float do_tile[BLOCK * PAD];
+    // Transposed: [key][row], so a key's lanes sum along their own row.
+    __shared__ float p_t[BLOCK * BLOCK];
+    __shared__ float ds_t[BLOCK * BLOCK];
+    __shared__ float lse_tile[BLOCK];
+    __shared__ float delta_tile[BLOCK];
+
+    const int n0 = blockIdx.x * BLOCK, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const int jj = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
+    const int j = n0 + jj;
+
+    load_tile(k_tile, BLOCK, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+    load_tile(v_tile, BLOCK, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+
+    float dk_acc[COLS], dv_acc[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
+
+    int lo, hi;
+    row_span(p, n0, min(n0 + BLOCK, p.seqlen_k), &lo, &hi);
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        for (int m0 = (lo / BLOCK) * BLOCK; m0 < hi; m0 += BLOCK) {
+            __syncthreads();  // the previous tiles are no longer read
+            load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+            load_tile(do_tile, BLOCK, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+            for (int r = threadIdx.x; r < BLOCK; r += blockDim.x) {
+                const int i = m0 + r;
+                const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+                lse_tile[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
+                delta_tile[r] = i < p.seqlen_q ? delta[e] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int t = 0; t < PER_LANE; ++t) {
+                const int r = lane + t * THREADS_PER_ROW;
+                if (r >= BLOCK) break;
+                float pr = 0.0f, ds = 0.0f;
+                if (allowed(p, m0 + r, j))
+                    p_and_ds(p, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
+                             &v_tile[jj * PAD], lse_tile[r], delta_tile[r], &pr, &ds);
+                p_t[jj * BLOCK + r] = pr;
+                ds_t[jj * BLOCK + r] = ds;
+            }
+            __syncthreads();
+            for (int r = 0; r < BLOCK; ++r) {
+                const float pr = p_t[jj * BLOCK + r], ds = ds_t[jj * BLOCK + r];
+#pragma unroll
+                for (int c = 0; c < COLS; ++c) {
+                    const int col = lane + c * THREADS_PER_ROW;
+                    dv_acc[c] = fmaf(pr, do_tile[r * PAD + col], dv_acc[c]);
+                    dk_acc[c] = fmaf(ds, q_tile[r * PAD + col], dk_acc[c]);
+                }
+            }
+        }
+    }
+
+    if (j >= p.seqlen_k) return;
+    const size_t row = at(b, p.seqlen_k, j, p.heads_kv, hk, p.d);
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+        const int col = lane + c * THREADS_PER_ROW;
+        if (col < p.d) {
+            dk[row + col] = store_f32(dk_acc[c] * p.scale);
+            dv[row + col] = store_f32(dv_acc[c]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
+flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
+             const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
+             const float* __restrict__ lse, const float* __restrict__ delta,
+             storage_t* __restrict__ dq, const Problem p) {
+    __shared__ float q_tile[BLOCK * PAD];
+    __shared__ float do_tile[BLOCK * PAD];
+    __shared__ float k_tile[BLOCK * PAD];
+    __shared__ float v_tile[BLOCK * PAD];
+    __shared__ float ds_tile[BLOCK * BLOCK];
+
+    const int m0 = blockIdx.x * BLOCK, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    const int r = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
+    const int i = m0 + r;
+
+    load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    load_tile(do_tile, BLOCK, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+    const float lse_i = i < p.seqlen_q ? lse[e] : NEG_INF;
+    const float delta_i = i < p.seqlen_q ? delta[e] : 0.0f;
+
+    float dq_acc[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) dq_acc[c] = 0.0f;
+
+    int lo, hi;
+    key_span(p, m0, min(m0 + BLOCK, p.seqlen_q), &lo, &hi);
+    for (int n0 = (lo / BLOCK) * BLOCK; n0 < hi; n0 += BLOCK) {
+        __syncthreads();
+        load_tile(k_tile, BLOCK, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        load_tile(v_tile, BLOCK, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < PER_LANE; ++t) {
+            const int jj = lane + t * THREADS_PER_ROW;
+            if (jj >= BLOCK) break;
+            float pr = 0.0f, ds = 0.0f;
+            if (allowed(p, i, n0 + jj))
+                p_and_ds(p, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
+                         &v_tile[jj * PAD], lse_i, delta_i, &pr, &ds);
+            ds_tile[r * BLOCK + jj] = ds;
+        }
+        __syncthreads();
+        for (int jj = 0; jj < BLOCK; ++jj) {
+            const float ds = ds_tile[r * BLOCK + jj];
+#pragma unroll
+            for (int c = 0; c < COLS; ++c)
+                dq_acc[c] = fmaf(ds, k_tile[jj * PAD + lane + c * THREADS_PER_ROW], dq_acc[c]);
+        }
+    }
+
+    if (i >= p.seqlen_q) return;
+    const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+        const int col = lane + c * THREADS_PER_ROW;
+        if (col < p.d) dq[row + col] = store_f32(dq_acc[c] * p.scale);
+    }
+}

@@ -1,0 +1,150 @@
+//! The backward on the CUDA device: D = rowsum(dO ∘ O), then dK/dV per key
+//! block and dQ per query block (cuda/flash_bwd.cu), in order on one stream.
+
+use super::context::{driver, CudaDevice};
+use super::kernel::Family;
+use super::problem::Call;
+use crate::api::inputs::BackwardInputs;
+use crate::api::options::AttentionOptions;
+use crate::api::output::{BackwardOutput, CallStats, Timing};
+use crate::api::tensor::{TensorData, TensorView};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+use web_time::Instant;
+
+/// Threads per block of `flash_bwd_dot` (one row each).
+const DOT_THREADS: u32 = 256;
+
+/// The backward's device buffers: inputs, D, and the gradients.
+struct Buffers {
+    q: CudaSlice<u8>,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    o: CudaSlice<u8>,
+    d_o: CudaSlice<u8>,
+    lse: CudaSlice<f32>,
+    delta: CudaSlice<f32>,
+    dq: CudaSlice<u8>,
+    dk: CudaSlice<u8>,
+    dv: CudaSlice<u8>,
+}
+
+impl Buffers {
+    fn upload(stream: &Arc<CudaStream>, inputs: &BackwardInputs, rows: usize) -> Result<Self> {
+        let up =
+            |t: &TensorView, during| stream.clone_htod(t.data.as_bytes()).map_err(driver(during));
+        let zeros = |t: &TensorView, during| {
+            stream
+                .alloc_zeros::<u8>(t.data.as_bytes().len())
+                .map_err(driver(during))
+        };
+        Ok(Self {
+            q: up(&inputs.q, "uploading q")?,
+            k: up(&inputs.k, "uploading k")?,
+            v: up(&inputs.v, "uploading v")?,
+            o: up(&inputs.o, "uploading o")?,
+            d_o: up(&inputs.d_o, "uploading do")?,
+            lse: stream
+                .clone_htod(inputs.lse)
+                .map_err(driver("uploading lse"))?,
+            delta: stream
+                .alloc_zeros::<f32>(rows)
+                .map_err(driver("allocating D"))?,
+            dq: zeros(&inputs.q, "allocating dq")?,
+            dk: zeros(&inputs.k, "allocating dk")?,
+            dv: zeros(&inputs.v, "allocating dv")?,
+        })
+    }
+}
+
+pub(crate) fn backward(
+    dev: &CudaDevice,
+    inputs: &BackwardInputs,
+    opts: &AttentionOptions,
+) -> Result<BackwardOutput> {
+    let shape = inputs.shape()?;
+    let call = Call::new(shape, inputs.q.precision(), opts)?;
+    let stream = &dev.stream;
+    let mut b = Buffers::upload(stream, inputs, shape.lse_len())?;
+    let start = Instant::now();
+    launch(dev, &call, &mut b)?;
+    stream
+        .synchronize()
+        .map_err(driver("running the backward"))?;
+    let seconds = start.elapsed().as_secs_f64();
+
+    let read = |buf, n: usize, during| -> Result<TensorData> {
+        let bytes = stream.clone_dtoh(buf).map_err(driver(during))?;
+        Ok(TensorData::from_bytes(&bytes, call.precision, n))
+    };
+    let count = |s: [usize; 4]| s.iter().product::<usize>();
+    let grads = [
+        read(&b.dq, count(shape.q_shape()), "reading dq")?,
+        read(&b.dk, count(shape.kv_shape()), "reading dk")?,
+        read(&b.dv, count(shape.v_shape()), "reading dv")?,
+    ];
+    let stats = CallStats {
+        pieces: 1,
+        dispatches: 3,
+        kernel_seconds: seconds,
+        timing: Timing::WallClock,
+        ..CallStats::default()
+    };
+    Ok(BackwardOutput::new(&shape, grads, stats))
+}
+
+/// D, then dK/dV, then dQ, in that order on the device's one stream (so
+/// the gradient kernels see the finished D).
+fn launch(dev: &CudaDevice, call: &Call, b: &mut Buffers) -> Result<()> {
+    let shape = &call.shape;
+    let key = call.key(Family::Backward);
+    let dot = dev.function(key, "flash_bwd_dot")?;
+    let dkdv = dev.function(key, "flash_bwd_dkdv")?;
+    let dq = dev.function(key, "flash_bwd_dq")?;
+    let dot_cfg = LaunchConfig {
+        grid_dim: (
+            shape.lse_len().div_ceil(DOT_THREADS as usize).min(65535) as u32,
+            1,
+            1,
+        ),
+        block_dim: (DOT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let batch = i32::try_from(shape.batch).map_err(|_| Error::Overflow {
+        what: "batch",
+        value: shape.batch as u64,
+    })?;
+    let dkdv_cfg = call.launch(&key, shape.seqlen_k, shape.heads_kv)?;
+    let dq_cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let stream = &dev.stream;
+    // SAFETY (all three): the arguments are the kernels', in order and of
+    // their types (storage pointers as bytes, Problem by value), and every
+    // buffer holds what the grids index, as sized from the validated shape.
+    let mut l = stream.launch_builder(&dot);
+    l.arg(&b.o)
+        .arg(&b.d_o)
+        .arg(&mut b.delta)
+        .arg(&call.problem)
+        .arg(&batch);
+    unsafe { l.launch(dot_cfg) }.map_err(driver("launching flash_bwd_dot"))?;
+    let mut l = stream.launch_builder(&dkdv);
+    l.arg(&b.q)
+        .arg(&b.k)
+        .arg(&b.v)
+        .arg(&b.d_o)
+        .arg(&b.lse)
+        .arg(&b.delta);
+    l.arg(&mut b.dk).arg(&mut b.dv).arg(&call.problem);
+    unsafe { l.launch(dkdv_cfg) }.map_err(driver("launching flash_bwd_dkdv"))?;
+    let mut l = stream.launch_builder(&dq);
+    l.arg(&b.q)
+        .arg(&b.k)
+        .arg(&b.v)
+        .arg(&b.d_o)
+        .arg(&b.lse)
+        .arg(&b.delta);
+    l.arg(&mut b.dq).arg(&call.problem);
+    unsafe { l.launch(dq_cfg) }.map_err(driver("launching flash_bwd_dq"))?;
+    Ok(())
+}

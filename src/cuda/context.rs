@@ -1,0 +1,127 @@
+//! Finding the driver and a device, and the compiled modules of one
+//! context, keyed by [`KernelKey`].
+
+use super::compile::{arch_for, compile_ptx, nvrtc_present};
+use super::kernel::KernelKey;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The oldest compute capability the kernels run on (bf16 conversions).
+const MIN_MAJOR: i32 = 8;
+
+/// Whether libcuda (the NVIDIA driver) can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether libcuda and NVRTC both load: `Error::CudaUnavailable` naming
+/// the first missing (a check before any file is read or device opened).
+pub fn libraries_present() -> Result<()> {
+    if !driver_present() {
+        return Err(Error::CudaUnavailable {
+            missing: "libcuda (the NVIDIA driver)",
+        });
+    }
+    if !nvrtc_present() {
+        return Err(Error::CudaUnavailable {
+            missing: "NVRTC (libnvrtc, from the CUDA toolkit or pip's nvidia-cuda-nvrtc-cu12)",
+        });
+    }
+    Ok(())
+}
+
+/// A driver error, with the call it came from.
+pub(crate) fn driver(during: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |e| Error::CudaDriver {
+        during,
+        message: format!("{e:?}"),
+    }
+}
+
+/// Device 0: its context, stream, architecture and compiled modules.
+pub struct CudaDevice {
+    pub(crate) stream: Arc<CudaStream>,
+    name: String,
+    capability: (i32, i32),
+    modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.name)
+            .field("capability", &self.capability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaDevice {
+    /// Open device 0. Each missing piece is its own [`Error::CudaUnavailable`]
+    /// (checked before cudarc loads it: cudarc panics when a library is absent).
+    pub fn open() -> Result<Self> {
+        libraries_present()?;
+        if CudaContext::device_count().map_err(driver("counting CUDA devices"))? < 1 {
+            return Err(Error::CudaUnavailable {
+                missing: "a CUDA device",
+            });
+        }
+        let ctx = CudaContext::new(0).map_err(driver("creating a CUDA context"))?;
+        let name = ctx.name().map_err(driver("reading the device name"))?;
+        let capability = ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?;
+        if capability.0 < MIN_MAJOR {
+            return Err(Error::CudaArch {
+                device: name,
+                major: capability.0,
+                minor: capability.1,
+                needed: "8.0",
+            });
+        }
+        Ok(Self {
+            stream: ctx.default_stream(),
+            name,
+            capability,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One line naming the device.
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.capability;
+        format!("{} (sm_{major}{minor})", self.name)
+    }
+
+    /// The NVRTC architecture the kernels are compiled for.
+    pub fn arch(&self) -> String {
+        arch_for(self.capability.0, self.capability.1)
+    }
+
+    /// Entry point `name` of `key`'s module, compiled and loaded on first use.
+    pub(crate) fn function(&self, key: KernelKey, name: &str) -> Result<CudaFunction> {
+        let module = {
+            let mut modules = self.modules.lock().map_err(|_| Error::Poisoned {
+                what: "the CUDA module cache",
+            })?;
+            match modules.get(&key) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = compile_ptx(&key, &self.arch())?;
+                    let m = self
+                        .stream
+                        .context()
+                        .load_module(ptx)
+                        .map_err(driver("loading a CUDA module"))?;
+                    modules.insert(key, m.clone());
+                    m
+                }
+            }
+        };
+        module
+            .load_function(name)
+            .map_err(driver("finding a CUDA kernel"))
+    }
+}

@@ -1,0 +1,78 @@
+//! The forward on the CUDA device: upload, one `flash_fwd` launch, readback.
+
+use super::context::{driver, CudaDevice};
+use super::kernel::Family;
+use super::problem::Call;
+use crate::api::options::AttentionOptions;
+use crate::api::output::{Allocation, CallStats, ForwardOutput, Timing};
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::{TensorData, TensorView};
+use crate::error::Result;
+use cudarc::driver::PushKernelArg;
+use web_time::Instant;
+
+pub(crate) fn forward(
+    dev: &CudaDevice,
+    [q, k, v]: [&TensorView; 3],
+    opts: &AttentionOptions,
+) -> Result<ForwardOutput> {
+    let shape = AttentionShape::from_views(q, k, v)?;
+    let call = Call::new(shape, q.precision(), opts)?;
+    let key = call.key(Family::Forward);
+    let func = dev.function(key, "flash_fwd")?;
+    let stream = &dev.stream;
+    let upload = |t: &TensorView| stream.clone_htod(t.data.as_bytes());
+    let (dq, dk, dv) = (
+        upload(q).map_err(driver("uploading q"))?,
+        upload(k).map_err(driver("uploading k"))?,
+        upload(v).map_err(driver("uploading v"))?,
+    );
+    let o_bytes = q.data.as_bytes().len();
+    let mut d_out = stream
+        .alloc_zeros::<u8>(o_bytes)
+        .map_err(driver("allocating o"))?;
+    let mut d_lse = stream
+        .alloc_zeros::<f32>(shape.lse_len())
+        .map_err(driver("allocating lse"))?;
+    let cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let start = Instant::now();
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&dq)
+        .arg(&dk)
+        .arg(&dv)
+        .arg(&mut d_out)
+        .arg(&mut d_lse)
+        .arg(&call.problem);
+    // SAFETY: the arguments are flash_fwd's, in order and of its types
+    // (storage pointers as bytes, Problem by value); every buffer holds
+    // what the grid indexes, as sized from the validated shape.
+    unsafe { launch.launch(cfg) }.map_err(driver("launching flash_fwd"))?;
+    stream.synchronize().map_err(driver("running flash_fwd"))?;
+    let seconds = start.elapsed().as_secs_f64();
+    let o = stream.clone_dtoh(&d_out).map_err(driver("reading o"))?;
+    let lse = stream.clone_dtoh(&d_lse).map_err(driver("reading lse"))?;
+    let stats = CallStats {
+        allocations: vec![
+            Allocation {
+                label: "q, k, v",
+                bytes: (3 * o_bytes) as u64,
+            },
+            Allocation {
+                label: "o",
+                bytes: o_bytes as u64,
+            },
+            Allocation {
+                label: "lse",
+                bytes: (lse.len() * 4) as u64,
+            },
+        ],
+        pieces: 1,
+        dispatches: 1,
+        kernel_seconds: seconds,
+        timing: Timing::WallClock,
+        ..CallStats::default()
+    };
+    let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
+    Ok(ForwardOutput::new(shape, o, lse, stats))
+}

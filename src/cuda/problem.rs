@@ -1,0 +1,145 @@
+//! What every CUDA kernel is told about a call: `Problem` (the C struct of
+//! cuda/common.cuh), and the checks of what the kernels support.
+
+use super::kernel::{Family, KernelKey, MAX_HEAD_DIM};
+use crate::api::options::AttentionOptions;
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
+use crate::error::{Error, Result};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+/// What the errors of this backend name.
+pub(crate) const WHAT: &str = "the CUDA backend";
+
+/// `struct Problem` of cuda/common.cuh, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Problem {
+    seqlen_q: i32,
+    seqlen_k: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    d: i32,
+    scale: f32,
+    softcap: f32,
+    /// -1: unbounded.
+    left: i32,
+    right: i32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
+unsafe impl DeviceRepr for Problem {}
+
+fn to_i32(what: &'static str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::Overflow {
+        what,
+        value: value as u64,
+    })
+}
+
+/// A problem the kernels take, and its kernel key for `family`.
+pub(crate) struct Call {
+    pub problem: Problem,
+    pub shape: AttentionShape,
+    pub precision: Precision,
+    pub band: bool,
+    pub softcap: bool,
+}
+
+impl Call {
+    /// Validate a call for the CUDA kernels: the layouts they do not
+    /// implement yet are `Unsupported`, naming the first one given.
+    pub fn new(
+        shape: AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+    ) -> Result<Self> {
+        opts.validate_for(&shape)?;
+        opts.band_only(WHAT)?;
+        if shape.head_dim_v != shape.head_dim {
+            return Err(Error::Unsupported {
+                what: WHAT,
+                feature: "a v head dim other than q's and k's",
+            });
+        }
+        if shape.head_dim > MAX_HEAD_DIM {
+            return Err(Error::HeadDimTooLarge {
+                tensor: "q/k",
+                head_dim: shape.head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        // Elements past 2^31 would overflow the kernels' int row indices
+        // before they are widened; the rows themselves are size_t.
+        for (what, n) in [
+            (
+                "q's rows × heads",
+                shape.batch * shape.seqlen_q * shape.heads_q,
+            ),
+            (
+                "k's rows × heads",
+                shape.batch * shape.seqlen_k * shape.heads_kv,
+            ),
+        ] {
+            to_i32(what, n)?;
+        }
+        let mask = opts.mask(&shape);
+        // Bounds past both lengths act as none; clamping keeps them in i32.
+        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
+        let bound =
+            |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
+        let softcap = opts.softcap_value();
+        let problem = Problem {
+            seqlen_q: to_i32("seqlen_q", shape.seqlen_q)?,
+            seqlen_k: to_i32("seqlen_k", shape.seqlen_k)?,
+            heads_q: to_i32("heads_q", shape.heads_q)?,
+            heads_kv: to_i32("heads_kv", shape.heads_kv)?,
+            d: to_i32("head_dim", shape.head_dim)?,
+            scale: opts.scale_for(shape.head_dim),
+            softcap,
+            left: bound(mask.left)?,
+            right: bound(mask.right)?,
+        };
+        Ok(Self {
+            problem,
+            shape,
+            precision,
+            band: mask.is_active(),
+            softcap: softcap > 0.0,
+        })
+    }
+
+    pub fn key(&self, family: Family) -> KernelKey {
+        KernelKey::new(
+            family,
+            self.precision,
+            self.shape.head_dim,
+            self.band,
+            self.softcap,
+        )
+    }
+
+    /// One block per `block_rows` of `rows`, per head, per batch entry.
+    pub fn launch(&self, key: &KernelKey, rows: usize, heads: usize) -> Result<LaunchConfig> {
+        let t = key.tiles();
+        let grid = |what, n: usize, max: u32| {
+            u32::try_from(n)
+                .ok()
+                .filter(|&g| g <= max)
+                .ok_or(Error::GridTooLarge {
+                    what,
+                    groups: n as u64,
+                    max,
+                })
+        };
+        Ok(LaunchConfig {
+            grid_dim: (
+                grid("row blocks", rows.div_ceil(t.rows), i32::MAX as u32)?,
+                grid("heads", heads, 65535)?,
+                grid("batch entries", self.shape.batch, 65535)?,
+            ),
+            block_dim: (t.threads() as u32, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+}

@@ -1,0 +1,275 @@
+//! The CUDA backend where no GPU is needed (feature `cuda`):
+//!
+//! - without libcuda, opening the backend is `Error::CudaUnavailable`
+//!   naming the driver, in one line (no panic);
+//! - every kernel variant ([`KernelKey::all`]) compiles with NVRTC to PTX
+//!   for sm_80 and sm_90a, where libnvrtc loads; with
+//!   `FLASHATTN_REQUIRE_NVRTC=1` a missing NVRTC fails instead of skipping;
+//! - with `FLASHATTN_PTXAS` pointing at a `ptxas`, the f16/bf16 d 64/128
+//!   forward and backward variants assemble for sm_80 and sm_90a with no
+//!   register spills (registers and shared memory are printed).
+//!
+//! ```text
+//! /work/venv-bench/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
+//! SITE=$(/work/venv-bench/bin/python -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
+//! LD_LIBRARY_PATH=$SITE/nvidia/cuda_nvrtc/lib FLASHATTN_PTXAS=$SITE/nvidia/cuda_nvcc/bin/ptxas \
+//!   FLASHATTN_REQUIRE_NVRTC=1 cargo test --release --features cuda --test cuda -- --nocapture
+//! ```
+#![cfg(feature = "cuda")]
+
+use flashattn::api::tensor::Precision;
+use flashattn::cuda::compile::{compile_ptx, nvrtc_present};
+use flashattn::cuda::kernel::{Family, KernelKey};
+use flashattn::cuda::{driver_present, Cuda};
+use flashattn::Error;
+use std::path::PathBuf;
+use std::process::Command;
+
+const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90a", "sm_90a")];
+
+#[test]
+fn without_a_driver_the_backend_is_a_typed_error_naming_it() {
+    if driver_present() {
+        eprintln!("libcuda loads here: the no-driver error is not reachable");
+        return;
+    }
+    match Cuda::new() {
+        Err(e @ Error::CudaUnavailable { missing }) => {
+            assert!(missing.contains("libcuda"), "{missing}");
+            let line = e.to_string();
+            assert_eq!(line.lines().count(), 1, "{line}");
+            assert!(
+                line.contains("libcuda (the NVIDIA driver) not found"),
+                "{line}"
+            );
+        }
+        other => panic!("expected CudaUnavailable, got {other:?}"),
+    }
+}
+
+/// NVRTC present, or a skip (a failure under FLASHATTN_REQUIRE_NVRTC=1).
+fn nvrtc_or_skip() -> bool {
+    if nvrtc_present() {
+        return true;
+    }
+    let required = std::env::var("FLASHATTN_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "FLASHATTN_REQUIRE_NVRTC=1 but libnvrtc does not load (set LD_LIBRARY_PATH)"
+    );
+    eprintln!("skipped: libnvrtc does not load here");
+    false
+}
+
+#[test]
+fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let keys = KernelKey::all();
+    let jobs: Vec<(KernelKey, &str)> = keys
+        .iter()
+        .flat_map(|k| ARCHS.iter().map(move |(arch, _)| (*k, *arch)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let jobs = &jobs;
+                s.spawn(move || {
+                    jobs.iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .filter_map(|(key, arch)| {
+                            compile_ptx(key, arch).err().map(|e| e.to_string())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} failed:\n{}",
+        failures.len(),
+        jobs.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "{} variants × {} architectures compiled",
+        keys.len(),
+        ARCHS.len()
+    );
+}
+
+/// `ptxas -v` on one variant's PTX: (registers, spill bytes, report).
+fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<u32>, u32, String) {
+    let ptx = compile_ptx(key, arch).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(format!("{}.ptx", key.label()));
+    std::fs::write(&src, ptx.to_src()).unwrap();
+    let out = Command::new(ptxas)
+        .arg("-v")
+        .arg(format!("--gpu-name={sm}"))
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("out.cubin"))
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "ptxas failed on {}: {report}",
+        key.label()
+    );
+    // "Used 72 registers, ..." per entry; "N bytes spill stores, M bytes spill loads".
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    let mut registers = Vec::new();
+    let mut spills = 0;
+    for line in report.lines() {
+        if let Some(r) = number_before(line, " registers") {
+            registers.push(r);
+        }
+        spills += number_before(line, " bytes spill stores").unwrap_or(0);
+        spills += number_before(line, " bytes spill loads").unwrap_or(0);
+    }
+    (registers, spills, report)
+}
+
+#[test]
+fn main_variants_assemble_without_spills() {
+    let Some(ptxas_path) = std::env::var_os("FLASHATTN_PTXAS").map(PathBuf::from) else {
+        eprintln!("skipped: FLASHATTN_PTXAS is not set");
+        return;
+    };
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let mut spilled = Vec::new();
+    for family in Family::ALL {
+        for precision in [Precision::F16, Precision::Bf16] {
+            for d in [64, 128] {
+                for (band, softcap) in [(false, false), (true, false), (false, true)] {
+                    let key = KernelKey::new(family, precision, d, band, softcap);
+                    for (arch, sm) in ARCHS {
+                        let (regs, spills, report) = ptxas(&ptxas_path, &key, arch, sm);
+                        eprintln!(
+                            "{:<36} {sm:<7} registers {regs:?}, spills {spills} B, shared {} B",
+                            key.label(),
+                            key.shared_bytes()
+                        );
+                        if spills > 0 {
+                            spilled.push(format!("{} {sm}: {report}", key.label()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(spilled.is_empty(), "spills:\n{}", spilled.join("\n"));
+}
+
+mod common;
+
+/// The backend on this machine's device, or `None` (a notice; a failure
+/// under FLASHATTN_REQUIRE_GPU=1, as scripts/gpu-check.sh runs it).
+fn device() -> Option<Cuda> {
+    match Cuda::new() {
+        Ok(c) => {
+            eprintln!("CUDA tests run on {}", c.describe());
+            Some(c)
+        }
+        Err(e) => {
+            let required = std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "FLASHATTN_REQUIRE_GPU=1 but no CUDA device: {e}");
+            eprintln!("skipped: no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+/// The accuracy matrix: head dims off and on the compile step, every
+/// storage precision, masks (with empty rows: more queries than keys under
+/// causal), softcap, GQA/MQA and lengths that are not multiples of a tile.
+fn matrix() -> Vec<common::Case> {
+    use common::{causal, window, Case};
+    let mut cases = Vec::new();
+    for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
+        for d in [1, 40, 64, 128, 200, 256] {
+            let base = Case::new(77, 77, d).precision(precision);
+            cases.push(base.clone());
+            cases.push(base.clone().opts(causal()));
+            cases.push(
+                Case::new(61, 130, d)
+                    .precision(precision)
+                    .heads(4, 1)
+                    .opts(window(9, 3)),
+            );
+            cases.push(
+                Case::new(90, 33, d)
+                    .precision(precision)
+                    .heads(4, 2)
+                    .opts(causal()),
+            );
+            cases.push(base.clone().opts(causal().softcap(5.0)).batch(2));
+        }
+    }
+    cases
+}
+
+#[test]
+fn forward_meets_the_accuracy_rule_on_the_device() {
+    let Some(cuda) = device() else { return };
+    for case in matrix() {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let out = cuda
+            .forward(&q, &k, &v, &case.opts)
+            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+        common::assert_accurate(&case, &inputs, &out);
+    }
+}
+
+#[test]
+fn backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
+    let Some(cuda) = device() else { return };
+    for case in matrix() {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let fwd = cuda.forward(&q, &k, &v, &case.opts).unwrap();
+        let (_, g) = common::output_grad(&case);
+        let d_o = inputs.grad(&g);
+        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let out = cuda.backward(&bwd_inputs, &case.opts).unwrap();
+        let checks =
+            flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap();
+        for c in &checks {
+            assert!(c.passed(), "{case:?}\n{c}");
+        }
+        let again = cuda.backward(&bwd_inputs, &case.opts).unwrap();
+        assert_eq!(
+            (&out.dq, &out.dk, &out.dv),
+            (&again.dq, &again.dk, &again.dv),
+            "{case:?}"
+        );
+    }
+}
+
+#[test]
+fn layouts_it_does_not_implement_are_unsupported() {
+    let Some(cuda) = device() else { return };
+    let case = common::Case::new(8, 8, 16).dv(8);
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    assert!(matches!(
+        cuda.forward(&q, &k, &v, &case.opts),
+        Err(Error::Unsupported { .. })
+    ));
+}
