@@ -33,6 +33,15 @@ prepare() {
     cp "$exe" ".gpu/bin/$suite"
   done
   cp target/release/flashattn target/release/examples/decode .gpu/bin/
+  # The CUDA backend: its test binary and a CLI with the feature (the
+  # machine has the driver and CUDA's NVRTC; `run` finds the latter).
+  json=$(cargo test --release -p flashattn --features cuda --test cuda --no-run --message-format=json 2>/dev/null)
+  exe=$(printf '%s\n' "$json" | grep -o '"executable":"[^"]*/deps/cuda-[0-9a-f]*"' | tail -n 1 | cut -d'"' -f4)
+  [ -n "$exe" ] || { echo "gpu-check: no CUDA test binary" >&2; exit 1; }
+  cp "$exe" .gpu/bin/cuda
+  cargo build --release -p flashattn-cli --features cuda --bin flashattn
+  cp target/release/flashattn .gpu/bin/flashattn-cuda
+  cargo build --release -p flashattn-cli --bin flashattn # leave the default binary in target/
   strip .gpu/bin/*
   # NVIDIA's driver brings its Vulkan ICD but not the loader (device README).
   if [ ! -d .gl ] || ! ls .gl/*.deb >/dev/null 2>&1; then
@@ -81,7 +90,40 @@ run() {
   step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \
     --json "$out/bench-decode.json"
   step example-decode 120 "$bin/decode" --tokens 256
+  cuda_steps "$bin"
   cat "$out/summary.txt"
+}
+
+# cudarc looks for libnvrtc.so or libnvrtc.so.12; a CUDA 13 machine may
+# have only libnvrtc.so.13 (the toolkit's, or PyTorch's wheel): link the
+# first one found as libnvrtc.so in a folder put on LD_LIBRARY_PATH.
+find_nvrtc() {
+  local lib
+  lib=$( { ldconfig -p 2>/dev/null | grep -o '/[^ ]*libnvrtc\.so[.0-9]*$'
+    ls /usr/local/cuda*/lib64/libnvrtc.so* /usr/local/cuda*/targets/*/lib/libnvrtc.so* 2>/dev/null
+    timeout 60 find / -xdev -path '*/nvidia/*' -name 'libnvrtc.so*' 2>/dev/null; } | grep -v builtins | head -n 1)
+  [ -n "$lib" ] || return 0
+  mkdir -p /tmp/nvrtc && ln -sf "$lib" /tmp/nvrtc/libnvrtc.so
+  export LD_LIBRARY_PATH="/tmp/nvrtc:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "nvrtc: $lib" >>"$out/machine.txt"
+}
+
+# The CUDA backend on the device: the accuracy matrix, determinism and bad
+# inputs (tests/cuda.rs, a missing device fails), then a forward and a
+# backward through the CLI.
+cuda_steps() {
+  local bin=$1
+  find_nvrtc
+  FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 300 "$bin/cuda" --test-threads 1
+  local d=/tmp/cuda-cli qkv
+  mkdir -p "$d"
+  python3 -c "import numpy as n, sys; r = n.random.default_rng(0)
+for x in 'q k v do'.split(): n.save(sys.argv[1] + '/' + x + '.npy', r.standard_normal((4, 1024, 16, 128)).astype(n.float16))" "$d" ||
+    echo "gpu-check: no numpy: the CLI steps have no inputs" >&2
+  qkv=(--q "$d/q.npy" --k "$d/k.npy" --v "$d/v.npy")
+  step cuda-forward 120 "$bin/flashattn-cuda" forward --backend cuda --causal "${qkv[@]}" --out "$d/o.npy" --lse "$d/lse.npy"
+  step cuda-backward 120 "$bin/flashattn-cuda" backward --backend cuda --causal "${qkv[@]}" --do "$d/do.npy" \
+    --dq "$d/dq.npy" --dk "$d/dk.npy" --dv "$d/dv.npy"
 }
 
 case "${1:-}" in

@@ -365,6 +365,21 @@ fn non_finite_scale() {
     );
 }
 
+/// Built with `--features cuda` on a machine without the NVIDIA driver:
+/// one line naming it, no output file (and no panic).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_driver_names_it() {
+    if flashattn::cuda::driver_present() {
+        eprintln!("libcuda loads here: the no-driver error is not reachable");
+        return;
+    }
+    let f = Files::new();
+    f.qkv(1, 4, 4, 1, 1, 8);
+    let out = f.forward(&["--backend", "cuda"]);
+    assert_bad(&f, &out, "libcuda (the NVIDIA driver) not found");
+}
+
 #[test]
 fn unsupported_backend_flags() {
     let f = Files::new();
