@@ -12,7 +12,17 @@
 // No headers: NVRTC then needs nothing but itself, and the f16/bf16
 // conversions are single PTX instructions.
 
-#if STORAGE == 0
+#if defined(FLASHATTN_HOST_EMULATION) && STORAGE == 1
+// Run on the CPU by tests/cuda.rs through cuda/emulate/host.h (the asm
+// below is device-only).
+typedef _Float16 storage_t;
+__device__ __forceinline__ float load_f32(storage_t x) { return (float)x; }
+__device__ __forceinline__ storage_t store_f32(float x) { return host_f16_store(x); }
+#elif defined(FLASHATTN_HOST_EMULATION) && STORAGE == 2
+typedef unsigned short storage_t;
+__device__ __forceinline__ float load_f32(storage_t x) { return host_bf16_load(x); }
+__device__ __forceinline__ storage_t store_f32(float x) { return host_bf16_store(x); }
+#elif STORAGE == 0
 typedef float storage_t;
 __device__ __forceinline__ float load_f32(storage_t x) { return x; }
 __device__ __forceinline__ storage_t store_f32(float x) { return x; }

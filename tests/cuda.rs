@@ -7,13 +7,17 @@
 //!   `FLASHATTN_REQUIRE_NVRTC=1` a missing NVRTC fails instead of skipping;
 //! - with `FLASHATTN_PTXAS` pointing at a `ptxas`, the f16/bf16 d 64/128
 //!   forward and backward variants assemble for sm_80 and sm_90a with no
-//!   register spills (registers and shared memory are printed).
+//!   register spills (registers and shared memory are printed);
+//! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
+//!   the CPU under cuda/emulate/ against attention in double;
+//! - on a device (FLASHATTN_REQUIRE_GPU=1 makes a missing one fail): the
+//!   accuracy matrix, bit-identical backward repeats, Unsupported layouts.
 //!
 //! ```text
 //! /work/venv-bench/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
 //! SITE=$(/work/venv-bench/bin/python -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
 //! LD_LIBRARY_PATH=$SITE/nvidia/cuda_nvrtc/lib FLASHATTN_PTXAS=$SITE/nvidia/cuda_nvcc/bin/ptxas \
-//!   FLASHATTN_REQUIRE_NVRTC=1 cargo test --release --features cuda --test cuda -- --nocapture
+//!   FLASHATTN_CXX=g++ FLASHATTN_REQUIRE_NVRTC=1 cargo test --release --features cuda --test cuda -- --nocapture
 //! ```
 #![cfg(feature = "cuda")]
 
@@ -272,4 +276,53 @@ fn layouts_it_does_not_implement_are_unsupported() {
         cuda.forward(&q, &k, &v, &case.opts),
         Err(Error::Unsupported { .. })
     ));
+}
+
+/// The kernels' logic on the CPU: with `FLASHATTN_CXX` naming a C++20
+/// compiler (e.g. `g++`), variants of every family and precision are built
+/// with cuda/emulate/host.h (one std::thread per CUDA thread) and run
+/// against attention in double by cuda/emulate/check.cpp — GQA, a head dim
+/// below the compiled one, lengths off the tiles, empty rows. Not the
+/// device's numerics (no FMA contraction rules, libm's expf), but every
+/// index, mask, tile loop, reduction and barrier of the kernels.
+#[test]
+fn kernels_match_a_double_reference_under_host_emulation() {
+    let Some(cxx) = std::env::var_os("FLASHATTN_CXX") else {
+        eprintln!("skipped: FLASHATTN_CXX is not set");
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
+    let host = std::fs::read_to_string(root.join("host.h")).unwrap();
+    let check = std::fs::read_to_string(root.join("check.cpp")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for family in Family::ALL {
+        for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
+            for (d, band, softcap) in [(32, false, false), (96, true, false), (256, true, true)] {
+                let key = KernelKey::new(family, precision, d, band, softcap);
+                let src = dir.path().join(format!("{}.cpp", key.label()));
+                let exe = dir.path().join(key.label());
+                std::fs::write(&src, format!("{host}\n{}\n{check}", key.source())).unwrap();
+                let built = Command::new(&cxx)
+                    .args(["-std=c++20", "-O1", "-pthread", "-o"])
+                    .arg(&exe)
+                    .arg(&src)
+                    .output()
+                    .unwrap();
+                assert!(
+                    built.status.success(),
+                    "{}: {}",
+                    key.label(),
+                    String::from_utf8_lossy(&built.stderr)
+                );
+                let ran = Command::new(&exe).output().unwrap();
+                let report = String::from_utf8_lossy(&ran.stdout);
+                eprintln!("{}\n{report}", key.label());
+                if !ran.status.success() {
+                    failures.push(format!("{}:\n{report}", key.label()));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -19,12 +19,15 @@
 //! - forward and backward: uploads, launches, readbacks.
 //!
 //! Tests without a GPU (tests/cuda.rs): the typed error without a driver,
-//! and every variant through NVRTC where libnvrtc loads:
+//! every variant through NVRTC where libnvrtc loads (and ptxas's spill
+//! count), and the kernels run on the CPU under cuda/emulate/ against a
+//! double reference where a C++20 compiler is named:
 //!
 //! ```text
 //! pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
 //! export LD_LIBRARY_PATH=$SITE/nvidia/cuda_nvrtc/lib    # libnvrtc.so.12
 //! export FLASHATTN_PTXAS=$SITE/nvidia/cuda_nvcc/bin/ptxas  # optional: spills
+//! export FLASHATTN_CXX=g++                                 # optional: emulation
 //! FLASHATTN_REQUIRE_NVRTC=1 cargo test --release --features cuda --test cuda
 //! ```
 

@@ -1,0 +1,156 @@
+// Appended after host.h and a kernel variant's source (tests/cuda.rs):
+// runs the variant's kernels under host emulation on small problems (GQA,
+// a head dim below the compiled one, lengths off the tiles, rows with no
+// allowed key) and compares them with attention computed here in double,
+// with its own mask rule. Exit status 1 on a mismatch.
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform() {  // in [-1, 1)
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+struct Data {
+    std::vector<storage_t> stored;
+    std::vector<float> value;  // the stored values, widened
+};
+static Data random_data(size_t n, float amplitude) {
+    Data t;
+    for (size_t e = 0; e < n; ++e) {
+        t.stored.push_back(store_f32(amplitude * uniform()));
+        t.value.push_back(load_f32(t.stored.back()));
+    }
+    return t;
+}
+
+static double max_abs(const std::vector<double>& x) {
+    double m = 0;
+    for (double v : x) m = std::max(m, std::fabs(v));
+    return m;
+}
+
+// |got - ref| relative to max|ref|, or a huge number on NaN.
+static double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
+    double m = 0;
+    for (size_t e = 0; e < ref.size(); ++e) {
+        if (std::isnan(got[e])) return 1e30;
+        m = std::max(m, std::fabs(got[e] - ref[e]));
+    }
+    return m / std::max(1e-30, max_abs(ref));
+}
+
+template <class T>
+static std::vector<float> widen(const std::vector<T>& x) {
+    std::vector<float> out;
+    for (T v : x) out.push_back(load_f32(v));
+    return out;
+}
+
+static int run(int sq, int sk) {
+    const int B = 2, HQ = 4, HKV = 2, group = HQ / HKV;
+    const int d = std::max(1, HEAD_DIM - 5);
+    Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f,
+              HAS_BAND ? 9 : -1, HAS_BAND ? 0 : -1};
+    const int off = sk - sq;
+    Data q = random_data((size_t)B * sq * HQ * d, 2.0f), k = random_data((size_t)B * sk * HKV * d, 2.0f),
+         v = random_data((size_t)B * sk * HKV * d, 1.0f), d_o = random_data((size_t)B * sq * HQ * d, 1.0f);
+
+    // The reference, in double.
+    std::vector<double> o_ref(q.value.size(), 0.0), lse_ref((size_t)B * HQ * sq);
+    std::vector<double> dq_ref(q.value.size(), 0.0), dk_ref(k.value.size(), 0.0), dv_ref(v.value.size(), 0.0);
+    auto qi = [&](int b, int i, int h) { return (((size_t)b * sq + i) * HQ + h) * d; };
+    auto kj = [&](int b, int j, int h) { return (((size_t)b * sk + j) * HKV + h) * d; };
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < HQ; ++h)
+            for (int i = 0; i < sq; ++i) {
+                const int hk = h / group;
+                std::vector<double> s(sk), cap(sk, 1.0);
+                std::vector<bool> ok(sk);
+                double m = -INFINITY;
+                for (int j = 0; j < sk; ++j) {
+                    ok[j] = !HAS_BAND || (j <= i + off && j >= i + off - 9);
+                    if (!ok[j]) continue;
+                    double dot = 0;
+                    for (int c = 0; c < d; ++c) dot += (double)q.value[qi(b, i, h) + c] * k.value[kj(b, j, hk) + c];
+                    s[j] = dot * p.scale;
+                    if (HAS_SOFTCAP) {
+                        const double t = std::tanh(s[j] / p.softcap);
+                        s[j] = p.softcap * t;
+                        cap[j] = 1 - t * t;
+                    }
+                    m = std::max(m, s[j]);
+                }
+                double l = 0;
+                for (int j = 0; j < sk; ++j)
+                    if (ok[j]) l += std::exp(s[j] - m);
+                const double lse = l > 0 ? m + std::log(l) : -INFINITY;
+                lse_ref[((size_t)b * HQ + h) * sq + i] = lse;
+                if (l == 0) continue;
+                for (int j = 0; j < sk; ++j)
+                    if (ok[j])
+                        for (int c = 0; c < d; ++c)
+                            o_ref[qi(b, i, h) + c] += std::exp(s[j] - lse) * v.value[kj(b, j, hk) + c];
+                double D = 0;
+                for (int c = 0; c < d; ++c) D += o_ref[qi(b, i, h) + c] * d_o.value[qi(b, i, h) + c];
+                for (int j = 0; j < sk; ++j) {
+                    if (!ok[j]) continue;
+                    const double P = std::exp(s[j] - lse);
+                    double dP = 0;
+                    for (int c = 0; c < d; ++c) dP += (double)d_o.value[qi(b, i, h) + c] * v.value[kj(b, j, hk) + c];
+                    const double dS = P * (dP - D) * cap[j] * p.scale;
+                    for (int c = 0; c < d; ++c) {
+                        dq_ref[qi(b, i, h) + c] += dS * k.value[kj(b, j, hk) + c];
+                        dk_ref[kj(b, j, hk) + c] += dS * q.value[qi(b, i, h) + c];
+                        dv_ref[kj(b, j, hk) + c] += P * d_o.value[qi(b, i, h) + c];
+                    }
+                }
+            }
+    // About two units of the storage precision's rounding at max|ref|.
+    const double tol = STORAGE == 0 ? 2e-5 : STORAGE == 1 ? 2e-3 : 1.6e-2;
+    auto report = [&](const char* what, double err) {
+        std::printf("sq %d sk %d d %d %s: max error %.3g of max|ref| (tolerance %.3g)\n", sq, sk, d, what, err, tol);
+        return err <= tol ? 0 : 1;
+    };
+    int failed = 0;
+#ifdef BLOCK_M
+    std::vector<storage_t> o(q.stored.size(), store_f32(0.0f));
+    std::vector<float> lse(lse_ref.size(), 0.0f);
+    launch(Dim{(unsigned)((sq + BLOCK_M - 1) / BLOCK_M), HQ, B}, BLOCK_M * THREADS_PER_ROW,
+           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p); });
+    failed += report("o", rel_error(widen(o), o_ref));
+    double lse_err = 0;
+    for (size_t e = 0; e < lse.size(); ++e) {
+        if (std::isinf(lse_ref[e])) {
+            if (!(std::isinf(lse[e]) && lse[e] < 0)) lse_err = 1e30;  // empty rows: exactly -inf
+        } else {
+            lse_err = std::max(lse_err, std::fabs(lse[e] - lse_ref[e]));
+        }
+    }
+    failed += report("lse (absolute)", lse_err);
+#else
+    // The backward from the reference's o (in storage) and lse.
+    std::vector<storage_t> o_st;
+    for (double x : o_ref) o_st.push_back(store_f32((float)x));
+    std::vector<float> lse(lse_ref.begin(), lse_ref.end()), delta(lse.size());
+    std::vector<storage_t> dq(q.stored.size()), dk(k.stored.size()), dv(v.stored.size());
+    launch(Dim{1, 1, 1}, 256, [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, B); });
+    launch(Dim{(unsigned)((sk + BLOCK - 1) / BLOCK), HKV, B}, BLOCK * THREADS_PER_ROW, [&] {
+        flash_bwd_dkdv(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
+                       delta.data(), dk.data(), dv.data(), p);
+    });
+    launch(Dim{(unsigned)((sq + BLOCK - 1) / BLOCK), HQ, B}, BLOCK * THREADS_PER_ROW, [&] {
+        flash_bwd_dq(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
+                     delta.data(), dq.data(), p);
+    });
+    failed += report("dq", rel_error(widen(dq), dq_ref));
+    failed += report("dk", rel_error(widen(dk), dk_ref));
+    failed += report("dv", rel_error(widen(dv), dv_ref));
+#endif
+    return failed;
+}
+
+int main() {
+    // Keys past queries, and (with a band) queries past keys: rows with no key.
+    const int failed = run(45, 70) + run(70, 45);
+    return failed ? 1 : 0;
+}
