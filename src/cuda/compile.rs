@@ -18,6 +18,11 @@ pub fn arch_for(major: i32, minor: i32) -> String {
     format!("compute_{major}{minor}{suffix}")
 }
 
+/// The NVRTC options for `arch` (also part of the disk cache's hash).
+pub fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+}
+
 /// Compile `key`'s module for `arch` (e.g. `compute_80`, `compute_90a`).
 pub fn compile_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
     if !nvrtc_present() {
@@ -26,7 +31,7 @@ pub fn compile_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
         });
     }
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options: options(arch),
         // No fast math (NVRTC's default): exact expf/logf/tanhf and IEEE
         // division, since the accuracy rule is tight for f32 storage.
         name: Some(format!("{}.cu", key.label())),

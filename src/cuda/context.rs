@@ -1,7 +1,8 @@
 //! Finding the driver and a device, and the compiled modules of one
 //! context, keyed by [`KernelKey`].
 
-use super::compile::{arch_for, compile_ptx, nvrtc_present};
+use super::compile::{arch_for, nvrtc_present};
+use super::disk_cache::cached_ptx;
 use super::kernel::KernelKey;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
@@ -95,9 +96,14 @@ impl CudaDevice {
         format!("{} (sm_{major}{minor})", self.name)
     }
 
-    /// The NVRTC architecture the kernels are compiled for.
+    /// The NVRTC architecture the kernels are compiled for: the device's
+    /// (`compute_90a` on Hopper), or `FLASHATTN_CUDA_ARCH` (e.g.
+    /// `compute_80` on an H100, to compare with the sm80 build).
     pub fn arch(&self) -> String {
-        arch_for(self.capability.0, self.capability.1)
+        std::env::var("FLASHATTN_CUDA_ARCH")
+            .ok()
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| arch_for(self.capability.0, self.capability.1))
     }
 
     /// Entry point `name` of `key`'s module, compiled and loaded on first use.
@@ -109,7 +115,7 @@ impl CudaDevice {
             match modules.get(&key) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile_ptx(&key, &self.arch())?;
+                    let ptx = cached_ptx(&key, &self.arch())?;
                     let m = self
                         .stream
                         .context()

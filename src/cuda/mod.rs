@@ -16,6 +16,8 @@
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
 //! - [`compile`]: NVRTC, source to PTX;
 //! - [`context`]: the driver, device 0 and the module cache;
+//! - disk_cache: PTX kept between processes, named by a hash of source,
+//!   options and architecture (`FLASHATTN_CUDA_CACHE` to place it);
 //! - forward and backward: uploads, launches, readbacks.
 //!
 //! Tests without a GPU (tests/cuda.rs): the typed error without a driver,
@@ -34,6 +36,7 @@
 mod backward;
 pub mod compile;
 pub mod context;
+mod disk_cache;
 mod forward;
 pub mod kernel;
 mod problem;
