@@ -65,6 +65,9 @@ struct Problem {
     int left, right;
 };
 
+// src/cuda/problem.rs mirrors this struct field for field.
+static_assert(sizeof(Problem) == 9 * 4, "Problem must stay nine 4-byte fields");
+
 __device__ __forceinline__ int band_offset(const Problem& p) { return p.seqlen_k - p.seqlen_q; }
 
 // Whether query row i may attend to key j (SPEC.md's masks; bounds included).

@@ -22,7 +22,7 @@ pub(crate) fn forward(
     let func = dev.function(key, "flash_fwd")?;
     let stream = &dev.stream;
     let upload = |t: &TensorView| stream.clone_htod(t.data.as_bytes());
-    let (dq, dk, dv) = (
+    let (q_dev, k_dev, v_dev) = (
         upload(q).map_err(driver("uploading q"))?,
         upload(k).map_err(driver("uploading k"))?,
         upload(v).map_err(driver("uploading v"))?,
@@ -38,9 +38,9 @@ pub(crate) fn forward(
     let start = Instant::now();
     let mut launch = stream.launch_builder(&func);
     launch
-        .arg(&dq)
-        .arg(&dk)
-        .arg(&dv)
+        .arg(&q_dev)
+        .arg(&k_dev)
+        .arg(&v_dev)
         .arg(&mut d_out)
         .arg(&mut d_lse)
         .arg(&call.problem);

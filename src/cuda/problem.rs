@@ -143,3 +143,14 @@ impl Call {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The C struct is nine 4-byte fields with no padding; a field added on
+    /// one side only would shift every argument after it.
+    #[test]
+    fn problem_has_the_c_struct_layout() {
+        assert_eq!(std::mem::size_of::<super::Problem>(), 9 * 4);
+        assert_eq!(std::mem::align_of::<super::Problem>(), 4);
+    }
+}
