@@ -21,7 +21,9 @@ SUITES=(gpu_forward gpu_backward gpu_decode io_accounting backend)
 prepare() {
   set -e
   rm -rf .gpu && mkdir -p .gpu/bin
-  cargo build --release -p flashattn-cli --bin flashattn
+  # The CLI with the CUDA backend built in (the rest behaves as without it):
+  # one binary for every step keeps .gpu within what a run can carry.
+  cargo build --release -p flashattn-cli --features cuda --bin flashattn
   cargo build --release --example decode
   local json
   json=$(cargo test --release -p flashattn --no-run --message-format=json 2>/dev/null)
@@ -33,15 +35,12 @@ prepare() {
     cp "$exe" ".gpu/bin/$suite"
   done
   cp target/release/flashattn target/release/examples/decode .gpu/bin/
-  # The CUDA backend: its test binary and a CLI with the feature (the
-  # machine has the driver and CUDA's NVRTC; `run` finds the latter).
+  # The CUDA backend's test binary (the machine has the driver and CUDA's
+  # NVRTC; `run` finds the latter).
   json=$(cargo test --release -p flashattn --features cuda --test cuda --no-run --message-format=json 2>/dev/null)
   exe=$(printf '%s\n' "$json" | grep -o '"executable":"[^"]*/deps/cuda-[0-9a-f]*"' | tail -n 1 | cut -d'"' -f4)
   [ -n "$exe" ] || { echo "gpu-check: no CUDA test binary" >&2; exit 1; }
   cp "$exe" .gpu/bin/cuda
-  cargo build --release -p flashattn-cli --features cuda --bin flashattn
-  cp target/release/flashattn .gpu/bin/flashattn-cuda
-  cargo build --release -p flashattn-cli --bin flashattn # leave the default binary in target/
   strip .gpu/bin/*
   # NVIDIA's driver brings its Vulkan ICD but not the loader (device README).
   if [ ! -d .gl ] || ! ls .gl/*.deb >/dev/null 2>&1; then
@@ -121,8 +120,8 @@ cuda_steps() {
 for x in 'q k v do'.split(): n.save(sys.argv[1] + '/' + x + '.npy', r.standard_normal((4, 1024, 16, 128)).astype(n.float16))" "$d" ||
     echo "gpu-check: no numpy: the CLI steps have no inputs" >&2
   qkv=(--q "$d/q.npy" --k "$d/k.npy" --v "$d/v.npy")
-  step cuda-forward 120 "$bin/flashattn-cuda" forward --backend cuda --causal "${qkv[@]}" --out "$d/o.npy" --lse "$d/lse.npy"
-  step cuda-backward 120 "$bin/flashattn-cuda" backward --backend cuda --causal "${qkv[@]}" --do "$d/do.npy" \
+  step cuda-forward 120 "$bin/flashattn" forward --backend cuda --causal "${qkv[@]}" --out "$d/o.npy" --lse "$d/lse.npy"
+  step cuda-backward 120 "$bin/flashattn" backward --backend cuda --causal "${qkv[@]}" --do "$d/do.npy" \
     --dq "$d/dq.npy" --dk "$d/dk.npy" --dv "$d/dv.npy"
 }
 
