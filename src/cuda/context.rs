@@ -5,6 +5,7 @@ use super::compile::{arch_for, nvrtc_present};
 use super::disk_cache::cached_ptx;
 use super::kernel::KernelKey;
 use crate::error::{Error, Result};
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,10 +65,16 @@ impl CudaDevice {
     /// (checked before cudarc loads it: cudarc panics when a library is absent).
     pub fn open() -> Result<Self> {
         libraries_present()?;
-        if CudaContext::device_count().map_err(driver("counting CUDA devices"))? < 1 {
-            return Err(Error::CudaUnavailable {
-                missing: "a CUDA device",
-            });
+        // A driver without a GPU (a container, a host whose card is gone)
+        // says so at cuInit: that is a missing device, not a driver fault.
+        let no_device = Error::CudaUnavailable {
+            missing: "a CUDA device",
+        };
+        match CudaContext::device_count() {
+            Ok(n) if n >= 1 => {}
+            Ok(_) => return Err(no_device),
+            Err(DriverError(CUresult::CUDA_ERROR_NO_DEVICE)) => return Err(no_device),
+            Err(e) => return Err(driver("counting CUDA devices")(e)),
         }
         let ctx = CudaContext::new(0).map_err(driver("creating a CUDA context"))?;
         let name = ctx.name().map_err(driver("reading the device name"))?;
