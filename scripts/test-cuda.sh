@@ -19,5 +19,7 @@ export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRA
 export FLASHATTN_PTXAS="$site/nvidia/cuda_nvcc/bin/ptxas" FLASHATTN_REQUIRE_NVRTC=1
 if command -v g++ >/dev/null; then export FLASHATTN_CXX=g++; fi
 
-cargo test --release -p flashattn --features cuda --lib --test cuda "$@"
-cargo test --release -p flashattn-cli --features cuda --test cli cuda "$@"
+# Both with the workspace's feature set, so the release build of
+# scripts/test.sh is reused (with -p alone, wgpu was built twice more).
+cargo test --release --workspace --features flashattn-cli/cuda --lib --test cuda "$@"
+cargo test --release --workspace --features flashattn-cli/cuda --test cli cuda "$@"
