@@ -113,6 +113,8 @@ fn lavapipe_like(lane_subgroup: Option<u32>) -> DeviceCaps {
         max_workgroup_size_x: 1024,
         shader_f16: true,
         lane_subgroup,
+        subgroup: None,
+        coop_matrix: Default::default(),
     }
 }
 

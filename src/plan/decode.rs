@@ -353,6 +353,8 @@ mod tests {
             max_workgroup_size_x: 1024,
             shader_f16: true,
             lane_subgroup: None,
+            subgroup: None,
+            coop_matrix: Default::default(),
         }
     }
 

@@ -12,7 +12,7 @@ pub mod request;
 pub mod tiles;
 
 pub use backward::plan_backward;
-pub use caps::{DeviceCaps, LANE_SUBGROUPS};
+pub use caps::{CoopMatrixShapes, DeviceCaps, SubgroupSizes, LANE_SUBGROUPS};
 pub use decode::{
     plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,
 };

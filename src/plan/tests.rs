@@ -11,6 +11,8 @@ fn caps(kib: u32) -> DeviceCaps {
         max_workgroup_size_x: 1024,
         shader_f16: false,
         lane_subgroup: None,
+        subgroup: None,
+        coop_matrix: Default::default(),
     }
 }
 
@@ -526,4 +528,29 @@ fn the_loop_limit_raises_splits_up_to_what_the_merge_combines() {
             ..
         })
     ));
+}
+
+#[test]
+fn cooperative_matrix_shapes_wgsl_can_express() {
+    use wgpu::{CooperativeMatrixProperties as P, CooperativeScalarType as T};
+    let prop = |n: u32, k: u32, ab, cr| P {
+        m_size: n,
+        n_size: n,
+        k_size: k,
+        ab_type: ab,
+        cr_type: cr,
+        saturating_accumulation: false,
+    };
+    // NVIDIA-like: 16×16×16 f16 with either accumulator, and 16×8×16 WGSL cannot name.
+    let nvidia = [
+        prop(16, 16, T::F16, T::F32),
+        prop(16, 16, T::F16, T::F16),
+        prop(16, 8, T::F16, T::F32),
+    ];
+    let shapes = CoopMatrixShapes::from_properties(&nvidia);
+    assert!(shapes.f16_16x16_f32 && shapes.f16_16x16_f16 && !shapes.f32_8x8);
+    // Apple-like simdgroup matrices: 8×8 f32.
+    let apple = CoopMatrixShapes::from_properties(&[prop(8, 8, T::F32, T::F32)]);
+    assert!(apple.f32_8x8 && !apple.f16_16x16_f32 && apple.any());
+    assert!(!CoopMatrixShapes::from_properties(&[prop(16, 8, T::F16, T::F32)]).any());
 }

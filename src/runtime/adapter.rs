@@ -96,7 +96,10 @@ pub async fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
             adapter: info.name.clone(),
             source,
         })?;
-    wrap(device, queue, info).await
+    let mut gpu = Gpu::new(device, queue, info);
+    gpu.coop_properties = adapter.cooperative_matrix_properties();
+    probe(&mut gpu).await?;
+    Ok(gpu)
 }
 
 /// A [`Gpu`] on an existing device, probed for its loop limit.

@@ -35,6 +35,8 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// The adapter's cooperative-matrix configurations (empty where unknown).
+    pub coop_properties: Vec<wgpu::CooperativeMatrixProperties>,
     pub settings: Settings,
     /// Two atomic words (reads, writes) when kernels count their accesses.
     pub io_counter: Option<wgpu::Buffer>,
@@ -62,6 +64,7 @@ impl Gpu {
         Self {
             limits: device.limits(),
             features: device.features(),
+            coop_properties: Vec::new(),
             device,
             queue,
             info,
@@ -76,7 +79,12 @@ impl Gpu {
 
     /// The limits the planner sees.
     pub fn caps(&self) -> DeviceCaps {
-        let mut caps = DeviceCaps::from_adapter(&self.limits, self.features, &self.info);
+        let mut caps = DeviceCaps::from_adapter(
+            &self.limits,
+            self.features,
+            &self.info,
+            &self.coop_properties,
+        );
         if let Some(cap) = self.settings.workgroup_storage_cap {
             caps.max_workgroup_storage = caps.max_workgroup_storage.min(cap);
         }
