@@ -14,7 +14,7 @@ use super::backward::plan_backward;
 use super::caps::DeviceCaps;
 use super::forward::plan_forward;
 use super::request::{KernelFamily, PlanOverrides, PlanRequest};
-use super::tiles::{round_down, round_up, Plan, Planned, GRANULARITY, MAX_THREADS_PER_ROW};
+use super::tiles::{round_up, Plan, Planned, GRANULARITY, MAX_THREADS_PER_ROW};
 use crate::error::{Error, Result};
 
 /// Most candidates [`candidates`] returns: each is compiled and timed, and
@@ -178,15 +178,17 @@ fn tiled(req: &PlanRequest, br: u32, bc: u32, tc: Option<u32>) -> PlanOverrides 
     }
 }
 
-/// Half and double of `x`, where the half is still a whole granule.
+/// Half and double of `x`, the half where it is still a whole number of
+/// granules (a tile the formula would pick).
 fn half_and_double(x: u32) -> impl Iterator<Item = (&'static str, u32)> {
-    let half = (x / 2 >= GRANULARITY).then_some(("/2", halve(x)));
+    let half = half(x).map(|h| ("/2", h));
     half.into_iter().chain([("×2", x * 2)])
 }
 
-/// Half of `x`, rounded down to the kernel granularity.
-fn halve(x: u32) -> u32 {
-    round_down(x / 2, GRANULARITY)
+/// Exactly half of `x`, where that is a multiple of the kernel granularity.
+fn half(x: u32) -> Option<u32> {
+    let h = x / 2;
+    (x.is_multiple_of(2) && h >= GRANULARITY && h.is_multiple_of(GRANULARITY)).then_some(h)
 }
 
 /// The other kernel families, with the planner's tiles for them.
@@ -233,17 +235,11 @@ fn aspect(b: &Base) -> Vec<(String, PlanOverrides)> {
         return vec![];
     };
     let mut out = Vec::new();
-    if t.bc / 2 >= GRANULARITY {
-        out.push((
-            "Br×2 Bc/2".into(),
-            tiled(b.req, t.br * 2, halve(t.bc), None),
-        ));
+    if let Some(bc) = half(t.bc) {
+        out.push(("Br×2 Bc/2".into(), tiled(b.req, t.br * 2, bc, None)));
     }
-    if t.br / 2 >= GRANULARITY {
-        out.push((
-            "Br/2 Bc×2".into(),
-            tiled(b.req, halve(t.br), t.bc * 2, None),
-        ));
+    if let Some(br) = half(t.br) {
+        out.push(("Br/2 Bc×2".into(), tiled(b.req, br, t.bc * 2, None)));
     }
     out
 }
