@@ -91,6 +91,21 @@ impl Engine {
         self
     }
 
+    /// The cached winner a call of `pass` over `shape` under `opts` would
+    /// run on this engine (tuned plans on, an entry for its class that
+    /// still plans here); `None`: the formula plan.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tuned_overrides(
+        &self,
+        pass: Pass,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+    ) -> Option<PlanOverrides> {
+        let cache = self.tuned.as_ref()?;
+        tune::tuned_overrides(&self.gpu, cache, pass, (shape, precision), opts)
+    }
+
     /// The overrides a call runs with: the caller's, or where it passes
     /// none and tuned plans are on, the cached winner for the problem.
     #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
@@ -102,11 +117,8 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> PlanOverrides {
         #[cfg(not(target_arch = "wasm32"))]
-        if let (Some(cache), true, (Ok(shape), precision)) =
-            (&self.tuned, *overrides == PlanOverrides::default(), problem)
-        {
-            let problem = (&shape, precision);
-            if let Some(o) = tune::tuned_overrides(&self.gpu, cache, pass, problem, opts) {
+        if let (true, (Ok(shape), precision)) = (*overrides == PlanOverrides::default(), problem) {
+            if let Some(o) = self.tuned_overrides(pass, &shape, precision, opts) {
                 return o;
             }
         }
@@ -227,7 +239,8 @@ impl Engine {
         self.gpu.pipelines.len()
     }
 
-    /// The forward plan this engine would run for a problem, with its clamps.
+    /// The forward plan for a problem under `overrides`, with its clamps
+    /// (tuned plans aside: see [`Engine::tuned_overrides`]).
     pub fn plan(
         &self,
         shape: &AttentionShape,
@@ -240,7 +253,8 @@ impl Engine {
         )
     }
 
-    /// The backward plan this engine would run for a problem, with its clamps.
+    /// The backward plan for a problem under `overrides`, with its clamps
+    /// (tuned plans aside: see [`Engine::tuned_overrides`]).
     pub fn plan_backward(
         &self,
         shape: &AttentionShape,
@@ -442,7 +456,9 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, overrides)).await
+        let overrides = self.overrides_for(Pass::Forward, (Ok(*shape), precision), opts, overrides);
+        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, &overrides))
+            .await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.

@@ -62,6 +62,12 @@ fn a_tuned_forward_times_every_candidate_and_runs_the_winner() {
     let tuned = tuned_engine(&cache);
     let out = tuned.forward(&q, &k, &v, &case.opts).unwrap();
     assert_eq!(out.stats.plan, Some(report.winner().plan));
+    let lookup = tuned.tuned_overrides(Pass::Forward, &shape, Precision::F32, &case.opts);
+    assert_eq!(lookup, Some(report.winner().overrides));
+    assert_eq!(
+        e.tuned_overrides(Pass::Forward, &shape, Precision::F32, &case.opts),
+        None
+    );
     assert_accurate(&case, &inputs, &out);
     let plain = e.forward(&q, &k, &v, &case.opts).unwrap();
     assert_eq!(plain.stats.plan, Some(report.candidates[0].plan));
