@@ -110,6 +110,11 @@ pub struct AttentionArgs {
     /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
+    /// Run the plan `flashattn tune` cached for this problem where there is
+    /// one (wgpu; $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else
+    /// ~/.cache/flashattn); the formula plan otherwise.
+    #[arg(long, conflicts_with_all = ["block_q", "block_k", "kernel"])]
+    pub tuned: bool,
 }
 
 #[derive(Args, Debug)]

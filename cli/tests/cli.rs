@@ -524,6 +524,34 @@ fn tune_times_the_candidates_caches_the_winner_and_plan_shows_it() {
     assert!(plan(&["--seqlen", "40"]).contains("tuned (seqlen <= 64"));
     assert!(!plan(&["--seqlen", "65"]).contains("tuned (seqlen"));
     assert!(!plan(&["--causal"]).contains("tuned (seqlen"));
+    // `forward --tuned` says which plan it found, for N 64 and not for N 65.
+    let forward = |n: usize| {
+        f.qkv(1, n, n, 1, 1, 32);
+        let mut c = bin();
+        c.env("FLASHATTN_CACHE_DIR", &cache).arg("forward");
+        for (flag, name) in [
+            ("--q", "q.npy"),
+            ("--k", "k.npy"),
+            ("--v", "v.npy"),
+            ("--out", "o.npy"),
+        ] {
+            c.arg(flag).arg(f.path(name));
+        }
+        let out = c.args(["--backend", "wgpu", "--tuned"]).output().unwrap();
+        assert_ok(&out);
+        assert!(f.path("o.npy").exists());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = forward(64);
+    assert!(said.contains("flashattn: tuned forward plan ("), "{said}");
+    assert!(!said.contains("none: the formula plan"), "{said}");
+    let said = forward(65);
+    assert!(
+        said.contains("tuned forward plan") && said.contains("none: the formula plan"),
+        "{said}"
+    );
+    let out = f.forward(&["--backend", "cpu", "--tuned"]);
+    assert_bad(&Files::new(), &out, "--tuned");
 }
 
 #[test]
