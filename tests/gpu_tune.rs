@@ -44,7 +44,10 @@ fn a_tuned_forward_times_every_candidate_and_runs_the_winner() {
     assert_eq!(timed, labels(&expected));
     assert!(report.candidates.len() >= 2, "{report:?}");
     for c in &report.candidates {
-        assert!(c.seconds > 0.0 && c.seconds.is_finite(), "{c:?}");
+        assert!(
+            c.seconds > 0.0 && c.seconds.is_finite() && c.error.is_none(),
+            "{c:?}"
+        );
     }
     let best = report.winner().seconds;
     assert!(report.candidates.iter().all(|c| c.seconds >= best));

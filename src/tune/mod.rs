@@ -12,7 +12,7 @@ pub use cache::{MaskKind, TuneCache, TuneKey, Tuned};
 
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
-use crate::api::output::{ForwardOutput, Timing};
+use crate::api::output::{CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
@@ -84,8 +84,11 @@ pub struct TunedCandidate {
     pub label: String,
     pub overrides: PlanOverrides,
     pub plan: Plan,
-    /// The best of the timed runs, seconds of kernel time.
+    /// The best of the timed runs, seconds of kernel time (infinite where
+    /// it failed).
     pub seconds: f64,
+    /// Why the candidate failed to run, if it did.
+    pub error: Option<String>,
 }
 
 /// Every candidate's time, the winner, the clock, and where it was stored.
@@ -159,7 +162,7 @@ fn note(report: &TuneReport) -> Tuned {
     }
 }
 
-/// Each forward candidate: one untimed run, then the best of `repeats`.
+/// Each forward candidate, timed by [`best_of`].
 async fn time_forward(
     gpu: &Gpu,
     [q, k, v, _]: &[TensorView<'_>; 4],
@@ -168,23 +171,17 @@ async fn time_forward(
     repeats: usize,
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
     let (mut out, mut timing) = (Vec::new(), Timing::default());
-    for c in list {
-        ops::forward::forward(gpu, [q, k, v], opts, &c.overrides).await?;
-        let mut best = f64::INFINITY;
-        for _ in 0..repeats {
-            let stats = ops::forward::forward(gpu, [q, k, v], opts, &c.overrides)
-                .await?
-                .stats;
-            best = best.min(stats.kernel_seconds);
-            timing = stats.timing;
-        }
-        out.push(timed(c, best));
+    for (i, c) in list.iter().enumerate() {
+        let o = &c.overrides;
+        let run =
+            move || async move { Ok(ops::forward::forward(gpu, [q, k, v], opts, o).await?.stats) };
+        out.push(record(i, c, best_of(repeats, run).await, &mut timing)?);
     }
     Ok((out, timing))
 }
 
-/// Each backward candidate on the formula forward's output: one untimed
-/// run, then the best of `repeats`.
+/// Each backward candidate on the formula forward's output, timed by
+/// [`best_of`].
 async fn time_backward(
     gpu: &Gpu,
     [q, k, v, d_o]: &[TensorView<'_>; 4],
@@ -196,28 +193,56 @@ async fn time_backward(
         ops::forward::forward(gpu, [q, k, v], opts, &PlanOverrides::default()).await?;
     let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
-    for c in list {
-        ops::backward::backward(gpu, &inputs, opts, &c.overrides).await?;
-        let mut best = f64::INFINITY;
-        for _ in 0..repeats {
-            let stats = ops::backward::backward(gpu, &inputs, opts, &c.overrides)
-                .await?
-                .stats;
-            best = best.min(stats.kernel_seconds);
-            timing = stats.timing;
-        }
-        out.push(timed(c, best));
+    for (i, c) in list.iter().enumerate() {
+        let (o, inputs) = (&c.overrides, &inputs);
+        let run =
+            move || async move { Ok(ops::backward::backward(gpu, inputs, opts, o).await?.stats) };
+        out.push(record(i, c, best_of(repeats, run).await, &mut timing)?);
     }
     Ok((out, timing))
 }
 
-fn timed(c: &Candidate, seconds: f64) -> TunedCandidate {
-    TunedCandidate {
+/// One untimed run (it compiles the kernels), then the fastest of `repeats`.
+async fn best_of<F, Fut>(repeats: usize, run: F) -> Result<CallStats>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<CallStats>>,
+{
+    run().await?;
+    let mut best = run().await?;
+    for _ in 1..repeats {
+        let stats = run().await?;
+        if stats.kernel_seconds < best.kernel_seconds {
+            best = stats;
+        }
+    }
+    Ok(best)
+}
+
+/// A candidate as timed. A candidate that fails to run is reported and
+/// never wins; the formula plan failing fails the tuning (it is the plan
+/// every untuned call runs).
+fn record(
+    i: usize,
+    c: &Candidate,
+    best: Result<CallStats>,
+    timing: &mut Timing,
+) -> Result<TunedCandidate> {
+    let (seconds, error) = match best {
+        Ok(stats) => {
+            *timing = stats.timing;
+            (stats.kernel_seconds, None)
+        }
+        Err(e) if i == 0 => return Err(e),
+        Err(e) => (f64::INFINITY, Some(e.to_string())),
+    };
+    Ok(TunedCandidate {
         label: c.label.clone(),
         overrides: c.overrides,
         plan: c.plan,
         seconds,
-    }
+        error,
+    })
 }
 
 /// Seeded q, k, v and dO for a tuning run.
@@ -256,3 +281,6 @@ pub fn tuned_overrides(
     pass.plan(&req, &gpu.caps()).ok()?;
     Some(tuned.overrides)
 }
+
+#[cfg(test)]
+mod tests;

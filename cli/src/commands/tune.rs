@@ -43,8 +43,10 @@ struct Row {
     threads_per_row: u32,
     workgroup_size: u32,
     workgroup_bytes: u32,
-    ms: f64,
+    /// `null` where the candidate failed.
+    ms: Option<f64>,
     fastest: bool,
+    error: Option<String>,
 }
 
 /// The passes `--pass` names.
@@ -155,14 +157,22 @@ fn print_table(req: &TuneRequest, r: &TuneReport) {
     );
     for (i, c) in r.candidates.iter().enumerate() {
         let p = &c.plan;
-        let mark = if i == r.winner { "  <- fastest" } else { "" };
+        let mark = match &c.error {
+            Some(e) => format!("  failed: {e}"),
+            None if i == r.winner => "  <- fastest".into(),
+            None => String::new(),
+        };
+        let time = match c.error {
+            Some(_) => "-".into(),
+            None => format!("{:.3}", c.seconds * 1e3),
+        };
         println!(
-            "  {:<16} {:>9} {:>15} {:>7} {:>11.3}{mark}",
+            "  {:<16} {:>9} {:>15} {:>7} {:>11}{mark}",
             c.label,
             format!("{}×{}", p.br, p.bc),
             p.threads_per_row,
             p.kernel.name(),
-            c.seconds * 1e3
+            time
         );
     }
     let (w, formula) = (r.winner(), &r.candidates[0]);
@@ -190,8 +200,9 @@ fn problem(req: &TuneRequest, r: &TuneReport) -> Problem {
             threads_per_row: c.plan.threads_per_row,
             workgroup_size: c.plan.workgroup_size,
             workgroup_bytes: c.plan.workgroup_bytes,
-            ms: c.seconds * 1e3,
+            ms: c.error.is_none().then_some(c.seconds * 1e3),
             fastest: i == r.winner,
+            error: c.error.clone(),
         })
         .collect();
     Problem {
