@@ -7,7 +7,8 @@
 #                                  # the Vulkan loader .debs into .gl/ (both ignored)
 #   scripts/gpu-check.sh run       # there (carry .gpu and .gl): the GPU test
 #                                  # suites on NVIDIA's Vulkan driver, then plan,
-#                                  # demo, forward/backward and decode benchmarks
+#                                  # demo, forward/backward and decode benchmarks,
+#                                  # and the autotuner's choices (tune.log, tune.json)
 #
 # `run` writes every log under $OUT (or ./gpu-check-out) and ends with a
 # summary line per step; it is sized to finish in about 8 minutes on an H200.
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 # The test binaries that need an adapter (each runs alone: the suites are
 # one process each, as in CI).
-SUITES=(gpu_forward gpu_backward gpu_decode io_accounting backend)
+SUITES=(gpu_forward gpu_backward gpu_decode gpu_tune io_accounting backend)
 
 prepare() {
   set -e
@@ -89,6 +90,10 @@ run() {
   step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \
     --json "$out/bench-decode.json"
   step example-decode 120 "$bin/decode" --tokens 256
+  # The autotuner's choices at N 8192, and `plan` showing them.
+  step tune 180 "$bin/flashattn" tune --seqlens 8192 --head-dim 64,128 --precision f16,f32 \
+    --pass both --heads 8 --repeats 3 --cache-dir "$out/tune-cache" --json "$out/tune.json"
+  step plan-tuned 60 "$bin/flashattn" plan --seqlen 8192 --precision f16 --cache-dir "$out/tune-cache"
   cuda_steps "$bin"
   cat "$out/summary.txt"
 }

@@ -15,11 +15,13 @@ use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::{CeilingResult, CeilingShape};
 use crate::plan::{
-    plan_backward, plan_forward, DecodePlan, DeviceCaps, PlanOverrides, PlanRequest, Planned,
+    plan_backward, plan_forward, DecodePlan, DeviceCaps, Pass, PlanOverrides, PlanRequest, Planned,
 };
 use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
 use crate::runtime::{Gpu, KvCache};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
 
 /// A GPU attention engine on one wgpu device.
 ///
@@ -28,6 +30,9 @@ use crate::runtime::{Gpu, KvCache};
 #[derive(Debug)]
 pub struct Engine {
     gpu: Gpu,
+    /// Where forward and backward look up tuned plans (`None`: the formula).
+    #[cfg(not(target_arch = "wasm32"))]
+    tuned: Option<TuneCache>,
 }
 
 impl Engine {
@@ -45,9 +50,7 @@ impl Engine {
 
     /// An engine on a chosen adapter, with its real limits.
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
-        Ok(Self {
-            gpu: adapter::open(adapter).await?,
-        })
+        Ok(Self::on(adapter::open(adapter).await?))
     }
 
     /// Wrap an existing device (its limits and features are read from it).
@@ -66,9 +69,60 @@ impl Engine {
         queue: wgpu::Queue,
         info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        Ok(Self {
-            gpu: adapter::wrap(device, queue, info).await?,
-        })
+        Ok(Self::on(adapter::wrap(device, queue, info).await?))
+    }
+
+    /// An engine on `gpu` with the default settings.
+    fn on(gpu: Gpu) -> Self {
+        Self {
+            gpu,
+            #[cfg(not(target_arch = "wasm32"))]
+            tuned: None,
+        }
+    }
+
+    /// Run the plans `flashattn tune` ([`Engine::tune`]) stored in `cache`
+    /// where it has one for a call's adapter, pass and problem class and
+    /// the call passes no overrides; the formula plan otherwise. Off by
+    /// default.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn with_tuned_plans(mut self, cache: TuneCache) -> Self {
+        self.tuned = Some(cache);
+        self
+    }
+
+    /// The cached winner a call of `pass` over `shape` under `opts` would
+    /// run on this engine (tuned plans on, an entry for its class that
+    /// still plans here); `None`: the formula plan.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tuned_overrides(
+        &self,
+        pass: Pass,
+        shape: &AttentionShape,
+        precision: Precision,
+        opts: &AttentionOptions,
+    ) -> Option<PlanOverrides> {
+        let cache = self.tuned.as_ref()?;
+        tune::tuned_overrides(&self.gpu, cache, pass, (shape, precision), opts)
+    }
+
+    /// The overrides a call runs with: the caller's, or where it passes
+    /// none and tuned plans are on, the cached winner for the problem.
+    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
+    fn overrides_for(
+        &self,
+        pass: Pass,
+        problem: (Result<AttentionShape>, Precision),
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> PlanOverrides {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let (true, (Ok(shape), precision)) = (*overrides == PlanOverrides::default(), problem) {
+            if let Some(o) = self.tuned_overrides(pass, &shape, precision, opts) {
+                return o;
+            }
+        }
+        *overrides
     }
 
     /// Pretend storage bindings hold at most `bytes` (to exercise and study
@@ -185,7 +239,8 @@ impl Engine {
         self.gpu.pipelines.len()
     }
 
-    /// The forward plan this engine would run for a problem, with its clamps.
+    /// The forward plan for a problem under `overrides`, with its clamps
+    /// (tuned plans aside: see [`Engine::tuned_overrides`]).
     pub fn plan(
         &self,
         shape: &AttentionShape,
@@ -198,7 +253,8 @@ impl Engine {
         )
     }
 
-    /// The backward plan this engine would run for a problem, with its clamps.
+    /// The backward plan for a problem under `overrides`, with its clamps
+    /// (tuned plans aside: see [`Engine::tuned_overrides`]).
     pub fn plan_backward(
         &self,
         shape: &AttentionShape,
@@ -250,7 +306,9 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        ops::forward::forward(&self.gpu, [q, k, v], opts, overrides).await
+        let problem = (AttentionShape::from_views(q, k, v), q.precision());
+        let overrides = self.overrides_for(Pass::Forward, problem, opts, overrides);
+        ops::forward::forward(&self.gpu, [q, k, v], opts, &overrides).await
     }
 
     /// FP8 (e4m3) attention forward (SPEC.md): q, k, v (any storage
@@ -339,7 +397,23 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        ops::backward::backward(&self.gpu, inputs, opts, overrides).await
+        let problem = (inputs.shape(), inputs.q.precision());
+        let overrides = self.overrides_for(Pass::Backward, problem, opts, overrides);
+        ops::backward::backward(&self.gpu, inputs, opts, &overrides).await
+    }
+
+    /// Time every candidate plan of one pass on this adapter, store the
+    /// fastest in the request's cache and report them all (see
+    /// [`crate::tune`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tune(&self, req: &TuneRequest) -> Result<TuneReport> {
+        pollster::block_on(self.tune_async(req))
+    }
+
+    /// [`Engine::tune`] as a future.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn tune_async(&self, req: &TuneRequest) -> Result<TuneReport> {
+        tune::tune(&self.gpu, req).await
     }
 
     /// Forward, then backward with its `o` and `lse`.
@@ -382,7 +456,9 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, overrides)).await
+        let overrides = self.overrides_for(Pass::Forward, (Ok(*shape), precision), opts, overrides);
+        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, &overrides))
+            .await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.

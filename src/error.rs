@@ -350,6 +350,13 @@ pub enum Error {
     },
     #[error("{what} was poisoned by a panic in another thread")]
     Poisoned { what: &'static str },
+    /// The autotuner's winner could not be stored.
+    #[error("cannot write the tuning cache {}", path.display())]
+    TuneCacheWrite {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Shorthand for `Result<T, flashattn::Error>`.

@@ -57,6 +57,8 @@ pub mod quant;
 pub mod random;
 pub mod reference;
 pub mod runtime;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod tune;
 
 pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
@@ -75,9 +77,11 @@ pub use kernels::AttentionBuffers;
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{
-    plan_backward, plan_decode, plan_forward, Clamp, DecodePlan, DeviceCaps, KernelFamily, Plan,
-    PlanOverrides, PlanRequest, Planned, StorageKind,
+    candidates, plan_backward, plan_decode, plan_forward, Candidate, Clamp, DecodePlan, DeviceCaps,
+    KernelFamily, Pass, Plan, PlanOverrides, PlanRequest, Planned, StorageKind,
 };
 pub use runtime::KvCache;
+#[cfg(not(target_arch = "wasm32"))]
+pub use tune::{TuneCache, TuneReport, TuneRequest, TunedCandidate};
 /// The wgpu this crate is built on, for apps that pass their own devices and buffers.
 pub use wgpu;

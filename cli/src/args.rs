@@ -23,8 +23,12 @@ pub enum Command {
     /// One decoding step against a KV cache (dense or paged) on .npy inputs:
     /// appends k_new/v_new, writes o (and lse, and the updated caches).
     Decode(DecodeArgs),
-    /// Show the adapter, its limits and the tile plan with the reason for each clamp.
+    /// Show the adapter, its limits and the tile plan with the reason for each
+    /// clamp, and the tuned plan where `flashattn tune` cached one.
     Plan(PlanArgs),
+    /// Time the planner's candidate plans on this adapter and cache the
+    /// fastest for forward/backward calls to use.
+    Tune(TuneArgs),
     /// Benchmark flash vs naive WGSL vs CPU side by side: table, JSON, CSV,
     /// plots; with --decode, decoding against KV caches next to the copy bandwidth.
     Bench(BenchArgs),
@@ -106,6 +110,11 @@ pub struct AttentionArgs {
     /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
+    /// Run the plan `flashattn tune` cached for this problem where there is
+    /// one (wgpu; $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else
+    /// ~/.cache/flashattn); the formula plan otherwise.
+    #[arg(long, conflicts_with_all = ["block_q", "block_k", "kernel"])]
+    pub tuned: bool,
 }
 
 #[derive(Args, Debug)]
@@ -224,6 +233,55 @@ pub struct PlanArgs {
     /// Splits asked for; 0 lets the planner choose (with --decode).
     #[arg(long, requires = "decode", default_value_t = 0)]
     pub num_splits: usize,
+    /// Plan for this sequence length (seqlen_q = seqlen_k) and show its
+    /// tuned plan (default: unbounded, and every length `flashattn tune` cached).
+    #[arg(long, conflicts_with = "decode")]
+    pub seqlen: Option<usize>,
+    /// Show the tuned plan of the causal mask.
+    #[arg(long, conflicts_with = "decode")]
+    pub causal: bool,
+    /// Where `flashattn tune` keeps its winners (default:
+    /// $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else ~/.cache/flashattn).
+    #[arg(long, conflicts_with = "decode")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// Sequence lengths (seqlen_q = seqlen_k), comma-separated; each tunes
+    /// its power-of-two bucket.
+    #[arg(long, visible_alias = "seqlen", default_value = "1024")]
+    pub seqlens: String,
+    /// Head dimensions, comma-separated.
+    #[arg(long, visible_alias = "head-dims", default_value = "64")]
+    pub head_dim: String,
+    /// Storage precisions, comma-separated: f32, f16, bf16.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+    /// Bottom-right aligned causal mask.
+    #[arg(long)]
+    pub causal: bool,
+    /// forward, backward or both.
+    #[arg(long, default_value = "forward")]
+    pub pass: String,
+    /// Query (and key/value) heads of the timed problem.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Timed runs per candidate after one untimed run (the best counts).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// The backend to tune: wgpu (the only one with candidate plans).
+    #[arg(long, default_value = "wgpu")]
+    pub backend: String,
+    /// Where the winners are kept (default: $FLASHATTN_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/flashattn, else ~/.cache/flashattn).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Write every candidate's time as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

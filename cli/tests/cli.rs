@@ -458,6 +458,127 @@ fn plan_shows_formula_and_clamps() {
 }
 
 #[test]
+fn tune_times_the_candidates_caches_the_winner_and_plan_shows_it() {
+    if engine().is_none() {
+        return;
+    }
+    let f = Files::new();
+    let cache = f.path("cache");
+    let plan = |extra: &[&str]| {
+        let out = bin()
+            .args(["plan", "--head-dim", "32", "--cache-dir"])
+            .arg(&cache)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(plan(&[]).contains("tuned: none — run flashattn tune"));
+    let out = bin()
+        .args(["tune", "--seqlen", "64", "--head-dim", "32", "--heads", "1"])
+        .args(["--repeats", "1", "--cache-dir"])
+        .arg(&cache)
+        .arg("--json")
+        .arg(f.path("tune.json"))
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "adapter:",
+        "timer: ",
+        "forward, N 64, d 32, f32",
+        "candidate",
+        "Br×Bc",
+        "invocations/row",
+        "formula",
+        "<- fastest",
+        "winner: ",
+        "cached in ",
+        "tuned-plans.tsv",
+    ] {
+        assert!(text.contains(needle), "missing {needle}: {text}");
+    }
+    assert_eq!(text.matches("<- fastest").count(), 1, "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("tune.json")).unwrap()).unwrap();
+    let rows = json["problems"][0]["candidates"].as_array().unwrap();
+    assert!(rows.len() >= 2, "{json}");
+    assert!(
+        rows.iter().all(|r| r["ms"].as_f64().unwrap() > 0.0),
+        "{json}"
+    );
+    assert_eq!(rows.iter().filter(|r| r["fastest"] == true).count(), 1);
+    // `plan` shows the winner for N 64 (and the bucket it covers), not for
+    // other lengths, masks or the backward.
+    let shown = plan(&[]);
+    let lines: Vec<&str> = shown.lines().filter(|l| l.contains("tuned")).collect();
+    assert_eq!(lines.len(), 2, "{shown}");
+    assert!(lines[0].contains("tuned (seqlen <= 64, none): "), "{shown}");
+    assert!(lines[0].contains("tuned-plans.tsv"), "{shown}");
+    assert!(
+        lines[1].contains("tuned: none — run flashattn tune"),
+        "{shown}"
+    );
+    assert!(plan(&["--seqlen", "40"]).contains("tuned (seqlen <= 64"));
+    assert!(!plan(&["--seqlen", "65"]).contains("tuned (seqlen"));
+    assert!(!plan(&["--causal"]).contains("tuned (seqlen"));
+    // `forward --tuned` says which plan it found, for N 64 and not for N 65.
+    let forward = |n: usize| {
+        f.qkv(1, n, n, 1, 1, 32);
+        let mut c = bin();
+        c.env("FLASHATTN_CACHE_DIR", &cache).arg("forward");
+        for (flag, name) in [
+            ("--q", "q.npy"),
+            ("--k", "k.npy"),
+            ("--v", "v.npy"),
+            ("--out", "o.npy"),
+        ] {
+            c.arg(flag).arg(f.path(name));
+        }
+        let out = c.args(["--backend", "wgpu", "--tuned"]).output().unwrap();
+        assert_ok(&out);
+        assert!(f.path("o.npy").exists());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = forward(64);
+    assert!(said.contains("flashattn: tuned forward plan ("), "{said}");
+    assert!(!said.contains("none: the formula plan"), "{said}");
+    let said = forward(65);
+    assert!(
+        said.contains("tuned forward plan") && said.contains("none: the formula plan"),
+        "{said}"
+    );
+    let out = f.forward(&["--backend", "cpu", "--tuned"]);
+    assert_bad(&Files::new(), &out, "--tuned");
+}
+
+#[test]
+fn tune_rejects_bad_flags_in_one_line() {
+    let f = Files::new();
+    for (args, needle) in [
+        (&["--backend", "cpu"][..], "--backend"),
+        (&["--pass", "sideways"], "--pass"),
+        (&["--head-dim", "0"], "--head-dim"),
+        (&["--head-dim", "600"], "head dim"),
+        (&["--seqlens", "12,x"], "--seqlens"),
+        (&["--precision", "f8"], "precision"),
+        (&["--repeats", "0"], "--repeats"),
+    ] {
+        let out = bin()
+            .arg("tune")
+            .args(args)
+            .arg("--cache-dir")
+            .arg(f.path("cache"))
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, needle);
+        assert!(!f.path("cache").exists(), "{args:?} wrote a cache");
+    }
+}
+
+#[test]
 fn demo_runs_and_passes() {
     let backend = if engine().is_some() { "wgpu" } else { "cpu" };
     let out = bin()

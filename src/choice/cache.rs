@@ -25,22 +25,17 @@ impl ProbeCache {
     /// `$FLASHATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/flashattn`, else
     /// `~/.cache/flashattn`; `None` where none of them is set.
     pub fn default_location() -> Option<ProbeCache> {
-        let env = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        let dir = env("FLASHATTN_CACHE_DIR")
-            .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("flashattn")))
-            .or_else(|| env("HOME").map(|d| d.join(".cache").join("flashattn")))?;
-        Some(ProbeCache::in_dir(&dir))
+        Some(ProbeCache::in_dir(&cache_dir()?))
     }
 
     /// The cache file in `dir`.
     pub fn in_dir(dir: &Path) -> ProbeCache {
-        ProbeCache {
-            file: dir.join("auto-backend.tsv"),
-        }
+        ProbeCache::at(dir.join("auto-backend.tsv"))
+    }
+
+    /// A cache of the same format in `file` (the autotuner's winners).
+    pub fn at(file: PathBuf) -> ProbeCache {
+        ProbeCache { file }
     }
 
     pub fn path(&self) -> &Path {
@@ -81,6 +76,20 @@ impl ProbeCache {
             clean(&entry.reason)
         )
     }
+}
+
+/// Where flashattn keeps what it measured: `$FLASHATTN_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/flashattn`, else `~/.cache/flashattn`; `None` where
+/// none of them is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("FLASHATTN_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("flashattn")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache").join("flashattn")))
 }
 
 /// The CPU's model name (`/proc/cpuinfo` on Linux), else the architecture.

@@ -4,6 +4,7 @@
 //! limits.
 
 pub mod backward;
+pub mod candidates;
 pub mod caps;
 pub mod decode;
 pub mod forward;
@@ -12,6 +13,7 @@ pub mod request;
 pub mod tiles;
 
 pub use backward::plan_backward;
+pub use candidates::{candidates, Candidate, Pass, MAX_CANDIDATES};
 pub use caps::{CoopMatrixShapes, DeviceCaps, SubgroupSizes, LANE_SUBGROUPS};
 pub use decode::{
     plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,

@@ -7,9 +7,10 @@ use super::parse_window;
 use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs, ScoreArgs};
 use crate::error::{CliError, Result};
 use crate::npy;
+use flashattn::tune::cache::overrides_text;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options,
-    PlanOverrides, Precision, Tensor, TensorData, TensorView, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options, Pass,
+    PlanOverrides, Precision, Tensor, TensorData, TensorView, TuneCache, Workload,
 };
 
 /// Everything an attention command needs, validated before any device work.
@@ -24,6 +25,8 @@ pub struct Prepared {
     pub fp8: Option<Fp8Options>,
     pub overrides: PlanOverrides,
     pub backend: BackendKind,
+    /// `--tuned`: where the wgpu engine looks up tuned plans.
+    pub tuned: Option<TuneCache>,
 }
 
 impl Prepared {
@@ -83,10 +86,17 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         kernel: a.kernel.as_deref().map(str::parse).transpose()?,
         ..Default::default()
     };
-    let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some();
+    let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some() || a.tuned;
     if backend == BackendKind::Cpu && tuned {
         return Err(CliError::WgpuOnly {
-            flags: "--block-q, --block-k and --kernel",
+            flags: "--block-q, --block-k, --kernel and --tuned",
+        });
+    }
+    if a.tuned && fp8.is_some() {
+        return Err(CliError::BadFlag {
+            flag: "--tuned",
+            expected: "f32, f16 or bf16 (the FP8 forward has no tuned plans)",
+            value: "--precision fp8".into(),
         });
     }
     let [q, k, v] =
@@ -120,6 +130,11 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         fp8,
         overrides,
         backend,
+        tuned: if a.tuned {
+            TuneCache::default_location()
+        } else {
+            None
+        },
     })
 }
 
@@ -195,7 +210,31 @@ pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
             flags: "--block-q and --block-k",
         });
     }
-    Ok(backend)
+    Ok(match (backend, p.tuned.clone()) {
+        (Backend::Wgpu(e), Some(cache)) => {
+            let e = e.with_tuned_plans(cache.clone());
+            say_tuned(&e, p, &cache, backward)?;
+            Backend::Wgpu(Box::new(e))
+        }
+        (backend, _) => backend,
+    })
+}
+
+/// Say on stderr which plan `--tuned` found for each pass that runs.
+fn say_tuned(e: &flashattn::Engine, p: &Prepared, cache: &TuneCache, backward: bool) -> Result<()> {
+    let [q, k, v] = p.views()?;
+    let shape = AttentionShape::from_views(&q, &k, &v)?;
+    let passes: &[Pass] = match backward {
+        true => &[Pass::Forward, Pass::Backward],
+        false => &[Pass::Forward],
+    };
+    for &pass in passes {
+        let found = e.tuned_overrides(pass, &shape, p.q.precision(), &p.opts);
+        let what = found.map_or("none: the formula plan".into(), |o| overrides_text(&o));
+        let path = cache.path().display();
+        eprintln!("flashattn: tuned {} plan ({path}): {what}", pass.name());
+    }
+    Ok(())
 }
 
 pub fn forward(a: ForwardArgs) -> Result<()> {

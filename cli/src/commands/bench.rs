@@ -19,7 +19,7 @@ use flashattn::{CeilingShape, Engine, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Comma-separated values of one flag.
-fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
+pub(crate) fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
     s.split(',')
         .filter(|x| !x.is_empty())
         .map(|x| x.trim().parse())
@@ -32,7 +32,7 @@ fn timing_of(engine: Option<&Engine>) -> String {
 }
 
 /// Comma-separated positive integers of `flag`.
-fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
+pub(crate) fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
     let bad = |x: &str| CliError::BadFlag {
         flag,
         expected: "positive integers",

@@ -6,6 +6,7 @@ pub mod decode;
 pub mod demo;
 pub mod layouts;
 pub mod plan;
+pub mod tune;
 
 use crate::args::Command;
 use crate::error::{CliError, Result};
@@ -19,6 +20,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Backward(a) => attention::backward(a),
         Command::Decode(a) => decode::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Tune(a) => tune::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
     }

@@ -1,12 +1,15 @@
 //! `flashattn plan`: the adapter, its limits, and the forward and backward
-//! plans with the reason for every clamp; with `--decode`, the decode plan
-//! (tiles, splits and why) for one decoding problem.
+//! plans with the reason for every clamp, each followed by the plan
+//! `flashattn tune` cached for it (if any); with `--decode`, the decode
+//! plan (tiles, splits and why) for one decoding problem.
 
 use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
+use flashattn::tune::cache::{overrides_text, seqlen_bucket};
+use flashattn::tune::{MaskKind, TuneKey};
 use flashattn::{
     plan_backward, plan_forward, AttentionOptions, AttentionShape, CacheLayout, CacheShape,
-    DecodeProblem, DecodeStep, Engine, PlanRequest, Precision, TensorData,
+    DecodeProblem, DecodeStep, Engine, Pass, PlanRequest, Precision, TensorData, TuneCache,
 };
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -24,18 +27,101 @@ pub fn run(a: PlanArgs) -> Result<()> {
         caps.max_workgroup_storage = requested;
     }
     print_device(&engine);
+    let tuned = Tuned::new(&a, &engine, precision);
     for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
-        let req = PlanRequest::new(d, precision);
+        let mut req = PlanRequest::new(d, precision);
+        if let Some(n) = a.seqlen {
+            AttentionShape::new(1, n, n, 1, 1, d)?;
+            req = req.seqlens(n, n);
+        }
         println!("\nhead_dim {d}, {precision}, forward:");
         indent(&plan_forward(&req, &caps)?.to_string());
+        tuned.show(Pass::Forward, d);
         // The backward needs more workgroup storage; a device may run only the forward.
         println!("head_dim {d}, {precision}, backward:");
         match plan_backward(&req, &caps) {
             Ok(plan) => indent(&plan.to_string()),
             Err(e) => println!("  not possible here: {e}"),
         }
+        tuned.show(Pass::Backward, d);
     }
     Ok(())
+}
+
+/// What `flashattn tune` cached for the plans shown.
+struct Tuned<'a> {
+    engine: &'a Engine,
+    cache: Option<TuneCache>,
+    precision: Precision,
+    mask: MaskKind,
+    seqlen: Option<usize>,
+}
+
+impl<'a> Tuned<'a> {
+    fn new(a: &PlanArgs, engine: &'a Engine, precision: Precision) -> Self {
+        let cache = a
+            .cache_dir
+            .as_deref()
+            .map(TuneCache::in_dir)
+            .or_else(TuneCache::default_location);
+        let mask = if a.causal {
+            MaskKind::Causal
+        } else {
+            MaskKind::None
+        };
+        Self {
+            engine,
+            cache,
+            precision,
+            mask,
+            seqlen: a.seqlen,
+        }
+    }
+
+    /// The tuned plan of `pass` at head dim `d` (for `--seqlen`'s bucket,
+    /// or every bucket cached), or that there is none.
+    fn show(&self, pass: Pass, d: usize) {
+        let Some(cache) = &self.cache else {
+            println!(
+                "  tuned: none (no cache directory: give --cache-dir or set FLASHATTN_CACHE_DIR)"
+            );
+            return;
+        };
+        let Ok(shape) = AttentionShape::new(1, 1, 1, 1, 1, d) else {
+            return;
+        };
+        let key = TuneKey::new(
+            self.engine.adapter_info(),
+            pass,
+            &shape,
+            self.precision,
+            self.mask,
+        );
+        let buckets: Vec<usize> = match self.seqlen {
+            Some(n) => vec![seqlen_bucket(n, n)],
+            None => (0..usize::BITS).map(|b| 1usize << b).collect(),
+        };
+        let mut found = false;
+        for seqlen_bucket in buckets {
+            let key = TuneKey {
+                seqlen_bucket,
+                ..key.clone()
+            };
+            if let Some(t) = cache.get(&key) {
+                found = true;
+                println!(
+                    "  tuned (seqlen <= {seqlen_bucket}, {}): {} [{}] (from {})",
+                    self.mask.name(),
+                    t.note,
+                    overrides_text(&t.overrides),
+                    cache.path().display()
+                );
+            }
+        }
+        if !found {
+            println!("  tuned: none — run flashattn tune");
+        }
+    }
 }
 
 fn storage_cap_ok(requested: u32, max: u32) -> Result<()> {
