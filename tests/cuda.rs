@@ -24,7 +24,7 @@
 use flashattn::api::tensor::Precision;
 use flashattn::cuda::compile::{compile_ptx, nvrtc_present};
 use flashattn::cuda::kernel::{Family, KernelKey};
-use flashattn::cuda::{driver_present, Cuda};
+use flashattn::cuda::{driver_present, Cuda, KernelPath};
 use flashattn::Error;
 use std::path::PathBuf;
 use std::process::Command;
@@ -235,22 +235,59 @@ fn matrix() -> Vec<common::Case> {
     cases
 }
 
+/// The device's backend on each kernel path: the scalar kernels forced,
+/// then the chosen ones (the tensor-core kernels for f16/bf16 up to d 128).
+fn paths(cuda: Cuda) -> Vec<(KernelPath, Cuda)> {
+    vec![
+        (KernelPath::Auto, cuda),
+        (
+            KernelPath::Scalar,
+            Cuda::new().unwrap().with_kernels(KernelPath::Scalar),
+        ),
+    ]
+}
+
 #[test]
 fn forward_meets_the_accuracy_rule_on_the_device() {
     let Some(cuda) = device() else { return };
-    for case in matrix() {
-        let inputs = case.inputs();
-        let [q, k, v] = inputs.views();
-        let out = cuda
-            .forward(&q, &k, &v, &case.opts)
-            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-        common::assert_accurate(&case, &inputs, &out);
+    for (path, cuda) in paths(cuda) {
+        for case in matrix() {
+            let inputs = case.inputs();
+            let [q, k, v] = inputs.views();
+            let out = cuda
+                .forward(&q, &k, &v, &case.opts)
+                .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
+            common::assert_accurate(&case, &inputs, &out);
+        }
     }
+}
+
+#[test]
+fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
+    let Some(cuda) = device() else { return };
+    let props = cuda.props().clone();
+    let problem = flashattn::cuda::plan::PlanProblem {
+        precision: Precision::Bf16,
+        head_dim: 128,
+        band: true,
+        softcap: false,
+    };
+    let plan = flashattn::cuda::plan::plan(&props, &problem, KernelPath::Auto).unwrap();
+    eprintln!("{}", plan.explain(&props).join("\n"));
+    assert_eq!(plan.forward.family, Family::ForwardMma, "{props:?}");
+    assert_eq!(plan.backward.family, Family::BackwardMma, "{props:?}");
 }
 
 #[test]
 fn backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
     let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        eprintln!("backward on the {path:?} path");
+        backward_matrix(&cuda);
+    }
+}
+
+fn backward_matrix(cuda: &Cuda) {
     for case in matrix() {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
