@@ -113,6 +113,28 @@ impl Cuda {
         forward::forward(&self.device, self.path, [q, k, v], opts)
     }
 
+    /// The forward on kernel path `path` (this handle's own is ignored).
+    pub fn forward_on(
+        &self,
+        path: KernelPath,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        forward::forward(&self.device, path, [q, k, v], opts)
+    }
+
+    /// The backward on kernel path `path`.
+    pub fn backward_on(
+        &self,
+        path: KernelPath,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        backward::backward(&self.device, path, inputs, opts)
+    }
+
     /// Gradients dq, dk, dv from the forward's o and lse.
     pub fn backward(
         &self,
