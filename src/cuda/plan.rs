@@ -148,7 +148,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         (KernelPath::Scalar, _) => (false, "the scalar kernels, as requested"),
         (KernelPath::Mma, Some(why)) => {
             return Err(Error::Unsupported {
-                what: "the CUDA tensor-core kernels",
+                what: "the CUDA backend's tensor-core path",
                 feature: why,
             })
         }
