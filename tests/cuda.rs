@@ -390,7 +390,8 @@ fn kernels_match_a_double_reference_under_host_emulation() {
 /// cp.async (held back until its group is waited for) their PTX per-lane
 /// fragment semantics: f16 and bf16, d 64 and 128 and 96 (compiled; check.cpp
 /// runs head dims 5 and 8 below and at it: element-wise and cp.async loads),
-/// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113.
+/// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113; first, every
+/// wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1 .trans, mma) against a plain product.
 #[test]
 fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
     let Some(cxx) = cxx_or_skip() else { return };

@@ -156,6 +156,59 @@ static int run(int sq, int sk, int left, int right, int d) {
     return failed;
 }
 
+#if SMEM_BYTES > 0
+// cuda/mma.cuh's fragment wrappers against a plain product, on one warp:
+// A (16 x 16) and B (16 x 8, held both n-major and k-major) of small
+// integers (exact in f16 and bf16) to fragments by ldmatrix .x4, .x2,
+// .x1, .x2.trans and .x1.trans, one mma each, and D read back by the
+// accumulator layout the kernels index (c0, c1: row l/4, cols 2(l%4)..+1;
+// c2, c3: row l/4 + 8) must equal A * B exactly.
+static int fragment_self_test() {
+    auto a = [](int r, int c) { return (float)((r * 7 + c * 3) % 9 - 4); };
+    auto b = [](int k, int n) { return (float)((k * 5 + n * 2) % 7 - 3); };
+    std::vector<int> bad(32, 0);
+    launch(
+        Dim{1, 1, 1}, 32,
+        [&] {
+            storage_t* s = (storage_t*)host_dynamic_smem();
+            storage_t *bn = s + 16 * ROW, *bk = bn + 8 * ROW;  // B^T [n][k], B [k][n]
+            for (int e = threadIdx.x; e < 16 * 16; e += 32) {
+                s[(e / 16) * ROW + e % 16] = store_f32(a(e / 16, e % 16));
+                if (e < 8 * 16) bn[(e / 16) * ROW + e % 16] = store_f32(b(e % 16, e / 16));
+                if (e < 16 * 8) bk[(e / 8) * ROW + e % 8] = store_f32(b(e / 8, e % 8));
+            }
+            __syncthreads();
+            const int lane = threadIdx.x % 32;
+            unsigned af[4], x2[2], lo[1], hi[1], t2[2], tlo[1], thi[1];
+            ldmatrix_x4(af, s + (lane % 16) * ROW + (lane / 16) * 8);
+            ldmatrix_x2(x2, bn + (lane % 8) * ROW + ((lane / 8) % 2) * 8);
+            ldmatrix_x1(lo, bn + (lane % 8) * ROW);
+            ldmatrix_x1(hi, bn + (lane % 8) * ROW + 8);
+            ldmatrix_x2_trans(t2, bk + (lane % 16) * ROW);
+            ldmatrix_x1_trans(tlo, bk + (lane % 8) * ROW);
+            ldmatrix_x1_trans(thi, bk + (lane % 8 + 8) * ROW);
+            float d[4][4] = {};
+            mma_16816(d[0], af, x2[0], x2[1]);
+            mma_16816(d[1], af, lo[0], hi[0]);
+            mma_16816(d[2], af, t2[0], t2[1]);
+            mma_16816(d[3], af, tlo[0], thi[0]);
+            for (int e = 0; e < 4; ++e) {
+                const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+                float want = 0;
+                for (int k = 0; k < 16; ++k) want += a(row, k) * b(k, col);
+                for (int v = 0; v < 4; ++v) bad[lane] += d[v][e] != want;
+            }
+        },
+        SMEM_BYTES);
+    int total = 0;
+    for (int x : bad) total += x;
+    std::printf("fragments (ldmatrix x4/x2/x1, x2/x1 trans, mma m16n8k16): %d of 512 entries wrong\n", total);
+    return total ? 1 : 0;
+}
+#else
+static int fragment_self_test() { return 0; }
+#endif
+
 int main() {
     // A head dim below the compiled one and off the 8-element chunks (the
     // mma kernels' element-wise loads), then one on them (their cp.async
@@ -163,7 +216,7 @@ int main() {
     // with no key; a causal window of 9 keys, a window open to the left,
     // and plain causal at an odd length.
     const int odd = std::max(1, HEAD_DIM - 5), even = HEAD_DIM - 8;
-    int failed = run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
+    int failed = fragment_self_test() + run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
     if (HAS_BAND) failed += run(61, 130, -1, 3, odd);
     failed += run(113, 113, -1, 0, even) + run(33, 97, 9, 0, HEAD_DIM);
     return failed ? 1 : 0;
