@@ -18,9 +18,9 @@
 #   3. one benchmark, batch 4, 16 heads, d 64/128, causal and not, f16 and
 #      bf16, forward and backward, TFLOP/s as `flashattn bench` counts FLOPs
 #      (4·N²·d·heads·batch, halved for causal, ×2.5 for the backward):
-#      cuda (the tensor-core path) and torch SDPA on the GPU at N 1k/4k/16k,
-#      cuda-scalar and the wgpu Vulkan tiled kernels at N 1k/4k (they are
-#      slower; 16k would not fit the time).
+#      cuda (the tensor-core path) and torch SDPA on the GPU at N 1k/4k/16k
+#      (forward) and 1k/4k/8k (backward), cuda-scalar and the wgpu Vulkan tiled
+#      kernels at N 1k/4k (they are slower; longer would not fit the time).
 #
 # `run` writes its logs, bench-*.json, cuda-bench.json (every row) and
 # cuda-bench.txt (the table) under $OUT (or ./cuda-check-out); each step has a
@@ -85,11 +85,11 @@ find_nvrtc() {
   echo "nvrtc: $lib" >>"$out/machine.txt"
 }
 
-# One `flashattn bench` run per precision and implementation set.
+# One `flashattn bench` run per precision, pass list and implementation set.
 bench() {
-  local name=$1 limit=$2 impls=$3 seqlens=$4 precision=$5
-  step "$name" "$limit" "$BIN/flashattn" bench --impls "$impls" --seqlens "$seqlens" --head-dims 64,128 \
-    --passes forward,backward --causal both --batch 4 --heads 16 --repeats 3 --precision "$precision" \
+  local name=$1 limit=$2 impls=$3 passes=$4 seqlens=$5 precision=$6
+  step "$name" "$limit" "$BIN/flashattn" bench --impls "$impls" --passes "$passes" --seqlens "$seqlens" \
+    --head-dims 64,128 --causal both --batch 4 --heads 16 --repeats 3 --precision "$precision" \
     --python python3 --json "$out/$name.json"
 }
 
@@ -115,12 +115,14 @@ run() {
   { nvidia-smi; lscpu | grep 'Model name'; python3 -c 'import torch; print("torch", torch.__version__)'; } \
     >"$out/machine.txt" 2>&1
   find_nvrtc
-  FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 150 "$BIN/cuda" --test-threads 1 \
+  # Limits: 110 + 20 + 2 × (70 + 70 + 30) = 470 s at most.
+  FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 110 "$BIN/cuda" --test-threads 1 \
     --skip every_kernel_variant --skip main_variants --skip host_emulation
-  step plan-cuda 30 "$BIN/flashattn" plan --backend cuda --precision bf16
+  step plan-cuda 20 "$BIN/flashattn" plan --backend cuda --precision bf16
   for p in f16 bf16; do
-    bench "bench-mma-torch-$p" 100 cuda,torch 1024,4096,16384 "$p"
-    bench "bench-scalar-tiled-$p" 50 cuda-scalar,tiled 1024,4096 "$p"
+    bench "bench-fwd-$p" 70 cuda,torch forward 1024,4096,16384 "$p"
+    bench "bench-bwd-$p" 70 cuda,torch backward 1024,4096,8192 "$p"
+    bench "bench-scalar-tiled-$p" 30 cuda-scalar,tiled forward,backward 1024,4096 "$p"
   done
   table
   cat "$out/summary.txt"
