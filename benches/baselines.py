@@ -7,7 +7,8 @@ Times one attention case on the CPU and prints one JSON object on stdout:
 - numpy: naive float32 attention through numpy's BLAS (S and P
   materialized); the backward from the stored P (dV = P^T dO, dP = dO V^T,
   dS = P * (dP - rowsum(dP * P)), dQ = dS K, dK = dS^T Q).
-- torch: torch.nn.functional.scaled_dot_product_attention on the CPU; the
+- torch: torch.nn.functional.scaled_dot_product_attention on the CPU (or,
+  with --device cuda, on the GPU in --dtype, synchronized around each run); the
   backward is torch.autograd.grad of the forward's graph (kept between
   repeats), so it times the backward alone, as flashattn's backward case does.
 
@@ -32,15 +33,20 @@ def parse():
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", type=int, choices=[0, 1], default=0)
     p.add_argument("--repeats", type=int, default=3)
+    # torch only: cuda (scripts/cuda-check.sh) runs SDPA on the GPU in --dtype.
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     return p.parse_args()
 
 
-def timed(fn, repeats):
+def timed(fn, repeats, sync=lambda: None):
     fn()
+    sync()
     out = []
     for _ in range(max(1, repeats)):
         start = time.perf_counter()
         fn()
+        sync()
         out.append(time.perf_counter() - start)
     return out
 
@@ -83,15 +89,19 @@ def torch_case(a):
 
     gen = torch.Generator().manual_seed(a.seqlen * 31 + a.head_dim)
     shape = (a.batch, a.heads, a.seqlen, a.head_dim)
-    q, k, v, do = (torch.randn(shape, generator=gen, dtype=torch.float32) for _ in range(4))
+    dtype = getattr(torch, a.dtype)
+    q, k, v, do = (
+        torch.randn(shape, generator=gen, dtype=torch.float32).to(a.device, dtype) for _ in range(4)
+    )
     sdpa = torch.nn.functional.scaled_dot_product_attention
     causal = bool(a.causal)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     if a.pass_ == "forward":
         def forward():
             with torch.no_grad():
                 return sdpa(q, k, v, is_causal=causal)
 
-        return timed(forward, a.repeats)
+        return timed(forward, a.repeats, sync)
     for t in (q, k, v):
         t.requires_grad_(True)
     o = sdpa(q, k, v, is_causal=causal)
@@ -99,7 +109,7 @@ def torch_case(a):
     def backward():
         return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
-    return timed(backward, a.repeats)
+    return timed(backward, a.repeats, sync)
 
 
 def main():

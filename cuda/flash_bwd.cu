@@ -1,7 +1,8 @@
 // FlashAttention-2 backward, recomputing P from the forward's LSE, in three
 // kernels with no float atomics, so gradients are bit-identical on repeat:
 //
-//   flash_bwd_dot   D = rowsum(dO * O), f32, (batch, heads_q, seqlen_q)
+//   flash_bwd_dot   D = rowsum(dO * O), f32, (batch, heads_q, seqlen_q):
+//                   cuda/bwd_dot.cuh, shared with flash_bwd_mma.cu
 //   flash_bwd_dkdv  one block per (key block, kv head, batch entry): dK, dV
 //                   summed over every query head of the kv head's group
 //                   (GQA) and every query block that sees the keys, in order
@@ -18,22 +19,6 @@
 #define COLS (HEAD_DIM / THREADS_PER_ROW)
 #define PER_LANE ((BLOCK + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
 #define PAD (HEAD_DIM + 1)
-
-extern "C" __global__ void flash_bwd_dot(const storage_t* __restrict__ o,
-                                         const storage_t* __restrict__ d_o,
-                                         float* __restrict__ delta, const Problem p, int batch) {
-    const size_t rows = (size_t)batch * p.heads_q * p.seqlen_q;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows;
-         e += (size_t)gridDim.x * blockDim.x) {
-        // e indexes (b, h, i) in lse order; o is (b, i, h, d).
-        const int i = e % p.seqlen_q, h = (e / p.seqlen_q) % p.heads_q,
-                  b = e / ((size_t)p.seqlen_q * p.heads_q);
-        const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
-        float s = 0.0f;
-        for (int c = 0; c < p.d; ++c) s = fmaf(load_f32(o[row + c]), load_f32(d_o[row + c]), s);
-        delta[e] = s;
-    }
-}
 
 // P and dS of query row i against key j (already known to be allowed).
 __device__ __forceinline__ void p_and_ds(const Problem& p, const float* q_row, const float* k_row,

@@ -114,11 +114,13 @@ find_nvrtc() {
 
 # The CUDA backend on the device: the accuracy matrix, determinism and bad
 # inputs (tests/cuda.rs, a missing device fails), then a forward and a
-# backward through the CLI.
+# backward through the CLI (scripts/cuda-check.sh adds the benchmark).
 cuda_steps() {
   local bin=$1
   find_nvrtc
-  FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 300 "$bin/cuda" --test-threads 1
+  # The compile, ptxas and emulation tests need no GPU and run in CI.
+  FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 300 "$bin/cuda" --test-threads 1 \
+    --skip every_kernel_variant --skip main_variants --skip host_emulation
   local d=/tmp/cuda-cli qkv
   mkdir -p "$d"
   python3 -c "import numpy as n, sys; r = n.random.default_rng(0)

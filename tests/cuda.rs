@@ -24,7 +24,7 @@
 use flashattn::api::tensor::Precision;
 use flashattn::cuda::compile::{compile_ptx, nvrtc_present};
 use flashattn::cuda::kernel::{Family, KernelKey};
-use flashattn::cuda::{driver_present, Cuda};
+use flashattn::cuda::{driver_present, Cuda, KernelPath};
 use flashattn::Error;
 use std::path::PathBuf;
 use std::process::Command;
@@ -110,8 +110,8 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
     );
 }
 
-/// `ptxas -v` on one variant's PTX: (registers, spill bytes, report).
-fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<u32>, u32, String) {
+/// `ptxas -v` on one variant's PTX: (entry=registers per kernel, spill bytes, report).
+fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<String>, u32, String) {
     let ptx = compile_ptx(key, arch).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join(format!("{}.ptx", key.label()));
@@ -137,9 +137,14 @@ fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<u32>, u
     };
     let mut registers = Vec::new();
     let mut spills = 0;
+    let mut entry = "";
     for line in report.lines() {
+        // "Compiling entry function 'flash_fwd' for 'sm_80'" precedes its counts.
+        if let Some(rest) = line.split("entry function '").nth(1) {
+            entry = rest.split('\'').next().unwrap_or("");
+        }
         if let Some(r) = number_before(line, " registers") {
-            registers.push(r);
+            registers.push(format!("{entry}={r}"));
         }
         spills += number_before(line, " bytes spill stores").unwrap_or(0);
         spills += number_before(line, " bytes spill loads").unwrap_or(0);
@@ -165,9 +170,11 @@ fn main_variants_assemble_without_spills() {
                     for (arch, sm) in ARCHS {
                         let (regs, spills, report) = ptxas(&ptxas_path, &key, arch, sm);
                         eprintln!(
-                            "{:<36} {sm:<7} registers {regs:?}, spills {spills} B, shared {} B",
+                            "{:<40} {sm:<7} registers {regs:?}, spills {spills} B, \
+                             static shared {} B, dynamic shared {} B",
                             key.label(),
-                            key.shared_bytes()
+                            key.shared_bytes(),
+                            key.dynamic_shared_bytes()
                         );
                         if spills > 0 {
                             spilled.push(format!("{} {sm}: {report}", key.label()));
@@ -228,22 +235,59 @@ fn matrix() -> Vec<common::Case> {
     cases
 }
 
+/// The device's backend on each kernel path: the scalar kernels forced,
+/// then the chosen ones (the tensor-core kernels for f16/bf16 up to d 128).
+fn paths(cuda: Cuda) -> Vec<(KernelPath, Cuda)> {
+    vec![
+        (KernelPath::Auto, cuda),
+        (
+            KernelPath::Scalar,
+            Cuda::new().unwrap().with_kernels(KernelPath::Scalar),
+        ),
+    ]
+}
+
 #[test]
 fn forward_meets_the_accuracy_rule_on_the_device() {
     let Some(cuda) = device() else { return };
-    for case in matrix() {
-        let inputs = case.inputs();
-        let [q, k, v] = inputs.views();
-        let out = cuda
-            .forward(&q, &k, &v, &case.opts)
-            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-        common::assert_accurate(&case, &inputs, &out);
+    for (path, cuda) in paths(cuda) {
+        for case in matrix() {
+            let inputs = case.inputs();
+            let [q, k, v] = inputs.views();
+            let out = cuda
+                .forward(&q, &k, &v, &case.opts)
+                .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
+            common::assert_accurate(&case, &inputs, &out);
+        }
     }
+}
+
+#[test]
+fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
+    let Some(cuda) = device() else { return };
+    let props = cuda.props().clone();
+    let problem = flashattn::cuda::plan::PlanProblem {
+        precision: Precision::Bf16,
+        head_dim: 128,
+        band: true,
+        softcap: false,
+    };
+    let plan = flashattn::cuda::plan::plan(&props, &problem, KernelPath::Auto).unwrap();
+    eprintln!("{}", plan.explain(&props).join("\n"));
+    assert_eq!(plan.forward.family, Family::ForwardMma, "{props:?}");
+    assert_eq!(plan.backward.family, Family::BackwardMma, "{props:?}");
 }
 
 #[test]
 fn backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
     let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        eprintln!("backward on the {path:?} path");
+        backward_matrix(&cuda);
+    }
+}
+
+fn backward_matrix(cuda: &Cuda) {
     for case in matrix() {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
@@ -278,6 +322,46 @@ fn layouts_it_does_not_implement_are_unsupported() {
     ));
 }
 
+/// Builds `key`'s source with cuda/emulate/host.h and check.cpp under
+/// `cxx`, runs it, and returns the failure report, if any.
+fn emulate(cxx: &std::ffi::OsStr, dir: &std::path::Path, key: &KernelKey) -> Option<String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
+    let host = std::fs::read_to_string(root.join("host.h")).unwrap();
+    let check = std::fs::read_to_string(root.join("check.cpp")).unwrap();
+    let src = dir.join(format!("{}.cpp", key.label()));
+    let exe = dir.join(key.label());
+    std::fs::write(&src, format!("{host}\n{}\n{check}", key.source())).unwrap();
+    let built = Command::new(cxx)
+        .args(["-std=c++20", "-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}: {}",
+        key.label(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let ran = Command::new(&exe).output().unwrap();
+    let report = String::from_utf8_lossy(&ran.stdout);
+    eprintln!(
+        "{}\n{report}{}",
+        key.label(),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    (!ran.status.success()).then(|| format!("{}:\n{report}", key.label()))
+}
+
+/// The C++20 compiler `FLASHATTN_CXX` names, or a skip.
+fn cxx_or_skip() -> Option<std::ffi::OsString> {
+    let cxx = std::env::var_os("FLASHATTN_CXX");
+    if cxx.is_none() {
+        eprintln!("skipped: FLASHATTN_CXX is not set");
+    }
+    cxx
+}
+
 /// The kernels' logic on the CPU: with `FLASHATTN_CXX` naming a C++20
 /// compiler (e.g. `g++`), variants of every family and precision are built
 /// with cuda/emulate/host.h (one std::thread per CUDA thread) and run
@@ -287,40 +371,37 @@ fn layouts_it_does_not_implement_are_unsupported() {
 /// index, mask, tile loop, reduction and barrier of the kernels.
 #[test]
 fn kernels_match_a_double_reference_under_host_emulation() {
-    let Some(cxx) = std::env::var_os("FLASHATTN_CXX") else {
-        eprintln!("skipped: FLASHATTN_CXX is not set");
-        return;
-    };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
-    let host = std::fs::read_to_string(root.join("host.h")).unwrap();
-    let check = std::fs::read_to_string(root.join("check.cpp")).unwrap();
+    let Some(cxx) = cxx_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for family in Family::ALL {
+    for family in [Family::Forward, Family::Backward] {
         for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
             for (d, band, softcap) in [(32, false, false), (96, true, false), (256, true, true)] {
                 let key = KernelKey::new(family, precision, d, band, softcap);
-                let src = dir.path().join(format!("{}.cpp", key.label()));
-                let exe = dir.path().join(key.label());
-                std::fs::write(&src, format!("{host}\n{}\n{check}", key.source())).unwrap();
-                let built = Command::new(&cxx)
-                    .args(["-std=c++20", "-O1", "-pthread", "-o"])
-                    .arg(&exe)
-                    .arg(&src)
-                    .output()
-                    .unwrap();
-                assert!(
-                    built.status.success(),
-                    "{}: {}",
-                    key.label(),
-                    String::from_utf8_lossy(&built.stderr)
-                );
-                let ran = Command::new(&exe).output().unwrap();
-                let report = String::from_utf8_lossy(&ran.stdout);
-                eprintln!("{}\n{report}", key.label());
-                if !ran.status.success() {
-                    failures.push(format!("{}:\n{report}", key.label()));
-                }
+                failures.extend(emulate(&cxx, dir.path(), &key));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The tensor-core kernels under the same emulation, where cuda/emulate/
+/// host.h gives mma.sync m16n8k16, ldmatrix (.x1/.x2/.x4, .trans) and
+/// cp.async (held back until its group is waited for) their PTX per-lane
+/// fragment semantics: f16 and bf16, d 64 and 128 and 96 (compiled; check.cpp
+/// runs head dims 5 and 8 below and at it: element-wise and cp.async loads),
+/// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113; first, every
+/// wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1 .trans, mma) against a plain product.
+#[test]
+fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
+    let Some(cxx) = cxx_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for family in [Family::ForwardMma, Family::BackwardMma] {
+        for precision in [Precision::F16, Precision::Bf16] {
+            for (d, band, softcap) in [(64, false, false), (128, true, false), (96, true, true)] {
+                let key = KernelKey::new(family, precision, d, band, softcap);
+                failures.extend(emulate(&cxx, dir.path(), &key));
             }
         }
     }

@@ -107,7 +107,8 @@ pub struct AttentionArgs {
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
     /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs)
-    /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
+    /// or `lanes` (one row per subgroup lane, CPU adapters) on wgpu; with
+    /// --backend cuda, the kernel path: `auto`, `scalar` or `mma` (tensor cores).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     /// Run the plan `flashattn tune` cached for this problem where there is
@@ -201,6 +202,17 @@ pub struct DecodeArgs {
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
+    /// wgpu (the adapter's plans) or cuda (the CUDA kernels: tiles, warps,
+    /// stages, shared memory; feature `cuda`).
+    #[arg(long, default_value = "wgpu")]
+    pub backend: String,
+    /// With --backend cuda: plan for made-up properties (a100, h100 or
+    /// h200) instead of device 0's.
+    #[arg(long, value_name = "DEVICE")]
+    pub device_like: Option<String>,
+    /// With --backend cuda: auto, scalar or mma.
+    #[arg(long, value_name = "PATH", default_value = "auto")]
+    pub kernel: String,
     /// Head dimension to plan for (default: 32, 64, 128 and 256; required
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]

@@ -6,7 +6,7 @@
 //! script is compiled into the binary and written to a temporary file, so
 //! the bench works from any directory. Neither library is a dependency.
 
-use crate::bench::{BenchCase, BenchResult, Pass};
+use crate::bench::{BenchCase, BenchResult, Implementation, Pass};
 use crate::error::{CliError, Result};
 use flashattn::Precision;
 use std::path::PathBuf;
@@ -54,7 +54,16 @@ impl Baselines {
             python: self.python.clone(),
             message,
         };
-        if c.precision != Precision::F32 {
+        // FLASHATTN_TORCH_DEVICE=cuda (scripts/cuda-check.sh): torch's SDPA
+        // on the GPU, in the case's precision; on the CPU, f32 only.
+        let device = std::env::var("FLASHATTN_TORCH_DEVICE").unwrap_or_else(|_| "cpu".into());
+        let on_gpu = c.implementation == Implementation::Torch && device == "cuda";
+        let dtype = match c.precision {
+            Precision::F16 => "float16",
+            Precision::Bf16 => "bfloat16",
+            _ => "float32",
+        };
+        if c.precision != Precision::F32 && !on_gpu {
             return Err(fail(format!(
                 "the baselines run f32 only, not {}",
                 c.precision
@@ -77,6 +86,7 @@ impl Baselines {
             .args(["--head-dim", &c.head_dim.to_string()])
             .args(["--causal", if c.causal { "1" } else { "0" }])
             .args(["--repeats", &repeats.max(1).to_string()])
+            .args(["--device", &device, "--dtype", dtype])
             .output()
             .map_err(|e| fail(format!("cannot start it: {e}")))?;
         let text = String::from_utf8_lossy(&out.stdout);

@@ -35,8 +35,15 @@ pub enum Implementation {
     Cpu,
     /// numpy's naive float32 attention (outside baseline, `benches/baselines.py`).
     Numpy,
-    /// torch's scaled_dot_product_attention on the CPU (outside baseline).
+    /// torch's scaled_dot_product_attention on the CPU, or the GPU with
+    /// FLASHATTN_TORCH_DEVICE=cuda (outside baseline).
     Torch,
+    /// The CUDA backend's chosen kernels (tensor cores for f16/bf16 on
+    /// CC 8.0+; feature `cuda`).
+    Cuda,
+    /// The CUDA backend's scalar kernels, forced.
+    #[serde(rename = "cuda-scalar")]
+    CudaScalar,
 }
 
 impl Pass {
@@ -57,6 +64,8 @@ impl Implementation {
             Implementation::Cpu => "cpu",
             Implementation::Numpy => "numpy",
             Implementation::Torch => "torch",
+            Implementation::Cuda => "cuda",
+            Implementation::CudaScalar => "cuda-scalar",
         }
     }
 
@@ -99,9 +108,11 @@ impl std::str::FromStr for Implementation {
             "cpu" => Ok(Implementation::Cpu),
             "numpy" => Ok(Implementation::Numpy),
             "torch" => Ok(Implementation::Torch),
+            "cuda" => Ok(Implementation::Cuda),
+            "cuda-scalar" => Ok(Implementation::CudaScalar),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, tiled, naive, cpu, numpy or torch",
+                expected: "flash, tiled, naive, cpu, numpy, torch, cuda or cuda-scalar",
                 value: other.to_string(),
             }),
         }
@@ -394,7 +405,67 @@ fn prepare<'a>(
                 implementation: case.implementation.name(),
             })
         }
+        (pass, Implementation::Cuda | Implementation::CudaScalar) => {
+            return cuda_case(pass, case.implementation, [q, k, v, d_o], opts)
+        }
     })
+}
+
+/// The device's backend, opened once for every CUDA case of a run (its
+/// module cache then compiles each variant once).
+#[cfg(feature = "cuda")]
+fn cuda_backend() -> Result<&'static flashattn::cuda::Cuda> {
+    static CUDA: std::sync::OnceLock<std::result::Result<flashattn::cuda::Cuda, String>> =
+        std::sync::OnceLock::new();
+    CUDA.get_or_init(|| flashattn::cuda::Cuda::new().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|message| CliError::CudaBench {
+            message: message.clone(),
+        })
+}
+
+/// A CUDA case: the backend's own kernel timing (launch to synchronize,
+/// no transfers); the backward's forward runs outside the timed closure.
+#[cfg(feature = "cuda")]
+fn cuda_case<'a>(
+    pass: Pass,
+    implementation: Implementation,
+    [q, k, v, d_o]: [TensorView<'a>; 4],
+    opts: AttentionOptions,
+) -> Result<Box<dyn Fn() -> Result<Run> + 'a>> {
+    use flashattn::cuda::KernelPath;
+    let path = match implementation {
+        Implementation::CudaScalar => KernelPath::Scalar,
+        _ => KernelPath::Auto,
+    };
+    let base = cuda_backend()?;
+    let run = |s: &CallStats| Run {
+        seconds: s.kernel_seconds,
+        peak_bytes: s.peak_bytes(),
+        accesses: s.accesses,
+    };
+    Ok(match pass {
+        Pass::Forward => {
+            Box::new(move || Ok(run(&base.forward_on(path, &q, &k, &v, &opts)?.stats)))
+        }
+        Pass::Backward => {
+            let fwd = base.forward_on(path, &q, &k, &v, &opts)?;
+            Box::new(move || {
+                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                Ok(run(&base.backward_on(path, &inputs, &opts)?.stats))
+            })
+        }
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_case<'a>(
+    _: Pass,
+    _: Implementation,
+    _: [TensorView<'a>; 4],
+    _: AttentionOptions,
+) -> Result<Box<dyn Fn() -> Result<Run> + 'a>> {
+    Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into())
 }
 
 /// A case matrix: every combination of the lists, at one batch, head count

@@ -89,6 +89,8 @@ pub enum CliError {
     OutsideBaseline { implementation: &'static str },
     #[error("the baselines script ({python}) failed: {message}")]
     Baseline { python: String, message: String },
+    #[error("the CUDA benchmarks cannot run: {message}")]
+    CudaBench { message: String },
     #[error("{flags} apply to the wgpu backend only")]
     WgpuOnly { flags: &'static str },
     #[error("--hadamard applies to --precision fp8 only")]

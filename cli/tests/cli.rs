@@ -380,6 +380,35 @@ fn cuda_without_a_driver_names_it() {
     assert_bad(&f, &out, "libcuda (the NVIDIA driver) not found");
 }
 
+/// `plan --backend cuda` from made-up properties needs no GPU: tiles,
+/// warps, stages and shared memory of the tensor-core kernels; forcing them
+/// for f32 names why not.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_plan_explains_the_kernels_from_made_up_properties() {
+    let args = ["plan", "--backend", "cuda", "--device-like", "h200"];
+    let out = bin()
+        .args(args)
+        .args(["--precision", "bf16", "--head-dim", "128"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("flash_fwd_mma_bf16_d128_band"), "{text}");
+    assert!(
+        text.contains("64 rows × 32 streamed per block, 4 warps, 2 stages"),
+        "{text}"
+    );
+    let forced = bin().args(args).args(["--kernel", "mma"]).output().unwrap();
+    assert!(!forced.status.success());
+    let err = String::from_utf8_lossy(&forced.stderr);
+    assert!(err.contains("does not support f32 storage"), "{err}");
+}
+
 #[test]
 fn unsupported_backend_flags() {
     let f = Files::new();

@@ -46,9 +46,8 @@ static std::vector<float> widen(const std::vector<T>& x) {
     return out;
 }
 
-static int run(int sq, int sk, int left, int right) {
+static int run(int sq, int sk, int left, int right, int d) {
     const int B = 2, HQ = 4, HKV = 2, group = HQ / HKV;
-    const int d = std::max(1, HEAD_DIM - 5);
     Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f,
               HAS_BAND ? left : -1, HAS_BAND ? right : -1};
     const int off = sk - sq;
@@ -112,11 +111,13 @@ static int run(int sq, int sk, int left, int right) {
         return err <= tol ? 0 : 1;
     };
     int failed = 0;
-#ifdef BLOCK_M
+    auto blocks = [](int n) { return (unsigned)((n + BLOCK_ROWS - 1) / BLOCK_ROWS); };
+#if IS_FORWARD
     std::vector<storage_t> o(q.stored.size(), store_f32(0.0f));
     std::vector<float> lse(lse_ref.size(), 0.0f);
-    launch(Dim{(unsigned)((sq + BLOCK_M - 1) / BLOCK_M), HQ, B}, BLOCK_M * THREADS_PER_ROW,
-           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p); });
+    launch(Dim{blocks(sq), HQ, B}, BLOCK_THREADS,
+           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p); },
+           SMEM_BYTES);
     failed += report("o", rel_error(widen(o), o_ref));
     double lse_err = 0;
     for (size_t e = 0; e < lse.size(); ++e) {
@@ -134,14 +135,20 @@ static int run(int sq, int sk, int left, int right) {
     std::vector<float> lse(lse_ref.begin(), lse_ref.end()), delta(lse.size());
     std::vector<storage_t> dq(q.stored.size()), dk(k.stored.size()), dv(v.stored.size());
     launch(Dim{1, 1, 1}, 256, [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, B); });
-    launch(Dim{(unsigned)((sk + BLOCK - 1) / BLOCK), HKV, B}, BLOCK * THREADS_PER_ROW, [&] {
-        flash_bwd_dkdv(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                       delta.data(), dk.data(), dv.data(), p);
-    });
-    launch(Dim{(unsigned)((sq + BLOCK - 1) / BLOCK), HQ, B}, BLOCK * THREADS_PER_ROW, [&] {
-        flash_bwd_dq(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                     delta.data(), dq.data(), p);
-    });
+    launch(
+        Dim{blocks(sk), HKV, B}, BLOCK_THREADS,
+        [&] {
+            flash_bwd_dkdv(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
+                           delta.data(), dk.data(), dv.data(), p);
+        },
+        SMEM_BYTES);
+    launch(
+        Dim{blocks(sq), HQ, B}, BLOCK_THREADS,
+        [&] {
+            flash_bwd_dq(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
+                         delta.data(), dq.data(), p);
+        },
+        SMEM_BYTES);
     failed += report("dq", rel_error(widen(dq), dq_ref));
     failed += report("dk", rel_error(widen(dk), dk_ref));
     failed += report("dv", rel_error(widen(dv), dv_ref));
@@ -149,9 +156,68 @@ static int run(int sq, int sk, int left, int right) {
     return failed;
 }
 
+#if SMEM_BYTES > 0
+// cuda/mma.cuh's fragment wrappers against a plain product, on one warp:
+// A (16 x 16) and B (16 x 8, held both n-major and k-major) of small
+// integers (exact in f16 and bf16) to fragments by ldmatrix .x4, .x2,
+// .x1, .x2.trans and .x1.trans, one mma each, and D read back by the
+// accumulator layout the kernels index (c0, c1: row l/4, cols 2(l%4)..+1;
+// c2, c3: row l/4 + 8) must equal A * B exactly.
+static int fragment_self_test() {
+    auto a = [](int r, int c) { return (float)((r * 7 + c * 3) % 9 - 4); };
+    auto b = [](int k, int n) { return (float)((k * 5 + n * 2) % 7 - 3); };
+    std::vector<int> bad(32, 0);
+    launch(
+        Dim{1, 1, 1}, 32,
+        [&] {
+            storage_t* s = (storage_t*)host_dynamic_smem();
+            storage_t *bn = s + 16 * ROW, *bk = bn + 8 * ROW;  // B^T [n][k], B [k][n]
+            for (int e = threadIdx.x; e < 16 * 16; e += 32) {
+                s[(e / 16) * ROW + e % 16] = store_f32(a(e / 16, e % 16));
+                if (e < 8 * 16) bn[(e / 16) * ROW + e % 16] = store_f32(b(e % 16, e / 16));
+                if (e < 16 * 8) bk[(e / 8) * ROW + e % 8] = store_f32(b(e / 8, e % 8));
+            }
+            __syncthreads();
+            const int lane = threadIdx.x % 32;
+            unsigned af[4], x2[2], lo[1], hi[1], t2[2], tlo[1], thi[1];
+            ldmatrix_x4(af, s + (lane % 16) * ROW + (lane / 16) * 8);
+            ldmatrix_x2(x2, bn + (lane % 8) * ROW + ((lane / 8) % 2) * 8);
+            ldmatrix_x1(lo, bn + (lane % 8) * ROW);
+            ldmatrix_x1(hi, bn + (lane % 8) * ROW + 8);
+            ldmatrix_x2_trans(t2, bk + (lane % 16) * ROW);
+            ldmatrix_x1_trans(tlo, bk + (lane % 8) * ROW);
+            ldmatrix_x1_trans(thi, bk + (lane % 8 + 8) * ROW);
+            float d[4][4] = {};
+            mma_16816(d[0], af, x2[0], x2[1]);
+            mma_16816(d[1], af, lo[0], hi[0]);
+            mma_16816(d[2], af, t2[0], t2[1]);
+            mma_16816(d[3], af, tlo[0], thi[0]);
+            for (int e = 0; e < 4; ++e) {
+                const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+                float want = 0;
+                for (int k = 0; k < 16; ++k) want += a(row, k) * b(k, col);
+                for (int v = 0; v < 4; ++v) bad[lane] += d[v][e] != want;
+            }
+        },
+        SMEM_BYTES);
+    int total = 0;
+    for (int x : bad) total += x;
+    std::printf("fragments (ldmatrix x4/x2/x1, x2/x1 trans, mma m16n8k16): %d of 512 entries wrong\n", total);
+    return total ? 1 : 0;
+}
+#else
+static int fragment_self_test() { return 0; }
+#endif
+
 int main() {
-    // Keys past queries, and (with a band) queries past keys: rows with no
-    // key; a causal window of 9 keys, then a window open to the left.
-    const int failed = run(45, 70, 9, 0) + run(70, 45, 9, 0) + (HAS_BAND ? run(61, 130, -1, 3) : 0);
+    // A head dim below the compiled one and off the 8-element chunks (the
+    // mma kernels' element-wise loads), then one on them (their cp.async
+    // loads). Keys past queries, and (with a band) queries past keys: rows
+    // with no key; a causal window of 9 keys, a window open to the left,
+    // and plain causal at an odd length.
+    const int odd = std::max(1, HEAD_DIM - 5), even = HEAD_DIM - 8;
+    int failed = fragment_self_test() + run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
+    if (HAS_BAND) failed += run(61, 130, -1, 3, odd);
+    failed += run(113, 113, -1, 0, even) + run(33, 97, 9, 0, HEAD_DIM);
     return failed ? 1 : 0;
 }

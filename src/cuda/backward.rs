@@ -2,7 +2,7 @@
 //! block and dQ per query block (cuda/flash_bwd.cu), in order on one stream.
 
 use super::context::{driver, CudaDevice};
-use super::kernel::Family;
+use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
@@ -60,6 +60,7 @@ impl Buffers {
 
 pub(crate) fn backward(
     dev: &CudaDevice,
+    path: KernelPath,
     inputs: &BackwardInputs,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
@@ -68,7 +69,7 @@ pub(crate) fn backward(
     let stream = &dev.stream;
     let mut b = Buffers::upload(stream, inputs, shape.lse_len())?;
     let start = Instant::now();
-    launch(dev, &call, &mut b)?;
+    launch(dev, &call, path, &mut b)?;
     stream
         .synchronize()
         .map_err(driver("running the backward"))?;
@@ -96,9 +97,9 @@ pub(crate) fn backward(
 
 /// D, then dK/dV, then dQ, in that order on the device's one stream (so
 /// the gradient kernels see the finished D).
-fn launch(dev: &CudaDevice, call: &Call, b: &mut Buffers) -> Result<()> {
+fn launch(dev: &CudaDevice, call: &Call, path: KernelPath, b: &mut Buffers) -> Result<()> {
     let shape = &call.shape;
-    let key = call.key(Family::Backward);
+    let key = call.plan(&dev.props, path)?.backward;
     let dot = dev.function(key, "flash_bwd_dot")?;
     let dkdv = dev.function(key, "flash_bwd_dkdv")?;
     let dq = dev.function(key, "flash_bwd_dq")?;

@@ -3,9 +3,10 @@
 
 use super::compile::{arch_for, nvrtc_present};
 use super::disk_cache::cached_ptx;
-use super::kernel::KernelKey;
+use super::kernel::{KernelKey, STATIC_SHARED_LIMIT};
+use super::plan::DeviceProps;
 use crate::error::{Error, Result};
-use cudarc::driver::sys::CUresult;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,7 @@ pub struct CudaDevice {
     pub(crate) stream: Arc<CudaStream>,
     name: String,
     capability: (i32, i32),
+    pub(crate) props: DeviceProps,
     modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
 }
 
@@ -89,10 +91,37 @@ impl CudaDevice {
                 needed: "8.0",
             });
         }
+        let attr = |a, during| {
+            ctx.attribute(a)
+                .map(|v| v.max(0) as usize)
+                .map_err(driver(during))
+        };
+        let props = DeviceProps {
+            name: name.clone(),
+            major: capability.0,
+            minor: capability.1,
+            sms: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                "reading the SM count",
+            )?,
+            smem_per_block_optin: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                "reading the shared memory per block",
+            )?,
+            smem_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                "reading the shared memory per SM",
+            )?,
+            max_threads_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+                "reading the threads per SM",
+            )?,
+        };
         Ok(Self {
             stream: ctx.default_stream(),
             name,
             capability,
+            props,
             modules: Mutex::new(HashMap::new()),
         })
     }
@@ -133,8 +162,18 @@ impl CudaDevice {
                 }
             }
         };
-        module
+        let func = module
             .load_function(name)
-            .map_err(driver("finding a CUDA kernel"))
+            .map_err(driver("finding a CUDA kernel"))?;
+        // Past 48 KiB, dynamic shared memory needs the function's opt-in.
+        let bytes = key.dynamic_shared_bytes();
+        if bytes > STATIC_SHARED_LIMIT {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(driver("opting in to dynamic shared memory"))?;
+        }
+        Ok(func)
     }
 }

@@ -1,7 +1,7 @@
 //! The forward on the CUDA device: upload, one `flash_fwd` launch, readback.
 
 use super::context::{driver, CudaDevice};
-use super::kernel::Family;
+use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Allocation, CallStats, ForwardOutput, Timing};
@@ -13,12 +13,13 @@ use web_time::Instant;
 
 pub(crate) fn forward(
     dev: &CudaDevice,
+    path: KernelPath,
     [q, k, v]: [&TensorView; 3],
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
     let call = Call::new(shape, q.precision(), opts)?;
-    let key = call.key(Family::Forward);
+    let key = call.plan(&dev.props, path)?.forward;
     let func = dev.function(key, "flash_fwd")?;
     let stream = &dev.stream;
     let upload = |t: &TensorView| stream.clone_htod(t.data.as_bytes());

@@ -1,7 +1,10 @@
 //! The CUDA kernels' variants: a typed key per compiled module, the tile
 //! sizes each variant is built with, and its NVRTC source (cuda/common.cuh
 //! after the key's defines, then the kernel file: one copy of the shared
-//! pieces, no duplicated kernels).
+//! pieces, no duplicated kernels). Two paths: the scalar kernels (f32 FMAs
+//! on f32 tiles, every precision) and the sm80 tensor-core kernels
+//! (`mma.sync`, `ldmatrix`, `cp.async`; f16/bf16 storage only, padded head
+//! dims up to [`MMA_MAX_HEAD_DIM`]).
 
 use crate::api::tensor::Precision;
 
@@ -9,12 +12,24 @@ use crate::api::tensor::Precision;
 const COMMON: &str = include_str!("../../cuda/common.cuh");
 const FORWARD: &str = include_str!("../../cuda/flash_fwd.cu");
 const BACKWARD: &str = include_str!("../../cuda/flash_bwd.cu");
+/// cuda/bwd_dot.cuh: `flash_bwd_dot`, in both backward modules.
+const BACKWARD_DOT: &str = include_str!("../../cuda/bwd_dot.cuh");
+/// cuda/mma.cuh: the mma.sync / ldmatrix / cp.async wrappers.
+const MMA: &str = include_str!("../../cuda/mma.cuh");
+const FORWARD_MMA: &str = include_str!("../../cuda/flash_fwd_mma.cu");
+const BACKWARD_MMA: &str = include_str!("../../cuda/flash_bwd_mma.cu");
 
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
 pub const HEAD_DIM_STEP: usize = 32;
 /// The largest head dim the CUDA kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
+/// The largest (padded) head dim of the tensor-core kernels: past it a
+/// warp's f32 accumulators (HEAD_DIM / 2 per lane, twice in dK/dV) no
+/// longer fit in registers, and the scalar kernels run.
+pub const MMA_MAX_HEAD_DIM: usize = 128;
+/// Static shared memory every sm80+ device gives a block without opt-in.
+pub const STATIC_SHARED_LIMIT: usize = 48 * 1024;
 
 /// Which source file (module) a key compiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,16 +38,41 @@ pub enum Family {
     Forward,
     /// cuda/flash_bwd.cu: `flash_bwd_dot`, `flash_bwd_dkdv`, `flash_bwd_dq`.
     Backward,
+    /// cuda/flash_fwd_mma.cu: `flash_fwd` on tensor cores (f16/bf16).
+    ForwardMma,
+    /// cuda/flash_bwd_mma.cu: the backward's three kernels on tensor cores.
+    BackwardMma,
 }
 
 impl Family {
-    pub const ALL: [Family; 2] = [Family::Forward, Family::Backward];
+    pub const ALL: [Family; 4] = [
+        Family::Forward,
+        Family::Backward,
+        Family::ForwardMma,
+        Family::BackwardMma,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::Forward => "flash_fwd",
             Family::Backward => "flash_bwd",
+            Family::ForwardMma => "flash_fwd_mma",
+            Family::BackwardMma => "flash_bwd_mma",
         }
+    }
+
+    /// The tensor-core kernels.
+    pub fn is_mma(self) -> bool {
+        matches!(self, Family::ForwardMma | Family::BackwardMma)
+    }
+
+    pub fn is_forward(self) -> bool {
+        matches!(self, Family::Forward | Family::ForwardMma)
+    }
+
+    /// Whether this family compiles `precision` at padded head dim `head_dim`.
+    pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
+        !self.is_mma() || (precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM)
     }
 }
 
@@ -49,19 +89,28 @@ pub struct KernelKey {
 }
 
 /// A variant's thread-block shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tiles {
-    /// Query rows per block (the backward's tiles are square: rows = keys).
+    /// Rows a block owns: query rows (forward, dQ) or keys (dK/dV); the
+    /// scalar backward's tiles are square (rows = keys).
     pub rows: usize,
-    /// Keys per block.
+    /// Rows of the other side per streamed tile (keys, or queries for dK/dV).
     pub keys: usize,
-    /// Lanes per row: a power of two, so a row's lanes share a warp.
+    /// Lanes per row: a power of two, so a row's lanes share a warp (the
+    /// tensor-core kernels: the quad of 4 that holds an accumulator row).
     pub lanes: usize,
+    /// Threads per block.
+    pub threads: usize,
 }
 
 impl Tiles {
     pub fn threads(&self) -> usize {
-        self.rows * self.lanes
+        self.threads
+    }
+
+    /// Warps per block.
+    pub fn warps(&self) -> usize {
+        self.threads / 32
     }
 }
 
@@ -89,6 +138,9 @@ impl KernelKey {
         for family in Family::ALL {
             for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
                 for head_dim in (HEAD_DIM_STEP..=MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
+                    if !family.takes(precision, head_dim) {
+                        continue;
+                    }
                     for band in [false, true] {
                         for softcap in [false, true] {
                             keys.push(Self::new(family, precision, head_dim, band, softcap));
@@ -105,6 +157,11 @@ impl KernelKey {
     /// static shared memory every sm80+ device has, at 128 threads (64 for
     /// the backward at d 32), and each lane at 32 (forward) or 2 × 16
     /// (backward) f32 accumulators, which stay in registers.
+    ///
+    /// The tensor-core kernels: 4 warps of 16 owned rows each (64 rows a
+    /// block), streamed tiles of 64 rows up to d 64 and 32 past it, so that
+    /// a lane's S/dP fragments (keys / 2 floats each) and accumulators
+    /// (d / 2 floats, two sets in dK/dV) stay within sm80's 255 registers.
     pub fn tiles(&self) -> Tiles {
         let d = self.head_dim;
         match self.family {
@@ -114,7 +171,12 @@ impl KernelKey {
                 let rows = 128 / lanes;
                 // Q (rows × d) and K/V (keys × d) about 16 KiB each.
                 let keys = ((4096 / d).min(32) / lanes).max(1) * lanes;
-                Tiles { rows, keys, lanes }
+                Tiles {
+                    rows,
+                    keys,
+                    lanes,
+                    threads: 128,
+                }
             }
             Family::Backward => {
                 // 16 columns of dK and of dV (or dQ) per lane.
@@ -125,12 +187,20 @@ impl KernelKey {
                     rows: block,
                     keys: block,
                     lanes,
+                    threads: block * lanes,
                 }
             }
+            Family::ForwardMma | Family::BackwardMma => Tiles {
+                rows: 64,
+                keys: if d <= 64 { 64 } else { 32 },
+                lanes: 4,
+                threads: 128,
+            },
         }
     }
 
-    /// Bytes of static shared memory the variant declares.
+    /// Bytes of static shared memory the variant declares (0 for the
+    /// tensor-core kernels, whose shared memory is dynamic).
     pub fn shared_bytes(&self) -> usize {
         let t = self.tiles();
         let pad = self.head_dim + 1;
@@ -138,8 +208,34 @@ impl KernelKey {
             Family::Forward => t.rows * pad + t.keys * pad + t.rows * t.keys,
             // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
+            Family::ForwardMma | Family::BackwardMma => 0,
         };
         floats * 4
+    }
+
+    /// Bytes of dynamic shared memory a launch gives the variant: the
+    /// tensor-core kernels' layout (their `SMEM_BYTES`, which the kernels
+    /// check with a static_assert). Rows of `head_dim + 8` elements: the 16
+    /// bytes of padding put ldmatrix's 8 rows in different banks.
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        let t = self.tiles();
+        let row = (self.head_dim + 8) * self.precision.bytes();
+        match self.family {
+            Family::Forward | Family::Backward => 0,
+            // Q, then two stages of K and V.
+            Family::ForwardMma => (t.rows + 4 * t.keys) * row,
+            // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
+            Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row,
+        }
+    }
+
+    /// cp.async stages of the streamed tiles (1: plain loads, one buffer).
+    pub fn stages(&self) -> usize {
+        if self.family.is_mma() {
+            2
+        } else {
+            1
+        }
     }
 
     /// A name for logs, errors and the PTX files the tests write.
@@ -162,22 +258,38 @@ impl KernelKey {
             Precision::F16 => 1,
             Precision::Bf16 => 2,
         };
+        // BLOCK_ROWS, BLOCK_THREADS, SMEM_BYTES and IS_FORWARD are for
+        // cuda/emulate/check.cpp's launches (and SMEM_BYTES for the mma
+        // kernels' layout check).
         let mut defines = format!(
             "#define HEAD_DIM {}\n#define STORAGE {storage}\n#define HAS_BAND {}\n\
-             #define HAS_SOFTCAP {}\n#define THREADS_PER_ROW {}\n",
+             #define HAS_SOFTCAP {}\n#define THREADS_PER_ROW {}\n#define BLOCK_ROWS {}\n\
+             #define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n#define IS_FORWARD {}\n",
             self.head_dim,
             u8::from(self.band),
             u8::from(self.softcap),
             t.lanes,
+            t.rows,
+            t.threads,
+            self.dynamic_shared_bytes(),
+            u8::from(self.family.is_forward()),
         );
         let body = match self.family {
             Family::Forward => {
                 defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
-                FORWARD
+                FORWARD.to_string()
             }
             Family::Backward => {
                 defines += &format!("#define BLOCK {}\n", t.rows);
-                BACKWARD
+                format!("{BACKWARD_DOT}\n{BACKWARD}")
+            }
+            Family::ForwardMma => {
+                defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
+                format!("{MMA}\n{FORWARD_MMA}")
+            }
+            Family::BackwardMma => {
+                defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
+                format!("{MMA}\n{BACKWARD_DOT}\n{BACKWARD_MMA}")
             }
         };
         format!("{defines}{COMMON}\n{body}")
@@ -196,7 +308,9 @@ mod tests {
     fn every_variant_fits_static_shared_memory_and_whole_warps_per_row() {
         for key in KernelKey::all() {
             let t = key.tiles();
-            assert!(key.shared_bytes() <= 48 * 1024, "{}", key.label());
+            assert!(key.shared_bytes() <= STATIC_SHARED_LIMIT, "{}", key.label());
+            // Within sm86/sm89's 99 KiB opt-in, the smallest sm80+ limit.
+            assert!(key.dynamic_shared_bytes() <= 99 * 1024, "{}", key.label());
             assert!(
                 t.lanes.is_power_of_two() && t.lanes <= 32,
                 "{}",
@@ -211,7 +325,35 @@ mod tests {
             if key.family == Family::Forward {
                 assert_eq!(t.keys % t.lanes, 0, "{}", key.label());
             }
+            if key.family.is_mma() {
+                // 16 rows a warp; ldmatrix.x4 takes streamed rows 16 at a time.
+                assert_eq!((t.rows, t.keys % 16), (16 * t.warps(), 0));
+                assert!(key.precision != Precision::F32);
+            }
         }
+    }
+
+    #[test]
+    fn the_tensor_core_kernels_take_f16_and_bf16_up_to_d128() {
+        let all = KernelKey::all();
+        let mma = |p| {
+            all.iter()
+                .filter(|k| k.family == Family::ForwardMma && k.precision == p)
+                .map(|k| k.head_dim)
+                .max()
+        };
+        assert_eq!(
+            (
+                mma(Precision::F32),
+                mma(Precision::F16),
+                mma(Precision::Bf16)
+            ),
+            (None, Some(128), Some(128))
+        );
+        // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4 options.
+        assert_eq!(all.len(), 2 * 96 + 2 * 2 * 4 * 4);
+        let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
+        assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
     }
 
     #[test]

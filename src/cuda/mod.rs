@@ -6,14 +6,26 @@
 //! returns [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
 //! naming what is missing, never a panic).
 //!
-//! This first increment computes with f32 FMAs on tiles converted to f32 in
-//! shared memory (f16 and bf16 storage converted on load, f32
-//! accumulation), not yet with tensor-core MMAs, cp.async or the Hopper
-//! path (issue 12). It takes the band and score options (causal, local
-//! windows, softcap, scale, GQA/MQA, empty rows) and head dims 1..=256;
-//! other layouts are `Unsupported`.
+//! Two kernel paths ([`plan`] picks one per call from the device's
+//! properties; [`KernelPath`] or `FLASHATTN_CUDA_KERNEL=scalar|mma|auto`
+//! forces one):
+//!
+//! - tensor cores (cuda/flash_fwd_mma.cu, cuda/flash_bwd_mma.cu): f16/bf16
+//!   storage at padded head dims up to 128 on compute capability 8.0+:
+//!   `mma.sync` m16n8k16 with f32 accumulators, `ldmatrix` fragments and
+//!   `cp.async` double-buffered K/V (or Q/dO) tiles;
+//! - scalar (cuda/flash_fwd.cu, cuda/flash_bwd.cu): f32 FMAs on tiles
+//!   converted to f32 in shared memory; every f32 call (f32 inputs keep
+//!   these kernels, they are not converted to f16), head dims past 128,
+//!   and devices where the mma kernels' shared memory does not fit.
+//!
+//! Both take the band and score options (causal, local windows, softcap,
+//! scale, GQA/MQA, empty rows) and head dims 1..=256, and both backwards
+//! are deterministic (no atomics); other layouts are `Unsupported`. No
+//! Hopper (wgmma/TMA) path yet.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
+//! - [`plan`]: which variants a call runs on a device, and why;
 //! - [`compile`]: NVRTC, source to PTX;
 //! - [`context`]: the driver, device 0 and the module cache;
 //! - disk_cache: PTX kept between processes, named by a hash of source,
@@ -39,9 +51,11 @@ pub mod context;
 mod disk_cache;
 mod forward;
 pub mod kernel;
+pub mod plan;
 mod problem;
 
 pub use context::{driver_present, CudaDevice};
+pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
@@ -53,15 +67,34 @@ use crate::error::Result;
 #[derive(Debug)]
 pub struct Cuda {
     device: CudaDevice,
+    path: KernelPath,
 }
 
 impl Cuda {
     /// Open device 0: `Error::CudaUnavailable` naming the missing driver,
-    /// NVRTC or device.
+    /// NVRTC or device. The kernel path is `FLASHATTN_CUDA_KERNEL`'s (auto
+    /// when unset).
     pub fn new() -> Result<Self> {
+        let path = KernelPath::from_env()?;
         Ok(Self {
             device: CudaDevice::open()?,
+            path,
         })
+    }
+
+    /// The same device with the kernel path `path`.
+    pub fn with_kernels(self, path: KernelPath) -> Self {
+        Self { path, ..self }
+    }
+
+    /// The device's properties, as the plan sees them.
+    pub fn props(&self) -> &DeviceProps {
+        &self.device.props
+    }
+
+    /// The path kernels are chosen by.
+    pub fn kernel_path(&self) -> KernelPath {
+        self.path
     }
 
     /// One line naming the device.
@@ -77,7 +110,29 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(&self.device, [q, k, v], opts)
+        forward::forward(&self.device, self.path, [q, k, v], opts)
+    }
+
+    /// The forward on kernel path `path` (this handle's own is ignored).
+    pub fn forward_on(
+        &self,
+        path: KernelPath,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        forward::forward(&self.device, path, [q, k, v], opts)
+    }
+
+    /// The backward on kernel path `path`.
+    pub fn backward_on(
+        &self,
+        path: KernelPath,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+    ) -> Result<BackwardOutput> {
+        backward::backward(&self.device, path, inputs, opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -86,6 +141,6 @@ impl Cuda {
         inputs: &BackwardInputs,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        backward::backward(&self.device, inputs, opts)
+        backward::backward(&self.device, self.path, inputs, opts)
     }
 }

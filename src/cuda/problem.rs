@@ -1,7 +1,8 @@
 //! What every CUDA kernel is told about a call: `Problem` (the C struct of
 //! cuda/common.cuh), and the checks of what the kernels support.
 
-use super::kernel::{Family, KernelKey, MAX_HEAD_DIM};
+use super::kernel::{KernelKey, MAX_HEAD_DIM};
+use super::plan::{plan, CudaPlan, DeviceProps, KernelPath, PlanProblem};
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
@@ -109,14 +110,15 @@ impl Call {
         })
     }
 
-    pub fn key(&self, family: Family) -> KernelKey {
-        KernelKey::new(
-            family,
-            self.precision,
-            self.shape.head_dim,
-            self.band,
-            self.softcap,
-        )
+    /// The forward and backward kernels of this call on `dev` under `path`.
+    pub fn plan(&self, dev: &DeviceProps, path: KernelPath) -> Result<CudaPlan> {
+        let problem = PlanProblem {
+            precision: self.precision,
+            head_dim: self.shape.head_dim,
+            band: self.band,
+            softcap: self.softcap,
+        };
+        plan(dev, &problem, path)
     }
 
     /// One block per `block_rows` of `rows`, per head, per batch entry.
@@ -139,7 +141,7 @@ impl Call {
                 grid("batch entries", self.shape.batch, 65535)?,
             ),
             block_dim: (t.threads() as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: key.dynamic_shared_bytes() as u32,
         })
     }
 }

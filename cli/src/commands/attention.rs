@@ -27,6 +27,8 @@ pub struct Prepared {
     pub backend: BackendKind,
     /// `--tuned`: where the wgpu engine looks up tuned plans.
     pub tuned: Option<TuneCache>,
+    /// `--kernel` with `--backend cuda`: the CUDA kernel path.
+    pub cuda_kernel: Option<String>,
 }
 
 impl Prepared {
@@ -80,10 +82,16 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         backend,
         layouts: layout_flags,
     } = flags(&a.score)?;
+    // With --backend cuda, --kernel names the CUDA kernel path (checked
+    // when the backend opens); otherwise a WGSL kernel family.
+    let cuda_kernel = a.kernel.clone().filter(|_| backend == BackendKind::Cuda);
     let overrides = PlanOverrides {
         br: a.block_q,
         bc: a.block_k,
-        kernel: a.kernel.as_deref().map(str::parse).transpose()?,
+        kernel: match cuda_kernel {
+            Some(_) => None,
+            None => a.kernel.as_deref().map(str::parse).transpose()?,
+        },
         ..Default::default()
     };
     let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some() || a.tuned;
@@ -135,6 +143,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         } else {
             None
         },
+        cuda_kernel,
     })
 }
 
@@ -204,6 +213,13 @@ pub fn open(kind: BackendKind, workload: &Workload) -> Result<Backend> {
 /// Open the backend, saying on stderr which one and why.
 pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
     let backend = open(p.backend, &p.workload(backward)?)?;
+    #[cfg(feature = "cuda")]
+    let backend = match (backend, &p.cuda_kernel) {
+        (flashattn::Backend::Cuda(c), Some(path)) => {
+            flashattn::Backend::Cuda(Box::new(c.with_kernels(path.parse()?)))
+        }
+        (b, _) => b,
+    };
     let tiles = p.overrides.br.is_some() || p.overrides.bc.is_some();
     if !matches!(backend, Backend::Wgpu(_)) && tiles {
         return Err(CliError::WgpuOnly {

@@ -17,6 +17,24 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if let Some(d) = a.head_dim {
         AttentionShape::new(1, 1, 1, 1, 1, d)?;
     }
+    match a.backend.as_str() {
+        "wgpu" => {}
+        "cuda" => return cuda(&a, precision),
+        other => {
+            return Err(CliError::BadFlag {
+                flag: "--backend",
+                expected: "wgpu or cuda",
+                value: other.to_string(),
+            })
+        }
+    }
+    if a.device_like.is_some() {
+        return Err(CliError::BadFlag {
+            flag: "--device-like",
+            expected: "only with --backend cuda",
+            value: a.device_like.clone().unwrap_or_default(),
+        });
+    }
     if a.decode {
         return decode(&a, precision);
     }
@@ -221,4 +239,50 @@ fn print_device(engine: &Engine) {
         Some(n) => println!("  loop limit  {n} iterations per invocation (measured; calls are split to stay within it)"),
         None => println!("  loop limit  none (measured)"),
     }
+}
+
+/// The CUDA plans (tiles, warps, stages, shared memory and why) for each
+/// head dim, causal, from device 0's properties or made-up ones.
+#[cfg(feature = "cuda")]
+fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
+    use flashattn::cuda::plan::{plan, DeviceProps, KernelPath, PlanProblem};
+    let path: KernelPath = a.kernel.parse()?;
+    let props = match a.device_like.as_deref() {
+        Some("a100") => DeviceProps::a100(),
+        Some("h100") => DeviceProps::h100(),
+        Some("h200") => DeviceProps::h200(),
+        Some(other) => {
+            return Err(CliError::BadFlag {
+                flag: "--device-like",
+                expected: "a100, h100 or h200",
+                value: other.to_string(),
+            })
+        }
+        None => flashattn::cuda::Cuda::new()?.props().clone(),
+    };
+    println!(
+        "CUDA device: {} (sm_{}{}), {} SMs, {} B shared memory per SM, {} per block (opt-in)",
+        props.name,
+        props.major,
+        props.minor,
+        props.sms,
+        props.smem_per_sm,
+        props.smem_per_block_optin
+    );
+    for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
+        let problem = PlanProblem {
+            precision,
+            head_dim: d,
+            band: true,
+            softcap: false,
+        };
+        println!("\nhead_dim {d}, {precision}, causal:");
+        indent(&plan(&props, &problem, path)?.explain(&props).join("\n"));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &PlanArgs, _: Precision) -> Result<()> {
+    Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into())
 }

@@ -1,0 +1,204 @@
+// FlashAttention-2 backward on tensor cores (sm80+, f16/bf16 storage, f32
+// accumulation), the same three kernels and order as flash_bwd.cu (D,
+// then dK/dV, then dQ, with P and dP recomputed in both gradient kernels:
+// no atomics, so a repeat is bit-identical by construction).
+//
+// Both gradient kernels: 4 warps; the block owns BLOCK_M = 64 rows of one
+// side (keys for dK/dV, queries for dQ), 16 per warp, and streams tiles of
+// BLOCK_N rows of the other side through two cp.async stages. Dynamic
+// shared memory, in elements of ROW:
+//
+//   owned A [BLOCK_M][ROW], owned B [BLOCK_M][ROW] | stage 0: X [BLOCK_N][ROW], Y [BLOCK_N][ROW] | stage 1
+//
+//   flash_bwd_dkdv  A, B = K, V; X, Y = Q, dO of each (query head of the
+//                   group, query tile) in order. S^T = K Q^T, dP^T = V dO^T
+//                   (the warp's 16 keys x BLOCK_N queries), then
+//                   dV += P^T dO, dK += dS^T Q from the same fragments.
+//   flash_bwd_dq    A, B = Q, dO; X, Y = K, V. S = Q K^T, dP = dO V^T,
+//                   dQ += dS K.
+// P and dS are rounded to storage as the A operands, as the materialized
+// baseline rounds them.
+
+#define WARPS 4
+#define STAGE (2 * BLOCK_N * ROW)
+static_assert(BLOCK_M == 16 * WARPS, "16 owned rows per warp");
+static_assert((2 * BLOCK_M + 2 * STAGE / ROW) * ROW * 2 == SMEM_BYTES,
+              "src/cuda/kernel.rs launches with this layout's bytes");
+
+__device__ __forceinline__ void zero_acc(float (&acc)[HEAD_DIM / 8][4]) {
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM / 8; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
+}
+
+// P and dS of query i against key j from the raw dot products s and dp
+// (0 where the pair is masked); in place.
+__device__ __forceinline__ void p_and_ds(const Problem& p, int i, int j, float lse_i, float delta_i,
+                                         float* s, float* dp) {
+    float pr = 0.0f, ds = 0.0f;
+    if (allowed(p, i, j)) {
+        float dcap;
+        const float sc = score(p, *s, &dcap);
+        // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
+        pr = lse_i == NEG_INF ? 0.0f : expf(sc - lse_i);
+        ds = pr * (*dp - delta_i) * dcap;
+    }
+    *s = pr;
+    *dp = ds;
+}
+
+// Accumulator rows [g, g + 8] of a 16 x HEAD_DIM warp tile to rows r0 and
+// r0 + 8 of a (batch, seqlen, heads, d) tensor, times `factor`.
+__device__ __forceinline__ void store_rows(storage_t* dst, const float (&acc)[HEAD_DIM / 8][4], int r0,
+                                           int seqlen, int heads, int h, int b, int d, float factor) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = r0 + 8 * r;
+        if (i >= seqlen) continue;
+        const size_t row = at(b, seqlen, i, heads, h, d);
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = c * 8 + 2 * t + e;
+                if (col < d) dst[row + col] = store_f32(acc[c][2 * r + e] * factor);
+            }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
+               const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
+               const float* __restrict__ lse, const float* __restrict__ delta,
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, const Problem p) {
+    DYNAMIC_SMEM(smem);
+    storage_t* k_s = (storage_t*)smem;
+    storage_t* v_s = k_s + BLOCK_M * ROW;
+    storage_t* stages = v_s + BLOCK_M * ROW;
+
+    const int n0 = blockIdx.x * BLOCK_M, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int j0 = n0 + warp * 16 + lane / 4;  // this lane's keys: j0 and j0 + 8
+
+    int lo, hi;
+    row_span(p, n0, min(n0 + BLOCK_M, p.seqlen_k), &lo, &hi);
+    const int first = lo / BLOCK_N;
+    const int per_head = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    const int tiles = group * per_head;  // (query head, query tile) in order
+    auto fetch = [&](int tile) {
+        storage_t* st = stages + (tile % 2) * STAGE;
+        const int h = hk * group + tile / per_head, m0 = (first + tile % per_head) * BLOCK_N;
+        load_rows(st, BLOCK_N, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+        load_rows(st + BLOCK_N * ROW, BLOCK_N, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    };
+    load_rows(k_s, BLOCK_M, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+    load_rows(v_s, BLOCK_M, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+    if (tiles > 0) fetch(0);
+    cp_async_commit();
+
+    float dk_acc[HEAD_DIM / 8][4], dv_acc[HEAD_DIM / 8][4];
+    zero_acc(dk_acc);
+    zero_acc(dv_acc);
+    for (int tile = 0; tile < tiles; ++tile) {
+        if (tile + 1 < tiles) fetch(tile + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const storage_t* q_t = stages + (tile % 2) * STAGE;
+        const storage_t* do_t = q_t + BLOCK_N * ROW;
+        const int h = hk * group + tile / per_head, m0 = (first + tile % per_head) * BLOCK_N;
+
+        float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
+        mma_abt<BLOCK_N, HEAD_DIM>(s, k_s + warp * 16 * ROW, q_t);
+        mma_abt<BLOCK_N, HEAD_DIM>(dp, v_s + warp * 16 * ROW, do_t);
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = m0 + c * 8 + 2 * t + e % 2;
+                const size_t at_i = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+                const bool in = i < p.seqlen_q;
+                p_and_ds(p, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
+                         &s[c][e], &dp[c][e]);
+            }
+        mma_pv<BLOCK_N, HEAD_DIM>(dv_acc, s, do_t);
+        mma_pv<BLOCK_N, HEAD_DIM>(dk_acc, dp, q_t);
+        __syncthreads();  // the next iteration refills this stage
+    }
+    cp_async_wait<0>();
+    store_rows(dk, dk_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, p.scale);
+    store_rows(dv, dv_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, 1.0f);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
+             const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
+             const float* __restrict__ lse, const float* __restrict__ delta,
+             storage_t* __restrict__ dq, const Problem p) {
+    DYNAMIC_SMEM(smem);
+    storage_t* q_s = (storage_t*)smem;
+    storage_t* do_s = q_s + BLOCK_M * ROW;
+    storage_t* stages = do_s + BLOCK_M * ROW;
+
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int r0 = m0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+    float lse_r[2], delta_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = r0 + 8 * r;
+        const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+        lse_r[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
+        delta_r[r] = i < p.seqlen_q ? delta[e] : 0.0f;
+    }
+
+    int lo, hi;
+    key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
+    const int first = lo / BLOCK_N;
+    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    auto fetch = [&](int tile) {
+        storage_t* st = stages + (tile % 2) * STAGE;
+        const int n0 = (first + tile) * BLOCK_N;
+        load_rows(st, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        load_rows(st + BLOCK_N * ROW, BLOCK_N, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+    };
+    load_rows(q_s, BLOCK_M, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    load_rows(do_s, BLOCK_M, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    if (tiles > 0) fetch(0);
+    cp_async_commit();
+
+    float dq_acc[HEAD_DIM / 8][4];
+    zero_acc(dq_acc);
+    for (int tile = 0; tile < tiles; ++tile) {
+        if (tile + 1 < tiles) fetch(tile + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const storage_t* k_t = stages + (tile % 2) * STAGE;
+        const int n0 = (first + tile) * BLOCK_N;
+
+        float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
+        mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + warp * 16 * ROW, k_t);
+        mma_abt<BLOCK_N, HEAD_DIM>(dp, do_s + warp * 16 * ROW, k_t + BLOCK_N * ROW);
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                p_and_ds(p, r0 + 8 * (e / 2), n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2],
+                         &s[c][e], &dp[c][e]);
+        mma_pv<BLOCK_N, HEAD_DIM>(dq_acc, dp, k_t);
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    store_rows(dq, dq_acc, r0, p.seqlen_q, p.heads_q, h, b, p.d, p.scale);
+}

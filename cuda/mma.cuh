@@ -1,0 +1,176 @@
+// Tensor-core building blocks of the sm80 kernels (flash_fwd_mma.cu,
+// flash_bwd_mma.cu), f16/bf16 storage only: every mma.sync, ldmatrix and
+// cp.async goes through the few functions here, so that
+// cuda/emulate/host.h can give each the PTX ISA's per-lane semantics and
+// the kernels run, fragment for fragment, on the CPU (tests/cuda.rs).
+//
+//   mma_16816          d += a * b, m16n8k16 .row.col, f32 accumulators;
+//                      lane l (g = l / 4, t = l % 4) holds
+//                      A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//                      B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//                      C: c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+//   ldmatrix_x{1,2,4}[_trans]  8x8 b16 matrices, lanes 8i..8i+7 give the
+//                      row addresses of matrix i; lane l gets row l/4, cols
+//                      2(l%4)..+1 of each (transposed: col l/4, rows 2(l%4)..+1)
+//   cp_async16         16 bytes global -> shared, the bytes past src_bytes
+//                      zero-filled; visible after cp_async_wait<N> (all but
+//                      the newest N committed groups) and a barrier
+//
+// Extra defines (src/cuda/kernel.rs): BLOCK_M, BLOCK_N, SMEM_BYTES (the
+// dynamic shared memory the host launches with).
+
+#define ROW (HEAD_DIM + 8)  // elements per shared row: 16 B of padding spread ldmatrix's rows over the banks
+
+#if defined(FLASHATTN_HOST_EMULATION)
+#define DYNAMIC_SMEM(name) unsigned char* name = host_dynamic_smem()
+__device__ __forceinline__ unsigned storage_bits(storage_t x) {
+    unsigned short b;
+    std::memcpy(&b, &x, 2);
+    return b;
+}
+__device__ __forceinline__ float bits_to_f32(unsigned b) {
+    storage_t x;
+    const unsigned short h = (unsigned short)b;
+    std::memcpy(&x, &h, 2);
+    return load_f32(x);
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    host_mma_16816(d, a, b0, b1, bits_to_f32);
+}
+#define LDMATRIX(name, count, trans)                                              \
+    __device__ __forceinline__ void name(unsigned (&r)[count], const void* row) { \
+        host_ldmatrix(r, count, trans, row);                                      \
+    }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    host_cp_async16(dst, src, src_bytes);
+}
+__device__ __forceinline__ void cp_async_commit() { host_cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { host_cp_async_wait(N); }
+#else
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+__device__ __forceinline__ unsigned storage_bits(storage_t x) { return x; }
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if STORAGE == 1
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#define LDMATRIX_ASM_1 "{%0}, [%1];" : "=r"(r[0]) : "r"(smem_addr(row))
+#define LDMATRIX_ASM_2 "{%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row))
+#define LDMATRIX_ASM_4 \
+    "{%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row))
+#define LDMATRIX_TRANS_0 ""
+#define LDMATRIX_TRANS_1 ".trans"
+#define LDMATRIX(name, count, trans)                                                     \
+    __device__ __forceinline__ void name(unsigned (&r)[count], const void* row) {        \
+        asm volatile("ldmatrix.sync.aligned.m8n8.x" #count LDMATRIX_TRANS_##trans        \
+                     ".shared.b16 " LDMATRIX_ASM_##count);                               \
+    }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
+LDMATRIX(ldmatrix_x1, 1, 0)
+LDMATRIX(ldmatrix_x2, 2, 0)
+LDMATRIX(ldmatrix_x4, 4, 0)
+LDMATRIX(ldmatrix_x1_trans, 1, 1)
+LDMATRIX(ldmatrix_x2_trans, 2, 1)
+LDMATRIX(ldmatrix_x4_trans, 4, 1)
+
+// Two values rounded to storage, as one b32 operand (the lower index in the low half).
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    return storage_bits(store_f32(lo)) | (storage_bits(store_f32(hi)) << 16);
+}
+
+// `rows` rows of a (batch, seqlen, heads, d) tensor from row0 into shared
+// [rows][ROW], zeros past the tensor and past d. With d a multiple of 8 the
+// rows are 16-byte aligned and go by cp.async (the caller commits and
+// waits); otherwise element by element, visible after the next barrier.
+__device__ __forceinline__ void load_rows(storage_t* tile, int rows, const storage_t* src, int b,
+                                          int row0, int seqlen, int heads, int h, int d) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+    for (int e = threadIdx.x; e < rows * CHUNKS; e += blockDim.x) {
+        const int r = e / CHUNKS, c = e % CHUNKS, i = row0 + r;
+        storage_t* dst = tile + r * ROW + c * 8;
+        const bool row_ok = i < seqlen;
+        const storage_t* from = row_ok ? src + at(b, seqlen, i, heads, h, d) + c * 8 : src;
+        if (d % 8 == 0) {
+            cp_async16(dst, from, row_ok && c * 8 < d ? 16 : 0);
+        } else {
+            for (int x = 0; x < 8; ++x)
+                dst[x] = row_ok && c * 8 + x < d ? from[x] : store_f32(0.0f);
+        }
+    }
+}
+
+// acc[N/8][4] += A * B^T for one warp: A's 16 rows and B's N rows of K
+// elements, row-major in shared memory (ROW apart). S = Q K^T, dP = dO V^T.
+template <int N, int K>
+__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const storage_t* a, const storage_t* b) {
+    static_assert(N % 16 == 0 && K % 16 == 0, "whole ldmatrix.x4 loads");
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+        unsigned af[4];
+        ldmatrix_x4(af, a + (lane % 16) * ROW + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int nt = 0; nt < N / 8; nt += 2) {
+            // Matrices: (nt, k 0-7), (nt, k 8-15), (nt+1, k 0-7), (nt+1, k 8-15).
+            unsigned bf[4];
+            ldmatrix_x4(bf, b + ((nt + lane / 16) * 8 + lane % 8) * ROW + ks * 16 + ((lane / 8) % 2) * 8);
+            mma_16816(acc[nt], af, bf[0], bf[1]);
+            mma_16816(acc[nt + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// acc[D/8][4] += P * B for one warp: P (16 x N) in mma_abt's accumulator
+// layout, rounded to storage as the A operand (FA2's register reuse: a C
+// fragment pair is an A fragment); B's N rows of D elements in shared
+// memory, read transposed. O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <int N, int D>
+__device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&pm)[N / 8][4],
+                                       const storage_t* b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+        const unsigned af[4] = {pack2(pm[2 * kk][0], pm[2 * kk][1]), pack2(pm[2 * kk][2], pm[2 * kk][3]),
+                                pack2(pm[2 * kk + 1][0], pm[2 * kk + 1][1]),
+                                pack2(pm[2 * kk + 1][2], pm[2 * kk + 1][3])};
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn += 2) {
+            // Matrices: (k 0-7, dn), (k 8-15, dn), (k 0-7, dn+1), (k 8-15, dn+1).
+            unsigned bf[4];
+            ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ROW + dn * 8 + (lane / 16) * 8);
+            mma_16816(acc[dn], af, bf[0], bf[1]);
+            mma_16816(acc[dn + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// Max and sum over the quad of lanes that holds one accumulator row.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}

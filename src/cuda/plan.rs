@@ -1,0 +1,312 @@
+//! Which CUDA kernels a call runs, as a pure function of the device's
+//! properties and the problem: the tensor-core (mma) kernels for f16/bf16
+//! up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0 or later
+//! when their shared memory fits, the scalar kernels otherwise, or the
+//! path a caller forces ([`KernelPath`], `FLASHATTN_CUDA_KERNEL`, the
+//! command line's `--kernel` with `--backend cuda`). Unit-tested with
+//! made-up A100/H100/H200 properties; `flashattn plan --backend cuda`
+//! prints [`CudaPlan::explain`].
+
+use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT};
+use crate::api::tensor::Precision;
+use crate::error::{Error, Result};
+
+/// Which kernels to run: chosen ([`KernelPath::Auto`]) or forced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelPath {
+    #[default]
+    Auto,
+    /// The scalar kernels (f32 FMAs on f32 tiles), any precision.
+    Scalar,
+    /// The sm80 tensor-core kernels; an error where they cannot run.
+    Mma,
+}
+
+impl std::str::FromStr for KernelPath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "scalar" => Ok(Self::Scalar),
+            "mma" => Ok(Self::Mma),
+            other => Err(Error::UnknownName {
+                what: "CUDA kernel path",
+                name: other.to_string(),
+                expected: "auto, scalar or mma",
+            }),
+        }
+    }
+}
+
+impl KernelPath {
+    /// `FLASHATTN_CUDA_KERNEL` (auto when unset or empty).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("FLASHATTN_CUDA_KERNEL") {
+            Ok(v) if !v.is_empty() => v.parse(),
+            _ => Ok(Self::Auto),
+        }
+    }
+}
+
+/// What the plan needs to know about a device (cudarc's device
+/// attributes, or made up for tests and `flashattn plan`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProps {
+    pub name: String,
+    pub major: i32,
+    pub minor: i32,
+    pub sms: usize,
+    /// Shared memory one block may opt in to (bytes).
+    pub smem_per_block_optin: usize,
+    /// Shared memory per multiprocessor (bytes).
+    pub smem_per_sm: usize,
+    pub max_threads_per_sm: usize,
+}
+
+impl DeviceProps {
+    /// An A100-like device: 108 SMs, 164 KiB shared memory per SM.
+    pub fn a100() -> Self {
+        Self::made_up("A100-like", 8, 0, 108, 163 * 1024, 164 * 1024)
+    }
+    /// An H100 SXM-like device: 132 SMs, 228 KiB per SM (227 per block).
+    pub fn h100() -> Self {
+        Self::made_up("H100-like", 9, 0, 132, 227 * 1024, 228 * 1024)
+    }
+    /// An H200-like device: H100's SMs and shared memory.
+    pub fn h200() -> Self {
+        Self::made_up("H200-like", 9, 0, 132, 227 * 1024, 228 * 1024)
+    }
+    fn made_up(name: &str, major: i32, minor: i32, sms: usize, block: usize, sm: usize) -> Self {
+        Self {
+            name: name.into(),
+            major,
+            minor,
+            sms,
+            smem_per_block_optin: block,
+            smem_per_sm: sm,
+            max_threads_per_sm: 2048,
+        }
+    }
+}
+
+/// The problem's compile-time facts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanProblem {
+    pub precision: Precision,
+    pub head_dim: usize,
+    pub band: bool,
+    pub softcap: bool,
+}
+
+/// The kernels of one call: a forward and a backward module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaPlan {
+    pub forward: KernelKey,
+    pub backward: KernelKey,
+    /// Why this path, in a few words.
+    pub reason: &'static str,
+}
+
+/// Why the tensor-core kernels cannot run `p` on `dev`, if they cannot.
+fn mma_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
+    let forward = KernelKey::new(
+        Family::ForwardMma,
+        p.precision,
+        p.head_dim,
+        p.band,
+        p.softcap,
+    );
+    let backward = KernelKey::new(
+        Family::BackwardMma,
+        p.precision,
+        p.head_dim,
+        p.band,
+        p.softcap,
+    );
+    if p.precision == Precision::F32 {
+        Some("f32 storage (the tensor-core kernels take f16 and bf16)")
+    } else if forward.head_dim > MMA_MAX_HEAD_DIM {
+        Some("a head dim past 128 (the tensor-core accumulators would spill)")
+    } else if dev.major < 8 {
+        Some("compute capability below 8.0 (no mma.sync m16n8k16 for bf16, no cp.async)")
+    } else if forward
+        .dynamic_shared_bytes()
+        .max(backward.dynamic_shared_bytes())
+        > dev.smem_per_block_optin
+    {
+        Some("more shared memory than the device gives a block")
+    } else {
+        None
+    }
+}
+
+/// The kernels `problem` runs on `dev` under `path`: an error only when
+/// [`KernelPath::Mma`] is forced where those kernels cannot run.
+pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Result<CudaPlan> {
+    let blocker = mma_blocker(dev, problem);
+    let (mma, reason) = match (path, blocker) {
+        (KernelPath::Scalar, _) => (false, "the scalar kernels, as requested"),
+        (KernelPath::Mma, Some(why)) => {
+            return Err(Error::Unsupported {
+                what: "the CUDA backend's tensor-core path",
+                feature: why,
+            })
+        }
+        (KernelPath::Mma, None) => (true, "the tensor-core kernels, as requested"),
+        (KernelPath::Auto, None) => (true, "tensor cores: f16/bf16 on compute capability 8.0+"),
+        (KernelPath::Auto, Some(why)) => (false, why),
+    };
+    let (fwd, bwd) = match mma {
+        true => (Family::ForwardMma, Family::BackwardMma),
+        false => (Family::Forward, Family::Backward),
+    };
+    let p = problem;
+    Ok(CudaPlan {
+        forward: KernelKey::new(fwd, p.precision, p.head_dim, p.band, p.softcap),
+        backward: KernelKey::new(bwd, p.precision, p.head_dim, p.band, p.softcap),
+        reason,
+    })
+}
+
+impl CudaPlan {
+    /// Lines naming each module's tiles, warps, stages and shared memory,
+    /// and how many blocks of it one of `dev`'s SMs holds.
+    pub fn explain(&self, dev: &DeviceProps) -> Vec<String> {
+        let mut lines = vec![
+            format!("path: {}", self.reason),
+            "occupancy counts shared memory and threads, not registers (tests/cuda.rs prints ptxas's)"
+                .to_string(),
+        ];
+        for (what, key) in [("forward", &self.forward), ("backward", &self.backward)] {
+            let t = key.tiles();
+            let smem = key.shared_bytes() + key.dynamic_shared_bytes();
+            // The driver reserves 1 KiB of shared memory per block.
+            let by_smem = dev.smem_per_sm / (smem + 1024);
+            let by_threads = dev.max_threads_per_sm / t.threads;
+            let blocks = by_smem.min(by_threads);
+            lines.push(format!(
+                "{what}: {} ({}), {} rows × {} streamed per block, {} warps, {} stage{}, \
+                 {smem} B shared ({}), {blocks} blocks per SM ({}), {} blocks resident",
+                key.label(),
+                if key.family.is_mma() {
+                    "mma.sync m16n8k16 + ldmatrix + cp.async"
+                } else {
+                    "f32 FMAs"
+                },
+                t.rows,
+                t.keys,
+                t.warps(),
+                key.stages(),
+                if key.stages() > 1 { "s" } else { "" },
+                if smem > STATIC_SHARED_LIMIT {
+                    "dynamic, opted in past 48 KiB"
+                } else {
+                    "within 48 KiB"
+                },
+                if by_smem < by_threads {
+                    "limited by shared memory"
+                } else {
+                    "limited by threads"
+                },
+                blocks * dev.sms,
+            ));
+        }
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(precision: Precision, head_dim: usize) -> PlanProblem {
+        PlanProblem {
+            precision,
+            head_dim,
+            band: true,
+            softcap: false,
+        }
+    }
+
+    #[test]
+    fn f16_and_bf16_take_tensor_cores_on_a100_h100_and_h200() {
+        for dev in [
+            DeviceProps::a100(),
+            DeviceProps::h100(),
+            DeviceProps::h200(),
+        ] {
+            for precision in [Precision::F16, Precision::Bf16] {
+                for d in [40, 64, 96, 128] {
+                    let p = plan(&dev, &problem(precision, d), KernelPath::Auto).unwrap();
+                    assert_eq!(
+                        (p.forward.family, p.backward.family),
+                        (Family::ForwardMma, Family::BackwardMma)
+                    );
+                    assert!(p.forward.band && !p.forward.softcap);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_long_heads_and_old_devices_run_the_scalar_kernels() {
+        let a100 = DeviceProps::a100();
+        let mut turing = DeviceProps::a100();
+        turing.major = 7;
+        for (dev, p) in [
+            (&a100, problem(Precision::F32, 64)),
+            (&a100, problem(Precision::F16, 160)),
+            (&turing, problem(Precision::Bf16, 64)),
+        ] {
+            let chosen = plan(dev, &p, KernelPath::Auto).unwrap();
+            assert_eq!(chosen.forward.family, Family::Forward, "{p:?}");
+            assert_eq!(chosen.backward.family, Family::Backward, "{p:?}");
+            // Forcing the tensor cores there is an error naming why.
+            let forced = plan(dev, &p, KernelPath::Mma).unwrap_err();
+            assert!(forced.to_string().contains(chosen.reason), "{forced}");
+        }
+    }
+
+    #[test]
+    fn a_device_with_little_shared_memory_falls_back() {
+        let mut small = DeviceProps::a100();
+        small.smem_per_block_optin = 48 * 1024;
+        // d 64's forward fits (45 KiB) but its backward (54 KiB) does not.
+        let p = plan(&small, &problem(Precision::F16, 64), KernelPath::Auto).unwrap();
+        assert_eq!(p.forward.family, Family::Forward);
+        assert!(p.reason.contains("shared memory"));
+    }
+
+    #[test]
+    fn scalar_can_be_forced_and_paths_parse() {
+        let p = plan(
+            &DeviceProps::h200(),
+            &problem(Precision::F16, 64),
+            KernelPath::Scalar,
+        )
+        .unwrap();
+        assert_eq!(p.forward.family, Family::Forward);
+        assert_eq!("mma".parse::<KernelPath>().unwrap(), KernelPath::Mma);
+        assert!("tensor".parse::<KernelPath>().is_err());
+    }
+
+    #[test]
+    fn the_explanation_names_tiles_warps_stages_and_occupancy() {
+        let h200 = DeviceProps::h200();
+        let p = plan(&h200, &problem(Precision::Bf16, 128), KernelPath::Auto).unwrap();
+        let text = p.explain(&h200).join("\n");
+        // d 128 forward: 64 rows, 32-key tiles, 4 warps, two stages, 51 KiB:
+        // 4 blocks per SM on 228 KiB, 528 on 132 SMs.
+        assert!(
+            text.contains("64 rows × 32 streamed per block, 4 warps, 2 stages, 52224 B"),
+            "{text}"
+        );
+        assert!(
+            text.contains("4 blocks per SM (limited by shared memory), 528 blocks resident"),
+            "{text}"
+        );
+        let a100 = DeviceProps::a100();
+        let text = p.explain(&a100).join("\n");
+        assert!(text.contains("3 blocks per SM"), "{text}");
+    }
+}
