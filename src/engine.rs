@@ -85,7 +85,8 @@ impl Engine {
     }
 
     /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has
-    /// the lanes kernels: for comparisons, and to test the GPU path on lavapipe.
+    /// the lanes kernels, or a GPU with cooperative matrices: for
+    /// comparisons, and to test the GPU path on lavapipe.
     pub fn with_tiled_kernels_only(mut self) -> Self {
         self.gpu.settings.tiled_only = true;
         self

@@ -102,8 +102,9 @@ pub struct AttentionArgs {
     /// Override the planner's Bc (keys per block; wgpu only).
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
-    /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs)
-    /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
+    /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs),
+    /// `lanes` (one row per subgroup lane, CPU adapters) or `coop`
+    /// (cooperative matrices, where the device has them); wgpu only.
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
 }

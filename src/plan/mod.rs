@@ -5,14 +5,17 @@
 
 pub mod backward;
 pub mod caps;
+pub mod coop;
 pub mod decode;
 pub mod forward;
+pub mod matrix;
 pub mod pieces;
 pub mod request;
 pub mod tiles;
 
 pub use backward::plan_backward;
 pub use caps::{CoopMatrixShapes, DeviceCaps, SubgroupSizes, LANE_SUBGROUPS};
+pub use coop::{CoopForm, COOP_MAX_HEAD_DIM, COOP_WORKGROUP};
 pub use decode::{
     plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,
 };

@@ -18,7 +18,7 @@ pub struct Settings {
     pub binding_cap: Option<u64>,
     /// Plan with at most this much workgroup storage.
     pub workgroup_storage_cap: Option<u32>,
-    /// Never plan the lanes kernels.
+    /// Never plan the lanes or coop kernels.
     pub tiled_only: bool,
     /// Do not split calls by the predicted loop count (the guard still
     /// catches kernels cut short): for testing the guard.
@@ -90,6 +90,7 @@ impl Gpu {
         }
         if self.settings.tiled_only {
             caps.lane_subgroup = None;
+            caps.coop_matrix = Default::default();
         }
         caps
     }
