@@ -92,6 +92,15 @@ impl Engine {
         self
     }
 
+    /// Plan as if the device had 8×8 f32 cooperative matrices (where it has
+    /// subgroups) and run the coop forward with them emulated in plain WGSL:
+    /// tests of the coop kernel's tiles, layouts and softmax on devices
+    /// without cooperative matrices (lavapipe). Not fast.
+    pub fn with_emulated_coop(mut self) -> Self {
+        self.gpu.settings.emulate_coop = true;
+        self
+    }
+
     /// Do not split calls by their predicted loop count; only the guards
     /// catch kernels the loop limit cut short (which then rerun). For
     /// testing the guards.

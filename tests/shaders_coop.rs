@@ -455,3 +455,35 @@ fn coop_vars_are_initialized() {
         }
     }
 }
+
+/// The emulated form (the coop kernel with its cooperative operations in
+/// plain WGSL, for devices without them) validates without the capability,
+/// carries none of the operations, and declares the 8×8 form's storage.
+#[test]
+fn emulated_coop_validates_without_the_capability() {
+    let kernels = coop_kernels(&[(59, 59), (64, 64), (40, 24), (128, 128)], false);
+    let mut n = 0;
+    for (label, k) in kernels
+        .iter()
+        .filter(|(_, k)| k.plan.coop == Some(CoopForm::F32x8))
+    {
+        let k = FlashForward {
+            plan: Plan {
+                coop: Some(CoopForm::Emulated),
+                ..k.plan
+            },
+            ..*k
+        };
+        let text = KernelKey::from(k).source().text;
+        assert!(
+            !text.contains("coopLoad") && !text.contains("coopStore"),
+            "{label}"
+        );
+        assert!(text.contains("emu_mad("), "{label}");
+        let (module, _) = compile(&k, false).unwrap_or_else(|e| panic!("{label}:\n{e}"));
+        assert_eq!(coop_ops(&module), (0, 0), "{label}");
+        assert_eq!(workgroup_bytes(&module), k.plan.workgroup_bytes, "{label}");
+        n += 1;
+    }
+    assert!(n > 0);
+}

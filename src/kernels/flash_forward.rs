@@ -6,11 +6,11 @@
 //! can see and writes O and LSE once.
 
 use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Unroll, Variant};
-use super::flash_forward_coop::{coop_composer, coop_loop_cost, COOP};
+use super::flash_forward_coop::{coop_composer, coop_loop_cost, emulated_body, COOP};
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::plan::{KernelFamily, Plan, StorageKind};
+use crate::plan::{CoopForm, KernelFamily, Plan, StorageKind};
 
 const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
@@ -50,7 +50,12 @@ impl FlashForward {
         let mut c = coop_composer(&self.plan);
         c.common(self.variant);
         declare_buffers(&mut c, self.plan.storage, Access::Read);
-        c.push(COOP).finish("main")
+        if self.plan.coop == Some(CoopForm::Emulated) {
+            c.push(&emulated_body());
+        } else {
+            c.push(COOP);
+        }
+        c.finish("main")
     }
 
     fn tiled_source(&self) -> KernelSource {

@@ -9,6 +9,12 @@ pub enum CoopForm {
     F16x16,
     /// 8×8×8, f32 inputs and accumulators (Apple's simdgroup matrices).
     F32x8,
+    /// The 8×8 f32 kernel with its cooperative operations written out in
+    /// plain WGSL (`kernels::flash_forward_coop::emulated_body`): never
+    /// planned from a device's caps; `Engine::with_emulated_coop` swaps it
+    /// in for F32x8 so the kernel runs on devices without cooperative
+    /// matrices (lavapipe), for tests.
+    Emulated,
 }
 
 impl CoopForm {
@@ -16,7 +22,7 @@ impl CoopForm {
     pub fn n(self) -> u32 {
         match self {
             CoopForm::F16x16 => 16,
-            CoopForm::F32x8 => 8,
+            CoopForm::F32x8 | CoopForm::Emulated => 8,
         }
     }
 
@@ -24,7 +30,7 @@ impl CoopForm {
     pub fn element_bytes(self) -> u32 {
         match self {
             CoopForm::F16x16 => 2,
-            CoopForm::F32x8 => 4,
+            CoopForm::F32x8 | CoopForm::Emulated => 4,
         }
     }
 
@@ -32,6 +38,7 @@ impl CoopForm {
         match self {
             CoopForm::F16x16 => "16×16 f16 cooperative matrices with f32 accumulators",
             CoopForm::F32x8 => "8×8 f32 cooperative matrices",
+            CoopForm::Emulated => "8×8 f32 matrices emulated in plain WGSL",
         }
     }
 }
