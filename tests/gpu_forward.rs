@@ -843,3 +843,55 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
         assert_eq!(out.stats.plan.unwrap().kernel, KernelFamily::Coop);
     }
 }
+
+/// The coop kernel with its cooperative operations emulated in plain WGSL
+/// (`Engine::with_emulated_coop`), on any adapter with subgroups (lavapipe
+/// included): its tile walk, matrix layouts, softmax between the products
+/// and every term, against the f64 reference, where no cooperative matrices
+/// exist to run the real ones.
+#[test]
+fn coop_kernel_emulated_meets_the_rule() {
+    let Some(shared) = engine() else { return };
+    if shared.caps().subgroup.is_none() {
+        eprintln!("SKIPPED: the emulated coop forward needs SUBGROUP (subgroup_id)");
+        return;
+    }
+    let e = flashattn::Engine::new().unwrap().with_emulated_coop();
+    let coop = PlanOverrides {
+        kernel: Some(KernelFamily::Coop),
+        ..Default::default()
+    };
+    let cases = [
+        Case::new(97, 113, 64),
+        Case::new(1, 1, 3),
+        Case::new(113, 97, 59).opts(causal()),
+        Case::new(70, 90, 128).opts(AttentionOptions {
+            window: Window::from_signed(20, 5),
+            ..Default::default()
+        }),
+        Case::new(45, 61, 40).dv(24).heads(4, 2).batch(2),
+        Case::new(50, 50, 32).opts(AttentionOptions::default().softcap(5.0)),
+        common::everything_at_once(),
+    ];
+    for case in cases {
+        for p in [Precision::F32, Precision::F16, Precision::Bf16] {
+            let case = case.clone().precision(p).overrides(coop);
+            let out = run_gpu(&e, &case);
+            let plan = out.stats.plan.expect("a plan");
+            assert_eq!(
+                plan.coop,
+                Some(flashattn::plan::CoopForm::Emulated),
+                "{case:?}"
+            );
+        }
+    }
+    // Emulated, f16 defaults to the coop kernel as on a device with
+    // matrices, except where the lanes kernels (CPU adapters) come first.
+    let out = run_gpu(&e, &Case::new(40, 40, 64).f16());
+    let expected = match e.caps().lane_subgroup {
+        Some(_) => KernelFamily::Lanes,
+        None => KernelFamily::Coop,
+    };
+    assert_eq!(out.stats.plan.unwrap().kernel, expected);
+    eprintln!("emulated coop forward: 21 cases met the rule");
+}
