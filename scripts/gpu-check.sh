@@ -8,7 +8,9 @@
 #   scripts/gpu-check.sh run       # there (carry .gpu and .gl): the GPU test
 #                                  # suites on NVIDIA's Vulkan driver, then plan,
 #                                  # demo, forward/backward and decode benchmarks,
-#                                  # and the autotuner's choices (tune.log, tune.json)
+#                                  # the autotuner's choices (tune.log, tune.json);
+#                                  # the coop kernel (cooperative matrices) gets
+#                                  # its own plan, test and bench steps
 #
 # `run` writes every log under $OUT (or ./gpu-check-out) and ends with a
 # summary line per step; it is sized to finish in about 8 minutes on an H200.
@@ -80,11 +82,21 @@ run() {
   step plan 60 "$bin/flashattn" plan
   step plan-decode 60 "$bin/flashattn" plan --decode --head-dim 128 --heads-q 32 --heads-kv 8 --cache-len 8192 --precision f16
   step demo 120 "$bin/flashattn" demo
+  # The coop kernel: the planner's reason, then its test against the f64
+  # reference (it says SKIPPED in its log where wgpu reports no cooperative
+  # matrices; the full gpu_forward suite below runs it by default for f16).
+  step plan-coop 60 "$bin/flashattn" plan --head-dim 128 --precision f16
+  step test-coop 240 "$bin/gpu_forward" coop_kernel --nocapture
   for suite in "${SUITES[@]}"; do
     step "test-$suite" 240 "$bin/$suite" --test-threads 4
   done
   step bench-forward 240 "$bin/flashattn" bench --seqlens 1024,2048,4096,8192,16384 --head-dims 64,128 \
     --passes forward --causal both --heads 8 --repeats 5 --json "$out/bench-forward.json"
+  # f16 forward: flash is the planner's choice (coop where the device has
+  # cooperative matrices), tiled the tiled kernel forced, side by side.
+  step bench-forward-coop 240 "$bin/flashattn" bench --seqlens 1024,4096,16384 --head-dims 64,128 \
+    --passes forward --causal both --heads 8 --repeats 5 --precision f16 --impls flash,tiled \
+    --json "$out/bench-forward-coop.json"
   step bench-backward 240 "$bin/flashattn" bench --seqlens 1024,4096,8192 --head-dims 64,128 \
     --passes backward --heads 8 --repeats 3 --json "$out/bench-backward.json"
   step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \

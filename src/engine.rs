@@ -139,9 +139,19 @@ impl Engine {
     }
 
     /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has
-    /// the lanes kernels: for comparisons, and to test the GPU path on lavapipe.
+    /// the lanes kernels, or a GPU with cooperative matrices: for
+    /// comparisons, and to test the GPU path on lavapipe.
     pub fn with_tiled_kernels_only(mut self) -> Self {
         self.gpu.settings.tiled_only = true;
+        self
+    }
+
+    /// Plan as if the device had 8×8 f32 cooperative matrices (where it has
+    /// subgroups) and run the coop forward with them emulated in plain WGSL:
+    /// tests of the coop kernel's tiles, layouts and softmax on devices
+    /// without cooperative matrices (lavapipe). Not fast.
+    pub fn with_emulated_coop(mut self) -> Self {
+        self.gpu.settings.emulate_coop = true;
         self
     }
 

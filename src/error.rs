@@ -213,6 +213,17 @@ pub enum Error {
         "the lanes kernels need a head dim that is a multiple of 4 up to {max}, not {head_dim}"
     )]
     LanesHeadDim { head_dim: usize, max: usize },
+    #[error("the coop kernel takes head dims up to {max}, not {head_dim}")]
+    CoopHeadDim { head_dim: usize, max: usize },
+    #[error("the coop kernel's Br and Bc must be multiples of its {n}×{n} matrices, Br must divide its {workgroup} invocations and Bc be a multiple of {workgroup}/Br (Br {br}, Bc {bc}); threads per row are its own")]
+    CoopTile {
+        br: u32,
+        bc: u32,
+        n: u32,
+        workgroup: u32,
+    },
+    #[error("the coop kernel's threads per row follow from Br (its workgroup / Br); override Br, Bc or the workgroup storage instead")]
+    ThreadsOverrideOnCoop,
 
     // ---- the hardware (or this build) can't ----
     #[error(
@@ -223,6 +234,10 @@ pub enum Error {
     IsaUnavailable { isa: &'static str },
     #[error("native f16 needs the SHADER_F16 feature, which this adapter lacks")]
     NativeF16Unavailable,
+    /// The cooperative-matrix kernel needs what the device lacks (`missing`
+    /// names it: the feature, a matrix shape, SHADER_F16, SUBGROUP).
+    #[error("the coop kernel needs {missing}, which this device lacks")]
+    CoopMatrixUnavailable { missing: &'static str },
     /// FP8 (e4m3) is built for the forward pass only.
     #[error("FP8 (e4m3) runs the forward pass only; {operation} with --precision fp8 is not built (use f32, f16 or bf16)")]
     Fp8Unsupported { operation: &'static str },

@@ -778,3 +778,120 @@ fn read_bytes(e: &flashattn::Engine, b: &wgpu::Buffer) -> Vec<u8> {
     let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
     bytes
 }
+
+/// The coop kernel (cooperative matrices) against the f64 reference, in
+/// every precision it takes on this device: odd sequences and head dims
+/// (padded to the matrices), head dim 256, masks, empty rows, softcap, GQA,
+/// v's own head dim, and every layout and score term at once. Where the
+/// device has no cooperative matrices (lavapipe, most browsers) it checks
+/// that forcing the kernel is the typed error, and says it skipped the rest;
+/// FLASHATTN_REQUIRE_COOP=1 makes that skip a failure.
+#[test]
+fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
+    use flashattn::plan::coop::check_coop;
+    let Some(e) = engine() else { return };
+    let caps = e.caps();
+    let coop = PlanOverrides {
+        kernel: Some(KernelFamily::Coop),
+        ..Default::default()
+    };
+    let takes = |p: Precision| check_coop(&flashattn::PlanRequest::new(64, p), &caps);
+    let precisions: Vec<Precision> = [Precision::F16, Precision::Bf16, Precision::F32]
+        .into_iter()
+        .filter(|&p| takes(p).is_ok())
+        .collect();
+    if precisions.is_empty() {
+        let case = Case::new(5, 7, 16).f16();
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let err = e.forward_with(&q, &k, &v, &case.opts, &coop).unwrap_err();
+        assert!(matches!(err, Error::CoopMatrixUnavailable { .. }), "{err}");
+        let required = std::env::var("FLASHATTN_REQUIRE_COOP").is_ok_and(|v| v == "1");
+        assert!(!required, "FLASHATTN_REQUIRE_COOP=1 but {err}");
+        eprintln!("SKIPPED: the coop forward needs cooperative matrices: {err}");
+        return;
+    }
+    for &p in &precisions {
+        let cases = [
+            Case::new(97, 113, 64),
+            Case::new(1, 1, 16),
+            Case::new(113, 97, 59).opts(causal()),
+            Case::new(255, 300, 128).opts(causal()),
+            Case::new(200, 200, 111).opts(AttentionOptions {
+                window: Window::from_signed(40, 7),
+                ..Default::default()
+            }),
+            Case::new(64, 130, 256).heads(4, 1),
+            Case::new(45, 61, 40).dv(24).heads(4, 2).batch(2),
+            Case::new(80, 80, 96).opts(AttentionOptions::default().softcap(5.0)),
+            common::everything_at_once(),
+        ];
+        for case in cases {
+            let case = case.precision(p).overrides(coop);
+            let out = run_gpu(e, &case);
+            let plan = out.stats.plan.expect("a plan");
+            assert_eq!(plan.kernel, KernelFamily::Coop, "{case:?}");
+        }
+        eprintln!(
+            "coop forward ({p:?}, {:?}): 9 cases met the rule",
+            takes(p).ok()
+        );
+    }
+    // Where it runs f16, it is the default there.
+    if precisions.contains(&Precision::F16) {
+        let out = run_gpu(e, &Case::new(97, 113, 64).f16());
+        assert_eq!(out.stats.plan.unwrap().kernel, KernelFamily::Coop);
+    }
+}
+
+/// The coop kernel with its cooperative operations emulated in plain WGSL
+/// (`Engine::with_emulated_coop`), on any adapter with subgroups (lavapipe
+/// included): its tile walk, matrix layouts, softmax between the products
+/// and every term, against the f64 reference, where no cooperative matrices
+/// exist to run the real ones.
+#[test]
+fn coop_kernel_emulated_meets_the_rule() {
+    let Some(shared) = engine() else { return };
+    if shared.caps().subgroup.is_none() {
+        eprintln!("SKIPPED: the emulated coop forward needs SUBGROUP (subgroup_id)");
+        return;
+    }
+    let e = flashattn::Engine::new().unwrap().with_emulated_coop();
+    let coop = PlanOverrides {
+        kernel: Some(KernelFamily::Coop),
+        ..Default::default()
+    };
+    let cases = [
+        Case::new(97, 113, 64),
+        Case::new(1, 1, 3),
+        Case::new(113, 97, 59).opts(causal()),
+        Case::new(70, 90, 128).opts(AttentionOptions {
+            window: Window::from_signed(20, 5),
+            ..Default::default()
+        }),
+        Case::new(45, 61, 40).dv(24).heads(4, 2).batch(2),
+        Case::new(50, 50, 32).opts(AttentionOptions::default().softcap(5.0)),
+        common::everything_at_once(),
+    ];
+    for case in cases {
+        for p in [Precision::F32, Precision::F16, Precision::Bf16] {
+            let case = case.clone().precision(p).overrides(coop);
+            let out = run_gpu(&e, &case);
+            let plan = out.stats.plan.expect("a plan");
+            assert_eq!(
+                plan.coop,
+                Some(flashattn::plan::CoopForm::Emulated),
+                "{case:?}"
+            );
+        }
+    }
+    // Emulated, f16 defaults to the coop kernel as on a device with
+    // matrices, except where the lanes kernels (CPU adapters) come first.
+    let out = run_gpu(&e, &Case::new(40, 40, 64).f16());
+    let expected = match e.caps().lane_subgroup {
+        Some(_) => KernelFamily::Lanes,
+        None => KernelFamily::Coop,
+    };
+    assert_eq!(out.stats.plan.unwrap().kernel, expected);
+    eprintln!("emulated coop forward: 21 cases met the rule");
+}

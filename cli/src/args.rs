@@ -106,9 +106,10 @@ pub struct AttentionArgs {
     /// Override the planner's Bc (keys per block; wgpu only).
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
-    /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs)
-    /// or `lanes` (one row per subgroup lane, CPU adapters) on wgpu; with
-    /// --backend cuda, the kernel path: `auto`, `scalar` or `mma` (tensor cores).
+    /// Force the forward kernel on wgpu: `tiled` (workgroup-memory tiles, for
+    /// GPUs), `lanes` (one row per subgroup lane, CPU adapters) or `coop`
+    /// (cooperative matrices, where the device has them); with --backend
+    /// cuda, the kernel path: `auto`, `scalar` or `mma` (tensor cores).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     /// Run the plan `flashattn tune` cached for this problem where there is

@@ -179,7 +179,7 @@ async fn from_cache(found: &[wgpu::Adapter], hit: &Cached, note: &str) -> Result
         return Ok(Some(Decision::Cpu(why)));
     }
     for adapter in 0..found.len() {
-        for kernels in [KernelFamily::Lanes, KernelFamily::Tiled] {
+        for kernels in [KernelFamily::Lanes, KernelFamily::Coop, KernelFamily::Tiled] {
             if path_id(found, Path::Gpu { adapter, kernels }) == hit.winner {
                 let engine = gpu_engine(&found[adapter], kernels).await?;
                 return Ok(Some(Decision::Gpu(Box::new(engine), why)));
@@ -194,16 +194,16 @@ async fn gpu_engine(adapter: &wgpu::Adapter, kernels: KernelFamily) -> Result<En
     let engine = Engine::from_adapter(adapter).await?;
     Ok(match kernels {
         KernelFamily::Tiled => engine.with_tiled_kernels_only(),
-        KernelFamily::Lanes => engine,
+        KernelFamily::Lanes | KernelFamily::Coop => engine,
     })
 }
 
-/// The kernel families an engine runs for the workload: lanes where its
-/// planner picks them, and always the tiled ones.
+/// The kernel families an engine runs for the workload: lanes or coop where
+/// its planner picks them, and always the tiled ones.
 fn families(engine: &Engine, w: &Workload) -> Vec<KernelFamily> {
     let req = PlanRequest::for_shape(&w.shape, w.precision, Default::default());
     match plan_forward(&req, &engine.caps()).map(|p| p.plan.kernel) {
-        Ok(KernelFamily::Lanes) => vec![KernelFamily::Lanes, KernelFamily::Tiled],
+        Ok(k @ (KernelFamily::Lanes | KernelFamily::Coop)) => vec![k, KernelFamily::Tiled],
         _ => vec![KernelFamily::Tiled],
     }
 }

@@ -67,8 +67,9 @@ impl FlashDecode {
         let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
         c.override_bool("IS_PARTIAL", self.partial)
             .const_u32("RB", t.rows);
+        // Decode tiles are never coop (decode_tiles picks lanes or tiled).
         let (read, body) = match t.kernel {
-            KernelFamily::Tiled => {
+            KernelFamily::Tiled | KernelFamily::Coop => {
                 c.const_u32("ACC", t.acc_per_thread());
                 (Access::Read, FLASH_DECODE.to_string())
             }

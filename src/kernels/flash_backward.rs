@@ -139,7 +139,8 @@ impl FlashBackward {
             .override_u32("DV", p.head_dim_v);
         match p.kernel {
             KernelFamily::Lanes => c.override_u32("SG", p.bc),
-            KernelFamily::Tiled => c
+            // Backward plans are never coop (plan_backward plans tiled).
+            KernelFamily::Tiled | KernelFamily::Coop => c
                 .override_u32("B", p.br)
                 .override_u32("DM", p.widest_dim())
                 .override_u32("TC", p.threads_per_row)
@@ -325,7 +326,7 @@ impl FlashBackward {
             (BackwardPart::SinkReduce, _) => (0, 2 + GUARD),
             (BackwardPart::DkDv, KernelFamily::Lanes) => (g, 2 * g + 2 + GUARD),
             (BackwardPart::Dq, KernelFamily::Lanes) => (1, 1 + GUARD),
-            (BackwardPart::DkDv, KernelFamily::Tiled) => {
+            (BackwardPart::DkDv, KernelFamily::Tiled | KernelFamily::Coop) => {
                 let t = tile_loops(p);
                 // Each step loads a block of rows (two loops).
                 let (step, nested) = t.step(t.rows, 2, t.dkdv);
@@ -335,7 +336,7 @@ impl FlashBackward {
                 let exit = 1 + 1 + nested;
                 (g * step, t.keys + g * (2 + nested) + exit + GUARD)
             }
-            (BackwardPart::Dq, KernelFamily::Tiled) => {
+            (BackwardPart::Dq, KernelFamily::Tiled | KernelFamily::Coop) => {
                 let t = tile_loops(p);
                 // Each step loads a block of keys (one loop).
                 let (step, nested) = t.step(t.keys, 1, t.dq);

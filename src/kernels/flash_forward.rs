@@ -1,14 +1,16 @@
-//! The flash forward kernel, in its two families: tiled (`flash_fwd.wgsl`,
-//! tiles in workgroup memory, for GPUs) and lanes (`flash_fwd_lanes.wgsl`,
-//! rows owned by subgroup lanes, for CPU adapters). One workgroup per block
+//! The flash forward kernel, in its families: tiled (`flash_fwd.wgsl`,
+//! tiles in workgroup memory, for GPUs), lanes (`flash_fwd_lanes.wgsl`,
+//! rows owned by subgroup lanes, for CPU adapters) and coop
+//! (`flash_forward_coop`, cooperative matrices). One workgroup per block
 //! of Br query rows of one (batch, head); it streams the key blocks its rows
 //! can see and writes O and LSE once.
 
 use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Unroll, Variant};
+use super::flash_forward_coop::{coop_composer, coop_loop_cost, emulated_body, COOP};
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::plan::{KernelFamily, Plan, StorageKind};
+use crate::plan::{CoopForm, KernelFamily, Plan, StorageKind};
 
 const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
@@ -40,7 +42,20 @@ impl FlashForward {
         match self.plan.kernel {
             KernelFamily::Tiled => self.tiled_source(),
             KernelFamily::Lanes => self.lanes_source(),
+            KernelFamily::Coop => self.coop_source(),
         }
+    }
+
+    fn coop_source(&self) -> KernelSource {
+        let mut c = coop_composer(&self.plan);
+        c.common(self.variant);
+        declare_buffers(&mut c, self.plan.storage, Access::Read);
+        if self.plan.coop == Some(CoopForm::Emulated) {
+            c.push(&emulated_body());
+        } else {
+            c.push(COOP);
+        }
+        c.finish("main")
     }
 
     fn tiled_source(&self) -> KernelSource {
@@ -110,6 +125,7 @@ impl FlashForward {
         let p = &self.plan;
         // The key-block loop's last pass, and the loop-budget guard.
         let (per_step, mut fixed) = match p.kernel {
+            KernelFamily::Coop => return coop_loop_cost(p, self.variant.varlen),
             KernelFamily::Lanes => (1, 1 + GUARD),
             KernelFamily::Tiled => {
                 let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);

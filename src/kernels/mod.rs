@@ -9,6 +9,7 @@ pub mod copy;
 pub mod decode;
 pub mod flash_backward;
 pub mod flash_forward;
+pub mod flash_forward_coop;
 pub mod key;
 pub mod loop_probe;
 pub mod loops;

@@ -33,7 +33,7 @@ fn kernel_for(
 ) -> Result<FlashForward> {
     opts.validate_for(shape)?;
     let req = plan_request(shape, opts, precision, *overrides);
-    let plan = plan_forward(&req, &gpu.caps())?.plan;
+    let plan = gpu.device_plan(plan_forward(&req, &gpu.caps())?.plan);
     Ok(FlashForward {
         plan,
         variant: gpu

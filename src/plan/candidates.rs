@@ -86,7 +86,8 @@ pub struct Base<'a> {
 pub type Knob = fn(&Base) -> Vec<(String, PlanOverrides)>;
 
 /// Kernel families a candidate may switch to (where the planner takes them).
-pub const FAMILIES: &[KernelFamily] = &[KernelFamily::Tiled, KernelFamily::Lanes];
+pub const FAMILIES: &[KernelFamily] =
+    &[KernelFamily::Tiled, KernelFamily::Lanes, KernelFamily::Coop];
 
 /// The knobs, in order of preference: the list is cut at [`MAX_CANDIDATES`].
 pub const KNOBS: &[Knob] = &[families, query_rows, key_cols, threads, aspect];

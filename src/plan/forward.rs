@@ -11,6 +11,7 @@
 //! kernel can hold in registers, and every clamp is recorded with its reason.
 
 use super::caps::DeviceCaps;
+use super::coop;
 use super::request::{KernelFamily, PlanRequest, StorageKind};
 use super::tiles::{
     fit_invocations, forward_workgroup_bytes, round_down, round_up, shrink, threads_per_row, Plan,
@@ -47,7 +48,8 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     let bc_formula = (m_bytes / WORKING_BYTES).div_ceil(2 * (d + dv)).max(1);
     let kernel = choose_kernel(req, caps)?;
     let start = Planned {
-        kernel_reason: tiled_reason(req, caps, kernel),
+        kernel_reason: tiled_reason(req, caps, kernel)
+            .or_else(|| coop::coop_reason(req, caps, kernel)),
         plan: Plan {
             kernel,
             head_dim: d,
@@ -61,11 +63,13 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
             threads_per_row: 0,
             workgroup_size: 0,
             workgroup_bytes: 0,
+            coop: None,
         },
         clamps: Vec::new(),
     };
     match (start.plan.kernel, caps.lane_subgroup) {
         (KernelFamily::Lanes, Some(sg)) => Ok(lanes_forward(start, req, sg)),
+        (KernelFamily::Coop, _) => coop::coop_forward(start, req, caps),
         _ => tiled_forward(start, req, caps),
     }
 }
@@ -279,7 +283,7 @@ fn tiled_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -> O
     let chosen = ov.kernel.is_none() && !ov.fixes_tiles();
     (kernel == KernelFamily::Tiled && chosen && caps.lane_subgroup.is_some()).then(|| {
         format!(
-            "the lanes kernels take head dims that are multiples of 4 up to \
+            "tiled, not lanes: the lanes kernels take head dims that are multiples of 4 up to \
              {LANES_MAX_HEAD_DIM} (d {}, dv {}): their code is unrolled per head dim, and \
              wider rows no longer fit their registers and take lavapipe minutes to compile",
             req.head_dim, req.head_dim_v
@@ -290,7 +294,8 @@ fn tiled_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -> O
 /// The kernel family for `req`: lanes on CPU adapters with fixed subgroups
 /// when both head dims allow (multiples of 4 up to [`LANES_MAX_HEAD_DIM`]:
 /// the lanes code is unrolled per head dim and compiles slowly past it on
-/// lavapipe) and no tile parameter is overridden, else tiled.
+/// lavapipe) and no tile parameter is overridden; coop where
+/// [`coop::coop_by_default`] says; else tiled.
 pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
     let lanes_ok = |d: usize| d.is_multiple_of(4) && d <= LANES_MAX_HEAD_DIM;
@@ -307,10 +312,12 @@ pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<Kern
             head_dim: d,
             max: LANES_MAX_HEAD_DIM,
         }),
+        Some(KernelFamily::Coop) => coop::check_coop(req, caps).map(|_| KernelFamily::Coop),
         Some(kernel) => Ok(kernel),
         None if caps.lane_subgroup.is_some() && lanes_dim && !ov.fixes_tiles() => {
             Ok(KernelFamily::Lanes)
         }
+        None if coop::coop_by_default(req, caps) => Ok(KernelFamily::Coop),
         None => Ok(KernelFamily::Tiled),
     }
 }

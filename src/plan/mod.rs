@@ -6,8 +6,10 @@
 pub mod backward;
 pub mod candidates;
 pub mod caps;
+pub mod coop;
 pub mod decode;
 pub mod forward;
+pub mod matrix;
 pub mod pieces;
 pub mod request;
 pub mod tiles;
@@ -15,6 +17,7 @@ pub mod tiles;
 pub use backward::plan_backward;
 pub use candidates::{candidates, Candidate, Pass, MAX_CANDIDATES};
 pub use caps::{CoopMatrixShapes, DeviceCaps, SubgroupSizes, LANE_SUBGROUPS};
+pub use coop::{CoopForm, COOP_MAX_HEAD_DIM, COOP_WORKGROUP};
 pub use decode::{
     plan_decode, plan_splits, DecodePlan, DecodeRequest, DecodeTiles, SplitLimits, Splits,
 };

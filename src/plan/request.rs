@@ -18,6 +18,9 @@ pub enum KernelFamily {
     /// by subgroup broadcast, no workgroup memory. For CPU adapters, where
     /// per-invocation memory accesses are what costs.
     Lanes,
+    /// `flash_fwd_coop.wgsl` (forward only): Q·Kᵀ and P·V on cooperative
+    /// matrices (tensor cores), where the device has them (see `plan::coop`).
+    Coop,
 }
 
 impl KernelFamily {
@@ -25,6 +28,7 @@ impl KernelFamily {
         match self {
             KernelFamily::Tiled => "tiled",
             KernelFamily::Lanes => "lanes",
+            KernelFamily::Coop => "coop",
         }
     }
 }
@@ -35,10 +39,11 @@ impl std::str::FromStr for KernelFamily {
         match s {
             "tiled" => Ok(KernelFamily::Tiled),
             "lanes" => Ok(KernelFamily::Lanes),
+            "coop" => Ok(KernelFamily::Coop),
             _ => Err(Error::UnknownName {
                 what: "kernel",
                 name: s.to_string(),
-                expected: "tiled or lanes",
+                expected: "tiled, lanes or coop",
             }),
         }
     }

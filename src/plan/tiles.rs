@@ -4,6 +4,7 @@
 //! The workgroup bytes the kernels declare are computed here, from the same
 //! fields the shaders are built from.
 
+use super::matrix::CoopForm;
 use super::request::{KernelFamily, StorageKind};
 
 /// Bytes per on-chip element: tiles are f32 whatever the storage precision.
@@ -47,6 +48,8 @@ pub struct Plan {
     pub workgroup_size: u32,
     /// Bytes of `var<workgroup>` the kernel declares.
     pub workgroup_bytes: u32,
+    /// The cooperative-matrix form of a coop plan (`None` for the others).
+    pub coop: Option<CoopForm>,
 }
 
 impl Plan {
@@ -109,6 +112,14 @@ impl std::fmt::Display for Plan {
                 self.bc
             )?;
         }
+        if let Some(form) = self.coop {
+            writeln!(
+                f,
+                "kernel: coop — Q·Kᵀ and P·V on {} (one subgroup per tile), online softmax in \
+                 workgroup memory",
+                form.name()
+            )?;
+        }
         write!(
             f,
             "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
@@ -144,7 +155,8 @@ pub struct Planned {
     pub plan: Plan,
     pub clamps: Vec<Clamp>,
     /// Why the planner took the tiled kernels on an adapter that has the
-    /// lanes ones (the head dims), if it did.
+    /// lanes ones (the head dims), or took or passed over the coop kernel on
+    /// a device with cooperative matrices, if it did.
     pub kernel_reason: Option<String>,
 }
 
@@ -159,7 +171,7 @@ impl std::fmt::Display for Planned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}", self.plan)?;
         if let Some(why) = &self.kernel_reason {
-            writeln!(f, "kernel: tiled, not lanes: {why}")?;
+            writeln!(f, "kernel: {why}")?;
         }
         if self.clamps.is_empty() {
             return write!(f, "clamps: none");

@@ -9,10 +9,27 @@ use crate::error::{Error, Result};
 use crate::kernels::loop_probe::PROBE_BOUND;
 use crate::kernels::LoopProbe;
 
-/// Features flashattn uses when the adapter has them.
+/// Features flashattn uses when the adapter has them (cooperative matrices
+/// for the coop kernel, `plan::coop`).
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
     adapter
-        & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP)
+        & (wgpu::Features::SHADER_F16
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+}
+
+/// wgpu 30 refuses a device with an `EXPERIMENTAL_*` feature unless the
+/// descriptor carries this token; only cooperative matrices ask for it.
+fn experimental(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
+    if features.intersects(wgpu::Features::all_experimental_mask()) {
+        // SAFETY: wgpu's experimental APIs may carry bugs; flashattn uses
+        // only cooperative-matrix types and operations in one kernel, which
+        // `tests/shaders_coop.rs` validates with naga for every variant.
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    }
 }
 
 /// Whether an adapter runs on the CPU (llvmpipe over Vulkan or GL,
@@ -84,22 +101,38 @@ pub async fn best_adapter() -> Result<wgpu::Adapter> {
 /// A device on `adapter` with its real limits, probed for its loop limit.
 pub async fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
     let info = adapter.get_info();
-    let (device, queue) = adapter
-        .request_device(&wgpu::DeviceDescriptor {
-            label: Some("flashattn"),
-            required_features: wanted_features(adapter.features()),
-            required_limits: adapter.limits(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|source| Error::RequestDevice {
-            adapter: info.name.clone(),
-            source,
-        })?;
+    let features = wanted_features(adapter.features());
+    let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    let mut opened = request(adapter, features).await;
+    if opened.is_err() && features.contains(coop) {
+        // An experimental feature must not cost the device: without it
+        // every kernel but the coop one still runs.
+        opened = request(adapter, features - coop).await;
+    }
+    let (device, queue) = opened.map_err(|source| Error::RequestDevice {
+        adapter: info.name.clone(),
+        source,
+    })?;
     let mut gpu = Gpu::new(device, queue, info);
     gpu.coop_properties = adapter.cooperative_matrix_properties();
     probe(&mut gpu).await?;
     Ok(gpu)
+}
+
+/// A device on `adapter` with its real limits and `features`.
+async fn request(
+    adapter: &wgpu::Adapter,
+    features: wgpu::Features,
+) -> std::result::Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError> {
+    adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("flashattn"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            experimental_features: experimental(features),
+            ..Default::default()
+        })
+        .await
 }
 
 /// A [`Gpu`] on an existing device, probed for its loop limit.

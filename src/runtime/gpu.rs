@@ -8,7 +8,7 @@ use super::pipelines::PipelineCache;
 use crate::error::{Error, Result};
 use crate::kernels::{LoopCheck, Variant};
 use crate::plan::decode::GPU_PARALLEL_WORKGROUPS;
-use crate::plan::DeviceCaps;
+use crate::plan::{CoopForm, DeviceCaps, Plan};
 use std::sync::{Arc, Mutex};
 
 /// Settings that change what the planner sees or what kernels carry.
@@ -18,8 +18,11 @@ pub struct Settings {
     pub binding_cap: Option<u64>,
     /// Plan with at most this much workgroup storage.
     pub workgroup_storage_cap: Option<u32>,
-    /// Never plan the lanes kernels.
+    /// Never plan the lanes or coop kernels.
     pub tiled_only: bool,
+    /// Plan as if the device had 8×8 f32 cooperative matrices and run the
+    /// coop kernel with them emulated (`CoopForm::Emulated`): tests.
+    pub emulate_coop: bool,
     /// Do not split calls by the predicted loop count (the guard still
     /// catches kernels cut short): for testing the guard.
     pub no_loop_prediction: bool,
@@ -90,6 +93,14 @@ impl Gpu {
         }
         if self.settings.tiled_only {
             caps.lane_subgroup = None;
+            caps.coop_matrix = Default::default();
+        }
+        if self.settings.emulate_coop && caps.subgroup.is_some() {
+            // Only the form that is emulated, even where real ones exist.
+            caps.coop_matrix = crate::plan::CoopMatrixShapes {
+                f32_8x8: true,
+                ..Default::default()
+            };
         }
         caps
     }
@@ -102,6 +113,18 @@ impl Gpu {
             #[cfg(not(target_arch = "wasm32"))]
             wgpu::DeviceType::Cpu => std::thread::available_parallelism().map_or(1, |n| n.get()),
             _ => GPU_PARALLEL_WORKGROUPS,
+        }
+    }
+
+    /// `plan` as this device runs it: with emulated cooperative matrices
+    /// where [`Settings::emulate_coop`] asks for them.
+    pub fn device_plan(&self, plan: Plan) -> Plan {
+        match plan.coop {
+            Some(CoopForm::F32x8) if self.settings.emulate_coop => Plan {
+                coop: Some(CoopForm::Emulated),
+                ..plan
+            },
+            _ => plan,
         }
     }
 

@@ -273,8 +273,9 @@ pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Ch
 }
 
 /// Run a case on the GPU and check it. Where the planner picks the lanes
-/// kernel (CPU adapters), the tiled kernel — the one GPUs run — is checked
-/// on the same case too, unless the case forces a kernel.
+/// kernel (CPU adapters) or the coop kernel (cooperative matrices), the
+/// tiled kernel — the one every GPU runs — is checked on the same case too,
+/// unless the case forces a kernel.
 pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
@@ -286,8 +287,9 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    let lanes = out.stats.plan.map(|p| p.kernel) == Some(KernelFamily::Lanes);
-    if lanes && case.overrides.kernel.is_none() {
+    let kernel = out.stats.plan.map(|p| p.kernel);
+    let other = matches!(kernel, Some(KernelFamily::Lanes | KernelFamily::Coop));
+    if other && case.overrides.kernel.is_none() {
         run(&PlanOverrides {
             kernel: Some(KernelFamily::Tiled),
             ..case.overrides

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::tensor::Precision;
-use crate::plan::caps::{SubgroupSizes, LANE_SUBGROUPS};
+use crate::plan::caps::{CoopMatrixShapes, SubgroupSizes, LANE_SUBGROUPS};
 
 fn gpu(kib: u32, subgroups: Option<(u32, u32)>) -> DeviceCaps {
     DeviceCaps {
@@ -25,13 +25,34 @@ fn cpu_adapter(n: u32) -> DeviceCaps {
     }
 }
 
+/// `caps` with cooperative matrices: 16×16 f16 (NVIDIA, AMD, Intel) or
+/// only 8×8 f32 (Apple's simdgroup matrices).
+fn coop(caps: DeviceCaps, f16: bool) -> DeviceCaps {
+    let coop_matrix = CoopMatrixShapes {
+        f32_8x8: !f16,
+        f16_16x16_f32: f16,
+        f16_16x16_f16: f16,
+    };
+    DeviceCaps {
+        coop_matrix,
+        ..caps
+    }
+}
+
 fn adapters() -> Vec<(String, DeviceCaps)> {
     let mut out = vec![
         ("nvidia 48 KiB".to_string(), gpu(48, Some((32, 32)))),
         ("nvidia 100 KiB".into(), gpu(100, Some((32, 32)))),
+        ("nvidia, coop".into(), coop(gpu(100, Some((32, 32))), true)),
         ("amd".into(), gpu(64, Some((32, 64)))),
+        ("amd, coop".into(), coop(gpu(64, Some((32, 64))), true)),
         ("apple".into(), gpu(32, Some((32, 32)))),
+        (
+            "apple, simdgroup".into(),
+            coop(gpu(32, Some((32, 32))), false),
+        ),
         ("intel".into(), gpu(64, Some((8, 32)))),
+        ("intel, coop".into(), coop(gpu(64, Some((8, 32))), true)),
         ("lavapipe".into(), cpu_adapter(8)),
         ("webgpu default".into(), DeviceCaps::webgpu_default()),
     ];
@@ -214,4 +235,25 @@ fn passes_parse_by_name() {
         "sideways".parse::<Pass>(),
         Err(Error::UnknownName { what: "pass", .. })
     ));
+}
+
+#[test]
+fn cooperative_matrices_join_the_candidates_where_the_device_has_them() {
+    let req = PlanRequest::new(64, Precision::F32).seqlens(8192, 8192);
+    let kernels = |caps: &DeviceCaps| -> Vec<KernelFamily> {
+        candidates(&req, Pass::Forward, caps)
+            .unwrap()
+            .iter()
+            .map(|c| c.plan.kernel)
+            .collect()
+    };
+    // f32 takes coop only when asked: the tuner asks on Apple's 8×8 f32 form.
+    let apple = coop(gpu(32, Some((32, 32))), false);
+    assert!(kernels(&apple).contains(&KernelFamily::Coop));
+    assert!(!kernels(&gpu(32, Some((32, 32)))).contains(&KernelFamily::Coop));
+    // f16 on NVIDIA-like tensor cores: the formula plan is coop already.
+    let nvidia = coop(gpu(100, Some((32, 32))), true);
+    let f16 = PlanRequest::new(128, Precision::F16).seqlens(8192, 8192);
+    let first = &candidates(&f16, Pass::Forward, &nvidia).unwrap()[0];
+    assert_eq!(first.plan.kernel, KernelFamily::Coop);
 }
