@@ -84,8 +84,9 @@ impl Engine {
         self
     }
 
-    /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has
-    /// the lanes kernels: for comparisons, and to test the GPU path on lavapipe.
+    /// Run the tiled kernels by default, even on a CPU adapter that has the
+    /// lanes kernels or a GPU that defaults to the registers ones: for
+    /// comparisons, and to test the tiled path on lavapipe.
     pub fn with_tiled_kernels_only(mut self) -> Self {
         self.gpu.settings.tiled_only = true;
         self

@@ -102,10 +102,45 @@ pub struct AttentionArgs {
     /// Override the planner's Bc (keys per block; wgpu only).
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
-    /// Force the forward kernel: `tiled` (workgroup-memory tiles, for GPUs)
-    /// or `lanes` (one row per subgroup lane, CPU adapters; wgpu only).
+    /// Force the kernels: `tiled` (workgroup-memory tiles), `registers`
+    /// (register micro-tiles, GPUs' default) or `lanes` (one row per
+    /// subgroup lane, CPU adapters; wgpu only).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
+    #[command(flatten)]
+    pub registers: RegisterArgs,
+}
+
+/// The registers kernels' parameters (wgpu only; any of them picks the
+/// registers kernels).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RegisterArgs {
+    /// Query rows (backward: rows or keys) each invocation holds (RM).
+    #[arg(long, value_name = "RM")]
+    pub rows_per_thread: Option<u32>,
+    /// Row max and sum by subgroup shuffles (`on`) or workgroup memory (`off`).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub subgroup_reduce: Option<bool>,
+    /// Two K/V tile buffers (`on`) or one (`off`).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub double_buffer: Option<bool>,
+}
+
+impl RegisterArgs {
+    /// Whether any is given.
+    pub fn any(&self) -> bool {
+        self.rows_per_thread.is_some()
+            || self.subgroup_reduce.is_some()
+            || self.double_buffer.is_some()
+    }
+}
+
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not {other}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -202,6 +237,11 @@ pub struct PlanArgs {
     /// Cap the workgroup storage M in bytes (below the device's limit).
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
+    /// Plan these kernels: tiled, registers or lanes.
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
+    #[command(flatten)]
+    pub registers: RegisterArgs,
     /// Show the decode plan (FlashDecoding's splits of a KV cache's keys)
     /// for --batch, --heads-q, --heads-kv, --head-dim and --cache-len.
     #[arg(long)]
@@ -239,7 +279,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
     /// Implementations: flash (the planner's kernels: lanes on CPU adapters
-    /// with subgroups), tiled (the tiled kernels forced), naive, cpu, and the
+    /// with subgroups, registers on GPUs), tiled or registers (those kernels
+    /// forced), naive, cpu, and the
     /// outside baselines numpy (naive float32 attention) and torch (SDPA on
     /// the CPU), run by benches/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]

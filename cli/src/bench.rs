@@ -29,6 +29,8 @@ pub enum Implementation {
     Flash,
     /// The tiled WGSL kernels, forced (the GPU path, on any adapter).
     Tiled,
+    /// The register-tiled WGSL kernels, forced (GPUs' default).
+    Registers,
     /// The WGSL baseline with S and P in storage (tiled matmuls).
     Naive,
     /// The CPU backend.
@@ -53,6 +55,7 @@ impl Implementation {
         match self {
             Implementation::Flash => "flash",
             Implementation::Tiled => "tiled",
+            Implementation::Registers => "registers",
             Implementation::Naive => "naive",
             Implementation::Cpu => "cpu",
             Implementation::Numpy => "numpy",
@@ -64,7 +67,10 @@ impl Implementation {
     pub fn on_gpu(self) -> bool {
         matches!(
             self,
-            Implementation::Flash | Implementation::Tiled | Implementation::Naive
+            Implementation::Flash
+                | Implementation::Tiled
+                | Implementation::Registers
+                | Implementation::Naive
         )
     }
 
@@ -95,13 +101,14 @@ impl std::str::FromStr for Implementation {
         match s {
             "flash" => Ok(Implementation::Flash),
             "tiled" => Ok(Implementation::Tiled),
+            "registers" => Ok(Implementation::Registers),
             "naive" => Ok(Implementation::Naive),
             "cpu" => Ok(Implementation::Cpu),
             "numpy" => Ok(Implementation::Numpy),
             "torch" => Ok(Implementation::Torch),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, tiled, naive, cpu, numpy or torch",
+                expected: "flash, tiled, registers, naive, cpu, numpy or torch",
                 value: other.to_string(),
             }),
         }
@@ -334,16 +341,21 @@ fn prepare<'a>(
             accesses: Accesses::default(),
         })
     };
-    let tiled = PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
+    // The kernels forced, where the implementation forces them.
+    let forced = |kernel| PlanOverrides {
+        kernel: Some(kernel),
         ..Default::default()
+    };
+    let tiled = match case.implementation {
+        Implementation::Registers => forced(KernelFamily::Registers),
+        _ => forced(KernelFamily::Tiled),
     };
     Ok(match (case.pass, case.implementation) {
         (Pass::Forward, Implementation::Flash) => {
             let e = gpu()?;
             Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
         }
-        (Pass::Forward, Implementation::Tiled) => {
+        (Pass::Forward, Implementation::Tiled | Implementation::Registers) => {
             let e = gpu()?;
             Box::new(move || {
                 Ok(from_stats(
@@ -366,7 +378,7 @@ fn prepare<'a>(
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
             })
         }
-        (Pass::Backward, Implementation::Tiled) => {
+        (Pass::Backward, Implementation::Tiled | Implementation::Registers) => {
             let e = gpu()?;
             let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
             Box::new(move || {

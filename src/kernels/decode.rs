@@ -67,8 +67,9 @@ impl FlashDecode {
         let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
         c.override_bool("IS_PARTIAL", self.partial)
             .const_u32("RB", t.rows);
+        // The decode planner plans no registers kernel: those run tiled.
         let (read, body) = match t.kernel {
-            KernelFamily::Tiled => {
+            KernelFamily::Tiled | KernelFamily::Registers => {
                 c.const_u32("ACC", t.acc_per_thread());
                 (Access::Read, FLASH_DECODE.to_string())
             }

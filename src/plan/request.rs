@@ -18,6 +18,11 @@ pub enum KernelFamily {
     /// by subgroup broadcast, no workgroup memory. For CPU adapters, where
     /// per-invocation memory accesses are what costs.
     Lanes,
+    /// `flash_fwd_regs.wgsl`, `flash_bwd_regs_*.wgsl`: tiles in workgroup
+    /// memory read as vec4s into per-invocation register micro-tiles (RM
+    /// rows × its keys, RM rows × its output columns), row reductions by
+    /// subgroup shuffles where they fit one subgroup. The default on GPUs.
+    Registers,
 }
 
 impl KernelFamily {
@@ -25,6 +30,7 @@ impl KernelFamily {
         match self {
             KernelFamily::Tiled => "tiled",
             KernelFamily::Lanes => "lanes",
+            KernelFamily::Registers => "registers",
         }
     }
 }
@@ -35,10 +41,11 @@ impl std::str::FromStr for KernelFamily {
         match s {
             "tiled" => Ok(KernelFamily::Tiled),
             "lanes" => Ok(KernelFamily::Lanes),
+            "registers" => Ok(KernelFamily::Registers),
             _ => Err(Error::UnknownName {
                 what: "kernel",
                 name: s.to_string(),
-                expected: "tiled or lanes",
+                expected: "tiled, lanes or registers",
             }),
         }
     }
@@ -104,6 +111,13 @@ pub struct PlanOverrides {
     /// Force the kernel family (`Lanes` needs a CPU adapter with fixed
     /// subgroups and head dims that are multiples of 4 up to 128).
     pub kernel: Option<KernelFamily>,
+    /// Registers kernels: query rows per invocation (RM).
+    pub rows_per_thread: Option<u32>,
+    /// Registers kernels: row reductions by subgroup shuffles (`true`, needs
+    /// SUBGROUP and a row within the smallest subgroup) or workgroup memory.
+    pub subgroup_reduce: Option<bool>,
+    /// Registers kernels: two K/V tile buffers (`true`) or one.
+    pub double_buffer: Option<bool>,
 }
 
 impl PlanOverrides {
@@ -113,6 +127,13 @@ impl PlanOverrides {
             || self.bc.is_some()
             || self.threads_per_row.is_some()
             || self.max_workgroup_storage.is_some()
+    }
+
+    /// Whether any parameter only the registers kernels have is fixed.
+    pub fn fixes_registers(&self) -> bool {
+        self.rows_per_thread.is_some()
+            || self.subgroup_reduce.is_some()
+            || self.double_buffer.is_some()
     }
 }
 

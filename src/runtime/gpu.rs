@@ -18,7 +18,8 @@ pub struct Settings {
     pub binding_cap: Option<u64>,
     /// Plan with at most this much workgroup storage.
     pub workgroup_storage_cap: Option<u32>,
-    /// Never plan the lanes kernels.
+    /// Default to the tiled kernels (never the lanes ones, nor the
+    /// registers ones unless asked for).
     pub tiled_only: bool,
     /// Do not split calls by the predicted loop count (the guard still
     /// catches kernels cut short): for testing the guard.
@@ -90,6 +91,7 @@ impl Gpu {
         }
         if self.settings.tiled_only {
             caps.lane_subgroup = None;
+            caps.hardware = false;
         }
         caps
     }

@@ -81,12 +81,16 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         br: a.block_q,
         bc: a.block_k,
         kernel: a.kernel.as_deref().map(str::parse).transpose()?,
+        rows_per_thread: a.registers.rows_per_thread,
+        subgroup_reduce: a.registers.subgroup_reduce,
+        double_buffer: a.registers.double_buffer,
         ..Default::default()
     };
-    let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some();
+    let tuned =
+        a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some() || a.registers.any();
     if backend == BackendKind::Cpu && tuned {
         return Err(CliError::WgpuOnly {
-            flags: "--block-q, --block-k and --kernel",
+            flags: "--block-q, --block-k, --kernel, --rows-per-thread, --subgroup-reduce and --double-buffer",
         });
     }
     let [q, k, v] =

@@ -6,7 +6,7 @@ use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
 use flashattn::{
     plan_backward, plan_forward, AttentionOptions, AttentionShape, CacheLayout, CacheShape,
-    DecodeProblem, DecodeStep, Engine, PlanRequest, Precision, TensorData,
+    DecodeProblem, DecodeStep, Engine, PlanOverrides, PlanRequest, Precision, TensorData,
 };
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -25,7 +25,13 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     print_device(&engine);
     for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
-        let req = PlanRequest::new(d, precision);
+        let req = PlanRequest::new(d, precision).overrides(PlanOverrides {
+            kernel: a.kernel.as_deref().map(str::parse).transpose()?,
+            rows_per_thread: a.registers.rows_per_thread,
+            subgroup_reduce: a.registers.subgroup_reduce,
+            double_buffer: a.registers.double_buffer,
+            ..Default::default()
+        });
         println!("\nhead_dim {d}, {precision}, forward:");
         indent(&plan_forward(&req, &caps)?.to_string());
         // The backward needs more workgroup storage; a device may run only the forward.
