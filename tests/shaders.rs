@@ -175,8 +175,8 @@ const REGISTER_DIMS: [(usize, usize); 8] = [
 ];
 
 /// GPU-like devices, where the planner picks the registers kernels: NVIDIA
-/// (48 KiB, 32 lanes), Intel (64 KiB, 8–32 lanes), a GPU with the WebGPU
-/// defaults and no subgroups.
+/// (48 KiB, 32 lanes: subgroup reductions) and a GPU with the WebGPU
+/// defaults and no subgroups (workgroup-memory reductions, small tiles).
 fn gpu_caps() -> Vec<DeviceCaps> {
     let gpu = |kib: u32, subgroup: Option<(u32, u32)>| DeviceCaps {
         max_workgroup_storage: kib * 1024,
@@ -186,7 +186,6 @@ fn gpu_caps() -> Vec<DeviceCaps> {
     };
     vec![
         gpu(48, Some((32, 32))),
-        gpu(64, Some((8, 32))),
         DeviceCaps {
             hardware: true,
             ..DeviceCaps::webgpu_default()
@@ -497,7 +496,7 @@ fn fp8_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                 label: format!("fp8 forward {label} {variant:?}"),
                 key: FlashForward { plan, variant }.into(),
                 f16: false,
-                subgroups: plan.kernel == KernelFamily::Lanes,
+                subgroups: plan.kernel == KernelFamily::Lanes || plan.subgroup_reduce,
             });
         }
     }

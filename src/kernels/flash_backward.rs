@@ -358,13 +358,15 @@ impl FlashBackward {
                 // own pass and the block loop's last; its own last pass
                 // runs every loop nested in it once more.
                 let exit = 1 + 1 + nested;
-                (g * step, t.keys + g * (2 + nested) + exit + GUARD)
+                let stores = self.stores(&[p.acc_chunks(true), p.acc_chunks(false)]);
+                (g * step, t.keys + g * (2 + nested) + exit + stores + GUARD)
             }
             (BackwardPart::Dq, KernelFamily::Tiled | KernelFamily::Registers) => {
                 let t = tile_loops(p);
                 // Each step loads a block of keys (one loop).
                 let (step, nested) = t.step(t.keys, 1, t.dq);
-                (step, t.rows + 1 + nested + GUARD)
+                let stores = self.stores(&[p.acc_chunks(true)]);
+                (step, t.rows + 1 + nested + stores + GUARD)
             }
         };
         if self.variant.varlen && matches!(self.part, BackwardPart::DkDv | BackwardPart::Dq) {
@@ -375,6 +377,16 @@ impl FlashBackward {
             step,
             per_step,
             fixed,
+        }
+    }
+}
+
+impl FlashBackward {
+    /// The registers kernels' output stores (none counted for the tiled ones).
+    fn stores(&self, parts: &[u32]) -> u64 {
+        match self.plan.kernel {
+            KernelFamily::Registers => registers_stores(&self.plan, parts),
+            _ => 0,
         }
     }
 }
@@ -433,13 +445,24 @@ fn registers_loops(p: &Plan) -> TileLoops {
         p.acc_chunks(false),
     );
     let tile = counted((b * dm4).div_ceil(wg) as u64, 0, 0);
+    // S's and dP's loops over keys stay loops past the unroll budget.
+    let keys = constant(sc, 8 + rm * 24, 0);
     TileLoops {
         rows: tile + counted(b.div_ceil(wg) as u64, 0, 0),
         keys: tile,
-        dot: constant(dm4, 2 * (rm * 6 + sc * (4 + rm * 12)), 0),
-        dq: constant(b, rm * 4 + acc_k * (4 + rm * 10), 0),
-        dkdv: constant(b, rm * 8 + (acc_k + acc_v) * (4 + rm * 10), 0),
+        dot: constant(dm4, 2 * (rm * 6 + sc * (8 + rm * 24)), 2 * keys),
+        // The updates, and P/dS's loops over rows (a few passes each step
+        // on lavapipe, whatever it unrolls).
+        dq: constant(b, rm * 8 + acc_k * (12 + rm * 24), 0) + 4 + rm as u64,
+        dkdv: constant(b, rm * 8 + (acc_k + acc_v) * (12 + rm * 24), 0) + 4 + rm as u64,
     }
+}
+
+/// The registers backward's output stores (`arrays` of them per row or
+/// key), counted as loops (see the forward's).
+pub(crate) fn registers_stores(p: &Plan, parts: &[u32]) -> u64 {
+    let inner: u64 = parts.iter().map(|&acc| counted(acc as u64, 0, 0)).sum();
+    counted(p.rows_per_thread as u64, inner, parts.len() as u64)
 }
 
 impl TileLoops {

@@ -206,14 +206,25 @@ fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
 /// The registers forward's loop iterations `(per step, fixed)`: per step its
 /// own pass, the K/V load, q·k over the vec4 chunks (loops over rows and
 /// keys unrolled), and P·V over the block's keys; the Q load, the
-/// reductions' loops (workgroup memory) and the exits, the guard.
+/// reductions' loops (workgroup memory), the output stores (counted as
+/// loops: on lavapipe whether they unroll varied with the plan by a few
+/// iterations), the exits and the guard. Op counts are fitted to
+/// `tests/loop_limit.rs`'s measurements.
 fn registers_loops(p: &Plan) -> (u64, u64) {
     let (bc, wg, rm) = (p.bc, p.workgroup_size, p.rows_per_thread);
     let [d4, v4] = p.chunks();
     let (sc, acc) = (p.scores_per_thread(), p.acc_chunks(false));
     let tile = |n: u32| counted(n.div_ceil(wg) as u64, 0, 0);
-    let dot = constant(d4, rm * 6 + sc * (4 + rm * 12), 0);
-    let pv = constant(bc, rm * 4 + acc * (4 + rm * 10), 0);
+    // The loop over keys in it stays a loop past the unroll budget.
+    let keys = constant(sc, 8 + rm * 24, 0);
+    let dot = constant(d4, rm * 6 + sc * (8 + rm * 24), keys);
+    // Then a loop over the rows after it stays one too (measured).
+    let rows = if keys > 0 {
+        counted(rm as u64, 0, 0)
+    } else {
+        0
+    };
+    let pv = constant(bc, rm * 8 + acc * (12 + rm * 24), 0);
     let nested = 1 + (dot > 0) as u64 + (pv > 0) as u64;
     // Per reduction over rows of TC invocations: the loop over partials.
     let reduce = if p.subgroup_reduce {
@@ -221,9 +232,10 @@ fn registers_loops(p: &Plan) -> (u64, u64) {
     } else {
         rm as u64 * constant(p.threads_per_row - 1, 6, 0)
     };
+    let stores = counted(rm as u64, counted(acc as u64, 0, 0), 1);
     (
-        1 + tile(bc * d4.max(v4)) + dot + pv + reduce,
-        tile(p.br * d4) + 1 + nested + reduce + GUARD,
+        1 + tile(bc * d4.max(v4)) + dot + rows + pv + reduce,
+        tile(p.br * d4) + 1 + nested + reduce + stores + GUARD,
     )
 }
 

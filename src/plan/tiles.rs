@@ -139,7 +139,7 @@ impl std::fmt::Display for Plan {
             writeln!(
                 f,
                 "kernel: registers — each invocation holds {} rows × {} keys of S and {} rows × {} \
-                 vec4 columns of O in registers; row reductions by {}; K/V tiles {}",
+                 vec4 columns of O in registers; the forward's row reductions by {}, its K/V tiles {}",
                 self.rows_per_thread,
                 self.scores_per_thread(),
                 self.rows_per_thread,
