@@ -91,6 +91,7 @@ run() {
     step "test-$suite" 240 "$bin/$suite" --test-threads 4
   done
   step bench-forward 240 "$bin/flashattn" bench --seqlens 1024,2048,4096,8192,16384 --head-dims 64,128 \
+    --impls flash,tiled,registers,naive,cpu \
     --passes forward --causal both --heads 8 --repeats 5 --json "$out/bench-forward.json"
   # f16 forward: flash is the planner's choice (coop where the device has
   # cooperative matrices), tiled the tiled kernel forced, side by side.
@@ -98,6 +99,7 @@ run() {
     --passes forward --causal both --heads 8 --repeats 5 --precision f16 --impls flash,tiled \
     --json "$out/bench-forward-coop.json"
   step bench-backward 240 "$bin/flashattn" bench --seqlens 1024,4096,8192 --head-dims 64,128 \
+    --impls flash,tiled,registers,naive,cpu \
     --passes backward --heads 8 --repeats 3 --json "$out/bench-backward.json"
   step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \
     --json "$out/bench-decode.json"

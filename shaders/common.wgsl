@@ -309,3 +309,31 @@ fn pair_allowed(masking: bool, in_range: bool, offset: i32, row_abs: i32, key_ab
     }
     return in_range && (!IS_MASKED || band_allows(offset, row_abs, key_abs));
 }
+
+// What a kernel's block of pairs needs to score them: the diagonal offset,
+// ALiBi's slope, whether pairs are tested against the band and the
+// sequence (`masking`, see pair_allowed) and against the block mask
+// (`partial`, whose base is mask_at).
+struct Block {
+    offset: i32,
+    slope: f32,
+    masking: bool,
+    partial: bool,
+    mask_at: u32,
+}
+
+// Whether the pair of absolute row i and key j of block `b` takes part.
+fn block_pair_ok(b: Block, in_range: bool, i: i32, j: i32) -> bool {
+    var ok = pair_allowed(b.masking, in_range, b.offset, i, j);
+    if (b.partial) {
+        ok = ok && block_allows(in_range, b.mask_at, i, j);
+    }
+    return ok;
+}
+
+// The final score of raw score s (softcap, ALiBi), NEG_BIG where the pair
+// does not take part.
+fn block_score(b: Block, s: f32, in_range: bool, i: i32, j: i32) -> f32 {
+    let sc = cap_score(s) - alibi_bias(b.slope, b.offset, i, j);
+    return select(NEG_BIG, sc, block_pair_ok(b, in_range, i, j));
+}

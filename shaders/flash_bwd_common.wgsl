@@ -46,15 +46,9 @@ fn load_row_tiles(tid: u32, seq: Seq, h: u32, q0: u32, n_rows: u32) {
         }
     }
     for (var row = tid; row < B; row += WG) {
-        var lse = 0.0;
-        var dv = 0.0;
-        if (row < n_rows) {
-            let g = seq.lse + h * params.lse_head_stride + q0 + row;
-            lse = finite_lse(load_lse(g));
-            dv = load_dvec(g);
-        }
-        lse_tile[row] = lse;
-        dvec_tile[row] = dv;
+        let stats = row_stats(seq, h, q0, row, n_rows);
+        lse_tile[row] = stats.x;
+        dvec_tile[row] = stats.y;
     }
 }
 

@@ -27,3 +27,13 @@ fn p_and_ds(s: f32, bias: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f
     let ds = p * (dp - dvec) * dcap;
     return vec2<f32>(round_storage(p), round_storage(ds));
 }
+
+// LSE (finite, see finite_lse) and D of local row q0 + row of head h of
+// `seq`, zeros past n_rows: what the backward kernels keep per row.
+fn row_stats(seq: Seq, h: u32, q0: u32, row: u32, n_rows: u32) -> vec2<f32> {
+    if (row >= n_rows) {
+        return vec2<f32>(0.0, 0.0);
+    }
+    let g = seq.lse + h * params.lse_head_stride + q0 + row;
+    return vec2<f32>(finite_lse(load_lse(g)), load_dvec(g));
+}

@@ -111,21 +111,15 @@ fn main(
         let k_abs0 = i32(params.k_start + k0);
         let needs_mask = partial || k0 + BC > seq.keys || rows_here < BR
             || !band_covers(seq.offset, first_row, last_row, k_abs0, k_abs0 + i32(BC) - 1);
+        let blk = Block(seq.offset, slope, needs_mask, partial, mask_at);
         var block_max = NEG_BIG;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
-            let key_abs = k_abs0 + i32(c);
-            var sc = cap_score(s[k]) - alibi_bias(slope, seq.offset, row_abs, key_abs);
+            let in_range = row_valid && k0 + c < seq.keys;
+            var sc = block_score(blk, s[k], in_range, row_abs, k_abs0 + i32(c));
             if (!FULL_SC && c >= BC) {
                 // Lanes past the tile's last column hold no score at all.
                 sc = NEG_BIG;
-            } else {
-                let in_range = row_valid && k0 + c < seq.keys;
-                var ok = pair_allowed(needs_mask, in_range, seq.offset, row_abs, key_abs);
-                if (partial) {
-                    ok = ok && block_allows(in_range, mask_at, row_abs, key_abs);
-                }
-                sc = select(NEG_BIG, sc, ok);
             }
             s[k] = sc;
             block_max = max(block_max, sc);

@@ -138,9 +138,9 @@ impl Engine {
         self
     }
 
-    /// Run the tiled kernels (the GPU ones) even on a CPU adapter that has
-    /// the lanes kernels, or a GPU with cooperative matrices: for
-    /// comparisons, and to test the GPU path on lavapipe.
+    /// Run the tiled kernels by default, even on a CPU adapter that has the
+    /// lanes kernels or a GPU that defaults to the coop or registers ones:
+    /// for comparisons, and to test the tiled path on lavapipe.
     pub fn with_tiled_kernels_only(mut self) -> Self {
         self.gpu.settings.tiled_only = true;
         self

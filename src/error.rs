@@ -209,6 +209,10 @@ pub enum Error {
     },
     #[error("Br, Bc, threads per row and workgroup storage apply to the tiled kernels only, not to the lanes kernels")]
     TileOverrideOnLanes,
+    #[error("rows per invocation, subgroup reductions and double buffering apply to the registers kernels only, not to the {kernel} kernels")]
+    RegisterOverrideElsewhere { kernel: &'static str },
+    #[error("rows per invocation must be 1..={max}, not {rows}")]
+    RowsPerThread { rows: u32, max: u32 },
     #[error(
         "the lanes kernels need a head dim that is a multiple of 4 up to {max}, not {head_dim}"
     )]
@@ -230,6 +234,8 @@ pub enum Error {
         "the lanes kernels need a CPU adapter with fixed-size subgroups and subgroup operations"
     )]
     LanesUnavailable,
+    #[error("subgroup row reductions need the {threads_per_row} invocations of a row to be a power of two within the adapter's smallest subgroup ({subgroup}; 0: no SUBGROUP)")]
+    SubgroupReduce { threads_per_row: u32, subgroup: u32 },
     #[error("the CPU backend's {isa} kernels need an instruction set this machine lacks")]
     IsaUnavailable { isa: &'static str },
     #[error("native f16 needs the SHADER_F16 feature, which this adapter lacks")]

@@ -3,8 +3,24 @@
 
 mod common;
 
-use common::{engine, output_grad, run_gpu_backward, run_gpu_backward_both, Case};
-use flashattn::{AttentionOptions, BackwardInputs, Error, PlanOverrides, TensorView, Window};
+use common::{engine, other_families, output_grad, run_gpu_backward, run_gpu_backward_both, Case};
+
+use flashattn::{
+    AttentionOptions, BackwardInputs, Error, KernelFamily, PlanOverrides, TensorView, Window,
+};
+
+/// [`run_gpu_backward`], then the registers kernels (the GPUs' default) on
+/// the same case, unless it forces a kernel or fixes tiles.
+fn run_with_registers(e: &flashattn::Engine, case: &Case) -> flashattn::BackwardOutput {
+    let out = run_gpu_backward(e, case);
+    let registers = other_families(case, out.stats.plan.map(|p| p.kernel))
+        .into_iter()
+        .filter(|o| o.kernel == Some(KernelFamily::Registers));
+    for o in registers {
+        run_gpu_backward(e, &case.clone().overrides(o));
+    }
+    out
+}
 
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
@@ -21,17 +37,17 @@ fn packed() -> PlanOverrides {
 fn odd_sizes_f32() {
     let Some(e) = engine() else { return };
     for s in [1, 3, 97, 113] {
-        run_gpu_backward(e, &Case::new(s, s, 64));
+        run_with_registers(e, &Case::new(s, s, 64));
     }
-    run_gpu_backward(e, &Case::new(255, 255, 32).heads(1, 1));
+    run_with_registers(e, &Case::new(255, 255, 32).heads(1, 1));
 }
 
 #[test]
 fn seqlen_q_differs_from_seqlen_k() {
     let Some(e) = engine() else { return };
     for (sq, sk) in [(1, 97), (97, 1), (113, 37), (37, 113)] {
-        run_gpu_backward(e, &Case::new(sq, sk, 64));
-        run_gpu_backward(e, &Case::new(sq, sk, 40).opts(causal()));
+        run_with_registers(e, &Case::new(sq, sk, 64));
+        run_with_registers(e, &Case::new(sq, sk, 40).opts(causal()));
     }
 }
 
@@ -39,7 +55,7 @@ fn seqlen_q_differs_from_seqlen_k() {
 fn head_dims() {
     let Some(e) = engine() else { return };
     for d in [1, 16, 59, 111, 128, 256] {
-        run_gpu_backward(e, &Case::new(67, 53, d));
+        run_with_registers(e, &Case::new(67, 53, d));
     }
 }
 
@@ -47,14 +63,14 @@ fn head_dims() {
 fn head_dims_past_256() {
     let Some(e) = engine() else { return };
     for d in [288, 384, 512] {
-        run_gpu_backward(e, &Case::new(23, 31, d).heads(2, 1));
+        run_with_registers(e, &Case::new(23, 31, d).heads(2, 1));
     }
-    run_gpu_backward(e, &Case::new(31, 23, 512).opts(causal()).f16());
+    run_with_registers(e, &Case::new(31, 23, 512).opts(causal()).f16());
     let browser = PlanOverrides {
         max_workgroup_storage: Some(16384),
         ..Default::default()
     };
-    run_gpu_backward(e, &Case::new(17, 19, 512).overrides(browser));
+    run_with_registers(e, &Case::new(17, 19, 512).overrides(browser));
 }
 
 #[test]
@@ -80,8 +96,8 @@ fn f16_packed_and_native() {
     }
     for o in variants {
         for d in [32, 59, 128] {
-            run_gpu_backward(e, &Case::new(61, 83, d).f16().overrides(o));
-            run_gpu_backward(e, &Case::new(83, 61, d).f16().overrides(o).opts(causal()));
+            run_with_registers(e, &Case::new(61, 83, d).f16().overrides(o));
+            run_with_registers(e, &Case::new(83, 61, d).f16().overrides(o).opts(causal()));
         }
     }
 }
@@ -90,13 +106,13 @@ fn f16_packed_and_native() {
 fn bf16_sizes_and_head_dims() {
     let Some(e) = engine() else { return };
     for d in [1, 32, 59, 128, 256] {
-        run_gpu_backward(e, &Case::new(61, 83, d).bf16());
+        run_with_registers(e, &Case::new(61, 83, d).bf16());
     }
     for (sq, sk) in [(1, 97), (97, 1), (83, 61)] {
-        run_gpu_backward(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
+        run_with_registers(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
     }
-    run_gpu_backward(e, &Case::new(97, 113, 32).std(6.0).bf16());
-    let out = run_gpu_backward(e, &Case::new(40, 10, 32).opts(causal()).bf16());
+    run_with_registers(e, &Case::new(97, 113, 32).std(6.0).bf16());
+    let out = run_with_registers(e, &Case::new(40, 10, 32).opts(causal()).bf16());
     // Rows 0..30 see no key: their dq is exactly zero.
     assert!(out.dq.to_f32()[..30 * 2 * 32].iter().all(|&x| x == 0.0));
 }
@@ -105,9 +121,9 @@ fn bf16_sizes_and_head_dims() {
 fn gqa_and_mqa_sum_over_groups() {
     let Some(e) = engine() else { return };
     for (hq, hk) in [(4, 2), (6, 3), (4, 1)] {
-        run_gpu_backward(e, &Case::new(45, 70, 32).heads(hq, hk).batch(2));
-        run_gpu_backward(e, &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).f16());
-        run_gpu_backward(
+        run_with_registers(e, &Case::new(45, 70, 32).heads(hq, hk).batch(2));
+        run_with_registers(e, &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).f16());
+        run_with_registers(
             e,
             &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).bf16(),
         );
@@ -122,21 +138,21 @@ fn causal_window_softcap() {
             window: Window::from_signed(l, r),
             ..Default::default()
         };
-        run_gpu_backward(e, &Case::new(90, 77, 32).opts(opts.clone()));
-        run_gpu_backward(e, &Case::new(77, 90, 32).opts(opts.clone().causal(true)));
-        run_gpu_backward(e, &Case::new(77, 90, 32).opts(opts).bf16());
+        run_with_registers(e, &Case::new(90, 77, 32).opts(opts.clone()));
+        run_with_registers(e, &Case::new(77, 90, 32).opts(opts.clone().causal(true)));
+        run_with_registers(e, &Case::new(77, 90, 32).opts(opts).bf16());
     }
     for cap in [3.0, 20.0] {
         let opts = AttentionOptions::default().softcap(cap);
-        run_gpu_backward(e, &Case::new(70, 80, 64).opts(opts.clone()).std(2.0));
-        run_gpu_backward(
+        run_with_registers(e, &Case::new(70, 80, 64).opts(opts.clone()).std(2.0));
+        run_with_registers(
             e,
             &Case::new(70, 80, 64)
                 .opts(opts.clone().causal(true))
                 .f16()
                 .std(2.0),
         );
-        run_gpu_backward(
+        run_with_registers(
             e,
             &Case::new(70, 80, 64)
                 .opts(opts.causal(true))
@@ -149,11 +165,11 @@ fn causal_window_softcap() {
 #[test]
 fn empty_rows_and_large_scores() {
     let Some(e) = engine() else { return };
-    let out = run_gpu_backward(e, &Case::new(40, 10, 32).opts(causal()));
+    let out = run_with_registers(e, &Case::new(40, 10, 32).opts(causal()));
     let dq = out.dq.to_f32();
     // Rows 0..30 see no key: their dq is exactly zero.
     assert!(dq[..30 * 2 * 32].iter().all(|&x| x == 0.0));
-    run_gpu_backward(e, &Case::new(97, 113, 32).std(6.0));
+    run_with_registers(e, &Case::new(97, 113, 32).std(6.0));
 }
 
 #[test]
@@ -488,6 +504,37 @@ fn dvec_follows_the_row_strides() {
                     "b {bi} h {hi} row {i}: D = {got}, expected {want}"
                 );
             }
+        }
+    }
+}
+
+/// The registers backward with 1, 2 and 4 rows (keys) per invocation on
+/// odd sizes, GQA, masks and softcap.
+#[test]
+fn registers_backward_rows_per_invocation() {
+    let Some(e) = engine() else { return };
+    for rm in [1, 2, 4] {
+        let o = PlanOverrides {
+            kernel: Some(KernelFamily::Registers),
+            rows_per_thread: Some(rm),
+            ..Default::default()
+        };
+        let window = AttentionOptions {
+            window: Window::from_signed(9, 2),
+            ..Default::default()
+        };
+        for case in [
+            Case::new(113, 97, 64).opts(causal()),
+            Case::new(1, 1, 1),
+            Case::new(97, 113, 59).heads(4, 2).opts(window.softcap(5.0)),
+            Case::new(40, 70, 3).dv(13).bf16(),
+        ] {
+            let out = run_gpu_backward(e, &case.overrides(o));
+            let plan = out.stats.plan.unwrap();
+            assert_eq!(
+                (plan.kernel, plan.rows_per_thread),
+                (KernelFamily::Registers, rm)
+            );
         }
     }
 }

@@ -895,3 +895,60 @@ fn coop_kernel_emulated_meets_the_rule() {
     assert_eq!(out.stats.plan.unwrap().kernel, expected);
     eprintln!("emulated coop forward: 21 cases met the rule");
 }
+
+/// The registers kernels forced with each of their settings: rows per
+/// invocation, subgroup or workgroup-memory reductions (subgroups where the
+/// adapter has SUBGROUP: lavapipe's 8 lanes), one or two K/V buffers.
+fn register_settings(e: &flashattn::Engine) -> Vec<PlanOverrides> {
+    let subgroups = e.caps().subgroup.is_some();
+    [
+        (4, false, false),
+        (4, subgroups, true),
+        (2, subgroups, false),
+        (1, false, true),
+    ]
+    .into_iter()
+    .map(|(rm, subgroup, double)| PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        rows_per_thread: Some(rm),
+        subgroup_reduce: Some(subgroup),
+        double_buffer: Some(double),
+        ..Default::default()
+    })
+    .collect()
+}
+
+#[test]
+fn registers_kernels_in_every_setting() {
+    let Some(e) = engine() else { return };
+    let window = AttentionOptions {
+        window: Window::from_signed(9, 2),
+        ..Default::default()
+    };
+    for o in register_settings(e) {
+        for case in [
+            Case::new(113, 97, 64),
+            Case::new(1, 1, 1),
+            Case::new(97, 113, 59).opts(causal()).heads(4, 2),
+            Case::new(40, 70, 3)
+                .dv(13)
+                .opts(window.clone().softcap(5.0)),
+        ] {
+            let out = run_gpu(e, &case.overrides(o));
+            let plan = out.stats.plan.unwrap();
+            assert_eq!(plan.kernel, KernelFamily::Registers);
+            assert_eq!(
+                (
+                    plan.rows_per_thread,
+                    plan.subgroup_reduce,
+                    plan.double_buffer
+                ),
+                (
+                    o.rows_per_thread.unwrap(),
+                    o.subgroup_reduce.unwrap(),
+                    o.double_buffer.unwrap()
+                )
+            );
+        }
+    }
+}

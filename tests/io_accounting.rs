@@ -46,8 +46,8 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Forward (both kernels where both apply) and backward (likewise): the
-/// analytic counts equal the counted ones.
+/// Forward (the planner's, the tiled and the registers kernels) and
+/// backward (likewise): the analytic counts equal the counted ones.
 fn flash_counts_match(e: &Engine, case: &Case) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
@@ -57,7 +57,16 @@ fn flash_counts_match(e: &Engine, case: &Case) {
     };
     let (_, g) = output_grad(case);
     let d_o = inputs.grad(&g);
-    for (kernel, overrides) in [("planned", case.overrides), ("tiled", tiled)] {
+    let registers = PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        ..case.overrides
+    };
+    let families = [
+        ("planned", case.overrides),
+        ("tiled", tiled),
+        ("registers", registers),
+    ];
+    for (kernel, overrides) in families {
         let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
         assert_counts(
             &format!("{kernel} forward {case:?}"),
@@ -296,7 +305,11 @@ fn fp8_forward_counts_match() {
             flashattn::Fp8Options::default(),
             flashattn::Fp8Options::hadamard(3),
         ] {
-            for kernel in [None, Some(KernelFamily::Tiled)] {
+            for kernel in [
+                None,
+                Some(KernelFamily::Tiled),
+                Some(KernelFamily::Registers),
+            ] {
                 let o = PlanOverrides {
                     kernel,
                     ..Default::default()

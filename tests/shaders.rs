@@ -14,9 +14,10 @@ use flashattn::kernels::{
 };
 use flashattn::plan::decode::decode_tiles;
 use flashattn::plan::DecodeRequest;
+use flashattn::plan::SubgroupSizes;
 use flashattn::{
-    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanRequest, Precision,
-    StorageKind,
+    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
+    Precision, StorageKind,
 };
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
@@ -115,6 +116,7 @@ fn lavapipe_like(lane_subgroup: Option<u32>) -> DeviceCaps {
         lane_subgroup,
         subgroup: None,
         coop_matrix: Default::default(),
+        hardware: false,
     }
 }
 
@@ -159,9 +161,94 @@ const FLASH_DIMS: [(usize, usize); 15] = [
     (24, 60),
 ];
 
+/// The (q/k, v) head dims the registers kernels are composed for: tiny, odd,
+/// vec4-aligned, the widest, and v's own both ways.
+const REGISTER_DIMS: [(usize, usize); 8] = [
+    (1, 1),
+    (3, 3),
+    (59, 59),
+    (64, 64),
+    (128, 128),
+    (512, 512),
+    (192, 128),
+    (24, 60),
+];
+
+/// GPU-like devices, where the planner picks the registers kernels: NVIDIA
+/// (48 KiB, 32 lanes: subgroup reductions) and a GPU with the WebGPU
+/// defaults and no subgroups (workgroup-memory reductions, small tiles).
+fn gpu_caps() -> Vec<DeviceCaps> {
+    let gpu = |kib: u32, subgroup: Option<(u32, u32)>| DeviceCaps {
+        max_workgroup_storage: kib * 1024,
+        subgroup: subgroup.map(|(min, max)| SubgroupSizes { min, max }),
+        hardware: true,
+        ..lavapipe_like(None)
+    };
+    vec![
+        gpu(48, Some((32, 32))),
+        DeviceCaps {
+            hardware: true,
+            ..DeviceCaps::webgpu_default()
+        },
+    ]
+}
+
+/// The registers kernels' own settings beyond the planner's defaults:
+/// one and two rows per invocation, workgroup-memory reductions, one
+/// K/V buffer, and lavapipe-like subgroups of 8 forced on.
+fn register_settings() -> Vec<PlanOverrides> {
+    let base = PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        ..Default::default()
+    };
+    vec![
+        PlanOverrides {
+            rows_per_thread: Some(1),
+            ..base
+        },
+        PlanOverrides {
+            rows_per_thread: Some(2),
+            subgroup_reduce: Some(false),
+            double_buffer: Some(false),
+            ..base
+        },
+    ]
+}
+
 /// The plans (forward and backward) for `dims` on every device.
 fn plans(dims: &[(usize, usize)]) -> Vec<(String, Plan, Plan)> {
     let mut out = Vec::new();
+    for (c, caps) in gpu_caps().into_iter().enumerate() {
+        for &(d, dv) in dims.iter().filter(|&&dims| REGISTER_DIMS.contains(&dims)) {
+            // The settings on the first device only (each adds as many kernels).
+            let mut requests = vec![PlanOverrides::default()];
+            if c == 0 {
+                requests.extend(register_settings());
+            }
+            for (i, overrides) in requests.into_iter().enumerate() {
+                let req = PlanRequest::new(d, Precision::F32)
+                    .head_dim_v(dv)
+                    .overrides(overrides);
+                // The defaults always plan; a forced setting may not fit.
+                let planned =
+                    plan_forward(&req, &caps).and_then(|f| Ok((f, plan_backward(&req, &caps)?)));
+                let (fwd, bwd) = match planned {
+                    Ok((f, b)) => (f.plan, b.plan),
+                    Err(e) if i > 0 => {
+                        eprintln!("registers {overrides:?} d {d} dv {dv}: {e}");
+                        continue;
+                    }
+                    Err(e) => panic!("d {d} dv {dv} on {caps:?}: {e}"),
+                };
+                assert_eq!(fwd.kernel, KernelFamily::Registers);
+                let label = format!(
+                    "registers M {} sg {:?} d {d} dv {dv} {overrides:?}",
+                    caps.max_workgroup_storage, caps.subgroup
+                );
+                out.push((label, fwd, bwd));
+            }
+        }
+    }
     for caps in device_caps() {
         for &(d, dv) in dims {
             let req = PlanRequest::new(d, Precision::F32).head_dim_v(dv);
@@ -190,7 +277,7 @@ fn flash_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
         for storage in STORAGE {
             let (fwd, bwd) = (Plan { storage, ..fwd }, Plan { storage, ..bwd });
             let f16 = storage == StorageKind::F16Native;
-            let subgroups = fwd.kernel == KernelFamily::Lanes;
+            let subgroups = fwd.kernel == KernelFamily::Lanes || fwd.subgroup_reduce;
             for variant in flash_variants(all_variants) {
                 let mut keys = vec![KernelKey::from(FlashForward { plan: fwd, variant })];
                 let sinks = [BackwardPart::SinkPartials, BackwardPart::SinkReduce];
@@ -409,7 +496,7 @@ fn fp8_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                 label: format!("fp8 forward {label} {variant:?}"),
                 key: FlashForward { plan, variant }.into(),
                 f16: false,
-                subgroups: plan.kernel == KernelFamily::Lanes,
+                subgroups: plan.kernel == KernelFamily::Lanes || plan.subgroup_reduce,
             });
         }
     }

@@ -23,6 +23,7 @@ fn coop_device(coop: CoopMatrixShapes, workgroup_storage: u32) -> DeviceCaps {
         max_workgroup_size_x: 1024,
         shader_f16: true,
         lane_subgroup: None,
+        hardware: true,
         subgroup: Some(SubgroupSizes { min: 32, max: 32 }),
         coop_matrix: coop,
     }

@@ -106,17 +106,52 @@ pub struct AttentionArgs {
     /// Override the planner's Bc (keys per block; wgpu only).
     #[arg(long, value_name = "BC")]
     pub block_k: Option<u32>,
-    /// Force the forward kernel on wgpu: `tiled` (workgroup-memory tiles, for
-    /// GPUs), `lanes` (one row per subgroup lane, CPU adapters) or `coop`
-    /// (cooperative matrices, where the device has them); with --backend
-    /// cuda, the kernel path: `auto`, `scalar` or `mma` (tensor cores).
+    /// Force the kernels on wgpu: `tiled` (workgroup-memory tiles),
+    /// `registers` (register micro-tiles, GPUs' default), `lanes` (one row
+    /// per subgroup lane, CPU adapters) or `coop` (cooperative matrices,
+    /// where the device has them); with --backend cuda, the kernel path:
+    /// `auto`, `scalar` or `mma` (tensor cores).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     /// Run the plan `flashattn tune` cached for this problem where there is
     /// one (wgpu; $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else
     /// ~/.cache/flashattn); the formula plan otherwise.
-    #[arg(long, conflicts_with_all = ["block_q", "block_k", "kernel"])]
+    #[arg(long, conflicts_with_all = ["block_q", "block_k", "kernel", "rows_per_thread", "subgroup_reduce", "double_buffer"])]
     pub tuned: bool,
+    #[command(flatten)]
+    pub registers: RegisterArgs,
+}
+
+/// The registers kernels' parameters (wgpu only; any of them picks the
+/// registers kernels).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RegisterArgs {
+    /// Query rows (backward: rows or keys) each invocation holds (RM).
+    #[arg(long, value_name = "RM")]
+    pub rows_per_thread: Option<u32>,
+    /// Row max and sum by subgroup shuffles (`on`) or workgroup memory (`off`).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub subgroup_reduce: Option<bool>,
+    /// Two K/V tile buffers (`on`) or one (`off`).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub double_buffer: Option<bool>,
+}
+
+impl RegisterArgs {
+    /// Whether any is given.
+    pub fn any(&self) -> bool {
+        self.rows_per_thread.is_some()
+            || self.subgroup_reduce.is_some()
+            || self.double_buffer.is_some()
+    }
+}
+
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not {other}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -211,9 +246,6 @@ pub struct PlanArgs {
     /// h200) instead of device 0's.
     #[arg(long, value_name = "DEVICE")]
     pub device_like: Option<String>,
-    /// With --backend cuda: auto, scalar or mma.
-    #[arg(long, value_name = "PATH", default_value = "auto")]
-    pub kernel: String,
     /// Head dimension to plan for (default: 32, 64, 128 and 256; required
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]
@@ -224,6 +256,12 @@ pub struct PlanArgs {
     /// Cap the workgroup storage M in bytes (below the device's limit).
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
+    /// Plan these kernels: tiled, registers, lanes or coop (wgpu); with
+    /// --backend cuda, the kernel path: auto (default), scalar or mma.
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
+    #[command(flatten)]
+    pub registers: RegisterArgs,
     /// Show the decode plan (FlashDecoding's splits of a KV cache's keys)
     /// for --batch, --heads-q, --heads-kv, --head-dim and --cache-len.
     #[arg(long)]
@@ -310,7 +348,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
     /// Implementations: flash (the planner's kernels: lanes on CPU adapters
-    /// with subgroups), tiled (the tiled kernels forced), naive, cpu, and the
+    /// with subgroups, registers on GPUs), tiled or registers (those kernels
+    /// forced), naive, cpu, and the
     /// outside baselines numpy (naive float32 attention) and torch (SDPA on
     /// the CPU), run by benches/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]

@@ -29,6 +29,8 @@ pub enum Implementation {
     Flash,
     /// The tiled WGSL kernels, forced (the GPU path, on any adapter).
     Tiled,
+    /// The register-tiled WGSL kernels, forced (GPUs' default).
+    Registers,
     /// The WGSL baseline with S and P in storage (tiled matmuls).
     Naive,
     /// The CPU backend.
@@ -60,6 +62,7 @@ impl Implementation {
         match self {
             Implementation::Flash => "flash",
             Implementation::Tiled => "tiled",
+            Implementation::Registers => "registers",
             Implementation::Naive => "naive",
             Implementation::Cpu => "cpu",
             Implementation::Numpy => "numpy",
@@ -73,7 +76,10 @@ impl Implementation {
     pub fn on_gpu(self) -> bool {
         matches!(
             self,
-            Implementation::Flash | Implementation::Tiled | Implementation::Naive
+            Implementation::Flash
+                | Implementation::Tiled
+                | Implementation::Registers
+                | Implementation::Naive
         )
     }
 
@@ -104,6 +110,7 @@ impl std::str::FromStr for Implementation {
         match s {
             "flash" => Ok(Implementation::Flash),
             "tiled" => Ok(Implementation::Tiled),
+            "registers" => Ok(Implementation::Registers),
             "naive" => Ok(Implementation::Naive),
             "cpu" => Ok(Implementation::Cpu),
             "numpy" => Ok(Implementation::Numpy),
@@ -112,7 +119,7 @@ impl std::str::FromStr for Implementation {
             "cuda-scalar" => Ok(Implementation::CudaScalar),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, tiled, naive, cpu, numpy, torch, cuda or cuda-scalar",
+                expected: "flash, tiled, registers, naive, cpu, numpy, torch, cuda or cuda-scalar",
                 value: other.to_string(),
             }),
         }
@@ -345,16 +352,21 @@ fn prepare<'a>(
             accesses: Accesses::default(),
         })
     };
-    let tiled = PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
+    // The kernels forced, where the implementation forces them.
+    let forced = |kernel| PlanOverrides {
+        kernel: Some(kernel),
         ..Default::default()
+    };
+    let tiled = match case.implementation {
+        Implementation::Registers => forced(KernelFamily::Registers),
+        _ => forced(KernelFamily::Tiled),
     };
     Ok(match (case.pass, case.implementation) {
         (Pass::Forward, Implementation::Flash) => {
             let e = gpu()?;
             Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
         }
-        (Pass::Forward, Implementation::Tiled) => {
+        (Pass::Forward, Implementation::Tiled | Implementation::Registers) => {
             let e = gpu()?;
             Box::new(move || {
                 Ok(from_stats(
@@ -377,7 +389,7 @@ fn prepare<'a>(
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
             })
         }
-        (Pass::Backward, Implementation::Tiled) => {
+        (Pass::Backward, Implementation::Tiled | Implementation::Registers) => {
             let e = gpu()?;
             let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
             Box::new(move || {

@@ -194,7 +194,7 @@ impl Report {
         keys.dedup();
         keys.sort();
         keys.dedup();
-        let others = ["torch", "numpy", "flash", "tiled"];
+        let others = ["torch", "numpy", "flash", "tiled", "registers"];
         let mut lines = Vec::new();
         for &(d, causal, n) in &keys {
             let both =

@@ -194,7 +194,7 @@ async fn gpu_engine(adapter: &wgpu::Adapter, kernels: KernelFamily) -> Result<En
     let engine = Engine::from_adapter(adapter).await?;
     Ok(match kernels {
         KernelFamily::Tiled => engine.with_tiled_kernels_only(),
-        KernelFamily::Lanes | KernelFamily::Coop => engine,
+        KernelFamily::Lanes | KernelFamily::Coop | KernelFamily::Registers => engine,
     })
 }
 

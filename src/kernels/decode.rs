@@ -67,9 +67,10 @@ impl FlashDecode {
         let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
         c.override_bool("IS_PARTIAL", self.partial)
             .const_u32("RB", t.rows);
-        // Decode tiles are never coop (decode_tiles picks lanes or tiled).
+        // Decode tiles are never coop or registers (decode_tiles picks lanes
+        // or tiled): those run tiled.
         let (read, body) = match t.kernel {
-            KernelFamily::Tiled | KernelFamily::Coop => {
+            KernelFamily::Tiled | KernelFamily::Coop | KernelFamily::Registers => {
                 c.const_u32("ACC", t.acc_per_thread());
                 (Access::Read, FLASH_DECODE.to_string())
             }

@@ -6,12 +6,12 @@
 //! (`flash_bwd_math.wgsl`).
 
 use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Variant};
-use super::flash_forward::lanes_unroll;
+use super::flash_forward::{lanes_unroll, registers_pieces};
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::params::Params;
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::plan::{KernelFamily, Plan, StorageKind};
+use crate::plan::{padded_chunks, KernelFamily, Plan, StorageKind};
 
 const PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 const MATH: &str = include_str!("../../shaders/flash_bwd_math.wgsl");
@@ -20,6 +20,7 @@ const DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 const DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_bwd_lanes.wgsl");
 const SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
+const REGISTERS: &str = include_str!("../../shaders/flash_bwd_regs.wgsl");
 
 /// Rows of D computed per workgroup of the `Dvec` kernel.
 pub const PRE_ROWS: u32 = 64;
@@ -139,6 +140,21 @@ impl FlashBackward {
             .override_u32("DV", p.head_dim_v);
         match p.kernel {
             KernelFamily::Lanes => c.override_u32("SG", p.bc),
+            KernelFamily::Registers => {
+                let [d4, v4] = p.chunks();
+                c.override_u32("B", p.br)
+                    .override_u32("D4", d4)
+                    .override_u32("DV4", v4)
+                    .override_u32("DM4", d4.max(v4))
+                    .override_u32("DP", padded_chunks(d4))
+                    .override_u32("VP", padded_chunks(v4))
+                    .override_u32("TC", p.threads_per_row)
+                    .override_u32("WG", p.workgroup_size)
+                    .const_u32("RM", p.rows_per_thread)
+                    .const_u32("SC", p.scores_per_thread())
+                    .const_u32("ACC_K", p.acc_chunks(true))
+                    .const_u32("ACC_V", p.acc_chunks(false))
+            }
             // Backward plans are never coop (plan_backward plans tiled).
             KernelFamily::Tiled | KernelFamily::Coop => c
                 .override_u32("B", p.br)
@@ -153,13 +169,14 @@ impl FlashBackward {
         c
     }
 
-    /// A P/dS kernel: q, k, v, do, lse, D read; `writes` written.
+    /// A P/dS kernel: q, k, v, do, lse, D read; `writes` written; the body
+    /// `tiled`, or the lanes or registers file's section `section_name`.
     fn gradient_kernel(
         &self,
         c: &mut Composer,
         writes: &[(&str, u32, Access)],
         tiled: &str,
-        lanes_section: &str,
+        section_name: &str,
     ) {
         use binding::*;
         let lanes = self.plan.kernel == KernelFamily::Lanes;
@@ -177,11 +194,20 @@ impl FlashBackward {
                 &[("lse", LSE, Access::Read), ("dvec", DVEC, Access::Read)],
             )
             .push(MATH);
-        if lanes {
-            let body = section(LANES, lanes_section);
-            c.push(&unroll(&body, lanes_unroll(&self.plan)));
-        } else {
-            c.push(COMMON).push(tiled);
+        match self.plan.kernel {
+            KernelFamily::Lanes => {
+                let body = section(LANES, section_name);
+                c.push(&unroll(&body, lanes_unroll(&self.plan)));
+            }
+            KernelFamily::Registers => {
+                registers_pieces(c, &["q", "k", "v", "do"]);
+                c.push(&section(REGISTERS, "common"))
+                    .push(&section(REGISTERS, section_name));
+            }
+            // Backward plans are never coop (plan_backward plans tiled).
+            KernelFamily::Tiled | KernelFamily::Coop => {
+                c.push(COMMON).push(tiled);
+            }
         }
     }
 
@@ -326,7 +352,10 @@ impl FlashBackward {
             (BackwardPart::SinkReduce, _) => (0, 2 + GUARD),
             (BackwardPart::DkDv, KernelFamily::Lanes) => (g, 2 * g + 2 + GUARD),
             (BackwardPart::Dq, KernelFamily::Lanes) => (1, 1 + GUARD),
-            (BackwardPart::DkDv, KernelFamily::Tiled | KernelFamily::Coop) => {
+            (
+                BackwardPart::DkDv,
+                KernelFamily::Tiled | KernelFamily::Coop | KernelFamily::Registers,
+            ) => {
                 let t = tile_loops(p);
                 // Each step loads a block of rows (two loops).
                 let (step, nested) = t.step(t.rows, 2, t.dkdv);
@@ -334,13 +363,18 @@ impl FlashBackward {
                 // own pass and the block loop's last; its own last pass
                 // runs every loop nested in it once more.
                 let exit = 1 + 1 + nested;
-                (g * step, t.keys + g * (2 + nested) + exit + GUARD)
+                let stores = self.stores(&[p.acc_chunks(true), p.acc_chunks(false)]);
+                (g * step, t.keys + g * (2 + nested) + exit + stores + GUARD)
             }
-            (BackwardPart::Dq, KernelFamily::Tiled | KernelFamily::Coop) => {
+            (
+                BackwardPart::Dq,
+                KernelFamily::Tiled | KernelFamily::Coop | KernelFamily::Registers,
+            ) => {
                 let t = tile_loops(p);
                 // Each step loads a block of keys (one loop).
                 let (step, nested) = t.step(t.keys, 1, t.dq);
-                (step, t.rows + 1 + nested + GUARD)
+                let stores = self.stores(&[p.acc_chunks(true)]);
+                (step, t.rows + 1 + nested + stores + GUARD)
             }
         };
         if self.variant.varlen && matches!(self.part, BackwardPart::DkDv | BackwardPart::Dq) {
@@ -351,6 +385,16 @@ impl FlashBackward {
             step,
             per_step,
             fixed,
+        }
+    }
+}
+
+impl FlashBackward {
+    /// The registers kernels' output stores (none counted for the tiled ones).
+    fn stores(&self, parts: &[u32]) -> u64 {
+        match self.plan.kernel {
+            KernelFamily::Registers => registers_stores(&self.plan, parts),
+            _ => 0,
         }
     }
 }
@@ -377,6 +421,9 @@ struct TileLoops {
 }
 
 fn tile_loops(p: &Plan) -> TileLoops {
+    if p.kernel == KernelFamily::Registers {
+        return registers_loops(p);
+    }
     let (b, dm, wg) = (p.br, p.widest_dim(), p.workgroup_size);
     let (sc, acc_k, acc_v) = (
         p.scores_per_thread(),
@@ -392,6 +439,38 @@ fn tile_loops(p: &Plan) -> TileLoops {
         dq: constant(b, 3 + 24 * acc_k, 0),
         dkdv: constant(b, 4 + 16 * (acc_k + acc_v), 0),
     }
+}
+
+/// The registers backward's loops: tiles load by vec4 chunks, S and dP
+/// loop over the wider row's chunks (loops over rows and keys unrolled), the
+/// updates over the tile's rows or keys (loops over RM and columns unrolled).
+fn registers_loops(p: &Plan) -> TileLoops {
+    let (b, wg, rm) = (p.br, p.workgroup_size, p.rows_per_thread);
+    let dm4 = p.chunks()[0].max(p.chunks()[1]);
+    let (sc, acc_k, acc_v) = (
+        p.scores_per_thread(),
+        p.acc_chunks(true),
+        p.acc_chunks(false),
+    );
+    let tile = counted((b * dm4).div_ceil(wg) as u64, 0, 0);
+    // S's and dP's loops over keys stay loops past the unroll budget.
+    let keys = constant(sc, 8 + rm * 24, 0);
+    TileLoops {
+        rows: tile + counted(b.div_ceil(wg) as u64, 0, 0),
+        keys: tile,
+        dot: constant(dm4, 2 * (rm * 6 + sc * (8 + rm * 24)), 2 * keys),
+        // The updates, and P/dS's loops over rows (a few passes each step
+        // on lavapipe, whatever it unrolls).
+        dq: constant(b, rm * 8 + acc_k * (12 + rm * 24), 0) + 4 + rm as u64,
+        dkdv: constant(b, rm * 8 + (acc_k + acc_v) * (12 + rm * 24), 0) + 4 + rm as u64,
+    }
+}
+
+/// The registers backward's output stores (`arrays` of them per row or
+/// key), counted as loops (see the forward's).
+pub(crate) fn registers_stores(p: &Plan, parts: &[u32]) -> u64 {
+    let inner: u64 = parts.iter().map(|&acc| counted(acc as u64, 0, 0)).sum();
+    counted(p.rows_per_thread as u64, inner, parts.len() as u64)
 }
 
 impl TileLoops {

@@ -10,11 +10,15 @@ use super::flash_forward_coop::{coop_composer, coop_loop_cost, emulated_body, CO
 use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
-use crate::plan::{CoopForm, KernelFamily, Plan, StorageKind};
+use crate::plan::{padded_chunks, CoopForm, KernelFamily, Plan, StorageKind};
 
 const TILED: &str = include_str!("../../shaders/flash_fwd.wgsl");
 const LANES: &str = include_str!("../../shaders/flash_fwd_lanes.wgsl");
+const REGISTERS: &str = include_str!("../../shaders/flash_fwd_regs.wgsl");
 const HEAD_SCALE: &str = include_str!("../../shaders/head_scale.wgsl");
+/// The registers kernels' tile loads (`@common`, and `@chunk` per tensor).
+pub(crate) const REGS_LOAD: &str = include_str!("../../shaders/regs_load.wgsl");
+const ROW_REDUCE: &str = include_str!("../../shaders/row_reduce.wgsl");
 
 /// The flash forward for one plan and variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,6 +47,7 @@ impl FlashForward {
             KernelFamily::Tiled => self.tiled_source(),
             KernelFamily::Lanes => self.lanes_source(),
             KernelFamily::Coop => self.coop_source(),
+            KernelFamily::Registers => self.registers_source(),
         }
     }
 
@@ -56,6 +61,40 @@ impl FlashForward {
             c.push(COOP);
         }
         c.finish("main")
+    }
+
+    fn registers_source(&self) -> KernelSource {
+        let p = &self.plan;
+        let [d4, v4] = p.chunks();
+        let mut c = Composer::new(p.storage);
+        c.override_u32("BR", p.br)
+            .override_u32("BC", p.bc)
+            .override_u32("D", p.head_dim)
+            .override_u32("DV", p.head_dim_v)
+            .override_u32("D4", d4)
+            .override_u32("DV4", v4)
+            .override_u32("DM4", d4.max(v4))
+            .override_u32("DP", padded_chunks(d4))
+            .override_u32("TC", p.threads_per_row)
+            .override_u32("WG", p.workgroup_size)
+            .override_u32("NBUF", p.buffers())
+            .const_u32("RM", p.rows_per_thread)
+            .const_u32("SC", p.scores_per_thread())
+            .const_u32("ACC", p.acc_chunks(false))
+            .common(self.variant);
+        let reduce = if p.subgroup_reduce {
+            "subgroup"
+        } else {
+            "workgroup"
+        };
+        // The partials' array is sized by a constant: with `array<f32, BR *
+        // TC>` in this piece naga 30's override processing panicked (an
+        // arena length assertion).
+        c.const_u32("ROW_PARTS", p.br * p.threads_per_row)
+            .push(&section(ROW_REDUCE, reduce));
+        declare_buffers(&mut c, p.storage, Access::Read);
+        registers_pieces(&mut c, &["q", "k", "v"]);
+        c.push(REGISTERS).finish("main")
     }
 
     fn tiled_source(&self) -> KernelSource {
@@ -127,6 +166,7 @@ impl FlashForward {
         let (per_step, mut fixed) = match p.kernel {
             KernelFamily::Coop => return coop_loop_cost(p, self.variant.varlen),
             KernelFamily::Lanes => (1, 1 + GUARD),
+            KernelFamily::Registers => registers_loops(p),
             KernelFamily::Tiled => {
                 let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);
                 let (sc, acc) = (p.scores_per_thread(), p.acc_per_thread());
@@ -154,6 +194,15 @@ impl FlashForward {
     }
 }
 
+/// The registers kernels' chunk loaders for `tensors` (after their accessors).
+pub(crate) fn registers_pieces(c: &mut Composer, tensors: &[&str]) {
+    c.push(&section(REGS_LOAD, "common"));
+    let chunk = section(REGS_LOAD, "chunk");
+    for name in tensors {
+        c.push(&chunk.replace("{name}", name));
+    }
+}
+
 /// q, k, v (read with `read`) in the storage precision, o in its output
 /// precision (f32 for FP8); lse in f32; the per-head scales of FP8.
 fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
@@ -168,6 +217,42 @@ fn declare_buffers(c: &mut Composer, storage: StorageKind, read: Access) {
         // LSE is f32 whatever the storage precision.
         .buffers(StorageKind::F32, &[("lse", LSE, Access::Write)])
         .push(&section(HEAD_SCALE, scales));
+}
+
+/// The registers forward's loop iterations `(per step, fixed)`: per step its
+/// own pass, the K/V load, q·k over the vec4 chunks (loops over rows and
+/// keys unrolled), and P·V over the block's keys; the Q load, the
+/// reductions' loops (workgroup memory), the output stores (counted as
+/// loops: on lavapipe whether they unroll varied with the plan by a few
+/// iterations), the exits and the guard. Op counts are fitted to
+/// `tests/loop_limit.rs`'s measurements.
+fn registers_loops(p: &Plan) -> (u64, u64) {
+    let (bc, wg, rm) = (p.bc, p.workgroup_size, p.rows_per_thread);
+    let [d4, v4] = p.chunks();
+    let (sc, acc) = (p.scores_per_thread(), p.acc_chunks(false));
+    let tile = |n: u32| counted(n.div_ceil(wg) as u64, 0, 0);
+    // The loop over keys in it stays a loop past the unroll budget.
+    let keys = constant(sc, 8 + rm * 24, 0);
+    let dot = constant(d4, rm * 6 + sc * (8 + rm * 24), keys);
+    // Then a loop over the rows after it stays one too (measured).
+    let rows = if keys > 0 {
+        counted(rm as u64, 0, 0)
+    } else {
+        0
+    };
+    let pv = constant(bc, rm * 8 + acc * (12 + rm * 24), 0);
+    let nested = 1 + (dot > 0) as u64 + (pv > 0) as u64;
+    // Per reduction over rows of TC invocations: the loop over partials.
+    let reduce = if p.subgroup_reduce {
+        0
+    } else {
+        rm as u64 * constant(p.threads_per_row - 1, 6, 0)
+    };
+    let stores = counted(rm as u64, counted(acc as u64, 0, 0), 1);
+    (
+        1 + tile(bc * d4.max(v4)) + dot + rows + pv + reduce,
+        tile(p.br * d4) + 1 + nested + reduce + stores + GUARD,
+    )
 }
 
 /// A lanes plan's repetition counts: `bc` lanes (keys per step), `br / bc`

@@ -4,7 +4,8 @@
 //! planner says so.
 
 use super::caps::DeviceCaps;
-use super::forward::{choose_kernel, plan_forward};
+use super::forward::{choose_kernel, plan_forward, registers_reason};
+use super::registers;
 use super::request::{KernelFamily, PlanOverrides, PlanRequest};
 use super::tiles::{
     backward_workgroup_bytes, fit_invocations, round_down, round_up, shrink, threads_per_row, Plan,
@@ -14,8 +15,15 @@ use crate::error::{Error, Result};
 
 /// Plan the backward kernels for `req` on a device with `caps`.
 pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
-    if choose_kernel(req, caps)? == KernelFamily::Lanes {
-        return lanes_backward(req, caps);
+    match choose_kernel(req, caps)? {
+        KernelFamily::Lanes => return lanes_backward(req, caps),
+        KernelFamily::Registers => return registers_backward(req, caps),
+        // The coop kernels are forward only: where they are the default,
+        // the backward runs what GPUs run without them.
+        KernelFamily::Coop if req.overrides.kernel.is_none() && caps.hardware => {
+            return registers_backward(req, caps)
+        }
+        KernelFamily::Coop | KernelFamily::Tiled => {}
     }
     // Algorithm 1's values for this device (tile overrides apply to B below).
     let mut p = plan_forward(
@@ -71,6 +79,41 @@ fn lanes_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     let (from, to) = (p.plan.br_formula, p.plan.bc);
     p.record("Br", from, to, why.into());
     p.plan.br = p.plan.bc;
+    Ok(p)
+}
+
+/// The registers backward: Algorithm 1's values, then a micro-tile whose
+/// two accumulator arrays (dK and dV) share the registers, and square tiles
+/// of whole row groups (see [`super::registers`]).
+fn registers_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
+    let formula = PlanOverrides {
+        br: None,
+        bc: None,
+        threads_per_row: None,
+        kernel: Some(KernelFamily::Tiled),
+        rows_per_thread: None,
+        subgroup_reduce: None,
+        double_buffer: None,
+        ..req.overrides
+    };
+    let mut p = plan_forward(
+        &PlanRequest {
+            overrides: formula,
+            ..*req
+        },
+        caps,
+    )?;
+    p.clamps.clear();
+    p.plan.kernel = KernelFamily::Registers;
+    let widest = p.plan.widest_dim().div_ceil(4);
+    let shape = registers::micro_tile(&mut p, req, caps, [widest, 2])?;
+    registers::backward_tiles(&mut p, req, caps, shape)?;
+    p.kernel_reason = Some(format!(
+        "registers ({}): RM {} query rows (S, dP, dQ) or keys (dK, dV) per invocation; \
+         no row reductions; one buffer per tile (the tiles take turns as operands)",
+        registers_reason(req, caps),
+        shape.rm
+    ));
     Ok(p)
 }
 

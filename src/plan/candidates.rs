@@ -86,11 +86,15 @@ pub struct Base<'a> {
 pub type Knob = fn(&Base) -> Vec<(String, PlanOverrides)>;
 
 /// Kernel families a candidate may switch to (where the planner takes them).
-pub const FAMILIES: &[KernelFamily] =
-    &[KernelFamily::Tiled, KernelFamily::Lanes, KernelFamily::Coop];
+pub const FAMILIES: &[KernelFamily] = &[
+    KernelFamily::Tiled,
+    KernelFamily::Registers,
+    KernelFamily::Lanes,
+    KernelFamily::Coop,
+];
 
 /// The knobs, in order of preference: the list is cut at [`MAX_CANDIDATES`].
-pub const KNOBS: &[Knob] = &[families, query_rows, key_cols, threads, aspect];
+pub const KNOBS: &[Knob] = &[families, registers, query_rows, key_cols, threads, aspect];
 
 /// The candidates for `req` on `caps`: the formula plan first, then each
 /// knob's proposals that plan, each plan once, at most [`MAX_CANDIDATES`].
@@ -199,6 +203,51 @@ fn families(b: &Base) -> Vec<(String, PlanOverrides)> {
         .filter(|&&f| f != b.formula.kernel)
         .map(|&f| (format!("{} kernel", f.name()), with_kernel(b.req, f)))
         .collect()
+}
+
+/// The registers kernels' own knobs, where the formula plan is theirs (a
+/// family the formula did not pick is tried with the planner's settings):
+/// rows per invocation halved and doubled, the other row reduction, the
+/// other number of K/V buffers (forward only).
+fn registers(b: &Base) -> Vec<(String, PlanOverrides)> {
+    let r = b.formula;
+    if r.kernel != KernelFamily::Registers {
+        return vec![];
+    }
+    let with = |o: PlanOverrides| PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        ..o
+    };
+    let ov = b.req.overrides;
+    let mut out = Vec::new();
+    for rm in [r.rows_per_thread / 2, r.rows_per_thread * 2] {
+        if (1..=4).contains(&rm) && rm != r.rows_per_thread {
+            let o = with(PlanOverrides {
+                rows_per_thread: Some(rm),
+                ..ov
+            });
+            out.push((format!("registers RM {rm}"), o));
+        }
+    }
+    let reduce = if r.subgroup_reduce {
+        "workgroup"
+    } else {
+        "subgroup"
+    };
+    let o = with(PlanOverrides {
+        subgroup_reduce: Some(!r.subgroup_reduce),
+        ..ov
+    });
+    out.push((format!("registers {reduce} reductions"), o));
+    if b.pass == Pass::Forward {
+        let o = with(PlanOverrides {
+            double_buffer: Some(!r.double_buffer),
+            ..ov
+        });
+        let buffers = if r.double_buffer { 1 } else { 2 };
+        out.push((format!("registers {buffers} K/V buffers"), o));
+    }
+    out
 }
 
 /// Br (the backward's square tile B) halved and doubled around the tiled

@@ -25,6 +25,10 @@ pub struct DeviceCaps {
     /// The cooperative-matrix shapes the device runs, where it has
     /// EXPERIMENTAL_COOPERATIVE_MATRIX (none otherwise).
     pub coop_matrix: CoopMatrixShapes,
+    /// A GPU that says it is one (discrete, integrated or virtual; not a CPU
+    /// adapter such as lavapipe, nor the browser's unnamed adapter): there
+    /// the planner defaults to the registers kernels.
+    pub hardware: bool,
 }
 
 /// The range of subgroup sizes an adapter may choose for a kernel
@@ -81,6 +85,7 @@ impl DeviceCaps {
             lane_subgroup: None,
             subgroup: None,
             coop_matrix: CoopMatrixShapes::default(),
+            hardware: false,
         }
     }
 
@@ -115,6 +120,12 @@ impl DeviceCaps {
             lane_subgroup: lanes.then_some(info.subgroup_min_size),
             subgroup,
             coop_matrix,
+            hardware: matches!(
+                info.device_type,
+                wgpu::DeviceType::DiscreteGpu
+                    | wgpu::DeviceType::IntegratedGpu
+                    | wgpu::DeviceType::VirtualGpu
+            ),
             ..Self::from_wgpu(limits, features)
         }
     }
@@ -129,6 +140,7 @@ impl DeviceCaps {
             lane_subgroup: None,
             subgroup: None,
             coop_matrix: CoopMatrixShapes::default(),
+            hardware: false,
         }
     }
 

@@ -90,16 +90,16 @@ pub fn coop_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -
     if !caps.coop_matrix.any() || req.overrides.kernel.is_some() {
         return None;
     }
+    let name = kernel.name();
     Some(match (kernel, check_coop(req, caps)) {
         (KernelFamily::Coop, Ok(form)) => format!("coop: the device runs {}", form.name()),
-        (_, Err(e)) => format!("tiled, not coop: {e}"),
-        (_, Ok(_)) if req.precision == Precision::F32 => {
-            "tiled, not coop: coop is the default for f16 and bf16 (force f32 with --kernel coop)"
-                .to_string()
-        }
-        (_, Ok(_)) => "tiled, not coop: tile overrides, or its smallest tiles outgrow the \
-                       workgroup storage"
-            .to_string(),
+        (_, Err(e)) => format!("{name}, not coop: {e}"),
+        (_, Ok(_)) if req.precision == Precision::F32 => format!(
+            "{name}, not coop: coop is the default for f16 and bf16 (force f32 with --kernel coop)"
+        ),
+        (_, Ok(_)) => format!(
+            "{name}, not coop: tile overrides, or its smallest tiles outgrow the workgroup storage"
+        ),
     })
 }
 
@@ -250,6 +250,7 @@ mod tests {
             max_workgroup_size_x: 1024,
             shader_f16: f16,
             lane_subgroup: None,
+            hardware: true,
             subgroup: sg.map(|(min, max)| SubgroupSizes { min, max }),
             coop_matrix: coop,
         }
@@ -314,13 +315,13 @@ mod tests {
                 assert!(shown.contains("kernel: coop: the device runs"), "{shown}");
                 assert!(shown.contains("kernel: coop — Q·Kᵀ and P·V"), "{shown}");
             }
-            // f32 stays tiled by default, and the plan says why.
+            // f32 runs the GPUs' registers kernels by default, and the plan says why.
             let p = plan_forward(&req(128, Precision::F32), &caps).unwrap();
-            assert_eq!(p.plan.kernel, KernelFamily::Tiled, "{name}");
-            assert!(p.to_string().contains("tiled, not coop"), "{p}");
-            // The backward has no coop kernel.
+            assert_eq!(p.plan.kernel, KernelFamily::Registers, "{name}");
+            assert!(p.to_string().contains("registers, not coop"), "{p}");
+            // The backward has no coop kernel: the registers ones run.
             let b = plan_backward(&req(128, Precision::F16), &caps).unwrap();
-            assert_eq!(b.plan.kernel, KernelFamily::Tiled, "{name}");
+            assert_eq!(b.plan.kernel, KernelFamily::Registers, "{name}");
         }
         let webgpu = DeviceCaps::webgpu_default();
         for (name, caps) in [
@@ -369,7 +370,7 @@ mod tests {
     #[test]
     fn head_dims_past_256_stay_tiled_or_fail_when_forced() {
         let p = plan_forward(&req(288, Precision::F16), &nvidia()).unwrap();
-        assert_eq!(p.plan.kernel, KernelFamily::Tiled);
+        assert_eq!(p.plan.kernel, KernelFamily::Registers);
         assert!(p.to_string().contains("up to 256"), "{p}");
         let wide_v = forced(req(128, Precision::F16).head_dim_v(320));
         assert!(matches!(
@@ -384,9 +385,10 @@ mod tests {
             let p = plan_forward(&req(d, Precision::F16), &nvidia()).unwrap();
             assert_eq!(p.plan.kernel, KernelFamily::Coop, "d {d}");
         }
-        // Apple's 32 KiB holds the f32 tiles up to d 192, not 256: tiled there.
+        // Apple's 32 KiB holds the f32 tiles up to d 192, not 256: the
+        // registers kernels there.
         let p = plan_forward(&req(256, Precision::F16), &apple()).unwrap();
-        assert_eq!(p.plan.kernel, KernelFamily::Tiled, "{p}");
+        assert_eq!(p.plan.kernel, KernelFamily::Registers, "{p}");
         assert!(plan_forward(&req(192, Precision::F16), &apple()).is_ok());
         assert!(matches!(
             plan_forward(&forced(req(256, Precision::F16)), &apple()),
@@ -469,17 +471,17 @@ mod tests {
             plan_forward(&tc, &nvidia()),
             Err(Error::ThreadsOverrideOnCoop)
         ));
-        // Fixed tiles without a forced kernel keep the tiled kernel.
+        // Fixed tiles without a forced kernel keep the GPUs' registers kernels.
         let fixed = req(64, Precision::F16).overrides(PlanOverrides {
             br: Some(32),
             ..Default::default()
         });
         assert_eq!(
             plan_forward(&fixed, &nvidia()).unwrap().plan.kernel,
-            KernelFamily::Tiled
+            KernelFamily::Registers
         );
-        // A workgroup storage cap, like any tile override, keeps the
-        // default tiled; one too small for a forced coop's smallest tiles
+        // A workgroup storage cap, like any tile override, is not coop's
+        // default; one too small for a forced coop's smallest tiles
         // is an error.
         let cap = |kernel| {
             req(64, Precision::F16).overrides(PlanOverrides {
@@ -488,9 +490,9 @@ mod tests {
                 ..Default::default()
             })
         };
-        assert_eq!(
+        assert_ne!(
             plan_forward(&cap(None), &nvidia()).unwrap().plan.kernel,
-            KernelFamily::Tiled
+            KernelFamily::Coop
         );
         assert!(matches!(
             plan_forward(&cap(Some(KernelFamily::Coop)), &nvidia()),
@@ -503,6 +505,9 @@ mod tests {
         assert_eq!("coop".parse::<KernelFamily>().unwrap(), KernelFamily::Coop);
         assert_eq!(KernelFamily::Coop.name(), "coop");
         let e = "tensor".parse::<KernelFamily>().unwrap_err();
-        assert!(e.to_string().contains("tiled, lanes or coop"), "{e}");
+        assert!(
+            e.to_string().contains("tiled, lanes, registers or coop"),
+            "{e}"
+        );
     }
 }

@@ -134,7 +134,7 @@ pub fn plan_decode(
             "the lanes kernel (a CPU adapter's {}-lane subgroups) keeps at most {MAX_DECODE_ROWS} rows in registers",
             tiles.workgroup_size
         ),
-        KernelFamily::Tiled | KernelFamily::Coop => format!(
+        KernelFamily::Tiled | KernelFamily::Coop | KernelFamily::Registers => format!(
             "{} bytes of workgroup storage hold q and P for {} rows at d {}",
             caps.max_workgroup_storage, tiles.rows, req.head_dim
         ),
@@ -355,6 +355,7 @@ mod tests {
             lane_subgroup: None,
             subgroup: None,
             coop_matrix: Default::default(),
+            hardware: false,
         }
     }
 

@@ -12,6 +12,7 @@
 
 use super::caps::DeviceCaps;
 use super::coop;
+use super::registers;
 use super::request::{KernelFamily, PlanRequest, StorageKind};
 use super::tiles::{
     fit_invocations, forward_workgroup_bytes, round_down, round_up, shrink, threads_per_row, Plan,
@@ -64,13 +65,54 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
             workgroup_size: 0,
             workgroup_bytes: 0,
             coop: None,
+            rows_per_thread: 1,
+            subgroup_reduce: false,
+            double_buffer: false,
         },
         clamps: Vec::new(),
     };
     match (start.plan.kernel, caps.lane_subgroup) {
         (KernelFamily::Lanes, Some(sg)) => Ok(lanes_forward(start, req, sg)),
         (KernelFamily::Coop, _) => coop::coop_forward(start, req, caps),
+        (KernelFamily::Registers, _) => registers_forward(start, req, caps),
         _ => tiled_forward(start, req, caps),
+    }
+}
+
+/// The registers forward: its micro-tile, then tiles that fit (see
+/// [`super::registers`]); the kernel line says why each choice.
+fn registers_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
+    let v4 = p.plan.head_dim_v.div_ceil(4);
+    let shape = registers::micro_tile(&mut p, req, caps, [v4, 1])?;
+    registers::forward_tiles(&mut p, req, caps, shape)?;
+    let why = registers_reason(req, caps);
+    let buffers = if p.plan.double_buffer {
+        "two K/V buffers fit M"
+    } else if req.overrides.double_buffer == Some(false) {
+        "one K/V buffer, as asked"
+    } else {
+        "one K/V buffer (see the clamps)"
+    };
+    p.kernel_reason = Some(format!(
+        "registers ({why}): RM {} rows per invocation (v rows of {} vec4s); row reductions by {} ({}); {buffers}",
+        shape.rm,
+        v4,
+        if shape.subgroup { "subgroup shuffles" } else { "workgroup memory" },
+        registers::reduce_reason(shape, caps, req.overrides),
+    ));
+    if let Some(coop) = coop::coop_reason(req, caps, KernelFamily::Registers) {
+        p.kernel_reason = p.kernel_reason.map(|why| format!("{why}; {coop}"));
+    }
+    Ok(p)
+}
+
+/// Why the registers kernels run: asked for, or a hardware GPU's default.
+pub(crate) fn registers_reason(req: &PlanRequest, caps: &DeviceCaps) -> &'static str {
+    match req.overrides.kernel {
+        Some(_) => "as asked",
+        None if req.overrides.fixes_registers() => "register parameters were given",
+        None if caps.hardware => "the default on a hardware GPU",
+        None => "chosen",
     }
 }
 
@@ -295,7 +337,8 @@ fn tiled_reason(req: &PlanRequest, caps: &DeviceCaps, kernel: KernelFamily) -> O
 /// when both head dims allow (multiples of 4 up to [`LANES_MAX_HEAD_DIM`]:
 /// the lanes code is unrolled per head dim and compiles slowly past it on
 /// lavapipe) and no tile parameter is overridden; coop where
-/// [`coop::coop_by_default`] says; else tiled.
+/// [`coop::coop_by_default`] says; registers on hardware GPUs or where a
+/// registers parameter is given; else tiled.
 pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<KernelFamily> {
     let ov = req.overrides;
     let lanes_ok = |d: usize| d.is_multiple_of(4) && d <= LANES_MAX_HEAD_DIM;
@@ -307,6 +350,11 @@ pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<Kern
     };
     match ov.kernel {
         Some(KernelFamily::Lanes) if ov.fixes_tiles() => Err(Error::TileOverrideOnLanes),
+        Some(k @ (KernelFamily::Lanes | KernelFamily::Tiled | KernelFamily::Coop))
+            if ov.fixes_registers() =>
+        {
+            Err(Error::RegisterOverrideElsewhere { kernel: k.name() })
+        }
         Some(KernelFamily::Lanes) if caps.lane_subgroup.is_none() => Err(Error::LanesUnavailable),
         Some(KernelFamily::Lanes) if !lanes_dim => Err(Error::LanesHeadDim {
             head_dim: d,
@@ -314,10 +362,14 @@ pub(crate) fn choose_kernel(req: &PlanRequest, caps: &DeviceCaps) -> Result<Kern
         }),
         Some(KernelFamily::Coop) => coop::check_coop(req, caps).map(|_| KernelFamily::Coop),
         Some(kernel) => Ok(kernel),
+        None if ov.fixes_registers() => Ok(KernelFamily::Registers),
         None if caps.lane_subgroup.is_some() && lanes_dim && !ov.fixes_tiles() => {
             Ok(KernelFamily::Lanes)
         }
         None if coop::coop_by_default(req, caps) => Ok(KernelFamily::Coop),
+        // GPUs: the registers kernels (never on CPU adapters, whose lanes
+        // or tiled kernels are the measured ones there).
+        None if caps.hardware && caps.lane_subgroup.is_none() => Ok(KernelFamily::Registers),
         None => Ok(KernelFamily::Tiled),
     }
 }

@@ -11,6 +11,7 @@ pub mod decode;
 pub mod forward;
 pub mod matrix;
 pub mod pieces;
+pub mod registers;
 pub mod request;
 pub mod tiles;
 
@@ -23,11 +24,12 @@ pub use decode::{
 };
 pub use forward::{plan_forward, LANES_MAX_HEAD_DIM, LANES_ROWS_PER_LANE};
 pub use pieces::{split, split_packed, PieceLimits, Split};
+pub use registers::{registers_backward_bytes, REG_MAX_ACC, REG_MAX_ROWS, REG_MAX_SCORES};
 pub use request::{KernelFamily, PlanOverrides, PlanRequest, StorageKind};
 pub use tiles::{
-    backward_workgroup_bytes, forward_workgroup_bytes, Clamp, Plan, Planned, GRANULARITY,
-    MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD, MAX_THREADS_PER_ROW, TARGET_WORKGROUP,
-    WORKING_BYTES,
+    backward_workgroup_bytes, forward_workgroup_bytes, padded_chunks, registers_forward_bytes,
+    Clamp, Plan, Planned, RegTiles, GRANULARITY, MAX_ACC_PER_THREAD, MAX_SCORES_PER_THREAD,
+    MAX_THREADS_PER_ROW, TARGET_WORKGROUP, WORKING_BYTES,
 };
 
 #[cfg(test)]

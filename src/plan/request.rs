@@ -21,6 +21,11 @@ pub enum KernelFamily {
     /// `flash_fwd_coop.wgsl` (forward only): Q·Kᵀ and P·V on cooperative
     /// matrices (tensor cores), where the device has them (see `plan::coop`).
     Coop,
+    /// `flash_fwd_regs.wgsl`, `flash_bwd_regs_*.wgsl`: tiles in workgroup
+    /// memory read as vec4s into per-invocation register micro-tiles (RM
+    /// rows × its keys, RM rows × its output columns), row reductions by
+    /// subgroup shuffles where they fit one subgroup. The default on GPUs.
+    Registers,
 }
 
 impl KernelFamily {
@@ -29,6 +34,7 @@ impl KernelFamily {
             KernelFamily::Tiled => "tiled",
             KernelFamily::Lanes => "lanes",
             KernelFamily::Coop => "coop",
+            KernelFamily::Registers => "registers",
         }
     }
 }
@@ -40,10 +46,11 @@ impl std::str::FromStr for KernelFamily {
             "tiled" => Ok(KernelFamily::Tiled),
             "lanes" => Ok(KernelFamily::Lanes),
             "coop" => Ok(KernelFamily::Coop),
+            "registers" => Ok(KernelFamily::Registers),
             _ => Err(Error::UnknownName {
                 what: "kernel",
                 name: s.to_string(),
-                expected: "tiled, lanes or coop",
+                expected: "tiled, lanes, registers or coop",
             }),
         }
     }
@@ -109,6 +116,13 @@ pub struct PlanOverrides {
     /// Force the kernel family (`Lanes` needs a CPU adapter with fixed
     /// subgroups and head dims that are multiples of 4 up to 128).
     pub kernel: Option<KernelFamily>,
+    /// Registers kernels: query rows per invocation (RM).
+    pub rows_per_thread: Option<u32>,
+    /// Registers kernels: row reductions by subgroup shuffles (`true`, needs
+    /// SUBGROUP and a row within the smallest subgroup) or workgroup memory.
+    pub subgroup_reduce: Option<bool>,
+    /// Registers kernels: two K/V tile buffers (`true`) or one.
+    pub double_buffer: Option<bool>,
 }
 
 impl PlanOverrides {
@@ -118,6 +132,13 @@ impl PlanOverrides {
             || self.bc.is_some()
             || self.threads_per_row.is_some()
             || self.max_workgroup_storage.is_some()
+    }
+
+    /// Whether any parameter only the registers kernels have is fixed.
+    pub fn fixes_registers(&self) -> bool {
+        self.rows_per_thread.is_some()
+            || self.subgroup_reduce.is_some()
+            || self.double_buffer.is_some()
     }
 }
 

@@ -13,6 +13,7 @@ fn caps(kib: u32) -> DeviceCaps {
         lane_subgroup: None,
         subgroup: None,
         coop_matrix: Default::default(),
+        hardware: false,
     }
 }
 
@@ -553,4 +554,260 @@ fn cooperative_matrix_shapes_wgsl_can_express() {
     let apple = CoopMatrixShapes::from_properties(&[prop(8, 8, T::F32, T::F32)]);
     assert!(apple.f32_8x8 && !apple.f16_16x16_f32 && apple.any());
     assert!(!CoopMatrixShapes::from_properties(&[prop(16, 8, T::F16, T::F32)]).any());
+}
+
+/// A GPU with `kib` of workgroup storage and subgroups of `sg` lanes (none: no SUBGROUP).
+fn gpu(kib: u32, sg: Option<(u32, u32)>) -> DeviceCaps {
+    DeviceCaps {
+        subgroup: sg.map(|(min, max)| SubgroupSizes { min, max }),
+        hardware: true,
+        ..caps(kib)
+    }
+}
+
+fn registers(overrides: PlanOverrides) -> PlanOverrides {
+    PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        ..overrides
+    }
+}
+
+#[test]
+fn registers_are_the_default_on_gpus_only() {
+    let req = PlanRequest::new(64, Precision::F32);
+    let nvidia = plan_forward(&req, &gpu(48, Some((32, 32)))).unwrap();
+    assert_eq!(nvidia.plan.kernel, KernelFamily::Registers);
+    let bwd = plan_backward(&req, &gpu(48, Some((32, 32)))).unwrap();
+    assert_eq!(bwd.plan.kernel, KernelFamily::Registers);
+    // CPU adapters keep theirs: lanes (lavapipe), tiled (no lanes).
+    let lavapipe = DeviceCaps {
+        lane_subgroup: Some(8),
+        subgroup: Some(SubgroupSizes { min: 8, max: 8 }),
+        ..caps(32)
+    };
+    assert_eq!(
+        plan_forward(&req, &lavapipe).unwrap().plan.kernel,
+        KernelFamily::Lanes
+    );
+    assert_eq!(
+        plan_forward(&req, &caps(32)).unwrap().plan.kernel,
+        KernelFamily::Tiled
+    );
+    // Forced anywhere; a registers parameter alone picks them.
+    let forced = PlanRequest::new(64, Precision::F32).overrides(registers(Default::default()));
+    assert_eq!(
+        plan_forward(&forced, &lavapipe).unwrap().plan.kernel,
+        KernelFamily::Registers
+    );
+    let rm = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        rows_per_thread: Some(2),
+        ..Default::default()
+    });
+    let p = plan_forward(&rm, &lavapipe).unwrap();
+    assert_eq!(
+        (p.plan.kernel, p.plan.rows_per_thread),
+        (KernelFamily::Registers, 2)
+    );
+    // ... but not with another family.
+    let mixed = PlanRequest::new(64, Precision::F32).overrides(PlanOverrides {
+        kernel: Some(KernelFamily::Tiled),
+        double_buffer: Some(true),
+        ..Default::default()
+    });
+    assert!(matches!(
+        plan_forward(&mixed, &lavapipe),
+        Err(Error::RegisterOverrideElsewhere { kernel: "tiled" })
+    ));
+    assert_eq!(
+        "registers".parse::<KernelFamily>().unwrap(),
+        KernelFamily::Registers
+    );
+    let err = "wide".parse::<KernelFamily>().unwrap_err().to_string();
+    assert!(err.contains("registers"), "{err}");
+}
+
+/// One registers plan pair on `c`: within the device, consistent with the
+/// storage functions, within the register budget, explained.
+fn check_registers_plans(name: &str, c: &DeviceCaps, d: usize, dv: usize) {
+    let req = req_dv(d, dv).seqlens(4096, 4096);
+    let f = plan_forward(&req, c).unwrap_or_else(|e| panic!("{name} d {d}: {e}"));
+    let p = f.plan;
+    assert_eq!(p.kernel, KernelFamily::Registers, "{name}");
+    assert!(p.workgroup_bytes <= c.max_workgroup_storage, "{name} {f}");
+    assert!(p.workgroup_size <= c.max_workgroup(), "{name} {f}");
+    assert_eq!(p.br % p.rows_per_thread, 0);
+    assert_eq!(
+        p.workgroup_size,
+        p.br / p.rows_per_thread * p.threads_per_row
+    );
+    let tiles = RegTiles {
+        br: p.br,
+        bc: p.bc,
+        threads_per_row: p.threads_per_row,
+        buffers: p.buffers(),
+        subgroup_reduce: p.subgroup_reduce,
+    };
+    assert_eq!(
+        p.workgroup_bytes,
+        registers_forward_bytes(tiles, [d as u32, dv as u32])
+    );
+    // Registers: scores and accumulators within the budget.
+    assert!(
+        p.rows_per_thread * p.scores_per_thread() <= REG_MAX_SCORES,
+        "{f}"
+    );
+    assert!(
+        p.rows_per_thread * 4 * p.acc_chunks(false) <= REG_MAX_ACC,
+        "{f}"
+    );
+    // Subgroup reductions exactly where a row fits the smallest subgroup.
+    let fits = c.subgroup.is_some_and(|s| p.threads_per_row <= s.min);
+    assert_eq!(p.subgroup_reduce, fits, "{name} {f}");
+    let text = f.to_string();
+    assert!(text.contains("kernel: registers"), "{text}");
+    assert!(text.contains(if fits {
+        "subgroup shuffles"
+    } else {
+        "workgroup memory"
+    }));
+    let b = plan_backward(&req, c).unwrap_or_else(|e| panic!("{name} d {d} backward: {e}"));
+    assert_eq!(b.plan.kernel, KernelFamily::Registers);
+    assert!(
+        b.plan.workgroup_bytes <= c.max_workgroup_storage,
+        "{name} {b}"
+    );
+    assert_eq!(
+        b.plan.workgroup_bytes,
+        registers_backward_bytes(b.plan.br, [d as u32, dv as u32])
+    );
+    assert!(2 * b.plan.rows_per_thread * b.plan.scores_per_thread() <= REG_MAX_SCORES);
+    let acc = b.plan.acc_chunks(true) + b.plan.acc_chunks(false);
+    assert!(
+        b.plan.rows_per_thread * 4 * acc <= REG_MAX_ACC,
+        "{name} {b}"
+    );
+}
+
+/// The registers plans on made-up GPUs: every choice within the device and
+/// explained; storage from the same function the shaders' sizes follow.
+#[test]
+fn registers_plans_fit_gpu_families() {
+    let families = [
+        ("NVIDIA 48 KiB", gpu(48, Some((32, 32)))),
+        ("NVIDIA 100 KiB", gpu(100, Some((32, 32)))),
+        ("AMD", gpu(64, Some((32, 64)))),
+        ("Apple", gpu(32, Some((32, 32)))),
+        ("Intel", gpu(64, Some((8, 32)))),
+        (
+            "WebGPU default",
+            DeviceCaps {
+                hardware: true,
+                ..DeviceCaps::webgpu_default()
+            },
+        ),
+    ];
+    for (name, c) in families {
+        for (d, dv) in [
+            (1, 1),
+            (3, 3),
+            (59, 59),
+            (64, 64),
+            (128, 128),
+            (192, 128),
+            (256, 256),
+            (512, 512),
+        ] {
+            check_registers_plans(name, &c, d, dv);
+        }
+    }
+    // Where M allows, K/V are double-buffered; where not, the clamp says why.
+    let roomy = plan_forward(
+        &PlanRequest::new(64, Precision::F32),
+        &gpu(100, Some((32, 32))),
+    )
+    .unwrap();
+    assert!(roomy.plan.double_buffer, "{roomy}");
+    let tight = plan_forward(
+        &PlanRequest::new(128, Precision::F32),
+        &gpu(32, Some((32, 32))),
+    )
+    .unwrap();
+    assert!(!tight.plan.double_buffer);
+    assert!(
+        tight.clamps.iter().any(|c| c.field == "K/V buffers"),
+        "{tight}"
+    );
+}
+
+#[test]
+fn registers_overrides_apply_or_fail_clearly() {
+    let intel = gpu(64, Some((8, 32)));
+    let with = |o| {
+        plan_forward(
+            &PlanRequest::new(64, Precision::F32).overrides(registers(o)),
+            &intel,
+        )
+    };
+    let p = with(PlanOverrides {
+        rows_per_thread: Some(2),
+        subgroup_reduce: Some(false),
+        double_buffer: Some(false),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        (
+            p.plan.rows_per_thread,
+            p.plan.subgroup_reduce,
+            p.plan.double_buffer
+        ),
+        (2, false, false)
+    );
+    assert!(p.to_string().contains("as asked"), "{p}");
+    // 16 invocations per row do not fit Intel's smallest subgroup (8).
+    let wide = with(PlanOverrides {
+        threads_per_row: Some(16),
+        subgroup_reduce: Some(true),
+        ..Default::default()
+    });
+    assert!(
+        matches!(
+            wide,
+            Err(Error::SubgroupReduce {
+                threads_per_row: 16,
+                subgroup: 8
+            })
+        ),
+        "{wide:?}"
+    );
+    let fallback = with(PlanOverrides {
+        threads_per_row: Some(16),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!fallback.plan.subgroup_reduce);
+    assert!(
+        fallback
+            .to_string()
+            .contains("do not fit the smallest subgroup"),
+        "{fallback}"
+    );
+    assert!(matches!(
+        with(PlanOverrides {
+            rows_per_thread: Some(9),
+            ..Default::default()
+        }),
+        Err(Error::RowsPerThread { rows: 9, max: 8 })
+    ));
+    // A Br that RM does not divide lowers RM, and says so.
+    let odd_br = with(PlanOverrides {
+        br: Some(6),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!((odd_br.plan.br, odd_br.plan.rows_per_thread), (6, 2));
+    assert!(odd_br.clamps.iter().any(|c| c.field == "RM"), "{odd_br}");
+    // Short sequences get short tiles.
+    let short = plan_forward(&PlanRequest::new(64, Precision::F32).seqlens(5, 7), &intel).unwrap();
+    assert!(short.plan.br <= 8 && short.plan.bc <= 8, "{short}");
 }

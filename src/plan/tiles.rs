@@ -50,6 +50,16 @@ pub struct Plan {
     pub workgroup_bytes: u32,
     /// The cooperative-matrix form of a coop plan (`None` for the others).
     pub coop: Option<CoopForm>,
+    /// Registers kernels: query (or key) rows each invocation owns (RM);
+    /// 1 elsewhere. Invocations `(g, t)`: rows `g·RM..`, keys and vec4
+    /// columns `t + k·threads_per_row`.
+    pub rows_per_thread: u32,
+    /// Registers kernels: row max and sum by subgroup shuffles (else
+    /// through workgroup memory).
+    pub subgroup_reduce: bool,
+    /// Registers kernels: the next K/V tile loads into a second buffer
+    /// while the current one is used.
+    pub double_buffer: bool,
 }
 
 impl Plan {
@@ -77,6 +87,22 @@ impl Plan {
     /// M in f32 elements.
     pub fn m_elements(&self) -> u32 {
         self.m_bytes / WORKING_BYTES
+    }
+
+    /// Registers kernels: vec4 chunks of a q/k row and of a v/o row.
+    pub fn chunks(&self) -> [u32; 2] {
+        [self.head_dim.div_ceil(4), self.head_dim_v.div_ceil(4)]
+    }
+
+    /// Registers kernels: vec4 output columns each invocation accumulates
+    /// per row (v's chunks, or with `k` q/k's, over threads_per_row).
+    pub fn acc_chunks(&self, k: bool) -> u32 {
+        self.chunks()[!k as usize].div_ceil(self.threads_per_row)
+    }
+
+    /// K/V tile buffers of the registers kernels.
+    pub fn buffers(&self) -> u32 {
+        1 + self.double_buffer as u32
     }
 }
 
@@ -120,6 +146,27 @@ impl std::fmt::Display for Plan {
                 form.name()
             )?;
         }
+        if self.kernel == KernelFamily::Registers {
+            writeln!(
+                f,
+                "kernel: registers — each invocation holds {} rows × {} keys of S and {} rows × {} \
+                 vec4 columns of O in registers; the forward's row reductions by {}, its K/V tiles {}",
+                self.rows_per_thread,
+                self.scores_per_thread(),
+                self.rows_per_thread,
+                self.acc_chunks(false),
+                if self.subgroup_reduce {
+                    "subgroup shuffles"
+                } else {
+                    "workgroup memory"
+                },
+                if self.double_buffer {
+                    "double-buffered"
+                } else {
+                    "single-buffered"
+                }
+            )?;
+        }
         write!(
             f,
             "plan: Br = {}, Bc = {}, threads/row = {}, workgroup = {} invocations, {} bytes of workgroup storage",
@@ -156,7 +203,8 @@ pub struct Planned {
     pub clamps: Vec<Clamp>,
     /// Why the planner took the tiled kernels on an adapter that has the
     /// lanes ones (the head dims), or took or passed over the coop kernel on
-    /// a device with cooperative matrices, if it did.
+    /// a device with cooperative matrices, if it did; for the registers
+    /// kernels, why each of their choices.
     pub kernel_reason: Option<String>,
 }
 
@@ -212,6 +260,35 @@ pub fn forward_workgroup_bytes(br: u32, bc: u32, [d, dv]: [u32; 2], threads_per_
 /// and V tiles (B×dv), P and dS (B×B), and LSE and D per row, all f32.
 pub fn backward_workgroup_bytes(b: u32, [d, dv]: [u32; 2]) -> u32 {
     WORKING_BYTES * (2 * b * d + 2 * b * dv + 2 * b * b + 2 * b)
+}
+
+/// A registers tile's row stride in vec4s: odd, so that invocations reading
+/// consecutive rows of it hit different memory banks.
+pub fn padded_chunks(chunks: u32) -> u32 {
+    chunks | 1
+}
+
+/// The shape of a registers kernel's workgroup (what its storage depends on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegTiles {
+    pub br: u32,
+    pub bc: u32,
+    pub threads_per_row: u32,
+    pub buffers: u32,
+    pub subgroup_reduce: bool,
+}
+
+/// Workgroup bytes of the registers forward: Q (Br rows of padded vec4
+/// chunks), `buffers` × (K with padded rows, V), P (Br×Bc), and without
+/// subgroup reductions one partial per row and invocation, all f32.
+pub fn registers_forward_bytes(t: RegTiles, [d, dv]: [u32; 2]) -> u32 {
+    let (dp, v4) = (padded_chunks(d.div_ceil(4)), dv.div_ceil(4));
+    let partials = if t.subgroup_reduce {
+        0
+    } else {
+        t.br * t.threads_per_row
+    };
+    WORKING_BYTES * (4 * t.br * dp + t.buffers * 4 * t.bc * (dp + v4) + t.br * t.bc + partials)
 }
 
 /// `x` rounded down to a multiple of `g` (unless smaller than `g`).

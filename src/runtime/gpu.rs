@@ -18,7 +18,8 @@ pub struct Settings {
     pub binding_cap: Option<u64>,
     /// Plan with at most this much workgroup storage.
     pub workgroup_storage_cap: Option<u32>,
-    /// Never plan the lanes or coop kernels.
+    /// Default to the tiled kernels: never the lanes or coop ones, nor the
+    /// registers ones unless asked for.
     pub tiled_only: bool,
     /// Plan as if the device had 8×8 f32 cooperative matrices and run the
     /// coop kernel with them emulated (`CoopForm::Emulated`): tests.
@@ -93,6 +94,7 @@ impl Gpu {
         }
         if self.settings.tiled_only {
             caps.lane_subgroup = None;
+            caps.hardware = false;
             caps.coop_matrix = Default::default();
         }
         if self.settings.emulate_coop && caps.subgroup.is_some() {

@@ -189,6 +189,9 @@ pub fn overrides_text(o: &PlanOverrides) -> String {
         o.max_workgroup_storage
             .map(|v| format!("max_workgroup_storage={v}")),
         o.f16_native.map(|v| format!("f16_native={v}")),
+        o.rows_per_thread.map(|v| format!("rows_per_thread={v}")),
+        o.subgroup_reduce.map(|v| format!("subgroup_reduce={v}")),
+        o.double_buffer.map(|v| format!("double_buffer={v}")),
     ]
     .into_iter()
     .flatten()
@@ -215,6 +218,9 @@ pub fn parse_overrides(text: &str) -> Option<PlanOverrides> {
             "threads_per_row" => o.threads_per_row = Some(value.parse().ok()?),
             "max_workgroup_storage" => o.max_workgroup_storage = Some(value.parse().ok()?),
             "f16_native" => o.f16_native = Some(value.parse().ok()?),
+            "rows_per_thread" => o.rows_per_thread = Some(value.parse().ok()?),
+            "subgroup_reduce" => o.subgroup_reduce = Some(value.parse().ok()?),
+            "double_buffer" => o.double_buffer = Some(value.parse().ok()?),
             _ => return None,
         }
     }

@@ -272,10 +272,34 @@ pub fn assert_accurate(case: &Case, inputs: &Inputs, out: &ForwardOutput) -> [Ch
     checks
 }
 
-/// Run a case on the GPU and check it. Where the planner picks the lanes
-/// kernel (CPU adapters) or the coop kernel (cooperative matrices), the
-/// tiled kernel — the one every GPU runs — is checked on the same case too,
-/// unless the case forces a kernel.
+/// The other kernel families a case also runs where it forces none: tiled
+/// where the planner picked lanes (CPU adapters) or coop (cooperative
+/// matrices), and registers (the GPUs' default) unless the case fixes the
+/// tiled kernels' tiles.
+pub fn other_families(case: &Case, picked: Option<KernelFamily>) -> Vec<PlanOverrides> {
+    let o = case.overrides;
+    if o.kernel.is_some() || o.fixes_registers() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if matches!(picked, Some(KernelFamily::Lanes | KernelFamily::Coop)) {
+        out.push(PlanOverrides {
+            kernel: Some(KernelFamily::Tiled),
+            ..o
+        });
+    }
+    let tiles = o.br.is_some() || o.bc.is_some() || o.threads_per_row.is_some();
+    if picked != Some(KernelFamily::Registers) && !tiles {
+        out.push(PlanOverrides {
+            kernel: Some(KernelFamily::Registers),
+            ..o
+        });
+    }
+    out
+}
+
+/// Run a case on the GPU and check it, and with the other kernel families
+/// on the same case (see [`other_families`]).
 pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
@@ -287,13 +311,8 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    let kernel = out.stats.plan.map(|p| p.kernel);
-    let other = matches!(kernel, Some(KernelFamily::Lanes | KernelFamily::Coop));
-    if other && case.overrides.kernel.is_none() {
-        run(&PlanOverrides {
-            kernel: Some(KernelFamily::Tiled),
-            ..case.overrides
-        });
+    for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
+        run(&o);
     }
     out
 }
@@ -312,17 +331,12 @@ pub fn output_grad(case: &Case) -> (Vec<f32>, TensorData) {
     (g, stored)
 }
 
-/// [`run_gpu_backward`], and where the planner picked the lanes kernels the
-/// tiled ones (the GPU path) on the same case too.
+/// [`run_gpu_backward`], and with the other kernel families on the same
+/// case (see [`other_families`]).
 pub fn run_gpu_backward_both(engine: &Engine, case: &Case) -> flashattn::BackwardOutput {
     let out = run_gpu_backward(engine, case);
-    let lanes = out.stats.plan.map(|p| p.kernel) == Some(KernelFamily::Lanes);
-    if lanes && case.overrides.kernel.is_none() {
-        let tiled = PlanOverrides {
-            kernel: Some(KernelFamily::Tiled),
-            ..case.overrides
-        };
-        run_gpu_backward(engine, &case.clone().overrides(tiled));
+    for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
+        run_gpu_backward(engine, &case.clone().overrides(o));
     }
     out
 }

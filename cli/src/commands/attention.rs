@@ -92,12 +92,19 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
             Some(_) => None,
             None => a.kernel.as_deref().map(str::parse).transpose()?,
         },
+        rows_per_thread: a.registers.rows_per_thread,
+        subgroup_reduce: a.registers.subgroup_reduce,
+        double_buffer: a.registers.double_buffer,
         ..Default::default()
     };
-    let tuned = a.block_q.is_some() || a.block_k.is_some() || a.kernel.is_some() || a.tuned;
+    let tuned = a.block_q.is_some()
+        || a.block_k.is_some()
+        || a.kernel.is_some()
+        || a.registers.any()
+        || a.tuned;
     if backend == BackendKind::Cpu && tuned {
         return Err(CliError::WgpuOnly {
-            flags: "--block-q, --block-k, --kernel and --tuned",
+            flags: "--block-q, --block-k, --kernel, --rows-per-thread, --subgroup-reduce, --double-buffer and --tuned",
         });
     }
     if a.tuned && fp8.is_some() {

@@ -9,7 +9,8 @@ use flashattn::tune::cache::{overrides_text, seqlen_bucket};
 use flashattn::tune::{MaskKind, TuneKey};
 use flashattn::{
     plan_backward, plan_forward, AttentionOptions, AttentionShape, CacheLayout, CacheShape,
-    DecodeProblem, DecodeStep, Engine, Pass, PlanRequest, Precision, TensorData, TuneCache,
+    DecodeProblem, DecodeStep, Engine, Pass, PlanOverrides, PlanRequest, Precision, TensorData,
+    TuneCache,
 };
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -47,7 +48,13 @@ pub fn run(a: PlanArgs) -> Result<()> {
     print_device(&engine);
     let tuned = Tuned::new(&a, &engine, precision);
     for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
-        let mut req = PlanRequest::new(d, precision);
+        let mut req = PlanRequest::new(d, precision).overrides(PlanOverrides {
+            kernel: a.kernel.as_deref().map(str::parse).transpose()?,
+            rows_per_thread: a.registers.rows_per_thread,
+            subgroup_reduce: a.registers.subgroup_reduce,
+            double_buffer: a.registers.double_buffer,
+            ..Default::default()
+        });
         if let Some(n) = a.seqlen {
             AttentionShape::new(1, n, n, 1, 1, d)?;
             req = req.seqlens(n, n);
@@ -246,7 +253,7 @@ fn print_device(engine: &Engine) {
 #[cfg(feature = "cuda")]
 fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
     use flashattn::cuda::plan::{plan, DeviceProps, KernelPath, PlanProblem};
-    let path: KernelPath = a.kernel.parse()?;
+    let path: KernelPath = a.kernel.as_deref().unwrap_or("auto").parse()?;
     let props = match a.device_like.as_deref() {
         Some("a100") => DeviceProps::a100(),
         Some("h100") => DeviceProps::h100(),

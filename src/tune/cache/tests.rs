@@ -28,12 +28,22 @@ fn overrides_round_trip_through_their_text() {
         max_workgroup_storage: Some(16384),
         f16_native: Some(false),
         kernel: Some(KernelFamily::Tiled),
+        rows_per_thread: None,
+        subgroup_reduce: None,
+        double_buffer: None,
+    };
+    let registers = PlanOverrides {
+        kernel: Some(KernelFamily::Registers),
+        rows_per_thread: Some(2),
+        subgroup_reduce: Some(true),
+        double_buffer: Some(false),
+        ..Default::default()
     };
     let lanes = PlanOverrides {
         kernel: Some(KernelFamily::Lanes),
         ..Default::default()
     };
-    for o in [all, lanes, PlanOverrides::default()] {
+    for o in [all, lanes, registers, PlanOverrides::default()] {
         assert_eq!(parse_overrides(&overrides_text(&o)), Some(o), "{o:?}");
     }
     assert_eq!(overrides_text(&PlanOverrides::default()), "formula");
