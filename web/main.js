@@ -19,6 +19,10 @@ const SELFTEST_CASES = [
   { seqlen: 37, head_dim: 59, heads: 2, causal: true, precision: 'bf16' },
   { seqlen: 113, head_dim: 64, heads: 3, causal: false, precision: 'bf16' },
   { seqlen: 113, head_dim: 59, heads: 1, causal: true, precision: 'bf16' },
+  // The registers kernels (GPUs' default natively; browsers plan tiled).
+  { seqlen: 113, head_dim: 59, heads: 2, causal: true, precision: 'f32', kernel: 'registers' },
+  { seqlen: 37, head_dim: 64, heads: 3, causal: false, precision: 'f16', kernel: 'registers' },
+  { seqlen: 113, head_dim: 24, heads: 1, causal: false, precision: 'bf16', kernel: 'registers' },
 ];
 const SEED = 7;
 // Every layout a model brings, forward and backward (web/src/lib.rs, layout_case).
@@ -174,7 +178,7 @@ async function runDecodeChecks() {
 function showChecks(results) {
   $('checks').innerHTML = `<table class="compact" style="margin-top:6px">
     <tr><th>case</th><th>fwd Br × Bc</th><th>fwd</th><th>bwd</th>${checkHeads(results[0])}</tr>
-    ${results.map((r) => `<tr><td>${r.seqlen} × d ${r.head_dim} × ${r.heads}h, ${r.causal ? 'causal' : 'full'}, ${r.precision}</td>
+    ${results.map((r) => `<tr><td>${r.seqlen} × d ${r.head_dim} × ${r.heads}h, ${r.causal ? 'causal' : 'full'}, ${r.precision}, ${r.kernel}</td>
       <td>${r.plan.br} × ${r.plan.bc}</td><td>${r.kernel_ms.toFixed(1)} ms</td><td>${r.backward_kernel_ms.toFixed(1)} ms</td>
       ${checkCells(r)}</tr>`).join('')}
     </table>`;
@@ -185,7 +189,7 @@ async function runChecks() {
   const results = [];
   try {
     for (const c of SELFTEST_CASES) {
-      results.push(JSON.parse(await fa.run_case(c.seqlen, c.head_dim, c.heads, c.causal, c.precision, BigInt(SEED))));
+      results.push(JSON.parse(await fa.run_case(c.seqlen, c.head_dim, c.heads, c.causal, c.precision, BigInt(SEED), c.kernel)));
       showChecks(results);
     }
   } finally {

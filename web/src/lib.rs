@@ -172,6 +172,10 @@ struct CaseReport {
     heads: usize,
     causal: bool,
     precision: String,
+    /// The kernel family the forward and backward ran (`tiled` unless the
+    /// case forced another).
+    kernel: String,
+    backward_kernel: String,
     plan: PlanReport,
     /// Best of the timed runs: submit to completion of the kernel.
     kernel_ms: f64,
@@ -206,9 +210,19 @@ pub async fn run_case(
     causal: bool,
     precision: String,
     seed: u64,
+    kernel: Option<String>,
 ) -> Result<String, JsError> {
     let e = engine().await?;
     let precision: Precision = precision.parse().map_err(js_err)?;
+    // A forced kernel family (`registers`, `tiled`), else the planner's.
+    let overrides = PlanOverrides {
+        kernel: kernel
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(js_err)?,
+        ..Default::default()
+    };
     let shape = AttentionShape::new(1, seqlen, seqlen, heads, heads, head_dim).map_err(js_err)?;
     let opts = AttentionOptions::default().causal(causal);
     let mut rng = Rng::new(seed);
@@ -231,18 +245,17 @@ pub async fn run_case(
         view(shape.kv_shape(), &v),
         view(shape.q_shape(), &d_o),
     );
-    let none = PlanOverrides::default();
 
     // The warm-up compiles the kernel; its result is the one checked.
     let out = e
-        .forward_async(&qv, &kv, &vv, &opts, &none)
+        .forward_async(&qv, &kv, &vv, &opts, &overrides)
         .await
         .map_err(js_err)?;
     let (mut kernel, mut wall) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..TIMED_RUNS {
         let start = Instant::now();
         let timed = e
-            .forward_async(&qv, &kv, &vv, &opts, &none)
+            .forward_async(&qv, &kv, &vv, &opts, &overrides)
             .await
             .map_err(js_err)?;
         wall = wall.min(start.elapsed().as_secs_f64());
@@ -255,14 +268,14 @@ pub async fn run_case(
     // The backward reads the forward's o and lse, as in training.
     let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
     let bwd = e
-        .backward_async(&bwd_inputs, &opts, &none)
+        .backward_async(&bwd_inputs, &opts, &overrides)
         .await
         .map_err(js_err)?;
     let (mut bwd_kernel, mut bwd_wall) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..TIMED_RUNS {
         let start = Instant::now();
         let timed = e
-            .backward_async(&bwd_inputs, &opts, &none)
+            .backward_async(&bwd_inputs, &opts, &overrides)
             .await
             .map_err(js_err)?;
         bwd_wall = bwd_wall.min(start.elapsed().as_secs_f64());
@@ -273,8 +286,10 @@ pub async fn run_case(
         .map_err(js_err)?
         .to_vec();
     checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
-    let forward_plan = e.plan(&shape, precision, &none).map_err(js_err)?;
-    let backward_plan = e.plan_backward(&shape, precision, &none).map_err(js_err)?;
+    let forward_plan = e.plan(&shape, precision, &overrides).map_err(js_err)?;
+    let backward_plan = e
+        .plan_backward(&shape, precision, &overrides)
+        .map_err(js_err)?;
     let flops = 4.0 * (heads * seqlen * seqlen * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
     // Five matmuls against the forward's two (FlashAttention-2's convention).
     let bwd_flops = 2.5 * flops;
@@ -284,6 +299,8 @@ pub async fn run_case(
         heads,
         causal,
         precision: precision.to_string(),
+        kernel: forward_plan.plan.kernel.name().to_string(),
+        backward_kernel: backward_plan.plan.kernel.name().to_string(),
         plan: PlanReport::from(&forward_plan),
         kernel_ms: kernel * 1e3,
         wall_ms: wall * 1e3,

@@ -62,6 +62,13 @@ function checkResults(r) {
     expect(combos.has(want), `no case for causal/precision ${want}`);
   }
   expect(r.cases.some((c) => c.seqlen % 4 !== 0 && c.head_dim % 4 !== 0), 'no odd-size case');
+  // The registers kernels, forced, in every precision, forward and backward.
+  const regs = r.cases.filter((c) => c.kernel === 'registers');
+  for (const p of ['f32', 'f16', 'bf16']) expect(regs.some((c) => c.precision === p), `no registers case in ${p}`);
+  for (const c of regs) {
+    expect(c.backward_kernel === 'registers', `registers case ran the backward on ${c.backward_kernel}`);
+    expect(c.plan.text.includes('kernel: registers'), `registers case plan: ${c.plan.text}`);
+  }
   for (const c of r.cases) {
     const name = `seqlen ${c.seqlen} d ${c.head_dim} heads ${c.heads} ${c.causal ? 'causal' : 'full'} ${c.precision}`;
     expect(c.passed === true, `${name}: the page says FAIL`);
