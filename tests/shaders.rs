@@ -6,6 +6,7 @@
 //! declares equals its plan's, the uniform structs equal their Rust twins
 //! member by member, and every function-scope `var` is initialized.
 
+mod naga_layout;
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{
     BackwardPart, BufferCopy, CopyParams, DecodeMerge, DecodeParams, Epilogue, FlashBackward,
@@ -21,6 +22,7 @@ use flashattn::{
 };
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+use naga_layout::workgroup_bytes;
 
 /// A kernel with what it needs of the device.
 struct Kernel {
@@ -674,18 +676,6 @@ fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
         kernels.len(),
         if spirv_val { " (spirv-val: valid)" } else { "" }
     );
-}
-
-/// Bytes of `var<workgroup>` a module declares, as naga lays them out.
-fn workgroup_bytes(module: &naga::Module) -> u32 {
-    let mut layouter = naga::proc::Layouter::default();
-    layouter.update(module.to_ctx()).unwrap();
-    module
-        .global_variables
-        .iter()
-        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-        .map(|(_, g)| layouter[g.ty].size)
-        .sum()
 }
 
 #[test]

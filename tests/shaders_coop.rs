@@ -7,6 +7,7 @@
 //! 8×8 f32 form that Metal's simdgroup matrices have, MSL; its workgroup
 //! storage equals the plan's.
 
+mod naga_layout;
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{FlashForward, KernelKey};
 use flashattn::plan::{CoopForm, CoopMatrixShapes, SubgroupSizes};
@@ -14,6 +15,7 @@ use flashattn::{plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, Pla
 use flashattn::{Precision, StorageKind};
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+use naga_layout::workgroup_bytes;
 
 /// A device with `coop` cooperative matrices, f16 and 32-wide subgroups.
 fn coop_device(coop: CoopMatrixShapes, workgroup_storage: u32) -> DeviceCaps {
@@ -349,18 +351,6 @@ fn msl(module: &naga::Module, info: &ModuleInfo) -> Result<String, String> {
     naga::back::msl::write_string(module, info, &options, &pipeline)
         .map(|(text, _)| text)
         .map_err(|e| format!("MSL: {e}"))
-}
-
-/// Bytes of `var<workgroup>` a module declares, as naga lays them out.
-fn workgroup_bytes(module: &naga::Module) -> u32 {
-    let mut layouter = naga::proc::Layouter::default();
-    layouter.update(module.to_ctx()).unwrap();
-    module
-        .global_variables
-        .iter()
-        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-        .map(|(_, g)| layouter[g.ty].size)
-        .sum()
 }
 
 /// Every combination of the optional code on head dims with padding,
