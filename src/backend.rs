@@ -1,5 +1,6 @@
-//! Choosing and running a backend: wgpu (an [`Engine`]) or the CPU. `auto`
-//! takes a hardware GPU when there is one; where the only adapters run on
+//! Choosing and running a backend: wgpu (an [`Engine`]), the CPU, or CUDA
+//! (feature `cuda`). `auto` takes CUDA where it opens and takes the problem,
+//! else a hardware GPU when there is one; where the only adapters run on
 //! the CPU (llvmpipe over Vulkan or GL, SwiftShader, WARP) it measures the
 //! problem on the fastest kernels such an adapter has against the CPU
 //! backend and takes the faster — and always says why.
@@ -22,8 +23,10 @@ use crate::{
 /// Which implementation to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// A hardware GPU when one exists; else the faster of a CPU adapter's
-    /// kernels and the CPU backend, measured on the problem.
+    /// CUDA where a CUDA device opens and takes the problem (builds with
+    /// the `cuda` feature); else a hardware GPU when one exists; else the
+    /// faster of a CPU adapter's kernels and the CPU backend, measured on
+    /// the problem.
     Auto,
     Wgpu,
     Cpu,
@@ -56,6 +59,23 @@ impl std::str::FromStr for BackendKind {
             }),
         }
     }
+}
+
+/// `auto` in a build with the `cuda` feature: CUDA on device 0 when it
+/// opens and takes the workload (an NVIDIA GPU runs its own kernels faster
+/// than wgpu's portable ones), else why not, for the reason given.
+#[cfg(feature = "cuda")]
+#[cfg(not(target_arch = "wasm32"))]
+fn auto_cuda(workload: &Workload) -> std::result::Result<Choice, String> {
+    let cuda = crate::cuda::Cuda::new().map_err(|e| e.to_string())?;
+    crate::cuda::takes(workload).map_err(|e| format!("{e}, on {}", cuda.describe()))?;
+    Ok(Choice {
+        reason: format!(
+            "CUDA on {} (auto prefers CUDA where a CUDA device opens)",
+            cuda.describe()
+        ),
+        backend: Backend::Cuda(Box::new(cuda)),
+    })
 }
 
 /// A ready backend.
@@ -92,16 +112,29 @@ impl Backend {
                     reason,
                 })
             }
-            BackendKind::Auto => Ok(match pollster::block_on(choose(workload))? {
-                Decision::Gpu(engine, reason) => Choice {
-                    backend: Backend::Wgpu(engine),
-                    reason,
-                },
-                Decision::Cpu(reason) => Choice {
-                    backend: Backend::Cpu,
-                    reason,
-                },
-            }),
+            BackendKind::Auto => {
+                #[cfg(feature = "cuda")]
+                let not_cuda = match auto_cuda(workload) {
+                    Ok(choice) => return Ok(choice),
+                    Err(why) => why,
+                };
+                #[allow(unused_mut)]
+                let mut choice = match pollster::block_on(choose(workload))? {
+                    Decision::Gpu(engine, reason) => Choice {
+                        backend: Backend::Wgpu(engine),
+                        reason,
+                    },
+                    Decision::Cpu(reason) => Choice {
+                        backend: Backend::Cpu,
+                        reason,
+                    },
+                };
+                #[cfg(feature = "cuda")]
+                {
+                    choice.reason = format!("{} (not CUDA: {not_cuda})", choice.reason);
+                }
+                Ok(choice)
+            }
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 let cuda = crate::cuda::Cuda::new()?;

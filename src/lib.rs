@@ -70,7 +70,7 @@ pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
 pub use backend::{Backend, BackendKind, Choice};
 #[cfg(not(target_arch = "wasm32"))]
-pub use choice::{ProbeCache, Workload};
+pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::AttentionBuffers;

@@ -6,7 +6,7 @@ mod common;
 
 use flashattn::choice::{choose_with, Decision, ProbeCache};
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Precision, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Operation, Precision, Workload,
 };
 
 fn workload(d: usize) -> Workload {
@@ -15,6 +15,7 @@ fn workload(d: usize) -> Workload {
         precision: Precision::F32,
         opts: AttentionOptions::default().causal(true),
         backward: true,
+        operation: Operation::Attention,
     }
 }
 

@@ -25,7 +25,9 @@ use flashattn::api::tensor::Precision;
 use flashattn::cuda::compile::{compile_ptx, nvrtc_present};
 use flashattn::cuda::kernel::{Family, KernelKey};
 use flashattn::cuda::{driver_present, Cuda, KernelPath};
-use flashattn::Error;
+use flashattn::{
+    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Operation, Workload,
+};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -48,6 +50,49 @@ fn without_a_driver_the_backend_is_a_typed_error_naming_it() {
             );
         }
         other => panic!("expected CudaUnavailable, got {other:?}"),
+    }
+}
+
+fn workload(operation: Operation, opts: AttentionOptions) -> Workload {
+    Workload {
+        shape: AttentionShape::new(1, 40, 40, 2, 2, 64).unwrap(),
+        precision: Precision::F16,
+        opts,
+        backward: false,
+        operation,
+    }
+}
+
+/// `auto` takes CUDA for what its kernels run (checked without a device),
+/// and says why not otherwise: without a driver, the reason names it.
+#[test]
+fn auto_prefers_cuda_for_what_its_kernels_take() {
+    let plain = workload(
+        Operation::Attention,
+        AttentionOptions::default().causal(true),
+    );
+    flashattn::cuda::takes(&plain).unwrap();
+    for operation in [Operation::Fp8, Operation::Decode] {
+        assert!(matches!(
+            flashattn::cuda::takes(&workload(operation, AttentionOptions::default())),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+    let choice = Backend::open(BackendKind::Auto, &plain).unwrap();
+    match Cuda::new() {
+        Ok(_) => assert!(
+            matches!(choice.backend, Backend::Cuda(_)),
+            "{}",
+            choice.reason
+        ),
+        Err(e) => {
+            assert!(!matches!(choice.backend, Backend::Cuda(_)));
+            assert!(
+                choice.reason.contains(&format!("(not CUDA: {e})")),
+                "{}",
+                choice.reason
+            );
+        }
     }
 }
 

@@ -34,6 +34,19 @@ pub struct Workload {
     pub opts: AttentionOptions,
     /// The backward runs too (after a forward).
     pub backward: bool,
+    /// What runs: attention, its FP8 form, or decoding steps on a cache.
+    pub operation: Operation,
+}
+
+/// The kind of call a [`Workload`] is (backends do not all take each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Operation {
+    #[default]
+    Attention,
+    /// The FP8 (e4m3) forward.
+    Fp8,
+    /// Decoding steps on a KV cache.
+    Decode,
 }
 
 /// The decision and why.

@@ -61,7 +61,26 @@ use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::tensor::TensorView;
-use crate::error::Result;
+use crate::choice::{Operation, Workload};
+use crate::error::{Error, Result};
+
+/// Whether the CUDA kernels take `workload` (no device needed): `Ok`, or
+/// the typed error a call on this backend would return.
+pub fn takes(workload: &Workload) -> Result<()> {
+    let unsupported = |feature| {
+        Err(Error::Unsupported {
+            what: problem::WHAT,
+            feature,
+        })
+    };
+    match workload.operation {
+        Operation::Attention => {
+            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
+        }
+        Operation::Fp8 => unsupported("FP8 (e4m3)"),
+        Operation::Decode => unsupported("decoding (flash_attn_with_kvcache)"),
+    }
+}
 
 /// The CUDA backend on device 0.
 #[derive(Debug)]

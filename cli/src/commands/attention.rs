@@ -9,8 +9,8 @@ use crate::error::{CliError, Result};
 use crate::npy;
 use flashattn::tune::cache::overrides_text;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options, Pass,
-    PlanOverrides, Precision, Tensor, TensorData, TensorView, TuneCache, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options, Operation,
+    Pass, PlanOverrides, Precision, Tensor, TensorData, TensorView, TuneCache, Workload,
 };
 
 /// Everything an attention command needs, validated before any device work.
@@ -48,6 +48,10 @@ impl Prepared {
             precision,
             opts: self.opts.clone(),
             backward,
+            operation: match self.fp8 {
+                Some(_) => Operation::Fp8,
+                None => Operation::Attention,
+            },
         })
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{CliError, Result};
 use crate::npy::{self, IndexArray};
 use flashattn::{
     AttentionOptions, AttentionShape, BackendKind, DecodeProblem, DecodeStep, HostKvCache,
-    Precision, Tensor, Workload,
+    Operation, Precision, Tensor, Workload,
 };
 use std::path::{Path, PathBuf};
 
@@ -82,6 +82,7 @@ impl Prepared {
             precision: p.precision,
             opts: self.opts.clone(),
             backward: false,
+            operation: Operation::Decode,
         })
     }
 }

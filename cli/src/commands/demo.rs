@@ -6,8 +6,8 @@ use crate::error::{CliError, Result};
 use flashattn::accuracy::check_forward;
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, PlanOverrides, Precision, TensorData,
-    TensorView, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, Operation, PlanOverrides, Precision,
+    TensorData, TensorView, Workload,
 };
 use std::time::Instant;
 
@@ -21,6 +21,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         precision,
         opts: opts.clone(),
         backward: false,
+        operation: Operation::Attention,
     };
     let choice = Backend::open(kind, &workload)?;
     println!("backend: {}", choice.backend.name());
