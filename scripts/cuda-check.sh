@@ -10,17 +10,20 @@
 #   scripts/cuda-check.sh run       # there, with carry [".cuda-check", ".gl"]:
 #
 #   1. tests/cuda.rs with FLASHATTN_REQUIRE_GPU=1 (a missing device fails): the
-#      accuracy matrix on --backend cuda on both kernel paths (tensor cores and
-#      scalar), the backward twice bit for bit, Unsupported layouts, the plan
-#      picking tensor cores on the device (the NVRTC/ptxas/emulation tests run
-#      here, not there: they need no GPU);
+#      accuracy matrix on --backend cuda on every kernel path (the chosen one —
+#      on an H200 the Hopper forward —, scalar, and on Hopper the sm80 mma
+#      kernels forced), the backward twice bit for bit, Unsupported layouts, the
+#      plan picking tensor cores on the device (the NVRTC/ptxas/emulation tests
+#      run here, not there: they need no GPU);
 #   2. `flashattn plan --backend cuda` from the device's own properties;
 #   3. one benchmark, batch 4, 16 heads, d 64/128, causal and not, f16 and
 #      bf16, forward and backward, TFLOP/s as `flashattn bench` counts FLOPs
 #      (4·N²·d·heads·batch, halved for causal, ×2.5 for the backward):
-#      cuda (the tensor-core path) and torch SDPA on the GPU at N 1k/4k/16k
-#      (forward) and 1k/4k/8k (backward), cuda-scalar and the wgpu Vulkan tiled
-#      kernels at N 1k/4k (they are slower; longer would not fit the time).
+#      the forward as cuda-hopper (wgmma + TMA, forced) against cuda-mma (the
+#      sm80 kernels, forced) and torch SDPA on the GPU at N 1k/4k/16k, the
+#      backward as cuda (the sm80 tensor-core backward) and torch at N
+#      1k/4k/8k, cuda-scalar and the wgpu Vulkan tiled kernels at N 1k/4k
+#      (they are slower; longer would not fit the time).
 #
 # `run` writes its logs, bench-*.json, cuda-bench.json (every row) and
 # cuda-bench.txt (the table) under $OUT (or ./cuda-check-out); each step has a
@@ -104,14 +107,14 @@ run() {
   { nvidia-smi; lscpu | grep 'Model name'; python3 -c 'import torch; print("torch", torch.__version__)'; } \
     >"$out/machine.txt" 2>&1
   find_nvrtc
-  # Limits: 110 + 20 + 2 × (70 + 70 + 30) = 470 s at most.
+  # Limits: 110 + 20 + 2 × (85 + 60 + 25) = 470 s at most.
   FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 110 "$BIN/cuda" --test-threads 1 \
     --skip every_kernel_variant --skip main_variants --skip host_emulation
   step plan-cuda 20 "$BIN/flashattn" plan --backend cuda --precision bf16
   for p in f16 bf16; do
-    bench "bench-fwd-$p" 70 cuda,torch forward 1024,4096,16384 "$p"
-    bench "bench-bwd-$p" 70 cuda,torch backward 1024,4096,8192 "$p"
-    bench "bench-scalar-tiled-$p" 30 cuda-scalar,tiled forward,backward 1024,4096 "$p"
+    bench "bench-fwd-$p" 85 cuda-hopper,cuda-mma,torch forward 1024,4096,16384 "$p"
+    bench "bench-bwd-$p" 60 cuda,torch backward 1024,4096,8192 "$p"
+    bench "bench-scalar-tiled-$p" 25 cuda-scalar,tiled forward,backward 1024,4096 "$p"
   done
   table
   cat "$out/summary.txt"
@@ -129,7 +132,7 @@ for path in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
         rows += json.load(f)["results"]
 with open(os.path.join(out, "cuda-bench.json"), "w") as f:
     json.dump(rows, f, indent=1)
-impls = ["cuda", "cuda-scalar", "tiled", "torch"]
+impls = ["cuda-hopper", "cuda-mma", "cuda", "cuda-scalar", "tiled", "torch"]
 cells = {}
 for r in rows:
     key = (r["precision"], r["pass"], r["head_dim"], r["causal"], r["seqlen"])

@@ -3,11 +3,15 @@
 //! - without libcuda, opening the backend is `Error::CudaUnavailable`
 //!   naming the driver, in one line (no panic);
 //! - every kernel variant ([`KernelKey::all`]) compiles with NVRTC to PTX
-//!   for sm_80 and sm_90a, where libnvrtc loads; with
+//!   for sm_80 and sm_90a (the Hopper kernel for sm_90a only), where
+//!   libnvrtc loads; with
 //!   `FLASHATTN_REQUIRE_NVRTC=1` a missing NVRTC fails instead of skipping;
 //! - with `FLASHATTN_PTXAS` pointing at a `ptxas`, the f16/bf16 d 64/128
 //!   forward and backward variants assemble for sm_80 and sm_90a with no
-//!   register spills (registers and shared memory are printed);
+//!   register spills (registers and shared memory are printed), and the
+//!   Hopper forward's for sm_90a with no spills and no wgmma serialized
+//!   (and, with `FLASHATTN_NVDISASM` naming an nvdisasm, its SASS holding
+//!   HGMMA, UTMALDG and USETMAXREG);
 //! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
 //!   the CPU under cuda/emulate/ against attention in double;
 //! - on a device (FLASHATTN_REQUIRE_GPU=1 makes a missing one fail): the
@@ -32,6 +36,16 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90a", "sm_90a")];
+
+/// The architectures `key` is built for: the Hopper kernel's wgmma and
+/// setmaxnreg exist on sm_90a alone.
+fn archs(key: &KernelKey) -> &'static [(&'static str, &'static str)] {
+    if key.family.is_wgmma() {
+        &ARCHS[1..]
+    } else {
+        &ARCHS
+    }
+}
 
 #[test]
 fn without_a_driver_the_backend_is_a_typed_error_naming_it() {
@@ -118,7 +132,7 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
     let keys = KernelKey::all();
     let jobs: Vec<(KernelKey, &str)> = keys
         .iter()
-        .flat_map(|k| ARCHS.iter().map(move |(arch, _)| (*k, *arch)))
+        .flat_map(|k| archs(k).iter().map(move |(arch, _)| (*k, *arch)))
         .collect();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let failures: Vec<String> = std::thread::scope(|s| {
@@ -148,14 +162,14 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
         jobs.len(),
         failures.join("\n")
     );
-    eprintln!(
-        "{} variants × {} architectures compiled",
-        keys.len(),
-        ARCHS.len()
-    );
+    eprintln!("{} variants, {} compiles", keys.len(), jobs.len());
 }
 
-/// `ptxas -v` on one variant's PTX: (entry=registers per kernel, spill bytes, report).
+/// `ptxas -v` on one variant's PTX: (entry=registers per kernel, spill
+/// bytes, report). ptxas's warnings are in the report: a wgmma it had to
+/// serialize ("wgmma.mma_async instructions are serialized", C7510 and
+/// kin) or a setmaxnreg it ignored (C7508). With `FLASHATTN_NVDISASM`
+/// naming an nvdisasm, the report ends with the SASS.
 fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<String>, u32, String) {
     let ptx = compile_ptx(key, arch).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -169,12 +183,21 @@ fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<String>
         .arg(dir.path().join("out.cubin"))
         .output()
         .unwrap();
-    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut report = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
         "ptxas failed on {}: {report}",
         key.label()
     );
+    if let Some(nvdisasm) = std::env::var_os("FLASHATTN_NVDISASM") {
+        let sass = Command::new(nvdisasm)
+            .arg("-c")
+            .arg(dir.path().join("out.cubin"))
+            .output()
+            .unwrap();
+        assert!(sass.status.success(), "nvdisasm failed on {}", key.label());
+        report += &String::from_utf8_lossy(&sass.stdout);
+    }
     // "Used 72 registers, ..." per entry; "N bytes spill stores, M bytes spill loads".
     let number_before = |line: &str, word: &str| -> Option<u32> {
         let at = line.find(word)?;
@@ -212,8 +235,23 @@ fn main_variants_assemble_without_spills() {
             for d in [64, 128] {
                 for (band, softcap) in [(false, false), (true, false), (false, true)] {
                     let key = KernelKey::new(family, precision, d, band, softcap);
-                    for (arch, sm) in ARCHS {
+                    for &(arch, sm) in archs(&key) {
                         let (regs, spills, report) = ptxas(&ptxas_path, &key, arch, sm);
+                        if key.family.is_wgmma() {
+                            for warning in ["serialized", "C7508", "C7510", "C7515"] {
+                                if report.contains(warning) {
+                                    spilled.push(format!("{} {sm}: {report}", key.label()));
+                                }
+                            }
+                            // The Hopper instructions, not a slower path.
+                            let sass = std::env::var_os("FLASHATTN_NVDISASM").is_some();
+                            for op in ["HGMMA.64x128x16.F32", "UTMALDG.4D", "USETMAXREG"] {
+                                if sass && !report.contains(op) {
+                                    spilled
+                                        .push(format!("{} {sm}: no {op} in its SASS", key.label()));
+                                }
+                            }
+                        }
                         eprintln!(
                             "{:<40} {sm:<7} registers {regs:?}, spills {spills} B, \
                              static shared {} B, dynamic shared {} B",
@@ -229,7 +267,11 @@ fn main_variants_assemble_without_spills() {
             }
         }
     }
-    assert!(spilled.is_empty(), "spills:\n{}", spilled.join("\n"));
+    assert!(
+        spilled.is_empty(),
+        "spills or serialized wgmma:\n{}",
+        spilled.join("\n")
+    );
 }
 
 mod common;
@@ -280,16 +322,23 @@ fn matrix() -> Vec<common::Case> {
     cases
 }
 
-/// The device's backend on each kernel path: the scalar kernels forced,
-/// then the chosen ones (the tensor-core kernels for f16/bf16 up to d 128).
+/// The device's backend on each kernel path: the chosen ones (the
+/// tensor-core kernels for f16/bf16 up to d 128, the Hopper forward on 9.x),
+/// the scalar kernels forced, and on Hopper the sm80 kernels forced.
 fn paths(cuda: Cuda) -> Vec<(KernelPath, Cuda)> {
-    vec![
+    let hopper = cuda.props().major == 9;
+    let mut paths = vec![
         (KernelPath::Auto, cuda),
         (
             KernelPath::Scalar,
             Cuda::new().unwrap().with_kernels(KernelPath::Scalar),
         ),
-    ]
+    ];
+    if hopper {
+        let mma = Cuda::new().unwrap().with_kernels(KernelPath::Mma);
+        paths.push((KernelPath::Mma, mma));
+    }
+    paths
 }
 
 #[test]
@@ -319,7 +368,11 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
     };
     let plan = flashattn::cuda::plan::plan(&props, &problem, KernelPath::Auto).unwrap();
     eprintln!("{}", plan.explain(&props).join("\n"));
-    assert_eq!(plan.forward.family, Family::ForwardMma, "{props:?}");
+    let forward = match props.major {
+        9 => Family::ForwardWgmma,
+        _ => Family::ForwardMma,
+    };
+    assert_eq!(plan.forward.family, forward, "{props:?}");
     assert_eq!(plan.backward.family, Family::BackwardMma, "{props:?}");
 }
 
@@ -459,6 +512,33 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
             let key = KernelKey::new(family, precision, d, band, softcap);
             failures.extend(emulate(&cxx, dir.path(), &key));
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The Hopper forward under the same emulation, where cuda/emulate/host.h
+/// gives wgmma (descriptors decoded with the 128B swizzle on absolute
+/// shared offsets, register A, results applied at the wait that retires
+/// them), TMA (4-D boxes, swizzled, zeros outside, landing on their mbarrier
+/// only when waited for), mbarriers (arrivals, transaction bytes, phase
+/// parity) and setmaxnreg (warpgroup-uniform) their PTX semantics, and a TMA
+/// copy over bytes an unretired wgmma reads is a fault. Three variants: f16
+/// d 64 with a band (the overlapped pipeline), bf16 d 128 with softcap (the
+/// sequential one), f16 d 128 plain; check.cpp first tests the wrappers
+/// against plain products, then runs d 24 and 8 below the padded one and
+/// at it, GQA, 45 × 70, 70 × 45, 113 × 113 and 150 × 530 (the ring wraps).
+#[test]
+fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
+    let Some(cxx) = cxx_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (precision, d, band, softcap) in [
+        (Precision::F16, 64, true, false),
+        (Precision::Bf16, 128, false, true),
+        (Precision::F16, 128, false, false),
+    ] {
+        let key = KernelKey::new(Family::ForwardWgmma, precision, d, band, softcap);
+        failures.extend(emulate(&cxx, dir.path(), &key));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -257,7 +257,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
     /// Plan these kernels: tiled, registers, lanes or coop (wgpu); with
-    /// --backend cuda, the kernel path: auto (default), scalar or mma.
+    /// --backend cuda, the kernel path: auto (default), scalar, mma (sm80) or
+    /// hopper.
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     #[command(flatten)]

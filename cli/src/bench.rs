@@ -46,6 +46,13 @@ pub enum Implementation {
     /// The CUDA backend's scalar kernels, forced.
     #[serde(rename = "cuda-scalar")]
     CudaScalar,
+    /// The CUDA backend's sm80 tensor-core kernels, forced (on Hopper: the
+    /// Hopper forward off, for comparison).
+    #[serde(rename = "cuda-mma")]
+    CudaMma,
+    /// The CUDA backend's Hopper forward, forced (compute capability 9.x).
+    #[serde(rename = "cuda-hopper")]
+    CudaHopper,
 }
 
 impl Pass {
@@ -69,6 +76,8 @@ impl Implementation {
             Implementation::Torch => "torch",
             Implementation::Cuda => "cuda",
             Implementation::CudaScalar => "cuda-scalar",
+            Implementation::CudaMma => "cuda-mma",
+            Implementation::CudaHopper => "cuda-hopper",
         }
     }
 
@@ -117,9 +126,12 @@ impl std::str::FromStr for Implementation {
             "torch" => Ok(Implementation::Torch),
             "cuda" => Ok(Implementation::Cuda),
             "cuda-scalar" => Ok(Implementation::CudaScalar),
+            "cuda-mma" => Ok(Implementation::CudaMma),
+            "cuda-hopper" => Ok(Implementation::CudaHopper),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, tiled, registers, naive, cpu, numpy, torch, cuda or cuda-scalar",
+                expected: "flash, tiled, registers, naive, cpu, numpy, torch, cuda, cuda-scalar, \
+                           cuda-mma or cuda-hopper",
                 value: other.to_string(),
             }),
         }
@@ -417,9 +429,13 @@ fn prepare<'a>(
                 implementation: case.implementation.name(),
             })
         }
-        (pass, Implementation::Cuda | Implementation::CudaScalar) => {
-            return cuda_case(pass, case.implementation, [q, k, v, d_o], opts)
-        }
+        (
+            pass,
+            Implementation::Cuda
+            | Implementation::CudaScalar
+            | Implementation::CudaMma
+            | Implementation::CudaHopper,
+        ) => return cuda_case(pass, case.implementation, [q, k, v, d_o], opts),
     })
 }
 
@@ -448,6 +464,8 @@ fn cuda_case<'a>(
     use flashattn::cuda::KernelPath;
     let path = match implementation {
         Implementation::CudaScalar => KernelPath::Scalar,
+        Implementation::CudaMma => KernelPath::Mma,
+        Implementation::CudaHopper => KernelPath::Hopper,
         _ => KernelPath::Auto,
     };
     let base = cuda_backend()?;

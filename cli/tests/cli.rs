@@ -398,11 +398,33 @@ fn cuda_plan_explains_the_kernels_from_made_up_properties() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("flash_fwd_mma_bf16_d128_band"), "{text}");
+    // The Hopper forward, the sm80 backward.
+    assert!(text.contains("flash_fwd_wgmma_bf16_d128_band"), "{text}");
+    assert!(
+        text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages"),
+        "{text}"
+    );
+    assert!(text.contains("flash_bwd_mma_bf16_d128_band"), "{text}");
     assert!(
         text.contains("64 rows × 32 streamed per block, 4 warps, 2 stages"),
         "{text}"
     );
+    // Forced off: the sm80 forward, saying so.
+    let off = bin()
+        .args(args)
+        .args([
+            "--precision",
+            "bf16",
+            "--head-dim",
+            "128",
+            "--kernel",
+            "mma",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&off.stdout);
+    assert!(text.contains("flash_fwd_mma_bf16_d128_band"), "{text}");
+    assert!(text.contains("not the Hopper forward"), "{text}");
     let forced = bin().args(args).args(["--kernel", "mma"]).output().unwrap();
     assert!(!forced.status.success());
     let err = String::from_utf8_lossy(&forced.stderr);

@@ -1,9 +1,17 @@
 // The few CUDA built-ins the flashattn kernels use, on the CPU: one
 // std::thread per CUDA thread, one block at a time, __syncthreads as a
-// barrier and shuffles through a shared array between two barriers (every
-// kernel calls them from all threads of a block). Slow and only for
-// checking the kernels' logic where no GPU exists (tests/cuda.rs).
+// block-wide barrier, shuffles and the warp-collective instructions
+// through a shared array between two barriers of their warp, the
+// warpgroup-collective ones (wgmma, setmaxnreg) between two of their
+// warpgroup's (the Hopper kernel's warpgroups run different code). Slow
+// and only for checking the kernels' logic where no GPU exists (tests/cuda.rs).
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,7 +25,9 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define __align__(n) alignas(n)
 #define __shared__ static
 using std::max;
 using std::min;
@@ -26,14 +36,17 @@ struct Dim { unsigned x = 1, y = 1, z = 1; };
 thread_local Dim threadIdx, blockIdx;
 Dim blockDim, gridDim;
 static std::barrier<>* block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_barriers, warpgroup_barriers;
 static float shuffle_slots[1024];
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+inline void warp_sync() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+inline void warpgroup_sync() { warpgroup_barriers[threadIdx.x / 128]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float x, int w) {
     shuffle_slots[threadIdx.x] = x;
-    __syncthreads();
+    warp_sync();
     const float y = shuffle_slots[threadIdx.x ^ w];
-    __syncthreads();
+    warp_sync();
     return y;
 }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
@@ -82,7 +95,7 @@ inline void host_ldmatrix(uint32_t* r, int count, bool trans, const void* row) {
     const unsigned lane = threadIdx.x % 32, base = threadIdx.x - lane;
     if (lane < 8u * count) check_shared_16(row, "ldmatrix row address");
     warp_posts[threadIdx.x].row = (const unsigned char*)row;
-    __syncthreads();
+    warp_sync();
     const unsigned g = lane / 4, t = lane % 4;
     for (int i = 0; i < count; ++i) {
         uint16_t lo, hi;
@@ -96,7 +109,7 @@ inline void host_ldmatrix(uint32_t* r, int count, bool trans, const void* row) {
         }
         r[i] = lo | (uint32_t)hi << 16;
     }
-    __syncthreads();
+    warp_sync();
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A * B for the
@@ -109,7 +122,7 @@ inline void host_mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
     std::memcpy(mine.a, a, sizeof mine.a);
     mine.b[0] = b0;
     mine.b[1] = b1;
-    __syncthreads();
+    warp_sync();
     auto half = [](uint32_t w, int k) { return k % 2 ? w >> 16 : w & 0xffffu; };
     auto A = [&](int row, int col) {
         const uint32_t w = warp_posts[base + (row % 8) * 4 + (col % 8) / 2].a[(row >= 8) + 2 * (col >= 8)];
@@ -124,7 +137,7 @@ inline void host_mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
         for (int k = 0; k < 16; ++k) acc = std::fma(A(row, k), B(k, col), acc);
         out[e] = acc;
     }
-    __syncthreads();
+    warp_sync();
     std::memcpy(d, out, sizeof out);
 }
 
@@ -158,6 +171,277 @@ inline void host_cp_async_wait(int newest_pending) {
     }
 }
 
+// ---- Hopper (cuda/hopper.cuh) ----
+// Shared-memory addresses as the kernels see them: offsets into the
+// dynamic shared memory (the 128B swizzle works on these, so a kernel
+// that does not align its tiles to 1024 B goes wrong here as on the chip).
+inline unsigned host_smem_offset(const void* p) {
+    const unsigned char* c = (const unsigned char*)p;
+    if (c < dynamic_smem.data() || c > dynamic_smem.data() + dynamic_smem.size())
+        emulation_fault("shared-memory address outside the dynamic shared memory");
+    return (unsigned)(c - dynamic_smem.data());
+}
+inline const unsigned char* smem_at(unsigned offset, unsigned bytes, const char* what) {
+    if ((size_t)offset + bytes > dynamic_smem.size()) emulation_fault(what);
+    return dynamic_smem.data() + offset;
+}
+// CU_TENSOR_MAP_SWIZZLE_128B and the wgmma descriptors' swizzle mode 1:
+// the 16-byte chunk index (address bits 4-6) XOR the row in the 1024-byte
+// atom (bits 7-9).
+inline unsigned swizzle_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
+
+// What check.cpp writes into a TensorMap's 128 bytes in place of the
+// driver's encoding: the same parameters src/cuda/tensor_map.rs passes it.
+struct EmuTensorMap {
+    const unsigned char* base;
+    uint64_t dims[4];     // elements, innermost first
+    uint64_t strides[3];  // bytes, dims 1..3
+    uint32_t box[4];
+    uint32_t elem_bytes;
+};
+static_assert(sizeof(EmuTensorMap) <= 128, "fits a CUtensorMap");
+
+// mbarriers: a side table by address (the 8 bytes in shared memory stay
+// untouched), arrival count, pending transaction bytes and phase, under one
+// lock. A phase completes when its arrivals and its bytes are all in.
+struct MbarState {
+    int count = 0, pending = 0;
+    long long tx = 0;
+    unsigned phase = 0;
+};
+static std::mutex mbar_mutex;
+static std::condition_variable mbar_changed;  // a phase completed, or a copy was issued
+static std::map<const void*, MbarState> mbars;
+// TMA copies in flight: performed only when someone waits on their
+// barrier, so a kernel that reads a tile before waiting reads stale data.
+struct PendingTma {
+    unsigned dst;
+    EmuTensorMap map;
+    int coord[4];
+    const void* bar;
+};
+static std::vector<PendingTma> tma_in_flight;
+// The shared-memory bytes each committed, unretired wgmma group reads
+// (under mbar_mutex): a TMA copy into them is a stage released too early,
+// which the copy engine's lateness here would otherwise hide.
+struct SmemRead {
+    unsigned lo, hi, thread;
+    unsigned long long group;
+};
+static std::vector<SmemRead> wgmma_reads;
+thread_local unsigned long long wgmma_serial;
+
+inline MbarState& mbar_state(const void* bar) {
+    auto it = mbars.find(bar);
+    if (it == mbars.end()) emulation_fault("mbarrier used before mbarrier.init");
+    return it->second;
+}
+inline void mbar_complete_if_done(MbarState& m) {
+    if (m.pending == 0 && m.tx == 0) {
+        m.phase ^= 1u;
+        m.pending = m.count;
+        mbar_changed.notify_all();
+    }
+}
+inline void host_mbar_init(unsigned long long* bar, unsigned count) {
+    host_smem_offset(bar);
+    if ((uintptr_t)bar % 8) emulation_fault("mbarrier not 8-byte aligned");
+    std::lock_guard<std::mutex> lock(mbar_mutex);
+    mbars[bar] = MbarState{(int)count, (int)count, 0, 0};
+}
+// mbarrier.arrive (tx 0) and mbarrier.arrive.expect_tx (tx bytes expected first).
+inline void host_mbar_arrive(unsigned long long* bar, unsigned tx) {
+    std::lock_guard<std::mutex> lock(mbar_mutex);
+    MbarState& m = mbar_state(bar);
+    m.tx += tx;
+    if (--m.pending < 0) emulation_fault("more mbarrier arrivals than its count");
+    mbar_complete_if_done(m);
+}
+// The copy engine's side: every copy in flight onto `bar` lands (lock held).
+inline void tma_land(const void* bar) {
+    for (size_t n = 0; n < tma_in_flight.size();) {
+        PendingTma c = tma_in_flight[n];
+        if (c.bar != bar) {
+            ++n;
+            continue;
+        }
+        tma_in_flight.erase(tma_in_flight.begin() + n);
+        const EmuTensorMap& t = c.map;
+        const unsigned eb = t.elem_bytes, row = t.box[0] * eb;
+        unsigned long long bytes = 0, linear = 0;
+        for (unsigned i3 = 0; i3 < t.box[3]; ++i3)
+            for (unsigned i2 = 0; i2 < t.box[2]; ++i2)
+                for (unsigned i1 = 0; i1 < t.box[1]; ++i1)
+                    for (unsigned i0 = 0; i0 < t.box[0]; ++i0, linear += eb) {
+                        const long long g[4] = {(long long)c.coord[0] + i0, (long long)c.coord[1] + i1,
+                                                (long long)c.coord[2] + i2, (long long)c.coord[3] + i3};
+                        bool inside = true;
+                        for (int k = 0; k < 4; ++k) inside = inside && g[k] >= 0 && g[k] < (long long)t.dims[k];
+                        unsigned char* dst = (unsigned char*)smem_at(swizzle_128b(c.dst + (unsigned)linear), eb,
+                                                                     "TMA destination past the shared memory");
+                        if (inside)
+                            std::memcpy(dst, t.base + g[0] * eb + g[1] * t.strides[0] + g[2] * t.strides[1] +
+                                                 g[3] * t.strides[2],
+                                        eb);
+                        else
+                            std::memset(dst, 0, eb);  // out of bounds: zeros
+                        bytes += eb;
+                    }
+        (void)row;
+        MbarState& m = mbar_state(bar);
+        m.tx -= (long long)bytes;
+        mbar_complete_if_done(m);
+    }
+}
+// mbarrier.try_wait.parity in a loop: done once the phase of that parity
+// has completed, i.e. the current phase's parity differs (the loop sleeps
+// on a condition variable between tries instead of spinning). Ten seconds
+// without completion is a deadlock, reported rather than hung.
+inline void host_mbar_wait(unsigned long long* bar, unsigned parity) {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mbar_mutex);
+    for (;;) {
+        tma_land(bar);
+        if (mbar_state(bar).phase != (parity & 1u)) return;
+        mbar_changed.wait_for(lock, std::chrono::milliseconds(100));
+        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10))
+            emulation_fault("mbarrier wait never completed (deadlock)");
+    }
+}
+// cp.async.bulk.tensor.4d ... mbarrier::complete_tx::bytes, 128B swizzle.
+inline void host_tma_load_4d(void* dst, const unsigned long long* opaque, int c0, int c1, int c2, int c3,
+                             unsigned long long* bar) {
+    PendingTma c;
+    c.dst = host_smem_offset(dst);
+    if (c.dst % 1024) emulation_fault("TMA destination not 1024-byte aligned (128B swizzle atoms)");
+    std::memcpy(&c.map, opaque, sizeof c.map);
+    if (c.map.box[0] * c.map.elem_bytes != 128) emulation_fault("TMA box row is not the swizzle's 128 bytes");
+    c.coord[0] = c0, c.coord[1] = c1, c.coord[2] = c2, c.coord[3] = c3;
+    c.bar = bar;
+    const unsigned bytes = c.map.box[0] * c.map.box[1] * c.map.box[2] * c.map.box[3] * c.map.elem_bytes;
+    std::lock_guard<std::mutex> lock(mbar_mutex);
+    mbar_state(bar);
+    for (const SmemRead& r : wgmma_reads)
+        if (c.dst < r.hi && r.lo < c.dst + bytes)
+            emulation_fault("TMA copy over shared memory an unretired wgmma reads (a stage released too early)");
+    tma_in_flight.push_back(c);
+    mbar_changed.notify_all();  // its waiters land it
+}
+
+// setmaxnreg: nothing to do on the CPU but check what the chip requires,
+// a multiple of 8 in 24..256, the same across the warpgroup.
+static unsigned warpgroup_posts[1024];
+inline void host_setmaxnreg(unsigned regs) {
+    if (regs < 24 || regs > 256 || regs % 8) emulation_fault("setmaxnreg count not a multiple of 8 in 24..256");
+    warpgroup_posts[threadIdx.x] = regs;
+    warpgroup_sync();
+    if (warpgroup_posts[threadIdx.x / 128 * 128] != regs) emulation_fault("setmaxnreg not warpgroup-uniform");
+    warpgroup_sync();
+}
+
+// wgmma.mma_async m64nNk16, f32 accumulators. Issued collectively by a
+// warpgroup: at the commit, between two warpgroup barriers, the group's
+// descriptors are checked uniform and the register A fragments gathered;
+// the product is computed at the wgmma.wait_group that retires the group,
+// from shared memory as it is then, so a kernel that reads the
+// accumulators, or lets a stage be overwritten, before waiting is caught.
+struct WgmmaOp {
+    float* d;
+    int n;
+    bool a_regs, trans_b, scale_d;
+    unsigned long long a_desc, b_desc;
+    uint32_t a[4];        // this thread's register A fragment
+    float a_rows[2][16];  // this thread's rows of A (register A), gathered at the commit
+    float (*decode)(unsigned);
+};
+static const std::vector<WgmmaOp>* wgmma_posts[1024];
+thread_local std::vector<WgmmaOp> wgmma_open;
+thread_local std::deque<std::vector<WgmmaOp>> wgmma_groups;
+thread_local bool wgmma_fenced;
+
+// Shared-memory element (row, k) of a K-major operand or (k, n) of an
+// MN-major one, by the descriptor as the hardware decodes it.
+inline unsigned desc_offset(unsigned long long desc, bool mn_major, int mn, int k) {
+    const unsigned start = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)((desc >> 16) & 0x3fff) << 4,
+                   sbo = (unsigned)((desc >> 32) & 0x3fff) << 4;
+    if ((desc >> 62) != 1) emulation_fault("wgmma descriptor: swizzle mode is not 128B");
+    if ((desc >> 49) & 7) emulation_fault("wgmma descriptor: nonzero base offset");
+    const unsigned linear = mn_major ? (k / 8) * sbo + (k % 8) * 128 + (mn / 64) * lbo + (mn % 64) * 2
+                                     : (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+    return swizzle_128b(start + linear);
+}
+inline float desc_load(unsigned long long desc, bool mn_major, int mn, int k, float (*decode)(unsigned)) {
+    uint16_t bits;
+    std::memcpy(&bits, smem_at(desc_offset(desc, mn_major, mn, k), 2, "wgmma operand past the shared memory"), 2);
+    return decode(bits);
+}
+inline void host_wgmma_fence() { wgmma_fenced = true; }
+// Bytes [lo, hi) an operand of `rows` (M or N) by 16 (K) spans, whole 128-byte rows.
+inline SmemRead operand_bytes(unsigned long long desc, bool mn_major, int rows) {
+    const unsigned last = mn_major ? desc_offset(desc, true, rows - 1, 15) : desc_offset(desc, false, rows - 1, 15);
+    return SmemRead{desc_offset(desc, mn_major, 0, 0) & ~127u, (last | 127u) + 1, threadIdx.x, wgmma_serial};
+}
+inline void host_wgmma(float* d, int n, const uint32_t* a, unsigned long long a_desc, unsigned long long b_desc,
+                       bool trans_b, bool scale_d, float (*decode)(unsigned)) {
+    if (wgmma_open.empty() && !wgmma_fenced) emulation_fault("wgmma without a wgmma.fence before its group");
+    if (blockDim.x % 128) emulation_fault("wgmma in a block of partial warpgroups");
+    WgmmaOp op{d, n, a != nullptr, trans_b, scale_d, a_desc, b_desc, {}, {}, decode};
+    if (a) std::memcpy(op.a, a, sizeof op.a);
+    wgmma_open.push_back(op);
+}
+inline void host_wgmma_commit() {
+    const unsigned lane = threadIdx.x % 32, warp_base = threadIdx.x - lane, wg_base = threadIdx.x / 128 * 128;
+    wgmma_posts[threadIdx.x] = &wgmma_open;
+    warpgroup_sync();
+    const std::vector<WgmmaOp>& lead = *wgmma_posts[wg_base];
+    if (lead.size() != wgmma_open.size()) emulation_fault("wgmma groups differ in a warpgroup");
+    for (size_t n = 0; n < wgmma_open.size(); ++n) {
+        WgmmaOp& op = wgmma_open[n];
+        if (lead[n].b_desc != op.b_desc || lead[n].n != op.n || (!op.a_regs && lead[n].a_desc != op.a_desc))
+            emulation_fault("wgmma descriptors differ in a warpgroup");
+        if (!op.a_regs) continue;
+        // mma.m16n8k16's A layout per warp: lane 4g + t holds (g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..).
+        const unsigned g = lane / 4;
+        for (int r = 0; r < 2; ++r)
+            for (int k = 0; k < 16; ++k) {
+                const uint32_t w = (*wgmma_posts[warp_base + g * 4 + (k % 8) / 2])[n].a[r + 2 * (k >= 8)];
+                op.a_rows[r][k] = op.decode(k % 2 ? w >> 16 : w & 0xffffu);
+            }
+    }
+    warpgroup_sync();
+    {
+        std::lock_guard<std::mutex> lock(mbar_mutex);
+        for (const WgmmaOp& op : wgmma_open) {
+            wgmma_reads.push_back(operand_bytes(op.b_desc, op.trans_b, op.n));
+            if (!op.a_regs) wgmma_reads.push_back(operand_bytes(op.a_desc, false, 64));
+        }
+    }
+    ++wgmma_serial;
+    wgmma_groups.push_back(std::move(wgmma_open));
+    wgmma_open.clear();
+    wgmma_fenced = false;
+}
+inline void host_wgmma_wait(int newest_pending) {
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, row0 = (threadIdx.x / 32 % 4) * 16 + g;
+    while ((int)wgmma_groups.size() > newest_pending) {
+        for (const WgmmaOp& op : wgmma_groups.front())
+            for (int i = 0; i < op.n / 2; ++i) {
+                const int c = i / 4, e = i % 4, row = row0 + 8 * (e / 2), col = 8 * c + 2 * t + e % 2;
+                float acc = op.scale_d ? op.d[i] : 0.0f;
+                for (int k = 0; k < 16; ++k) {
+                    const float x = op.a_regs ? op.a_rows[e / 2][k] : desc_load(op.a_desc, false, row, k, op.decode);
+                    acc = std::fma(x, desc_load(op.b_desc, op.trans_b, col, k, op.decode), acc);
+                }
+                op.d[i] = acc;
+            }
+        wgmma_groups.pop_front();
+        const unsigned long long retired = wgmma_serial - wgmma_groups.size() - 1;
+        std::lock_guard<std::mutex> lock(mbar_mutex);
+        std::erase_if(wgmma_reads,
+                      [&](const SmemRead& r) { return r.thread == threadIdx.x && r.group == retired; });
+    }
+}
+
 // Run `kernel` on a grid, block by block, with `smem_bytes` of dynamic
 // shared memory (filled with a NaN pattern: a read of what no one wrote shows).
 template <class F>
@@ -170,6 +454,13 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                 dynamic_smem.assign(smem_bytes, 0xff);
                 std::barrier<> bar(threads);
                 block_barrier = &bar;
+                warp_barriers.clear();
+                warpgroup_barriers.clear();
+                for (unsigned w = 0; w < threads; w += 32)
+                    warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - w)));
+                for (unsigned w = 0; w < threads; w += 128)
+                    warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - w)));
+                mbars.clear();
                 std::vector<std::thread> team;
                 for (unsigned t = 0; t < threads; ++t)
                     team.emplace_back([&, t] {
@@ -178,7 +469,10 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                         kernel();
                         if (!open_copies.empty() || !committed_copies.empty())
                             emulation_fault("cp.async copies never waited for");
+                        if (!wgmma_open.empty() || !wgmma_groups.empty())
+                            emulation_fault("wgmma never waited for");
                     });
                 for (auto& th : team) th.join();
+                if (!tma_in_flight.empty()) emulation_fault("TMA copies never waited for");
             }
 }

@@ -1,14 +1,18 @@
 //! The forward on the CUDA device: upload, one `flash_fwd` launch, readback.
+//! The Hopper kernel takes q, k and v as TMA tensor maps, the others as
+//! pointers.
 
 use super::context::{driver, CudaDevice};
 use super::plan::KernelPath;
 use super::problem::Call;
+use super::tensor_map::{encode, params};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Allocation, CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{TensorData, TensorView};
+use crate::error::Error;
 use crate::error::Result;
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{DevicePtr, PushKernelArg};
 use web_time::Instant;
 
 pub(crate) fn forward(
@@ -36,18 +40,41 @@ pub(crate) fn forward(
         .alloc_zeros::<f32>(shape.lse_len())
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let maps = if key.family.is_wgmma() {
+        let t = key.tiles();
+        let (b, d) = (shape.batch, shape.head_dim);
+        let mut maps = Vec::new();
+        for (buf, seqlen, heads, rows) in [
+            (&q_dev, shape.seqlen_q, shape.heads_q, t.rows),
+            (&k_dev, shape.seqlen_k, shape.heads_kv, t.keys),
+            (&v_dev, shape.seqlen_k, shape.heads_kv, t.keys),
+        ] {
+            // The plan only picks this kernel where d % 8 == 0.
+            let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(
+                Error::Unsupported {
+                    what: "the CUDA backend's Hopper path",
+                    feature: "a head dim not a multiple of 8",
+                },
+            )?;
+            let (address, _sync) = buf.device_ptr(stream);
+            maps.push(encode(&p, call.precision, address)?);
+        }
+        maps
+    } else {
+        Vec::new()
+    };
     let start = Instant::now();
     let mut launch = stream.launch_builder(&func);
-    launch
-        .arg(&q_dev)
-        .arg(&k_dev)
-        .arg(&v_dev)
-        .arg(&mut d_out)
-        .arg(&mut d_lse)
-        .arg(&call.problem);
+    match &maps[..] {
+        [tq, tk, tv] => launch.arg(tq).arg(tk).arg(tv),
+        _ => launch.arg(&q_dev).arg(&k_dev).arg(&v_dev),
+    };
+    launch.arg(&mut d_out).arg(&mut d_lse).arg(&call.problem);
     // SAFETY: the arguments are flash_fwd's, in order and of its types
-    // (storage pointers as bytes, Problem by value); every buffer holds
-    // what the grid indexes, as sized from the validated shape.
+    // (storage pointers as bytes or, for the Hopper kernel, 128-byte tensor
+    // maps of those buffers by value; Problem by value); every buffer holds
+    // what the grid indexes, as sized from the validated shape, and the
+    // buffers outlive the synchronize below.
     unsafe { launch.launch(cfg) }.map_err(driver("launching flash_fwd"))?;
     stream.synchronize().map_err(driver("running flash_fwd"))?;
     let seconds = start.elapsed().as_secs_f64();

@@ -4,7 +4,8 @@
 //! pieces, no duplicated kernels). Two paths: the scalar kernels (f32 FMAs
 //! on f32 tiles, every precision) and the sm80 tensor-core kernels
 //! (`mma.sync`, `ldmatrix`, `cp.async`; f16/bf16 storage only, padded head
-//! dims up to [`MMA_MAX_HEAD_DIM`]).
+//! dims up to [`MMA_MAX_HEAD_DIM`]), and the Hopper forward (`wgmma`, TMA,
+//! mbarriers, warp specialization; sm_90a, padded head dims 64 and 128).
 
 use crate::api::tensor::Precision;
 
@@ -18,6 +19,9 @@ const BACKWARD_DOT: &str = include_str!("../../cuda/bwd_dot.cuh");
 const MMA: &str = include_str!("../../cuda/mma.cuh");
 const FORWARD_MMA: &str = include_str!("../../cuda/flash_fwd_mma.cu");
 const BACKWARD_MMA: &str = include_str!("../../cuda/flash_bwd_mma.cu");
+/// cuda/hopper.cuh: the wgmma / mbarrier / TMA / setmaxnreg wrappers.
+const HOPPER: &str = include_str!("../../cuda/hopper.cuh");
+const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
 
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
@@ -28,6 +32,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// warp's f32 accumulators (HEAD_DIM / 2 per lane, twice in dK/dV) no
 /// longer fit in registers, and the scalar kernels run.
 pub const MMA_MAX_HEAD_DIM: usize = 128;
+/// The Hopper forward's padded head dims: whole 64-column TMA boxes (128
+/// B, the 128B swizzle's row), at most two (its f32 O and S fragments, 64
+/// floats each per thread, stay within 240 registers).
+pub const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Static shared memory every sm80+ device gives a block without opt-in.
 pub const STATIC_SHARED_LIMIT: usize = 48 * 1024;
 
@@ -42,14 +50,17 @@ pub enum Family {
     ForwardMma,
     /// cuda/flash_bwd_mma.cu: the backward's three kernels on tensor cores.
     BackwardMma,
+    /// cuda/flash_fwd_wgmma.cu: `flash_fwd` for Hopper (sm_90a only).
+    ForwardWgmma,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::Forward,
         Family::Backward,
         Family::ForwardMma,
         Family::BackwardMma,
+        Family::ForwardWgmma,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,21 +69,38 @@ impl Family {
             Family::Backward => "flash_bwd",
             Family::ForwardMma => "flash_fwd_mma",
             Family::BackwardMma => "flash_bwd_mma",
+            Family::ForwardWgmma => "flash_fwd_wgmma",
         }
     }
 
-    /// The tensor-core kernels.
+    /// The sm80 tensor-core kernels.
     pub fn is_mma(self) -> bool {
         matches!(self, Family::ForwardMma | Family::BackwardMma)
     }
 
+    /// The Hopper kernel: sm_90a only (wgmma, setmaxnreg).
+    pub fn is_wgmma(self) -> bool {
+        self == Family::ForwardWgmma
+    }
+
     pub fn is_forward(self) -> bool {
-        matches!(self, Family::Forward | Family::ForwardMma)
+        matches!(
+            self,
+            Family::Forward | Family::ForwardMma | Family::ForwardWgmma
+        )
     }
 
     /// Whether this family compiles `precision` at padded head dim `head_dim`.
     pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
-        !self.is_mma() || (precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM)
+        match self {
+            Family::Forward | Family::Backward => true,
+            Family::ForwardMma | Family::BackwardMma => {
+                precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
+            }
+            Family::ForwardWgmma => {
+                precision != Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
+            }
+        }
     }
 }
 
@@ -115,7 +143,9 @@ impl Tiles {
 }
 
 impl KernelKey {
-    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`]).
+    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`]):
+    /// padded to the step, or for the Hopper kernel to 64 or 128 (whole
+    /// TMA boxes; past 128 it pads to the step and no plan picks it).
     pub fn new(
         family: Family,
         precision: Precision,
@@ -123,10 +153,18 @@ impl KernelKey {
         band: bool,
         softcap: bool,
     ) -> Self {
+        let stepped = head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP;
+        let head_dim = match family {
+            Family::ForwardWgmma => WGMMA_HEAD_DIMS
+                .into_iter()
+                .find(|&w| stepped <= w)
+                .unwrap_or(stepped),
+            _ => stepped,
+        };
         Self {
             family,
             precision,
-            head_dim: head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP,
+            head_dim,
             band,
             softcap,
         }
@@ -196,6 +234,14 @@ impl KernelKey {
                 lanes: 4,
                 threads: 128,
             },
+            // A producer warpgroup and two consumers of 64 rows; 128 keys,
+            // wgmma's n for S (at d 128, 160 KiB of Q and two K/V stages).
+            Family::ForwardWgmma => Tiles {
+                rows: 128,
+                keys: 128,
+                lanes: 4,
+                threads: 384,
+            },
         }
     }
 
@@ -208,7 +254,7 @@ impl KernelKey {
             Family::Forward => t.rows * pad + t.keys * pad + t.rows * t.keys,
             // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
-            Family::ForwardMma | Family::BackwardMma => 0,
+            Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
         };
         floats * 4
     }
@@ -226,12 +272,18 @@ impl KernelKey {
             Family::ForwardMma => (t.rows + 4 * t.keys) * row,
             // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
             Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row,
+            // Unpadded rows (TMA's 128B swizzle spreads the banks), 1 KiB to
+            // align the tiles to the swizzle atoms, then 7 mbarriers (8 B).
+            Family::ForwardWgmma => {
+                let bytes = self.head_dim * self.precision.bytes();
+                1024 + (t.rows + 4 * t.keys) * bytes + 64
+            }
         }
     }
 
     /// cp.async stages of the streamed tiles (1: plain loads, one buffer).
     pub fn stages(&self) -> usize {
-        if self.family.is_mma() {
+        if self.family.is_mma() || self.family.is_wgmma() {
             2
         } else {
             1
@@ -264,7 +316,8 @@ impl KernelKey {
         let mut defines = format!(
             "#define HEAD_DIM {}\n#define STORAGE {storage}\n#define HAS_BAND {}\n\
              #define HAS_SOFTCAP {}\n#define THREADS_PER_ROW {}\n#define BLOCK_ROWS {}\n\
-             #define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n#define IS_FORWARD {}\n",
+             #define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n#define IS_FORWARD {}\n\
+             #define IS_WGMMA {}\n",
             self.head_dim,
             u8::from(self.band),
             u8::from(self.softcap),
@@ -273,6 +326,7 @@ impl KernelKey {
             t.threads,
             self.dynamic_shared_bytes(),
             u8::from(self.family.is_forward()),
+            u8::from(self.family.is_wgmma()),
         );
         let body = match self.family {
             Family::Forward => {
@@ -290,6 +344,10 @@ impl KernelKey {
             Family::BackwardMma => {
                 defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
                 format!("{MMA}\n{BACKWARD_DOT}\n{BACKWARD_MMA}")
+            }
+            Family::ForwardWgmma => {
+                defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
+                format!("{MMA}\n{HOPPER}\n{FORWARD_WGMMA}")
             }
         };
         format!("{defines}{COMMON}\n{body}")
@@ -309,8 +367,14 @@ mod tests {
         for key in KernelKey::all() {
             let t = key.tiles();
             assert!(key.shared_bytes() <= STATIC_SHARED_LIMIT, "{}", key.label());
-            // Within sm86/sm89's 99 KiB opt-in, the smallest sm80+ limit.
-            assert!(key.dynamic_shared_bytes() <= 99 * 1024, "{}", key.label());
+            // Within sm86/sm89's 99 KiB opt-in, the smallest sm80+ limit
+            // (Hopper's kernel: within sm90's 227 KiB).
+            let limit = if key.family.is_wgmma() { 227 } else { 99 };
+            assert!(
+                key.dynamic_shared_bytes() <= limit * 1024,
+                "{}",
+                key.label()
+            );
             assert!(
                 t.lanes.is_power_of_two() && t.lanes <= 32,
                 "{}",
@@ -350,10 +414,26 @@ mod tests {
             ),
             (None, Some(128), Some(128))
         );
-        // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4 options.
-        assert_eq!(all.len(), 2 * 96 + 2 * 2 * 4 * 4);
+        // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
+        // options; Hopper: f16/bf16 × d 64, 128 × 4 options.
+        assert_eq!(all.len(), 2 * 96 + 2 * 2 * 4 * 4 + 2 * 2 * 4);
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
+    }
+
+    #[test]
+    fn the_hopper_kernel_pads_to_64_or_128_and_fits_its_layout() {
+        let key = |d| KernelKey::new(Family::ForwardWgmma, Precision::Bf16, d, true, false);
+        assert_eq!(
+            (key(8).head_dim, key(64).head_dim, key(72).head_dim),
+            (64, 64, 128)
+        );
+        // Q (128 × 128) and two stages of K and V (128 × 128) in bf16: 160
+        // KiB, plus the alignment slack and the barriers.
+        assert_eq!(key(128).dynamic_shared_bytes(), 1024 + 160 * 1024 + 64);
+        assert_eq!(key(64).dynamic_shared_bytes(), 1024 + 80 * 1024 + 64);
+        assert_eq!((key(64).tiles().threads, key(64).stages()), (384, 2));
+        assert!(key(128).source().contains("#define IS_WGMMA 1"));
     }
 
     #[test]

@@ -6,10 +6,20 @@
 //! returns [`Error::CudaUnavailable`](crate::Error::CudaUnavailable)
 //! naming what is missing, never a panic).
 //!
-//! Two kernel paths ([`plan`] picks one per call from the device's
-//! properties; [`KernelPath`] or `FLASHATTN_CUDA_KERNEL=scalar|mma|auto`
+//! Three kernel paths ([`plan`] picks one per call from the device's
+//! properties; [`KernelPath`] or `FLASHATTN_CUDA_KERNEL=scalar|mma|hopper|auto`
 //! forces one):
 //!
+//! - Hopper (cuda/flash_fwd_wgmma.cu, cuda/hopper.cuh), the forward on
+//!   compute capability 9.x for f16/bf16 with d % 8 == 0 at padded head
+//!   dims 64 and 128: FlashAttention-3's structure — a producer warpgroup
+//!   issuing TMA copies (tensor maps from the driver, [`tensor_map`]) into
+//!   a two-stage ring on mbarriers, two consumer warpgroups running
+//!   `wgmma` for Q Kᵀ and P V with the softmax of the next tile overlapping
+//!   the current P V, registers moved between roles by `setmaxnreg`. The
+//!   backward stays on the sm80 kernels; `mma` forces the forward off for
+//!   comparison. Compiled and assembled for sm_90a and run under host
+//!   emulation, not yet run on a GPU;
 //! - tensor cores (cuda/flash_fwd_mma.cu, cuda/flash_bwd_mma.cu): f16/bf16
 //!   storage at padded head dims up to 128 on compute capability 8.0+:
 //!   `mma.sync` m16n8k16 with f32 accumulators, `ldmatrix` fragments and
@@ -21,11 +31,11 @@
 //!
 //! Both take the band and score options (causal, local windows, softcap,
 //! scale, GQA/MQA, empty rows) and head dims 1..=256, and both backwards
-//! are deterministic (no atomics); other layouts are `Unsupported`. No
-//! Hopper (wgmma/TMA) path yet.
+//! are deterministic (no atomics); other layouts are `Unsupported`.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
 //! - [`plan`]: which variants a call runs on a device, and why;
+//! - [`tensor_map`]: the Hopper forward's TMA tensor maps;
 //! - [`compile`]: NVRTC, source to PTX;
 //! - [`context`]: the driver, device 0 and the module cache;
 //! - disk_cache: PTX kept between processes, named by a hash of source,
@@ -53,6 +63,7 @@ mod forward;
 pub mod kernel;
 pub mod plan;
 mod problem;
+pub mod tensor_map;
 
 pub use context::{driver_present, CudaDevice};
 pub use plan::{CudaPlan, DeviceProps, KernelPath};

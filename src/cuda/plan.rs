@@ -1,13 +1,15 @@
 //! Which CUDA kernels a call runs, as a pure function of the device's
-//! properties and the problem: the tensor-core (mma) kernels for f16/bf16
-//! up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0 or later
-//! when their shared memory fits, the scalar kernels otherwise, or the
-//! path a caller forces ([`KernelPath`], `FLASHATTN_CUDA_KERNEL`, the
+//! properties and the problem: on compute capability 9.x the Hopper
+//! forward (wgmma + TMA) for f16/bf16 with d % 8 == 0 up to d 128, with
+//! the sm80 tensor-core backward; else the tensor-core (mma) kernels for
+//! f16/bf16 up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0
+//! or later when their shared memory fits, the scalar kernels otherwise,
+//! or the path a caller forces ([`KernelPath`], `FLASHATTN_CUDA_KERNEL`, the
 //! command line's `--kernel` with `--backend cuda`). Unit-tested with
 //! made-up A100/H100/H200 properties; `flashattn plan --backend cuda`
 //! prints [`CudaPlan::explain`].
 
-use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT};
+use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT, WGMMA_HEAD_DIMS};
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 
@@ -18,8 +20,12 @@ pub enum KernelPath {
     Auto,
     /// The scalar kernels (f32 FMAs on f32 tiles), any precision.
     Scalar,
-    /// The sm80 tensor-core kernels; an error where they cannot run.
+    /// The sm80 tensor-core kernels; an error where they cannot run (on
+    /// Hopper: the Hopper forward forced off, for comparison).
     Mma,
+    /// The Hopper forward (and the sm80 tensor-core backward); an error
+    /// where it cannot run.
+    Hopper,
 }
 
 impl std::str::FromStr for KernelPath {
@@ -29,10 +35,11 @@ impl std::str::FromStr for KernelPath {
             "auto" => Ok(Self::Auto),
             "scalar" => Ok(Self::Scalar),
             "mma" => Ok(Self::Mma),
+            "hopper" => Ok(Self::Hopper),
             other => Err(Error::UnknownName {
                 what: "CUDA kernel path",
                 name: other.to_string(),
-                expected: "auto, scalar or mma",
+                expected: "auto, scalar, mma or hopper",
             }),
         }
     }
@@ -105,6 +112,32 @@ pub struct CudaPlan {
     pub backward: KernelKey,
     /// Why this path, in a few words.
     pub reason: &'static str,
+    /// Why the forward is not the Hopper kernel, where it is not.
+    pub not_hopper: Option<&'static str>,
+}
+
+/// Why the Hopper forward cannot run `p` on `dev`, if it cannot.
+fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
+    let key = KernelKey::new(
+        Family::ForwardWgmma,
+        p.precision,
+        p.head_dim,
+        p.band,
+        p.softcap,
+    );
+    if p.precision == Precision::F32 {
+        Some("f32 storage (the Hopper forward takes f16 and bf16)")
+    } else if dev.major != 9 {
+        Some("compute capability other than 9.x (wgmma and setmaxnreg are sm_90a's)")
+    } else if !p.head_dim.is_multiple_of(8) {
+        Some("a head dim not a multiple of 8 (TMA reads rows of whole 16-byte units)")
+    } else if !WGMMA_HEAD_DIMS.contains(&key.head_dim) {
+        Some("a head dim past 128 (the Hopper forward's O and S fragments would spill)")
+    } else if key.dynamic_shared_bytes() > dev.smem_per_block_optin {
+        Some("more shared memory than the device gives a block (the Hopper forward's)")
+    } else {
+        None
+    }
 }
 
 /// Why the tensor-core kernels cannot run `p` on `dev`, if they cannot.
@@ -144,6 +177,30 @@ fn mma_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
 /// [`KernelPath::Mma`] is forced where those kernels cannot run.
 pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Result<CudaPlan> {
     let blocker = mma_blocker(dev, problem);
+    let not_hopper = hopper_blocker(dev, problem);
+    let p = problem;
+    let key = |family| KernelKey::new(family, p.precision, p.head_dim, p.band, p.softcap);
+    let hopper = match (path, not_hopper.or(blocker)) {
+        (KernelPath::Hopper, Some(why)) => {
+            return Err(Error::Unsupported {
+                what: "the CUDA backend's Hopper path",
+                feature: why,
+            })
+        }
+        (KernelPath::Hopper, None) => Some("the Hopper forward, as requested"),
+        (KernelPath::Auto, None) => {
+            Some("Hopper: the wgmma + TMA forward on compute capability 9.x, the sm80 tensor-core backward")
+        }
+        _ => None,
+    };
+    if let Some(reason) = hopper {
+        return Ok(CudaPlan {
+            forward: key(Family::ForwardWgmma),
+            backward: key(Family::BackwardMma),
+            reason,
+            not_hopper: None,
+        });
+    }
     let (mma, reason) = match (path, blocker) {
         (KernelPath::Scalar, _) => (false, "the scalar kernels, as requested"),
         (KernelPath::Mma, Some(why)) => {
@@ -152,19 +209,26 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
                 feature: why,
             })
         }
-        (KernelPath::Mma, None) => (true, "the tensor-core kernels, as requested"),
+        (KernelPath::Mma | KernelPath::Hopper, None) => {
+            (true, "the tensor-core kernels, as requested")
+        }
         (KernelPath::Auto, None) => (true, "tensor cores: f16/bf16 on compute capability 8.0+"),
         (KernelPath::Auto, Some(why)) => (false, why),
+        (KernelPath::Hopper, Some(why)) => (false, why),
     };
     let (fwd, bwd) = match mma {
         true => (Family::ForwardMma, Family::BackwardMma),
         false => (Family::Forward, Family::Backward),
     };
-    let p = problem;
     Ok(CudaPlan {
-        forward: KernelKey::new(fwd, p.precision, p.head_dim, p.band, p.softcap),
-        backward: KernelKey::new(bwd, p.precision, p.head_dim, p.band, p.softcap),
+        forward: key(fwd),
+        backward: key(bwd),
         reason,
+        not_hopper: match path {
+            KernelPath::Mma => Some("the sm80 tensor-core kernels forced"),
+            KernelPath::Scalar => Some("the scalar kernels forced"),
+            _ => not_hopper,
+        },
     })
 }
 
@@ -172,11 +236,14 @@ impl CudaPlan {
     /// Lines naming each module's tiles, warps, stages and shared memory,
     /// and how many blocks of it one of `dev`'s SMs holds.
     pub fn explain(&self, dev: &DeviceProps) -> Vec<String> {
-        let mut lines = vec![
-            format!("path: {}", self.reason),
+        let mut lines = vec![format!("path: {}", self.reason)];
+        if let Some(why) = self.not_hopper {
+            lines.push(format!("not the Hopper forward: {why}"));
+        }
+        lines.extend([
             "occupancy counts shared memory and threads, not registers (tests/cuda.rs prints ptxas's)"
                 .to_string(),
-        ];
+        ]);
         for (what, key) in [("forward", &self.forward), ("backward", &self.backward)] {
             let t = key.tiles();
             let smem = key.shared_bytes() + key.dynamic_shared_bytes();
@@ -188,7 +255,9 @@ impl CudaPlan {
                 "{what}: {} ({}), {} rows × {} streamed per block, {} warps, {} stage{}, \
                  {smem} B shared ({}), {blocks} blocks per SM ({}), {} blocks resident",
                 key.label(),
-                if key.family.is_mma() {
+                if key.family.is_wgmma() {
+                    "wgmma + TMA + mbarriers; 1 producer and 2 consumer warpgroups"
+                } else if key.family.is_mma() {
                     "mma.sync m16n8k16 + ldmatrix + cp.async"
                 } else {
                     "f32 FMAs"
@@ -235,17 +304,57 @@ mod tests {
             DeviceProps::h100(),
             DeviceProps::h200(),
         ] {
+            let forward = match dev.major {
+                9 => Family::ForwardWgmma,
+                _ => Family::ForwardMma,
+            };
             for precision in [Precision::F16, Precision::Bf16] {
                 for d in [40, 64, 96, 128] {
                     let p = plan(&dev, &problem(precision, d), KernelPath::Auto).unwrap();
                     assert_eq!(
                         (p.forward.family, p.backward.family),
-                        (Family::ForwardMma, Family::BackwardMma)
+                        (forward, Family::BackwardMma)
                     );
                     assert!(p.forward.band && !p.forward.softcap);
                 }
             }
         }
+    }
+
+    #[test]
+    fn hopper_takes_the_wgmma_forward_unless_forced_off_or_the_head_dim_is_off_8() {
+        let h100 = DeviceProps::h100();
+        let p = plan(&h100, &problem(Precision::F16, 96), KernelPath::Auto).unwrap();
+        assert_eq!(p.forward.head_dim, 128);
+        // Forced off: the sm80 kernels, saying so.
+        let off = plan(&h100, &problem(Precision::F16, 96), KernelPath::Mma).unwrap();
+        assert_eq!(off.forward.family, Family::ForwardMma);
+        assert!(off.explain(&h100)[1].contains("forced"));
+        // d 36: TMA's rows are not whole 16-byte units; the sm80 kernels, with why.
+        let odd = plan(&h100, &problem(Precision::Bf16, 36), KernelPath::Auto).unwrap();
+        assert_eq!(odd.forward.family, Family::ForwardMma);
+        assert!(odd.not_hopper.unwrap().contains("multiple of 8"));
+        // Forcing Hopper where it cannot run is an error naming why.
+        let a100 = DeviceProps::a100();
+        for (dev, p) in [
+            (&a100, problem(Precision::F16, 64)),
+            (&h100, problem(Precision::F32, 64)),
+            (&h100, problem(Precision::F16, 160)),
+            (&h100, problem(Precision::F16, 36)),
+        ] {
+            let err = plan(dev, &p, KernelPath::Hopper).unwrap_err();
+            assert!(err.to_string().contains("Hopper path"), "{err}");
+        }
+        let forced = plan(&h100, &problem(Precision::F16, 64), KernelPath::Hopper).unwrap();
+        assert_eq!(forced.forward.family, Family::ForwardWgmma);
+        assert_eq!("hopper".parse::<KernelPath>().unwrap(), KernelPath::Hopper);
+        let text = forced.explain(&h100).join("\n");
+        // 82 KiB: two blocks per SM.
+        assert!(
+            text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages, 83008 B"),
+            "{text}"
+        );
+        assert!(text.contains("2 blocks per SM"), "{text}");
     }
 
     #[test]
@@ -293,7 +402,7 @@ mod tests {
     #[test]
     fn the_explanation_names_tiles_warps_stages_and_occupancy() {
         let h200 = DeviceProps::h200();
-        let p = plan(&h200, &problem(Precision::Bf16, 128), KernelPath::Auto).unwrap();
+        let p = plan(&h200, &problem(Precision::Bf16, 128), KernelPath::Mma).unwrap();
         let text = p.explain(&h200).join("\n");
         // d 128 forward: 64 rows, 32-key tiles, 4 warps, two stages, 51 KiB:
         // 4 blocks per SM on 228 KiB, 528 on 132 SMs.

@@ -1,0 +1,230 @@
+// FlashAttention-3-style forward for Hopper (sm_90a, f16/bf16 storage, f32
+// accumulation, padded head dim 64 or 128, d % 8 == 0): one block of three
+// warpgroups per (BLOCK_M = 128 query rows, query head, batch entry).
+//
+//   warpgroup 0, the producer: gives its registers away (setmaxnreg.dec),
+//     and one thread issues TMA copies: Q once, then K and V tiles of
+//     BLOCK_N keys into a two-stage ring, each stage refilled once both
+//     consumers have released it (an "empty" mbarrier); K and V complete
+//     on separate "full" mbarriers, so Q K^T starts before V has landed.
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc), 64 query rows each:
+//     S = Q K^T and O += P V by wgmma (Q, K, V from shared memory through
+//     descriptors, P from registers), the online softmax on S's fragments.
+//     Intra-warpgroup overlap (FA3's algorithm 2): S_{j+1} = Q K_{j+1}^T is
+//     issued before O += P_j V_j, and the softmax of S_{j+1} runs while that
+//     product is in flight; O is rescaled after it completes.
+//
+// Dynamic shared memory, every tile 1024-byte aligned (128B swizzle atoms),
+// tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
+//
+//   [align] Q (HEAD_DIM/64 boxes of BLOCK_M rows) | stage 0: K, V | stage 1: K, V | mbarriers
+
+#define THREADS 384
+#define BOX_BYTES(rows) ((rows) * 128)
+#define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
+#define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
+#define STAGES 2
+#define BARRIERS 7  // Q full, K full x2, V full x2, empty x2
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
+static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
+static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
+              "src/cuda/kernel.rs launches with this layout's bytes");
+
+// FA3's split for two consumer warpgroups: 24 + 2 x 240 registers per
+// thread x 128 threads stay within the 64K-register file.
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS 240
+// The overlap keeps S (64 floats), P (32 registers) and O in flight at once;
+// at d 128 the softcap's tanhf no longer fits beside them in 240 registers
+// (ptxas spilled), so that variant issues its products one after the other.
+#define OVERLAP (HEAD_DIM < 128 || !HAS_SOFTCAP)
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+          const __grid_constant__ TensorMap tv, storage_t* __restrict__ o, float* __restrict__ lse,
+          const Problem p) {
+    DYNAMIC_SMEM(smem_raw);
+    // Swizzling works on absolute shared addresses: align the tiles themselves.
+    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    unsigned char* q_s = smem;
+    unsigned char* kv_s = smem + Q_BYTES;
+    unsigned long long* bars = (unsigned long long*)(kv_s + 2 * STAGES * TILE_BYTES);
+    unsigned long long *q_full = bars, *k_full = bars + 1, *v_full = bars + 3, *empty = bars + 5;
+
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    int lo, hi;
+    key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
+    const int first = lo / BLOCK_N;
+    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full + s, 1);
+            mbar_init(v_full + s, 1);
+            mbar_init(empty + s, 2 * 128);  // every consumer thread releases
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0 && tiles > 0) {
+            mbar_arrive_expect_tx(q_full, Q_BYTES);
+            for (int box = 0; box < HEAD_DIM / 64; ++box)
+                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, m0, b, q_full);
+            for (int tile = 0; tile < tiles; ++tile) {
+                const int s = tile % STAGES, n0 = (first + tile) * BLOCK_N;
+                unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
+                // A fresh barrier counts as having completed the phase before
+                // its first (parity 1): the first pass through the ring waits for nothing.
+                mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
+                for (int box = 0; box < HEAD_DIM / 64; ++box)
+                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, b, k_full + s);
+                mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
+                for (int box = 0; box < HEAD_DIM / 64; ++box)
+                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, b,
+                                v_full + s);
+            }
+        }
+    } else {
+        setmaxnreg_inc<CONSUMER_REGS>();
+        const int wg = threadIdx.x / 128 - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
+        const int r0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+
+        float acc[HEAD_DIM / 2], s[BLOCK_N / 2];
+        unsigned pa[BLOCK_N / 16][4];  // P, rounded to storage: wgmma's register A fragments
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+
+        // S = Q K^T for tile `tile`: k16 steps along d, 32 B apart inside a
+        // 64-column box, the next box past column 63.
+        auto issue_qk = [&](int tile) {
+            const unsigned char* k_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES;
+            mbar_wait(k_full + tile % STAGES, (tile / STAGES) & 1);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+                const int box = ks / 4, col = (ks % 4) * 32;
+                wgmma_ss<BLOCK_N>(s, smem_desc(q_s + box * BOX_BYTES(BLOCK_M) + wg * 64 * 128 + col, 16, 1024),
+                                  smem_desc(k_s + box * BOX_BYTES(BLOCK_N) + col, 16, 1024), ks > 0);
+            }
+            wgmma_commit();
+        };
+        // O += P V for tile `tile`: V MN-major, 8 keys of 128 B per 1024 B
+        // atom, the second 64 columns of d one box (LBO) further.
+        auto issue_pv = [&](int tile) {
+            const unsigned char* v_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES + TILE_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], smem_desc(v_s + kk * 16 * 128, BOX_BYTES(BLOCK_N), 1024));
+            wgmma_commit();
+        };
+        // The online softmax of S (tile `tile`) in place: s becomes P
+        // (unrounded), m and l move on, alpha rescales what O held.
+        auto softmax = [&](int tile) {
+            const int n0 = (first + tile) * BLOCK_N;
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float dcap;
+                    const int j = n0 + c * 8 + 2 * t + e % 2;
+                    s[4 * c + e] = allowed(p, r0 + 8 * (e / 2), j) ? score(p, s[4 * c + e], &dcap) : NEG_INF;
+                    mx[e / 2] = fmaxf(mx[e / 2], s[4 * c + e]);
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = quad_max(mx[r]);
+                // Rows that have seen no allowed key keep m = -inf and add nothing.
+                alpha[r] = mx[r] == NEG_INF ? 1.0f : expf(m[r] - mx[r]);
+                l[r] *= alpha[r];
+                m[r] = mx[r];
+            }
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 2; ++c) {
+                const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);
+                l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
+                s[c] = pj;
+            }
+        };
+        // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
+        auto pack_p = [&] {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        };
+
+        if (tiles > 0) {
+            mbar_wait(q_full, 0);
+            issue_qk(0);
+            wgmma_wait<0>();
+            pin(s);
+            softmax(0);
+            pack_p();
+        }
+        // P V of tile `tile` done: its registers and its stage are free.
+        auto retire_pv = [&](int tile) {
+            pin(acc);
+            pin(pa);
+            mbar_arrive(empty + tile % STAGES);
+        };
+        for (int tile = 1; tile < tiles; ++tile) {
+            const int prev = tile - 1;
+            if (OVERLAP) issue_qk(tile);
+            mbar_wait(v_full + prev % STAGES, (prev / STAGES) & 1);
+            issue_pv(prev);
+            if (!OVERLAP) {
+                wgmma_wait<0>();
+                retire_pv(prev);
+                issue_qk(tile);
+            }
+            wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
+            pin(s);
+            softmax(tile);
+            if (OVERLAP) {
+                wgmma_wait<0>();
+                retire_pv(prev);
+            }
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
+            pack_p();
+        }
+        if (tiles > 0) {
+            const int last = tiles - 1;
+            mbar_wait(v_full + last % STAGES, (last / STAGES) & 1);
+            issue_pv(last);
+            wgmma_wait<0>();
+            retire_pv(last);
+        }
+
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = r0 + 8 * r;
+            const float sum = quad_sum(l[r]);
+            if (i >= p.seqlen_q) continue;
+            // A row with no allowed key: o = 0 and lse = -inf, never NaN.
+            const float inv_l = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = c * 8 + 2 * t + e;
+                    if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                }
+            if (t == 0)
+                lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? m[r] + logf(sum) : NEG_INF;
+        }
+    }
+}

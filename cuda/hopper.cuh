@@ -1,0 +1,188 @@
+// Hopper (sm_90a) building blocks of cuda/flash_fwd_wgmma.cu, f16/bf16
+// storage only: every wgmma, mbarrier, TMA copy and setmaxnreg goes
+// through the few functions here, so that cuda/emulate/host.h can give
+// each the PTX ISA's semantics and the kernel runs on the CPU (tests/cuda.rs).
+//
+//   wgmma_ss<N> / wgmma_rs<N>  d[N/2] (+)= A (64 x 16) * B (16 x N), f32
+//                      accumulators in mma.m16n8k16's C layout per warp of
+//                      the warpgroup (warp w: rows 16w + l/4 and + 8;
+//                      d[4c + e]: cols 8c + 2(l%4) + e%2, rows + 8 for e >= 2);
+//                      A by descriptor (K-major) or from registers (the same
+//                      per-warp A layout as mma.m16n8k16), B by descriptor,
+//                      K-major or, transposed, MN-major. Asynchronous:
+//                      wgmma_fence before, wgmma_commit after, wgmma_wait<N>
+//                      before the accumulators are touched.
+//   smem_desc          a descriptor for a 128B-swizzled tile: rows of 128
+//                      bytes in atoms of 8 rows (1024 B, 1024-aligned), the
+//                      16-byte chunk index XORed with the row in the atom
+//                      (TMA's CU_TENSOR_MAP_SWIZZLE_128B writes exactly this)
+//   mbar_*             mbarriers: arrival count, transaction bytes, phase parity
+//   tma_load_4d        a box of a tensor map into shared memory, its bytes
+//                      completing on an mbarrier; zeros outside the tensor
+//   setmaxnreg_inc/dec registers per thread of a warpgroup's role
+//
+// After cuda/mma.cuh, whose storage_bits, smem_addr, pack2, quad_max,
+// quad_sum and DYNAMIC_SMEM it shares. Extra defines (src/cuda/kernel.rs):
+// BLOCK_M, BLOCK_N, SMEM_BYTES.
+
+// A CUtensorMap: 128 opaque bytes, 64-aligned, made by the host
+// (cuTensorMapEncodeTiled) and passed by value as a __grid_constant__
+// parameter. NVRTC has no cuda.h, hence our own declaration.
+struct __align__(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+#if defined(FLASHATTN_HOST_EMULATION)
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
+__device__ __forceinline__ void wgmma_fence() { host_wgmma_fence(); }
+__device__ __forceinline__ void wgmma_commit() { host_wgmma_commit(); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { host_wgmma_wait(N); }
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
+    host_wgmma(d, N, nullptr, a, b, false, scale_d, bits_to_f32);
+}
+template <int N, int TRANS_B>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b) {
+    host_wgmma(d, N, a, 0, b, TRANS_B, 1, bits_to_f32);
+}
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {}
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&d)[N][4]) {}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) { host_mbar_init(bar, count); }
+__device__ __forceinline__ void mbar_init_fence() {}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) { host_mbar_arrive(bar, 0); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    host_mbar_arrive(bar, bytes);
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) { host_mbar_wait(bar, parity); }
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned long long* bar) {
+    host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, bar);
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() { host_setmaxnreg(REGS); }
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() { host_setmaxnreg(REGS); }
+#else
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across an
+// asynchronous wgmma (CUTLASS's warpgroup_fence_operand): without it ptxas
+// serializes the wgmmas (warning C7510) to stay safe.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The register A operand too: live (unchanged) until the wait after its wgmma.
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
+#if STORAGE == 1
+#define WGMMA_TYPES ".f32.f16.f16"
+#else
+#define WGMMA_TYPES ".f32.bf16.bf16"
+#endif
+#define ACC8(d, i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
+#define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
+#define REGS32                                                                                            \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+    "%27,%28,%29,%30,%31}"
+#define REGS64                                                                                            \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+    "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"    \
+    "%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// S = Q K^T: A and B both K-major in shared memory; scale_d 0 overwrites d.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16" WGMMA_TYPES " " REGS64
+                 ", %64, %65, p, 1, 1, 0, 0; }"
+                 : ACC64(d)
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+// O += P V: P from registers, B by descriptor (MN-major when TRANS_B).
+template <int N, int TRANS_B>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b);
+template <>
+__device__ __forceinline__ void wgmma_rs<128, 1>(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16" WGMMA_TYPES " " REGS64
+                 ", {%64,%65,%66,%67}, %68, p, 1, 1, 1; }"
+                 : ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64, 1>(float (&d)[32], const unsigned (&a)[4], unsigned long long b) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WGMMA_TYPES " " REGS32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 1; }"
+                 : ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the copy engine (then a __syncthreads).
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Coordinates innermost first, in elements: (column, head, row, batch).
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+#endif
+
+// A wgmma shared-memory descriptor (PTX ISA, "Matrix Descriptor Format"):
+// start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
+// stride byte offset >> 4 in 32-45, swizzle mode 1 (128B) in bits 62-63.
+// K-major: rows of 128 B along K, SBO = 1024 B between 8-row groups, LBO
+// unused (1). MN-major: LBO = bytes between 64-element atoms along MN,
+// SBO = 1024 B between groups of 8 along K.
+__device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((smem_addr(p) & 0x3ffff) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
+           (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
+}
