@@ -12,7 +12,10 @@
 //     descriptors, P from registers), the online softmax on S's fragments.
 //     Intra-warpgroup overlap (FA3's algorithm 2): S_{j+1} = Q K_{j+1}^T is
 //     issued before O += P_j V_j, and the softmax of S_{j+1} runs while that
-//     product is in flight; O is rescaled after it completes.
+//     product is in flight; O is rescaled after it completes. Ping-pong
+//     between the two (FA3's inter-warpgroup overlap): they take turns, by
+//     two named barriers, at issuing their products, so one's softmax runs
+//     while the other's matmuls hold the tensor cores.
 //
 // Dynamic shared memory, every tile 1024-byte aligned (128B swizzle atoms),
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
@@ -100,6 +103,12 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
 #pragma unroll
         for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+        // The turn to issue products: named barrier 1 + wg, completed by this
+        // warpgroup's sync and the other's arrive (256 threads). Consumer 1
+        // lets consumer 0 go first, and skips its last pass, so every arrive
+        // meets a sync: tiles + 1 turns each.
+        auto take_turn = [&] { wg == 0 ? named_bar_sync<1, 256>() : named_bar_sync<2, 256>(); };
+        auto pass_turn = [&] { wg == 0 ? named_bar_arrive<2, 256>() : named_bar_arrive<1, 256>(); };
 
         // S = Q K^T for tile `tile`: k16 steps along d, 32 B apart inside a
         // 64-column box, the next box past column 63.
@@ -166,8 +175,11 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         };
 
         if (tiles > 0) {
+            if (wg == 1) pass_turn();
+            take_turn();
             mbar_wait(q_full, 0);
             issue_qk(0);
+            pass_turn();
             wgmma_wait<0>();
             pin(s);
             softmax(0);
@@ -181,6 +193,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         };
         for (int tile = 1; tile < tiles; ++tile) {
             const int prev = tile - 1;
+            take_turn();
             if (OVERLAP) issue_qk(tile);
             mbar_wait(v_full + prev % STAGES, (prev / STAGES) & 1);
             issue_pv(prev);
@@ -189,6 +202,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 retire_pv(prev);
                 issue_qk(tile);
             }
+            pass_turn();
             wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
             pin(s);
             softmax(tile);
@@ -202,8 +216,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         }
         if (tiles > 0) {
             const int last = tiles - 1;
+            take_turn();
             mbar_wait(v_full + last % STAGES, (last / STAGES) & 1);
             issue_pv(last);
+            if (wg == 0) pass_turn();
             wgmma_wait<0>();
             retire_pv(last);
         }

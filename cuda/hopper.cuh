@@ -20,6 +20,10 @@
 //   tma_load_4d        a box of a tensor map into shared memory, its bytes
 //                      completing on an mbarrier; zeros outside the tensor
 //   setmaxnreg_inc/dec registers per thread of a warpgroup's role
+//   named_bar_sync/arrive<ID, COUNT>  barrier ID in 1..15 (0 is __syncthreads')
+//                      over COUNT threads (whole warps): sync waits for the
+//                      count, arrive counts itself and goes on (compile-time
+//                      ids: ptxas then reserves only the barriers used)
 //
 // After cuda/mma.cuh, whose storage_bits, smem_addr, pack2, quad_max,
 // quad_sum and DYNAMIC_SMEM it shares. Extra defines (src/cuda/kernel.rs):
@@ -65,6 +69,10 @@ template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() { host_setmaxnreg(REGS); }
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_dec() { host_setmaxnreg(REGS); }
+template <int ID, int COUNT>
+__device__ __forceinline__ void named_bar_sync() { host_named_barrier(ID, COUNT, true); }
+template <int ID, int COUNT>
+__device__ __forceinline__ void named_bar_arrive() { host_named_barrier(ID, COUNT, false); }
 #else
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -173,6 +181,14 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int ID, int COUNT>
+__device__ __forceinline__ void named_bar_sync() {
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(COUNT) : "memory");
+}
+template <int ID, int COUNT>
+__device__ __forceinline__ void named_bar_arrive() {
+    asm volatile("bar.arrive %0, %1;" ::"n"(ID), "n"(COUNT) : "memory");
 }
 #endif
 

@@ -20,7 +20,7 @@ fi
 # SASS: HGMMA, UTMALDG, USETMAXREG. Optional: installed into the default venv
 # only (a venv named by FLASHATTN_CUDA_VENV is used as it is), skipped where
 # pip cannot get it.
-nvdisasm=$(find "$site/nvidia" -name nvdisasm -type f 2>/dev/null | head -n 1)
+nvdisasm=$(find "$site/nvidia" -name nvdisasm -type f 2>/dev/null | head -n 1 || true)
 if [ -z "$nvdisasm" ] && [ -z "${FLASHATTN_CUDA_VENV:-}" ] && "$venv/bin/pip" install -q nvidia-cuda-nvdisasm 2>/dev/null; then
   nvdisasm=$(find "$site/nvidia" -name nvdisasm -type f | head -n 1)
 fi

@@ -521,8 +521,8 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
 /// shared offsets, register A, results applied at the wait that retires
 /// them), TMA (4-D boxes, swizzled, zeros outside, landing on their mbarrier
 /// only when waited for), mbarriers (arrivals, transaction bytes, phase
-/// parity) and setmaxnreg (warpgroup-uniform) their PTX semantics, and a TMA
-/// copy over bytes an unretired wgmma reads is a fault. Three variants: f16
+/// parity), setmaxnreg (warpgroup-uniform) and named barriers their PTX
+/// semantics, and a TMA copy over bytes an unretired wgmma reads is a fault. Three variants: f16
 /// d 64 with a band (the overlapped pipeline), bf16 d 128 with softcap (the
 /// sequential one), f16 d 128 plain; check.cpp first tests the wrappers
 /// against plain products, then runs d 24 and 8 below the padded one and

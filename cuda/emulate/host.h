@@ -339,6 +339,36 @@ inline void host_setmaxnreg(unsigned regs) {
     warpgroup_sync();
 }
 
+// bar.sync / bar.arrive on named barriers 1..15: a generation count per
+// barrier under a lock; sync sleeps until its generation's count is in.
+struct NamedBarrier {
+    int arrived = 0;
+    unsigned long long generation = 0;
+};
+static NamedBarrier named_barriers[16];
+static std::mutex named_mutex;
+static std::condition_variable named_changed;
+inline void host_named_barrier(int id, int count, bool wait) {
+    if (id < 1 || id > 15) emulation_fault("named barrier id outside 1..15");
+    if (count <= 0 || count % 32 || count > (int)blockDim.x) emulation_fault("named barrier count not whole warps");
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(named_mutex);
+    NamedBarrier& b = named_barriers[id];
+    const unsigned long long mine = b.generation;
+    if (++b.arrived == count) {
+        b.arrived = 0;
+        ++b.generation;
+        named_changed.notify_all();
+        return;
+    }
+    if (b.arrived > count) emulation_fault("named barrier: more arrivals than its count");
+    while (wait && b.generation == mine) {
+        named_changed.wait_for(lock, std::chrono::milliseconds(100));
+        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10))
+            emulation_fault("named barrier never completed (deadlock)");
+    }
+}
+
 // wgmma.mma_async m64nNk16, f32 accumulators. Issued collectively by a
 // warpgroup: at the commit, between two warpgroup barriers, the group's
 // descriptors are checked uniform and the register A fragments gathered;
@@ -461,6 +491,7 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                 for (unsigned w = 0; w < threads; w += 128)
                     warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - w)));
                 mbars.clear();
+                for (NamedBarrier& n : named_barriers) n = NamedBarrier{};
                 std::vector<std::thread> team;
                 for (unsigned t = 0; t < threads; ++t)
                     team.emplace_back([&, t] {
@@ -474,5 +505,7 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                     });
                 for (auto& th : team) th.join();
                 if (!tma_in_flight.empty()) emulation_fault("TMA copies never waited for");
+                for (const NamedBarrier& n : named_barriers)
+                    if (n.arrived) emulation_fault("a named barrier left with arrivals no sync met");
             }
 }

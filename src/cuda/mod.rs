@@ -16,7 +16,8 @@
 //!   issuing TMA copies (tensor maps from the driver, [`tensor_map`]) into
 //!   a two-stage ring on mbarriers, two consumer warpgroups running
 //!   `wgmma` for Q Kᵀ and P V with the softmax of the next tile overlapping
-//!   the current P V, registers moved between roles by `setmaxnreg`. The
+//!   the current P V and taking turns at the tensor cores (named barriers),
+//!   registers moved between roles by `setmaxnreg`. The
 //!   backward stays on the sm80 kernels; `mma` forces the forward off for
 //!   comparison. Compiled and assembled for sm_90a and run under host
 //!   emulation, not yet run on a GPU;
