@@ -289,6 +289,14 @@ pub enum Error {
         minor: i32,
         needed: &'static str,
     },
+    /// PTX for this architecture cannot run on the device (`--arch`,
+    /// `FLASHATTN_CUDA_ARCH`).
+    #[error("the CUDA kernels cannot be compiled for {arch} on {device}: {why}")]
+    CudaArchUnfit {
+        arch: String,
+        device: String,
+        why: &'static str,
+    },
     #[error(
         "no GPU adapter found; install a Vulkan driver (on Debian: `apt-get install -y mesa-vulkan-drivers` \
          gives the CPU-based lavapipe) or use the CPU backend (`--backend cpu`)"

@@ -110,9 +110,14 @@ pub struct AttentionArgs {
     /// `registers` (register micro-tiles, GPUs' default), `lanes` (one row
     /// per subgroup lane, CPU adapters) or `coop` (cooperative matrices,
     /// where the device has them); with --backend cuda, the kernel path:
-    /// `auto`, `scalar` or `mma` (tensor cores).
+    /// `auto`, `scalar`, `mma` (sm80 tensor cores) or `hopper` (wgmma + TMA).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
+    /// With --backend cuda: compile the kernels for this architecture
+    /// (e.g. compute_80 on an H100, the sm80 build for comparison); default
+    /// the device's own (compute_90a on Hopper).
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
     /// Run the plan `flashattn tune` cached for this problem where there is
     /// one (wgpu; $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else
     /// ~/.cache/flashattn); the formula plan otherwise.
@@ -246,6 +251,10 @@ pub struct PlanArgs {
     /// h200) instead of device 0's.
     #[arg(long, value_name = "DEVICE")]
     pub device_like: Option<String>,
+    /// With --backend cuda: plan for kernels compiled for this
+    /// architecture (e.g. compute_80 on an H100).
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
     /// Head dimension to plan for (default: 32, 64, 128 and 256; required
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]

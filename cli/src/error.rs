@@ -93,6 +93,8 @@ pub enum CliError {
     CudaBench { message: String },
     #[error("{flags} apply to the wgpu backend only")]
     WgpuOnly { flags: &'static str },
+    #[error("{flag} applies to --backend cuda only")]
+    CudaOnly { flag: &'static str },
     #[error("--hadamard applies to --precision fp8 only")]
     HadamardWithoutFp8,
     #[error("--max-workgroup-storage {requested} exceeds the device's {max} bytes")]

@@ -429,6 +429,37 @@ fn cuda_plan_explains_the_kernels_from_made_up_properties() {
     assert!(!forced.status.success());
     let err = String::from_utf8_lossy(&forced.stderr);
     assert!(err.contains("does not support f32 storage"), "{err}");
+    // --arch: the sm80 build on Hopper plans the sm80 forward; an
+    // architecture the device cannot run, or no architecture, is one line.
+    let plan_arch = |device: &str, arch: &str| {
+        bin()
+            .args(["plan", "--backend", "cuda", "--device-like", device])
+            .args(["--precision", "bf16", "--head-dim", "128", "--arch", arch])
+            .output()
+            .unwrap()
+    };
+    let sm80 = plan_arch("h100", "compute_80");
+    let text = String::from_utf8_lossy(&sm80.stdout);
+    assert!(
+        sm80.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sm80.stderr)
+    );
+    assert!(text.contains("kernels for compute_80"), "{text}");
+    assert!(text.contains("flash_fwd_mma_bf16_d128_band"), "{text}");
+    for (device, arch, needle) in [
+        (
+            "a100",
+            "compute_90a",
+            "the device is older than the architecture",
+        ),
+        ("h100", "volta", "unknown CUDA architecture"),
+    ] {
+        let out = plan_arch(device, arch);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.lines().count() == 1, "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
 }
 
 #[test]
@@ -436,6 +467,11 @@ fn unsupported_backend_flags() {
     let f = Files::new();
     f.qkv(1, 4, 4, 1, 1, 8);
     assert_bad(&f, &f.forward(&["--backend", "cuda"]), "cuda");
+    assert_bad(
+        &f,
+        &f.forward(&["--backend", "cpu", "--arch", "compute_80"]),
+        "--arch applies to --backend cuda only",
+    );
     assert_bad(
         &f,
         &f.forward(&["--backend", "cpu", "--block-q", "8"]),

@@ -10,12 +10,85 @@ pub fn nvrtc_present() -> bool {
     unsafe { nvrtc::sys::is_culib_present() }
 }
 
-/// The NVRTC architecture option for compute capability `major.minor`:
-/// `compute_90a` on Hopper (the arch-specific features FA3's path needs),
-/// else `compute_XY`.
-pub fn arch_for(major: i32, minor: i32) -> String {
-    let suffix = if (major, minor) == (9, 0) { "a" } else { "" };
-    format!("compute_{major}{minor}{suffix}")
+/// An NVRTC virtual architecture: `compute_XY`, or `compute_XYa` (the
+/// features of exactly X.Y, such as Hopper's wgmma and setmaxnreg).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arch {
+    pub major: i32,
+    pub minor: i32,
+    /// The `a` suffix: PTX that runs on compute capability X.Y only.
+    pub specific: bool,
+}
+
+impl Arch {
+    /// What a device of compute capability `major.minor` is compiled for:
+    /// `compute_90a` on Hopper (the features FA3's path needs), else
+    /// `compute_XY`.
+    pub fn for_device(major: i32, minor: i32) -> Self {
+        Self {
+            major,
+            minor,
+            specific: (major, minor) == (9, 0),
+        }
+    }
+
+    /// NVRTC's name for it.
+    pub fn name(&self) -> String {
+        let suffix = if self.specific { "a" } else { "" };
+        format!("compute_{}{}{suffix}", self.major, self.minor)
+    }
+
+    /// Whether its PTX loads on `device` (compute capability
+    /// `major.minor`): an architecture no newer than the device's, and the
+    /// device's own for an `a` one.
+    pub fn check_runs_on(&self, device: &str, major: i32, minor: i32) -> Result<()> {
+        let unfit = |why| {
+            Err(Error::CudaArchUnfit {
+                arch: self.name(),
+                device: format!("{device} (compute capability {major}.{minor})"),
+                why,
+            })
+        };
+        if (self.major, self.minor) > (major, minor) {
+            unfit("the device is older than the architecture")
+        } else if self.specific && (self.major, self.minor) != (major, minor) {
+            unfit("an `a` architecture runs on exactly its own compute capability")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = Error;
+    /// `compute_80`, `sm_90a` or `90a`: compute capability 8.0 or later
+    /// (what the kernels need).
+    fn from_str(s: &str) -> Result<Self> {
+        let digits = s
+            .strip_prefix("compute_")
+            .or_else(|| s.strip_prefix("sm_"))
+            .unwrap_or(s);
+        let (digits, specific) = match digits.strip_suffix('a') {
+            Some(d) => (d, true),
+            None => (digits, false),
+        };
+        let parsed = (digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| digits.split_at(digits.len() - 1))
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
+        match parsed {
+            Some((major, minor)) if major >= 8 => Ok(Self {
+                major,
+                minor,
+                specific,
+            }),
+            _ => Err(Error::UnknownName {
+                what: "CUDA architecture",
+                name: s.to_string(),
+                expected:
+                    "compute_80 or later (e.g. compute_80, compute_86, compute_90, compute_90a)",
+            }),
+        }
+    }
 }
 
 /// The NVRTC options for `arch` (also part of the disk cache's hash).

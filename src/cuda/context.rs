@@ -1,7 +1,7 @@
 //! Finding the driver and a device, and the compiled modules of one
 //! context, keyed by [`KernelKey`].
 
-use super::compile::{arch_for, nvrtc_present};
+use super::compile::{nvrtc_present, Arch};
 use super::disk_cache::cached_ptx;
 use super::kernel::{KernelKey, STATIC_SHARED_LIMIT};
 use super::plan::DeviceProps;
@@ -116,30 +116,47 @@ impl CudaDevice {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
                 "reading the threads per SM",
             )?,
+            arch: Arch::for_device(capability.0, capability.1),
         };
-        Ok(Self {
+        let device = Self {
             stream: ctx.default_stream(),
             name,
             capability,
             props,
             modules: Mutex::new(HashMap::new()),
-        })
+        };
+        match std::env::var("FLASHATTN_CUDA_ARCH") {
+            Ok(a) if !a.is_empty() => device.with_arch(a.parse()?),
+            _ => Ok(device),
+        }
+    }
+
+    /// The same device with its kernels compiled for `arch` (e.g.
+    /// `compute_80` on an H100, to compare with the sm80 build); the plan
+    /// then chooses by it. An architecture the device cannot run is
+    /// `Error::CudaArchUnfit`.
+    pub fn with_arch(mut self, arch: Arch) -> Result<Self> {
+        arch.check_runs_on(&self.name, self.capability.0, self.capability.1)?;
+        self.props.arch = arch;
+        self.modules = Mutex::new(HashMap::new());
+        Ok(self)
     }
 
     /// One line naming the device.
     pub fn describe(&self) -> String {
         let (major, minor) = self.capability;
-        format!("{} (sm_{major}{minor})", self.name)
+        if self.props.arch == Arch::for_device(major, minor) {
+            format!("{} (sm_{major}{minor})", self.name)
+        } else {
+            let arch = self.props.arch.name();
+            format!("{} (sm_{major}{minor}, kernels for {arch})", self.name)
+        }
     }
 
     /// The NVRTC architecture the kernels are compiled for: the device's
-    /// (`compute_90a` on Hopper), or `FLASHATTN_CUDA_ARCH` (e.g.
-    /// `compute_80` on an H100, to compare with the sm80 build).
+    /// (`compute_90a` on Hopper) or the one [`Self::with_arch`] set.
     pub fn arch(&self) -> String {
-        std::env::var("FLASHATTN_CUDA_ARCH")
-            .ok()
-            .filter(|a| !a.is_empty())
-            .unwrap_or_else(|| arch_for(self.capability.0, self.capability.1))
+        self.props.arch.name()
     }
 
     /// Entry point `name` of `key`'s module, compiled and loaded on first use.

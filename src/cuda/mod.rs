@@ -66,6 +66,7 @@ pub mod plan;
 mod problem;
 pub mod tensor_map;
 
+pub use compile::Arch;
 pub use context::{driver_present, CudaDevice};
 pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
@@ -110,6 +111,15 @@ impl Cuda {
         Ok(Self {
             device: CudaDevice::open()?,
             path,
+        })
+    }
+
+    /// The same device with its kernels compiled for `arch` (`--arch`): an
+    /// older architecture than the device's, e.g. `compute_80` on an H100.
+    pub fn with_arch(self, arch: Arch) -> Result<Self> {
+        Ok(Self {
+            device: self.device.with_arch(arch)?,
+            ..self
         })
     }
 

@@ -9,6 +9,7 @@
 //! made-up A100/H100/H200 properties; `flashattn plan --backend cuda`
 //! prints [`CudaPlan::explain`].
 
+use super::compile::Arch;
 use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT, WGMMA_HEAD_DIMS};
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
@@ -68,6 +69,10 @@ pub struct DeviceProps {
     /// Shared memory per multiprocessor (bytes).
     pub smem_per_sm: usize,
     pub max_threads_per_sm: usize,
+    /// What the kernels are compiled for: the device's own architecture
+    /// unless overridden (`--arch`, `FLASHATTN_CUDA_ARCH`), and what the
+    /// plan chooses by (compute_80 on an H100 runs the sm80 path).
+    pub arch: Arch,
 }
 
 impl DeviceProps {
@@ -92,6 +97,7 @@ impl DeviceProps {
             smem_per_block_optin: block,
             smem_per_sm: sm,
             max_threads_per_sm: 2048,
+            arch: Arch::for_device(major, minor),
         }
     }
 }
@@ -129,6 +135,8 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
         Some("f32 storage (the Hopper forward takes f16 and bf16)")
     } else if dev.major != 9 {
         Some("compute capability other than 9.x (wgmma and setmaxnreg are sm_90a's)")
+    } else if dev.arch != Arch::for_device(9, 0) {
+        Some("kernels compiled for an architecture other than compute_90a (wgmma and setmaxnreg are its own)")
     } else if !p.head_dim.is_multiple_of(8) {
         Some("a head dim not a multiple of 8 (TMA reads rows of whole 16-byte units)")
     } else if !WGMMA_HEAD_DIMS.contains(&key.head_dim) {
@@ -397,6 +405,52 @@ mod tests {
         assert_eq!(p.forward.family, Family::Forward);
         assert_eq!("mma".parse::<KernelPath>().unwrap(), KernelPath::Mma);
         assert!("tensor".parse::<KernelPath>().is_err());
+    }
+
+    /// `--arch`: the plan chooses by the architecture compiled for, and
+    /// an architecture the device cannot run is a typed error.
+    #[test]
+    fn an_older_architecture_on_hopper_runs_the_sm80_path() {
+        let h100 = DeviceProps::h100();
+        let mut sm80_build = h100.clone();
+        sm80_build.arch = "compute_80".parse().unwrap();
+        let mut plain_90 = h100.clone();
+        plain_90.arch = "sm_90".parse().unwrap();
+        for (dev, family) in [
+            (&h100, Family::ForwardWgmma),
+            (&sm80_build, Family::ForwardMma),
+            (&plain_90, Family::ForwardMma),
+        ] {
+            let p = plan(dev, &problem(Precision::Bf16, 128), KernelPath::Auto).unwrap();
+            assert_eq!(p.forward.family, family, "{}", dev.arch.name());
+        }
+        assert!(plan(
+            &sm80_build,
+            &problem(Precision::Bf16, 128),
+            KernelPath::Hopper
+        )
+        .is_err());
+        let arch = |s: &str| s.parse::<Arch>();
+        assert_eq!(arch("compute_90a").unwrap(), Arch::for_device(9, 0));
+        assert_eq!(arch("90a").unwrap().name(), "compute_90a");
+        assert_eq!(arch("sm_86").unwrap().name(), "compute_86");
+        assert_eq!(Arch::for_device(8, 6).name(), "compute_86");
+        for bad in ["compute_75", "compute_9", "compute_x0", "sm_", "hopper"] {
+            assert!(matches!(arch(bad), Err(Error::UnknownName { .. })), "{bad}");
+        }
+        let runs = |a: &str, major, minor| arch(a).unwrap().check_runs_on("gpu", major, minor);
+        assert!(runs("compute_80", 9, 0).is_ok());
+        assert!(runs("compute_90a", 9, 0).is_ok());
+        for (a, major, minor) in [
+            ("compute_90", 8, 0),
+            ("compute_90a", 10, 0),
+            ("compute_86", 8, 0),
+        ] {
+            assert!(
+                matches!(runs(a, major, minor), Err(Error::CudaArchUnfit { .. })),
+                "{a} on {major}.{minor}"
+            );
+        }
     }
 
     #[test]

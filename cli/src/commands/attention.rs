@@ -29,6 +29,8 @@ pub struct Prepared {
     pub tuned: Option<TuneCache>,
     /// `--kernel` with `--backend cuda`: the CUDA kernel path.
     pub cuda_kernel: Option<String>,
+    /// `--arch` (`--backend cuda` only): the architecture compiled for.
+    pub cuda_arch: Option<String>,
 }
 
 impl Prepared {
@@ -155,7 +157,20 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
             None
         },
         cuda_kernel,
+        cuda_arch: cuda_arch(a, backend)?,
     })
+}
+
+/// `--arch`, checked before any file is read: `--backend cuda` only, a
+/// name NVRTC takes.
+fn cuda_arch(a: &AttentionArgs, backend: BackendKind) -> Result<Option<String>> {
+    let Some(arch) = &a.arch else { return Ok(None) };
+    if backend != BackendKind::Cuda {
+        return Err(CliError::CudaOnly { flag: "--arch" });
+    }
+    #[cfg(feature = "cuda")]
+    arch.parse::<flashattn::cuda::Arch>()?;
+    Ok(Some(arch.clone()))
 }
 
 /// The flags every attention command shares, parsed and checked.
@@ -228,6 +243,13 @@ pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
     let backend = match (backend, &p.cuda_kernel) {
         (flashattn::Backend::Cuda(c), Some(path)) => {
             flashattn::Backend::Cuda(Box::new(c.with_kernels(path.parse()?)))
+        }
+        (b, _) => b,
+    };
+    #[cfg(feature = "cuda")]
+    let backend = match (backend, &p.cuda_arch) {
+        (flashattn::Backend::Cuda(c), Some(arch)) => {
+            flashattn::Backend::Cuda(Box::new(c.with_arch(arch.parse()?)?))
         }
         (b, _) => b,
     };

@@ -29,6 +29,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             })
         }
     }
+    if a.arch.is_some() {
+        return Err(CliError::CudaOnly { flag: "--arch" });
+    }
     if a.device_like.is_some() {
         return Err(CliError::BadFlag {
             flag: "--device-like",
@@ -254,7 +257,7 @@ fn print_device(engine: &Engine) {
 fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
     use flashattn::cuda::plan::{plan, DeviceProps, KernelPath, PlanProblem};
     let path: KernelPath = a.kernel.as_deref().unwrap_or("auto").parse()?;
-    let props = match a.device_like.as_deref() {
+    let mut props = match a.device_like.as_deref() {
         Some("a100") => DeviceProps::a100(),
         Some("h100") => DeviceProps::h100(),
         Some("h200") => DeviceProps::h200(),
@@ -267,11 +270,17 @@ fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
         }
         None => flashattn::cuda::Cuda::new()?.props().clone(),
     };
+    if let Some(arch) = &a.arch {
+        let arch: flashattn::cuda::Arch = arch.parse()?;
+        arch.check_runs_on(&props.name, props.major, props.minor)?;
+        props.arch = arch;
+    }
     println!(
-        "CUDA device: {} (sm_{}{}), {} SMs, {} B shared memory per SM, {} per block (opt-in)",
+        "CUDA device: {} (sm_{}{}, kernels for {}), {} SMs, {} B shared memory per SM, {} per block (opt-in)",
         props.name,
         props.major,
         props.minor,
+        props.arch.name(),
         props.sms,
         props.smem_per_sm,
         props.smem_per_block_optin
