@@ -1,6 +1,8 @@
-//! The forward on the CUDA device: upload, one `flash_fwd` launch, readback.
+//! The forward on the CUDA device: upload (with the layouts' side
+//! buffers), one `flash_fwd` launch, readback.
 
 use super::context::{driver, CudaDevice};
+use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::options::AttentionOptions;
@@ -35,7 +37,18 @@ pub(crate) fn forward(
     let mut d_lse = stream
         .alloc_zeros::<f32>(shape.lse_len())
         .map_err(driver("allocating lse"))?;
-    let cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let cfg = call.launch(&key, false, shape.heads_q)?;
+    let side = Side::upload(stream, &shape, opts)?;
+    let t = key.tiles();
+    let lists = side.lists(
+        stream,
+        LaunchTiles {
+            outer: t.rows,
+            inner: t.keys,
+            by_keys: false,
+        },
+    )?;
+    let layout = side.layout(stream, lists.as_ref());
     let start = Instant::now();
     let mut launch = stream.launch_builder(&func);
     launch
@@ -44,10 +57,13 @@ pub(crate) fn forward(
         .arg(&v_dev)
         .arg(&mut d_out)
         .arg(&mut d_lse)
-        .arg(&call.problem);
+        .arg(&call.problem)
+        .arg(&layout);
     // SAFETY: the arguments are flash_fwd's, in order and of its types
-    // (storage pointers as bytes, Problem by value); every buffer holds
-    // what the grid indexes, as sized from the validated shape.
+    // (storage pointers as bytes, Problem and Layout by value); every
+    // buffer holds what the grid indexes, as sized from the validated
+    // shape and options, and the side buffers Layout points at live until
+    // the stream is synchronized below.
     unsafe { launch.launch(cfg) }.map_err(driver("launching flash_fwd"))?;
     stream.synchronize().map_err(driver("running flash_fwd"))?;
     let seconds = start.elapsed().as_secs_f64();
@@ -75,5 +91,6 @@ pub(crate) fn forward(
         ..CallStats::default()
     };
     let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
-    Ok(ForwardOutput::new(shape, o, lse, stats))
+    drop((side, lists));
+    Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
 }
