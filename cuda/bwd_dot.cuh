@@ -1,9 +1,11 @@
 // The backward's first kernel, shared by flash_bwd.cu and flash_bwd_mma.cu
 // (src/cuda/kernel.rs puts it before either): D = rowsum(dO * O) in f32,
-// one row per thread, (batch, heads_q, seqlen_q) in lse order.
+// one row per thread, (batch, heads_q, seqlen_q) in lse order (a packed
+// batch as its batch of one: no Layout field is read).
 extern "C" __global__ void flash_bwd_dot(const storage_t* __restrict__ o,
                                          const storage_t* __restrict__ d_o,
-                                         float* __restrict__ delta, const Problem p, int batch) {
+                                         float* __restrict__ delta, const Problem p, int batch,
+                                         const Layout L) {
     const size_t rows = (size_t)batch * p.heads_q * p.seqlen_q;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows;
          e += (size_t)gridDim.x * blockDim.x) {

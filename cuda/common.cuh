@@ -117,6 +117,175 @@ __device__ __forceinline__ float score(const Problem& p, float dot, float* dcap)
     return s;
 }
 
+// The run-time layouts of one call (src/cuda/problem.rs's `Layout` mirrors
+// it field for field), the last argument of every kernel. Each is off when
+// its pointer is null, and the same for the whole grid, so the branches on
+// it are uniform: ALiBi slopes, attention sinks, a packed batch's prefix
+// sums, a block mask with the tile lists the host built from it for this
+// launch's tiles (lists of the inner tiles each outer tile visits, which
+// leave out every tile with no allowed pair: those are never loaded).
+struct Layout {
+    const float* alibi;         // slopes, (heads_q,) or (batch, heads_q)
+    const float* sinks;         // (heads_q,) logits
+    const int* cu_q;            // cu_seqlens_q and cu_seqlens_k (batch + 1 each)
+    const int* cu_k;
+    const unsigned char* mask;  // (mb, mh, mask_rows, mask_cols), nonzero allows
+    const int* tile_starts;     // per (sequence, query head, outer tile), and one past the end
+    const int* tile_entries;    // inner tile | TILE_PARTIAL where the mask needs a test per pair (dK/dV:
+                                // | the query head within the group << TILE_HEAD_SHIFT; lists per kv head)
+    int alibi_batch_stride;     // heads_q for (batch, heads_q) slopes, else 0
+    int bm, bn, mask_rows, mask_cols;
+    int mask_batch_stride, mask_head_stride;  // in entries; 0 where the mask broadcasts
+    int list_batch_stride, list_head_stride;  // in lists; 0 where the lists are shared
+    int pad;
+};
+static_assert(sizeof(Layout) == 7 * 8 + 10 * 4, "Layout must stay seven pointers and ten ints");
+
+#define TILE_PARTIAL (1 << 30)
+#define TILE_HEAD_SHIFT 20
+#define TILE_INDEX_MASK ((1 << TILE_HEAD_SHIFT) - 1)
+
+// Where sequence z of the grid lives. Dense: batch entry z, rows z *
+// seqlen.. of the tensors seen as (rows, heads, d). Packed: rows cu[z].. of
+// the batch of one, whose lse is (heads_q, total_q).
+struct Seq {
+    int index;       // the sequence: block mask, slopes and tile lists
+    int b;           // the batch index of the shifted tensors: always 0
+    size_t q0, k0;   // first rows of q and of k/v
+    size_t lse0;     // lse index of (head 0, row 0)
+    int lse_stride;  // between heads
+};
+
+// Enter grid sequence z: *p becomes the sequence's problem (its own lengths,
+// so the band's offset is its own); the kernels shift their row pointers by
+// q0 / k0 rows and index the tensors as batch 0 (a batch index chosen at
+// run time, with run-time lengths, cost the tensor-core kernels ~30
+// registers of hoisted addresses). Uniform for the block.
+__device__ __forceinline__ Seq enter_sequence(const Layout& L, Problem* p, int z) {
+    Seq s;
+    s.index = z;
+    s.lse_stride = p->seqlen_q;
+    if (L.cu_q) {
+        s.b = 0;
+        s.q0 = (size_t)L.cu_q[z];
+        s.k0 = (size_t)L.cu_k[z];
+        s.lse0 = s.q0;
+        p->seqlen_q = L.cu_q[z + 1] - L.cu_q[z];
+        p->seqlen_k = L.cu_k[z + 1] - L.cu_k[z];
+    } else {
+        s.b = 0;
+        s.q0 = (size_t)z * p->seqlen_q;
+        s.k0 = (size_t)z * p->seqlen_k;
+        s.lse0 = (size_t)z * p->heads_q * p->seqlen_q;
+    }
+    return s;
+}
+
+__device__ __forceinline__ size_t lse_at(const Seq& s, int h, int i) {
+    return s.lse0 + (size_t)h * s.lse_stride + i;
+}
+
+// Rows of a (rows, heads, d) tensor from row0 on.
+template <class T>
+__device__ __forceinline__ T* from_row(T* base, size_t row0, int heads, int d) {
+    return base + row0 * (size_t)heads * (size_t)d;
+}
+
+// ALiBi's slope of (sequence, query head); 0 without ALiBi (and then the
+// bias below is exactly 0).
+__device__ __forceinline__ float alibi_slope(const Layout& L, const Seq& s, int h) {
+    return L.alibi ? L.alibi[(size_t)s.index * L.alibi_batch_stride + h] : 0.0f;
+}
+
+// SPEC.md's score with ALiBi: s - slope * |i + off - j| (one f32 product,
+// as the CPU backend rounds it).
+__device__ __forceinline__ float with_alibi(const Problem& p, float slope, float s, int i, int j) {
+    return s - slope * fabsf((float)(i + band_offset(p) - j));
+}
+
+// The block mask at pair (i, j) of sequence s, query head h (sequence-relative).
+__device__ __forceinline__ bool block_allows(const Layout& L, const Seq& s, int h, int i, int j) {
+    const int r = i / L.bm, c = j / L.bn;
+    if (r >= L.mask_rows || c >= L.mask_cols) return false;
+    const size_t base = (size_t)s.index * L.mask_batch_stride + (size_t)h * L.mask_head_stride;
+    return L.mask[base + (size_t)r * L.mask_cols + c] != 0;
+}
+
+// The inner tiles outer tile `outer` visits: with a block mask its list,
+// else every tile of [lo, hi) in `size` steps. (The list itself is read
+// through L, a kernel parameter: no pointer is held in registers.)
+struct Steps {
+    int first, count;
+};
+
+__device__ __forceinline__ Steps tile_steps(const Layout& L, const Seq& s, int h, int outer, int lo, int hi,
+                                            int size) {
+    Steps t;
+    if (L.tile_entries) {
+        const int* st = L.tile_starts + (size_t)s.index * L.list_batch_stride +
+                        (size_t)h * L.list_head_stride + outer;
+        t.first = st[0];
+        t.count = st[1] - st[0];
+    } else {
+        t.first = lo / size;
+        t.count = max(0, (hi - t.first * size + size - 1) / size);
+    }
+    return t;
+}
+
+// Step k's first row (or key), and whether it needs the per-pair mask test.
+__device__ __forceinline__ int step_start(const Layout& L, const Steps& t, int k, int size) {
+    return (L.tile_entries ? (L.tile_entries[t.first + k] & TILE_INDEX_MASK) : t.first + k) * size;
+}
+__device__ __forceinline__ bool step_partial(const Layout& L, const Steps& t, int k) {
+    return L.tile_entries && (L.tile_entries[t.first + k] & TILE_PARTIAL);
+}
+
+// A dK/dV block's steps: (query head of kv head hk's group, query tile) in
+// order — with a block mask the list of (sequence, kv head, key tile),
+// else every head's tiles of [lo, hi).
+struct GroupSteps {
+    int first, count, per_head;
+};
+
+__device__ __forceinline__ GroupSteps group_steps(const Layout& L, const Seq& s, int hk, int group, int outer,
+                                                  int lo, int hi, int size) {
+    GroupSteps t;
+    const Steps one = tile_steps(L, s, hk, outer, lo, hi, size);
+    t.first = one.first;
+    t.per_head = one.count;
+    t.count = L.tile_entries ? one.count : group * one.count;
+    return t;
+}
+
+// Step k's query head (within the group), first query row, and whether it
+// needs the per-pair mask test.
+__device__ __forceinline__ int group_step_head(const Layout& L, const GroupSteps& t, int k) {
+    return L.tile_entries ? (L.tile_entries[t.first + k] & (TILE_PARTIAL - 1)) >> TILE_HEAD_SHIFT : k / t.per_head;
+}
+__device__ __forceinline__ int group_step_start(const Layout& L, const GroupSteps& t, int k, int size) {
+    return (L.tile_entries ? (L.tile_entries[t.first + k] & TILE_INDEX_MASK) : t.first + k % t.per_head) * size;
+}
+__device__ __forceinline__ bool group_step_partial(const Layout& L, const GroupSteps& t, int k) {
+    return L.tile_entries && (L.tile_entries[t.first + k] & TILE_PARTIAL);
+}
+
+// A row's normalizer 1/l and LSE from its running max m and sum l, with the
+// head's sink (a virtual key of score `sink` and value 0; NEG_INF: none).
+// No allowed key: o = 0 and lse = -inf, or lse = sink exactly.
+__device__ __forceinline__ void finish_row(float m, float l, float sink, float* inv_l, float* lse) {
+    if (sink == NEG_INF) {
+        *inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        *lse = l > 0.0f ? m + logf(l) : NEG_INF;
+        return;
+    }
+    const float top = l > 0.0f ? fmaxf(m, sink) : sink;
+    const float a = l > 0.0f ? expf(m - top) : 0.0f;
+    const float total = l * a + expf(sink - top);
+    *inv_l = a / total;
+    *lse = top + logf(total);
+}
+
 // Row-major (batch, seqlen, heads, d) element offset.
 __device__ __forceinline__ size_t at(int b, int seqlen, int i, int heads, int h, int d) {
     return (((size_t)b * seqlen + i) * heads + h) * (size_t)d;

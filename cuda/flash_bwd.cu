@@ -20,12 +20,13 @@
 #define PER_LANE ((BLOCK + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
 #define PAD (HEAD_DIM + 1)
 
-// P and dS of query row i against key j (already known to be allowed).
-__device__ __forceinline__ void p_and_ds(const Problem& p, const float* q_row, const float* k_row,
-                                         const float* do_row, const float* v_row, float lse_i,
-                                         float delta_i, float* p_ij, float* ds_ij) {
+// P and dS of query row i against key j (already known to be allowed);
+// `slope` is ALiBi's (0 without).
+__device__ __forceinline__ void p_and_ds(const Problem& p, float slope, int i, int j, const float* q_row,
+                                         const float* k_row, const float* do_row, const float* v_row,
+                                         float lse_i, float delta_i, float* p_ij, float* ds_ij) {
     float dcap;
-    const float s = score(p, dot_rows(q_row, k_row), &dcap);
+    const float s = with_alibi(p, slope, score(p, dot_rows(q_row, k_row), &dcap), i, j);
     // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
     const float pr = lse_i == NEG_INF ? 0.0f : expf(s - lse_i);
     const float dp = dot_rows(do_row, v_row);
@@ -38,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
 flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
                const float* __restrict__ lse, const float* __restrict__ delta,
-               storage_t* __restrict__ dk, storage_t* __restrict__ dv, const Problem p) {
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L) {
     __shared__ float k_tile[BLOCK * PAD];
     __shared__ float v_tile[BLOCK * PAD];
     __shared__ float q_tile[BLOCK * PAD];
@@ -49,7 +50,16 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     __shared__ float lse_tile[BLOCK];
     __shared__ float delta_tile[BLOCK];
 
-    const int n0 = blockIdx.x * BLOCK, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = blockIdx.x * BLOCK, hk = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (n0 >= p.seqlen_k) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    d_o = from_row(d_o, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
+    dk = from_row(dk, seq.k0, p.heads_kv, p.d);
+    dv = from_row(dv, seq.k0, p.heads_kv, p.d);
     const int group = p.heads_q / p.heads_kv;
     const int jj = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
     const int j = n0 + jj;
@@ -63,38 +73,43 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 
     int lo, hi;
     row_span(p, n0, min(n0 + BLOCK, p.seqlen_k), &lo, &hi);
-    for (int h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int m0 = (lo / BLOCK) * BLOCK; m0 < hi; m0 += BLOCK) {
-            __syncthreads();  // the previous tiles are no longer read
-            load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
-            load_tile(do_tile, BLOCK, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
-            for (int r = threadIdx.x; r < BLOCK; r += blockDim.x) {
-                const int i = m0 + r;
-                const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
-                lse_tile[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
-                delta_tile[r] = i < p.seqlen_q ? delta[e] : 0.0f;
-            }
-            __syncthreads();
+    // (query head of the group, query tile) in order.
+    const GroupSteps steps = group_steps(L, seq, hk, group, blockIdx.x, lo, hi, BLOCK);
+    for (int step = 0; step < steps.count; ++step) {
+        const int h = hk * group + group_step_head(L, steps, step);
+        const int m0 = group_step_start(L, steps, step, BLOCK);
+        const bool partial = group_step_partial(L, steps, step);
+        const float slope = alibi_slope(L, seq, h);
+        __syncthreads();  // the previous tiles are no longer read
+        load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+        load_tile(do_tile, BLOCK, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+        for (int r = threadIdx.x; r < BLOCK; r += blockDim.x) {
+            const int i = m0 + r;
+            const size_t e = lse_at(seq, h, i);
+            lse_tile[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
+            delta_tile[r] = i < p.seqlen_q ? delta[e] : 0.0f;
+        }
+        __syncthreads();
 #pragma unroll
-            for (int t = 0; t < PER_LANE; ++t) {
-                const int r = lane + t * THREADS_PER_ROW;
-                if (r >= BLOCK) break;
-                float pr = 0.0f, ds = 0.0f;
-                if (allowed(p, m0 + r, j))
-                    p_and_ds(p, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
-                             &v_tile[jj * PAD], lse_tile[r], delta_tile[r], &pr, &ds);
-                p_t[jj * BLOCK + r] = pr;
-                ds_t[jj * BLOCK + r] = ds;
-            }
-            __syncthreads();
-            for (int r = 0; r < BLOCK; ++r) {
-                const float pr = p_t[jj * BLOCK + r], ds = ds_t[jj * BLOCK + r];
+        for (int t = 0; t < PER_LANE; ++t) {
+            const int r = lane + t * THREADS_PER_ROW;
+            if (r >= BLOCK) break;
+            float pr = 0.0f, ds = 0.0f;
+            const int i = m0 + r;
+            if (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)))
+                p_and_ds(p, slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
+                         &v_tile[jj * PAD], lse_tile[r], delta_tile[r], &pr, &ds);
+            p_t[jj * BLOCK + r] = pr;
+            ds_t[jj * BLOCK + r] = ds;
+        }
+        __syncthreads();
+        for (int r = 0; r < BLOCK; ++r) {
+            const float pr = p_t[jj * BLOCK + r], ds = ds_t[jj * BLOCK + r];
 #pragma unroll
-                for (int c = 0; c < COLS; ++c) {
-                    const int col = lane + c * THREADS_PER_ROW;
-                    dv_acc[c] = fmaf(pr, do_tile[r * PAD + col], dv_acc[c]);
-                    dk_acc[c] = fmaf(ds, q_tile[r * PAD + col], dk_acc[c]);
-                }
+            for (int c = 0; c < COLS; ++c) {
+                const int col = lane + c * THREADS_PER_ROW;
+                dv_acc[c] = fmaf(pr, do_tile[r * PAD + col], dv_acc[c]);
+                dk_acc[c] = fmaf(ds, q_tile[r * PAD + col], dk_acc[c]);
             }
         }
     }
@@ -115,21 +130,30 @@ extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
-             storage_t* __restrict__ dq, const Problem p) {
+             storage_t* __restrict__ dq, Problem p, const Layout L) {
     __shared__ float q_tile[BLOCK * PAD];
     __shared__ float do_tile[BLOCK * PAD];
     __shared__ float k_tile[BLOCK * PAD];
     __shared__ float v_tile[BLOCK * PAD];
     __shared__ float ds_tile[BLOCK * BLOCK];
 
-    const int m0 = blockIdx.x * BLOCK, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    d_o = from_row(d_o, seq.q0, p.heads_q, p.d);
+    dq = from_row(dq, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
     const int r = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
     const int i = m0 + r;
+    const float slope = alibi_slope(L, seq, h);
 
     load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
     load_tile(do_tile, BLOCK, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
-    const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+    const size_t e = lse_at(seq, h, i);
     const float lse_i = i < p.seqlen_q ? lse[e] : NEG_INF;
     const float delta_i = i < p.seqlen_q ? delta[e] : 0.0f;
 
@@ -139,7 +163,10 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK, p.seqlen_q), &lo, &hi);
-    for (int n0 = (lo / BLOCK) * BLOCK; n0 < hi; n0 += BLOCK) {
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK);
+    for (int step = 0; step < steps.count; ++step) {
+        const int n0 = step_start(L, steps, step, BLOCK);
+        const bool partial = step_partial(L, steps, step);
         __syncthreads();
         load_tile(k_tile, BLOCK, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
         load_tile(v_tile, BLOCK, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
@@ -149,8 +176,9 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             const int jj = lane + t * THREADS_PER_ROW;
             if (jj >= BLOCK) break;
             float pr = 0.0f, ds = 0.0f;
-            if (allowed(p, i, n0 + jj))
-                p_and_ds(p, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
+            const int j = n0 + jj;
+            if (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)))
+                p_and_ds(p, slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
                          &v_tile[jj * PAD], lse_i, delta_i, &pr, &ds);
             ds_tile[r * BLOCK + jj] = ds;
         }

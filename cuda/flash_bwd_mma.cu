@@ -31,19 +31,38 @@ __device__ __forceinline__ void zero_acc(float (&acc)[HEAD_DIM / 8][4]) {
 }
 
 // P and dS of query i against key j from the raw dot products s and dp
-// (0 where the pair is masked); in place.
-__device__ __forceinline__ void p_and_ds(const Problem& p, int i, int j, float lse_i, float delta_i,
-                                         float* s, float* dp) {
+// (0 where the band masks the pair; a partial tile's block mask is applied
+// after, by mask_pairs); in place. `slope` is ALiBi's (0 without).
+__device__ __forceinline__ void p_and_ds(const Problem& p, float slope, int i, int j, float lse_i,
+                                         float delta_i, float* s, float* dp) {
     float pr = 0.0f, ds = 0.0f;
     if (allowed(p, i, j)) {
         float dcap;
-        const float sc = score(p, *s, &dcap);
+        const float sc = with_alibi(p, slope, score(p, *s, &dcap), i, j);
         // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
         pr = lse_i == NEG_INF ? 0.0f : expf(sc - lse_i);
         ds = pr * (*dp - delta_i) * dcap;
     }
     *s = pr;
     *dp = ds;
+}
+
+// A partial tile's block mask on P and dS (in a pass of its own, apart
+// from the scores: the per-pair test then adds no registers to theirs).
+// Element (c, e) of a lane is row row0 + 8 (e / 2) of the warp's tile
+// against column col0 + c * 8 + 2 t + e % 2, as (query, key) or, for dK/dV,
+// (key, query).
+template <bool BY_KEYS>
+__device__ __forceinline__ void mask_pairs(const Layout& L, const Seq& seq, int h, int row0, int col0,
+                                           float (&s)[BLOCK_N / 8][4], float (&dp)[BLOCK_N / 8][4]) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + 8 * (e / 2), x = col0 + c * 8 + 2 * t + e % 2;
+            if (!block_allows(L, seq, h, BY_KEYS ? x : r, BY_KEYS ? r : x)) s[c][e] = dp[c][e] = 0.0f;
+        }
 }
 
 // Accumulator rows [g, g + 8] of a 16 x HEAD_DIM warp tile to rows r0 and
@@ -70,25 +89,35 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
                const float* __restrict__ lse, const float* __restrict__ delta,
-               storage_t* __restrict__ dk, storage_t* __restrict__ dv, const Problem p) {
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L) {
     DYNAMIC_SMEM(smem);
     storage_t* k_s = (storage_t*)smem;
     storage_t* v_s = k_s + BLOCK_M * ROW;
     storage_t* stages = v_s + BLOCK_M * ROW;
 
-    const int n0 = blockIdx.x * BLOCK_M, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = blockIdx.x * BLOCK_M, hk = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (n0 >= p.seqlen_k) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    d_o = from_row(d_o, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
+    dk = from_row(dk, seq.k0, p.heads_kv, p.d);
+    dv = from_row(dv, seq.k0, p.heads_kv, p.d);
     const int group = p.heads_q / p.heads_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int j0 = n0 + warp * 16 + lane / 4;  // this lane's keys: j0 and j0 + 8
 
     int lo, hi;
     row_span(p, n0, min(n0 + BLOCK_M, p.seqlen_k), &lo, &hi);
-    const int first = lo / BLOCK_N;
-    const int per_head = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
-    const int tiles = group * per_head;  // (query head, query tile) in order
+    // (query head of the group, query tile) in order.
+    const GroupSteps steps = group_steps(L, seq, hk, group, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
     auto fetch = [&](int tile) {
         storage_t* st = stages + (tile % 2) * STAGE;
-        const int h = hk * group + tile / per_head, m0 = (first + tile % per_head) * BLOCK_N;
+        const int h = hk * group + group_step_head(L, steps, tile);
+        const int m0 = group_step_start(L, steps, tile, BLOCK_N);
         load_rows(st, BLOCK_N, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
         load_rows(st + BLOCK_N * ROW, BLOCK_N, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
     };
@@ -107,7 +136,10 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         __syncthreads();
         const storage_t* q_t = stages + (tile % 2) * STAGE;
         const storage_t* do_t = q_t + BLOCK_N * ROW;
-        const int h = hk * group + tile / per_head, m0 = (first + tile % per_head) * BLOCK_N;
+        const int h = hk * group + group_step_head(L, steps, tile);
+        const int m0 = group_step_start(L, steps, tile, BLOCK_N);
+        const bool partial = group_step_partial(L, steps, tile);
+        const float slope = alibi_slope(L, seq, h);
 
         float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
 #pragma unroll
@@ -121,11 +153,12 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = m0 + c * 8 + 2 * t + e % 2;
-                const size_t at_i = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+                const size_t at_i = lse_at(seq, h, i);
                 const bool in = i < p.seqlen_q;
-                p_and_ds(p, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
+                p_and_ds(p, slope, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
                          &s[c][e], &dp[c][e]);
             }
+        if (partial) mask_pairs<true>(L, seq, h, j0, m0, s, dp);
         mma_pv<BLOCK_N, HEAD_DIM>(dv_acc, s, do_t);
         mma_pv<BLOCK_N, HEAD_DIM>(dk_acc, dp, q_t);
         __syncthreads();  // the next iteration refills this stage
@@ -139,32 +172,41 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
-             storage_t* __restrict__ dq, const Problem p) {
+             storage_t* __restrict__ dq, Problem p, const Layout L) {
     DYNAMIC_SMEM(smem);
     storage_t* q_s = (storage_t*)smem;
     storage_t* do_s = q_s + BLOCK_M * ROW;
     storage_t* stages = do_s + BLOCK_M * ROW;
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    d_o = from_row(d_o, seq.q0, p.heads_q, p.d);
+    dq = from_row(dq, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int r0 = m0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+    const float slope = alibi_slope(L, seq, h);
     float lse_r[2], delta_r[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = r0 + 8 * r;
-        const size_t e = ((size_t)b * p.heads_q + h) * p.seqlen_q + i;
+        const size_t e = lse_at(seq, h, i);
         lse_r[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
         delta_r[r] = i < p.seqlen_q ? delta[e] : 0.0f;
     }
 
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    const int first = lo / BLOCK_N;
-    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
     auto fetch = [&](int tile) {
         storage_t* st = stages + (tile % 2) * STAGE;
-        const int n0 = (first + tile) * BLOCK_N;
+        const int n0 = step_start(L, steps, tile, BLOCK_N);
         load_rows(st, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
         load_rows(st + BLOCK_N * ROW, BLOCK_N, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
     };
@@ -181,7 +223,8 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         cp_async_wait<1>();
         __syncthreads();
         const storage_t* k_t = stages + (tile % 2) * STAGE;
-        const int n0 = (first + tile) * BLOCK_N;
+        const int n0 = step_start(L, steps, tile, BLOCK_N);
+        const bool partial = step_partial(L, steps, tile);
 
         float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
 #pragma unroll
@@ -194,8 +237,9 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                p_and_ds(p, r0 + 8 * (e / 2), n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2],
+                p_and_ds(p, slope, r0 + 8 * (e / 2), n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2],
                          &s[c][e], &dp[c][e]);
+        if (partial) mask_pairs<false>(L, seq, h, r0, n0, s, dp);
         mma_pv<BLOCK_N, HEAD_DIM>(dq_acc, dp, k_t);
         __syncthreads();
     }

@@ -26,14 +26,22 @@ __device__ __forceinline__ float row_sum(float x) {
 extern "C" __global__ void __launch_bounds__(BLOCK_M * THREADS_PER_ROW)
 flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
           const storage_t* __restrict__ v, storage_t* __restrict__ o, float* __restrict__ lse,
-          const Problem p) {
+          Problem p, const Layout L) {
     __shared__ float q_tile[BLOCK_M * PAD];
     // K, then V of the same block (one buffer: a block needs them in turn).
     __shared__ float kv_tile[BLOCK_N * PAD];
     __shared__ float p_tile[BLOCK_M * BLOCK_N];
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    o = from_row(o, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
+    const float slope = alibi_slope(L, seq, h);
     const int r = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
     const int i = m0 + r;
 
@@ -46,7 +54,10 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    for (int n0 = (lo / BLOCK_N) * BLOCK_N; n0 < hi; n0 += BLOCK_N) {
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
+    for (int step = 0; step < steps.count; ++step) {
+        const int n0 = step_start(L, steps, step, BLOCK_N);
+        const bool partial = step_partial(L, steps, step);
         __syncthreads();  // the previous block's V is no longer read
         load_tile(kv_tile, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
         __syncthreads();
@@ -57,9 +68,11 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         for (int t = 0; t < KEYS_PER_LANE; ++t) {
             const int jj = lane + t * THREADS_PER_ROW;
             s[t] = NEG_INF;
-            if (jj < BLOCK_N && allowed(p, i, n0 + jj)) {
+            const int j = n0 + jj;
+            if (jj < BLOCK_N && allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j))) {
                 float dcap;
                 s[t] = score(p, dot_rows(&q_tile[r * PAD], &kv_tile[jj * PAD]), &dcap);
+                s[t] = with_alibi(p, slope, s[t], i, j);
             }
             block_max = fmaxf(block_max, s[t]);
         }
@@ -91,14 +104,14 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     }
 
     if (i >= p.seqlen_q) return;
-    // A row with no allowed key: o = 0 and lse = -inf, never NaN.
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+    float inv_l, row_lse;
+    finish_row(m, l, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
     const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
 #pragma unroll
     for (int c = 0; c < COLS; ++c) {
         const int col = lane + c * THREADS_PER_ROW;
         if (col < p.d) o[row + col] = store_f32(acc[c] * inv_l);
     }
-    if (lane == 0)
-        lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = l > 0.0f ? m + logf(l) : NEG_INF;
+    if (lane == 0) lse[lse_at(seq, h, i)] = row_lse;
 }

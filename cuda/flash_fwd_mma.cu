@@ -20,23 +20,31 @@ static_assert((BLOCK_M + 2 * STAGE / ROW) * ROW * 2 == SMEM_BYTES,
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
           const storage_t* __restrict__ v, storage_t* __restrict__ o, float* __restrict__ lse,
-          const Problem p) {
+          Problem p, const Layout L) {
     DYNAMIC_SMEM(smem);
     storage_t* q_s = (storage_t*)smem;
     storage_t* kv_s = q_s + BLOCK_M * ROW;
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch
+    const int b = seq.b;
+    q = from_row(q, seq.q0, p.heads_q, p.d);
+    o = from_row(o, seq.q0, p.heads_q, p.d);
+    k = from_row(k, seq.k0, p.heads_kv, p.d);
+    v = from_row(v, seq.k0, p.heads_kv, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
+    const float slope = alibi_slope(L, seq, h);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int r0 = m0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
 
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    const int first = lo / BLOCK_N;
-    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
     auto fetch = [&](int tile) {
         storage_t* st = kv_s + (tile % 2) * STAGE;
-        const int n0 = (first + tile) * BLOCK_N;
+        const int n0 = step_start(L, steps, tile, BLOCK_N);
         load_rows(st, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
         load_rows(st + BLOCK_N * ROW, BLOCK_N, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
     };
@@ -55,7 +63,8 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         cp_async_wait<1>();  // this tile's group (and Q's) landed
         __syncthreads();
         const storage_t* k_s = kv_s + (tile % 2) * STAGE;
-        const int n0 = (first + tile) * BLOCK_N;
+        const int n0 = step_start(L, steps, tile, BLOCK_N);
+        const bool partial = step_partial(L, steps, tile);
 
         float s[BLOCK_N / 8][4];
 #pragma unroll
@@ -68,8 +77,10 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float dcap;
-                const int j = n0 + c * 8 + 2 * t + e % 2;
-                s[c][e] = allowed(p, r0 + 8 * (e / 2), j) ? score(p, s[c][e], &dcap) : NEG_INF;
+                const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
+                s[c][e] = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j))
+                              ? with_alibi(p, slope, score(p, s[c][e], &dcap), i, j)
+                              : NEG_INF;
                 mx[e / 2] = fmaxf(mx[e / 2], s[c][e]);
             }
         float alpha[2];
@@ -103,8 +114,9 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const int i = r0 + 8 * r;
         const float sum = quad_sum(l[r]);
         if (i >= p.seqlen_q) continue;
-        // A row with no allowed key: o = 0 and lse = -inf, never NaN.
-        const float inv_l = sum > 0.0f ? 1.0f / sum : 0.0f;
+        // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+        float inv_l, row_lse;
+        finish_row(m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
         const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
 #pragma unroll
         for (int c = 0; c < HEAD_DIM / 8; ++c)
@@ -113,6 +125,6 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                 const int col = c * 8 + 2 * t + e;
                 if (col < p.d) o[row + col] = store_f32(acc[c][2 * r + e] * inv_l);
             }
-        if (t == 0) lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? m[r] + logf(sum) : NEG_INF;
+        if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
     }
 }

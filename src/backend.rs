@@ -224,10 +224,7 @@ impl Backend {
             Backend::Wgpu(e) => e.decode_host(cache, step, opts, num_splits),
             Backend::Cpu => cpu::decode(cache, step, opts, num_splits),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(Error::Unsupported {
-                what: "the CUDA backend",
-                feature: "decoding (flash_attn_with_kvcache)",
-            }),
+            Backend::Cuda(c) => c.decode(cache, step, opts),
         }
     }
 }

@@ -15,7 +15,10 @@
 //! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
 //!   the CPU under cuda/emulate/ against attention in double;
 //! - on a device (FLASHATTN_REQUIRE_GPU=1 makes a missing one fail): the
-//!   accuracy matrix, bit-identical backward repeats, Unsupported layouts.
+//!   accuracy matrix and the layouts' cases (ALiBi, sinks, block masks,
+//!   packed batches, all at once) on both kernel paths, bit-identical
+//!   backward repeats (dsinks too), decoding on host caches, and what
+//!   stays Unsupported.
 //!
 //! ```text
 //! /work/venv-bench/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
@@ -86,9 +89,15 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
         AttentionOptions::default().causal(true),
     );
     flashattn::cuda::takes(&plain).unwrap();
-    for operation in [Operation::Fp8, Operation::Decode] {
+    let alibi = AttentionOptions::default().alibi(flashattn::api::scores::Alibi::standard(2));
+    flashattn::cuda::takes(&workload(Operation::Attention, alibi.clone())).unwrap();
+    flashattn::cuda::takes(&workload(Operation::Decode, AttentionOptions::default())).unwrap();
+    for (operation, opts) in [
+        (Operation::Fp8, AttentionOptions::default()),
+        (Operation::Decode, alibi),
+    ] {
         assert!(matches!(
-            flashattn::cuda::takes(&workload(operation, AttentionOptions::default())),
+            flashattn::cuda::takes(&workload(operation, opts)),
             Err(Error::Unsupported { .. })
         ));
     }
@@ -365,6 +374,7 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
         head_dim: 128,
         band: true,
         softcap: false,
+        layouts: false,
     };
     let plan = flashattn::cuda::plan::plan(&props, &problem, KernelPath::Auto).unwrap();
     eprintln!("{}", plan.explain(&props).join("\n"));
@@ -386,30 +396,178 @@ fn backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
 }
 
 fn backward_matrix(cuda: &Cuda) {
-    for case in matrix() {
+    backward_cases(cuda, matrix());
+}
+
+/// Forward, then the backward checked against the f64 reference (dsinks
+/// too, with sinks) and repeated: bit-identical gradients and dsinks.
+fn backward_cases(cuda: &Cuda, cases: Vec<common::Case>) {
+    for case in cases {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let fwd = cuda.forward(&q, &k, &v, &case.opts).unwrap();
+        let fwd = cuda
+            .forward(&q, &k, &v, &case.opts)
+            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
         let (_, g) = common::output_grad(&case);
         let d_o = inputs.grad(&g);
         let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
-        let out = cuda.backward(&bwd_inputs, &case.opts).unwrap();
+        let out = cuda
+            .backward(&bwd_inputs, &case.opts)
+            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
         let checks =
             flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap();
         for c in &checks {
             assert!(c.passed(), "{case:?}\n{c}");
         }
+        assert_eq!(out.dsinks.is_some(), case.opts.sinks.is_some(), "{case:?}");
         let again = cuda.backward(&bwd_inputs, &case.opts).unwrap();
         assert_eq!(
-            (&out.dq, &out.dk, &out.dv),
-            (&again.dq, &again.dk, &again.dv),
+            (&out.dq, &out.dk, &out.dv, &out.dsinks),
+            (&again.dq, &again.dk, &again.dv, &again.dsinks),
             "{case:?}"
         );
     }
 }
 
+/// The run-time layouts (tests/gpu_layouts.rs's cases, fewer): ALiBi per
+/// head and per batch entry, sinks (with rows that see no key), block masks
+/// of odd and tile-aligned block sizes, per head and broadcast, packed
+/// batches with empty sequences, and all of them at once — each with
+/// masks, softcap and GQA, in every storage precision.
+fn layout_cases() -> Vec<common::Case> {
+    use common::{block_mask, causal, window, Case};
+    use flashattn::api::scores::{Alibi, Sinks};
+    use flashattn::AttentionOptions;
+    let sinks = |h: usize| Sinks::new(&(0..h).map(|i| i as f32 - 1.5).collect::<Vec<_>>());
+    let slopes: Vec<f32> = (0..6).map(|i| 0.05 + 0.3 * i as f32).collect();
+    let mut cases = vec![
+        Case::new(61, 77, 64)
+            .heads(4, 2)
+            .opts(causal().alibi(Alibi::standard(4))),
+        Case::new(77, 61, 59)
+            .opts(AttentionOptions::default().alibi(Alibi::standard(2)))
+            .f16(),
+        Case::new(45, 53, 32)
+            .batch(2)
+            .heads(3, 1)
+            .opts(causal().alibi(Alibi::new(&slopes)))
+            .bf16(),
+        Case::new(37, 41, 128)
+            .heads(4, 2)
+            .opts(window(6, 6).softcap(8.0).alibi(Alibi::standard(4)))
+            .f16(),
+        Case::new(53, 61, 64)
+            .heads(4, 1)
+            .opts(AttentionOptions::default().sinks(sinks(4))),
+        Case::new(40, 10, 32).opts(causal().sinks(sinks(2))),
+        Case::new(47, 59, 32)
+            .heads(4, 2)
+            .opts(window(7, 3).sinks(sinks(4)))
+            .f16(),
+        Case::new(61, 53, 200)
+            .opts(AttentionOptions::default().softcap(4.0).sinks(sinks(2)))
+            .bf16(),
+    ];
+    let sparse = Case::new(67, 83, 32).heads(4, 2);
+    for (i, (block, density)) in [((7, 13), 0.3), ((13, 7), 0.6), ((3, 5), 0.1)]
+        .into_iter()
+        .enumerate()
+    {
+        let mask = block_mask(&sparse, block, density, 4, i as u64);
+        let opts = AttentionOptions::default().block_mask(mask);
+        cases.push(sparse.clone().opts(opts.clone()));
+        cases.push(sparse.clone().opts(opts).f16());
+    }
+    let square = Case::new(70, 70, 96).bf16();
+    let mask = block_mask(&square, (7, 13), 0.5, 1, 9);
+    cases.push(square.clone().opts(causal().block_mask(mask.clone())));
+    cases.push(square.opts(window(20, 5).softcap(5.0).block_mask(mask)));
+    // Blocks of whole tiles (64 × 64): every visited tile is full.
+    let aligned = Case::new(200, 233, 64).heads(4, 2).f16();
+    let mask = block_mask(&aligned, (64, 64), 0.4, 4, 11);
+    cases.push(aligned.clone().opts(causal().block_mask(mask)));
+    // Packed batches: no queries, no keys, more queries than keys.
+    let (lq, lk) = ([9, 0, 37, 50, 20], [14, 23, 0, 31, 20]);
+    let packed = |d| Case::new(1, 1, d).heads(4, 2).varlen(&lq, &lk);
+    cases.push(packed(32).opts(causal()));
+    cases.push(packed(64).opts(window(8, 2)).f16());
+    cases.push(
+        packed(128)
+            .opts(AttentionOptions::default().softcap(5.0))
+            .bf16(),
+    );
+    // Everything at once (tests/common's case, with v's head dim q's).
+    let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
+    let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
+    let base = Case::new(1, 1, 40).heads(4, 2).varlen(&lq, &lk);
+    let mask = block_mask(&base, (7, 13), 0.5, 4, 4);
+    let all = AttentionOptions::default()
+        .causal(true)
+        .window(Some(20), None)
+        .softcap(7.0)
+        .alibi(Alibi::new(&slopes))
+        .sinks(Sinks::new(&[0.1, -0.3, 1.0, 2.0]))
+        .block_mask(mask);
+    cases.push(base.clone().opts(all.clone()));
+    cases.push(base.opts(all).f16());
+    cases
+}
+
 #[test]
-fn layouts_it_does_not_implement_are_unsupported() {
+fn layouts_meet_the_accuracy_rule_on_the_device() {
+    let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        for case in layout_cases() {
+            let inputs = case.inputs();
+            let [q, k, v] = inputs.views();
+            let out = cuda
+                .forward(&q, &k, &v, &case.opts)
+                .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
+            common::assert_accurate(&case, &inputs, &out);
+        }
+        // Rows with no allowed key under a sink: o = 0 and lse = the sink, exactly.
+        let case = layout_cases().swap_remove(5);
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let out = cuda.forward(&q, &k, &v, &case.opts).unwrap();
+        let (o, sinks) = (out.o.to_f32(), case.opts.sinks.as_ref().unwrap());
+        for h in 0..2 {
+            for i in 0..30 {
+                assert_eq!(out.lse[h * 40 + i], sinks.logits()[h], "{path:?} row {i}");
+                assert!(o[(i * 2 + h) * 32..][..32].iter().all(|&x| x == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn layouts_backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
+    let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        eprintln!("layouts backward on the {path:?} path");
+        backward_cases(&cuda, layout_cases());
+    }
+}
+
+/// Decoding (tests/common/decode.rs's cases: dense and paged caches,
+/// appends, batch indices, seqlen_q 1–16, GQA/MQA, masks, softcap, every
+/// precision, lengths 0–8192, every num_splits) against the f64 reference,
+/// the cache updated exactly.
+#[test]
+fn decoding_matches_the_reference_on_the_device() {
+    let Some(cuda) = device() else { return };
+    let backend = flashattn::Backend::Cuda(Box::new(cuda));
+    for case in common::decode::cases() {
+        let data = case.data();
+        data.check(|cache, step| backend.decode(cache, step, &case.opts, case.num_splits));
+    }
+}
+
+/// What the CUDA backend still does not take: a v head dim of its own,
+/// FP8, and layouts in decoding (which no backend takes): typed errors,
+/// never a panic, and the cache untouched.
+#[test]
+fn what_stays_unsupported_is_a_typed_error() {
     let Some(cuda) = device() else { return };
     let case = common::Case::new(8, 8, 16).dv(8);
     let inputs = case.inputs();
@@ -418,6 +576,26 @@ fn layouts_it_does_not_implement_are_unsupported() {
         cuda.forward(&q, &k, &v, &case.opts),
         Err(Error::Unsupported { .. })
     ));
+    let backend = flashattn::Backend::Cuda(Box::new(cuda));
+    let case = common::Case::new(8, 8, 16);
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fp8 = backend.forward_fp8(
+        [&q, &k, &v],
+        &case.opts,
+        &flashattn::Fp8Options::default(),
+        &Default::default(),
+    );
+    assert!(matches!(fp8, Err(Error::Unsupported { .. })), "{fp8:?}");
+    let data = common::decode::DecodeCase::new(&[5, 9], 16)
+        .append(2)
+        .data();
+    let mut cache = data.cache.clone();
+    let sinks =
+        flashattn::AttentionOptions::default().sinks(flashattn::api::scores::Sinks::new(&[0.5]));
+    let out = backend.decode(&mut cache, &data.step(), &sinks, None);
+    assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
+    assert!(cache == data.cache, "a refused step left the cache changed");
 }
 
 /// Builds `key`'s source with cuda/emulate/host.h and check.cpp under
@@ -464,7 +642,11 @@ fn cxx_or_skip() -> Option<std::ffi::OsString> {
 /// compiler (e.g. `g++`), variants of every family and precision are built
 /// with cuda/emulate/host.h (one std::thread per CUDA thread) and run
 /// against attention in double by cuda/emulate/check.cpp — GQA, a head dim
-/// below the compiled one, lengths off the tiles, empty rows. Not the
+/// below the compiled one, lengths off the tiles, empty rows, and on the
+/// same builds the run-time layouts (ALiBi per batch entry, sinks, block
+/// masks of 7 × 13 blocks per head and of whole tiles per batch entry with
+/// the tile lists the kernels walk, a packed batch with empty sequences,
+/// and all of them at once), no extra variant compiled. Not the
 /// device's numerics (no FMA contraction rules, libm's expf), but every
 /// index, mask, tile loop, reduction and barrier of the kernels.
 #[test]

@@ -378,6 +378,23 @@ fn cuda_without_a_driver_names_it() {
     f.qkv(1, 4, 4, 1, 1, 8);
     let out = f.forward(&["--backend", "cuda"]);
     assert_bad(&f, &out, "libcuda (the NVIDIA driver) not found");
+    // The layout flags parse and reach the CUDA backend (which takes them
+    // all), forward and backward: the same one line.
+    let f = Files::new();
+    layout_files(&f);
+    let outs = [("--out", "o.npy"), ("--lse", "lse.npy")];
+    let out = layout_run(&f, "forward", &outs, &["--backend", "cuda"]);
+    assert_bad(&f, &out, "libcuda (the NVIDIA driver) not found");
+    std::fs::copy(f.path("q.npy"), f.path("do.npy")).unwrap();
+    let grads = [
+        ("--do", "do.npy"),
+        ("--dq", "dq.npy"),
+        ("--dk", "dk.npy"),
+        ("--dv", "dv.npy"),
+        ("--dsinks", "ds.npy"),
+    ];
+    let out = layout_run(&f, "backward", &grads, &["--backend", "cuda"]);
+    assert_bad(&f, &out, "libcuda (the NVIDIA driver) not found");
 }
 
 /// `plan --backend cuda` from made-up properties needs no GPU: tiles,

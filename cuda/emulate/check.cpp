@@ -1,8 +1,10 @@
 // Appended after host.h and a kernel variant's source (tests/cuda.rs):
 // runs the variant's kernels under host emulation on small problems (GQA,
 // a head dim below the compiled one, lengths off the tiles, rows with no
-// allowed key) and compares them with attention computed here in double,
-// with its own mask rule. Exit status 1 on a mismatch.
+// allowed key) and then the run-time layouts (ALiBi, sinks, a block mask
+// with the tile lists the kernels walk, a packed batch, all at once),
+// and compares them with attention computed here in double, with its own
+// mask, bias, sink and tile rules. Exit status 1 on a mismatch.
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static float uniform() {  // in [-1, 1)
@@ -64,28 +66,87 @@ static TensorMap tensor_map(const storage_t* base, int batch, int seqlen, int he
 }
 #endif
 
-static int run(int sq, int sk, int left, int right, int d) {
-    const int B = 2, HQ = 4, HKV = 2, group = HQ / HKV;
-    Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f,
-              HAS_BAND ? left : -1, HAS_BAND ? right : -1};
-    const int off = sk - sq;
-    Data q = random_data((size_t)B * sq * HQ * d, 2.0f), k = random_data((size_t)B * sk * HKV * d, 2.0f),
-         v = random_data((size_t)B * sk * HKV * d, 1.0f), d_o = random_data((size_t)B * sq * HQ * d, 1.0f);
+// One problem: dense batches of two (sq x sk each) unless lens_q/lens_k
+// give a packed batch; the window applies where the variant has a band.
+struct Case {
+    const char* name;
+    int sq, sk, left, right, d;
+    bool alibi = false, alibi_per_batch = false, sinks = false;
+    int bm = 0, bn = 0;            // a block mask of these blocks (0: none)
+    bool mask_per_head = false, mask_per_batch = false;
+    double density = 0.5;
+    std::vector<int> lens_q, lens_k;  // a packed batch's lengths
+    int batch = 2;                    // dense batch entries
+};
 
-    // The reference, in double.
-    std::vector<double> o_ref(q.value.size(), 0.0), lse_ref((size_t)B * HQ * sq);
+#ifdef BLOCK_N
+#define INNER BLOCK_N
+#else
+#define INNER BLOCK
+#endif
+
+static int run(const Case& cs) {
+    const int HQ = 4, HKV = 2, group = HQ / HKV, d = cs.d;
+    const bool packed = !cs.lens_q.empty();
+    const int B = packed ? (int)cs.lens_q.size() : cs.batch;
+    const int left = HAS_BAND ? cs.left : -1, right = HAS_BAND ? cs.right : -1;
+    // Each sequence's first rows and lengths in the flat (rows, heads, d) tensors.
+    std::vector<int> q0(B), k0(B), lq(B), lk(B);
+    int total_q = 0, total_k = 0, max_q = 0, max_k = 0;
+    for (int b = 0; b < B; ++b) {
+        lq[b] = packed ? cs.lens_q[b] : cs.sq;
+        lk[b] = packed ? cs.lens_k[b] : cs.sk;
+        q0[b] = total_q;
+        k0[b] = total_k;
+        total_q += lq[b];
+        total_k += lk[b];
+        max_q = std::max(max_q, lq[b]);
+        max_k = std::max(max_k, lk[b]);
+    }
+    Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d, 1.0f / std::sqrt((float)d),
+              HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
+    Data q = random_data((size_t)total_q * HQ * d, 2.0f), k = random_data((size_t)total_k * HKV * d, 2.0f),
+         v = random_data((size_t)total_k * HKV * d, 1.0f), d_o = random_data((size_t)total_q * HQ * d, 1.0f);
+
+    // The layouts' inputs.
+    std::vector<float> slopes(cs.alibi_per_batch ? B * HQ : HQ), sinks(HQ);
+    for (size_t e = 0; e < slopes.size(); ++e) slopes[e] = 0.05f + 0.11f * (float)(e % 7);
+    for (int h = 0; h < HQ; ++h) sinks[h] = -1.5f + 1.1f * (float)h;
+    const int mrows = cs.bm ? (max_q + cs.bm - 1) / cs.bm : 0, mcols = cs.bn ? (max_k + cs.bn - 1) / cs.bn : 0;
+    const int mb = cs.mask_per_batch ? B : 1, mh = cs.mask_per_head ? HQ : 1;
+    std::vector<unsigned char> mask((size_t)mb * mh * mrows * mcols);
+    for (auto& x : mask) x = (uniform() + 1.0) / 2.0 < cs.density;
+    std::vector<int> cu_q(B + 1, total_q), cu_k(B + 1, total_k);
+    for (int b = 0; b < B; ++b) cu_q[b] = q0[b], cu_k[b] = k0[b];
+
+    // What the reference allows, scores and sinks: SPEC.md in double.
+    auto allows = [&](int b, int h, int i, int j) {
+        const int off = lk[b] - lq[b];
+        if (i < 0 || i >= lq[b] || j < 0 || j >= lk[b]) return false;
+        if (right >= 0 && j > i + off + right) return false;
+        if (left >= 0 && j < i + off - left) return false;
+        if (!cs.bm) return true;
+        const size_t g = ((size_t)(mb > 1 ? b : 0) * mh + (mh > 1 ? h : 0)) * mrows * mcols;
+        return mask[g + (size_t)(i / cs.bm) * mcols + j / cs.bn] != 0;
+    };
+    auto slope_of = [&](int b, int h) { return cs.alibi ? (double)slopes[cs.alibi_per_batch ? b * HQ + h : h] : 0.0; };
+    auto lse_index = [&](int b, int h, int i) {
+        return packed ? (size_t)h * total_q + q0[b] + i : ((size_t)b * HQ + h) * cs.sq + i;
+    };
+    auto qi = [&](int b, int i, int h) { return (((size_t)q0[b] + i) * HQ + h) * d; };
+    auto kj = [&](int b, int j, int h) { return (((size_t)k0[b] + j) * HKV + h) * d; };
+
+    std::vector<double> o_ref(q.value.size(), 0.0), lse_ref((size_t)HQ * total_q);
     std::vector<double> dq_ref(q.value.size(), 0.0), dk_ref(k.value.size(), 0.0), dv_ref(v.value.size(), 0.0);
-    auto qi = [&](int b, int i, int h) { return (((size_t)b * sq + i) * HQ + h) * d; };
-    auto kj = [&](int b, int j, int h) { return (((size_t)b * sk + j) * HKV + h) * d; };
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < HQ; ++h)
-            for (int i = 0; i < sq; ++i) {
-                const int hk = h / group;
-                std::vector<double> s(sk), cap(sk, 1.0);
-                std::vector<bool> ok(sk);
-                double m = -INFINITY;
-                for (int j = 0; j < sk; ++j) {
-                    ok[j] = !HAS_BAND || ((right < 0 || j <= i + off + right) && (left < 0 || j >= i + off - left));
+            for (int i = 0; i < lq[b]; ++i) {
+                const int hk = h / group, off = lk[b] - lq[b];
+                std::vector<double> s(lk[b]), cap(lk[b], 1.0);
+                std::vector<bool> ok(lk[b]);
+                double m = cs.sinks ? (double)sinks[h] : -INFINITY;
+                for (int j = 0; j < lk[b]; ++j) {
+                    ok[j] = allows(b, h, i, j);
                     if (!ok[j]) continue;
                     double dot = 0;
                     for (int c = 0; c < d; ++c) dot += (double)q.value[qi(b, i, h) + c] * k.value[kj(b, j, hk) + c];
@@ -95,21 +156,22 @@ static int run(int sq, int sk, int left, int right, int d) {
                         s[j] = p.softcap * t;
                         cap[j] = 1 - t * t;
                     }
+                    s[j] -= slope_of(b, h) * std::abs(i + off - j);
                     m = std::max(m, s[j]);
                 }
-                double l = 0;
-                for (int j = 0; j < sk; ++j)
+                double l = cs.sinks ? std::exp(sinks[h] - m) : 0.0;
+                for (int j = 0; j < lk[b]; ++j)
                     if (ok[j]) l += std::exp(s[j] - m);
                 const double lse = l > 0 ? m + std::log(l) : -INFINITY;
-                lse_ref[((size_t)b * HQ + h) * sq + i] = lse;
+                lse_ref[lse_index(b, h, i)] = lse;
                 if (l == 0) continue;
-                for (int j = 0; j < sk; ++j)
+                for (int j = 0; j < lk[b]; ++j)
                     if (ok[j])
                         for (int c = 0; c < d; ++c)
                             o_ref[qi(b, i, h) + c] += std::exp(s[j] - lse) * v.value[kj(b, j, hk) + c];
                 double D = 0;
                 for (int c = 0; c < d; ++c) D += o_ref[qi(b, i, h) + c] * d_o.value[qi(b, i, h) + c];
-                for (int j = 0; j < sk; ++j) {
+                for (int j = 0; j < lk[b]; ++j) {
                     if (!ok[j]) continue;
                     const double P = std::exp(s[j] - lse);
                     double dP = 0;
@@ -122,26 +184,90 @@ static int run(int sq, int sk, int left, int right, int d) {
                     }
                 }
             }
+
+    // The tile lists of a launch whose blocks own `outer` rows (queries, or
+    // keys when by_keys) and stream `inner` of the other side: per
+    // (sequence, list head, outer tile) the inner tiles with an allowed
+    // pair, found pair by pair, flagged partial where a pair the band
+    // allows is masked. dK/dV's lists are per kv head, (query head of the
+    // group, query tile) in order.
+    struct Lists {
+        std::vector<int> starts, entries;
+        int heads, outer_tiles;
+    };
+    auto lists = [&](int outer, int inner, bool by_keys) {
+        Lists t;
+        t.heads = by_keys ? HKV : mh;
+        t.outer_tiles = ((by_keys ? max_k : max_q) + outer - 1) / outer;
+        for (int b = 0; b < B; ++b)
+            for (int lh = 0; lh < t.heads; ++lh)
+                for (int o = 0; o < t.outer_tiles; ++o) {
+                    t.starts.push_back((int)t.entries.size());
+                    for (int g = 0; g < (by_keys ? group : 1); ++g) {
+                        const int h = by_keys ? lh * group + g : lh;
+                        const int n_inner = ((by_keys ? lq[b] : lk[b]) + inner - 1) / inner;
+                        for (int n = 0; n < n_inner; ++n) {
+                            bool any = false, all = true;
+                            for (int x = o * outer; x < (o + 1) * outer; ++x)
+                                for (int y = n * inner; y < (n + 1) * inner; ++y) {
+                                    const int i = by_keys ? y : x, j = by_keys ? x : y;
+                                    if (i >= lq[b] || j >= lk[b]) continue;
+                                    const int off = lk[b] - lq[b];
+                                    const bool band =
+                                        (right < 0 || j <= i + off + right) && (left < 0 || j >= i + off - left);
+                                    if (!band) continue;
+                                    if (allows(b, h, i, j)) any = true; else all = false;
+                                }
+                            if (any) t.entries.push_back(n | g << TILE_HEAD_SHIFT | (all ? 0 : TILE_PARTIAL));
+                        }
+                    }
+                }
+        t.starts.push_back((int)t.entries.size());
+        t.entries.push_back(0);  // never read: an empty list still has a pointer (null is "no mask")
+        return t;
+    };
+    auto layout = [&](const Lists& t) {
+        Layout L{};
+        if (cs.alibi) L.alibi = slopes.data(), L.alibi_batch_stride = cs.alibi_per_batch ? HQ : 0;
+        if (cs.sinks) L.sinks = sinks.data();
+        if (packed) L.cu_q = cu_q.data(), L.cu_k = cu_k.data();
+        if (cs.bm) {
+            L.mask = mask.data();
+            L.bm = cs.bm, L.bn = cs.bn, L.mask_rows = mrows, L.mask_cols = mcols;
+            L.mask_head_stride = mh > 1 ? mrows * mcols : 0;
+            L.mask_batch_stride = mb > 1 ? mh * mrows * mcols : 0;
+            L.tile_starts = t.starts.data();
+            L.tile_entries = t.entries.data();
+            L.list_head_stride = t.heads > 1 ? t.outer_tiles : 0;
+            L.list_batch_stride = t.heads * t.outer_tiles;
+        }
+        return L;
+    };
+
     // About two units of the storage precision's rounding at max|ref|.
     const double tol = STORAGE == 0 ? 2e-5 : STORAGE == 1 ? 2e-3 : 1.6e-2;
     auto report = [&](const char* what, double err) {
-        std::printf("sq %d sk %d window (%d, %d) d %d %s: max error %.3g of max|ref| (tolerance %.3g)\n", sq, sk, p.left, p.right, d, what, err, tol);
+        std::printf("%-8s sq %d sk %d window (%d, %d) d %d %s: max error %.3g of max|ref| (tolerance %.3g)\n", cs.name,
+                    max_q, max_k, left, right, d, what, err, tol);
         return err <= tol ? 0 : 1;
     };
     int failed = 0;
-    auto blocks = [](int n) { return (unsigned)((n + BLOCK_ROWS - 1) / BLOCK_ROWS); };
+    auto blocks = [](int n) { return (unsigned)std::max(1, (n + BLOCK_ROWS - 1) / BLOCK_ROWS); };
 #if IS_FORWARD
+    const Lists fl = lists(BLOCK_ROWS, INNER, false);
+    const Layout L = layout(fl);
     std::vector<storage_t> o(q.stored.size(), store_f32(0.0f));
     std::vector<float> lse(lse_ref.size(), 0.0f);
 #if IS_WGMMA
-    const TensorMap tq = tensor_map(q.stored.data(), B, sq, HQ, d, BLOCK_M),
-                    tk = tensor_map(k.stored.data(), B, sk, HKV, d, BLOCK_N),
-                    tv = tensor_map(v.stored.data(), B, sk, HKV, d, BLOCK_N);
-    launch(Dim{blocks(sq), HQ, B}, BLOCK_THREADS, [&] { flash_fwd(tq, tk, tv, o.data(), lse.data(), p); },
+    const TensorMap tq = tensor_map(q.stored.data(), B, cs.sq, HQ, d, BLOCK_M),
+                    tk = tensor_map(k.stored.data(), B, cs.sk, HKV, d, BLOCK_N),
+                    tv = tensor_map(v.stored.data(), B, cs.sk, HKV, d, BLOCK_N);
+    (void)L;
+    launch(Dim{blocks(max_q), HQ, (unsigned)B}, BLOCK_THREADS, [&] { flash_fwd(tq, tk, tv, o.data(), lse.data(), p); },
            SMEM_BYTES);
 #else
-    launch(Dim{blocks(sq), HQ, B}, BLOCK_THREADS,
-           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p); },
+    launch(Dim{blocks(max_q), HQ, (unsigned)B}, BLOCK_THREADS,
+           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L); },
            SMEM_BYTES);
 #endif
     failed += report("o", rel_error(widen(o), o_ref));
@@ -160,19 +286,22 @@ static int run(int sq, int sk, int left, int right, int d) {
     for (double x : o_ref) o_st.push_back(store_f32((float)x));
     std::vector<float> lse(lse_ref.begin(), lse_ref.end()), delta(lse.size());
     std::vector<storage_t> dq(q.stored.size()), dk(k.stored.size()), dv(v.stored.size());
-    launch(Dim{1, 1, 1}, 256, [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, B); });
+    const Lists kl = lists(BLOCK_ROWS, INNER, true), ql = lists(BLOCK_ROWS, INNER, false);
+    const Layout Lk = layout(kl), Lq = layout(ql);
+    launch(Dim{1, 1, 1}, 256,
+           [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, packed ? 1 : B, Lq); });
     launch(
-        Dim{blocks(sk), HKV, B}, BLOCK_THREADS,
+        Dim{blocks(max_k), HKV, (unsigned)B}, BLOCK_THREADS,
         [&] {
             flash_bwd_dkdv(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                           delta.data(), dk.data(), dv.data(), p);
+                           delta.data(), dk.data(), dv.data(), p, Lk);
         },
         SMEM_BYTES);
     launch(
-        Dim{blocks(sq), HQ, B}, BLOCK_THREADS,
+        Dim{blocks(max_q), HQ, (unsigned)B}, BLOCK_THREADS,
         [&] {
             flash_bwd_dq(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                         delta.data(), dq.data(), p);
+                         delta.data(), dq.data(), p, Lq);
         },
         SMEM_BYTES);
     failed += report("dq", rel_error(widen(dq), dq_ref));
@@ -181,6 +310,8 @@ static int run(int sq, int sk, int left, int right, int d) {
 #endif
     return failed;
 }
+
+static int run(int sq, int sk, int left, int right, int d) { return run(Case{"dense", sq, sk, left, right, d}); }
 
 #if SMEM_BYTES > 0
 // cuda/mma.cuh's fragment wrappers against a plain product, on one warp:
@@ -331,6 +462,25 @@ int main() {
     int failed = fragment_self_test() + run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
     if (HAS_BAND) failed += run(61, 130, -1, 3, odd);
     failed += run(113, 113, -1, 0, even) + run(33, 97, 9, 0, HEAD_DIM);
+
+    // The run-time layouts, on this same variant (under its band and softcap).
+    Case alibi{"alibi", 45, 70, 9, 0, odd};
+    alibi.alibi = alibi.alibi_per_batch = true;
+    // One batch entry where a second adds nothing (each block is an OS
+    // thread per CUDA thread here: the layouts' runs stay small).
+    Case sinks{"sinks", 70, 45, 9, 0, even};  // with a band, rows with no key: lse = the sink
+    sinks.sinks = true, sinks.batch = 1;
+    Case blocks{"blocks", 61, 83, -1, 3, odd};  // 7 x 13 blocks, a grid per head
+    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    Case aligned{"aligned", 70, 96, -1, 0, even};  // blocks of whole tiles, a grid per batch entry
+    aligned.bm = BLOCK_ROWS, aligned.bn = INNER, aligned.mask_per_batch = true;
+    Case packed{"varlen", 0, 0, 8, 2, even};  // no queries, no keys, more queries than keys
+    packed.lens_q = {9, 0, 37, 20}, packed.lens_k = {14, 23, 0, 33};
+    Case mix{"mix", 0, 0, 20, 0, odd};
+    mix.lens_q = {21, 0, 45, 30}, mix.lens_k = {30, 12, 17, 30};
+    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
+    mix.bm = 7, mix.bn = 13;
+    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
 #endif
     return failed ? 1 : 0;
 }

@@ -95,7 +95,7 @@ fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>) -> Result<Splits> {
 }
 
 /// Copy the rows of `new` (`(batch, seqlen_new, heads_kv, d)`) to their cache rows.
-fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result<()> {
+pub(crate) fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result<()> {
     fn copy<T: Copy>(c: &mut [T], n: &[T], p: &DecodeProblem) {
         let len = p.cache.row_len();
         for (src, (_, _, dst)) in p.appended_rows().enumerate() {

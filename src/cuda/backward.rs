@@ -2,6 +2,7 @@
 //! block and dQ per query block (cuda/flash_bwd.cu), in order on one stream.
 
 use super::context::{driver, CudaDevice};
+use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::inputs::BackwardInputs;
@@ -68,12 +69,21 @@ pub(crate) fn backward(
     let call = Call::new(shape, inputs.q.precision(), opts)?;
     let stream = &dev.stream;
     let mut b = Buffers::upload(stream, inputs, shape.lse_len())?;
+    let side = Side::upload(stream, &shape, opts)?;
     let start = Instant::now();
-    launch(dev, &call, path, &mut b)?;
+    launch(dev, &call, &side, path, &mut b)?;
     stream
         .synchronize()
         .map_err(driver("running the backward"))?;
     let seconds = start.elapsed().as_secs_f64();
+    // dsinks from D and the lse, summed on the host in f64 in row order.
+    let dsinks = match opts.sinks {
+        Some(_) => {
+            let delta = stream.clone_dtoh(&b.delta).map_err(driver("reading D"))?;
+            side.dsinks(inputs.lse, &delta)
+        }
+        None => None,
+    };
 
     let read = |buf, n: usize, during| -> Result<TensorData> {
         let bytes = stream.clone_dtoh(buf).map_err(driver(during))?;
@@ -92,12 +102,21 @@ pub(crate) fn backward(
         timing: Timing::WallClock,
         ..CallStats::default()
     };
-    Ok(BackwardOutput::new(&shape, grads, stats))
+    Ok(BackwardOutput::new(&shape, grads, stats)
+        .with_dsinks(dsinks)
+        .packed(opts.varlen.is_some()))
 }
 
 /// D, then dK/dV, then dQ, in that order on the device's one stream (so
-/// the gradient kernels see the finished D).
-fn launch(dev: &CudaDevice, call: &Call, path: KernelPath, b: &mut Buffers) -> Result<()> {
+/// the gradient kernels see the finished D). Waits for them before it
+/// returns, as the tile lists it uploads are dropped then.
+fn launch(
+    dev: &CudaDevice,
+    call: &Call,
+    side: &Side,
+    path: KernelPath,
+    b: &mut Buffers,
+) -> Result<()> {
     let shape = &call.shape;
     let key = call.plan(&dev.props, path)?.backward;
     let dot = dev.function(key, "flash_bwd_dot")?;
@@ -116,18 +135,33 @@ fn launch(dev: &CudaDevice, call: &Call, path: KernelPath, b: &mut Buffers) -> R
         what: "batch",
         value: shape.batch as u64,
     })?;
-    let dkdv_cfg = call.launch(&key, shape.seqlen_k, shape.heads_kv)?;
-    let dq_cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let dkdv_cfg = call.launch(&key, true, shape.heads_kv)?;
+    let dq_cfg = call.launch(&key, false, shape.heads_q)?;
     let stream = &dev.stream;
+    let t = key.tiles();
+    let tiles = |by_keys| LaunchTiles {
+        outer: t.rows,
+        inner: t.keys,
+        by_keys,
+    };
+    let (key_lists, row_lists) = (
+        side.lists(stream, tiles(true))?,
+        side.lists(stream, tiles(false))?,
+    );
+    let key_layout = side.layout(stream, key_lists.as_ref());
+    let row_layout = side.layout(stream, row_lists.as_ref());
     // SAFETY (all three): the arguments are the kernels', in order and of
-    // their types (storage pointers as bytes, Problem by value), and every
-    // buffer holds what the grids index, as sized from the validated shape.
+    // their types (storage pointers as bytes, Problem and Layout by value),
+    // every buffer holds what the grids index, as sized from the validated
+    // shape and options, and the lists live until the stream is synchronized
+    // below (the other side buffers, until the caller synchronizes).
     let mut l = stream.launch_builder(&dot);
     l.arg(&b.o)
         .arg(&b.d_o)
         .arg(&mut b.delta)
         .arg(&call.problem)
-        .arg(&batch);
+        .arg(&batch)
+        .arg(&row_layout);
     unsafe { l.launch(dot_cfg) }.map_err(driver("launching flash_bwd_dot"))?;
     let mut l = stream.launch_builder(&dkdv);
     l.arg(&b.q)
@@ -136,7 +170,10 @@ fn launch(dev: &CudaDevice, call: &Call, path: KernelPath, b: &mut Buffers) -> R
         .arg(&b.d_o)
         .arg(&b.lse)
         .arg(&b.delta);
-    l.arg(&mut b.dk).arg(&mut b.dv).arg(&call.problem);
+    l.arg(&mut b.dk)
+        .arg(&mut b.dv)
+        .arg(&call.problem)
+        .arg(&key_layout);
     unsafe { l.launch(dkdv_cfg) }.map_err(driver("launching flash_bwd_dkdv"))?;
     let mut l = stream.launch_builder(&dq);
     l.arg(&b.q)
@@ -145,7 +182,11 @@ fn launch(dev: &CudaDevice, call: &Call, path: KernelPath, b: &mut Buffers) -> R
         .arg(&b.d_o)
         .arg(&b.lse)
         .arg(&b.delta);
-    l.arg(&mut b.dq).arg(&call.problem);
+    l.arg(&mut b.dq).arg(&call.problem).arg(&row_layout);
     unsafe { l.launch(dq_cfg) }.map_err(driver("launching flash_bwd_dq"))?;
+    stream
+        .synchronize()
+        .map_err(driver("running the backward"))?;
+    drop((key_lists, row_lists));
     Ok(())
 }

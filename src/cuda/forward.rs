@@ -1,8 +1,10 @@
-//! The forward on the CUDA device: upload, one `flash_fwd` launch, readback.
-//! The Hopper kernel takes q, k and v as TMA tensor maps, the others as
-//! pointers.
+//! The forward on the CUDA device: upload (with the layouts' side
+//! buffers), one `flash_fwd` launch, readback. The Hopper kernel takes q, k
+//! and v as TMA tensor maps (and no layouts: the plan keeps those on the
+//! sm80 kernels), the others pointers and the `Layout`.
 
 use super::context::{driver, CudaDevice};
+use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use super::tensor_map::{encode, params};
@@ -39,7 +41,7 @@ pub(crate) fn forward(
     let mut d_lse = stream
         .alloc_zeros::<f32>(shape.lse_len())
         .map_err(driver("allocating lse"))?;
-    let cfg = call.launch(&key, shape.seqlen_q, shape.heads_q)?;
+    let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
         let t = key.tiles();
         let (b, d) = (shape.batch, shape.head_dim);
@@ -63,6 +65,17 @@ pub(crate) fn forward(
     } else {
         Vec::new()
     };
+    let side = Side::upload(stream, &shape, opts)?;
+    let t = key.tiles();
+    let lists = side.lists(
+        stream,
+        LaunchTiles {
+            outer: t.rows,
+            inner: t.keys,
+            by_keys: false,
+        },
+    )?;
+    let layout = side.layout(stream, lists.as_ref());
     let start = Instant::now();
     let mut launch = stream.launch_builder(&func);
     match &maps[..] {
@@ -70,11 +83,15 @@ pub(crate) fn forward(
         _ => launch.arg(&q_dev).arg(&k_dev).arg(&v_dev),
     };
     launch.arg(&mut d_out).arg(&mut d_lse).arg(&call.problem);
+    if maps.is_empty() {
+        launch.arg(&layout);
+    }
     // SAFETY: the arguments are flash_fwd's, in order and of its types
     // (storage pointers as bytes or, for the Hopper kernel, 128-byte tensor
-    // maps of those buffers by value; Problem by value); every buffer holds
-    // what the grid indexes, as sized from the validated shape, and the
-    // buffers outlive the synchronize below.
+    // maps of those buffers by value; Problem and, but for the Hopper
+    // kernel, Layout by value); every buffer holds what the grid indexes,
+    // as sized from the validated shape and options, and the buffers and
+    // the side buffers Layout points at outlive the synchronize below.
     unsafe { launch.launch(cfg) }.map_err(driver("launching flash_fwd"))?;
     stream.synchronize().map_err(driver("running flash_fwd"))?;
     let seconds = start.elapsed().as_secs_f64();
@@ -102,5 +119,6 @@ pub(crate) fn forward(
         ..CallStats::default()
     };
     let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
-    Ok(ForwardOutput::new(shape, o, lse, stats))
+    drop((side, lists));
+    Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
 }

@@ -30,9 +30,34 @@
 //!   these kernels, they are not converted to f16), head dims past 128,
 //!   and devices where the mma kernels' shared memory does not fit.
 //!
-//! Both take the band and score options (causal, local windows, softcap,
-//! scale, GQA/MQA, empty rows) and head dims 1..=256, and both backwards
-//! are deterministic (no atomics); other layouts are `Unsupported`.
+//! The sm80 and scalar kernels take every mask, score and layout option of SPEC.md but a v head
+//! dim of its own: causal, local windows, softcap, scale, GQA/MQA, empty
+//! rows, ALiBi (per head or per batch entry), attention sinks (their
+//! gradient `dsinks` too), block-sparse masks of any block size and packed
+//! (varlen) batches, alone or together, head dims 1..=256; both backwards
+//! are deterministic (no atomics). The band and softcap are compile-time
+//! variants (`KernelKey`); the layouts are not: `layout::Layout`, the last
+//! argument of every kernel, points at their side buffers (null when off)
+//! and the kernels branch on it uniformly, so no variant is added for them:
+//!
+//! - ALiBi: `s -= slope · |i + off − j|` after the softcap, one f32 product;
+//! - sinks: the forward folds `exp(sink − m)` into each row's sum at the
+//!   end (a row with no key: `o = 0`, `lse = sink`); the backward needs
+//!   nothing but that `lse`, and `dsinks` is summed on the host in f64, in
+//!   row order, from the kernels' `D` read back (deterministic);
+//! - block masks: the host lists, for each launch's tiles, the inner tiles
+//!   each block visits (`layout::tile_lists`, from `api::block_mask::
+//!   tile_fate` under the band), so masked tiles are never loaded; only a
+//!   partial tile tests the mask per pair;
+//! - packed batches: the grid's z is the sequence, each block reads its
+//!   rows from `cu_seqlens` and takes the sequence's lengths (so its band,
+//!   ALiBi offset and mask grid are its own); blocks past a short sequence
+//!   exit at once.
+//!
+//! The Hopper forward takes the band and score options (causal, windows,
+//! softcap, scale, GQA/MQA, empty rows); calls with layouts run the sm80
+//! kernels (the plan says so). `Unsupported`: a v head dim other than q's
+//! (the kernels hold one head dim), FP8, and layouts inside decoding.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
 //! - [`plan`]: which variants a call runs on a device, and why;
@@ -41,6 +66,7 @@
 //! - [`context`]: the driver, device 0 and the module cache;
 //! - disk_cache: PTX kept between processes, named by a hash of source,
 //!   options and architecture (`FLASHATTN_CUDA_CACHE` to place it);
+//! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks.
 //!
 //! Tests without a GPU (tests/cuda.rs): the typed error without a driver,
@@ -59,9 +85,11 @@
 mod backward;
 pub mod compile;
 pub mod context;
+mod decode;
 mod disk_cache;
 mod forward;
 pub mod kernel;
+mod layout;
 pub mod plan;
 mod problem;
 pub mod tensor_map;
@@ -70,6 +98,7 @@ pub use compile::Arch;
 pub use context::{driver_present, CudaDevice};
 pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
+use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -91,7 +120,12 @@ pub fn takes(workload: &Workload) -> Result<()> {
             problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
         }
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
-        Operation::Decode => unsupported("decoding (flash_attn_with_kvcache)"),
+        // Decoding runs the forward over each sequence's cached keys, with
+        // the band and score options only (as on every backend).
+        Operation::Decode => {
+            workload.opts.band_only(problem::WHAT)?;
+            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
+        }
     }
 }
 
@@ -174,6 +208,18 @@ impl Cuda {
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         backward::backward(&self.device, path, inputs, opts)
+    }
+
+    /// One decoding step on a host cache (`k_new`/`v_new` appended in place
+    /// first): the forward over each sequence's cached keys, bottom-right
+    /// aligned per sequence. Band and score options only, as elsewhere.
+    pub fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+    ) -> Result<DecodeOutput> {
+        decode::decode(&self.device, self.path, cache, step, opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.

@@ -109,6 +109,9 @@ pub struct PlanProblem {
     pub head_dim: usize,
     pub band: bool,
     pub softcap: bool,
+    /// ALiBi, sinks, a block mask or a packed batch (run-time layouts the
+    /// sm80 and scalar kernels take and the Hopper forward does not).
+    pub layouts: bool,
 }
 
 /// The kernels of one call: a forward and a backward module.
@@ -133,6 +136,8 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
     );
     if p.precision == Precision::F32 {
         Some("f32 storage (the Hopper forward takes f16 and bf16)")
+    } else if p.layouts {
+        Some("ALiBi, sinks, a block mask or a packed batch (the Hopper forward takes the band and score options; the sm80 kernels take these)")
     } else if dev.major != 9 {
         Some("compute capability other than 9.x (wgmma and setmaxnreg are sm_90a's)")
     } else if dev.arch != Arch::for_device(9, 0) {
@@ -302,6 +307,7 @@ mod tests {
             head_dim,
             band: true,
             softcap: false,
+            layouts: false,
         }
     }
 
@@ -342,6 +348,14 @@ mod tests {
         let odd = plan(&h100, &problem(Precision::Bf16, 36), KernelPath::Auto).unwrap();
         assert_eq!(odd.forward.family, Family::ForwardMma);
         assert!(odd.not_hopper.unwrap().contains("multiple of 8"));
+        // Layouts (ALiBi, sinks, block masks, packed batches): the sm80 forward.
+        let layouts = PlanProblem {
+            layouts: true,
+            ..problem(Precision::F16, 64)
+        };
+        let sm80 = plan(&h100, &layouts, KernelPath::Auto).unwrap();
+        assert_eq!(sm80.forward.family, Family::ForwardMma);
+        assert!(sm80.not_hopper.unwrap().contains("ALiBi, sinks"));
         // Forcing Hopper where it cannot run is an error naming why.
         let a100 = DeviceProps::a100();
         for (dev, p) in [
@@ -349,6 +363,7 @@ mod tests {
             (&h100, problem(Precision::F32, 64)),
             (&h100, problem(Precision::F16, 160)),
             (&h100, problem(Precision::F16, 36)),
+            (&h100, layouts),
         ] {
             let err = plan(dev, &p, KernelPath::Hopper).unwrap_err();
             assert!(err.to_string().contains("Hopper path"), "{err}");

@@ -1,5 +1,6 @@
 //! What every CUDA kernel is told about a call: `Problem` (the C struct of
-//! cuda/common.cuh), and the checks of what the kernels support.
+//! cuda/common.cuh; the run-time layouts are `Layout`, in layout.rs), and
+//! the checks of what the kernels support.
 
 use super::kernel::{KernelKey, MAX_HEAD_DIM};
 use super::plan::{plan, CudaPlan, DeviceProps, KernelPath, PlanProblem};
@@ -45,18 +46,26 @@ pub(crate) struct Call {
     pub precision: Precision,
     pub band: bool,
     pub softcap: bool,
+    /// Any run-time layout (ALiBi, sinks, a block mask, a packed batch).
+    pub layouts: bool,
+    /// Sequences (the grid's z: batch entries, or a packed batch's
+    /// sequences) and the longest one's query rows and keys.
+    pub seqs: usize,
+    pub max_q: usize,
+    pub max_k: usize,
 }
 
 impl Call {
-    /// Validate a call for the CUDA kernels: the layouts they do not
-    /// implement yet are `Unsupported`, naming the first one given.
+    /// Validate a call for the CUDA kernels (every mask, score and layout
+    /// option but a v head dim of its own, which is `Unsupported`). For a
+    /// packed batch `shape` is its batch of one; `Problem`'s lengths are
+    /// then the totals, which each block replaces by its sequence's.
     pub fn new(
         shape: AttentionShape,
         precision: Precision,
         opts: &AttentionOptions,
     ) -> Result<Self> {
         opts.validate_for(&shape)?;
-        opts.band_only(WHAT)?;
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,
@@ -90,6 +99,10 @@ impl Call {
         let bound =
             |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
         let softcap = opts.softcap_value();
+        let (seqs, (max_q, max_k)) = match &opts.varlen {
+            Some(v) => (v.batch(), v.max_seqlens()),
+            None => (shape.batch, (shape.seqlen_q, shape.seqlen_k)),
+        };
         let problem = Problem {
             seqlen_q: to_i32("seqlen_q", shape.seqlen_q)?,
             seqlen_k: to_i32("seqlen_k", shape.seqlen_k)?,
@@ -107,6 +120,10 @@ impl Call {
             precision,
             band: mask.is_active(),
             softcap: softcap > 0.0,
+            layouts: opts.band_only(WHAT).is_err(),
+            seqs,
+            max_q,
+            max_k,
         })
     }
 
@@ -117,12 +134,16 @@ impl Call {
             head_dim: self.shape.head_dim,
             band: self.band,
             softcap: self.softcap,
+            layouts: self.layouts,
         };
         plan(dev, &problem, path)
     }
 
-    /// One block per `block_rows` of `rows`, per head, per batch entry.
-    pub fn launch(&self, key: &KernelKey, rows: usize, heads: usize) -> Result<LaunchConfig> {
+    /// One block per `key`'s tile of the longest sequence's query rows (or
+    /// keys, `by_keys`), per head, per sequence (blocks past a shorter
+    /// sequence's rows exit at once).
+    pub fn launch(&self, key: &KernelKey, by_keys: bool, heads: usize) -> Result<LaunchConfig> {
+        let rows = if by_keys { self.max_k } else { self.max_q };
         let t = key.tiles();
         let grid = |what, n: usize, max: u32| {
             u32::try_from(n)
@@ -136,9 +157,9 @@ impl Call {
         };
         Ok(LaunchConfig {
             grid_dim: (
-                grid("row blocks", rows.div_ceil(t.rows), i32::MAX as u32)?,
+                grid("row blocks", rows.div_ceil(t.rows).max(1), i32::MAX as u32)?,
                 grid("heads", heads, 65535)?,
-                grid("batch entries", self.shape.batch, 65535)?,
+                grid("sequences", self.seqs.max(1), 65535)?,
             ),
             block_dim: (t.threads() as u32, 1, 1),
             shared_mem_bytes: key.dynamic_shared_bytes() as u32,

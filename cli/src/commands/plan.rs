@@ -291,6 +291,7 @@ fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
             head_dim: d,
             band: true,
             softcap: false,
+            layouts: false,
         };
         println!("\nhead_dim {d}, {precision}, causal:");
         indent(&plan(&props, &problem, path)?.explain(&props).join("\n"));
