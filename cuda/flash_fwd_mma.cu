@@ -84,14 +84,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                 mx[e / 2] = fmaxf(mx[e / 2], s[c][e]);
             }
         float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = quad_max(mx[r]);
-            // Rows that have seen no allowed key keep m = -inf and add nothing.
-            alpha[r] = mx[r] == NEG_INF ? 1.0f : expf(m[r] - mx[r]);
-            l[r] *= alpha[r];
-            m[r] = mx[r];
-        }
+        online_max(mx, m, l, alpha);
 #pragma unroll
         for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll

@@ -148,14 +148,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     s[4 * c + e] = allowed(p, r0 + 8 * (e / 2), j) ? score(p, s[4 * c + e], &dcap) : NEG_INF;
                     mx[e / 2] = fmaxf(mx[e / 2], s[4 * c + e]);
                 }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = quad_max(mx[r]);
-                // Rows that have seen no allowed key keep m = -inf and add nothing.
-                alpha[r] = mx[r] == NEG_INF ? 1.0f : expf(m[r] - mx[r]);
-                l[r] *= alpha[r];
-                m[r] = mx[r];
-            }
+            online_max(mx, m, l, alpha);
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 2; ++c) {
                 const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);

@@ -25,7 +25,7 @@
 //                      count, arrive counts itself and goes on (compile-time
 //                      ids: ptxas then reserves only the barriers used)
 //
-// After cuda/mma.cuh, whose storage_bits, smem_addr, pack2, quad_max,
+// After cuda/mma.cuh, whose storage_bits, smem_addr, pack2, quad_max, online_max,
 // quad_sum and DYNAMIC_SMEM it shares. Extra defines (src/cuda/kernel.rs):
 // BLOCK_M, BLOCK_N, SMEM_BYTES.
 

@@ -174,3 +174,17 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+
+// The online softmax's new maxima for a lane's two accumulator rows (the
+// tensor-core forwards): mx holds this lane's maxima of the tile and m's,
+// and becomes the quad's; alpha rescales what l (and O) held; m moves on.
+// Rows that have seen no allowed key keep m = -inf and add nothing.
+__device__ __forceinline__ void online_max(float (&mx)[2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = quad_max(mx[r]);
+        alpha[r] = mx[r] == NEG_INF ? 1.0f : expf(m[r] - mx[r]);
+        l[r] *= alpha[r];
+        m[r] = mx[r];
+    }
+}
