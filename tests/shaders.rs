@@ -82,29 +82,113 @@ fn variants(all: bool) -> Vec<Variant> {
         .collect()
 }
 
-/// The flash kernels' variants: [`variants`] with no layout or score term
-/// and with every one (ALiBi, sinks, packed batches, block masks); with
-/// `all`, also each term alone on every base variant.
-fn flash_variants(all: bool) -> Vec<Variant> {
-    let every = |v: Variant| Variant {
-        alibi: true,
-        sinks: true,
-        varlen: true,
-        sparse: true,
-        ..v
+/// Rows of `flags` bits such that any `STRENGTH` of the bits take each of
+/// their 2^STRENGTH settings in some row (a covering array): all off and
+/// all on, then greedily the row covering most of what is still uncovered
+/// (the first on a tie, so the set is the same on every run).
+fn covering_rows(flags: usize) -> Vec<u32> {
+    const STRENGTH: usize = 3;
+    let mut sets: Vec<Vec<usize>> = vec![vec![]];
+    for _ in 0..STRENGTH {
+        sets = sets
+            .into_iter()
+            .flat_map(|s| {
+                let from = s.last().map_or(0, |l| l + 1);
+                (from..flags).map(move |f| [s.clone(), vec![f]].concat())
+            })
+            .collect();
+    }
+    let settings = |row: u32| -> Vec<(usize, u32)> {
+        sets.iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let bits = s.iter().enumerate().map(|(b, &f)| (row >> f & 1) << b);
+                (i, bits.sum())
+            })
+            .collect()
     };
-    let mut out = Vec::new();
-    for v in variants(all) {
-        out.push(v);
-        out.push(every(v));
-        if all {
-            out.push(Variant { alibi: true, ..v });
-            out.push(Variant { sinks: true, ..v });
-            out.push(Variant { varlen: true, ..v });
-            out.push(Variant { sparse: true, ..v });
+    let mut uncovered: std::collections::HashSet<(usize, u32)> = (0..sets.len())
+        .flat_map(|i| (0..1u32 << STRENGTH).map(move |v| (i, v)))
+        .collect();
+    let mut rows = Vec::new();
+    let mut take = |row: u32, uncovered: &mut std::collections::HashSet<(usize, u32)>| {
+        for s in settings(row) {
+            uncovered.remove(&s);
+        }
+        rows.push(row);
+    };
+    take(0, &mut uncovered);
+    take((1 << flags) - 1, &mut uncovered);
+    while !uncovered.is_empty() {
+        let best = (0..1u32 << flags)
+            .max_by_key(|&r| {
+                let new = settings(r).iter().filter(|s| uncovered.contains(s)).count();
+                (new, std::cmp::Reverse(r))
+            })
+            .unwrap();
+        take(best, &mut uncovered);
+    }
+    rows
+}
+
+/// The flash kernels' variants. Without `all`: [`variants`] with no layout
+/// or score term and with every one (ALiBi, sinks, packed batches, block
+/// masks). With `all`: rows of a covering array over the eight optional
+/// pieces (mask, softcap, access counters, loop guard, ALiBi, sinks, packed
+/// batches, block masks), so that every three of them meet in each of
+/// their settings (all 256 combinations cost minutes of CI for little more).
+fn flash_variants(all: bool) -> Vec<Variant> {
+    if !all {
+        let every = |v: Variant| Variant {
+            alibi: true,
+            sinks: true,
+            varlen: true,
+            sparse: true,
+            ..v
+        };
+        return variants(false)
+            .into_iter()
+            .flat_map(|v| [v, every(v)])
+            .collect();
+    }
+    covering_rows(8)
+        .into_iter()
+        .map(|f| Variant {
+            masked: f & 1 != 0,
+            softcap: f & 2 != 0,
+            count_io: f & 4 != 0,
+            loop_check: if f & 8 != 0 {
+                LoopCheck::Guard
+            } else {
+                LoopCheck::Off
+            },
+            alibi: f & 16 != 0,
+            sinks: f & 32 != 0,
+            varlen: f & 64 != 0,
+            sparse: f & 128 != 0,
+            ..Default::default()
+        })
+        .collect()
+}
+
+#[test]
+fn the_covering_rows_meet_every_three_flags_in_every_setting() {
+    let rows = covering_rows(8);
+    for a in 0..8 {
+        for b in a + 1..8 {
+            for c in b + 1..8 {
+                for v in 0..8u32 {
+                    assert!(
+                        rows.iter()
+                            .any(|r| (r >> a & 1) | (r >> b & 1) << 1 | (r >> c & 1) << 2 == v),
+                        "flags {a} {b} {c} never {v:03b}"
+                    );
+                }
+            }
         }
     }
-    out
+    assert!(rows.len() <= 20, "{} rows", rows.len());
+    assert_eq!(rows[..2], [0, 255]);
 }
 
 /// Lavapipe's limits (32 KiB of workgroup storage, f16), with or without
@@ -542,8 +626,10 @@ fn all_kernels() -> Vec<Kernel> {
     k
 }
 
-/// Every combination of the optional code (mask, softcap, access counters,
-/// loop guard), on the head dims that exercise partial tiles and full ones.
+/// The optional code in combination — every combination of mask, softcap,
+/// access counters and loop guard in the other kernels, a covering array
+/// of those and the layouts in the flash kernels ([`flash_variants`]) — on
+/// the head dims that exercise partial tiles and full ones.
 #[test]
 fn every_variant_validates_with_its_overrides() {
     let mut kernels = flash_kernels(&[(59, 59), (64, 64), (40, 24)], true);
@@ -662,45 +748,67 @@ fn spirv_validate(words: &[u32]) -> Result<(), String> {
     }
 }
 
+/// The workgroup storage a flash module must declare: its plan's.
+fn planned_workgroup_bytes(k: &Kernel) -> Option<u32> {
+    match k.key {
+        KernelKey::FlashForward(f) => Some(f.plan.workgroup_bytes),
+        // D = rowsum(dO·O) and the sinks' sums keep nothing on chip.
+        KernelKey::FlashBackward(b) => {
+            if matches!(b.part, BackwardPart::Dvec | BackwardPart::SinkReduce) {
+                assert_eq!(b.workgroup_bytes(), 0, "{}", k.label);
+            }
+            Some(b.workgroup_bytes())
+        }
+        _ => None,
+    }
+}
+
+/// Every kernel translates, and each flash kernel (the FP8 forward too)
+/// declares the workgroup storage its plan has: one parse per module for
+/// both checks, spread over the cores.
 #[test]
 fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
     let spirv_val = have_spirv_val();
     let kernels = all_kernels();
-    for k in &kernels {
-        let (module, info) = compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
-        translate(k, &module, &info, spirv_val).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
-    }
+    let check = |k: &Kernel| -> Result<(), String> {
+        let (module, info) = compile(k)?;
+        if let Some(expected) = planned_workgroup_bytes(k) {
+            let declared = workgroup_bytes(&module);
+            if declared != expected {
+                return Err(format!(
+                    "declares {declared} B of workgroup storage, plans {expected}"
+                ));
+            }
+        }
+        translate(k, &module, &info, spirv_val)
+    };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (kernels, check) = (&kernels, &check);
+                s.spawn(move || {
+                    kernels
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .filter_map(|k| check(k).err().map(|e| format!("{}:\n{e}", k.label)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     let glsl = kernels.iter().filter(|k| !k.f16 && !k.subgroups).count();
     eprintln!(
         "{} modules to SPIR-V{}, MSL and HLSL; {glsl} to GLSL",
         kernels.len(),
         if spirv_val { " (spirv-val: valid)" } else { "" }
     );
-}
-
-#[test]
-fn declared_workgroup_storage_matches_the_plan() {
-    let mut kernels = flash_kernels(&FLASH_DIMS, false);
-    kernels.extend(
-        fp8_kernels(&HEAD_DIMS, false)
-            .into_iter()
-            .filter(|k| matches!(k.key, KernelKey::FlashForward(_))),
-    );
-    for k in kernels {
-        let (module, _) = compile(&k).unwrap();
-        let expected = match k.key {
-            KernelKey::FlashForward(f) => f.plan.workgroup_bytes,
-            // D = rowsum(dO·O) and the sinks' sums keep nothing on chip.
-            KernelKey::FlashBackward(b) => {
-                if matches!(b.part, BackwardPart::Dvec | BackwardPart::SinkReduce) {
-                    assert_eq!(b.workgroup_bytes(), 0, "{}", k.label);
-                }
-                b.workgroup_bytes()
-            }
-            _ => unreachable!(),
-        };
-        assert_eq!(workgroup_bytes(&module), expected, "{}", k.label);
-    }
 }
 
 #[test]
