@@ -7,8 +7,9 @@
 //!   libnvrtc loads; with
 //!   `FLASHATTN_REQUIRE_NVRTC=1` a missing NVRTC fails instead of skipping;
 //! - with `FLASHATTN_PTXAS` pointing at a `ptxas`, the f16/bf16 d 64/128
-//!   forward and backward variants assemble for sm_80 and sm_90a with no
-//!   register spills (registers and shared memory are printed), and the
+//!   forward and backward variants (every family, band and softcap, from
+//!   the same compile) assemble for sm_80 and sm_90a with no register
+//!   spills (registers and shared memory are printed), and the
 //!   Hopper forward's for sm_90a with no spills and no wgmma serialized
 //!   (and, with `FLASHATTN_NVDISASM` naming an nvdisasm, its SASS holding
 //!   HGMMA, UTMALDG and USETMAXREG);
@@ -28,6 +29,7 @@
 //! ```
 #![cfg(feature = "cuda")]
 
+use cudarc::nvrtc::Ptx;
 use flashattn::api::tensor::Precision;
 use flashattn::cuda::compile::{compile_ptx, nvrtc_present};
 use flashattn::cuda::kernel::{Family, KernelKey};
@@ -133,29 +135,80 @@ fn nvrtc_or_skip() -> bool {
     false
 }
 
+/// The variants ptxas checks for spills (and, in the Hopper ones, for
+/// serialized wgmma and an ignored setmaxnreg): f16/bf16 at d 64 and 128,
+/// every family (forward and backward), every band/softcap combination.
+fn is_main(key: &KernelKey) -> bool {
+    key.precision != Precision::F32 && [64, 128].contains(&key.head_dim)
+}
+
+/// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
+/// main variant, if anything; its registers and shared memory go to stderr.
+fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -> Vec<String> {
+    let (regs, spills, report) = ptxas(ptxas_path, key, ptx, sm);
+    eprintln!(
+        "{:<40} {sm:<7} registers {regs:?}, spills {spills} B, static shared {} B, dynamic shared {} B",
+        key.label(),
+        key.shared_bytes(),
+        key.dynamic_shared_bytes()
+    );
+    let mut faults = Vec::new();
+    if spills > 0 {
+        faults.push(format!("{} {sm}: spills: {report}", key.label()));
+    }
+    if key.family.is_wgmma() {
+        for warning in ["serialized", "C7508", "C7510", "C7515"] {
+            if report.contains(warning) {
+                faults.push(format!("{} {sm}: {warning}: {report}", key.label()));
+            }
+        }
+        // The Hopper instructions, not a slower path.
+        if std::env::var_os("FLASHATTN_NVDISASM").is_some() {
+            for op in ["HGMMA.64x128x16.F32", "UTMALDG.4D", "USETMAXREG"] {
+                if !report.contains(op) {
+                    faults.push(format!("{} {sm}: no {op} in its SASS", key.label()));
+                }
+            }
+        }
+    }
+    faults
+}
+
+/// Every variant to PTX (NVRTC) for sm_80 and sm_90a (the Hopper ones for
+/// sm_90a only), spread over the cores; with `FLASHATTN_PTXAS`, the main
+/// variants' PTX then to SASS with no spills ([`is_main`]), from the same
+/// compile.
 #[test]
 fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
     if !nvrtc_or_skip() {
         return;
     }
+    let ptxas_path = std::env::var_os("FLASHATTN_PTXAS").map(PathBuf::from);
+    if ptxas_path.is_none() {
+        eprintln!("ptxas skipped: FLASHATTN_PTXAS is not set");
+    }
     let keys = KernelKey::all();
-    let jobs: Vec<(KernelKey, &str)> = keys
+    let jobs: Vec<(KernelKey, &str, &str)> = keys
         .iter()
-        .flat_map(|k| archs(k).iter().map(move |(arch, _)| (*k, *arch)))
+        .flat_map(|k| archs(k).iter().map(move |(arch, sm)| (*k, *arch, *sm)))
         .collect();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let failures: Vec<String> = std::thread::scope(|s| {
+    let faults: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let jobs = &jobs;
+                let (jobs, ptxas_path) = (&jobs, &ptxas_path);
                 s.spawn(move || {
-                    jobs.iter()
-                        .skip(t)
-                        .step_by(threads)
-                        .filter_map(|(key, arch)| {
-                            compile_ptx(key, arch).err().map(|e| e.to_string())
-                        })
-                        .collect::<Vec<_>>()
+                    let mut faults = Vec::new();
+                    for (key, arch, sm) in jobs.iter().skip(t).step_by(threads) {
+                        match (compile_ptx(key, arch), ptxas_path) {
+                            (Err(e), _) => faults.push(e.to_string()),
+                            (Ok(ptx), Some(path)) if is_main(key) => {
+                                faults.extend(assembly_faults(path, key, &ptx, sm))
+                            }
+                            _ => {}
+                        }
+                    }
+                    faults
                 })
             })
             .collect();
@@ -165,13 +218,18 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
             .collect()
     });
     assert!(
-        failures.is_empty(),
-        "{} of {} failed:\n{}",
-        failures.len(),
+        faults.is_empty(),
+        "{} of {} compiles failed or spilled:\n{}",
+        faults.len(),
         jobs.len(),
-        failures.join("\n")
+        faults.join("\n")
     );
-    eprintln!("{} variants, {} compiles", keys.len(), jobs.len());
+    let main = jobs.iter().filter(|(k, ..)| is_main(k)).count();
+    eprintln!(
+        "{} variants, {} compiles, {main} of them assembled",
+        keys.len(),
+        jobs.len()
+    );
 }
 
 /// `ptxas -v` on one variant's PTX: (entry=registers per kernel, spill
@@ -179,8 +237,7 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
 /// serialize ("wgmma.mma_async instructions are serialized", C7510 and
 /// kin) or a setmaxnreg it ignored (C7508). With `FLASHATTN_NVDISASM`
 /// naming an nvdisasm, the report ends with the SASS.
-fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<String>, u32, String) {
-    let ptx = compile_ptx(key, arch).unwrap();
+fn ptxas(ptxas: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -> (Vec<String>, u32, String) {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join(format!("{}.ptx", key.label()));
     std::fs::write(&src, ptx.to_src()).unwrap();
@@ -227,60 +284,6 @@ fn ptxas(ptxas: &PathBuf, key: &KernelKey, arch: &str, sm: &str) -> (Vec<String>
         spills += number_before(line, " bytes spill loads").unwrap_or(0);
     }
     (registers, spills, report)
-}
-
-#[test]
-fn main_variants_assemble_without_spills() {
-    let Some(ptxas_path) = std::env::var_os("FLASHATTN_PTXAS").map(PathBuf::from) else {
-        eprintln!("skipped: FLASHATTN_PTXAS is not set");
-        return;
-    };
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let mut spilled = Vec::new();
-    for family in Family::ALL {
-        for precision in [Precision::F16, Precision::Bf16] {
-            for d in [64, 128] {
-                for (band, softcap) in [(false, false), (true, false), (false, true)] {
-                    let key = KernelKey::new(family, precision, d, band, softcap);
-                    for &(arch, sm) in archs(&key) {
-                        let (regs, spills, report) = ptxas(&ptxas_path, &key, arch, sm);
-                        if key.family.is_wgmma() {
-                            for warning in ["serialized", "C7508", "C7510", "C7515"] {
-                                if report.contains(warning) {
-                                    spilled.push(format!("{} {sm}: {report}", key.label()));
-                                }
-                            }
-                            // The Hopper instructions, not a slower path.
-                            let sass = std::env::var_os("FLASHATTN_NVDISASM").is_some();
-                            for op in ["HGMMA.64x128x16.F32", "UTMALDG.4D", "USETMAXREG"] {
-                                if sass && !report.contains(op) {
-                                    spilled
-                                        .push(format!("{} {sm}: no {op} in its SASS", key.label()));
-                                }
-                            }
-                        }
-                        eprintln!(
-                            "{:<40} {sm:<7} registers {regs:?}, spills {spills} B, \
-                             static shared {} B, dynamic shared {} B",
-                            key.label(),
-                            key.shared_bytes(),
-                            key.dynamic_shared_bytes()
-                        );
-                        if spills > 0 {
-                            spilled.push(format!("{} {sm}: {report}", key.label()));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    assert!(
-        spilled.is_empty(),
-        "spills or serialized wgmma:\n{}",
-        spilled.join("\n")
-    );
 }
 
 mod common;
@@ -599,14 +602,22 @@ fn what_stays_unsupported_is_a_typed_error() {
 }
 
 /// Builds `key`'s source with cuda/emulate/host.h and check.cpp under
-/// `cxx`, runs it, and returns the failure report, if any.
-fn emulate(cxx: &std::ffi::OsStr, dir: &std::path::Path, key: &KernelKey) -> Option<String> {
+/// `cxx`, runs it (with check.cpp's layout cases too where `layouts`), and
+/// returns the failure report, if any.
+fn emulate(
+    cxx: &std::ffi::OsStr,
+    dir: &std::path::Path,
+    key: &KernelKey,
+    layouts: bool,
+) -> Option<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
     let host = std::fs::read_to_string(root.join("host.h")).unwrap();
     let check = std::fs::read_to_string(root.join("check.cpp")).unwrap();
     let src = dir.join(format!("{}.cpp", key.label()));
     let exe = dir.join(key.label());
-    std::fs::write(&src, format!("{host}\n{}\n{check}", key.source())).unwrap();
+    let cases = format!("#define LAYOUT_CASES {}\n", u8::from(layouts));
+    std::fs::write(&src, format!("{cases}{host}\n{}\n{check}", key.source())).unwrap();
+    let started = std::time::Instant::now();
     let built = Command::new(cxx)
         .args(["-std=c++20", "-O1", "-pthread", "-o"])
         .arg(&exe)
@@ -619,11 +630,13 @@ fn emulate(cxx: &std::ffi::OsStr, dir: &std::path::Path, key: &KernelKey) -> Opt
         key.label(),
         String::from_utf8_lossy(&built.stderr)
     );
+    let build_seconds = started.elapsed().as_secs_f64();
     let ran = Command::new(&exe).output().unwrap();
     let report = String::from_utf8_lossy(&ran.stdout);
     eprintln!(
-        "{}\n{report}{}",
+        "{} (built in {build_seconds:.1} s, ran in {:.1} s)\n{report}{}",
         key.label(),
+        started.elapsed().as_secs_f64() - build_seconds,
         String::from_utf8_lossy(&ran.stderr)
     );
     (!ran.status.success()).then(|| format!("{}:\n{report}", key.label()))
@@ -643,10 +656,11 @@ fn cxx_or_skip() -> Option<std::ffi::OsString> {
 /// with cuda/emulate/host.h (one std::thread per CUDA thread) and run
 /// against attention in double by cuda/emulate/check.cpp — GQA, a head dim
 /// below the compiled one, lengths off the tiles, empty rows, and on the
-/// same builds the run-time layouts (ALiBi per batch entry, sinks, block
-/// masks of 7 × 13 blocks per head and of whole tiles per batch entry with
-/// the tile lists the kernels walk, a packed batch with empty sequences,
-/// and all of them at once), no extra variant compiled. Not the
+/// banded d 96 build of each family the run-time layouts (ALiBi per batch
+/// entry, sinks, block masks of 7 × 13 blocks per head and of whole tiles
+/// per batch entry with the tile lists the kernels walk, a packed batch
+/// with empty sequences, and all of them at once; their code is the same
+/// in every precision and head dim), no extra variant compiled. Not the
 /// device's numerics (no FMA contraction rules, libm's expf), but every
 /// index, mask, tile loop, reduction and barrier of the kernels.
 #[test]
@@ -662,9 +676,10 @@ fn kernels_match_a_double_reference_under_host_emulation() {
             .into_iter()
             .enumerate()
         {
-            let (d, band, softcap) = shapes[(i + family as usize) % shapes.len()];
+            let shape = (i + family as usize) % shapes.len();
+            let (d, band, softcap) = shapes[shape];
             let key = KernelKey::new(family, precision, d, band, softcap);
-            failures.extend(emulate(&cxx, dir.path(), &key));
+            failures.extend(emulate(&cxx, dir.path(), &key, shape == 1));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -675,8 +690,10 @@ fn kernels_match_a_double_reference_under_host_emulation() {
 /// cp.async (held back until its group is waited for) their PTX per-lane
 /// fragment semantics: f16 and bf16, d 64 and 128 and 96 (compiled; check.cpp
 /// runs head dims 5 and 8 below and at it: element-wise and cp.async loads),
-/// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113; first, every
-/// wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1 .trans, mma) against a plain product.
+/// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113, and the
+/// layouts on the d 96 band + softcap builds (f16 forward, bf16 backward);
+/// first, every wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1 .trans, mma) against
+/// a plain product.
 #[test]
 fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
     let Some(cxx) = cxx_or_skip() else { return };
@@ -692,7 +709,7 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
         for (i, &(d, band, softcap)) in shapes.iter().enumerate() {
             let precision = [Precision::F16, Precision::Bf16][(i + f) % 2];
             let key = KernelKey::new(family, precision, d, band, softcap);
-            failures.extend(emulate(&cxx, dir.path(), &key));
+            failures.extend(emulate(&cxx, dir.path(), &key, i == 2));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -720,7 +737,7 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
         (Precision::F16, 128, false, false),
     ] {
         let key = KernelKey::new(Family::ForwardWgmma, precision, d, band, softcap);
-        failures.extend(emulate(&cxx, dir.path(), &key));
+        failures.extend(emulate(&cxx, dir.path(), &key, false));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
