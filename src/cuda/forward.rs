@@ -4,17 +4,18 @@
 //! sm80 kernels), the others pointers and the `Layout`.
 
 use super::context::{driver, CudaDevice};
+use super::kernel::KernelKey;
 use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
-use super::tensor_map::{encode, params};
+use super::tensor_map::{encode, params, TensorMap};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Allocation, CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Error;
 use crate::error::Result;
-use cudarc::driver::{DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use web_time::Instant;
 
 pub(crate) fn forward(
@@ -43,25 +44,7 @@ pub(crate) fn forward(
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
-        let t = key.tiles();
-        let (b, d) = (shape.batch, shape.head_dim);
-        let mut maps = Vec::new();
-        for (buf, seqlen, heads, rows) in [
-            (&q_dev, shape.seqlen_q, shape.heads_q, t.rows),
-            (&k_dev, shape.seqlen_k, shape.heads_kv, t.keys),
-            (&v_dev, shape.seqlen_k, shape.heads_kv, t.keys),
-        ] {
-            // The plan only picks this kernel where d % 8 == 0.
-            let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(
-                Error::Unsupported {
-                    what: "the CUDA backend's Hopper path",
-                    feature: "a head dim not a multiple of 8",
-                },
-            )?;
-            let (address, _sync) = buf.device_ptr(stream);
-            maps.push(encode(&p, call.precision, address)?);
-        }
-        maps
+        tensor_maps(stream, &key, &call, [&q_dev, &k_dev, &v_dev])?
     } else {
         Vec::new()
     };
@@ -97,7 +80,15 @@ pub(crate) fn forward(
     let seconds = start.elapsed().as_secs_f64();
     let o = stream.clone_dtoh(&d_out).map_err(driver("reading o"))?;
     let lse = stream.clone_dtoh(&d_lse).map_err(driver("reading lse"))?;
-    let stats = CallStats {
+    let stats = call_stats(o_bytes, lse.len(), seconds);
+    let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
+    drop((side, lists));
+    Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
+}
+
+/// One launch's statistics: its buffers and wall-clock time.
+fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
+    CallStats {
         allocations: vec![
             Allocation {
                 label: "q, k, v",
@@ -109,7 +100,7 @@ pub(crate) fn forward(
             },
             Allocation {
                 label: "lse",
-                bytes: (lse.len() * 4) as u64,
+                bytes: (lse_len * 4) as u64,
             },
         ],
         pieces: 1,
@@ -117,8 +108,33 @@ pub(crate) fn forward(
         kernel_seconds: seconds,
         timing: Timing::WallClock,
         ..CallStats::default()
-    };
-    let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
-    drop((side, lists));
-    Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
+    }
+}
+
+/// The Hopper kernel's TMA maps of q, k and v (boxes of its tiles' rows).
+fn tensor_maps(
+    stream: &CudaStream,
+    key: &KernelKey,
+    call: &Call,
+    [q, k, v]: [&CudaSlice<u8>; 3],
+) -> Result<Vec<TensorMap>> {
+    let (t, shape) = (key.tiles(), &call.shape);
+    let (b, d) = (shape.batch, shape.head_dim);
+    let mut maps = Vec::new();
+    for (buf, seqlen, heads, rows) in [
+        (q, shape.seqlen_q, shape.heads_q, t.rows),
+        (k, shape.seqlen_k, shape.heads_kv, t.keys),
+        (v, shape.seqlen_k, shape.heads_kv, t.keys),
+    ] {
+        // The plan only picks this kernel where d % 8 == 0.
+        let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(
+            Error::Unsupported {
+                what: "the CUDA backend's Hopper path",
+                feature: "a head dim not a multiple of 8",
+            },
+        )?;
+        let (address, _sync) = buf.device_ptr(stream);
+        maps.push(encode(&p, call.precision, address)?);
+    }
+    Ok(maps)
 }
