@@ -353,18 +353,23 @@ fn paths(cuda: Cuda) -> Vec<(KernelPath, Cuda)> {
     paths
 }
 
+/// Every case's forward on `cuda` (kernel path `path`) under the rule.
+fn forward_cases(path: KernelPath, cuda: &Cuda, cases: Vec<common::Case>) {
+    for case in cases {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let out = cuda
+            .forward(&q, &k, &v, &case.opts)
+            .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
+        common::assert_accurate(&case, &inputs, &out);
+    }
+}
+
 #[test]
 fn forward_meets_the_accuracy_rule_on_the_device() {
     let Some(cuda) = device() else { return };
     for (path, cuda) in paths(cuda) {
-        for case in matrix() {
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            let out = cuda
-                .forward(&q, &k, &v, &case.opts)
-                .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
-            common::assert_accurate(&case, &inputs, &out);
-        }
+        forward_cases(path, &cuda, matrix());
     }
 }
 
@@ -500,19 +505,9 @@ fn layout_cases() -> Vec<common::Case> {
             .bf16(),
     );
     // Everything at once (tests/common's case, with v's head dim q's).
-    let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
-    let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
-    let base = Case::new(1, 1, 40).heads(4, 2).varlen(&lq, &lk);
-    let mask = block_mask(&base, (7, 13), 0.5, 4, 4);
-    let all = AttentionOptions::default()
-        .causal(true)
-        .window(Some(20), None)
-        .softcap(7.0)
-        .alibi(Alibi::new(&slopes))
-        .sinks(Sinks::new(&[0.1, -0.3, 1.0, 2.0]))
-        .block_mask(mask);
-    cases.push(base.clone().opts(all.clone()));
-    cases.push(base.opts(all).f16());
+    let all = common::everything_at_once().dv(40);
+    cases.push(all.clone());
+    cases.push(all.f16());
     cases
 }
 
@@ -520,14 +515,7 @@ fn layout_cases() -> Vec<common::Case> {
 fn layouts_meet_the_accuracy_rule_on_the_device() {
     let Some(cuda) = device() else { return };
     for (path, cuda) in paths(cuda) {
-        for case in layout_cases() {
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            let out = cuda
-                .forward(&q, &k, &v, &case.opts)
-                .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
-            common::assert_accurate(&case, &inputs, &out);
-        }
+        forward_cases(path, &cuda, layout_cases());
         // Rows with no allowed key under a sink: o = 0 and lse = the sink, exactly.
         let case = layout_cases().swap_remove(5);
         let inputs = case.inputs();

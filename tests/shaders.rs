@@ -64,22 +64,30 @@ fn compile(k: &Kernel) -> Result<(naga::Module, ModuleInfo), String> {
     Ok((module.into_owned(), info.into_owned()))
 }
 
+/// The variant whose optional pieces are the bits of `f`: mask, softcap,
+/// access counters, loop guard, then ALiBi, sinks, packed batches, block
+/// masks (the last four only the flash kernels have).
+fn variant_of(f: u32) -> Variant {
+    Variant {
+        masked: f & 1 != 0,
+        softcap: f & 2 != 0,
+        count_io: f & 4 != 0,
+        loop_check: if f & 8 != 0 {
+            LoopCheck::Guard
+        } else {
+            LoopCheck::Off
+        },
+        alibi: f & 16 != 0,
+        sinks: f & 32 != 0,
+        varlen: f & 64 != 0,
+        sparse: f & 128 != 0,
+        ..Default::default()
+    }
+}
+
 fn variants(all: bool) -> Vec<Variant> {
-    let flags: Vec<u8> = if all { (0..16).collect() } else { vec![0, 15] };
-    flags
-        .into_iter()
-        .map(|f| Variant {
-            masked: f & 1 != 0,
-            softcap: f & 2 != 0,
-            count_io: f & 4 != 0,
-            loop_check: if f & 8 != 0 {
-                LoopCheck::Guard
-            } else {
-                LoopCheck::Off
-            },
-            ..Default::default()
-        })
-        .collect()
+    let flags: Vec<u32> = if all { (0..16).collect() } else { vec![0, 15] };
+    flags.into_iter().map(variant_of).collect()
 }
 
 /// Rows of `flags` bits such that any `STRENGTH` of the bits take each of
@@ -151,24 +159,7 @@ fn flash_variants(all: bool) -> Vec<Variant> {
             .flat_map(|v| [v, every(v)])
             .collect();
     }
-    covering_rows(8)
-        .into_iter()
-        .map(|f| Variant {
-            masked: f & 1 != 0,
-            softcap: f & 2 != 0,
-            count_io: f & 4 != 0,
-            loop_check: if f & 8 != 0 {
-                LoopCheck::Guard
-            } else {
-                LoopCheck::Off
-            },
-            alibi: f & 16 != 0,
-            sinks: f & 32 != 0,
-            varlen: f & 64 != 0,
-            sparse: f & 128 != 0,
-            ..Default::default()
-        })
-        .collect()
+    covering_rows(8).into_iter().map(variant_of).collect()
 }
 
 #[test]
