@@ -8,6 +8,7 @@ use flashattn::{
     AttentionOptions, CeilingShape, Error, KernelFamily, PlanOverrides, Precision, StorageKind,
     TensorView, Window,
 };
+use flashattn_testkit::Need;
 
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
@@ -658,9 +659,6 @@ fn cpu_backend_meets_the_rule_too() {
 #[test]
 fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
     let Some(e) = engine() else { return };
-    let Some(limit) = e.loop_limit() else {
-        return;
-    };
     // The device-buffer API cannot split, so past llvmpipe's loop limit it errs.
     let case = Case::new(64, 2048, 256).heads(1, 1);
     let inputs = case.inputs();
@@ -674,6 +672,17 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
         heads_kv: 1,
         head_dim: 256,
         head_dim_v: 256,
+    };
+    let Some(limit) = e.loop_limit() else {
+        // Without a limit the same call runs whole and gives forward()'s answer.
+        e.forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
+            .unwrap();
+        let [q, k, v] = inputs.views();
+        let expected = e.forward_with(&q, &k, &v, &case.opts, &tiled()).unwrap();
+        assert_accurate(&case, &inputs, &expected);
+        let o: Vec<f32> = bytemuck::pod_collect_to_vec(&read_bytes(e, &buffers[3]));
+        assert_eq!(o, expected.o.to_f32());
+        return;
     };
     // Predicted before running...
     let err = e
@@ -784,8 +793,8 @@ fn read_bytes(e: &flashattn::Engine, b: &wgpu::Buffer) -> Vec<u8> {
 /// (padded to the matrices), head dim 256, masks, empty rows, softcap, GQA,
 /// v's own head dim, and every layout and score term at once. Where the
 /// device has no cooperative matrices (lavapipe, most browsers) it checks
-/// that forcing the kernel is the typed error, and says it skipped the rest;
-/// FLASHATTN_REQUIRE_COOP=1 makes that skip a failure.
+/// that forcing the kernel is the typed error and lists that it did so
+/// instead; FLASHATTN_REQUIRE_COOP=1 makes the absence a failure.
 #[test]
 fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
     use flashattn::plan::coop::check_coop;
@@ -806,9 +815,12 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
         let [q, k, v] = inputs.views();
         let err = e.forward_with(&q, &k, &v, &case.opts, &coop).unwrap_err();
         assert!(matches!(err, Error::CoopMatrixUnavailable { .. }), "{err}");
-        let required = std::env::var("FLASHATTN_REQUIRE_COOP").is_ok_and(|v| v == "1");
-        assert!(!required, "FLASHATTN_REQUIRE_COOP=1 but {err}");
-        eprintln!("SKIPPED: the coop forward needs cooperative matrices: {err}");
+        flashattn_testkit::instead(
+            Need::CoopMatrix,
+            &err.to_string(),
+            "forcing the coop kernel is the typed error; its code runs emulated \
+             (coop_kernel_emulated_meets_the_rule)",
+        );
         return;
     }
     for &p in &precisions {
@@ -851,9 +863,8 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
 /// exist to run the real ones.
 #[test]
 fn coop_kernel_emulated_meets_the_rule() {
-    let Some(shared) = engine() else { return };
-    if shared.caps().subgroup.is_none() {
-        eprintln!("SKIPPED: the emulated coop forward needs SUBGROUP (subgroup_id)");
+    // The emulation's matrices are spread over a subgroup (subgroup_id).
+    if flashattn_testkit::engine_with(Need::Subgroups).is_none() {
         return;
     }
     let e = flashattn::Engine::new().unwrap().with_emulated_coop();

@@ -10,28 +10,12 @@ use flashattn::{
     AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorData,
     TensorView,
 };
-use std::sync::OnceLock;
 
-/// The engine for this process, or `None` (with a visible notice) when no
-/// adapter exists. With FLASHATTN_REQUIRE_GPU=1 (set by CI and scripts/test.sh)
-/// a missing adapter fails the test instead.
-pub fn engine() -> Option<&'static Engine> {
-    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-    let e = ENGINE.get_or_init(|| match Engine::new() {
-        Ok(e) => {
-            eprintln!("GPU tests run on {}", e.describe());
-            Some(e)
-        }
-        Err(err) => {
-            if std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("FLASHATTN_REQUIRE_GPU=1 but no adapter: {err}");
-            }
-            eprintln!("SKIPPED: GPU tests need an adapter: {err}");
-            None
-        }
-    });
-    e.as_ref()
-}
+/// The engine for this process, or `None` when no adapter exists and the
+/// run does not require one (see flashattn-testkit: FLASHATTN_REQUIRE_GPU=1,
+/// set by CI and scripts/test.sh, makes a missing adapter fail the test).
+#[allow(unused_imports)] // not every test binary has GPU tests
+pub use flashattn_testkit::engine;
 
 /// Owned inputs of one case: the values (already rounded to the case's
 /// precision) as f32, and stored in that precision.
