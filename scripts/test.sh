@@ -13,15 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-steps=()
-# step NAME COMMAND...: run it, note its seconds.
-step() {
-  local name=$1 t0
-  shift
-  t0=$(date +%s)
-  "$@"
-  steps+=("$(printf '%5d s  %s' $(( $(date +%s) - t0 )) "$name")")
-}
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
 
 # The steps' times and the waiver list, whether the run passed or not.
 summary() {
@@ -32,7 +25,7 @@ summary() {
   else
     echo "scripts/test.sh: FAILED (status $status) after $(( $(date +%s) - start )) s:"
   fi
-  printf '%s\n' "${steps[@]}"
+  print_steps
   if [ -s "${FLASHATTN_WAIVERS:-}" ]; then
     echo "What this machine lacks, and what the tests checked instead ($FLASHATTN_WAIVERS):"
     sort -u "$FLASHATTN_WAIVERS" | sed 's/^/  /'
