@@ -57,9 +57,7 @@ impl PipelineCache {
 /// Whether `FLASHATTN_TRACE_PIPELINES=1` asks for each compile on stderr.
 fn trace() -> bool {
     static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRACE.get_or_init(|| {
-        std::env::var("FLASHATTN_TRACE_PIPELINES").is_ok_and(|v| v == "1")
-    })
+    *TRACE.get_or_init(|| std::env::var("FLASHATTN_TRACE_PIPELINES").is_ok_and(|v| v == "1"))
 }
 
 fn compile(device: &wgpu::Device, key: &KernelKey) -> wgpu::ComputePipeline {

@@ -17,6 +17,19 @@ use flashattn::{
 #[allow(unused_imports)] // not every test binary has GPU tests
 pub use flashattn_testkit::engine;
 
+/// A GPU suite's cases: `all` with FLASHATTN_FULL_MATRIX=1, else `each`,
+/// which reaches each distinct kernel code path at least once (pipelines
+/// are what a driver without a shader cache spends its time compiling, so
+/// the default spreads precisions and options over the shapes instead of
+/// multiplying them).
+pub fn matrix<T>(each: T, all: T) -> T {
+    if flashattn_testkit::full_matrix() {
+        all
+    } else {
+        each
+    }
+}
+
 /// Owned inputs of one case: the values (already rounded to the case's
 /// precision) as f32, and stored in that precision.
 pub struct Inputs {
