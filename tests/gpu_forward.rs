@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_accurate, engine, matrix, run_gpu, Case};
+use common::{assert_accurate, engine, matrix, run_gpu, run_gpu_values, Case};
 use flashattn::{
     AttentionOptions, CeilingShape, Error, KernelFamily, PlanOverrides, Precision, StorageKind,
     TensorView, Window,
@@ -71,9 +71,9 @@ fn seeds_worked_example_gives_0_752() {
 fn odd_seqlens_f32() {
     let Some(e) = engine() else { return };
     for s in [1, 3, 97, 113, 255] {
-        run_gpu(e, &Case::new(s, s, 64));
+        run_gpu_values(e, &Case::new(s, s, 64));
     }
-    run_gpu(e, &Case::new(1023, 1023, 32).heads(1, 1));
+    run_gpu_values(e, &Case::new(1023, 1023, 32).heads(1, 1));
 }
 
 #[test]
@@ -85,10 +85,10 @@ fn seqlen_q_differs_from_seqlen_k() {
         .enumerate()
     {
         if matrix(i % 2 == 0, true) {
-            run_gpu(e, &Case::new(sq, sk, 64));
+            run_gpu_values(e, &Case::new(sq, sk, 64));
         }
         if matrix(i % 2 == 1, true) {
-            run_gpu(e, &Case::new(sq, sk, 64).opts(causal()));
+            run_gpu_values(e, &Case::new(sq, sk, 64).opts(causal()));
         }
     }
 }
@@ -178,12 +178,12 @@ fn head_dims_f16_and_bf16() {
 fn bf16_odd_seqlens_and_batches() {
     let Some(e) = engine() else { return };
     for s in [1, 3, 113] {
-        run_gpu(e, &Case::new(s, s, 64).bf16());
+        run_gpu_values(e, &Case::new(s, s, 64).bf16());
     }
     for (sq, sk) in [(1, 255), (255, 1), (3, 113)] {
-        run_gpu(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
+        run_gpu_values(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
     }
-    run_gpu(e, &Case::new(37, 53, 64).batch(3).heads(5, 5).bf16());
+    run_gpu_values(e, &Case::new(37, 53, 64).batch(3).heads(5, 5).bf16());
 }
 
 #[test]
@@ -211,13 +211,13 @@ fn gqa_and_mqa() {
     for (i, (hq, hk)) in [(4, 2), (6, 3), (8, 1), (3, 1)].into_iter().enumerate() {
         let runs = |j: usize| matrix(i % 3 == j, true);
         if runs(0) {
-            run_gpu(e, &Case::new(97, 113, 64).heads(hq, hk).batch(2));
+            run_gpu_values(e, &Case::new(97, 113, 64).heads(hq, hk).batch(2));
         }
         if runs(1) {
-            run_gpu(e, &Case::new(61, 61, 32).heads(hq, hk).opts(causal()).f16());
+            run_gpu_values(e, &Case::new(61, 61, 32).heads(hq, hk).opts(causal()).f16());
         }
         if runs(2) {
-            run_gpu(
+            run_gpu_values(
                 e,
                 &Case::new(61, 61, 32).heads(hq, hk).opts(causal()).bf16(),
             );
@@ -235,7 +235,7 @@ fn causal_masks() {
         .into_iter()
         .enumerate()
     {
-        run_gpu(e, &Case::new(sq, sk, 64).opts(causal()));
+        run_gpu_values(e, &Case::new(sq, sk, 64).opts(causal()));
         for (j, &(p, o)) in lowp.iter().enumerate() {
             if matrix(i % lowp.len() == j, true) {
                 let case = Case::new(sq, sk, 59).opts(causal()).precision(p);
@@ -267,16 +267,16 @@ fn local_windows() {
         };
         let runs = |j: usize| matrix(i % 4 == j, true);
         if runs(0) {
-            run_gpu(e, &Case::new(113, 97, 64).opts(opts.clone()));
+            run_gpu_values(e, &Case::new(113, 97, 64).opts(opts.clone()));
         }
         if runs(1) {
-            run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone().causal(true)));
+            run_gpu_values(e, &Case::new(97, 113, 32).opts(opts.clone().causal(true)));
         }
         if runs(2) {
-            run_gpu(e, &Case::new(97, 113, 32).opts(opts.clone()).f16());
+            run_gpu_values(e, &Case::new(97, 113, 32).opts(opts.clone()).f16());
         }
         if runs(3) {
-            run_gpu(e, &Case::new(97, 113, 32).opts(opts).bf16());
+            run_gpu_values(e, &Case::new(97, 113, 32).opts(opts).bf16());
         }
     }
 }
@@ -303,11 +303,11 @@ fn softcap() {
 #[test]
 fn custom_scale() {
     let Some(e) = engine() else { return };
-    run_gpu(
+    run_gpu_values(
         e,
         &Case::new(64, 80, 64).opts(AttentionOptions::default().scale(0.5)),
     );
-    run_gpu(
+    run_gpu_values(
         e,
         &Case::new(64, 80, 64).opts(AttentionOptions::default().scale(-0.25)),
     );
@@ -360,8 +360,8 @@ fn large_magnitude_scores_are_stable() {
 #[test]
 fn batches_and_heads() {
     let Some(e) = engine() else { return };
-    run_gpu(e, &Case::new(37, 53, 64).batch(3).heads(5, 5));
-    run_gpu(
+    run_gpu_values(e, &Case::new(37, 53, 64).batch(3).heads(5, 5));
+    run_gpu_values(
         e,
         &Case::new(37, 53, 64)
             .batch(3)

@@ -42,11 +42,13 @@ impl PipelineCache {
         let started = web_time::Instant::now();
         let pipeline = checked(device, "compiling a kernel", || Ok(compile(device, key))).await?;
         if trace() {
-            // What a test binary costs on a driver without a shader cache.
+            // What a test binary costs on a driver without a shader cache
+            // (the thread names the test under libtest).
             eprintln!(
-                "flashattn: compiled {} in {:.0} ms ({key:?})",
+                "flashattn: compiled {} in {:.0} ms on {} ({key:?})",
                 key.name(),
-                started.elapsed().as_secs_f64() * 1e3
+                started.elapsed().as_secs_f64() * 1e3,
+                std::thread::current().name().unwrap_or("?")
             );
         }
         self.lock()?.insert(*key, pipeline.clone());

@@ -298,6 +298,17 @@ pub fn other_families(case: &Case, picked: Option<KernelFamily>) -> Vec<PlanOver
 /// Run a case on the GPU and check it, and with the other kernel families
 /// on the same case (see [`other_families`]).
 pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
+    run_gpu_on(engine, case, true)
+}
+
+/// [`run_gpu`] with FLASHATTN_FULL_MATRIX=1; by default the planner's
+/// kernels only, for cases that are values of code paths which other tests
+/// run on every family (sizes, group sizes, windows, scales).
+pub fn run_gpu_values(engine: &Engine, case: &Case) -> ForwardOutput {
+    run_gpu_on(engine, case, flashattn_testkit::full_matrix())
+}
+
+fn run_gpu_on(engine: &Engine, case: &Case, every_family: bool) -> ForwardOutput {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let run = |overrides: &PlanOverrides| {
@@ -308,8 +319,10 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
-        run(&o);
+    if every_family {
+        for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
+            run(&o);
+        }
     }
     out
 }
