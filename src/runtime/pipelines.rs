@@ -45,7 +45,7 @@ impl PipelineCache {
             // What a test binary costs on a driver without a shader cache
             // (the thread names the test under libtest).
             eprintln!(
-                "flashattn: compiled {} in {:.0} ms on {} ({key:?})",
+                "flashattn trace: compiled {} in {:.0} ms on {} ({key:?})",
                 key.name(),
                 started.elapsed().as_secs_f64() * 1e3,
                 std::thread::current().name().unwrap_or("?")
