@@ -866,27 +866,10 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::OnceLock;
-
-    /// The process's engine, `None` without an adapter (a failure with
-    /// FLASHATTN_REQUIRE_GPU=1, as in the GPU suite).
-    fn engine() -> Option<&'static Engine> {
-        static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-        ENGINE
-            .get_or_init(|| match Engine::new() {
-                Ok(e) => Some(e),
-                Err(err) => {
-                    if std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                        panic!("FLASHATTN_REQUIRE_GPU=1 but no adapter: {err}");
-                    }
-                    eprintln!(
-                        "no adapter ({err}): the example's GPU run is done on the CPU backend"
-                    );
-                    None
-                }
-            })
-            .as_ref()
-    }
+    /// The process's engine, `None` without an adapter (the harness lists
+    /// the waiver; FLASHATTN_REQUIRE_GPU=1 makes it a failure): the example's
+    /// GPU runs then go to the CPU backend.
+    use flashattn_testkit::engine;
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()

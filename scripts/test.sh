@@ -1,13 +1,39 @@
 #!/usr/bin/env bash
 # The full test suite on a real Vulkan driver. Installs Mesa's lavapipe (a CPU
-# Vulkan driver) when no Vulkan driver is present, and spirv-val (Debian
-# spirv-tools) for the shader tests, then runs every test of the workspace
-# (library and command line) with GPU tests and SPIR-V validation required:
-# a missing adapter or tool fails the run instead of skipping. Ends with the
-# browser test (scripts/test-web.sh): the library compiled to wasm32 and
-# checked on headless Chromium's WebGPU adapter.
+# Vulkan driver) when no Vulkan driver is present, and a spirv-val that knows
+# cooperative matrices (scripts/spirv-val.sh), then runs every test of the
+# workspace (library, command line, harness, examples) with GPU tests and
+# SPIR-V validation required: a missing adapter or tool fails the run
+# instead of skipping. Ends with the browser test (scripts/test-web.sh): the
+# library compiled to wasm32 and checked on headless Chromium's WebGPU
+# adapter. Prints each step's time, and lists what the run checked another
+# way on this machine (FLASHATTN_WAIVERS, see docs/testing-notes.md).
+# Arguments go to `cargo test` (e.g. `scripts/test.sh --test gpu_forward`).
+# FLASHATTN_FULL_MATRIX=1 runs the GPU suites' full matrix of cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
+
+# The steps' times and the waiver list, whether the run passed or not.
+summary() {
+  local status=$?
+  echo
+  if [ "$status" -eq 0 ]; then
+    echo "scripts/test.sh: passed in $(( $(date +%s) - start )) s:"
+  else
+    echo "scripts/test.sh: FAILED (status $status) after $(( $(date +%s) - start )) s:"
+  fi
+  print_steps
+  if [ -s "${FLASHATTN_WAIVERS:-}" ]; then
+    echo "What this machine lacks, and what the tests checked instead ($FLASHATTN_WAIVERS):"
+    sort -u "$FLASHATTN_WAIVERS" | sed 's/^/  /'
+  elif [ -n "${FLASHATTN_WAIVERS:-}" ]; then
+    echo "Nothing was waived or checked another way."
+  fi
+}
+trap summary EXIT
 
 # Any ICD manifest in either place (ls of both fails when one folder is absent).
 have_vulkan_icd() {
@@ -17,21 +43,28 @@ have_vulkan_icd() {
   done
   return 1
 }
-missing=()
-have_vulkan_icd || missing+=(mesa-vulkan-drivers)
-command -v spirv-val >/dev/null || missing+=(spirv-tools)
-if [ ${#missing[@]} -gt 0 ]; then
+install_lavapipe() {
+  if have_vulkan_icd; then return 0; fi
   if [ "$(id -u)" -ne 0 ]; then
-    echo "scripts/test.sh: missing ${missing[*]}; run as root to install them" >&2
+    echo "scripts/test.sh: no Vulkan driver; run as root to install mesa-vulkan-drivers" >&2
     exit 1
   fi
-  echo "scripts/test.sh: installing ${missing[*]}"
+  echo "scripts/test.sh: installing mesa-vulkan-drivers"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+}
+step "lavapipe (apt, when missing)" install_lavapipe
+spirv_val=
+find_spirv_val() { spirv_val=$(scripts/spirv-val.sh); }
+step "spirv-val (PyPI, when missing)" find_spirv_val
 
-export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_SPIRV_VAL=1
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+export FLASHATTN_WAIVERS
+FLASHATTN_WAIVERS=$(realpath "$target_dir")/waivers.txt
+: >"$FLASHATTN_WAIVERS"
+export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_SPIRV_VAL=1 FLASHATTN_SPIRV_VAL="$spirv_val"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-cargo test --release --workspace "$@"
-
-scripts/test-web.sh
+step "build the tests (cargo test --release --no-run)" cargo test --release --workspace --no-run "$@"
+step "run the tests (cargo test --release)" cargo test --release --workspace "$@"
+step "browser test (scripts/test-web.sh)" scripts/test-web.sh

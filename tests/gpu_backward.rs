@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{engine, other_families, output_grad, run_gpu_backward, run_gpu_backward_both, Case};
+use common::{
+    engine, matrix, other_families, output_grad, run_gpu_backward, run_gpu_backward_both, Case,
+};
 
 use flashattn::{
     AttentionOptions, BackwardInputs, Error, KernelFamily, PlanOverrides, TensorView, Window,
@@ -22,6 +24,17 @@ fn run_with_registers(e: &flashattn::Engine, case: &Case) -> flashattn::Backward
     out
 }
 
+/// [`run_gpu_backward`] alone by default, for cases that are values of code
+/// paths the other tests run on both families (sizes, group sizes,
+/// windows); [`run_with_registers`] with FLASHATTN_FULL_MATRIX=1.
+fn run_values(e: &flashattn::Engine, case: &Case) -> flashattn::BackwardOutput {
+    if flashattn_testkit::full_matrix() {
+        run_with_registers(e, case)
+    } else {
+        run_gpu_backward(e, case)
+    }
+}
+
 fn causal() -> AttentionOptions {
     AttentionOptions::default().causal(true)
 }
@@ -37,24 +50,26 @@ fn packed() -> PlanOverrides {
 fn odd_sizes_f32() {
     let Some(e) = engine() else { return };
     for s in [1, 3, 97, 113] {
-        run_with_registers(e, &Case::new(s, s, 64));
+        run_values(e, &Case::new(s, s, 64));
     }
-    run_with_registers(e, &Case::new(255, 255, 32).heads(1, 1));
+    run_values(e, &Case::new(255, 255, 32).heads(1, 1));
 }
 
 #[test]
 fn seqlen_q_differs_from_seqlen_k() {
     let Some(e) = engine() else { return };
     for (sq, sk) in [(1, 97), (97, 1), (113, 37), (37, 113)] {
-        run_with_registers(e, &Case::new(sq, sk, 64));
-        run_with_registers(e, &Case::new(sq, sk, 40).opts(causal()));
+        run_values(e, &Case::new(sq, sk, 64));
+        run_values(e, &Case::new(sq, sk, 40).opts(causal()));
     }
 }
 
 #[test]
 fn head_dims() {
     let Some(e) = engine() else { return };
-    for d in [1, 16, 59, 111, 128, 256] {
+    // A one-element row, a vec4 tail and the widest the lanes kernels
+    // take; the rest with FLASHATTN_FULL_MATRIX=1.
+    for d in matrix(vec![1, 59, 256], vec![1, 16, 59, 111, 128, 256]) {
         run_with_registers(e, &Case::new(67, 53, d));
     }
 }
@@ -62,7 +77,7 @@ fn head_dims() {
 #[test]
 fn head_dims_past_256() {
     let Some(e) = engine() else { return };
-    for d in [288, 384, 512] {
+    for d in matrix(vec![512], vec![288, 384, 512]) {
         run_with_registers(e, &Case::new(23, 31, d).heads(2, 1));
     }
     run_with_registers(e, &Case::new(31, 23, 512).opts(causal()).f16());
@@ -76,11 +91,29 @@ fn head_dims_past_256() {
 #[test]
 fn v_has_a_head_dim_of_its_own() {
     let Some(e) = engine() else { return };
-    for (d, dv) in [(192, 128), (40, 24), (24, 40), (59, 13)] {
-        let out = run_gpu_backward_both(e, &Case::new(37, 45, d).dv(dv).heads(4, 2));
-        assert_eq!(out.dv.shape, vec![1, 45, 2, dv]);
-        assert_eq!(out.dk.shape, vec![1, 45, 2, d]);
-        run_gpu_backward_both(e, &Case::new(45, 37, d).dv(dv).opts(causal()).f16());
+    // Each pair plain in f32 or causal in f16, alternately (both with
+    // FLASHATTN_FULL_MATRIX=1).
+    for (i, (d, dv)) in [(192, 128), (40, 24), (24, 40), (59, 13)]
+        .into_iter()
+        .enumerate()
+    {
+        // Every family on the first pair, the planner's and the registers
+        // on the others (every family on each with FLASHATTN_FULL_MATRIX=1).
+        let run = |case: &Case| {
+            if matrix(i == 0, true) {
+                run_gpu_backward_both(e, case)
+            } else {
+                run_with_registers(e, case)
+            }
+        };
+        if matrix(i % 2 == 0, true) {
+            let out = run(&Case::new(37, 45, d).dv(dv).heads(4, 2));
+            assert_eq!(out.dv.shape, vec![1, 45, 2, dv]);
+            assert_eq!(out.dk.shape, vec![1, 45, 2, d]);
+        }
+        if matrix(i % 2 == 1, true) {
+            run(&Case::new(45, 37, d).dv(dv).opts(causal()).f16());
+        }
     }
 }
 
@@ -94,10 +127,17 @@ fn f16_packed_and_native() {
             ..Default::default()
         });
     }
-    for o in variants {
-        for d in [32, 59, 128] {
-            run_with_registers(e, &Case::new(61, 83, d).f16().overrides(o));
-            run_with_registers(e, &Case::new(83, 61, d).f16().overrides(o).opts(causal()));
+    // Each path on a vec4 tail and a whole number of vec4s, one plain and
+    // one causal (every dim both ways with FLASHATTN_FULL_MATRIX=1).
+    for (i, o) in variants.into_iter().enumerate() {
+        let dims = matrix([[59, 128], [32, 59]][i].to_vec(), vec![32, 59, 128]);
+        for (j, &d) in dims.iter().enumerate() {
+            if matrix(j == 0, true) {
+                run_with_registers(e, &Case::new(61, 83, d).f16().overrides(o));
+            }
+            if matrix(j == 1, true) {
+                run_with_registers(e, &Case::new(83, 61, d).f16().overrides(o).opts(causal()));
+            }
         }
     }
 }
@@ -105,14 +145,17 @@ fn f16_packed_and_native() {
 #[test]
 fn bf16_sizes_and_head_dims() {
     let Some(e) = engine() else { return };
-    for d in [1, 32, 59, 128, 256] {
+    // Odd head dims (pairs of bf16 straddle rows) and the widest the lanes
+    // kernels take on both families; the sizes, scores and empty rows on the
+    // planner's (more of each with FLASHATTN_FULL_MATRIX=1).
+    for d in matrix(vec![59, 256], vec![1, 32, 59, 128, 256]) {
         run_with_registers(e, &Case::new(61, 83, d).bf16());
     }
     for (sq, sk) in [(1, 97), (97, 1), (83, 61)] {
-        run_with_registers(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
+        run_values(e, &Case::new(sq, sk, 40).bf16().opts(causal()));
     }
-    run_with_registers(e, &Case::new(97, 113, 32).std(6.0).bf16());
-    let out = run_with_registers(e, &Case::new(40, 10, 32).opts(causal()).bf16());
+    run_values(e, &Case::new(97, 113, 32).std(6.0).bf16());
+    let out = run_values(e, &Case::new(40, 10, 32).opts(causal()).bf16());
     // Rows 0..30 see no key: their dq is exactly zero.
     assert!(out.dq.to_f32()[..30 * 2 * 32].iter().all(|&x| x == 0.0));
 }
@@ -120,62 +163,90 @@ fn bf16_sizes_and_head_dims() {
 #[test]
 fn gqa_and_mqa_sum_over_groups() {
     let Some(e) = engine() else { return };
-    for (hq, hk) in [(4, 2), (6, 3), (4, 1)] {
-        run_with_registers(e, &Case::new(45, 70, 32).heads(hq, hk).batch(2));
-        run_with_registers(e, &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).f16());
-        run_with_registers(
-            e,
-            &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).bf16(),
-        );
+    // Each group size in one precision (every one in each with
+    // FLASHATTN_FULL_MATRIX=1): the group is index arithmetic, the same code.
+    for (i, (hq, hk)) in [(4, 2), (6, 3), (4, 1)].into_iter().enumerate() {
+        let runs = |j: usize| matrix(i == j, true);
+        if runs(0) {
+            run_values(e, &Case::new(45, 70, 32).heads(hq, hk).batch(2));
+        }
+        if runs(1) {
+            run_values(e, &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).f16());
+        }
+        if runs(2) {
+            run_values(
+                e,
+                &Case::new(70, 45, 32).heads(hq, hk).opts(causal()).bf16(),
+            );
+        }
     }
 }
 
 #[test]
 fn causal_window_softcap() {
     let Some(e) = engine() else { return };
-    for (l, r) in [(5, 0), (0, 7), (16, 16), (-1, 3), (20, -1)] {
+    // Windows are values of one masked code path: each window in one of
+    // the three cases, in turn (all three with FLASHATTN_FULL_MATRIX=1).
+    for (i, (l, r)) in [(5, 0), (0, 7), (16, 16), (-1, 3), (20, -1)]
+        .into_iter()
+        .enumerate()
+    {
         let opts = AttentionOptions {
             window: Window::from_signed(l, r),
             ..Default::default()
         };
-        run_with_registers(e, &Case::new(90, 77, 32).opts(opts.clone()));
-        run_with_registers(e, &Case::new(77, 90, 32).opts(opts.clone().causal(true)));
-        run_with_registers(e, &Case::new(77, 90, 32).opts(opts).bf16());
+        let runs = |j: usize| matrix(i % 3 == j, true);
+        if runs(0) {
+            run_values(e, &Case::new(90, 77, 32).opts(opts.clone()));
+        }
+        if runs(1) {
+            run_values(e, &Case::new(77, 90, 32).opts(opts.clone().causal(true)));
+        }
+        if runs(2) {
+            run_values(e, &Case::new(77, 90, 32).opts(opts).bf16());
+        }
     }
-    for cap in [3.0, 20.0] {
+    for (i, cap) in [3.0, 20.0].into_iter().enumerate() {
         let opts = AttentionOptions::default().softcap(cap);
-        run_with_registers(e, &Case::new(70, 80, 64).opts(opts.clone()).std(2.0));
-        run_with_registers(
-            e,
-            &Case::new(70, 80, 64)
-                .opts(opts.clone().causal(true))
-                .f16()
-                .std(2.0),
-        );
-        run_with_registers(
-            e,
-            &Case::new(70, 80, 64)
-                .opts(opts.causal(true))
-                .bf16()
-                .std(2.0),
-        );
+        if matrix(i == 0, true) {
+            run_with_registers(e, &Case::new(70, 80, 64).opts(opts.clone()).std(2.0));
+            run_with_registers(
+                e,
+                &Case::new(70, 80, 64)
+                    .opts(opts.clone().causal(true))
+                    .f16()
+                    .std(2.0),
+            );
+        }
+        if matrix(i == 1, true) {
+            run_with_registers(
+                e,
+                &Case::new(70, 80, 64)
+                    .opts(opts.causal(true))
+                    .bf16()
+                    .std(2.0),
+            );
+        }
     }
 }
 
 #[test]
 fn empty_rows_and_large_scores() {
     let Some(e) = engine() else { return };
-    let out = run_with_registers(e, &Case::new(40, 10, 32).opts(causal()));
+    let out = run_values(e, &Case::new(40, 10, 32).opts(causal()));
     let dq = out.dq.to_f32();
     // Rows 0..30 see no key: their dq is exactly zero.
     assert!(dq[..30 * 2 * 32].iter().all(|&x| x == 0.0));
-    run_with_registers(e, &Case::new(97, 113, 32).std(6.0));
+    run_values(e, &Case::new(97, 113, 32).std(6.0));
 }
 
 #[test]
 fn tile_overrides_agree() {
     let Some(e) = engine() else { return };
-    for (b, tc) in [(1, 2), (4, 2), (8, 8), (12, 4)] {
+    for (b, tc) in matrix(
+        vec![(1, 2), (8, 8), (12, 4)],
+        vec![(1, 2), (4, 2), (8, 8), (12, 4)],
+    ) {
         let o = PlanOverrides {
             br: Some(b),
             bc: Some(b),
@@ -207,8 +278,11 @@ fn long_sequences_agree_with_the_cpu_backend() {
     let Some(e) = engine() else { return };
     // Many blocks and workgroups; the f64 reference is too slow here, the CPU
     // backend (checked against it elsewhere) is the yardstick.
+    // (2048 keys with FLASHATTN_FULL_MATRIX=1; 1024 is already 128 lanes
+    // blocks and 16 tiled ones.)
+    let n = matrix(1024, 2048);
     for case in [
-        Case::new(2048, 2048, 64).heads(2, 1),
+        Case::new(n, n, 64).heads(2, 1),
         // Past llvmpipe's loop limit in one dispatch: rerun in pieces there.
         Case::new(700, 1100, 256).heads(1, 1),
     ] {
@@ -308,10 +382,15 @@ fn naive_backward_meets_the_rule() {
             .opts(AttentionOptions::default().softcap(4.0)),
         Case::new(47, 61, 24).bf16().opts(causal()),
     ];
-    for (e, case) in [e, &tiled]
+    // Each engine with aligned and unaligned shapes in each precision;
+    // every case on both with FLASHATTN_FULL_MATRIX=1.
+    let default_engine = matrix(vec![0, 4, 5], (0..6).collect());
+    let tiled_engine = matrix(vec![1, 2, 3], (0..6).collect());
+    let runs = default_engine
         .into_iter()
-        .flat_map(|e| cases.clone().map(|c| (e, c)))
-    {
+        .map(|i| (e, i))
+        .chain(tiled_engine.into_iter().map(|i| (&tiled, i)));
+    for (e, case) in runs.map(|(e, i)| (e, cases[i].clone())) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let (_, g) = output_grad(&case);
@@ -328,11 +407,15 @@ fn naive_backward_meets_the_rule() {
 #[test]
 fn finite_differences_on_tiny_cases() {
     let Some(e) = engine() else { return };
-    for opts in [
+    // The mask and softcap together by default (each alone too with
+    // FLASHATTN_FULL_MATRIX=1).
+    let all = vec![
         AttentionOptions::default(),
         causal(),
         AttentionOptions::default().softcap(2.0),
-    ] {
+    ];
+    let each = vec![AttentionOptions::default(), causal().softcap(2.0)];
+    for opts in matrix(each, all) {
         let case = Case::new(3, 4, 5).heads(2, 1).opts(opts.clone());
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
@@ -513,7 +596,7 @@ fn dvec_follows_the_row_strides() {
 #[test]
 fn registers_backward_rows_per_invocation() {
     let Some(e) = engine() else { return };
-    for rm in [1, 2, 4] {
+    for (i, rm) in [1, 2, 4].into_iter().enumerate() {
         let o = PlanOverrides {
             kernel: Some(KernelFamily::Registers),
             rows_per_thread: Some(rm),
@@ -523,12 +606,16 @@ fn registers_backward_rows_per_invocation() {
             window: Window::from_signed(9, 2),
             ..Default::default()
         };
-        for case in [
+        let cases = [
             Case::new(113, 97, 64).opts(causal()),
             Case::new(1, 1, 1),
             Case::new(97, 113, 59).heads(4, 2).opts(window.softcap(5.0)),
             Case::new(40, 70, 3).dv(13).bf16(),
-        ] {
+        ];
+        // Two of the four cases per setting, each case twice (all four with
+        // FLASHATTN_FULL_MATRIX=1).
+        let picked = matrix([[0, 3], [1, 2], [0, 2]][i].to_vec(), vec![0, 1, 2, 3]);
+        for case in picked.into_iter().map(|j| cases[j].clone()) {
             let out = run_gpu_backward(e, &case.overrides(o));
             let plan = out.stats.plan.unwrap();
             assert_eq!(

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{block_mask, causal, engine, run_gpu, run_gpu_backward_both, window, Case};
+use common::{block_mask, causal, engine, matrix, run_gpu, run_gpu_backward_both, window, Case};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::api::scores::{Alibi, Sinks};
 use flashattn::{AttentionOptions, Error, TensorView};
@@ -22,19 +22,28 @@ fn both_passes(case: &Case) {
 fn alibi_alone_and_with_masks_softcap_gqa() {
     let Some(e) = engine() else { return };
     let per_head = |o: AttentionOptions, h| o.alibi(Alibi::standard(h));
-    for opts in [
+    // Each option with ALiBi in f32 (d 64, GQA) or f16 (d 59), in turn
+    // (both with FLASHATTN_FULL_MATRIX=1).
+    for (i, opts) in [
         AttentionOptions::default(),
         causal(),
         window(9, 4),
         AttentionOptions::default().softcap(5.0),
-    ] {
-        run_gpu(
-            e,
-            &Case::new(61, 77, 64)
-                .heads(4, 2)
-                .opts(per_head(opts.clone(), 4)),
-        );
-        run_gpu(e, &Case::new(77, 61, 59).opts(per_head(opts, 2)).f16());
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if matrix(i % 2 == 0, true) {
+            run_gpu(
+                e,
+                &Case::new(61, 77, 64)
+                    .heads(4, 2)
+                    .opts(per_head(opts.clone(), 4)),
+            );
+        }
+        if matrix(i % 2 == 1, true) {
+            run_gpu(e, &Case::new(77, 61, 59).opts(per_head(opts, 2)).f16());
+        }
     }
     // (batch, heads_q) slopes, steep enough to dominate the scores.
     let slopes: Vec<f32> = (0..6).map(|i| 0.05 + 0.3 * i as f32).collect();
@@ -59,19 +68,28 @@ fn alibi_alone_and_with_masks_softcap_gqa() {
 fn sinks_alone_and_with_masks_softcap_gqa() {
     let Some(e) = engine() else { return };
     let sinks = |h: usize| Sinks::new(&(0..h).map(|i| i as f32 - 1.5).collect::<Vec<_>>());
-    for opts in [
+    // Each option with sinks in f32 (d 64, GQA) or f16 (d 24), in turn
+    // (both with FLASHATTN_FULL_MATRIX=1).
+    for (i, opts) in [
         AttentionOptions::default(),
         causal(),
         window(5, 0),
         AttentionOptions::default().softcap(4.0),
-    ] {
-        run_gpu(
-            e,
-            &Case::new(53, 61, 64)
-                .heads(4, 1)
-                .opts(opts.clone().sinks(sinks(4))),
-        );
-        run_gpu(e, &Case::new(61, 53, 24).opts(opts.sinks(sinks(2))).f16());
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if matrix(i % 2 == 0, true) {
+            run_gpu(
+                e,
+                &Case::new(53, 61, 64)
+                    .heads(4, 1)
+                    .opts(opts.clone().sinks(sinks(4))),
+            );
+        }
+        if matrix(i % 2 == 1, true) {
+            run_gpu(e, &Case::new(61, 53, 24).opts(opts.sinks(sinks(2))).f16());
+        }
     }
     // Rows with no allowed key: o = 0 and lse = the sink, exactly.
     let case = Case::new(40, 10, 32).opts(causal().sinks(sinks(2)));
@@ -112,7 +130,12 @@ fn dsinks_are_deterministic() {
 fn block_masks_of_odd_block_sizes_and_densities() {
     let Some(e) = engine() else { return };
     for (i, (bm, bn)) in [(7, 13), (13, 7), (16, 16), (3, 5)].into_iter().enumerate() {
+        // Densities are values: one per block size, in turn (all three with
+        // FLASHATTN_FULL_MATRIX=1).
         for (j, density) in [0.1, 0.3, 0.6].into_iter().enumerate() {
+            if !matrix(i % 3 == j, true) {
+                continue;
+            }
             let case = Case::new(67, 83, 32).heads(4, 2);
             let mask = block_mask(&case, (bm, bn), density, 4, (i * 3 + j) as u64);
             run_gpu(e, &case.opts(AttentionOptions::default().block_mask(mask)));
@@ -185,12 +208,23 @@ fn block_masks_aligned_to_the_tiles() {
 fn block_mask_builders() {
     let g = BlockGrid::new(90, 90, (8, 8)).unwrap();
     let case = Case::new(90, 90, 32).heads(4, 1);
-    for mask in [
+    // The builders give masks (host code), the kernels are the same: each
+    // forward, one also backward (all backward with FLASHATTN_FULL_MATRIX=1).
+    let e = engine();
+    for (i, mask) in [
         BlockMask::local_global(g, 1, 1),
         BlockMask::strided(g, 2, 3),
         BlockMask::bigbird(g, 4, [1, 1, 2], 5),
-    ] {
-        both_passes(&case.clone().opts(causal().block_mask(mask)));
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = case.clone().opts(causal().block_mask(mask));
+        if matrix(i == 0, true) {
+            both_passes(&case);
+        } else if let Some(e) = e {
+            run_gpu(e, &case);
+        }
     }
 }
 
@@ -217,18 +251,24 @@ fn packed_batches_with_empty_sequences() {
     // Sequence 1 has no queries, sequence 2 no keys, sequence 3 more
     // queries than keys.
     let (lq, lk) = ([9, 0, 37, 50, 20], [14, 23, 0, 31, 20]);
-    for opts in [
+    for (i, opts) in [
         AttentionOptions::default(),
         causal(),
         window(8, 2),
         AttentionOptions::default().softcap(5.0),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let case = Case::new(1, 1, 32).heads(4, 2).opts(opts).varlen(&lq, &lk);
         let out = run_gpu(e, &case);
         assert_eq!(out.o.shape, vec![116, 4, 32]);
         // One dispatch for the whole packed batch.
         assert_eq!(out.stats.dispatches, 1);
-        run_gpu(e, &case.f16());
+        // f16 with two of the options (all four with FLASHATTN_FULL_MATRIX=1).
+        if matrix(i % 2 == 1, true) {
+            run_gpu(e, &case.f16());
+        }
     }
     let case = Case::new(1, 1, 24)
         .heads(2, 1)

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{engine, output_grad, Case};
+use common::{engine, matrix, output_grad, Case};
 use flashattn::{Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, Window};
 use std::sync::OnceLock;
 
@@ -46,9 +46,10 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Forward (the planner's, the tiled and the registers kernels) and
-/// backward (likewise): the analytic counts equal the counted ones.
-fn flash_counts_match(e: &Engine, case: &Case) {
+/// Forward and backward on the kernel families `which` picks from the
+/// planner's, the tiled and the registers: the analytic counts equal the
+/// counted ones.
+fn flash_counts_match(e: &Engine, case: &Case, which: &[usize]) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let tiled = PlanOverrides {
@@ -66,7 +67,7 @@ fn flash_counts_match(e: &Engine, case: &Case) {
         ("tiled", tiled),
         ("registers", registers),
     ];
-    for (kernel, overrides) in families {
+    for &(kernel, overrides) in which.iter().map(|&i| &families[i]) {
         let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
         assert_counts(
             &format!("{kernel} forward {case:?}"),
@@ -89,8 +90,11 @@ fn flash_counts_match(e: &Engine, case: &Case) {
 fn flash_forward_and_backward_counts_match() {
     let Some(e) = counting() else { return };
     let e = e.lock().unwrap();
-    for case in cases() {
-        flash_counts_match(&e, &case);
+    // Each case on one family, in turn (on all three with
+    // FLASHATTN_FULL_MATRIX=1): every family meets masks, GQA, both head
+    // dims, a wide one and the low precisions.
+    for (i, case) in cases().iter().enumerate() {
+        flash_counts_match(&e, case, &matrix(vec![i % 3], vec![0, 1, 2]));
     }
 }
 
@@ -123,7 +127,7 @@ fn layout_counts_match_and_skipped_tiles_are_not_loaded() {
         ),
     ];
     for case in &cases {
-        flash_counts_match(&e, case);
+        flash_counts_match(&e, case, &[0, 1, 2]);
     }
     // With blocks as large as the tiles, the sparse forward reads K and V
     // only for about the allowed quarter of them.
@@ -151,7 +155,11 @@ fn layout_counts_match_and_skipped_tiles_are_not_loaded() {
 fn naive_and_matmul_counts_match() {
     let Some(e) = counting() else { return };
     let e = e.lock().unwrap();
-    for case in cases() {
+    // Every other case (all with FLASHATTN_FULL_MATRIX=1): aligned and
+    // not, masks, GQA, v's own head dim, each precision.
+    let all = cases();
+    let picked = matrix(all.iter().step_by(2).cloned().collect(), all.clone());
+    for case in picked {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let fwd = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
@@ -295,21 +303,34 @@ fn fp8_forward_counts_match() {
     let Some(e) = counting() else { return };
     let e = e.lock().unwrap();
     let causal = AttentionOptions::default().causal(true);
-    for case in [
+    for (i, case) in [
         Case::new(45, 37, 59).opts(causal),
         Case::new(33, 50, 64).heads(4, 2),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        for fp8 in [
+        for (j, fp8) in [
             flashattn::Fp8Options::default(),
             flashattn::Fp8Options::hadamard(3),
-        ] {
-            for kernel in [
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let kernels = [
                 None,
                 Some(KernelFamily::Tiled),
                 Some(KernelFamily::Registers),
-            ] {
+            ];
+            // Each (case, transform) on one or two families, in turn (all
+            // three with FLASHATTN_FULL_MATRIX=1).
+            let picked = matrix(
+                vec![kernels[(2 * i + j) % 3], kernels[(2 * i + j + 1) % 3]],
+                kernels.to_vec(),
+            );
+            for kernel in picked {
                 let o = PlanOverrides {
                     kernel,
                     ..Default::default()

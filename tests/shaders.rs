@@ -1,12 +1,13 @@
 //! Every kernel flashattn composes is checked here, without a device, the
 //! way wgpu's backends will check it: naga parses and validates the WGSL,
 //! applies the pipeline's override values, and translates the result to
-//! SPIR-V (Vulkan; validated by `spirv-val` when installed), MSL (Metal),
+//! SPIR-V (Vulkan; validated by `spirv-val`, see tests/spirv_val), MSL (Metal),
 //! HLSL (DX12) and GLSL (GL). Also: the workgroup storage each module
 //! declares equals its plan's, the uniform structs equal their Rust twins
 //! member by member, and every function-scope `var` is initialized.
 
 mod naga_layout;
+mod spirv_val;
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{
     BackwardPart, BufferCopy, CopyParams, DecodeMerge, DecodeParams, Epilogue, FlashBackward,
@@ -644,7 +645,7 @@ fn translate(
     k: &Kernel,
     module: &naga::Module,
     info: &ModuleInfo,
-    spirv_val: bool,
+    check_spirv: bool,
 ) -> Result<(), String> {
     let entry = k.key.source().entry.to_string();
     let stage = (naga::ShaderStage::Compute, entry.clone());
@@ -654,8 +655,8 @@ fn translate(
     };
     let spv = naga::back::spv::write_vec(module, info, &spv_options, None)
         .map_err(|e| format!("SPIR-V: {e}"))?;
-    if spirv_val {
-        spirv_validate(&spv).map_err(|e| format!("spirv-val: {e}"))?;
+    if check_spirv {
+        spirv_val::validate(&spv, "vulkan1.1").map_err(|e| format!("spirv-val: {e}"))?;
     }
     let msl_options = naga::back::msl::Options {
         lang_version: (2, 4),
@@ -704,41 +705,6 @@ fn translate(
     Ok(())
 }
 
-/// Whether `spirv-val` (Debian `spirv-tools`) is installed; without it the
-/// SPIR-V check is skipped visibly, unless FLASHATTN_REQUIRE_SPIRV_VAL=1
-/// (set by scripts/test.sh, which installs it) makes that a failure.
-fn have_spirv_val() -> bool {
-    let found = std::process::Command::new("spirv-val")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        let required = std::env::var("FLASHATTN_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "FLASHATTN_REQUIRE_SPIRV_VAL=1 but spirv-val is not installed"
-        );
-        eprintln!("SKIPPED: spirv-val is not installed (Debian: apt-get install spirv-tools)");
-    }
-    found
-}
-
-fn spirv_validate(words: &[u32]) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("kernel.spv");
-    std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(words)).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new("spirv-val")
-        .args(["--target-env", "vulkan1.1"])
-        .arg(&path)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 /// The workgroup storage a flash module must declare: its plan's.
 fn planned_workgroup_bytes(k: &Kernel) -> Option<u32> {
     match k.key {
@@ -759,7 +725,7 @@ fn planned_workgroup_bytes(k: &Kernel) -> Option<u32> {
 /// both checks, spread over the cores.
 #[test]
 fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
-    let spirv_val = have_spirv_val();
+    let check_spirv = spirv_val::available();
     let kernels = all_kernels();
     let check = |k: &Kernel| -> Result<(), String> {
         let (module, info) = compile(k)?;
@@ -771,7 +737,7 @@ fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
                 ));
             }
         }
-        translate(k, &module, &info, spirv_val)
+        translate(k, &module, &info, check_spirv)
     };
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let failures: Vec<String> = std::thread::scope(|s| {
@@ -798,7 +764,11 @@ fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
     eprintln!(
         "{} modules to SPIR-V{}, MSL and HLSL; {glsl} to GLSL",
         kernels.len(),
-        if spirv_val { " (spirv-val: valid)" } else { "" }
+        if check_spirv {
+            " (spirv-val: valid)"
+        } else {
+            ""
+        }
     );
 }
 

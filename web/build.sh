@@ -4,6 +4,8 @@
 # wasm32 target and wasm-bindgen-cli at the exact version web/Cargo.lock pins
 # (the CLI and the crate must match). Runs wasm-opt when it is on PATH or in
 # web/node_modules/.bin (npm package `binaryen`). Then: web/serve.sh.
+# WEB_PROFILE picks the cargo profile (default release; the browser test
+# builds `page-test`, release without LTO, see Cargo.toml).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -19,17 +21,26 @@ if [ -z "$version" ]; then
   exit 1
 fi
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ]; then
-  echo "web/build.sh: installing wasm-bindgen-cli $version (about 4 minutes on 2 cores, once)"
+  echo "web/build.sh: installing wasm-bindgen-cli $version (once)"
   # Not --locked: the CLI's own lockfile pins a crate version the registry may lack.
-  cargo install wasm-bindgen-cli --version "$version"
+  # Only the wasm-bindgen binary, without the test runner's TLS (rustls and
+  # ring, the longest part of a cold build), at opt-level 1: it runs for
+  # seconds on this crate's module, and compiles in a fraction of the time.
+  t0=$(date +%s)
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 \
+    cargo install wasm-bindgen-cli --version "$version" --no-default-features --bin wasm-bindgen
+  echo "web/build.sh: installed wasm-bindgen-cli in $(( $(date +%s) - t0 )) s"
 fi
 
 # Where cargo puts the wasm (web/target unless CARGO_TARGET_DIR or a config says otherwise).
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-cargo build --release --target wasm32-unknown-unknown
+profile=${WEB_PROFILE:-release}
+t0=$(date +%s)
+cargo build --profile "$profile" --target wasm32-unknown-unknown
+echo "web/build.sh: built the wasm ($profile profile) in $(( $(date +%s) - t0 )) s"
 rm -rf pkg
 wasm-bindgen --target web --no-typescript --out-dir pkg \
-  "$target_dir/wasm32-unknown-unknown/release/flashattn_web.wasm"
+  "$target_dir/wasm32-unknown-unknown/$profile/flashattn_web.wasm"
 
 wasm=pkg/flashattn_web_bg.wasm
 wasm_opt=$(command -v wasm-opt || true)

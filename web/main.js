@@ -43,6 +43,14 @@ const exp3 = (x) => (Number.isFinite(x) ? x.toExponential(2) : String(x));
 const verdict = (ok) => (ok ? '<span class="ok">✓</span>' : '<span class="bad">FAIL</span>');
 const kib = (b) => (b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(0)} MiB` : `${(b / 1024).toFixed(0)} KiB`);
 
+// Progress for test/browser.mjs, which waits as long as checks keep
+// finishing: the number of checks this load runs, and those finished.
+const progress = { total: 0, finished: 0, last: null };
+function finished(what) {
+  progress.finished++;
+  progress.last = what;
+}
+
 function setStatus(text, ok) {
   $('status').textContent = text;
   $('status').className = ok === undefined ? '' : ok ? 'ok' : 'bad';
@@ -158,6 +166,7 @@ async function runLayoutChecks() {
   for (const c of LAYOUT_CASES) {
     results.push(JSON.parse(await fa.run_layout_case(c.name, c.precision, BigInt(SEED))));
     showLayoutChecks(results);
+    finished(`layout ${c.name} ${c.precision}`);
   }
   return results;
 }
@@ -171,6 +180,7 @@ async function runDecodeChecks() {
     $('dec_steps').value = c.steps;
     $('dec_precision').value = c.precision;
     runs.push(await runDecode());
+    finished(`decode ${c.precision} cache ${c.len}`);
   }
   return runs;
 }
@@ -191,6 +201,7 @@ async function runChecks() {
     for (const c of SELFTEST_CASES) {
       results.push(JSON.parse(await fa.run_case(c.seqlen, c.head_dim, c.heads, c.causal, c.precision, BigInt(SEED), c.kernel)));
       showChecks(results);
+      finished(`case ${c.seqlen} d ${c.head_dim} ${c.precision}${c.kernel ? ` ${c.kernel}` : ''}`);
     }
   } finally {
     $('selftest').disabled = false;
@@ -265,7 +276,10 @@ async function loadSteps(block, showAll) {
 
 async function main() {
   const selftest = new URLSearchParams(location.search).has('selftest');
-  const results = { done: false, passed: false, error: null };
+  const results = { done: false, passed: false, error: null, progress };
+  // Two heatmaps and three worked examples on every load; the form's run
+  // and every case, layout and decoding run with ?selftest.
+  progress.total = 2 + 3 + (selftest ? 1 + SELFTEST_CASES.length + LAYOUT_CASES.length + DECODE_SELFTEST.length : 0);
   window.flashattnResults = results;
   try {
     await init();
@@ -289,9 +303,13 @@ async function main() {
       const h = JSON.parse(await fa.heatmap(24, 16, causal, BigInt(3)));
       drawHeatmap(h);
       results.heatmaps.push(h);
+      finished(`heatmap ${causal ? 'causal' : 'full'}`);
     }
     results.worked = [];
-    for (const block of [3, 2, 1]) results.worked.push(await loadSteps(block, selftest));
+    for (const block of [3, 2, 1]) {
+      results.worked.push(await loadSteps(block, selftest));
+      finished(`worked example Bc ${block}`);
+    }
     $('block').value = '1';
     setStatus('ready', true);
 
@@ -302,6 +320,7 @@ async function main() {
       while ($('run').disabled || !$('result').querySelector('pre,.bad')) await new Promise((r) => setTimeout(r, 50));
       const err = $('result').querySelector('.bad');
       if (err) throw new Error(`form run failed: ${err.textContent}`);
+      finished('form');
       results.cases = await runChecks();
       results.layouts = await runLayoutChecks();
       results.decode = await runDecodeChecks();

@@ -9,24 +9,10 @@ use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// An engine on the best adapter, or `None` (with a visible notice) when no
-/// adapter exists. With FLASHATTN_REQUIRE_GPU=1 (set by CI and
-/// scripts/test.sh) a missing adapter fails the test instead.
-fn engine() -> Option<&'static flashattn::Engine> {
-    static ENGINE: std::sync::OnceLock<Option<flashattn::Engine>> = std::sync::OnceLock::new();
-    ENGINE
-        .get_or_init(|| match flashattn::Engine::new() {
-            Ok(e) => Some(e),
-            Err(err) => {
-                if std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                    panic!("FLASHATTN_REQUIRE_GPU=1 but no adapter: {err}");
-                }
-                eprintln!("SKIPPED: GPU tests need an adapter: {err}");
-                None
-            }
-        })
-        .as_ref()
-}
+/// The engine of this process, or `None` when no adapter exists and the
+/// run does not require one (flashattn-testkit: FLASHATTN_REQUIRE_GPU=1, set
+/// by CI and scripts/test.sh, makes a missing adapter fail the test).
+use flashattn_testkit::engine;
 
 /// The backends a test runs on: the CPU, and wgpu where an adapter exists.
 fn backends() -> &'static [&'static str] {
@@ -366,12 +352,20 @@ fn non_finite_scale() {
 }
 
 /// Built with `--features cuda` on a machine without the NVIDIA driver:
-/// one line naming it, no output file (and no panic).
+/// one line naming it, no output file (and no panic); with the driver, the
+/// command runs on the device.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_without_a_driver_names_it() {
     if flashattn::cuda::driver_present() {
-        eprintln!("libcuda loads here: the no-driver error is not reachable");
+        // The no-driver error is not reachable here: the same command runs
+        // on the CUDA device instead and meets the rule.
+        let f = Files::new();
+        let qkv = f.qkv(1, 4, 4, 1, 1, 8);
+        let lse = f.path("lse.npy");
+        let out = f.forward(&["--backend", "cuda", "--lse", lse.to_str().unwrap()]);
+        assert_ok(&out);
+        check_o(&f, [[1, 4, 1, 8]; 2], &qkv, &Default::default());
         return;
     }
     let f = Files::new();

@@ -39,10 +39,27 @@ impl PipelineCache {
         if let Some(p) = self.lock()?.get(key) {
             return Ok(p.clone());
         }
+        let started = web_time::Instant::now();
         let pipeline = checked(device, "compiling a kernel", || Ok(compile(device, key))).await?;
+        if trace() {
+            // What a test binary costs on a driver without a shader cache
+            // (the thread names the test under libtest).
+            eprintln!(
+                "flashattn trace: compiled {} in {:.0} ms on {} ({key:?})",
+                key.name(),
+                started.elapsed().as_secs_f64() * 1e3,
+                std::thread::current().name().unwrap_or("?")
+            );
+        }
         self.lock()?.insert(*key, pipeline.clone());
         Ok(pipeline)
     }
+}
+
+/// Whether `FLASHATTN_TRACE_PIPELINES=1` asks for each compile on stderr.
+fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("FLASHATTN_TRACE_PIPELINES").is_ok_and(|v| v == "1"))
 }
 
 fn compile(device: &wgpu::Device, key: &KernelKey) -> wgpu::ComputePipeline {

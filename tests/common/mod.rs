@@ -10,27 +10,24 @@ use flashattn::{
     AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorData,
     TensorView,
 };
-use std::sync::OnceLock;
 
-/// The engine for this process, or `None` (with a visible notice) when no
-/// adapter exists. With FLASHATTN_REQUIRE_GPU=1 (set by CI and scripts/test.sh)
-/// a missing adapter fails the test instead.
-pub fn engine() -> Option<&'static Engine> {
-    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-    let e = ENGINE.get_or_init(|| match Engine::new() {
-        Ok(e) => {
-            eprintln!("GPU tests run on {}", e.describe());
-            Some(e)
-        }
-        Err(err) => {
-            if std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("FLASHATTN_REQUIRE_GPU=1 but no adapter: {err}");
-            }
-            eprintln!("SKIPPED: GPU tests need an adapter: {err}");
-            None
-        }
-    });
-    e.as_ref()
+/// The engine for this process, or `None` when no adapter exists and the
+/// run does not require one (see flashattn-testkit: FLASHATTN_REQUIRE_GPU=1,
+/// set by CI and scripts/test.sh, makes a missing adapter fail the test).
+#[allow(unused_imports)] // not every test binary has GPU tests
+pub use flashattn_testkit::engine;
+
+/// A GPU suite's cases: `all` with FLASHATTN_FULL_MATRIX=1, else `each`,
+/// which reaches each distinct kernel code path at least once (pipelines
+/// are what a driver without a shader cache spends its time compiling, so
+/// the default spreads precisions and options over the shapes instead of
+/// multiplying them).
+pub fn matrix<T>(each: T, all: T) -> T {
+    if flashattn_testkit::full_matrix() {
+        all
+    } else {
+        each
+    }
 }
 
 /// Owned inputs of one case: the values (already rounded to the case's
@@ -301,6 +298,17 @@ pub fn other_families(case: &Case, picked: Option<KernelFamily>) -> Vec<PlanOver
 /// Run a case on the GPU and check it, and with the other kernel families
 /// on the same case (see [`other_families`]).
 pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
+    run_gpu_on(engine, case, true)
+}
+
+/// [`run_gpu`] with FLASHATTN_FULL_MATRIX=1; by default the planner's
+/// kernels only, for cases that are values of code paths which other tests
+/// run on every family (sizes, group sizes, windows, scales).
+pub fn run_gpu_values(engine: &Engine, case: &Case) -> ForwardOutput {
+    run_gpu_on(engine, case, flashattn_testkit::full_matrix())
+}
+
+fn run_gpu_on(engine: &Engine, case: &Case, every_family: bool) -> ForwardOutput {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let run = |overrides: &PlanOverrides| {
@@ -311,8 +319,10 @@ pub fn run_gpu(engine: &Engine, case: &Case) -> ForwardOutput {
         out
     };
     let out = run(&case.overrides);
-    for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
-        run(&o);
+    if every_family {
+        for o in other_families(case, out.stats.plan.map(|p| p.kernel)) {
+            run(&o);
+        }
     }
     out
 }

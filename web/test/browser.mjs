@@ -7,7 +7,14 @@
 // Environment: CHROMIUM (default /usr/bin/chromium), SCREENSHOT (default
 // web/test-results/screenshot.png, so test runs leave the committed
 // web/screenshot.png alone; set SCREENSHOT=web/screenshot.png to refresh it),
-// RESULTS (default web/test-results/results.json), TIMEOUT_S (default 300).
+// RESULTS (default web/test-results/results.json), STALL_S (default 300: how
+// long the page may go without finishing a check) and CHECK_S (default 60:
+// the whole run may take the page's number of checks times this).
+//
+// The wait follows the page's progress (window.flashattnResults.progress:
+// checks finished out of the total it runs), so a slower host gets more
+// time as long as the page keeps moving; a page stuck on one check fails
+// after STALL_S with the check it was on.
 import { chromium } from 'playwright-core';
 import http from 'node:http';
 import fs from 'node:fs';
@@ -17,7 +24,8 @@ import { fileURLToPath } from 'node:url';
 const webDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const screenshotPath = path.resolve(process.env.SCREENSHOT || path.join(webDir, 'test-results', 'screenshot.png'));
 const resultsPath = path.resolve(process.env.RESULTS || path.join(webDir, 'test-results', 'results.json'));
-const timeoutMs = Number(process.env.TIMEOUT_S || 300) * 1000;
+const stallMs = Number(process.env.STALL_S || 300) * 1000;
+const perCheckMs = Number(process.env.CHECK_S || 60) * 1000;
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 
 const failures = [];
@@ -45,6 +53,7 @@ function serve() {
 
 function checkResults(r) {
   if (!expect(r.error === null, `the page reported an error: ${r.error}`)) return;
+  expect(r.progress.finished === r.progress.total, `the page finished ${r.progress.finished} of ${r.progress.total} checks`);
   const dev = r.device;
   const info = dev.js_info || {};
   expect(dev.backend === 'BrowserWebGpu', `wgpu backend ${dev.backend}, expected BrowserWebGpu`);
@@ -165,6 +174,38 @@ function checkResults(r) {
   }
 }
 
+// Wait until the page is done: fail when no check finished for STALL_S, or
+// when the run takes longer than its number of checks times CHECK_S. Logs
+// each finished check with its seconds.
+async function waitForChecks(page) {
+  const started = Date.now();
+  let seen = 0;
+  let lastChange = started;
+  for (;;) {
+    const s = await page.evaluate(() => {
+      const r = window.flashattnResults;
+      return r ? { done: r.done, progress: { ...r.progress } } : null;
+    });
+    const now = Date.now();
+    const p = (s && s.progress) || { total: 0, finished: 0, last: null };
+    if (p.finished > seen) {
+      console.log(`  [${((now - started) / 1000).toFixed(0).padStart(4)} s] ${p.finished}/${p.total} ${p.last} ` +
+        `(${((now - lastChange) / 1000).toFixed(1)} s)`);
+      seen = p.finished;
+      lastChange = now;
+    }
+    if (s && s.done) return;
+    const at = p.last ? `after ${p.last}` : 'before the first check finished';
+    if (now - lastChange > stallMs) {
+      throw new Error(`no check finished for ${stallMs / 1000} s (STALL_S), ${p.finished}/${p.total} done, ${at}`);
+    }
+    if (p.total > 0 && now - started > p.total * perCheckMs) {
+      throw new Error(`${p.total} checks took over ${p.total} x ${perCheckMs / 1000} s (CHECK_S), ${p.finished} done, ${at}`);
+    }
+    await new Promise((r) => setTimeout(r, 500));
+  }
+}
+
 async function main() {
   const started = Date.now();
   if (!fs.existsSync(path.join(webDir, 'pkg', 'flashattn_web.js'))) {
@@ -185,7 +226,7 @@ async function main() {
     page.on('console', (msg) => { if (msg.type() === 'error') consoleErrors.push(msg.text()); });
     page.on('pageerror', (e) => consoleErrors.push(String(e)));
     await page.goto(url);
-    await page.waitForFunction(() => window.flashattnResults && window.flashattnResults.done, null, { timeout: timeoutMs });
+    await waitForChecks(page);
     const r = await page.evaluate(() => window.flashattnResults);
     fs.mkdirSync(path.dirname(resultsPath), { recursive: true });
     fs.mkdirSync(path.dirname(screenshotPath), { recursive: true });
