@@ -361,7 +361,7 @@ pub struct BenchArgs {
     /// with subgroups, registers on GPUs), tiled or registers (those kernels
     /// forced), naive, cpu, and the
     /// outside baselines numpy (naive float32 attention) and torch (SDPA on
-    /// the CPU), run by benches/baselines.py under --python.
+    /// the CPU), run by cli/src/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
     /// The Python interpreter for the numpy and torch baselines (e.g. a venv's).

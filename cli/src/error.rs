@@ -85,7 +85,7 @@ pub enum CliError {
     },
     #[error("{what} need a GPU adapter")]
     NeedsGpu { what: &'static str },
-    #[error("{implementation} is an outside baseline: `flashattn bench` runs it through benches/baselines.py")]
+    #[error("{implementation} is an outside baseline: `flashattn bench` runs it through cli/src/baselines.py")]
     OutsideBaseline { implementation: &'static str },
     #[error("the baselines script ({python}) failed: {message}")]
     Baseline { python: String, message: String },
