@@ -35,7 +35,7 @@
 //! - [`ops`]: forward, backward, decoding, the naive baseline, the matmul
 //!   ceiling and the copy bandwidth, built from kernels and the runtime;
 //!   [`Engine`] is their public face;
-//! - [`cpu`], [`reference`], [`accuracy`]: the CPU backend, the f64
+//! - [`cpu`], [`reference`](mod@reference), [`accuracy`]: the CPU backend, the f64
 //!   reference and SPEC.md's accuracy rule; [`Backend`] chooses;
 //! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
 //!   host, which the wgpu kernels reproduce bit for bit.

@@ -215,7 +215,7 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub cache_batch_idx: Option<PathBuf>,
     /// New keys (batch, seqlen_new, heads_kv, head_dim), written into the
-    /// cache at cache_seqlens[b].. and attended to (with --v-new).
+    /// cache after each sequence's cache_seqlens tokens and attended to (with --v-new).
     #[arg(long)]
     pub k_new: Option<PathBuf>,
     /// New values, shape of --k-new.
