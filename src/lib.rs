@@ -20,7 +20,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow SPEC.md:
+//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow docs/semantics.md:
 //! `q` is `(batch, seqlen_q, heads_q, head_dim)`, `k`/`v` are
 //! `(batch, seqlen_k, heads_kv, head_dim)`, `lse` is `(batch, heads_q, seqlen_q)`.
 //!
@@ -36,7 +36,7 @@
 //!   ceiling and the copy bandwidth, built from kernels and the runtime;
 //!   [`Engine`] is their public face;
 //! - [`cpu`], [`reference`](mod@reference), [`accuracy`]: the CPU backend, the f64
-//!   reference and SPEC.md's accuracy rule; [`Backend`] chooses;
+//!   reference and docs/semantics.md's accuracy rule; [`Backend`] chooses;
 //! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
 //!   host, which the wgpu kernels reproduce bit for bit.
 

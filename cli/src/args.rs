@@ -1,4 +1,4 @@
-//! Command-line definitions (clap), exactly the flags of SPEC.md.
+//! Command-line definitions (clap), exactly the flags of docs/semantics.md.
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

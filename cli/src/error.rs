@@ -109,7 +109,7 @@ pub enum CliError {
     Csv(#[from] csv::Error),
     #[error("progress bar")]
     Progress(#[from] indicatif::style::TemplateError),
-    #[error("{failed} of {checked} outputs do not meet SPEC.md's accuracy rule")]
+    #[error("{failed} of {checked} outputs do not meet docs/semantics.md's accuracy rule")]
     Inaccurate { failed: usize, checked: usize },
 }
 

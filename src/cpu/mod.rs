@@ -1,5 +1,5 @@
 //! The CPU backend: FlashAttention computed the way fast CPU kernels do it,
-//! with the semantics of the GPU kernels (SPEC.md), on all cores (rayon).
+//! with the semantics of the GPU kernels (docs/semantics.md), on all cores (rayon).
 //!
 //! - **Work split**: forward tasks are (batch, query head, block of 128
 //!   query rows), with key splits merged by LSE where that leaves fewer
