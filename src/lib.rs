@@ -20,7 +20,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow docs/semantics.md:
+//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow the contract in
+//! [docs/semantics.md](https://github.com/flashattn/flashattn/blob/main/docs/semantics.md):
 //! `q` is `(batch, seqlen_q, heads_q, head_dim)`, `k`/`v` are
 //! `(batch, seqlen_k, heads_kv, head_dim)`, `lse` is `(batch, heads_q, seqlen_q)`.
 //!
