@@ -497,7 +497,7 @@ pub async fn heatmap(
     })
 }
 
-/// The seeds' worked example: one query, scores 1.414, 0.707, 0.707 (scale 1,
+/// A worked example: one query, scores 1.414, 0.707, 0.707 (scale 1,
 /// `q = 1.414`, `k = 1, 0.5, 0.5`), values 1, 0, 1.
 const EXAMPLE_Q: f32 = 1.414;
 const EXAMPLE_K: [f32; 3] = [1.0, 0.5, 0.5];
