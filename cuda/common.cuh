@@ -51,7 +51,7 @@ __device__ __forceinline__ storage_t store_f32(float x) {
 #endif
 
 // What a materialized low-precision computation does to P and dS before
-// the products that use them (SPEC.md): round to storage, keep f32.
+// the products that use them (docs/semantics.md): round to storage, keep f32.
 __device__ __forceinline__ float round_storage(float x) { return load_f32(store_f32(x)); }
 
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -70,7 +70,7 @@ static_assert(sizeof(Problem) == 9 * 4, "Problem must stay nine 4-byte fields");
 
 __device__ __forceinline__ int band_offset(const Problem& p) { return p.seqlen_k - p.seqlen_q; }
 
-// Whether query row i may attend to key j (SPEC.md's masks; bounds included).
+// Whether query row i may attend to key j (docs/semantics.md's masks; bounds included).
 __device__ __forceinline__ bool allowed(const Problem& p, int i, int j) {
     if (j < 0 || j >= p.seqlen_k || i >= p.seqlen_q) return false;
 #if HAS_BAND
@@ -197,7 +197,7 @@ __device__ __forceinline__ float alibi_slope(const Layout& L, const Seq& s, int 
     return L.alibi ? L.alibi[(size_t)s.index * L.alibi_batch_stride + h] : 0.0f;
 }
 
-// SPEC.md's score with ALiBi: s - slope * |i + off - j| (one f32 product,
+// docs/semantics.md's score with ALiBi: s - slope * |i + off - j| (one f32 product,
 // as the CPU backend rounds it).
 __device__ __forceinline__ float with_alibi(const Problem& p, float slope, float s, int i, int j) {
     return s - slope * fabsf((float)(i + band_offset(p) - j));

@@ -15,7 +15,7 @@
 //!
 //! On sampled steps (`--check-every`, default 32) every layer's attention is
 //! checked: the layer's cache is read back before the step and the CPU
-//! backend runs the same step on that copy; both outputs must pass SPEC.md's
+//! backend runs the same step on that copy; both outputs must pass docs/semantics.md's
 //! accuracy rule against the f64 reference, and the device cache after the
 //! step must equal the CPU's bit for bit. A failure exits non-zero.
 //!
@@ -536,7 +536,7 @@ impl Generator<'_, '_> {
 
     /// Check one layer's attention: the device's output and the CPU
     /// backend's on the same cache contents against the f64 reference
-    /// (SPEC.md's rule), and the device cache after the append against the
+    /// (docs/semantics.md's rule), and the device cache after the append against the
     /// CPU's.
     fn verify(
         &mut self,
@@ -555,7 +555,9 @@ impl Generator<'_, '_> {
                 .collect::<Vec<_>>()
                 .join(", ");
             match checks.iter().find(|k| !k.passed()) {
-                Some(bad) => Err(fail(format!("{who} fails SPEC.md's accuracy rule: {bad}"))),
+                Some(bad) => Err(fail(format!(
+                    "{who} fails docs/semantics.md's accuracy rule: {bad}"
+                ))),
                 None => Ok(text),
             }
         };
@@ -819,7 +821,7 @@ fn summarize(cfg: &Config, r: &Report, gpu: bool) {
             String::new()
         };
         println!(
-            "checks: PASS — prefill and {} sampled step(s), {} layer calls, all within SPEC.md's accuracy rule{diff} ({:.1} s)",
+            "checks: PASS — prefill and {} sampled step(s), {} layer calls, all within docs/semantics.md's accuracy rule{diff} ({:.1} s)",
             r.checked_steps,
             r.checks,
             r.checking.as_secs_f64()

@@ -1,6 +1,6 @@
 //! The precision study, in two parts.
 //!
-//! 1. One row (the seeds' exercise 6): whole-row softmax, the online
+//! 1. One row at a time: whole-row softmax, the online
 //!    softmax over blocks of B keys, and the wrong "independent softmax per
 //!    block", in f32, in pure f16 and with f16 storage + f32 math, measured
 //!    against f64 on seeded random rows, for the probabilities and for the

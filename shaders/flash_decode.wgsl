@@ -24,7 +24,7 @@ var<workgroup> row_m: array<f32, RB>;
 var<workgroup> row_l: array<f32, RB>;
 var<workgroup> key_rows: array<u32, WG>;
 
-// The LSE of a row that saw no key: the merge's sentinel, or SPEC.md's -inf.
+// The LSE of a row that saw no key: the merge's sentinel, or docs/semantics.md's -inf.
 fn empty_lse() -> f32 {
     if (IS_PARTIAL) {
         return NEG_BIG;

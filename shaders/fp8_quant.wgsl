@@ -1,4 +1,4 @@
-// FP8 quantization (SPEC.md) of one tensor (batch, seqlen, heads, D) of f32,
+// FP8 quantization (docs/semantics.md) of one tensor (batch, seqlen, heads, D) of f32,
 // on the device, in three entry points run in order:
 // - `absmax`: max |x| of each (batch, head) after the optional transform
 //   (hadamard.wgsl), combined by atomicMax on the values' bits (which order

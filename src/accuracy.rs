@@ -1,11 +1,11 @@
-//! SPEC.md's accuracy rule, shared by tests, the demo and the CLI.
+//! docs/semantics.md's accuracy rule, shared by tests, the demo and the CLI.
 //!
 //! `max|x - ref| <= R · max|baseline - ref| + 2·noise + 1e-5 · max(1, max|ref|)`,
 //! where `noise` is one unit in the last place of the output dtype at the
 //! reference's magnitude. Non-finite reference entries (`-inf` LSE of empty
 //! rows) must be matched exactly; any NaN fails.
 //!
-//! FP8 is not held to the rule (SPEC.md): [`fp8_report`] gives its RMSE and
+//! FP8 is not held to the rule (docs/semantics.md): [`fp8_report`] gives its RMSE and
 //! max error against the f64 reference beside those of the same
 //! quantization computed naively in f64.
 
@@ -262,7 +262,7 @@ pub fn error_stats(got: &[f64], reference: &[f64]) -> ErrorStats {
     }
 }
 
-/// An FP8 forward measured (SPEC.md): `o` and `lse` against the f64
+/// An FP8 forward measured (docs/semantics.md): `o` and `lse` against the f64
 /// reference on the unquantized inputs, and `naive`: the same quantization
 /// computed naively in f64 ([`reference::fp8_naive`]) against it.
 #[derive(Clone, Copy, Debug)]

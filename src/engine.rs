@@ -321,7 +321,7 @@ impl Engine {
         ops::forward::forward(&self.gpu, [q, k, v], opts, &overrides).await
     }
 
-    /// FP8 (e4m3) attention forward (SPEC.md): q, k, v (any storage
+    /// FP8 (e4m3) attention forward (docs/semantics.md): q, k, v (any storage
     /// precision) quantized on the device with per-(batch, head) scales, q
     /// and k through the seeded Hadamard transform when `fp8` asks; `o` is
     /// f32. Runs as one dispatch set: past one storage binding, the grid or

@@ -20,7 +20,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow SPEC.md:
+//! Semantics (shapes, masks, LSE, empty rows, accuracy) follow the contract in
+//! [docs/semantics.md](https://github.com/flashattn/flashattn/blob/main/docs/semantics.md):
 //! `q` is `(batch, seqlen_q, heads_q, head_dim)`, `k`/`v` are
 //! `(batch, seqlen_k, heads_kv, head_dim)`, `lse` is `(batch, heads_q, seqlen_q)`.
 //!
@@ -35,8 +36,8 @@
 //! - [`ops`]: forward, backward, decoding, the naive baseline, the matmul
 //!   ceiling and the copy bandwidth, built from kernels and the runtime;
 //!   [`Engine`] is their public face;
-//! - [`cpu`], [`reference`], [`accuracy`]: the CPU backend, the f64
-//!   reference and SPEC.md's accuracy rule; [`Backend`] chooses;
+//! - [`cpu`], [`reference`](mod@reference), [`accuracy`]: the CPU backend, the f64
+//!   reference and docs/semantics.md's accuracy rule; [`Backend`] chooses;
 //! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
 //!   host, which the wgpu kernels reproduce bit for bit.
 

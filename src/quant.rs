@@ -1,4 +1,4 @@
-//! FP8 (e4m3) quantization exactly as SPEC.md defines it, on the host: the
+//! FP8 (e4m3) quantization exactly as docs/semantics.md defines it, on the host: the
 //! CPU backend's FP8 path, the f64 FP8 baseline and the tests of the wgpu
 //! quantization kernels (which must produce these bits) all use it.
 //!

@@ -494,7 +494,7 @@ pub fn naive_backward_baseline(
     })
 }
 
-/// The cache after `step`'s append, by SPEC.md's rule: token `t` of sequence
+/// The cache after `step`'s append, by docs/semantics.md's rule: token `t` of sequence
 /// `b` goes to page `block_table[b, t / page_size]`, slot `t % page_size`
 /// (a dense cache: row `cache_batch_idx[b]`, position `t`). Validates first.
 pub fn decode_cache(cache: &HostKvCache, step: &DecodeStep) -> Result<HostKvCache> {
@@ -520,7 +520,7 @@ pub fn decode_cache(cache: &HostKvCache, step: &DecodeStep) -> Result<HostKvCach
     Ok(out)
 }
 
-/// Cache row of token `t` of sequence `b`, straight from SPEC.md's wording.
+/// Cache row of token `t` of sequence `b`, straight from docs/semantics.md's wording.
 fn spec_row(cache: &HostKvCache, step: &DecodeStep, b: usize, t: usize) -> usize {
     let [_, inner, _, _] = cache.shape.dims();
     match step.block_table {

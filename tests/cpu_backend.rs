@@ -1,5 +1,5 @@
 //! The CPU backend (`flashattn::cpu`), forward and backward, against the
-//! f64 reference under SPEC.md's rule, with the naive baseline — independent
+//! f64 reference under docs/semantics.md's rule, with the naive baseline — independent
 //! code — as the rule's yardstick: the whole accuracy matrix (f32/f16,
 //! causal, windows, softcap, GQA/MQA, odd sizes, seqlen_q ≠ seqlen_k, head
 //! dims 1..=256, empty rows, large scores) on every instruction set this
@@ -98,7 +98,7 @@ fn grads(cpu: &Cpu, c: &Case, data: &Data) -> BackwardOutput {
     cpu.backward(&inputs, &c.opts).unwrap()
 }
 
-/// On every instruction set: o and lse must meet SPEC.md's rule (R = 2, 3
+/// On every instruction set: o and lse must meet docs/semantics.md's rule (R = 2, 3
 /// with softcap) and the gradients too (R = 3), against the f64 reference.
 /// Returns the fastest set's gradients.
 fn run(c: &Case) -> BackwardOutput {
@@ -309,7 +309,7 @@ fn cpu_f16_and_bf16() {
     }
 }
 
-/// Outputs keep the input dtype (SPEC.md): bf16 in, bf16 out.
+/// Outputs keep the input dtype (docs/semantics.md): bf16 in, bf16 out.
 #[test]
 fn cpu_outputs_keep_the_dtype() {
     for p in [Precision::F32, Precision::F16, Precision::Bf16] {

@@ -1,5 +1,5 @@
 //! The CPU backend on every layout a model brings, forward and backward,
-//! against the f64 reference under SPEC.md's rule, on every instruction set
+//! against the f64 reference under docs/semantics.md's rule, on every instruction set
 //! this machine runs: ALiBi, sinks (and dsinks), block-sparse masks of odd
 //! block sizes, packed batches with empty sequences, v's own head dim, head
 //! dims past 256 — alone and with causal masks, windows, softcap and GQA,

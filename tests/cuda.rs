@@ -22,8 +22,9 @@
 //!   stays Unsupported.
 //!
 //! ```text
-//! /work/venv-bench/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
-//! SITE=$(/work/venv-bench/bin/python -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
+//! python3 -m venv .cuda-venv
+//! .cuda-venv/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
+//! SITE=$(.cuda-venv/bin/python -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
 //! LD_LIBRARY_PATH=$SITE/nvidia/cuda_nvrtc/lib FLASHATTN_PTXAS=$SITE/nvidia/cuda_nvcc/bin/ptxas \
 //!   FLASHATTN_CXX=g++ FLASHATTN_REQUIRE_NVRTC=1 cargo test --release --features cuda --test cuda -- --nocapture
 //! ```

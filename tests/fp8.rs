@@ -1,4 +1,4 @@
-//! FP8 (e4m3) forward (SPEC.md) on the CPU backend and on wgpu: not held
+//! FP8 (e4m3) forward (docs/semantics.md) on the CPU backend and on wgpu: not held
 //! to the accuracy rule, so measured — RMSE against the f64 reference within
 //! 10% of the same quantization computed naively in f64, and with
 //! incoherent processing RMSE at least 2× lower on inputs with outlier

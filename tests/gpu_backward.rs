@@ -1,4 +1,4 @@
-//! GPU backward (dq, dk, dv) against the f64 reference under SPEC.md's rule
+//! GPU backward (dq, dk, dv) against the f64 reference under docs/semantics.md's rule
 //! (R = 3), determinism, allocation accounting, finite differences.
 
 mod common;

@@ -1,4 +1,4 @@
-//! GPU forward against the f64 reference under SPEC.md's accuracy rule.
+//! GPU forward against the f64 reference under docs/semantics.md's accuracy rule.
 //! All GPU tests of this file share one engine (one device) in one process.
 
 mod common;

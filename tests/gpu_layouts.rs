@@ -1,5 +1,5 @@
 //! Every layout a model brings, on the GPU against the f64 reference under
-//! SPEC.md's rule: ALiBi, attention sinks (and their gradients), block-sparse
+//! docs/semantics.md's rule: ALiBi, attention sinks (and their gradients), block-sparse
 //! masks of any block size, packed (varlen) batches — each alone and with
 //! causal masks, windows, softcap and GQA, f32, f16 and bf16, forward and
 //! backward, the lanes kernels and the tiled ones where both apply.

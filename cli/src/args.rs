@@ -1,4 +1,4 @@
-//! Command-line definitions (clap), exactly the flags of SPEC.md.
+//! Command-line definitions (clap), exactly the flags of docs/semantics.md.
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -215,7 +215,7 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub cache_batch_idx: Option<PathBuf>,
     /// New keys (batch, seqlen_new, heads_kv, head_dim), written into the
-    /// cache at cache_seqlens[b].. and attended to (with --v-new).
+    /// cache after each sequence's cache_seqlens tokens and attended to (with --v-new).
     #[arg(long)]
     pub k_new: Option<PathBuf>,
     /// New values, shape of --k-new.
@@ -361,7 +361,7 @@ pub struct BenchArgs {
     /// with subgroups, registers on GPUs), tiled or registers (those kernels
     /// forced), naive, cpu, and the
     /// outside baselines numpy (naive float32 attention) and torch (SDPA on
-    /// the CPU), run by benches/baselines.py under --python.
+    /// the CPU), run by cli/src/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
     /// The Python interpreter for the numpy and torch baselines (e.g. a venv's).

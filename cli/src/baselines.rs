@@ -1,7 +1,7 @@
 //! The outside baselines of `flashattn bench` — numpy's naive float32
 //! attention (always there with numpy) and torch's scaled_dot_product_attention
 //! on the CPU (where torch imports) — measured in the same run as the
-//! CPU backend by `benches/baselines.py`, under the Python interpreter the
+//! CPU backend by `cli/src/baselines.py`, under the Python interpreter the
 //! user names (`--python`, else `$FLASHATTN_PYTHON`, else `python3`). The
 //! script is compiled into the binary and written to a temporary file, so
 //! the bench works from any directory. Neither library is a dependency.
@@ -12,7 +12,7 @@ use flashattn::Precision;
 use std::path::PathBuf;
 use std::process::Command;
 
-const SCRIPT: &str = include_str!("../../benches/baselines.py");
+const SCRIPT: &str = include_str!("baselines.py");
 
 /// The interpreter and the script it runs.
 pub struct Baselines {

@@ -2,7 +2,7 @@
 //! case list, every case knows its FLOPs, and flash (the planner's kernels),
 //! tiled (the tiled kernels forced), naive and CPU run side by side in one
 //! process so results are ratios measured under the same load; numpy and
-//! torch run in the same run through `benches/baselines.py` ([`crate::baselines`]).
+//! torch run in the same run through `cli/src/baselines.py` ([`crate::baselines`]).
 
 use crate::error::{CliError, Result};
 use flashattn::random::Rng;
@@ -35,7 +35,7 @@ pub enum Implementation {
     Naive,
     /// The CPU backend.
     Cpu,
-    /// numpy's naive float32 attention (outside baseline, `benches/baselines.py`).
+    /// numpy's naive float32 attention (outside baseline, `cli/src/baselines.py`).
     Numpy,
     /// torch's scaled_dot_product_attention on the CPU, or the GPU with
     /// FLASHATTN_TORCH_DEVICE=cuda (outside baseline).

@@ -85,7 +85,7 @@ pub enum CliError {
     },
     #[error("{what} need a GPU adapter")]
     NeedsGpu { what: &'static str },
-    #[error("{implementation} is an outside baseline: `flashattn bench` runs it through benches/baselines.py")]
+    #[error("{implementation} is an outside baseline: `flashattn bench` runs it through cli/src/baselines.py")]
     OutsideBaseline { implementation: &'static str },
     #[error("the baselines script ({python}) failed: {message}")]
     Baseline { python: String, message: String },
@@ -109,7 +109,7 @@ pub enum CliError {
     Csv(#[from] csv::Error),
     #[error("progress bar")]
     Progress(#[from] indicatif::style::TemplateError),
-    #[error("{failed} of {checked} outputs do not meet SPEC.md's accuracy rule")]
+    #[error("{failed} of {checked} outputs do not meet docs/semantics.md's accuracy rule")]
     Inaccurate { failed: usize, checked: usize },
 }
 

@@ -160,7 +160,7 @@ pub enum Merge {
     /// rescale `l` and `acc` by `exp(m - m_new)`, then add every key's
     /// `p = exp(s_j - m_new)` and `p·v_j` straight into them.
     Running,
-    /// FlashAttention-1's Algorithm 1 and the seeds' worked example: the
+    /// FlashAttention-1's Algorithm 1 and the worked example below: the
     /// block's own sums `l̃ = Σ exp(s_j - m̃)` and `Σ exp(s_j - m̃)·v_j` (`m̃`
     /// its max), merged as `l = exp(m - m_new)·l + exp(m̃ - m_new)·l̃`.
     BlockLocal,
@@ -444,7 +444,7 @@ mod tests {
         assert!(max_abs_diff(&p, &softmax_f64(s)) < 1e-6);
     }
 
-    /// The seeds' worked example: scores (1.414, 0.707, 0.707), v = (1, 0, 1)
+    /// A worked example: scores (1.414, 0.707, 0.707), v = (1, 0, 1)
     /// split as blocks {2, 1} and {1, 2}; softmax = (0.5035, 0.2483, 0.2483).
     #[test]
     fn worked_example_gives_0_752() {

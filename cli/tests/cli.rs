@@ -1,5 +1,5 @@
 //! The command line end to end: results against the f64 reference, and every
-//! bad input of SPEC.md giving one line on stderr, a non-zero exit and no file.
+//! bad input of docs/semantics.md giving one line on stderr, a non-zero exit and no file.
 
 use flashattn::accuracy::check_forward;
 use flashattn::random::Rng;
@@ -824,7 +824,7 @@ fn read_bf16_values(f: &Files, name: &str) -> (Vec<u64>, TensorData) {
 }
 
 /// `--precision bf16` on f32 files: inputs rounded to bf16 on load, outputs
-/// bf16 values written as f32, all within SPEC.md's rule (bf16 noise and a
+/// bf16 values written as f32, all within docs/semantics.md's rule (bf16 noise and a
 /// bf16 baseline) against the f64 reference on the rounded inputs.
 #[test]
 fn bf16_rounds_inputs_and_writes_bf16_values_as_f32() {
@@ -881,7 +881,7 @@ fn bf16_rounds_inputs_and_writes_bf16_values_as_f32() {
 
 /// `--precision fp8 [--hadamard]` runs the FP8 forward: o written as f32,
 /// its RMSE against the f64 reference within 10% of the same quantization
-/// computed naively in f64 (SPEC.md); backward and decode refuse FP8, and
+/// computed naively in f64 (docs/semantics.md); backward and decode refuse FP8, and
 /// --hadamard needs it.
 #[test]
 fn fp8_forward_and_its_errors() {
@@ -1184,8 +1184,8 @@ fn decode_cmd(args: &[String], extra: &[&str]) -> Output {
     bin().arg("decode").args(args).args(extra).output().unwrap()
 }
 
-/// o and lse under SPEC.md's rule against the f64 reference, and the
-/// written caches bit-identical to SPEC.md's append.
+/// o and lse under docs/semantics.md's rule against the f64 reference, and the
+/// written caches bit-identical to docs/semantics.md's append.
 fn check_decoded(f: &Files, d: &CaseData, label: &str) {
     let step = d.step();
     let o = read_tensor(&f.path("o.npy"));
@@ -1215,7 +1215,7 @@ fn check_decoded(f: &Files, d: &CaseData, label: &str) {
     .unwrap();
     assert!(
         written == expected,
-        "{label} {c:?}: the written caches differ from SPEC.md's append"
+        "{label} {c:?}: the written caches differ from docs/semantics.md's append"
     );
 }
 

@@ -119,7 +119,7 @@ static int run(const Case& cs) {
     std::vector<int> cu_q(B + 1, total_q), cu_k(B + 1, total_k);
     for (int b = 0; b < B; ++b) cu_q[b] = q0[b], cu_k[b] = k0[b];
 
-    // What the reference allows, scores and sinks: SPEC.md in double.
+    // What the reference allows, scores and sinks: docs/semantics.md in double.
     auto allows = [&](int b, int h, int i, int j) {
         const int off = lk[b] - lq[b];
         if (i < 0 || i >= lq[b] || j < 0 || j >= lk[b]) return false;

@@ -1,4 +1,4 @@
-//! Decoding against a KV cache (SPEC.md, "KV cache and decoding"): the
+//! Decoding against a KV cache (docs/semantics.md, "KV cache and decoding"): the
 //! cache's layout, one step's inputs, and the validation every backend runs
 //! before it writes anything, so a bad step leaves the cache untouched.
 //!

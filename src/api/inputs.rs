@@ -38,7 +38,7 @@ impl<'a> BackwardInputs<'a> {
         })
     }
 
-    /// Validate every tensor against q, k, v (SPEC.md's rules) and return
+    /// Validate every tensor against q, k, v (docs/semantics.md's rules) and return
     /// the problem's shape.
     pub fn shape(&self) -> Result<AttentionShape> {
         let shape = AttentionShape::from_views(&self.q, &self.k, &self.v)?;

@@ -191,7 +191,7 @@ impl AttentionOptions {
     }
 }
 
-/// FP8 (e4m3) forward options (SPEC.md): whether q and k go through
+/// FP8 (e4m3) forward options (docs/semantics.md): whether q and k go through
 /// incoherent processing before they are quantized.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Fp8Options {

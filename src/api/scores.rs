@@ -2,7 +2,7 @@
 //! attention sinks' logits — and the arithmetic the row-wise computations
 //! share ([`Real`]). [`super::pair_rule`] applies them.
 //!
-//! SPEC.md: `s = scale · q·k`, then `s = C·tanh(s / C)` with softcap `C`,
+//! docs/semantics.md: `s = scale · q·k`, then `s = C·tanh(s / C)` with softcap `C`,
 //! then `s -= slope · |i + off − j|` with ALiBi, then the masks. A sink is
 //! one virtual key per query head with score `sink_h` and value 0.
 

@@ -23,7 +23,7 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Check every size rule of SPEC.md, naming the offending values; v
+    /// Check every size rule of docs/semantics.md, naming the offending values; v
     /// has q's head dim (see [`AttentionShape::with_head_dim_v`]).
     pub fn new(
         batch: usize,

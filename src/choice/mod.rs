@@ -1,4 +1,4 @@
-//! `--backend auto`, decided by what is faster for the problem (SPEC.md): a
+//! `--backend auto`, decided by what is faster for the problem (docs/semantics.md): a
 //! hardware GPU when there is one; where the only adapters run on the CPU
 //! (llvmpipe over Vulkan or GL, SwiftShader, WARP), every path is timed on
 //! a slice of the problem — each adapter's lanes kernels (where it has

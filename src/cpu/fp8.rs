@@ -1,4 +1,4 @@
-//! The CPU backend's FP8 (e4m3) forward (SPEC.md): q, k, v quantized by
+//! The CPU backend's FP8 (e4m3) forward (docs/semantics.md): q, k, v quantized by
 //! [`crate::quant`] — the same codes and scales the wgpu kernels produce,
 //! bit for bit — then the same online softmax as the f32 forward on their
 //! dequantized values, P quantized to e4m3 at its own scale before `P·V`,

@@ -1,5 +1,5 @@
 //! The CPU backend: FlashAttention computed the way fast CPU kernels do it,
-//! with the semantics of the GPU kernels (SPEC.md), on all cores (rayon).
+//! with the semantics of the GPU kernels (docs/semantics.md), on all cores (rayon).
 //!
 //! - **Work split**: forward tasks are (batch, query head, block of 128
 //!   query rows), with key splits merged by LSE where that leaves fewer
@@ -9,18 +9,18 @@
 //!   strip order afterwards — five products per tile, no atomics,
 //!   bit-identical runs.
 //! - **Products**: Q·Kᵀ, P·V (and dP, dV, dK, dQ) run on one
-//!   register-blocked micro-kernel ([`micro`]): 8×32 tiles of C in zmm
+//!   register-blocked micro-kernel (`micro`): 8×32 tiles of C in zmm
 //!   registers on AVX-512, 6×16 in ymm on AVX2+FMA, 4×16 on NEON and on
 //!   the portable fallback. The forward's K/V blocks are 128 KiB (256 keys
 //!   at d 64, from L2), the backward's tiles fill the L1 (64 × 64); both are
 //!   laid out once per call (K transposed), f16 storage widened to f32 on
 //!   load, and a block on a mask's edge is computed only over the keys its
-//!   rows see. Work buffers are kept for the next call ([`pool`]).
+//!   rows see. Work buffers are kept for the next call (`pool`).
 //! - **Softmax**: online, per block of S, with a branch-free `exp` on the
-//!   kernel's FMA that vectorizes ([`vmath`]), the row max folded from its
+//!   kernel's FMA that vectorizes (`vmath`), the row max folded from its
 //!   lanes only when a block raises it and the row sums kept in lanes;
 //!   scores, masks, block skipping and narrowing live in one place
-//!   ([`scores`]); P is rounded to the storage precision before P·V.
+//!   (`scores`); P is rounded to the storage precision before P·V.
 //! - **Instruction sets** ([`Isa`]): detected at run time; the same
 //!   generic source is compiled per set inside `#[target_feature]` entry
 //!   points, so one code path is tested on every set the machine has.

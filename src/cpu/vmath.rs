@@ -165,7 +165,7 @@ pub(crate) fn rounding_of(precision: Precision) -> Rounding {
     (precision != Precision::F32).then(|| precision.rounding())
 }
 
-/// P rounded before it multiplies V or Q (SPEC.md): the one place the CPU
+/// P rounded before it multiplies V or Q (docs/semantics.md): the one place the CPU
 /// backend does it.
 #[inline(always)]
 pub(crate) fn round_with(rounding: Rounding, xs: &mut [f32]) {

@@ -5,7 +5,7 @@
 //! varlen call — q's batch entries as sequences of `seqlen_q` rows, each
 //! against its own `seqlen_k[b] = cache_seqlens[b] + seqlen_new` keys, so
 //! the causal/window band is bottom-right aligned per sequence (`off_b =
-//! seqlen_k[b] − seqlen_q`), as SPEC.md asks. One launch, no split (the
+//! seqlen_k[b] − seqlen_q`), as docs/semantics.md asks. One launch, no split (the
 //! grid's blocks are the sequences' query tiles and heads); `num_splits`
 //! is accepted and the result is the same within the rule for every value.
 

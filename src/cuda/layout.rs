@@ -332,7 +332,7 @@ impl Side {
     }
 }
 
-/// SPEC.md's sink gradient (see [`Side::dsinks`]).
+/// docs/semantics.md's sink gradient (see [`Side::dsinks`]).
 pub(crate) fn dsinks(sinks: &[f32], seqs: &[Sequence], lse: &[f32], delta: &[f32]) -> Vec<f32> {
     let per_head = |(h, &sink): (usize, &f32)| {
         let mut sum = 0f64;

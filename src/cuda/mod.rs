@@ -30,7 +30,7 @@
 //!   these kernels, they are not converted to f16), head dims past 128,
 //!   and devices where the mma kernels' shared memory does not fit.
 //!
-//! The sm80 and scalar kernels take every mask, score and layout option of SPEC.md but a v head
+//! The sm80 and scalar kernels take every mask, score and layout option of docs/semantics.md but a v head
 //! dim of its own: causal, local windows, softcap, scale, GQA/MQA, empty
 //! rows, ALiBi (per head or per batch entry), attention sinks (their
 //! gradient `dsinks` too), block-sparse masks of any block size and packed

@@ -1,4 +1,4 @@
-//! The decode kernels (SPEC.md, "KV cache and decoding"): the append
+//! The decode kernels (docs/semantics.md, "KV cache and decoding"): the append
 //! (`kv_append.wgsl`, k_new/v_new into the cache in place), the split-KV
 //! attention (`flash_decode.wgsl`, one workgroup per split, row block, kv
 //! head and sequence, the query group packed into its rows) and the merge

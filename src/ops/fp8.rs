@@ -1,4 +1,4 @@
-//! The FP8 (e4m3) forward on the device (SPEC.md): q, k, v uploaded in f32
+//! The FP8 (e4m3) forward on the device (docs/semantics.md): q, k, v uploaded in f32
 //! and quantized there (`kernels::quantize`: per-(batch, head) scales, q
 //! and k through the seeded Walsh–Hadamard transform when asked), then the
 //! flash forward on the codes (FP8 storage: decoded on load, the scales

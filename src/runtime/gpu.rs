@@ -53,7 +53,8 @@ pub struct Gpu {
 
 impl Gpu {
     /// Wrap a device (its limits and features are read from it). The loop
-    /// limit is unknown until [`Gpu::probe_loop_limit`] runs.
+    /// limit is unknown until the probe of
+    /// [`wrap`](super::adapter::wrap) (or [`open`](super::adapter::open)) runs.
     pub fn new(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let uncaptured = Arc::new(Mutex::new(None));
         let slot = uncaptured.clone();

@@ -1,4 +1,4 @@
-//! Autotuning: every candidate plan ([`crate::plan::candidates`]) of one
+//! Autotuning: every candidate plan ([`crate::plan::candidates()`]) of one
 //! pass is timed on the real adapter — one untimed run (it compiles the
 //! kernels), then the best of a few, read from GPU timestamps where the
 //! adapter has them and the wall clock otherwise — and the fastest is kept

@@ -1,8 +1,8 @@
 //! Decoding test cases shared by the CPU and GPU suites: a random cache
 //! (dense or paged, pages shuffled, garbage past every sequence's end),
 //! a step (q, lengths, maybe k_new/v_new), and the checks — o and lse
-//! under SPEC.md's rule against the f64 reference, and the updated cache
-//! bit-identical to SPEC.md's append computed by the reference.
+//! under docs/semantics.md's rule against the f64 reference, and the updated cache
+//! bit-identical to docs/semantics.md's append computed by the reference.
 
 use flashattn::accuracy::check_decode;
 use flashattn::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
@@ -237,7 +237,7 @@ impl CaseData {
         }
     }
 
-    /// Run `decode` on a copy of the cache and check everything SPEC.md
+    /// Run `decode` on a copy of the cache and check everything docs/semantics.md
     /// promises: o and lse within the rule, the cache updated exactly.
     pub fn check(
         &self,

@@ -1,5 +1,5 @@
 //! Shared test harness: one engine per test process, deterministic cases,
-//! SPEC.md's accuracy rule.
+//! docs/semantics.md's accuracy rule.
 #![allow(dead_code)]
 
 pub mod decode;

@@ -2,7 +2,7 @@
 //!
 //! Everything the page shows comes from the library itself: the planner, the
 //! same WGSL kernels run through wgpu's WebGPU backend, the CPU backend, the
-//! f64 reference and SPEC.md's accuracy rule, all compiled to wasm32. The page
+//! f64 reference and docs/semantics.md's accuracy rule, all compiled to wasm32. The page
 //! holds no copy of any kernel. Every entry point returns a JSON string, so
 //! the JavaScript side stays a thin view.
 
@@ -201,7 +201,7 @@ const TIMED_RUNS: usize = 3;
 
 /// Run one forward and backward on WebGPU with seeded inputs
 /// `(1, seqlen, heads, head_dim)` and output gradient, time them, and check o,
-/// lse, dq, dk and dv against the f64 reference with SPEC.md's rule.
+/// lse, dq, dk and dv against the f64 reference with docs/semantics.md's rule.
 #[wasm_bindgen]
 pub async fn run_case(
     seqlen: usize,
@@ -497,7 +497,7 @@ pub async fn heatmap(
     })
 }
 
-/// The seeds' worked example: one query, scores 1.414, 0.707, 0.707 (scale 1,
+/// A worked example: one query, scores 1.414, 0.707, 0.707 (scale 1,
 /// `q = 1.414`, `k = 1, 0.5, 0.5`), values 1, 0, 1.
 const EXAMPLE_Q: f32 = 1.414;
 const EXAMPLE_K: [f32; 3] = [1.0, 0.5, 0.5];
@@ -671,7 +671,7 @@ struct DecodeReport {
 /// steps with `decode_async` — each appends one token per sequence and
 /// attends causally — and time them; check the last step against the CPU
 /// backend run on the same cache contents (read back from the device), both
-/// under SPEC.md's rule against the f64 reference, and compare the caches
+/// under docs/semantics.md's rule against the f64 reference, and compare the caches
 /// after it. `num_splits` 0 lets the planner split the keys.
 #[wasm_bindgen]
 pub async fn decode_case(

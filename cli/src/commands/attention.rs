@@ -71,7 +71,7 @@ pub fn convert(t: Tensor, to: Precision) -> Tensor {
 
 /// An output for a file whose inputs had `input_dtype`: outputs keep the
 /// inputs' dtype, except bf16 results, which numpy cannot hold: they stay
-/// bf16 and are written as f32 (exactly the bf16 values, SPEC.md).
+/// bf16 and are written as f32 (exactly the bf16 values, docs/semantics.md).
 pub fn output(t: Tensor, input_dtype: Precision) -> Tensor {
     if t.precision() == Precision::Bf16 {
         return t;
@@ -295,7 +295,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         None => backend.forward([&q, &k, &v], &p.opts, &p.overrides)?,
     };
     let lse = out.lse_tensor();
-    // FP8's o is f32 (SPEC.md), whatever the files held.
+    // FP8's o is f32 (docs/semantics.md), whatever the files held.
     let o = match p.fp8 {
         Some(_) => out.o,
         None => output(out.o, p.input_dtype),

@@ -303,7 +303,7 @@ fn label(c: &BenchCase) -> String {
 }
 
 /// The decode set the flags ask for: explicit flags, else `--quick`'s
-/// tiny values, else the full set (SPEC.md's decode shapes: 32 query
+/// tiny values, else the full set (docs/semantics.md's decode shapes: 32 query
 /// heads, 8 kv heads, d 128).
 fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
     let pick = |given: Option<usize>, quick: usize, full: usize| {

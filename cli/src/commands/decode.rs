@@ -1,5 +1,5 @@
 //! `flashattn decode`: one decoding step against a KV cache on `.npy` files
-//! (SPEC.md, "KV cache and decoding"). Every file is read and the step
+//! (docs/semantics.md, "KV cache and decoding"). Every file is read and the step
 //! validated — shapes, dtypes, lengths against the cache's capacity, every
 //! cache row and page index — before any device work; the outputs (o, lse,
 //! the updated caches) are written only when all of them succeeded.

@@ -98,6 +98,6 @@ fn run_and_check(
             checked: checks.len(),
         });
     }
-    println!("result: PASS (SPEC.md accuracy rule)");
+    println!("result: PASS (docs/semantics.md accuracy rule)");
     Ok(())
 }
