@@ -17,9 +17,11 @@ pub struct Window {
 }
 
 impl Window {
-    /// Build from flash-attention's convention, where a negative value is unbounded.
+    /// Build from flash-attention's convention, where a negative value is
+    /// unbounded (a side past `usize::MAX`, on a 32-bit target, is kept as
+    /// `usize::MAX`: wider than any sequence, it allows the same keys).
     pub fn from_signed(left: i64, right: i64) -> Self {
-        let side = |x: i64| if x < 0 { None } else { Some(x as usize) };
+        let side = |x: i64| (x >= 0).then(|| usize::try_from(x).unwrap_or(usize::MAX));
         Self {
             left: side(left),
             right: side(right),
