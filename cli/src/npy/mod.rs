@@ -35,7 +35,11 @@ impl Element {
         let ty = descr
             .strip_prefix('<')
             .or_else(|| descr.strip_prefix('|'))
-            .or_else(|| descr.strip_prefix('=').filter(|_| cfg!(target_endian = "little")))?;
+            .or_else(|| {
+                descr
+                    .strip_prefix('=')
+                    .filter(|_| cfg!(target_endian = "little"))
+            })?;
         Some(match ty {
             "f4" => Element::F32,
             "f2" => Element::F16,
@@ -108,7 +112,12 @@ fn open_rank(
         return Err(CliError::Rank {
             what,
             rank: npy.header.shape.len(),
-            shape: npy.header.shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect(),
+            shape: npy
+                .header
+                .shape
+                .iter()
+                .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
+                .collect(),
             expected,
         });
     }
