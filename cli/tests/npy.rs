@@ -286,7 +286,7 @@ fn npy_errors_are_typed() {
         read(&hostile("<f4", WRAPPING)),
         CliError::NpyTooLarge {
             what: "x",
-            source: flashattn::Error::SizeOverflow { .. },
+            max: flashattn::api::size::MAX_ELEMENTS,
             ..
         }
     ));

@@ -135,10 +135,11 @@ impl Npy {
         element: Element,
     ) -> Result<(Vec<usize>, Vec<T>)> {
         let shape = &self.header.shape;
-        let count = size::elements_u64(what, shape).map_err(|source| CliError::NpyTooLarge {
+        let count = size::elements_u64(what, shape).map_err(|_| CliError::NpyTooLarge {
             what,
             path: path.to_path_buf(),
-            source,
+            shape: shape.clone(),
+            max: size::MAX_ELEMENTS,
         })?;
         // At most 2^61 elements of at most 8 bytes: no u64 overflow.
         let bytes = count as u64 * element.bytes();
