@@ -84,6 +84,14 @@ pub fn to_u32(what: &'static str, x: usize) -> Result<u32> {
     })
 }
 
+/// A workgroup count as the `u32` a dispatch grid takes, saturated: a
+/// count past `u32::MAX` then fails the check against the device's limit
+/// (at most 65535 per dimension) that every dispatch runs, instead of
+/// wrapping into a small, wrong grid.
+pub fn grid_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 fn overflow(what: &'static str, op: &'static str, operands: &[u64], max: u64) -> Error {
     Error::SizeOverflow {
         what,
@@ -192,6 +200,8 @@ mod tests {
             Err(Error::SizeOverflow { op: "sum", .. })
         ));
         assert_eq!(to_u32("x", 7).ok(), Some(7));
+        assert_eq!(grid_u32(1 << 32), u32::MAX);
+        assert_eq!(grid_u32(65535), 65535);
         assert!(matches!(
             to_u32("x", u32::MAX as usize + 1),
             Err(Error::Overflow { value, .. }) if value == 1 << 32
