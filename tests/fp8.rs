@@ -134,7 +134,12 @@ fn fp8_lse_rule_catches_a_small_lse_error() {
         let mut out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), &fp8).unwrap();
         let r = fp8_report(&out, [&q, &k, &v], case.opts(), &fp8).unwrap();
         assert!(r.lse_rule.passed(), "{}", r.lse_rule);
-        assert!(r.lse_rule.bound < 1e-4 && r.lse.max > 1e-2, "{} | {}", r.lse_rule, r.lse);
+        assert!(
+            r.lse_rule.bound < 1e-4 && r.lse.max > 1e-2,
+            "{} | {}",
+            r.lse_rule,
+            r.lse
+        );
         out.lse[50] += 1e-3;
         let planted = fp8_report(&out, [&q, &k, &v], case.opts(), &fp8).unwrap();
         assert!(!planted.lse_rule.passed(), "{}", planted.lse_rule);
