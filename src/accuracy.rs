@@ -8,7 +8,7 @@
 //! FP8 is not held to the rule (SPEC.md): [`fp8_report`] gives its RMSE and
 //! max error against the f64 reference beside those of the same
 //! quantization computed naively in f64. Its LSE is, on the inputs as
-//! quantized ([`fp8_lse_check`]).
+//! quantized ([`Fp8Report::lse_rule`]).
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::options::{AttentionOptions, Fp8Options};
@@ -268,13 +268,33 @@ pub fn error_stats(got: &[f64], reference: &[f64]) -> ErrorStats {
 /// An FP8 forward measured (SPEC.md): `o` and `lse` against the f64
 /// reference on the unquantized inputs, and `naive`: the same quantization
 /// computed naively in f64 ([`reference::fp8_naive`]) against it; and the
-/// LSE held to the accuracy rule on the inputs as quantized
-/// ([`fp8_lse_check`]).
+/// LSE held to the accuracy rule on the inputs as quantized.
 #[derive(Clone, Debug)]
 pub struct Fp8Report {
     pub o: ErrorStats,
+    /// The LSE against the unquantized reference: q's and k's quantization
+    /// error, measured, not bounded.
     pub lse: ErrorStats,
     pub naive: ErrorStats,
+    /// The LSE held to SPEC.md's accuracy rule on the inputs as quantized.
+    /// Why the rule, and not a tolerance of its own, applies:
+    ///
+    /// - The rule's reference is "the same function computed in f64 on the
+    ///   same (already rounded) inputs". FP8's rounded inputs are the e4m3
+    ///   codes of q, k and v (after incoherent processing, if on) times
+    ///   their per-(batch, head) scales; [`reference::fp8_naive`] computes
+    ///   exactly on those, in f64.
+    /// - The LSE is a function of the scores alone, `lse_i = m_i + log Σ_j
+    ///   exp(s_ij − m_i)`, and the row sum is kept from the unquantized P
+    ///   (as SPEC.md and the reference define it), so the one rounding FP8
+    ///   adds past its inputs, P to e4m3 before `P·V`, never reaches the
+    ///   LSE: it moves only `o`, measured by `o` and `naive`.
+    /// - What remains between a kernel's LSE and that reference is f32
+    ///   arithmetic on the same scores, which the rule bounds as for any
+    ///   f32 forward: `R · max|baseline − ref| + 2·noise + 1e-5·max(1,
+    ///   max|ref|)`, the baseline being the naive f32 computation on the
+    ///   same dequantized inputs, `R` = 2 (3 with softcap), noise one f32
+    ///   ulp of the largest LSE.
     pub lse_rule: Check,
 }
 
@@ -300,47 +320,17 @@ pub fn fp8_report(
         o: error_stats(&widen(out.o.to_f32()), &exact.o),
         lse: error_stats(&widen(out.lse.clone()), &exact.lse),
         naive: error_stats(&naive.o, &exact.o),
-        lse_rule: lse_rule(out, [q, k, v], opts, (fp8, &naive.lse))?,
+        lse_rule: lse_rule(out, [q, k, v], opts, fp8, &naive.lse)?,
     })
 }
 
-/// An FP8 forward's LSE held to the accuracy rule on the inputs as
-/// quantized. Why the rule, and not a tolerance of its own, applies:
-///
-/// - The rule's reference is "the same function computed in f64 on the
-///   same (already rounded) inputs". FP8's rounded inputs are the e4m3
-///   codes of q, k and v (after incoherent processing, if on) times their
-///   per-(batch, head) scales; [`reference::fp8_naive`] computes exactly on
-///   those, in f64.
-/// - The LSE is a function of the scores alone, `lse_i = m_i + log Σ_j
-///   exp(s_ij − m_i)`, and the row sum is kept from the unquantized P (as
-///   SPEC.md and the reference define it), so the one rounding FP8 adds
-///   past its inputs, P to e4m3 before `P·V`, never reaches the LSE: it
-///   moves only `o`, which [`fp8_report`] measures instead.
-/// - What remains between a kernel's LSE and that reference is f32
-///   arithmetic on the same scores, which the rule bounds as for any f32
-///   forward: `R · max|baseline − ref| + 2·noise + 1e-5·max(1, max|ref|)`,
-///   the baseline being the naive f32 computation on the same dequantized
-///   inputs, `R` = 2 (3 with softcap), noise one f32 ulp of the largest LSE.
-///
-/// The quantization error of q and k itself (the naive f64 LSE against the
-/// unquantized reference, [`Fp8Report::lse`]) is measured, not bounded.
-pub fn fp8_lse_check(
-    out: &ForwardOutput,
-    [q, k, v]: [&TensorView; 3],
-    opts: &AttentionOptions,
-    fp8: &Fp8Options,
-) -> Result<Check> {
-    let naive = reference::fp8_naive(q, k, v, opts, fp8)?;
-    lse_rule(out, [q, k, v], opts, (fp8, &naive.lse))
-}
-
-/// [`fp8_lse_check`] given the reference LSE (`fp8_naive`'s).
+/// [`Fp8Report::lse_rule`], `reference` being `fp8_naive`'s LSE.
 fn lse_rule(
     out: &ForwardOutput,
     [q, k, v]: [&TensorView; 3],
     opts: &AttentionOptions,
-    (fp8, reference): (&Fp8Options, &[f64]),
+    fp8: &Fp8Options,
+    reference: &[f64],
 ) -> Result<Check> {
     let shape = AttentionShape::from_views(q, k, v)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);

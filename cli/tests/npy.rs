@@ -6,7 +6,6 @@
 
 use flashattn_cli::npy::{self, header};
 use half::f16;
-use npyz::WriterBuilder;
 use proptest::prelude::*;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -34,26 +33,18 @@ fn hostile(descr: &str, shape: &str) -> Vec<u8> {
     bytes
 }
 
-fn write_f32(path: &Path, shape: &[u64], data: &[f32]) {
-    let mut buf = Vec::new();
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut buf)
-        .begin_nd()
-        .unwrap();
-    w.extend(data.iter().copied()).unwrap();
-    w.finish().unwrap();
-    std::fs::write(path, buf).unwrap();
+/// Any plain array as `.npy`, by the command line's own writer.
+fn write<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
+    std::fs::write(path, npy::encode_array(shape, data).unwrap()).unwrap();
 }
 
-/// Run the command line in `dir`, timed.
-fn run(dir: &Path, args: &[&str]) -> (Output, Duration) {
+/// Run the command line in `dir` with the words of `line`, timed.
+fn run(dir: &Path, line: &str) -> (Output, Duration) {
     let start = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_flashattn"))
         .current_dir(dir)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .args(args)
+        .args(line.split_whitespace())
         .output()
         .unwrap();
     (out, start.elapsed())
@@ -88,24 +79,12 @@ fn forward_rejects_the_200_byte_header_at_once_on_every_backend() {
         std::fs::write(dir.path().join(name), &bytes).unwrap();
     }
     for backend in ["cpu", "wgpu", "auto"] {
-        let args = [
-            "forward",
-            "--q",
-            "q.npy",
-            "--k",
-            "k.npy",
-            "--v",
-            "v.npy",
-            "--out",
-            "o.npy",
-            "--lse",
-            "lse.npy",
-            "--backend",
-            backend,
-        ];
+        let line = format!(
+            "forward --q q.npy --k k.npy --v v.npy --out o.npy --lse lse.npy --backend {backend}"
+        );
         assert_rejected(
             dir.path(),
-            run(dir.path(), &args),
+            run(dir.path(), &line),
             &["q.npy", "k.npy", "v.npy"],
             &[
                 "q file",
@@ -116,29 +95,12 @@ fn forward_rejects_the_200_byte_header_at_once_on_every_backend() {
         );
     }
     // The backward reads the same files first.
-    write_f32(&dir.path().join("do.npy"), &[1, 1, 1, 8], &[0.0; 8]);
-    let args = [
-        "backward",
-        "--q",
-        "q.npy",
-        "--k",
-        "k.npy",
-        "--v",
-        "v.npy",
-        "--do",
-        "do.npy",
-        "--dq",
-        "dq.npy",
-        "--dk",
-        "dk.npy",
-        "--dv",
-        "dv.npy",
-        "--backend",
-        "cpu",
-    ];
+    write(&dir.path().join("do.npy"), &[1, 1, 1, 8], &[0.0f32; 8]);
+    let line = "backward --q q.npy --k k.npy --v v.npy --do do.npy --dq dq.npy --dk dk.npy \
+                --dv dv.npy --backend cpu";
     assert_rejected(
         dir.path(),
-        run(dir.path(), &args),
+        run(dir.path(), line),
         &["q.npy", "k.npy", "v.npy", "do.npy"],
         &["q file", "overflows"],
     );
@@ -148,10 +110,10 @@ fn forward_rejects_the_200_byte_header_at_once_on_every_backend() {
 fn every_file_a_command_reads_checks_its_size() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name);
-    write_f32(&p("q.npy"), &[1, 4, 2, 8], &[0.5; 64]);
-    write_f32(&p("k.npy"), &[1, 4, 2, 8], &[0.25; 64]);
-    write_f32(&p("v.npy"), &[1, 4, 2, 8], &[1.0; 64]);
-    write_f32(&p("packed.npy"), &[4, 2, 8], &[1.0; 64]);
+    write(&p("q.npy"), &[1, 4, 2, 8], &[0.5f32; 64]);
+    write(&p("k.npy"), &[1, 4, 2, 8], &[0.25f32; 64]);
+    write(&p("v.npy"), &[1, 4, 2, 8], &[1.0f32; 64]);
+    write(&p("packed.npy"), &[4, 2, 8], &[1.0f32; 64]);
     std::fs::write(p("huge_mask.npy"), hostile("|b1", WRAPPING)).unwrap();
     std::fs::write(p("huge_cu.npy"), hostile("<i4", "(4611686018427387904,)")).unwrap();
     std::fs::write(p("huge_cache.npy"), hostile("<f4", WRAPPING)).unwrap();
@@ -175,96 +137,38 @@ fn every_file_a_command_reads_checks_its_size() {
         "lens.npy",
         "short.npy",
     ];
-    let forward = |extra: &[&str]| {
-        let mut args = vec![
-            "forward",
-            "--q",
-            "q.npy",
-            "--k",
-            "k.npy",
-            "--v",
-            "v.npy",
-            "--out",
-            "o.npy",
-            "--backend",
-            "cpu",
-        ];
-        args.extend(extra);
-        run(dir.path(), &args)
-    };
-    let mask = forward(&["--block-mask", "huge_mask.npy", "--block-size", "1,1"]);
-    assert_rejected(
+    let qkv = "forward --q q.npy --k k.npy --v v.npy --out o.npy --backend cpu";
+    let mask = run(
         dir.path(),
-        mask,
-        &inputs,
-        &["block mask", "huge_mask.npy", "overflows"],
+        &format!("{qkv} --block-mask huge_mask.npy --block-size 1,1"),
     );
-    let cu = run(
-        dir.path(),
-        &[
-            "forward",
-            "--q",
-            "packed.npy",
-            "--k",
-            "packed.npy",
-            "--v",
-            "packed.npy",
-            "--out",
-            "o.npy",
-            "--cu-seqlens-q",
-            "huge_cu.npy",
-            "--cu-seqlens-k",
-            "huge_cu.npy",
-        ],
-    );
+    let want = ["block mask", "huge_mask.npy", "overflows"];
+    assert_rejected(dir.path(), mask, &inputs, &want);
+    let packed = "forward --q packed.npy --k packed.npy --v packed.npy --out o.npy";
+    let cu = format!("{packed} --cu-seqlens-q huge_cu.npy --cu-seqlens-k huge_cu.npy");
+    let cu = run(dir.path(), &cu);
     assert_rejected(dir.path(), cu, &inputs, &["huge_cu.npy", "overflows"]);
     let short = run(
         dir.path(),
-        &[
-            "forward",
-            "--q",
-            "short.npy",
-            "--k",
-            "k.npy",
-            "--v",
-            "v.npy",
-            "--out",
-            "o.npy",
-        ],
+        "forward --q short.npy --k k.npy --v v.npy --out o.npy",
     );
-    assert_rejected(
-        dir.path(),
-        short,
-        &inputs,
-        &["short.npy", "256 bytes", "holds 8"],
-    );
-    let decode = |cache: &str, extra: &[&str]| {
-        let mut args = vec![
-            "decode",
-            "--q",
-            "q.npy",
-            "--k-cache",
-            cache,
-            "--v-cache",
-            cache,
-            "--cache-seqlens",
-            "lens.npy",
-            "--out",
-            "o.npy",
-            "--backend",
-            "cpu",
-        ];
-        args.extend(extra);
-        run(dir.path(), &args)
+    let want = ["short.npy", "256 bytes", "holds 8"];
+    assert_rejected(dir.path(), short, &inputs, &want);
+    let decode = |cache: &str, extra: &str| {
+        let line = format!(
+            "decode --q q.npy --k-cache {cache} --v-cache {cache} --cache-seqlens lens.npy \
+             --out o.npy --backend cpu {extra}"
+        );
+        run(dir.path(), &line)
     };
-    let cache = decode("huge_cache.npy", &[]);
+    let cache = decode("huge_cache.npy", "");
     assert_rejected(
         dir.path(),
         cache,
         &inputs,
         &["k_cache", "huge_cache.npy", "overflows"],
     );
-    let table = decode("k.npy", &["--block-table", "huge_table.npy"]);
+    let table = decode("k.npy", "--block-table huge_table.npy");
     assert_rejected(
         dir.path(),
         table,
@@ -425,24 +329,16 @@ proptest! {
         let values = rng.normal_vec(n, 1.0);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.npy");
-        write_f32(&path, &dims, &values);
+        write(&path, &dims, &values);
         let t = npy::read("x", &path).unwrap();
         prop_assert_eq!(&t.shape, &shape);
         prop_assert_eq!(t.to_f32(), values.clone());
         let halves: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
-        let mut buf = Vec::new();
-        let mut w = npyz::WriteOptions::new().default_dtype().shape(&dims).writer(&mut buf).begin_nd().unwrap();
-        w.extend(halves.iter().copied()).unwrap();
-        w.finish().unwrap();
-        std::fs::write(&path, buf).unwrap();
+        write(&path, &dims, &halves);
         let t = npy::read("x", &path).unwrap();
         prop_assert_eq!(t.data, flashattn::TensorData::F16(halves));
         let ints: Vec<i64> = values.iter().map(|&x| (x * 1000.0) as i64).collect();
-        let mut buf = Vec::new();
-        let mut w = npyz::WriteOptions::new().default_dtype().shape(&dims).writer(&mut buf).begin_nd().unwrap();
-        w.extend(ints.iter().copied()).unwrap();
-        w.finish().unwrap();
-        std::fs::write(&path, buf).unwrap();
+        write(&path, &dims, &ints);
         let a = npy::read_index("x", &path, shape.len(), "any").unwrap();
         prop_assert_eq!(a.shape, shape);
         prop_assert_eq!(a.data, ints.iter().map(|&x| x as i32).collect::<Vec<_>>());

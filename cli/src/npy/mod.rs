@@ -293,7 +293,7 @@ fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
 }
 
 /// An `.npy` file's bytes for `data` in C order with this shape.
-fn encode_array<T: npyz::AutoSerialize + Copy>(
+pub fn encode_array<T: npyz::AutoSerialize + Copy>(
     shape: &[u64],
     data: &[T],
 ) -> std::io::Result<Vec<u8>> {
