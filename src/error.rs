@@ -24,6 +24,19 @@ pub enum Error {
     },
     #[error("heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")]
     HeadsNotDivisible { heads_q: usize, heads_kv: usize },
+    /// A size computed from the caller's dims (a shape's element count, the
+    /// product or sum of two sizes) overflows, or passes what this target
+    /// can hold (see `api::size`: `max` is 2⁶¹ − 1 on 64-bit targets,
+    /// 2²⁹ − 1 on wasm32). Reported before anything is allocated.
+    #[error("{what} {operands:?}: the {op} overflows (at most {max} on this target)")]
+    SizeOverflow {
+        what: &'static str,
+        /// "element count", "product" or "sum".
+        op: &'static str,
+        /// The dims (or the two sizes) as given.
+        operands: Vec<u64>,
+        max: u64,
+    },
     /// A tensor's data does not hold as many elements as its shape says.
     #[error("{tensor} has shape {shape:?} ({expected} elements) but {actual} elements of data")]
     DataLength {

@@ -22,7 +22,27 @@ pub enum CliError {
         what: &'static str,
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::npy::header::HeaderError,
+    },
+    /// An `.npy` header whose shape has more elements than this machine
+    /// can hold (its element count overflows): rejected before any data
+    /// is read.
+    #[error("{what} file {} has shape {shape:?}: its element count overflows (at most {max} on this target)", path.display())]
+    NpyTooLarge {
+        what: &'static str,
+        path: PathBuf,
+        shape: Vec<u64>,
+        /// `flashattn::api::size::MAX_ELEMENTS`.
+        max: u64,
+    },
+    /// An `.npy` file whose data is not the size its header's shape says.
+    #[error("{what} file {}: its header says shape {shape:?}, {expected} bytes of data, but the file holds {actual}", path.display())]
+    NpyDataLength {
+        what: &'static str,
+        path: PathBuf,
+        shape: Vec<u64>,
+        expected: u64,
+        actual: u64,
     },
     #[error("{what} file {} is in Fortran order; save it C-contiguous", path.display())]
     FortranOrder { what: &'static str, path: PathBuf },

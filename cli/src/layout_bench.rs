@@ -7,14 +7,14 @@
 //! every round, so a change of load on the host affects them alike.
 
 use crate::bench::Pass;
-use crate::error::Result;
+use crate::error::{CliError, Result};
 use crate::plot::{render, Chart, Series};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::api::varlen::Varlen;
 use flashattn::random::Rng;
 use flashattn::{
-    Accesses, AttentionOptions, BackwardInputs, CallStats, Engine, Precision, TensorData,
-    TensorView,
+    Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine, Precision,
+    TensorData, TensorView,
 };
 
 use serde::Serialize;
@@ -80,17 +80,19 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn new(c: &LayoutConfig, rows: usize, keys: usize, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
+    /// The sizes come from flags: checked (AttentionShape) before any allocation.
+    fn new(c: &LayoutConfig, rows: usize, keys: usize, seed: u64) -> Result<Self> {
         let (h, d) = (c.heads, c.head_dim);
+        let shape = AttentionShape::new(1, rows, keys, h, h, d)?;
+        let mut rng = Rng::new(seed);
         let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), c.precision);
-        Self {
-            q: make(rows * h * d),
-            k: make(keys * h * d),
-            v: make(keys * h * d),
-            d_o: make(rows * h * d),
-            shapes: [[1, rows, h, d], [1, keys, h, d]],
-        }
+        Ok(Self {
+            q: make(shape.q_len()),
+            k: make(shape.kv_len()),
+            v: make(shape.kv_len()),
+            d_o: make(shape.q_len()),
+            shapes: [shape.q_shape(), shape.kv_shape()],
+        })
     }
 
     /// q, k, v, dO as views.
@@ -155,7 +157,7 @@ pub fn sparse_sweep(
     (densities, block): (&[f64], (usize, usize)),
     mut progress: impl FnMut(String),
 ) -> Result<SparseReport> {
-    let inputs = Inputs::new(c, c.seqlen, c.seqlen, 17);
+    let inputs = Inputs::new(c, c.seqlen, c.seqlen, 17)?;
     let dense_opts = AttentionOptions::default().causal(c.causal);
     let grid = BlockGrid::new(c.seqlen, c.seqlen, block)?;
     let mut report = SparseReport {
@@ -329,14 +331,19 @@ pub fn varlen_vs_separate(
     lens: &[usize],
     mut progress: impl FnMut(String),
 ) -> Result<VarlenReport> {
-    let total: usize = lens.iter().sum();
-    let cu: Vec<i32> = std::iter::once(0)
-        .chain(lens.iter().scan(0, |acc, &n| {
-            *acc += n as i32;
-            Some(*acc)
-        }))
-        .collect();
-    let packed = Inputs::new(c, total, total, 23);
+    let mut cu = vec![0i32];
+    for &n in lens {
+        let next = i32::try_from(n)
+            .ok()
+            .and_then(|n| cu[cu.len() - 1].checked_add(n));
+        cu.push(next.ok_or_else(|| CliError::BadFlag {
+            flag: "--varlen-lens",
+            expected: "lengths whose sum fits in int32 (cu_seqlens)",
+            value: format!("{lens:?}"),
+        })?);
+    }
+    let total = cu[cu.len() - 1] as usize;
+    let packed = Inputs::new(c, total, total, 23)?;
     let opts = AttentionOptions::default()
         .causal(c.causal)
         .varlen(Varlen::new(&cu, &cu)?);
@@ -345,7 +352,7 @@ pub fn varlen_vs_separate(
         .iter()
         .enumerate()
         .map(|(i, &n)| Inputs::new(c, n, n, 29 + i as u64))
-        .collect();
+        .collect::<Result<_>>()?;
     let mut report = VarlenReport {
         adapter: e.describe(),
         config: *c,

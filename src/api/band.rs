@@ -15,6 +15,14 @@ pub struct Mask {
 impl Mask {
     /// The band of `seqlen_q` rows over `seqlen_k` keys with a window of
     /// `left` and `right` keys (`None`: unbounded) around each row's diagonal.
+    ///
+    /// A window wider than the sequences is stored clamped (left to
+    /// `seqlen_k`, right to `seqlen_q`), which allows exactly the same keys:
+    /// row `i`'s diagonal `i + off` lies in `[-(seqlen_q - 1), seqlen_k - 1]`,
+    /// so a left side of `seqlen_k` already reaches key 0 and a right side
+    /// of `seqlen_q` already passes the last key. A caller's window of any
+    /// size then stays within the i64 band arithmetic and the i32 bounds
+    /// the kernels read.
     pub fn new(
         seqlen_q: usize,
         seqlen_k: usize,
@@ -23,8 +31,8 @@ impl Mask {
     ) -> Self {
         Self {
             offset: seqlen_k as i64 - seqlen_q as i64,
-            left: left.map(|l| l as i64),
-            right: right.map(|r| r as i64),
+            left: left.map(|l| l.min(seqlen_k) as i64),
+            right: right.map(|r| r.min(seqlen_q) as i64),
             seqlen_k: seqlen_k as i64,
         }
     }

@@ -10,6 +10,7 @@
 //! (for packed batches the longest sequence sizes the grid).
 
 use super::band::Mask;
+use super::size;
 use crate::error::{Error, Result};
 use crate::random::Rng;
 use std::ops::Range;
@@ -58,7 +59,7 @@ impl BlockMask {
         if bm == 0 || bn == 0 {
             return Err(Error::BlockSize { bm, bn });
         }
-        let expected: usize = dims.iter().product();
+        let expected = size::elements("block_mask", &dims)?;
         if data.len() != expected {
             return Err(Error::DataLength {
                 tensor: "block_mask",

@@ -10,6 +10,7 @@
 use super::options::{AttentionOptions, Mask};
 use super::output::CallStats;
 use super::shape::{AttentionShape, MAX_HEAD_DIM};
+use super::size;
 use super::tensor::{Precision, Tensor, TensorData, TensorView};
 use crate::error::{Error, Result};
 
@@ -32,7 +33,8 @@ pub struct CacheShape {
 }
 
 impl CacheShape {
-    /// Check the sizes (every one ≥ 1, head dim within the maximum).
+    /// Check the sizes (every one ≥ 1, head dim within the maximum, the
+    /// element count within this target's limit: [`Error::SizeOverflow`]).
     pub fn new(layout: CacheLayout, heads_kv: usize, head_dim: usize) -> Result<Self> {
         let s = Self {
             layout,
@@ -60,6 +62,7 @@ impl CacheShape {
                 max: MAX_HEAD_DIM,
             });
         }
+        size::elements("the kv cache", &s.dims())?;
         Ok(s)
     }
 
@@ -304,10 +307,21 @@ impl DecodeProblem {
         })
     }
 
+    /// Every sequence's keys fit its pages (checked sums: after this,
+    /// [`DecodeProblem::seqlen_k`] cannot overflow).
     fn check_capacity(&self) -> Result<()> {
-        let capacity = self.table.max_pages * self.table.page_size;
+        let capacity = size::product(
+            "cache capacity (max_pages × page_size)",
+            self.table.max_pages,
+            self.table.page_size,
+        )?;
         for b in 0..self.batch {
-            if self.seqlen_k(b) > capacity {
+            let keys = size::sum(
+                "keys (cache_seqlens + seqlen_new)",
+                self.cache_lens[b],
+                self.seqlen_new,
+            )?;
+            if keys > capacity {
                 return Err(Error::CacheOverflow {
                     batch: b,
                     cache_len: self.cache_lens[b],
@@ -460,7 +474,8 @@ fn page_table(step: &DecodeStep, cache: &CacheShape, batch: usize) -> Result<Pag
                     dim: "max_pages (block_table's second dim)",
                 });
             }
-            index_len("block_table", table.pages.len(), batch * table.max_pages)?;
+            let entries = size::product("block_table (batch × max_pages)", batch, table.max_pages)?;
+            index_len("block_table", table.pages.len(), entries)?;
             // Negative entries past a sequence's last page are padding
             // (never read); check_pages rejects any a sequence uses.
             Ok(PageTable {

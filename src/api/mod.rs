@@ -10,5 +10,6 @@ pub mod output;
 pub mod pair_rule;
 pub mod scores;
 pub mod shape;
+pub mod size;
 pub mod tensor;
 pub mod varlen;

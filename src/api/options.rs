@@ -17,9 +17,11 @@ pub struct Window {
 }
 
 impl Window {
-    /// Build from flash-attention's convention, where a negative value is unbounded.
+    /// Build from flash-attention's convention, where a negative value is
+    /// unbounded (a side past `usize::MAX`, on a 32-bit target, is kept as
+    /// `usize::MAX`: wider than any sequence, it allows the same keys).
     pub fn from_signed(left: i64, right: i64) -> Self {
-        let side = |x: i64| if x < 0 { None } else { Some(x as usize) };
+        let side = |x: i64| (x >= 0).then(|| usize::try_from(x).unwrap_or(usize::MAX));
         Self {
             left: side(left),
             right: side(right),
@@ -208,6 +210,85 @@ impl Fp8Options {
     pub fn hadamard(seed: u64) -> Self {
         Self {
             hadamard: Some(seed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod band_rule {
+    use super::{AttentionOptions, Mask, Window};
+
+    /// An empty row (no key allowed), whatever its range's bounds.
+    const EMPTY: (usize, usize) = (0, 0);
+
+    /// One problem of the table: sizes, mask, and each row's allowed keys
+    /// as a half-open range, worked out by hand from SPEC.md: key `j` is
+    /// allowed for row `i` iff `i + off - left <= j <= i + off + right` and
+    /// `0 <= j < seqlen_k`, with `off = seqlen_k - seqlen_q` (bottom-right
+    /// alignment), causal meaning `right = 0`, and a side of -1 unbounded.
+    struct Row {
+        seqlen_q: usize,
+        seqlen_k: usize,
+        causal: bool,
+        /// flash-attention's `(left, right)`; -1 is unbounded.
+        window: (i64, i64),
+        keys: &'static [(usize, usize)],
+    }
+
+    #[rustfmt::skip]
+    const TABLE: &[Row] = &[
+        // off 2: the last row sees every key, each row above one fewer.
+        Row { seqlen_q: 3, seqlen_k: 5, causal: true, window: (-1, -1), keys: &[(0, 3), (0, 4), (0, 5)] },
+        // off -2: rows 0 and 1 lie above the diagonal's start and see nothing.
+        Row { seqlen_q: 5, seqlen_k: 3, causal: true, window: (-1, -1), keys: &[EMPTY, EMPTY, (0, 1), (0, 2), (0, 3)] },
+        // off 2, window (1, 1): centers 2..5, the last one clipped at key 5.
+        Row { seqlen_q: 4, seqlen_k: 6, causal: false, window: (1, 1), keys: &[(1, 4), (2, 5), (3, 6), (4, 6)] },
+        // off -2, window (2, 0): centers -2..3, left side clipped at key 0.
+        Row { seqlen_q: 6, seqlen_k: 4, causal: false, window: (2, 0), keys: &[EMPTY, EMPTY, (0, 1), (0, 2), (0, 3), (1, 4)] },
+        // off 2, window (0, -1): each row sees its center and every key after.
+        Row { seqlen_q: 3, seqlen_k: 5, causal: false, window: (0, -1), keys: &[(2, 5), (3, 5), (4, 5)] },
+        // Causal with a left window of 1 on a square problem.
+        Row { seqlen_q: 4, seqlen_k: 4, causal: true, window: (1, -1), keys: &[(0, 1), (0, 2), (1, 3), (2, 4)] },
+        // Causal ANDed with a right window of 3: the causal side wins.
+        Row { seqlen_q: 2, seqlen_k: 3, causal: true, window: (-1, 3), keys: &[(0, 2), (0, 3)] },
+        // off 7, window (3, 3): centers 7 and 8, clipped at key 9.
+        Row { seqlen_q: 2, seqlen_k: 9, causal: false, window: (3, 3), keys: &[(4, 9), (5, 9)] },
+        // off -3, window (0, 0): only rows 3 and 4 have their own key.
+        Row { seqlen_q: 5, seqlen_k: 2, causal: false, window: (0, 0), keys: &[EMPTY, EMPTY, EMPTY, (0, 1), (1, 2)] },
+        // No mask: every key.
+        Row { seqlen_q: 2, seqlen_k: 3, causal: false, window: (-1, -1), keys: &[(0, 3), (0, 3)] },
+        // Windows wider than any sequence allow every key.
+        Row { seqlen_q: 3, seqlen_k: 4, causal: false, window: (i64::MAX, i64::MAX), keys: &[(0, 4), (0, 4), (0, 4)] },
+        // A decoding sequence with an empty cache: no key at all.
+        Row { seqlen_q: 2, seqlen_k: 0, causal: true, window: (-1, -1), keys: &[EMPTY, EMPTY] },
+    ];
+
+    #[test]
+    fn key_ranges_match_a_table_worked_out_by_hand() {
+        for (n, row) in TABLE.iter().enumerate() {
+            assert_eq!(row.keys.len(), row.seqlen_q, "table row {n}");
+            let opts = AttentionOptions {
+                causal: row.causal,
+                window: Window::from_signed(row.window.0, row.window.1),
+                ..Default::default()
+            };
+            let mask: Mask = opts.mask_for(row.seqlen_q, row.seqlen_k);
+            for (i, &(start, end)) in row.keys.iter().enumerate() {
+                let got = mask.key_range(i);
+                let want = start..end;
+                let ok = if want.is_empty() {
+                    got.is_empty()
+                } else {
+                    got == want
+                };
+                assert!(
+                    ok,
+                    "table row {n}, query row {i}: got {got:?}, expected {want:?}"
+                );
+                for j in 0..row.seqlen_k + 2 {
+                    assert_eq!(mask.allows(i, j), want.contains(&j), "row {n}, ({i}, {j})");
+                }
+            }
         }
     }
 }

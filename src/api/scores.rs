@@ -60,7 +60,8 @@ impl Alibi {
     /// `(heads_q,)` or `(batch, heads_q)`, every slope finite.
     pub fn validate_for(&self, batch: usize, heads_q: usize) -> Result<()> {
         let len = self.slopes.len();
-        if len != heads_q && len != batch * heads_q {
+        // checked: a packed batch's sequence count times heads may not fit a usize.
+        if len != heads_q && batch.checked_mul(heads_q) != Some(len) {
             return Err(Error::AlibiSlopes {
                 len,
                 heads_q,

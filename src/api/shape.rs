@@ -1,6 +1,7 @@
 //! The sizes of one attention problem, validated, and the row-major layout
 //! every backend indexes tensors with.
 
+use super::size;
 use super::tensor::TensorView;
 use crate::error::{Error, Result};
 
@@ -42,18 +43,24 @@ impl AttentionShape {
             head_dim,
             head_dim_v: head_dim,
         };
-        s.validate()?;
+        s.check()?;
         Ok(s)
     }
 
     /// This shape with v's own head dim (o and dv take it too).
     pub fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
         let s = Self { head_dim_v, ..self };
-        s.validate()?;
+        s.check()?;
         Ok(s)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Check every size rule of SPEC.md on a shape built field by field
+    /// (what [`AttentionShape::new`] checks): every size at least 1, head
+    /// dims within [`MAX_HEAD_DIM`], heads_q a multiple of heads_kv, and the
+    /// element count of q, k, v and o within this target's limit
+    /// ([`Error::SizeOverflow`], see [`crate::api::size`]), so every
+    /// product of these sizes the engine computes fits a `usize`.
+    pub fn check(&self) -> Result<()> {
         let fields = [
             ("batch", self.batch),
             ("seqlen_q", self.seqlen_q),
@@ -80,6 +87,15 @@ impl AttentionShape {
                 heads_q: self.heads_q,
                 heads_kv: self.heads_kv,
             });
+        }
+        // lse's (batch, heads_q, seqlen_q) divides q's count.
+        for (tensor, dims) in [
+            ("q", self.q_shape()),
+            ("k", self.kv_shape()),
+            ("v", self.v_shape()),
+            ("o", self.o_shape()),
+        ] {
+            size::elements(tensor, &dims)?;
         }
         Ok(())
     }

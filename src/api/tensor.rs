@@ -1,5 +1,6 @@
 //! Host tensors: storage precisions, borrowed views and owned data.
 
+use super::size;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 
@@ -175,9 +176,10 @@ impl<'a> TensorView<'a> {
         self.data.precision()
     }
 
-    /// The data must hold exactly as many elements as the shape says.
+    /// The data must hold exactly as many elements as the shape says (a
+    /// shape whose element count overflows is [`Error::SizeOverflow`]).
     pub fn check_len(&self, name: &'static str) -> Result<()> {
-        let expected: usize = self.shape.iter().product();
+        let expected = size::elements(name, &self.shape)?;
         if self.data.len() != expected {
             return Err(Error::DataLength {
                 tensor: name,

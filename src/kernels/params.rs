@@ -7,6 +7,7 @@
 use crate::api::decode::DecodeProblem;
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
+pub use crate::api::size::to_u32;
 use crate::error::{Error, Result};
 use bytemuck::{Pod, Zeroable};
 
@@ -178,14 +179,6 @@ impl Piece {
             head_start: 0,
         }
     }
-}
-
-/// `x` as a u32, or an error naming it.
-pub fn to_u32(what: &'static str, x: usize) -> Result<u32> {
-    u32::try_from(x).map_err(|_| Error::Overflow {
-        what,
-        value: x as u64,
-    })
 }
 
 impl Params {

@@ -8,6 +8,7 @@ use super::band::{blocks, Band};
 use super::params::Params;
 use crate::api::band::Mask;
 use crate::api::block_mask::{tile_fate, BlockMask, Tile, TileFate};
+use crate::api::size::grid_u32;
 
 /// One sequence of a dispatch: its batch entry in the whole problem, its
 /// rows and keys here, and its mask offset (keys − rows of the whole
@@ -78,7 +79,7 @@ impl Sequences {
         if self.packed {
             1
         } else {
-            self.seqs.len() as u32
+            grid_u32(self.seqs.len() as u64)
         }
     }
 

@@ -6,6 +6,7 @@
 use super::reruns::{piece_limits, with_reruns};
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
+use crate::api::size::{grid_u32, to_u32};
 use crate::api::tensor::TensorData;
 use crate::error::{Error, Result};
 use crate::kernels::decode::HELPER_WORKGROUP;
@@ -200,7 +201,7 @@ impl Step<'_> {
         };
         Ok(StepBuffers {
             q: call.upload("q", self.step.q.data.as_bytes())?,
-            index: call.upload("index", bytemuck::cast_slice(&index_words(p)))?,
+            index: call.upload("index", bytemuck::cast_slice(&index_words(p)?))?,
             o: call.storage("o", q_len * p.precision.bytes() as u64)?,
             lse: call.storage("lse", lse_len * 4)?,
             parts,
@@ -343,7 +344,6 @@ fn bytes<T: Uniform>(x: &T) -> Vec<u8> {
 
 /// The decode parameters of a plan.
 fn decode_params(p: &DecodeProblem, plan: &DecodePlan) -> Result<DecodeParams> {
-    let to_u32 = crate::kernels::params::to_u32;
     let group_rows = p.group() * p.seqlen_q;
     Ok(DecodeParams {
         page_size: to_u32("page size", p.table.page_size)?,
@@ -362,10 +362,12 @@ fn decode_params(p: &DecodeProblem, plan: &DecodePlan) -> Result<DecodeParams> {
 }
 
 /// Each sequence's keys after the append, then the page table.
-fn index_words(p: &DecodeProblem) -> Vec<u32> {
-    let mut words: Vec<u32> = (0..p.batch).map(|b| p.seqlen_k(b) as u32).collect();
+fn index_words(p: &DecodeProblem) -> Result<Vec<u32>> {
+    let mut words = (0..p.batch)
+        .map(|b| to_u32("a sequence's keys", p.seqlen_k(b)))
+        .collect::<Result<Vec<u32>>>()?;
     words.extend_from_slice(&p.table.pages);
-    words
+    Ok(words)
 }
 
 /// A grid of `groups` workgroups wrapped from x into y at the device's
@@ -373,7 +375,7 @@ fn index_words(p: &DecodeProblem) -> Vec<u32> {
 fn wrapped_grid(gpu: &Gpu, groups: u64) -> Result<([u32; 3], u32)> {
     let max = gpu.max_groups() as u64;
     let x = groups.clamp(1, max);
-    let grid = [x as u32, groups.div_ceil(x).max(1) as u32, 1];
+    let grid = [x as u32, grid_u32(groups.div_ceil(x).max(1)), 1];
     check_grid(gpu, &grid)?;
     Ok((grid, x as u32))
 }

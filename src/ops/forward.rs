@@ -9,6 +9,7 @@ use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, CallStats, ForwardOutput};
 use crate::api::shape::{AttentionShape, Layout};
+use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::{binding, AttentionBuffers, FlashForward, KernelKey, Params, Walk};
@@ -173,7 +174,7 @@ impl Launch {
         };
         let accesses = kernel.accesses(&walk, heads);
         let tables = side_tables(opts, &seqs, plan.br, [Some(&walk), None], heads);
-        let grid = [kernel.grid_x(&seqs), heads as u32, seqs.grid_z()];
+        let grid = [kernel.grid_x(&seqs), grid_u32(heads as u64), seqs.grid_z()];
         let keys = seqs.longest().1;
         let side = tables.build(&mut params, p.piece.full.heads_q)?;
         Ok(Self {
@@ -295,6 +296,8 @@ fn check_buffers(
     shape: &AttentionShape,
     precision: Precision,
 ) -> Result<()> {
+    // The caller built the shape field by field: its sizes are checked first.
+    shape.check()?;
     let elem = precision.bytes() as u64;
     let need = |n: usize, e: u64| padded(n as u64 * e);
     let checks = [

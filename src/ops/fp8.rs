@@ -12,6 +12,7 @@ use super::forward::{check_loop_limit, dispatches};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{Accesses, ForwardOutput};
 use crate::api::shape::AttentionShape;
+use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::params::to_u32;
@@ -98,7 +99,7 @@ fn quant_dispatches<'a>(
         if pass != QuantPass::Scales {
             buffers.extend(rows);
         }
-        let grid = kernel.grid([batch, seqlen, heads].map(|x| x as u32));
+        let grid = kernel.grid([batch, seqlen, heads].map(|x| grid_u32(x as u64)));
         if let Some(&n) = grid.iter().find(|&&n| n > gpu.max_groups()) {
             return Err(Error::GridTooLarge {
                 what: "the FP8 quantization",
@@ -160,6 +161,8 @@ fn upload_tensor(
 /// One tensor quantized on the device and read back (the codes and scales
 /// the FP8 forward uses, for checking them against `crate::quant`).
 pub async fn quantize(gpu: &Gpu, x: &TensorView<'_>, fp8: &Fp8Options) -> Result<Fp8Tensor> {
+    // Before the transform's signs, which are as many as the head dim.
+    x.check_len("x")?;
     let layout = Fp8Layout::new(x.shape[3], fp8);
     let transform = layout.transform.as_ref();
     let spec = Spec {

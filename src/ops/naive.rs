@@ -8,6 +8,7 @@
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::shape::AttentionShape;
+use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::naive::{ROWS_PER_GROUP, TILE};
@@ -115,7 +116,7 @@ impl<'a> Problem<'a> {
             kernel: kernel.into(),
             uniforms: vec![(binding::PARAMS, bytemuck::bytes_of(&self.params).to_vec())],
             buffers,
-            grid: grid.map(|g| g as u32),
+            grid: grid.map(|g| grid_u32(g as u64)),
             walk: None,
         })
     }

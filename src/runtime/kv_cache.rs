@@ -6,6 +6,7 @@ use super::buffers::{padded, STORAGE};
 use super::gpu::Gpu;
 use super::submit::read_back;
 use crate::api::decode::{CacheShape, HostKvCache};
+use crate::api::size;
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 
@@ -80,7 +81,9 @@ impl KvCache {
 
     /// Bytes of one of the buffers; it must fit one storage binding.
     fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<u64> {
-        let bytes = padded((shape.len() * precision.bytes()) as u64);
+        // A shape built field by field is checked here (CacheShape::new checks its own).
+        let elements = size::elements("the kv cache", &shape.dims())?;
+        let bytes = padded(elements as u64 * precision.bytes() as u64);
         if bytes > gpu.max_binding() {
             return Err(Error::BindingTooLarge {
                 what: "the kv cache",

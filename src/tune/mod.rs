@@ -116,6 +116,8 @@ pub async fn tune(gpu: &Gpu, req: &TuneRequest) -> Result<TuneReport> {
         return Err(Error::EmptyDim { dim: "repeats" });
     }
     let (shape, opts) = (req.shape, req.options());
+    // A request's shape is built field by field: checked before its inputs are made.
+    shape.check()?;
     let plan_req = plan_request(&shape, &opts, req.precision, PlanOverrides::default());
     let list = candidates(&plan_req, req.pass, &gpu.caps())?;
     let inputs = Inputs::new(&shape, req.precision);

@@ -7,6 +7,7 @@
 //! the JavaScript side stays a thin view.
 
 use flashattn::accuracy::{check_backward, check_decode, check_forward, Check};
+use flashattn::api::size;
 use flashattn::random::Rng;
 use flashattn::{
     cpu, AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
@@ -290,7 +291,9 @@ pub async fn run_case(
     let backward_plan = e
         .plan_backward(&shape, precision, &overrides)
         .map_err(js_err)?;
-    let flops = 4.0 * (heads * seqlen * seqlen * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
+    // In f64: seqlen² can pass a 32-bit usize where q's elements fit.
+    let flops = 4.0 * heads as f64 * (seqlen as f64).powi(2) * head_dim as f64
+        / if causal { 2.0 } else { 1.0 };
     // Five matmuls against the forward's two (FlashAttention-2's convention).
     let bwd_flops = 2.5 * flops;
     to_json(&CaseReport {
@@ -438,6 +441,9 @@ struct Heatmap {
     max_row_sum_error: f64,
 }
 
+/// The most tokens [`heatmap`] draws.
+const MAX_HEATMAP: usize = 1024;
+
 /// The attention matrix of a small seeded example, rebuilt from the GPU's LSE
 /// output as `P = exp(S − lse)` (what a backward pass does). The forward
 /// itself never stores P.
@@ -448,6 +454,12 @@ pub async fn heatmap(
     causal: bool,
     seed: u64,
 ) -> Result<String, JsError> {
+    // P is seqlen² f64 values in the JSON the page draws.
+    if seqlen > MAX_HEATMAP {
+        return Err(JsError::new(&format!(
+            "the heatmap draws at most {MAX_HEATMAP} tokens, got {seqlen}"
+        )));
+    }
     let e = engine().await?;
     let shape = AttentionShape::new(1, seqlen, seqlen, 1, 1, head_dim).map_err(js_err)?;
     let opts = AttentionOptions::default().causal(causal);
@@ -690,14 +702,23 @@ pub async fn decode_case(
     let e = engine().await?;
     let precision: Precision = precision.parse().map_err(js_err)?;
     let (hq, hk, d) = (DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEAD_DIM);
-    let mut lens = vec![cache_len, (cache_len * 2 / 3).max(1)];
+    let mut lens = vec![cache_len, (cache_len / 3 * 2).max(1)];
     let start_lens = lens.clone();
     let batch = lens.len();
-    // Room for the warm-up step and the timed ones.
-    let max_pages = (cache_len + steps + 1).div_ceil(page_size);
-    let pages = batch * max_pages;
+    // Room for the warm-up step and the timed ones (checked: these come
+    // from the page, and usize is 32 bits here).
+    let tokens = size::sum("cache tokens", cache_len, steps)
+        .and_then(|n| size::sum("cache tokens", n, 1))
+        .map_err(js_err)?;
+    let max_pages = tokens.div_ceil(page_size);
+    let pages = size::product("pages (batch × max_pages)", batch, max_pages).map_err(js_err)?;
+    let Ok(page_count) = i32::try_from(pages) else {
+        return Err(JsError::new(&format!(
+            "{pages} pages do not fit the block table's int32 entries"
+        )));
+    };
     let mut rng = Rng::new(seed);
-    let mut table: Vec<i32> = (0..pages as i32).collect();
+    let mut table: Vec<i32> = (0..page_count).collect();
     for i in (1..table.len()).rev() {
         table.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
@@ -719,6 +740,7 @@ pub async fn decode_case(
             random(batch * hk * d),
             random(batch * hk * d),
         );
+        // Within the cache, whose elements CacheShape::new held to the limit.
         let lens_i32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
         let step = DecodeStep::new(q.view([batch, 1, hq, d]), &lens_i32)
             .block_table(&table, max_pages)

@@ -1,0 +1,347 @@
+//! `.npy` in and out: f32/f16 tensors (bf16 written as f32) and i32 (or i64)
+//! index arrays, C order, little-endian. Reading checks the header first
+//! ([`header`]): its dtype, order and rank, its element count (checked
+//! arithmetic, `flashattn::api::size`) and that the file holds exactly the
+//! bytes the shape needs, before the data is read or anything the size of
+//! the shape is allocated. Writing (npyz) goes to a temporary file that is
+//! renamed, so a failed run leaves no file.
+
+pub mod header;
+
+use crate::error::{CliError, Result};
+use flashattn::api::size;
+use flashattn::{Tensor, TensorData};
+use half::f16;
+use npyz::WriterBuilder;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The element types the command line reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    F32,
+    F16,
+    I32,
+    I64,
+    U8,
+    Bool,
+}
+
+impl Element {
+    /// The type of a little-endian (or byte-sized) plain dtype, `None` for
+    /// any other (big-endian, structured, or one not read here).
+    pub fn of(descr: &str) -> Option<Self> {
+        let ty = descr
+            .strip_prefix('<')
+            .or_else(|| descr.strip_prefix('|'))
+            .or_else(|| {
+                descr
+                    .strip_prefix('=')
+                    .filter(|_| cfg!(target_endian = "little"))
+            })?;
+        Some(match ty {
+            "f4" => Element::F32,
+            "f2" => Element::F16,
+            "i4" => Element::I32,
+            "i8" => Element::I64,
+            "u1" => Element::U8,
+            "b1" => Element::Bool,
+            _ => return None,
+        })
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            Element::F32 | Element::I32 => 4,
+            Element::F16 => 2,
+            Element::I64 => 8,
+            Element::U8 | Element::Bool => 1,
+        }
+    }
+}
+
+/// An open `.npy` file whose header has been read: the file positioned at
+/// its data, and the data's length.
+struct Npy {
+    file: File,
+    header: header::Header,
+    /// Bytes after the header.
+    data_len: u64,
+    /// The file's element type, if one read here.
+    element: Option<Element>,
+}
+
+/// Open `path` and read its header (`what` names it in every error); C
+/// order only (the caller checks the element type).
+fn open(what: &'static str, path: &Path) -> Result<Npy> {
+    let read_error = |source| CliError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(read_error)?;
+    let len = file.metadata().map_err(read_error)?.len();
+    let header = header::read(&mut file, len).map_err(|source| CliError::NotNpy {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if header.fortran_order {
+        return Err(CliError::FortranOrder {
+            what,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(Npy {
+        file,
+        data_len: len - header.data_offset,
+        element: Element::of(&header.descr),
+        header,
+    })
+}
+
+/// [`open`], and the array must have rank `rank` (`expected` describes its dims).
+fn open_rank(
+    what: &'static str,
+    path: &Path,
+    (rank, expected): (usize, &'static str),
+) -> Result<Npy> {
+    let npy = open(what, path)?;
+    if npy.header.shape.len() != rank {
+        return Err(CliError::Rank {
+            what,
+            rank: npy.header.shape.len(),
+            shape: npy
+                .header
+                .shape
+                .iter()
+                .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
+                .collect(),
+            expected,
+        });
+    }
+    Ok(npy)
+}
+
+impl Npy {
+    /// The shape and the data as `T` (the file's element type, `element`):
+    /// the element count is checked and the file must hold exactly its
+    /// bytes before they are read.
+    fn data<T: bytemuck::Pod>(
+        mut self,
+        what: &'static str,
+        path: &Path,
+        element: Element,
+    ) -> Result<(Vec<usize>, Vec<T>)> {
+        let shape = &self.header.shape;
+        let count = size::elements_u64(what, shape).map_err(|_| CliError::NpyTooLarge {
+            what,
+            path: path.to_path_buf(),
+            shape: shape.clone(),
+            max: size::MAX_ELEMENTS,
+        })?;
+        // At most 2^61 elements of at most 8 bytes: no u64 overflow.
+        let bytes = count as u64 * element.bytes();
+        if bytes != self.data_len {
+            return Err(CliError::NpyDataLength {
+                what,
+                path: path.to_path_buf(),
+                shape: shape.clone(),
+                expected: bytes,
+                actual: self.data_len,
+            });
+        }
+        // The file holds these bytes, so this allocation is the file's size.
+        let mut raw = Vec::with_capacity(bytes as usize);
+        let read = (&mut self.file).take(bytes).read_to_end(&mut raw);
+        if let Err(source) = read {
+            return Err(CliError::Read {
+                what,
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+        if raw.len() as u64 != bytes {
+            return Err(CliError::NpyDataLength {
+                what,
+                path: path.to_path_buf(),
+                shape: shape.clone(),
+                expected: bytes,
+                actual: raw.len() as u64,
+            });
+        }
+        // Each dim is at most the element count (or 0), which fits usize.
+        let dims = shape.iter().map(|&d| d as usize).collect();
+        Ok((dims, bytemuck::pod_collect_to_vec(&raw)))
+    }
+}
+
+/// Read a tensor, naming `what` (e.g. "q") in every error.
+pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
+    let npy = open(what, path)?;
+    let (shape, data) = match npy.element {
+        Some(Element::F32) => {
+            let (shape, d) = npy.data::<f32>(what, path, Element::F32)?;
+            (shape, TensorData::F32(d))
+        }
+        Some(Element::F16) => {
+            let (shape, d) = npy.data::<f16>(what, path, Element::F16)?;
+            (shape, TensorData::F16(d))
+        }
+        _ => {
+            return Err(CliError::Dtype {
+                what,
+                path: path.to_path_buf(),
+                dtype: npy.header.descr,
+            })
+        }
+    };
+    Ok(Tensor { shape, data })
+}
+
+/// Read an f32 array (ALiBi slopes, sink logits), naming `what` in every error.
+pub fn read_f32(what: &'static str, path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
+    let t = read(what, path)?;
+    match t.data {
+        TensorData::F32(d) => Ok((t.shape, d)),
+        _ => Err(CliError::Dtype {
+            what,
+            path: path.to_path_buf(),
+            dtype: "float16 (expected float32)".into(),
+        }),
+    }
+}
+
+/// Read a bool or uint8 array (a block mask) of rank `rank`, naming `what`
+/// in every error; entries as bytes (nonzero: allowed).
+pub fn read_mask(
+    what: &'static str,
+    path: &Path,
+    rank: usize,
+    expected: &'static str,
+) -> Result<(Vec<usize>, Vec<u8>)> {
+    let npy = open_rank(what, path, (rank, expected))?;
+    match npy.element {
+        Some(e @ (Element::Bool | Element::U8)) => npy.data::<u8>(what, path, e),
+        _ => Err(CliError::MaskDtype {
+            what,
+            path: path.to_path_buf(),
+            dtype: npy.header.descr,
+        }),
+    }
+}
+
+/// An index array (cache lengths, cache rows, a block table).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexArray {
+    pub shape: Vec<usize>,
+    pub data: Vec<i32>,
+}
+
+/// Read an int32 array of rank `rank` (int64 is accepted when every entry
+/// fits in int32), naming `what` in every error; `expected` describes the
+/// dims for the rank error, e.g. "1 dim (batch,)".
+pub fn read_index(
+    what: &'static str,
+    path: &Path,
+    rank: usize,
+    expected: &'static str,
+) -> Result<IndexArray> {
+    let npy = open_rank(what, path, (rank, expected))?;
+    let (shape, data) = match npy.element {
+        Some(Element::I32) => npy.data::<i32>(what, path, Element::I32)?,
+        Some(Element::I64) => {
+            let (shape, wide) = npy.data::<i64>(what, path, Element::I64)?;
+            (shape, narrow(what, path, &wide)?)
+        }
+        _ => {
+            return Err(CliError::IndexDtype {
+                what,
+                path: path.to_path_buf(),
+                dtype: npy.header.descr,
+            })
+        }
+    };
+    Ok(IndexArray { shape, data })
+}
+
+/// int64 entries as int32, or an error naming the first that does not fit.
+fn narrow(what: &'static str, path: &Path, wide: &[i64]) -> Result<Vec<i32>> {
+    wide.iter()
+        .enumerate()
+        .map(|(index, &value)| {
+            i32::try_from(value).map_err(|_| CliError::IndexRange {
+                what,
+                path: path.to_path_buf(),
+                index,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// An `.npy` file's bytes for `t` (f32 or f16, C order).
+fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
+    let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+    match &t.data {
+        TensorData::F32(d) => encode_array(&shape, d),
+        TensorData::F16(d) => encode_array(&shape, d),
+        // numpy has no bf16: bf16 values travel as (exactly equal) f32 (SPEC.md).
+        TensorData::Bf16(_) => encode_array(&shape, &t.to_f32()),
+    }
+}
+
+/// An `.npy` file's bytes for `data` in C order with this shape.
+pub fn encode_array<T: npyz::AutoSerialize + Copy>(
+    shape: &[u64],
+    data: &[T],
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()?;
+    w.extend(data.iter().copied())?;
+    w.finish()?;
+    Ok(buf)
+}
+
+/// Write every `(path, tensor)` or none: each goes to a temporary file next to
+/// its destination, and only when all are written are they renamed.
+pub fn write_all(outputs: &[(&Path, &Tensor)]) -> Result<()> {
+    let mut temps: Vec<(PathBuf, &Path)> = Vec::new();
+    let cleanup = |temps: &[(PathBuf, &Path)]| {
+        for (t, _) in temps {
+            let _ = std::fs::remove_file(t);
+        }
+    };
+    for (path, tensor) in outputs {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+        let result = encode(tensor).and_then(|bytes| std::fs::write(&temp, bytes));
+        if let Err(source) = result {
+            let _ = std::fs::remove_file(&temp);
+            cleanup(&temps);
+            return Err(CliError::Write {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+        temps.push((temp, path));
+    }
+    for (temp, path) in &temps {
+        if let Err(source) = std::fs::rename(temp, path) {
+            cleanup(&temps);
+            return Err(CliError::Write {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
