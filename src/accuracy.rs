@@ -276,7 +276,7 @@ pub struct Fp8Report {
     /// error, measured, not bounded.
     pub lse: ErrorStats,
     pub naive: ErrorStats,
-    /// The LSE held to SPEC.md's accuracy rule on the inputs as quantized.
+    /// The LSE held to docs/semantics.md's accuracy rule on the inputs as quantized.
     /// Why the rule, and not a tolerance of its own, applies:
     ///
     /// - The rule's reference is "the same function computed in f64 on the
@@ -286,7 +286,7 @@ pub struct Fp8Report {
     ///   exactly on those, in f64.
     /// - The LSE is a function of the scores alone, `lse_i = m_i + log Σ_j
     ///   exp(s_ij − m_i)`, and the row sum is kept from the unquantized P
-    ///   (as SPEC.md and the reference define it), so the one rounding FP8
+    ///   (as docs/semantics.md and the reference define it), so the one rounding FP8
     ///   adds past its inputs, P to e4m3 before `P·V`, never reaches the
     ///   LSE: it moves only `o`, measured by `o` and `naive`.
     /// - What remains between a kernel's LSE and that reference is f32

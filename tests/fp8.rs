@@ -76,7 +76,7 @@ fn cpu_report(case: &Fp8Case, fp8: &Fp8Options) -> Fp8Report {
 
 /// The kernel adds no error of its own beyond rounding P: its RMSE is
 /// within 10% of the naive f64 quantization's, and its LSE, which P's
-/// rounding does not reach, meets SPEC.md's accuracy rule on the inputs as
+/// rounding does not reach, meets docs/semantics.md's accuracy rule on the inputs as
 /// quantized (`Fp8Report::lse_rule`, whose rustdoc derives why).
 fn assert_close_to_naive(case: &Fp8Case, fp8: &Fp8Options, r: &Fp8Report) {
     let lse = &r.lse_rule;

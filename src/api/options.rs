@@ -222,7 +222,7 @@ mod band_rule {
     const EMPTY: (usize, usize) = (0, 0);
 
     /// One problem of the table: sizes, mask, and each row's allowed keys
-    /// as a half-open range, worked out by hand from SPEC.md: key `j` is
+    /// as a half-open range, worked out by hand from docs/semantics.md: key `j` is
     /// allowed for row `i` iff `i + off - left <= j <= i + off + right` and
     /// `0 <= j < seqlen_k`, with `off = seqlen_k - seqlen_q` (bottom-right
     /// alignment), causal meaning `right = 0`, and a side of -1 unbounded.

@@ -54,7 +54,7 @@ impl AttentionShape {
         Ok(s)
     }
 
-    /// Check every size rule of SPEC.md on a shape built field by field
+    /// Check every size rule of docs/semantics.md on a shape built field by field
     /// (what [`AttentionShape::new`] checks): every size at least 1, head
     /// dims within [`MAX_HEAD_DIM`], heads_q a multiple of heads_kv, and the
     /// element count of q, k, v and o within this target's limit
