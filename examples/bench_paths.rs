@@ -415,20 +415,13 @@ fn run(a: &Args) -> Result<bool, BoxError> {
     let timed = |i: &Implementation| flash.contains(i) || i.outside();
     if a.dry_run {
         for s in &shapes {
-            let b = &s.base;
-            println!(
-                "{} {} d {} causal {} N {}: {}",
-                b.pass.name(),
-                b.precision.name(),
-                b.head_dim,
-                b.causal,
-                b.seqlen,
-                s.impls
-                    .iter()
-                    .map(|i| i.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            for &implementation in &s.impls {
+                let case = BenchCase {
+                    implementation,
+                    ..s.base
+                };
+                println!("{} {}", case.label(), case.precision.name());
+            }
         }
         if impls.contains(&Implementation::Torch) {
             let mut torch = Torch::start(&a.python, "cpu")?;
@@ -567,14 +560,6 @@ fn report(r: &BenchResult) {
         (None, Some(t)) => format!("{:.3} ms, {:.1} TFLOP/s", t * 1e3, r.flops / t / 1e12),
         (None, None) => "untimed (compared only)".into(),
     };
-    println!(
-        "{} {} d {} causal {} N {} {}: {what}",
-        c.pass.name(),
-        c.precision.name(),
-        c.head_dim,
-        c.causal,
-        c.seqlen,
-        c.implementation.name()
-    );
+    println!("{} {}: {what}", c.label(), c.precision.name());
     let _ = std::io::stdout().flush();
 }

@@ -221,6 +221,30 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     faults
 }
 
+/// `f` of every job, spread over the cores (job i on thread i mod cores;
+/// the results in no particular order).
+fn over_cores<T: Sync, R: Send>(jobs: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let f = &f;
+                s.spawn(move || {
+                    jobs.iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(f)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
 /// Every variant to PTX (NVRTC) for sm_80 and sm_90a (the Hopper ones for
 /// sm_90a only), spread over the cores; with `FLASHATTN_PTXAS`, the main
 /// variants' PTX then to SASS with no spills ([`is_main`]), from the same
@@ -242,31 +266,16 @@ fn every_kernel_variant_compiles_with_nvrtc_for_sm80_and_sm90a() {
         .iter()
         .flat_map(|k| archs(k).iter().map(move |(arch, sm)| (*k, *arch, *sm)))
         .collect();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let faults: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (jobs, ptxas_path) = (&jobs, &ptxas_path);
-                s.spawn(move || {
-                    let mut faults = Vec::new();
-                    for (key, arch, sm) in jobs.iter().skip(t).step_by(threads) {
-                        match (compile_ptx(key, arch), ptxas_path) {
-                            (Err(e), _) => faults.push(e.to_string()),
-                            (Ok(ptx), Some(path)) if is_main(key) => {
-                                faults.extend(assembly_faults(path, key, &ptx, sm))
-                            }
-                            _ => {}
-                        }
-                    }
-                    faults
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let faults: Vec<String> = over_cores(&jobs, |(key, arch, sm)| {
+        match (compile_ptx(key, arch), &ptxas_path) {
+            (Err(e), _) => vec![e.to_string()],
+            (Ok(ptx), Some(path)) if is_main(key) => assembly_faults(path, key, &ptx, sm),
+            _ => Vec::new(),
+        }
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     assert!(
         faults.is_empty(),
         "{} of {} compiles failed or spilled:\n{}",
@@ -455,10 +464,11 @@ fn forward_meets_the_accuracy_rule_on_the_device() {
     }
 }
 
-#[test]
-fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
-    let Some(cuda) = device() else { return };
-    let props = cuda.props().clone();
+/// The plan of a typical call (bf16, d 128, causal) on `props` under `path`.
+fn typical_plan(
+    props: &flashattn::cuda::DeviceProps,
+    path: KernelPath,
+) -> flashattn::cuda::CudaPlan {
     let problem = flashattn::cuda::plan::PlanProblem {
         precision: Precision::Bf16,
         head_dim: 128,
@@ -466,7 +476,14 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
         softcap: false,
         layouts: false,
     };
-    let plan = flashattn::cuda::plan::plan(&props, &problem, KernelPath::Auto).unwrap();
+    flashattn::cuda::plan::plan(props, &problem, path).unwrap()
+}
+
+#[test]
+fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
+    let Some(cuda) = device() else { return };
+    let props = cuda.props().clone();
+    let plan = typical_plan(&props, KernelPath::Auto);
     eprintln!("{}", plan.explain(&props).join("\n"));
     let forward = match props.major {
         9 => Family::ForwardWgmma,
@@ -912,14 +929,7 @@ fn the_device_and_its_toolchain() {
         props.smem_per_sm,
         cuda.arch()
     );
-    let problem = flashattn::cuda::plan::PlanProblem {
-        precision: Precision::Bf16,
-        head_dim: 128,
-        band: true,
-        softcap: false,
-        layouts: false,
-    };
-    let plan = flashattn::cuda::plan::plan(&props, &problem, cuda.kernel_path()).unwrap();
+    let plan = typical_plan(&props, cuda.kernel_path());
     eprintln!("{}", plan.explain(&props).join("\n"));
     let (Some(driver), Some(nvrtc)) = (versions.driver, versions.nvrtc) else {
         panic!("a device opened, yet {versions}");
@@ -1038,25 +1048,7 @@ fn jit_report_of_the_main_variants() {
         .filter(|k| (k.precision == Precision::F32) != (k.family.is_mma() || k.family.is_wgmma()))
         .filter(|k| hopper || !k.family.is_wgmma())
         .collect();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let reports: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (keys, cuda) = (&keys, &cuda);
-                s.spawn(move || {
-                    keys.iter()
-                        .skip(t)
-                        .step_by(threads)
-                        .map(|k| cuda.module_report(*k).map_err(|e| e.to_string()))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let reports = over_cores(&keys, |k| cuda.module_report(*k).map_err(|e| e.to_string()));
     let mut faults = Vec::new();
     for report in reports {
         match report {

@@ -166,6 +166,18 @@ fn precision_name<S: serde::Serializer>(
 }
 
 impl BenchCase {
+    /// A few words naming the case (progress lines).
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} N {} d {}{}",
+            self.pass.name(),
+            self.implementation.name(),
+            self.seqlen,
+            self.head_dim,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+
     pub fn shape(&self) -> flashattn::Result<AttentionShape> {
         AttentionShape::new(
             self.batch,

@@ -162,27 +162,29 @@ fn launch(
             .value(&row_layout);
         unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
-        l.input(&b.q)
-            .input(&b.k)
-            .input(&b.v)
-            .input(&b.d_o)
-            .input(&b.lse)
-            .input(&b.delta);
+        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
         l.output(&mut b.dk)
             .output(&mut b.dv)
             .value(&call.problem)
             .value(&key_layout);
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
-        l.input(&b.q)
-            .input(&b.k)
-            .input(&b.v)
-            .input(&b.d_o)
-            .input(&b.lse)
-            .input(&b.delta);
+        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
         l.output(&mut b.dq).value(&call.problem).value(&row_layout);
         unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
     })?;
     drop((key_lists, row_lists));
     Ok(seconds)
+}
+
+/// The first arguments of both gradient kernels: q, k, v, dO, lse and D.
+fn gradient_inputs<'a>(
+    l: &mut Launch<'a>,
+    storage: [&'a CudaSlice<u8>; 4],
+    [lse, delta]: [&'a CudaSlice<f32>; 2],
+) {
+    for buf in storage {
+        l.input(buf);
+    }
+    l.input(lse).input(delta);
 }

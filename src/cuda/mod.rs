@@ -8,7 +8,7 @@
 //!
 //! Three kernel paths ([`plan`] picks one per call from the device's
 //! properties; [`KernelPath`] or `FLASHATTN_CUDA_KERNEL=scalar|mma|hopper|auto`
-//! forces one):
+//! forces one, and `no-hopper` is auto without the Hopper forward):
 //!
 //! - Hopper (cuda/flash_fwd_wgmma.cu, cuda/hopper.cuh), the forward on
 //!   compute capability 9.x for f16/bf16 with d % 8 == 0 at padded head
