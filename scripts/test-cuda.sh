@@ -3,7 +3,8 @@
 # ptxas from PyPI (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, installed
 # into $FLASHATTN_CUDA_VENV, default .cuda-venv, unless that venv already has
 # them), then tests/cuda.rs with NVRTC required: every kernel variant to
-# PTX for sm_80 and sm_90a, no spills in the main variants (the Hopper
+# PTX for sm_80 and sm_90a (the Hopper forward also as the GPU checks build
+# it, its waits bounded), no spills in the main variants (the Hopper
 # forward's SASS checked when nvdisasm installs), the kernels
 # under host emulation (g++, installed when missing: with
 # FLASHATTN_REQUIRE_NVRTC=1 a missing compiler fails), the no-driver error;
@@ -39,6 +40,7 @@ fi
 if [ -n "$nvdisasm" ]; then export FLASHATTN_NVDISASM="$nvdisasm"; fi
 export LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FLASHATTN_PTXAS="$site/nvidia/cuda_nvcc/bin/ptxas" FLASHATTN_REQUIRE_NVRTC=1 FLASHATTN_CXX=g++
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 waivers=$(mktemp)
 export FLASHATTN_WAIVERS=$waivers
 

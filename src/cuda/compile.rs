@@ -121,7 +121,7 @@ pub fn options(key: &KernelKey, arch: &str) -> Vec<String> {
 }
 
 /// [`options`] with the wait bound given.
-fn options_bounded(key: &KernelKey, arch: &str, bound_ms: Option<u32>) -> Vec<String> {
+pub fn options_bounded(key: &KernelKey, arch: &str, bound_ms: Option<u32>) -> Vec<String> {
     let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
     if let Some(ms) = bound_ms.filter(|_| key.family.is_wgmma()) {
         opts.push(format!("-DFLASHATTN_BOUNDED_WAIT_MS={ms}"));
@@ -131,13 +131,18 @@ fn options_bounded(key: &KernelKey, arch: &str, bound_ms: Option<u32>) -> Vec<St
 
 /// Compile `key`'s module for `arch` (e.g. `compute_80`, `compute_90a`).
 pub fn compile_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
+    compile_ptx_with(key, arch, options(key, arch))
+}
+
+/// [`compile_ptx`] with these NVRTC options ([`options_bounded`]'s).
+pub fn compile_ptx_with(key: &KernelKey, arch: &str, options: Vec<String>) -> Result<Ptx> {
     if !nvrtc_present() {
         return Err(Error::CudaUnavailable {
             missing: "NVRTC (libnvrtc, e.g. pip's nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH)",
         });
     }
     let opts = CompileOptions {
-        options: options(key, arch),
+        options,
         // No fast math (NVRTC's default): exact expf/logf/tanhf and IEEE
         // division, since the accuracy rule is tight for f32 storage.
         name: Some(format!("{}.cu", key.label())),

@@ -61,7 +61,7 @@ pub fn versions() -> Versions {
 }
 
 /// One module as the driver built it: its JIT logs and each kernel's
-/// attributes (`Cuda::jit_report`).
+/// attributes (`Cuda::module_report`).
 #[derive(Clone, Debug)]
 pub struct ModuleReport {
     pub key: KernelKey,
@@ -71,13 +71,17 @@ pub struct ModuleReport {
 }
 
 impl ModuleReport {
-    /// What the build must not show ([`jit::build_faults`]), each naming the kernel.
+    /// What the build must not show ([`jit::build_faults`]), each naming
+    /// the kernel: spills as the JIT's verbose log counts them, or, where it
+    /// counts none, the kernel's local memory.
     pub fn faults(&self) -> Vec<String> {
         let log = self.log.text();
+        let logged = jit::spill_bytes(&log);
         self.kernels
             .iter()
             .flat_map(|(name, a)| {
-                jit::build_faults(self.key.family, &log, i64::from(a.local_bytes))
+                let spills = logged.unwrap_or(i64::from(a.local_bytes));
+                jit::build_faults(self.key.family, &log, spills)
                     .into_iter()
                     .map(move |f| format!("{} {name}: {f}", self.key.label()))
             })

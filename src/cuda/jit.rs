@@ -236,11 +236,27 @@ impl Kernel {
     }
 }
 
+/// The spill stores and loads ptxas reports in `log` ("N bytes spill
+/// stores, M bytes spill loads" per kernel, with `-v` or the JIT's verbose
+/// log), summed; `None` where it reports none at all. Local memory is not
+/// spills alone: printf's argument buffer (the bounded waits' report) is
+/// a stack frame.
+pub fn spill_bytes(log: &str) -> Option<i64> {
+    let number_before = |line: &str, word: &str| -> Option<i64> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    log.lines()
+        .flat_map(|l| [" bytes spill stores", " bytes spill loads"].map(|w| number_before(l, w)))
+        .flatten()
+        .reduce(|a, b| a + b)
+}
+
 /// What the driver's build of a kernel of `family` must not show: for the
-/// Hopper forward, register spills (`spill_bytes`: ptxas's spill stores and
-/// loads, or the driver's local memory) or a ptxas warning in `log` that it
-/// serialized the wgmmas or ignored a setmaxnreg. The same rule for the
-/// offline ptxas (tests/cuda.rs) and the driver's JIT (`Cuda::jit_report`).
+/// Hopper forward, register spills (`spill_bytes`) or a ptxas warning in
+/// `log` that it serialized the wgmmas or ignored a setmaxnreg. The same
+/// rule for the offline ptxas (tests/cuda.rs) and the driver's JIT
+/// (`Cuda::module_report`).
 pub fn build_faults(family: Family, log: &str, spill_bytes: i64) -> Vec<String> {
     let mut faults = Vec::new();
     if !family.is_wgmma() {
@@ -383,6 +399,16 @@ mod tests {
         );
         // The rule is the Hopper forward's: the others are reported, not failed.
         assert!(build_faults(Family::BackwardMma, log, 64).is_empty());
+    }
+
+    #[test]
+    fn spills_are_ptxas_spill_counts_summed() {
+        let log = "ptxas info : Function properties for flash_fwd\n\
+                   \x20   24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info : Function properties for flash_bwd_dq\n\
+                   \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
+        assert_eq!(spill_bytes(log), Some(20));
+        assert_eq!(spill_bytes("ptxas info : Used 40 registers"), None);
     }
 
     #[test]
