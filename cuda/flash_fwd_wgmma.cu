@@ -27,7 +27,11 @@
 #define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
-#define BARRIERS 7  // Q full, K full x2, V full x2, empty x2
+#define BARRIERS 7  // Q full, K full x2, V full x2, empty x2: these numbers in a deadlock report
+#define BAR_Q_FULL 0
+#define BAR_K_FULL 1
+#define BAR_V_FULL 3
+#define BAR_EMPTY 5
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
 static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
@@ -52,7 +56,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
     unsigned char* q_s = smem;
     unsigned char* kv_s = smem + Q_BYTES;
     unsigned long long* bars = (unsigned long long*)(kv_s + 2 * STAGES * TILE_BYTES);
-    unsigned long long *q_full = bars, *k_full = bars + 1, *v_full = bars + 3, *empty = bars + 5;
+    unsigned long long *q_full = bars + BAR_Q_FULL, *k_full = bars + BAR_K_FULL, *v_full = bars + BAR_V_FULL,
+                       *empty = bars + BAR_EMPTY;
 
     const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
@@ -83,7 +88,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
                 // A fresh barrier counts as having completed the phase before
                 // its first (parity 1): the first pass through the ring waits for nothing.
-                mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1);
+                mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1, BAR_EMPTY + s);
                 mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
                     tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, b, k_full + s);
@@ -114,7 +119,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         // 64-column box, the next box past column 63.
         auto issue_qk = [&](int tile) {
             const unsigned char* k_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES;
-            mbar_wait(k_full + tile % STAGES, (tile / STAGES) & 1);
+            mbar_wait(k_full + tile % STAGES, (tile / STAGES) & 1, BAR_K_FULL + tile % STAGES);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
@@ -170,7 +175,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         if (tiles > 0) {
             if (wg == 1) pass_turn();
             take_turn();
-            mbar_wait(q_full, 0);
+            mbar_wait(q_full, 0, BAR_Q_FULL);
             issue_qk(0);
             pass_turn();
             wgmma_wait<0>();
@@ -188,7 +193,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             const int prev = tile - 1;
             take_turn();
             if (OVERLAP) issue_qk(tile);
-            mbar_wait(v_full + prev % STAGES, (prev / STAGES) & 1);
+            mbar_wait(v_full + prev % STAGES, (prev / STAGES) & 1, BAR_V_FULL + prev % STAGES);
             issue_pv(prev);
             if (!OVERLAP) {
                 wgmma_wait<0>();
@@ -210,7 +215,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         if (tiles > 0) {
             const int last = tiles - 1;
             take_turn();
-            mbar_wait(v_full + last % STAGES, (last / STAGES) & 1);
+            mbar_wait(v_full + last % STAGES, (last / STAGES) & 1, BAR_V_FULL + last % STAGES);
             issue_pv(last);
             if (wg == 0) pass_turn();
             wgmma_wait<0>();

@@ -16,7 +16,8 @@
 //                      bytes in atoms of 8 rows (1024 B, 1024-aligned), the
 //                      16-byte chunk index XORed with the row in the atom
 //                      (TMA's CU_TENSOR_MAP_SWIZZLE_128B writes exactly this)
-//   mbar_*             mbarriers: arrival count, transaction bytes, phase parity
+//   mbar_*             mbarriers: arrival count, transaction bytes, phase
+//                      parity; mbar_wait bounded under FLASHATTN_BOUNDED_WAIT_MS
 //   tma_load_4d        a box of a tensor map into shared memory, its bytes
 //                      completing on an mbarrier; zeros outside the tensor
 //   setmaxnreg_inc/dec registers per thread of a warpgroup's role
@@ -60,7 +61,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) { host_mbar
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
     host_mbar_arrive(bar, bytes);
 }
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) { host_mbar_wait(bar, parity); }
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    return host_mbar_try_wait(bar, parity);
+}
+__device__ __forceinline__ unsigned long long clock_ns() { return host_clock_ns(); }
+__device__ __forceinline__ bool first_active_lane() { return true; }  // no warps here: each thread reports
+__device__ __forceinline__ void trap() { host_trap(); }
 __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
                                             unsigned long long* bar) {
     host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, bar);
@@ -155,16 +161,26 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
 }
-// Until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+// Whether the phase of parity `parity` has completed (one try; the
+// hardware may suspend the thread a while before it says no).
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
     unsigned done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
 }
+__device__ __forceinline__ unsigned long long clock_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// The lowest lane of the warp among those here (one report per warp).
+__device__ __forceinline__ bool first_active_lane() {
+    return (__activemask() & ((1u << (threadIdx.x % 32)) - 1u)) == 0;
+}
+__device__ __forceinline__ void trap() { asm volatile("trap;"); }
 // Coordinates innermost first, in elements: (column, head, row, batch).
 __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
                                             unsigned long long* bar) {
@@ -191,6 +207,35 @@ __device__ __forceinline__ void named_bar_arrive() {
     asm volatile("bar.arrive %0, %1;" ::"n"(ID), "n"(COUNT) : "memory");
 }
 #endif
+
+// Emulation always bounds the waits: a deadlock there is reported, not hung.
+#if defined(FLASHATTN_HOST_EMULATION) && !defined(FLASHATTN_BOUNDED_WAIT_MS)
+#define FLASHATTN_BOUNDED_WAIT_MS 10000
+#endif
+
+// Until the phase of parity `parity` of barrier `bar` (number `id` in the
+// kernel's list) has completed. With FLASHATTN_BOUNDED_WAIT_MS (the GPU
+// checks define it, src/cuda/compile.rs), a wait past that many
+// milliseconds is a deadlock: the warp's first waiting lane prints where
+// it is stuck and the thread traps, ending the launch with an error
+// instead of hanging the process.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity, int id) {
+#ifdef FLASHATTN_BOUNDED_WAIT_MS
+    const unsigned long long start = clock_ns();
+    while (!mbar_try_wait(bar, parity)) {
+        if (clock_ns() - start > FLASHATTN_BOUNDED_WAIT_MS * 1000000ull) {
+            if (first_active_lane())
+                printf("flashattn: mbarrier wait timed out after %d ms: block (%u,%u,%u) thread %u barrier %d "
+                       "phase parity %u\n",
+                       FLASHATTN_BOUNDED_WAIT_MS, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, id, parity);
+            trap();
+        }
+    }
+#else
+    while (!mbar_try_wait(bar, parity)) {
+    }
+#endif
+}
 
 // A wgmma shared-memory descriptor (PTX ISA, "Matrix Descriptor Format"):
 // start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,

@@ -1,145 +1,462 @@
 #!/usr/bin/env bash
-# The whole GPU check for a lent NVIDIA machine (the `device` tool's H200),
-# in two halves, because that machine has no Rust toolchain and no network:
+# The GPU check: what to run on an NVIDIA machine (its driver, CUDA, PyTorch
+# with CUDA; no Rust toolchain and no network needed there), in two halves,
+# and a dry mode for a machine without a GPU:
 #
-#   scripts/gpu-check.sh prepare   # here: builds the release binaries the check
-#                                  # runs, strips them into .gpu/bin, and fetches
-#                                  # the Vulkan loader .debs into .gl/ (both ignored)
-#   scripts/gpu-check.sh run       # there (carry .gpu and .gl): the GPU test
-#                                  # suites on NVIDIA's Vulkan driver, then plan,
-#                                  # demo, forward/backward and decode benchmarks,
-#                                  # the autotuner's choices (tune.log, tune.json);
-#                                  # the coop kernel (cooperative matrices) gets
-#                                  # its own plan, test and bench steps
+#   scripts/gpu-check.sh prepare  # with the Rust toolchain and a network (no GPU needed):
+#                                 # everything `run` uses, into .gpu-check/ (at most
+#                                 # 64 MiB, checked), to copy into the checkout there:
+#                                 # the stripped binaries (bin.tar.gz), the Vulkan
+#                                 # loader .debs, compute-sanitizer (sanitizer.tar.gz)
+#   scripts/gpu-check.sh run      # on the NVIDIA machine: the ten steps below, their
+#                                 # time limits summing to 360 s; logs, JSON and
+#                                 # summary.txt under $OUT (default gpu-check-out)
+#   scripts/gpu-check.sh dry      # anywhere: every step that needs no GPU
 #
-# `run` writes every log under $OUT (or ./gpu-check-out) and ends with a
-# summary line per step; it is sized to finish in about 8 minutes on an H200.
+# run, in order (each step's limit in seconds):
+#    1 env       15  nvidia-smi -q (name, driver, clocks, power limit), the CUDA
+#                    driver's and NVRTC's versions, the device and its plan, the
+#                    Vulkan adapter (flashattn plan), torch's version
+#    2 warm      30  the PTX disk cache filled over all cores (bounded-wait and
+#                    plain Hopper builds); the driver's JIT cache fills as steps load
+#    3 smoke     30  the Hopper forward's smoke test, alone, CUDA_LAUNCH_BLOCKING=1,
+#                    against the sm80 kernels and the f64 reference; if it fails,
+#                    every later step runs with FLASHATTN_CUDA_KERNEL=no-hopper
+#    4 (steps 3, 6 and 7 run with FLASHATTN_CUDA_BOUNDED_WAIT_MS: a deadlocked
+#      mbarrier wait prints block, thread, barrier and phase, then traps)
+#    5 jit       25  every main variant loaded by the driver's JIT with its logs
+#                    (registers, spills, shared memory); fails if the Hopper
+#                    forward spills or its log reports serialized wgmma (the
+#                    plain build users run: the bounded waits' report is a
+#                    printf call, which serializes them)
+#    6 sanitize  50  compute-sanitizer (memcheck, synccheck; racecheck on the sm80
+#                    kernels) on tiny cases
+#    7 accuracy  90  the CUDA accuracy tests, one kernel path per process, each
+#                    case printed as it finishes; `flashattn doctor --backend cuda`
+#    8 bench     60  forward (Hopper, sm80, torch SDPA) and backward (sm80, torch)
+#                    by examples/bench_paths.rs: CUDA events, inputs once per shape,
+#                    torch started once, JSON after every case, outputs compared
+#    9 vulkan    60  the same on NVIDIA's Vulkan driver: `flashattn doctor` and the
+#                    decode example (smoke), the wgpu accuracy suites, and the
+#                    registers, coop and tiled kernels against torch SDPA on CUDA
+#   10 summary       every step's status and time, every failure; exit status 1
+#                    when anything failed
+#
+# scripts/cuda-check.sh is this script without step 9 (its 60 s go to steps 7
+# and 8). Without an NVIDIA driver, `run` stops at once with one line and exit
+# status 3. docs/gpu-checks.md says what each step records and what to send back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# The test binaries that need an adapter (each runs alone: the suites are
-# one process each, as in CI).
-SUITES=(gpu_forward gpu_backward gpu_decode gpu_tune io_accounting backend)
+DIR=.gpu-check
+# Where run and dry unpack the binaries (set by unpack).
+BIN=
+# Where prepare keeps its downloads between runs (ignored with target/).
+DOWNLOADS=target/gpu-check-downloads
+MAX_BYTES=$((64 * 1024 * 1024))
+# cuda: steps 1-8 only (scripts/cuda-check.sh); all: every step.
+PARTS=${FLASHATTN_CHECK_PARTS:-all}
+NAME=$([ "$PARTS" = cuda ] && echo cuda-check || echo gpu-check)
+SANITIZER_WHEEL=nvidia-cuda-sanitizer-api-cu12==12.9.79
+VULKAN_DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+TEST_BINARIES=(cuda gpu_forward gpu_backward gpu_decode)
+# Every step's limit: they sum to 360 s in both scripts.
+if [ "$PARTS" = cuda ]; then
+  LIMIT_ACCURACY=130 LIMIT_BENCH_FWD=50 LIMIT_BENCH_BWD=30 LIMIT_VULKAN=0
+else
+  LIMIT_ACCURACY=90 LIMIT_BENCH_FWD=35 LIMIT_BENCH_BWD=25 LIMIT_VULKAN=60
+fi
+LIMIT_ENV=15 LIMIT_WARM=30 LIMIT_SMOKE=30 LIMIT_JIT=25 LIMIT_SANITIZE=50
+BOUNDED_WAIT_MS=4000
+
+# The accuracy tests of tests/cuda.rs (libtest's filters, any of them).
+ACCURACY_TESTS=(forward_meets backward_meets layouts_meet layouts_backward decoding_matches
+  what_stays f16_and_bf16_run)
+# The benchmarks' arguments (run and the dry mode's argument check).
+BENCH_SHAPE=(--batch 4 --heads 16 --repeats 3 --causal both --head-dims 64,128)
+bench_cuda_forward() {
+  local impls=cuda-hopper,cuda-mma,torch compare=()
+  [ "${HOPPER_OFF:-0}" = 1 ] && impls=cuda-mma,torch compare=(--compare-with cuda-scalar)
+  echo --impls "$impls" "${compare[@]}" --passes forward --seqlens 1024,4096,16384 \
+    --precisions f16,bf16 "${BENCH_SHAPE[@]}"
+}
+BENCH_CUDA_BACKWARD=(--impls cuda,torch --compare-with cuda-scalar --passes backward
+  --seqlens 1024,4096 --precisions f16,bf16 "${BENCH_SHAPE[@]}")
+BENCH_VULKAN_FORWARD=(--impls registers,coop,tiled,torch --compare-with registers --passes forward
+  --seqlens 1024,4096 --precisions f16 "${BENCH_SHAPE[@]}")
+BENCH_VULKAN_BACKWARD=(--impls registers,tiled,torch --passes backward --seqlens 1024
+  --precisions f16 "${BENCH_SHAPE[@]}")
+
+die() {
+  echo "$NAME: $*" >&2
+  exit "${RC:-1}"
+}
+
+# ---------------------------------------------------------------- prepare
+
+# The release build's path of test binary $1 (cargo's JSON messages in $2).
+test_binary() {
+  printf '%s\n' "$2" | grep -o "\"executable\":\"[^\"]*/deps/$1-[0-9a-f]*\"" | tail -n 1 | cut -d'"' -f4
+}
 
 prepare() {
   set -e
-  rm -rf .gpu && mkdir -p .gpu/bin
-  # The CLI with the CUDA backend built in (the rest behaves as without it):
-  # one binary for every step keeps .gpu within what a run can carry.
-  cargo build --release -p flashattn-cli --features cuda --bin flashattn
-  cargo build --release --example decode
-  local json
-  json=$(cargo test --release -p flashattn --no-run --message-format=json 2>/dev/null)
-  for suite in "${SUITES[@]}"; do
-    local exe
-    exe=$(printf '%s\n' "$json" | grep -o "\"executable\":\"[^\"]*/deps/${suite}-[0-9a-f]*\"" |
-      tail -n 1 | cut -d'"' -f4)
-    [ -n "$exe" ] || { echo "gpu-check: no test binary for $suite" >&2; exit 1; }
-    cp "$exe" ".gpu/bin/$suite"
+  local bin=$DIR/bin
+  rm -rf "$DIR" && mkdir -p "$bin" "$DIR/debs" "$DOWNLOADS"
+  # One feature set for every binary (the CUDA backend built in, as
+  # scripts/test-cuda.sh builds it, so the two builds share their artifacts).
+  local features=(--release --workspace --features flashattn-cli/cuda)
+  cargo build "${features[@]}" --bin flashattn --example decode --example bench_paths
+  local json tests=() t exe
+  for t in "${TEST_BINARIES[@]}"; do tests+=(--test "$t"); done
+  json=$(cargo test "${features[@]}" "${tests[@]}" --no-run --message-format=json 2>/dev/null)
+  for t in "${TEST_BINARIES[@]}"; do
+    exe=$(test_binary "$t" "$json")
+    [ -n "$exe" ] || die "no test binary for tests/$t.rs"
+    cp "$exe" "$bin/$t"
   done
-  cp target/release/flashattn target/release/examples/decode .gpu/bin/
-  # The CUDA backend's test binary (the machine has the driver and CUDA's
-  # NVRTC; `run` finds the latter).
-  json=$(cargo test --release -p flashattn --features cuda --test cuda --no-run --message-format=json 2>/dev/null)
-  exe=$(printf '%s\n' "$json" | grep -o '"executable":"[^"]*/deps/cuda-[0-9a-f]*"' | tail -n 1 | cut -d'"' -f4)
-  [ -n "$exe" ] || { echo "gpu-check: no CUDA test binary" >&2; exit 1; }
-  cp "$exe" .gpu/bin/cuda
-  strip .gpu/bin/*
-  # NVIDIA's driver brings its Vulkan ICD but not the loader (device README).
-  if [ ! -d .gl ] || ! ls .gl/*.deb >/dev/null 2>&1; then
-    mkdir -p .gl /tmp/amd64/partial
-    local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-    # shellcheck disable=SC2086
-    apt-get $o update -qq
-    # shellcheck disable=SC2086
-    (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
-  fi
-  du -sh .gpu .gl
-  echo "gpu-check: prepared; on the device: run with carry [.gpu, .gl] and command 'scripts/gpu-check.sh run'"
+  cp target/release/flashattn target/release/examples/decode target/release/examples/bench_paths "$bin/"
+  strip "$bin"/*
+  prepare_debs
+  prepare_sanitizer
+  {
+    echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%MZ) by $(rustc --version)"
+    echo "sanitizer $SANITIZER_WHEEL"
+    (cd "$DIR" && find . -type f ! -name MANIFEST -printf '%s %p\n' | sort -k2)
+  } >"$DIR/MANIFEST"
+  # Stripped, the binaries are about 55 MB; gzip makes them about 22 (xz
+  # would make 11, at ten times the time).
+  tar -czf "$DIR/bin.tar.gz" -C "$DIR" bin
+  rm -rf "$bin"
+  echo "$(stat -c %s "$DIR/bin.tar.gz") ./bin.tar.gz (the above bin/)" >>"$DIR/MANIFEST"
+  check_size
+  echo "$NAME: prepared $DIR; copy it into the checkout on the NVIDIA machine and run 'scripts/$NAME.sh run' there"
 }
 
+# NVIDIA's driver brings its Vulkan ICD but a machine may lack the loader:
+# the Debian packages, unpacked by `run` into a private folder.
+prepare_debs() {
+  local cache=$DOWNLOADS/debs lists=$DOWNLOADS/apt-lists
+  mkdir -p "$cache" "$lists/partial"
+  if ! ls "$cache"/libvulkan1_*.deb >/dev/null 2>&1; then
+    local o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 "-oDir::State::Lists=$PWD/$lists")
+    apt-get "${o[@]}" update -qq
+    (cd "$cache" && apt-get "${o[@]}" download "${VULKAN_DEBS[@]}")
+  fi
+  cp "$cache"/*.deb "$DIR/debs/"
+}
+
+# compute-sanitizer from PyPI's wheel: the tool and the libraries it loads
+# from its own folder, nothing else (no headers), as one archive.
+prepare_sanitizer() {
+  local cache=$DOWNLOADS/sanitizer wheel flat
+  mkdir -p "$cache"
+  wheel=$(ls "$cache"/nvidia_cuda_sanitizer_api_cu12-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$wheel" ]; then
+    python3 -m pip download -q --no-deps -d "$cache" "$SANITIZER_WHEEL"
+    wheel=$(ls "$cache"/nvidia_cuda_sanitizer_api_cu12-*.whl | head -n 1)
+  fi
+  flat=$(mktemp -d)
+  python3 - "$wheel" "$flat" <<'EOF'
+import os, sys, zipfile
+wheel, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.endswith("/bin/compute-sanitizer") or (name.endswith(".so") and "/lib/" in name):
+            path = os.path.join(out, os.path.basename(name))
+            with open(path, "wb") as f:
+                f.write(z.read(name))
+            os.chmod(path, 0o755)
+EOF
+  [ -x "$flat/compute-sanitizer" ] || die "no compute-sanitizer in $wheel"
+  tar -czf "$DIR/sanitizer.tar.gz" -C "$flat" .
+  rm -rf "$flat"
+}
+
+# The folder within 64 MiB, or a failure listing what takes the room.
+check_size() {
+  local bytes
+  bytes=$(find "$DIR" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+  echo "$NAME: $DIR holds $((bytes / 1024)) KiB of at most $((MAX_BYTES / 1024)) KiB"
+  if [ "$bytes" -gt "$MAX_BYTES" ]; then
+    find "$DIR" -type f -printf '%s %p\n' | sort -rn >&2
+    die "$DIR holds $bytes bytes, over 64 MiB"
+  fi
+}
+
+# -------------------------------------------------------------------- run
+
+# `step NAME LIMIT COMMAND...`: COMMAND under a hard timeout, its output in
+# $out/NAME.log, one summary line (status and seconds); status 0 or the
+# command's (124: the limit).
 step() {
   local name=$1 limit=$2
   shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$out/summary.txt"
+  local start=$SECONDS rc status
+  timeout --kill-after=5 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  case $rc in
+  0) status=ok ;;
+  124 | 137) status="TIMEOUT after ${limit} s" ;;
+  *) status="FAILED (exit status $rc)" ;;
+  esac
+  if grep -q '^WAIVED' "$out/$name.log"; then status="$status, waived: $(grep -c '^WAIVED' "$out/$name.log")"; fi
+  printf '%-24s %4s s of %4s  %s\n' "$name" "$((SECONDS - start))" "$limit" "$status" >>"$out/summary.txt"
+  return $rc
 }
 
-run() {
-  out=${OUT:-gpu-check-out}
-  mkdir -p "$out"
-  for f in .gl/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-  if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+# A step of the summary that did not run, and why.
+skipped() {
+  printf '%-24s %4s      %4s  skipped: %s\n' "$1" - - "$2" >>"$out/summary.txt"
+}
+
+# `flashattn doctor` where this build has it (it checks for the subcommand).
+has_doctor() {
+  "$BIN/flashattn" doctor --help >/dev/null 2>&1
+}
+
+# The packed binaries into a fresh folder $work (BIN: its bin/).
+unpack() {
+  [ -f "$DIR/bin.tar.gz" ] && [ -f "$DIR/MANIFEST" ] ||
+    RC=2 die "$DIR is missing: run 'scripts/$NAME.sh prepare' where the Rust toolchain is, and copy $DIR here"
+  work=$(mktemp -d -t flashattn-gpu-check.XXXXXX)
+  tar -xzf "$DIR/bin.tar.gz" -C "$work"
+  BIN=$work/bin
+  # The tests/cuda.rs binary, printing as it goes (each test's lines whole).
+  CUDA_TESTS=("$BIN/cuda" --nocapture)
+}
+
+# Unpacks what `prepare` packed: the binaries, the sanitizer, and the
+# Vulkan loader where the machine has none; finds NVIDIA's Vulkan ICD and NVRTC.
+setup() {
+  unpack
+  mkdir -p "$work/sanitizer" "$work/vulkan"
+  tar -xzf "$DIR/sanitizer.tar.gz" -C "$work/sanitizer"
+  export FLASHATTN_CUDA_CACHE=$work/ptx CUDA_CACHE_PATH=$work/nv-jit XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 '; then
+    local f
+    for f in "$DIR"/debs/*.deb; do dpkg -x "$f" "$work/vulkan"; done
+    export LD_LIBRARY_PATH="$work/vulkan/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "vulkan loader: the packed one ($work/vulkan)" >>"$out/machine.txt"
   fi
-  export FLASHATTN_REQUIRE_GPU=1 XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan
-  local bin=.gpu/bin
-  { nvidia-smi; lscpu | grep 'Model name'; } >"$out/machine.txt" 2>&1
-  step plan 60 "$bin/flashattn" plan
-  step plan-decode 60 "$bin/flashattn" plan --decode --head-dim 128 --heads-q 32 --heads-kv 8 --cache-len 8192 --precision f16
-  step demo 120 "$bin/flashattn" demo
-  # The coop kernel: the planner's reason, then its test against the f64
-  # reference (it says SKIPPED in its log where wgpu reports no cooperative
-  # matrices; the full gpu_forward suite below runs it by default for f16).
-  step plan-coop 60 "$bin/flashattn" plan --head-dim 128 --precision f16
-  step test-coop 240 "$bin/gpu_forward" coop_kernel --nocapture
-  for suite in "${SUITES[@]}"; do
-    step "test-$suite" 240 "$bin/$suite" --test-threads 4
+  local icd
+  for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+    /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do
+    if [ -f "$icd" ]; then
+      export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+      break
+    fi
   done
-  step bench-forward 240 "$bin/flashattn" bench --seqlens 1024,2048,4096,8192,16384 --head-dims 64,128 \
-    --impls flash,tiled,registers,naive,cpu \
-    --passes forward --causal both --heads 8 --repeats 5 --json "$out/bench-forward.json"
-  # f16 forward: flash is the planner's choice (coop where the device has
-  # cooperative matrices), tiled the tiled kernel forced, side by side.
-  step bench-forward-coop 240 "$bin/flashattn" bench --seqlens 1024,4096,16384 --head-dims 64,128 \
-    --passes forward --causal both --heads 8 --repeats 5 --precision f16 --impls flash,tiled \
-    --json "$out/bench-forward-coop.json"
-  step bench-backward 240 "$bin/flashattn" bench --seqlens 1024,4096,8192 --head-dims 64,128 \
-    --impls flash,tiled,registers,naive,cpu \
-    --passes backward --heads 8 --repeats 3 --json "$out/bench-backward.json"
-  step bench-decode 240 "$bin/flashattn" bench --decode --splits planner,1,4,16 --repeats 5 \
-    --json "$out/bench-decode.json"
-  step example-decode 120 "$bin/decode" --tokens 256
-  # The autotuner's choices at N 8192, and `plan` showing them.
-  step tune 180 "$bin/flashattn" tune --seqlens 8192 --head-dim 64,128 --precision f16,f32 \
-    --pass both --heads 8 --repeats 3 --cache-dir "$out/tune-cache" --json "$out/tune.json"
-  step plan-tuned 60 "$bin/flashattn" plan --seqlen 8192 --precision f16 --cache-dir "$out/tune-cache"
-  cuda_steps "$bin"
-  cat "$out/summary.txt"
+  local egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
+  echo "vulkan icd: ${VK_DRIVER_FILES:-none found}" >>"$out/machine.txt"
+  find_nvrtc
 }
 
-# find_nvrtc: scripts/nvrtc.sh (shared with the other device script).
+# find_nvrtc: scripts/nvrtc.sh.
 . scripts/nvrtc.sh
 
-# The CUDA backend on the device: the accuracy matrix, determinism and bad
-# inputs (tests/cuda.rs, a missing device fails), then a forward and a
-# backward through the CLI (scripts/cuda-check.sh adds the benchmark).
-cuda_steps() {
-  local bin=$1
-  find_nvrtc
-  # The compile, ptxas and emulation tests need no GPU and run in CI.
-  FLASHATTN_REQUIRE_NVRTC=1 step test-cuda 300 "$bin/cuda" --test-threads 1 \
-    --skip every_kernel_variant --skip main_variants --skip host_emulation
-  local d=/tmp/cuda-cli qkv
-  mkdir -p "$d"
-  python3 -c "import numpy as n, sys; r = n.random.default_rng(0)
-for x in 'q k v do'.split(): n.save(sys.argv[1] + '/' + x + '.npy', r.standard_normal((4, 1024, 16, 128)).astype(n.float16))" "$d" ||
-    echo "gpu-check: no numpy: the CLI steps have no inputs" >&2
-  qkv=(--q "$d/q.npy" --k "$d/k.npy" --v "$d/v.npy")
-  step cuda-forward 120 "$bin/flashattn" forward --backend cuda --causal "${qkv[@]}" --out "$d/o.npy" --lse "$d/lse.npy"
-  step cuda-backward 120 "$bin/flashattn" backward --backend cuda --causal "${qkv[@]}" --do "$d/do.npy" \
-    --dq "$d/dq.npy" --dk "$d/dk.npy" --dv "$d/dv.npy"
+run() {
+  out=${OUT:-$NAME-out}
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    RC=3 die "no NVIDIA driver here (nvidia-smi is missing): run this on an NVIDIA machine with its driver"
+  fi
+  if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    RC=3 die "nvidia-smi lists no GPU: run this on an NVIDIA machine with its driver"
+  fi
+  [ -f "$DIR/bin.tar.gz" ] ||
+    RC=2 die "$DIR is missing: run 'scripts/$NAME.sh prepare' where the Rust toolchain is, and copy $DIR here"
+  mkdir -p "$out" && rm -f "$out"/*.log "$out"/*.json "$out/summary.txt"
+  : >"$out/machine.txt"
+  setup
+  echo "$NAME: logs and summary in $out (steps of at most $((LIMIT_ENV + LIMIT_WARM + LIMIT_SMOKE + LIMIT_JIT +
+    LIMIT_SANITIZE + LIMIT_ACCURACY + LIMIT_BENCH_FWD + LIMIT_BENCH_BWD + LIMIT_VULKAN)) s)"
+  export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_TORCH_DEVICE=cuda
+  step_env
+  step_warm
+  step_smoke
+  step_jit
+  step_sanitize
+  step_accuracy
+  step_bench
+  if [ "$PARTS" = all ]; then step_vulkan; else skipped 9-vulkan "scripts/cuda-check.sh runs the CUDA steps only"; fi
+  summary
+}
+
+# 1: the machine, its driver, NVRTC, the device, the Vulkan adapter.
+step_env() {
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit,memory.total --format=csv
+    lscpu | grep -E 'Model name|^CPU\(s\)'
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+    cat "$DIR/MANIFEST"
+  } >>"$out/machine.txt" 2>&1
+  step 1-nvidia-smi "$LIMIT_ENV" nvidia-smi -q &
+  step 1-cuda-device "$LIMIT_ENV" "${CUDA_TESTS[@]}" --exact the_device_and_its_toolchain &
+  WGPU_BACKEND=vulkan step 1-vulkan-adapter "$LIMIT_ENV" "$BIN/flashattn" plan &
+  step 1-cuda-plan "$LIMIT_ENV" "$BIN/flashattn" plan --backend cuda --precision bf16 --head-dim 128 &
+  wait
+}
+
+# 2: the PTX of every variant the later steps load: the Hopper forward
+# with its waits bounded (steps 3, 6, 7) and plain (steps 5, 8).
+step_warm() {
+  FLASHATTN_CUDA_BOUNDED_WAIT_MS=$BOUNDED_WAIT_MS step 2-warm-bounded $((LIMIT_WARM - 8)) \
+    "${CUDA_TESTS[@]}" --exact warm_the_ptx_cache
+  step 2-warm-plain 8 "${CUDA_TESTS[@]}" --exact warm_the_ptx_cache
+}
+
+# 3 (and 4): the Hopper smoke test, alone; its failure turns the Hopper path off.
+step_smoke() {
+  export FLASHATTN_CUDA_BOUNDED_WAIT_MS=$BOUNDED_WAIT_MS
+  if ! CUDA_LAUNCH_BLOCKING=1 step 3-hopper-smoke "$LIMIT_SMOKE" "${CUDA_TESTS[@]}" --exact hopper_smoke_test; then
+    HOPPER_OFF=1
+    export FLASHATTN_CUDA_KERNEL=no-hopper
+    echo "hopper smoke test failed: every later step runs with FLASHATTN_CUDA_KERNEL=no-hopper" >>"$out/summary.txt"
+  fi
+  echo "4 bounded mbarrier waits: ${BOUNDED_WAIT_MS} ms in steps 3, 6 and 7" >>"$out/summary.txt"
+}
+
+# 5: the driver's build of the main variants (its JIT forced to run and
+# log), as users get them: waits unbounded (an empty bound is none). Loading
+# launches nothing, so nothing here can hang.
+step_jit() {
+  FLASHATTN_CUDA_BOUNDED_WAIT_MS='' CUDA_CACHE_DISABLE=1 step 5-jit "$LIMIT_JIT" "${CUDA_TESTS[@]}" --exact jit_report_of_the_main_variants
+}
+
+# 6: compute-sanitizer on tiny cases, the tools side by side.
+step_sanitize() {
+  local san=$work/sanitizer/compute-sanitizer auto=${FLASHATTN_CUDA_KERNEL:-auto}
+  local run=(--error-exitcode 1 "$BIN/cuda" --exact tiny_cases_for_the_sanitizer --nocapture)
+  FLASHATTN_CUDA_KERNEL=$auto step 6-memcheck "$LIMIT_SANITIZE" "$san" --tool memcheck "${run[@]}" &
+  FLASHATTN_CUDA_KERNEL=scalar step 6-memcheck-scalar "$LIMIT_SANITIZE" "$san" --tool memcheck "${run[@]}" &
+  FLASHATTN_CUDA_KERNEL=$auto step 6-synccheck "$LIMIT_SANITIZE" "$san" --tool synccheck "${run[@]}" &
+  FLASHATTN_CUDA_KERNEL=mma step 6-racecheck-sm80 "$LIMIT_SANITIZE" "$san" --tool racecheck \
+    --racecheck-report hazard "${run[@]}" &
+  wait
+}
+
+# 7: the accuracy tests, one kernel path per process, and the CUDA doctor.
+step_accuracy() {
+  local paths=(auto scalar mma) p
+  [ "${HOPPER_OFF:-0}" = 1 ] && paths=(no-hopper scalar)
+  for p in "${paths[@]}"; do
+    FLASHATTN_CUDA_KERNEL=$p step "7-accuracy-$p" "$LIMIT_ACCURACY" "${CUDA_TESTS[@]}" --test-threads 4 \
+      "${ACCURACY_TESTS[@]}" &
+  done
+  # A build without the doctor subcommand fails this step (clap names it).
+  step 7-doctor-cuda "$LIMIT_ACCURACY" "$BIN/flashattn" doctor --backend cuda --json &
+  wait
+  unset FLASHATTN_CUDA_BOUNDED_WAIT_MS
+}
+
+# 8: the CUDA benchmarks (no bounded waits), one after the other.
+step_bench() {
+  # shellcheck disable=SC2046
+  step 8-bench-cuda-forward "$LIMIT_BENCH_FWD" "$BIN/bench_paths" $(bench_cuda_forward) \
+    --json "$out/bench-cuda-forward.json"
+  step 8-bench-cuda-backward "$LIMIT_BENCH_BWD" "$BIN/bench_paths" "${BENCH_CUDA_BACKWARD[@]}" \
+    --json "$out/bench-cuda-backward.json"
+}
+
+# 9: Vulkan on the same GPU: smoke (doctor, the decode example) and the
+# accuracy suites side by side, then the benchmarks.
+step_vulkan() {
+  export WGPU_BACKEND=vulkan
+  local t=$((LIMIT_VULKAN - 25)) s
+  step 9-doctor-vulkan "$t" "$BIN/flashattn" doctor --json &
+  step 9-decode-vulkan "$t" "$BIN/decode" --backend wgpu --tokens 48 --check-every 8 &
+  for s in gpu_forward gpu_backward gpu_decode; do
+    step "9-accuracy-$s" "$t" "$BIN/$s" --test-threads 6 &
+  done
+  wait
+  step 9-bench-vulkan-forward 15 "$BIN/bench_paths" "${BENCH_VULKAN_FORWARD[@]}" \
+    --json "$out/bench-vulkan-forward.json"
+  step 9-bench-vulkan-backward 10 "$BIN/bench_paths" "${BENCH_VULKAN_BACKWARD[@]}" \
+    --json "$out/bench-vulkan-backward.json"
+}
+
+# 10: the summary, every failure, deadlocks found in any log.
+summary() {
+  local deadlocks
+  deadlocks=$(grep -h 'mbarrier wait timed out' "$out"/*.log 2>/dev/null | sort -u)
+  [ -n "$deadlocks" ] && printf 'deadlocks reported:\n%s\n' "$deadlocks" >>"$out/summary.txt"
+  rm -rf "$work"
+  echo
+  cat "$out/summary.txt"
+  local failed
+  failed=$(grep -cE 'FAILED|TIMEOUT' "$out/summary.txt")
+  if [ "$failed" -gt 0 ]; then
+    echo "$NAME: $failed step(s) failed; each step's log is $out/<step>.log" | tee -a "$out/summary.txt"
+    exit 1
+  fi
+  echo "$NAME: every step passed" | tee -a "$out/summary.txt"
+}
+
+# -------------------------------------------------------------------- dry
+
+dry() {
+  set -e
+  local start=$SECONDS f
+  echo "dry: the scripts parse"
+  for f in scripts/*.sh; do bash -n "$f"; done
+  if command -v shellcheck >/dev/null; then shellcheck -x scripts/gpu-check.sh scripts/cuda-check.sh scripts/nvrtc.sh; fi
+  echo "dry: prepare"
+  prepare
+  echo "dry: the folder holds what run uses"
+  unpack
+  for f in "${TEST_BINARIES[@]}" flashattn decode bench_paths; do [ -x "$BIN/$f" ] || die "no $f packed"; done
+  local listing
+  listing=$(tar -tzf "$DIR/sanitizer.tar.gz")
+  [[ $listing == *compute-sanitizer* ]] || die "no compute-sanitizer packed"
+  ls "$DIR"/debs/libvulkan1_*.deb >/dev/null || die "no Vulkan loader packed"
+  if has_doctor; then echo "dry: flashattn doctor is in this build"; else
+    echo "dry: flashattn doctor: missing from this build (run's doctor steps will fail on it)"
+  fi
+  echo "dry: the benchmarks' arguments (and the torch driver's protocol, on the CPU)"
+  # shellcheck disable=SC2046
+  "$BIN/bench_paths" --dry-run $(bench_cuda_forward)
+  # shellcheck disable=SC2046
+  "$BIN/bench_paths" --dry-run $(HOPPER_OFF=1 bench_cuda_forward) >/dev/null
+  "$BIN/bench_paths" --dry-run "${BENCH_CUDA_BACKWARD[@]}"
+  if [ "$PARTS" = all ]; then
+    "$BIN/bench_paths" --dry-run "${BENCH_VULKAN_FORWARD[@]}"
+    "$BIN/bench_paths" --dry-run "${BENCH_VULKAN_BACKWARD[@]}"
+  fi
+  echo "dry: the Hopper smoke cases and a deadlocked wait under host emulation"
+  # Once per test binary and kernel sources (the other script's dry mode
+  # finds them passed).
+  local stamp=$DOWNLOADS/emulation-passed sum
+  sum=$(cat "$BIN/cuda" cuda/*.cu* cuda/emulate/* | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$sum" ]; then
+    echo "dry: (passed already on this test binary and these kernel sources)"
+  else
+    FLASHATTN_CXX=${FLASHATTN_CXX:-g++} FLASHATTN_REQUIRE_NVRTC=1 "${CUDA_TESTS[@]}" --test-threads 2 \
+      the_hopper_smoke_cases_pass_under_host_emulation a_deadlocked_mbarrier_wait
+    echo "$sum" >"$stamp"
+  fi
+  echo "dry: run without an NVIDIA driver stops at once with one line"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "dry: (not checked: this machine has nvidia-smi)"
+  else
+    local lines rc=0 t0=$SECONDS
+    lines=$(OUT=$work/no-driver "scripts/$NAME.sh" run 2>&1 >/dev/null) || rc=$?
+    [ "$rc" = 3 ] && [ "$(printf '%s\n' "$lines" | wc -l)" = 1 ] && [ ! -e "$work/no-driver" ] &&
+      [ $((SECONDS - t0)) -le 2 ] || die "run without a driver: exit status $rc, said: $lines"
+    echo "dry: $lines (exit status 3, nothing written)"
+  fi
+  check_size
+  rm -rf "$work"
+  echo "$NAME: dry mode passed in $((SECONDS - start)) s"
 }
 
 case "${1:-}" in
 prepare) prepare ;;
 run) run ;;
+dry) dry ;;
 *)
-  echo "usage: scripts/gpu-check.sh prepare|run" >&2
+  echo "usage: scripts/$NAME.sh prepare|run|dry" >&2
   exit 2
   ;;
 esac

@@ -384,6 +384,14 @@ pub enum Error {
         arch: String,
         log: String,
     },
+    /// The driver's JIT could not load a kernel's PTX; its info and error
+    /// logs follow.
+    #[error("the CUDA driver could not load {kernel}: {message}\n{log}")]
+    CudaJit {
+        kernel: String,
+        message: String,
+        log: String,
+    },
     /// A CUDA driver call failed.
     #[error("{during}: the CUDA driver reported {message}")]
     CudaDriver {

@@ -23,10 +23,7 @@ fn workload(d: usize) -> Workload {
 fn explicit_backends_open_what_was_asked() {
     let cpu = Backend::open(BackendKind::Cpu, &workload(64)).unwrap();
     assert!(matches!(cpu.backend, Backend::Cpu));
-    assert!(matches!(
-        Backend::open(BackendKind::Cuda, &workload(64)),
-        Err(Error::BackendNotBuilt { backend: "cuda" })
-    ));
+    cuda_opens_or_says_why(Backend::open(BackendKind::Cuda, &workload(64)));
     assert!(matches!(
         "tpu".parse::<BackendKind>(),
         Err(Error::UnknownName {
@@ -37,6 +34,28 @@ fn explicit_backends_open_what_was_asked() {
     if common::engine().is_some() {
         let gpu = Backend::open(BackendKind::Wgpu, &workload(64)).unwrap();
         assert!(matches!(gpu.backend, Backend::Wgpu(_)));
+    }
+}
+
+/// `--backend cuda`: without the feature, `BackendNotBuilt`; with it, the
+/// CUDA backend where a driver and a device exist, else the typed error
+/// naming what is missing (here, with no driver: libcuda).
+fn cuda_opens_or_says_why(opened: flashattn::Result<flashattn::Choice>) {
+    #[cfg(not(feature = "cuda"))]
+    assert!(
+        matches!(opened, Err(Error::BackendNotBuilt { backend: "cuda" })),
+        "{opened:?}"
+    );
+    #[cfg(feature = "cuda")]
+    match (flashattn::cuda::Cuda::new(), opened) {
+        (Ok(_), Ok(choice)) => assert!(matches!(choice.backend, Backend::Cuda(_))),
+        (Err(expected), Err(got @ Error::CudaUnavailable { missing })) => {
+            assert_eq!(got.to_string(), expected.to_string());
+            if !flashattn::cuda::driver_present() {
+                assert!(missing.contains("libcuda"), "{got}");
+            }
+        }
+        (expected, got) => panic!("expected {expected:?}, got {got:?}"),
     }
 }
 

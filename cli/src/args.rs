@@ -110,7 +110,8 @@ pub struct AttentionArgs {
     /// `registers` (register micro-tiles, GPUs' default), `lanes` (one row
     /// per subgroup lane, CPU adapters) or `coop` (cooperative matrices,
     /// where the device has them); with --backend cuda, the kernel path:
-    /// `auto`, `scalar`, `mma` (sm80 tensor cores) or `hopper` (wgmma + TMA).
+    /// `auto`, `scalar`, `mma` (sm80 tensor cores), `hopper` (wgmma + TMA)
+    /// or `no-hopper` (auto without the Hopper forward).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     /// With --backend cuda: compile the kernels for this architecture
@@ -266,8 +267,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub max_workgroup_storage: Option<u32>,
     /// Plan these kernels: tiled, registers, lanes or coop (wgpu); with
-    /// --backend cuda, the kernel path: auto (default), scalar, mma (sm80) or
-    /// hopper.
+    /// --backend cuda, the kernel path: auto (default), scalar, mma (sm80),
+    /// hopper or no-hopper (auto without the Hopper forward).
     #[arg(long, value_name = "KERNEL")]
     pub kernel: Option<String>,
     #[command(flatten)]
@@ -358,8 +359,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "64", conflicts_with = "decode")]
     pub head_dims: String,
     /// Implementations: flash (the planner's kernels: lanes on CPU adapters
-    /// with subgroups, registers on GPUs), tiled or registers (those kernels
-    /// forced), naive, cpu, and the
+    /// with subgroups, registers on GPUs), tiled, registers or coop (those
+    /// kernels forced; coop: forward only, where the adapter has cooperative
+    /// matrices), naive, cpu, and the
     /// outside baselines numpy (naive float32 attention) and torch (SDPA on
     /// the CPU), run by cli/src/baselines.py under --python.
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]

@@ -15,6 +15,15 @@ Times one attention case on the CPU and prints one JSON object on stdout:
 Inputs are seeded N(0, 1) float32 in (batch, heads, seqlen, head_dim).
 One untimed warm-up, then --repeats timed runs. Nothing here is a
 dependency of flashattn: torch is imported only when asked for.
+
+--serve (examples/bench_paths.rs, the GPU checks' benchmark): torch is
+imported once and the process answers one JSON request per stdin line —
+{"pass", "batch", "heads", "seqlen", "head_dim", "causal", "repeats",
+"device", "dtype"} — with one JSON line, the same as above; its first line
+says whether torch imports ({"ready": true, "version", "device"} or
+{"error"}). It keeps the last shape's inputs, so the forward and the
+backward of a shape share one generation, and on the GPU times each run
+by CUDA events.
 """
 
 import argparse
@@ -84,35 +93,110 @@ def numpy_case(a):
     return timed(backward, a.repeats)
 
 
-def torch_case(a):
+def torch_inputs(a):
+    """Seeded q, k, v, do of the case's shape on its device and dtype."""
     import torch
 
     gen = torch.Generator().manual_seed(a.seqlen * 31 + a.head_dim)
     shape = (a.batch, a.heads, a.seqlen, a.head_dim)
     dtype = getattr(torch, a.dtype)
-    q, k, v, do = (
+    return tuple(
         torch.randn(shape, generator=gen, dtype=torch.float32).to(a.device, dtype) for _ in range(4)
     )
+
+
+def event_timed(fn, repeats):
+    """timed(), by CUDA events recorded around each run on the stream."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(max(1, repeats)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / 1e3)
+    return out
+
+
+def torch_case(a, inputs=None):
+    import torch
+
+    q, k, v, do = inputs or torch_inputs(a)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     causal = bool(a.causal)
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    if a.device == "cuda" and inputs is not None:
+        time_it = event_timed
+    else:
+        sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+        time_it = lambda fn, repeats: timed(fn, repeats, sync)  # noqa: E731
     if a.pass_ == "forward":
         def forward():
             with torch.no_grad():
                 return sdpa(q, k, v, is_causal=causal)
 
-        return timed(forward, a.repeats, sync)
-    for t in (q, k, v):
-        t.requires_grad_(True)
+        return time_it(forward, a.repeats)
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     o = sdpa(q, k, v, is_causal=causal)
 
     def backward():
         return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
-    return timed(backward, a.repeats, sync)
+    return time_it(backward, a.repeats)
+
+
+def request(line):
+    """One --serve request as the argument namespace parse() makes."""
+    r = json.loads(line)
+    a = argparse.Namespace(impl="torch", pass_=r["pass"], batch=int(r["batch"]), heads=int(r["heads"]),
+                           seqlen=int(r["seqlen"]), head_dim=int(r["head_dim"]), causal=int(bool(r["causal"])),
+                           repeats=int(r.get("repeats", 3)), device=r.get("device", "cuda"),
+                           dtype=r.get("dtype", "float32"))
+    if a.pass_ not in ("forward", "backward") or a.device not in ("cpu", "cuda"):
+        raise ValueError(f"bad request: {line.strip()}")
+    if a.dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"bad dtype: {a.dtype}")
+    return a
+
+
+def serve():
+    """--serve: import torch once, then one reply per request line."""
+    try:
+        import torch
+
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only"
+        print(json.dumps({"ready": True, "version": torch.__version__, "device": device}), flush=True)
+    except ImportError as e:
+        torch = None
+        print(json.dumps({"error": f"torch is not importable by {sys.executable}: {e}"}), flush=True)
+    kept = (None, None)  # (shape key, inputs)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        result = {"impl": "torch"}
+        try:
+            a = request(line)
+            result["pass"] = a.pass_
+            if torch is None:
+                raise ImportError("torch is not importable")
+            key = (a.batch, a.heads, a.seqlen, a.head_dim, a.device, a.dtype)
+            if kept[0] != key:
+                kept = (None, None)  # free the last shape's tensors first
+                kept = (key, torch_inputs(a))
+            result["seconds"] = torch_case(a, kept[1])
+            result["version"] = torch.__version__
+            result["threads"] = torch.get_num_threads()
+        except Exception as e:  # a failed case is a reply too
+            result["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(result), flush=True)
 
 
 def main():
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     a = parse()
     result = {"impl": a.impl, "pass": a.pass_}
     try:

@@ -31,6 +31,9 @@ pub enum Implementation {
     Tiled,
     /// The register-tiled WGSL kernels, forced (GPUs' default).
     Registers,
+    /// The cooperative-matrix WGSL forward, forced (where the adapter has
+    /// cooperative matrices; forward only).
+    Coop,
     /// The WGSL baseline with S and P in storage (tiled matmuls).
     Naive,
     /// The CPU backend.
@@ -70,6 +73,7 @@ impl Implementation {
             Implementation::Flash => "flash",
             Implementation::Tiled => "tiled",
             Implementation::Registers => "registers",
+            Implementation::Coop => "coop",
             Implementation::Naive => "naive",
             Implementation::Cpu => "cpu",
             Implementation::Numpy => "numpy",
@@ -88,6 +92,7 @@ impl Implementation {
             Implementation::Flash
                 | Implementation::Tiled
                 | Implementation::Registers
+                | Implementation::Coop
                 | Implementation::Naive
         )
     }
@@ -120,6 +125,7 @@ impl std::str::FromStr for Implementation {
             "flash" => Ok(Implementation::Flash),
             "tiled" => Ok(Implementation::Tiled),
             "registers" => Ok(Implementation::Registers),
+            "coop" => Ok(Implementation::Coop),
             "naive" => Ok(Implementation::Naive),
             "cpu" => Ok(Implementation::Cpu),
             "numpy" => Ok(Implementation::Numpy),
@@ -130,8 +136,8 @@ impl std::str::FromStr for Implementation {
             "cuda-hopper" => Ok(Implementation::CudaHopper),
             other => Err(CliError::BadFlag {
                 flag: "--impls",
-                expected: "flash, tiled, registers, naive, cpu, numpy, torch, cuda, cuda-scalar, \
-                           cuda-mma or cuda-hopper",
+                expected: "flash, tiled, registers, coop, naive, cpu, numpy, torch, cuda, \
+                           cuda-scalar, cuda-mma or cuda-hopper",
                 value: other.to_string(),
             }),
         }
@@ -160,6 +166,18 @@ fn precision_name<S: serde::Serializer>(
 }
 
 impl BenchCase {
+    /// A few words naming the case (progress lines).
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} N {} d {}{}",
+            self.pass.name(),
+            self.implementation.name(),
+            self.seqlen,
+            self.head_dim,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+
     pub fn shape(&self) -> flashattn::Result<AttentionShape> {
         AttentionShape::new(
             self.batch,
@@ -260,6 +278,22 @@ impl BenchResult {
     }
 }
 
+/// `n` seeded N(0, 1) values in `precision`, in chunks of 2^20 over the
+/// cores (each chunk its own stream): a 16k-token case's inputs in a
+/// fraction of a second.
+fn normal_data(seed: u64, n: usize, precision: Precision) -> TensorData {
+    use rayon::prelude::*;
+    let mut values = vec![0f32; n];
+    values
+        .par_chunks_mut(1 << 20)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            chunk.copy_from_slice(&rng.normal_vec(chunk.len(), 1.0));
+        });
+    TensorData::from_f32(values, precision)
+}
+
 /// Seeded inputs of a case, in its precision.
 pub struct BenchInputs {
     pub shape: AttentionShape,
@@ -270,15 +304,17 @@ pub struct BenchInputs {
 }
 
 impl BenchInputs {
+    /// Seeded by the shape alone: every implementation of a shape (and both
+    /// passes) sees the same inputs.
     pub fn new(case: &BenchCase) -> flashattn::Result<Self> {
         let shape = case.shape()?;
-        let mut rng = Rng::new(case.seqlen as u64 * 31 + case.head_dim as u64);
-        let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), case.precision);
+        let seed = (case.seqlen as u64 * 31 + case.head_dim as u64) * 4;
+        let make = |t: u64, n| normal_data(seed + t, n, case.precision);
         Ok(Self {
-            q: make(shape.q_len()),
-            k: make(shape.kv_len()),
-            v: make(shape.kv_len()),
-            d_o: make(shape.q_len()),
+            q: make(0, shape.q_len()),
+            k: make(1, shape.kv_len()),
+            v: make(2, shape.kv_len()),
+            d_o: make(3, shape.q_len()),
             shape,
         })
     }
@@ -371,6 +407,7 @@ fn prepare<'a>(
     };
     let tiled = match case.implementation {
         Implementation::Registers => forced(KernelFamily::Registers),
+        Implementation::Coop => forced(KernelFamily::Coop),
         _ => forced(KernelFamily::Tiled),
     };
     Ok(match (case.pass, case.implementation) {
@@ -378,7 +415,10 @@ fn prepare<'a>(
             let e = gpu()?;
             Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
         }
-        (Pass::Forward, Implementation::Tiled | Implementation::Registers) => {
+        (
+            Pass::Forward,
+            Implementation::Tiled | Implementation::Registers | Implementation::Coop,
+        ) => {
             let e = gpu()?;
             Box::new(move || {
                 Ok(from_stats(
@@ -401,7 +441,10 @@ fn prepare<'a>(
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
             })
         }
-        (Pass::Backward, Implementation::Tiled | Implementation::Registers) => {
+        (
+            Pass::Backward,
+            Implementation::Tiled | Implementation::Registers | Implementation::Coop,
+        ) => {
             let e = gpu()?;
             let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
             Box::new(move || {

@@ -293,20 +293,29 @@ inline void tma_land(const void* bar) {
         mbar_complete_if_done(m);
     }
 }
-// mbarrier.try_wait.parity in a loop: done once the phase of that parity
-// has completed, i.e. the current phase's parity differs (the loop sleeps
-// on a condition variable between tries instead of spinning). Ten seconds
-// without completion is a deadlock, reported rather than hung.
-inline void host_mbar_wait(unsigned long long* bar, unsigned parity) {
-    const auto start = std::chrono::steady_clock::now();
+// mbarrier.try_wait.parity, once: done once the phase of that parity has
+// completed, i.e. the current phase's parity differs. A "no" sleeps a
+// little on a condition variable first (the chip suspends the thread a
+// while too); cuda/hopper.cuh's mbar_wait loops and bounds the wait.
+inline bool host_mbar_try_wait(unsigned long long* bar, unsigned parity) {
     std::unique_lock<std::mutex> lock(mbar_mutex);
-    for (;;) {
-        tma_land(bar);
-        if (mbar_state(bar).phase != (parity & 1u)) return;
-        mbar_changed.wait_for(lock, std::chrono::milliseconds(100));
-        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10))
-            emulation_fault("mbarrier wait never completed (deadlock)");
-    }
+    tma_land(bar);
+    if (mbar_state(bar).phase != (parity & 1u)) return true;
+    mbar_changed.wait_for(lock, std::chrono::milliseconds(20));
+    tma_land(bar);
+    return mbar_state(bar).phase != (parity & 1u);
+}
+inline unsigned long long host_clock_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+// PTX's trap: the launch ends in an error; here the process, after what was printed.
+[[noreturn]] inline void host_trap() {
+    std::fflush(stdout);
+    std::fprintf(stderr, "emulation: trap (thread %u of block %u,%u,%u)\n", threadIdx.x, blockIdx.x, blockIdx.y,
+                 blockIdx.z);
+    std::abort();
 }
 // cp.async.bulk.tensor.4d ... mbarrier::complete_tx::bytes, 128B swizzle.
 inline void host_tma_load_4d(void* dst, const unsigned long long* opaque, int c0, int c1, int c2, int c3,
@@ -454,16 +463,24 @@ inline void host_wgmma_commit() {
 inline void host_wgmma_wait(int newest_pending) {
     const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, row0 = (threadIdx.x / 32 % 4) * 16 + g;
     while ((int)wgmma_groups.size() > newest_pending) {
-        for (const WgmmaOp& op : wgmma_groups.front())
+        for (const WgmmaOp& op : wgmma_groups.front()) {
+            // This thread's two rows of A and n/4 columns of B, decoded once
+            // (the products below read each n/8 or 2 times).
+            float a[2][16], b[64][16];
+            if (op.n > 256 || op.n % 8) emulation_fault("wgmma n outside 8..256 in steps of 8");
+            for (int r = 0; r < 2; ++r)
+                for (int k = 0; k < 16; ++k)
+                    a[r][k] = op.a_regs ? op.a_rows[r][k] : desc_load(op.a_desc, false, row0 + 8 * r, k, op.decode);
+            for (int j = 0; j < op.n / 4; ++j)
+                for (int k = 0; k < 16; ++k)
+                    b[j][k] = desc_load(op.b_desc, op.trans_b, 8 * (j / 2) + 2 * t + j % 2, k, op.decode);
             for (int i = 0; i < op.n / 2; ++i) {
-                const int c = i / 4, e = i % 4, row = row0 + 8 * (e / 2), col = 8 * c + 2 * t + e % 2;
+                const int c = i / 4, e = i % 4;
                 float acc = op.scale_d ? op.d[i] : 0.0f;
-                for (int k = 0; k < 16; ++k) {
-                    const float x = op.a_regs ? op.a_rows[e / 2][k] : desc_load(op.a_desc, false, row, k, op.decode);
-                    acc = std::fma(x, desc_load(op.b_desc, op.trans_b, col, k, op.decode), acc);
-                }
+                for (int k = 0; k < 16; ++k) acc = std::fma(a[e / 2][k], b[2 * c + e % 2][k], acc);
                 op.d[i] = acc;
             }
+        }
         wgmma_groups.pop_front();
         const unsigned long long retired = wgmma_serial - wgmma_groups.size() - 1;
         std::lock_guard<std::mutex> lock(mbar_mutex);

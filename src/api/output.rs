@@ -157,6 +157,9 @@ pub enum Timing {
     /// The adapter's timestamps at the start and end of each compute pass
     /// (`TIMESTAMP_QUERY`): the kernels' own time on the device.
     GpuTimestamps,
+    /// CUDA events recorded on the stream before the first kernel and
+    /// after the last (the CUDA backend).
+    CudaEvents,
 }
 
 impl Timing {
@@ -164,6 +167,7 @@ impl Timing {
         match self {
             Timing::WallClock => "wall clock from submit to completion",
             Timing::GpuTimestamps => "GPU timestamp queries at the compute-pass boundaries",
+            Timing::CudaEvents => "CUDA events around the kernels on the stream",
         }
     }
 }

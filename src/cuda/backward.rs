@@ -1,7 +1,9 @@
 //! The backward on the CUDA device: D = rowsum(dO ∘ O), then dK/dV per key
 //! block and dQ per query block (cuda/flash_bwd.cu), in order on one stream.
 
-use super::context::{driver, CudaDevice};
+use super::context::CudaDevice;
+use super::driver_error::driver;
+use super::jit::{timed, Launch};
 use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
@@ -10,9 +12,8 @@ use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, CallStats, Timing};
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
 use std::sync::Arc;
-use web_time::Instant;
 
 /// Threads per block of `flash_bwd_dot` (one row each).
 const DOT_THREADS: u32 = 256;
@@ -70,12 +71,7 @@ pub(crate) fn backward(
     let stream = &dev.stream;
     let mut b = Buffers::upload(stream, inputs, shape.lse_len())?;
     let side = Side::upload(stream, &shape, opts)?;
-    let start = Instant::now();
-    launch(dev, &call, &side, path, &mut b)?;
-    stream
-        .synchronize()
-        .map_err(driver("running the backward"))?;
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = launch(dev, &call, &side, path, &mut b)?;
     // dsinks from D and the lse, summed on the host in f64 in row order.
     let dsinks = match opts.sinks {
         Some(_) => {
@@ -99,7 +95,7 @@ pub(crate) fn backward(
         pieces: 1,
         dispatches: 3,
         kernel_seconds: seconds,
-        timing: Timing::WallClock,
+        timing: Timing::CudaEvents,
         ..CallStats::default()
     };
     Ok(BackwardOutput::new(&shape, grads, stats)
@@ -109,14 +105,15 @@ pub(crate) fn backward(
 
 /// D, then dK/dV, then dQ, in that order on the device's one stream (so
 /// the gradient kernels see the finished D). Waits for them before it
-/// returns, as the tile lists it uploads are dropped then.
+/// returns, as the tile lists it uploads are dropped then; their seconds
+/// by CUDA events.
 fn launch(
     dev: &CudaDevice,
     call: &Call,
     side: &Side,
     path: KernelPath,
     b: &mut Buffers,
-) -> Result<()> {
+) -> Result<f64> {
     let shape = &call.shape;
     let key = call.plan(&dev.props, path)?.backward;
     let dot = dev.function(key, "flash_bwd_dot")?;
@@ -150,43 +147,44 @@ fn launch(
     );
     let key_layout = side.layout(stream, key_lists.as_ref());
     let row_layout = side.layout(stream, row_lists.as_ref());
-    // SAFETY (all three): the arguments are the kernels', in order and of
-    // their types (storage pointers as bytes, Problem and Layout by value),
-    // every buffer holds what the grids index, as sized from the validated
-    // shape and options, and the lists live until the stream is synchronized
-    // below (the other side buffers, until the caller synchronizes).
-    let mut l = stream.launch_builder(&dot);
-    l.arg(&b.o)
-        .arg(&b.d_o)
-        .arg(&mut b.delta)
-        .arg(&call.problem)
-        .arg(&batch)
-        .arg(&row_layout);
-    unsafe { l.launch(dot_cfg) }.map_err(driver("launching flash_bwd_dot"))?;
-    let mut l = stream.launch_builder(&dkdv);
-    l.arg(&b.q)
-        .arg(&b.k)
-        .arg(&b.v)
-        .arg(&b.d_o)
-        .arg(&b.lse)
-        .arg(&b.delta);
-    l.arg(&mut b.dk)
-        .arg(&mut b.dv)
-        .arg(&call.problem)
-        .arg(&key_layout);
-    unsafe { l.launch(dkdv_cfg) }.map_err(driver("launching flash_bwd_dkdv"))?;
-    let mut l = stream.launch_builder(&dq);
-    l.arg(&b.q)
-        .arg(&b.k)
-        .arg(&b.v)
-        .arg(&b.d_o)
-        .arg(&b.lse)
-        .arg(&b.delta);
-    l.arg(&mut b.dq).arg(&call.problem).arg(&row_layout);
-    unsafe { l.launch(dq_cfg) }.map_err(driver("launching flash_bwd_dq"))?;
-    stream
-        .synchronize()
-        .map_err(driver("running the backward"))?;
+    let seconds = timed(stream, "running the backward", || {
+        // SAFETY (all three): the arguments are the kernels', in order and
+        // of their types (storage pointers, Problem and Layout by value),
+        // every buffer holds what the grids index, as sized from the
+        // validated shape and options, and the lists live until the wait in
+        // `timed` (the other side buffers, until the caller's).
+        let mut l = Launch::new(stream, &dot);
+        l.input(&b.o)
+            .input(&b.d_o)
+            .output(&mut b.delta)
+            .value(&call.problem)
+            .value(&batch)
+            .value(&row_layout);
+        unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
+        let mut l = Launch::new(stream, &dkdv);
+        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
+        l.output(&mut b.dk)
+            .output(&mut b.dv)
+            .value(&call.problem)
+            .value(&key_layout);
+        unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
+        let mut l = Launch::new(stream, &dq);
+        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
+        l.output(&mut b.dq).value(&call.problem).value(&row_layout);
+        unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
+    })?;
     drop((key_lists, row_lists));
-    Ok(())
+    Ok(seconds)
+}
+
+/// The first arguments of both gradient kernels: q, k, v, dO, lse and D.
+fn gradient_inputs<'a>(
+    l: &mut Launch<'a>,
+    storage: [&'a CudaSlice<u8>; 4],
+    [lse, delta]: [&'a CudaSlice<f32>; 2],
+) {
+    for buf in storage {
+        l.input(buf);
+    }
+    l.input(lse).input(delta);
 }

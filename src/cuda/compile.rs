@@ -10,6 +10,28 @@ pub fn nvrtc_present() -> bool {
     unsafe { nvrtc::sys::is_culib_present() }
 }
 
+/// NVRTC's version (major, minor), where libnvrtc loads.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    if !nvrtc_present() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc loads (checked above).
+    let status = unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// `FLASHATTN_CUDA_BOUNDED_WAIT_MS`: the GPU checks' bound on each
+/// mbarrier wait of the Hopper kernel (cuda/hopper.cuh): past it the
+/// waiting thread prints its block, thread, barrier and phase and traps,
+/// instead of hanging. Unset (or not a positive number): unbounded.
+pub fn bounded_wait_ms() -> Option<u32> {
+    std::env::var("FLASHATTN_CUDA_BOUNDED_WAIT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&ms| ms > 0)
+}
+
 /// An NVRTC virtual architecture: `compute_XY`, or `compute_XYa` (the
 /// features of exactly X.Y, such as Hopper's wgmma and setmaxnreg).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,20 +113,36 @@ impl std::str::FromStr for Arch {
     }
 }
 
-/// The NVRTC options for `arch` (also part of the disk cache's hash).
-pub fn options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+/// The NVRTC options for `key` on `arch` (also part of the disk cache's
+/// hash): the Hopper kernel's mbarrier waits bounded where
+/// [`bounded_wait_ms`] asks (the other kernels have none).
+pub fn options(key: &KernelKey, arch: &str) -> Vec<String> {
+    options_bounded(key, arch, bounded_wait_ms())
+}
+
+/// [`options`] with the wait bound given.
+pub fn options_bounded(key: &KernelKey, arch: &str, bound_ms: Option<u32>) -> Vec<String> {
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    if let Some(ms) = bound_ms.filter(|_| key.family.is_wgmma()) {
+        opts.push(format!("-DFLASHATTN_BOUNDED_WAIT_MS={ms}"));
+    }
+    opts
 }
 
 /// Compile `key`'s module for `arch` (e.g. `compute_80`, `compute_90a`).
 pub fn compile_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
+    compile_ptx_with(key, arch, options(key, arch))
+}
+
+/// [`compile_ptx`] with these NVRTC options ([`options_bounded`]'s).
+pub fn compile_ptx_with(key: &KernelKey, arch: &str, options: Vec<String>) -> Result<Ptx> {
     if !nvrtc_present() {
         return Err(Error::CudaUnavailable {
             missing: "NVRTC (libnvrtc, e.g. pip's nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH)",
         });
     }
     let opts = CompileOptions {
-        options: options(arch),
+        options,
         // No fast math (NVRTC's default): exact expf/logf/tanhf and IEEE
         // division, since the accuracy rule is tight for f32 storage.
         name: Some(format!("{}.cu", key.label())),
@@ -118,4 +156,24 @@ pub fn compile_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
             other => format!("{other:?}"),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::tensor::Precision;
+    use crate::cuda::kernel::Family;
+
+    #[test]
+    fn the_wait_bound_reaches_the_hopper_kernel_alone() {
+        let key = |family| KernelKey::new(family, Precision::F16, 64, true, false);
+        let bounded = options_bounded(&key(Family::ForwardWgmma), "compute_90a", Some(4000));
+        assert!(bounded.contains(&"-DFLASHATTN_BOUNDED_WAIT_MS=4000".to_string()));
+        let plain = options_bounded(&key(Family::ForwardWgmma), "compute_90a", None);
+        assert_eq!(plain, ["--gpu-architecture=compute_90a", "--std=c++17"]);
+        // The other kernels have no mbarrier waits: their PTX (and its cache
+        // entry) stays the same.
+        let mma = options_bounded(&key(Family::ForwardMma), "compute_90a", Some(4000));
+        assert_eq!(mma, plain);
+    }
 }

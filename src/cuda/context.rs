@@ -1,13 +1,16 @@
-//! Finding the driver and a device, and the compiled modules of one
-//! context, keyed by [`KernelKey`].
+//! Finding the driver and a device, and the loaded modules of one
+//! context, keyed by [`KernelKey`]: PTX from the disk cache (or NVRTC),
+//! loaded by the driver's JIT with its logs kept ([`super::jit`]).
 
-use super::compile::{nvrtc_present, Arch};
+use super::compile::{nvrtc_present, nvrtc_version, Arch};
 use super::disk_cache::cached_ptx;
+use super::driver_error::driver;
+use super::jit::{self, JitLog, JitModule, Kernel, KernelAttributes};
 use super::kernel::{KernelKey, STATIC_SHARED_LIMIT};
 use super::plan::DeviceProps;
 use crate::error::{Error, Result};
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::sys::{CUdevice_attribute, CUresult};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +21,94 @@ const MIN_MAJOR: i32 = 8;
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// The CUDA version the driver supports and NVRTC's, as (major, minor);
+/// `None` for a library that does not load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Versions {
+    pub driver: Option<(i32, i32)>,
+    pub nvrtc: Option<(i32, i32)>,
+}
+
+impl std::fmt::Display for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show =
+            |v: Option<(i32, i32)>| v.map_or("not found".into(), |(a, b)| format!("{a}.{b}"));
+        write!(
+            f,
+            "CUDA driver API {}, NVRTC {}",
+            show(self.driver),
+            show(self.nvrtc)
+        )
+    }
+}
+
+/// The driver's and NVRTC's versions (no device needed).
+pub fn versions() -> Versions {
+    let driver = driver_present().then(|| {
+        let mut v = 0;
+        // SAFETY: libcuda loads (checked); cuDriverGetVersion needs no cuInit.
+        let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .is_ok();
+        ok.then_some((v / 1000, v % 1000 / 10))
+    });
+    Versions {
+        driver: driver.flatten(),
+        nvrtc: nvrtc_version(),
+    }
+}
+
+/// One module as the driver built it: its JIT logs and each kernel's
+/// attributes (`Cuda::module_report`).
+#[derive(Clone, Debug)]
+pub struct ModuleReport {
+    pub key: KernelKey,
+    pub arch: String,
+    pub log: JitLog,
+    pub kernels: Vec<(&'static str, KernelAttributes)>,
+}
+
+impl ModuleReport {
+    /// What the build must not show ([`jit::build_faults`]), each naming
+    /// the kernel: spills as the JIT's verbose log counts them, or, where it
+    /// counts none, the kernel's local memory.
+    pub fn faults(&self) -> Vec<String> {
+        let log = self.log.text();
+        let logged = jit::spill_bytes(&log);
+        self.kernels
+            .iter()
+            .flat_map(|(name, a)| {
+                let spills = logged.unwrap_or(i64::from(a.local_bytes));
+                jit::build_faults(self.key.family, &log, spills)
+                    .into_iter()
+                    .map(move |f| format!("{} {name}: {f}", self.key.label()))
+            })
+            .collect()
+    }
+
+    /// One line per kernel: registers, local and shared memory, JIT time.
+    pub fn lines(&self) -> Vec<String> {
+        self.kernels
+            .iter()
+            .map(|(name, a)| {
+                format!(
+                    "{:<36} {name:<15} {}: {} registers, {} B local (spills), {} B static + {} B dynamic shared, \
+                     PTX {} SASS sm_{}, JIT {:.0} ms",
+                    self.key.label(),
+                    self.arch,
+                    a.registers,
+                    a.local_bytes,
+                    a.static_shared_bytes,
+                    self.key.dynamic_shared_bytes(),
+                    a.ptx_version,
+                    a.binary_version,
+                    self.log.wall_ms,
+                )
+            })
+            .collect()
+    }
 }
 
 /// Whether libcuda and NVRTC both load: `Error::CudaUnavailable` naming
@@ -36,21 +127,13 @@ pub fn libraries_present() -> Result<()> {
     Ok(())
 }
 
-/// A driver error, with the call it came from.
-pub(crate) fn driver(during: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |e| Error::CudaDriver {
-        during,
-        message: format!("{e:?}"),
-    }
-}
-
 /// Device 0: its context, stream, architecture and compiled modules.
 pub struct CudaDevice {
     pub(crate) stream: Arc<CudaStream>,
     name: String,
     capability: (i32, i32),
     pub(crate) props: DeviceProps,
-    modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<KernelKey, Arc<JitModule>>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -159,38 +242,48 @@ impl CudaDevice {
         self.props.arch.name()
     }
 
-    /// Entry point `name` of `key`'s module, compiled and loaded on first use.
-    pub(crate) fn function(&self, key: KernelKey, name: &str) -> Result<CudaFunction> {
-        let module = {
-            let mut modules = self.modules.lock().map_err(|_| Error::Poisoned {
-                what: "the CUDA module cache",
-            })?;
-            match modules.get(&key) {
-                Some(m) => m.clone(),
-                None => {
-                    let ptx = cached_ptx(&key, &self.arch())?;
-                    let m = self
-                        .stream
-                        .context()
-                        .load_module(ptx)
-                        .map_err(driver("loading a CUDA module"))?;
-                    modules.insert(key, m.clone());
-                    m
-                }
-            }
+    /// `key`'s module: loaded on first use (PTX from the disk cache or
+    /// NVRTC, then the driver's JIT), outside the lock, so threads load
+    /// different modules at once (two loading the same keep the first).
+    fn module(&self, key: KernelKey) -> Result<Arc<JitModule>> {
+        let poisoned = || Error::Poisoned {
+            what: "the CUDA module cache",
         };
-        let func = module
-            .load_function(name)
-            .map_err(driver("finding a CUDA kernel"))?;
+        if let Some(m) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(m.clone());
+        }
+        let ptx = cached_ptx(&key, &self.arch())?;
+        let loaded = Arc::new(jit::load(self.stream.context(), &key, &ptx.to_src())?);
+        let mut modules = self.modules.lock().map_err(|_| poisoned())?;
+        Ok(modules.entry(key).or_insert(loaded).clone())
+    }
+
+    /// Entry point `name` of `key`'s module, compiled and loaded on first use.
+    pub(crate) fn function(&self, key: KernelKey, name: &str) -> Result<Kernel> {
+        let func = Kernel::find(&self.module(key)?, name)?;
         // Past 48 KiB, dynamic shared memory needs the function's opt-in.
         let bytes = key.dynamic_shared_bytes();
         if bytes > STATIC_SHARED_LIMIT {
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(driver("opting in to dynamic shared memory"))?;
+            func.allow_dynamic_shared(bytes)?;
         }
         Ok(func)
+    }
+
+    /// `key`'s module as the driver built it for this device (loaded as
+    /// every call loads it): the JIT logs and each kernel's attributes.
+    pub fn module_report(&self, key: KernelKey) -> Result<ModuleReport> {
+        let module = self.module(key)?;
+        let kernels = key
+            .family
+            .entry_points()
+            .iter()
+            .map(|&name| Ok((name, Kernel::find(&module, name)?.attributes()?)))
+            .collect::<Result<_>>()?;
+        Ok(ModuleReport {
+            key,
+            arch: self.arch(),
+            log: module.log.clone(),
+            kernels,
+        })
     }
 }

@@ -37,7 +37,7 @@ fn fnv1a(parts: &[&str]) -> u64 {
 /// The file name of `key`'s PTX for `arch`.
 fn file_name(key: &KernelKey, arch: &str) -> String {
     let source = key.source();
-    let opts = options(arch).join(" ");
+    let opts = options(key, arch).join(" ");
     let hash = fnv1a(&[&source, &opts, arch]);
     format!("{}-{arch}-{hash:016x}.ptx", key.label())
 }
@@ -62,6 +62,16 @@ pub(crate) fn cached_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
         let _ = std::fs::remove_file(&tmp);
     }
     Ok(ptx)
+}
+
+/// Compile every key of `keys` for `arch` into the cache, over all cores
+/// (rayon's pool): what a later load of each finds there. The errors of
+/// those that failed; without a cache folder, compiling only checks them.
+pub fn warm(keys: &[KernelKey], arch: &str) -> Vec<crate::error::Error> {
+    use rayon::prelude::*;
+    keys.par_iter()
+        .filter_map(|key| cached_ptx(key, arch).err())
+        .collect()
 }
 
 #[cfg(test)]

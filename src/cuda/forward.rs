@@ -3,7 +3,9 @@
 //! and v as TMA tensor maps (and no layouts: the plan keeps those on the
 //! sm80 kernels), the others pointers and the `Layout`.
 
-use super::context::{driver, CudaDevice};
+use super::context::CudaDevice;
+use super::driver_error::driver;
+use super::jit::{timed, Launch};
 use super::kernel::KernelKey;
 use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
@@ -15,8 +17,7 @@ use crate::api::shape::AttentionShape;
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Error;
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
-use web_time::Instant;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 pub(crate) fn forward(
     dev: &CudaDevice,
@@ -59,25 +60,27 @@ pub(crate) fn forward(
         },
     )?;
     let layout = side.layout(stream, lists.as_ref());
-    let start = Instant::now();
-    let mut launch = stream.launch_builder(&func);
-    match &maps[..] {
-        [tq, tk, tv] => launch.arg(tq).arg(tk).arg(tv),
-        _ => launch.arg(&q_dev).arg(&k_dev).arg(&v_dev),
-    };
-    launch.arg(&mut d_out).arg(&mut d_lse).arg(&call.problem);
-    if maps.is_empty() {
-        launch.arg(&layout);
-    }
-    // SAFETY: the arguments are flash_fwd's, in order and of its types
-    // (storage pointers as bytes or, for the Hopper kernel, 128-byte tensor
-    // maps of those buffers by value; Problem and, but for the Hopper
-    // kernel, Layout by value); every buffer holds what the grid indexes,
-    // as sized from the validated shape and options, and the buffers and
-    // the side buffers Layout points at outlive the synchronize below.
-    unsafe { launch.launch(cfg) }.map_err(driver("launching flash_fwd"))?;
-    stream.synchronize().map_err(driver("running flash_fwd"))?;
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = timed(stream, "running flash_fwd", || {
+        let mut launch = Launch::new(stream, &func);
+        match &maps[..] {
+            [tq, tk, tv] => launch.value(tq).value(tk).value(tv),
+            _ => launch.input(&q_dev).input(&k_dev).input(&v_dev),
+        };
+        launch
+            .output(&mut d_out)
+            .output(&mut d_lse)
+            .value(&call.problem);
+        if maps.is_empty() {
+            launch.value(&layout);
+        }
+        // SAFETY: the arguments are flash_fwd's, in order and of its types
+        // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
+        // of those buffers by value; Problem and, but for the Hopper kernel,
+        // Layout by value); every buffer holds what the grid indexes, as
+        // sized from the validated shape and options, and the buffers and
+        // the side buffers Layout points at outlive the wait in `timed`.
+        unsafe { launch.launch(cfg, "launching flash_fwd") }
+    })?;
     let o = stream.clone_dtoh(&d_out).map_err(driver("reading o"))?;
     let lse = stream.clone_dtoh(&d_lse).map_err(driver("reading lse"))?;
     let stats = call_stats(o_bytes, lse.len(), seconds);
@@ -86,7 +89,7 @@ pub(crate) fn forward(
     Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
 }
 
-/// One launch's statistics: its buffers and wall-clock time.
+/// One launch's statistics: its buffers and time (CUDA events).
 fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
     CallStats {
         allocations: vec![
@@ -106,7 +109,7 @@ fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
         pieces: 1,
         dispatches: 1,
         kernel_seconds: seconds,
-        timing: Timing::WallClock,
+        timing: Timing::CudaEvents,
         ..CallStats::default()
     }
 }

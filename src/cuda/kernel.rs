@@ -73,6 +73,15 @@ impl Family {
         }
     }
 
+    /// The kernels (entry points) its module holds.
+    pub fn entry_points(self) -> &'static [&'static str] {
+        if self.is_forward() {
+            &["flash_fwd"]
+        } else {
+            &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
+        }
+    }
+
     /// The sm80 tensor-core kernels.
     pub fn is_mma(self) -> bool {
         matches!(self, Family::ForwardMma | Family::BackwardMma)

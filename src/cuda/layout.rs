@@ -5,7 +5,7 @@
 //! Nothing here is a compile-time variant: one kernel serves every layout,
 //! branching uniformly on what the struct says is on.
 
-use super::context::driver;
+use super::driver_error::driver;
 use crate::api::block_mask::{tile_fate, BlockMask, Tile, TileFate};
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;

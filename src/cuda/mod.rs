@@ -8,7 +8,7 @@
 //!
 //! Three kernel paths ([`plan`] picks one per call from the device's
 //! properties; [`KernelPath`] or `FLASHATTN_CUDA_KERNEL=scalar|mma|hopper|auto`
-//! forces one):
+//! forces one, and `no-hopper` is auto without the Hopper forward):
 //!
 //! - Hopper (cuda/flash_fwd_wgmma.cu, cuda/hopper.cuh), the forward on
 //!   compute capability 9.x for f16/bf16 with d % 8 == 0 at padded head
@@ -64,8 +64,12 @@
 //! - [`tensor_map`]: the Hopper forward's TMA tensor maps;
 //! - [`compile`]: NVRTC, source to PTX;
 //! - [`context`]: the driver, device 0 and the module cache;
+//! - [`jit`]: PTX loaded by the driver's JIT (`cuModuleLoadDataEx`) with
+//!   its logs kept, each kernel's registers, spills and shared memory as
+//!   built, and launches;
 //! - disk_cache: PTX kept between processes, named by a hash of source,
-//!   options and architecture (`FLASHATTN_CUDA_CACHE` to place it);
+//!   options and architecture (`FLASHATTN_CUDA_CACHE` to place it;
+//!   [`warm_ptx_cache`] fills it over all cores);
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks.
 //!
@@ -87,7 +91,9 @@ pub mod compile;
 pub mod context;
 mod decode;
 mod disk_cache;
+mod driver_error;
 mod forward;
+pub mod jit;
 pub mod kernel;
 mod layout;
 pub mod plan;
@@ -95,7 +101,8 @@ mod problem;
 pub mod tensor_map;
 
 pub use compile::Arch;
-pub use context::{driver_present, CudaDevice};
+pub use context::{driver_present, versions, CudaDevice, ModuleReport, Versions};
+pub use disk_cache::warm as warm_ptx_cache;
 pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
@@ -175,6 +182,18 @@ impl Cuda {
     /// One line naming the device.
     pub fn describe(&self) -> String {
         self.device.describe()
+    }
+
+    /// The NVRTC architecture its kernels are compiled for.
+    pub fn arch(&self) -> String {
+        self.device.arch()
+    }
+
+    /// `key`'s module as the driver's JIT built it on this device, loaded
+    /// the way every call loads it: the JIT logs, and each kernel's
+    /// registers, local memory (spills) and shared memory.
+    pub fn module_report(&self, key: kernel::KernelKey) -> Result<ModuleReport> {
+        self.device.module_report(key)
     }
 
     /// Exact attention forward: o and lse.

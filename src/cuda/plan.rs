@@ -27,6 +27,10 @@ pub enum KernelPath {
     /// The Hopper forward (and the sm80 tensor-core backward); an error
     /// where it cannot run.
     Hopper,
+    /// What `Auto` chooses with the Hopper forward left out: the sm80
+    /// tensor-core kernels where they run, the scalar ones elsewhere (what
+    /// the GPU checks run once the Hopper smoke test has failed).
+    NoHopper,
 }
 
 impl std::str::FromStr for KernelPath {
@@ -37,10 +41,11 @@ impl std::str::FromStr for KernelPath {
             "scalar" => Ok(Self::Scalar),
             "mma" => Ok(Self::Mma),
             "hopper" => Ok(Self::Hopper),
+            "no-hopper" => Ok(Self::NoHopper),
             other => Err(Error::UnknownName {
                 what: "CUDA kernel path",
                 name: other.to_string(),
-                expected: "auto, scalar, mma or hopper",
+                expected: "auto, scalar, mma, hopper or no-hopper",
             }),
         }
     }
@@ -225,8 +230,10 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         (KernelPath::Mma | KernelPath::Hopper, None) => {
             (true, "the tensor-core kernels, as requested")
         }
-        (KernelPath::Auto, None) => (true, "tensor cores: f16/bf16 on compute capability 8.0+"),
-        (KernelPath::Auto, Some(why)) => (false, why),
+        (KernelPath::Auto | KernelPath::NoHopper, None) => {
+            (true, "tensor cores: f16/bf16 on compute capability 8.0+")
+        }
+        (KernelPath::Auto | KernelPath::NoHopper, Some(why)) => (false, why),
         (KernelPath::Hopper, Some(why)) => (false, why),
     };
     let (fwd, bwd) = match mma {
@@ -240,6 +247,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         not_hopper: match path {
             KernelPath::Mma => Some("the sm80 tensor-core kernels forced"),
             KernelPath::Scalar => Some("the scalar kernels forced"),
+            KernelPath::NoHopper => Some("the Hopper forward turned off (no-hopper)"),
             _ => not_hopper,
         },
     })
@@ -420,6 +428,27 @@ mod tests {
         assert_eq!(p.forward.family, Family::Forward);
         assert_eq!("mma".parse::<KernelPath>().unwrap(), KernelPath::Mma);
         assert!("tensor".parse::<KernelPath>().is_err());
+    }
+
+    /// no-hopper: auto with the Hopper forward left out — the sm80 kernels
+    /// where they run, the scalar ones elsewhere (never an error).
+    #[test]
+    fn no_hopper_is_auto_without_the_hopper_forward() {
+        let h200 = DeviceProps::h200();
+        assert_eq!(
+            "no-hopper".parse::<KernelPath>().unwrap(),
+            KernelPath::NoHopper
+        );
+        for (precision, d, family) in [
+            (Precision::F16, 64, Family::ForwardMma),
+            (Precision::Bf16, 128, Family::ForwardMma),
+            (Precision::F32, 64, Family::Forward),
+            (Precision::F16, 200, Family::Forward),
+        ] {
+            let p = plan(&h200, &problem(precision, d), KernelPath::NoHopper).unwrap();
+            assert_eq!(p.forward.family, family, "{precision:?} d {d}");
+            assert!(p.explain(&h200)[1].contains("turned off"), "{p:?}");
+        }
     }
 
     /// `--arch`: the plan chooses by the architecture compiled for, and

@@ -6,7 +6,7 @@
 //! tested and mirrored by cuda/emulate/check.cpp; [`encode`] hands them to
 //! the driver's `cuTensorMapEncodeTiled`.
 
-use super::context::driver;
+use super::driver_error::driver;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;

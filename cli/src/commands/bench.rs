@@ -110,7 +110,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let baselines = outside.then(|| Baselines::new(&a.python)).transpose()?;
     let mut results = Vec::new();
     for case in &cases {
-        bar.set_message(label(case));
+        bar.set_message(case.label());
         results.push(match &baselines {
             Some(b) if case.implementation.outside() => b.run(case, repeats),
             _ => bench::run(engine.as_ref(), case, repeats),
@@ -289,17 +289,6 @@ fn write_outputs(report: &Report, a: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn label(c: &BenchCase) -> String {
-    format!(
-        "{} {} N {} d {}{}",
-        c.pass.name(),
-        c.implementation.name(),
-        c.seqlen,
-        c.head_dim,
-        if c.causal { " causal" } else { "" }
-    )
 }
 
 /// The decode set the flags ask for: explicit flags, else `--quick`'s
