@@ -19,7 +19,7 @@
 //! compared with `--compare-with`'s (run untimed when it is not in
 //! `--impls`), that one with the first other; they agree when the largest
 //! difference is within 8 units of the storage precision at the other's
-//! largest magnitude (each path meets SPEC.md's rule against the f64
+//! largest magnitude (each path meets docs/semantics.md's rule against the f64
 //! reference in the accuracy tests; this catches a path gone wrong at sizes
 //! the reference cannot reach). `--dry-run` lists the cases and checks the
 //! Python driver's protocol, with no GPU.
