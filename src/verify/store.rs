@@ -152,17 +152,17 @@ impl VerdictStore {
             _ => None,
         });
         memory
-            .or_else(|| self.from_disk(family))
+            .or_else(|| self.on_disk(family))
             .unwrap_or(Verdict::NotYetChecked)
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn from_disk(&self, family: &FamilyKey) -> Option<Verdict> {
+    fn on_disk(&self, family: &FamilyKey) -> Option<Verdict> {
         self.disk.as_ref()?.get(&self.device, family)
     }
 
     #[cfg(target_arch = "wasm32")]
-    fn from_disk(&self, _: &FamilyKey) -> Option<Verdict> {
+    fn on_disk(&self, _: &FamilyKey) -> Option<Verdict> {
         None
     }
 
@@ -201,7 +201,7 @@ impl VerdictStore {
                 None => break,
             }
         }
-        if let Some(v) = self.from_disk(family) {
+        if let Some(v) = self.on_disk(family) {
             slots.insert(family.clone(), Slot::Done(v.clone()));
             return Ok(Lookup::Known(v));
         }
