@@ -22,7 +22,7 @@ use crate::runtime::adapter;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
-use crate::verify::matrix::{self, MatrixEntry, MatrixRow};
+use crate::verify::matrix::{self, MatrixEntry};
 use crate::verify::wgpu::{Problem, Routed, Verifier};
 use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
@@ -177,7 +177,7 @@ impl Engine {
 
     /// Run one row of the matrix now (no verdict is read or kept).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn run_matrix_entry(&self, entry: &MatrixEntry) -> MatrixRow {
+    pub fn run_matrix_entry(&self, entry: &MatrixEntry) -> matrix::MatrixRow {
         let fault = self.verifier.fault.as_ref();
         pollster::block_on(matrix::run(&self.gpu, entry, fault))
     }

@@ -1,8 +1,9 @@
 //! Verdicts kept between processes: one line per (device, flashattn
 //! version, family) in `verified.tsv` of flashattn's cache directory, in
-//! the format of `auto`'s measurements ([`ProbeCache`]: the last line for
-//! a key wins). A missing, unreadable or unwritable file only means
-//! checking again.
+//! the format of `auto`'s measurements ([`ProbeCache`]: key, verdict, and
+//! the worst output with the check's seconds; the last line for a key
+//! wins). A missing, unreadable or unwritable file only means checking
+//! again.
 
 use super::key::DeviceKey;
 use super::verdict::{Evidence, FamilyKey, Verdict};
@@ -65,9 +66,14 @@ impl VerdictCache {
     /// The verdict stored for `family` on `device` under this version.
     pub fn get(&self, device: &DeviceKey, family: &FamilyKey) -> Option<Verdict> {
         let hit = self.file.get(&self.key(device, family))?;
+        // The reason is the detail, then the check's seconds in brackets.
+        let (detail, seconds) = match hit.reason.rsplit_once(" [") {
+            Some((d, s)) => (d, s.trim_end_matches(" s]").parse().unwrap_or(0.0)),
+            None => (hit.reason.as_str(), 0.0),
+        };
         let evidence = Evidence {
-            detail: hit.reason,
-            seconds: 0.0,
+            detail: detail.to_string(),
+            seconds,
             cached: true,
         };
         match hit.winner.as_str() {
@@ -89,7 +95,7 @@ impl VerdictCache {
         };
         let entry = Cached {
             winner: verdict.word().to_string(),
-            reason: evidence.detail.clone(),
+            reason: format!("{} [{:.3} s]", evidence.detail, evidence.seconds),
         };
         self.file.put(&self.key(device, family), &entry)
     }

@@ -370,7 +370,9 @@ mod tests {
         let second =
             VerdictStore::new(VerifyMode::FirstUse, device()).with_disk(Some(cache.clone()));
         match second.lookup(&tiled).unwrap() {
-            Lookup::Known(Verdict::Verified(e)) => assert!(e.cached && e.detail == "o ok"),
+            Lookup::Known(Verdict::Verified(e)) => {
+                assert!(e.cached && e.detail == "o ok" && e.seconds == 0.1, "{e:?}")
+            }
             _ => panic!("the verdict was not read back"),
         }
         assert_eq!(second.checks_run(), 0);

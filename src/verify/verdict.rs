@@ -73,8 +73,7 @@ pub struct Evidence {
     /// The worst output against its bound (`o: max error 1.2e-7 <= bound
     /// 3.0e-6`), or why the check's call failed.
     pub detail: String,
-    /// Seconds the check took (compiling its kernels included); 0 when read
-    /// from the cache.
+    /// Seconds the check took (compiling its kernels included), when it ran.
     pub seconds: f64,
     /// Read from the verdict cache (an earlier process's check), not run now.
     pub cached: bool,
