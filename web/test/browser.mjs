@@ -43,6 +43,37 @@ function serve() {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
 }
 
+// Verified on first use: every kernel family the page ran was checked once,
+// before its first call, and passed; each call's stats name its family's verdict.
+function checkVerdicts(r) {
+  const v = r.verdicts;
+  if (!expect(v && Array.isArray(v.known), 'no verification verdicts')) return;
+  console.log(`  verified on first use: ${v.checks_run} families, ${v.check_ms.toFixed(0)} ms of checks: ` +
+    v.known.map((k) => `${k.family} ${k.call} ${k.precision} ${k.verdict} (${k.ms.toFixed(0)} ms)`).join(', '));
+  expect(v.mode === 'first_use', `verification mode ${v.mode}`);
+  expect(v.known.length > 0 && v.checks_run === v.known.length,
+    `${v.checks_run} checks for ${v.known.length} families: each family is checked exactly once`);
+  for (const k of v.known) {
+    const name = `${k.family} ${k.call} ${k.precision} (${k.flags.join(', ')})`;
+    expect(k.verdict === 'verified' && !k.cached && k.ms > 0, `${name}: ${k.verdict}, ${k.ms} ms, cached ${k.cached}`);
+    expect(/^[a-z]+: max error /.test(k.detail || ''), `${name}: detail ${k.detail}`);
+  }
+  const has = (family, call, precision) => v.known.some((k) => k.family === family && k.call === call && k.precision === precision);
+  for (const c of r.cases || []) {
+    const name = `seqlen ${c.seqlen} d ${c.head_dim} ${c.precision}`;
+    expect(has(c.kernel, 'forward', c.precision), `${name}: no verdict for ${c.kernel} forward ${c.precision}`);
+    expect(has(c.backward_kernel, 'backward', c.precision), `${name}: no verdict for ${c.backward_kernel} backward ${c.precision}`);
+    expect(c.verification.startsWith(`${c.kernel} forward ${c.precision}`) && c.verification.endsWith(': verified'),
+      `${name}: forward verification ${c.verification}`);
+    expect(c.backward_verification.startsWith(`${c.backward_kernel} backward ${c.precision}`) && c.backward_verification.endsWith(': verified'),
+      `${name}: backward verification ${c.backward_verification}`);
+  }
+  for (const c of [...(r.layouts || []), ...(r.decode || [])]) {
+    expect(typeof c.verification === 'string' && c.verification.endsWith(': verified'), `${c.name || 'decode'} ${c.precision}: verification ${c.verification}`);
+  }
+  for (const c of r.decode || []) expect(/^[a-z]+ decode /.test(c.verification), `decode verification ${c.verification}`);
+}
+
 function checkResults(r) {
   if (!expect(r.error === null, `the page reported an error: ${r.error}`)) return;
   const dev = r.device;
@@ -163,35 +194,7 @@ function checkResults(r) {
       expect(above === 0, `causal heatmap has mass ${above} above the diagonal`);
     }
   }
-}
-
-// Verified on first use: every kernel family the page ran was checked once,
-// before its first call, and passed; each call's stats name its family's verdict.
-function checkVerdicts(r) {
-  const v = r.verdicts;
-  if (!expect(v && Array.isArray(v.known), 'no verification verdicts')) return;
-  expect(v.mode === 'first_use', `verification mode ${v.mode}`);
-  expect(v.known.length > 0 && v.checks_run === v.known.length,
-    `${v.checks_run} checks for ${v.known.length} families: each family is checked exactly once`);
-  for (const k of v.known) {
-    const name = `${k.family} ${k.call} ${k.precision} (${k.flags.join(', ')})`;
-    expect(k.verdict === 'verified' && !k.cached && k.ms > 0, `${name}: ${k.verdict}, ${k.ms} ms, cached ${k.cached}`);
-    expect(/^[a-z]+: max error /.test(k.detail || ''), `${name}: detail ${k.detail}`);
-  }
-  const has = (family, call, precision) => v.known.some((k) => k.family === family && k.call === call && k.precision === precision);
-  for (const c of r.cases || []) {
-    const name = `seqlen ${c.seqlen} d ${c.head_dim} ${c.precision}`;
-    expect(has(c.kernel, 'forward', c.precision), `${name}: no verdict for ${c.kernel} forward ${c.precision}`);
-    expect(has(c.backward_kernel, 'backward', c.precision), `${name}: no verdict for ${c.backward_kernel} backward ${c.precision}`);
-    expect(c.verification.startsWith(`${c.kernel} forward ${c.precision}`) && c.verification.endsWith(': verified'),
-      `${name}: forward verification ${c.verification}`);
-    expect(c.backward_verification.startsWith(`${c.backward_kernel} backward ${c.precision}`) && c.backward_verification.endsWith(': verified'),
-      `${name}: backward verification ${c.backward_verification}`);
-  }
-  for (const c of [...(r.layouts || []), ...(r.decode || [])]) {
-    expect(typeof c.verification === 'string' && c.verification.endsWith(': verified'), `${c.name || 'decode'} ${c.precision}: verification ${c.verification}`);
-  }
-  for (const c of r.decode || []) expect(/^[a-z]+ decode /.test(c.verification), `decode verification ${c.verification}`);
+  checkVerdicts(r);
 }
 
 async function main() {
@@ -222,7 +225,6 @@ async function main() {
     await page.screenshot({ path: screenshotPath, fullPage: true });
 
     checkResults(r);
-    if (!r.error) checkVerdicts(r);
     expect(consoleErrors.length === 0, `console errors: ${consoleErrors.join(' | ')}`);
 
     if (r.device) console.log(`adapter: ${[r.device.adapter, r.device.js_info?.vendor, r.device.js_info?.architecture].filter(Boolean).join(' ')}; workgroup storage granted ${r.device.granted.max_compute_workgroup_storage_size} B; shader-f16 ${r.device.shader_f16}`);
@@ -243,8 +245,6 @@ async function main() {
         c.checks.map((k) => `${k.name} ${k.max_error.toExponential(1)}<=${k.bound.toExponential(1)}`).join(' ') +
         `; cache ${c.cache_identical ? 'identical' : 'DIFFERS'} ${c.passed ? 'ok' : 'FAIL'}`);
     }
-    if (r.verdicts) console.log(`  verified on first use: ${r.verdicts.checks_run} families, ${r.verdicts.check_ms.toFixed(0)} ms of checks: ` +
-      r.verdicts.known.map((k) => `${k.family} ${k.call} ${k.precision} ${k.verdict} (${k.ms.toFixed(0)} ms)`).join(', '));
     for (const w of r.worked || []) console.log(`  worked example Bc ${w.block}: online ${w.online_o.toFixed(4)}, softmax ${w.softmax_o.toFixed(4)}, GPU ${w.gpu_o.toFixed(4)}`);
     console.log(`screenshot: ${path.relative(process.cwd(), screenshotPath)}; results: ${path.relative(process.cwd(), resultsPath)}; ${((Date.now() - started) / 1000).toFixed(1)} s`);
   } finally {

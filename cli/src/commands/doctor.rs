@@ -191,33 +191,38 @@ fn wgpu_device(engine: &Engine) -> Device {
         .join(", "),
     ));
     let l = engine.limits();
-    let limits = vec![
-        named(
+    let limits = [
+        (
             "max_compute_workgroup_storage_size",
-            l.max_compute_workgroup_storage_size.into(),
+            l.max_compute_workgroup_storage_size,
         ),
-        named(
+        (
             "max_compute_invocations_per_workgroup",
-            l.max_compute_invocations_per_workgroup.into(),
+            l.max_compute_invocations_per_workgroup,
         ),
-        named(
+        (
             "max_compute_workgroup_size_x",
-            l.max_compute_workgroup_size_x.into(),
+            l.max_compute_workgroup_size_x,
         ),
-        named(
+        (
             "max_compute_workgroups_per_dimension",
-            l.max_compute_workgroups_per_dimension.into(),
+            l.max_compute_workgroups_per_dimension,
         ),
-        named(
+        (
             "max_storage_buffers_per_shader_stage",
-            l.max_storage_buffers_per_shader_stage.into(),
+            l.max_storage_buffers_per_shader_stage,
         ),
+    ]
+    .map(|(n, v)| named(n, u64::from(v)))
+    .into_iter()
+    .chain([
         named(
             "max_storage_buffer_binding_size",
             l.max_storage_buffer_binding_size,
         ),
         named("max_buffer_size", l.max_buffer_size),
-    ];
+    ])
+    .collect();
     use flashattn::wgpu::Features as F;
     let f = engine.features();
     let features = [
