@@ -1,6 +1,7 @@
 //! The known-answer cases and how a result is judged. Every backend runs
 //! the same cases (sized for the family under test) and compares with the
-//! f64 reference under SPEC.md's rule ([`crate::accuracy`]).
+//! f64 reference under the accuracy rule of docs/semantics.md
+//! ([`crate::accuracy`]).
 //!
 //! - [`AttentionCase::band`], the first-use check: 2 batch entries × 37
 //!   query rows (odd) × 4 query heads over 2 kv heads (GQA); keys for two

@@ -3,7 +3,7 @@
 //! cooperative matrices, the CUDA driver's own PTX compiler), so before a
 //! kernel family first serves a call on a device the engine runs a small
 //! known-answer check there and compares it with the f64 reference under
-//! SPEC.md's accuracy rule ([`crate::accuracy`]).
+//! the accuracy rule of docs/semantics.md ([`crate::accuracy`]).
 //!
 //! - **What is checked** ([`cases`]): per family, per precision and per
 //!   code-path flag ([`FamilyKey`]); the family's own ops (the same

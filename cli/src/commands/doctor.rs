@@ -259,7 +259,7 @@ fn finish<E: Sync>(
     if !a.json {
         print_device(&device, &verification);
         println!(
-            "\nverification matrix: {} checks, each run now against the f64 reference under SPEC.md's rule",
+            "\nverification matrix: {} checks, each run now against the f64 reference under the accuracy rule (docs/semantics.md)",
             entries.len()
         );
         println!(
