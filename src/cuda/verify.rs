@@ -138,9 +138,13 @@ fn check_problem(precision: Precision, d: usize, layouts: bool) -> PlanProblem {
 /// What one check runs: the family, the call, the precision and the case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaEntry {
+    /// The kind of call.
     pub call: CallKind,
+    /// The kernel path's family.
     pub family: CudaFamily,
+    /// The storage precision.
     pub precision: Precision,
+    /// The case it runs.
     pub case: MatrixCase,
 }
 
@@ -214,7 +218,9 @@ fn check_decode(
 /// The verdicts of one CUDA device and (in lab builds) a planted fault.
 #[derive(Debug)]
 pub struct CudaVerifier {
+    /// The device's verdicts.
     pub store: VerdictStore,
+    /// A planted fault (lab builds' tests only).
     pub fault: Option<Fault>,
 }
 

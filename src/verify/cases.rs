@@ -40,7 +40,9 @@ const ROWS: usize = 37;
 pub struct AttentionCase {
     /// What the case covers, for reports (`band`, `layouts`).
     pub name: &'static str,
+    /// The problem (a packed batch: its batch of one).
     pub shape: AttentionShape,
+    /// The masks, scores and layouts of the case.
     pub opts: AttentionOptions,
     data: [TensorData; 4],
     /// Shapes of q, k, v and o as views (a packed batch is a batch of one).
@@ -130,6 +132,7 @@ impl AttentionCase {
         }
     }
 
+    /// The storage precision of the inputs.
     pub fn precision(&self) -> Precision {
         self.data[0].precision()
     }
@@ -196,6 +199,7 @@ pub enum DecodeLayout {
 pub struct DecodeCase {
     /// The cache before the step.
     pub cache: HostKvCache,
+    /// The band and score options of the step.
     pub opts: AttentionOptions,
     layout: DecodeLayout,
     q: TensorData,
@@ -345,11 +349,13 @@ fn cache_layout(
 /// The rule's verdict on every output of one run, in a line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Judgement {
+    /// Every output met the rule.
     pub passed: bool,
     /// The worst output: the first that failed, else the one closest to its bound.
     pub worst: String,
     /// Its max error and bound (`NaN` bound where it failed on a non-finite value).
     pub max_error: f64,
+    /// The bound it is held to.
     pub bound: f64,
 }
 

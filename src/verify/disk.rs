@@ -46,10 +46,12 @@ impl VerdictCache {
         }
     }
 
+    /// The file verdicts are kept in.
     pub fn path(&self) -> &Path {
         self.file.path()
     }
 
+    /// The flashattn version verdicts are keyed by.
     pub fn version(&self) -> &str {
         &self.version
     }

@@ -30,6 +30,7 @@ pub enum CudaFamily {
 }
 
 impl CudaFamily {
+    /// The family's name in keys and messages.
     pub fn name(self) -> &'static str {
         match self {
             CudaFamily::Hopper => "hopper",

@@ -9,9 +9,13 @@
 pub struct DeviceKey {
     /// `Vulkan`, `Metal`, `Dx12`, `Gl`, `BrowserWebGpu` or `CUDA`.
     pub api: String,
+    /// The adapter's (or CUDA device's) name.
     pub adapter: String,
+    /// The PCI vendor id (0x10de on CUDA).
     pub vendor: u32,
+    /// The PCI device id (on CUDA: the compute capability as 10·major + minor).
     pub device: u32,
+    /// The driver's name.
     pub driver: String,
     /// The driver's version and build (wgpu's `driver_info`).
     pub driver_info: String,

@@ -27,7 +27,9 @@ use web_time::Instant;
 /// One case of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatrixCase {
+    /// A forward or backward case.
     Attention(CaseKind),
+    /// A decoding case.
     Decode(DecodeLayout),
 }
 
@@ -64,7 +66,9 @@ impl MatrixCase {
 /// One row to run: a family (with its flags) and a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatrixEntry {
+    /// The family and its flags.
     pub family: WgpuFamily,
+    /// The case it runs.
     pub case: MatrixCase,
 }
 
@@ -80,6 +84,7 @@ pub enum RowResult {
 }
 
 impl RowResult {
+    /// The result column: `pass`, `FAIL` or `error`.
     pub fn word(&self) -> &'static str {
         match self {
             RowResult::Pass(_) => "pass",
@@ -88,6 +93,7 @@ impl RowResult {
         }
     }
 
+    /// Whether the row passed.
     pub fn passed(&self) -> bool {
         matches!(self, RowResult::Pass(_))
     }
@@ -96,9 +102,13 @@ impl RowResult {
 /// A row that ran.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatrixRow {
+    /// The family's key.
     pub family: FamilyKey,
+    /// The case it ran.
     pub case: MatrixCase,
+    /// How it ended.
     pub result: RowResult,
+    /// Its time, compiling its kernels included.
     pub seconds: f64,
 }
 

@@ -35,6 +35,8 @@
 //!   decode × f32, f16 and bf16 × every layout — what `flashattn doctor`
 //!   runs and prints.
 
+#![warn(missing_docs)]
+
 pub mod cases;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod disk;
@@ -71,6 +73,7 @@ pub enum VerifyMode {
 }
 
 impl VerifyMode {
+    /// The setting's name (what `FLASHATTN_VERIFY` takes).
     pub fn name(self) -> &'static str {
         match self {
             VerifyMode::Off => "off",

@@ -98,10 +98,12 @@ impl VerdictStore {
         self
     }
 
+    /// When checks run.
     pub fn mode(&self) -> VerifyMode {
         self.mode
     }
 
+    /// The device the verdicts hold for.
     pub fn device(&self) -> &DeviceKey {
         &self.device
     }

@@ -10,13 +10,16 @@ use crate::api::tensor::Precision;
 /// The kind of call a kernel family serves; each is checked on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CallKind {
+    /// A forward pass (`o`, `lse`).
     Forward,
+    /// A backward pass (`dq`, `dk`, `dv`, `dsinks`).
     Backward,
     /// Decoding steps on a KV cache (their own kernels on wgpu).
     Decode,
 }
 
 impl CallKind {
+    /// The call's name in keys and messages.
     pub fn name(self) -> &'static str {
         match self {
             CallKind::Forward => "forward",
@@ -34,10 +37,12 @@ impl CallKind {
 /// shape, the CUDA architecture compiled for).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FamilyKey {
+    /// The kind of call the family serves.
     pub call: CallKind,
     /// `tiled`, `lanes`, `registers` or `coop` on wgpu; `hopper`, `sm80`
     /// or `scalar` on CUDA.
     pub family: &'static str,
+    /// The storage precision.
     pub precision: Precision,
     /// The code-path flags, in a fixed order (e.g. `native f16`,
     /// `subgroup reductions`, `two K/V buffers`).
@@ -96,10 +101,12 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The family failed its check.
     pub fn is_failed(&self) -> bool {
         matches!(self, Verdict::Failed(_))
     }
 
+    /// The family passed its check.
     pub fn is_verified(&self) -> bool {
         matches!(self, Verdict::Verified(_))
     }
@@ -142,7 +149,9 @@ impl std::fmt::Display for Verdict {
 /// A family and its verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checked {
+    /// The family.
     pub family: FamilyKey,
+    /// Its verdict.
     pub verdict: Verdict,
 }
 
@@ -151,6 +160,7 @@ pub struct Checked {
 /// last of them ran. A family the caller forced runs whatever its verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Verification {
+    /// The families tried, in order; the last one ran.
     pub tried: Vec<Checked>,
     /// The caller forced the first family: it ran whatever its verdict.
     pub forced: bool,

@@ -26,8 +26,11 @@ use web_time::Instant;
 /// check, or a fallback, runs exactly its code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WgpuFamily {
+    /// The kind of call.
     pub call: CallKind,
+    /// The kernel family.
     pub kernel: KernelFamily,
+    /// How q, k, v and o are stored.
     pub storage: StorageKind,
     /// Registers forward: row reductions by subgroup shuffles.
     pub subgroup_reduce: bool,
@@ -157,8 +160,11 @@ pub fn check_plan(
 /// What a forward or backward call is about (validated by the op itself).
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'a> {
+    /// Its shape (a packed batch: its batch of one).
     pub shape: &'a AttentionShape,
+    /// The storage precision.
     pub precision: Precision,
+    /// Its options.
     pub opts: &'a AttentionOptions,
 }
 
@@ -186,8 +192,11 @@ pub fn decode_family(
 /// A check's verdict, whether it is the rule's (kept on disk) rather than
 /// an error's, and its seconds.
 pub struct CheckRun {
+    /// The check's verdict.
     pub verdict: Verdict,
+    /// A verdict of the rule, kept on disk (not an error's, which may pass next time).
     pub persist: bool,
+    /// Seconds the check took.
     pub seconds: f64,
 }
 
@@ -381,7 +390,9 @@ impl Routed {
 /// builds) a planted fault.
 #[derive(Debug)]
 pub struct Verifier {
+    /// The device's verdicts.
     pub store: VerdictStore,
+    /// A planted fault (lab builds' tests only).
     pub fault: Option<Fault>,
 }
 
