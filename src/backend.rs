@@ -13,11 +13,12 @@ use crate::{
     api::decode::{DecodeOutput, DecodeStep, HostKvCache},
     api::inputs::BackwardInputs,
     api::options::{AttentionOptions, Fp8Options},
-    api::output::{BackwardOutput, ForwardOutput},
+    api::output::{BackwardOutput, CallStats, ForwardOutput},
     api::tensor::TensorView,
     choice::{choose, Decision, Workload},
     cpu,
     plan::PlanOverrides,
+    verify::Verification,
 };
 
 /// Which implementation to run.
@@ -166,9 +167,12 @@ impl Backend {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
+        let on_cpu = || cpu::forward(q, k, v, opts);
         match self {
-            Backend::Wgpu(e) => e.forward_with(q, k, v, opts, overrides),
-            Backend::Cpu => cpu::forward(q, k, v, opts),
+            Backend::Wgpu(e) => or_cpu(e.forward_with(q, k, v, opts, overrides), on_cpu, |o| {
+                &mut o.stats
+            }),
+            Backend::Cpu => on_cpu(),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.forward(q, k, v, opts),
         }
@@ -202,9 +206,12 @@ impl Backend {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
+        let on_cpu = || cpu::backward(inputs, opts);
         match self {
-            Backend::Wgpu(e) => e.backward_with(inputs, opts, overrides),
-            Backend::Cpu => cpu::backward(inputs, opts),
+            Backend::Wgpu(e) => or_cpu(e.backward_with(inputs, opts, overrides), on_cpu, |o| {
+                &mut o.stats
+            }),
+            Backend::Cpu => on_cpu(),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.backward(inputs, opts),
         }
@@ -221,10 +228,38 @@ impl Backend {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         match self {
-            Backend::Wgpu(e) => e.decode_host(cache, step, opts, num_splits),
+            // A step that fails verification has not touched the cache.
+            Backend::Wgpu(e) => {
+                let wgpu = e.decode_host(cache, step, opts, num_splits);
+                or_cpu(
+                    wgpu,
+                    || cpu::decode(cache, step, opts, num_splits),
+                    |o| &mut o.stats,
+                )
+            }
             Backend::Cpu => cpu::decode(cache, step, opts, num_splits),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.decode(cache, step, opts),
         }
+    }
+}
+
+/// A wgpu call's result; where every kernel family that could run it
+/// failed its known-answer check on this device, the CPU backend's instead
+/// (never wrong numbers), with why in its stats' verification.
+#[cfg(not(target_arch = "wasm32"))]
+fn or_cpu<T>(
+    wgpu: Result<T>,
+    cpu: impl FnOnce() -> Result<T>,
+    stats: fn(&mut T) -> &mut CallStats,
+) -> Result<T> {
+    match wgpu {
+        Err(Error::VerificationFailed { call, tried }) => {
+            let mut out = cpu()?;
+            let why = format!("every wgpu {call} kernel family failed its check ({tried})");
+            stats(&mut out).verification = Some(Verification::cpu_instead(why));
+            Ok(out)
+        }
+        other => other,
     }
 }

@@ -22,6 +22,9 @@ use crate::runtime::adapter;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
+use crate::verify::matrix::{self, MatrixEntry};
+use crate::verify::wgpu::{Problem, Routed, Verifier};
+use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
 /// A GPU attention engine on one wgpu device.
 ///
@@ -33,6 +36,8 @@ pub struct Engine {
     /// Where forward and backward look up tuned plans (`None`: the formula).
     #[cfg(not(target_arch = "wasm32"))]
     tuned: Option<TuneCache>,
+    /// The kernel families' verdicts on this device (see [`crate::verify`]).
+    verifier: Verifier,
 }
 
 impl Engine {
@@ -50,7 +55,7 @@ impl Engine {
 
     /// An engine on a chosen adapter, with its real limits.
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
-        Ok(Self::on(adapter::open(adapter).await?))
+        Self::on(adapter::open(adapter).await?)
     }
 
     /// Wrap an existing device (its limits and features are read from it).
@@ -69,16 +74,112 @@ impl Engine {
         queue: wgpu::Queue,
         info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        Ok(Self::on(adapter::wrap(device, queue, info).await?))
+        Self::on(adapter::wrap(device, queue, info).await?)
     }
 
-    /// An engine on `gpu` with the default settings.
-    fn on(gpu: Gpu) -> Self {
-        Self {
+    /// An engine on `gpu` with the default settings: kernels verified as
+    /// `FLASHATTN_VERIFY` says (on first use by default), verdicts kept in
+    /// flashattn's cache directory where there is one.
+    fn on(gpu: Gpu) -> Result<Self> {
+        let store = VerdictStore::new(VerifyMode::from_env()?, DeviceKey::of_adapter(&gpu.info));
+        #[cfg(not(target_arch = "wasm32"))]
+        let store = store.with_disk(crate::verify::VerdictCache::default_location());
+        #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
+        let fault = crate::verify::Fault::from_env()?;
+        #[cfg(not(all(feature = "lab", not(target_arch = "wasm32"))))]
+        let fault = None;
+        Ok(Self {
             gpu,
             #[cfg(not(target_arch = "wasm32"))]
             tuned: None,
-        }
+            verifier: Verifier { store, fault },
+        })
+    }
+
+    /// Verify kernels as `mode` says (instead of `FLASHATTN_VERIFY`'s).
+    pub fn with_verification(mut self, mode: VerifyMode) -> Self {
+        self.verifier.store = self.verifier.store.with_mode(mode);
+        self
+    }
+
+    /// Keep verdicts in `cache` (`None`: in memory only, checked again by
+    /// every process) instead of flashattn's cache directory.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn with_verdict_cache(mut self, cache: Option<crate::verify::VerdictCache>) -> Self {
+        self.verifier.store = self.verifier.store.with_disk(cache);
+        self
+    }
+
+    /// Plant `fault`: every output of its family perturbed, as a driver
+    /// that miscompiles the family would (tests of verification; the
+    /// `lab` feature only).
+    #[cfg(feature = "lab")]
+    pub fn with_fault(mut self, fault: crate::verify::Fault) -> Self {
+        self.verifier.fault = Some(fault);
+        self
+    }
+
+    /// How kernels are verified.
+    pub fn verify_mode(&self) -> VerifyMode {
+        self.verifier.store.mode()
+    }
+
+    /// Where verdicts are kept on disk (`None`: memory only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn verdict_cache(&self) -> Option<&crate::verify::VerdictCache> {
+        self.verifier.store.disk()
+    }
+
+    /// Every verdict this engine knows: checked now or read from the cache.
+    pub fn verdicts(&self) -> Vec<Checked> {
+        self.verifier.store.known()
+    }
+
+    /// Known-answer checks this engine ran (not read from the cache), and
+    /// the seconds they took in all.
+    pub fn checks_run(&self) -> (u32, f64) {
+        let s = &self.verifier.store;
+        (s.checks_run(), s.check_seconds())
+    }
+
+    /// What verification decides for a forward or backward call (its
+    /// family's check run first where [`Engine::verify_mode`] says): the
+    /// overrides the call runs with (a fallback's family forced) and the
+    /// verdicts; `flashattn plan` shows them.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn verify_call(
+        &self,
+        pass: Pass,
+        (shape, precision): (&AttentionShape, Precision),
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<Routed> {
+        let call = match pass {
+            Pass::Forward => CallKind::Forward,
+            Pass::Backward => CallKind::Backward,
+        };
+        let problem = (Some(shape), precision, opts);
+        pollster::block_on(self.route(call, problem, (overrides, *overrides)))
+    }
+
+    /// What verification decides for a decoding step of `problem`: the
+    /// decode kernel it runs ([`Routed::decode_kernel`]) and the verdicts.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
+        pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem)))
+    }
+
+    /// Every row of this device's verification matrix (see
+    /// [`crate::verify::matrix`]), in order: what `flashattn doctor` runs.
+    pub fn verification_matrix(&self) -> Vec<MatrixEntry> {
+        matrix::entries(&self.gpu)
+    }
+
+    /// Run one row of the matrix now (no verdict is read or kept).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_matrix_entry(&self, entry: &MatrixEntry) -> matrix::MatrixRow {
+        let fault = self.verifier.fault.as_ref();
+        pollster::block_on(matrix::run(&self.gpu, entry, fault))
     }
 
     /// Run the plans `flashattn tune` ([`Engine::tune`]) stored in `cache`
@@ -112,12 +213,13 @@ impl Engine {
     fn overrides_for(
         &self,
         pass: Pass,
-        problem: (Result<AttentionShape>, Precision),
+        problem: (Option<AttentionShape>, Precision),
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> PlanOverrides {
         #[cfg(not(target_arch = "wasm32"))]
-        if let (true, (Ok(shape), precision)) = (*overrides == PlanOverrides::default(), problem) {
+        if let (true, (Some(shape), precision)) = (*overrides == PlanOverrides::default(), problem)
+        {
             if let Some(o) = self.tuned_overrides(pass, &shape, precision, opts) {
                 return o;
             }
@@ -316,9 +418,36 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let problem = (AttentionShape::from_views(q, k, v), q.precision());
-        let overrides = self.overrides_for(Pass::Forward, problem, opts, overrides);
-        ops::forward::forward(&self.gpu, [q, k, v], opts, &overrides).await
+        let (shape, precision) = (AttentionShape::from_views(q, k, v).ok(), q.precision());
+        let run = self.overrides_for(Pass::Forward, (shape, precision), opts, overrides);
+        let routed = self
+            .route(
+                CallKind::Forward,
+                (shape.as_ref(), precision, opts),
+                (overrides, run),
+            )
+            .await?;
+        let mut out = ops::forward::forward(&self.gpu, [q, k, v], opts, &routed.overrides).await?;
+        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+        Ok(out)
+    }
+
+    /// Verify the family a forward or backward call runs (see
+    /// [`crate::verify`]): the overrides to run it with.
+    async fn route(
+        &self,
+        call: CallKind,
+        (shape, precision, opts): (Option<&AttentionShape>, Precision, &AttentionOptions),
+        overrides: (&PlanOverrides, PlanOverrides),
+    ) -> Result<Routed> {
+        let problem = shape.map(|shape| Problem {
+            shape,
+            precision,
+            opts,
+        });
+        self.verifier
+            .route(&self.gpu, call, problem, overrides)
+            .await
     }
 
     /// FP8 (e4m3) attention forward (docs/semantics.md): q, k, v (any storage
@@ -407,9 +536,18 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let problem = (inputs.shape(), inputs.q.precision());
-        let overrides = self.overrides_for(Pass::Backward, problem, opts, overrides);
-        ops::backward::backward(&self.gpu, inputs, opts, &overrides).await
+        let (shape, precision) = (inputs.shape().ok(), inputs.q.precision());
+        let run = self.overrides_for(Pass::Backward, (shape, precision), opts, overrides);
+        let routed = self
+            .route(
+                CallKind::Backward,
+                (shape.as_ref(), precision, opts),
+                (overrides, run),
+            )
+            .await?;
+        let mut out = ops::backward::backward(&self.gpu, inputs, opts, &routed.overrides).await?;
+        routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
+        Ok(out)
     }
 
     /// Time every candidate plan of one pass on this adapter, store the
@@ -466,9 +604,19 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        let overrides = self.overrides_for(Pass::Forward, (Ok(*shape), precision), opts, overrides);
-        ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, (opts, &overrides))
-            .await
+        let run = self.overrides_for(Pass::Forward, (Some(*shape), precision), opts, overrides);
+        let routed = self
+            .route(
+                CallKind::Forward,
+                (Some(shape), precision, opts),
+                (overrides, run),
+            )
+            .await?;
+        let run = (opts, &routed.overrides);
+        let mut stats =
+            ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, run).await?;
+        stats.verification = routed.verification;
+        Ok(stats)
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -587,7 +735,20 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodePlan> {
-        ops::decode::plan(&self.gpu, problem, opts, num_splits)
+        ops::decode::plan(&self.gpu, problem, opts, num_splits, None)
+    }
+
+    /// [`Engine::plan_decode`] on a forced decode kernel (`Lanes`, or
+    /// `Tiled` for the workgroup-memory one): what a step runs after a
+    /// failed lanes check ([`Routed::decode_kernel`]).
+    pub fn plan_decode_on(
+        &self,
+        problem: &DecodeProblem,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+        kernel: Option<crate::plan::KernelFamily>,
+    ) -> Result<DecodePlan> {
+        ops::decode::plan(&self.gpu, problem, opts, num_splits, kernel)
     }
 
     /// One decoding step on a device cache: the step's `k_new`/`v_new`
@@ -613,7 +774,15 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        ops::decode::decode(&self.gpu, cache, step, opts, num_splits).await
+        let problem = DecodeProblem::new(step, cache.shape(), cache.precision()).ok();
+        let routed = self
+            .verifier
+            .route_decode(&self.gpu, problem.as_ref())
+            .await?;
+        let kernel = routed.decode_kernel;
+        let mut out = ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+        Ok(out)
     }
 
     /// [`Engine::decode`] on a host cache (uploaded, and read back when the
@@ -637,6 +806,15 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits).await
+        let problem = DecodeProblem::new(step, &cache.shape, cache.precision()).ok();
+        let routed = self
+            .verifier
+            .route_decode(&self.gpu, problem.as_ref())
+            .await?;
+        let kernel = routed.decode_kernel;
+        let mut out =
+            ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+        Ok(out)
     }
 }

@@ -400,6 +400,11 @@ pub enum Error {
     },
     #[error("{what} was poisoned by a panic in another thread")]
     Poisoned { what: &'static str },
+    /// Every kernel family that could run the call failed its known-answer
+    /// check on this device (`crate::verify`): rather than wrong numbers,
+    /// this error (`Backend` runs the CPU backend instead).
+    #[error("every {call} kernel family failed its known-answer check on this device ({tried}); run `flashattn doctor` for the details, or set FLASHATTN_VERIFY=off to run them anyway")]
+    VerificationFailed { call: &'static str, tried: String },
     /// The autotuner's winner could not be stored.
     #[error("cannot write the tuning cache {}", path.display())]
     TuneCacheWrite {

@@ -39,7 +39,10 @@
 //! - [`cpu`], [`reference`](mod@reference), [`accuracy`]: the CPU backend, the f64
 //!   reference and docs/semantics.md's accuracy rule; [`Backend`] chooses;
 //! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
-//!   host, which the wgpu kernels reproduce bit for bit.
+//!   host, which the wgpu kernels reproduce bit for bit;
+//! - [`verify`]: every kernel family checked on first use on each device
+//!   (a small known-answer run under the accuracy rule), the verdicts
+//!   cached, failed families skipped for the next one.
 
 pub mod accuracy;
 pub mod api;
@@ -60,6 +63,7 @@ pub mod reference;
 pub mod runtime;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod tune;
+pub mod verify;
 
 pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
@@ -84,5 +88,8 @@ pub use plan::{
 pub use runtime::KvCache;
 #[cfg(not(target_arch = "wasm32"))]
 pub use tune::{TuneCache, TuneReport, TuneRequest, TunedCandidate};
+#[cfg(not(target_arch = "wasm32"))]
+pub use verify::VerdictCache;
+pub use verify::{CallKind, FamilyKey, Verdict, Verification, VerifyMode};
 /// The wgpu this crate is built on, for apps that pass their own devices and buffers.
 pub use wgpu;

@@ -294,6 +294,7 @@ fn decode_loops_are_modeled() {
                 precision: Precision::F32,
                 num_splits: Some(1),
                 f16_native: None,
+                kernel: None,
             };
             let tiles = decode_tiles(&req, &e.caps()).unwrap();
             assert_eq!(tiles, plan.tiles);

@@ -528,6 +528,7 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                         precision,
                         num_splits: None,
                         f16_native: Some(f16),
+                        kernel: None,
                     };
                     let Ok(tiles) = decode_tiles(&req, &caps) else {
                         continue;

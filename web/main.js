@@ -161,6 +161,15 @@ function showLayoutChecks(results) {
     </table>`;
 }
 
+// Each kernel family's known-answer check, run before its first call.
+function showVerdicts(v) {
+  $('verdicts').innerHTML = `<p class="muted">${v.checks_run} checks (verification ${v.mode}), ${v.check_ms.toFixed(0)} ms in all</p>
+    <table class="compact"><tr><th>family</th><th>call</th><th>precision</th><th>flags</th><th>verdict</th><th>worst output</th><th>ms</th></tr>
+    ${v.known.map((k) => `<tr><td>${k.family}</td><td>${k.call}</td><td>${k.precision}</td><td>${esc(k.flags.join(', '))}</td>
+      <td>${verdict(k.verdict === 'verified')} ${k.verdict}</td><td>${esc(k.detail || '')}</td><td>${k.ms.toFixed(0)}</td></tr>`).join('')}
+    </table>`;
+}
+
 async function runLayoutChecks() {
   const results = [];
   for (const c of LAYOUT_CASES) {
@@ -324,8 +333,10 @@ async function main() {
       results.cases = await runChecks();
       results.layouts = await runLayoutChecks();
       results.decode = await runDecodeChecks();
+      results.verdicts = JSON.parse(await fa.verdicts());
+      showVerdicts(results.verdicts);
       results.passed = results.cases.every((r) => r.passed) && results.layouts.every((r) => r.passed)
-        && results.decode.every((r) => r.passed);
+        && results.decode.every((r) => r.passed) && results.verdicts.known.every((v) => v.verdict === 'verified');
       setStatus(results.passed ? 'all checks passed' : 'some checks FAILED', results.passed);
     }
   } catch (e) {

@@ -34,6 +34,12 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run a forward at a realistic shape on the best adapter and check it against the f64 reference.
     Demo(DemoArgs),
+    /// Check every kernel family this device offers: the adapter, driver,
+    /// limits and features, then forward, backward and decode in f32, f16
+    /// and bf16 over every layout, each result against the accuracy rule's
+    /// bound. Exits non-zero if anything fails; attach its output (or
+    /// --json) to a bug report.
+    Doctor(DoctorArgs),
 }
 
 /// Score, mask, precision and backend flags shared by forward, backward and decode.
@@ -499,4 +505,18 @@ pub struct DemoArgs {
     pub backend: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// The same report as JSON on stdout (the table is not printed).
+    #[arg(long)]
+    pub json: bool,
+    /// wgpu (the best adapter's kernel families) or cuda (the CUDA kernel
+    /// paths of device 0; builds with the `cuda` feature).
+    #[arg(long, default_value = "wgpu")]
+    pub backend: String,
+    /// Only the rows of this call: forward, backward or decode.
+    #[arg(long, value_name = "CALL")]
+    pub call: Option<String>,
 }

@@ -131,6 +131,13 @@ pub enum CliError {
     Progress(#[from] indicatif::style::TemplateError),
     #[error("{failed} of {checked} outputs do not meet docs/semantics.md's accuracy rule")]
     Inaccurate { failed: usize, checked: usize },
+    /// `flashattn doctor` found rows that failed or could not run.
+    #[error("flashattn doctor: {failed} of {rows} checks failed and {errors} could not run (see the table)")]
+    DoctorFailed {
+        failed: usize,
+        errors: usize,
+        rows: usize,
+    },
 }
 
 /// Shorthand for `Result<T, CliError>`.

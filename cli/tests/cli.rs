@@ -1865,3 +1865,268 @@ fn bench_sparse_and_varlen_print_tables_and_json() {
         "{text}"
     );
 }
+
+/// A command keeping verification verdicts in `dir` (none of this
+/// machine's cached verdicts, no verification setting or planted fault
+/// from the caller's environment).
+fn with_verdicts(dir: &Path) -> Command {
+    let mut c = bin();
+    c.env("FLASHATTN_CACHE_DIR", dir)
+        .env_remove("FLASHATTN_VERIFY")
+        .env_remove("FLASHATTN_LAB_FAULT");
+    c
+}
+
+/// The verdict lines of `flashattn plan`'s passes, in order.
+fn verdict_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("verification: ") && !l.contains("(FLASHATTN_VERIFY)"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn plan_and_forward_show_verdicts_kept_across_runs_and_fallbacks() {
+    if engine().is_none() {
+        return;
+    }
+    let f = Files::new();
+    let plan = |cache: &str, env: &[(&str, &str)]| {
+        let mut c = with_verdicts(&f.path(cache));
+        c.envs(env.iter().copied())
+            .args(["plan", "--head-dim", "32"]);
+        let out = c.output().unwrap();
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The first run checks the forward's and the backward's families.
+    let first = verdict_lines(&plan("cache", &[]));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first[0].contains(" forward f32") && first[0].ends_with(": verified"),
+        "{first:?}"
+    );
+    assert!(
+        first[1].contains(" backward f32") && first[1].ends_with(": verified"),
+        "{first:?}"
+    );
+    assert!(f.path("cache").join("verified.tsv").exists());
+    // A second process reads the verdicts back.
+    let again = verdict_lines(&plan("cache", &[]));
+    assert!(
+        again.iter().all(|l| l.ends_with(": verified (cached)")),
+        "{again:?}"
+    );
+    // A fault planted in the forward's family: it fails its check and the
+    // plan shown is the fallback's.
+    let family = first[0]["verification: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let fault = format!("{family}:forward");
+    let text = plan("faulty", &[("FLASHATTN_LAB_FAULT", &fault)]);
+    let lines = verdict_lines(&text);
+    let why = format!("{family} forward f32: failed (o: max error");
+    assert!(
+        lines[0].contains(&why) && lines[0].contains(" → fallback to "),
+        "{lines:?}"
+    );
+    let forward = &text[..text.find("backward:").unwrap()];
+    assert!(!forward.contains(&format!("kernel: {family}")), "{forward}");
+    // Off: nothing runs; a bad setting is one line.
+    let off = verdict_lines(&plan("off", &[("FLASHATTN_VERIFY", "off")]));
+    assert!(
+        off.iter().all(|l| l.ends_with("verification off")),
+        "{off:?}"
+    );
+    let bad = with_verdicts(&f.path("bad"))
+        .env("FLASHATTN_VERIFY", "sometimes")
+        .args(["plan", "--head-dim", "32"])
+        .output()
+        .unwrap();
+    assert_bad(&f, &bad, "FLASHATTN_VERIFY");
+
+    // forward says which family ran and its verdict; with the fault, the
+    // fallback's output still meets the rule.
+    let shape = [[1, 33, 4, 32], [1, 47, 2, 32]];
+    let qkv = f.qkv(1, 33, 47, 4, 2, 32);
+    let opts = AttentionOptions::default().causal(true);
+    for (cache, fault) in [("cache", ""), ("faulty", fault.as_str())] {
+        let mut c = with_verdicts(&f.path(cache));
+        c.env("FLASHATTN_LAB_FAULT", fault).arg("forward");
+        for (flag, name) in [
+            ("--q", "q.npy"),
+            ("--k", "k.npy"),
+            ("--v", "v.npy"),
+            ("--out", "o.npy"),
+            ("--lse", "lse.npy"),
+        ] {
+            c.arg(flag).arg(f.path(name));
+        }
+        let out = c.args(["--causal", "--backend", "wgpu"]).output().unwrap();
+        assert_ok(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("verification: "))
+            .collect();
+        assert_eq!(said.len(), 1, "{stderr}");
+        match fault {
+            "" => assert!(said[0].ends_with("verified (cached)"), "{stderr}"),
+            _ => assert!(
+                said[0].contains("failed (o: max error") && said[0].contains("fallback"),
+                "{stderr}"
+            ),
+        }
+        check_o(&f, shape, &qkv, &opts);
+    }
+}
+
+/// `flashattn doctor --json` on this adapter: the report and its rows.
+fn doctor_json(f: &Files, extra: &[&str]) -> (Output, serde_json::Value) {
+    let out = with_verdicts(&f.path("cache"))
+        .args(["doctor", "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out, report)
+}
+
+#[test]
+fn doctor_runs_the_full_matrix_all_passing_in_text_and_json() {
+    if engine().is_none() {
+        return;
+    }
+    let f = Files::new();
+    let (out, report) = doctor_json(&f, &[]);
+    assert_ok(&out);
+    assert!(
+        !report["device"]["name"].as_str().unwrap_or("").is_empty(),
+        "{report}"
+    );
+    let names = |key: &str| -> Vec<String> {
+        report["device"][key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| n["name"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(names("limits").contains(&"max_compute_workgroup_storage_size".to_string()));
+    assert!(names("features").contains(&"SUBGROUP".to_string()));
+    assert!(names("about").contains(&"driver info".to_string()));
+    let rows = report["rows"].as_array().expect("rows");
+    let has = |call: &str, family: &str, precision: &str, layout: &str| {
+        rows.iter().any(|r| {
+            (
+                r["call"].as_str(),
+                r["family"].as_str(),
+                r["precision"].as_str(),
+                r["layout"].as_str(),
+            ) == (Some(call), Some(family), Some(precision), Some(layout))
+        })
+    };
+    for precision in ["f32", "f16", "bf16"] {
+        for family in ["tiled", "registers"] {
+            for call in ["forward", "backward"] {
+                for layout in ["band", "layouts"] {
+                    assert!(
+                        has(call, family, precision, layout),
+                        "{call} {family} {precision} {layout}"
+                    );
+                }
+            }
+        }
+        for layout in ["paged", "dense"] {
+            assert!(
+                has("decode", "tiled", precision, layout),
+                "decode {precision} {layout}"
+            );
+        }
+    }
+    for r in rows {
+        let (e, b) = (
+            r["max_error"].as_f64().unwrap(),
+            r["bound"].as_f64().unwrap(),
+        );
+        assert!(r["result"] == "pass" && e <= b, "{r}");
+    }
+    assert_eq!(report["passed"].as_u64(), Some(rows.len() as u64));
+    assert_eq!(
+        (report["failed"].as_u64(), report["errors"].as_u64()),
+        (Some(0), Some(0))
+    );
+    eprintln!(
+        "doctor: {} checks in {:.1} s",
+        rows.len(),
+        report["seconds"].as_f64().unwrap_or(0.0)
+    );
+
+    // The table (the decode rows: the same code prints every row).
+    let out = with_verdicts(&f.path("cache"))
+        .args(["doctor", "--call", "decode"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "device: ",
+        "limits:",
+        "features: ",
+        "verification matrix: ",
+        "worst output",
+    ] {
+        assert!(text.contains(needle), "missing {needle}: {text}");
+    }
+    let decode_rows = text.lines().filter(|l| l.contains(" decode ")).count();
+    assert!(
+        decode_rows >= 6
+            && text
+                .lines()
+                .filter(|l| l.contains(" decode ") && l.contains(" pass "))
+                .count()
+                == decode_rows,
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "{decode_rows} checks: {decode_rows} pass, 0 FAIL, 0 error"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn doctor_exits_non_zero_naming_what_failed() {
+    if engine().is_none() {
+        return;
+    }
+    let f = Files::new();
+    let out = with_verdicts(&f.path("cache"))
+        .env("FLASHATTN_LAB_FAULT", "tiled:decode")
+        .args(["doctor", "--call", "decode"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains(" FAIL ")).collect();
+    assert!(
+        !failed.is_empty() && failed.iter().all(|l| l.starts_with("tiled ")),
+        "{text}"
+    );
+    assert!(failed.iter().all(|l| l.contains("o: max error")), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains(&format!("{} of ", failed.len())) && lines[0].contains("checks failed"),
+        "{stderr}"
+    );
+    let (bad, _) = doctor_json(&f, &["--call", "sideways"]);
+    assert_bad(&f, &bad, "--call");
+}

@@ -4,6 +4,7 @@
 use super::shape::AttentionShape;
 use super::tensor::{Tensor, TensorData};
 use crate::plan::Plan;
+use crate::verify::verdict::Verification;
 
 /// The result of a forward pass.
 #[derive(Clone, Debug)]
@@ -200,6 +201,11 @@ pub struct CallStats {
     /// them, the most of any dispatch (engines made with
     /// `Engine::with_loop_meter` only): what the loop model must predict.
     pub loop_iterations: Vec<(&'static str, u32)>,
+    /// The known-answer verdict of the kernel family that ran (`verified`,
+    /// `failed → fallback to X`, `not yet checked`, `verification off`;
+    /// see [`crate::verify`]); `None` on the CPU backend and for the FP8
+    /// forward (not held to the accuracy rule).
+    pub verification: Option<Verification>,
 }
 
 impl CallStats {

@@ -64,17 +64,19 @@ impl ProbeCache {
             std::fs::create_dir_all(dir)?;
         }
         let clean = |s: &str| s.replace(['\t', '\n'], " ");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.file)?;
-        writeln!(
-            f,
-            "{}\t{}\t{}",
+        // One write of the whole line: appends from several threads or
+        // processes (checks finishing at once) never interleave within it.
+        let line = format!(
+            "{}\t{}\t{}\n",
             clean(key),
             clean(&entry.winner),
             clean(&entry.reason)
-        )
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.file)?
+            .write_all(line.as_bytes())
     }
 }
 

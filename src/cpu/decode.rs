@@ -84,6 +84,7 @@ fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>) -> Result<Splits> {
         precision: p.precision,
         num_splits,
         f16_native: None,
+        kernel: None,
     };
     let limits = SplitLimits {
         parallelism: rayon::current_num_threads(),

@@ -71,7 +71,9 @@
 //!   options and architecture (`FLASHATTN_CUDA_CACHE` to place it;
 //!   [`warm_ptx_cache`] fills it over all cores);
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
-//! - forward and backward: uploads, launches, readbacks.
+//! - forward and backward: uploads, launches, readbacks;
+//! - [`verify`]: each kernel path checked on first use (Hopper → sm80 →
+//!   scalar where one fails), and `flashattn doctor --backend cuda`'s matrix.
 //!
 //! Tests without a GPU (tests/cuda.rs): the typed error without a driver,
 //! every variant through NVRTC where libnvrtc loads (and ptxas's spill
@@ -99,6 +101,7 @@ mod layout;
 pub mod plan;
 mod problem;
 pub mod tensor_map;
+pub mod verify;
 
 pub use compile::Arch;
 pub use context::{driver_present, versions, CudaDevice, ModuleReport, Versions};
@@ -141,6 +144,8 @@ pub fn takes(workload: &Workload) -> Result<()> {
 pub struct Cuda {
     device: CudaDevice,
     path: KernelPath,
+    /// Each kernel path's verdicts on this device (see [`crate::verify`]).
+    verifier: verify::CudaVerifier,
 }
 
 impl Cuda {
@@ -149,8 +154,10 @@ impl Cuda {
     /// when unset).
     pub fn new() -> Result<Self> {
         let path = KernelPath::from_env()?;
+        let device = CudaDevice::open()?;
         Ok(Self {
-            device: CudaDevice::open()?,
+            verifier: verify::CudaVerifier::new(&device)?,
+            device,
             path,
         })
     }
@@ -196,6 +203,65 @@ impl Cuda {
         self.device.module_report(key)
     }
 
+    /// How kernel paths are verified (`FLASHATTN_VERIFY`).
+    pub fn verify_mode(&self) -> crate::verify::VerifyMode {
+        self.verifier.store.mode()
+    }
+
+    /// The device, its compute capability and architecture, the driver's
+    /// and NVRTC's versions (`flashattn doctor`).
+    pub fn about(&self) -> Vec<(&'static str, String)> {
+        let p = &self.device.props;
+        let (driver, nvrtc) = verify::versions();
+        vec![
+            ("compute capability", format!("{}.{}", p.major, p.minor)),
+            ("kernels compiled for", self.device.arch()),
+            ("CUDA driver", driver),
+            ("NVRTC", nvrtc),
+            ("kernel path", format!("{:?}", self.path)),
+        ]
+    }
+
+    /// Every row of this device's verification matrix (`flashattn doctor
+    /// --backend cuda`).
+    pub fn verification_matrix(&self) -> Vec<verify::CudaEntry> {
+        verify::entries(&self.device.props)
+    }
+
+    /// Run one row of the matrix now (no verdict read or kept).
+    pub fn run_matrix_entry(&self, entry: &verify::CudaEntry) -> crate::verify::matrix::MatrixRow {
+        verify::run(&self.device, entry, self.verifier.fault.as_ref())
+    }
+
+    /// The path a call runs after its family's verdict (see
+    /// [`crate::verify`]), and that verdict; `problem` `None`: a call the
+    /// op will reject.
+    fn verified(
+        &self,
+        call: crate::verify::CallKind,
+        problem: Option<plan::PlanProblem>,
+        path: KernelPath,
+    ) -> Result<(KernelPath, Option<crate::verify::Verification>)> {
+        match problem {
+            Some(p) => self.verifier.route(&self.device, call, &p, path),
+            None => Ok((path, None)),
+        }
+    }
+
+    /// Put the verdict into the stats; perturb `output` where a planted
+    /// fault hits the family that ran (lab builds' tests).
+    fn finish(
+        &self,
+        verification: Option<crate::verify::Verification>,
+        stats: &mut crate::api::output::CallStats,
+        output: &mut crate::api::tensor::Tensor,
+    ) {
+        if let Some(ran) = verification.as_ref().and_then(|v| v.ran()) {
+            crate::verify::Fault::perturb(self.verifier.fault.as_ref(), &ran.family, output);
+        }
+        stats.verification = verification;
+    }
+
     /// Exact attention forward: o and lse.
     pub fn forward(
         &self,
@@ -204,10 +270,11 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(&self.device, self.path, [q, k, v], opts)
+        self.forward_on(self.path, q, k, v, opts)
     }
 
-    /// The forward on kernel path `path` (this handle's own is ignored).
+    /// The forward on kernel path `path` (this handle's own is ignored;
+    /// any but `Auto` is forced: it runs whatever its verdict).
     pub fn forward_on(
         &self,
         path: KernelPath,
@@ -216,17 +283,34 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(&self.device, path, [q, k, v], opts)
+        let problem = crate::api::shape::AttentionShape::from_views(q, k, v)
+            .and_then(|s| problem::Call::new(s, q.precision(), opts))
+            .map(|c| c.plan_problem())
+            .ok();
+        let call = crate::verify::CallKind::Forward;
+        let (path, verification) = self.verified(call, problem, path)?;
+        let mut out = forward::forward(&self.device, path, [q, k, v], opts)?;
+        self.finish(verification, &mut out.stats, &mut out.o);
+        Ok(out)
     }
 
-    /// The backward on kernel path `path`.
+    /// The backward on kernel path `path` (as [`Cuda::forward_on`]).
     pub fn backward_on(
         &self,
         path: KernelPath,
         inputs: &BackwardInputs,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        backward::backward(&self.device, path, inputs, opts)
+        let problem = inputs
+            .shape()
+            .and_then(|s| problem::Call::new(s, inputs.q.precision(), opts))
+            .map(|c| c.plan_problem())
+            .ok();
+        let call = crate::verify::CallKind::Backward;
+        let (path, verification) = self.verified(call, problem, path)?;
+        let mut out = backward::backward(&self.device, path, inputs, opts)?;
+        self.finish(verification, &mut out.stats, &mut out.dq);
+        Ok(out)
     }
 
     /// One decoding step on a host cache (`k_new`/`v_new` appended in place
@@ -238,7 +322,14 @@ impl Cuda {
         step: &DecodeStep,
         opts: &AttentionOptions,
     ) -> Result<DecodeOutput> {
-        decode::decode(&self.device, self.path, cache, step, opts)
+        let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
+            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
+            .ok();
+        let call = crate::verify::CallKind::Decode;
+        let (path, verification) = self.verified(call, problem, self.path)?;
+        let mut out = decode::decode(&self.device, path, cache, step, opts)?;
+        self.finish(verification, &mut out.stats, &mut out.o);
+        Ok(out)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -247,6 +338,6 @@ impl Cuda {
         inputs: &BackwardInputs,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        backward::backward(&self.device, self.path, inputs, opts)
+        self.backward_on(self.path, inputs, opts)
     }
 }

@@ -127,16 +127,20 @@ impl Call {
         })
     }
 
-    /// The forward and backward kernels of this call on `dev` under `path`.
-    pub fn plan(&self, dev: &DeviceProps, path: KernelPath) -> Result<CudaPlan> {
-        let problem = PlanProblem {
+    /// The plan's facts of this call.
+    pub fn plan_problem(&self) -> PlanProblem {
+        PlanProblem {
             precision: self.precision,
             head_dim: self.shape.head_dim,
             band: self.band,
             softcap: self.softcap,
             layouts: self.layouts,
-        };
-        plan(dev, &problem, path)
+        }
+    }
+
+    /// The forward and backward kernels of this call on `dev` under `path`.
+    pub fn plan(&self, dev: &DeviceProps, path: KernelPath) -> Result<CudaPlan> {
+        plan(dev, &self.plan_problem(), path)
     }
 
     /// One block per `key`'s tile of the longest sequence's query rows (or

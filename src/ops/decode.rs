@@ -14,22 +14,24 @@ use crate::kernels::{
     binding, DecodeMerge, DecodeParams, FlashDecode, KernelKey, KvAppend, LoopCost, Params,
     Uniform, Variant,
 };
-use crate::plan::decode::decode_tiles;
-use crate::plan::{plan_decode, DecodePlan, DecodeRequest, PieceLimits, SplitLimits};
+use crate::plan::decode::{decode_tiles, DecodeTiles};
+use crate::plan::{plan_decode, DecodePlan, DecodeRequest, KernelFamily, PieceLimits, SplitLimits};
 use crate::runtime::{Call, Dispatch, Gpu, KvCache};
 
-/// One step on a device cache.
+/// One step on a device cache, on the decode kernel `kernel` forces
+/// (`None`: the planner's; see [`DecodeRequest::kernel`]).
 pub async fn decode(
     gpu: &Gpu,
     cache: &KvCache,
     step: &DecodeStep<'_>,
     opts: &AttentionOptions,
     num_splits: Option<usize>,
+    kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
     opts.band_only("decoding")?;
     let p = DecodeProblem::new(step, cache.shape(), cache.precision())?;
-    let req = request(&p, num_splits);
+    let req = request(&p, num_splits, kernel);
     let variant = gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0);
     let loops = loops(gpu, &req, variant)?;
     let run = Step {
@@ -55,12 +57,13 @@ pub async fn decode_host(
     step: &DecodeStep<'_>,
     opts: &AttentionOptions,
     num_splits: Option<usize>,
+    kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
     opts.band_only("decoding")?;
     DecodeProblem::new(step, &host.shape, host.precision())?;
     let cache = KvCache::upload(gpu, host)?;
-    let out = decode(gpu, &cache, step, opts, num_splits).await?;
+    let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
     if step.new_kv.is_some() {
         *host = cache.read(gpu).await?;
     }
@@ -68,7 +71,11 @@ pub async fn decode_host(
 }
 
 /// What the planner is asked for a step.
-fn request(p: &DecodeProblem, num_splits: Option<usize>) -> DecodeRequest {
+fn request(
+    p: &DecodeProblem,
+    num_splits: Option<usize>,
+    kernel: Option<KernelFamily>,
+) -> DecodeRequest {
     DecodeRequest {
         batch: p.batch,
         seqlen_q: p.seqlen_q,
@@ -79,7 +86,14 @@ fn request(p: &DecodeProblem, num_splits: Option<usize>) -> DecodeRequest {
         precision: p.precision,
         num_splits: num_splits.filter(|&n| n > 0),
         f16_native: None,
+        kernel,
     }
+}
+
+/// The decode kernel's tiles for a step of `p` on `gpu` (`kernel` as in
+/// [`decode`]).
+pub fn tiles(gpu: &Gpu, p: &DecodeProblem, kernel: Option<KernelFamily>) -> Result<DecodeTiles> {
+    decode_tiles(&request(p, None, kernel), &gpu.caps())
 }
 
 /// The decode kernel in both forms (either may be the one whose loop limit
@@ -103,8 +117,9 @@ pub fn plan(
     p: &DecodeProblem,
     opts: &AttentionOptions,
     num_splits: Option<usize>,
+    kernel: Option<KernelFamily>,
 ) -> Result<DecodePlan> {
-    let req = request(p, num_splits);
+    let req = request(p, num_splits, kernel);
     let variant = gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0);
     let limits = piece_limits(gpu, p.precision, &loops(gpu, &req, variant)?)?;
     plan_within(gpu, &req, limits.max_keys)

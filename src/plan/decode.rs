@@ -100,6 +100,10 @@ pub struct DecodeRequest {
     pub num_splits: Option<usize>,
     /// Force f16 storage packed (`false`) or native (`true`).
     pub f16_native: Option<bool>,
+    /// Force the lanes kernel (`Lanes`: an error where it cannot run) or
+    /// the workgroup-memory one (any other family); `None`: the lanes
+    /// kernel where the adapter has it.
+    pub kernel: Option<KernelFamily>,
 }
 
 impl DecodeRequest {
@@ -169,9 +173,20 @@ pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTile
     });
     let storage = storage_kind(&plan_req, caps)?;
     let group_rows = req.group_rows().max(1);
+    let lanes_dim = d.is_multiple_of(4) && req.head_dim <= LANES_MAX_HEAD_DIM;
     let lanes = caps
         .lane_subgroup
-        .filter(|_| d.is_multiple_of(4) && req.head_dim <= LANES_MAX_HEAD_DIM);
+        .filter(|_| lanes_dim && matches!(req.kernel, None | Some(KernelFamily::Lanes)));
+    match (req.kernel, caps.lane_subgroup) {
+        (Some(KernelFamily::Lanes), None) => return Err(Error::LanesUnavailable),
+        (Some(KernelFamily::Lanes), Some(_)) if !lanes_dim => {
+            return Err(Error::LanesHeadDim {
+                head_dim: req.head_dim,
+                max: LANES_MAX_HEAD_DIM,
+            })
+        }
+        _ => {}
+    }
     if let Some(sg) = lanes {
         return Ok(DecodeTiles {
             kernel: KernelFamily::Lanes,
@@ -380,6 +395,26 @@ mod tests {
         assert_eq!(wide.tiles.kernel, KernelFamily::Tiled);
         let odd = plan_decode(&request(64, 8, 59, 8192), &caps, &limits(2, 1 << 20)).unwrap();
         assert_eq!(odd.tiles.kernel, KernelFamily::Tiled);
+        // Forced: the workgroup-memory kernel on a lanes adapter (what a
+        // failed lanes check falls back to), or lanes where it cannot run.
+        let tiled = DecodeRequest {
+            kernel: Some(KernelFamily::Tiled),
+            ..request(64, 8, 128, 8192)
+        };
+        let p = plan_decode(&tiled, &caps, &limits(2, 1 << 20)).unwrap();
+        assert_eq!(p.tiles.kernel, KernelFamily::Tiled);
+        let lanes = |d| DecodeRequest {
+            kernel: Some(KernelFamily::Lanes),
+            ..request(64, 8, d, 8192)
+        };
+        assert!(matches!(
+            plan_decode(&lanes(59), &caps, &limits(2, 1 << 20)),
+            Err(Error::LanesHeadDim { head_dim: 59, .. })
+        ));
+        assert!(matches!(
+            plan_decode(&lanes(64), &lavapipe(), &limits(2, 1 << 20)),
+            Err(Error::LanesUnavailable)
+        ));
     }
 
     fn request(heads_q: usize, heads_kv: usize, d: usize, keys: usize) -> DecodeRequest {
@@ -393,6 +428,7 @@ mod tests {
             precision: Precision::F16,
             num_splits: None,
             f16_native: Some(false),
+            kernel: None,
         }
     }
 

@@ -470,6 +470,7 @@ fn decode_request(keys: usize, num_splits: Option<usize>) -> DecodeRequest {
         precision: Precision::F32,
         num_splits,
         f16_native: None,
+        kernel: None,
     }
 }
 

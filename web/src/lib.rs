@@ -195,6 +195,18 @@ struct CaseReport {
     /// o, lse, then dq, dk, dv.
     checks: Vec<CheckReport>,
     passed: bool,
+    /// The first forward's and backward's verification (which family ran
+    /// and its known-answer verdict on this device).
+    verification: String,
+    backward_verification: String,
+}
+
+/// A call's verification verdict, in words.
+fn verdict_of(stats: &flashattn::CallStats) -> String {
+    stats
+        .verification
+        .as_ref()
+        .map_or("none".into(), |v| v.to_string())
 }
 
 /// Timed runs after the warm-up (which compiles the pipeline).
@@ -318,6 +330,8 @@ pub async fn run_case(
         backward_gflops: bwd_flops / bwd_kernel.max(1e-6) / 1e9,
         passed: checks.iter().all(|c| c.passed()),
         checks: checks.iter().map(CheckReport::from).collect(),
+        verification: verdict_of(&out.stats),
+        backward_verification: verdict_of(&bwd.stats),
     })
 }
 
@@ -332,6 +346,7 @@ struct LayoutReport {
     /// o, lse, then dq, dk, dv (and dsinks with sinks).
     checks: Vec<CheckReport>,
     passed: bool,
+    verification: String,
 }
 
 /// One layout self-test case: shape (batch, seqlen_q, seqlen_k, heads_q,
@@ -427,6 +442,7 @@ pub async fn run_layout_case(
         dispatches: out.stats.dispatches,
         passed: checks.iter().all(|c| c.passed()),
         checks: checks.iter().map(CheckReport::from).collect(),
+        verification: verdict_of(&out.stats),
     })
 }
 
@@ -676,6 +692,8 @@ struct DecodeReport {
     /// The device cache after the checked step equals the CPU backend's.
     cache_identical: bool,
     passed: bool,
+    /// The checked step's verification verdict.
+    verification: String,
 }
 
 /// Build a paged KV cache on the device (pages shuffled among the two
@@ -792,7 +810,7 @@ pub async fn decode_case(
                 checks,
                 diff(&out.o.to_f32(), &cpu_out.o.to_f32()),
                 diff(&out.lse, &cpu_out.lse),
-                after == cpu_cache,
+                (after == cpu_cache, verdict_of(&out.stats)),
                 cpu_seconds,
             ));
         }
@@ -800,7 +818,9 @@ pub async fn decode_case(
             *l += 1;
         }
     }
-    let Some((checks, max_o_diff, max_lse_diff, cache_identical, cpu_seconds)) = checked else {
+    let Some((checks, max_o_diff, max_lse_diff, (cache_identical, verification), cpu_seconds)) =
+        checked
+    else {
         return Err(JsError::new("no step was checked"));
     };
     let step_seconds = wall / steps as f64;
@@ -829,6 +849,64 @@ pub async fn decode_case(
         max_o_diff,
         max_lse_diff,
         cache_identical,
+        verification,
+    })
+}
+
+#[derive(Serialize)]
+struct VerdictReport {
+    family: String,
+    call: String,
+    precision: String,
+    flags: Vec<String>,
+    /// `verified`, `failed`, `not yet checked` or `verification off`.
+    verdict: String,
+    /// The check's worst output against its bound.
+    detail: Option<String>,
+    /// The check's time (its kernels compiled on first use), ms.
+    ms: f64,
+    /// Read from a cache rather than checked now (never in the browser:
+    /// verdicts live as long as the page's engine).
+    cached: bool,
+}
+
+#[derive(Serialize)]
+struct VerdictsReport {
+    mode: String,
+    /// Checks the engine ran (one per family key, on the family's first call).
+    checks_run: u32,
+    check_ms: f64,
+    known: Vec<VerdictReport>,
+}
+
+/// Every kernel family's verdict on this device so far: each was checked
+/// before its first call served the page.
+#[wasm_bindgen]
+pub async fn verdicts() -> Result<String, JsError> {
+    let e = engine().await?;
+    let (checks_run, seconds) = e.checks_run();
+    let known = e
+        .verdicts()
+        .into_iter()
+        .map(|c| {
+            let evidence = c.verdict.evidence();
+            VerdictReport {
+                family: c.family.family.to_string(),
+                call: c.family.call.name().to_string(),
+                precision: c.family.precision.to_string(),
+                flags: c.family.flags.clone(),
+                verdict: c.verdict.word().to_string(),
+                detail: evidence.map(|e| e.detail.clone()),
+                ms: evidence.map_or(0.0, |e| e.seconds * 1e3),
+                cached: evidence.is_some_and(|e| e.cached),
+            }
+        })
+        .collect();
+    to_json(&VerdictsReport {
+        mode: e.verify_mode().name().to_string(),
+        checks_run,
+        check_ms: seconds * 1e3,
+        known,
     })
 }
 

@@ -51,6 +51,37 @@ function serve() {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
 }
 
+// Verified on first use: every kernel family the page ran was checked once,
+// before its first call, and passed; each call's stats name its family's verdict.
+function checkVerdicts(r) {
+  const v = r.verdicts;
+  if (!expect(v && Array.isArray(v.known), 'no verification verdicts')) return;
+  console.log(`  verified on first use: ${v.checks_run} families, ${v.check_ms.toFixed(0)} ms of checks: ` +
+    v.known.map((k) => `${k.family} ${k.call} ${k.precision} ${k.verdict} (${k.ms.toFixed(0)} ms)`).join(', '));
+  expect(v.mode === 'first_use', `verification mode ${v.mode}`);
+  expect(v.known.length > 0 && v.checks_run === v.known.length,
+    `${v.checks_run} checks for ${v.known.length} families: each family is checked exactly once`);
+  for (const k of v.known) {
+    const name = `${k.family} ${k.call} ${k.precision} (${k.flags.join(', ')})`;
+    expect(k.verdict === 'verified' && !k.cached && k.ms > 0, `${name}: ${k.verdict}, ${k.ms} ms, cached ${k.cached}`);
+    expect(/^[a-z]+: max error /.test(k.detail || ''), `${name}: detail ${k.detail}`);
+  }
+  const has = (family, call, precision) => v.known.some((k) => k.family === family && k.call === call && k.precision === precision);
+  for (const c of r.cases || []) {
+    const name = `seqlen ${c.seqlen} d ${c.head_dim} ${c.precision}`;
+    expect(has(c.kernel, 'forward', c.precision), `${name}: no verdict for ${c.kernel} forward ${c.precision}`);
+    expect(has(c.backward_kernel, 'backward', c.precision), `${name}: no verdict for ${c.backward_kernel} backward ${c.precision}`);
+    expect(c.verification.startsWith(`${c.kernel} forward ${c.precision}`) && c.verification.endsWith(': verified'),
+      `${name}: forward verification ${c.verification}`);
+    expect(c.backward_verification.startsWith(`${c.backward_kernel} backward ${c.precision}`) && c.backward_verification.endsWith(': verified'),
+      `${name}: backward verification ${c.backward_verification}`);
+  }
+  for (const c of [...(r.layouts || []), ...(r.decode || [])]) {
+    expect(typeof c.verification === 'string' && c.verification.endsWith(': verified'), `${c.name || 'decode'} ${c.precision}: verification ${c.verification}`);
+  }
+  for (const c of r.decode || []) expect(/^[a-z]+ decode /.test(c.verification), `decode verification ${c.verification}`);
+}
+
 function checkResults(r) {
   if (!expect(r.error === null, `the page reported an error: ${r.error}`)) return;
   expect(r.progress.finished === r.progress.total, `the page finished ${r.progress.finished} of ${r.progress.total} checks`);
@@ -172,6 +203,7 @@ function checkResults(r) {
       expect(above === 0, `causal heatmap has mass ${above} above the diagonal`);
     }
   }
+  checkVerdicts(r);
 }
 
 // Wait until the page is done: fail when no check finished for STALL_S, or

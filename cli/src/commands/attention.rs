@@ -286,6 +286,14 @@ fn say_tuned(e: &flashattn::Engine, p: &Prepared, cache: &TuneCache, backward: b
     Ok(())
 }
 
+/// The verdict of the kernel family a call ran, on stderr (`verification:
+/// lanes forward f32: verified`, or which family failed and what ran).
+pub fn say_verified(stats: &flashattn::CallStats) {
+    if let Some(v) = &stats.verification {
+        eprintln!("verification: {v}");
+    }
+}
+
 pub fn forward(a: ForwardArgs) -> Result<()> {
     let p = prepare(&a.attention)?;
     let backend = open_backend(&p, false)?;
@@ -294,6 +302,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         Some(fp8) => backend.forward_fp8([&q, &k, &v], &p.opts, fp8, &p.overrides)?,
         None => backend.forward([&q, &k, &v], &p.opts, &p.overrides)?,
     };
+    say_verified(&out.stats);
     let lse = out.lse_tensor();
     // FP8's o is f32 (docs/semantics.md), whatever the files held.
     let o = match p.fp8 {
@@ -349,6 +358,8 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let fwd = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
     let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
+    say_verified(&fwd.stats);
+    say_verified(&grads.stats);
     let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| output(t, p.input_dtype));
     let dsinks = grads.dsinks.map(|d| Tensor {
         shape: vec![d.len()],

@@ -247,6 +247,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let step = p.inputs.step()?;
     let mut cache = p.cache;
     let out = backend.decode(&mut cache, &step, &p.opts, p.num_splits)?;
+    super::attention::say_verified(&out.stats);
     let lse = out.lse_tensor();
     let o = output(out.o, p.dtypes.q);
     let mut outputs: Vec<(PathBuf, Tensor)> = vec![(a.out, o)];

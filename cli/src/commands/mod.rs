@@ -4,6 +4,7 @@ pub mod attention;
 pub mod bench;
 pub mod decode;
 pub mod demo;
+pub mod doctor;
 pub mod layouts;
 pub mod plan;
 pub mod tune;
@@ -23,6 +24,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Tune(a) => tune::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }
 

@@ -1,7 +1,10 @@
 //! `flashattn plan`: the adapter, its limits, and the forward and backward
-//! plans with the reason for every clamp, each followed by the plan
-//! `flashattn tune` cached for it (if any); with `--decode`, the decode
-//! plan (tiles, splits and why) for one decoding problem.
+//! plans with the reason for every clamp, each with its kernel family's
+//! verification verdict (the check run now where it has not run on this
+//! device yet, and the fallback's plan where the family failed) and
+//! followed by the plan `flashattn tune` cached for it (if any); with
+//! `--decode`, the decode plan (tiles, splits and why) for one decoding
+//! problem, with its verdict.
 
 use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
@@ -49,6 +52,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         caps.max_workgroup_storage = requested;
     }
     print_device(&engine);
+    print_verification_setting(&engine);
     let tuned = Tuned::new(&a, &engine, precision);
     for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
         let mut req = PlanRequest::new(d, precision).overrides(PlanOverrides {
@@ -63,17 +67,58 @@ pub fn run(a: PlanArgs) -> Result<()> {
             req = req.seqlens(n, n);
         }
         println!("\nhead_dim {d}, {precision}, forward:");
-        indent(&plan_forward(&req, &caps)?.to_string());
+        let forward = verified(&engine, Pass::Forward, &req, a.causal);
+        indent(&plan_forward(&forward, &caps)?.to_string());
         tuned.show(Pass::Forward, d);
         // The backward needs more workgroup storage; a device may run only the forward.
         println!("head_dim {d}, {precision}, backward:");
-        match plan_backward(&req, &caps) {
+        let backward = verified(&engine, Pass::Backward, &req, a.causal);
+        match plan_backward(&backward, &caps) {
             Ok(plan) => indent(&plan.to_string()),
             Err(e) => println!("  not possible here: {e}"),
         }
         tuned.show(Pass::Backward, d);
     }
     Ok(())
+}
+
+/// How this engine verifies kernels, and where it keeps the verdicts.
+fn print_verification_setting(engine: &Engine) {
+    let cache = engine
+        .verdict_cache()
+        .map_or("memory only".into(), |c| c.path().display().to_string());
+    println!(
+        "verification: {} (FLASHATTN_VERIFY); verdicts in {cache}",
+        engine.verify_mode().name()
+    );
+}
+
+/// Verify the family a call of `req` runs (its check run now where the
+/// engine's mode says), print the verdict, and return the request as the
+/// call runs it (a fallback's family forced).
+fn verified(engine: &Engine, pass: Pass, req: &PlanRequest, causal: bool) -> PlanRequest {
+    // Long sequences where none is given, as the plans shown assume.
+    let n = if req.seqlen_q == usize::MAX {
+        1 << 20
+    } else {
+        req.seqlen_q
+    };
+    let opts = AttentionOptions::default().causal(causal);
+    let shape = AttentionShape::new(1, n, n, 1, 1, req.head_dim);
+    let routed =
+        shape.and_then(|s| engine.verify_call(pass, (&s, req.precision), &opts, &req.overrides));
+    match routed {
+        Ok(r) => {
+            if let Some(v) = &r.verification {
+                println!("  verification: {v}");
+            }
+            req.overrides(r.overrides)
+        }
+        Err(e) => {
+            println!("  verification: {e}");
+            *req
+        }
+    }
 }
 
 /// What `flashattn tune` cached for the plans shown.
@@ -189,11 +234,24 @@ fn decode(a: &PlanArgs, precision: Precision) -> Result<()> {
         engine = engine.with_workgroup_storage_limit(requested);
     }
     print_device(&engine);
+    print_verification_setting(&engine);
     let splits = (a.num_splits > 0).then_some(a.num_splits);
-    let plan = engine.plan_decode(&problem, &AttentionOptions::default(), splits)?;
     println!(
         "\ndecode: batch {b}, seqlen_q {sq}, heads {hq}/{hk}, head_dim {d}, {n} keys per sequence, {precision}:"
     );
+    let kernel = match engine.verify_decode(&problem) {
+        Ok(routed) => {
+            if let Some(v) = &routed.verification {
+                println!("  verification: {v}");
+            }
+            routed.decode_kernel
+        }
+        Err(e) => {
+            println!("  verification: {e}");
+            None
+        }
+    };
+    let plan = engine.plan_decode_on(&problem, &AttentionOptions::default(), splits, kernel)?;
     indent(&plan.to_string());
     Ok(())
 }
