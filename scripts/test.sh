@@ -7,7 +7,7 @@
 # instead of skipping. Ends with the browser test (scripts/test-web.sh): the
 # library compiled to wasm32 and checked on headless Chromium's WebGPU
 # adapter. Prints each step's time, and lists what the run checked another
-# way on this machine (FLASHATTN_WAIVERS, see docs/testing-notes.md).
+# way on this machine (FLASHATTN_WAIVERS, see docs/testing.md).
 # Arguments go to `cargo test` (e.g. `scripts/test.sh --test gpu_forward`).
 # FLASHATTN_FULL_MATRIX=1 runs the GPU suites' full matrix of cases.
 set -euo pipefail

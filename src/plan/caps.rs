@@ -31,6 +31,24 @@ pub struct DeviceCaps {
     pub hardware: bool,
 }
 
+#[cfg(test)]
+impl DeviceCaps {
+    /// Lavapipe's limits and features (8-wide subgroups, the lanes kernels),
+    /// for the planners' unit tests.
+    pub(crate) fn lavapipe() -> Self {
+        DeviceCaps {
+            max_workgroup_storage: 32768,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            shader_f16: true,
+            lane_subgroup: Some(8),
+            subgroup: Some(SubgroupSizes { min: 8, max: 8 }),
+            coop_matrix: CoopMatrixShapes::default(),
+            hardware: false,
+        }
+    }
+}
+
 /// The range of subgroup sizes an adapter may choose for a kernel
 /// (`AdapterInfo::subgroup_min_size..=subgroup_max_size`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

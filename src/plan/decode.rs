@@ -361,16 +361,11 @@ mod tests {
     use super::*;
 
     /// Lavapipe's limits without its lanes kernels (the GPUs' tiled kernel).
-    fn lavapipe() -> DeviceCaps {
+    fn lavapipe_tiled() -> DeviceCaps {
         DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
             lane_subgroup: None,
             subgroup: None,
-            coop_matrix: Default::default(),
-            hardware: false,
+            ..DeviceCaps::lavapipe()
         }
     }
 
@@ -378,7 +373,7 @@ mod tests {
     fn cpu_adapters_run_the_lanes_kernel_where_it_fits() {
         let caps = DeviceCaps {
             lane_subgroup: Some(8),
-            ..lavapipe()
+            ..lavapipe_tiled()
         };
         let p = plan_decode(&request(64, 8, 128, 8192), &caps, &limits(2, 1 << 20)).unwrap();
         assert_eq!(p.tiles.kernel, KernelFamily::Lanes);
@@ -412,7 +407,7 @@ mod tests {
             Err(Error::LanesHeadDim { head_dim: 59, .. })
         ));
         assert!(matches!(
-            plan_decode(&lanes(64), &lavapipe(), &limits(2, 1 << 20)),
+            plan_decode(&lanes(64), &lavapipe_tiled(), &limits(2, 1 << 20)),
             Err(Error::LanesUnavailable)
         ));
     }
@@ -442,7 +437,12 @@ mod tests {
 
     #[test]
     fn a_gqa_group_is_one_workgroup() {
-        let p = plan_decode(&request(32, 8, 128, 8192), &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        let p = plan_decode(
+            &request(32, 8, 128, 8192),
+            &lavapipe_tiled(),
+            &limits(2, 1 << 20),
+        )
+        .unwrap();
         assert_eq!(p.tiles.rows, 4);
         assert_eq!(p.tiles.workgroup_size, 64);
         assert_eq!(p.tiles.workgroup_bytes, 4 * (4 * 128 + 4 * 64 + 3 * 4 + 64));
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn splits_fill_the_device_but_stay_long() {
-        let caps = lavapipe();
+        let caps = lavapipe_tiled();
         let gpu = plan_decode(&request(32, 8, 128, 8192), &caps, &limits(256, 1 << 20)).unwrap();
         assert_eq!(gpu.splits.num_splits, 32, "{gpu}");
         assert_eq!(gpu.splits.keys_per_split, 256);
@@ -485,12 +485,12 @@ mod tests {
     fn the_loop_limit_raises_any_split_count() {
         let mut req = request(8, 1, 64, 8192);
         req.num_splits = Some(1);
-        let p = plan_decode(&req, &lavapipe(), &limits(2, 3000)).unwrap();
+        let p = plan_decode(&req, &lavapipe_tiled(), &limits(2, 3000)).unwrap();
         assert_eq!(p.splits.num_splits, 3);
         assert!(p.splits.keys_per_split <= 3000 && p.splits.keys_per_split.is_multiple_of(64));
         assert!(p.reasons.iter().any(|r| r.contains("loop limit")), "{p}");
         let far = request(8, 1, 64, 1 << 30);
-        let err = plan_decode(&far, &lavapipe(), &limits(2, 3000)).unwrap_err();
+        let err = plan_decode(&far, &lavapipe_tiled(), &limits(2, 3000)).unwrap_err();
         assert!(matches!(err, Error::TooManySplits { .. }), "{err}");
     }
 
@@ -498,15 +498,15 @@ mod tests {
     fn requested_splits_are_whole_blocks_and_at_most_the_merges() {
         let mut req = request(8, 1, 64, 100);
         req.num_splits = Some(64);
-        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        let p = plan_decode(&req, &lavapipe_tiled(), &limits(2, 1 << 20)).unwrap();
         assert_eq!((p.splits.num_splits, p.splits.keys_per_split), (2, 64));
         req.max_seqlen_k = 1 << 20;
         req.num_splits = Some(1000);
-        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 30)).unwrap();
+        let p = plan_decode(&req, &lavapipe_tiled(), &limits(2, 1 << 30)).unwrap();
         assert_eq!(p.splits.num_splits, MAX_SPLITS);
         req.num_splits = Some(3);
         req.max_seqlen_k = 3000;
-        let p = plan_decode(&req, &lavapipe(), &limits(2, 1 << 20)).unwrap();
+        let p = plan_decode(&req, &lavapipe_tiled(), &limits(2, 1 << 20)).unwrap();
         assert_eq!((p.splits.num_splits, p.splits.keys_per_split), (3, 1024));
     }
 
@@ -518,11 +518,11 @@ mod tests {
             max_binding: 1 << 20,
             ..limits(256, 1 << 20)
         };
-        let p = plan_decode(&req, &lavapipe(), &tight).unwrap();
+        let p = plan_decode(&req, &lavapipe_tiled(), &tight).unwrap();
         assert_eq!(p.splits.num_splits, 16, "{p}");
         let err = plan_decode(
             &req,
-            &lavapipe(),
+            &lavapipe_tiled(),
             &SplitLimits {
                 max_keys: 1024,
                 ..tight

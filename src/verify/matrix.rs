@@ -261,22 +261,9 @@ pub async fn run(gpu: &Gpu, entry: &MatrixEntry, fault: Option<&Fault>) -> Matri
 mod tests {
     use super::*;
 
-    fn lavapipe() -> DeviceCaps {
-        DeviceCaps {
-            max_workgroup_storage: 32768,
-            max_invocations: 1024,
-            max_workgroup_size_x: 1024,
-            shader_f16: true,
-            lane_subgroup: Some(8),
-            subgroup: Some(crate::plan::SubgroupSizes { min: 8, max: 8 }),
-            coop_matrix: Default::default(),
-            hardware: false,
-        }
-    }
-
     #[test]
     fn the_matrix_covers_every_family_call_precision_and_path() {
-        let rows = entries_for(&lavapipe(), &|p| p);
+        let rows = entries_for(&DeviceCaps::lavapipe(), &|p| p);
         let keys: Vec<String> = rows
             .iter()
             .map(|e| format!("{} {}", e.family.key(), e.case.name()))
@@ -319,7 +306,7 @@ mod tests {
                 f32_8x8: true,
                 ..Default::default()
             },
-            ..lavapipe()
+            ..DeviceCaps::lavapipe()
         };
         let with_coop = entries_for(&coop, &|p| p);
         assert!(with_coop
