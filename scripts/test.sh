@@ -4,11 +4,12 @@
 # cooperative matrices (scripts/spirv-val.sh), then runs every test of the
 # workspace (library, command line, harness, examples) with GPU tests and
 # SPIR-V validation required: a missing adapter or tool fails the run
-# instead of skipping. Ends with the browser test (scripts/test-web.sh): the
-# library compiled to wasm32 and checked on headless Chromium's WebGPU
-# adapter. Prints each step's time, and lists what the run checked another
+# instead of skipping; beside them the doc tests and the browser test
+# (scripts/test-web.sh: the library compiled to wasm32 and checked on
+# headless Chromium's WebGPU adapter). Prints each step's time, and lists what the run checked another
 # way on this machine (FLASHATTN_WAIVERS, see docs/testing.md).
-# Arguments go to `cargo test` (e.g. `scripts/test.sh --test gpu_forward`).
+# Arguments go to `cargo test --no-run` (e.g. `scripts/test.sh --test
+# gpu_forward`), those after `--` to the test binaries (filters).
 # FLASHATTN_FULL_MATRIX=1 runs the GPU suites' full matrix of cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,22 @@ FLASHATTN_WAIVERS=$(realpath "$target_dir")/waivers.txt
 : >"$FLASHATTN_WAIVERS"
 export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_SPIRV_VAL=1 FLASHATTN_SPIRV_VAL="$spirv_val"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-step "build the tests (cargo test --release --no-run)" cargo test --release --workspace --no-run "$@"
-step "run the tests (cargo test --release)" cargo test --release --workspace "$@"
-step "browser test (scripts/test-web.sh)" scripts/test-web.sh
+# Cargo's arguments, and the test binaries' after `--`.
+cargo_args=() test_args=() after=0
+for a in "$@"; do
+  if [ "$after" = 1 ]; then test_args+=("$a"); elif [ "$a" = -- ]; then after=1; else cargo_args+=("$a"); fi
+done
+messages=$target_dir/test-binaries.json
+build_tests() {
+  cargo test --release --workspace --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$messages"
+}
+step "build the tests (cargo test --release --no-run)" build_tests
+# The test binaries a few at a time (scripts/run-tests.py: cargo runs them
+# one by one, leaving a core idle), beside them the browser test and, for a
+# whole run, the doc tests.
+extras=(--extra "browser test=scripts/test-web.sh")
+if [ ${#cargo_args[@]} -eq 0 ]; then
+  extras+=(--extra "doc tests=cargo test --release --workspace --doc")
+fi
+step "run the tests, the doc tests and the browser test (scripts/run-tests.py)" \
+  python3 scripts/run-tests.py "$messages" --logs "$target_dir/test-logs" "${extras[@]}" -- "${test_args[@]}"
