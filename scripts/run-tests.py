@@ -11,6 +11,7 @@ when it ends, with its time.
 
     run-tests.py MESSAGES --logs DIR [--jobs N] [--extra NAME=COMMAND]... [-- TEST ARGS]
 
+FLASHATTN_TEST_JOBS sets N (default: the cores + 1).
 MESSAGES is the output of `cargo test --no-run --message-format=json`.
 Exits 1 when any job failed, after printing each failed job's log again.
 """
@@ -98,7 +99,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("messages")
     parser.add_argument("--logs", required=True)
-    parser.add_argument("--jobs", type=int, default=(os.cpu_count() or 2) + 1)
+    jobs = os.environ.get("FLASHATTN_TEST_JOBS") or (os.cpu_count() or 2) + 1
+    parser.add_argument("--jobs", type=int, default=int(jobs))
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=COMMAND")
     argv = sys.argv[1:]
     test_args = argv[argv.index("--") + 1 :] if "--" in argv else []
