@@ -2,7 +2,7 @@
 //! kernel family (its check's too) is perturbed, as a driver that
 //! miscompiles that family would. Planted only in builds with the `lab`
 //! feature (the crate's own tests and the command line's turn it on):
-//! [`crate::Engine::with_fault`], or `FLASHATTN_LAB_FAULT=<family>` /
+//! `Engine::with_fault`, or `FLASHATTN_LAB_FAULT=<family>` /
 //! `<family>:<forward|backward|decode>` for the command line.
 
 use super::verdict::{CallKind, FamilyKey};
