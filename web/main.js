@@ -7,18 +7,14 @@ import init, * as fa from './pkg/flashattn_web.js';
 // Odd sizes, causal and not, f32, packed f16 (SwiftShader has no shader-f16)
 // and packed bf16.
 const SELFTEST_CASES = [
+  // Each precision with and without the causal mask, odd sizes (tails of
+  // a vec4 and of a tile) and a single row; the native suites run the sizes.
   { seqlen: 1, head_dim: 24, heads: 1, causal: false, precision: 'f32' },
-  { seqlen: 1, head_dim: 59, heads: 2, causal: true, precision: 'f16' },
-  { seqlen: 37, head_dim: 59, heads: 2, causal: true, precision: 'f32' },
+  { seqlen: 113, head_dim: 59, heads: 2, causal: true, precision: 'f32' },
   { seqlen: 37, head_dim: 64, heads: 3, causal: false, precision: 'f16' },
-  { seqlen: 113, head_dim: 64, heads: 2, causal: false, precision: 'f32' },
   { seqlen: 113, head_dim: 24, heads: 2, causal: true, precision: 'f16' },
-  { seqlen: 113, head_dim: 59, heads: 1, causal: true, precision: 'f32' },
-  { seqlen: 113, head_dim: 59, heads: 1, causal: false, precision: 'f16' },
   { seqlen: 1, head_dim: 24, heads: 2, causal: false, precision: 'bf16' },
   { seqlen: 37, head_dim: 59, heads: 2, causal: true, precision: 'bf16' },
-  { seqlen: 113, head_dim: 64, heads: 3, causal: false, precision: 'bf16' },
-  { seqlen: 113, head_dim: 59, heads: 1, causal: true, precision: 'bf16' },
   // The registers kernels (GPUs' default natively; browsers plan tiled).
   { seqlen: 113, head_dim: 59, heads: 2, causal: true, precision: 'f32', kernel: 'registers' },
   { seqlen: 37, head_dim: 64, heads: 3, causal: false, precision: 'f16', kernel: 'registers' },
