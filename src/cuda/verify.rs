@@ -362,15 +362,10 @@ pub fn entries(dev: &DeviceProps) -> Vec<CudaEntry> {
 /// Run one row now on `dev` (no verdict read or kept).
 pub fn run(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> MatrixRow {
     let start = Instant::now();
-    let result = match check(dev, entry, fault) {
-        Ok(j) if j.passed => RowResult::Pass(j),
-        Ok(j) => RowResult::Fail(j),
-        Err(e) => RowResult::Error(e.to_string()),
-    };
     MatrixRow {
         family: family_key(entry.call, entry.family, entry.precision, &dev.arch()),
         case: entry.case,
-        result,
+        result: RowResult::of(check(dev, entry, fault)),
         seconds: start.elapsed().as_secs_f64(),
     }
 }

@@ -84,6 +84,15 @@ pub enum RowResult {
 }
 
 impl RowResult {
+    /// A check's outcome as a row's result.
+    pub fn of(judged: Result<Judgement>) -> Self {
+        match judged {
+            Ok(j) if j.passed => RowResult::Pass(j),
+            Ok(j) => RowResult::Fail(j),
+            Err(e) => RowResult::Error(e.to_string()),
+        }
+    }
+
     /// The result column: `pass`, `FAIL` or `error`.
     pub fn word(&self) -> &'static str {
         match self {
@@ -244,15 +253,10 @@ pub async fn run(gpu: &Gpu, entry: &MatrixEntry, fault: Option<&Fault>) -> Matri
         MatrixCase::Attention(kind) => check_attention(gpu, family, kind, fault).await,
         MatrixCase::Decode(layout) => check_decode(gpu, family, layout, fault).await,
     };
-    let result = match judged {
-        Ok(j) if j.passed => RowResult::Pass(j),
-        Ok(j) => RowResult::Fail(j),
-        Err(e) => RowResult::Error(e.to_string()),
-    };
     MatrixRow {
         family: family.key(),
         case: entry.case,
-        result,
+        result: RowResult::of(judged),
         seconds: start.elapsed().as_secs_f64(),
     }
 }
