@@ -558,11 +558,7 @@ fn dvec_follows_the_row_strides() {
         .plan_backward(&shape, flashattn::Precision::F32, &PlanOverrides::default())
         .unwrap()
         .plan;
-    let kernel = FlashBackward {
-        part: BackwardPart::Dvec,
-        plan,
-        variant: gpu.variant(false, false),
-    };
+    let kernel = FlashBackward::new(BackwardPart::Dvec, plan, gpu.variant(false, false));
     let got: Vec<f32> = pollster::block_on(async {
         let mut call = Call::new(gpu, None);
         let dispatch = Dispatch {

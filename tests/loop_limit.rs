@@ -114,11 +114,7 @@ fn backward_modeled(e: &Engine, case: &Case) {
         .plan;
     let group = (case.heads_q / case.heads_kv) as u32;
     for part in [BackwardPart::DkDv, BackwardPart::Dq] {
-        let kernel = FlashBackward {
-            part,
-            plan,
-            variant: Variant::default(),
-        };
+        let kernel = FlashBackward::new(part, plan, Variant::default());
         let what = format!(
             "{} {} d {} dv {} group {group}",
             plan.kernel.name(),

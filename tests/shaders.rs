@@ -370,14 +370,7 @@ fn flash_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
                 let parts = [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq];
                 let with_sinks = variant.sinks.then_some(sinks).into_iter().flatten();
                 for part in parts.into_iter().chain(with_sinks) {
-                    keys.push(
-                        FlashBackward {
-                            part,
-                            plan: bwd,
-                            variant,
-                        }
-                        .into(),
-                    );
+                    keys.push(FlashBackward::new(part, bwd, variant).into());
                 }
                 for key in keys {
                     let label = format!("{} {label} {storage:?} {variant:?}", key.name());

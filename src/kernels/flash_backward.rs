@@ -71,6 +71,36 @@ pub struct BackwardBuffers<'a> {
 }
 
 impl FlashBackward {
+    /// The kernel of `part` in a backward planned as `plan` with `variant`,
+    /// keyed by what its code reads. D and the sinks' passes are elementwise
+    /// and read no mask, layout or score term, so they get one pipeline per
+    /// precision (and, for D, per v head dim) whatever the tiles: a driver
+    /// compiles them once, not once per backward plan.
+    pub fn new(part: BackwardPart, plan: Plan, variant: Variant) -> Self {
+        let elementwise = Variant {
+            count_io: variant.count_io,
+            loop_check: variant.loop_check,
+            ..Variant::default()
+        };
+        let (plan, variant) = match part {
+            BackwardPart::DkDv | BackwardPart::Dq => (plan, variant),
+            BackwardPart::Dvec => (elementwise_plan(plan.storage, plan.head_dim_v), elementwise),
+            BackwardPart::SinkPartials => (
+                elementwise_plan(StorageKind::F32, 1),
+                Variant {
+                    sinks: true,
+                    ..elementwise
+                },
+            ),
+            BackwardPart::SinkReduce => (elementwise_plan(StorageKind::F32, 1), elementwise),
+        };
+        Self {
+            part,
+            plan,
+            variant,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self.part {
             BackwardPart::Dvec => "backward D = rowsum(dO·O)",
@@ -480,5 +510,94 @@ impl TileLoops {
     fn step(&self, load: u64, loads: u64, update: u64) -> (u64, u64) {
         let step = 1 + load + self.dot + update;
         (step, loads + (self.dot > 0) as u64 + (update > 0) as u64)
+    }
+}
+
+/// The plan an elementwise kernel (D, the sinks' passes) is keyed by: its
+/// storage and v head dim, and fixed tile fields, which its code never
+/// reads.
+fn elementwise_plan(storage: StorageKind, head_dim_v: u32) -> Plan {
+    Plan {
+        kernel: KernelFamily::Tiled,
+        head_dim: head_dim_v,
+        head_dim_v,
+        storage,
+        m_bytes: 0,
+        bc_formula: 1,
+        br_formula: 1,
+        br: 1,
+        bc: 1,
+        threads_per_row: 1,
+        workgroup_size: PRE_ROWS,
+        workgroup_bytes: 0,
+        coop: None,
+        rows_per_thread: 1,
+        subgroup_reduce: false,
+        double_buffer: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{plan_backward, DeviceCaps, PlanOverrides, PlanRequest};
+    use crate::Precision;
+
+    fn plan(family: KernelFamily, seqlen: usize, precision: Precision) -> Plan {
+        let req = PlanRequest {
+            head_dim_v: 48,
+            seqlen_q: seqlen,
+            seqlen_k: seqlen,
+            overrides: PlanOverrides {
+                kernel: Some(family),
+                ..Default::default()
+            },
+            ..PlanRequest::new(32, precision)
+        };
+        plan_backward(&req, &DeviceCaps::lavapipe()).unwrap().plan
+    }
+
+    #[test]
+    fn elementwise_parts_share_one_pipeline_across_plans_and_variants() {
+        let plans = [
+            plan(KernelFamily::Tiled, 300, Precision::F32),
+            plan(KernelFamily::Registers, 17, Precision::F32),
+            plan(KernelFamily::Lanes, 64, Precision::F32),
+        ];
+        assert!(plans[0] != plans[1] && plans[1] != plans[2]);
+        let masked = Variant {
+            masked: true,
+            softcap: true,
+            alibi: true,
+            sinks: true,
+            varlen: true,
+            ..Variant::default()
+        };
+        for part in [
+            BackwardPart::Dvec,
+            BackwardPart::SinkPartials,
+            BackwardPart::SinkReduce,
+        ] {
+            let first = FlashBackward::new(part, plans[0], Variant::default());
+            for (p, v) in plans.iter().zip([masked, Variant::default(), masked]) {
+                let k = FlashBackward::new(part, *p, v);
+                assert_eq!(k, first, "{part:?}");
+                assert_eq!(k.source().text, first.source().text);
+            }
+        }
+        // What their code reads still splits them.
+        let dvec = |p: Plan, v| FlashBackward::new(BackwardPart::Dvec, p, v);
+        let f16 = plan(KernelFamily::Tiled, 300, Precision::F16);
+        assert_ne!(dvec(plans[0], masked), dvec(f16, masked));
+        let counted = Variant {
+            count_io: true,
+            ..masked
+        };
+        assert_ne!(dvec(plans[0], masked), dvec(plans[0], counted));
+        // The tile kernels keep their plan and variant.
+        for part in [BackwardPart::DkDv, BackwardPart::Dq] {
+            let k = FlashBackward::new(part, plans[1], masked);
+            assert_eq!((k.plan, k.variant), (plans[1], masked));
+        }
     }
 }

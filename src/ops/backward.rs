@@ -30,6 +30,9 @@ struct Backward<'a> {
     inputs: &'a BackwardInputs<'a>,
     opts: &'a AttentionOptions,
     shape: AttentionShape,
+    /// The tile kernels' plan and variant (the elementwise ones carry less).
+    plan: Plan,
+    variant: Variant,
     kernels: Vec<FlashBackward>,
 }
 
@@ -60,14 +63,12 @@ pub async fn backward(
         inputs,
         opts,
         shape,
+        plan,
+        variant,
         kernels: PARTS
             .into_iter()
             .chain(sinks)
-            .map(|part| FlashBackward {
-                part,
-                plan,
-                variant: part_variant(part, variant),
-            })
+            .map(|part| FlashBackward::new(part, plan, variant))
             .collect(),
     };
     let group = shape.group() as u32;
@@ -82,27 +83,6 @@ pub async fn backward(
     .await?;
     out.stats.reruns = reruns;
     Ok(out.packed(opts.varlen.is_some()))
-}
-
-/// The code each kernel carries of `variant`: D and the sums of the sinks'
-/// partials read no layout or score term, the partials only the sinks.
-fn part_variant(part: BackwardPart, variant: Variant) -> Variant {
-    let plain = Variant {
-        alibi: false,
-        sinks: false,
-        varlen: false,
-        sparse: false,
-        partial: false,
-        ..variant
-    };
-    match part {
-        BackwardPart::DkDv | BackwardPart::Dq => variant,
-        BackwardPart::SinkPartials => Variant {
-            sinks: true,
-            ..plain
-        },
-        BackwardPart::Dvec | BackwardPart::SinkReduce => plain,
-    }
 }
 
 /// One piece's gradients `[dq, dk, dv]` and its dsinks (with sinks).
@@ -165,7 +145,7 @@ async fn run_piece(
     lse: &[f32],
 ) -> Result<PieceGrads> {
     let s = &p.piece.local;
-    let precision = b.kernels[0].plan.storage.precision();
+    let precision = b.plan.storage.precision();
     let lens = [s.q_len(), s.kv_len(), s.v_len()];
     let [q_bytes, kv_bytes, v_bytes] = lens.map(|n| n as u64 * precision.bytes() as u64);
     let (q, k, v) = (
@@ -225,11 +205,11 @@ impl Launch {
         let mut params = Params::new(&p.piece, b.opts)?;
         let seqs = p.sequences(&params);
         let heads = p.piece.local.heads_q;
-        let plan = &b.kernels[0].plan;
+        let plan = &b.plan;
         let walk = |by_keys| Walk {
             params: &params,
             seqs: &seqs,
-            masked: b.kernels[1].variant.masked,
+            masked: b.variant.masked,
             mask: b.opts.block_mask.as_ref(),
             tiles: [plan.br, plan.bc],
             by_keys,
