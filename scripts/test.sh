@@ -66,6 +66,10 @@ FLASHATTN_WAIVERS=$(realpath "$target_dir")/waivers.txt
 : >"$FLASHATTN_WAIVERS"
 export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_REQUIRE_SPIRV_VAL=1 FLASHATTN_SPIRV_VAL="$spirv_val"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+# Lavapipe without LLVM's optimisation passes: the GPU suites' time is mostly
+# compiling pipelines (docs/testing.md), and the passes double it. Same values;
+# a caller's own GALLIVM_PERF wins.
+export GALLIVM_PERF="${GALLIVM_PERF-nopt}"
 # Cargo's arguments, and the test binaries' after `--`.
 cargo_args=() test_args=() after=0
 for a in "$@"; do
