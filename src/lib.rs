@@ -50,6 +50,8 @@ pub mod backend;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod choice;
 pub mod cpu;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod disk_cache;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
 pub mod engine;
