@@ -9,6 +9,8 @@ use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
 use crate::kernels::AttentionBuffers;
 use crate::ops;
@@ -816,5 +818,59 @@ impl Engine {
             ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
         routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
         Ok(out)
+    }
+}
+
+/// The wgpu engine as the one call model ([`crate::Backend`] dispatches
+/// through it): the blocking host-tensor calls, decoding on an uploaded
+/// copy of the host cache.
+#[cfg(not(target_arch = "wasm32"))]
+impl AttentionBackend for Engine {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: format!("wgpu on {}", self.describe()),
+            backward: true,
+            decode: true,
+            fp8: true,
+            plan_overrides: true,
+        }
+    }
+
+    fn forward(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        self.forward_with(q, k, v, opts, overrides)
+    }
+
+    fn forward_fp8(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        self.forward_fp8_with(qkv, opts, fp8, overrides)
+    }
+
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        self.backward_with(inputs, opts, overrides)
+    }
+
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        self.decode_host(cache, step, opts, num_splits)
     }
 }

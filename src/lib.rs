@@ -50,10 +50,10 @@ pub mod backend;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod choice;
 pub mod cpu;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod disk_cache;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod disk_cache;
 pub mod engine;
 pub mod error;
 pub mod kernels;
@@ -75,7 +75,7 @@ pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
-pub use backend::{Backend, BackendKind, Choice};
+pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
 #[cfg(not(target_arch = "wasm32"))]
 pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;

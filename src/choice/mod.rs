@@ -18,12 +18,12 @@ use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::cpu::Cpu;
+use crate::disk_cache::Entry;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::plan::{plan_forward, KernelFamily, PlanOverrides, PlanRequest};
 use crate::random::Rng;
 use crate::runtime::adapter::{adapters, is_software};
-use crate::disk_cache::Entry;
 use web_time::Instant;
 
 /// What a backend is chosen for: `auto` measures on (a slice of) it.
@@ -130,10 +130,15 @@ pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Res
         }
     }
     let (decision, winner, reason) = measure(&found, workload).await?;
-    let stored = cache.map(|c| c.put(&key, &Entry {
-            value: winner,
-            note: reason,
-        }));
+    let stored = cache.map(|c| {
+        c.put(
+            &key,
+            &Entry {
+                value: winner,
+                note: reason,
+            },
+        )
+    });
     Ok(match (decision, stored) {
         (d, Some(Err(e))) => d.note(&format!("not cached: {e}")),
         (d, _) => d,

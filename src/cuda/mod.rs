@@ -110,11 +110,13 @@ pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::tensor::TensorView;
+use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::choice::{Operation, Workload};
 use crate::error::{Error, Result};
+use crate::plan::PlanOverrides;
 
 /// Whether the CUDA kernels take `workload` (no device needed): `Ok`, or
 /// the typed error a call on this backend would return.
@@ -316,11 +318,13 @@ impl Cuda {
     /// One decoding step on a host cache (`k_new`/`v_new` appended in place
     /// first): the forward over each sequence's cached keys, bottom-right
     /// aligned per sequence. Band and score options only, as elsewhere.
+    /// One launch, never split: any `num_splits` gives the same result.
     pub fn decode(
         &self,
         cache: &mut HostKvCache,
         step: &DecodeStep,
         opts: &AttentionOptions,
+        _num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
             .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
@@ -339,5 +343,60 @@ impl Cuda {
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         self.backward_on(self.path, inputs, opts)
+    }
+}
+
+/// The CUDA backend as the one call model: plan overrides are the wgpu
+/// planner's and are ignored here (the kernel path is the handle's).
+impl AttentionBackend for Cuda {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: format!("cuda on {}", self.describe()),
+            backward: true,
+            decode: true,
+            fp8: false,
+            plan_overrides: false,
+        }
+    }
+
+    fn forward(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        Cuda::forward(self, q, k, v, opts)
+    }
+
+    fn forward_fp8(
+        &self,
+        _: [&TensorView; 3],
+        _: &AttentionOptions,
+        _: &Fp8Options,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        Err(Error::Unsupported {
+            what: problem::WHAT,
+            feature: "FP8 (e4m3)",
+        })
+    }
+
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        Cuda::backward(self, inputs, opts)
+    }
+
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Cuda::decode(self, cache, step, opts, num_splits)
     }
 }
