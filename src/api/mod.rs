@@ -12,4 +12,5 @@ pub mod scores;
 pub mod shape;
 pub mod size;
 pub mod tensor;
+pub mod tile_lists;
 pub mod varlen;

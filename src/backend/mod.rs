@@ -320,7 +320,10 @@ mod tests {
         let short = bad.view([1, 9, 2, 8]);
         assert!(matches!(
             backend.forward([&q, &short, &v], &opts, &PlanOverrides::default()),
-            Err(Error::DimMismatch { dim: "head_dim", .. })
+            Err(Error::DimMismatch {
+                dim: "head_dim",
+                ..
+            })
         ));
     }
 }

@@ -46,8 +46,9 @@
 //!   nothing but that `lse`, and `dsinks` is summed on the host in f64, in
 //!   row order, from the kernels' `D` read back (deterministic);
 //! - block masks: the host lists, for each launch's tiles, the inner tiles
-//!   each block visits (`layout::tile_lists`, from `api::block_mask::
-//!   tile_fate` under the band), so masked tiles are never loaded; only a
+//!   each block visits (`layout::tile_lists`, built by `api::tile_lists`
+//!   from `api::block_mask::tile_fate` under the band, encoded by
+//!   `layout::cuda_words`), so masked tiles are never loaded; only a
 //!   partial tile tests the mask per pair;
 //! - packed batches: the grid's z is the sequence, each block reads its
 //!   rows from `cu_seqlens` and takes the sequence's lengths (so its band,

@@ -33,4 +33,4 @@ pub use naive::{Naive, NaiveEntry};
 pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, QuantParams, Uniform};
 pub use quantize::{Fp8Quantize, QuantPass};
 pub use side::SideTables;
-pub use walk::{SeqDims, Sequences, TileLists, Visit, Walk};
+pub use walk::{wgsl_words, SeqDims, Sequences, Visit, Walk, WgslTileLists};

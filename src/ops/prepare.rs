@@ -7,8 +7,9 @@ use super::pieces::{LseLayout, PieceRows};
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
+use crate::api::tile_lists::TileLists;
 use crate::error::Result;
-use crate::kernels::{Params, Piece, Sequences, SideTables, TileLists, Walk};
+use crate::kernels::{Params, Piece, Sequences, SideTables, Walk};
 use crate::plan::{split, split_packed, PieceLimits, PlanOverrides, PlanRequest, Split};
 
 /// The planner's request for a call: a packed batch's tiles are sized by
