@@ -7,6 +7,7 @@ use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, Ho
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
@@ -25,7 +26,7 @@ use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
 use crate::verify::matrix::{self, MatrixEntry};
-use crate::verify::wgpu::{Problem, Routed, Verifier};
+use crate::verify::wgpu::{Routed, Verifier};
 use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
 /// A GPU attention engine on one wgpu device.
@@ -160,8 +161,11 @@ impl Engine {
             Pass::Forward => CallKind::Forward,
             Pass::Backward => CallKind::Backward,
         };
-        let problem = (Some(shape), precision, opts);
-        pollster::block_on(self.route(call, problem, (overrides, *overrides)))
+        let problem = Problem::new(*shape, precision, opts)?;
+        let route = self
+            .verifier
+            .route(&self.gpu, call, &problem, (overrides, *overrides));
+        pollster::block_on(route)
     }
 
     /// What verification decides for a decoding step of `problem`: the
@@ -215,14 +219,13 @@ impl Engine {
     fn overrides_for(
         &self,
         pass: Pass,
-        problem: (Option<AttentionShape>, Precision),
-        opts: &AttentionOptions,
+        problem: &Problem<'_>,
         overrides: &PlanOverrides,
     ) -> PlanOverrides {
         #[cfg(not(target_arch = "wasm32"))]
-        if let (true, (Some(shape), precision)) = (*overrides == PlanOverrides::default(), problem)
-        {
-            if let Some(o) = self.tuned_overrides(pass, &shape, precision, opts) {
+        if *overrides == PlanOverrides::default() {
+            let p = problem;
+            if let Some(o) = self.tuned_overrides(pass, &p.shape, p.precision, p.opts) {
                 return o;
             }
         }
@@ -420,35 +423,30 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let (shape, precision) = (AttentionShape::from_views(q, k, v).ok(), q.precision());
-        let run = self.overrides_for(Pass::Forward, (shape, precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Forward,
-                (shape.as_ref(), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let mut out = ops::forward::forward(&self.gpu, [q, k, v], opts, &routed.overrides).await?;
+        let problem = Problem::forward([q, k, v], opts)?;
+        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
         routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
         Ok(out)
     }
 
-    /// Verify the family a forward or backward call runs (see
-    /// [`crate::verify`]): the overrides to run it with.
+    /// Verify the family a forward or backward call of `problem` runs
+    /// (see [`crate::verify`]) under the caller's overrides, or a tuned
+    /// plan's where it gives none: the overrides to run it with.
     async fn route(
         &self,
         call: CallKind,
-        (shape, precision, opts): (Option<&AttentionShape>, Precision, &AttentionOptions),
-        overrides: (&PlanOverrides, PlanOverrides),
+        problem: &Problem<'_>,
+        overrides: &PlanOverrides,
     ) -> Result<Routed> {
-        let problem = shape.map(|shape| Problem {
-            shape,
-            precision,
-            opts,
-        });
+        let pass = match call {
+            CallKind::Backward => Pass::Backward,
+            _ => Pass::Forward,
+        };
+        let run = self.overrides_for(pass, problem, overrides);
         self.verifier
-            .route(&self.gpu, call, problem, overrides)
+            .route(&self.gpu, call, problem, (overrides, run))
             .await
     }
 
@@ -538,16 +536,10 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let (shape, precision) = (inputs.shape().ok(), inputs.q.precision());
-        let run = self.overrides_for(Pass::Backward, (shape, precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Backward,
-                (shape.as_ref(), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let mut out = ops::backward::backward(&self.gpu, inputs, opts, &routed.overrides).await?;
+        let problem = Problem::backward(inputs, opts)?;
+        let routed = self.route(CallKind::Backward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
         routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
         Ok(out)
     }
@@ -606,17 +598,10 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        let run = self.overrides_for(Pass::Forward, (Some(*shape), precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Forward,
-                (Some(shape), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let run = (opts, &routed.overrides);
-        let mut stats =
-            ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, run).await?;
+        let problem = Problem::new(*shape, precision, opts)?;
+        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut stats = ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
         stats.verification = routed.verification;
         Ok(stats)
     }

@@ -15,6 +15,7 @@ pub use cache::ProbeCache;
 
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::cpu::Cpu;
@@ -36,6 +37,13 @@ pub struct Workload {
     pub backward: bool,
     /// What runs: attention, its FP8 form, or decoding steps on a cache.
     pub operation: Operation,
+}
+
+impl Workload {
+    /// The attention call it describes, validated.
+    pub fn problem(&self) -> Result<Problem<'_>> {
+        Problem::new(self.shape, self.precision, &self.opts)
+    }
 }
 
 /// The kind of call a [`Workload`] is (backends do not all take each).

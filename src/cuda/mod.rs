@@ -113,6 +113,7 @@ use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::tensor::TensorView;
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::choice::{Operation, Workload};
@@ -129,15 +130,13 @@ pub fn takes(workload: &Workload) -> Result<()> {
         })
     };
     match workload.operation {
-        Operation::Attention => {
-            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
-        }
+        Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
         // Decoding runs the forward over each sequence's cached keys, with
         // the band and score options only (as on every backend).
         Operation::Decode => {
             workload.opts.band_only(problem::WHAT)?;
-            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
+            problem::Call::new(&workload.problem()?).map(drop)
         }
     }
 }
@@ -286,13 +285,11 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        let problem = crate::api::shape::AttentionShape::from_views(q, k, v)
-            .and_then(|s| problem::Call::new(s, q.precision(), opts))
-            .map(|c| c.plan_problem())
-            .ok();
+        let problem = Problem::forward([q, k, v], opts)?;
+        let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Forward;
-        let (path, verification) = self.verified(call, problem, path)?;
-        let mut out = forward::forward(&self.device, path, [q, k, v], opts)?;
+        let (path, verification) = self.verified(call, plan, path)?;
+        let mut out = forward::forward(&self.device, path, [q, k, v], &problem)?;
         self.finish(verification, &mut out.stats, &mut out.o);
         Ok(out)
     }
@@ -304,14 +301,11 @@ impl Cuda {
         inputs: &BackwardInputs,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        let problem = inputs
-            .shape()
-            .and_then(|s| problem::Call::new(s, inputs.q.precision(), opts))
-            .map(|c| c.plan_problem())
-            .ok();
+        let problem = Problem::backward(inputs, opts)?;
+        let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Backward;
-        let (path, verification) = self.verified(call, problem, path)?;
-        let mut out = backward::backward(&self.device, path, inputs, opts)?;
+        let (path, verification) = self.verified(call, plan, path)?;
+        let mut out = backward::backward(&self.device, path, inputs, &problem)?;
         self.finish(verification, &mut out.stats, &mut out.dq);
         Ok(out)
     }

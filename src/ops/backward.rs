@@ -10,6 +10,7 @@ use super::reruns::with_reruns;
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, BackwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::TensorData;
 use crate::error::Result;
@@ -38,16 +39,14 @@ struct Backward<'a> {
 pub async fn backward(
     gpu: &Gpu,
     inputs: &BackwardInputs<'_>,
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<BackwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate_for(&shape)?;
-    let precision = inputs.q.precision();
-    let req = plan_request(&shape, opts, precision, *overrides);
+    let (shape, opts) = (problem.shape, problem.opts);
+    let req = plan_request(problem, *overrides);
     let plan = plan_backward(&req, &gpu.caps())?.plan;
     let variant = gpu
-        .variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0)
+        .variant(problem.banded(), problem.softcapped())
         .with_options(opts)
         .with_tiles(opts, [plan.br, plan.bc]);
     let sinks = opts
@@ -76,7 +75,7 @@ pub async fn backward(
         .iter()
         .map(|k| ((*k).into(), k.loop_cost(group)))
         .collect();
-    let (mut out, reruns) = with_reruns(gpu, precision, &loops, |limits| {
+    let (mut out, reruns) = with_reruns(gpu, problem.precision, &loops, |limits| {
         in_pieces(gpu, &b, plan, limits)
     })
     .await?;

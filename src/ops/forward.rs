@@ -8,6 +8,7 @@ use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, CallStats, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
@@ -24,21 +25,15 @@ struct Forward<'a> {
     kernel: FlashForward,
 }
 
-/// The flash kernel for `shape` under `opts` and `overrides` on `gpu`.
-fn kernel_for(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    precision: Precision,
-    opts: &AttentionOptions,
-    overrides: &PlanOverrides,
-) -> Result<FlashForward> {
-    opts.validate_for(shape)?;
-    let req = plan_request(shape, opts, precision, *overrides);
+/// The flash kernel for `problem` under `overrides` on `gpu`.
+fn kernel_for(gpu: &Gpu, problem: &Problem, overrides: &PlanOverrides) -> Result<FlashForward> {
+    let req = plan_request(problem, *overrides);
     let plan = gpu.device_plan(plan_forward(&req, &gpu.caps())?.plan);
+    let opts = problem.opts;
     Ok(FlashForward {
         plan,
         variant: gpu
-            .variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0)
+            .variant(problem.banded(), problem.softcapped())
             .with_options(opts)
             .with_tiles(opts, [plan.br, plan.bc]),
     })
@@ -50,15 +45,15 @@ fn kernel_for(
 pub async fn forward(
     gpu: &Gpu,
     [q, k, v]: [&TensorView<'_>; 3],
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    let kernel = kernel_for(gpu, &shape, q.precision(), opts, overrides)?;
+    let kernel = kernel_for(gpu, problem, overrides)?;
+    let opts = problem.opts;
     let f = Forward {
         qkv: [q, k, v],
         opts,
-        shape,
+        shape: problem.shape,
         kernel,
     };
     let loops = [(KernelKey::from(kernel), kernel.loop_cost())];
@@ -242,11 +237,11 @@ impl Launch {
 pub async fn forward_buffers(
     gpu: &Gpu,
     buffers: &AttentionBuffers<'_>,
-    shape: &AttentionShape,
-    precision: Precision,
-    (opts, overrides): (&AttentionOptions, &PlanOverrides),
+    problem: &Problem<'_>,
+    overrides: &PlanOverrides,
 ) -> Result<CallStats> {
-    let kernel = kernel_for(gpu, shape, precision, opts, overrides)?;
+    let (shape, precision, opts) = (&problem.shape, problem.precision, problem.opts);
+    let kernel = kernel_for(gpu, problem, overrides)?;
     check_buffers(gpu, buffers, shape, precision)?;
     check_loop_limit(gpu, &kernel, shape, opts)?;
     let whole = pieces(shape, opts, &PieceLimits::unbounded(precision))?;
