@@ -13,12 +13,13 @@ use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
-use crate::kernels::AttentionBuffers;
+use crate::kernels::{AttentionBindings, AttentionBuffers};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::{CeilingResult, CeilingShape};
 use crate::plan::{
-    plan_backward, plan_forward, DecodePlan, DeviceCaps, Pass, PlanOverrides, PlanRequest, Planned,
+    plan_backward, plan_forward, DecodePlan, DeviceCaps, Pass, Plan, PlanOverrides, PlanRequest,
+    Planned,
 };
 use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
@@ -604,6 +605,73 @@ impl Engine {
         let mut stats = ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
         stats.verification = routed.verification;
         Ok(stats)
+    }
+
+    /// Record the forward of `problem` into the app's `encoder`, on ranges
+    /// of the app's own buffers (`bindings`: any offsets that are multiples
+    /// of the device's `min_storage_buffer_offset_alignment`), and return
+    /// the plan it runs. Nothing is submitted, waited on or read back: the
+    /// app submits the encoder with its own passes, and `o` and `lse` are
+    /// written when that submission runs. Everything is checked first —
+    /// misaligned offsets (`MisalignedBinding`), ranges outside their
+    /// buffer (`BindingOutsideBuffer`) or too small for the shape
+    /// (`BufferTooSmall`), a call past one storage binding, the dispatch
+    /// grid or the adapter's loop limit (it is never split) — and on an
+    /// error nothing has been recorded. The kernel family is verified on
+    /// first use as for every call (a known-answer check the engine
+    /// submits itself, once per family and device).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashattn::Result<()> {
+    /// use flashattn::{AttentionBindings, AttentionOptions, AttentionShape, Engine, Precision, Problem};
+    /// let engine = Engine::new()?;
+    /// let shape = AttentionShape::new(1, 64, 64, 4, 4, 32)?;
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let problem = Problem::new(shape, Precision::F32, &opts)?;
+    /// // One buffer of the app's, the tensors at 256-byte aligned offsets.
+    /// let tensor = (shape.q_len() * 4) as u64;
+    /// let arena = engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
+    ///     label: Some("arena"),
+    ///     size: 5 * tensor,
+    ///     usage: flashattn::wgpu::BufferUsages::STORAGE,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let at = |i: u64, bytes: u64| flashattn::wgpu::BufferBinding {
+    ///     buffer: &arena,
+    ///     offset: i * tensor,
+    ///     size: flashattn::wgpu::BufferSize::new(bytes),
+    /// };
+    /// let bindings = AttentionBindings {
+    ///     q: at(0, tensor), k: at(1, tensor), v: at(2, tensor), o: at(3, tensor),
+    ///     lse: at(4, (shape.lse_len() * 4) as u64),
+    /// };
+    /// let mut encoder = engine.device().create_command_encoder(&Default::default());
+    /// engine.encode_forward(&mut encoder, &problem, &bindings)?;
+    /// engine.queue().submit([encoder.finish()]);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        bindings: &AttentionBindings,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_forward_async(encoder, problem, bindings))
+    }
+
+    /// [`Engine::encode_forward`] as a future (it resolves once the
+    /// pipelines are compiled and the family verified; the work itself is
+    /// only recorded).
+    pub async fn encode_forward_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        bindings: &AttentionBindings<'_>,
+    ) -> Result<Plan> {
+        let none = PlanOverrides::default();
+        let routed = self.route(CallKind::Forward, problem, &none).await?;
+        ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.

@@ -73,6 +73,7 @@ pub use api::decode::{
 pub use api::inputs::BackwardInputs;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
+pub use api::problem::Problem;
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
 pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
@@ -80,7 +81,7 @@ pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
 pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use kernels::AttentionBuffers;
+pub use kernels::{AttentionBindings, AttentionBuffers};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{

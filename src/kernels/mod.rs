@@ -24,7 +24,7 @@ pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
 pub use decode::{DecodeMerge, FlashDecode, KvAppend};
 pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
-pub use flash_forward::{AttentionBuffers, FlashForward};
+pub use flash_forward::{AttentionBindings, AttentionBuffers, FlashForward};
 pub use key::KernelKey;
 pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};

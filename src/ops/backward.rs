@@ -19,7 +19,7 @@ use crate::kernels::{
     Walk,
 };
 use crate::plan::{plan_backward, PieceLimits, Plan, PlanOverrides};
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// The kernels of a backward, in order; with sinks the two passes of their
 /// gradients follow.
@@ -298,9 +298,9 @@ impl Launch {
         let max = gpu.max_groups();
         let mut out = Vec::new();
         for (kernel, &[x, y, z]) in kernels.iter().zip(&self.grids) {
-            let mut buffers = kernel.entries(bufs);
+            let mut buffers = whole(kernel.entries(bufs));
             if kernel.variant.has_side() {
-                buffers.extend(side.map(|b| (binding::SIDE, b)));
+                buffers.extend(whole(side.map(|b| (binding::SIDE, b))));
             }
             let walk = match kernel.part {
                 BackwardPart::DkDv => Some((self.longest.0, kernel.plan.br)),
