@@ -13,7 +13,7 @@ use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
-use crate::kernels::{AttentionBindings, AttentionBuffers};
+use crate::kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::{CeilingResult, CeilingShape};
@@ -672,6 +672,36 @@ impl Engine {
         let none = PlanOverrides::default();
         let routed = self.route(CallKind::Forward, problem, &none).await?;
         ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+    }
+
+    /// Record the backward of `problem` into the app's `encoder` on ranges
+    /// of its buffers (the forward's q, k, v, o, lse and the output gradient
+    /// in; dq, dk, dv out, in buffers no input is bound from), and return
+    /// the plan it runs: [`Engine::encode_forward`]'s contract — nothing
+    /// submitted, everything checked before anything is recorded, the
+    /// family verified on first use. D (`rowsum(dO·O)`) goes into a buffer
+    /// created for the call. Sinks (whose gradient has no binding here) are
+    /// `Unsupported`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_backward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        bindings: &GradientBindings,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_backward_async(encoder, problem, bindings))
+    }
+
+    /// [`Engine::encode_backward`] as a future.
+    pub async fn encode_backward_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        bindings: &GradientBindings<'_>,
+    ) -> Result<Plan> {
+        let none = PlanOverrides::default();
+        let routed = self.route(CallKind::Backward, problem, &none).await?;
+        ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.

@@ -206,6 +206,9 @@ pub enum Error {
         output: &'static str,
         input: &'static str,
     },
+    /// An encoded call would have to be split to run.
+    #[error("the encoded {call} would run in {pieces} pieces (past one storage binding, the dispatch grid or the adapter's loop limit); an encoded call runs whole: use the host-tensor call or a smaller problem")]
+    EncodedCallSplit { call: &'static str, pieces: usize },
     /// A caller's binding reaches past the end of its buffer.
     #[error("{tensor}'s binding ({size} bytes at byte {offset}) reaches past the end of its {buffer_size}-byte buffer")]
     BindingOutsideBuffer {

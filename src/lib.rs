@@ -81,7 +81,7 @@ pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
 pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use kernels::{AttentionBindings, AttentionBuffers};
+pub use kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{

@@ -1,4 +1,4 @@
-//! Encoded calls: the forward recorded into the app's own command encoder,
+//! Encoded calls: the forward and the backward recorded into the app's own command encoder,
 //! on ranges of buffers the app sub-allocates (non-zero, aligned offsets),
 //! submitted by the app with its own copies in the same encoder, gives the
 //! same bytes as the host-tensor call; bindings the device cannot take
@@ -7,49 +7,42 @@
 
 mod common;
 
-use common::{causal, engine, Case, Inputs};
+use common::{causal, engine, output_grad, Case};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::{
-    AttentionBindings, AttentionShape, Engine, Error, ForwardOutput, Plan, PlanOverrides, Problem,
-    TensorData, VerdictCache, VerifyMode,
+    AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Plan,
+    PlanOverrides, Problem, TensorData, VerdictCache, VerifyMode,
 };
 
 /// Bytes the arena is filled with outside the tensors (and in o and lse
 /// before the call): a float no kernel writes here.
 const SENTINEL: f32 = 7.25;
 
-/// The app's buffers: q, k and v sub-allocated in one, o and lse in
+/// The app's buffers: the inputs sub-allocated in one, the outputs in
 /// another (WebGPU forbids one buffer bound both read-only and writable in
 /// a dispatch), each at aligned, non-zero offsets with gaps between them.
 struct Arena {
     /// Inputs, outputs.
     buffers: [wgpu::Buffer; 2],
-    /// `(buffer, offset, bytes)` of q, k, v, o, lse.
-    at: [(usize, u64, u64); 5],
+    /// `(buffer, offset, bytes)` of each input, then each output.
+    at: Vec<(usize, u64, u64)>,
 }
 
 impl Arena {
-    fn new(e: &Engine, inputs: &Inputs, out: &ForwardOutput) -> Self {
+    fn new(e: &Engine, inputs: &[&[u8]], outputs: &[u64]) -> Self {
         let align = e.limits().min_storage_buffer_offset_alignment as u64;
-        let bytes = |t: &TensorData| t.as_host().as_bytes().len() as u64;
-        let sizes = [
-            bytes(&inputs.stored[0]),
-            bytes(&inputs.stored[1]),
-            bytes(&inputs.stored[2]),
-            bytes(&out.o.data),
-            4 * out.lse.len() as u64,
-        ];
-        let mut at = [(0, 0, 0); 5];
+        let sizes = inputs.iter().map(|i| (0, i.len() as u64));
+        let sizes = sizes.chain(outputs.iter().map(|&o| (1, o)));
         // Each buffer starts one alignment in and leaves one between tensors.
         let mut next = [align; 2];
-        for (i, (slot, bytes)) in at.iter_mut().zip(sizes).enumerate() {
-            let buffer = usize::from(i >= 3);
-            *slot = (buffer, next[buffer], bytes);
+        let mut at = Vec::new();
+        for (buffer, bytes) in sizes {
+            at.push((buffer, next[buffer], bytes));
             next[buffer] = (next[buffer] + bytes).div_ceil(align) * align + align;
         }
         let mut fill = next.map(|n| vec![SENTINEL; n as usize / 4]);
-        for (t, &(_, offset, _)) in inputs.stored.iter().zip(&at) {
-            let words: Vec<f32> = bytemuck::pod_collect_to_vec(t.as_host().as_bytes());
+        for (bytes, &(_, offset, _)) in inputs.iter().zip(&at) {
+            let words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
             let start = offset as usize / 4;
             fill[0][start..start + words.len()].copy_from_slice(&words);
         }
@@ -74,13 +67,29 @@ impl Arena {
         }
     }
 
-    fn bindings(&self) -> AttentionBindings<'_> {
+    /// A forward's: q, k, v, then o, lse.
+    fn attention(&self) -> AttentionBindings<'_> {
         AttentionBindings {
             q: self.binding(0),
             k: self.binding(1),
             v: self.binding(2),
             o: self.binding(3),
             lse: self.binding(4),
+        }
+    }
+
+    /// A backward's: q, k, v, o, do, lse, then dq, dk, dv.
+    fn gradients(&self) -> GradientBindings<'_> {
+        GradientBindings {
+            q: self.binding(0),
+            k: self.binding(1),
+            v: self.binding(2),
+            o: self.binding(3),
+            d_o: self.binding(4),
+            lse: self.binding(5),
+            dq: self.binding(6),
+            dk: self.binding(7),
+            dv: self.binding(8),
         }
     }
 
@@ -111,14 +120,13 @@ impl Arena {
         &bytes[buffer][offset as usize..(offset + len) as usize]
     }
 
-    /// The inputs are as they were, and everything outside the tensors is
-    /// what the buffers were filled with.
-    fn untouched_but_outputs(&self, bytes: &[Vec<u8>; 2], inputs: &Inputs) {
-        for (i, t) in inputs.stored.iter().enumerate() {
-            assert!(
-                self.slice(bytes, i) == t.as_host().as_bytes(),
-                "input {i} changed"
-            );
+    /// The outputs hold `want`, the inputs are as they were, and everything
+    /// outside the tensors is what the buffers were filled with (compared
+    /// as bytes, reported without them: they are thousands).
+    fn holds(&self, bytes: &[Vec<u8>; 2], inputs: &[&[u8]], want: &[&[u8]]) {
+        let tensors = inputs.iter().chain(want);
+        for (i, t) in tensors.enumerate() {
+            assert!(self.slice(bytes, i) == *t, "tensor {i} is not as expected");
         }
         for (n, bytes) in bytes.iter().enumerate() {
             let mut words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
@@ -133,30 +141,56 @@ impl Arena {
     }
 }
 
+fn host(t: &TensorData) -> &[u8] {
+    t.as_host().as_bytes()
+}
+
 /// The forward encoded on sub-allocated bindings gives the host call's
 /// bytes, o and lse, and writes nothing else.
 fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
-    let arena = Arena::new(e, &inputs, &expected);
+    let ins = inputs.stored.each_ref().map(host);
+    let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
+    let outs = [host(&expected.o.data), lse];
+    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
     let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let plan = e
-        .encode_forward(&mut encoder, &problem, &arena.bindings())
+        .encode_forward(&mut encoder, &problem, &arena.attention())
         .unwrap();
     assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
-    let bytes = arena.submit_and_read(e, encoder);
-    // Compared as bytes, reported without them (they are thousands).
-    let o_ok = arena.slice(&bytes, 3) == expected.o.data.as_host().as_bytes();
-    assert!(o_ok, "o differs from the host call's");
-    let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
-    assert!(
-        arena.slice(&bytes, 4) == lse,
-        "lse differs from the host call's"
-    );
-    arena.untouched_but_outputs(&bytes, &inputs);
+    arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
     plan
+}
+
+/// The backward encoded the same way gives the host call's dq, dk, dv.
+fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let (_, d_o) = output_grad(case);
+    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let expected = e.backward(&host_inputs, &case.opts).unwrap();
+    let [qb, kb, vb] = inputs.stored.each_ref().map(host);
+    let ins = [
+        qb,
+        kb,
+        vb,
+        host(&fwd.o.data),
+        host(&d_o),
+        bytemuck::cast_slice(&fwd.lse),
+    ];
+    let outs = [&expected.dq, &expected.dk, &expected.dv].map(|g| host(&g.data));
+    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
+    let problem = Problem::backward(&host_inputs, &case.opts).unwrap();
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let plan = e
+        .encode_backward(&mut encoder, &problem, &arena.gradients())
+        .unwrap();
+    assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
+    arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
 }
 
 #[test]
@@ -169,6 +203,12 @@ fn encoded_forward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
     let mask = BlockMask::from_fn(grid, [1, 1], |_, _, r, c| (r + c) % 3 != 1);
     let opts = flashattn::AttentionOptions::default().block_mask(mask);
     encoded_forward_matches_the_host_call(e, &Case::new(37, 45, 16).opts(opts));
+}
+
+#[test]
+fn encoded_backward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
+    let Some(e) = engine() else { return };
+    encoded_backward_matches_the_host_call(e, &Case::new(37, 45, 16).heads(4, 2).opts(causal()));
 }
 
 /// Verification on first use gates an encoded call as any other: with the
@@ -204,13 +244,14 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
-    let arena = Arena::new(e, &inputs, &expected);
+    let ins = inputs.stored.each_ref().map(host);
+    let lse_bytes = 4 * case.heads_q * case.seqlen_q;
+    let arena = Arena::new(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
     let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let mut try_with = |b: AttentionBindings| e.encode_forward(&mut encoder, &problem, &b);
     let align = e.limits().min_storage_buffer_offset_alignment;
-    let mut misaligned = arena.bindings();
+    let mut misaligned = arena.attention();
     misaligned.k.offset += 4;
     misaligned.k.size = wgpu::BufferSize::new(arena.at[1].2 - 4);
     assert!(matches!(
@@ -218,19 +259,19 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
         Err(Error::MisalignedBinding { tensor: "k", offset, alignment })
             if offset == arena.at[1].1 + 4 && alignment == align
     ));
-    let mut short = arena.bindings();
+    let mut short = arena.attention();
     short.o.size = wgpu::BufferSize::new(arena.at[3].2 - 4);
     assert!(matches!(
         try_with(short),
         Err(Error::BufferTooSmall { buffer: "o", .. })
     ));
-    let mut outside = arena.bindings();
+    let mut outside = arena.attention();
     outside.lse.offset = arena.buffers[1].size() - align as u64;
     assert!(matches!(
         try_with(outside),
         Err(Error::BindingOutsideBuffer { tensor: "lse", .. })
     ));
-    let mut shared = arena.bindings();
+    let mut shared = arena.attention();
     shared.o = arena.binding(0);
     assert!(matches!(
         try_with(shared),

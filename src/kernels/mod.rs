@@ -23,7 +23,9 @@ pub mod walk;
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
 pub use decode::{DecodeMerge, FlashDecode, KvAppend};
-pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
+pub use flash_backward::{
+    BackwardBindings, BackwardBuffers, BackwardPart, FlashBackward, GradientBindings,
+};
 pub use flash_forward::{AttentionBindings, AttentionBuffers, FlashForward};
 pub use key::KernelKey;
 pub use loop_probe::LoopProbe;

@@ -3,6 +3,7 @@
 //! guard fires) and on caller-owned device buffers (one dispatch set, never
 //! split).
 
+use super::bindings::{self, Range};
 use super::pieces::ForwardAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
@@ -335,7 +336,8 @@ pub(crate) fn dispatches<'a>(
 }
 
 /// Every binding must start at an offset the device binds, lie within its
-/// buffer, hold its tensor and fit one storage binding.
+/// buffer, hold its tensor and fit one storage binding; o and lse need
+/// buffers the inputs are not bound from.
 fn check_bindings(
     gpu: &Gpu,
     b: &AttentionBindings,
@@ -353,49 +355,17 @@ fn check_bindings(
         need(shape.o_len(), elem),
         need(shape.lse_len(), 4),
     ];
-    let named = b.named();
-    for (output, o) in &named[3..] {
-        if let Some((input, _)) = named[..3].iter().find(|(_, i)| i.buffer == o.buffer) {
-            return Err(Error::OutputSharesInputBuffer { output, input });
-        }
-    }
-    let alignment = gpu.limits.min_storage_buffer_offset_alignment;
-    for ((tensor, binding), bytes) in named.into_iter().zip(needs) {
-        let (offset, buffer_size) = (binding.offset, binding.buffer.size());
-        if offset % alignment as u64 != 0 {
-            return Err(Error::MisalignedBinding {
-                tensor,
-                offset,
-                alignment,
-            });
-        }
-        let size = binding
-            .size
-            .map_or(buffer_size.saturating_sub(offset), |s| s.get());
-        if offset + size > buffer_size {
-            return Err(Error::BindingOutsideBuffer {
-                tensor,
-                offset,
-                size,
-                buffer_size,
-            });
-        }
-        if size < bytes {
-            return Err(Error::BufferTooSmall {
-                buffer: tensor,
-                size,
-                needed: bytes,
-            });
-        }
-        if bytes > gpu.max_binding() {
-            return Err(Error::BindingTooLarge {
-                what: tensor,
-                bytes,
-                max: gpu.max_binding(),
-            });
-        }
-    }
-    Ok(())
+    let ranges: Vec<Range> = b
+        .named()
+        .into_iter()
+        .zip(needs)
+        .map(|((tensor, binding), needs)| Range {
+            tensor,
+            binding,
+            needs,
+        })
+        .collect();
+    bindings::check(gpu, &ranges[..3], &ranges[3..])
 }
 
 /// A call that cannot be split must fit the adapter's loop limit as planned

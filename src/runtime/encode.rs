@@ -18,6 +18,16 @@ impl Gpu {
         self.init_buffer(bytemuck::cast_slice(words), STORAGE)
     }
 
+    /// A new zeroed storage buffer of at least `bytes`.
+    pub fn zeroed_buffer(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("flashattn encoded call"),
+            size: padded(bytes.max(4)),
+            usage: STORAGE,
+            mapped_at_creation: false,
+        })
+    }
+
     fn init_buffer(&self, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
         let mut contents = bytes.to_vec();
         contents.resize(padded(bytes.len() as u64) as usize, 0);
