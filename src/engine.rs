@@ -679,9 +679,10 @@ impl Engine {
     /// in; dq, dk, dv out, in buffers no input is bound from), and return
     /// the plan it runs: [`Engine::encode_forward`]'s contract — nothing
     /// submitted, everything checked before anything is recorded, the
-    /// family verified on first use. D (`rowsum(dO·O)`) goes into a buffer
-    /// created for the call. Sinks (whose gradient has no binding here) are
-    /// `Unsupported`.
+    /// family verified on first use. D (`rowsum(dO·O)`) goes into the
+    /// caller's scratch ([`Engine::scratch_size`] bytes in a buffer of its
+    /// own), or where none is given a buffer created for the call. Sinks
+    /// (whose gradient has no binding here) are `Unsupported`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn encode_backward(
         &self,
@@ -690,6 +691,16 @@ impl Engine {
         bindings: &GradientBindings,
     ) -> Result<Plan> {
         pollster::block_on(self.encode_backward_async(encoder, problem, bindings))
+    }
+
+    /// Bytes of scratch an encoded call of `pass` over `problem` uses: the
+    /// size of [`GradientBindings::scratch`] for a backward (D, one f32 per
+    /// row and query head); 0 for a forward, which needs none.
+    pub fn scratch_size(&self, pass: Pass, problem: &Problem) -> u64 {
+        match pass {
+            Pass::Forward => 0,
+            Pass::Backward => ops::backward::scratch_size(&problem.shape),
+        }
     }
 
     /// [`Engine::encode_backward`] as a future.

@@ -10,7 +10,7 @@ mod common;
 use common::{causal, engine, output_grad, Case};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::{
-    AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Plan,
+    AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Pass, Plan,
     PlanOverrides, Problem, TensorData, VerdictCache, VerifyMode,
 };
 
@@ -90,6 +90,7 @@ impl Arena {
             dq: self.binding(6),
             dk: self.binding(7),
             dv: self.binding(8),
+            scratch: None,
         }
     }
 
@@ -185,12 +186,61 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     let outs = [&expected.dq, &expected.dk, &expected.dv].map(|g| host(&g.data));
     let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
     let problem = Problem::backward(&host_inputs, &case.opts).unwrap();
+    // D in a buffer the engine creates, then in the app's scratch (at a
+    // non-zero offset of a buffer of its own).
+    let need = e.scratch_size(Pass::Backward, &problem);
+    assert_eq!(need, 4 * fwd.lse.len() as u64);
+    let align = e.limits().min_storage_buffer_offset_alignment as u64;
+    let scratch = e.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app scratch"),
+        size: align + need,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let theirs = wgpu::BufferBinding {
+        buffer: &scratch,
+        offset: align,
+        size: wgpu::BufferSize::new(need),
+    };
+    for given in [None, Some(theirs.clone())] {
+        let bindings = GradientBindings {
+            scratch: given,
+            ..arena.gradients()
+        };
+        let mut encoder = e.device().create_command_encoder(&Default::default());
+        let plan = e
+            .encode_backward(&mut encoder, &problem, &bindings)
+            .unwrap();
+        assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
+        arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+    }
+    // Scratch beside the gradients, or too small, is a typed error.
     let mut encoder = e.device().create_command_encoder(&Default::default());
-    let plan = e
-        .encode_backward(&mut encoder, &problem, &arena.gradients())
-        .unwrap();
-    assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
-    arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+    let beside = GradientBindings {
+        scratch: Some(arena.binding(6)),
+        ..arena.gradients()
+    };
+    assert!(matches!(
+        e.encode_backward(&mut encoder, &problem, &beside),
+        Err(Error::OutputSharesInputBuffer {
+            output: "scratch",
+            input: "dq"
+        })
+    ));
+    let short = GradientBindings {
+        scratch: Some(wgpu::BufferBinding {
+            size: wgpu::BufferSize::new(need - 4),
+            ..theirs
+        }),
+        ..arena.gradients()
+    };
+    assert!(matches!(
+        e.encode_backward(&mut encoder, &problem, &short),
+        Err(Error::BufferTooSmall {
+            buffer: "scratch",
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -75,6 +75,8 @@ pub struct BackwardBuffers<'a> {
 /// forward's inputs and outputs, the output gradient `d_o`, and the
 /// gradients written. Layouts and sizes as the host tensors'. The inputs
 /// may share buffers; the gradients need buffers no input is bound from.
+/// `scratch`, where given, holds the call's scratch (`Engine::scratch_size`
+/// bytes, in a buffer no tensor is bound from); else the engine creates it.
 #[derive(Clone, Debug)]
 pub struct GradientBindings<'a> {
     pub q: wgpu::BufferBinding<'a>,
@@ -86,6 +88,7 @@ pub struct GradientBindings<'a> {
     pub dq: wgpu::BufferBinding<'a>,
     pub dk: wgpu::BufferBinding<'a>,
     pub dv: wgpu::BufferBinding<'a>,
+    pub scratch: Option<wgpu::BufferBinding<'a>>,
 }
 
 /// [`BackwardBuffers`] as the ranges the kernels bind (an app's

@@ -97,7 +97,8 @@ pub async fn backward(
 }
 
 /// The backward of `problem` recorded into `encoder` on the app's
-/// `bindings`, D in a buffer of its own: nothing submitted, waited on or
+/// `bindings`, D in the caller's scratch or a buffer created for the call:
+/// nothing submitted, waited on or
 /// read back. The bindings, the split (an encoded call runs whole) and the
 /// loop limit are checked before anything is recorded.
 pub async fn encode(
@@ -127,9 +128,15 @@ pub async fn encode(
         }
     };
     let launch = Launch::new(&b, p, gpu.max_groups())?;
-    let dvec = gpu.zeroed_buffer(b.shape.lse_len() as u64 * 4);
+    let own;
+    let dvec = match &bindings.scratch {
+        Some(s) => s.clone(),
+        None => {
+            own = gpu.zeroed_buffer(scratch_size(&b.shape));
+            own.as_entire_buffer_binding()
+        }
+    };
     let side = (!launch.side.is_empty()).then(|| gpu.buffer_with(&launch.side));
-    let dvec = dvec.as_entire_buffer_binding();
     let bufs = BackwardBindings::from_gradients(bindings.clone(), dvec);
     record(
         gpu,
@@ -170,7 +177,21 @@ fn check_bindings(
         range("dk", &g.dk, need(kv, elem)),
         range("dv", &g.dv, need(v, elem)),
     ];
-    bindings::check(gpu, &inputs, &outputs)
+    bindings::check(gpu, &inputs, &outputs)?;
+    // D is written by one kernel and read beside the gradients by the next:
+    // a buffer of its own.
+    let Some(scratch) = &g.scratch else {
+        return Ok(());
+    };
+    let every: Vec<Range> = inputs.into_iter().chain(outputs).collect();
+    let d = [range("scratch", scratch, scratch_size(shape))];
+    bindings::check(gpu, &every, &d)
+}
+
+/// Bytes of scratch an encoded backward of `shape` uses: D, one f32 per row
+/// and query head.
+pub fn scratch_size(shape: &AttentionShape) -> u64 {
+    padded(shape.lse_len() as u64 * 4)
 }
 
 /// The code each kernel carries of `variant`: D and the sums of the sinks'
