@@ -4,7 +4,7 @@
 //! storage beyond inputs and gradients is D (one f32 per row). Split
 //! problems sum partial gradients in a fixed order.
 
-use super::bindings::{self, Range};
+use super::bindings::{self, Range, TensorBytes};
 use super::pieces::GradAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::{piece_limits, with_reruns};
@@ -155,27 +155,24 @@ fn check_bindings(
     shape: &AttentionShape,
     precision: Precision,
 ) -> Result<()> {
-    shape.check()?;
-    let elem = precision.bytes() as u64;
-    let need = |n: usize, e: u64| padded(n as u64 * e);
+    let t = TensorBytes::of(shape, precision)?;
     let range = |tensor, binding, needs| Range {
         tensor,
         binding,
         needs,
     };
-    let (q, kv, v, o) = (shape.q_len(), shape.kv_len(), shape.v_len(), shape.o_len());
     let inputs = [
-        range("q", &g.q, need(q, elem)),
-        range("k", &g.k, need(kv, elem)),
-        range("v", &g.v, need(v, elem)),
-        range("o", &g.o, need(o, elem)),
-        range("do", &g.d_o, need(o, elem)),
-        range("lse", &g.lse, need(shape.lse_len(), 4)),
+        range("q", &g.q, t.q),
+        range("k", &g.k, t.kv),
+        range("v", &g.v, t.v),
+        range("o", &g.o, t.o),
+        range("do", &g.d_o, t.o),
+        range("lse", &g.lse, t.lse),
     ];
     let outputs = [
-        range("dq", &g.dq, need(q, elem)),
-        range("dk", &g.dk, need(kv, elem)),
-        range("dv", &g.dv, need(v, elem)),
+        range("dq", &g.dq, t.q),
+        range("dk", &g.dk, t.kv),
+        range("dv", &g.dv, t.v),
     ];
     bindings::check(gpu, &inputs, &outputs)?;
     // D is written by one kernel and read beside the gradients by the next:

@@ -4,8 +4,38 @@
 //! storage binding, and no output in a buffer an input is bound from
 //! (WebGPU forbids one buffer bound read-only and writable in a dispatch).
 
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
-use crate::runtime::Gpu;
+use crate::runtime::{padded, Gpu};
+
+/// The bytes each tensor of a problem needs in a binding (padded to 4):
+/// q, k, v and o (do, dq, dk and dv like them) in the storage precision,
+/// lse in f32.
+pub struct TensorBytes {
+    pub q: u64,
+    pub kv: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+impl TensorBytes {
+    /// Those of `shape` in `precision`, once its sizes are checked (a
+    /// caller may have built it field by field).
+    pub fn of(shape: &AttentionShape, precision: Precision) -> Result<Self> {
+        shape.check()?;
+        let elem = precision.bytes() as u64;
+        let need = |n: usize, e: u64| padded(n as u64 * e);
+        Ok(Self {
+            q: need(shape.q_len(), elem),
+            kv: need(shape.kv_len(), elem),
+            v: need(shape.v_len(), elem),
+            o: need(shape.o_len(), elem),
+            lse: need(shape.lse_len(), 4),
+        })
+    }
+}
 
 /// One tensor's range and the bytes its tensor needs.
 pub struct Range<'r, 'a> {

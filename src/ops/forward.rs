@@ -3,7 +3,7 @@
 //! guard fires) and on caller-owned device buffers (one dispatch set, never
 //! split).
 
-use super::bindings::{self, Range};
+use super::bindings::{self, Range, TensorBytes};
 use super::pieces::ForwardAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
@@ -18,7 +18,7 @@ use crate::kernels::{
     binding, AttentionBindings, AttentionBuffers, FlashForward, KernelKey, Params, Walk,
 };
 use crate::plan::{plan_forward, PieceLimits, Plan, PlanOverrides};
-use crate::runtime::{padded, record, whole, Call, Dispatch, Gpu};
+use crate::runtime::{record, whole, Call, Dispatch, Gpu};
 
 /// A forward's inputs and choices, validated.
 struct Forward<'a> {
@@ -344,17 +344,8 @@ fn check_bindings(
     shape: &AttentionShape,
     precision: Precision,
 ) -> Result<()> {
-    // The caller built the shape field by field: its sizes are checked first.
-    shape.check()?;
-    let elem = precision.bytes() as u64;
-    let need = |n: usize, e: u64| padded(n as u64 * e);
-    let needs = [
-        need(shape.q_len(), elem),
-        need(shape.kv_len(), elem),
-        need(shape.v_len(), elem),
-        need(shape.o_len(), elem),
-        need(shape.lse_len(), 4),
-    ];
+    let t = TensorBytes::of(shape, precision)?;
+    let needs = [t.q, t.kv, t.v, t.o, t.lse];
     let ranges: Vec<Range> = b
         .named()
         .into_iter()
