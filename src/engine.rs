@@ -7,15 +7,19 @@ use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, Ho
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
-use crate::kernels::AttentionBuffers;
+use crate::kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::{CeilingResult, CeilingShape};
 use crate::plan::{
-    plan_backward, plan_forward, DecodePlan, DeviceCaps, Pass, PlanOverrides, PlanRequest, Planned,
+    plan_backward, plan_forward, DecodePlan, DeviceCaps, Pass, Plan, PlanOverrides, PlanRequest,
+    Planned,
 };
 use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
@@ -23,7 +27,7 @@ use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
 use crate::verify::matrix::{self, MatrixEntry};
-use crate::verify::wgpu::{Problem, Routed, Verifier};
+use crate::verify::wgpu::{Routed, Verifier};
 use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
 /// A GPU attention engine on one wgpu device.
@@ -158,8 +162,11 @@ impl Engine {
             Pass::Forward => CallKind::Forward,
             Pass::Backward => CallKind::Backward,
         };
-        let problem = (Some(shape), precision, opts);
-        pollster::block_on(self.route(call, problem, (overrides, *overrides)))
+        let problem = Problem::new(*shape, precision, opts)?;
+        let route = self
+            .verifier
+            .route(&self.gpu, call, &problem, (overrides, *overrides));
+        pollster::block_on(route)
     }
 
     /// What verification decides for a decoding step of `problem`: the
@@ -213,14 +220,13 @@ impl Engine {
     fn overrides_for(
         &self,
         pass: Pass,
-        problem: (Option<AttentionShape>, Precision),
-        opts: &AttentionOptions,
+        problem: &Problem<'_>,
         overrides: &PlanOverrides,
     ) -> PlanOverrides {
         #[cfg(not(target_arch = "wasm32"))]
-        if let (true, (Some(shape), precision)) = (*overrides == PlanOverrides::default(), problem)
-        {
-            if let Some(o) = self.tuned_overrides(pass, &shape, precision, opts) {
+        if *overrides == PlanOverrides::default() {
+            let p = problem;
+            if let Some(o) = self.tuned_overrides(pass, &p.shape, p.precision, p.opts) {
                 return o;
             }
         }
@@ -418,35 +424,30 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let (shape, precision) = (AttentionShape::from_views(q, k, v).ok(), q.precision());
-        let run = self.overrides_for(Pass::Forward, (shape, precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Forward,
-                (shape.as_ref(), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let mut out = ops::forward::forward(&self.gpu, [q, k, v], opts, &routed.overrides).await?;
+        let problem = Problem::forward([q, k, v], opts)?;
+        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
         routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
         Ok(out)
     }
 
-    /// Verify the family a forward or backward call runs (see
-    /// [`crate::verify`]): the overrides to run it with.
+    /// Verify the family a forward or backward call of `problem` runs
+    /// (see [`crate::verify`]) under the caller's overrides, or a tuned
+    /// plan's where it gives none: the overrides to run it with.
     async fn route(
         &self,
         call: CallKind,
-        (shape, precision, opts): (Option<&AttentionShape>, Precision, &AttentionOptions),
-        overrides: (&PlanOverrides, PlanOverrides),
+        problem: &Problem<'_>,
+        overrides: &PlanOverrides,
     ) -> Result<Routed> {
-        let problem = shape.map(|shape| Problem {
-            shape,
-            precision,
-            opts,
-        });
+        let pass = match call {
+            CallKind::Backward => Pass::Backward,
+            _ => Pass::Forward,
+        };
+        let run = self.overrides_for(pass, problem, overrides);
         self.verifier
-            .route(&self.gpu, call, problem, overrides)
+            .route(&self.gpu, call, problem, (overrides, run))
             .await
     }
 
@@ -536,16 +537,10 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let (shape, precision) = (inputs.shape().ok(), inputs.q.precision());
-        let run = self.overrides_for(Pass::Backward, (shape, precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Backward,
-                (shape.as_ref(), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let mut out = ops::backward::backward(&self.gpu, inputs, opts, &routed.overrides).await?;
+        let problem = Problem::backward(inputs, opts)?;
+        let routed = self.route(CallKind::Backward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
         routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
         Ok(out)
     }
@@ -604,19 +599,120 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        let run = self.overrides_for(Pass::Forward, (Some(*shape), precision), opts, overrides);
-        let routed = self
-            .route(
-                CallKind::Forward,
-                (Some(shape), precision, opts),
-                (overrides, run),
-            )
-            .await?;
-        let run = (opts, &routed.overrides);
-        let mut stats =
-            ops::forward::forward_buffers(&self.gpu, buffers, shape, precision, run).await?;
+        let problem = Problem::new(*shape, precision, opts)?;
+        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+        let run = &routed.overrides;
+        let mut stats = ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
         stats.verification = routed.verification;
         Ok(stats)
+    }
+
+    /// Record the forward of `problem` into the app's `encoder`, on ranges
+    /// of the app's own buffers (`bindings`: any offsets that are multiples
+    /// of the device's `min_storage_buffer_offset_alignment`), and return
+    /// the plan it runs. Nothing is submitted, waited on or read back: the
+    /// app submits the encoder with its own passes, and `o` and `lse` are
+    /// written when that submission runs. Everything is checked first —
+    /// misaligned offsets (`MisalignedBinding`), ranges outside their
+    /// buffer (`BindingOutsideBuffer`) or too small for the shape
+    /// (`BufferTooSmall`), a call past one storage binding, the dispatch
+    /// grid or the adapter's loop limit (it is never split) — and on an
+    /// error nothing has been recorded. The kernel family is verified on
+    /// first use as for every call (a known-answer check the engine
+    /// submits itself, once per family and device).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashattn::Result<()> {
+    /// use flashattn::{AttentionBindings, AttentionOptions, AttentionShape, Engine, Precision, Problem};
+    /// let engine = Engine::new()?;
+    /// let shape = AttentionShape::new(1, 64, 64, 4, 4, 32)?;
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let problem = Problem::new(shape, Precision::F32, &opts)?;
+    /// // One buffer of the app's, the tensors at 256-byte aligned offsets.
+    /// let tensor = (shape.q_len() * 4) as u64;
+    /// let arena = engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
+    ///     label: Some("arena"),
+    ///     size: 5 * tensor,
+    ///     usage: flashattn::wgpu::BufferUsages::STORAGE,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let at = |i: u64, bytes: u64| flashattn::wgpu::BufferBinding {
+    ///     buffer: &arena,
+    ///     offset: i * tensor,
+    ///     size: flashattn::wgpu::BufferSize::new(bytes),
+    /// };
+    /// let bindings = AttentionBindings {
+    ///     q: at(0, tensor), k: at(1, tensor), v: at(2, tensor), o: at(3, tensor),
+    ///     lse: at(4, (shape.lse_len() * 4) as u64),
+    /// };
+    /// let mut encoder = engine.device().create_command_encoder(&Default::default());
+    /// engine.encode_forward(&mut encoder, &problem, &bindings)?;
+    /// engine.queue().submit([encoder.finish()]);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        bindings: &AttentionBindings,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_forward_async(encoder, problem, bindings))
+    }
+
+    /// [`Engine::encode_forward`] as a future (it resolves once the
+    /// pipelines are compiled and the family verified; the work itself is
+    /// only recorded).
+    pub async fn encode_forward_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        bindings: &AttentionBindings<'_>,
+    ) -> Result<Plan> {
+        let none = PlanOverrides::default();
+        let routed = self.route(CallKind::Forward, problem, &none).await?;
+        ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+    }
+
+    /// Record the backward of `problem` into the app's `encoder` on ranges
+    /// of its buffers (the forward's q, k, v, o, lse and the output gradient
+    /// in; dq, dk, dv out, in buffers no input is bound from), and return
+    /// the plan it runs: [`Engine::encode_forward`]'s contract — nothing
+    /// submitted, everything checked before anything is recorded, the
+    /// family verified on first use. D (`rowsum(dO·O)`) goes into the
+    /// caller's scratch ([`Engine::scratch_size`] bytes in a buffer of its
+    /// own), or where none is given a buffer created for the call. Sinks
+    /// (whose gradient has no binding here) are `Unsupported`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_backward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        bindings: &GradientBindings,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_backward_async(encoder, problem, bindings))
+    }
+
+    /// Bytes of scratch an encoded call of `pass` over `problem` uses: the
+    /// size of [`GradientBindings::scratch`] for a backward (D, one f32 per
+    /// row and query head); 0 for a forward, which needs none.
+    pub fn scratch_size(&self, pass: Pass, problem: &Problem) -> u64 {
+        match pass {
+            Pass::Forward => 0,
+            Pass::Backward => ops::backward::scratch_size(&problem.shape),
+        }
+    }
+
+    /// [`Engine::encode_backward`] as a future.
+    pub async fn encode_backward_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        bindings: &GradientBindings<'_>,
+    ) -> Result<Plan> {
+        let none = PlanOverrides::default();
+        let routed = self.route(CallKind::Backward, problem, &none).await?;
+        ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -816,5 +912,59 @@ impl Engine {
             ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
         routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
         Ok(out)
+    }
+}
+
+/// The wgpu engine as the one call model ([`crate::Backend`] dispatches
+/// through it): the blocking host-tensor calls, decoding on an uploaded
+/// copy of the host cache.
+#[cfg(not(target_arch = "wasm32"))]
+impl AttentionBackend for Engine {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: format!("wgpu on {}", self.describe()),
+            backward: true,
+            decode: true,
+            fp8: true,
+            plan_overrides: true,
+        }
+    }
+
+    fn forward(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        self.forward_with(q, k, v, opts, overrides)
+    }
+
+    fn forward_fp8(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        self.forward_fp8_with(qkv, opts, fp8, overrides)
+    }
+
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        self.backward_with(inputs, opts, overrides)
+    }
+
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        self.decode_host(cache, step, opts, num_splits)
     }
 }

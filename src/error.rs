@@ -192,6 +192,31 @@ pub enum Error {
         size: u64,
         needed: u64,
     },
+    /// A caller's binding starts at an offset the device cannot bind.
+    #[error("{tensor}'s binding starts at byte {offset}, not a multiple of the device's storage-buffer offset alignment ({alignment} bytes)")]
+    MisalignedBinding {
+        tensor: &'static str,
+        offset: u64,
+        alignment: u32,
+    },
+    /// An output's binding lies in a buffer an input is bound from: WebGPU
+    /// forbids binding one buffer both read-only and writable in a dispatch.
+    #[error("{output} is bound from the same buffer as {input}; outputs need buffers of their own (one buffer cannot be bound read-only and writable in one dispatch)")]
+    OutputSharesInputBuffer {
+        output: &'static str,
+        input: &'static str,
+    },
+    /// An encoded call would have to be split to run.
+    #[error("the encoded {call} would run in {pieces} pieces (past one storage binding, the dispatch grid or the adapter's loop limit); an encoded call runs whole: use the host-tensor call or a smaller problem")]
+    EncodedCallSplit { call: &'static str, pieces: usize },
+    /// A caller's binding reaches past the end of its buffer.
+    #[error("{tensor}'s binding ({size} bytes at byte {offset}) reaches past the end of its {buffer_size}-byte buffer")]
+    BindingOutsideBuffer {
+        tensor: &'static str,
+        offset: u64,
+        size: u64,
+        buffer_size: u64,
+    },
 
     // ---- bad configuration (plans and overrides) ----
     #[error("requested workgroup storage of {requested} bytes exceeds the device maximum {max}")]

@@ -52,6 +52,8 @@ pub mod choice;
 pub mod cpu;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod disk_cache;
 pub mod engine;
 pub mod error;
 pub mod kernels;
@@ -71,14 +73,15 @@ pub use api::decode::{
 pub use api::inputs::BackwardInputs;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
+pub use api::problem::Problem;
 pub use api::shape::{AttentionShape, Layout, MAX_HEAD_DIM};
 pub use api::tensor::{HostData, Precision, Tensor, TensorData, TensorView};
-pub use backend::{Backend, BackendKind, Choice};
+pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
 #[cfg(not(target_arch = "wasm32"))]
 pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use kernels::AttentionBuffers;
+pub use kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{

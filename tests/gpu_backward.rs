@@ -564,7 +564,7 @@ fn dvec_follows_the_row_strides() {
         let dispatch = Dispatch {
             kernel: kernel.into(),
             uniforms: vec![(binding::PARAMS, bytemuck::bytes_of(&params).to_vec())],
-            buffers: kernel.entries(&bufs),
+            buffers: kernel.entries(&bufs.bindings()),
             grid: kernel.grid(&params, &Sequences::dense(&params), gpu.max_groups()),
             walk: None,
         };

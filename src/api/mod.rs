@@ -7,9 +7,12 @@ pub mod decode;
 pub mod inputs;
 pub mod options;
 pub mod output;
+
 pub mod pair_rule;
+pub mod problem;
 pub mod scores;
 pub mod shape;
 pub mod size;
 pub mod tensor;
+pub mod tile_lists;
 pub mod varlen;

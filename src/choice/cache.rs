@@ -6,92 +6,43 @@
 //! winner without timing again. A missing, unreadable or unwritable cache
 //! only means measuring again.
 
-use std::path::{Path, PathBuf};
+use crate::disk_cache::{cache_dir, Entry, Table};
+use std::path::Path;
 
-/// Where `auto` keeps its measurements.
+/// Where `auto` keeps its measurements: `auto-backend.tsv`, a
+/// [`Table`] whose entries are the winner's id and the reason measured then.
 #[derive(Clone, Debug)]
 pub struct ProbeCache {
-    file: PathBuf,
-}
-
-/// A cached decision: the winner's id and the reason measured then.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cached {
-    pub winner: String,
-    pub reason: String,
+    table: Table,
 }
 
 impl ProbeCache {
-    /// `$FLASHATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/flashattn`, else
-    /// `~/.cache/flashattn`; `None` where none of them is set.
+    /// `auto-backend.tsv` in [`cache_dir`]; `None` where it has none.
     pub fn default_location() -> Option<ProbeCache> {
         Some(ProbeCache::in_dir(&cache_dir()?))
     }
 
     /// The cache file in `dir`.
     pub fn in_dir(dir: &Path) -> ProbeCache {
-        ProbeCache::at(dir.join("auto-backend.tsv"))
+        ProbeCache {
+            table: Table::at(dir.join("auto-backend.tsv")),
+        }
     }
 
-    /// A cache of the same format in `file` (the autotuner's winners).
-    pub fn at(file: PathBuf) -> ProbeCache {
-        ProbeCache { file }
-    }
-
+    /// The file the measurements are kept in.
     pub fn path(&self) -> &Path {
-        &self.file
+        self.table.path()
     }
 
-    /// The last decision stored under `key`.
-    pub fn get(&self, key: &str) -> Option<Cached> {
-        let text = std::fs::read_to_string(&self.file).ok()?;
-        text.lines().rev().find_map(|line| {
-            let mut parts = line.splitn(3, '\t');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(k), Some(winner), Some(reason)) if k == key => Some(Cached {
-                    winner: winner.to_string(),
-                    reason: reason.to_string(),
-                }),
-                _ => None,
-            }
-        })
+    /// The last decision stored under `key`: the winner's id and the reason.
+    pub fn get(&self, key: &str) -> Option<Entry> {
+        self.table.get(key)
     }
 
     /// Store a decision under `key` (appended: the last line wins).
-    pub fn put(&self, key: &str, entry: &Cached) -> std::io::Result<()> {
-        use std::io::Write;
-        if let Some(dir) = self.file.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let clean = |s: &str| s.replace(['\t', '\n'], " ");
-        // One write of the whole line: appends from several threads or
-        // processes (checks finishing at once) never interleave within it.
-        let line = format!(
-            "{}\t{}\t{}\n",
-            clean(key),
-            clean(&entry.winner),
-            clean(&entry.reason)
-        );
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.file)?
-            .write_all(line.as_bytes())
+    pub fn put(&self, key: &str, entry: &Entry) -> std::io::Result<()> {
+        self.table.put(key, entry)
     }
-}
-
-/// Where flashattn keeps what it measured: `$FLASHATTN_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/flashattn`, else `~/.cache/flashattn`; `None` where
-/// none of them is set.
-pub fn cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    env("FLASHATTN_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("flashattn")))
-        .or_else(|| env("HOME").map(|d| d.join(".cache").join("flashattn")))
 }
 
 /// The CPU's model name (`/proc/cpuinfo` on Linux), else the architecture.
@@ -105,26 +56,4 @@ pub fn cpu_model() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_last_entry_for_a_key_wins_and_others_are_kept_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = ProbeCache::in_dir(&dir.path().join("nested"));
-        assert_eq!(cache.get("a"), None);
-        let entry = |w: &str| Cached {
-            winner: w.into(),
-            reason: format!("{w} was faster"),
-        };
-        cache.put("a", &entry("cpu")).unwrap();
-        cache.put("b", &entry("gpu\tx")).unwrap();
-        cache.put("a", &entry("gpu")).unwrap();
-        assert_eq!(cache.get("a"), Some(entry("gpu")));
-        assert_eq!(cache.get("b").unwrap().winner, "gpu x");
-        assert_eq!(cache.get("c"), None);
-    }
 }

@@ -15,15 +15,16 @@ pub use cache::ProbeCache;
 
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::cpu::Cpu;
+use crate::disk_cache::Entry;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::plan::{plan_forward, KernelFamily, PlanOverrides, PlanRequest};
 use crate::random::Rng;
 use crate::runtime::adapter::{adapters, is_software};
-use cache::Cached;
 use web_time::Instant;
 
 /// What a backend is chosen for: `auto` measures on (a slice of) it.
@@ -36,6 +37,13 @@ pub struct Workload {
     pub backward: bool,
     /// What runs: attention, its FP8 form, or decoding steps on a cache.
     pub operation: Operation,
+}
+
+impl Workload {
+    /// The attention call it describes, validated.
+    pub fn problem(&self) -> Result<Problem<'_>> {
+        Problem::new(self.shape, self.precision, &self.opts)
+    }
 }
 
 /// The kind of call a [`Workload`] is (backends do not all take each).
@@ -130,7 +138,15 @@ pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Res
         }
     }
     let (decision, winner, reason) = measure(&found, workload).await?;
-    let stored = cache.map(|c| c.put(&key, &Cached { winner, reason }));
+    let stored = cache.map(|c| {
+        c.put(
+            &key,
+            &Entry {
+                value: winner,
+                note: reason,
+            },
+        )
+    });
     Ok(match (decision, stored) {
         (d, Some(Err(e))) => d.note(&format!("not cached: {e}")),
         (d, _) => d,
@@ -186,14 +202,14 @@ fn path_id(found: &[wgpu::Adapter], p: Path) -> String {
 }
 
 /// The cached winner, when it is still one of the paths found.
-async fn from_cache(found: &[wgpu::Adapter], hit: &Cached, note: &str) -> Result<Option<Decision>> {
-    let why = format!("{} ({note})", hit.reason);
-    if hit.winner == "cpu" {
+async fn from_cache(found: &[wgpu::Adapter], hit: &Entry, note: &str) -> Result<Option<Decision>> {
+    let why = format!("{} ({note})", hit.note);
+    if hit.value == "cpu" {
         return Ok(Some(Decision::Cpu(why)));
     }
     for adapter in 0..found.len() {
         for kernels in [KernelFamily::Lanes, KernelFamily::Coop, KernelFamily::Tiled] {
-            if path_id(found, Path::Gpu { adapter, kernels }) == hit.winner {
+            if path_id(found, Path::Gpu { adapter, kernels }) == hit.value {
                 let engine = gpu_engine(&found[adapter], kernels).await?;
                 return Ok(Some(Decision::Gpu(Box::new(engine), why)));
             }

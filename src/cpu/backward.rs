@@ -27,6 +27,7 @@ use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, CallStats};
 use crate::api::pair_rule::PairRule;
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{Precision, TensorData};
 use crate::api::varlen::{sequences, Sequence};
@@ -66,8 +67,8 @@ pub(crate) fn backward(
     inputs: &BackwardInputs,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate_for(&shape)?;
+    let problem = Problem::backward(inputs, opts)?;
+    let shape = problem.shape;
     let i = inputs;
     let [q, k, v, o, d_o] = [&i.q, &i.k, &i.v, &i.o, &i.d_o].map(pack::widened);
     let dims = [shape.head_dim, shape.head_dim_v];
@@ -93,12 +94,8 @@ pub(crate) fn backward(
         vt: pack::transposed(&v, &vl, &k_rows, bc),
         k: pack::rows(&k, &kl, &k_rows, |n| n.div_ceil(bc) * bc),
         lse: i.lse,
-        delta: row_deltas(
-            &shape,
-            &sink_output(isa, [&q, &k, &v], &o, opts, (&shape, inputs.q.precision())),
-            &d_o,
-        ),
-        scale: opts.scale_for(shape.head_dim),
+        delta: row_deltas(&shape, &sink_output(isa, [&q, &k, &v], &o, &problem), &d_o),
+        scale: problem.scale,
         precision: inputs.q.precision(),
         strips: strips(&shape, &seqs, bc),
         seqs,
@@ -136,12 +133,11 @@ fn sink_output<'o>(
     isa: Isa,
     qkv: [&[f32]; 3],
     o: &'o [f32],
-    opts: &AttentionOptions,
-    (shape, precision): (&AttentionShape, Precision),
+    problem: &Problem,
 ) -> std::borrow::Cow<'o, [f32]> {
-    match (&opts.sinks, vmath::rounding_of(precision)) {
+    match (&problem.opts.sinks, vmath::rounding_of(problem.precision)) {
         (Some(_), Some(_)) => {
-            let (o32, _) = super::forward::forward_f32(isa, *shape, qkv, opts, None);
+            let (o32, _) = super::forward::forward_f32(isa, problem, qkv, None);
             std::borrow::Cow::Owned(o32)
         }
         _ => std::borrow::Cow::Borrowed(o),

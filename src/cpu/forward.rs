@@ -16,6 +16,7 @@ use super::vmath::{rounding_of, Rounding};
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::pair_rule::PairRule;
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::tensor::{TensorData, TensorView};
 use crate::api::varlen::{sequences, Sequence};
@@ -91,27 +92,26 @@ pub(crate) fn forward(
     [q, k, v]: [&TensorView; 3],
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    opts.validate_for(&shape)?;
-    let precision = q.precision();
+    let problem = Problem::forward([q, k, v], opts)?;
+    let precision = problem.precision;
     let [qf, kf, vf] = [q, k, v].map(pack::widened);
-    let (o, lse) = forward_f32(isa, shape, [&qf, &kf, &vf], opts, rounding_of(precision));
+    let (o, lse) = forward_f32(isa, &problem, [&qf, &kf, &vf], rounding_of(precision));
     let o = TensorData::from_f32(o, precision);
-    let out = ForwardOutput::new(shape, o, lse, CallStats::default());
-    Ok(out.packed(opts.varlen.is_some()))
+    let out = ForwardOutput::new(problem.shape, o, lse, CallStats::default());
+    Ok(out.packed(problem.packed()))
 }
 
-/// The forward on f32 data in the standard layouts of a validated `shape`,
+/// The forward of `problem` on f32 data in its shape's standard layouts,
 /// P rounded by `round_p` before `P·V`: `(o, lse)` (the FP8 path's core too).
 pub(crate) fn forward_f32(
     isa: Isa,
-    shape: AttentionShape,
+    problem: &Problem,
     [q, k, v]: [&[f32]; 3],
-    opts: &AttentionOptions,
     round_p: Rounding,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (shape, opts) = (problem.shape, problem.opts);
     let dims = [shape.head_dim, shape.head_dim_v];
-    let Blocks { rows: br, keys: bc } = Blocks::forward(dims, &opts.mask(&shape));
+    let Blocks { rows: br, keys: bc } = Blocks::forward(dims, &problem.mask);
     let seqs = sequences(&shape, opts.varlen.as_ref());
     let key_rows: Vec<Range<usize>> = seqs.iter().map(|s| s.k.clone()).collect();
     let mut first_block = vec![0];

@@ -6,7 +6,9 @@
 
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{CallStats, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Result;
 use crate::quant::{round_p, Fp8Layout};
@@ -27,12 +29,12 @@ pub fn forward_fp8(
     // Each tensor's scales multiply its values here; the kernels fold them
     // into the scores and the output instead (equal up to rounding).
     let qkv = quantized.map(|t| t.dequantize());
-    let padded = layout.padded(&shape);
+    let opts = layout.options(opts);
+    let problem = Problem::new(layout.padded(&shape), Precision::F32, &opts)?;
     let (o, lse) = super::forward::forward_f32(
         super::Isa::detect(),
-        padded,
+        &problem,
         [&qkv[0], &qkv[1], &qkv[2]],
-        &layout.options(opts),
         Some(round_p),
     );
     let o = TensorData::F32(layout.trim(&o));

@@ -62,10 +62,12 @@ pub use isa::Isa;
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::tensor::TensorView;
+use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
+use crate::plan::PlanOverrides;
 
 /// The CPU backend on one instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +104,16 @@ impl Cpu {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(self.isa, [q, k, v], opts)
+        self.forward_qkv([q, k, v], opts)
+    }
+
+    /// [`Cpu::forward`] on q, k, v in one array.
+    pub fn forward_qkv(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+    ) -> Result<ForwardOutput> {
+        forward::forward(self.isa, qkv, opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -123,6 +134,58 @@ impl Cpu {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         decode::decode(self.isa, cache, step, opts, num_splits)
+    }
+}
+
+/// The CPU backend as the one call model: plan overrides are the wgpu
+/// planner's and are ignored here.
+impl AttentionBackend for Cpu {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: format!("cpu ({} threads)", rayon::current_num_threads()),
+            backward: true,
+            decode: true,
+            fp8: true,
+            plan_overrides: false,
+        }
+    }
+
+    fn forward(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        self.forward_qkv(qkv, opts)
+    }
+
+    fn forward_fp8(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        fp8::forward_fp8(q, k, v, opts, fp8)
+    }
+
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        Cpu::backward(self, inputs, opts)
+    }
+
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Cpu::decode(self, cache, step, opts, num_splits)
     }
 }
 

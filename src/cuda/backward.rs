@@ -8,8 +8,8 @@ use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, CallStats, Timing};
+use crate::api::problem::Problem;
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
@@ -64,10 +64,10 @@ pub(crate) fn backward(
     dev: &CudaDevice,
     path: KernelPath,
     inputs: &BackwardInputs,
-    opts: &AttentionOptions,
+    problem: &Problem,
 ) -> Result<BackwardOutput> {
-    let shape = inputs.shape()?;
-    let call = Call::new(shape, inputs.q.precision(), opts)?;
+    let (shape, opts) = (problem.shape, problem.opts);
+    let call = Call::new(problem)?;
     let stream = &dev.stream;
     let mut b = Buffers::upload(stream, inputs, shape.lse_len())?;
     let side = Side::upload(stream, &shape, opts)?;

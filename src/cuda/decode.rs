@@ -15,6 +15,7 @@ use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorData;
 use crate::api::varlen::Varlen;
@@ -54,11 +55,11 @@ pub(crate) fn decode(
     match total_k {
         0 => {
             let shape = AttentionShape::new(p.batch, p.seqlen_q, 1, heads, p.heads_kv, d)?;
-            Call::new(shape, p.precision, opts)?
+            Call::new(&Problem::new(shape, p.precision, opts)?)?
         }
         _ => {
             let shape = AttentionShape::new(1, total_q, total_k, heads, p.heads_kv, d)?;
-            Call::new(shape, p.precision, &packed)?
+            Call::new(&Problem::new(shape, p.precision, &packed)?)?
         }
     };
     if let Some([k_new, v_new]) = &step.new_kv {
@@ -78,12 +79,8 @@ pub(crate) fn decode(
         shape: [1, total_q, p.heads_q, p.head_dim],
         data: q,
     };
-    let out = forward(
-        dev,
-        path,
-        [&q, &k.view(kv_shape), &v.view(kv_shape)],
-        &packed,
-    )?;
+    let qkv = [&q, &k.view(kv_shape), &v.view(kv_shape)];
+    let out = forward(dev, path, qkv, &Problem::forward(qkv, &packed)?)?;
     // lse (heads_q, total_q) of the packed batch to (batch, heads_q, seqlen_q).
     let mut lse = vec![0.0; p.lse_len()];
     for b in 0..p.batch {

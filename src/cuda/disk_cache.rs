@@ -9,17 +9,11 @@ use crate::error::Result;
 use cudarc::nvrtc::Ptx;
 use std::path::PathBuf;
 
-/// `FLASHATTN_CUDA_CACHE`, else `$XDG_CACHE_HOME/flashattn/cuda`, else
-/// `~/.cache/flashattn/cuda`; `None` with none of them (no caching).
+/// `FLASHATTN_CUDA_CACHE`, else `cuda` in flashattn's cache directory
+/// ([`crate::disk_cache::cache_dir`]); `None` with neither (no caching).
 fn cache_dir() -> Option<PathBuf> {
-    let var = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    var("FLASHATTN_CUDA_CACHE")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("flashattn/cuda")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache/flashattn/cuda")))
+    crate::disk_cache::env_dir("FLASHATTN_CUDA_CACHE")
+        .or_else(|| crate::disk_cache::cache_dir().map(|d| d.join("cuda")))
 }
 
 /// FNV-1a, 64 bits: stable across Rust versions and platforms, unlike

@@ -11,9 +11,8 @@ use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use super::tensor_map::{encode, params, TensorMap};
-use crate::api::options::AttentionOptions;
 use crate::api::output::{Allocation, CallStats, ForwardOutput, Timing};
-use crate::api::shape::AttentionShape;
+use crate::api::problem::Problem;
 use crate::api::tensor::{TensorData, TensorView};
 use crate::error::Error;
 use crate::error::Result;
@@ -23,10 +22,10 @@ pub(crate) fn forward(
     dev: &CudaDevice,
     path: KernelPath,
     [q, k, v]: [&TensorView; 3],
-    opts: &AttentionOptions,
+    problem: &Problem,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    let call = Call::new(shape, q.precision(), opts)?;
+    let (shape, opts) = (problem.shape, problem.opts);
+    let call = Call::new(problem)?;
     let key = call.plan(&dev.props, path)?.forward;
     let func = dev.function(key, "flash_fwd")?;
     let stream = &dev.stream;

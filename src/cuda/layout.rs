@@ -6,9 +6,10 @@
 //! branching uniformly on what the struct says is on.
 
 use super::driver_error::driver;
-use crate::api::block_mask::{tile_fate, BlockMask, Tile, TileFate};
+use crate::api::block_mask::{tile_fate, BlockMask, Tile};
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
+use crate::api::tile_lists::{TileEntry, TileListBuilder, TileLists};
 use crate::api::varlen::{sequences, Sequence};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
@@ -64,20 +65,47 @@ pub(crate) struct LaunchTiles {
     pub by_keys: bool,
 }
 
-/// A block mask's tile lists for one launch's tiles: per (sequence, list
-/// head, outer tile) the inner tiles with an allowed pair (index, with
-/// [`TILE_PARTIAL`] where the mask needs testing per pair), CSR-style.
-/// dK/dV's (`by_keys`) are per kv head: (query head of its group, query
-/// tile) in order, the head at [`TILE_HEAD_SHIFT`].
+/// A launch's tile lists as `Layout` points at them: `starts`, then the
+/// entries — the inner tile, [`TILE_PARTIAL`] where the mask needs testing
+/// per pair, and (dK/dV's lists, per kv head) the query head within the
+/// group at [`TILE_HEAD_SHIFT`] — then one entry never read, so that even a
+/// mask that skips every tile has a buffer (a null one means no mask).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TileLists {
-    /// Where each list starts, and one past the last.
+pub(crate) struct CudaTileLists {
     pub starts: Vec<i32>,
-    /// The lists, then one entry never read, so that even a mask that
-    /// skips every tile has a buffer (a null one means no mask).
     pub entries: Vec<i32>,
-    pub batch_stride: usize,
-    pub head_stride: usize,
+    pub batch_stride: i32,
+    pub head_stride: i32,
+}
+
+/// The CUDA encoding of `lists`: `Unsupported` where a tile index or a
+/// head does not fit its field, `Overflow` past 32-bit ints.
+pub(crate) fn cuda_words(lists: &TileLists) -> Result<CudaTileLists> {
+    let fits = lists
+        .entries
+        .iter()
+        .all(|e| e.tile < 1 << TILE_HEAD_SHIFT && e.head < 1 << (30 - TILE_HEAD_SHIFT));
+    if !fits {
+        return Err(Error::Unsupported {
+            what: super::problem::WHAT,
+            feature: "a block mask over more than 2^20 tiles or 1024 query heads per kv head",
+        });
+    }
+    let starts = lists
+        .starts
+        .iter()
+        .map(|&s| to_i32("tile-list entries", s))
+        .collect::<Result<_>>()?;
+    let entry = |e: &TileEntry| {
+        let partial = if e.partial { TILE_PARTIAL } else { 0 };
+        ((e.head << TILE_HEAD_SHIFT) | e.tile) as i32 | partial
+    };
+    Ok(CudaTileLists {
+        starts,
+        entries: lists.entries.iter().map(entry).chain([0]).collect(),
+        batch_stride: to_i32("tile lists", lists.batch_stride)?,
+        head_stride: to_i32("tile lists", lists.head_stride)?,
+    })
 }
 
 /// The lists of `mask` under `opts`' band for `tiles` over `seqs`: a list
@@ -109,8 +137,7 @@ pub(crate) fn tile_lists(
     } else {
         seqs
     };
-    let mut starts = Vec::with_capacity(list_seqs.len() * list_heads * outer_tiles + 2);
-    let mut entries = Vec::new();
+    let mut lists = TileListBuilder::new();
     for seq in list_seqs {
         let band = opts.mask_for(seq.len_q(), seq.len_k());
         let (n_outer, n_inner) = if tiles.by_keys {
@@ -120,7 +147,7 @@ pub(crate) fn tile_lists(
         };
         for lh in 0..list_heads {
             for o in 0..outer_tiles {
-                starts.push(entries.len() as i32);
+                lists.open_list();
                 let outer = o * tiles.outer..((o + 1) * tiles.outer).min(n_outer);
                 if outer.is_empty() {
                     continue;
@@ -129,7 +156,6 @@ pub(crate) fn tile_lists(
                     .flat_map(|g| (0..n_inner.div_ceil(tiles.inner)).map(move |t| (g, t)))
                 {
                     let view = mask.view(seq.index, lh * heads_per_list + g);
-                    let entry = ((g << TILE_HEAD_SHIFT) | t) as i32;
                     let inner = t * tiles.inner..((t + 1) * tiles.inner).min(n_inner);
                     let tile = if tiles.by_keys {
                         Tile {
@@ -142,23 +168,15 @@ pub(crate) fn tile_lists(
                             keys: inner,
                         }
                     };
-                    match tile_fate(&view, &band, &tile) {
-                        TileFate::Skipped => {}
-                        TileFate::Full => entries.push(entry),
-                        TileFate::Partial => entries.push(entry | TILE_PARTIAL),
-                    }
+                    lists.add(g, t, tile_fate(&view, &band, &tile));
                 }
             }
         }
     }
-    starts.push(entries.len() as i32);
-    entries.push(0);
-    TileLists {
-        starts,
-        entries,
-        batch_stride: if shared { 0 } else { list_heads * outer_tiles },
-        head_stride: if list_heads > 1 { outer_tiles } else { 0 },
-    }
+    lists.finish(
+        if list_heads > 1 { outer_tiles } else { 0 },
+        if shared { 0 } else { list_heads * outer_tiles },
+    )
 }
 
 /// The side buffers of one call on the device (each `None` when off).
@@ -271,16 +289,6 @@ impl Side {
         let Some(mask) = &self.opts.block_mask else {
             return Ok(None);
         };
-        // An entry holds a tile index below 2^20 and a head of the group below 2^10.
-        let longest = self.seqs.iter().map(|s| s.len_q().max(s.len_k())).max();
-        if longest.unwrap_or(0).div_ceil(tiles.inner) >= 1 << TILE_HEAD_SHIFT
-            || self.shape.group() >= 1 << (30 - TILE_HEAD_SHIFT)
-        {
-            return Err(Error::Unsupported {
-                what: super::problem::WHAT,
-                feature: "a block mask over more than 2^20 tiles or 1024 query heads per kv head",
-            });
-        }
         let l = tile_lists(
             mask,
             &self.opts,
@@ -289,6 +297,7 @@ impl Side {
             tiles,
             self.opts.varlen.is_some(),
         );
+        let l = cuda_words(&l)?;
         to_i32("tile-list entries", l.entries.len())?;
         Ok(Some(DeviceLists {
             starts: stream
@@ -297,8 +306,8 @@ impl Side {
             entries: stream
                 .clone_htod(&l.entries)
                 .map_err(driver("uploading tile lists"))?,
-            batch_stride: to_i32("tile lists", l.batch_stride)?,
-            head_stride: to_i32("tile lists", l.head_stride)?,
+            batch_stride: l.batch_stride,
+            head_stride: l.head_stride,
         }))
     }
 
@@ -375,7 +384,7 @@ mod tests {
             inner: 8,
             by_keys: false,
         };
-        let l = tile_lists(&mask, &opts, &seqs, [2, 1], rows, false);
+        let l = cuda_words(&tile_lists(&mask, &opts, &seqs, [2, 1], rows, false)).unwrap();
         // One list per outer tile, shared by the batch and the heads:
         // rows 0..8 see key tile 0 partially (rows 4..8 only), rows 8..16 nothing.
         assert_eq!(l.starts, vec![0, 1, 1]);
@@ -386,7 +395,7 @@ mod tests {
             ..rows
         };
         // dK/dV: per kv head, both query heads of its group in turn.
-        let l = tile_lists(&mask, &opts, &seqs, [2, 1], keys, false);
+        let l = cuda_words(&tile_lists(&mask, &opts, &seqs, [2, 1], keys, false)).unwrap();
         assert_eq!(l.starts, vec![0, 2, 2]);
         let second = (1 << TILE_HEAD_SHIFT) | TILE_PARTIAL;
         assert_eq!(l.entries, vec![TILE_PARTIAL, second, 0]);

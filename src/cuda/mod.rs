@@ -46,8 +46,9 @@
 //!   nothing but that `lse`, and `dsinks` is summed on the host in f64, in
 //!   row order, from the kernels' `D` read back (deterministic);
 //! - block masks: the host lists, for each launch's tiles, the inner tiles
-//!   each block visits (`layout::tile_lists`, from `api::block_mask::
-//!   tile_fate` under the band), so masked tiles are never loaded; only a
+//!   each block visits (`layout::tile_lists`, built by `api::tile_lists`
+//!   from `api::block_mask::tile_fate` under the band, encoded by
+//!   `layout::cuda_words`), so masked tiles are never loaded; only a
 //!   partial tile tests the mask per pair;
 //! - packed batches: the grid's z is the sequence, each block reads its
 //!   rows from `cu_seqlens` and takes the sequence's lengths (so its band,
@@ -110,11 +111,14 @@ pub use plan::{CudaPlan, DeviceProps, KernelPath};
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::BackwardInputs;
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::tensor::TensorView;
+use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::choice::{Operation, Workload};
 use crate::error::{Error, Result};
+use crate::plan::PlanOverrides;
 
 /// Whether the CUDA kernels take `workload` (no device needed): `Ok`, or
 /// the typed error a call on this backend would return.
@@ -126,15 +130,13 @@ pub fn takes(workload: &Workload) -> Result<()> {
         })
     };
     match workload.operation {
-        Operation::Attention => {
-            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
-        }
+        Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
         // Decoding runs the forward over each sequence's cached keys, with
         // the band and score options only (as on every backend).
         Operation::Decode => {
             workload.opts.band_only(problem::WHAT)?;
-            problem::Call::new(workload.shape, workload.precision, &workload.opts).map(drop)
+            problem::Call::new(&workload.problem()?).map(drop)
         }
     }
 }
@@ -283,13 +285,11 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        let problem = crate::api::shape::AttentionShape::from_views(q, k, v)
-            .and_then(|s| problem::Call::new(s, q.precision(), opts))
-            .map(|c| c.plan_problem())
-            .ok();
+        let problem = Problem::forward([q, k, v], opts)?;
+        let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Forward;
-        let (path, verification) = self.verified(call, problem, path)?;
-        let mut out = forward::forward(&self.device, path, [q, k, v], opts)?;
+        let (path, verification) = self.verified(call, plan, path)?;
+        let mut out = forward::forward(&self.device, path, [q, k, v], &problem)?;
         self.finish(verification, &mut out.stats, &mut out.o);
         Ok(out)
     }
@@ -301,14 +301,11 @@ impl Cuda {
         inputs: &BackwardInputs,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        let problem = inputs
-            .shape()
-            .and_then(|s| problem::Call::new(s, inputs.q.precision(), opts))
-            .map(|c| c.plan_problem())
-            .ok();
+        let problem = Problem::backward(inputs, opts)?;
+        let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Backward;
-        let (path, verification) = self.verified(call, problem, path)?;
-        let mut out = backward::backward(&self.device, path, inputs, opts)?;
+        let (path, verification) = self.verified(call, plan, path)?;
+        let mut out = backward::backward(&self.device, path, inputs, &problem)?;
         self.finish(verification, &mut out.stats, &mut out.dq);
         Ok(out)
     }
@@ -316,11 +313,13 @@ impl Cuda {
     /// One decoding step on a host cache (`k_new`/`v_new` appended in place
     /// first): the forward over each sequence's cached keys, bottom-right
     /// aligned per sequence. Band and score options only, as elsewhere.
+    /// One launch, never split: any `num_splits` gives the same result.
     pub fn decode(
         &self,
         cache: &mut HostKvCache,
         step: &DecodeStep,
         opts: &AttentionOptions,
+        _num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
             .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
@@ -339,5 +338,60 @@ impl Cuda {
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         self.backward_on(self.path, inputs, opts)
+    }
+}
+
+/// The CUDA backend as the one call model: plan overrides are the wgpu
+/// planner's and are ignored here (the kernel path is the handle's).
+impl AttentionBackend for Cuda {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: format!("cuda on {}", self.describe()),
+            backward: true,
+            decode: true,
+            fp8: false,
+            plan_overrides: false,
+        }
+    }
+
+    fn forward(
+        &self,
+        [q, k, v]: [&TensorView; 3],
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        Cuda::forward(self, q, k, v, opts)
+    }
+
+    fn forward_fp8(
+        &self,
+        _: [&TensorView; 3],
+        _: &AttentionOptions,
+        _: &Fp8Options,
+        _: &PlanOverrides,
+    ) -> Result<ForwardOutput> {
+        Err(Error::Unsupported {
+            what: problem::WHAT,
+            feature: "FP8 (e4m3)",
+        })
+    }
+
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        _: &PlanOverrides,
+    ) -> Result<BackwardOutput> {
+        Cuda::backward(self, inputs, opts)
+    }
+
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Cuda::decode(self, cache, step, opts, num_splits)
     }
 }

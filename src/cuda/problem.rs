@@ -4,7 +4,7 @@
 
 use super::kernel::{KernelKey, MAX_HEAD_DIM};
 use super::plan::{plan, CudaPlan, DeviceProps, KernelPath, PlanProblem};
-use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem as Attention;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
@@ -60,12 +60,8 @@ impl Call {
     /// option but a v head dim of its own, which is `Unsupported`). For a
     /// packed batch `shape` is its batch of one; `Problem`'s lengths are
     /// then the totals, which each block replaces by its sequence's.
-    pub fn new(
-        shape: AttentionShape,
-        precision: Precision,
-        opts: &AttentionOptions,
-    ) -> Result<Self> {
-        opts.validate_for(&shape)?;
+    pub fn new(p: &Attention) -> Result<Self> {
+        let (shape, precision) = (p.shape, p.precision);
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,
@@ -93,23 +89,21 @@ impl Call {
         ] {
             to_i32(what, n)?;
         }
-        let mask = opts.mask(&shape);
+        let mask = p.mask;
         // Bounds past both lengths act as none; clamping keeps them in i32.
         let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
         let bound =
             |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
-        let softcap = opts.softcap_value();
-        let (seqs, (max_q, max_k)) = match &opts.varlen {
-            Some(v) => (v.batch(), v.max_seqlens()),
-            None => (shape.batch, (shape.seqlen_q, shape.seqlen_k)),
-        };
+        let softcap = p.softcap;
+        let seqs = p.opts.varlen.as_ref().map_or(shape.batch, |v| v.batch());
+        let (max_q, max_k) = p.longest;
         let problem = Problem {
             seqlen_q: to_i32("seqlen_q", shape.seqlen_q)?,
             seqlen_k: to_i32("seqlen_k", shape.seqlen_k)?,
             heads_q: to_i32("heads_q", shape.heads_q)?,
             heads_kv: to_i32("heads_kv", shape.heads_kv)?,
             d: to_i32("head_dim", shape.head_dim)?,
-            scale: opts.scale_for(shape.head_dim),
+            scale: p.scale,
             softcap,
             left: bound(mask.left)?,
             right: bound(mask.right)?,
@@ -120,7 +114,7 @@ impl Call {
             precision,
             band: mask.is_active(),
             softcap: softcap > 0.0,
-            layouts: opts.band_only(WHAT).is_err(),
+            layouts: p.opts.band_only(WHAT).is_err(),
             seqs,
             max_q,
             max_k,

@@ -12,6 +12,7 @@ use super::forward::forward;
 use super::kernel::Family;
 use super::plan::{plan, DeviceProps, KernelPath, PlanProblem};
 use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 use crate::verify::cases::{AttentionCase, DecodeCase, DecodeLayout, Judgement};
@@ -172,13 +173,15 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     };
     let [q, k, v, _] = case.views();
     if call == CallKind::Forward {
-        let mut out = forward(dev, path, [&q, &k, &v], &case.opts)?;
+        let problem = Problem::forward([&q, &k, &v], &case.opts)?;
+        let mut out = forward(dev, path, [&q, &k, &v], &problem)?;
         Fault::perturb(fault, &key, &mut out.o);
         return case.judge_forward(&out);
     }
     let fwd = case.cpu_forward()?;
     let inputs = case.backward_inputs(&fwd)?;
-    let mut out = backward(dev, path, &inputs, &case.opts)?;
+    let problem = Problem::backward(&inputs, &case.opts)?;
+    let mut out = backward(dev, path, &inputs, &problem)?;
     Fault::perturb(fault, &key, &mut out.dq);
     case.judge_backward(&out)
 }

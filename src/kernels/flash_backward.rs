@@ -70,6 +70,83 @@ pub struct BackwardBuffers<'a> {
     pub dsinks: Option<[&'a wgpu::Buffer; 2]>,
 }
 
+/// The tensors of a backward as ranges of an app's device buffers (offsets
+/// multiples of the device's `min_storage_buffer_offset_alignment`): the
+/// forward's inputs and outputs, the output gradient `d_o`, and the
+/// gradients written. Layouts and sizes as the host tensors'. The inputs
+/// may share buffers; the gradients need buffers no input is bound from.
+/// `scratch`, where given, holds the call's scratch (`Engine::scratch_size`
+/// bytes, in a buffer no tensor is bound from); else the engine creates it.
+#[derive(Clone, Debug)]
+pub struct GradientBindings<'a> {
+    pub q: wgpu::BufferBinding<'a>,
+    pub k: wgpu::BufferBinding<'a>,
+    pub v: wgpu::BufferBinding<'a>,
+    pub o: wgpu::BufferBinding<'a>,
+    pub d_o: wgpu::BufferBinding<'a>,
+    pub lse: wgpu::BufferBinding<'a>,
+    pub dq: wgpu::BufferBinding<'a>,
+    pub dk: wgpu::BufferBinding<'a>,
+    pub dv: wgpu::BufferBinding<'a>,
+    pub scratch: Option<wgpu::BufferBinding<'a>>,
+}
+
+/// [`BackwardBuffers`] as the ranges the kernels bind (an app's
+/// sub-allocations, or whole buffers).
+#[derive(Clone, Debug)]
+pub struct BackwardBindings<'a> {
+    pub q: wgpu::BufferBinding<'a>,
+    pub k: wgpu::BufferBinding<'a>,
+    pub v: wgpu::BufferBinding<'a>,
+    pub o: wgpu::BufferBinding<'a>,
+    pub d_o: wgpu::BufferBinding<'a>,
+    pub lse: wgpu::BufferBinding<'a>,
+    pub dvec: wgpu::BufferBinding<'a>,
+    pub dq: wgpu::BufferBinding<'a>,
+    pub dk: wgpu::BufferBinding<'a>,
+    pub dv: wgpu::BufferBinding<'a>,
+    pub dsinks: Option<[wgpu::BufferBinding<'a>; 2]>,
+}
+
+impl<'a> BackwardBindings<'a> {
+    /// An app's ranges and D's scratch (no sinks).
+    pub fn from_gradients(g: GradientBindings<'a>, dvec: wgpu::BufferBinding<'a>) -> Self {
+        Self {
+            dvec,
+            dsinks: None,
+            q: g.q,
+            k: g.k,
+            v: g.v,
+            o: g.o,
+            d_o: g.d_o,
+            lse: g.lse,
+            dq: g.dq,
+            dk: g.dk,
+            dv: g.dv,
+        }
+    }
+}
+
+impl<'a> BackwardBuffers<'a> {
+    /// Every buffer whole.
+    pub fn bindings(&self) -> BackwardBindings<'a> {
+        let w = |b: &'a wgpu::Buffer| b.as_entire_buffer_binding();
+        BackwardBindings {
+            q: w(self.q),
+            k: w(self.k),
+            v: w(self.v),
+            o: w(self.o),
+            d_o: w(self.d_o),
+            lse: w(self.lse),
+            dvec: w(self.dvec),
+            dq: w(self.dq),
+            dk: w(self.dk),
+            dv: w(self.dv),
+            dsinks: self.dsinks.map(|[a, b]| [w(a), w(b)]),
+        }
+    }
+}
+
 impl FlashBackward {
     /// The kernel of `part` in a backward planned as `plan` with `variant`,
     /// keyed by what its code reads. D and the sinks' passes are elementwise
@@ -272,15 +349,16 @@ impl FlashBackward {
     }
 
     /// The `(binding, buffer)` pairs this kernel reads and writes.
-    pub fn entries<'a>(&self, b: &BackwardBuffers<'a>) -> Vec<(u32, &'a wgpu::Buffer)> {
+    pub fn entries<'a>(&self, b: &BackwardBindings<'a>) -> Vec<(u32, wgpu::BufferBinding<'a>)> {
         use binding::*;
-        let sinks = b.dsinks.unwrap_or([b.dvec; 2]);
+        let b = b.clone();
+        let [part, sums] = b.dsinks.clone().unwrap_or([b.dvec.clone(), b.dvec.clone()]);
         match self.part {
             BackwardPart::Dvec => vec![(DO, b.d_o), (O, b.o), (DVEC, b.dvec)],
             BackwardPart::SinkPartials => {
-                vec![(LSE, b.lse), (DVEC, b.dvec), (DSINK_PART, sinks[0])]
+                vec![(LSE, b.lse), (DVEC, b.dvec), (DSINK_PART, part)]
             }
-            BackwardPart::SinkReduce => vec![(DSINK_PART, sinks[0]), (DSINKS, sinks[1])],
+            BackwardPart::SinkReduce => vec![(DSINK_PART, part), (DSINKS, sums)],
             BackwardPart::DkDv | BackwardPart::Dq => {
                 let mut e = vec![
                     (Q, b.q),

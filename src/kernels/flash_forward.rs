@@ -39,6 +39,44 @@ pub struct AttentionBuffers<'a> {
     pub lse: &'a wgpu::Buffer,
 }
 
+/// The tensors of a forward as ranges of device buffers (an app's
+/// sub-allocations, with offsets and sizes, or whole buffers): what the
+/// kernels bind. Each range needs `STORAGE` usage, an offset that is a
+/// multiple of the device's `min_storage_buffer_offset_alignment`, and room
+/// for its tensor as [`AttentionBuffers`] describes it.
+#[derive(Clone, Debug)]
+pub struct AttentionBindings<'a> {
+    pub q: wgpu::BufferBinding<'a>,
+    pub k: wgpu::BufferBinding<'a>,
+    pub v: wgpu::BufferBinding<'a>,
+    pub o: wgpu::BufferBinding<'a>,
+    pub lse: wgpu::BufferBinding<'a>,
+}
+
+impl<'a> AttentionBindings<'a> {
+    /// Every tensor's whole buffer.
+    pub fn whole(b: &AttentionBuffers<'a>) -> Self {
+        Self {
+            q: b.q.as_entire_buffer_binding(),
+            k: b.k.as_entire_buffer_binding(),
+            v: b.v.as_entire_buffer_binding(),
+            o: b.o.as_entire_buffer_binding(),
+            lse: b.lse.as_entire_buffer_binding(),
+        }
+    }
+
+    /// `(name, range)` of each tensor, in binding order.
+    pub fn named(&self) -> [(&'static str, &wgpu::BufferBinding<'a>); 5] {
+        [
+            ("q", &self.q),
+            ("k", &self.k),
+            ("v", &self.v),
+            ("o", &self.o),
+            ("lse", &self.lse),
+        ]
+    }
+}
+
 impl FlashForward {
     pub const NAME: &'static str = "flash forward";
 
@@ -132,10 +170,11 @@ impl FlashForward {
         seqs.grid_x(self.plan.br, false)
     }
 
-    /// The `(binding, buffer)` pairs of a dispatch (params go to binding 0).
-    pub fn entries<'a>(b: &AttentionBuffers<'a>) -> [(u32, &'a wgpu::Buffer); 5] {
+    /// The `(binding, range)` pairs of a dispatch (params go to binding 0).
+    pub fn entries<'a>(b: &AttentionBindings<'a>) -> Vec<(u32, wgpu::BufferBinding<'a>)> {
         use binding::*;
-        [(Q, b.q), (K, b.k), (V, b.v), (O, b.o), (LSE, b.lse)]
+        let b = b.clone();
+        vec![(Q, b.q), (K, b.k), (V, b.v), (O, b.o), (LSE, b.lse)]
     }
 
     /// Storage accesses of one dispatch walking `walk` for `heads` query

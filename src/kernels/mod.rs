@@ -23,8 +23,10 @@ pub mod walk;
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
 pub use decode::{DecodeMerge, FlashDecode, KvAppend};
-pub use flash_backward::{BackwardBuffers, BackwardPart, FlashBackward};
-pub use flash_forward::{AttentionBuffers, FlashForward};
+pub use flash_backward::{
+    BackwardBindings, BackwardBuffers, BackwardPart, FlashBackward, GradientBindings,
+};
+pub use flash_forward::{AttentionBindings, AttentionBuffers, FlashForward};
 pub use key::KernelKey;
 pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
@@ -33,4 +35,4 @@ pub use naive::{Naive, NaiveEntry};
 pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, QuantParams, Uniform};
 pub use quantize::{Fp8Quantize, QuantPass};
 pub use side::SideTables;
-pub use walk::{SeqDims, Sequences, TileLists, Visit, Walk};
+pub use walk::{wgsl_words, SeqDims, Sequences, Visit, Walk, WgslTileLists};

@@ -4,9 +4,10 @@
 //! with the offsets in [`Params`] that point at them.
 
 use super::params::{to_u32, Params};
-use super::walk::TileLists;
+use super::walk::wgsl_words;
 use crate::api::block_mask::BlockMask;
 use crate::api::scores::{Alibi, Sinks};
+use crate::api::tile_lists::TileLists;
 use crate::error::Result;
 
 /// The tables one dispatch's kernel reads (`None`: its variant has not the feature).
@@ -53,6 +54,7 @@ impl SideTables<'_> {
         }
         for (lists, by_keys) in [(&self.qtiles, false), (&self.ktiles, true)] {
             if let Some(l) = lists {
+                let l = wgsl_words(l)?;
                 let starts = at(&words)?;
                 words.extend_from_slice(&l.starts);
                 let entries = at(&words)?;

@@ -8,7 +8,9 @@ use super::band::{blocks, Band};
 use super::params::Params;
 use crate::api::band::Mask;
 use crate::api::block_mask::{tile_fate, BlockMask, Tile, TileFate};
-use crate::api::size::grid_u32;
+use crate::api::size::{grid_u32, to_u32};
+use crate::api::tile_lists::{TileListBuilder, TileLists};
+use crate::error::{Error, Result};
 
 /// One sequence of a dispatch: its batch entry in the whole problem, its
 /// rows and keys here, and its mask offset (keys − rows of the whole
@@ -234,43 +236,69 @@ impl Walk<'_> {
     }
 
     /// The tile lists of a sparse kernel for `heads` query heads:
-    /// list `h · head_stride + flat block` (see `tile_steps` in common.wgsl).
+    /// list `h · head_stride + flat block` (see `tile_steps` in
+    /// common.wgsl); [`wgsl_words`] lays them out.
     pub fn lists(&self, heads: usize) -> TileLists {
         let outer: Vec<(usize, u64, u64)> = self.outer().collect();
         let list_heads = self.list_heads(heads);
-        let mut starts = Vec::with_capacity(list_heads * outer.len() + 1);
-        let mut entries = Vec::new();
+        let inner = self.tiles[1] as u64;
+        let mut lists = TileListBuilder::new();
         for h in 0..list_heads {
             for &o in &outer {
-                starts.push(entries.len() as u32);
-                let inner = self.tiles[1] as u64;
-                entries.extend(
-                    self.visits(o, h)
-                        .iter()
-                        .map(|v| (v.start / inner) as u32 | if v.partial { 1 << 31 } else { 0 }),
-                );
+                lists.open_list();
+                for v in self.visits(o, h) {
+                    let fate = if v.partial {
+                        TileFate::Partial
+                    } else {
+                        TileFate::Full
+                    };
+                    lists.add(0, (v.start / inner) as usize, fate);
+                }
             }
         }
-        starts.push(entries.len() as u32);
-        TileLists {
-            head_stride: if list_heads > 1 {
-                outer.len() as u32
-            } else {
-                0
-            },
-            starts,
-            entries,
-        }
+        let head_stride = if list_heads > 1 { outer.len() } else { 0 };
+        lists.finish(head_stride, 0)
     }
 }
 
-/// A sparse kernel's tile lists, as the side buffer holds them.
+/// Tile lists as the side buffer holds them (`tile_steps` and `tile_at` in
+/// common.wgsl): the lists' starts, and their entries — the tile index, bit
+/// 31 set where the mask needs a per-pair test; lists serve one query head
+/// each (no head field).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TileLists {
+pub struct WgslTileLists {
     /// Lists between query heads (0: one list for every head).
     pub head_stride: u32,
-    /// Where each list's entries start, and one past the last.
     pub starts: Vec<u32>,
-    /// Tile indices, bit 31 set where the mask needs a per-pair test.
     pub entries: Vec<u32>,
+}
+
+/// The WGSL encoding of `lists`: `Overflow` past 32-bit words (or a tile
+/// index reaching bit 31).
+pub fn wgsl_words(lists: &TileLists) -> Result<WgslTileLists> {
+    let starts = lists
+        .starts
+        .iter()
+        .map(|&s| to_u32("tile-list start", s))
+        .collect::<Result<_>>()?;
+    let entries = lists
+        .entries
+        .iter()
+        .map(|e| {
+            let tile =
+                u32::try_from(e.tile)
+                    .ok()
+                    .filter(|&t| t < 1 << 31)
+                    .ok_or(Error::Overflow {
+                        what: "tile index",
+                        value: e.tile as u64,
+                    })?;
+            Ok(tile | if e.partial { 1 << 31 } else { 0 })
+        })
+        .collect::<Result<_>>()?;
+    Ok(WgslTileLists {
+        head_stride: to_u32("tile-list head stride", lists.head_stride)?,
+        starts,
+        entries,
+    })
 }

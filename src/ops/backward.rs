@@ -4,30 +4,31 @@
 //! storage beyond inputs and gradients is D (one f32 per row). Split
 //! problems sum partial gradients in a fixed order.
 
+use super::bindings::{self, Range, TensorBytes};
 use super::pieces::GradAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
-use super::reruns::with_reruns;
+use super::reruns::{piece_limits, with_reruns};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, BackwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
-use crate::api::tensor::TensorData;
-use crate::error::Result;
+use crate::api::tensor::{Precision, TensorData};
+use crate::error::{Error, Result};
 use crate::kernels::{
-    binding, BackwardBuffers, BackwardPart, FlashBackward, KernelKey, LoopCost, Params, Variant,
-    Walk,
+    binding, BackwardBindings, BackwardBuffers, BackwardPart, FlashBackward, GradientBindings,
+    KernelKey, LoopCost, Params, Variant, Walk,
 };
 use crate::plan::{plan_backward, PieceLimits, Plan, PlanOverrides};
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{padded, record, whole, Call, Dispatch, Gpu};
 
 /// The kernels of a backward, in order; with sinks the two passes of their
 /// gradients follow.
 const PARTS: [BackwardPart; 3] = [BackwardPart::Dvec, BackwardPart::DkDv, BackwardPart::Dq];
 const SINK_PARTS: [BackwardPart; 2] = [BackwardPart::SinkPartials, BackwardPart::SinkReduce];
 
-/// A backward's inputs and kernels, validated.
+/// A backward's kernels for a validated problem.
 struct Backward<'a> {
-    inputs: &'a BackwardInputs<'a>,
     opts: &'a AttentionOptions,
     shape: AttentionShape,
     /// The tile kernels' plan and variant (the elementwise ones carry less).
@@ -36,53 +37,154 @@ struct Backward<'a> {
     kernels: Vec<FlashBackward>,
 }
 
+impl<'a> Backward<'a> {
+    /// The planned kernels of `problem` under `overrides` on `gpu`.
+    fn new(gpu: &Gpu, problem: &Problem<'a>, overrides: &PlanOverrides) -> Result<Self> {
+        let opts = problem.opts;
+        let req = plan_request(problem, *overrides);
+        let plan = plan_backward(&req, &gpu.caps())?.plan;
+        let variant = gpu
+            .variant(problem.banded(), problem.softcapped())
+            .with_options(opts)
+            .with_tiles(opts, [plan.br, plan.bc]);
+        let sinks = opts
+            .sinks
+            .is_some()
+            .then_some(SINK_PARTS)
+            .into_iter()
+            .flatten();
+        let kernels = PARTS
+            .into_iter()
+            .chain(sinks)
+            .map(|part| FlashBackward::new(part, plan, variant))
+            .collect();
+        Ok(Self {
+            opts,
+            shape: problem.shape,
+            plan,
+            variant,
+            kernels,
+        })
+    }
+
+    /// Each kernel's key and loop cost (for the loop limit).
+    fn loops(&self) -> Vec<(KernelKey, LoopCost)> {
+        let group = self.shape.group() as u32;
+        let cost = |k: &FlashBackward| ((*k).into(), k.loop_cost(group));
+        self.kernels.iter().map(cost).collect()
+    }
+}
+
 /// Gradients dq, dk, dv (and dsinks) on host tensors (split where needed,
 /// never rejected).
 pub async fn backward(
     gpu: &Gpu,
     inputs: &BackwardInputs<'_>,
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<BackwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate_for(&shape)?;
-    let precision = inputs.q.precision();
-    let req = plan_request(&shape, opts, precision, *overrides);
-    let plan = plan_backward(&req, &gpu.caps())?.plan;
-    let variant = gpu
-        .variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0)
-        .with_options(opts)
-        .with_tiles(opts, [plan.br, plan.bc]);
-    let sinks = opts
-        .sinks
-        .is_some()
-        .then_some(SINK_PARTS)
-        .into_iter()
-        .flatten();
-    let b = Backward {
-        inputs,
-        opts,
-        shape,
-        plan,
-        variant,
-        kernels: PARTS
-            .into_iter()
-            .chain(sinks)
-            .map(|part| FlashBackward::new(part, plan, variant))
-            .collect(),
-    };
-    let group = shape.group() as u32;
-    let loops: Vec<(KernelKey, LoopCost)> = b
-        .kernels
-        .iter()
-        .map(|k| ((*k).into(), k.loop_cost(group)))
-        .collect();
-    let (mut out, reruns) = with_reruns(gpu, precision, &loops, |limits| {
-        in_pieces(gpu, &b, plan, limits)
+    let b = Backward::new(gpu, problem, overrides)?;
+    let (mut out, reruns) = with_reruns(gpu, problem.precision, &b.loops(), |limits| {
+        in_pieces(gpu, &b, inputs, limits)
     })
     .await?;
     out.stats.reruns = reruns;
-    Ok(out.packed(opts.varlen.is_some()))
+    Ok(out.packed(problem.packed()))
+}
+
+/// The backward of `problem` recorded into `encoder` on the app's
+/// `bindings`, D in the caller's scratch or a buffer created for the call:
+/// nothing submitted, waited on or
+/// read back. The bindings, the split (an encoded call runs whole) and the
+/// loop limit are checked before anything is recorded.
+pub async fn encode(
+    gpu: &Gpu,
+    encoder: &mut wgpu::CommandEncoder,
+    bindings: &GradientBindings<'_>,
+    problem: &Problem<'_>,
+    overrides: &PlanOverrides,
+) -> Result<Plan> {
+    if problem.opts.sinks.is_some() {
+        return Err(Error::Unsupported {
+            what: "an encoded backward",
+            feature: "sinks (their gradient has no binding)",
+        });
+    }
+    let b = Backward::new(gpu, problem, overrides)?;
+    check_bindings(gpu, bindings, &b.shape, problem.precision)?;
+    let limits = piece_limits(gpu, problem.precision, &b.loops())?;
+    let pieces = pieces(&b.shape, b.opts, &limits)?;
+    let p = match pieces.as_slice() {
+        [p] if p.whole => p,
+        _ => {
+            return Err(Error::EncodedCallSplit {
+                call: "backward",
+                pieces: pieces.len(),
+            })
+        }
+    };
+    let launch = Launch::new(&b, p, gpu.max_groups())?;
+    let own;
+    let dvec = match &bindings.scratch {
+        Some(s) => s.clone(),
+        None => {
+            own = gpu.zeroed_buffer(scratch_size(&b.shape));
+            own.as_entire_buffer_binding()
+        }
+    };
+    let side = (!launch.side.is_empty()).then(|| gpu.buffer_with(&launch.side));
+    let bufs = BackwardBindings::from_gradients(bindings.clone(), dvec);
+    record(
+        gpu,
+        encoder,
+        &launch.dispatches(gpu, &b.kernels, &bufs, side.as_ref()),
+    )
+    .await?;
+    Ok(b.plan)
+}
+
+/// Every range must start at an offset the device binds, lie within its
+/// buffer and hold its tensor; the gradients need buffers of their own.
+fn check_bindings(
+    gpu: &Gpu,
+    g: &GradientBindings,
+    shape: &AttentionShape,
+    precision: Precision,
+) -> Result<()> {
+    let t = TensorBytes::of(shape, precision)?;
+    let range = |tensor, binding, needs| Range {
+        tensor,
+        binding,
+        needs,
+    };
+    let inputs = [
+        range("q", &g.q, t.q),
+        range("k", &g.k, t.kv),
+        range("v", &g.v, t.v),
+        range("o", &g.o, t.o),
+        range("do", &g.d_o, t.o),
+        range("lse", &g.lse, t.lse),
+    ];
+    let outputs = [
+        range("dq", &g.dq, t.q),
+        range("dk", &g.dk, t.kv),
+        range("dv", &g.dv, t.v),
+    ];
+    bindings::check(gpu, &inputs, &outputs)?;
+    // D is written by one kernel and read beside the gradients by the next:
+    // a buffer of its own.
+    let Some(scratch) = &g.scratch else {
+        return Ok(());
+    };
+    let every: Vec<Range> = inputs.into_iter().chain(outputs).collect();
+    let d = [range("scratch", scratch, scratch_size(shape))];
+    bindings::check(gpu, &every, &d)
+}
+
+/// Bytes of scratch an encoded backward of `shape` uses: D, one f32 per row
+/// and query head.
+pub fn scratch_size(shape: &AttentionShape) -> u64 {
+    padded(shape.lse_len() as u64 * 4)
 }
 
 /// One piece's gradients `[dq, dk, dv]` and its dsinks (with sinks).
@@ -92,24 +194,23 @@ type PieceGrads = ([TensorData; 3], Option<Vec<f32>>);
 async fn in_pieces(
     gpu: &Gpu,
     b: &Backward<'_>,
-    plan: Plan,
+    i: &BackwardInputs<'_>,
     limits: PieceLimits,
 ) -> Result<BackwardOutput> {
     let shape = b.shape;
-    let precision = b.inputs.q.precision();
+    let precision = i.q.precision();
     let pieces = pieces(&shape, b.opts, &limits)?;
-    let mut call = Call::new(gpu, Some(plan));
+    let mut call = Call::new(gpu, Some(b.plan));
     call.stats.pieces = pieces.len() as u32;
     let (grads, dsinks) = match pieces.as_slice() {
         [p] if p.whole => {
-            let i = b.inputs;
             let tensors = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.as_bytes());
             run_piece(&mut call, b, p, tensors, i.lse).await?
         }
         _ => {
             let mut sum = GradAssembly::new(shape);
             for p in &pieces {
-                let (grads, dsinks) = run_split(&mut call, b, p).await?;
+                let (grads, dsinks) = run_split(&mut call, b, i, p).await?;
                 sum.add(&p.rows, &grads, dsinks.as_deref());
             }
             let (grads, dsinks) = sum.finish(precision);
@@ -121,8 +222,13 @@ async fn in_pieces(
 
 /// Gather one piece (with its rows' LSE) and run it: its gradients are
 /// partial sums (dQ over its keys, dK/dV over its rows).
-async fn run_split(call: &mut Call<'_>, b: &Backward<'_>, p: &Prepared) -> Result<PieceGrads> {
-    let (i, s) = (b.inputs, &b.shape);
+async fn run_split(
+    call: &mut Call<'_>,
+    b: &Backward<'_>,
+    i: &BackwardInputs<'_>,
+    p: &Prepared,
+) -> Result<PieceGrads> {
+    let s = &b.shape;
     let r = &p.rows;
     let parts = [
         r.gather_q(i.q.data, Layout::q(s)),
@@ -160,7 +266,7 @@ async fn run_piece(
     let (dk, dv) = (call.storage("dk", kv_bytes)?, call.storage("dv", v_bytes)?);
     let launch = Launch::new(b, p, call.gpu.max_groups())?;
     let dsinks = launch.dsink_buffers(call)?;
-    let bufs = BackwardBuffers {
+    let buffers = BackwardBuffers {
         q: &q,
         k: &k,
         v: &v,
@@ -173,6 +279,7 @@ async fn run_piece(
         dv: &dv,
         dsinks: dsinks.as_ref().map(|[a, b]| [a, b]),
     };
+    let bufs = buffers.bindings();
     let side = launch.side_buffer(call)?;
     call.stats.accesses += launch.accesses;
     let dispatches = launch.dispatches(call.gpu, &b.kernels, &bufs, side.as_ref());
@@ -273,7 +380,7 @@ impl Launch {
         &self,
         gpu: &Gpu,
         kernels: &[FlashBackward],
-        bufs: &BackwardBuffers<'a>,
+        bufs: &BackwardBindings<'a>,
         side: Option<&'a wgpu::Buffer>,
     ) -> Vec<Dispatch<'a>> {
         let max = gpu.max_groups();
@@ -281,7 +388,7 @@ impl Launch {
         for (kernel, &[x, y, z]) in kernels.iter().zip(&self.grids) {
             let mut buffers = kernel.entries(bufs);
             if kernel.variant.has_side() {
-                buffers.extend(side.map(|b| (binding::SIDE, b)));
+                buffers.extend(whole(side.map(|b| (binding::SIDE, b))));
             }
             let walk = match kernel.part {
                 BackwardPart::DkDv => Some((self.longest.0, kernel.plan.br)),

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::{binding, BufferCopy, CopyParams};
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// A timed copy on this adapter.
 #[derive(Clone, Debug)]
@@ -124,7 +124,7 @@ fn copy_dispatch<'a>(
     Ok(Dispatch {
         kernel: kernel.into(),
         uniforms: vec![(binding::COPY, bytemuck::bytes_of(&params).to_vec())],
-        buffers: vec![(binding::COPY_SRC, src), (binding::COPY_DST, dst)],
+        buffers: whole([(binding::COPY_SRC, src), (binding::COPY_DST, dst)]),
         grid: [x as u32, y as u32, 1],
         walk: None,
     })

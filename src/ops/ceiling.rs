@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::kernels::{binding, Epilogue, MatmulParams, MatmulProblem, Params, Piece};
 use crate::plan::StorageKind;
 use crate::random::Rng;
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// Which of attention's products the ceiling times (equal FLOPs: 2·N²·d).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,7 +93,7 @@ pub async fn matmul_ceiling(
             (binding::PARAMS, bytemuck::bytes_of(&params).to_vec()),
             (binding::MATMUL, bytemuck::bytes_of(&spec.params).to_vec()),
         ],
-        buffers: vec![(binding::A, &xb), (binding::B, &yb), (binding::C, &cb)],
+        buffers: whole([(binding::A, &xb), (binding::B, &yb), (binding::C, &cb)]),
         grid: spec.grid,
         walk: None,
     };

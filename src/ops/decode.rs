@@ -16,7 +16,7 @@ use crate::kernels::{
 };
 use crate::plan::decode::{decode_tiles, DecodeTiles};
 use crate::plan::{plan_decode, DecodePlan, DecodeRequest, KernelFamily, PieceLimits, SplitLimits};
-use crate::runtime::{Call, Dispatch, Gpu, KvCache};
+use crate::runtime::{whole, Call, Dispatch, Gpu, KvCache};
 
 /// One step on a device cache, on the decode kernel `kernel` forces
 /// (`None`: the planner's; see [`DecodeRequest::kernel`]).
@@ -246,13 +246,13 @@ impl Step<'_> {
         Ok(Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(groups_x),
-            buffers: vec![
+            buffers: whole([
                 (K_NEW, k_new),
                 (V_NEW, v_new),
                 (K, self.cache.k()),
                 (V, self.cache.v()),
                 (INDEX, index),
-            ],
+            ]),
             grid,
             walk: None,
         })
@@ -279,14 +279,14 @@ impl Step<'_> {
         Ok(Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(1),
-            buffers: vec![
+            buffers: whole([
                 (Q, &b.q),
                 (K, self.cache.k()),
                 (V, self.cache.v()),
                 (O, o),
                 (LSE, lse),
                 (INDEX, &b.index),
-            ],
+            ]),
             grid,
             walk: Some((plan.splits.keys_per_split, plan.tiles.workgroup_size)),
         })
@@ -312,12 +312,12 @@ impl Step<'_> {
         Ok(Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(groups_x),
-            buffers: vec![
+            buffers: whole([
                 (O_PART, o_part),
                 (LSE_PART, lse_part),
                 (O, &b.o),
                 (LSE, &b.lse),
-            ],
+            ]),
             grid,
             walk: None,
         })

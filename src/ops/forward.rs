@@ -3,18 +3,22 @@
 //! guard fires) and on caller-owned device buffers (one dispatch set, never
 //! split).
 
+use super::bindings::{self, Range, TensorBytes};
 use super::pieces::ForwardAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, CallStats, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
 use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
-use crate::kernels::{binding, AttentionBuffers, FlashForward, KernelKey, Params, Walk};
-use crate::plan::{plan_forward, PieceLimits, PlanOverrides};
-use crate::runtime::{padded, Call, Dispatch, Gpu};
+use crate::kernels::{
+    binding, AttentionBindings, AttentionBuffers, FlashForward, KernelKey, Params, Walk,
+};
+use crate::plan::{plan_forward, PieceLimits, Plan, PlanOverrides};
+use crate::runtime::{record, whole, Call, Dispatch, Gpu};
 
 /// A forward's inputs and choices, validated.
 struct Forward<'a> {
@@ -24,21 +28,15 @@ struct Forward<'a> {
     kernel: FlashForward,
 }
 
-/// The flash kernel for `shape` under `opts` and `overrides` on `gpu`.
-fn kernel_for(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    precision: Precision,
-    opts: &AttentionOptions,
-    overrides: &PlanOverrides,
-) -> Result<FlashForward> {
-    opts.validate_for(shape)?;
-    let req = plan_request(shape, opts, precision, *overrides);
+/// The flash kernel for `problem` under `overrides` on `gpu`.
+fn kernel_for(gpu: &Gpu, problem: &Problem, overrides: &PlanOverrides) -> Result<FlashForward> {
+    let req = plan_request(problem, *overrides);
     let plan = gpu.device_plan(plan_forward(&req, &gpu.caps())?.plan);
+    let opts = problem.opts;
     Ok(FlashForward {
         plan,
         variant: gpu
-            .variant(opts.mask(shape).is_active(), opts.softcap_value() > 0.0)
+            .variant(problem.banded(), problem.softcapped())
             .with_options(opts)
             .with_tiles(opts, [plan.br, plan.bc]),
     })
@@ -50,15 +48,15 @@ fn kernel_for(
 pub async fn forward(
     gpu: &Gpu,
     [q, k, v]: [&TensorView<'_>; 3],
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
-    let kernel = kernel_for(gpu, &shape, q.precision(), opts, overrides)?;
+    let kernel = kernel_for(gpu, problem, overrides)?;
+    let opts = problem.opts;
     let f = Forward {
         qkv: [q, k, v],
         opts,
-        shape,
+        shape: problem.shape,
         kernel,
     };
     let loops = [(KernelKey::from(kernel), kernel.loop_cost())];
@@ -139,6 +137,7 @@ async fn run_piece(
     launch.check_grid(call.gpu)?;
     let side = launch.side_buffer(call)?;
     call.stats.accesses += launch.accesses;
+    let bufs = AttentionBindings::whole(&bufs);
     call.run(&launch.dispatches(call.gpu, &f.kernel, &bufs, side.as_ref()))
         .await?;
     let mut data = call.read(&[(&o, o_bytes), (&lse, lse_bytes)]).await?;
@@ -198,13 +197,13 @@ impl Launch {
         &self,
         gpu: &Gpu,
         kernel: &FlashForward,
-        bufs: &AttentionBuffers<'a>,
+        bufs: &AttentionBindings<'a>,
         side: Option<&'a wgpu::Buffer>,
     ) -> Vec<Dispatch<'a>> {
         let max = gpu.max_groups();
         let [blocks, heads, z] = self.grid;
-        let mut buffers = FlashForward::entries(bufs).to_vec();
-        buffers.extend(side.map(|b| (binding::SIDE, b)));
+        let mut buffers = FlashForward::entries(bufs);
+        buffers.extend(whole(side.map(|b| (binding::SIDE, b))));
         (0..blocks)
             .step_by(max as usize)
             .map(|offset| Dispatch {
@@ -242,24 +241,71 @@ impl Launch {
 pub async fn forward_buffers(
     gpu: &Gpu,
     buffers: &AttentionBuffers<'_>,
-    shape: &AttentionShape,
-    precision: Precision,
-    (opts, overrides): (&AttentionOptions, &PlanOverrides),
+    problem: &Problem<'_>,
+    overrides: &PlanOverrides,
 ) -> Result<CallStats> {
-    let kernel = kernel_for(gpu, shape, precision, opts, overrides)?;
-    check_buffers(gpu, buffers, shape, precision)?;
-    check_loop_limit(gpu, &kernel, shape, opts)?;
-    let whole = pieces(shape, opts, &PieceLimits::unbounded(precision))?;
+    let bindings = AttentionBindings::whole(buffers);
+    let (kernel, launches) = whole_call(gpu, &bindings, problem, overrides)?;
     let mut call = Call::new(gpu, Some(kernel.plan));
-    for p in &whole {
-        let launch = Launch::new(&kernel, p, opts)?;
-        launch.check_grid(gpu)?;
+    for launch in &launches {
         let side = launch.side_buffer(&mut call)?;
         call.stats.accesses += launch.accesses;
-        call.run(&launch.dispatches(gpu, &kernel, buffers, side.as_ref()))
+        call.run(&launch.dispatches(gpu, &kernel, &bindings, side.as_ref()))
             .await?;
     }
     Ok(call.finish())
+}
+
+/// A call on the caller's bindings, which runs whole (never split): its
+/// kernel and launches, with the bindings, the grid and the adapter's loop
+/// limit checked.
+fn whole_call(
+    gpu: &Gpu,
+    bindings: &AttentionBindings,
+    problem: &Problem,
+    overrides: &PlanOverrides,
+) -> Result<(FlashForward, Vec<Launch>)> {
+    let (shape, precision, opts) = (&problem.shape, problem.precision, problem.opts);
+    let kernel = kernel_for(gpu, problem, overrides)?;
+    check_bindings(gpu, bindings, shape, precision)?;
+    check_loop_limit(gpu, &kernel, shape, opts)?;
+    let launches = pieces(shape, opts, &PieceLimits::unbounded(precision))?
+        .iter()
+        .map(|p| {
+            let launch = Launch::new(&kernel, p, opts)?;
+            launch.check_grid(gpu)?;
+            Ok(launch)
+        })
+        .collect::<Result<_>>()?;
+    Ok((kernel, launches))
+}
+
+/// The forward of `problem` recorded into `encoder` on the caller's
+/// `bindings`: nothing is submitted, waited on or read back. Everything
+/// is checked before anything is recorded — the bindings (alignment,
+/// bounds, sizes), the grid and the adapter's loop limit (the call runs
+/// whole, never split, so no guard has to be read after it).
+pub async fn encode(
+    gpu: &Gpu,
+    encoder: &mut wgpu::CommandEncoder,
+    bindings: &AttentionBindings<'_>,
+    problem: &Problem<'_>,
+    overrides: &PlanOverrides,
+) -> Result<Plan> {
+    let (kernel, launches) = whole_call(gpu, bindings, problem, overrides)?;
+    // Side tables in buffers of their own (not the pool's), which the
+    // recorded commands keep alive until they run.
+    let sides: Vec<Option<wgpu::Buffer>> = launches
+        .iter()
+        .map(|l| (!l.side.is_empty()).then(|| gpu.buffer_with(&l.side)))
+        .collect();
+    let dispatches: Vec<Dispatch> = launches
+        .iter()
+        .zip(&sides)
+        .flat_map(|(l, side)| l.dispatches(gpu, &kernel, bindings, side.as_ref()))
+        .collect();
+    record(gpu, encoder, &dispatches).await?;
+    Ok(kernel.plan)
 }
 
 /// The dispatches of the flash kernel over a whole dense problem whose
@@ -270,7 +316,7 @@ pub(crate) fn dispatches<'a>(
     kernel: &FlashForward,
     shape: &AttentionShape,
     opts: &AttentionOptions,
-    bufs: &AttentionBuffers<'a>,
+    bufs: &AttentionBindings<'a>,
 ) -> Result<(Vec<Dispatch<'a>>, Accesses)> {
     let elem = kernel.plan.storage.precision();
     let (mut out, mut accesses) = (Vec::new(), Accesses::default());
@@ -289,41 +335,28 @@ pub(crate) fn dispatches<'a>(
     Ok((out, accesses))
 }
 
-/// Every buffer must hold its tensor and fit one storage binding.
-fn check_buffers(
+/// Every binding must start at an offset the device binds, lie within its
+/// buffer, hold its tensor and fit one storage binding; o and lse need
+/// buffers the inputs are not bound from.
+fn check_bindings(
     gpu: &Gpu,
-    b: &AttentionBuffers,
+    b: &AttentionBindings,
     shape: &AttentionShape,
     precision: Precision,
 ) -> Result<()> {
-    // The caller built the shape field by field: its sizes are checked first.
-    shape.check()?;
-    let elem = precision.bytes() as u64;
-    let need = |n: usize, e: u64| padded(n as u64 * e);
-    let checks = [
-        ("q", b.q, need(shape.q_len(), elem)),
-        ("k", b.k, need(shape.kv_len(), elem)),
-        ("v", b.v, need(shape.v_len(), elem)),
-        ("o", b.o, need(shape.o_len(), elem)),
-        ("lse", b.lse, need(shape.lse_len(), 4)),
-    ];
-    for (buffer, buf, bytes) in checks {
-        if buf.size() < bytes {
-            return Err(Error::BufferTooSmall {
-                buffer,
-                size: buf.size(),
-                needed: bytes,
-            });
-        }
-        if bytes > gpu.max_binding() {
-            return Err(Error::BindingTooLarge {
-                what: buffer,
-                bytes,
-                max: gpu.max_binding(),
-            });
-        }
-    }
-    Ok(())
+    let t = TensorBytes::of(shape, precision)?;
+    let needs = [t.q, t.kv, t.v, t.o, t.lse];
+    let ranges: Vec<Range> = b
+        .named()
+        .into_iter()
+        .zip(needs)
+        .map(|((tensor, binding), needs)| Range {
+            tensor,
+            binding,
+            needs,
+        })
+        .collect();
+    bindings::check(gpu, &ranges[..3], &ranges[3..])
 }
 
 /// A call that cannot be split must fit the adapter's loop limit as planned

@@ -17,11 +17,11 @@ use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::params::to_u32;
 use crate::kernels::{
-    binding, AttentionBuffers, FlashForward, Fp8Quantize, QuantParams, QuantPass,
+    binding, AttentionBindings, AttentionBuffers, FlashForward, Fp8Quantize, QuantParams, QuantPass,
 };
 use crate::plan::{plan_forward, PlanOverrides, PlanRequest, StorageKind};
 use crate::quant::{check_finite, Fp8Layout, Fp8Tensor, Hadamard};
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// One tensor to quantize: its shape, whether it is transformed, its rows'
 /// stored length and where its scales go in the shared buffers.
@@ -110,7 +110,7 @@ fn quant_dispatches<'a>(
         out.push(Dispatch {
             kernel: kernel.into(),
             uniforms: uniform.clone(),
-            buffers,
+            buffers: whole(buffers),
             grid,
             walk: None,
         });
@@ -289,18 +289,18 @@ pub async fn forward(
         call.stats.accesses += accesses;
         all.extend(ds);
     }
-    let bufs = AttentionBuffers {
+    let bufs = AttentionBindings::whole(&AttentionBuffers {
         q: &tensors[0].1,
         k: &tensors[1].1,
         v: &tensors[2].1,
         o: &o,
         lse: &lse,
-    };
+    });
     let (mut attention, accesses) =
         dispatches(gpu, &kernel, &padded, &layout.options(opts), &bufs)?;
     attention
         .iter_mut()
-        .for_each(|d| d.buffers.push((binding::FP8_SCALES, &scales)));
+        .for_each(|d| d.buffers.extend(whole([(binding::FP8_SCALES, &scales)])));
     call.stats.accesses += accesses;
     all.extend(attention);
     call.run(&all).await?;

@@ -5,6 +5,7 @@
 
 pub mod backward;
 pub mod bandwidth;
+pub mod bindings;
 pub mod ceiling;
 pub mod decode;
 pub mod forward;

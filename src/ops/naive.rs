@@ -18,7 +18,7 @@ use crate::kernels::{
 };
 use crate::plan::forward::storage_kind;
 use crate::plan::{PlanRequest, StorageKind};
-use crate::runtime::{Call, Dispatch, Gpu};
+use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// A naive call's shape, storage and kernel flags.
 struct Problem<'a> {
@@ -115,7 +115,7 @@ impl<'a> Problem<'a> {
         Ok(Dispatch {
             kernel: kernel.into(),
             uniforms: vec![(binding::PARAMS, bytemuck::bytes_of(&self.params).to_vec())],
-            buffers,
+            buffers: whole(buffers),
             grid: grid.map(|g| grid_u32(g as u64)),
             walk: None,
         })
@@ -150,7 +150,7 @@ impl<'a> Problem<'a> {
                 (binding::PARAMS, bytemuck::bytes_of(&self.params).to_vec()),
                 (binding::MATMUL, bytemuck::bytes_of(&spec.params).to_vec()),
             ],
-            buffers: vec![(binding::A, a), (binding::B, b), (binding::C, c)],
+            buffers: whole([(binding::A, a), (binding::B, b), (binding::C, c)]),
             grid: spec.grid,
             walk: None,
         })

@@ -5,27 +5,21 @@
 
 use super::pieces::{LseLayout, PieceRows};
 use crate::api::options::AttentionOptions;
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
-use crate::api::tensor::Precision;
+use crate::api::tile_lists::TileLists;
 use crate::error::Result;
-use crate::kernels::{Params, Piece, Sequences, SideTables, TileLists, Walk};
+use crate::kernels::{Params, Piece, Sequences, SideTables, Walk};
 use crate::plan::{split, split_packed, PieceLimits, PlanOverrides, PlanRequest, Split};
 
 /// The planner's request for a call: a packed batch's tiles are sized by
 /// its longest sequence, not its total.
-pub fn plan_request(
-    shape: &AttentionShape,
-    opts: &AttentionOptions,
-    precision: Precision,
-    overrides: PlanOverrides,
-) -> PlanRequest {
-    let req = PlanRequest::for_shape(shape, precision, overrides);
-    match &opts.varlen {
-        Some(v) => {
-            let (q, k) = v.max_seqlens();
-            req.seqlens(q.max(1), k.max(1))
-        }
-        None => req,
+pub fn plan_request(problem: &Problem, overrides: PlanOverrides) -> PlanRequest {
+    let req = PlanRequest::for_shape(&problem.shape, problem.precision, overrides);
+    let (q, k) = problem.longest;
+    match problem.packed() {
+        true => req.seqlens(q.max(1), k.max(1)),
+        false => req,
     }
 }
 

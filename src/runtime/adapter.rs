@@ -154,7 +154,7 @@ async fn probe(gpu: &mut Gpu) -> Result<()> {
         let dispatch = Dispatch {
             kernel: LoopProbe.into(),
             uniforms: Vec::new(),
-            buffers: vec![(0, &words)],
+            buffers: super::call::whole([(0, &words)]),
             grid: [1, 1, 1],
             walk: None,
         };

@@ -18,7 +18,8 @@ pub struct Dispatch<'a> {
     pub kernel: KernelKey,
     /// `(binding, bytes)` of each uniform block.
     pub uniforms: Vec<(u32, Vec<u8>)>,
-    pub buffers: Vec<(u32, &'a wgpu::Buffer)>,
+    /// `(binding, range)` of each storage buffer ([`whole`] for entire ones).
+    pub buffers: Vec<(u32, wgpu::BufferBinding<'a>)>,
     pub grid: [u32; 3],
     /// How far the kernel's long loop walks (rows or keys) and in steps of
     /// how many, for the loop-limit guard; `None` for kernels that cannot
@@ -184,15 +185,8 @@ impl<'g> Call<'g> {
         uniforms: &[(u32, wgpu::Buffer)],
         flags: &[(KernelKey, wgpu::Buffer)],
     ) -> wgpu::BindGroup {
-        let mut entries: Vec<(u32, &wgpu::Buffer)> = d.buffers.clone();
-        entries.extend(uniforms.iter().map(|(b, buf)| (*b, buf)));
-        if let Some(counter) = &self.gpu.io_counter {
-            entries.push((binding::IO, counter));
-        }
-        if let Some((_, flag)) = flags.iter().find(|(k, _)| *k == d.kernel) {
-            entries.push((binding::LOOP_BUDGET, flag));
-        }
-        bind_group(&self.gpu.device, pipeline, &entries)
+        let flag = flags.iter().find(|(k, _)| *k == d.kernel).map(|(_, f)| f);
+        bind_group(self.gpu, pipeline, d, uniforms, flag)
     }
 
     /// Read the counters, flags and pass timestamps the submission wrote
@@ -355,19 +349,42 @@ fn write_padded(queue: &wgpu::Queue, buffer: &wgpu::Buffer, bytes: &[u8]) {
 }
 
 /// A bind group for `pipeline` with `entries[i] = (binding, buffer)`.
-fn bind_group(
-    device: &wgpu::Device,
+/// Entire buffers as bindings.
+pub fn whole<'a>(
+    entries: impl IntoIterator<Item = (u32, &'a wgpu::Buffer)>,
+) -> Vec<(u32, wgpu::BufferBinding<'a>)> {
+    entries
+        .into_iter()
+        .map(|(n, b)| (n, b.as_entire_buffer_binding()))
+        .collect()
+}
+
+/// A dispatch's bind group: its buffers and `uniforms`, with the access
+/// counter and the loop `flag` where the kernels have them.
+pub(crate) fn bind_group(
+    gpu: &Gpu,
     pipeline: &wgpu::ComputePipeline,
-    entries: &[(u32, &wgpu::Buffer)],
+    d: &Dispatch,
+    uniforms: &[(u32, wgpu::Buffer)],
+    flag: Option<&wgpu::Buffer>,
 ) -> wgpu::BindGroup {
-    let entries: Vec<wgpu::BindGroupEntry> = entries
+    let mut entries: Vec<wgpu::BindGroupEntry> = d
+        .buffers
         .iter()
         .map(|(binding, b)| wgpu::BindGroupEntry {
             binding: *binding,
-            resource: b.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(b.clone()),
         })
         .collect();
-    device.create_bind_group(&wgpu::BindGroupDescriptor {
+    let extra = uniforms.iter().map(|(n, b)| (*n, b));
+    let extra = extra
+        .chain(gpu.io_counter.as_ref().map(|c| (binding::IO, c)))
+        .chain(flag.map(|f| (binding::LOOP_BUDGET, f)));
+    entries.extend(extra.map(|(binding, b)| wgpu::BindGroupEntry {
+        binding,
+        resource: b.as_entire_binding(),
+    }));
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,

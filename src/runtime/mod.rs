@@ -5,6 +5,7 @@
 pub mod adapter;
 pub mod buffers;
 pub mod call;
+mod encode;
 pub mod gpu;
 pub mod kv_cache;
 pub mod loop_limit;
@@ -13,6 +14,7 @@ pub mod scope;
 pub mod submit;
 
 pub use buffers::padded;
-pub use call::{Call, Dispatch};
+pub use call::{whole, Call, Dispatch};
+pub use encode::record;
 pub use gpu::{Gpu, Settings};
 pub use kv_cache::KvCache;

@@ -10,7 +10,7 @@
 use crate::api::options::AttentionOptions;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
-use crate::choice::cache::{cache_dir, Cached, ProbeCache};
+use crate::disk_cache::{cache_dir, Entry, Table};
 use crate::error::{Error, Result};
 use crate::plan::{KernelFamily, Pass, PlanOverrides};
 use std::path::Path;
@@ -21,7 +21,7 @@ pub const FILE_NAME: &str = "tuned-plans.tsv";
 /// Where the autotuner keeps its winners.
 #[derive(Clone, Debug)]
 pub struct TuneCache {
-    file: ProbeCache,
+    file: Table,
 }
 
 /// A cached winner: what to hand the planner, and a note on how it won.
@@ -42,7 +42,7 @@ impl TuneCache {
     /// The cache file in `dir`.
     pub fn in_dir(dir: &Path) -> TuneCache {
         TuneCache {
-            file: ProbeCache::at(dir.join(FILE_NAME)),
+            file: Table::at(dir.join(FILE_NAME)),
         }
     }
 
@@ -54,16 +54,16 @@ impl TuneCache {
     pub fn get(&self, key: &TuneKey) -> Option<Tuned> {
         let hit = self.file.get(&key.to_string())?;
         Some(Tuned {
-            overrides: parse_overrides(&hit.winner)?,
-            note: hit.reason,
+            overrides: parse_overrides(&hit.value)?,
+            note: hit.note,
         })
     }
 
     /// Store a winner under `key`.
     pub fn put(&self, key: &TuneKey, tuned: &Tuned) -> Result<()> {
-        let entry = Cached {
-            winner: overrides_text(&tuned.overrides),
-            reason: tuned.note.clone(),
+        let entry = Entry {
+            value: overrides_text(&tuned.overrides),
+            note: tuned.note.clone(),
         };
         self.file
             .put(&key.to_string(), &entry)

@@ -13,6 +13,7 @@ pub use cache::{MaskKind, TuneCache, TuneKey, Tuned};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput, Timing};
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
@@ -118,13 +119,14 @@ pub async fn tune(gpu: &Gpu, req: &TuneRequest) -> Result<TuneReport> {
     let (shape, opts) = (req.shape, req.options());
     // A request's shape is built field by field: checked before its inputs are made.
     shape.check()?;
-    let plan_req = plan_request(&shape, &opts, req.precision, PlanOverrides::default());
+    let problem = Problem::new(shape, req.precision, &opts)?;
+    let plan_req = plan_request(&problem, PlanOverrides::default());
     let list = candidates(&plan_req, req.pass, &gpu.caps())?;
     let inputs = Inputs::new(&shape, req.precision);
     let views = inputs.views(&shape);
     let (timed, timing) = match req.pass {
-        Pass::Forward => time_forward(gpu, &views, &opts, &list, req.repeats).await?,
-        Pass::Backward => time_backward(gpu, &views, &opts, &list, req.repeats).await?,
+        Pass::Forward => time_forward(gpu, &views, &problem, &list, req.repeats).await?,
+        Pass::Backward => time_backward(gpu, &views, &problem, &list, req.repeats).await?,
     };
     let winner = (0..timed.len())
         .min_by(|&a, &b| timed[a].seconds.total_cmp(&timed[b].seconds))
@@ -168,15 +170,18 @@ fn note(report: &TuneReport) -> Tuned {
 async fn time_forward(
     gpu: &Gpu,
     [q, k, v, _]: &[TensorView<'_>; 4],
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     list: &[Candidate],
     repeats: usize,
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {
         let o = &c.overrides;
-        let run =
-            move || async move { Ok(ops::forward::forward(gpu, [q, k, v], opts, o).await?.stats) };
+        let run = move || async move {
+            Ok(ops::forward::forward(gpu, [q, k, v], problem, o)
+                .await?
+                .stats)
+        };
         out.push(record(i, c, best_of(repeats, run).await, &mut timing)?);
     }
     Ok((out, timing))
@@ -187,18 +192,21 @@ async fn time_forward(
 async fn time_backward(
     gpu: &Gpu,
     [q, k, v, d_o]: &[TensorView<'_>; 4],
-    opts: &AttentionOptions,
+    problem: &Problem<'_>,
     list: &[Candidate],
     repeats: usize,
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
     let fwd: ForwardOutput =
-        ops::forward::forward(gpu, [q, k, v], opts, &PlanOverrides::default()).await?;
+        ops::forward::forward(gpu, [q, k, v], problem, &PlanOverrides::default()).await?;
     let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {
         let (o, inputs) = (&c.overrides, &inputs);
-        let run =
-            move || async move { Ok(ops::backward::backward(gpu, inputs, opts, o).await?.stats) };
+        let run = move || async move {
+            Ok(ops::backward::backward(gpu, inputs, problem, o)
+                .await?
+                .stats)
+        };
         out.push(record(i, c, best_of(repeats, run).await, &mut timing)?);
     }
     Ok((out, timing))
@@ -279,7 +287,8 @@ pub fn tuned_overrides(
 ) -> Option<PlanOverrides> {
     let key = TuneKey::new(&gpu.info, pass, shape, precision, MaskKind::of(opts)?);
     let tuned = cache.get(&key)?;
-    let req = plan_request(shape, opts, precision, tuned.overrides);
+    let problem = Problem::new(*shape, precision, opts).ok()?;
+    let req = plan_request(&problem, tuned.overrides);
     pass.plan(&req, &gpu.caps()).ok()?;
     Some(tuned.overrides)
 }

@@ -1,14 +1,13 @@
 //! Verdicts kept between processes: one line per (device, flashattn
 //! version, family) in `verified.tsv` of flashattn's cache directory, in
-//! the format of `auto`'s measurements ([`ProbeCache`]: key, verdict, and
+//! a [`Table`] of the cache directory (key, verdict, and
 //! the worst output with the check's seconds; the last line for a key
 //! wins). A missing, unreadable or unwritable file only means checking
 //! again.
 
 use super::key::DeviceKey;
 use super::verdict::{Evidence, FamilyKey, Verdict};
-use crate::choice::cache::{cache_dir, Cached};
-use crate::choice::ProbeCache;
+use crate::disk_cache::{cache_dir, Entry, Table};
 use std::path::Path;
 
 /// The verdict cache's file name in the cache directory.
@@ -17,7 +16,7 @@ pub const FILE: &str = "verified.tsv";
 /// Where verdicts are kept, and the flashattn version they are keyed by.
 #[derive(Clone, Debug)]
 pub struct VerdictCache {
-    file: ProbeCache,
+    file: Table,
     version: String,
 }
 
@@ -32,7 +31,7 @@ impl VerdictCache {
     /// The cache in `dir`, keyed by this build's version.
     pub fn in_dir(dir: &Path) -> Self {
         Self {
-            file: ProbeCache::at(dir.join(FILE)),
+            file: Table::at(dir.join(FILE)),
             version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
@@ -69,16 +68,16 @@ impl VerdictCache {
     pub fn get(&self, device: &DeviceKey, family: &FamilyKey) -> Option<Verdict> {
         let hit = self.file.get(&self.key(device, family))?;
         // The reason is the detail, then the check's seconds in brackets.
-        let (detail, seconds) = match hit.reason.rsplit_once(" [") {
+        let (detail, seconds) = match hit.note.rsplit_once(" [") {
             Some((d, s)) => (d, s.trim_end_matches(" s]").parse().unwrap_or(0.0)),
-            None => (hit.reason.as_str(), 0.0),
+            None => (hit.note.as_str(), 0.0),
         };
         let evidence = Evidence {
             detail: detail.to_string(),
             seconds,
             cached: true,
         };
-        match hit.winner.as_str() {
+        match hit.value.as_str() {
             "verified" => Some(Verdict::Verified(evidence)),
             "failed" => Some(Verdict::Failed(evidence)),
             _ => None,
@@ -95,9 +94,9 @@ impl VerdictCache {
         let Some(evidence) = verdict.evidence() else {
             return Ok(());
         };
-        let entry = Cached {
-            winner: verdict.word().to_string(),
-            reason: format!("{} [{:.3} s]", evidence.detail, evidence.seconds),
+        let entry = Entry {
+            value: verdict.word().to_string(),
+            note: format!("{} [{:.3} s]", evidence.detail, evidence.seconds),
         };
         self.file.put(&self.key(device, family), &entry)
     }

@@ -8,9 +8,8 @@ use super::fault::Fault;
 use super::store::{Lookup, VerdictStore};
 use super::verdict::{CallKind, Checked, Evidence, FamilyKey, Verdict, Verification};
 use crate::api::decode::DecodeProblem;
-use crate::api::options::AttentionOptions;
 use crate::api::output::CallStats;
-use crate::api::shape::AttentionShape;
+use crate::api::problem::Problem;
 use crate::api::tensor::{Precision, Tensor};
 use crate::error::{Error, Result};
 use crate::ops;
@@ -157,25 +156,14 @@ pub fn check_plan(
     Ok(pass_of(call).plan(&req, caps)?.plan)
 }
 
-/// What a forward or backward call is about (validated by the op itself).
-#[derive(Clone, Copy, Debug)]
-pub struct Problem<'a> {
-    /// Its shape (a packed batch: its batch of one).
-    pub shape: &'a AttentionShape,
-    /// The storage precision.
-    pub precision: Precision,
-    /// Its options.
-    pub opts: &'a AttentionOptions,
-}
-
 /// The family a forward or backward of `problem` runs under `overrides`.
 pub fn attention_family(
     gpu: &Gpu,
     call: CallKind,
-    problem: Problem<'_>,
+    problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<WgpuFamily> {
-    let req = plan_request(problem.shape, problem.opts, problem.precision, *overrides);
+    let req = plan_request(problem, *overrides);
     let plan = gpu.device_plan(pass_of(call).plan(&req, &gpu.caps())?.plan);
     Ok(WgpuFamily::of_plan(call, &plan))
 }
@@ -287,14 +275,16 @@ pub async fn check_attention(
     let overrides = family.overrides();
     let [q, k, v, _] = case.views();
     if family.call == CallKind::Forward {
-        let mut out = ops::forward::forward(gpu, [&q, &k, &v], &case.opts, &overrides).await?;
+        let problem = Problem::forward([&q, &k, &v], &case.opts)?;
+        let mut out = ops::forward::forward(gpu, [&q, &k, &v], &problem, &overrides).await?;
         ran_family(&out.stats, family)?;
         Fault::perturb(fault, &family.key(), &mut out.o);
         return case.judge_forward(&out);
     }
     let forward = case.cpu_forward()?;
     let inputs = case.backward_inputs(&forward)?;
-    let mut out = ops::backward::backward(gpu, &inputs, &case.opts, &overrides).await?;
+    let problem = Problem::backward(&inputs, &case.opts)?;
+    let mut out = ops::backward::backward(gpu, &inputs, &problem, &overrides).await?;
     ran_family(&out.stats, family)?;
     Fault::perturb(fault, &family.key(), &mut out.dq);
     case.judge_backward(&out)
@@ -405,12 +395,9 @@ impl Verifier {
         &self,
         gpu: &Gpu,
         call: CallKind,
-        problem: Option<Problem<'_>>,
+        problem: &Problem<'_>,
         (caller, run): (&PlanOverrides, PlanOverrides),
     ) -> Result<Routed> {
-        let Some(problem) = problem else {
-            return Ok(Routed::unplanned(run));
-        };
         let Ok(first) = attention_family(gpu, call, problem, &run) else {
             return Ok(Routed::unplanned(run));
         };

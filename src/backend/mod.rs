@@ -5,6 +5,10 @@
 //! problem on the fastest kernels such an adapter has against the CPU
 //! backend and takes the faster — and always says why.
 
+pub mod attend;
+
+pub use attend::{AttentionBackend, Capabilities};
+
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 // Running a backend blocks on the GPU's futures, which only native targets can.
@@ -16,7 +20,7 @@ use crate::{
     api::output::{BackwardOutput, CallStats, ForwardOutput},
     api::tensor::TensorView,
     choice::{choose, Decision, Workload},
-    cpu,
+    cpu::Cpu,
     plan::PlanOverrides,
     verify::Verification,
 };
@@ -150,32 +154,54 @@ impl Backend {
         }
     }
 
-    /// One line naming the backend.
-    pub fn name(&self) -> String {
+    /// The backend as the one call model ([`AttentionBackend`]) every
+    /// operation below dispatches through.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn as_attention(&self) -> &dyn AttentionBackend {
         match self {
-            Backend::Wgpu(e) => format!("wgpu on {}", e.describe()),
-            Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-            Backend::Cuda(c) => format!("cuda on {}", c.describe()),
+            Backend::Wgpu(e) => e.as_ref(),
+            Backend::Cpu => fastest_cpu(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.as_ref(),
         }
     }
 
+    /// Which implementation this is.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Backend::Wgpu(_) => BackendKind::Wgpu,
+            Backend::Cpu => BackendKind::Cpu,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            Backend::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// What the backend runs.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn capabilities(&self) -> Capabilities {
+        self.as_attention().capabilities()
+    }
+
+    /// One line naming the backend.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn name(&self) -> String {
+        self.capabilities().name
+    }
+
+    /// Exact attention forward: `o` and `lse`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
-        [q, k, v]: [&TensorView; 3],
+        qkv: [&TensorView; 3],
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let on_cpu = || cpu::forward(q, k, v, opts);
-        match self {
-            Backend::Wgpu(e) => or_cpu(e.forward_with(q, k, v, opts, overrides), on_cpu, |o| {
-                &mut o.stats
-            }),
-            Backend::Cpu => on_cpu(),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.forward(q, k, v, opts),
-        }
+        or_cpu(
+            self,
+            self.as_attention().forward(qkv, opts, overrides),
+            || fastest_cpu().forward_qkv(qkv, opts),
+            |o| &mut o.stats,
+        )
     }
 
     /// The FP8 (e4m3) forward: `o` f32.
@@ -187,15 +213,12 @@ impl Backend {
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        match self {
-            Backend::Wgpu(e) => e.forward_fp8_with(qkv, opts, fp8, overrides),
-            Backend::Cpu => cpu::forward_fp8(qkv[0], qkv[1], qkv[2], opts, fp8),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(Error::Unsupported {
-                what: "the CUDA backend",
-                feature: "FP8 (e4m3)",
-            }),
-        }
+        or_cpu(
+            self,
+            self.as_attention().forward_fp8(qkv, opts, fp8, overrides),
+            || crate::cpu::forward_fp8(qkv[0], qkv[1], qkv[2], opts, fp8),
+            |o| &mut o.stats,
+        )
     }
 
     /// Gradients given the forward's `o` and `lse` (in `inputs`).
@@ -206,15 +229,12 @@ impl Backend {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let on_cpu = || cpu::backward(inputs, opts);
-        match self {
-            Backend::Wgpu(e) => or_cpu(e.backward_with(inputs, opts, overrides), on_cpu, |o| {
-                &mut o.stats
-            }),
-            Backend::Cpu => on_cpu(),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.backward(inputs, opts),
-        }
+        or_cpu(
+            self,
+            self.as_attention().backward(inputs, opts, overrides),
+            || fastest_cpu().backward(inputs, opts),
+            |o| &mut o.stats,
+        )
     }
 
     /// One decoding step on a host cache (appended in place when the step
@@ -227,28 +247,29 @@ impl Backend {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        match self {
-            // A step that fails verification has not touched the cache.
-            Backend::Wgpu(e) => {
-                let wgpu = e.decode_host(cache, step, opts, num_splits);
-                or_cpu(
-                    wgpu,
-                    || cpu::decode(cache, step, opts, num_splits),
-                    |o| &mut o.stats,
-                )
-            }
-            Backend::Cpu => cpu::decode(cache, step, opts, num_splits),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.decode(cache, step, opts),
-        }
+        // A step that fails verification has not touched the cache.
+        or_cpu(
+            self,
+            self.as_attention().decode(cache, step, opts, num_splits),
+            || fastest_cpu().decode(cache, step, opts, num_splits),
+            |o| &mut o.stats,
+        )
     }
 }
 
-/// A wgpu call's result; where every kernel family that could run it
-/// failed its known-answer check on this device, the CPU backend's instead
+/// The CPU backend on this machine's fastest instruction set.
+#[cfg(not(target_arch = "wasm32"))]
+fn fastest_cpu() -> &'static Cpu {
+    static CPU: std::sync::OnceLock<Cpu> = std::sync::OnceLock::new();
+    CPU.get_or_init(Cpu::new)
+}
+
+/// A call's result; where every kernel family that could run it failed
+/// its known-answer check on this device, the CPU backend's instead
 /// (never wrong numbers), with why in its stats' verification.
 #[cfg(not(target_arch = "wasm32"))]
 fn or_cpu<T>(
+    backend: &Backend,
     wgpu: Result<T>,
     cpu: impl FnOnce() -> Result<T>,
     stats: fn(&mut T) -> &mut CallStats,
@@ -256,10 +277,53 @@ fn or_cpu<T>(
     match wgpu {
         Err(Error::VerificationFailed { call, tried }) => {
             let mut out = cpu()?;
-            let why = format!("every wgpu {call} kernel family failed its check ({tried})");
+            let why = format!(
+                "every {} {call} kernel family failed its check ({tried})",
+                backend.kind().name()
+            );
             stats(&mut out).verification = Some(Verification::cpu_instead(why));
             Ok(out)
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::tensor::TensorData;
+    use crate::random::Rng;
+
+    /// `Backend::Cpu` reaches the CPU backend through the one call model:
+    /// its forward passes the accuracy rule against the f64 reference, its
+    /// capabilities say what it runs, and an op it lacks nowhere is typed.
+    #[test]
+    fn the_cpu_backend_runs_through_the_trait() {
+        let backend = Backend::Cpu;
+        let caps = backend.capabilities();
+        assert!(caps.backward && caps.decode && caps.fp8 && !caps.plan_overrides);
+        assert_eq!(backend.kind(), BackendKind::Cpu);
+        let shape = [1, 9, 2, 16];
+        let mut rng = Rng::new(7);
+        let data: Vec<TensorData> = (0..3)
+            .map(|_| TensorData::F32(rng.normal_vec(9 * 2 * 16, 1.0)))
+            .collect();
+        let [q, k, v] = [0, 1, 2].map(|i| data[i].view(shape));
+        let opts = AttentionOptions::default().causal(true);
+        let out = backend
+            .forward([&q, &k, &v], &opts, &PlanOverrides::default())
+            .unwrap();
+        for check in crate::accuracy::check_forward(&out, &q, &k, &v, &opts).unwrap() {
+            assert!(check.passed(), "{check}");
+        }
+        let bad = TensorData::F32(vec![0.0; 9 * 2 * 8]);
+        let short = bad.view([1, 9, 2, 8]);
+        assert!(matches!(
+            backend.forward([&q, &short, &v], &opts, &PlanOverrides::default()),
+            Err(Error::DimMismatch {
+                dim: "head_dim",
+                ..
+            })
+        ));
     }
 }

@@ -1,0 +1,77 @@
+//! The one call model every backend implements: [`AttentionBackend`] —
+//! the forward, the FP8 forward, the backward and a decoding step, with the
+//! same arguments on the wgpu engine, the CPU backend and CUDA — and
+//! [`Capabilities`], what a backend runs. [`crate::Backend`] dispatches
+//! through it, so a new operation is added to one trait, not to one match
+//! per backend.
+
+use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::inputs::BackwardInputs;
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::output::{BackwardOutput, ForwardOutput};
+use crate::api::tensor::TensorView;
+use crate::error::Result;
+use crate::plan::PlanOverrides;
+
+/// What a backend runs (every backend runs the forward).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// One line naming the backend and its device.
+    pub name: String,
+    /// The backward (`dq`, `dk`, `dv`).
+    pub backward: bool,
+    /// Decoding steps on a KV cache.
+    pub decode: bool,
+    /// The FP8 (e4m3) forward.
+    pub fp8: bool,
+    /// Whether [`PlanOverrides`] steer its kernels (the wgpu planner's
+    /// tiles and families); elsewhere they are ignored.
+    pub plan_overrides: bool,
+}
+
+/// Attention on one backend: host tensors in, host tensors out, each call
+/// validated in full before any work (a typed error naming the problem).
+pub trait AttentionBackend: std::fmt::Debug {
+    /// What this backend runs.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Exact attention forward: `o` and `lse`.
+    fn forward(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput>;
+
+    /// The FP8 (e4m3) forward: `o` f32 (`Error::Unsupported` where
+    /// [`Capabilities::fp8`] is false).
+    fn forward_fp8(
+        &self,
+        qkv: [&TensorView; 3],
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+        overrides: &PlanOverrides,
+    ) -> Result<ForwardOutput>;
+
+    /// Gradients `dq`, `dk`, `dv` given the forward's `o` and `lse`.
+    fn backward(
+        &self,
+        inputs: &BackwardInputs,
+        opts: &AttentionOptions,
+        overrides: &PlanOverrides,
+    ) -> Result<BackwardOutput>;
+
+    /// One decoding step on a host cache, `k_new`/`v_new` appended in place
+    /// first; `num_splits` `None` lets the backend split the keys as it
+    /// plans (a backend that does not split takes any value: the result is
+    /// the same within the accuracy rule). A step that fails validation
+    /// leaves the cache unchanged.
+    fn decode(
+        &self,
+        cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput>;
+}

@@ -1,0 +1,97 @@
+//! The checks of an app's buffer ranges before a call on them is recorded:
+//! each offset a multiple of the device's storage-offset alignment, each
+//! range inside its buffer, large enough for its tensor and within one
+//! storage binding, and no output in a buffer an input is bound from
+//! (WebGPU forbids one buffer bound read-only and writable in a dispatch).
+
+use crate::api::shape::AttentionShape;
+use crate::api::tensor::Precision;
+use crate::error::{Error, Result};
+use crate::runtime::{padded, Gpu};
+
+/// The bytes each tensor of a problem needs in a binding (padded to 4):
+/// q, k, v and o (do, dq, dk and dv like them) in the storage precision,
+/// lse in f32.
+pub struct TensorBytes {
+    pub q: u64,
+    pub kv: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+impl TensorBytes {
+    /// Those of `shape` in `precision`, once its sizes are checked (a
+    /// caller may have built it field by field).
+    pub fn of(shape: &AttentionShape, precision: Precision) -> Result<Self> {
+        shape.check()?;
+        let elem = precision.bytes() as u64;
+        let need = |n: usize, e: u64| padded(n as u64 * e);
+        Ok(Self {
+            q: need(shape.q_len(), elem),
+            kv: need(shape.kv_len(), elem),
+            v: need(shape.v_len(), elem),
+            o: need(shape.o_len(), elem),
+            lse: need(shape.lse_len(), 4),
+        })
+    }
+}
+
+/// One tensor's range and the bytes its tensor needs.
+pub struct Range<'r, 'a> {
+    pub tensor: &'static str,
+    pub binding: &'r wgpu::BufferBinding<'a>,
+    pub needs: u64,
+}
+
+/// Check `inputs` and `outputs` (a typed error naming the first tensor
+/// whose range fails).
+pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<()> {
+    for o in outputs {
+        if let Some(i) = inputs.iter().find(|i| i.binding.buffer == o.binding.buffer) {
+            return Err(Error::OutputSharesInputBuffer {
+                output: o.tensor,
+                input: i.tensor,
+            });
+        }
+    }
+    let alignment = gpu.limits.min_storage_buffer_offset_alignment;
+    for r in inputs.iter().chain(outputs) {
+        let (tensor, offset) = (r.tensor, r.binding.offset);
+        let buffer_size = r.binding.buffer.size();
+        if offset % alignment as u64 != 0 {
+            return Err(Error::MisalignedBinding {
+                tensor,
+                offset,
+                alignment,
+            });
+        }
+        let size = r
+            .binding
+            .size
+            .map_or(buffer_size.saturating_sub(offset), |s| s.get());
+        if offset + size > buffer_size {
+            return Err(Error::BindingOutsideBuffer {
+                tensor,
+                offset,
+                size,
+                buffer_size,
+            });
+        }
+        if size < r.needs {
+            return Err(Error::BufferTooSmall {
+                buffer: tensor,
+                size,
+                needed: r.needs,
+            });
+        }
+        if r.needs > gpu.max_binding() {
+            return Err(Error::BindingTooLarge {
+                what: tensor,
+                bytes: r.needs,
+                max: gpu.max_binding(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! Encoded calls: the forward and the backward recorded into the app's own command encoder,
+//! on ranges of buffers the app sub-allocates (non-zero, aligned offsets),
+//! submitted by the app with its own copies in the same encoder, gives the
+//! same bytes as the host-tensor call; bindings the device cannot take
+//! (misaligned, outside their buffer, too small, an output sharing a buffer
+//! with an input) are typed errors and leave the encoder empty.
+
+mod common;
+
+use common::{causal, engine, output_grad, Case};
+use flashattn::api::block_mask::{BlockGrid, BlockMask};
+use flashattn::{
+    AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Pass, Plan,
+    PlanOverrides, Problem, TensorData, VerdictCache, VerifyMode,
+};
+
+/// Bytes the arena is filled with outside the tensors (and in o and lse
+/// before the call): a float no kernel writes here.
+const SENTINEL: f32 = 7.25;
+
+/// The app's buffers: the inputs sub-allocated in one, the outputs in
+/// another (WebGPU forbids one buffer bound both read-only and writable in
+/// a dispatch), each at aligned, non-zero offsets with gaps between them.
+struct Arena {
+    /// Inputs, outputs.
+    buffers: [wgpu::Buffer; 2],
+    /// `(buffer, offset, bytes)` of each input, then each output.
+    at: Vec<(usize, u64, u64)>,
+}
+
+impl Arena {
+    fn new(e: &Engine, inputs: &[&[u8]], outputs: &[u64]) -> Self {
+        let align = e.limits().min_storage_buffer_offset_alignment as u64;
+        let sizes = inputs.iter().map(|i| (0, i.len() as u64));
+        let sizes = sizes.chain(outputs.iter().map(|&o| (1, o)));
+        // Each buffer starts one alignment in and leaves one between tensors.
+        let mut next = [align; 2];
+        let mut at = Vec::new();
+        for (buffer, bytes) in sizes {
+            at.push((buffer, next[buffer], bytes));
+            next[buffer] = (next[buffer] + bytes).div_ceil(align) * align + align;
+        }
+        let mut fill = next.map(|n| vec![SENTINEL; n as usize / 4]);
+        for (bytes, &(_, offset, _)) in inputs.iter().zip(&at) {
+            let words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
+            let start = offset as usize / 4;
+            fill[0][start..start + words.len()].copy_from_slice(&words);
+        }
+        use wgpu::util::DeviceExt;
+        let buffers = fill.map(|words| {
+            e.device()
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("app arena"),
+                    contents: bytemuck::cast_slice(&words),
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                })
+        });
+        Self { buffers, at }
+    }
+
+    fn binding(&self, i: usize) -> wgpu::BufferBinding<'_> {
+        let (buffer, offset, bytes) = self.at[i];
+        wgpu::BufferBinding {
+            buffer: &self.buffers[buffer],
+            offset,
+            size: wgpu::BufferSize::new(bytes),
+        }
+    }
+
+    /// A forward's: q, k, v, then o, lse.
+    fn attention(&self) -> AttentionBindings<'_> {
+        AttentionBindings {
+            q: self.binding(0),
+            k: self.binding(1),
+            v: self.binding(2),
+            o: self.binding(3),
+            lse: self.binding(4),
+        }
+    }
+
+    /// A backward's: q, k, v, o, do, lse, then dq, dk, dv.
+    fn gradients(&self) -> GradientBindings<'_> {
+        GradientBindings {
+            q: self.binding(0),
+            k: self.binding(1),
+            v: self.binding(2),
+            o: self.binding(3),
+            d_o: self.binding(4),
+            lse: self.binding(5),
+            dq: self.binding(6),
+            dk: self.binding(7),
+            dv: self.binding(8),
+            scratch: None,
+        }
+    }
+
+    /// Record the app's own copies of both buffers into `encoder`, submit
+    /// it once, and read the copies back.
+    fn submit_and_read(&self, e: &Engine, mut encoder: wgpu::CommandEncoder) -> [Vec<u8>; 2] {
+        let dev = e.device();
+        let staging = self.buffers.each_ref().map(|b| {
+            let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("app readback"),
+                size: b.size(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            encoder.copy_buffer_to_buffer(b, 0, &staging, 0, b.size());
+            staging
+        });
+        e.queue().submit([encoder.finish()]);
+        for s in &staging {
+            s.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        }
+        dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        staging.map(|s| s.slice(..).get_mapped_range().unwrap().to_vec())
+    }
+
+    fn slice<'b>(&self, bytes: &'b [Vec<u8>; 2], i: usize) -> &'b [u8] {
+        let (buffer, offset, len) = self.at[i];
+        &bytes[buffer][offset as usize..(offset + len) as usize]
+    }
+
+    /// The outputs hold `want`, the inputs are as they were, and everything
+    /// outside the tensors is what the buffers were filled with (compared
+    /// as bytes, reported without them: they are thousands).
+    fn holds(&self, bytes: &[Vec<u8>; 2], inputs: &[&[u8]], want: &[&[u8]]) {
+        let tensors = inputs.iter().chain(want);
+        for (i, t) in tensors.enumerate() {
+            assert!(self.slice(bytes, i) == *t, "tensor {i} is not as expected");
+        }
+        for (n, bytes) in bytes.iter().enumerate() {
+            let mut words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
+            for &(_, offset, len) in self.at.iter().filter(|a| a.0 == n) {
+                words[offset as usize / 4..(offset + len) as usize / 4].fill(SENTINEL);
+            }
+            assert!(
+                words.iter().all(|&w| w == SENTINEL),
+                "bytes outside the tensors of buffer {n} changed"
+            );
+        }
+    }
+}
+
+fn host(t: &TensorData) -> &[u8] {
+    t.as_host().as_bytes()
+}
+
+/// The forward encoded on sub-allocated bindings gives the host call's
+/// bytes, o and lse, and writes nothing else.
+fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let ins = inputs.stored.each_ref().map(host);
+    let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
+    let outs = [host(&expected.o.data), lse];
+    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
+    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let plan = e
+        .encode_forward(&mut encoder, &problem, &arena.attention())
+        .unwrap();
+    assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
+    arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+    plan
+}
+
+/// The backward encoded the same way gives the host call's dq, dk, dv.
+fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let (_, d_o) = output_grad(case);
+    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let expected = e.backward(&host_inputs, &case.opts).unwrap();
+    let [qb, kb, vb] = inputs.stored.each_ref().map(host);
+    let ins = [
+        qb,
+        kb,
+        vb,
+        host(&fwd.o.data),
+        host(&d_o),
+        bytemuck::cast_slice(&fwd.lse),
+    ];
+    let outs = [&expected.dq, &expected.dk, &expected.dv].map(|g| host(&g.data));
+    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
+    let problem = Problem::backward(&host_inputs, &case.opts).unwrap();
+    // D in a buffer the engine creates, then in the app's scratch (at a
+    // non-zero offset of a buffer of its own).
+    let need = e.scratch_size(Pass::Backward, &problem);
+    assert_eq!(need, 4 * fwd.lse.len() as u64);
+    let align = e.limits().min_storage_buffer_offset_alignment as u64;
+    let scratch = e.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app scratch"),
+        size: align + need,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let theirs = wgpu::BufferBinding {
+        buffer: &scratch,
+        offset: align,
+        size: wgpu::BufferSize::new(need),
+    };
+    for given in [None, Some(theirs.clone())] {
+        let bindings = GradientBindings {
+            scratch: given,
+            ..arena.gradients()
+        };
+        let mut encoder = e.device().create_command_encoder(&Default::default());
+        let plan = e
+            .encode_backward(&mut encoder, &problem, &bindings)
+            .unwrap();
+        assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
+        arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+    }
+    // Scratch beside the gradients, or too small, is a typed error.
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let beside = GradientBindings {
+        scratch: Some(arena.binding(6)),
+        ..arena.gradients()
+    };
+    assert!(matches!(
+        e.encode_backward(&mut encoder, &problem, &beside),
+        Err(Error::OutputSharesInputBuffer {
+            output: "scratch",
+            input: "dq"
+        })
+    ));
+    let short = GradientBindings {
+        scratch: Some(wgpu::BufferBinding {
+            size: wgpu::BufferSize::new(need - 4),
+            ..theirs
+        }),
+        ..arena.gradients()
+    };
+    assert!(matches!(
+        e.encode_backward(&mut encoder, &problem, &short),
+        Err(Error::BufferTooSmall {
+            buffer: "scratch",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn encoded_forward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
+    let Some(e) = engine() else { return };
+    let plain = Case::new(37, 45, 16).heads(4, 2).opts(causal());
+    encoded_forward_matches_the_host_call(e, &plain);
+    // A block mask: the side tables (its tile lists) go with the recording.
+    let grid = BlockGrid::new(37, 45, (8, 16)).unwrap();
+    let mask = BlockMask::from_fn(grid, [1, 1], |_, _, r, c| (r + c) % 3 != 1);
+    let opts = flashattn::AttentionOptions::default().block_mask(mask);
+    encoded_forward_matches_the_host_call(e, &Case::new(37, 45, 16).opts(opts));
+}
+
+#[test]
+fn encoded_backward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
+    let Some(e) = engine() else { return };
+    encoded_backward_matches_the_host_call(e, &Case::new(37, 45, 16).heads(4, 2).opts(causal()));
+}
+
+/// Verification on first use gates an encoded call as any other: with the
+/// planner's family failing its check (a planted fault), the call records a
+/// verified fallback family, whose bytes are the host call's.
+#[test]
+fn an_encoded_call_runs_only_a_verified_family() {
+    let Some(shared) = engine() else { return };
+    let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
+    let shape = AttentionShape::new(1, 37, 45, 4, 2, 16).unwrap();
+    let none = PlanOverrides::default();
+    let faulty = shared
+        .plan(&shape, case.precision, &none)
+        .unwrap()
+        .plan
+        .kernel;
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::new()
+        .unwrap()
+        .with_verification(VerifyMode::FirstUse)
+        .with_verdict_cache(Some(VerdictCache::in_dir(dir.path())))
+        .with_fault(faulty.name().parse().unwrap());
+    let plan = encoded_forward_matches_the_host_call(&e, &case);
+    assert_ne!(plan.kernel, faulty, "the faulty family was recorded");
+}
+
+/// Bindings the device cannot take, or too small for the shape, are typed
+/// errors naming the tensor, and nothing is recorded: the encoder,
+/// submitted anyway, leaves o as it was.
+#[test]
+fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
+    let Some(e) = engine() else { return };
+    let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let ins = inputs.stored.each_ref().map(host);
+    let lse_bytes = 4 * case.heads_q * case.seqlen_q;
+    let arena = Arena::new(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
+    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let mut try_with = |b: AttentionBindings| e.encode_forward(&mut encoder, &problem, &b);
+    let align = e.limits().min_storage_buffer_offset_alignment;
+    let mut misaligned = arena.attention();
+    misaligned.k.offset += 4;
+    misaligned.k.size = wgpu::BufferSize::new(arena.at[1].2 - 4);
+    assert!(matches!(
+        try_with(misaligned),
+        Err(Error::MisalignedBinding { tensor: "k", offset, alignment })
+            if offset == arena.at[1].1 + 4 && alignment == align
+    ));
+    let mut short = arena.attention();
+    short.o.size = wgpu::BufferSize::new(arena.at[3].2 - 4);
+    assert!(matches!(
+        try_with(short),
+        Err(Error::BufferTooSmall { buffer: "o", .. })
+    ));
+    let mut outside = arena.attention();
+    outside.lse.offset = arena.buffers[1].size() - align as u64;
+    assert!(matches!(
+        try_with(outside),
+        Err(Error::BindingOutsideBuffer { tensor: "lse", .. })
+    ));
+    let mut shared = arena.attention();
+    shared.o = arena.binding(0);
+    assert!(matches!(
+        try_with(shared),
+        Err(Error::OutputSharesInputBuffer {
+            output: "o",
+            input: "q"
+        })
+    ));
+    let bytes = arena.submit_and_read(e, encoder);
+    let o: Vec<f32> = bytemuck::pod_collect_to_vec(arena.slice(&bytes, 3));
+    assert!(o.iter().all(|&x| x == SENTINEL), "o was written");
+}
