@@ -23,6 +23,7 @@ use crate::plan::{
 };
 use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
+use crate::runtime::scope::scoped;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
@@ -62,23 +63,29 @@ impl Engine {
         Self::on(adapter::open(adapter).await?)
     }
 
-    /// Wrap an existing device (its limits and features are read from it).
+    /// A guest on an app's device, opened on `adapter`. The engine plans
+    /// with the features (shader-f16, subgroups, cooperative matrices,
+    /// timestamp queries) and limits the device was opened with, and the
+    /// adapter's cooperative-matrix configurations. It never replaces the
+    /// device's uncaptured-error handler: its own work runs inside error
+    /// scopes and its device errors come back as [`Error`](crate::Error)s;
+    /// whatever the app does wrong on the device stays the app's.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_device(
+        adapter: &wgpu::Adapter,
         device: wgpu::Device,
         queue: wgpu::Queue,
-        info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        pollster::block_on(Self::from_device_async(device, queue, info))
+        pollster::block_on(Self::from_device_async(adapter, device, queue))
     }
 
     /// Async form of [`Engine::from_device`].
     pub async fn from_device_async(
+        adapter: &wgpu::Adapter,
         device: wgpu::Device,
         queue: wgpu::Queue,
-        info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        Self::on(adapter::wrap(device, queue, info).await?)
+        Self::on(adapter::wrap(adapter, device, queue).await?)
     }
 
     /// An engine on `gpu` with the default settings: kernels verified as
@@ -424,12 +431,15 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let problem = Problem::forward([q, k, v], opts)?;
-        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a forward", async {
+            let problem = Problem::forward([q, k, v], opts)?;
+            let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 
     /// Verify the family a forward or backward call of `problem` runs
@@ -488,7 +498,10 @@ impl Engine {
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+        scoped(&self.gpu.device, "an FP8 forward", async {
+            ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+        })
+        .await
     }
 
     /// One tensor quantized to e4m3 by the device's kernels and read back:
@@ -505,7 +518,10 @@ impl Engine {
         x: &TensorView<'_>,
         fp8: &Fp8Options,
     ) -> Result<Fp8Tensor> {
-        ops::fp8::quantize(&self.gpu, x, fp8).await
+        scoped(&self.gpu.device, "quantizing to FP8", async {
+            ops::fp8::quantize(&self.gpu, x, fp8).await
+        })
+        .await
     }
 
     /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
@@ -537,12 +553,15 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let problem = Problem::backward(inputs, opts)?;
-        let routed = self.route(CallKind::Backward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
-        routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a backward", async {
+            let problem = Problem::backward(inputs, opts)?;
+            let routed = self.route(CallKind::Backward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
+            routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 
     /// Time every candidate plan of one pass on this adapter, store the
@@ -556,7 +575,10 @@ impl Engine {
     /// [`Engine::tune`] as a future.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn tune_async(&self, req: &TuneRequest) -> Result<TuneReport> {
-        tune::tune(&self.gpu, req).await
+        scoped(&self.gpu.device, "tuning", async {
+            tune::tune(&self.gpu, req).await
+        })
+        .await
     }
 
     /// Forward, then backward with its `o` and `lse`.
@@ -599,12 +621,16 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        let problem = Problem::new(*shape, precision, opts)?;
-        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut stats = ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
-        stats.verification = routed.verification;
-        Ok(stats)
+        scoped(&self.gpu.device, "a forward on buffers", async {
+            let problem = Problem::new(*shape, precision, opts)?;
+            let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut stats =
+                ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
+            stats.verification = routed.verification;
+            Ok(stats)
+        })
+        .await
     }
 
     /// Record the forward of `problem` into the app's `encoder`, on ranges
@@ -669,9 +695,12 @@ impl Engine {
         problem: &Problem<'_>,
         bindings: &AttentionBindings<'_>,
     ) -> Result<Plan> {
-        let none = PlanOverrides::default();
-        let routed = self.route(CallKind::Forward, problem, &none).await?;
-        ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        scoped(&self.gpu.device, "recording a forward", async {
+            let none = PlanOverrides::default();
+            let routed = self.route(CallKind::Forward, problem, &none).await?;
+            ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        })
+        .await
     }
 
     /// Record the backward of `problem` into the app's `encoder` on ranges
@@ -710,9 +739,12 @@ impl Engine {
         problem: &Problem<'_>,
         bindings: &GradientBindings<'_>,
     ) -> Result<Plan> {
-        let none = PlanOverrides::default();
-        let routed = self.route(CallKind::Backward, problem, &none).await?;
-        ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        scoped(&self.gpu.device, "recording a backward", async {
+            let none = PlanOverrides::default();
+            let routed = self.route(CallKind::Backward, problem, &none).await?;
+            ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        })
+        .await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -735,7 +767,10 @@ impl Engine {
         v: &TensorView<'_>,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+        scoped(&self.gpu.device, "a naive forward", async {
+            ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+        })
+        .await
     }
 
     /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as matmuls over them.
@@ -757,7 +792,10 @@ impl Engine {
         qkv_do: [&TensorView<'_>; 4],
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+        scoped(&self.gpu.device, "a naive backward", async {
+            ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+        })
+        .await
     }
 
     /// The practical ceiling: the tuned f32 matmul of one of attention's
@@ -782,7 +820,10 @@ impl Engine {
         d: usize,
         repeats: usize,
     ) -> Result<CeilingResult> {
-        ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
+        scoped(&self.gpu.device, "the matmul ceiling", async {
+            ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
+        })
+        .await
     }
 
     /// The adapter's storage bandwidth: `bytes` (rounded up to 16; at most
@@ -800,7 +841,10 @@ impl Engine {
         bytes: u64,
         repeats: usize,
     ) -> Result<BandwidthResult> {
-        ops::bandwidth::copy_bandwidth(&self.gpu, bytes, repeats).await
+        scoped(&self.gpu.device, "the copy bandwidth", async {
+            ops::bandwidth::copy_bandwidth(&self.gpu, bytes, repeats).await
+        })
+        .await
     }
 
     /// An all-zero KV cache on the device, kept between decoding steps.
@@ -821,7 +865,10 @@ impl Engine {
 
     /// [`Engine::read_kv_cache`] as a future.
     pub async fn read_kv_cache_async(&self, cache: &KvCache) -> Result<HostKvCache> {
-        cache.read(&self.gpu).await
+        scoped(&self.gpu.device, "reading a KV cache", async {
+            cache.read(&self.gpu).await
+        })
+        .await
     }
 
     /// The decode plan a step would run with (splits, tiles, and why).
@@ -870,15 +917,19 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let problem = DecodeProblem::new(step, cache.shape(), cache.precision()).ok();
-        let routed = self
-            .verifier
-            .route_decode(&self.gpu, problem.as_ref())
-            .await?;
-        let kernel = routed.decode_kernel;
-        let mut out = ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a decoding step", async {
+            let problem = DecodeProblem::new(step, cache.shape(), cache.precision()).ok();
+            let routed = self
+                .verifier
+                .route_decode(&self.gpu, problem.as_ref())
+                .await?;
+            let kernel = routed.decode_kernel;
+            let mut out =
+                ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 
     /// [`Engine::decode`] on a host cache (uploaded, and read back when the
@@ -902,16 +953,19 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let problem = DecodeProblem::new(step, &cache.shape, cache.precision()).ok();
-        let routed = self
-            .verifier
-            .route_decode(&self.gpu, problem.as_ref())
-            .await?;
-        let kernel = routed.decode_kernel;
-        let mut out =
-            ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a decoding step", async {
+            let problem = DecodeProblem::new(step, &cache.shape, cache.precision()).ok();
+            let routed = self
+                .verifier
+                .route_decode(&self.gpu, problem.as_ref())
+                .await?;
+            let kernel = routed.decode_kernel;
+            let mut out =
+                ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 }
 
