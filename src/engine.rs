@@ -33,8 +33,11 @@ use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
 /// A GPU attention engine on one wgpu device.
 ///
-/// Cheap to share: methods take `&self`; pipelines are compiled once per
-/// kernel and cached, buffers are reused across calls.
+/// `Send + Sync`: share one engine between threads (`&Engine`, or an
+/// `Arc`); calls from many threads at once are safe and give the bits a
+/// serial run gives. Methods take `&self`; pipelines are compiled once per
+/// kernel and cached, and buffers are reused across calls from a pool
+/// capped by [`Engine::with_pool_limit`].
 #[derive(Debug)]
 pub struct Engine {
     gpu: Gpu,
@@ -301,6 +304,28 @@ impl Engine {
         self.gpu.queue.write_buffer(&counter, 0, &[0; 8]);
         self.gpu.io_counter = Some(counter);
         self
+    }
+
+    /// Keep at most `bytes` of idle device buffers between calls (default
+    /// 512 MiB; 0 keeps none, so every call allocates its own). Buffers a
+    /// call returns past the cap are freed; [`Engine::trim`] frees the
+    /// idle ones now.
+    pub fn with_pool_limit(mut self, bytes: u64) -> Self {
+        self.gpu.pool = crate::runtime::buffers::BufferPool::with_cap(bytes);
+        self
+    }
+
+    /// Free the idle device buffers the engine keeps for later calls
+    /// (compiled pipelines and verdicts stay). Safe while other threads
+    /// run calls: their buffers come back to the pool when they end.
+    pub fn trim(&self) {
+        self.gpu.pool.trim();
+    }
+
+    /// Bytes of idle device buffers kept for later calls (at most the
+    /// cap set by [`Engine::with_pool_limit`]).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.gpu.pool.idle_bytes()
     }
 
     /// The runtime under this engine: its device, caches and settings, for
@@ -918,10 +943,8 @@ impl Engine {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         scoped(&self.gpu.device, "a decoding step", async {
-            let problem = DecodeProblem::new(step, cache.shape(), cache.precision()).ok();
             let routed = self
-                .verifier
-                .route_decode(&self.gpu, problem.as_ref())
+                .route_decode(step, cache.shape(), cache.precision())
                 .await?;
             let kernel = routed.decode_kernel;
             let mut out =
@@ -930,6 +953,19 @@ impl Engine {
             Ok(out)
         })
         .await
+    }
+
+    /// Verify the family a decoding step on a cache of `shape` runs.
+    async fn route_decode(
+        &self,
+        step: &DecodeStep<'_>,
+        shape: &CacheShape,
+        precision: Precision,
+    ) -> Result<Routed> {
+        let problem = DecodeProblem::new(step, shape, precision).ok();
+        self.verifier
+            .route_decode(&self.gpu, problem.as_ref())
+            .await
     }
 
     /// [`Engine::decode`] on a host cache (uploaded, and read back when the
@@ -954,10 +990,8 @@ impl Engine {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         scoped(&self.gpu.device, "a decoding step", async {
-            let problem = DecodeProblem::new(step, &cache.shape, cache.precision()).ok();
             let routed = self
-                .verifier
-                .route_decode(&self.gpu, problem.as_ref())
+                .route_decode(step, &cache.shape, cache.precision())
                 .await?;
             let kernel = routed.decode_kernel;
             let mut out =
