@@ -23,6 +23,7 @@ use crate::plan::{
 };
 use crate::quant::Fp8Tensor;
 use crate::runtime::adapter;
+use crate::runtime::scope::scoped;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
@@ -32,8 +33,11 @@ use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
 
 /// A GPU attention engine on one wgpu device.
 ///
-/// Cheap to share: methods take `&self`; pipelines are compiled once per
-/// kernel and cached, buffers are reused across calls.
+/// `Send + Sync`: share one engine between threads (`&Engine`, or an
+/// `Arc`); calls from many threads at once are safe and give the bits a
+/// serial run gives. Methods take `&self`; pipelines are compiled once per
+/// kernel and cached, and buffers are reused across calls from a pool
+/// capped by [`Engine::with_pool_limit`].
 #[derive(Debug)]
 pub struct Engine {
     gpu: Gpu,
@@ -62,23 +66,29 @@ impl Engine {
         Self::on(adapter::open(adapter).await?)
     }
 
-    /// Wrap an existing device (its limits and features are read from it).
+    /// A guest on an app's device, opened on `adapter`. The engine plans
+    /// with the features (shader-f16, subgroups, cooperative matrices,
+    /// timestamp queries) and limits the device was opened with, and the
+    /// adapter's cooperative-matrix configurations. It never replaces the
+    /// device's uncaptured-error handler: its own work runs inside error
+    /// scopes and its device errors come back as [`Error`](crate::Error)s;
+    /// whatever the app does wrong on the device stays the app's.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_device(
+        adapter: &wgpu::Adapter,
         device: wgpu::Device,
         queue: wgpu::Queue,
-        info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        pollster::block_on(Self::from_device_async(device, queue, info))
+        pollster::block_on(Self::from_device_async(adapter, device, queue))
     }
 
     /// Async form of [`Engine::from_device`].
     pub async fn from_device_async(
+        adapter: &wgpu::Adapter,
         device: wgpu::Device,
         queue: wgpu::Queue,
-        info: wgpu::AdapterInfo,
     ) -> Result<Self> {
-        Self::on(adapter::wrap(device, queue, info).await?)
+        Self::on(adapter::wrap(adapter, device, queue).await?)
     }
 
     /// An engine on `gpu` with the default settings: kernels verified as
@@ -296,6 +306,28 @@ impl Engine {
         self
     }
 
+    /// Keep at most `bytes` of idle device buffers between calls (default
+    /// 512 MiB; 0 keeps none, so every call allocates its own). Buffers a
+    /// call returns past the cap are freed; [`Engine::trim`] frees the
+    /// idle ones now.
+    pub fn with_pool_limit(mut self, bytes: u64) -> Self {
+        self.gpu.pool = crate::runtime::buffers::BufferPool::with_cap(bytes);
+        self
+    }
+
+    /// Free the idle device buffers the engine keeps for later calls
+    /// (compiled pipelines and verdicts stay). Safe while other threads
+    /// run calls: their buffers come back to the pool when they end.
+    pub fn trim(&self) {
+        self.gpu.pool.trim();
+    }
+
+    /// Bytes of idle device buffers kept for later calls (at most the
+    /// cap set by [`Engine::with_pool_limit`]).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.gpu.pool.idle_bytes()
+    }
+
     /// The runtime under this engine: its device, caches and settings, for
     /// dispatching kernels directly (`runtime::Call`, `kernels::*`).
     pub fn runtime(&self) -> &Gpu {
@@ -424,12 +456,15 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let problem = Problem::forward([q, k, v], opts)?;
-        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a forward", async {
+            let problem = Problem::forward([q, k, v], opts)?;
+            let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 
     /// Verify the family a forward or backward call of `problem` runs
@@ -488,7 +523,10 @@ impl Engine {
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+        scoped(&self.gpu.device, "an FP8 forward", async {
+            ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+        })
+        .await
     }
 
     /// One tensor quantized to e4m3 by the device's kernels and read back:
@@ -505,7 +543,10 @@ impl Engine {
         x: &TensorView<'_>,
         fp8: &Fp8Options,
     ) -> Result<Fp8Tensor> {
-        ops::fp8::quantize(&self.gpu, x, fp8).await
+        scoped(&self.gpu.device, "quantizing to FP8", async {
+            ops::fp8::quantize(&self.gpu, x, fp8).await
+        })
+        .await
     }
 
     /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
@@ -537,12 +578,15 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<BackwardOutput> {
-        let problem = Problem::backward(inputs, opts)?;
-        let routed = self.route(CallKind::Backward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
-        routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a backward", async {
+            let problem = Problem::backward(inputs, opts)?;
+            let routed = self.route(CallKind::Backward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut out = ops::backward::backward(&self.gpu, inputs, &problem, run).await?;
+            routed.finish(&mut out.stats, &mut out.dq, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 
     /// Time every candidate plan of one pass on this adapter, store the
@@ -556,7 +600,10 @@ impl Engine {
     /// [`Engine::tune`] as a future.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn tune_async(&self, req: &TuneRequest) -> Result<TuneReport> {
-        tune::tune(&self.gpu, req).await
+        scoped(&self.gpu.device, "tuning", async {
+            tune::tune(&self.gpu, req).await
+        })
+        .await
     }
 
     /// Forward, then backward with its `o` and `lse`.
@@ -599,12 +646,16 @@ impl Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<CallStats> {
-        let problem = Problem::new(*shape, precision, opts)?;
-        let routed = self.route(CallKind::Forward, &problem, overrides).await?;
-        let run = &routed.overrides;
-        let mut stats = ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
-        stats.verification = routed.verification;
-        Ok(stats)
+        scoped(&self.gpu.device, "a forward on buffers", async {
+            let problem = Problem::new(*shape, precision, opts)?;
+            let routed = self.route(CallKind::Forward, &problem, overrides).await?;
+            let run = &routed.overrides;
+            let mut stats =
+                ops::forward::forward_buffers(&self.gpu, buffers, &problem, run).await?;
+            stats.verification = routed.verification;
+            Ok(stats)
+        })
+        .await
     }
 
     /// Record the forward of `problem` into the app's `encoder`, on ranges
@@ -669,9 +720,12 @@ impl Engine {
         problem: &Problem<'_>,
         bindings: &AttentionBindings<'_>,
     ) -> Result<Plan> {
-        let none = PlanOverrides::default();
-        let routed = self.route(CallKind::Forward, problem, &none).await?;
-        ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        scoped(&self.gpu.device, "recording a forward", async {
+            let none = PlanOverrides::default();
+            let routed = self.route(CallKind::Forward, problem, &none).await?;
+            ops::forward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        })
+        .await
     }
 
     /// Record the backward of `problem` into the app's `encoder` on ranges
@@ -710,9 +764,12 @@ impl Engine {
         problem: &Problem<'_>,
         bindings: &GradientBindings<'_>,
     ) -> Result<Plan> {
-        let none = PlanOverrides::default();
-        let routed = self.route(CallKind::Backward, problem, &none).await?;
-        ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        scoped(&self.gpu.device, "recording a backward", async {
+            let none = PlanOverrides::default();
+            let routed = self.route(CallKind::Backward, problem, &none).await?;
+            ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
+        })
+        .await
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -735,7 +792,10 @@ impl Engine {
         v: &TensorView<'_>,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+        scoped(&self.gpu.device, "a naive forward", async {
+            ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+        })
+        .await
     }
 
     /// Naive gradients: S, P, dP/dS stored; dQ, dK, dV as matmuls over them.
@@ -757,7 +817,10 @@ impl Engine {
         qkv_do: [&TensorView<'_>; 4],
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+        scoped(&self.gpu.device, "a naive backward", async {
+            ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+        })
+        .await
     }
 
     /// The practical ceiling: the tuned f32 matmul of one of attention's
@@ -782,7 +845,10 @@ impl Engine {
         d: usize,
         repeats: usize,
     ) -> Result<CeilingResult> {
-        ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
+        scoped(&self.gpu.device, "the matmul ceiling", async {
+            ops::ceiling::matmul_ceiling(&self.gpu, shape, n, d, repeats).await
+        })
+        .await
     }
 
     /// The adapter's storage bandwidth: `bytes` (rounded up to 16; at most
@@ -800,7 +866,10 @@ impl Engine {
         bytes: u64,
         repeats: usize,
     ) -> Result<BandwidthResult> {
-        ops::bandwidth::copy_bandwidth(&self.gpu, bytes, repeats).await
+        scoped(&self.gpu.device, "the copy bandwidth", async {
+            ops::bandwidth::copy_bandwidth(&self.gpu, bytes, repeats).await
+        })
+        .await
     }
 
     /// An all-zero KV cache on the device, kept between decoding steps.
@@ -821,7 +890,10 @@ impl Engine {
 
     /// [`Engine::read_kv_cache`] as a future.
     pub async fn read_kv_cache_async(&self, cache: &KvCache) -> Result<HostKvCache> {
-        cache.read(&self.gpu).await
+        scoped(&self.gpu.device, "reading a KV cache", async {
+            cache.read(&self.gpu).await
+        })
+        .await
     }
 
     /// The decode plan a step would run with (splits, tiles, and why).
@@ -870,15 +942,30 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let problem = DecodeProblem::new(step, cache.shape(), cache.precision()).ok();
-        let routed = self
-            .verifier
+        scoped(&self.gpu.device, "a decoding step", async {
+            let routed = self
+                .route_decode(step, cache.shape(), cache.precision())
+                .await?;
+            let kernel = routed.decode_kernel;
+            let mut out =
+                ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Verify the family a decoding step on a cache of `shape` runs.
+    async fn route_decode(
+        &self,
+        step: &DecodeStep<'_>,
+        shape: &CacheShape,
+        precision: Precision,
+    ) -> Result<Routed> {
+        let problem = DecodeProblem::new(step, shape, precision).ok();
+        self.verifier
             .route_decode(&self.gpu, problem.as_ref())
-            .await?;
-        let kernel = routed.decode_kernel;
-        let mut out = ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+            .await
     }
 
     /// [`Engine::decode`] on a host cache (uploaded, and read back when the
@@ -902,16 +989,17 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let problem = DecodeProblem::new(step, &cache.shape, cache.precision()).ok();
-        let routed = self
-            .verifier
-            .route_decode(&self.gpu, problem.as_ref())
-            .await?;
-        let kernel = routed.decode_kernel;
-        let mut out =
-            ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-        Ok(out)
+        scoped(&self.gpu.device, "a decoding step", async {
+            let routed = self
+                .route_decode(step, &cache.shape, cache.precision())
+                .await?;
+            let kernel = routed.decode_kernel;
+            let mut out =
+                ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        })
+        .await
     }
 }
 

@@ -114,6 +114,8 @@ pub async fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
         source,
     })?;
     let mut gpu = Gpu::new(device, queue, info);
+    // The engine's own device: errors past its scopes are its to report.
+    gpu.keep_uncaptured();
     gpu.coop_properties = adapter.cooperative_matrix_properties();
     probe(&mut gpu).await?;
     Ok(gpu)
@@ -135,13 +137,23 @@ async fn request(
         .await
 }
 
-/// A [`Gpu`] on an existing device, probed for its loop limit.
+/// A [`Gpu`] as a guest on an app's device (opened on `adapter`), probed
+/// for its loop limit. The device's features and limits are what it was
+/// opened with; the adapter gives its name and its cooperative-matrix
+/// configurations. The app's uncaptured-error handler stays: the engine's
+/// work runs inside error scopes only.
 pub async fn wrap(
+    adapter: &wgpu::Adapter,
     device: wgpu::Device,
     queue: wgpu::Queue,
-    info: wgpu::AdapterInfo,
 ) -> Result<Gpu> {
-    let mut gpu = Gpu::new(device, queue, info);
+    let mut gpu = Gpu::new(device, queue, adapter.get_info());
+    if gpu
+        .features
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        gpu.coop_properties = adapter.cooperative_matrix_properties();
+    }
     probe(&mut gpu).await?;
     Ok(gpu)
 }

@@ -17,14 +17,23 @@ pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 pub const UNIFORM: wgpu::BufferUsages =
     wgpu::BufferUsages::UNIFORM.union(wgpu::BufferUsages::COPY_DST);
 
-/// Most bytes of idle buffers the pool keeps; beyond it, returned buffers
-/// are dropped (freed).
+/// Most bytes of idle buffers a pool keeps unless the engine is given
+/// another cap; beyond it, returned buffers are dropped (freed).
 pub const POOL_BYTES: u64 = 512 << 20;
 
-/// Idle buffers by (size, usage).
-#[derive(Default)]
+/// Idle buffers by (size, usage), up to a byte cap. Calls on many threads
+/// take and give back through one lock; a buffer is held by one call at a
+/// time.
 pub struct BufferPool {
     idle: Mutex<Idle>,
+    /// Most bytes of idle buffers kept.
+    cap: u64,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        Self::with_cap(POOL_BYTES)
+    }
 }
 
 #[derive(Default)]
@@ -34,6 +43,28 @@ struct Idle {
 }
 
 impl BufferPool {
+    /// An empty pool that keeps at most `cap` bytes of idle buffers (0:
+    /// none, every call allocates its own).
+    pub fn with_cap(cap: u64) -> Self {
+        Self {
+            idle: Mutex::default(),
+            cap,
+        }
+    }
+
+    /// The most bytes of idle buffers this pool keeps.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Free every idle buffer (buffers calls in flight hold are not idle:
+    /// they come back, up to the cap, when those calls end).
+    pub fn trim(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            *idle = Idle::default();
+        }
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Idle>> {
         self.idle.lock().map_err(|_| Error::Poisoned {
             what: "the buffer pool",
@@ -69,7 +100,7 @@ impl BufferPool {
             return;
         };
         let size = buffer.size();
-        if idle.bytes + size > POOL_BYTES {
+        if idle.bytes + size > self.cap {
             return;
         }
         idle.bytes += size;

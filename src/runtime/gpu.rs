@@ -47,25 +47,18 @@ pub struct Gpu {
     pub loop_limit: LoopLimit,
     pub pipelines: PipelineCache,
     pub pool: BufferPool,
-    /// The first device error no scope captured, reported by the next call.
+    /// The first device error no scope captured, reported by the next call
+    /// (filled only on a device the engine opened: on a wrapped one,
+    /// whatever escapes the engine's scopes is the app's).
     pub uncaptured: Arc<Mutex<Option<String>>>,
 }
 
 impl Gpu {
-    /// Wrap a device (its limits and features are read from it). The loop
-    /// limit is unknown until the probe of
-    /// [`wrap`](super::adapter::wrap) (or [`open`](super::adapter::open)) runs.
+    /// Wrap a device (its limits and features are read from it), leaving
+    /// its uncaptured-error handler alone. The loop limit is unknown until
+    /// the probe of [`wrap`](super::adapter::wrap) (or
+    /// [`open`](super::adapter::open)) runs.
     pub fn new(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
-        let uncaptured = Arc::new(Mutex::new(None));
-        let slot = uncaptured.clone();
-        // Errors are captured by scopes around every call; anything that
-        // escapes them is kept for the next call to report, rather than
-        // aborting the host program or printing.
-        device.on_uncaptured_error(Arc::new(move |e| {
-            if let Ok(mut s) = slot.lock() {
-                s.get_or_insert_with(|| e.to_string());
-            }
-        }));
         Self {
             limits: device.limits(),
             features: device.features(),
@@ -78,8 +71,20 @@ impl Gpu {
             loop_limit: LoopLimit::default(),
             pipelines: PipelineCache::default(),
             pool: BufferPool::default(),
-            uncaptured,
+            uncaptured: Arc::default(),
         }
+    }
+
+    /// Keep device errors no scope captured for the next call to report,
+    /// rather than letting wgpu's default handler abort the program. Only
+    /// for a device the engine opened: it replaces the device's handler.
+    pub fn keep_uncaptured(&self) {
+        let slot = self.uncaptured.clone();
+        self.device.on_uncaptured_error(Arc::new(move |e| {
+            if let Ok(mut s) = slot.lock() {
+                s.get_or_insert_with(|| e.to_string());
+            }
+        }));
     }
 
     /// The limits the planner sees.
