@@ -679,22 +679,25 @@ impl Engine {
     /// let shape = AttentionShape::new(1, 64, 64, 4, 4, 32)?;
     /// let opts = AttentionOptions::default().causal(true);
     /// let problem = Problem::new(shape, Precision::F32, &opts)?;
-    /// // One buffer of the app's, the tensors at 256-byte aligned offsets.
+    /// // The app's buffers, tensors at 256-byte aligned offsets: inputs in
+    /// // one, outputs in another (WebGPU binds a buffer read-only or
+    /// // writable in a dispatch, not both).
     /// let tensor = (shape.q_len() * 4) as u64;
-    /// let arena = engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
-    ///     label: Some("arena"),
-    ///     size: 5 * tensor,
+    /// let buffer = |label, size| engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
+    ///     label: Some(label),
+    ///     size,
     ///     usage: flashattn::wgpu::BufferUsages::STORAGE,
     ///     mapped_at_creation: false,
     /// });
-    /// let at = |i: u64, bytes: u64| flashattn::wgpu::BufferBinding {
-    ///     buffer: &arena,
+    /// let (inputs, outputs) = (buffer("inputs", 3 * tensor), buffer("outputs", 2 * tensor));
+    /// let at = |b, i: u64, bytes: u64| flashattn::wgpu::BufferBinding {
+    ///     buffer: b,
     ///     offset: i * tensor,
     ///     size: flashattn::wgpu::BufferSize::new(bytes),
     /// };
     /// let bindings = AttentionBindings {
-    ///     q: at(0, tensor), k: at(1, tensor), v: at(2, tensor), o: at(3, tensor),
-    ///     lse: at(4, (shape.lse_len() * 4) as u64),
+    ///     q: at(&inputs, 0, tensor), k: at(&inputs, 1, tensor), v: at(&inputs, 2, tensor),
+    ///     o: at(&outputs, 0, tensor), lse: at(&outputs, 1, (shape.lse_len() * 4) as u64),
     /// };
     /// let mut encoder = engine.device().create_command_encoder(&Default::default());
     /// engine.encode_forward(&mut encoder, &problem, &bindings)?;
