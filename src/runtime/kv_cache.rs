@@ -67,7 +67,7 @@ impl KvCache {
     /// A cache on ranges of the app's buffers, `k` and `v` already checked
     /// to lie inside their buffers at aligned offsets and to hold
     /// [`KvCache::bytes`] each; only those bytes are ever bound.
-    pub fn in_ranges(
+    pub(crate) fn in_ranges(
         shape: CacheShape,
         precision: Precision,
         [k, v]: [&wgpu::BufferBinding; 2],
