@@ -3,7 +3,9 @@
 //! the blocking forms exist on native targets, the `*_async` forms
 //! everywhere (they are the ones to use on the web).
 
-use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::decode::{
+    CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
+};
 use crate::api::inputs::BackwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
@@ -13,7 +15,7 @@ use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
-use crate::kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
+use crate::kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
 use crate::ops::ceiling::{CeilingResult, CeilingShape};
@@ -876,13 +878,52 @@ impl Engine {
     }
 
     /// An all-zero KV cache on the device, kept between decoding steps.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn kv_cache(&self, shape: CacheShape, precision: Precision) -> Result<KvCache> {
-        KvCache::zeros(&self.gpu, shape, precision)
+        pollster::block_on(self.kv_cache_async(shape, precision))
+    }
+
+    /// [`Engine::kv_cache`] as a future.
+    pub async fn kv_cache_async(&self, shape: CacheShape, precision: Precision) -> Result<KvCache> {
+        scoped(&self.gpu.device, "creating a KV cache", async {
+            KvCache::zeros(&self.gpu, shape, precision)
+        })
+        .await
     }
 
     /// A device copy of a host KV cache.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn upload_kv_cache(&self, host: &HostKvCache) -> Result<KvCache> {
-        KvCache::upload(&self.gpu, host)
+        pollster::block_on(self.upload_kv_cache_async(host))
+    }
+
+    /// [`Engine::upload_kv_cache`] as a future.
+    pub async fn upload_kv_cache_async(&self, host: &HostKvCache) -> Result<KvCache> {
+        scoped(&self.gpu.device, "uploading a KV cache", async {
+            KvCache::upload(&self.gpu, host)
+        })
+        .await
+    }
+
+    /// A KV cache on ranges of the app's own buffers: K on `k`, V on `v`
+    /// (`(outer, inner, heads_kv, head_dim)` row-major in `precision`, f16
+    /// and bf16 two per word; one buffer or two, the ranges disjoint). Each
+    /// range is checked as an encoded call's are — an offset that is a
+    /// multiple of the device's `min_storage_buffer_offset_alignment`
+    /// (`MisalignedBinding`), inside its buffer (`BindingOutsideBuffer`),
+    /// room for the cache (`BufferTooSmall`), within one storage binding
+    /// (`BindingTooLarge`). The cache keeps clones of the buffer handles and
+    /// binds exactly the cache's bytes from each offset; its contents are
+    /// whatever the app put there (zeros in a new buffer). The buffers need
+    /// `STORAGE` usage, and `COPY_SRC` for [`Engine::read_kv_cache`].
+    pub fn kv_cache_in(
+        &self,
+        shape: CacheShape,
+        precision: Precision,
+        k: wgpu::BufferBinding,
+        v: wgpu::BufferBinding,
+    ) -> Result<KvCache> {
+        ops::decode::cache_in(&self.gpu, shape, precision, [&k, &v])
     }
 
     /// A device KV cache's contents, on the host.
@@ -956,6 +997,150 @@ impl Engine {
             Ok(out)
         })
         .await
+    }
+
+    /// Record one decoding step into the app's `encoder`, on `cache` (the
+    /// engine's or on the app's buffers, [`Engine::kv_cache_in`]) and the
+    /// app's ranges `bindings`, and return the plan it runs. `step` gives
+    /// the shapes and the host index arrays ([`DecodeStep::spec`] reads them
+    /// off a host step). Where `bindings.new_kv` is given, the step's
+    /// `seqlen_new` rows are appended first, as [`Engine::decode`] appends
+    /// them; where it is `None` they count as appended already (by
+    /// [`Engine::encode_append`] earlier in the encoder, or a step that
+    /// appends none): either way each sequence attends to its
+    /// `cache_seqlens[b] + seqlen_new` keys. Splits as planned (`num_splits`
+    /// `None` or `Some(0)`) or as asked, within the adapter's loop limit;
+    /// their partials go to `bindings.scratch`
+    /// ([`Engine::decode_scratch_size`] bytes) or a buffer created for the
+    /// call. [`Engine::encode_forward`]'s contract: nothing submitted,
+    /// waited on or read back; the step and every range checked before
+    /// anything is recorded (the typed errors of [`Engine::decode`] and of
+    /// the ranges: `MisalignedBinding`, `BindingOutsideBuffer`,
+    /// `BufferTooSmall`, `OutputSharesInputBuffer`), on an error nothing
+    /// recorded; the decode family verified on first use. The index arrays
+    /// go into buffers the recorded commands keep alive.
+    ///
+    /// ```no_run
+    /// # fn main() -> flashattn::Result<()> {
+    /// use flashattn::wgpu::{BufferBinding, BufferDescriptor, BufferSize, BufferUsages};
+    /// use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeSpec, Engine, Precision};
+    /// let engine = Engine::new()?;
+    /// let (batch, heads_q, heads_kv, d) = (2, 8, 2, 64);
+    /// let layout = CacheLayout::Dense { batch, capacity: 256 };
+    /// let shape = CacheShape::new(layout, heads_kv, d)?;
+    /// let buffer = |label, size| engine.device().create_buffer(&BufferDescriptor {
+    ///     label: Some(label),
+    ///     size,
+    ///     usage: BufferUsages::STORAGE | BufferUsages::COPY_DST,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let at = |b, offset, bytes| BufferBinding { buffer: b, offset, size: BufferSize::new(bytes) };
+    /// // The app's buffers, ranges at 256-byte aligned offsets: the cache
+    /// // (K and V) in one, the step's inputs in another, its outputs in a
+    /// // third (WebGPU binds a buffer read-only or writable in a dispatch,
+    /// // not both, and the append writes the cache while reading k_new).
+    /// let cache_bytes = (shape.len() * 4) as u64;
+    /// let kv = buffer("kv cache", 2 * cache_bytes);
+    /// let cache = engine.kv_cache_in(shape, Precision::F32, at(&kv, 0, cache_bytes), at(&kv, cache_bytes, cache_bytes))?;
+    /// // q is 4096 bytes, k_new and v_new 1024 each, lse 64.
+    /// let (q_bytes, new_bytes) = ((batch * heads_q * d * 4) as u64, (batch * heads_kv * d * 4) as u64);
+    /// let inputs = buffer("step inputs", q_bytes + 2 * new_bytes);
+    /// let outputs = buffer("step outputs", q_bytes + 256);
+    /// let lens = [17, 40]; // tokens already cached per sequence
+    /// let step = DecodeSpec::new([batch, 1, heads_q, d], &lens).append(1);
+    /// let bindings = DecodeBindings::new(
+    ///     at(&inputs, 0, q_bytes),
+    ///     at(&outputs, 0, q_bytes),
+    ///     at(&outputs, q_bytes, (batch * heads_q * 4) as u64),
+    /// )
+    /// .append(at(&inputs, q_bytes, new_bytes), at(&inputs, q_bytes + new_bytes, new_bytes));
+    /// let mut encoder = engine.device().create_command_encoder(&Default::default());
+    /// let opts = AttentionOptions::default().causal(true);
+    /// engine.encode_decode(&mut encoder, &cache, &step, &bindings, &opts, None)?;
+    /// engine.queue().submit([encoder.finish()]);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_decode(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        step: &DecodeSpec,
+        bindings: &DecodeBindings,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodePlan> {
+        let call = self.encode_decode_async(encoder, cache, step, bindings, opts, num_splits);
+        pollster::block_on(call)
+    }
+
+    /// [`Engine::encode_decode`] as a future (it resolves once the
+    /// pipelines are compiled and the family verified; the work itself is
+    /// only recorded).
+    pub async fn encode_decode_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        step: &DecodeSpec<'_>,
+        bindings: &DecodeBindings<'_>,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodePlan> {
+        scoped(&self.gpu.device, "recording a decoding step", async {
+            let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
+            let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
+            let kernel = routed.decode_kernel;
+            let run = ops::decode::Step::new(&self.gpu, cache, &p, opts, num_splits, kernel)?;
+            run.encode(encoder, bindings).await
+        })
+        .await
+    }
+
+    /// Record only the append of a step's `seqlen_new` rows per sequence,
+    /// `k_new` and `v_new` on ranges of the app's buffers (not the cache's),
+    /// into `cache` at `cache_seqlens[b]..` — what [`Engine::encode_decode`]
+    /// does first when given them: for apps that append a layer's keys and
+    /// values apart from attending. [`Engine::encode_decode`] later in the
+    /// encoder with the same `step` and no `new_kv` attends to them. The
+    /// same checks and contract; a step of no new rows records nothing.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_append(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        step: &DecodeSpec,
+        k_new: wgpu::BufferBinding,
+        v_new: wgpu::BufferBinding,
+    ) -> Result<()> {
+        pollster::block_on(self.encode_append_async(encoder, cache, step, k_new, v_new))
+    }
+
+    /// [`Engine::encode_append`] as a future.
+    pub async fn encode_append_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        step: &DecodeSpec<'_>,
+        k_new: wgpu::BufferBinding<'_>,
+        v_new: wgpu::BufferBinding<'_>,
+    ) -> Result<()> {
+        scoped(&self.gpu.device, "recording an append", async {
+            let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
+            let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
+            let opts = AttentionOptions::default();
+            let run =
+                ops::decode::Step::new(&self.gpu, cache, &p, &opts, None, routed.decode_kernel)?;
+            run.encode_append(encoder, [&k_new, &v_new]).await
+        })
+        .await
+    }
+
+    /// Bytes of scratch an encoded step of `problem` planned as `plan`
+    /// ([`Engine::plan_decode`], or the plan [`Engine::encode_decode`]
+    /// returned) uses: the size of [`DecodeBindings::scratch`], the splits'
+    /// partial o and lse; 0 for a step in one split.
+    pub fn decode_scratch_size(&self, problem: &DecodeProblem, plan: &DecodePlan) -> u64 {
+        ops::decode::scratch_size(&self.gpu, problem, plan)
     }
 
     /// Verify the family a decoding step on a cache of `shape` runs.

@@ -68,7 +68,8 @@ pub mod tune;
 pub mod verify;
 
 pub use api::decode::{
-    BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
+    BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep,
+    HostKvCache,
 };
 pub use api::inputs::BackwardInputs;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
@@ -81,7 +82,7 @@ pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice};
 pub use choice::{Operation, ProbeCache, Workload};
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
+pub use kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{

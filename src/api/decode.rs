@@ -156,6 +156,70 @@ impl<'a> DecodeStep<'a> {
         self
     }
 
+    /// The step without its tensors: q's shape, `k_new`'s rows per
+    /// sequence, the index arrays.
+    pub fn spec(&self) -> DecodeSpec<'a> {
+        DecodeSpec {
+            q_shape: self.q.shape,
+            seqlen_new: self.new_kv.map_or(0, |[k, _]| k.shape[1]),
+            cache_seqlens: self.cache_seqlens,
+            cache_batch_idx: self.cache_batch_idx,
+            block_table: self.block_table,
+        }
+    }
+
+    pub fn batch_idx(mut self, idx: &'a [i32]) -> Self {
+        self.cache_batch_idx = Some(idx);
+        self
+    }
+
+    pub fn block_table(mut self, pages: &'a [i32], max_pages: usize) -> Self {
+        self.block_table = Some(BlockTable { pages, max_pages });
+        self
+    }
+}
+
+/// One decoding step described without its tensors: the shapes and the
+/// host index arrays. What an encoded step ([`Engine::encode_decode`],
+/// [`Engine::encode_append`]) takes beside the app's buffer ranges, and what
+/// [`DecodeStep::spec`] reads off a host step; [`DecodeProblem`] is built
+/// from it either way.
+///
+/// [`Engine::encode_decode`]: crate::Engine::encode_decode
+/// [`Engine::encode_append`]: crate::Engine::encode_append
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSpec<'a> {
+    /// `(batch, seqlen_q, heads_q, head_dim)` of q.
+    pub q_shape: [usize; 4],
+    /// Tokens appended per sequence (`k_new`/`v_new` are `(batch,
+    /// seqlen_new, heads_kv, head_dim)`); 0 for a step that appends none.
+    pub seqlen_new: usize,
+    /// `(batch,)`: tokens in each sequence's cache before the append.
+    pub cache_seqlens: &'a [i32],
+    /// `(batch,)`: each sequence's row of a dense cache (default: row b).
+    pub cache_batch_idx: Option<&'a [i32]>,
+    /// Where a paged cache's sequences live (required for paged caches).
+    pub block_table: Option<BlockTable<'a>>,
+}
+
+impl<'a> DecodeSpec<'a> {
+    /// A step of queries shaped `q_shape` that appends nothing.
+    pub fn new(q_shape: [usize; 4], cache_seqlens: &'a [i32]) -> Self {
+        Self {
+            q_shape,
+            cache_seqlens,
+            cache_batch_idx: None,
+            block_table: None,
+            seqlen_new: 0,
+        }
+    }
+
+    /// Append `seqlen_new` tokens per sequence before attending.
+    pub fn append(mut self, seqlen_new: usize) -> Self {
+        self.seqlen_new = seqlen_new;
+        self
+    }
+
     pub fn batch_idx(mut self, idx: &'a [i32]) -> Self {
         self.cache_batch_idx = Some(idx);
         self
@@ -207,15 +271,25 @@ impl DecodeProblem {
     /// Validate `step` against a cache of `cache` shape holding `precision`.
     pub fn new(step: &DecodeStep, cache: &CacheShape, precision: Precision) -> Result<Self> {
         step.q.check_len("q")?;
-        let [batch, seqlen_q, heads_q, head_dim] = step.q.shape;
+        dtype_like(step.q.precision(), "q", precision)?;
+        new_rows(step, step.q.shape[0], cache, precision)?;
+        Self::of_spec(&step.spec(), cache, precision)
+    }
+
+    /// Validate a step described by its shapes and index arrays (an
+    /// encoded step's, whose tensors are the app's buffer ranges) against
+    /// a cache of `cache` shape holding `precision`.
+    pub fn of_spec(step: &DecodeSpec, cache: &CacheShape, precision: Precision) -> Result<Self> {
+        let [batch, seqlen_q, heads_q, head_dim] = step.q_shape;
         AttentionShape::new(batch, seqlen_q, 1, heads_q, cache.heads_kv, head_dim)?;
         same(
             "head_dim",
             ("q", head_dim),
             ("the kv cache", cache.head_dim),
         )?;
-        dtype_like(step.q.precision(), "q", precision)?;
-        let seqlen_new = new_rows(step, batch, cache, precision)?;
+        // The new rows' element count must fit this target like q's.
+        size::elements("k_new", &[batch, step.seqlen_new, cache.heads_kv, head_dim])?;
+        let seqlen_new = step.seqlen_new;
         let cache_lens = lengths("cache_seqlens", step.cache_seqlens, batch)?;
         let table = page_table(step, cache, batch)?;
         let p = Self {
@@ -379,9 +453,9 @@ impl DecodeProblem {
 }
 
 /// `k_new`/`v_new`: both or neither, `(batch, seqlen_new, heads_kv, d)`.
-fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -> Result<usize> {
+fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -> Result<()> {
     let Some([k, v]) = step.new_kv else {
-        return Ok(0);
+        return Ok(());
     };
     for (name, t) in [("k_new", &k), ("v_new", &v)] {
         t.check_len(name)?;
@@ -398,7 +472,7 @@ fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -
             });
         }
     }
-    Ok(k.shape[1])
+    Ok(())
 }
 
 /// An i32 length array of `batch` entries, none negative.
@@ -418,7 +492,7 @@ fn lengths(tensor: &'static str, values: &[i32], batch: usize) -> Result<Vec<usi
 }
 
 /// The page table of either layout, its indices checked for sign.
-fn page_table(step: &DecodeStep, cache: &CacheShape, batch: usize) -> Result<PageTable> {
+fn page_table(step: &DecodeSpec, cache: &CacheShape, batch: usize) -> Result<PageTable> {
     match (cache.layout, step.block_table, step.cache_batch_idx) {
         (CacheLayout::Dense { .. }, Some(_), _) => Err(Error::CacheIndex {
             reason: "a block_table needs a paged cache; this cache is dense",

@@ -47,6 +47,67 @@ pub struct DecodeMerge {
     pub variant: Variant,
 }
 
+/// The app's buffer ranges one encoded decoding step binds
+/// ([`Engine::encode_decode`](crate::Engine::encode_decode)), beside its
+/// [`KvCache`](crate::KvCache). Each range needs `STORAGE` usage and an
+/// offset that is a multiple of the device's
+/// `min_storage_buffer_offset_alignment`. q is `(batch, seqlen_q, heads_q,
+/// head_dim)` and o the same, in the cache's precision; lse `(batch,
+/// heads_q, seqlen_q)` f32; `k_new`/`v_new` `(batch, seqlen_new, heads_kv,
+/// head_dim)` in the cache's precision. WebGPU binds a buffer read-only or
+/// writable in a dispatch, not both: o and lse go in buffers no input (q,
+/// the new rows, the cache) is in, and the cache in a buffer the new rows
+/// are not in.
+#[derive(Clone, Debug)]
+pub struct DecodeBindings<'a> {
+    pub q: wgpu::BufferBinding<'a>,
+    pub o: wgpu::BufferBinding<'a>,
+    pub lse: wgpu::BufferBinding<'a>,
+    /// `[k_new, v_new]`, appended to the cache before attending (as
+    /// [`DecodeStep::new_kv`](crate::DecodeStep::new_kv) is); `None` when
+    /// the step appends nothing or [`Engine::encode_append`](crate::Engine::encode_append)
+    /// appended them.
+    pub new_kv: Option<[wgpu::BufferBinding<'a>; 2]>,
+    /// The splits' partial o and lse when a step runs in several
+    /// ([`Engine::decode_scratch_size`](crate::Engine::decode_scratch_size)
+    /// bytes, in a buffer no other range is in); `None`: a buffer created
+    /// for the call where one is needed.
+    pub scratch: Option<wgpu::BufferBinding<'a>>,
+}
+
+impl<'a> DecodeBindings<'a> {
+    /// A step that reads q and writes o and lse, appending nothing here.
+    pub fn new(
+        q: wgpu::BufferBinding<'a>,
+        o: wgpu::BufferBinding<'a>,
+        lse: wgpu::BufferBinding<'a>,
+    ) -> Self {
+        Self {
+            q,
+            o,
+            lse,
+            new_kv: None,
+            scratch: None,
+        }
+    }
+
+    /// Append `k_new` and `v_new` before attending.
+    pub fn append(
+        mut self,
+        k_new: wgpu::BufferBinding<'a>,
+        v_new: wgpu::BufferBinding<'a>,
+    ) -> Self {
+        self.new_kv = Some([k_new, v_new]);
+        self
+    }
+
+    /// Keep the splits' partials in `scratch`.
+    pub fn scratch(mut self, scratch: wgpu::BufferBinding<'a>) -> Self {
+        self.scratch = Some(scratch);
+        self
+    }
+}
+
 /// A composer with the decode kernels' shared declarations.
 fn composer(storage: StorageKind, wg: u32, head_dim: u32) -> Composer {
     let mut c = Composer::new(storage);

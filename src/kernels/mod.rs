@@ -22,7 +22,7 @@ pub mod walk;
 
 pub use compose::{binding, KernelSource, LoopCheck, Variant};
 pub use copy::BufferCopy;
-pub use decode::{DecodeMerge, FlashDecode, KvAppend};
+pub use decode::{DecodeBindings, DecodeMerge, FlashDecode, KvAppend};
 pub use flash_backward::{
     BackwardBindings, BackwardBuffers, BackwardPart, FlashBackward, GradientBindings,
 };

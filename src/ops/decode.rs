@@ -1,25 +1,32 @@
 //! Decoding as an operation: a step validated against its cache before
-//! anything is written, its new rows appended in place, the split-KV
-//! kernel, the merge when there are splits, and o and lse read back — one
-//! submission. On host caches: uploaded, decoded, read back.
+//! anything is written, then one set of dispatches on buffer ranges — its
+//! new rows appended in place, the split-KV kernel, the merge when there
+//! are splits — either recorded into the app's encoder on its ranges (an
+//! encoded step: nothing submitted) or run on the engine's own buffers with
+//! o and lse read back (a host step: one submission and the readback). On
+//! host caches: uploaded, decoded, read back.
 
+use super::bindings::{self, Range};
 use super::reruns::{piece_limits, with_reruns};
-use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
+use crate::api::output::Accesses;
 use crate::api::size::{grid_u32, to_u32};
-use crate::api::tensor::TensorData;
+use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::kernels::decode::HELPER_WORKGROUP;
 use crate::kernels::{
-    binding, DecodeMerge, DecodeParams, FlashDecode, KernelKey, KvAppend, LoopCost, Params,
-    Uniform, Variant,
+    binding, DecodeBindings, DecodeMerge, DecodeParams, FlashDecode, KernelKey, KvAppend, LoopCost,
+    Params, Uniform, Variant,
 };
 use crate::plan::decode::{decode_tiles, DecodeTiles};
 use crate::plan::{plan_decode, DecodePlan, DecodeRequest, KernelFamily, PieceLimits, SplitLimits};
-use crate::runtime::{whole, Call, Dispatch, Gpu, KvCache};
+use crate::runtime::{padded, record, Call, Dispatch, Gpu, KvCache};
 
 /// One step on a device cache, on the decode kernel `kernel` forces
-/// (`None`: the planner's; see [`DecodeRequest::kernel`]).
+/// (`None`: the planner's; see [`DecodeRequest::kernel`]): the encoded
+/// path's dispatches on the engine's own buffers, run, rerun with more
+/// splits when a loop guard fires, and read back.
 pub async fn decode(
     gpu: &Gpu,
     cache: &KvCache,
@@ -28,23 +35,11 @@ pub async fn decode(
     num_splits: Option<usize>,
     kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
-    opts.validate()?;
-    opts.band_only("decoding")?;
     let p = DecodeProblem::new(step, cache.shape(), cache.precision())?;
-    let req = request(&p, num_splits, kernel);
-    let variant = gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0);
-    let loops = loops(gpu, &req, variant)?;
-    let run = Step {
-        gpu,
-        cache,
-        step,
-        p: &p,
-        opts,
-        req,
-        variant,
-    };
+    let run = Step::new(gpu, cache, &p, opts, num_splits, kernel)?;
+    let loops = loops(gpu, &run.req, run.variant)?;
     let (mut out, reruns) =
-        with_reruns(gpu, p.precision, &loops, |limits| run.attempt(limits)).await?;
+        with_reruns(gpu, p.precision, &loops, |limits| run.attempt(step, limits)).await?;
     out.stats.reruns = reruns;
     Ok(out)
 }
@@ -68,6 +63,51 @@ pub async fn decode_host(
         *host = cache.read(gpu).await?;
     }
     Ok(out)
+}
+
+/// A cache on the app's `[k, v]` ranges: each checked as an encoded call's
+/// ranges are (aligned, inside its buffer, holding the cache, within one
+/// storage binding).
+pub fn cache_in(
+    gpu: &Gpu,
+    shape: CacheShape,
+    precision: Precision,
+    [k, v]: [&wgpu::BufferBinding; 2],
+) -> Result<KvCache> {
+    let bytes = KvCache::bytes(gpu, &shape, precision)?;
+    let range = |tensor, binding| Range {
+        tensor,
+        binding,
+        needs: bytes,
+    };
+    bindings::check(gpu, &[range("k cache", k), range("v cache", v)], &[])?;
+    Ok(KvCache::in_ranges(shape, precision, [k, v], bytes))
+}
+
+/// Bytes of the app's scratch an encoded step of `p` planned as `plan`
+/// uses: the splits' f32 partial o, then (at the next aligned offset) their
+/// partial lse; 0 for a step in one split, which needs none.
+pub fn scratch_size(gpu: &Gpu, p: &DecodeProblem, plan: &DecodePlan) -> u64 {
+    let splits = plan.splits.num_splits as u64;
+    if splits <= 1 {
+        return 0;
+    }
+    let [o, lse] = part_bytes(p, splits);
+    lse_offset(gpu, o) + padded(lse)
+}
+
+/// Bytes of the splits' partial o and lse.
+fn part_bytes(p: &DecodeProblem, splits: u64) -> [u64; 2] {
+    [
+        splits * p.q_len() as u64 * 4,
+        splits * p.lse_len() as u64 * 4,
+    ]
+}
+
+/// Where the partial lse starts in the scratch: past `o_bytes`, aligned.
+fn lse_offset(gpu: &Gpu, o_bytes: u64) -> u64 {
+    let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
+    o_bytes.next_multiple_of(align.max(4))
 }
 
 /// What the planner is asked for a step.
@@ -136,18 +176,28 @@ fn plan_within(gpu: &Gpu, req: &DecodeRequest, max_keys: usize) -> Result<Decode
 }
 
 /// A validated step and what it runs with.
-struct Step<'a> {
+pub struct Step<'a> {
     gpu: &'a Gpu,
     cache: &'a KvCache,
-    step: &'a DecodeStep<'a>,
     p: &'a DecodeProblem,
     opts: &'a AttentionOptions,
     req: DecodeRequest,
     variant: Variant,
 }
 
-/// The device buffers of one attempt: o and lse always; the splits'
-/// partials when there are several; the new rows when the step appends.
+/// The ranges one step's kernels bind: q, o and lse always; the new rows
+/// when the step appends here; the splits' partials when there are several.
+struct StepRanges<'b> {
+    q: wgpu::BufferBinding<'b>,
+    o: wgpu::BufferBinding<'b>,
+    lse: wgpu::BufferBinding<'b>,
+    new_kv: Option<[wgpu::BufferBinding<'b>; 2]>,
+    parts: Option<[wgpu::BufferBinding<'b>; 2]>,
+    /// Each sequence's keys, then the page table.
+    index: &'b wgpu::Buffer,
+}
+
+/// The engine's own buffers of one attempt of a host step.
 struct StepBuffers {
     q: wgpu::Buffer,
     index: wgpu::Buffer,
@@ -157,26 +207,224 @@ struct StepBuffers {
     new: Option<[wgpu::Buffer; 2]>,
 }
 
-impl Step<'_> {
-    /// Plan within `limits` and run append, decode and merge.
-    async fn attempt(&self, limits: PieceLimits) -> Result<DecodeOutput> {
+impl StepBuffers {
+    fn ranges(&self) -> StepRanges<'_> {
+        fn pair(b: &[wgpu::Buffer; 2]) -> [wgpu::BufferBinding<'_>; 2] {
+            b.each_ref().map(|b| b.as_entire_buffer_binding())
+        }
+        StepRanges {
+            q: self.q.as_entire_buffer_binding(),
+            o: self.o.as_entire_buffer_binding(),
+            lse: self.lse.as_entire_buffer_binding(),
+            new_kv: self.new.as_ref().map(pair),
+            parts: self.parts.as_ref().map(pair),
+            index: &self.index,
+        }
+    }
+}
+
+/// The bytes each of a step's tensors needs in a binding (padded to 4).
+struct StepBytes {
+    q: u64,
+    new: u64,
+    lse: u64,
+    cache: u64,
+}
+
+impl StepBytes {
+    fn of(p: &DecodeProblem) -> Self {
+        let elem = p.precision.bytes() as u64;
+        let new = p.batch * p.seqlen_new * p.cache.row_len();
+        Self {
+            q: padded(p.q_len() as u64 * elem),
+            new: padded(new as u64 * elem),
+            lse: padded(p.lse_len() as u64 * 4),
+            cache: padded(p.cache.len() as u64 * elem),
+        }
+    }
+}
+
+/// `binding` cut to the `bytes` its tensor needs (so a range reaching far
+/// past its tensor is never bound whole).
+fn fitted<'b>(binding: &wgpu::BufferBinding<'b>, bytes: u64) -> wgpu::BufferBinding<'b> {
+    wgpu::BufferBinding {
+        size: wgpu::BufferSize::new(bytes),
+        ..binding.clone()
+    }
+}
+
+impl<'a> Step<'a> {
+    /// A step of `p` on `cache` under `opts` (checked here), its splits as
+    /// asked or planned, on the decode kernel `kernel` forces.
+    pub fn new(
+        gpu: &'a Gpu,
+        cache: &'a KvCache,
+        p: &'a DecodeProblem,
+        opts: &'a AttentionOptions,
+        num_splits: Option<usize>,
+        kernel: Option<KernelFamily>,
+    ) -> Result<Self> {
+        opts.validate()?;
+        opts.band_only("decoding")?;
+        Ok(Self {
+            gpu,
+            cache,
+            p,
+            opts,
+            req: request(p, num_splits, kernel),
+            variant: gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0),
+        })
+    }
+
+    /// The plan within the loop limit as predicted or learned so far (an
+    /// encoded step runs whole: no guard is read after it).
+    fn plan(&self) -> Result<DecodePlan> {
+        let loops = loops(self.gpu, &self.req, self.variant)?;
+        let limits = piece_limits(self.gpu, self.p.precision, &loops)?;
+        plan_within(self.gpu, &self.req, limits.max_keys)
+    }
+
+    /// Record the step into `encoder` on the app's ranges `b` (every range
+    /// checked first; on an error nothing is recorded), and return its plan.
+    pub async fn encode(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        b: &DecodeBindings<'_>,
+    ) -> Result<DecodePlan> {
+        let (gpu, p) = (self.gpu, self.p);
+        let plan = self.plan()?;
+        let scratch_bytes = scratch_size(gpu, p, &plan);
+        self.check_bindings(b, scratch_bytes)?;
+        // The index in a buffer of its own (not the pool's, which a later
+        // call could take and overwrite before the app submits this one).
+        let index = gpu.buffer_with(&index_words(p)?);
+        let own;
+        let parts = if scratch_bytes > 0 {
+            let scratch = match &b.scratch {
+                Some(s) => s.clone(),
+                None => {
+                    own = gpu.zeroed_buffer(scratch_bytes);
+                    own.as_entire_buffer_binding()
+                }
+            };
+            Some(self.parts_in(&scratch, plan.splits.num_splits as u64))
+        } else {
+            None
+        };
+        let t = StepBytes::of(p);
+        let appends = p.seqlen_new > 0;
+        let new_kv = b.new_kv.as_ref().filter(|_| appends);
+        let ranges = StepRanges {
+            q: fitted(&b.q, t.q),
+            o: fitted(&b.o, t.q),
+            lse: fitted(&b.lse, t.lse),
+            new_kv: new_kv.map(|[k, v]| [fitted(k, t.new), fitted(v, t.new)]),
+            parts,
+            index: &index,
+        };
+        let (dispatches, _) = self.dispatches(&plan, &ranges)?;
+        record(gpu, encoder, &dispatches).await?;
+        Ok(plan)
+    }
+
+    /// Record only the append of the step's new rows, `[k_new, v_new]` on
+    /// the app's ranges, into `encoder` (nothing when it appends none).
+    pub async fn encode_append(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        [k_new, v_new]: [&wgpu::BufferBinding<'_>; 2],
+    ) -> Result<()> {
+        let t = StepBytes::of(self.p);
+        let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
+        let range = |tensor, binding, needs| Range {
+            tensor,
+            binding,
+            needs,
+        };
+        bindings::check(
+            self.gpu,
+            &[range("k_new", k_new, t.new), range("v_new", v_new, t.new)],
+            &[range("k cache", &k, t.cache), range("v cache", &v, t.cache)],
+        )?;
+        if self.p.seqlen_new == 0 {
+            return Ok(());
+        }
+        let plan = self.plan()?;
+        let index = self.gpu.buffer_with(&index_words(self.p)?);
+        let u = self.uniforms(&plan)?;
+        let new = [fitted(k_new, t.new), fitted(v_new, t.new)];
+        let (append, _) = self.append(&plan, &u, new, &index)?;
+        record(self.gpu, encoder, &[append]).await
+    }
+
+    /// The app's ranges of an encoded step: inside their buffers at aligned
+    /// offsets, large enough, and no range written in a dispatch bound from
+    /// a buffer that dispatch reads (o and lse apart from every input, the
+    /// cache apart from the new rows, the scratch apart from all).
+    fn check_bindings(&self, b: &DecodeBindings, scratch_bytes: u64) -> Result<()> {
+        let t = StepBytes::of(self.p);
+        let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
+        let range = |tensor, binding, needs| Range {
+            tensor,
+            binding,
+            needs,
+        };
+        let mut inputs = vec![
+            range("q", &b.q, t.q),
+            range("k cache", &k, t.cache),
+            range("v cache", &v, t.cache),
+        ];
+        let new = b
+            .new_kv
+            .as_ref()
+            .map(|[kn, vn]| [range("k_new", kn, t.new), range("v_new", vn, t.new)]);
+        inputs.extend(
+            new.iter()
+                .flatten()
+                .map(|r| range(r.tensor, r.binding, r.needs)),
+        );
+        let outputs = [range("o", &b.o, t.q), range("lse", &b.lse, t.lse)];
+        bindings::check(self.gpu, &inputs, &outputs)?;
+        if let Some(new) = &new {
+            // The append writes the cache while it reads the new rows.
+            bindings::check(self.gpu, new, &inputs[1..3])?;
+        }
+        let Some(scratch) = &b.scratch else {
+            return Ok(());
+        };
+        let mut every = inputs;
+        every.extend(outputs);
+        bindings::check(
+            self.gpu,
+            &every,
+            &[range("scratch", scratch, scratch_bytes)],
+        )
+    }
+
+    /// The splits' partial o and lse in `scratch` ([`scratch_size`]'s layout).
+    fn parts_in<'b>(
+        &self,
+        scratch: &wgpu::BufferBinding<'b>,
+        splits: u64,
+    ) -> [wgpu::BufferBinding<'b>; 2] {
+        let [o, lse] = part_bytes(self.p, splits);
+        let at = |offset, bytes| wgpu::BufferBinding {
+            buffer: scratch.buffer,
+            offset: scratch.offset + offset,
+            size: wgpu::BufferSize::new(padded(bytes)),
+        };
+        [at(0, o), at(lse_offset(self.gpu, o), lse)]
+    }
+
+    /// Plan within `limits`, run append, decode and merge on the engine's
+    /// buffers, and read o and lse back.
+    async fn attempt(&self, step: &DecodeStep<'_>, limits: PieceLimits) -> Result<DecodeOutput> {
         let (gpu, p) = (self.gpu, self.p);
         let plan = plan_within(gpu, &self.req, limits.max_keys)?;
         let mut call = Call::new(gpu, None);
-        let bufs = self.buffers(&mut call, plan.splits.num_splits as u64)?;
-        let dp = decode_params(p, &plan)?;
-        let uniforms = Uniforms {
-            params: Params::decode(p, self.opts)?,
-            decode: dp,
-        };
-        let mut dispatches = Vec::new();
-        if let Some(new) = &bufs.new {
-            dispatches.push(self.append(&mut call, &plan, &uniforms, new, &bufs.index)?);
-        }
-        dispatches.push(self.attend(&mut call, &plan, &uniforms, &bufs)?);
-        if let Some(parts) = &bufs.parts {
-            dispatches.push(self.merge(&mut call, &plan, &uniforms, parts, &bufs)?);
-        }
+        let bufs = self.buffers(&mut call, step, plan.splits.num_splits as u64)?;
+        let (dispatches, accesses) = self.dispatches(&plan, &bufs.ranges())?;
+        call.stats.accesses += accesses;
         call.run(&dispatches).await?;
         let (o_bytes, lse_bytes) = (
             (p.q_len() * p.precision.bytes()) as u64,
@@ -196,10 +444,10 @@ impl Step<'_> {
         ))
     }
 
-    fn buffers(&self, call: &mut Call, splits: u64) -> Result<StepBuffers> {
+    fn buffers(&self, call: &mut Call, step: &DecodeStep, splits: u64) -> Result<StepBuffers> {
         let p = self.p;
         let (q_len, lse_len) = (p.q_len() as u64, p.lse_len() as u64);
-        let new = match self.step.new_kv {
+        let new = match step.new_kv.filter(|_| p.seqlen_new > 0) {
             Some([k, v]) => Some([
                 call.upload("k_new", k.data.as_bytes())?,
                 call.upload("v_new", v.data.as_bytes())?,
@@ -207,15 +455,16 @@ impl Step<'_> {
             None => None,
         };
         let parts = if splits > 1 {
+            let [o, lse] = part_bytes(p, splits);
             Some([
-                call.storage("o partials", splits * q_len * 4)?,
-                call.storage("lse partials", splits * lse_len * 4)?,
+                call.storage("o partials", o)?,
+                call.storage("lse partials", lse)?,
             ])
         } else {
             None
         };
         Ok(StepBuffers {
-            q: call.upload("q", self.step.q.data.as_bytes())?,
+            q: call.upload("q", step.q.data.as_bytes())?,
             index: call.upload("index", bytemuck::cast_slice(&index_words(p)?))?,
             o: call.storage("o", q_len * p.precision.bytes() as u64)?,
             lse: call.storage("lse", lse_len * 4)?,
@@ -224,15 +473,48 @@ impl Step<'_> {
         })
     }
 
+    fn uniforms(&self, plan: &DecodePlan) -> Result<Uniforms> {
+        Ok(Uniforms {
+            params: Params::decode(self.p, self.opts)?,
+            decode: decode_params(self.p, plan)?,
+        })
+    }
+
+    /// The step's dispatches on `r` — the append where it has new rows,
+    /// the attention, the merge where it has partials — and their storage
+    /// accesses.
+    fn dispatches<'b>(
+        &'b self,
+        plan: &DecodePlan,
+        r: &StepRanges<'b>,
+    ) -> Result<(Vec<Dispatch<'b>>, Accesses)> {
+        let u = self.uniforms(plan)?;
+        let mut out = Vec::with_capacity(3);
+        let mut accesses = Accesses::default();
+        if let Some(new) = &r.new_kv {
+            let (d, a) = self.append(plan, &u, new.clone(), r.index)?;
+            out.push(d);
+            accesses += a;
+        }
+        let (d, a) = self.attend(plan, &u, r)?;
+        out.push(d);
+        accesses += a;
+        if let Some(parts) = &r.parts {
+            let (d, a) = self.merge(plan, &u, parts.clone(), r)?;
+            out.push(d);
+            accesses += a;
+        }
+        Ok((out, accesses))
+    }
+
     /// k_new/v_new into the cache.
     fn append<'b>(
         &'b self,
-        call: &mut Call,
         plan: &DecodePlan,
         u: &Uniforms,
-        [k_new, v_new]: &'b [wgpu::Buffer; 2],
+        [k_new, v_new]: [wgpu::BufferBinding<'b>; 2],
         index: &'b wgpu::Buffer,
-    ) -> Result<Dispatch<'b>> {
+    ) -> Result<(Dispatch<'b>, Accesses)> {
         let p = self.p;
         let kernel = KvAppend {
             storage: plan.tiles.storage,
@@ -241,86 +523,86 @@ impl Step<'_> {
         };
         let n = (p.batch * p.seqlen_new * p.cache.row_len()) as u64;
         let (grid, groups_x) = wrapped_grid(self.gpu, n.div_ceil(HELPER_WORKGROUP as u64))?;
-        call.stats.accesses += kernel.accesses(p);
         use binding::*;
-        Ok(Dispatch {
+        let d = Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(groups_x),
-            buffers: whole([
+            buffers: vec![
                 (K_NEW, k_new),
                 (V_NEW, v_new),
-                (K, self.cache.k()),
-                (V, self.cache.v()),
-                (INDEX, index),
-            ]),
+                (K, self.cache.k_binding()),
+                (V, self.cache.v_binding()),
+                (INDEX, index.as_entire_buffer_binding()),
+            ],
             grid,
             walk: None,
-        })
+        };
+        Ok((d, kernel.accesses(p)))
     }
 
     /// The split-KV attention: final o and lse, or the splits' partials.
     fn attend<'b>(
         &'b self,
-        call: &mut Call,
         plan: &DecodePlan,
         u: &Uniforms,
-        b: &'b StepBuffers,
-    ) -> Result<Dispatch<'b>> {
+        r: &StepRanges<'b>,
+    ) -> Result<(Dispatch<'b>, Accesses)> {
         let kernel = FlashDecode {
             tiles: plan.tiles,
-            partial: b.parts.is_some(),
+            partial: r.parts.is_some(),
             variant: self.variant,
         };
         let grid = kernel.grid(self.p, &u.decode);
         check_grid(self.gpu, &grid)?;
-        call.stats.accesses += kernel.accesses(self.p, &u.params, &u.decode);
-        let [o, lse] = b.parts.as_ref().map_or([&b.o, &b.lse], |[o, l]| [o, l]);
+        let accesses = kernel.accesses(self.p, &u.params, &u.decode);
+        let [o, lse] = r.parts.clone().unwrap_or([r.o.clone(), r.lse.clone()]);
         use binding::*;
-        Ok(Dispatch {
+        let d = Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(1),
-            buffers: whole([
-                (Q, &b.q),
-                (K, self.cache.k()),
-                (V, self.cache.v()),
+            buffers: vec![
+                (Q, r.q.clone()),
+                (K, self.cache.k_binding()),
+                (V, self.cache.v_binding()),
                 (O, o),
                 (LSE, lse),
-                (INDEX, &b.index),
-            ]),
+                (INDEX, r.index.as_entire_buffer_binding()),
+            ],
             grid,
             walk: Some((plan.splits.keys_per_split, plan.tiles.workgroup_size)),
-        })
+        };
+        Ok((d, accesses))
     }
 
     /// The splits' partials into o and lse.
     fn merge<'b>(
         &'b self,
-        call: &mut Call,
         plan: &DecodePlan,
         u: &Uniforms,
-        [o_part, lse_part]: &'b [wgpu::Buffer; 2],
-        b: &'b StepBuffers,
-    ) -> Result<Dispatch<'b>> {
+        [o_part, lse_part]: [wgpu::BufferBinding<'b>; 2],
+        r: &StepRanges<'b>,
+    ) -> Result<(Dispatch<'b>, Accesses)> {
         let kernel = DecodeMerge {
             storage: plan.tiles.storage,
             head_dim: plan.tiles.head_dim,
             variant: self.helper_variant(),
         };
         let (grid, groups_x) = wrapped_grid(self.gpu, self.p.lse_len() as u64)?;
-        call.stats.accesses += kernel.accesses(self.p, u.decode.num_splits);
+        let accesses = kernel.accesses(self.p, u.decode.num_splits);
         use binding::*;
-        Ok(Dispatch {
+        let d = Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(groups_x),
-            buffers: whole([
+            buffers: vec![
                 (O_PART, o_part),
                 (LSE_PART, lse_part),
-                (O, &b.o),
-                (LSE, &b.lse),
-            ]),
+                (O, r.o.clone()),
+                (LSE, r.lse.clone()),
+            ],
             grid,
             walk: None,
-        })
+        };
+        Ok((d, accesses))
     }
 
     /// The append and merge have no masks or softcap.

@@ -1,61 +1,114 @@
-//! A KV cache on the device: K and V storage buffers that decoding steps
-//! append to and read in place, kept by the app between steps; read back
-//! only when asked.
+//! A KV cache on the device: K and V ranges of storage buffers — the
+//! engine's own or the app's — that decoding steps append to and read in
+//! place, kept by the app between steps; read back only when asked.
 
 use super::buffers::{padded, STORAGE};
 use super::gpu::Gpu;
-use super::submit::read_back;
+use super::submit::read_back_at;
 use crate::api::decode::{CacheShape, HostKvCache};
 use crate::api::size;
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 
+/// One of the caches: a range of a buffer (a clone of the handle, so the
+/// buffer lives as long as the cache).
+#[derive(Clone, Debug)]
+struct CacheRange {
+    buffer: wgpu::Buffer,
+    offset: u64,
+    /// Exactly the cache's bytes (padded to 4): what every kernel binds.
+    size: u64,
+}
+
+impl CacheRange {
+    fn binding(&self) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        }
+    }
+}
+
 /// K and V caches of one shape and precision in device memory (f16 as raw
-/// halves, two per word).
+/// halves, two per word), in buffers the engine made
+/// ([`Engine::kv_cache`](crate::Engine::kv_cache)) or on ranges of the
+/// app's ([`Engine::kv_cache_in`](crate::Engine::kv_cache_in)).
 #[derive(Debug)]
 pub struct KvCache {
     shape: CacheShape,
     precision: Precision,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    k: CacheRange,
+    v: CacheRange,
 }
 
 impl KvCache {
-    /// An all-zero cache (wgpu zeroes new buffers).
+    /// An all-zero cache (wgpu zeroes new buffers) in buffers of its own.
     pub fn zeros(gpu: &Gpu, shape: CacheShape, precision: Precision) -> Result<Self> {
         let bytes = Self::bytes(gpu, &shape, precision)?;
-        let buffer = |label| {
-            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        let range = |label| CacheRange {
+            buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size: bytes,
                 usage: STORAGE,
                 mapped_at_creation: false,
-            })
+            }),
+            offset: 0,
+            size: bytes,
         };
         Ok(Self {
             shape,
             precision,
-            k: buffer("k cache"),
-            v: buffer("v cache"),
+            k: range("k cache"),
+            v: range("v cache"),
         })
+    }
+
+    /// A cache on ranges of the app's buffers, `k` and `v` already checked
+    /// to lie inside their buffers at aligned offsets and to hold
+    /// [`KvCache::bytes`] each; only those bytes are ever bound.
+    pub(crate) fn in_ranges(
+        shape: CacheShape,
+        precision: Precision,
+        [k, v]: [&wgpu::BufferBinding; 2],
+        bytes: u64,
+    ) -> Self {
+        let range = |b: &wgpu::BufferBinding| CacheRange {
+            buffer: b.buffer.clone(),
+            offset: b.offset,
+            size: bytes,
+        };
+        Self {
+            shape,
+            precision,
+            k: range(k),
+            v: range(v),
+        }
     }
 
     /// A device copy of a host cache.
     pub fn upload(gpu: &Gpu, host: &HostKvCache) -> Result<Self> {
         let cache = Self::zeros(gpu, host.shape, host.precision())?;
-        for (buffer, data) in [(&cache.k, &host.k), (&cache.v, &host.v)] {
+        cache.write(gpu, host);
+        Ok(cache)
+    }
+
+    /// `host`'s K and V written over this cache's (through the queue: they
+    /// land before the next submission). The shapes must match.
+    fn write(&self, gpu: &Gpu, host: &HostKvCache) {
+        for (range, data) in [(&self.k, &host.k), (&self.v, &host.v)] {
             let bytes = data.as_host().as_bytes();
             let mut words = bytes.to_vec();
             words.resize(padded(bytes.len() as u64) as usize, 0);
-            gpu.queue.write_buffer(buffer, 0, &words);
+            gpu.queue.write_buffer(&range.buffer, range.offset, &words);
         }
-        Ok(cache)
     }
 
     /// The cache's contents, copied back to the host.
     pub async fn read(&self, gpu: &Gpu) -> Result<HostKvCache> {
         let bytes = (self.shape.len() * self.precision.bytes()) as u64;
-        let mut data = read_back(gpu, &[(&self.k, bytes), (&self.v, bytes)]).await?;
+        let ranges = [&self.k, &self.v].map(|r| (&r.buffer, r.offset, bytes));
+        let mut data = read_back_at(gpu, &ranges).await?;
         let n = self.shape.len();
         let v = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, n);
         let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, n);
@@ -70,17 +123,30 @@ impl KvCache {
         self.precision
     }
 
-    /// The K buffer (`(outer, inner, heads_kv, head_dim)`, row-major).
+    /// The buffer K is in (`(outer, inner, heads_kv, head_dim)`, row-major,
+    /// from [`KvCache::k_binding`]'s offset).
     pub fn k(&self) -> &wgpu::Buffer {
-        &self.k
+        &self.k.buffer
     }
 
+    /// The buffer V is in.
     pub fn v(&self) -> &wgpu::Buffer {
-        &self.v
+        &self.v.buffer
     }
 
-    /// Bytes of one of the buffers; it must fit one storage binding.
-    fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<u64> {
+    /// K's range: what the kernels bind.
+    pub fn k_binding(&self) -> wgpu::BufferBinding<'_> {
+        self.k.binding()
+    }
+
+    /// V's range.
+    pub fn v_binding(&self) -> wgpu::BufferBinding<'_> {
+        self.v.binding()
+    }
+
+    /// Bytes of K (and of V) for `shape` in `precision`, padded to 4; they
+    /// must fit one storage binding.
+    pub fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<u64> {
         // A shape built field by field is checked here (CacheShape::new checks its own).
         let elements = size::elements("the kv cache", &shape.dims())?;
         let bytes = padded(elements as u64 * precision.bytes() as u64);

@@ -37,9 +37,18 @@ pub async fn submit(gpu: &Gpu, encoder: wgpu::CommandEncoder) -> Result<f64> {
 /// Copy the first `bytes` of each buffer back to the host, with one staging
 /// buffer and one submission.
 pub async fn read_back(gpu: &Gpu, buffers: &[(&wgpu::Buffer, u64)]) -> Result<Vec<Vec<u8>>> {
+    let ranges: Vec<(&wgpu::Buffer, u64, u64)> = buffers.iter().map(|&(b, n)| (b, 0, n)).collect();
+    read_back_at(gpu, &ranges).await
+}
+
+/// [`read_back`] of `(buffer, offset, bytes)` ranges (offsets multiples of 4).
+pub async fn read_back_at(
+    gpu: &Gpu,
+    buffers: &[(&wgpu::Buffer, u64, u64)],
+) -> Result<Vec<Vec<u8>>> {
     let padded: Vec<u64> = buffers
         .iter()
-        .map(|(_, b)| (*b).max(4).next_multiple_of(4))
+        .map(|(_, _, b)| (*b).max(4).next_multiple_of(4))
         .collect();
     let total: u64 = padded.iter().sum();
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -50,15 +59,15 @@ pub async fn read_back(gpu: &Gpu, buffers: &[(&wgpu::Buffer, u64)]) -> Result<Ve
     });
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     let mut offset = 0;
-    for ((buffer, _), size) in buffers.iter().zip(&padded) {
-        encoder.copy_buffer_to_buffer(buffer, 0, &staging, offset, *size);
+    for ((buffer, from, _), size) in buffers.iter().zip(&padded) {
+        encoder.copy_buffer_to_buffer(buffer, *from, &staging, offset, *size);
         offset += size;
     }
     submit(gpu, encoder).await?;
     let data = map(gpu, &staging).await?;
     let mut out = Vec::with_capacity(buffers.len());
     let mut offset = 0usize;
-    for ((_, bytes), size) in buffers.iter().zip(&padded) {
+    for ((_, _, bytes), size) in buffers.iter().zip(&padded) {
         out.push(data[offset..offset + *bytes as usize].to_vec());
         offset += *size as usize;
     }

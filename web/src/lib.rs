@@ -744,7 +744,7 @@ pub async fn decode_case(
     let shape = CacheShape::new(layout, hk, d).map_err(js_err)?;
     let mut random = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), precision);
     let host = HostKvCache::new(shape, random(shape.len()), random(shape.len())).map_err(js_err)?;
-    let mut cache = e.upload_kv_cache(&host).map_err(js_err)?;
+    let mut cache = e.upload_kv_cache_async(&host).await.map_err(js_err)?;
     drop(host);
     let opts = AttentionOptions::default().causal(true);
     let splits_arg = (num_splits > 0).then_some(num_splits);
