@@ -330,6 +330,17 @@ impl Engine {
         self.gpu.pool.idle_bytes()
     }
 
+    /// Queue submissions this engine has made itself since it was created:
+    /// the loop-limit probe, known-answer checks, host-tensor and
+    /// device-buffer calls and read-backs. Recording an encoded call
+    /// ([`Engine::encode_forward`]) adds none once its family is verified,
+    /// so an app can check that its own submits are the only ones.
+    pub fn submissions(&self) -> u64 {
+        self.gpu
+            .submissions
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The runtime under this engine: its device, caches and settings, for
     /// dispatching kernels directly (`runtime::Call`, `kernels::*`).
     pub fn runtime(&self) -> &Gpu {

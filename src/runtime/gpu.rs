@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{LoopCheck, Variant};
 use crate::plan::decode::GPU_PARALLEL_WORKGROUPS;
 use crate::plan::{CoopForm, DeviceCaps, Plan};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// Settings that change what the planner sees or what kernels carry.
@@ -51,6 +52,9 @@ pub struct Gpu {
     /// (filled only on a device the engine opened: on a wrapped one,
     /// whatever escapes the engine's scopes is the app's).
     pub uncaptured: Arc<Mutex<Option<String>>>,
+    /// Queue submissions the engine made itself (known-answer checks,
+    /// host-tensor calls, read-backs); an app's encoded calls add none.
+    pub submissions: AtomicU64,
 }
 
 impl Gpu {
@@ -72,6 +76,7 @@ impl Gpu {
             pipelines: PipelineCache::default(),
             pool: BufferPool::default(),
             uncaptured: Arc::default(),
+            submissions: AtomicU64::new(0),
         }
     }
 

@@ -4,6 +4,7 @@
 use super::gpu::Gpu;
 use super::scope::checked;
 use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
 use web_time::Instant;
 
 /// Let the device make progress: blocks until idle on native backends; a
@@ -15,11 +16,14 @@ fn wait_idle(gpu: &Gpu) -> Result<()> {
         .map_err(|source| Error::Poll { source })
 }
 
-/// Submit `encoder`, wait for completion, and return the wall time.
+/// Submit `encoder`, wait for completion, and return the wall time. Every
+/// submission the engine makes goes through here, and is counted
+/// ([`Gpu::submissions`]).
 pub async fn submit(gpu: &Gpu, encoder: wgpu::CommandEncoder) -> Result<f64> {
     let start = Instant::now();
     checked(&gpu.device, "submitting GPU work", || {
         gpu.queue.submit([encoder.finish()]);
+        gpu.submissions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })
     .await?;
