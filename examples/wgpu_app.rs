@@ -5,10 +5,12 @@
 //! (2 layers, 4 query heads sharing 2 K/V heads of dim 32, d_model 128,
 //! RMSNorm, a SiLU MLP, vocab 64). Its own WGSL (`wgpu_app.wgsl`) does the
 //! embedding lookup, the norms, the QKV, output and MLP projections, the
-//! residual adds, the logits and a greedy argmax; the QKV kernel writes this
-//! position's K and V straight into the app's per-layer caches, dense
-//! `(1, max_seq, heads_kv, head_dim)` buffers. Attention is flashattn's,
-//! recorded into the same command encoder ([`encode_attention`]).
+//! residual adds, the logits and a greedy argmax. The K/V caches are the
+//! app's own buffers, dense `(1, max_seq, heads_kv, head_dim)` per layer,
+//! which flashattn sees as a `KvCache` on their ranges
+//! (`Engine::kv_cache_in`). Attention is flashattn's decoding step,
+//! recorded into the same command encoder ([`encode_attention`]): it
+//! appends the position's K and V to the cache and attends over it.
 //!
 //! Every decoding step is one encoder and one `queue.submit`; the argmax is
 //! written on the device into the token buffer the next step's embedding
@@ -23,7 +25,8 @@
 
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionBindings, AttentionOptions, AttentionShape, Engine, Precision, Problem, TensorView,
+    AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeSpec, Engine, KvCache,
+    Precision, TensorView,
 };
 use std::time::Instant;
 use wgpu::util::DeviceExt;
@@ -269,6 +272,25 @@ impl App {
         self.buffer(label, bytemuck::cast_slice(&vec![0f32; floats]))
     }
 
+    /// One layer's K/V cache: two zeroed buffers of the app's, dense
+    /// `(1, max_seq, heads_kv, head_dim)` f32, handed to flashattn as ranges.
+    fn cache(&self, c: &Config) -> AppResult<KvCache> {
+        let layout = CacheLayout::Dense {
+            batch: 1,
+            capacity: c.max_seq(),
+        };
+        let shape = CacheShape::new(layout, c.heads_kv, c.head_dim)?;
+        let k = self.zeros("k_cache", c.max_seq() * c.kv_dim());
+        let v = self.zeros("v_cache", c.max_seq() * c.kv_dim());
+        let cache = self.engine.kv_cache_in(
+            shape,
+            Precision::F32,
+            k.as_entire_buffer_binding(),
+            v.as_entire_buffer_binding(),
+        )?;
+        Ok(cache)
+    }
+
     fn uniform(&self, words: [u32; 4]) -> wgpu::Buffer {
         use wgpu::BufferUsages as U;
         self.device
@@ -289,8 +311,8 @@ mod slot {
     pub const WEIGHT: u32 = 4;
     pub const OUT: u32 = 5;
     pub const RESIDUAL: u32 = 6;
-    pub const K_CACHE: u32 = 7;
-    pub const V_CACHE: u32 = 8;
+    pub const K_NEW: u32 = 7;
+    pub const V_NEW: u32 = 8;
     pub const TOKENS_IN: u32 = 9;
     pub const TOKENS_OUT: u32 = 10;
 }
@@ -390,9 +412,9 @@ struct DeviceLayer {
     mlp_norm: wgpu::Buffer,
     w_up: wgpu::Buffer,
     w_down: wgpu::Buffer,
-    /// Dense `(1, max_seq, heads_kv, head_dim)`, f32.
-    k_cache: wgpu::Buffer,
-    v_cache: wgpu::Buffer,
+    /// The app's dense `(1, max_seq, heads_kv, head_dim)` f32 K and V
+    /// buffers, as flashattn sees them.
+    cache: KvCache,
 }
 
 /// The model on the device: weights, caches, activations, and each step's
@@ -404,6 +426,9 @@ struct Model {
     /// The prompt, then each step's argmax.
     tokens: wgpu::Buffer,
     q: wgpu::Buffer,
+    /// This position's K and V, which attention appends to the caches.
+    k_new: wgpu::Buffer,
+    v_new: wgpu::Buffer,
     /// Attention's outputs, in buffers of their own: flashattn binds them
     /// writable, so no input may be bound from them.
     o: wgpu::Buffer,
@@ -422,23 +447,24 @@ struct Activations {
 }
 
 impl Model {
-    fn new(app: &App, config: &Config, weights: &Weights) -> Self {
+    fn new(app: &App, config: &Config, weights: &Weights) -> AppResult<Self> {
         let c = config;
         let f32s = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
         let layers = weights
             .layers
             .iter()
-            .map(|w| DeviceLayer {
-                attn_norm: app.buffer("attn_norm", &f32s(&w.attn_norm)),
-                wqkv: app.buffer("wqkv", &f32s(&w.wqkv)),
-                wo: app.buffer("wo", &f32s(&w.wo)),
-                mlp_norm: app.buffer("mlp_norm", &f32s(&w.mlp_norm)),
-                w_up: app.buffer("w_up", &f32s(&w.w_up)),
-                w_down: app.buffer("w_down", &f32s(&w.w_down)),
-                k_cache: app.zeros("k_cache", c.max_seq() * c.kv_dim()),
-                v_cache: app.zeros("v_cache", c.max_seq() * c.kv_dim()),
+            .map(|w| {
+                Ok(DeviceLayer {
+                    attn_norm: app.buffer("attn_norm", &f32s(&w.attn_norm)),
+                    wqkv: app.buffer("wqkv", &f32s(&w.wqkv)),
+                    wo: app.buffer("wo", &f32s(&w.wo)),
+                    mlp_norm: app.buffer("mlp_norm", &f32s(&w.mlp_norm)),
+                    w_up: app.buffer("w_up", &f32s(&w.w_up)),
+                    w_down: app.buffer("w_down", &f32s(&w.w_down)),
+                    cache: app.cache(c)?,
+                })
             })
-            .collect();
+            .collect::<AppResult<_>>()?;
         let mut tokens = c.prompt.clone();
         tokens.resize(c.max_seq() + 1, 0);
         let mut model = Self {
@@ -446,6 +472,8 @@ impl Model {
             step: app.uniform([0; 4]),
             tokens: app.buffer("tokens", bytemuck::cast_slice(&tokens)),
             q: app.zeros("q", c.q_dim()),
+            k_new: app.zeros("k_new", c.kv_dim()),
+            v_new: app.zeros("v_new", c.kv_dim()),
             o: app.zeros("o", c.q_dim()),
             lse: app.zeros("lse", c.heads_q),
             logits: app.zeros("logits", c.vocab),
@@ -457,7 +485,7 @@ impl Model {
             hidden: app.zeros("hidden", c.hidden),
         };
         model.segments = model.build_segments(app, &act, weights);
-        model
+        Ok(model)
     }
 
     /// Embedding and layer 0's QKV; each layer's output projection and MLP
@@ -493,18 +521,17 @@ impl Model {
         segments
     }
 
-    /// The QKV projection of the normed residual: q, and K and V at `pos`.
+    /// The QKV projection of the normed residual: q, and this position's K and V.
     fn qkv(&self, app: &App, k: &Kernels, act: &Activations, layer: &DeviceLayer) -> Dispatch {
         let c = &self.config;
         let dims = [c.d_model as u32, c.qkv_dim() as u32, c.q_dim() as u32, 0];
         let buffers = [
-            (slot::STEP, &self.step),
             (slot::X_IN, &act.x),
             (slot::GAIN, &layer.attn_norm),
             (slot::WEIGHT, &layer.wqkv),
             (slot::OUT, &self.q),
-            (slot::K_CACHE, &layer.k_cache),
-            (slot::V_CACHE, &layer.v_cache),
+            (slot::K_NEW, &self.k_new),
+            (slot::V_NEW, &self.v_new),
         ];
         Dispatch::new(app, &k.qkv, dims, &buffers)
     }
@@ -573,37 +600,34 @@ impl Model {
     }
 }
 
-/// Attention of this step's query over the first `pos + 1` rows of the
-/// layer's caches, recorded into the step's encoder: the one place the app
-/// calls flashattn. The caches are the app's dense buffers, bound as
-/// prefixes, so a `(1, pos + 1, heads_kv, head_dim)` K and V.
+/// This step's attention in layer `layer`, recorded into the step's
+/// encoder: the one place the app calls flashattn. With `append`, the
+/// decoding step first appends k_new and v_new to the layer's cache at row
+/// `pos`; either way the query attends over the cache's first `pos + 1`
+/// rows (`cache_seqlens` counts the rows before this step's).
 fn encode_attention(
     engine: &Engine,
     encoder: &mut wgpu::CommandEncoder,
     model: &Model,
     layer: usize,
     pos: usize,
+    append: bool,
 ) -> flashattn::Result<()> {
     let c = &model.config;
-    let seqlen_k = pos + 1;
-    let shape = AttentionShape::new(1, 1, seqlen_k, c.heads_q, c.heads_kv, c.head_dim)?;
-    // The one query row is the newest position: it sees every cached key.
-    let opts = AttentionOptions::default();
-    let problem = Problem::new(shape, Precision::F32, &opts)?;
-    let range = |buffer, floats: usize| wgpu::BufferBinding {
+    let cache_seqlens = [pos as i32];
+    let spec = DecodeSpec::new([1, 1, c.heads_q, c.head_dim], &cache_seqlens).append(1);
+    let range = |buffer| wgpu::BufferBinding {
         buffer,
         offset: 0,
-        size: wgpu::BufferSize::new((floats * 4) as u64),
+        size: None,
     };
-    let l = &model.layers[layer];
-    let bindings = AttentionBindings {
-        q: range(&model.q, c.q_dim()),
-        k: range(&l.k_cache, seqlen_k * c.kv_dim()),
-        v: range(&l.v_cache, seqlen_k * c.kv_dim()),
-        o: range(&model.o, c.q_dim()),
-        lse: range(&model.lse, c.heads_q),
-    };
-    engine.encode_forward(encoder, &problem, &bindings)?;
+    let mut bindings = DecodeBindings::new(range(&model.q), range(&model.o), range(&model.lse));
+    if append {
+        bindings = bindings.append(range(&model.k_new), range(&model.v_new));
+    }
+    let cache = &model.layers[layer].cache;
+    let opts = AttentionOptions::default();
+    engine.encode_decode(encoder, cache, &spec, &bindings, &opts, None)?;
     Ok(())
 }
 
@@ -641,7 +665,7 @@ impl App {
         for (layer, segment) in model.segments.iter().enumerate() {
             record(&mut encoder, segment);
             if layer < model.layers.len() {
-                encode_attention(&self.engine, &mut encoder, model, layer, pos)?;
+                encode_attention(&self.engine, &mut encoder, model, layer, pos, true)?;
             }
         }
         self.submit(encoder);
@@ -651,16 +675,16 @@ impl App {
 
 impl App {
     /// Before anything is timed or counted: record attention at every
-    /// cache length the generation meets, and run it once (one submit, its
-    /// outputs unused). flashattn verifies its kernel family on first use
-    /// with a known-answer check it submits itself (once per family and
-    /// device), and sizes its key tile to a short cache, so lengths below
-    /// 64 each have a pipeline of their own, which the driver compiles when
-    /// it first runs it.
+    /// cache length the generation meets, without the append, and run it
+    /// once (one submit, its outputs unused). flashattn verifies its kernel
+    /// family on first use with a known-answer check it submits itself (once
+    /// per family and device), and plans a step by its cache length, so
+    /// short caches have pipelines of their own, which the driver compiles
+    /// when it first runs them.
     fn warm_up(&mut self, model: &Model) -> AppResult<()> {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         for pos in 0..model.config.max_seq() {
-            encode_attention(&self.engine, &mut encoder, model, 0, pos)?;
+            encode_attention(&self.engine, &mut encoder, model, 0, pos, false)?;
         }
         self.submit(encoder);
         self.wait()
@@ -670,7 +694,7 @@ impl App {
 /// Generate `config.tokens` tokens greedily on the app's device.
 pub fn decode(app: &mut App, config: &Config, weights: &Weights) -> AppResult<Run> {
     config.check()?;
-    let model = Model::new(app, config, weights);
+    let model = Model::new(app, config, weights)?;
     app.warm_up(&model)?;
     // The prompt's tokens but the last only fill the caches: not counted.
     let first = config.prompt.len() - 1;

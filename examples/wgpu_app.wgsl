@@ -34,8 +34,8 @@ struct Step {
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> residual: array<f32>;
-@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_new: array<f32>;
+@group(0) @binding(8) var<storage, read_write> v_new: array<f32>;
 @group(0) @binding(9) var<storage, read> tokens_in: array<u32>;
 @group(0) @binding(10) var<storage, read_write> tokens_out: array<u32>;
 
@@ -80,8 +80,9 @@ fn norm_matvec(@builtin(global_invocation_id) id: vec3<u32>) {
     out[j] = y;
 }
 
-// The QKV projection: q into out, and this position's K and V straight
-// into the layer's caches, dense (max_seq, heads_kv, head_dim).
+// The QKV projection: q into out, this position's K and V into k_new and
+// v_new (heads_kv, head_dim), which flashattn's decoding step appends to
+// the layer's cache before it attends.
 @compute @workgroup_size(64)
 fn qkv(@builtin(global_invocation_id) id: vec3<u32>) {
     let j = id.x;
@@ -93,9 +94,9 @@ fn qkv(@builtin(global_invocation_id) id: vec3<u32>) {
     if j < dims.q_cols {
         out[j] = y;
     } else if j < dims.q_cols + kv_cols {
-        k_cache[step.pos * kv_cols + j - dims.q_cols] = y;
+        k_new[j - dims.q_cols] = y;
     } else {
-        v_cache[step.pos * kv_cols + j - dims.q_cols - kv_cols] = y;
+        v_new[j - dims.q_cols - kv_cols] = y;
     }
 }
 
