@@ -666,11 +666,17 @@ impl Engine {
     /// written when that submission runs. Everything is checked first —
     /// misaligned offsets (`MisalignedBinding`), ranges outside their
     /// buffer (`BindingOutsideBuffer`) or too small for the shape
-    /// (`BufferTooSmall`), a call past one storage binding, the dispatch
-    /// grid or the adapter's loop limit (it is never split) — and on an
-    /// error nothing has been recorded. The kernel family is verified on
-    /// first use as for every call (a known-answer check the engine
-    /// submits itself, once per family and device).
+    /// (`BufferTooSmall`), an output range intersecting another tensor's
+    /// (`OverlappingBindings`), a call past one storage binding, the
+    /// dispatch grid or the adapter's loop limit (it is never split) — and
+    /// on an error nothing has been recorded. The kernel family is verified
+    /// on first use as for every call (a known-answer check the engine
+    /// submits itself, once per family and device). Outputs may lie in the
+    /// buffer the inputs are bound from: WebGPU binds one buffer read-only
+    /// or writable in a dispatch, not both, so such a call runs the
+    /// kernels' form that binds every tensor writable (a pipeline of its
+    /// own; inputs in buffers of their own keep the read-only loads drivers
+    /// may cache).
     ///
     /// ```no_run
     /// # fn main() -> flashattn::Result<()> {
@@ -680,8 +686,7 @@ impl Engine {
     /// let opts = AttentionOptions::default().causal(true);
     /// let problem = Problem::new(shape, Precision::F32, &opts)?;
     /// // The app's buffers, tensors at 256-byte aligned offsets: inputs in
-    /// // one, outputs in another (WebGPU binds a buffer read-only or
-    /// // writable in a dispatch, not both).
+    /// // one, outputs in another (so the inputs stay read-only).
     /// let tensor = (shape.q_len() * 4) as u64;
     /// let buffer = |label, size| engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
     ///     label: Some(label),
@@ -733,12 +738,13 @@ impl Engine {
 
     /// Record the backward of `problem` into the app's `encoder` on ranges
     /// of its buffers (the forward's q, k, v, o, lse and the output gradient
-    /// in; dq, dk, dv out, in buffers no input is bound from), and return
+    /// in; dq, dk, dv out, in ranges that intersect no other), and return
     /// the plan it runs: [`Engine::encode_forward`]'s contract — nothing
     /// submitted, everything checked before anything is recorded, the
     /// family verified on first use. D (`rowsum(dO·O)`) goes into the
-    /// caller's scratch ([`Engine::scratch_size`] bytes in a buffer of its
-    /// own), or where none is given a buffer created for the call. Sinks
+    /// caller's scratch ([`Engine::scratch_size`] bytes, a range that
+    /// intersects no other), or where none is given a buffer created for
+    /// the call. Sinks
     /// (whose gradient has no binding here) are `Unsupported`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn encode_backward(

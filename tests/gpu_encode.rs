@@ -222,9 +222,9 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     };
     assert!(matches!(
         e.encode_backward(&mut encoder, &problem, &beside),
-        Err(Error::OutputSharesInputBuffer {
+        Err(Error::OverlappingBindings {
             output: "scratch",
-            input: "dq"
+            other: "dq"
         })
     ));
     let short = GradientBindings {
@@ -325,9 +325,9 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     shared.o = arena.binding(0);
     assert!(matches!(
         try_with(shared),
-        Err(Error::OutputSharesInputBuffer {
+        Err(Error::OverlappingBindings {
             output: "o",
-            input: "q"
+            other: "q"
         })
     ));
     let bytes = arena.submit_and_read(e, encoder);
