@@ -781,6 +781,57 @@ impl Engine {
         .await
     }
 
+    /// Record the FP8 forward of `problem` into the app's `encoder` on
+    /// ranges of its buffers, and return the plan of its attention kernel:
+    /// [`Engine::forward_fp8`]'s results, with [`Engine::encode_forward`]'s
+    /// contract (nothing submitted, everything checked before anything is
+    /// recorded, outputs may share the inputs' buffer where no ranges
+    /// intersect). q, k and v are f32 (`problem.precision` must be
+    /// [`Precision::F32`]: they are quantized on the device, as the host
+    /// call quantizes its f32 values); o is f32 and lse as always. The
+    /// codes and, where the stored rows are longer than the head dim, the
+    /// padded output go into `scratch` ([`Engine::fp8_scratch_size`] bytes,
+    /// a range intersecting no other) or, where none is given, buffers
+    /// created for the call; the padded rows are copied, cut to the head
+    /// dim, into o within the recorded work. The inputs' values are not
+    /// checked (they are on the device): a non-finite one gives non-finite
+    /// outputs rather than `NonFiniteInput`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_forward_fp8(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        fp8: &Fp8Options,
+        bindings: &AttentionBindings,
+        scratch: Option<&wgpu::BufferBinding>,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_forward_fp8_async(encoder, problem, fp8, bindings, scratch))
+    }
+
+    /// [`Engine::encode_forward_fp8`] as a future.
+    pub async fn encode_forward_fp8_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        fp8: &Fp8Options,
+        bindings: &AttentionBindings<'_>,
+        scratch: Option<&wgpu::BufferBinding<'_>>,
+    ) -> Result<Plan> {
+        scoped(&self.gpu.device, "recording an FP8 forward", async {
+            let none = PlanOverrides::default();
+            ops::fp8::encode(&self.gpu, encoder, bindings, scratch, problem, fp8, &none).await
+        })
+        .await
+    }
+
+    /// Bytes of scratch [`Engine::encode_forward_fp8`] uses for `problem`
+    /// under `fp8`: the codes of q, k and v and, where the stored rows are
+    /// longer than the head dim, the padded output, each at an offset the
+    /// device binds.
+    pub fn fp8_scratch_size(&self, problem: &Problem, fp8: &Fp8Options) -> u64 {
+        ops::fp8::Scratch::new(&self.gpu, &problem.shape, fp8).total
+    }
+
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn naive_forward(

@@ -468,12 +468,14 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
         }
     }
     for variant in variants(all_variants) {
-        out.push(Kernel {
-            label: format!("copy {variant:?}"),
-            key: BufferCopy { variant }.into(),
-            f16: false,
-            subgroups: false,
-        });
+        for rows in [false, true] {
+            out.push(Kernel {
+                label: format!("copy rows {rows} {variant:?}"),
+                key: BufferCopy { variant, rows }.into(),
+                f16: false,
+                subgroups: false,
+            });
+        }
     }
     out.push(Kernel {
         label: "loop probe".into(),
@@ -898,10 +900,13 @@ fn uniform_structs_match_their_wgsl_twins() {
     };
     assert_layout::<DecodeParams>(&merge.source());
     assert_layout::<Params>(&merge.source());
-    let copy = BufferCopy {
-        variant: Variant::default(),
-    };
-    assert_layout::<CopyParams>(&copy.source());
+    for rows in [false, true] {
+        let copy = BufferCopy {
+            variant: Variant::default(),
+            rows,
+        };
+        assert_layout::<CopyParams>(&copy.source());
+    }
     let quant = Fp8Quantize {
         pass: QuantPass::Codes,
         head_dim: 64,
