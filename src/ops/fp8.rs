@@ -358,7 +358,8 @@ impl Scratch {
             *part = (next, bytes);
             next = (next + bytes).next_multiple_of(align);
         }
-        let total = parts.iter().map(|(at, n)| at + n).max().unwrap_or(0);
+        let ends = parts.iter().filter(|(_, n)| *n > 0).map(|(at, n)| at + n);
+        let total = ends.max().unwrap_or(0);
         Self { parts, total }
     }
 
