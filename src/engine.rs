@@ -679,11 +679,17 @@ impl Engine {
     /// written when that submission runs. Everything is checked first —
     /// misaligned offsets (`MisalignedBinding`), ranges outside their
     /// buffer (`BindingOutsideBuffer`) or too small for the shape
-    /// (`BufferTooSmall`), a call past one storage binding, the dispatch
-    /// grid or the adapter's loop limit (it is never split) — and on an
-    /// error nothing has been recorded. The kernel family is verified on
-    /// first use as for every call (a known-answer check the engine
-    /// submits itself, once per family and device).
+    /// (`BufferTooSmall`), an output range intersecting another tensor's
+    /// (`OverlappingBindings`), a call past one storage binding, the
+    /// dispatch grid or the adapter's loop limit (it is never split) — and
+    /// on an error nothing has been recorded. The kernel family is verified
+    /// on first use as for every call (a known-answer check the engine
+    /// submits itself, once per family and device). Outputs may lie in the
+    /// buffer the inputs are bound from: WebGPU binds one buffer read-only
+    /// or writable in a dispatch, not both, so such a call runs the
+    /// kernels' form that binds every tensor writable (a pipeline of its
+    /// own; inputs in buffers of their own keep the read-only loads drivers
+    /// may cache).
     ///
     /// ```no_run
     /// # fn main() -> flashattn::Result<()> {
@@ -693,8 +699,7 @@ impl Engine {
     /// let opts = AttentionOptions::default().causal(true);
     /// let problem = Problem::new(shape, Precision::F32, &opts)?;
     /// // The app's buffers, tensors at 256-byte aligned offsets: inputs in
-    /// // one, outputs in another (WebGPU binds a buffer read-only or
-    /// // writable in a dispatch, not both).
+    /// // one, outputs in another (so the inputs stay read-only).
     /// let tensor = (shape.q_len() * 4) as u64;
     /// let buffer = |label, size| engine.device().create_buffer(&flashattn::wgpu::BufferDescriptor {
     ///     label: Some(label),
@@ -746,12 +751,13 @@ impl Engine {
 
     /// Record the backward of `problem` into the app's `encoder` on ranges
     /// of its buffers (the forward's q, k, v, o, lse and the output gradient
-    /// in; dq, dk, dv out, in buffers no input is bound from), and return
+    /// in; dq, dk, dv out, in ranges that intersect no other), and return
     /// the plan it runs: [`Engine::encode_forward`]'s contract — nothing
     /// submitted, everything checked before anything is recorded, the
     /// family verified on first use. D (`rowsum(dO·O)`) goes into the
-    /// caller's scratch ([`Engine::scratch_size`] bytes in a buffer of its
-    /// own), or where none is given a buffer created for the call. Sinks
+    /// caller's scratch ([`Engine::scratch_size`] bytes, a range that
+    /// intersects no other), or where none is given a buffer created for
+    /// the call. Sinks
     /// (whose gradient has no binding here) are `Unsupported`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn encode_backward(
@@ -786,6 +792,57 @@ impl Engine {
             ops::backward::encode(&self.gpu, encoder, bindings, problem, &routed.overrides).await
         })
         .await
+    }
+
+    /// Record the FP8 forward of `problem` into the app's `encoder` on
+    /// ranges of its buffers, and return the plan of its attention kernel:
+    /// [`Engine::forward_fp8`]'s results, with [`Engine::encode_forward`]'s
+    /// contract (nothing submitted, everything checked before anything is
+    /// recorded, outputs may share the inputs' buffer where no ranges
+    /// intersect). q, k and v are f32 (`problem.precision` must be
+    /// [`Precision::F32`]: they are quantized on the device, as the host
+    /// call quantizes its f32 values); o is f32 and lse as always. The
+    /// codes and, where the stored rows are longer than the head dim, the
+    /// padded output go into `scratch` ([`Engine::fp8_scratch_size`] bytes,
+    /// a range intersecting no other) or, where none is given, buffers
+    /// created for the call; the padded rows are copied, cut to the head
+    /// dim, into o within the recorded work. The inputs' values are not
+    /// checked (they are on the device): a non-finite one gives non-finite
+    /// outputs rather than `NonFiniteInput`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn encode_forward_fp8(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        fp8: &Fp8Options,
+        bindings: &AttentionBindings,
+        scratch: Option<&wgpu::BufferBinding>,
+    ) -> Result<Plan> {
+        pollster::block_on(self.encode_forward_fp8_async(encoder, problem, fp8, bindings, scratch))
+    }
+
+    /// [`Engine::encode_forward_fp8`] as a future.
+    pub async fn encode_forward_fp8_async(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem<'_>,
+        fp8: &Fp8Options,
+        bindings: &AttentionBindings<'_>,
+        scratch: Option<&wgpu::BufferBinding<'_>>,
+    ) -> Result<Plan> {
+        scoped(&self.gpu.device, "recording an FP8 forward", async {
+            let none = PlanOverrides::default();
+            ops::fp8::encode(&self.gpu, encoder, bindings, scratch, problem, fp8, &none).await
+        })
+        .await
+    }
+
+    /// Bytes of scratch [`Engine::encode_forward_fp8`] uses for `problem`
+    /// under `fp8`: the codes of q, k and v and, where the stored rows are
+    /// longer than the head dim, the padded output, each at an offset the
+    /// device binds.
+    pub fn fp8_scratch_size(&self, problem: &Problem, fp8: &Fp8Options) -> u64 {
+        ops::fp8::Scratch::new(&self.gpu, &problem.shape, fp8).total
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
@@ -1027,7 +1084,7 @@ impl Engine {
     /// waited on or read back; the step and every range checked before
     /// anything is recorded (the typed errors of [`Engine::decode`] and of
     /// the ranges: `MisalignedBinding`, `BindingOutsideBuffer`,
-    /// `BufferTooSmall`, `OutputSharesInputBuffer`), on an error nothing
+    /// `BufferTooSmall`, `OverlappingBindings`), on an error nothing
     /// recorded; the decode family verified on first use. The index arrays
     /// go into buffers the recorded commands keep alive.
     ///
@@ -1101,7 +1158,7 @@ impl Engine {
             let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
             let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
             let kernel = routed.decode_kernel;
-            let run = ops::decode::Step::new(&self.gpu, cache, &p, opts, num_splits, kernel)?;
+            let mut run = ops::decode::Step::new(&self.gpu, cache, &p, opts, num_splits, kernel)?;
             run.encode(encoder, bindings).await
         })
         .await
@@ -1139,9 +1196,9 @@ impl Engine {
             let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
             let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
             let opts = AttentionOptions::default();
-            let run =
+            let mut run =
                 ops::decode::Step::new(&self.gpu, cache, &p, &opts, None, routed.decode_kernel)?;
-            run.encode_append(encoder, [&k_new, &v_new]).await
+            run.encode_append(encoder, &k_new, &v_new).await
         })
         .await
     }

@@ -199,12 +199,13 @@ pub enum Error {
         offset: u64,
         alignment: u32,
     },
-    /// An output's binding lies in a buffer an input is bound from: WebGPU
-    /// forbids binding one buffer both read-only and writable in a dispatch.
-    #[error("{output} is bound from the same buffer as {input}; outputs need buffers of their own (one buffer cannot be bound read-only and writable in one dispatch)")]
-    OutputSharesInputBuffer {
+    /// An output's binding intersects another tensor's range in the same
+    /// buffer (an input's, or another output's). Ranges of one buffer that
+    /// do not intersect are fine, outputs beside inputs included.
+    #[error("{output}'s binding overlaps {other}'s in the same buffer; an output's range must not intersect any other tensor's")]
+    OverlappingBindings {
         output: &'static str,
-        input: &'static str,
+        other: &'static str,
     },
     /// An encoded call would have to be split to run.
     #[error("the encoded {call} would run in {pieces} pieces (past one storage binding, the dispatch grid or the adapter's loop limit); an encoded call runs whole: use the host-tensor call or a smaller problem")]

@@ -1,17 +1,22 @@
 //! Encoded calls: the forward and the backward recorded into the app's own command encoder,
 //! on ranges of buffers the app sub-allocates (non-zero, aligned offsets),
 //! submitted by the app with its own copies in the same encoder, gives the
-//! same bytes as the host-tensor call; bindings the device cannot take
-//! (misaligned, outside their buffer, too small, an output sharing a buffer
-//! with an input) are typed errors and leave the encoder empty.
+//! same bytes as the host-tensor call — also with every tensor of the
+//! forward, the backward, the FP8 forward, an append and a decoding step in
+//! ONE buffer; bindings the
+//! device cannot take (misaligned, outside their buffer, too small, an
+//! output range intersecting another) are typed errors and leave the
+//! encoder empty.
 
 mod common;
 
+use common::decode::DecodeCase;
 use common::{causal, engine, output_grad, Case};
 use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::{
-    AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Pass, Plan,
-    PlanOverrides, Problem, TensorData, VerdictCache, VerifyMode,
+    AttentionBindings, AttentionShape, BackwardInputs, DecodeBindings, DecodeProblem, Engine,
+    Error, Fp8Options, GradientBindings, Pass, Plan, PlanOverrides, Problem, TensorData,
+    VerdictCache, VerifyMode,
 };
 
 /// Bytes the arena is filled with outside the tensors (and in o and lse
@@ -222,9 +227,9 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     };
     assert!(matches!(
         e.encode_backward(&mut encoder, &problem, &beside),
-        Err(Error::OutputSharesInputBuffer {
+        Err(Error::OverlappingBindings {
             output: "scratch",
-            input: "dq"
+            other: "dq"
         })
     ));
     let short = GradientBindings {
@@ -325,12 +330,399 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     shared.o = arena.binding(0);
     assert!(matches!(
         try_with(shared),
-        Err(Error::OutputSharesInputBuffer {
+        Err(Error::OverlappingBindings {
             output: "o",
-            input: "q"
+            other: "q"
         })
     ));
     let bytes = arena.submit_and_read(e, encoder);
     let o: Vec<f32> = bytemuck::pod_collect_to_vec(arena.slice(&bytes, 3));
     assert!(o.iter().all(|&x| x == SENTINEL), "o was written");
+}
+
+/// The app's one buffer: every tensor of every call sub-allocated in it,
+/// each one alignment after the previous one's end (the first one in).
+struct OneBuffer {
+    buffer: wgpu::Buffer,
+    /// `(offset, bytes)` of each tensor.
+    at: Vec<(u64, u64)>,
+}
+
+impl OneBuffer {
+    fn new(e: &Engine, contents: &[&[u8]]) -> Self {
+        let align = e.limits().min_storage_buffer_offset_alignment as u64;
+        let mut next = align;
+        let mut at = Vec::new();
+        for c in contents {
+            at.push((next, c.len() as u64));
+            next = (next + c.len() as u64).div_ceil(align) * align + align;
+        }
+        let mut words = vec![SENTINEL; next as usize / 4];
+        for (c, &(offset, _)) in contents.iter().zip(&at) {
+            let start = offset as usize / 4;
+            words[start..start + c.len() / 4].copy_from_slice(&bytemuck::pod_collect_to_vec(c));
+        }
+        use wgpu::util::DeviceExt;
+        let buffer = e
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("app buffer"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            });
+        Self { buffer, at }
+    }
+
+    fn binding(&self, i: usize) -> wgpu::BufferBinding<'_> {
+        let (offset, bytes) = self.at[i];
+        wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset,
+            size: wgpu::BufferSize::new(bytes),
+        }
+    }
+
+    /// The app's copy of the buffer recorded after everything in
+    /// `encoder`, one submit, the copy read back.
+    fn submit_and_read(&self, e: &Engine, mut encoder: wgpu::CommandEncoder) -> Vec<u8> {
+        let size = self.buffer.size();
+        let staging = e.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("app readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, size);
+        e.queue().submit([encoder.finish()]);
+        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        e.device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap();
+        let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
+        bytes
+    }
+
+    /// Each tensor holds `want` where given (scratch is not compared), and
+    /// every byte outside the tensors is what the buffer was filled with.
+    fn holds(&self, bytes: &[u8], want: &[Option<&[u8]>]) {
+        for (i, (&(offset, len), w)) in self.at.iter().zip(want).enumerate() {
+            let got = &bytes[offset as usize..(offset + len) as usize];
+            assert!(w.is_none_or(|w| got == w), "tensor {i} is not as expected");
+        }
+        let mut words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
+        for &(offset, len) in &self.at {
+            words[offset as usize / 4..(offset + len) as usize / 4].fill(SENTINEL);
+        }
+        assert!(
+            words.iter().all(|&w| w == SENTINEL),
+            "bytes outside the tensors changed"
+        );
+    }
+}
+
+fn sentinels(bytes: u64) -> Vec<u8> {
+    bytemuck::cast_slice(&vec![SENTINEL; bytes as usize / 4]).to_vec()
+}
+
+/// The tensors of [`every_encoded_op_in_one_buffer_gives_the_host_calls_bytes`], in
+/// the buffer's order.
+const Q: usize = 0;
+const O: usize = 3;
+const LSE: usize = 4;
+const DO: usize = 5;
+const DQ: usize = 6;
+const SCRATCH: usize = 9;
+const FQ: usize = 10;
+const FP8_SCRATCH: usize = 15;
+const DECODE_Q: usize = 16;
+
+/// A decoding step's tensors (its q first, then the new rows, the cache, o,
+/// lse and the splits' scratch) and what each should hold after the step.
+struct DecodeTensors {
+    contents: Vec<Vec<u8>>,
+    want: Vec<Option<Vec<u8>>>,
+}
+
+/// `case`'s step through the host call on an engine cache (checked against
+/// the f64 reference), as tensors for [`OneBuffer`].
+fn decode_tensors(e: &Engine, case: &DecodeCase, scratch: u64) -> DecodeTensors {
+    let data = case.data();
+    let step = data.step();
+    let out = data.check(|cache, s| {
+        let mut device = e.upload_kv_cache(cache)?;
+        let out = e.decode(&mut device, s, &case.opts, case.num_splits)?;
+        *cache = e.read_kv_cache(&device)?;
+        Ok(out)
+    });
+    let after = flashattn::reference::decode_cache(&data.cache, &step).unwrap();
+    let lse: Vec<u8> = bytemuck::cast_slice(&out.lse).to_vec();
+    let contents = [
+        &data.q,
+        &data.k_new,
+        &data.v_new,
+        &data.cache.k,
+        &data.cache.v,
+    ]
+    .map(|t| host(t).to_vec())
+    .into_iter()
+    .chain([
+        sentinels(host(&out.o.data).len() as u64),
+        sentinels(lse.len() as u64),
+        sentinels(scratch),
+    ])
+    .collect();
+    let want = [
+        &data.q,
+        &data.k_new,
+        &data.v_new,
+        &after.k,
+        &after.v,
+        &out.o.data,
+    ]
+    .map(|t| Some(host(t).to_vec()))
+    .into_iter()
+    .chain([Some(lse), None])
+    .collect();
+    DecodeTensors { contents, want }
+}
+
+/// The forward, its backward (reading the o and lse the recorded forward
+/// writes), an FP8 forward (Hadamard over a head dim of 12: rows padded to
+/// 16, trimmed into o), an append to a paged KV cache and a decoding step
+/// over it in two splits, recorded into one encoder on ranges of ONE buffer
+/// — inputs, outputs, the cache and every scratch at non-zero aligned
+/// offsets — and submitted once give the host calls' bytes (the cache the
+/// reference's, with the rows appended) and write nothing else.
+#[test]
+fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
+    let Some(e) = engine() else { return };
+    let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let (_, d_o) = output_grad(&case);
+    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let bwd = e.backward(&host_inputs, &case.opts).unwrap();
+    let fcase = Case::new(37, 45, 12).heads(4, 2).opts(causal());
+    let finputs = fcase.inputs();
+    let [fq, fk, fv] = finputs.views();
+    let fp8 = Fp8Options { hadamard: Some(9) };
+    let f8 = e.forward_fp8(&fq, &fk, &fv, &fcase.opts, &fp8).unwrap();
+    // A paged decoding step in two splits, appending 4 rows to each sequence.
+    let dcase = DecodeCase::new(&[300, 70], 32)
+        .paged(16)
+        .append(4)
+        .opts(causal())
+        .splits(2);
+    let ddata = dcase.data();
+    let (dstep, dshape) = (ddata.step(), ddata.cache.shape);
+    let dproblem = DecodeProblem::new(&dstep, &dshape, dcase.precision).unwrap();
+    let dplan = e
+        .plan_decode(&dproblem, &dcase.opts, dcase.num_splits)
+        .unwrap();
+    let dscratch = e.decode_scratch_size(&dproblem, &dplan);
+    assert!(dscratch > 0, "two splits keep partials");
+    let decode = decode_tensors(e, &dcase, dscratch);
+    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let fproblem = Problem::forward([&fq, &fk, &fv], &fcase.opts).unwrap();
+    let scratch = sentinels(e.scratch_size(Pass::Backward, &problem));
+    let fscratch = sentinels(e.fp8_scratch_size(&fproblem, &fp8));
+    let [qb, kb, vb] = inputs.stored.each_ref().map(host);
+    let [fqb, fkb, fvb] = finputs.stored.each_ref().map(host);
+    let lse = |l: &[f32]| -> Vec<u8> { bytemuck::cast_slice(l).to_vec() };
+    let (o, l) = (host(&fwd.o.data), lse(&fwd.lse));
+    let [dq, dk, dv] = [&bwd.dq, &bwd.dk, &bwd.dv].map(|g| host(&g.data));
+    let (fo, fl) = (host(&f8.o.data), lse(&f8.lse));
+    let mut want: Vec<Option<&[u8]>> = vec![
+        Some(qb),
+        Some(kb),
+        Some(vb),
+        Some(o),
+        Some(&l),
+        Some(host(&d_o)),
+        Some(dq),
+        Some(dk),
+        Some(dv),
+        None,
+        Some(fqb),
+        Some(fkb),
+        Some(fvb),
+        Some(fo),
+        Some(&fl),
+        None,
+    ];
+    want.extend(decode.want.iter().map(|w| w.as_deref()));
+    // Outputs start as filler, like the gaps.
+    let (o0, l0) = (sentinels(o.len() as u64), sentinels(l.len() as u64));
+    let grads0 = [dq, dk, dv].map(|g| sentinels(g.len() as u64));
+    let (fo0, fl0) = (sentinels(fo.len() as u64), sentinels(fl.len() as u64));
+    let mut contents: Vec<&[u8]> = vec![
+        qb,
+        kb,
+        vb,
+        &o0,
+        &l0,
+        host(&d_o),
+        &grads0[0],
+        &grads0[1],
+        &grads0[2],
+        &scratch,
+        fqb,
+        fkb,
+        fvb,
+        &fo0,
+        &fl0,
+        &fscratch,
+    ];
+    contents.extend(decode.contents.iter().map(|c| &c[..]));
+    let one = OneBuffer::new(e, &contents);
+    let b = |i| one.binding(i);
+    let attention = |at: usize| AttentionBindings {
+        q: b(at),
+        k: b(at + 1),
+        v: b(at + 2),
+        o: b(at + O),
+        lse: b(at + LSE),
+    };
+    let gradients = GradientBindings {
+        q: b(Q),
+        k: b(Q + 1),
+        v: b(Q + 2),
+        o: b(O),
+        d_o: b(DO),
+        lse: b(LSE),
+        dq: b(DQ),
+        dk: b(DQ + 1),
+        dv: b(DQ + 2),
+        scratch: Some(b(SCRATCH)),
+    };
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let plan = e
+        .encode_forward(&mut encoder, &problem, &attention(Q))
+        .unwrap();
+    assert_eq!(Some(plan), fwd.stats.plan, "the host forward's plan");
+    let plan = e
+        .encode_backward(&mut encoder, &problem, &gradients)
+        .unwrap();
+    assert_eq!(Some(plan), bwd.stats.plan, "the host backward's plan");
+    let plan = e
+        .encode_forward_fp8(
+            &mut encoder,
+            &fproblem,
+            &fp8,
+            &attention(FQ),
+            Some(&b(FP8_SCRATCH)),
+        )
+        .unwrap();
+    assert_eq!(Some(plan), f8.stats.plan, "the host FP8 forward's plan");
+    // The append, then the step attending over the appended rows (its spec
+    // counts them), on a cache whose K and V are ranges of the same buffer.
+    let d = |i| b(DECODE_Q + i);
+    let cache = e.kv_cache_in(dshape, dcase.precision, d(3), d(4)).unwrap();
+    let spec = dstep.spec();
+    e.encode_append(&mut encoder, &cache, &spec, d(1), d(2))
+        .unwrap();
+    let bindings = DecodeBindings::new(d(0), d(5), d(6)).scratch(d(7));
+    let plan = e
+        .encode_decode(
+            &mut encoder,
+            &cache,
+            &spec,
+            &bindings,
+            &dcase.opts,
+            dcase.num_splits,
+        )
+        .unwrap();
+    assert_eq!(plan, dplan, "the planned decode");
+    one.holds(&one.submit_and_read(e, encoder), &want);
+}
+
+/// In one buffer, an output range intersecting another tensor's — an
+/// output's, an input's, the scratch's — is `OverlappingBindings` naming
+/// both, and nothing is recorded: the encoder, submitted anyway, leaves the
+/// buffer as it was.
+#[test]
+fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded() {
+    let Some(e) = engine() else { return };
+    let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let fp8 = Fp8Options::default();
+    let [qb, kb, vb] = inputs.stored.each_ref().map(host);
+    let (o0, l0) = (
+        sentinels(qb.len() as u64),
+        sentinels(4 * (case.heads_q * case.seqlen_q) as u64),
+    );
+    let grads0 = [qb, kb, vb].map(|g| sentinels(g.len() as u64));
+    let scratch = sentinels(e.fp8_scratch_size(&problem, &fp8));
+    let contents: Vec<&[u8]> = vec![
+        qb, kb, vb, &o0, &l0, &o0, &grads0[0], &grads0[1], &grads0[2], &scratch,
+    ];
+    let one = OneBuffer::new(e, &contents);
+    let b = |i| one.binding(i);
+    let attention = AttentionBindings {
+        q: b(Q),
+        k: b(Q + 1),
+        v: b(Q + 2),
+        o: b(O),
+        lse: b(LSE),
+    };
+    let mut encoder = e.device().create_command_encoder(&Default::default());
+    let align = e.limits().min_storage_buffer_offset_alignment as u64;
+    // lse starting inside o.
+    let lse_in_o = AttentionBindings {
+        lse: wgpu::BufferBinding {
+            offset: one.at[O].0 + align,
+            ..b(LSE)
+        },
+        ..attention.clone()
+    };
+    assert!(matches!(
+        e.encode_forward(&mut encoder, &problem, &lse_in_o),
+        Err(Error::OverlappingBindings {
+            output: "lse",
+            other: "o"
+        })
+    ));
+    // dk over k's range.
+    let dk_on_k = GradientBindings {
+        q: b(Q),
+        k: b(Q + 1),
+        v: b(Q + 2),
+        o: b(O),
+        d_o: b(DO),
+        lse: b(LSE),
+        dq: b(DQ),
+        dk: b(Q + 1),
+        dv: b(DQ + 2),
+        scratch: None,
+    };
+    assert!(matches!(
+        e.encode_backward(&mut encoder, &problem, &dk_on_k),
+        Err(Error::OverlappingBindings {
+            output: "dk",
+            other: "k"
+        })
+    ));
+    // The FP8 forward's scratch running from o's start.
+    let scratch_on_o = wgpu::BufferBinding {
+        offset: one.at[O].0,
+        ..b(SCRATCH)
+    };
+    assert!(matches!(
+        e.encode_forward_fp8(
+            &mut encoder,
+            &problem,
+            &fp8,
+            &attention,
+            Some(&scratch_on_o)
+        ),
+        Err(Error::OverlappingBindings {
+            output: "scratch",
+            other: "o"
+        })
+    ));
+    let want: Vec<Option<&[u8]>> = contents.iter().map(|&c| Some(c)).collect();
+    one.holds(&one.submit_and_read(e, encoder), &want);
 }

@@ -399,17 +399,17 @@ fn bad_cache_ranges_are_typed_errors() {
     };
     assert!(matches!(
         try_with(o_on_cache),
-        Err(Error::OutputSharesInputBuffer {
+        Err(Error::OverlappingBindings {
             output: "o",
-            input: "k cache"
+            other: "k cache"
         })
     ));
     let new_on_cache = good().append(arena.binding(K_NEW), arena.binding(V_CACHE));
     assert!(matches!(
         try_with(new_on_cache),
-        Err(Error::OutputSharesInputBuffer {
-            output: "k cache",
-            input: "v_new"
+        Err(Error::OverlappingBindings {
+            output: "v cache",
+            other: "v_new"
         })
     ));
     let bytes = arena.submit_and_read(e, encoder);

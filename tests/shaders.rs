@@ -468,12 +468,14 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
         }
     }
     for variant in variants(all_variants) {
-        out.push(Kernel {
-            label: format!("copy {variant:?}"),
-            key: BufferCopy { variant }.into(),
-            f16: false,
-            subgroups: false,
-        });
+        for rows in [false, true] {
+            out.push(Kernel {
+                label: format!("copy rows {rows} {variant:?}"),
+                key: BufferCopy { variant, rows }.into(),
+                f16: false,
+                subgroups: false,
+            });
+        }
     }
     out.push(Kernel {
         label: "loop probe".into(),
@@ -631,6 +633,61 @@ fn every_variant_validates_with_its_overrides() {
             "{}: unexpanded template line",
             k.label
         );
+    }
+}
+
+/// The aliased form of a kernel (an app's outputs in its inputs' buffer)
+/// is a key of its own whose tensors are all `read_write`, while the
+/// engine's own tables stay read-only; it validates like the ordinary form
+/// (checked here for a forward with every side table, its backward's dK/dV
+/// and one quantization pass).
+#[test]
+fn the_aliased_form_declares_tensors_writable_and_validates() {
+    let caps = lavapipe_like(None);
+    let req = PlanRequest::new(64, Precision::F32);
+    let (fwd, bwd) = (
+        plan_forward(&req, &caps).unwrap().plan,
+        plan_backward(&req, &caps).unwrap().plan,
+    );
+    let plain = flash_variants(false)[1];
+    assert!(plain.sparse && !plain.aliased);
+    let quant = |variant| Fp8Quantize {
+        pass: QuantPass::Codes,
+        head_dim: 59,
+        hadamard: true,
+        variant,
+    };
+    let keys = |variant| -> [KernelKey; 3] {
+        [
+            FlashForward { plan: fwd, variant }.into(),
+            FlashBackward::new(BackwardPart::DkDv, bwd, variant).into(),
+            quant(variant).into(),
+        ]
+    };
+    let aliased = Variant {
+        aliased: true,
+        ..plain
+    };
+    for (ordinary, key) in keys(plain).into_iter().zip(keys(aliased)) {
+        assert_ne!(ordinary, key);
+        let (before, after) = (ordinary.source().text, key.source().text);
+        let read_only = |t: &str| t.matches("var<storage, read> ").count();
+        let writable = |t: &str| t.matches("var<storage, read_write> ").count();
+        let tensors = before.matches("var<storage, read> ").count()
+            - after.matches("var<storage, read> ").count();
+        assert!(tensors >= 1, "{}: no tensor turned writable", key.name());
+        assert_eq!(writable(&after), writable(&before) + tensors);
+        assert_eq!(read_only(&after), read_only(&before) - tensors);
+        for line in after.lines().filter(|l| l.contains("var<storage, read> ")) {
+            assert!(!line.contains("_buf:"), "{}: {line}", key.name());
+        }
+        let kernel = Kernel {
+            label: key.name().to_string(),
+            key,
+            f16: false,
+            subgroups: fwd.kernel == KernelFamily::Lanes || fwd.subgroup_reduce,
+        };
+        compile(&kernel).unwrap_or_else(|e| panic!("{}:\n{e}", kernel.label));
     }
 }
 
@@ -843,10 +900,13 @@ fn uniform_structs_match_their_wgsl_twins() {
     };
     assert_layout::<DecodeParams>(&merge.source());
     assert_layout::<Params>(&merge.source());
-    let copy = BufferCopy {
-        variant: Variant::default(),
-    };
-    assert_layout::<CopyParams>(&copy.source());
+    for rows in [false, true] {
+        let copy = BufferCopy {
+            variant: Variant::default(),
+            rows,
+        };
+        assert_layout::<CopyParams>(&copy.source());
+    }
     let quant = Fp8Quantize {
         pass: QuantPass::Codes,
         head_dim: 64,

@@ -61,6 +61,12 @@ pub struct Variant {
     pub count_io: bool,
     /// What the kernel does about the adapter's loop limit.
     pub loop_check: LoopCheck,
+    /// The tensors' buffers (every declaration from a storage template, the
+    /// ranges an app binds) declared `read_write`, inputs too: for calls
+    /// whose outputs share a buffer with their inputs, which WebGPU allows
+    /// only when every binding of that buffer is writable. Ordinary calls
+    /// keep read-only inputs, whose loads drivers may cache.
+    pub aliased: bool,
 }
 
 impl Variant {
@@ -201,6 +207,8 @@ pub struct Composer {
     overrides: Vec<(&'static str, f64)>,
     /// Storage kinds whose template's `@helpers` are already in the text.
     helpers: Vec<StorageKind>,
+    /// The variant's [`Variant::aliased`].
+    aliased: bool,
 }
 
 impl Composer {
@@ -236,6 +244,7 @@ impl Composer {
     /// `common.wgsl` with the variant's flags, the side buffer where it
     /// reads one, access counters and guard.
     pub fn common(&mut self, variant: Variant) -> &mut Self {
+        self.aliased = variant.aliased;
         self.override_bool("IS_MASKED", variant.masked)
             .override_bool("HAS_SOFTCAP", variant.softcap)
             .override_bool("HAS_ALIBI", variant.alibi)
@@ -292,12 +301,38 @@ impl Composer {
 
     pub fn finish(&mut self, entry: &'static str) -> KernelSource {
         self.helpers.clear();
+        let mut text = std::mem::take(&mut self.text);
+        if std::mem::take(&mut self.aliased) {
+            text = read_write_tensors(&text);
+        }
         KernelSource {
-            text: std::mem::take(&mut self.text),
+            text,
             entry,
             overrides: std::mem::take(&mut self.overrides),
         }
     }
+}
+
+/// `text` with every tensor buffer (a storage template's `{name}_buf`)
+/// declared `read_write`. The engine's own tables (side tables, transform
+/// signs, FP8 scales, page index) are never in an app's buffer and stay
+/// read-only: WGSL counts a load from a writable buffer as non-uniform, and
+/// loops over side tables hold barriers.
+fn read_write_tensors(text: &str) -> String {
+    const READ: &str = "var<storage, read> ";
+    let mut out = String::with_capacity(text.len() + 256);
+    for line in text.lines() {
+        let tensor = line
+            .split_once(READ)
+            .is_some_and(|(_, rest)| rest.split(':').next().is_some_and(|n| n.ends_with("_buf")));
+        if tensor {
+            out.push_str(&line.replace(READ, "var<storage, read_write> "));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn on_off(on: bool) -> &'static str {

@@ -73,10 +73,10 @@ pub struct BackwardBuffers<'a> {
 /// The tensors of a backward as ranges of an app's device buffers (offsets
 /// multiples of the device's `min_storage_buffer_offset_alignment`): the
 /// forward's inputs and outputs, the output gradient `d_o`, and the
-/// gradients written. Layouts and sizes as the host tensors'. The inputs
-/// may share buffers; the gradients need buffers no input is bound from.
-/// `scratch`, where given, holds the call's scratch (`Engine::scratch_size`
-/// bytes, in a buffer no tensor is bound from); else the engine creates it.
+/// gradients written. Layouts and sizes as the host tensors'. All may lie in
+/// one buffer; the gradients' ranges (and scratch's) may not intersect any
+/// other range. `scratch`, where given, holds the call's scratch
+/// (`Engine::scratch_size` bytes); else the engine creates it.
 #[derive(Clone, Debug)]
 pub struct GradientBindings<'a> {
     pub q: wgpu::BufferBinding<'a>,
@@ -157,6 +157,7 @@ impl FlashBackward {
         let elementwise = Variant {
             count_io: variant.count_io,
             loop_check: variant.loop_check,
+            aliased: variant.aliased,
             ..Variant::default()
         };
         let (plan, variant) = match part {

@@ -43,7 +43,8 @@ pub struct AttentionBuffers<'a> {
 /// sub-allocations, with offsets and sizes, or whole buffers): what the
 /// kernels bind. Each range needs `STORAGE` usage, an offset that is a
 /// multiple of the device's `min_storage_buffer_offset_alignment`, and room
-/// for its tensor as [`AttentionBuffers`] describes it.
+/// for its tensor as [`AttentionBuffers`] describes it. All may lie in one
+/// buffer, as long as o's and lse's ranges intersect no other.
 #[derive(Clone, Debug)]
 pub struct AttentionBindings<'a> {
     pub q: wgpu::BufferBinding<'a>,

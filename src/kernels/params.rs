@@ -132,10 +132,12 @@ uniform_struct! {
 uniform_struct! {
     /// The parameters of the copy kernel (binding 23).
     pub struct CopyParams as "CopyParams" {
-        pub len4: u32,
+        /// Items to write: vec4s (the copy) or elements (the rows).
+        pub len: u32,
         pub groups_x: u32,
-        pub _pad0: u32,
-        pub _pad1: u32,
+        /// Elements of a source and of a destination row (the rows only).
+        pub src_row: u32,
+        pub dst_row: u32,
     }
 }
 

@@ -110,8 +110,11 @@ pub async fn encode(
             feature: "sinks (their gradient has no binding)",
         });
     }
-    let b = Backward::new(gpu, problem, overrides)?;
-    check_bindings(gpu, bindings, &b.shape, problem.precision)?;
+    let mut b = Backward::new(gpu, problem, overrides)?;
+    let aliased = check_bindings(gpu, bindings, &b.shape, problem.precision)?;
+    b.kernels
+        .iter_mut()
+        .for_each(|k| k.variant.aliased = aliased);
     let limits = piece_limits(gpu, problem.precision, &b.loops())?;
     let pieces = pieces(&b.shape, b.opts, &limits)?;
     let p = match pieces.as_slice() {
@@ -144,13 +147,16 @@ pub async fn encode(
 }
 
 /// Every range must start at an offset the device binds, lie within its
-/// buffer and hold its tensor; the gradients need buffers of their own.
+/// buffer and hold its tensor; the gradients and D may overlap nothing.
+/// Whether the call needs its aliased kernels: an output in an input's
+/// buffer, or D (written by one kernel, read beside the gradients by the
+/// next) in a buffer another tensor is bound from.
 fn check_bindings(
     gpu: &Gpu,
     g: &GradientBindings,
     shape: &AttentionShape,
     precision: Precision,
-) -> Result<()> {
+) -> Result<bool> {
     let t = TensorBytes::of(shape, precision)?;
     let range = |tensor, binding, needs| Range {
         tensor,
@@ -165,20 +171,20 @@ fn check_bindings(
         range("do", &g.d_o, t.o),
         range("lse", &g.lse, t.lse),
     ];
-    let outputs = [
+    let mut outputs = vec![
         range("dq", &g.dq, t.q),
         range("dk", &g.dk, t.kv),
         range("dv", &g.dv, t.v),
     ];
-    bindings::check(gpu, &inputs, &outputs)?;
-    // D is written by one kernel and read beside the gradients by the next:
-    // a buffer of its own.
-    let Some(scratch) = &g.scratch else {
-        return Ok(());
-    };
-    let every: Vec<Range> = inputs.into_iter().chain(outputs).collect();
-    let d = [range("scratch", scratch, scratch_size(shape))];
-    bindings::check(gpu, &every, &d)
+    let grads = outputs.len();
+    if let Some(scratch) = &g.scratch {
+        outputs.push(range("scratch", scratch, scratch_size(shape)));
+    }
+    let aliased = bindings::check(gpu, &inputs, &outputs)?;
+    let d_shares = outputs
+        .get(grads)
+        .is_some_and(|d| bindings::shares_buffer(d, &outputs[..grads]));
+    Ok(aliased || d_shares)
 }
 
 /// Bytes of scratch an encoded backward of `shape` uses: D, one f32 per row

@@ -114,12 +114,13 @@ fn copy_dispatch<'a>(
     }
     let to_u32 = crate::kernels::params::to_u32;
     let params = CopyParams {
-        len4: to_u32("copy vec4s", len4 as usize)?,
+        len: to_u32("copy vec4s", len4 as usize)?,
         groups_x: x as u32,
         ..Default::default()
     };
     let kernel = BufferCopy {
         variant: gpu.variant(false, false),
+        rows: false,
     };
     Ok(Dispatch {
         kernel: kernel.into(),

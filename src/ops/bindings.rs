@@ -1,8 +1,11 @@
 //! The checks of an app's buffer ranges before a call on them is recorded:
 //! each offset a multiple of the device's storage-offset alignment, each
 //! range inside its buffer, large enough for its tensor and within one
-//! storage binding, and no output in a buffer an input is bound from
-//! (WebGPU forbids one buffer bound read-only and writable in a dispatch).
+//! storage binding, and no output range intersecting another tensor's. An
+//! output may share a buffer with an input: the call then runs kernels that
+//! declare their inputs writable too (`Variant::aliased`), since WebGPU
+//! forbids one buffer bound read-only and writable in a dispatch but allows
+//! it bound writable several times.
 
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
@@ -44,14 +47,32 @@ pub struct Range<'r, 'a> {
     pub needs: u64,
 }
 
+/// The bytes `r` binds: its size, or the rest of its buffer.
+fn bound(r: &Range) -> (u64, u64) {
+    let b = r.binding;
+    let size = b
+        .size
+        .map_or(b.buffer.size().saturating_sub(b.offset), |s| s.get());
+    (b.offset, b.offset.saturating_add(size))
+}
+
+/// Whether `a` and `b` bind intersecting bytes of one buffer.
+fn overlap(a: &Range, b: &Range) -> bool {
+    let ((a0, a1), (b0, b1)) = (bound(a), bound(b));
+    a.binding.buffer == b.binding.buffer && a0 < b1 && b0 < a1
+}
+
 /// Check `inputs` and `outputs` (a typed error naming the first tensor
-/// whose range fails).
-pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<()> {
-    for o in outputs {
-        if let Some(i) = inputs.iter().find(|i| i.binding.buffer == o.binding.buffer) {
-            return Err(Error::OutputSharesInputBuffer {
+/// whose range fails), and say whether an output shares a buffer with an
+/// input (the call needs its aliased kernels). Inputs may overlap each
+/// other; an output may overlap nothing.
+pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<bool> {
+    for (n, o) in outputs.iter().enumerate() {
+        let others = inputs.iter().chain(&outputs[..n]);
+        if let Some(other) = others.into_iter().find(|r| overlap(r, o)) {
+            return Err(Error::OverlappingBindings {
                 output: o.tensor,
-                input: i.tensor,
+                other: other.tensor,
             });
         }
     }
@@ -93,5 +114,10 @@ pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<()> {
             });
         }
     }
-    Ok(())
+    Ok(outputs.iter().any(|o| shares_buffer(o, inputs)))
+}
+
+/// Whether `r` lies in a buffer one of `others` is bound from.
+pub fn shares_buffer(r: &Range, others: &[Range]) -> bool {
+    others.iter().any(|o| o.binding.buffer == r.binding.buffer)
 }

@@ -287,14 +287,14 @@ impl<'a> Step<'a> {
     /// Record the step into `encoder` on the app's ranges `b` (every range
     /// checked first; on an error nothing is recorded), and return its plan.
     pub async fn encode(
-        &self,
+        &mut self,
         encoder: &mut wgpu::CommandEncoder,
         b: &DecodeBindings<'_>,
     ) -> Result<DecodePlan> {
         let (gpu, p) = (self.gpu, self.p);
         let plan = self.plan()?;
         let scratch_bytes = scratch_size(gpu, p, &plan);
-        self.check_bindings(b, scratch_bytes)?;
+        self.variant.aliased = self.check_bindings(b, scratch_bytes)?;
         // The index in a buffer of its own (not the pool's, which a later
         // call could take and overwrite before the app submits this one).
         let index = gpu.buffer_with(&index_words(p)?);
@@ -330,9 +330,10 @@ impl<'a> Step<'a> {
     /// Record only the append of the step's new rows, `[k_new, v_new]` on
     /// the app's ranges, into `encoder` (nothing when it appends none).
     pub async fn encode_append(
-        &self,
+        &mut self,
         encoder: &mut wgpu::CommandEncoder,
-        [k_new, v_new]: [&wgpu::BufferBinding<'_>; 2],
+        k_new: &wgpu::BufferBinding<'_>,
+        v_new: &wgpu::BufferBinding<'_>,
     ) -> Result<()> {
         let t = StepBytes::of(self.p);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
@@ -341,7 +342,7 @@ impl<'a> Step<'a> {
             binding,
             needs,
         };
-        bindings::check(
+        self.variant.aliased = bindings::check(
             self.gpu,
             &[range("k_new", k_new, t.new), range("v_new", v_new, t.new)],
             &[range("k cache", &k, t.cache), range("v cache", &v, t.cache)],
@@ -358,10 +359,12 @@ impl<'a> Step<'a> {
     }
 
     /// The app's ranges of an encoded step: inside their buffers at aligned
-    /// offsets, large enough, and no range written in a dispatch bound from
-    /// a buffer that dispatch reads (o and lse apart from every input, the
-    /// cache apart from the new rows, the scratch apart from all).
-    fn check_bindings(&self, b: &DecodeBindings, scratch_bytes: u64) -> Result<()> {
+    /// offsets, large enough, and no range written in a dispatch
+    /// intersecting one it reads or writes (o and lse apart from every
+    /// input, the cache apart from the new rows, the scratch apart from
+    /// all). Whether any written range shares a buffer with another range,
+    /// so the step runs the kernels' aliased form.
+    fn check_bindings(&self, b: &DecodeBindings, scratch_bytes: u64) -> Result<bool> {
         let t = StepBytes::of(self.p);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
         let range = |tensor, binding, needs| Range {
@@ -384,21 +387,18 @@ impl<'a> Step<'a> {
                 .map(|r| range(r.tensor, r.binding, r.needs)),
         );
         let outputs = [range("o", &b.o, t.q), range("lse", &b.lse, t.lse)];
-        bindings::check(self.gpu, &inputs, &outputs)?;
+        let mut aliased = bindings::check(self.gpu, &inputs, &outputs)?;
         if let Some(new) = &new {
             // The append writes the cache while it reads the new rows.
-            bindings::check(self.gpu, new, &inputs[1..3])?;
+            aliased |= bindings::check(self.gpu, new, &inputs[1..3])?;
         }
         let Some(scratch) = &b.scratch else {
-            return Ok(());
+            return Ok(aliased);
         };
         let mut every = inputs;
         every.extend(outputs);
-        bindings::check(
-            self.gpu,
-            &every,
-            &[range("scratch", scratch, scratch_bytes)],
-        )
+        let scratch = [range("scratch", scratch, scratch_bytes)];
+        Ok(aliased | bindings::check(self.gpu, &every, &scratch)?)
     }
 
     /// The splits' partial o and lse in `scratch` ([`scratch_size`]'s layout).

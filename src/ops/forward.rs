@@ -266,8 +266,8 @@ fn whole_call(
     overrides: &PlanOverrides,
 ) -> Result<(FlashForward, Vec<Launch>)> {
     let (shape, precision, opts) = (&problem.shape, problem.precision, problem.opts);
-    let kernel = kernel_for(gpu, problem, overrides)?;
-    check_bindings(gpu, bindings, shape, precision)?;
+    let mut kernel = kernel_for(gpu, problem, overrides)?;
+    kernel.variant.aliased = check_bindings(gpu, bindings, shape, precision)?;
     check_loop_limit(gpu, &kernel, shape, opts)?;
     let launches = pieces(shape, opts, &PieceLimits::unbounded(precision))?
         .iter()
@@ -336,14 +336,14 @@ pub(crate) fn dispatches<'a>(
 }
 
 /// Every binding must start at an offset the device binds, lie within its
-/// buffer, hold its tensor and fit one storage binding; o and lse need
-/// buffers the inputs are not bound from.
-fn check_bindings(
+/// buffer, hold its tensor and fit one storage binding; o and lse may
+/// overlap nothing. Whether o or lse shares a buffer with an input.
+pub(crate) fn check_bindings(
     gpu: &Gpu,
     b: &AttentionBindings,
     shape: &AttentionShape,
     precision: Precision,
-) -> Result<()> {
+) -> Result<bool> {
     let t = TensorBytes::of(shape, precision)?;
     let needs = [t.q, t.kv, t.v, t.o, t.lse];
     let ranges: Vec<Range> = b

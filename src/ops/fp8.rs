@@ -8,20 +8,23 @@
 //! storage binding, the grid or the adapter's loop limit is a typed error,
 //! never split.
 
+use super::bindings::{self, Range, TensorBytes};
 use super::forward::{check_loop_limit, dispatches};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{Accesses, ForwardOutput};
+use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::size::grid_u32;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::kernels::params::to_u32;
 use crate::kernels::{
-    binding, AttentionBindings, AttentionBuffers, FlashForward, Fp8Quantize, QuantParams, QuantPass,
+    binding, AttentionBindings, AttentionBuffers, BufferCopy, CopyParams, FlashForward,
+    Fp8Quantize, QuantParams, QuantPass, Variant,
 };
-use crate::plan::{plan_forward, PlanOverrides, PlanRequest, StorageKind};
+use crate::plan::{plan_forward, Plan, PlanOverrides, PlanRequest, StorageKind};
 use crate::quant::{check_finite, Fp8Layout, Fp8Tensor, Hadamard};
-use crate::runtime::{whole, Call, Dispatch, Gpu};
+use crate::runtime::{record, whole, Call, Dispatch, Gpu};
 
 /// One tensor to quantize: its shape, whether it is transformed, its rows'
 /// stored length and where its scales go in the shared buffers.
@@ -35,12 +38,15 @@ struct Spec {
 }
 
 impl Spec {
-    fn kernel(&self, gpu: &Gpu, pass: QuantPass) -> Fp8Quantize {
+    fn kernel(&self, gpu: &Gpu, pass: QuantPass, aliased: bool) -> Fp8Quantize {
         Fp8Quantize {
             pass,
             head_dim: self.shape[3] as u32,
             hadamard: self.hadamard,
-            variant: gpu.variant(false, false),
+            variant: Variant {
+                aliased,
+                ..gpu.variant(false, false)
+            },
         }
     }
 
@@ -53,13 +59,15 @@ impl Spec {
     }
 }
 
-/// The device buffers one tensor's quantization uses.
+/// The device ranges one tensor's quantization uses, and whether its
+/// kernels run in their aliased form (x and the codes in one buffer).
 struct QuantBuffers<'a> {
-    x: &'a wgpu::Buffer,
+    x: wgpu::BufferBinding<'a>,
     signs: &'a wgpu::Buffer,
     absmax: &'a wgpu::Buffer,
     scales: &'a wgpu::Buffer,
-    codes: &'a wgpu::Buffer,
+    codes: wgpu::BufferBinding<'a>,
+    aliased: bool,
 }
 
 /// The three passes over one tensor (max, scales, codes), and the storage
@@ -81,23 +89,29 @@ fn quant_dispatches<'a>(
         ..Default::default()
     };
     let uniform = vec![(binding::QUANT, bytemuck::bytes_of(&params).to_vec())];
-    let rows = [(binding::QUANT_X, b.x), (binding::SIGNS, b.signs)];
+    let rows = [
+        (binding::QUANT_X, b.x.clone()),
+        (binding::SIGNS, b.signs.as_entire_buffer_binding()),
+    ];
     let passes = [
-        (QuantPass::Absmax, vec![(binding::ABSMAX, b.absmax)]),
+        (QuantPass::Absmax, whole([(binding::ABSMAX, b.absmax)])),
         (
             QuantPass::Scales,
-            vec![(binding::ABSMAX, b.absmax), (binding::FP8_SCALES, b.scales)],
+            whole([(binding::ABSMAX, b.absmax), (binding::FP8_SCALES, b.scales)]),
         ),
         (
             QuantPass::Codes,
-            vec![(binding::FP8_SCALES, b.scales), (binding::CODES, b.codes)],
+            vec![
+                (binding::FP8_SCALES, b.scales.as_entire_buffer_binding()),
+                (binding::CODES, b.codes.clone()),
+            ],
         ),
     ];
     let mut out = Vec::new();
     for (pass, mut buffers) in passes {
-        let kernel = s.kernel(gpu, pass);
+        let kernel = s.kernel(gpu, pass, b.aliased);
         if pass != QuantPass::Scales {
-            buffers.extend(rows);
+            buffers.extend(rows.iter().cloned());
         }
         let grid = kernel.grid([batch, seqlen, heads].map(|x| grid_u32(x as u64)));
         if let Some(&n) = grid.iter().find(|&&n| n > gpu.max_groups()) {
@@ -110,7 +124,7 @@ fn quant_dispatches<'a>(
         out.push(Dispatch {
             kernel: kernel.into(),
             uniforms: uniform.clone(),
-            buffers: whole(buffers),
+            buffers,
             grid,
             walk: None,
         });
@@ -179,11 +193,12 @@ pub async fn quantize(gpu: &Gpu, x: &TensorView<'_>, fp8: &Fp8Options) -> Result
     let absmax = call.upload("fp8 absmax", &vec![0u8; n as usize])?;
     let scales = call.storage("fp8 scales", n)?;
     let bufs = QuantBuffers {
-        x: &xb,
+        x: xb.as_entire_buffer_binding(),
         signs: &signs,
         absmax: &absmax,
         scales: &scales,
-        codes: &codes,
+        codes: codes.as_entire_buffer_binding(),
+        aliased: false,
     };
     let norm = transform.map_or(1.0, |t| t.norm);
     let (ds, accesses) = quant_dispatches(gpu, &spec, norm, &bufs)?;
@@ -279,11 +294,12 @@ pub async fn forward(
     let mut all = Vec::new();
     for (s, (x, codes)) in specs.iter().zip(&tensors) {
         let bufs = QuantBuffers {
-            x,
+            x: x.as_entire_buffer_binding(),
             signs: &signs,
             absmax: &absmax,
             scales: &scales,
-            codes,
+            codes: codes.as_entire_buffer_binding(),
+            aliased: false,
         };
         let (ds, accesses) = quant_dispatches(gpu, s, norm, &bufs)?;
         call.stats.accesses += accesses;
@@ -310,4 +326,225 @@ pub async fn forward(
     let o: Vec<f32> = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
     let o = TensorData::F32(layout.trim(&o[..padded.q_len()]));
     Ok(ForwardOutput::new(shape, o, lse, call.finish()))
+}
+
+/// Where an encoded FP8 forward's scratch keeps its pieces: the codes of q,
+/// k and v, then the output in rows `row_len` long where those are longer
+/// than the head dim (else the kernel writes the app's o directly), each
+/// at an offset the device binds.
+pub struct Scratch {
+    /// `(offset, bytes)` of the q, k, v codes and the padded output (0
+    /// bytes where there is none).
+    pub parts: [(u64, u64); 4],
+    /// Bytes in all.
+    pub total: u64,
+}
+
+impl Scratch {
+    /// The pieces of `shape`'s FP8 forward under `fp8` on `gpu`.
+    pub fn new(gpu: &Gpu, shape: &AttentionShape, fp8: &Fp8Options) -> Self {
+        let layout = Fp8Layout::new(shape.head_dim, fp8);
+        let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
+        let [q, k, v] = specs(shape, &layout).map(|s| s.code_bytes());
+        let padded = layout.row_len != shape.head_dim;
+        let o = if padded {
+            4 * layout.padded(shape).q_len() as u64
+        } else {
+            0
+        };
+        let mut parts = [(0, 0); 4];
+        let mut next = 0;
+        for (part, bytes) in parts.iter_mut().zip([q, k, v, o]) {
+            *part = (next, bytes);
+            next = (next + bytes).next_multiple_of(align);
+        }
+        let ends = parts.iter().filter(|(_, n)| *n > 0).map(|(at, n)| at + n);
+        let total = ends.max().unwrap_or(0);
+        Self { parts, total }
+    }
+
+    /// Whether the output goes through the scratch (rows padded).
+    fn padded(&self) -> bool {
+        self.parts[3].1 > 0
+    }
+}
+
+/// An encoded FP8 forward's problem (f32 inputs, options it takes) and
+/// the app's ranges checked (as [`bindings::check`], the scratch as an
+/// output; each piece of the scratch within one binding): whether its
+/// kernels run in their aliased form — an output or the scratch in an
+/// input's buffer, or a caller's scratch read and written in one dispatch
+/// (the codes and a padded output, or the codes and the app's o or lse in
+/// one buffer).
+fn check_encoded(
+    gpu: &Gpu,
+    b: &AttentionBindings,
+    scratch: Option<&wgpu::BufferBinding>,
+    problem: &Problem,
+    parts: &Scratch,
+) -> Result<bool> {
+    if problem.precision != Precision::F32 {
+        return Err(Error::Unsupported {
+            what: "an encoded FP8 forward",
+            feature: "q, k and v stored other than as f32 (it quantizes f32 ranges)",
+        });
+    }
+    let shape = &problem.shape;
+    Fp8Layout::check_supported(shape, problem.opts)?;
+    let names = ["fp8 codes", "fp8 codes", "fp8 codes", "o"];
+    for (part, &(_, bytes)) in names.iter().zip(&parts.parts) {
+        check_binding(gpu, part, bytes)?;
+    }
+    let t = TensorBytes::of(shape, Precision::F32)?;
+    let needs = [t.q, t.kv, t.v, t.o, t.lse];
+    let mut ranges: Vec<Range> = b
+        .named()
+        .into_iter()
+        .zip(needs)
+        .map(|((tensor, binding), needs)| Range {
+            tensor,
+            binding,
+            needs,
+        })
+        .collect();
+    if let Some(binding) = scratch {
+        ranges.push(Range {
+            tensor: "scratch",
+            binding,
+            needs: parts.total,
+        });
+    }
+    let (inputs, outputs) = ranges.split_at(3);
+    let aliased = bindings::check(gpu, inputs, outputs)?;
+    let scratch_shared = outputs
+        .get(2)
+        .is_some_and(|s| parts.padded() || bindings::shares_buffer(s, &outputs[..2]));
+    Ok(aliased || scratch_shared)
+}
+
+/// The FP8 forward of `problem` recorded into `encoder` on the app's
+/// `bindings`: f32 q, k and v quantized there into the scratch (the
+/// caller's, [`Scratch::total`] bytes, or buffers created for the call),
+/// the attention over the codes, and where the stored rows are longer than
+/// the head dim a copy of the output's rows cut to it into the app's o.
+/// Nothing is submitted, waited on or read back; everything is checked
+/// before anything is recorded (the inputs' values cannot be: a non-finite
+/// one gives non-finite outputs, not `NonFiniteInput`).
+pub async fn encode(
+    gpu: &Gpu,
+    encoder: &mut wgpu::CommandEncoder,
+    b: &AttentionBindings<'_>,
+    scratch: Option<&wgpu::BufferBinding<'_>>,
+    problem: &Problem<'_>,
+    fp8: &Fp8Options,
+    overrides: &PlanOverrides,
+) -> Result<Plan> {
+    let (shape, opts) = (problem.shape, problem.opts);
+    let parts = Scratch::new(gpu, &shape, fp8);
+    let aliased = check_encoded(gpu, b, scratch, problem, &parts)?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let padded = layout.padded(&shape);
+    let mut kernel = attention_kernel(gpu, &padded, opts, overrides)?;
+    kernel.variant.aliased = aliased;
+    // Without a caller's scratch, a buffer per piece: nothing is read and
+    // written in one buffer, so the ordinary kernels run.
+    let own: Vec<wgpu::Buffer> = match scratch {
+        Some(_) => Vec::new(),
+        None => parts.parts.map(|(_, n)| gpu.zeroed_buffer(n)).into(),
+    };
+    let part = |i: usize| match scratch {
+        Some(s) => wgpu::BufferBinding {
+            buffer: s.buffer,
+            offset: s.offset + parts.parts[i].0,
+            size: wgpu::BufferSize::new(parts.parts[i].1),
+        },
+        None => own[i].as_entire_buffer_binding(),
+    };
+    let transform = layout.transform.as_ref();
+    let signs = transform.map_or(vec![1.0f32], |t| t.signs.clone());
+    let signs = gpu.buffer_with(bytemuck::cast_slice(&signs));
+    let specs = specs(&shape, &layout);
+    let n = 4 * specs.iter().map(Spec::heads).sum::<usize>() as u64;
+    let (absmax, scales) = (gpu.zeroed_buffer(n), gpu.zeroed_buffer(n));
+    let norm = transform.map_or(1.0, |t| t.norm);
+    let mut all = Vec::new();
+    for (i, (s, x)) in specs.iter().zip([&b.q, &b.k, &b.v]).enumerate() {
+        let bufs = QuantBuffers {
+            x: x.clone(),
+            signs: &signs,
+            absmax: &absmax,
+            scales: &scales,
+            codes: part(i),
+            aliased,
+        };
+        all.extend(quant_dispatches(gpu, s, norm, &bufs)?.0);
+    }
+    let o = if parts.padded() { part(3) } else { b.o.clone() };
+    let bufs = AttentionBindings {
+        q: part(0),
+        k: part(1),
+        v: part(2),
+        o: o.clone(),
+        lse: b.lse.clone(),
+    };
+    let (mut attention, _) = dispatches(gpu, &kernel, &padded, &layout.options(opts), &bufs)?;
+    attention
+        .iter_mut()
+        .for_each(|d| d.buffers.extend(whole([(binding::FP8_SCALES, &scales)])));
+    all.extend(attention);
+    if parts.padded() {
+        let rows = [layout.row_len, shape.head_dim];
+        all.push(trim_dispatch(
+            gpu,
+            shape.o_len(),
+            rows,
+            [o, b.o.clone()],
+            aliased,
+        )?);
+    }
+    record(gpu, encoder, &all).await?;
+    Ok(kernel.plan)
+}
+
+/// The row copy of `len` elements from rows `src_row` long in `from` into
+/// rows `dst_row` long in `to`, its grid wrapped from x into y at the
+/// device's limit.
+fn trim_dispatch<'a>(
+    gpu: &Gpu,
+    len: usize,
+    [src_row, dst_row]: [usize; 2],
+    [from, to]: [wgpu::BufferBinding<'a>; 2],
+    aliased: bool,
+) -> Result<Dispatch<'a>> {
+    let groups = BufferCopy::groups(len as u64);
+    let max = gpu.max_groups() as u64;
+    let x = groups.clamp(1, max);
+    let y = groups.div_ceil(x).max(1);
+    if y > max {
+        return Err(Error::GridTooLarge {
+            what: "the FP8 output's row copy",
+            groups: y,
+            max: gpu.max_groups(),
+        });
+    }
+    let params = CopyParams {
+        len: to_u32("o elements", len)?,
+        groups_x: x as u32,
+        src_row: to_u32("FP8 row length", src_row)?,
+        dst_row: to_u32("head_dim", dst_row)?,
+    };
+    let kernel = BufferCopy {
+        variant: Variant {
+            aliased,
+            ..gpu.variant(false, false)
+        },
+        rows: true,
+    };
+    Ok(Dispatch {
+        kernel: kernel.into(),
+        uniforms: vec![(binding::COPY, bytemuck::bytes_of(&params).to_vec())],
+        buffers: vec![(binding::COPY_SRC, from), (binding::COPY_DST, to)],
+        grid: [x as u32, y as u32, 1],
+        walk: None,
+    })
 }
