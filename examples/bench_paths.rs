@@ -25,7 +25,7 @@
 //! Python driver's protocol, with no GPU.
 
 use clap::Parser;
-use flashattn::{AttentionOptions, BackwardInputs, Engine, Precision, TensorView};
+use flashattn::{AttentionOptions, BackwardInputs, Engine, ForwardInputs, Precision, TensorView};
 use flashattn_cli::bench::{BenchCase, BenchInputs, BenchResult, Implementation, Pass};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
@@ -312,7 +312,7 @@ fn run_once(
         return Ok(match case.pass {
             Pass::Forward => Output::Forward(fwd),
             Pass::Backward => {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Output::Backward(c.backward_on(path, &inputs, opts)?)
             }
         });
@@ -328,15 +328,13 @@ fn run_once(
         Implementation::Flash => None,
         other => return Err(format!("{} is not a flashattn path here", other.name()).into()),
     };
-    let overrides = flashattn::PlanOverrides {
-        kernel,
-        ..Default::default()
-    };
+    let mut overrides = flashattn::PlanOverrides::default();
+    overrides.kernel = kernel;
     let fwd = e.forward_with(&q, &k, &v, opts, &overrides)?;
     Ok(match case.pass {
         Pass::Forward => Output::Forward(fwd),
         Pass::Backward => {
-            let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+            let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
             Output::Backward(e.backward_with(&inputs, opts, &overrides)?)
         }
     })

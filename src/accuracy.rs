@@ -11,9 +11,9 @@
 //! quantized ([`Fp8Report::lse_rule`]).
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, Tensor, TensorView};
 use crate::error::Result;
 use crate::quant::Fp8Layout;
@@ -309,10 +309,11 @@ impl Fp8Report {
 /// `opts` and `fp8`).
 pub fn fp8_report(
     out: &ForwardOutput,
-    [q, k, v]: [&TensorView; 3],
+    inputs: &ForwardInputs,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
 ) -> Result<Fp8Report> {
+    let ForwardInputs { q, k, v } = inputs;
     let exact = reference::forward(q, k, v, opts)?;
     let naive = reference::fp8_naive(q, k, v, opts, fp8)?;
     let widen = |x: Vec<f32>| -> Vec<f64> { x.into_iter().map(f64::from).collect() };
@@ -320,22 +321,22 @@ pub fn fp8_report(
         o: error_stats(&widen(out.o.to_f32()), &exact.o),
         lse: error_stats(&widen(out.lse.clone()), &exact.lse),
         naive: error_stats(&naive.o, &exact.o),
-        lse_rule: lse_rule(out, [q, k, v], opts, fp8, &naive.lse)?,
+        lse_rule: lse_rule(out, inputs, opts, fp8, &naive.lse)?,
     })
 }
 
 /// [`Fp8Report::lse_rule`], `reference` being `fp8_naive`'s LSE.
 fn lse_rule(
     out: &ForwardOutput,
-    [q, k, v]: [&TensorView; 3],
+    inputs: &ForwardInputs,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
     reference: &[f64],
 ) -> Result<Check> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
     let padded = layout.padded(&shape);
-    let values = layout.quantize([q, k, v])?.map(|t| t.dequantize());
+    let values = layout.quantize(inputs)?.map(|t| t.dequantize());
     let shapes = [padded.q_shape(), padded.kv_shape(), padded.v_shape()];
     let [qd, kd, vd] = [0, 1, 2].map(|t| TensorView::f32(shapes[t], &values[t]));
     let baseline = reference::naive_baseline(&qd, &kd, &vd, &layout.options(opts))?;

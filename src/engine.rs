@@ -4,7 +4,7 @@
 //! everywhere (they are the ones to use on the web).
 
 use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
@@ -164,7 +164,8 @@ impl Engine {
     pub fn verify_call(
         &self,
         pass: Pass,
-        (shape, precision): (&AttentionShape, Precision),
+        shape: &AttentionShape,
+        precision: Precision,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<Routed> {
@@ -245,6 +246,7 @@ impl Engine {
 
     /// Pretend storage bindings hold at most `bytes` (to exercise and study
     /// how large problems are split; the device's own limit still applies).
+    #[cfg(feature = "lab")]
     pub fn with_binding_limit(mut self, bytes: u64) -> Self {
         self.gpu.settings.binding_cap = Some(bytes);
         self
@@ -268,6 +270,7 @@ impl Engine {
     /// subgroups) and run the coop forward with them emulated in plain WGSL:
     /// tests of the coop kernel's tiles, layouts and softmax on devices
     /// without cooperative matrices (lavapipe). Not fast.
+    #[cfg(feature = "lab")]
     pub fn with_emulated_coop(mut self) -> Self {
         self.gpu.settings.emulate_coop = true;
         self
@@ -276,6 +279,7 @@ impl Engine {
     /// Do not split calls by their predicted loop count; only the guards
     /// catch kernels the loop limit cut short (which then rerun). For
     /// testing the guards.
+    #[cfg(feature = "lab")]
     pub fn without_loop_prediction(mut self) -> Self {
         self.gpu.settings.no_loop_prediction = true;
         self
@@ -285,6 +289,7 @@ impl Engine {
     /// adapter's loop limit counts them) into
     /// [`CallStats::loop_iterations`], instead of guarding against the limit:
     /// for checking the loop model on adapters that have one.
+    #[cfg(feature = "lab")]
     pub fn with_loop_meter(mut self) -> Self {
         self.gpu.settings.loop_meter = true;
         self
@@ -294,6 +299,7 @@ impl Engine {
     /// read and write; each call's [`CallStats::measured_accesses`] holds the
     /// counts (32-bit counters: up to 4·10⁹ accesses per kind and
     /// submission). Slower; for tests and studies, one call at a time.
+    #[cfg(feature = "lab")]
     pub fn with_io_counting(mut self) -> Self {
         let counter = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("io counts"),
@@ -330,6 +336,7 @@ impl Engine {
 
     /// The runtime under this engine: its device, caches and settings, for
     /// dispatching kernels directly (`runtime::Call`, `kernels::*`).
+    #[cfg(feature = "lab")]
     pub fn runtime(&self) -> &Gpu {
         &self.gpu
     }
@@ -457,7 +464,7 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "a forward", async {
-            let problem = Problem::forward([q, k, v], opts)?;
+            let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
             let routed = self.route(CallKind::Forward, &problem, overrides).await?;
             let run = &routed.overrides;
             let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
@@ -500,31 +507,35 @@ impl Engine {
         opts: &AttentionOptions,
         fp8: &Fp8Options,
     ) -> Result<ForwardOutput> {
-        self.forward_fp8_with([q, k, v], opts, fp8, &PlanOverrides::default())
+        self.forward_fp8_with(q, k, v, opts, fp8, &PlanOverrides::default())
     }
 
     /// [`Engine::forward_fp8`] with plan overrides.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_fp8_with(
         &self,
-        qkv: [&TensorView; 3],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        pollster::block_on(self.forward_fp8_async(qkv, opts, fp8, overrides))
+        pollster::block_on(self.forward_fp8_async(q, k, v, opts, fp8, overrides))
     }
 
     /// [`Engine::forward_fp8_with`] as a future.
     pub async fn forward_fp8_async(
         &self,
-        qkv: [&TensorView<'_>; 3],
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "an FP8 forward", async {
-            ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+            ops::fp8::forward(&self.gpu, [q, k, v], opts, fp8, overrides).await
         })
         .await
     }
@@ -617,7 +628,7 @@ impl Engine {
         opts: &AttentionOptions,
     ) -> Result<(ForwardOutput, BackwardOutput)> {
         let fwd = self.forward(q, k, v, opts)?;
-        let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+        let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
         let bwd = self.backward(&inputs, opts)?;
         Ok((fwd, bwd))
     }
@@ -1023,21 +1034,23 @@ impl AttentionBackend for Engine {
 
     fn forward(
         &self,
-        [q, k, v]: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
+        let ForwardInputs { q, k, v } = inputs;
         self.forward_with(q, k, v, opts, overrides)
     }
 
     fn forward_fp8(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        self.forward_fp8_with(qkv, opts, fp8, overrides)
+        let ForwardInputs { q, k, v } = inputs;
+        self.forward_fp8_with(q, k, v, opts, fp8, overrides)
     }
 
     fn backward(

@@ -26,6 +26,7 @@
 //! Stored rows are padded with zero codes to a multiple of 4 elements
 //! ([`row_len`]), so that a row starts on a word of four codes.
 
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorView;
@@ -244,12 +245,12 @@ impl Fp8Layout {
     }
 
     /// q, k (transformed) and v quantized.
-    pub fn quantize(&self, [q, k, v]: [&TensorView; 3]) -> Result<[Fp8Tensor; 3]> {
+    pub fn quantize(&self, inputs: &ForwardInputs) -> Result<[Fp8Tensor; 3]> {
         let t = self.transform.as_ref();
         Ok([
-            quantize(q, "q", t, self.row_len)?,
-            quantize(k, "k", t, self.row_len)?,
-            quantize(v, "v", None, self.row_len)?,
+            quantize(&inputs.q, "q", t, self.row_len)?,
+            quantize(&inputs.k, "k", t, self.row_len)?,
+            quantize(&inputs.v, "v", None, self.row_len)?,
         ])
     }
 

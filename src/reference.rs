@@ -5,6 +5,7 @@
 //! masks, sinks) over the batch's [`sequences`] (dense or packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::pair_rule::PairRule;
 use crate::api::scores::Real;
@@ -194,7 +195,9 @@ pub fn fp8_naive(
     opts.validate()?;
     Fp8Layout::check_supported(&shape, opts)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
-    let [qd, kd, vd] = layout.quantize([q, k, v])?.map(|t| t.dequantize_f64());
+    let [qd, kd, vd] = layout
+        .quantize(&ForwardInputs::new(*q, *k, *v))?
+        .map(|t| t.dequantize_f64());
     let round = |p: f64| e4m3_to_f32(e4m3_from_f64(p * E4M3_MAX as f64)) as f64 / E4M3_MAX as f64;
     let opts = layout.options(opts);
     let p = Problem {

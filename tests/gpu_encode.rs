@@ -8,11 +8,11 @@
 mod common;
 
 use common::{causal, engine, output_grad, Case};
-use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::{
     AttentionBindings, AttentionShape, BackwardInputs, Engine, Error, GradientBindings, Pass, Plan,
     PlanOverrides, Problem, TensorData, VerdictCache, VerifyMode,
 };
+use flashattn::{BlockGrid, BlockMask, ForwardInputs};
 
 /// Bytes the arena is filled with outside the tensors (and in o and lse
 /// before the call): a float no kernel writes here.
@@ -156,7 +156,7 @@ fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
     let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
     let outs = [host(&expected.o.data), lse];
     let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let plan = e
         .encode_forward(&mut encoder, &problem, &arena.attention())
@@ -172,7 +172,8 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     let [q, k, v] = inputs.views();
     let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
     let (_, d_o) = output_grad(case);
-    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let host_inputs =
+        BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
     let expected = e.backward(&host_inputs, &case.opts).unwrap();
     let [qb, kb, vb] = inputs.stored.each_ref().map(host);
     let ins = [
@@ -297,7 +298,7 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     let ins = inputs.stored.each_ref().map(host);
     let lse_bytes = 4 * case.heads_q * case.seqlen_q;
     let arena = Arena::new(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let mut try_with = |b: AttentionBindings| e.encode_forward(&mut encoder, &problem, &b);
     let align = e.limits().min_storage_buffer_offset_alignment;

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 
 /// How the first two dims of a cache are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CacheLayout {
     /// `(batch, capacity, heads_kv, head_dim)`: row `b` holds one sequence.
     Dense { batch: usize, capacity: usize },

@@ -149,6 +149,7 @@ pub struct Allocation {
 
 /// Which clock [`CallStats::kernel_seconds`] was read from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Timing {
     /// Host time from submit to completion: includes the driver's submission
     /// and wake-up latency (adapters without `TIMESTAMP_QUERY`, and the CPU

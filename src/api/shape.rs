@@ -269,6 +269,7 @@ impl Layout {
 }
 
 /// Offset of `lse[b, h, i]` in the `(batch, heads_q, seqlen_q)` layout.
+#[cfg(feature = "lab")]
 #[inline]
 pub fn lse_index(shape: &AttentionShape, b: usize, h: usize, i: usize) -> usize {
     (b * shape.heads_q + h) * shape.seqlen_q + i

@@ -6,6 +6,7 @@ use half::{bf16, f16};
 
 /// Storage precision of q, k, v and o. Accumulation is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Precision {
     F32,
     /// IEEE half: 10 mantissa bits, 5 exponent bits.
@@ -81,6 +82,7 @@ impl std::str::FromStr for Precision {
 
 /// Borrowed element data of a host tensor.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum HostData<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
@@ -194,6 +196,7 @@ impl<'a> TensorView<'a> {
 
 /// Owned element data.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum TensorData {
     F32(Vec<f32>),
     F16(Vec<f16>),

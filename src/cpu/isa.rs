@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 /// An instruction set the CPU backend has kernels for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// x86-64 with AVX-512F (and AVX2, FMA): 16-lane vectors.
     Avx512,

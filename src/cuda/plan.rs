@@ -10,7 +10,9 @@
 //! prints [`CudaPlan::explain`].
 
 use super::compile::Arch;
-use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT, WGMMA_HEAD_DIMS};
+use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, WGMMA_HEAD_DIMS};
+#[cfg(feature = "lab")]
+use super::kernel::STATIC_SHARED_LIMIT;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 
@@ -256,6 +258,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
 impl CudaPlan {
     /// Lines naming each module's tiles, warps, stages and shared memory,
     /// and how many blocks of it one of `dev`'s SMs holds.
+    #[cfg(feature = "lab")]
     pub fn explain(&self, dev: &DeviceProps) -> Vec<String> {
         let mut lines = vec![format!("path: {}", self.reason)];
         if let Some(why) = self.not_hopper {

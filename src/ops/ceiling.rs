@@ -11,6 +11,7 @@ use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// Which of attention's products the ceiling times (equal FLOPs: 2·N²·d).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CeilingShape {
     /// `S = Q·Kᵀ`: N×d · d×N. With a shallow inner dimension its cost is
     /// storing the N×N output, which flash never does: not an upper bound

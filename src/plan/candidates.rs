@@ -23,6 +23,7 @@ pub const MAX_CANDIDATES: usize = 8;
 
 /// Which kernels a plan is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Pass {
     Forward,
     Backward,
@@ -77,7 +78,6 @@ pub struct Candidate {
 pub struct Base<'a> {
     pub req: &'a PlanRequest,
     pub pass: Pass,
-    pub caps: &'a DeviceCaps,
     pub formula: Plan,
     pub tiled: Option<Plan>,
 }
@@ -108,7 +108,6 @@ pub fn candidates(req: &PlanRequest, pass: Pass, caps: &DeviceCaps) -> Result<Ve
     let base = Base {
         req,
         pass,
-        caps,
         formula,
         tiled,
     };

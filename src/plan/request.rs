@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 
 /// Which family of kernels a plan runs (forward or backward).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KernelFamily {
     /// `flash_fwd.wgsl`, `flash_bwd_*.wgsl`: tiles in workgroup memory, sized
     /// by the Br/Bc formula. The kernels for GPUs (and for every head dim).
@@ -58,6 +59,7 @@ impl std::str::FromStr for KernelFamily {
 
 /// How q, k, v and o are stored in the kernels' storage buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StorageKind {
     F32,
     /// f16 pairs packed in `u32`, `unpack2x16float`: runs on every adapter.
@@ -103,11 +105,24 @@ impl StorageKind {
     }
 }
 
-/// Caller overrides of the planner's choices; `None` keeps the planner's value.
+/// Caller overrides of the planner's choices; `None` keeps the planner's
+/// value. Build one from the default with the setters:
+///
+/// ```
+/// use flashattn::{KernelFamily, PlanOverrides};
+///
+/// let tiles = PlanOverrides::default().kernel(KernelFamily::Tiled).br(32).bc(32);
+/// assert_eq!(tiles.br, Some(32));
+/// assert!(tiles.fixes_tiles());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct PlanOverrides {
+    /// Query rows per workgroup tile (tiled kernels).
     pub br: Option<u32>,
+    /// Keys per K/V tile (tiled kernels).
     pub bc: Option<u32>,
+    /// Invocations sharing one query row (tiled kernels).
     pub threads_per_row: Option<u32>,
     /// Cap M below the device's limit (Theorem 2 sweeps, browser-like limits).
     pub max_workgroup_storage: Option<u32>,
@@ -125,7 +140,39 @@ pub struct PlanOverrides {
     pub double_buffer: Option<bool>,
 }
 
+/// A setter per field: `Some(value)`, the rest unchanged.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        $($(#[$doc])*
+        pub fn $field(mut self, $field: $ty) -> Self {
+            self.$field = Some($field);
+            self
+        })*
+    };
+}
+
 impl PlanOverrides {
+    setters! {
+        /// Fix [`PlanOverrides::br`].
+        br: u32;
+        /// Fix [`PlanOverrides::bc`].
+        bc: u32;
+        /// Fix [`PlanOverrides::threads_per_row`].
+        threads_per_row: u32;
+        /// Fix [`PlanOverrides::max_workgroup_storage`].
+        max_workgroup_storage: u32;
+        /// Fix [`PlanOverrides::f16_native`].
+        f16_native: bool;
+        /// Fix [`PlanOverrides::kernel`].
+        kernel: KernelFamily;
+        /// Fix [`PlanOverrides::rows_per_thread`].
+        rows_per_thread: u32;
+        /// Fix [`PlanOverrides::subgroup_reduce`].
+        subgroup_reduce: bool;
+        /// Fix [`PlanOverrides::double_buffer`].
+        double_buffer: bool;
+    }
+
     /// Whether any tile parameter is fixed, which only the tiled kernels have.
     pub fn fixes_tiles(&self) -> bool {
         self.br.is_some()

@@ -10,7 +10,7 @@ pub mod cache;
 
 pub use cache::{MaskKind, TuneCache, TuneKey, Tuned};
 
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
@@ -26,6 +26,7 @@ use std::path::PathBuf;
 
 /// What to tune: one pass over one problem shape.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct TuneRequest {
     pub pass: Pass,
     pub shape: AttentionShape,
@@ -198,7 +199,7 @@ async fn time_backward(
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
     let fwd: ForwardOutput =
         ops::forward::forward(gpu, [q, k, v], problem, &PlanOverrides::default()).await?;
-    let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+    let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {
         let (o, inputs) = (&c.overrides, &inputs);

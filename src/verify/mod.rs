@@ -51,15 +51,19 @@ pub mod wgpu;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use disk::VerdictCache;
+#[cfg(any(feature = "lab", feature = "cuda"))]
 pub use fault::Fault;
 pub use key::DeviceKey;
 pub use store::VerdictStore;
-pub use verdict::{CallKind, Checked, Evidence, FamilyKey, Verdict, Verification};
+pub use verdict::{CallKind, Checked, FamilyKey, Verdict, Verification};
+#[cfg(any(feature = "lab", feature = "cuda"))]
+pub use verdict::Evidence;
 
 use crate::error::{Error, Result};
 
 /// When the known-answer checks run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum VerifyMode {
     /// Never: every family runs unchecked (stats say `verification off`).
     Off,

@@ -103,11 +103,6 @@ impl VerdictStore {
         self.mode
     }
 
-    /// The device the verdicts hold for.
-    pub fn device(&self) -> &DeviceKey {
-        &self.device
-    }
-
     /// The disk cache verdicts are kept in, if any.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn disk(&self) -> Option<&super::VerdictCache> {
@@ -145,6 +140,7 @@ impl VerdictStore {
 
     /// The verdict `family` has without running anything: this process's,
     /// else the disk's, else [`Verdict::NotYetChecked`] (`Off` when off).
+    #[cfg(test)]
     pub fn peek(&self, family: &FamilyKey) -> Verdict {
         if self.mode == VerifyMode::Off {
             return Verdict::Off;

@@ -9,6 +9,7 @@ use crate::api::tensor::Precision;
 
 /// The kind of call a kernel family serves; each is checked on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum CallKind {
     /// A forward pass (`o`, `lse`).
     Forward,

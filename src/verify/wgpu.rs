@@ -9,6 +9,7 @@ use super::store::{Lookup, VerdictStore};
 use super::verdict::{CallKind, Checked, Evidence, FamilyKey, Verdict, Verification};
 use crate::api::decode::DecodeProblem;
 use crate::api::output::CallStats;
+use crate::api::inputs::ForwardInputs;
 use crate::api::problem::Problem;
 use crate::api::tensor::{Precision, Tensor};
 use crate::error::{Error, Result};
@@ -275,7 +276,7 @@ pub async fn check_attention(
     let overrides = family.overrides();
     let [q, k, v, _] = case.views();
     if family.call == CallKind::Forward {
-        let problem = Problem::forward([&q, &k, &v], &case.opts)?;
+        let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
         let mut out = ops::forward::forward(gpu, [&q, &k, &v], &problem, &overrides).await?;
         ran_family(&out.stats, family)?;
         Fault::perturb(fault, &family.key(), &mut out.o);

@@ -9,7 +9,7 @@
 use flashattn::accuracy::{check_backward, check_decode, check_forward, Check};
 use flashattn::api::size;
 use flashattn::random::Rng;
-use flashattn::{
+use flashattn::{ForwardInputs, 
     cpu, AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
     DecodeStep, Engine, HostKvCache, PlanOverrides, Planned, Precision, TensorData, TensorView,
 };
@@ -279,7 +279,7 @@ pub async fn run_case(
     let cpu_seconds = start.elapsed().as_secs_f64();
 
     // The backward reads the forward's o and lse, as in training.
-    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &overrides)
         .await
@@ -352,9 +352,9 @@ struct LayoutReport {
 /// One layout self-test case: shape (batch, seqlen_q, seqlen_k, heads_q,
 /// heads_kv, head_dim, head_dim_v) and options.
 fn layout_case(name: &str) -> Result<(AttentionShape, AttentionOptions), JsError> {
-    use flashattn::api::block_mask::{BlockGrid, BlockMask};
-    use flashattn::api::scores::{Alibi, Sinks};
-    use flashattn::api::varlen::Varlen;
+    use flashattn::{BlockGrid, BlockMask};
+    use flashattn::{Alibi, Sinks};
+    use flashattn::Varlen;
     let shape = |b, sq, sk, hq, hk, d| AttentionShape::new(b, sq, sk, hq, hk, d).map_err(js_err);
     let causal = AttentionOptions::default().causal(true);
     let mask = |sq, sk, heads| {
@@ -425,7 +425,7 @@ pub async fn run_layout_case(
         .forward_async(&qv, &kv, &vv, &opts, &none)
         .await
         .map_err(js_err)?;
-    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &none)
         .await
@@ -614,12 +614,7 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
     let softmax_o = weights.iter().zip(&v).map(|(w, x)| w * x).sum();
 
     let e = engine().await?;
-    let overrides = PlanOverrides {
-        bc: Some(block as u32),
-        br: Some(1),
-        threads_per_row: Some(1),
-        ..Default::default()
-    };
+    let overrides = PlanOverrides::default().bc(block as u32).br(1).threads_per_row(1);
     let out = e
         .forward_async(
             &TensorView::f32([1, 1, 1, 1], &[EXAMPLE_Q]),
