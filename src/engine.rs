@@ -27,6 +27,7 @@ use crate::runtime::scope::scoped;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
+#[cfg(feature = "lab")]
 use crate::verify::matrix::{self, MatrixEntry};
 use crate::verify::wgpu::{Routed, Verifier};
 use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
@@ -160,7 +161,7 @@ impl Engine {
     /// family's check run first where [`Engine::verify_mode`] says): the
     /// overrides the call runs with (a fallback's family forced) and the
     /// verdicts; `flashattn plan` shows them.
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_call(
         &self,
         pass: Pass,
@@ -182,19 +183,20 @@ impl Engine {
 
     /// What verification decides for a decoding step of `problem`: the
     /// decode kernel it runs ([`Routed::decode_kernel`]) and the verdicts.
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
         pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem)))
     }
 
     /// Every row of this device's verification matrix (see
     /// [`crate::verify::matrix`]), in order: what `flashattn doctor` runs.
+    #[cfg(feature = "lab")]
     pub fn verification_matrix(&self) -> Vec<MatrixEntry> {
         matrix::entries(&self.gpu)
     }
 
     /// Run one row of the matrix now (no verdict is read or kept).
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn run_matrix_entry(&self, entry: &MatrixEntry) -> matrix::MatrixRow {
         let fault = self.verifier.fault.as_ref();
         pollster::block_on(matrix::run(&self.gpu, entry, fault))

@@ -134,7 +134,7 @@ pub use crate::cuda::Cuda;
 #[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
 #[derive(Debug)]
 pub struct Cuda {
-    never: std::convert::Infallible,
+    _never: std::convert::Infallible,
 }
 
 #[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
@@ -142,7 +142,7 @@ impl Cuda {
     /// A value of this type cannot exist; code holding one is unreachable.
     #[cfg(not(target_arch = "wasm32"))]
     fn absurd(&self) -> ! {
-        let never = self.never;
+        let never = self._never;
         match never {}
     }
 }

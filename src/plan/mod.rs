@@ -4,19 +4,23 @@
 //! limits.
 
 pub mod backward;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod candidates;
 pub mod caps;
 pub mod coop;
 pub mod decode;
 pub mod forward;
 pub mod matrix;
+pub mod pass;
 pub mod pieces;
 pub mod registers;
 pub mod request;
 pub mod tiles;
 
 pub use backward::plan_backward;
-pub use candidates::{candidates, Candidate, Pass};
+#[cfg(not(target_arch = "wasm32"))]
+pub use candidates::{candidates, Candidate};
+pub use pass::Pass;
 pub use caps::{CoopMatrixShapes, DeviceCaps};
 pub use coop::CoopForm;
 pub use decode::{
@@ -27,9 +31,10 @@ pub use pieces::{split, split_packed, PieceLimits, Split};
 pub use request::{KernelFamily, PlanOverrides, PlanRequest, StorageKind};
 pub use tiles::{padded_chunks, Clamp, Plan, Planned};
 // The planner's constants and formulas, for the tests that check them.
+#[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
+pub use candidates::MAX_CANDIDATES;
 #[cfg(feature = "lab")]
 pub use {
-    candidates::MAX_CANDIDATES,
     caps::{SubgroupSizes, LANE_SUBGROUPS},
     coop::{COOP_MAX_HEAD_DIM, COOP_WORKGROUP},
     forward::{LANES_MAX_HEAD_DIM, LANES_ROWS_PER_LANE},

@@ -17,15 +17,19 @@
 //!   an appended key, keys for three of the kernel's blocks.
 
 use crate::accuracy::{check_backward, check_decode, check_forward, Check};
-use crate::api::block_mask::{BlockGrid, BlockMask};
 use crate::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::scores::{Alibi, Sinks};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
-use crate::api::varlen::Varlen;
+// The layouts case's inputs.
+#[cfg(any(test, feature = "lab", feature = "cuda"))]
+use crate::api::{
+    block_mask::{BlockGrid, BlockMask},
+    scores::{Alibi, Sinks},
+    varlen::Varlen,
+};
 use crate::error::Result;
 use crate::plan::{DecodeRequest, KernelFamily};
 use crate::random::Rng;
@@ -81,6 +85,7 @@ impl AttentionCase {
     }
 
     /// Every layout at once, at head dims `d` (q, k) and `dv` (v, o).
+    #[cfg(any(test, feature = "lab", feature = "cuda"))]
     pub fn layouts(precision: Precision, d: usize, dv: usize) -> Result<Self> {
         let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
         let cu = |lens: &[i32; 4]| -> Vec<i32> {

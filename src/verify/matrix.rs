@@ -73,6 +73,7 @@ pub struct MatrixEntry {
 }
 
 /// How a row ended.
+#[cfg(not(target_arch = "wasm32"))]
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowResult {
     /// Every output met the rule (the worst is given).
@@ -83,6 +84,7 @@ pub enum RowResult {
     Error(String),
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl RowResult {
     /// A check's outcome as a row's result.
     pub fn of(judged: Result<Judgement>) -> Self {
@@ -109,6 +111,7 @@ impl RowResult {
 }
 
 /// A row that ran.
+#[cfg(not(target_arch = "wasm32"))]
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatrixRow {
     /// The family's key.
@@ -246,6 +249,7 @@ fn entries_for(caps: &DeviceCaps, device: DevicePlan) -> Vec<MatrixEntry> {
 }
 
 /// Run one row on `gpu` (with `fault` planted, in lab builds' tests).
+#[cfg(not(target_arch = "wasm32"))]
 pub async fn run(gpu: &Gpu, entry: &MatrixEntry, fault: Option<&Fault>) -> MatrixRow {
     let start = Instant::now();
     let family = &entry.family;

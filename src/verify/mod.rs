@@ -43,6 +43,8 @@ pub mod disk;
 pub mod fallback;
 pub mod fault;
 pub mod key;
+// The verification matrix: `flashattn doctor` and the CUDA backend's checks.
+#[cfg(any(feature = "lab", feature = "cuda"))]
 pub mod matrix;
 
 pub mod store;

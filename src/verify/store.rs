@@ -34,6 +34,8 @@ fn holder() -> Holder {
 #[derive(Debug)]
 pub struct VerdictStore {
     mode: VerifyMode,
+    // The disk cache's key (the web has no disk cache; its `Debug` shows it).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     device: DeviceKey,
     #[cfg(not(target_arch = "wasm32"))]
     disk: Option<super::VerdictCache>,

@@ -233,7 +233,8 @@ pub async fn check(gpu: &Gpu, family: &WgpuFamily, fault: Option<&Fault>) -> Che
 pub enum CaseKind {
     /// [`AttentionCase::band`]: the first-use check.
     Band,
-    /// [`AttentionCase::layouts`]: every layout at once.
+    /// [`AttentionCase::layouts`]: every layout at once (the matrix's).
+    #[cfg(any(feature = "lab", feature = "cuda"))]
     Layouts,
 }
 
@@ -248,6 +249,7 @@ pub fn attention_case(gpu: &Gpu, family: &WgpuFamily, kind: CaseKind) -> Result<
             AttentionCase::band(precision, d, plan.bc as usize, hot)
         }
         // A multiple of 4 for the lanes kernels, odd elsewhere; v narrower.
+        #[cfg(any(feature = "lab", feature = "cuda"))]
         CaseKind::Layouts => AttentionCase::layouts(precision, d + 16, d + 4),
     }
 }
