@@ -34,6 +34,7 @@ pub const BACKWARD_RATIO: f64 = 3.0;
 /// The verdict on one output tensor.
 #[derive(Clone, Debug)]
 pub struct Check {
+    /// What was checked (`o`, `lse`, `dq`, ...).
     pub name: String,
     /// `max|x - ref|` over finite reference entries.
     pub max_error: f64,
@@ -46,6 +47,7 @@ pub struct Check {
 }
 
 impl Check {
+    /// Whether the error is within the bound and every value finite.
     pub fn passed(&self) -> bool {
         self.non_finite.is_none() && self.max_error <= self.bound
     }
@@ -233,7 +235,9 @@ pub fn check_backward(
 /// infinite error).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ErrorStats {
+    /// Root-mean-square error.
     pub rmse: f64,
+    /// Largest absolute error.
     pub max: f64,
 }
 
@@ -271,10 +275,12 @@ pub fn error_stats(got: &[f64], reference: &[f64]) -> ErrorStats {
 /// LSE held to the accuracy rule on the inputs as quantized.
 #[derive(Clone, Debug)]
 pub struct Fp8Report {
+    /// The output's error against the exact f64 attention.
     pub o: ErrorStats,
     /// The LSE against the unquantized reference: q's and k's quantization
     /// error, measured, not bounded.
     pub lse: ErrorStats,
+    /// The naive f64 quantization's error against the same.
     pub naive: ErrorStats,
     /// The LSE held to docs/semantics.md's accuracy rule on the inputs as quantized.
     /// Why the rule, and not a tolerance of its own, applies:

@@ -182,7 +182,7 @@ impl Engine {
     }
 
     /// What verification decides for a decoding step of `problem`: the
-    /// decode kernel it runs ([`Routed::decode_kernel`]) and the verdicts.
+    /// decode kernel it runs (where its check failed, the tiled one) and the verdicts.
     #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
         pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem)))
@@ -348,22 +348,27 @@ impl Engine {
         self.gpu.loop_limit.limit()
     }
 
+    /// The wgpu device the engine runs on.
     pub fn device(&self) -> &wgpu::Device {
         &self.gpu.device
     }
 
+    /// The queue it submits to.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.gpu.queue
     }
 
+    /// What the adapter says of itself.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.gpu.info
     }
 
+    /// The limits the device was granted.
     pub fn limits(&self) -> &wgpu::Limits {
         &self.gpu.limits
     }
 
+    /// The features the device was granted.
     pub fn features(&self) -> wgpu::Features {
         self.gpu.features
     }
@@ -604,7 +609,7 @@ impl Engine {
 
     /// Time every candidate plan of one pass on this adapter, store the
     /// fastest in the request's cache and report them all (see
-    /// [`crate::tune`]).
+    /// `tune`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn tune(&self, req: &TuneRequest) -> Result<TuneReport> {
         pollster::block_on(self.tune_async(req))
@@ -924,7 +929,7 @@ impl Engine {
 
     /// [`Engine::plan_decode`] on a forced decode kernel (`Lanes`, or
     /// `Tiled` for the workgroup-memory one): what a step runs after a
-    /// failed lanes check ([`Routed::decode_kernel`]).
+    /// failed lanes check.
     pub fn plan_decode_on(
         &self,
         problem: &DecodeProblem,

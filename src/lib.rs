@@ -113,6 +113,7 @@ internal!(verify);
 pub use api::block_mask::{BlockGrid, BlockMask};
 pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
+    PageTable,
 };
 pub use api::inputs::{BackwardInputs, ForwardInputs};
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
@@ -133,12 +134,13 @@ pub use kernels::{AttentionBindings, AttentionBuffers, GradientBindings};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{
-    Clamp, DecodePlan, DeviceCaps, KernelFamily, Pass, Plan, PlanOverrides, Planned, StorageKind,
+    Clamp, DecodePlan, DecodeTiles, DeviceCaps, KernelFamily, Pass, Plan, PlanOverrides, Planned,
+    Splits, StorageKind,
 };
 pub use quant::Fp8Tensor;
 pub use runtime::KvCache;
 #[cfg(not(target_arch = "wasm32"))]
-pub use tune::{TuneCache, TuneReport, TuneRequest, TunedCandidate};
+pub use tune::{MaskKind, TuneCache, TuneKey, TuneReport, TuneRequest, Tuned, TunedCandidate};
 #[cfg(not(target_arch = "wasm32"))]
 pub use verify::VerdictCache;
 pub use verify::{CallKind, Checked, FamilyKey, Verdict, Verification, VerifyMode};

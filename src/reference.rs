@@ -1,8 +1,8 @@
 //! The f64 reference every correctness test compares against, and the naive
 //! materialized baseline (S and P stored, storage-precision rounding) that the
 //! accuracy rule measures the reference's own rounding noise with. Both
-//! score pairs with [`PairRule`] (scale, softcap, ALiBi, band and block
-//! masks, sinks) over the batch's [`sequences`] (dense or packed).
+//! score pairs with the pair rule (scale, softcap, ALiBi, band and block
+//! masks, sinks) over the batch's sequences (dense or packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::ForwardInputs;
@@ -253,8 +253,11 @@ pub fn round_all(values: &[f64], precision: Precision) -> Vec<f64> {
 /// Gradients of attention, in f64 (or f32 for the baseline), standard layouts.
 #[derive(Clone, Debug)]
 pub struct ReferenceGrads {
+    /// The gradient of q.
     pub dq: Vec<f64>,
+    /// The gradient of k.
     pub dk: Vec<f64>,
+    /// The gradient of v.
     pub dv: Vec<f64>,
     /// `(heads_q,)`, with sinks.
     pub dsinks: Option<Vec<f64>>,

@@ -20,7 +20,9 @@ use std::sync::Arc;
 /// query rows and the keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockGrid {
+    /// Query rows per block.
     pub bm: usize,
+    /// Keys per block.
     pub bn: usize,
     /// `ceil(seqlen_q / bm)`.
     pub rows: usize,
@@ -48,6 +50,7 @@ impl BlockGrid {
 pub struct BlockMask {
     /// `(mb, mh, rows, cols)`.
     pub dims: [usize; 4],
+    /// The blocks' size and count.
     pub grid: BlockGrid,
     data: Arc<[u8]>,
 }

@@ -52,6 +52,7 @@ impl Isa {
         }
     }
 
+    /// The name it parses from.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",

@@ -30,6 +30,7 @@ pub enum KernelFamily {
 }
 
 impl KernelFamily {
+    /// The name it parses from.
     pub fn name(self) -> &'static str {
         match self {
             KernelFamily::Tiled => "tiled",
@@ -61,6 +62,7 @@ impl std::str::FromStr for KernelFamily {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StorageKind {
+    /// f32 elements.
     F32,
     /// f16 pairs packed in `u32`, `unpack2x16float`: runs on every adapter.
     F16Packed,
@@ -94,6 +96,7 @@ impl StorageKind {
         }
     }
 
+    /// The storage in words.
     pub fn name(self) -> &'static str {
         match self {
             StorageKind::F32 => "f32",

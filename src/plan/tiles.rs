@@ -30,19 +30,25 @@ pub const MAX_THREADS_PER_ROW: u32 = 32;
 /// A lanes plan has one invocation per row and no workgroup storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
+    /// The kernel family.
     pub kernel: KernelFamily,
     /// The head dim of q and k.
     pub head_dim: u32,
     /// The head dim of v and o.
     pub head_dim_v: u32,
+    /// How q, k, v and o are stored.
     pub storage: StorageKind,
     /// M in bytes, as used (the device limit or an override).
     pub m_bytes: u32,
     /// The formula's values before clamping: `ceil(M/4d)` and `min(that, d)`.
     pub bc_formula: u32,
+    /// The formula's `br` before clamping.
     pub br_formula: u32,
+    /// Query rows per workgroup.
     pub br: u32,
+    /// Keys per K/V tile.
     pub bc: u32,
+    /// Invocations sharing one query row.
     pub threads_per_row: u32,
     /// Invocations per workgroup.
     pub workgroup_size: u32,
@@ -178,9 +184,13 @@ impl std::fmt::Display for Plan {
 /// One change the planner made to the formula's value, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Clamp {
+    /// The field moved.
     pub field: &'static str,
+    /// Its value before.
     pub from: u32,
+    /// Its value after.
     pub to: u32,
+    /// Why.
     pub reason: String,
 }
 
@@ -199,7 +209,9 @@ impl std::fmt::Display for Clamp {
 /// A plan and the explanation of every clamp that produced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
+    /// The plan.
     pub plan: Plan,
+    /// Where the planner moved a value, and why.
     pub clamps: Vec<Clamp>,
     /// Why the planner took the tiled kernels on an adapter that has the
     /// lanes ones (the head dims), or took or passed over the coop kernel on

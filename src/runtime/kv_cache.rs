@@ -62,10 +62,12 @@ impl KvCache {
         HostKvCache::new(self.shape, k, v)
     }
 
+    /// The cache's shape.
     pub fn shape(&self) -> &CacheShape {
         &self.shape
     }
 
+    /// The cache's storage precision.
     pub fn precision(&self) -> Precision {
         self.precision
     }
@@ -75,6 +77,7 @@ impl KvCache {
         &self.k
     }
 
+    /// The V buffer (as the K buffer).
     pub fn v(&self) -> &wgpu::Buffer {
         &self.v
     }

@@ -28,9 +28,13 @@ use std::path::PathBuf;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct TuneRequest {
+    /// Which pass.
     pub pass: Pass,
+    /// The problem's shape.
     pub shape: AttentionShape,
+    /// The inputs' storage precision.
     pub precision: Precision,
+    /// Whether the mask is causal.
     pub causal: bool,
     /// Timed runs per candidate after its untimed first run; the best counts.
     pub repeats: usize,
@@ -52,16 +56,19 @@ impl TuneRequest {
         }
     }
 
+    /// Tune the causal problem.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
+    /// Timed runs per candidate.
     pub fn repeats(mut self, repeats: usize) -> Self {
         self.repeats = repeats;
         self
     }
 
+    /// Where the winner is stored (`None`: nowhere).
     pub fn cache(mut self, cache: Option<TuneCache>) -> Self {
         self.cache = cache;
         self
@@ -83,8 +90,11 @@ impl TuneRequest {
 /// One candidate as timed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TunedCandidate {
+    /// The candidate's name.
     pub label: String,
+    /// The overrides that give it.
     pub overrides: PlanOverrides,
+    /// The plan it ran.
     pub plan: Plan,
     /// The best of the timed runs, seconds of kernel time (infinite where
     /// it failed).
@@ -96,8 +106,11 @@ pub struct TunedCandidate {
 /// Every candidate's time, the winner, the clock, and where it was stored.
 #[derive(Clone, Debug)]
 pub struct TuneReport {
+    /// The cache entry's key.
     pub key: TuneKey,
+    /// The clock the times come from.
     pub timing: Timing,
+    /// Every candidate, timed.
     pub candidates: Vec<TunedCandidate>,
     /// Index of the fastest candidate (the first on a tie).
     pub winner: usize,
@@ -106,6 +119,7 @@ pub struct TuneReport {
 }
 
 impl TuneReport {
+    /// The fastest candidate.
     pub fn winner(&self) -> &TunedCandidate {
         &self.candidates[self.winner]
     }
