@@ -52,6 +52,12 @@ pub struct Engine {
 impl Engine {
     /// An engine on the best adapter: hardware first, then Vulkan/Metal/DX12
     /// before GL. `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the choice.
+    ///
+    /// ```
+    /// let engine = flashattn::Engine::new()?; // Error::NoAdapter where none exists
+    /// println!("{}", engine.describe());
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         pollster::block_on(Self::new_async())
@@ -435,6 +441,21 @@ impl Engine {
 /// The operations, blocking (native) and async.
 impl Engine {
     /// Exact attention forward on host tensors.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, Engine, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 7) as f32 / 7.0).collect();
+    /// let view = TensorView::f32([1, 16, 2, 32], &x); // (batch, seq, heads, head_dim)
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let out = engine.forward(&view, &view, &view, &opts)?;
+    /// // Within docs/semantics.md's accuracy rule of the f64 reference.
+    /// for check in flashattn::accuracy::check_forward(&out, &view, &view, &view, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
@@ -569,6 +590,23 @@ impl Engine {
 
     /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
     /// the output gradient.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, BackwardInputs, Engine, ForwardInputs, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 5) as f32 / 5.0).collect();
+    /// let view = TensorView::f32([1, 16, 2, 32], &x);
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let fwd = engine.forward(&view, &view, &view, &opts)?;
+    /// let d_o = view; // the loss's gradient with respect to o
+    /// let inputs = BackwardInputs::new(ForwardInputs::new(view, view, view), &fwd, d_o)?;
+    /// let grads = engine.backward(&inputs, &opts)?;
+    /// for check in flashattn::accuracy::check_backward(&grads, &view, &view, &view, &d_o, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn backward(
         &self,
@@ -690,7 +728,7 @@ impl Engine {
     /// first use as for every call (a known-answer check the engine
     /// submits itself, once per family and device).
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> flashattn::Result<()> {
     /// use flashattn::{AttentionBindings, AttentionOptions, AttentionShape, Engine, Precision, Problem};
     /// let engine = Engine::new()?;
@@ -944,6 +982,31 @@ impl Engine {
     /// appended in place (by a kernel), then attention over each sequence's
     /// keys, split across workgroups as planned (`num_splits` `None` or
     /// `Some(0)`) or as asked. A step that fails validation changes nothing.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine};
+    /// use flashattn::{HostKvCache, TensorData, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// // Two sequences of up to 64 tokens, 2 key/value heads of 32.
+    /// let shape = CacheShape::new(CacheLayout::Dense { batch: 2, capacity: 64 }, 2, 32)?;
+    /// let n = 2 * 64 * 2 * 32;
+    /// let k = TensorData::F32((0..n).map(|i| (i % 9) as f32 / 9.0).collect());
+    /// let host = HostKvCache::new(shape, k.clone(), k)?;
+    /// let mut cache = engine.upload_kv_cache(&host)?;
+    /// // One new token per sequence (4 query heads), appended after the
+    /// // 10 and 20 tokens cached so far.
+    /// let (q, new) = (vec![0.1f32; 2 * 4 * 32], vec![0.5f32; 2 * 2 * 32]);
+    /// let lens = [10, 20];
+    /// let new = TensorView::f32([2, 1, 2, 32], &new);
+    /// let step = DecodeStep::new(TensorView::f32([2, 1, 4, 32], &q), &lens).append(new, new);
+    /// let opts = AttentionOptions::default();
+    /// let out = engine.decode(&mut cache, &step, &opts, None)?;
+    /// for check in flashattn::accuracy::check_decode(&out, &host, &step, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn decode(
         &self,
