@@ -3,8 +3,8 @@
 
 use super::shape::AttentionShape;
 use super::tensor::{Tensor, TensorData};
-use crate::plan::Plan;
-use crate::verify::verdict::Verification;
+use super::kernel_plan::Plan;
+use super::verdict::Verification;
 
 /// The result of a forward pass.
 #[derive(Clone, Debug)]

@@ -10,7 +10,6 @@ pub mod caps;
 pub mod coop;
 pub mod decode;
 pub mod forward;
-pub mod matrix;
 pub mod pass;
 pub mod pieces;
 pub mod registers;

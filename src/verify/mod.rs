@@ -48,7 +48,8 @@ pub mod key;
 pub mod matrix;
 
 pub mod store;
-pub mod verdict;
+// The verdicts live with the call statistics that carry them.
+pub use crate::api::verdict;
 pub mod wgpu;
 
 #[cfg(not(target_arch = "wasm32"))]
