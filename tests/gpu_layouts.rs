@@ -214,7 +214,7 @@ fn block_mask_builders() {
     for (i, mask) in [
         BlockMask::local_global(g, 1, 1),
         BlockMask::strided(g, 2, 3),
-        BlockMask::bigbird(g, 4, [1, 1, 2], 5),
+        BlockMask::bigbird(g, 4, 1, 1, 2, 5),
     ]
     .into_iter()
     .enumerate()
