@@ -225,7 +225,7 @@ impl Drop for Torch {
 struct Backends {
     engine: Option<Engine>,
     #[cfg(feature = "cuda")]
-    cuda: Option<flashattn::cuda::Cuda>,
+    cuda: Option<flashattn::Cuda>,
 }
 
 impl Backends {
@@ -242,7 +242,7 @@ impl Backends {
         let cuda = impls
             .iter()
             .any(|i| cuda_path(*i).is_some())
-            .then(flashattn::cuda::Cuda::new)
+            .then(flashattn::Cuda::new)
             .transpose()?;
         #[cfg(feature = "cuda")]
         if let Some(c) = &cuda {
@@ -257,8 +257,8 @@ impl Backends {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_path(i: Implementation) -> Option<flashattn::cuda::KernelPath> {
-    use flashattn::cuda::KernelPath;
+fn cuda_path(i: Implementation) -> Option<flashattn::KernelPath> {
+    use flashattn::KernelPath;
     match i {
         Implementation::Cuda => Some(KernelPath::Auto),
         Implementation::CudaScalar => Some(KernelPath::Scalar),

@@ -128,6 +128,8 @@ pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice, 
 #[cfg(not(target_arch = "wasm32"))]
 pub use choice::{Operation, ProbeCache, Workload};
 pub use cpu::Cpu;
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub use cuda::{Arch, DeviceProps, KernelPath};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::{AttentionBindings, AttentionBuffers, GradientBindings};

@@ -18,7 +18,9 @@ use crate::error::{Error, Result};
 
 /// Which kernels to run: chosen ([`KernelPath::Auto`]) or forced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KernelPath {
+    /// The fastest path the device and the call take.
     #[default]
     Auto,
     /// The scalar kernels (f32 FMAs on f32 tiles), any precision.
@@ -67,14 +69,19 @@ impl KernelPath {
 /// attributes, or made up for tests and `flashattn plan`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProps {
+    /// The device's name.
     pub name: String,
+    /// Compute capability X.
     pub major: i32,
+    /// Compute capability .Y.
     pub minor: i32,
+    /// Streaming multiprocessors.
     pub sms: usize,
     /// Shared memory one block may opt in to (bytes).
     pub smem_per_block_optin: usize,
     /// Shared memory per multiprocessor (bytes).
     pub smem_per_sm: usize,
+    /// Resident threads per multiprocessor.
     pub max_threads_per_sm: usize,
     /// What the kernels are compiled for: the device's own architecture
     /// unless overridden (`--arch`, `FLASHATTN_CUDA_ARCH`), and what the
