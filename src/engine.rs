@@ -867,17 +867,20 @@ impl Engine {
         d_o: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        pollster::block_on(self.naive_backward_async([q, k, v, d_o], opts))
+        pollster::block_on(self.naive_backward_async(q, k, v, d_o, opts))
     }
 
     /// [`Engine::naive_backward`] as a future.
     pub async fn naive_backward_async(
         &self,
-        qkv_do: [&TensorView<'_>; 4],
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        d_o: &TensorView<'_>,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         scoped(&self.gpu.device, "a naive backward", async {
-            ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+            ops::naive::naive_backward(&self.gpu, [q, k, v, d_o], opts).await
         })
         .await
     }

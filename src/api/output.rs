@@ -77,7 +77,13 @@ pub struct BackwardOutput {
 
 impl BackwardOutput {
     /// The gradients of a backward over `shape`, in q's, k's and v's layouts.
-    pub fn new(shape: &AttentionShape, [dq, dk, dv]: [TensorData; 3], stats: CallStats) -> Self {
+    pub fn new(
+        shape: &AttentionShape,
+        dq: TensorData,
+        dk: TensorData,
+        dv: TensorData,
+        stats: CallStats,
+    ) -> Self {
         let tensor = |shape: [usize; 4], data| Tensor {
             shape: shape.to_vec(),
             data,
