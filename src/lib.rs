@@ -29,32 +29,36 @@
 //! Everything an app names is re-exported here at the root (`flashattn::X`):
 //! [`Engine`] (the wgpu backend), [`Backend`] (choose and run any backend
 //! through [`AttentionBackend`]), the tensors, shapes and options callers
-//! hand in, the outputs and stats they get back, and [`Error`]. Four
+//! hand in, the outputs and stats they get back, and [`Error`]. Five
 //! modules are public as namespaces of free functions: [`cpu`] (the CPU
 //! backend), [`reference`](mod@reference) (the f64 reference), [`accuracy`]
-//! (docs/semantics.md's accuracy rule) and [`quant`] (FP8 on the host), with
-//! [`random`] for seeded test data.
+//! (docs/semantics.md's accuracy rule), [`quant`] (FP8 on the host) and
+//! [`random`] (seeded test data).
 //!
 //! ## Layers
-//! Internally, from the bottom up (a module imports only from layers below
-//! it; `tests/layering.rs` checks the direction):
-//! - `api`: what callers hand in and get back (tensors, shapes, options,
-//!   outputs and stats), shared by every backend;
-//! - `plan`: pure planning, problem + device limits → tiles and pieces;
-//! - `kernels`: one unit per kernel — WGSL module, typed key, grid,
-//!   bindings, storage-access count, loop cost;
-//! - `runtime`: the device, pipelines by kernel key, pooled buffers,
-//!   submission and readback, the adapter's loop limit;
-//! - `ops`: forward, backward, decoding, the naive baseline, the matmul
-//!   ceiling and the copy bandwidth, built from kernels and the runtime;
-//!   [`Engine`] is their public face;
-//! - [`cpu`], [`reference`](mod@reference), [`accuracy`]: the CPU backend, the f64
-//!   reference and docs/semantics.md's accuracy rule; [`Backend`] chooses;
-//! - [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
-//!   host, which the wgpu kernels reproduce bit for bit;
-//! - `verify`: every kernel family checked on first use on each device
-//!   (a small known-answer run under the accuracy rule), the verdicts
-//!   cached, failed families skipped for the next one.
+//! Internally, from the bottom up; a module imports only from its own
+//! layer and those below (`tests/layering.rs` checks it):
+//! 1. `error`, [`random`], `disk_cache`;
+//! 2. `api`: what callers hand in and get back (tensors, shapes, options,
+//!    outputs, stats, the plan and verdicts they report), shared by every
+//!    backend;
+//! 3. `plan`: pure planning, problem + device limits → tiles and pieces;
+//!    [`quant`]: FP8 (e4m3) quantization and incoherent processing on the
+//!    host, which the wgpu kernels reproduce bit for bit;
+//! 4. [`reference`](mod@reference) and [`accuracy`]: the f64 reference and
+//!    docs/semantics.md's accuracy rule; [`AttentionBackend`], the one call
+//!    model every backend implements;
+//! 5. `kernels`: one unit per kernel — WGSL module, typed key, grid,
+//!    bindings, storage-access count, loop cost; [`cpu`], the CPU backend;
+//! 6. `runtime`: the device, pipelines by kernel key, pooled buffers,
+//!    submission and readback, the adapter's loop limit;
+//! 7. `ops`: forward, backward, decoding, the naive baseline, the matmul
+//!    ceiling and the copy bandwidth, built from kernels and the runtime;
+//! 8. `verify`: every kernel family checked on first use on each device
+//!    (a small known-answer run under the accuracy rule), the verdicts
+//!    cached, failed families skipped for the next one;
+//! 9. `tune`, then [`Engine`] (the operations' public face), then `choice`
+//!    (what `auto` measures), the CUDA backend, and [`Backend`] on top.
 //!
 //! ## Cargo features
 //! - `cuda`: the CUDA backend ([`Backend::Cuda`], `BackendKind::Cuda`).

@@ -97,7 +97,7 @@ pub enum Verdict {
     /// No check has run for it (another call is running it, or it was
     /// forced before one finished).
     NotYetChecked,
-    /// Verification is off (`FLASHATTN_VERIFY=off`, [`super::VerifyMode::Off`]).
+    /// Verification is off (`FLASHATTN_VERIFY=off`, [`crate::VerifyMode::Off`]).
     Off,
 }
 
