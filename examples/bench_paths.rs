@@ -25,7 +25,7 @@
 //! Python driver's protocol, with no GPU.
 
 use clap::Parser;
-use flashattn::{AttentionOptions, BackwardInputs, Engine, Precision, TensorView};
+use flashattn::{AttentionOptions, BackwardInputs, Engine, ForwardInputs, Precision, TensorView};
 use flashattn_cli::bench::{BenchCase, BenchInputs, BenchResult, Implementation, Pass};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
@@ -225,7 +225,7 @@ impl Drop for Torch {
 struct Backends {
     engine: Option<Engine>,
     #[cfg(feature = "cuda")]
-    cuda: Option<flashattn::cuda::Cuda>,
+    cuda: Option<flashattn::Cuda>,
 }
 
 impl Backends {
@@ -242,7 +242,7 @@ impl Backends {
         let cuda = impls
             .iter()
             .any(|i| cuda_path(*i).is_some())
-            .then(flashattn::cuda::Cuda::new)
+            .then(flashattn::Cuda::new)
             .transpose()?;
         #[cfg(feature = "cuda")]
         if let Some(c) = &cuda {
@@ -257,8 +257,8 @@ impl Backends {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_path(i: Implementation) -> Option<flashattn::cuda::KernelPath> {
-    use flashattn::cuda::KernelPath;
+fn cuda_path(i: Implementation) -> Option<flashattn::KernelPath> {
+    use flashattn::KernelPath;
     match i {
         Implementation::Cuda => Some(KernelPath::Auto),
         Implementation::CudaScalar => Some(KernelPath::Scalar),
@@ -312,7 +312,7 @@ fn run_once(
         return Ok(match case.pass {
             Pass::Forward => Output::Forward(fwd),
             Pass::Backward => {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Output::Backward(c.backward_on(path, &inputs, opts)?)
             }
         });
@@ -328,15 +328,13 @@ fn run_once(
         Implementation::Flash => None,
         other => return Err(format!("{} is not a flashattn path here", other.name()).into()),
     };
-    let overrides = flashattn::PlanOverrides {
-        kernel,
-        ..Default::default()
-    };
+    let mut overrides = flashattn::PlanOverrides::default();
+    overrides.kernel = kernel;
     let fwd = e.forward_with(&q, &k, &v, opts, &overrides)?;
     Ok(match case.pass {
         Pass::Forward => Output::Forward(fwd),
         Pass::Backward => {
-            let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+            let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
             Output::Backward(e.backward_with(&inputs, opts, &overrides)?)
         }
     })

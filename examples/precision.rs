@@ -336,11 +336,7 @@ fn low_precision(out: &Path) -> Result<Vec<PathBuf>, Box<dyn std::error::Error>>
         head_dim: sizes.block_head_dim,
     };
     for &bc in &sizes.blocks {
-        let overrides = PlanOverrides {
-            bc: Some(bc),
-            kernel: Some(KernelFamily::Tiled),
-            ..Default::default()
-        };
+        let overrides = PlanOverrides::default().bc(bc).kernel(KernelFamily::Tiled);
         by_block.extend(measure_all(&backend, &p, bc as usize, &overrides)?);
     }
     println!(

@@ -1,5 +1,5 @@
 // cargo run --release --example quickstart
-use flashattn::{random::Rng, AttentionOptions, BackwardInputs, Engine, TensorView};
+use flashattn::{random::Rng, AttentionOptions, BackwardInputs, Engine, ForwardInputs, TensorView};
 
 fn main() -> flashattn::Result<()> {
     let engine = Engine::new()?; // the best adapter, with its real limits
@@ -11,7 +11,8 @@ fn main() -> flashattn::Result<()> {
     let opts = AttentionOptions::default().causal(true);
     let out = engine.forward(&q, &k, &v, &opts)?; // o: (1, 1024, 8, 64), lse: (1, 8, 1024)
     let d_o = TensorView::f32([1, 1024, 8, 64], &q_data); // stands in for the loss's gradient
-    let grads = engine.backward(&BackwardInputs::new([q, k, v], &out, d_o)?, &opts)?;
+    let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &out, d_o)?;
+    let grads = engine.backward(&inputs, &opts)?;
     println!("lse[0] {}, dq[0] {}", out.lse[0], grads.dq.to_f32()[0]);
     Ok(())
 }

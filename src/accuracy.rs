@@ -11,9 +11,9 @@
 //! quantized ([`Fp8Report::lse_rule`]).
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, Tensor, TensorView};
 use crate::error::Result;
 use crate::quant::Fp8Layout;
@@ -34,6 +34,7 @@ pub const BACKWARD_RATIO: f64 = 3.0;
 /// The verdict on one output tensor.
 #[derive(Clone, Debug)]
 pub struct Check {
+    /// What was checked (`o`, `lse`, `dq`, ...).
     pub name: String,
     /// `max|x - ref|` over finite reference entries.
     pub max_error: f64,
@@ -46,6 +47,7 @@ pub struct Check {
 }
 
 impl Check {
+    /// Whether the error is within the bound and every value finite.
     pub fn passed(&self) -> bool {
         self.non_finite.is_none() && self.max_error <= self.bound
     }
@@ -233,7 +235,9 @@ pub fn check_backward(
 /// infinite error).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ErrorStats {
+    /// Root-mean-square error.
     pub rmse: f64,
+    /// Largest absolute error.
     pub max: f64,
 }
 
@@ -271,10 +275,12 @@ pub fn error_stats(got: &[f64], reference: &[f64]) -> ErrorStats {
 /// LSE held to the accuracy rule on the inputs as quantized.
 #[derive(Clone, Debug)]
 pub struct Fp8Report {
+    /// The output's error against the exact f64 attention.
     pub o: ErrorStats,
     /// The LSE against the unquantized reference: q's and k's quantization
     /// error, measured, not bounded.
     pub lse: ErrorStats,
+    /// The naive f64 quantization's error against the same.
     pub naive: ErrorStats,
     /// The LSE held to docs/semantics.md's accuracy rule on the inputs as quantized.
     /// Why the rule, and not a tolerance of its own, applies:
@@ -309,10 +315,11 @@ impl Fp8Report {
 /// `opts` and `fp8`).
 pub fn fp8_report(
     out: &ForwardOutput,
-    [q, k, v]: [&TensorView; 3],
+    inputs: &ForwardInputs,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
 ) -> Result<Fp8Report> {
+    let ForwardInputs { q, k, v } = inputs;
     let exact = reference::forward(q, k, v, opts)?;
     let naive = reference::fp8_naive(q, k, v, opts, fp8)?;
     let widen = |x: Vec<f32>| -> Vec<f64> { x.into_iter().map(f64::from).collect() };
@@ -320,22 +327,22 @@ pub fn fp8_report(
         o: error_stats(&widen(out.o.to_f32()), &exact.o),
         lse: error_stats(&widen(out.lse.clone()), &exact.lse),
         naive: error_stats(&naive.o, &exact.o),
-        lse_rule: lse_rule(out, [q, k, v], opts, fp8, &naive.lse)?,
+        lse_rule: lse_rule(out, inputs, opts, fp8, &naive.lse)?,
     })
 }
 
 /// [`Fp8Report::lse_rule`], `reference` being `fp8_naive`'s LSE.
 fn lse_rule(
     out: &ForwardOutput,
-    [q, k, v]: [&TensorView; 3],
+    inputs: &ForwardInputs,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
     reference: &[f64],
 ) -> Result<Check> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
     let padded = layout.padded(&shape);
-    let values = layout.quantize([q, k, v])?.map(|t| t.dequantize());
+    let values = layout.quantize(inputs)?.map(|t| t.dequantize());
     let shapes = [padded.q_shape(), padded.kv_shape(), padded.v_shape()];
     let [qd, kd, vd] = [0, 1, 2].map(|t| TensorView::f32(shapes[t], &values[t]));
     let baseline = reference::naive_baseline(&qd, &kd, &vd, &layout.options(opts))?;

@@ -6,7 +6,7 @@
 use crate::api::decode::{
     CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
 };
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
@@ -29,6 +29,7 @@ use crate::runtime::scope::scoped;
 use crate::runtime::{Gpu, KvCache};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tune::{self, TuneCache, TuneReport, TuneRequest};
+#[cfg(feature = "lab")]
 use crate::verify::matrix::{self, MatrixEntry};
 use crate::verify::wgpu::{Routed, Verifier};
 use crate::verify::{CallKind, Checked, DeviceKey, VerdictStore, VerifyMode};
@@ -53,6 +54,12 @@ pub struct Engine {
 impl Engine {
     /// An engine on the best adapter: hardware first, then Vulkan/Metal/DX12
     /// before GL. `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the choice.
+    ///
+    /// ```
+    /// let engine = flashattn::Engine::new()?; // Error::NoAdapter where none exists
+    /// println!("{}", engine.describe());
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         pollster::block_on(Self::new_async())
@@ -162,11 +169,12 @@ impl Engine {
     /// family's check run first where [`Engine::verify_mode`] says): the
     /// overrides the call runs with (a fallback's family forced) and the
     /// verdicts; `flashattn plan` shows them.
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_call(
         &self,
         pass: Pass,
-        (shape, precision): (&AttentionShape, Precision),
+        shape: &AttentionShape,
+        precision: Precision,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<Routed> {
@@ -182,20 +190,21 @@ impl Engine {
     }
 
     /// What verification decides for a decoding step of `problem`: the
-    /// decode kernel it runs ([`Routed::decode_kernel`]) and the verdicts.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// decode kernel it runs (where its check failed, the tiled one) and the verdicts.
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
         pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem)))
     }
 
     /// Every row of this device's verification matrix (see
     /// [`crate::verify::matrix`]), in order: what `flashattn doctor` runs.
+    #[cfg(feature = "lab")]
     pub fn verification_matrix(&self) -> Vec<MatrixEntry> {
         matrix::entries(&self.gpu)
     }
 
     /// Run one row of the matrix now (no verdict is read or kept).
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn run_matrix_entry(&self, entry: &MatrixEntry) -> matrix::MatrixRow {
         let fault = self.verifier.fault.as_ref();
         pollster::block_on(matrix::run(&self.gpu, entry, fault))
@@ -247,6 +256,7 @@ impl Engine {
 
     /// Pretend storage bindings hold at most `bytes` (to exercise and study
     /// how large problems are split; the device's own limit still applies).
+    #[cfg(feature = "lab")]
     pub fn with_binding_limit(mut self, bytes: u64) -> Self {
         self.gpu.settings.binding_cap = Some(bytes);
         self
@@ -270,6 +280,7 @@ impl Engine {
     /// subgroups) and run the coop forward with them emulated in plain WGSL:
     /// tests of the coop kernel's tiles, layouts and softmax on devices
     /// without cooperative matrices (lavapipe). Not fast.
+    #[cfg(feature = "lab")]
     pub fn with_emulated_coop(mut self) -> Self {
         self.gpu.settings.emulate_coop = true;
         self
@@ -278,6 +289,7 @@ impl Engine {
     /// Do not split calls by their predicted loop count; only the guards
     /// catch kernels the loop limit cut short (which then rerun). For
     /// testing the guards.
+    #[cfg(feature = "lab")]
     pub fn without_loop_prediction(mut self) -> Self {
         self.gpu.settings.no_loop_prediction = true;
         self
@@ -287,6 +299,7 @@ impl Engine {
     /// adapter's loop limit counts them) into
     /// [`CallStats::loop_iterations`], instead of guarding against the limit:
     /// for checking the loop model on adapters that have one.
+    #[cfg(feature = "lab")]
     pub fn with_loop_meter(mut self) -> Self {
         self.gpu.settings.loop_meter = true;
         self
@@ -296,6 +309,7 @@ impl Engine {
     /// read and write; each call's [`CallStats::measured_accesses`] holds the
     /// counts (32-bit counters: up to 4·10⁹ accesses per kind and
     /// submission). Slower; for tests and studies, one call at a time.
+    #[cfg(feature = "lab")]
     pub fn with_io_counting(mut self) -> Self {
         let counter = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("io counts"),
@@ -343,6 +357,7 @@ impl Engine {
 
     /// The runtime under this engine: its device, caches and settings, for
     /// dispatching kernels directly (`runtime::Call`, `kernels::*`).
+    #[cfg(feature = "lab")]
     pub fn runtime(&self) -> &Gpu {
         &self.gpu
     }
@@ -352,22 +367,27 @@ impl Engine {
         self.gpu.loop_limit.limit()
     }
 
+    /// The wgpu device the engine runs on.
     pub fn device(&self) -> &wgpu::Device {
         &self.gpu.device
     }
 
+    /// The queue it submits to.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.gpu.queue
     }
 
+    /// What the adapter says of itself.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.gpu.info
     }
 
+    /// The limits the device was granted.
     pub fn limits(&self) -> &wgpu::Limits {
         &self.gpu.limits
     }
 
+    /// The features the device was granted.
     pub fn features(&self) -> wgpu::Features {
         self.gpu.features
     }
@@ -434,6 +454,21 @@ impl Engine {
 /// The operations, blocking (native) and async.
 impl Engine {
     /// Exact attention forward on host tensors.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, Engine, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 7) as f32 / 7.0).collect();
+    /// let view = TensorView::f32([1, 16, 2, 32], &x); // (batch, seq, heads, head_dim)
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let out = engine.forward(&view, &view, &view, &opts)?;
+    /// // Within docs/semantics.md's accuracy rule of the f64 reference.
+    /// for check in flashattn::accuracy::check_forward(&out, &view, &view, &view, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
@@ -470,7 +505,7 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "a forward", async {
-            let problem = Problem::forward([q, k, v], opts)?;
+            let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
             let routed = self.route(CallKind::Forward, &problem, overrides).await?;
             let run = &routed.overrides;
             let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
@@ -513,31 +548,35 @@ impl Engine {
         opts: &AttentionOptions,
         fp8: &Fp8Options,
     ) -> Result<ForwardOutput> {
-        self.forward_fp8_with([q, k, v], opts, fp8, &PlanOverrides::default())
+        self.forward_fp8_with(q, k, v, opts, fp8, &PlanOverrides::default())
     }
 
     /// [`Engine::forward_fp8`] with plan overrides.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_fp8_with(
         &self,
-        qkv: [&TensorView; 3],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        pollster::block_on(self.forward_fp8_async(qkv, opts, fp8, overrides))
+        pollster::block_on(self.forward_fp8_async(q, k, v, opts, fp8, overrides))
     }
 
     /// [`Engine::forward_fp8_with`] as a future.
     pub async fn forward_fp8_async(
         &self,
-        qkv: [&TensorView<'_>; 3],
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "an FP8 forward", async {
-            ops::fp8::forward(&self.gpu, qkv, opts, fp8, overrides).await
+            ops::fp8::forward(&self.gpu, [q, k, v], opts, fp8, overrides).await
         })
         .await
     }
@@ -564,6 +603,23 @@ impl Engine {
 
     /// Gradients dq, dk, dv from the forward's inputs, its `o` and `lse`, and
     /// the output gradient.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, BackwardInputs, Engine, ForwardInputs, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 5) as f32 / 5.0).collect();
+    /// let view = TensorView::f32([1, 16, 2, 32], &x);
+    /// let opts = AttentionOptions::default().causal(true);
+    /// let fwd = engine.forward(&view, &view, &view, &opts)?;
+    /// let d_o = view; // the loss's gradient with respect to o
+    /// let inputs = BackwardInputs::new(ForwardInputs::new(view, view, view), &fwd, d_o)?;
+    /// let grads = engine.backward(&inputs, &opts)?;
+    /// for check in flashattn::accuracy::check_backward(&grads, &view, &view, &view, &d_o, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn backward(
         &self,
@@ -604,7 +660,7 @@ impl Engine {
 
     /// Time every candidate plan of one pass on this adapter, store the
     /// fastest in the request's cache and report them all (see
-    /// [`crate::tune`]).
+    /// `tune`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn tune(&self, req: &TuneRequest) -> Result<TuneReport> {
         pollster::block_on(self.tune_async(req))
@@ -630,7 +686,7 @@ impl Engine {
         opts: &AttentionOptions,
     ) -> Result<(ForwardOutput, BackwardOutput)> {
         let fwd = self.forward(q, k, v, opts)?;
-        let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+        let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
         let bwd = self.backward(&inputs, opts)?;
         Ok((fwd, bwd))
     }
@@ -691,7 +747,7 @@ impl Engine {
     /// own; inputs in buffers of their own keep the read-only loads drivers
     /// may cache).
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> flashattn::Result<()> {
     /// use flashattn::{AttentionBindings, AttentionOptions, AttentionShape, Engine, Precision, Problem};
     /// let engine = Engine::new()?;
@@ -881,17 +937,20 @@ impl Engine {
         d_o: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        pollster::block_on(self.naive_backward_async([q, k, v, d_o], opts))
+        pollster::block_on(self.naive_backward_async(q, k, v, d_o, opts))
     }
 
     /// [`Engine::naive_backward`] as a future.
     pub async fn naive_backward_async(
         &self,
-        qkv_do: [&TensorView<'_>; 4],
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        d_o: &TensorView<'_>,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         scoped(&self.gpu.device, "a naive backward", async {
-            ops::naive::naive_backward(&self.gpu, qkv_do, opts).await
+            ops::naive::naive_backward(&self.gpu, [q, k, v, d_o], opts).await
         })
         .await
     }
@@ -1020,7 +1079,7 @@ impl Engine {
 
     /// [`Engine::plan_decode`] on a forced decode kernel (`Lanes`, or
     /// `Tiled` for the workgroup-memory one): what a step runs after a
-    /// failed lanes check ([`Routed::decode_kernel`]).
+    /// failed lanes check.
     pub fn plan_decode_on(
         &self,
         problem: &DecodeProblem,
@@ -1035,6 +1094,31 @@ impl Engine {
     /// appended in place (by a kernel), then attention over each sequence's
     /// keys, split across workgroups as planned (`num_splits` `None` or
     /// `Some(0)`) or as asked. A step that fails validation changes nothing.
+    ///
+    /// ```
+    /// use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine};
+    /// use flashattn::{HostKvCache, TensorData, TensorView};
+    ///
+    /// let engine = Engine::new()?;
+    /// // Two sequences of up to 64 tokens, 2 key/value heads of 32.
+    /// let shape = CacheShape::new(CacheLayout::Dense { batch: 2, capacity: 64 }, 2, 32)?;
+    /// let n = 2 * 64 * 2 * 32;
+    /// let k = TensorData::F32((0..n).map(|i| (i % 9) as f32 / 9.0).collect());
+    /// let host = HostKvCache::new(shape, k.clone(), k)?;
+    /// let mut cache = engine.upload_kv_cache(&host)?;
+    /// // One new token per sequence (4 query heads), appended after the
+    /// // 10 and 20 tokens cached so far.
+    /// let (q, new) = (vec![0.1f32; 2 * 4 * 32], vec![0.5f32; 2 * 2 * 32]);
+    /// let lens = [10, 20];
+    /// let new = TensorView::f32([2, 1, 2, 32], &new);
+    /// let step = DecodeStep::new(TensorView::f32([2, 1, 4, 32], &q), &lens).append(new, new);
+    /// let opts = AttentionOptions::default();
+    /// let out = engine.decode(&mut cache, &step, &opts, None)?;
+    /// for check in flashattn::accuracy::check_decode(&out, &host, &step, &opts)? {
+    ///     assert!(check.passed(), "{check}");
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
     #[cfg(not(target_arch = "wasm32"))]
     pub fn decode(
         &self,
@@ -1276,21 +1360,23 @@ impl AttentionBackend for Engine {
 
     fn forward(
         &self,
-        [q, k, v]: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
+        let ForwardInputs { q, k, v } = inputs;
         self.forward_with(q, k, v, opts, overrides)
     }
 
     fn forward_fp8(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        self.forward_fp8_with(qkv, opts, fp8, overrides)
+        let ForwardInputs { q, k, v } = inputs;
+        self.forward_fp8_with(q, k, v, opts, fp8, overrides)
     }
 
     fn backward(

@@ -26,6 +26,7 @@
 //! Stored rows are padded with zero codes to a multiple of 4 elements
 //! ([`row_len`]), so that a row starts on a word of four codes.
 
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorView;
@@ -135,6 +136,7 @@ pub fn row_len(dim: usize) -> usize {
 /// `x ↦ H·diag(signs)·x / √n` on rows zero-padded from `head_dim` to `n`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hadamard {
+    /// The rows' length before padding.
     pub head_dim: usize,
     /// The transform's order: `head_dim.next_power_of_two()`.
     pub dim: usize,
@@ -145,6 +147,7 @@ pub struct Hadamard {
 }
 
 impl Hadamard {
+    /// The transform of rows `head_dim` long, its signs drawn from `seed`.
     pub fn new(head_dim: usize, seed: u64) -> Self {
         let dim = head_dim.next_power_of_two();
         let mut rng = Rng::new(seed);
@@ -227,12 +230,16 @@ impl Fp8Tensor {
 /// head dim serves the attention kernel (v's extra elements are zeros).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fp8Layout {
+    /// The head dim of q and k.
     pub head_dim: usize,
+    /// The transform q and k go through (`None`: none).
     pub transform: Option<Hadamard>,
+    /// Every stored row's length.
     pub row_len: usize,
 }
 
 impl Fp8Layout {
+    /// The layout of a problem with this head dim under `opts`.
     pub fn new(head_dim: usize, opts: &Fp8Options) -> Self {
         let transform = opts.hadamard.map(|seed| Hadamard::new(head_dim, seed));
         let dim = transform.as_ref().map_or(head_dim, |t| t.dim);
@@ -244,12 +251,12 @@ impl Fp8Layout {
     }
 
     /// q, k (transformed) and v quantized.
-    pub fn quantize(&self, [q, k, v]: [&TensorView; 3]) -> Result<[Fp8Tensor; 3]> {
+    pub fn quantize(&self, inputs: &ForwardInputs) -> Result<[Fp8Tensor; 3]> {
         let t = self.transform.as_ref();
         Ok([
-            quantize(q, "q", t, self.row_len)?,
-            quantize(k, "k", t, self.row_len)?,
-            quantize(v, "v", None, self.row_len)?,
+            quantize(&inputs.q, "q", t, self.row_len)?,
+            quantize(&inputs.k, "k", t, self.row_len)?,
+            quantize(&inputs.v, "v", None, self.row_len)?,
         ])
     }
 

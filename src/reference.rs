@@ -1,10 +1,11 @@
 //! The f64 reference every correctness test compares against, and the naive
 //! materialized baseline (S and P stored, storage-precision rounding) that the
 //! accuracy rule measures the reference's own rounding noise with. Both
-//! score pairs with [`PairRule`] (scale, softcap, ALiBi, band and block
-//! masks, sinks) over the batch's [`sequences`] (dense or packed).
+//! score pairs with the pair rule (scale, softcap, ALiBi, band and block
+//! masks, sinks) over the batch's sequences (dense or packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::pair_rule::PairRule;
 use crate::api::scores::Real;
@@ -194,7 +195,9 @@ pub fn fp8_naive(
     opts.validate()?;
     Fp8Layout::check_supported(&shape, opts)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
-    let [qd, kd, vd] = layout.quantize([q, k, v])?.map(|t| t.dequantize_f64());
+    let [qd, kd, vd] = layout
+        .quantize(&ForwardInputs::new(*q, *k, *v))?
+        .map(|t| t.dequantize_f64());
     let round = |p: f64| e4m3_to_f32(e4m3_from_f64(p * E4M3_MAX as f64)) as f64 / E4M3_MAX as f64;
     let opts = layout.options(opts);
     let p = Problem {
@@ -250,8 +253,11 @@ pub fn round_all(values: &[f64], precision: Precision) -> Vec<f64> {
 /// Gradients of attention, in f64 (or f32 for the baseline), standard layouts.
 #[derive(Clone, Debug)]
 pub struct ReferenceGrads {
+    /// The gradient of q.
     pub dq: Vec<f64>,
+    /// The gradient of k.
     pub dk: Vec<f64>,
+    /// The gradient of v.
     pub dv: Vec<f64>,
     /// `(heads_q,)`, with sinks.
     pub dsinks: Option<Vec<f64>>,

@@ -6,17 +6,16 @@ mod common;
 
 use flashattn::choice::{choose_with, Decision, ProbeCache};
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Operation, Precision, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Precision, Workload,
 };
 
 fn workload(d: usize) -> Workload {
-    Workload {
-        shape: AttentionShape::new(1, 300, 300, 4, 2, d).unwrap(),
-        precision: Precision::F32,
-        opts: AttentionOptions::default().causal(true),
-        backward: true,
-        operation: Operation::Attention,
-    }
+    Workload::new(
+        AttentionShape::new(1, 300, 300, 4, 2, d).unwrap(),
+        Precision::F32,
+        AttentionOptions::default().causal(true),
+    )
+    .backward(true)
 }
 
 #[test]

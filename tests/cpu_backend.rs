@@ -9,7 +9,8 @@ use flashattn::accuracy::{check_backward, check_forward};
 use flashattn::cpu::{Cpu, Isa};
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, BackwardInputs, BackwardOutput, Precision, TensorData, TensorView, Window,
+    AttentionOptions, BackwardInputs, BackwardOutput, ForwardInputs, Precision, TensorData,
+    TensorView, Window,
 };
 
 /// One problem: sizes, options, dtype, the std of q and k, a seed.
@@ -94,7 +95,7 @@ impl Data {
 fn grads(cpu: &Cpu, c: &Case, data: &Data) -> BackwardOutput {
     let [q, k, v, g] = data.views();
     let fwd = cpu.forward(&q, &k, &v, &c.opts).unwrap();
-    let inputs = BackwardInputs::new([q, k, v], &fwd, g).unwrap();
+    let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, g).unwrap();
     cpu.backward(&inputs, &c.opts).unwrap()
 }
 
@@ -128,9 +129,10 @@ fn causal() -> AttentionOptions {
 }
 
 fn window(left: i64, right: i64) -> AttentionOptions {
-    AttentionOptions {
-        window: Window::from_signed(left, right),
-        ..Default::default()
+    {
+        let mut o = AttentionOptions::default();
+        o.window = Window::from_signed(left, right);
+        o
     }
 }
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::decode::{cases, DecodeCase};
-use flashattn::api::decode::{CacheLayout, CacheShape, DecodeStep, HostKvCache};
 use flashattn::{cpu, AttentionOptions, Error, Precision, TensorData};
+use flashattn::{CacheLayout, CacheShape, DecodeStep, HostKvCache};
 
 #[test]
 fn every_case_matches_the_reference_on_every_instruction_set() {

@@ -9,10 +9,10 @@ mod common;
 
 use common::{assert_accurate, block_mask, causal, output_grad, window, Case};
 use flashattn::accuracy::check_backward;
-use flashattn::api::block_mask::{BlockGrid, BlockMask};
-use flashattn::api::scores::{Alibi, Sinks};
 use flashattn::cpu::{Cpu, Isa};
+use flashattn::{Alibi, Sinks};
 use flashattn::{AttentionOptions, BackwardInputs};
+use flashattn::{BlockGrid, BlockMask, ForwardInputs};
 
 /// The CPU forward and backward of `case` on every instruction set, each
 /// checked against the reference; dsinks exactly when the case has sinks.
@@ -28,7 +28,7 @@ fn run(case: &Case) {
             .forward(&q, &k, &v, &case.opts)
             .unwrap_or_else(|e| fail(e));
         assert_accurate(case, &inputs, &fwd);
-        let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let bwd_inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let bwd = cpu
             .backward(&bwd_inputs, &case.opts)
             .unwrap_or_else(|e| fail(e));

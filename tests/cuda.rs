@@ -43,13 +43,14 @@
 #![cfg(feature = "cuda")]
 
 use cudarc::nvrtc::Ptx;
-use flashattn::api::tensor::Precision;
 use flashattn::cuda::compile::{compile_ptx_with, nvrtc_present, options_bounded};
 use flashattn::cuda::jit::{build_faults, spill_bytes};
 use flashattn::cuda::kernel::{Family, KernelKey};
 use flashattn::cuda::{driver_present, Cuda, KernelPath};
+use flashattn::Precision;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, Error, Operation, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, Error, ForwardInputs, Operation,
+    Workload,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -125,13 +126,12 @@ fn without_a_driver_the_backend_is_a_typed_error_naming_it() {
 }
 
 fn workload(operation: Operation, opts: AttentionOptions) -> Workload {
-    Workload {
-        shape: AttentionShape::new(1, 40, 40, 2, 2, 64).unwrap(),
-        precision: Precision::F16,
+    Workload::new(
+        AttentionShape::new(1, 40, 40, 2, 2, 64).unwrap(),
+        Precision::F16,
         opts,
-        backward: false,
-        operation,
-    }
+    )
+    .operation(operation)
 }
 
 /// `auto` takes CUDA for what its kernels run (checked without a device),
@@ -143,7 +143,7 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
         AttentionOptions::default().causal(true),
     );
     flashattn::cuda::takes(&plain).unwrap();
-    let alibi = AttentionOptions::default().alibi(flashattn::api::scores::Alibi::standard(2));
+    let alibi = AttentionOptions::default().alibi(flashattn::Alibi::standard(2));
     flashattn::cuda::takes(&workload(Operation::Attention, alibi.clone())).unwrap();
     flashattn::cuda::takes(&workload(Operation::Decode, AttentionOptions::default())).unwrap();
     for (operation, opts) in [
@@ -531,7 +531,8 @@ fn backward_cases(cuda: &Cuda, cases: Vec<common::Case>) {
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
         let (_, g) = common::output_grad(&case);
         let d_o = inputs.grad(&g);
-        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let bwd_inputs =
+            flashattn::BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let out = cuda
             .backward(&bwd_inputs, &case.opts)
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -559,8 +560,8 @@ fn backward_cases(cuda: &Cuda, cases: Vec<common::Case>) {
 /// masks, softcap and GQA, in every storage precision.
 fn layout_cases() -> Vec<common::Case> {
     use common::{block_mask, causal, window, Case};
-    use flashattn::api::scores::{Alibi, Sinks};
     use flashattn::AttentionOptions;
+    use flashattn::{Alibi, Sinks};
     let sinks = |h: usize| Sinks::new(&(0..h).map(|i| i as f32 - 1.5).collect::<Vec<_>>());
     let slopes: Vec<f32> = (0..6).map(|i| 0.05 + 0.3 * i as f32).collect();
     let mut cases = vec![
@@ -687,7 +688,7 @@ fn what_stays_unsupported_is_a_typed_error() {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let fp8 = backend.forward_fp8(
-        [&q, &k, &v],
+        &ForwardInputs::new(q, k, v),
         &case.opts,
         &flashattn::Fp8Options::default(),
         &Default::default(),
@@ -697,8 +698,7 @@ fn what_stays_unsupported_is_a_typed_error() {
         .append(2)
         .data();
     let mut cache = data.cache.clone();
-    let sinks =
-        flashattn::AttentionOptions::default().sinks(flashattn::api::scores::Sinks::new(&[0.5]));
+    let sinks = flashattn::AttentionOptions::default().sinks(flashattn::Sinks::new(&[0.5]));
     let out = backend.decode(&mut cache, &data.step(), &sinks, None);
     assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
     assert!(cache == data.cache, "a refused step left the cache changed");
@@ -1090,9 +1090,9 @@ fn tiny_cases_for_the_sanitizer() {
         Case::new(33, 47, 64).heads(2, 1).f16().opts(causal()),
         Case::new(17, 130, 128).bf16(),
         Case::new(20, 20, 40).f16().opts(causal().softcap(5.0)),
-        Case::new(9, 31, 64).bf16().opts(
-            AttentionOptions::default().sinks(flashattn::api::scores::Sinks::new(&[0.5, -1.0])),
-        ),
+        Case::new(9, 31, 64)
+            .bf16()
+            .opts(AttentionOptions::default().sinks(flashattn::Sinks::new(&[0.5, -1.0]))),
     ];
     forward_cases(cuda.kernel_path(), &cuda, cases.clone());
     backward_cases(&cuda, cases);

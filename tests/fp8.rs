@@ -10,7 +10,7 @@ mod common;
 use common::Case;
 use flashattn::accuracy::{fp8_report, Fp8Report};
 use flashattn::random::{outlier_channels, scale_channels, Rng};
-use flashattn::{AttentionOptions, ForwardOutput, Fp8Options, TensorView, Window};
+use flashattn::{AttentionOptions, ForwardInputs, ForwardOutput, Fp8Options, TensorView};
 
 /// One FP8 problem: sizes and options (a [`Case`]), and the q/k channels
 /// made outliers.
@@ -71,7 +71,7 @@ fn cpu_report(case: &Fp8Case, fp8: &Fp8Options) -> Fp8Report {
     let out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), fp8).unwrap();
     assert_eq!(out.o.precision(), flashattn::Precision::F32);
     assert_eq!(out.o.shape, case.shapes()[0].to_vec());
-    fp8_report(&out, [&q, &k, &v], case.opts(), fp8).unwrap()
+    fp8_report(&out, &ForwardInputs::new(q, k, v), case.opts(), fp8).unwrap()
 }
 
 /// The kernel adds no error of its own beyond rounding P: its RMSE is
@@ -97,10 +97,7 @@ fn assert_close_to_naive(case: &Fp8Case, fp8: &Fp8Options, r: &Fp8Report) {
 
 fn cases() -> Vec<Fp8Case> {
     let causal = AttentionOptions::default().causal(true);
-    let window = AttentionOptions {
-        window: Window::from_signed(20, 5),
-        ..Default::default()
-    };
+    let window = AttentionOptions::default().window(Some(20), Some(5));
     vec![
         Fp8Case::new(Case::new(97, 113, 64)),
         Fp8Case::new(Case::new(113, 97, 59).opts(causal)),
@@ -111,7 +108,7 @@ fn cases() -> Vec<Fp8Case> {
     ]
 }
 
-const HADAMARD: Fp8Options = Fp8Options { hadamard: Some(9) };
+const HADAMARD: Fp8Options = Fp8Options::hadamard(9);
 
 #[test]
 fn cpu_fp8_is_within_ten_percent_of_naive_f64_quantization() {
@@ -132,7 +129,7 @@ fn fp8_lse_rule_catches_a_small_lse_error() {
     let [q, k, v] = views(&case, &data);
     for fp8 in [Fp8Options::default(), HADAMARD] {
         let mut out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), &fp8).unwrap();
-        let r = fp8_report(&out, [&q, &k, &v], case.opts(), &fp8).unwrap();
+        let r = fp8_report(&out, &ForwardInputs::new(q, k, v), case.opts(), &fp8).unwrap();
         assert!(r.lse_rule.passed(), "{}", r.lse_rule);
         assert!(
             r.lse_rule.bound < 1e-4 && r.lse.max > 1e-2,
@@ -141,7 +138,7 @@ fn fp8_lse_rule_catches_a_small_lse_error() {
             r.lse
         );
         out.lse[50] += 1e-3;
-        let planted = fp8_report(&out, [&q, &k, &v], case.opts(), &fp8).unwrap();
+        let planted = fp8_report(&out, &ForwardInputs::new(q, k, v), case.opts(), &fp8).unwrap();
         assert!(!planted.lse_rule.passed(), "{}", planted.lse_rule);
     }
 }
@@ -168,12 +165,12 @@ fn cpu_hadamard_halves_the_error_on_outlier_channels() {
 /// an error naming it; the layouts and a v head dim of its own are
 /// `Unsupported` (FP8 takes the band and score options only).
 fn check_empty_rows_and_bad_inputs(
-    forward: impl Fn([&TensorView; 3], &AttentionOptions) -> flashattn::Result<ForwardOutput>,
+    forward: impl Fn(&ForwardInputs, &AttentionOptions) -> flashattn::Result<ForwardOutput>,
 ) {
     let case = Fp8Case::new(Case::new(40, 10, 32).opts(AttentionOptions::default().causal(true)));
     let data = case.inputs();
     let [q, k, v] = views(&case, &data);
-    let out = forward([&q, &k, &v], case.opts()).unwrap();
+    let out = forward(&ForwardInputs::new(q, k, v), case.opts()).unwrap();
     // Rows 0..30 see no key.
     let o = out.o.to_f32();
     for h in 0..2 {
@@ -185,7 +182,7 @@ fn check_empty_rows_and_bad_inputs(
     let mut bad = data.clone();
     bad[1][5] = f32::INFINITY;
     let [q, k, v] = views(&case, &bad);
-    let err = forward([&q, &k, &v], case.opts()).unwrap_err();
+    let err = forward(&ForwardInputs::new(q, k, v), case.opts()).unwrap_err();
     assert!(
         matches!(
             err,
@@ -197,9 +194,9 @@ fn check_empty_rows_and_bad_inputs(
         "{err:?}"
     );
     let [q, k, v] = views(&case, &data);
-    let sinks = flashattn::api::scores::Sinks::new(&[0.0, 1.0]);
+    let sinks = flashattn::Sinks::new(&[0.0, 1.0]);
     let with_sinks = case.opts().clone().sinks(sinks);
-    let err = forward([&q, &k, &v], &with_sinks).unwrap_err();
+    let err = forward(&ForwardInputs::new(q, k, v), &with_sinks).unwrap_err();
     assert!(
         matches!(
             err,
@@ -212,7 +209,7 @@ fn check_empty_rows_and_bad_inputs(
     );
     let v24: Vec<f32> = vec![0.5; 10 * 2 * 24];
     let v24 = TensorView::f32([1, 10, 2, 24], &v24);
-    let err = forward([&q, &k, &v24], case.opts()).unwrap_err();
+    let err = forward(&ForwardInputs::new(q, k, v24), case.opts()).unwrap_err();
     assert!(
         matches!(err, flashattn::Error::Unsupported { .. }),
         "{err:?}"
@@ -221,8 +218,8 @@ fn check_empty_rows_and_bad_inputs(
 
 #[test]
 fn cpu_fp8_empty_rows_and_bad_inputs() {
-    check_empty_rows_and_bad_inputs(|[q, k, v], opts| {
-        flashattn::cpu::forward_fp8(q, k, v, opts, &HADAMARD)
+    check_empty_rows_and_bad_inputs(|i, opts| {
+        flashattn::cpu::forward_fp8(&i.q, &i.k, &i.v, opts, &HADAMARD)
     });
 }
 
@@ -301,14 +298,11 @@ fn gpu_reports(case: &Fp8Case, fp8: &Fp8Options) -> Vec<Fp8Report> {
     let data = case.inputs();
     let [q, k, v] = views(case, &data);
     let mut kernels = vec![PlanOverrides::default()];
-    let tiled = PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
-        ..Default::default()
-    };
+    let tiled = PlanOverrides::default().kernel(KernelFamily::Tiled);
     let mut out = Vec::new();
     while let Some(o) = kernels.pop() {
         let f = e
-            .forward_fp8_with([&q, &k, &v], case.opts(), fp8, &o)
+            .forward_fp8_with(&q, &k, &v, case.opts(), fp8, &o)
             .unwrap();
         assert_eq!(f.o.precision(), flashattn::Precision::F32);
         let plan = f.stats.plan.unwrap();
@@ -316,7 +310,7 @@ fn gpu_reports(case: &Fp8Case, fp8: &Fp8Options) -> Vec<Fp8Report> {
         if plan.kernel == KernelFamily::Lanes {
             kernels.push(tiled);
         }
-        out.push(fp8_report(&f, [&q, &k, &v], case.opts(), fp8).unwrap());
+        out.push(fp8_report(&f, &ForwardInputs::new(q, k, v), case.opts(), fp8).unwrap());
     }
     out
 }
@@ -352,5 +346,5 @@ fn gpu_hadamard_halves_the_error_on_outlier_channels() {
 #[test]
 fn gpu_fp8_empty_rows_and_bad_inputs() {
     let Some(e) = engine() else { return };
-    check_empty_rows_and_bad_inputs(|[q, k, v], opts| e.forward_fp8(q, k, v, opts, &HADAMARD));
+    check_empty_rows_and_bad_inputs(|i, opts| e.forward_fp8(&i.q, &i.k, &i.v, opts, &HADAMARD));
 }

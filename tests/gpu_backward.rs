@@ -8,7 +8,8 @@ use common::{
 };
 
 use flashattn::{
-    AttentionOptions, BackwardInputs, Error, KernelFamily, PlanOverrides, TensorView, Window,
+    AttentionOptions, BackwardInputs, Error, ForwardInputs, KernelFamily, PlanOverrides,
+    TensorView, Window,
 };
 
 /// [`run_gpu_backward`], then the registers kernels (the GPUs' default) on
@@ -40,10 +41,7 @@ fn causal() -> AttentionOptions {
 }
 
 fn packed() -> PlanOverrides {
-    PlanOverrides {
-        f16_native: Some(false),
-        ..Default::default()
-    }
+    PlanOverrides::default().f16_native(false)
 }
 
 #[test]
@@ -81,10 +79,7 @@ fn head_dims_past_256() {
         run_with_registers(e, &Case::new(23, 31, d).heads(2, 1));
     }
     run_with_registers(e, &Case::new(31, 23, 512).opts(causal()).f16());
-    let browser = PlanOverrides {
-        max_workgroup_storage: Some(16384),
-        ..Default::default()
-    };
+    let browser = PlanOverrides::default().max_workgroup_storage(16384);
     run_with_registers(e, &Case::new(17, 19, 512).overrides(browser));
 }
 
@@ -122,10 +117,7 @@ fn f16_packed_and_native() {
     let Some(e) = engine() else { return };
     let mut variants = vec![packed()];
     if e.caps().shader_f16 {
-        variants.push(PlanOverrides {
-            f16_native: Some(true),
-            ..Default::default()
-        });
+        variants.push(PlanOverrides::default().f16_native(true));
     }
     // Each path on a vec4 tail and a whole number of vec4s, one plain and
     // one causal (every dim both ways with FLASHATTN_FULL_MATRIX=1).
@@ -191,9 +183,10 @@ fn causal_window_softcap() {
         .into_iter()
         .enumerate()
     {
-        let opts = AttentionOptions {
-            window: Window::from_signed(l, r),
-            ..Default::default()
+        let opts = {
+            let mut o = AttentionOptions::default();
+            o.window = Window::from_signed(l, r);
+            o
         };
         let runs = |j: usize| matrix(i % 3 == j, true);
         if runs(0) {
@@ -247,12 +240,7 @@ fn tile_overrides_agree() {
         vec![(1, 2), (8, 8), (12, 4)],
         vec![(1, 2), (4, 2), (8, 8), (12, 4)],
     ) {
-        let o = PlanOverrides {
-            br: Some(b),
-            bc: Some(b),
-            threads_per_row: Some(tc),
-            ..Default::default()
-        };
+        let o = PlanOverrides::default().br(b).bc(b).threads_per_row(tc);
         run_gpu_backward(e, &Case::new(37, 41, 24).overrides(o).opts(causal()));
     }
 }
@@ -291,7 +279,7 @@ fn long_sequences_agree_with_the_cpu_backend() {
         let (g, _) = output_grad(&case);
         let d_o = TensorView::f32(inputs.q_shape, &g);
         let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
-        let inputs = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let gpu = e.backward(&inputs, &case.opts).unwrap();
         let cpu = flashattn::cpu::backward(&inputs, &case.opts).unwrap();
         for (name, a, b) in [
@@ -422,7 +410,7 @@ fn finite_differences_on_tiny_cases() {
         let (g, _) = output_grad(&case);
         let fwd = e.forward(&q, &k, &v, &opts).unwrap();
         let d_o = TensorView::f32(inputs.q_shape, &g);
-        let bwd = BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let bwd = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let grads = e.backward(&bwd, &opts).unwrap();
         let loss = |q: &[f64], k: &[f64], v: &[f64]| {
             let r = flashattn::reference::forward_f64(q, k, v, &fwd.shape, &opts);
@@ -593,15 +581,10 @@ fn dvec_follows_the_row_strides() {
 fn registers_backward_rows_per_invocation() {
     let Some(e) = engine() else { return };
     for (i, rm) in [1, 2, 4].into_iter().enumerate() {
-        let o = PlanOverrides {
-            kernel: Some(KernelFamily::Registers),
-            rows_per_thread: Some(rm),
-            ..Default::default()
-        };
-        let window = AttentionOptions {
-            window: Window::from_signed(9, 2),
-            ..Default::default()
-        };
+        let o = PlanOverrides::default()
+            .kernel(KernelFamily::Registers)
+            .rows_per_thread(rm);
+        let window = AttentionOptions::default().window(Some(9), Some(2));
         let cases = [
             Case::new(113, 97, 64).opts(causal()),
             Case::new(1, 1, 1),

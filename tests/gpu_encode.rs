@@ -12,12 +12,12 @@ mod common;
 
 use common::decode::DecodeCase;
 use common::{causal, engine, output_grad, Case};
-use flashattn::api::block_mask::{BlockGrid, BlockMask};
 use flashattn::{
     AttentionBindings, AttentionShape, BackwardInputs, DecodeBindings, DecodeProblem, Engine,
     Error, Fp8Options, GradientBindings, Pass, Plan, PlanOverrides, Problem, TensorData,
     VerdictCache, VerifyMode,
 };
+use flashattn::{BlockGrid, BlockMask, ForwardInputs};
 
 /// Bytes the arena is filled with outside the tensors (and in o and lse
 /// before the call): a float no kernel writes here.
@@ -161,7 +161,7 @@ fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
     let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
     let outs = [host(&expected.o.data), lse];
     let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let plan = e
         .encode_forward(&mut encoder, &problem, &arena.attention())
@@ -177,7 +177,8 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     let [q, k, v] = inputs.views();
     let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
     let (_, d_o) = output_grad(case);
-    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let host_inputs =
+        BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
     let expected = e.backward(&host_inputs, &case.opts).unwrap();
     let [qb, kb, vb] = inputs.stored.each_ref().map(host);
     let ins = [
@@ -302,7 +303,7 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     let ins = inputs.stored.each_ref().map(host);
     let lse_bytes = 4 * case.heads_q * case.seqlen_q;
     let arena = Arena::new(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let mut try_with = |b: AttentionBindings| e.encode_forward(&mut encoder, &problem, &b);
     let align = e.limits().min_storage_buffer_offset_alignment;
@@ -501,12 +502,13 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
     let [q, k, v] = inputs.views();
     let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
     let (_, d_o) = output_grad(&case);
-    let host_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let host_inputs =
+        BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
     let bwd = e.backward(&host_inputs, &case.opts).unwrap();
     let fcase = Case::new(37, 45, 12).heads(4, 2).opts(causal());
     let finputs = fcase.inputs();
     let [fq, fk, fv] = finputs.views();
-    let fp8 = Fp8Options { hadamard: Some(9) };
+    let fp8 = Fp8Options::hadamard(9);
     let f8 = e.forward_fp8(&fq, &fk, &fv, &fcase.opts, &fp8).unwrap();
     // A paged decoding step in two splits, appending 4 rows to each sequence.
     let dcase = DecodeCase::new(&[300, 70], 32)
@@ -523,8 +525,8 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
     let dscratch = e.decode_scratch_size(&dproblem, &dplan);
     assert!(dscratch > 0, "two splits keep partials");
     let decode = decode_tensors(e, &dcase, dscratch);
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
-    let fproblem = Problem::forward([&fq, &fk, &fv], &fcase.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
+    let fproblem = Problem::forward(&ForwardInputs::new(fq, fk, fv), &fcase.opts).unwrap();
     let scratch = sentinels(e.scratch_size(Pass::Backward, &problem));
     let fscratch = sentinels(e.fp8_scratch_size(&fproblem, &fp8));
     let [qb, kb, vb] = inputs.stored.each_ref().map(host);
@@ -647,7 +649,7 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let problem = Problem::forward([&q, &k, &v], &case.opts).unwrap();
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let fp8 = Fp8Options::default();
     let [qb, kb, vb] = inputs.stored.each_ref().map(host);
     let (o0, l0) = (

@@ -15,23 +15,14 @@ fn causal() -> AttentionOptions {
 }
 
 fn tiled() -> PlanOverrides {
-    PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
-        ..Default::default()
-    }
+    PlanOverrides::default().kernel(KernelFamily::Tiled)
 }
 
 /// Both f16 paths where the adapter has native f16, else the packed one.
 fn f16_variants() -> Vec<PlanOverrides> {
-    let mut v = vec![PlanOverrides {
-        f16_native: Some(false),
-        ..Default::default()
-    }];
+    let mut v = vec![PlanOverrides::default().f16_native(false)];
     if engine().is_some_and(|e| e.caps().shader_f16) {
-        v.push(PlanOverrides {
-            f16_native: Some(true),
-            ..Default::default()
-        });
+        v.push(PlanOverrides::default().f16_native(true));
     }
     v
 }
@@ -46,12 +37,7 @@ fn seeds_worked_example_gives_0_752() {
     let opts = AttentionOptions::default().scale(1.0);
     // Both block splits of the seeds: {2, 1} (Bc = 2) and {1, 2} (Bc = 1).
     for bc in [1u32, 2, 3] {
-        let overrides = PlanOverrides {
-            bc: Some(bc),
-            br: Some(1),
-            threads_per_row: Some(1),
-            ..Default::default()
-        };
+        let overrides = PlanOverrides::default().bc(bc).br(1).threads_per_row(1);
         let out = e
             .forward_with(
                 &TensorView::f32([1, 1, 1, 1], &q),
@@ -127,10 +113,7 @@ fn head_dims_past_256() {
     }
     run_gpu(e, &Case::new(29, 40, 512).opts(causal()).f16());
     // The browser's default 16 KiB of workgroup storage plans d 512 too.
-    let browser = PlanOverrides {
-        max_workgroup_storage: Some(16384),
-        ..Default::default()
-    };
+    let browser = PlanOverrides::default().max_workgroup_storage(16384);
     let out = run_gpu(e, &Case::new(21, 30, 512).overrides(browser));
     assert!(out.stats.plan.unwrap().workgroup_bytes <= 16384);
 }
@@ -153,10 +136,7 @@ fn v_has_a_head_dim_of_its_own() {
             run_gpu(e, &Case::new(53, 45, d).dv(dv).opts(causal()).f16());
         }
     }
-    let window = AttentionOptions {
-        window: Window::from_signed(7, 3),
-        ..Default::default()
-    };
+    let window = AttentionOptions::default().window(Some(7), Some(3));
     run_gpu(e, &Case::new(40, 40, 32).dv(512).opts(window.softcap(5.0)));
 }
 
@@ -261,9 +241,10 @@ fn local_windows() {
     // the four cases, in turn (all four with FLASHATTN_FULL_MATRIX=1).
     for (i, (l, r)) in windows.into_iter().enumerate() {
         let w = Window::from_signed(l, r);
-        let opts = AttentionOptions {
-            window: w,
-            ..Default::default()
+        let opts = {
+            let mut o = AttentionOptions::default();
+            o.window = w;
+            o
         };
         let runs = |j: usize| matrix(i % 4 == j, true);
         if runs(0) {
@@ -322,10 +303,7 @@ fn empty_rows_give_zero_and_neg_inf() {
         Case::new(40, 10, 64).opts(causal()).f16(),
         Case::new(40, 10, 64).opts(causal()).bf16(),
         // A (0, 0) window with seqlen_q > seqlen_k: row i sees only key i - 20.
-        Case::new(30, 10, 32).opts(AttentionOptions {
-            window: Window::from_signed(0, 0),
-            ..Default::default()
-        }),
+        Case::new(30, 10, 32).opts(AttentionOptions::default().window(Some(0), Some(0))),
     ] {
         let out = run_gpu(e, &case);
         let o = out.o.to_f32();
@@ -379,12 +357,7 @@ fn tile_overrides_give_the_same_answer() {
         vec![(1, 1, 1), (4, 8, 2), (8, 4, 4), (16, 16, 16), (7, 13, 3)],
     );
     for (br, bc, tc) in tiles {
-        let o = PlanOverrides {
-            br: Some(br),
-            bc: Some(bc),
-            threads_per_row: Some(tc),
-            ..Default::default()
-        };
+        let o = PlanOverrides::default().br(br).bc(bc).threads_per_row(tc);
         run_gpu(e, &Case::new(53, 71, 24).overrides(o).opts(causal()));
     }
 }
@@ -392,10 +365,7 @@ fn tile_overrides_give_the_same_answer() {
 #[test]
 fn browser_like_workgroup_storage() {
     let Some(e) = engine() else { return };
-    let o = PlanOverrides {
-        max_workgroup_storage: Some(16384),
-        ..Default::default()
-    };
+    let o = PlanOverrides::default().max_workgroup_storage(16384);
     for d in [64, 256] {
         let out = run_gpu(e, &Case::new(97, 113, d).overrides(o));
         assert!(out.stats.plan.unwrap().workgroup_bytes <= 16384);
@@ -715,10 +685,7 @@ fn cpu_backend_meets_the_rule_too() {
         Case::new(40, 10, 32).opts(causal()).heads(4, 1),
         Case::new(97, 113, 32).std(8.0),
         Case::new(64, 64, 16).opts(AttentionOptions::default().softcap(5.0)),
-        Case::new(97, 113, 32).opts(AttentionOptions {
-            window: Window::from_signed(8, 3),
-            ..Default::default()
-        }),
+        Case::new(97, 113, 32).opts(AttentionOptions::default().window(Some(8), Some(3))),
     ] {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
@@ -780,10 +747,7 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
 #[test]
 fn packed_buffer_forward_writes_only_o() {
     let Some(e) = engine() else { return };
-    let packed_f16 = PlanOverrides {
-        f16_native: Some(false),
-        ..Default::default()
-    };
+    let packed_f16 = PlanOverrides::default().f16_native(false);
     for (precision, overrides) in [
         (Precision::F16, packed_f16),
         (Precision::Bf16, PlanOverrides::default()),
@@ -871,11 +835,8 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
     use flashattn::plan::coop::check_coop;
     let Some(e) = engine() else { return };
     let caps = e.caps();
-    let coop = PlanOverrides {
-        kernel: Some(KernelFamily::Coop),
-        ..Default::default()
-    };
-    let takes = |p: Precision| check_coop(&flashattn::PlanRequest::new(64, p), &caps);
+    let coop = PlanOverrides::default().kernel(KernelFamily::Coop);
+    let takes = |p: Precision| check_coop(&flashattn::plan::PlanRequest::new(64, p), &caps);
     let precisions: Vec<Precision> = [Precision::F16, Precision::Bf16, Precision::F32]
         .into_iter()
         .filter(|&p| takes(p).is_ok())
@@ -900,10 +861,7 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
             Case::new(1, 1, 16),
             Case::new(113, 97, 59).opts(causal()),
             Case::new(255, 300, 128).opts(causal()),
-            Case::new(200, 200, 111).opts(AttentionOptions {
-                window: Window::from_signed(40, 7),
-                ..Default::default()
-            }),
+            Case::new(200, 200, 111).opts(AttentionOptions::default().window(Some(40), Some(7))),
             Case::new(64, 130, 256).heads(4, 1),
             Case::new(45, 61, 40).dv(24).heads(4, 2).batch(2),
             Case::new(80, 80, 96).opts(AttentionOptions::default().softcap(5.0)),
@@ -939,18 +897,12 @@ fn coop_kernel_emulated_meets_the_rule() {
         return;
     }
     let e = flashattn::Engine::new().unwrap().with_emulated_coop();
-    let coop = PlanOverrides {
-        kernel: Some(KernelFamily::Coop),
-        ..Default::default()
-    };
+    let coop = PlanOverrides::default().kernel(KernelFamily::Coop);
     let cases = [
         Case::new(97, 113, 64),
         Case::new(1, 1, 3),
         Case::new(113, 97, 59).opts(causal()),
-        Case::new(70, 90, 128).opts(AttentionOptions {
-            window: Window::from_signed(20, 5),
-            ..Default::default()
-        }),
+        Case::new(70, 90, 128).opts(AttentionOptions::default().window(Some(20), Some(5))),
         Case::new(45, 61, 40).dv(24).heads(4, 2).batch(2),
         Case::new(50, 50, 32).opts(AttentionOptions::default().softcap(5.0)),
         common::everything_at_once(),
@@ -993,12 +945,12 @@ fn register_settings(e: &flashattn::Engine) -> Vec<PlanOverrides> {
         (1, false, true),
     ]
     .into_iter()
-    .map(|(rm, subgroup, double)| PlanOverrides {
-        kernel: Some(KernelFamily::Registers),
-        rows_per_thread: Some(rm),
-        subgroup_reduce: Some(subgroup),
-        double_buffer: Some(double),
-        ..Default::default()
+    .map(|(rm, subgroup, double)| {
+        PlanOverrides::default()
+            .kernel(KernelFamily::Registers)
+            .rows_per_thread(rm)
+            .subgroup_reduce(subgroup)
+            .double_buffer(double)
     })
     .collect()
 }
@@ -1006,10 +958,7 @@ fn register_settings(e: &flashattn::Engine) -> Vec<PlanOverrides> {
 #[test]
 fn registers_kernels_in_every_setting() {
     let Some(e) = engine() else { return };
-    let window = AttentionOptions {
-        window: Window::from_signed(9, 2),
-        ..Default::default()
-    };
+    let window = AttentionOptions::default().window(Some(9), Some(2));
     let cases = [
         Case::new(113, 97, 64),
         Case::new(1, 1, 1),

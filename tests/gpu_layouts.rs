@@ -7,9 +7,9 @@
 mod common;
 
 use common::{block_mask, causal, engine, matrix, run_gpu, run_gpu_backward_both, window, Case};
-use flashattn::api::block_mask::{BlockGrid, BlockMask};
-use flashattn::api::scores::{Alibi, Sinks};
+use flashattn::{Alibi, Sinks};
 use flashattn::{AttentionOptions, Error, TensorView};
+use flashattn::{BlockGrid, BlockMask};
 
 /// Forward (both kernels) and backward (both kernels) of `case`.
 fn both_passes(case: &Case) {
@@ -214,7 +214,7 @@ fn block_mask_builders() {
     for (i, mask) in [
         BlockMask::local_global(g, 1, 1),
         BlockMask::strided(g, 2, 3),
-        BlockMask::bigbird(g, 4, [1, 1, 2], 5),
+        BlockMask::bigbird(g, 4, 1, 1, 2, 5),
     ]
     .into_iter()
     .enumerate()
@@ -318,10 +318,7 @@ fn packed_calls_past_the_loop_limit_split_into_windows() {
     let Some(e) = engine() else { return };
     // d 256 tiled over 2500 keys is past llvmpipe's limit: windows of every
     // sequence's keys, merged by LSE (with sinks counted once).
-    let tiled = flashattn::PlanOverrides {
-        kernel: Some(flashattn::KernelFamily::Tiled),
-        ..Default::default()
-    };
+    let tiled = flashattn::PlanOverrides::default().kernel(flashattn::KernelFamily::Tiled);
     let case = Case::new(1, 1, 256)
         .heads(1, 1)
         .opts(causal().sinks(Sinks::new(&[0.5])))
@@ -376,7 +373,7 @@ fn bad_layouts_are_typed_errors() {
             ..
         }
     ));
-    let cu = flashattn::api::varlen::Varlen::new(&[0, 10, 19], &[0, 15, 30]).unwrap();
+    let cu = flashattn::Varlen::new(&[0, 10, 19], &[0, 15, 30]).unwrap();
     assert!(matches!(
         err(AttentionOptions::default().varlen(cu)),
         Error::CuSeqlensTotal {
@@ -386,7 +383,7 @@ fn bad_layouts_are_typed_errors() {
         }
     ));
     let batched = TensorView::f32([2, 10, 4, 16], &inputs.q);
-    let cu = flashattn::api::varlen::Varlen::new(&[0, 10, 20], &[0, 15, 30]).unwrap();
+    let cu = flashattn::Varlen::new(&[0, 10, 20], &[0, 15, 30]).unwrap();
     assert!(matches!(
         e.forward(&batched, &k, &v, &AttentionOptions::default().varlen(cu)),
         Err(Error::PackedBatch { batch: 2, .. }) | Err(Error::DimMismatch { .. })

@@ -7,7 +7,7 @@ mod common;
 
 use common::decode::{CaseData, DecodeCase};
 use common::{output_grad, Case, Inputs};
-use flashattn::{BackwardInputs, Engine, ForwardOutput, TensorData};
+use flashattn::{BackwardInputs, Engine, ForwardInputs, ForwardOutput, TensorData};
 
 /// Fails to compile unless `Engine` may move to and be shared by threads.
 #[test]
@@ -45,7 +45,8 @@ fn run(engine: &Engine, work: &Work, op: Op) -> Vec<Vec<u32>> {
         }
         Op::Backward => {
             let d_o = work.inputs.grad(&work.grad);
-            let inputs = BackwardInputs::new([q, k, v], &work.forward, d_o).unwrap();
+            let inputs =
+                BackwardInputs::new(ForwardInputs::new(q, k, v), &work.forward, d_o).unwrap();
             let out = engine.backward(&inputs, opts).unwrap();
             [out.dq, out.dk, out.dv].map(|t| bits(t.to_f32())).to_vec()
         }

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{assert_accurate, output_grad, Case};
+use flashattn::plan::{candidates, PlanRequest};
 use flashattn::tune::{MaskKind, TuneKey, Tuned};
 use flashattn::{
-    candidates, BackwardInputs, Engine, Pass, PlanOverrides, PlanRequest, Precision, TuneCache,
-    TuneRequest,
+    BackwardInputs, Engine, ForwardInputs, Pass, PlanOverrides, Precision, TuneCache, TuneRequest,
 };
 
 /// A second engine on the test adapter (the shared one has tuned plans off).
@@ -37,7 +37,7 @@ fn a_tuned_forward_times_every_candidate_and_runs_the_winner() {
     .unwrap();
     let labels = |c: &[_]| -> Vec<String> {
         c.iter()
-            .map(|c: &flashattn::Candidate| c.label.clone())
+            .map(|c: &flashattn::plan::Candidate| c.label.clone())
             .collect()
     };
     let timed: Vec<String> = report.candidates.iter().map(|c| c.label.clone()).collect();
@@ -113,7 +113,8 @@ fn a_cached_backward_plan_is_used_and_a_damaged_cache_is_ignored() {
     let tuned = tuned_engine(&cache);
     let fwd = tuned.forward(&q, &k, &v, &case.opts).unwrap();
     let (_, d_o) = output_grad(&case);
-    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&d_o)).unwrap();
+    let bwd_inputs =
+        BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
     let bwd = tuned.backward(&bwd_inputs, &case.opts).unwrap();
     assert_eq!(bwd.stats.plan, Some(chosen.plan));
     let reference = e.backward(&bwd_inputs, &case.opts).unwrap();

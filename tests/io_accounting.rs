@@ -4,7 +4,7 @@
 mod common;
 
 use common::{engine, matrix, output_grad, Case};
-use flashattn::{Accesses, AttentionOptions, Engine, KernelFamily, PlanOverrides, Window};
+use flashattn::{Accesses, AttentionOptions, Engine, ForwardInputs, KernelFamily, PlanOverrides};
 use std::sync::OnceLock;
 
 /// One instrumented engine for this process (calls run one at a time).
@@ -21,10 +21,7 @@ fn assert_counts(what: &str, analytic: Accesses, measured: Option<Accesses>) {
 
 fn cases() -> Vec<Case> {
     let causal = AttentionOptions::default().causal(true);
-    let window = AttentionOptions {
-        window: Window::from_signed(9, 4),
-        ..Default::default()
-    };
+    let window = AttentionOptions::default().window(Some(9), Some(4));
     vec![
         Case::new(97, 113, 64),
         Case::new(113, 97, 59).opts(causal.clone()),
@@ -33,10 +30,9 @@ fn cases() -> Vec<Case> {
         Case::new(64, 64, 16)
             .opts(AttentionOptions::default().softcap(5.0))
             .f16(),
-        Case::new(33, 47, 40).f16().overrides(PlanOverrides {
-            f16_native: Some(false),
-            ..Default::default()
-        }),
+        Case::new(33, 47, 40)
+            .f16()
+            .overrides(PlanOverrides::default().f16_native(false)),
         Case::new(1, 300, 64).heads(8, 1),
         // v with its own head dim (both ways), and a head dim past 256.
         Case::new(33, 41, 40).dv(24).heads(4, 2),
@@ -52,16 +48,10 @@ fn cases() -> Vec<Case> {
 fn flash_counts_match(e: &Engine, case: &Case, which: &[usize]) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let tiled = PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
-        ..case.overrides
-    };
+    let tiled = case.overrides.kernel(KernelFamily::Tiled);
     let (_, g) = output_grad(case);
     let d_o = inputs.grad(&g);
-    let registers = PlanOverrides {
-        kernel: Some(KernelFamily::Registers),
-        ..case.overrides
-    };
+    let registers = case.overrides.kernel(KernelFamily::Registers);
     let families = [
         ("planned", case.overrides),
         ("tiled", tiled),
@@ -74,7 +64,8 @@ fn flash_counts_match(e: &Engine, case: &Case, which: &[usize]) {
             fwd.stats.accesses,
             fwd.stats.measured_accesses,
         );
-        let bwd_inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+        let bwd_inputs =
+            flashattn::BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let bwd = e
             .backward_with(&bwd_inputs, &case.opts, &overrides)
             .unwrap();
@@ -121,8 +112,8 @@ fn layout_counts_match_and_skipped_tiles_are_not_loaded() {
         packed.clone().opts(
             opts.clone()
                 .causal(true)
-                .alibi(flashattn::api::scores::Alibi::standard(4))
-                .sinks(flashattn::api::scores::Sinks::new(&[0.0, 1.0, -1.0, 2.0]))
+                .alibi(flashattn::Alibi::standard(4))
+                .sinks(flashattn::Sinks::new(&[0.0, 1.0, -1.0, 2.0]))
                 .block_mask(packed_mask),
         ),
     ];
@@ -222,10 +213,7 @@ fn flash_accesses_fall_like_one_over_m() {
         if m > e.caps().max_workgroup_storage {
             continue;
         }
-        let o = PlanOverrides {
-            max_workgroup_storage: Some(m),
-            ..Default::default()
-        };
+        let o = PlanOverrides::default().max_workgroup_storage(m);
         let out = e.forward_with(&q, &k, &v, &case.opts, &o).unwrap();
         let a = out.stats.accesses.total();
         assert!(a < last, "M {m}: {a} accesses, not fewer than {last}");
@@ -331,12 +319,10 @@ fn fp8_forward_counts_match() {
                 kernels.to_vec(),
             );
             for kernel in picked {
-                let o = PlanOverrides {
-                    kernel,
-                    ..Default::default()
-                };
+                let mut o = PlanOverrides::default();
+                o.kernel = kernel;
                 let out = e
-                    .forward_fp8_with([&q, &k, &v], &case.opts, &fp8, &o)
+                    .forward_fp8_with(&q, &k, &v, &case.opts, &fp8, &o)
                     .unwrap();
                 let what = format!("fp8 {fp8:?} {kernel:?} {case:?}");
                 assert_counts(&what, out.stats.accesses, out.stats.measured_accesses);

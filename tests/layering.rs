@@ -1,6 +1,7 @@
 //! The library's shape, checked on its source: its modules import each
 //! other without circles (so each layer can be read and changed on its
-//! own), no function is longer than 80 lines, and nothing silences
+//! own) and only from their own layer or those below it (src/lib.rs's
+//! "Layers"), no function is longer than 80 lines, and nothing silences
 //! clippy's `too_many_arguments`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -276,6 +277,77 @@ fn library_modules_import_without_circles() {
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import circle: {}", cycle.join(" -> "));
     }
+}
+
+/// The library's layers from the bottom up (src/lib.rs's "Layers"): what
+/// callers hand in and get back, the planner, the kernels, the runtime,
+/// the operations, and the backends on top; the f64 reference, the
+/// accuracy rule and the one call model every backend implements
+/// (`backend::attend`) sit low, the CPU backend beside the kernels.
+const LAYERS: &[&[&str]] = &[
+    &["error", "random", "disk_cache"],
+    &["api"],
+    &["plan", "quant"],
+    &["reference", "accuracy", "backend::attend"],
+    &["kernels", "cpu"],
+    &["runtime"],
+    &["ops"],
+    &["verify"],
+    &["tune"],
+    &["engine"],
+    &["choice"],
+    &["cuda"],
+    &["backend"],
+];
+
+/// The layer of `module`: that of the longest entry of [`LAYERS`] it is or
+/// lies under; `None` for the crate root and modules no layer lists.
+fn layer_of(module: &str) -> Option<usize> {
+    let under = |entry: &str| module == entry || module.starts_with(&format!("{entry}::"));
+    LAYERS
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, names)| names.iter().map(move |n| (rank, *n)))
+        .filter(|(_, name)| under(name))
+        .max_by_key(|(_, name)| name.len())
+        .map(|(rank, _)| rank)
+}
+
+#[test]
+fn layers_import_only_their_own_and_those_below() {
+    let graph = import_graph();
+    let mut upward = Vec::new();
+    for (module, targets) in &graph {
+        if module.is_empty() {
+            continue;
+        }
+        let Some(from) = layer_of(module) else {
+            panic!("{module} is in no layer: add it to LAYERS");
+        };
+        for target in targets.iter().filter(|t| !t.is_empty()) {
+            let to = layer_of(target).unwrap_or_else(|| panic!("{target} is in no layer"));
+            if to > from {
+                upward.push(format!(
+                    "{module} (layer {from}) imports {target} (layer {to})"
+                ));
+            }
+        }
+    }
+    // Among them: `api`, what every backend shares, imports nothing of the planner.
+    assert!(
+        upward.is_empty(),
+        "imports up the layers:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn a_module_takes_the_layer_of_its_longest_listed_prefix() {
+    assert_eq!(layer_of("backend::attend"), Some(3));
+    assert_eq!(layer_of("backend"), Some(12));
+    assert_eq!(layer_of("plan::tiles"), Some(2));
+    assert_eq!(layer_of("apis"), None);
+    assert!(layer_of("api::output") < layer_of("plan::tiles"));
 }
 
 /// `(file:line, name, lines)` of every `fn` item in `code`.

@@ -12,7 +12,7 @@ mod common;
 use common::{engine, matrix, output_grad, Case};
 use flashattn::kernels::loops::GUARD;
 use flashattn::kernels::{BackwardPart, FlashBackward, FlashForward, LoopCost, Variant};
-use flashattn::{BackwardInputs, Engine, KernelFamily, PlanOverrides, Precision};
+use flashattn::{BackwardInputs, Engine, ForwardInputs, KernelFamily, PlanOverrides, Precision};
 use std::sync::OnceLock;
 
 /// An engine whose kernels meter their loops (where the adapter has a limit).
@@ -23,28 +23,17 @@ fn metered() -> Option<&'static Engine> {
 }
 
 fn tiled() -> PlanOverrides {
-    PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
-        ..Default::default()
-    }
+    PlanOverrides::default().kernel(KernelFamily::Tiled)
 }
 
 /// Tiled kernels with these tiles (small ones have loops llvmpipe unrolls).
 fn tiles(b: u32, threads_per_row: u32) -> PlanOverrides {
-    PlanOverrides {
-        br: Some(b),
-        bc: Some(b),
-        threads_per_row: Some(threads_per_row),
-        ..tiled()
-    }
+    tiled().br(b).bc(b).threads_per_row(threads_per_row)
 }
 
 /// Tiled kernels planned for a browser's 16 KiB of workgroup storage.
 fn browser() -> PlanOverrides {
-    PlanOverrides {
-        max_workgroup_storage: Some(16384),
-        ..tiled()
-    }
+    tiled().max_workgroup_storage(16384)
 }
 
 /// `measured` within the model's prediction, and the prediction tight. The
@@ -106,7 +95,8 @@ fn backward_modeled(e: &Engine, case: &Case) {
     let overrides = &case.overrides;
     let fwd = e.forward_with(&q, &k, &v, &case.opts, overrides).unwrap();
     let (_, g) = output_grad(case);
-    let bwd_inputs = BackwardInputs::new([q, k, v], &fwd, inputs.grad(&g)).unwrap();
+    let bwd_inputs =
+        BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&g)).unwrap();
     let out = e.backward_with(&bwd_inputs, &case.opts, overrides).unwrap();
     let plan = e
         .plan_backward(&fwd.shape, Precision::F32, overrides)
@@ -207,13 +197,11 @@ fn wide_and_v_head_dims_are_modeled() {
 /// The registers kernels with their settings: rows per invocation, subgroup
 /// or workgroup-memory reductions, one or two K/V buffers.
 fn registers(rm: u32, subgroup: bool, double: bool) -> PlanOverrides {
-    PlanOverrides {
-        kernel: Some(KernelFamily::Registers),
-        rows_per_thread: Some(rm),
-        subgroup_reduce: Some(subgroup),
-        double_buffer: Some(double),
-        ..Default::default()
-    }
+    PlanOverrides::default()
+        .kernel(KernelFamily::Registers)
+        .rows_per_thread(rm)
+        .subgroup_reduce(subgroup)
+        .double_buffer(double)
 }
 
 #[test]
@@ -237,15 +225,15 @@ fn registers_loops_are_modeled() {
                 .overrides(overrides);
             forward_modeled(e, &case);
         }
+        // The backward's registers kernels take neither setting.
+        let mut backward = overrides;
+        backward.subgroup_reduce = None;
+        backward.double_buffer = None;
         for (heads, len) in [((1, 1), 96), ((2, 1), 200)] {
             let case = Case::new(len, len, d)
                 .dv(dv)
                 .heads(heads.0, heads.1)
-                .overrides(PlanOverrides {
-                    subgroup_reduce: None,
-                    double_buffer: None,
-                    ..overrides
-                });
+                .overrides(backward);
             backward_modeled(e, &case);
         }
     }

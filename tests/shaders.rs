@@ -17,10 +17,8 @@ use flashattn::kernels::{
 use flashattn::plan::decode::decode_tiles;
 use flashattn::plan::DecodeRequest;
 use flashattn::plan::SubgroupSizes;
-use flashattn::{
-    plan_backward, plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest,
-    Precision, StorageKind,
-};
+use flashattn::plan::{plan_backward, plan_forward, PlanRequest};
+use flashattn::{DeviceCaps, KernelFamily, Plan, PlanOverrides, Precision, StorageKind};
 use flashattn_testkit::full_matrix;
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
@@ -276,21 +274,12 @@ fn gpu_caps() -> Vec<DeviceCaps> {
 /// one and two rows per invocation, workgroup-memory reductions, one
 /// K/V buffer, and lavapipe-like subgroups of 8 forced on.
 fn register_settings() -> Vec<PlanOverrides> {
-    let base = PlanOverrides {
-        kernel: Some(KernelFamily::Registers),
-        ..Default::default()
-    };
+    let base = PlanOverrides::default().kernel(KernelFamily::Registers);
     vec![
-        PlanOverrides {
-            rows_per_thread: Some(1),
-            ..base
-        },
-        PlanOverrides {
-            rows_per_thread: Some(2),
-            subgroup_reduce: Some(false),
-            double_buffer: Some(false),
-            ..base
-        },
+        base.rows_per_thread(1),
+        base.rows_per_thread(2)
+            .subgroup_reduce(false)
+            .double_buffer(false),
     ]
 }
 

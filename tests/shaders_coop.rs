@@ -11,8 +11,9 @@ mod naga_layout;
 mod spirv_val;
 use flashattn::kernels::compose::{LoopCheck, Variant};
 use flashattn::kernels::{FlashForward, KernelKey};
+use flashattn::plan::{plan_forward, PlanRequest};
 use flashattn::plan::{CoopForm, CoopMatrixShapes, SubgroupSizes};
-use flashattn::{plan_forward, DeviceCaps, KernelFamily, Plan, PlanOverrides, PlanRequest};
+use flashattn::{DeviceCaps, KernelFamily, Plan, PlanOverrides};
 use flashattn::{Precision, StorageKind};
 use flashattn_testkit::Need;
 use naga::back::pipeline_constants::process_overrides;
@@ -126,10 +127,7 @@ fn variants(all: bool) -> Vec<Variant> {
 fn coop_plan(caps: &DeviceCaps, precision: Precision, (d, dv): (usize, usize)) -> Plan {
     let req = PlanRequest::new(d, precision)
         .head_dim_v(dv)
-        .overrides(PlanOverrides {
-            kernel: Some(KernelFamily::Coop),
-            ..Default::default()
-        });
+        .overrides(PlanOverrides::default().kernel(KernelFamily::Coop));
     let planned = plan_forward(&req, caps).unwrap_or_else(|e| panic!("d {d} dv {dv}: {e}"));
     assert_eq!(planned.plan.kernel, KernelFamily::Coop);
     planned.plan

@@ -10,9 +10,9 @@
 
 mod common;
 
-use flashattn::api::block_mask::BlockMask;
-use flashattn::api::scores::Alibi;
-use flashattn::api::size::MAX_ELEMENTS;
+use flashattn::Alibi;
+use flashattn::BlockMask;
+use flashattn::MAX_ELEMENTS;
 use flashattn::{
     AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
     DecodeStep, Error, Fp8Options, HostKvCache, Layout, Mask, Precision, Tensor, TensorData,
@@ -177,15 +177,9 @@ fn layouts_and_windows_are_checked() {
     let plain = AttentionOptions::default();
     for window in [
         Window::from_signed(i64::MAX, i64::MAX),
-        Window {
-            left: Some(usize::MAX),
-            right: Some(usize::MAX),
-        },
+        Window::new(Some(usize::MAX), Some(usize::MAX)),
     ] {
-        let wide = AttentionOptions {
-            window,
-            ..Default::default()
-        };
+        let wide = AttentionOptions::default().window(window.left, window.right);
         let mask = wide.mask_for(sq, sk);
         assert!((0..sq).all(|i| mask.key_range(i) == (0..sk)));
         let want = flashattn::cpu::forward(&q, &k, &v, &plain).unwrap();
@@ -337,7 +331,7 @@ proptest! {
         causal in any::<bool>(),
         row in any::<prop::sample::Index>(),
     ) {
-        let opts = AttentionOptions { causal, window: Window { left: window.0, right: window.1 }, ..Default::default() };
+        let opts = AttentionOptions::default().causal(causal).window(window.0, window.1);
         let mask: Mask = opts.mask_for(sq, sk);
         let right = if causal { Some(0) } else { window.1 };
         for i in [0, sq.saturating_sub(1), row.index(sq.max(1))] {

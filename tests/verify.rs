@@ -13,8 +13,8 @@ use common::{assert_accurate, causal, output_grad, Case};
 use flashattn::accuracy::{check_backward, check_forward};
 use flashattn::verify::{Fault, Verdict};
 use flashattn::{
-    Backend, BackwardInputs, CallKind, Engine, Error, ForwardOutput, KernelFamily, PlanOverrides,
-    VerdictCache, Verification, VerifyMode,
+    Backend, BackwardInputs, CallKind, Engine, Error, ForwardInputs, ForwardOutput, KernelFamily,
+    PlanOverrides, VerdictCache, Verification, VerifyMode,
 };
 use std::path::Path;
 
@@ -98,16 +98,13 @@ fn the_first_call_of_each_family_runs_its_check() {
     let inputs = c.inputs();
     let [q, k, v] = inputs.views();
     let (_, g) = output_grad(&c);
-    let bwd_in = BackwardInputs::new([q, k, v], &first, inputs.grad(&g)).unwrap();
+    let bwd_in = BackwardInputs::new(ForwardInputs::new(q, k, v), &first, inputs.grad(&g)).unwrap();
     let bwd = e.backward(&bwd_in, &c.opts).unwrap();
     let bv = bwd.stats.verification.as_ref().unwrap();
     assert_eq!(bv.ran().unwrap().family.call, CallKind::Backward);
     let backward_ms = fresh_check(&bv.ran().unwrap().verdict) * 1e3;
     assert_eq!(e.checks_run().0, 2);
-    let tiled = PlanOverrides {
-        kernel: Some(KernelFamily::Tiled),
-        ..Default::default()
-    };
+    let tiled = PlanOverrides::default().kernel(KernelFamily::Tiled);
     let forced = forward(&e, &c, &tiled).unwrap();
     let fv = verification(&forced);
     assert!(
@@ -177,10 +174,7 @@ fn a_planted_fault_makes_the_engine_fall_back_say_why_and_meet_the_rule() {
 
     // Forced, the faulty family runs (and the fault is real: its output
     // fails the rule), its verdict reported.
-    let forced = PlanOverrides {
-        kernel: Some(family),
-        ..Default::default()
-    };
+    let forced = PlanOverrides::default().kernel(family);
     let bad = forward(&e, &c, &forced).unwrap();
     let bv = verification(&bad);
     assert!(bv.forced && bv.ran().unwrap().verdict.is_failed(), "{bv}");
@@ -192,7 +186,7 @@ fn a_planted_fault_makes_the_engine_fall_back_say_why_and_meet_the_rule() {
 
     // The backward falls back as well where its family is the faulty one.
     let (_, g) = output_grad(&c);
-    let bwd_in = BackwardInputs::new([q, k, vv], &out, inputs.grad(&g)).unwrap();
+    let bwd_in = BackwardInputs::new(ForwardInputs::new(q, k, vv), &out, inputs.grad(&g)).unwrap();
     let bwd = e.backward(&bwd_in, &c.opts).unwrap();
     let bwv = bwd.stats.verification.as_ref().unwrap();
     if bwv.tried[0].family.family == family.name() {
@@ -228,7 +222,11 @@ fn when_every_family_fails_the_call_is_an_error_and_backend_runs_the_cpu() {
     let inputs = c.inputs();
     let [q, k, v] = inputs.views();
     let out = backend
-        .forward([&q, &k, &v], &c.opts, &PlanOverrides::default())
+        .forward(
+            &ForwardInputs::new(q, k, v),
+            &c.opts,
+            &PlanOverrides::default(),
+        )
         .unwrap();
     let why = verification(&out).to_string();
     assert!(why.ends_with("→ the CPU backend ran the call"), "{why}");

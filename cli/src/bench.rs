@@ -8,7 +8,7 @@ use crate::error::{CliError, Result};
 use flashattn::random::Rng;
 use flashattn::{
     cpu, Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine,
-    KernelFamily, PlanOverrides, Precision, TensorData, TensorView,
+    ForwardInputs, KernelFamily, PlanOverrides, Precision, TensorData, TensorView,
 };
 use serde::Serialize;
 
@@ -401,10 +401,7 @@ fn prepare<'a>(
         })
     };
     // The kernels forced, where the implementation forces them.
-    let forced = |kernel| PlanOverrides {
-        kernel: Some(kernel),
-        ..Default::default()
-    };
+    let forced = |kernel| PlanOverrides::default().kernel(kernel);
     let tiled = match case.implementation {
         Implementation::Registers => forced(KernelFamily::Registers),
         Implementation::Coop => forced(KernelFamily::Coop),
@@ -437,7 +434,7 @@ fn prepare<'a>(
             let e = gpu()?;
             let fwd = e.forward(&q, &k, &v, &opts)?;
             Box::new(move || {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
             })
         }
@@ -448,7 +445,7 @@ fn prepare<'a>(
             let e = gpu()?;
             let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
             Box::new(move || {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(from_stats(&e.backward_with(&inputs, &opts, &tiled)?.stats))
             })
         }
@@ -463,7 +460,7 @@ fn prepare<'a>(
         (Pass::Backward, Implementation::Cpu) => {
             let fwd = cpu::forward(&q, &k, &v, &opts)?;
             Box::new(move || {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 wall(&|| cpu::backward(&inputs, &opts).map(|_| ()))
             })
         }
@@ -524,7 +521,7 @@ fn cuda_case<'a>(
         Pass::Backward => {
             let fwd = base.forward_on(path, &q, &k, &v, &opts)?;
             Box::new(move || {
-                let inputs = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+                let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(run(&base.backward_on(path, &inputs, &opts)?.stats))
             })
         }

@@ -32,7 +32,7 @@ pub enum CliError {
         what: &'static str,
         path: PathBuf,
         shape: Vec<u64>,
-        /// `flashattn::api::size::MAX_ELEMENTS`.
+        /// `flashattn::MAX_ELEMENTS`.
         max: u64,
     },
     /// An `.npy` file whose data is not the size its header's shape says.

@@ -9,13 +9,13 @@
 use crate::bench::Pass;
 use crate::error::{CliError, Result};
 use crate::plot::{render, Chart, Series};
-use flashattn::api::block_mask::{BlockGrid, BlockMask};
-use flashattn::api::varlen::Varlen;
 use flashattn::random::Rng;
+use flashattn::Varlen;
 use flashattn::{
     Accesses, AttentionOptions, AttentionShape, BackwardInputs, CallStats, Engine, Precision,
     TensorData, TensorView,
 };
+use flashattn::{BlockGrid, BlockMask, ForwardInputs};
 
 use serde::Serialize;
 use std::path::Path;
@@ -115,7 +115,7 @@ fn run(e: &Engine, inputs: &Inputs, opts: &AttentionOptions, pass: Pass) -> Resu
         Pass::Forward => e.forward(&q, &k, &v, opts)?.stats,
         Pass::Backward => {
             let fwd = e.forward(&q, &k, &v, opts)?;
-            let b = BackwardInputs::new([q, k, v], &fwd, d_o)?;
+            let b = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
             e.backward(&b, opts)?.stats
         }
     })

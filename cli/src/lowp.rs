@@ -11,7 +11,8 @@ use flashattn::accuracy::{error_stats, ErrorStats};
 use flashattn::random::{outlier_channels, scale_channels, Rng};
 use flashattn::reference::ReferenceOutput;
 use flashattn::{
-    AttentionOptions, Backend, Fp8Options, PlanOverrides, Precision, Result, TensorData, TensorView,
+    AttentionOptions, Backend, ForwardInputs, Fp8Options, PlanOverrides, Precision, Result,
+    TensorData, TensorView,
 };
 
 /// A storage format of q, k, v.
@@ -145,11 +146,16 @@ pub fn measure(
                 .each_ref()
                 .map(|x| TensorData::from_f32(x.clone(), precision));
             let [q, k, v] = stored.each_ref().map(|t| t.view(p.shape()));
-            backend.forward([&q, &k, &v], &opts, overrides)?
+            backend.forward(&ForwardInputs::new(q, k, v), &opts, overrides)?
         }
         None => {
             let [q, k, v] = data.each_ref().map(|x| TensorView::f32(p.shape(), x));
-            backend.forward_fp8([&q, &k, &v], &opts, &format.fp8(), overrides)?
+            backend.forward_fp8(
+                &ForwardInputs::new(q, k, v),
+                &opts,
+                &format.fp8(),
+                overrides,
+            )?
         }
     };
     let o: Vec<f64> = out.o.to_f32().into_iter().map(f64::from).collect();

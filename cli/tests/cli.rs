@@ -3,7 +3,7 @@
 
 use flashattn::accuracy::check_forward;
 use flashattn::random::Rng;
-use flashattn::{AttentionOptions, TensorView, Window};
+use flashattn::{AttentionOptions, TensorView};
 use half::f16;
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
@@ -187,11 +187,9 @@ fn forward_cpu_matches_reference() {
     assert_ok(&out);
     let (lshape, _) = read_f32(&lse);
     assert_eq!(lshape, vec![2, 4, 37]);
-    let opts = AttentionOptions {
-        causal: true,
-        window: Window::from_signed(-1, 5),
-        ..Default::default()
-    };
+    let opts = AttentionOptions::default()
+        .causal(true)
+        .window(None, Some(5));
     check_o(&f, [[2, 37, 4, 24], [2, 45, 2, 24]], &qkv, &opts);
 }
 
@@ -216,12 +214,10 @@ fn forward_wgpu_matches_reference() {
         lse.to_str().unwrap(),
     ]);
     assert_ok(&out);
-    let opts = AttentionOptions {
-        softcap: Some(4.0),
-        scale: Some(0.2),
-        window: Window::from_signed(7, -1),
-        ..Default::default()
-    };
+    let opts = AttentionOptions::default()
+        .softcap(4.0)
+        .scale(0.2)
+        .window(Some(7), None);
     check_o(&f, [[1, 50, 2, 40], [1, 33, 1, 40]], &qkv, &opts);
     // Either forward kernel on request (lanes only where the adapter has it).
     let lse = lse.to_str().unwrap();
@@ -802,11 +798,7 @@ fn backward_matches_reference_on_each_backend() {
             "{backend}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let opts = AttentionOptions {
-            causal: true,
-            softcap: Some(5.0),
-            ..Default::default()
-        };
+        let opts = AttentionOptions::default().causal(true).softcap(5.0);
         check_grads(&f, [1, 29, 4, 24], [1, 41, 2, 24], &qkv, &g, &opts);
     }
 }
@@ -913,12 +905,14 @@ fn fp8_forward_and_its_errors() {
                     .unwrap(),
                 stats: Default::default(),
             };
-            let fp8 = flashattn::Fp8Options {
-                hadamard: hadamard.then_some(flashattn::Fp8Options::DEFAULT_SEED),
+            let fp8 = match hadamard {
+                true => flashattn::Fp8Options::hadamard(flashattn::Fp8Options::DEFAULT_SEED),
+                false => flashattn::Fp8Options::default(),
             };
             let opts = AttentionOptions::default().causal(true);
-            let [q, k, v] = &views;
-            let r = flashattn::accuracy::fp8_report(&out, [q, k, v], &opts, &fp8).unwrap();
+            let [q, k, v] = views;
+            let inputs = flashattn::ForwardInputs::new(q, k, v);
+            let r = flashattn::accuracy::fp8_report(&out, &inputs, &opts, &fp8).unwrap();
             assert!(
                 r.rmse_ratio() <= 1.1,
                 "{backend} {fp8:?}: {} vs {}",
@@ -1661,12 +1655,10 @@ fn layout_files(f: &Files) -> ([Vec<f32>; 3], [[usize; 4]; 3], AttentionOptions)
     write_array(&f.path("mask.npy"), &[1, 4, 5, 2], &mask);
     let opts = AttentionOptions::default()
         .causal(true)
-        .alibi(flashattn::api::scores::Alibi::new(&slopes))
-        .sinks(flashattn::api::scores::Sinks::new(&sinks))
-        .block_mask(
-            flashattn::api::block_mask::BlockMask::new([1, 4, 5, 2], (7, 13), &mask).unwrap(),
-        )
-        .varlen(flashattn::api::varlen::Varlen::new(&cu(&lq), &cu(&lk)).unwrap());
+        .alibi(flashattn::Alibi::new(&slopes))
+        .sinks(flashattn::Sinks::new(&sinks))
+        .block_mask(flashattn::BlockMask::new([1, 4, 5, 2], (7, 13), &mask).unwrap())
+        .varlen(flashattn::Varlen::new(&cu(&lq), &cu(&lk)).unwrap());
     let shapes = [[1, tq, hq, d], [1, tk, hk, d], [1, tk, hk, d]];
     ([q, k, v], shapes, opts)
 }

@@ -190,7 +190,7 @@ fn npy_errors_are_typed() {
         read(&hostile("<f4", WRAPPING)),
         CliError::NpyTooLarge {
             what: "x",
-            max: flashattn::api::size::MAX_ELEMENTS,
+            max: flashattn::MAX_ELEMENTS,
             ..
         }
     ));

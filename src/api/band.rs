@@ -6,9 +6,13 @@
 /// intersected with `0 <= j < seqlen_k`. Causal is `right = 0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mask {
+    /// `seqlen_k - seqlen_q`: where the bottom-right aligned diagonal sits.
     pub offset: i64,
+    /// Keys allowed before the diagonal (`None`: all).
     pub left: Option<i64>,
+    /// Keys allowed after the diagonal (`None`: all).
     pub right: Option<i64>,
+    /// Keys in the sequence.
     pub seqlen_k: i64,
 }
 

@@ -20,7 +20,9 @@ use std::sync::Arc;
 /// query rows and the keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockGrid {
+    /// Query rows per block.
     pub bm: usize,
+    /// Keys per block.
     pub bn: usize,
     /// `ceil(seqlen_q / bm)`.
     pub rows: usize,
@@ -48,6 +50,7 @@ impl BlockGrid {
 pub struct BlockMask {
     /// `(mb, mh, rows, cols)`.
     pub dims: [usize; 4],
+    /// The blocks' size and count.
     pub grid: BlockGrid,
     data: Arc<[u8]>,
 }
@@ -127,7 +130,9 @@ impl BlockMask {
     pub fn bigbird(
         grid: BlockGrid,
         heads: usize,
-        [window, global, random]: [usize; 3],
+        window: usize,
+        global: usize,
+        random: usize,
         seed: u64,
     ) -> Self {
         let mut extra = vec![false; heads * grid.rows * grid.cols];
@@ -356,9 +361,9 @@ mod tests {
         let v = st.view(0, 0);
         assert!(v.allows(56, 56) && v.allows(56, 48) && v.allows(56, 32) && !v.allows(56, 40));
         assert!(!v.allows(0, 8), "strided is causal at block level");
-        let a = BlockMask::bigbird(g, 2, [0, 1, 2], 7);
-        assert_eq!(a, BlockMask::bigbird(g, 2, [0, 1, 2], 7), "seeded");
-        assert_ne!(a, BlockMask::bigbird(g, 2, [0, 1, 2], 8));
+        let a = BlockMask::bigbird(g, 2, 0, 1, 2, 7);
+        assert_eq!(a, BlockMask::bigbird(g, 2, 0, 1, 2, 7), "seeded");
+        assert_ne!(a, BlockMask::bigbird(g, 2, 0, 1, 2, 8));
         let r = BlockMask::random(grid(1024, 1024, (16, 16)), 1, 0.25, 3);
         assert!((r.density() - 0.25).abs() < 0.03, "{}", r.density());
     }

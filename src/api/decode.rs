@@ -16,19 +16,33 @@ use crate::error::{Error, Result};
 
 /// How the first two dims of a cache are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CacheLayout {
     /// `(batch, capacity, heads_kv, head_dim)`: row `b` holds one sequence.
-    Dense { batch: usize, capacity: usize },
+    Dense {
+        /// Cache rows.
+        batch: usize,
+        /// Tokens per row.
+        capacity: usize,
+    },
     /// `(pages, page_size, heads_kv, head_dim)`: sequences own pages through
     /// a block table. Any page size ≥ 1.
-    Paged { pages: usize, page_size: usize },
+    Paged {
+        /// Pages in the cache.
+        pages: usize,
+        /// Tokens per page.
+        page_size: usize,
+    },
 }
 
 /// The shape of a K (or V) cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheShape {
+    /// Dense or paged, and its sizes.
     pub layout: CacheLayout,
+    /// Key/value heads.
     pub heads_kv: usize,
+    /// The head dim of k and v.
     pub head_dim: usize,
 }
 
@@ -91,6 +105,7 @@ impl CacheShape {
         [outer, inner, self.heads_kv, self.head_dim]
     }
 
+    /// Whether the cache is paged.
     pub fn is_paged(&self) -> bool {
         matches!(self.layout, CacheLayout::Paged { .. })
     }
@@ -111,6 +126,7 @@ impl CacheShape {
         self.rows() * self.row_len()
     }
 
+    /// Whether the cache holds no rows.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -119,7 +135,9 @@ impl CacheShape {
 /// A paged cache's block table: `(batch, max_pages)` page indices.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockTable<'a> {
+    /// Page indices, `(batch, max_pages)` row-major.
     pub pages: &'a [i32],
+    /// Columns of the table (pages a sequence may own).
     pub max_pages: usize,
 }
 
@@ -140,6 +158,7 @@ pub struct DecodeStep<'a> {
 }
 
 impl<'a> DecodeStep<'a> {
+    /// A step on `q` `(batch, seqlen_q, heads_q, head_dim)` attending to the first `cache_seqlens[b]` cached tokens of each sequence.
     pub fn new(q: TensorView<'a>, cache_seqlens: &'a [i32]) -> Self {
         Self {
             q,
@@ -168,11 +187,13 @@ impl<'a> DecodeStep<'a> {
         }
     }
 
+    /// Read sequence `b` from cache row `idx[b]` (dense caches).
     pub fn batch_idx(mut self, idx: &'a [i32]) -> Self {
         self.cache_batch_idx = Some(idx);
         self
     }
 
+    /// Read sequences through a block table of `max_pages` pages each (paged caches).
     pub fn block_table(mut self, pages: &'a [i32], max_pages: usize) -> Self {
         self.block_table = Some(BlockTable { pages, max_pages });
         self
@@ -220,11 +241,13 @@ impl<'a> DecodeSpec<'a> {
         self
     }
 
+    /// Read sequence `b` from cache row `idx[b]` (dense caches).
     pub fn batch_idx(mut self, idx: &'a [i32]) -> Self {
         self.cache_batch_idx = Some(idx);
         self
     }
 
+    /// Read sequences through a block table of `max_pages` pages each (paged caches).
     pub fn block_table(mut self, pages: &'a [i32], max_pages: usize) -> Self {
         self.block_table = Some(BlockTable { pages, max_pages });
         self
@@ -235,8 +258,11 @@ impl<'a> DecodeSpec<'a> {
 /// `pages[b · max_pages + t / page_size] · page_size + t % page_size`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PageTable {
+    /// Tokens per page (a dense cache: its capacity).
     pub page_size: usize,
+    /// Pages per sequence.
     pub max_pages: usize,
+    /// `(batch, max_pages)` page indices.
     pub pages: Vec<u32>,
 }
 
@@ -253,15 +279,23 @@ impl PageTable {
 /// within capacity, no two sequences appending to one cache row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodeProblem {
+    /// Sequences in the step.
     pub batch: usize,
+    /// Query tokens per sequence.
     pub seqlen_q: usize,
+    /// Query heads.
     pub heads_q: usize,
+    /// Key/value heads.
     pub heads_kv: usize,
+    /// The head dim.
     pub head_dim: usize,
     /// Tokens appended per sequence (0 without `k_new`/`v_new`).
     pub seqlen_new: usize,
+    /// The storage precision of q and the cache.
     pub precision: Precision,
+    /// The cache's shape.
     pub cache: CacheShape,
+    /// How sequences find their cache rows.
     pub table: PageTable,
     /// Tokens in each sequence's cache before this step's append.
     pub cache_lens: Vec<usize>,
@@ -315,6 +349,7 @@ impl DecodeProblem {
         self.cache_lens[b] + self.seqlen_new
     }
 
+    /// The longest sequence after this step's append.
     pub fn max_seqlen_k(&self) -> usize {
         (0..self.batch).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
     }
@@ -329,22 +364,27 @@ impl DecodeProblem {
         self.heads_q / self.heads_kv
     }
 
+    /// q's shape: `(batch, seqlen_q, heads_q, head_dim)`.
     pub fn q_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
     }
 
+    /// `k_new`/`v_new`'s shape: `(batch, seqlen_new, heads_kv, head_dim)`.
     pub fn new_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_new, self.heads_kv, self.head_dim]
     }
 
+    /// lse's shape: `(batch, heads_q, seqlen_q)`.
     pub fn lse_shape(&self) -> [usize; 3] {
         [self.batch, self.heads_q, self.seqlen_q]
     }
 
+    /// Elements of q.
     pub fn q_len(&self) -> usize {
         self.q_shape().iter().product()
     }
 
+    /// Elements of lse.
     pub fn lse_len(&self) -> usize {
         self.lse_shape().iter().product()
     }
@@ -605,8 +645,11 @@ fn dtype_like(p: Precision, tensor: &'static str, cache: Precision) -> Result<()
 /// what the CPU backend decodes on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostKvCache {
+    /// The cache's shape.
     pub shape: CacheShape,
+    /// The keys.
     pub k: TensorData,
+    /// The values.
     pub v: TensorData,
 }
 
@@ -659,6 +702,7 @@ impl HostKvCache {
         }
     }
 
+    /// The cache's storage precision.
     pub fn precision(&self) -> Precision {
         self.k.precision()
     }
@@ -688,6 +732,7 @@ pub struct DecodeOutput {
     pub o: Tensor,
     /// `(batch, heads_q, seqlen_q)`, f32; `-inf` for rows with no allowed key.
     pub lse: Vec<f32>,
+    /// `(batch, heads_q, seqlen_q)`.
     pub lse_shape: [usize; 3],
     /// Splits the keys of each sequence were cut into (1: none).
     pub num_splits: usize,
@@ -696,6 +741,7 @@ pub struct DecodeOutput {
 }
 
 impl DecodeOutput {
+    /// The output of `problem`'s step: `o`, `lse` and the splits it ran with.
     pub fn new(
         problem: &DecodeProblem,
         o: TensorData,

@@ -5,6 +5,7 @@ pub mod band;
 pub mod block_mask;
 pub mod decode;
 pub mod inputs;
+pub mod kernel_plan;
 pub mod options;
 pub mod output;
 
@@ -16,3 +17,4 @@ pub mod size;
 pub mod tensor;
 pub mod tile_lists;
 pub mod varlen;
+pub mod verdict;

@@ -11,12 +11,21 @@ use crate::error::{Error, Result};
 /// A local attention window `(left, right)` around the bottom-right-aligned diagonal.
 /// `None` on a side means unbounded, like `-1` in flash-attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Window {
+    /// Keys allowed left of (before) the diagonal; `None`: all.
     pub left: Option<usize>,
+    /// Keys allowed right of (after) the diagonal; `None`: all.
     pub right: Option<usize>,
 }
 
 impl Window {
+    /// A window of `left` keys before and `right` keys after the diagonal
+    /// (`None`: unbounded on that side).
+    pub fn new(left: Option<usize>, right: Option<usize>) -> Self {
+        Self { left, right }
+    }
+
     /// Build from flash-attention's convention, where a negative value is
     /// unbounded (a side past `usize::MAX`, on a 32-bit target, is kept as
     /// `usize::MAX`: wider than any sequence, it allows the same keys).
@@ -28,14 +37,24 @@ impl Window {
         }
     }
 
+    /// Whether neither side is bounded (no window).
     pub fn is_unbounded(&self) -> bool {
         self.left.is_none() && self.right.is_none()
     }
 }
 
 /// What to compute besides plain softmax attention. Cheap to clone: the
-/// per-head and per-block inputs are shared.
+/// per-head and per-block inputs are shared. Build from the default with
+/// the setters:
+///
+/// ```
+/// use flashattn::AttentionOptions;
+///
+/// let opts = AttentionOptions::default().causal(true).window(Some(128), None).softcap(30.0);
+/// assert!(opts.validate().is_ok());
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct AttentionOptions {
     /// Bottom-right aligned causal mask.
     pub causal: bool,
@@ -57,41 +76,49 @@ pub struct AttentionOptions {
 }
 
 impl AttentionOptions {
+    /// Set the bottom-right aligned causal mask.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
+    /// Set the local window: `left` keys before the diagonal, `right` after (`None`: unbounded).
     pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
         self.window = Window { left, right };
         self
     }
 
+    /// Softcap scores at `cap` (`C · tanh(s / C)`).
     pub fn softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
     }
 
+    /// Scale scores by `scale` instead of `1 / sqrt(head_dim)`.
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
     }
 
+    /// Add ALiBi biases.
     pub fn alibi(mut self, alibi: Alibi) -> Self {
         self.alibi = Some(alibi);
         self
     }
 
+    /// Add attention sinks.
     pub fn sinks(mut self, sinks: Sinks) -> Self {
         self.sinks = Some(sinks);
         self
     }
 
+    /// AND a block-sparse mask with the others.
     pub fn block_mask(mut self, mask: BlockMask) -> Self {
         self.block_mask = Some(mask);
         self
     }
 
+    /// Treat q, k, v as a packed batch of sequences.
     pub fn varlen(mut self, varlen: Varlen) -> Self {
         self.varlen = Some(varlen);
         self
@@ -196,6 +223,7 @@ impl AttentionOptions {
 /// FP8 (e4m3) forward options (docs/semantics.md): whether q and k go through
 /// incoherent processing before they are quantized.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Fp8Options {
     /// The seed of the random ±1 signs of the Walsh–Hadamard transform
     /// applied to q and k along the head dim (`--hadamard`); `None`: none.
@@ -207,7 +235,7 @@ impl Fp8Options {
     pub const DEFAULT_SEED: u64 = 0x4ada_3a2d;
 
     /// Incoherent processing with the signs of `seed`.
-    pub fn hadamard(seed: u64) -> Self {
+    pub const fn hadamard(seed: u64) -> Self {
         Self {
             hadamard: Some(seed),
         }

@@ -3,8 +3,8 @@
 
 use super::shape::AttentionShape;
 use super::tensor::{Tensor, TensorData};
-use crate::plan::Plan;
-use crate::verify::verdict::Verification;
+use super::kernel_plan::Plan;
+use super::verdict::Verification;
 
 /// The result of a forward pass.
 #[derive(Clone, Debug)]
@@ -16,6 +16,7 @@ pub struct ForwardOutput {
     /// natural log; `-inf` for rows with no allowed key (the sink's logit
     /// with sinks).
     pub lse: Vec<f32>,
+    /// The problem's shape.
     pub shape: AttentionShape,
     /// What the call did on the device (empty on the CPU backend).
     pub stats: CallStats,
@@ -62,8 +63,11 @@ impl ForwardOutput {
 /// The result of a backward pass: gradients in the inputs' shapes and precision.
 #[derive(Clone, Debug)]
 pub struct BackwardOutput {
+    /// The gradient of q.
     pub dq: Tensor,
+    /// The gradient of k.
     pub dk: Tensor,
+    /// The gradient of v.
     pub dv: Tensor,
     /// `(heads_q,)` f32: the sinks' gradients, with sinks.
     pub dsinks: Option<Vec<f32>>,
@@ -73,7 +77,13 @@ pub struct BackwardOutput {
 
 impl BackwardOutput {
     /// The gradients of a backward over `shape`, in q's, k's and v's layouts.
-    pub fn new(shape: &AttentionShape, [dq, dk, dv]: [TensorData; 3], stats: CallStats) -> Self {
+    pub fn new(
+        shape: &AttentionShape,
+        dq: TensorData,
+        dk: TensorData,
+        dv: TensorData,
+        stats: CallStats,
+    ) -> Self {
         let tensor = |shape: [usize; 4], data| Tensor {
             shape: shape.to_vec(),
             data,
@@ -97,6 +107,7 @@ impl BackwardOutput {
         self
     }
 
+    /// With the sinks' gradient (`None` without sinks).
     pub fn with_dsinks(mut self, dsinks: Option<Vec<f32>>) -> Self {
         self.dsinks = dsinks;
         self
@@ -106,11 +117,14 @@ impl BackwardOutput {
 /// Elements read from and written to storage buffers ("HBM accesses").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Accesses {
+    /// Elements read.
     pub reads: u64,
+    /// Elements written.
     pub writes: u64,
 }
 
 impl Accesses {
+    /// Reads and writes together.
     pub fn total(&self) -> u64 {
         self.reads + self.writes
     }
@@ -143,12 +157,15 @@ impl std::ops::AddAssign for Accesses {
 /// One storage buffer a call used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
+    /// What the buffer holds.
     pub label: &'static str,
+    /// Its size in bytes.
     pub bytes: u64,
 }
 
 /// Which clock [`CallStats::kernel_seconds`] was read from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Timing {
     /// Host time from submit to completion: includes the driver's submission
     /// and wake-up latency (adapters without `TIMESTAMP_QUERY`, and the CPU
@@ -164,6 +181,7 @@ pub enum Timing {
 }
 
 impl Timing {
+    /// The clock in words.
     pub fn describe(self) -> &'static str {
         match self {
             Timing::WallClock => "wall clock from submit to completion",
@@ -178,15 +196,19 @@ impl Timing {
 /// pieces, dispatch count and the time of its GPU submissions.
 #[derive(Clone, Debug, Default)]
 pub struct CallStats {
+    /// The plan the call ran (the first piece's; `None` off wgpu).
     pub plan: Option<Plan>,
+    /// The device buffers the call held at once.
     pub allocations: Vec<Allocation>,
     /// Pieces the problem was cut into (storage bindings, dispatch limits,
     /// the adapter's loop limit); 1 when it ran whole.
     pub pieces: u32,
+    /// Compute dispatches recorded.
     pub dispatches: u32,
     /// Seconds the call's kernels took (no uploads or readbacks), by the
     /// clock `timing` names.
     pub kernel_seconds: f64,
+    /// The clock `kernel_seconds` comes from.
     pub timing: Timing,
     /// Storage-buffer elements the kernels read and write, counted
     /// analytically from the plan (each kernel's own count).
@@ -203,7 +225,7 @@ pub struct CallStats {
     pub loop_iterations: Vec<(&'static str, u32)>,
     /// The known-answer verdict of the kernel family that ran (`verified`,
     /// `failed → fallback to X`, `not yet checked`, `verification off`;
-    /// see [`crate::verify`]); `None` on the CPU backend and for the FP8
+    /// see `verify`); `None` on the CPU backend and for the FP8
     /// forward (not held to the accuracy rule).
     pub verification: Option<Verification>,
 }

@@ -4,7 +4,7 @@
 //! apply the same terms in `shaders/common.wgsl`).
 
 use super::band::Mask;
-use super::block_mask::{tile_fate, MaskView, Tile, TileFate};
+use super::block_mask::MaskView;
 use super::options::AttentionOptions;
 use super::scores::Real;
 use super::varlen::Sequence;
@@ -46,19 +46,6 @@ impl<'a> PairRule<'a> {
     /// mask some: [`PairRule::allows`]).
     pub fn keys(&self, i: usize) -> Range<usize> {
         self.band.key_range(i)
-    }
-
-    /// How the block mask treats the tile `rows × keys` (within the
-    /// sequence) under the band: skipped (no allowed pair), full or
-    /// partial; `None` without a block mask.
-    pub fn block_fate(&self, rows: &Range<usize>, keys: &Range<usize>) -> Option<TileFate> {
-        self.block.as_ref().map(|view| {
-            let tile = Tile {
-                rows: rows.clone(),
-                keys: keys.clone(),
-            };
-            tile_fate(view, &self.band, &tile)
-        })
     }
 
     /// Whether row `i` may attend to key `j` (sequence-relative).

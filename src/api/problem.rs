@@ -6,10 +6,10 @@
 //! first use all take it, so the options are read in one place.
 
 use super::band::Mask;
-use super::inputs::BackwardInputs;
+use super::inputs::{BackwardInputs, ForwardInputs};
 use super::options::AttentionOptions;
 use super::shape::AttentionShape;
-use super::tensor::{Precision, TensorView};
+use super::tensor::Precision;
 use crate::error::Result;
 
 /// A validated attention call (forward or backward).
@@ -56,9 +56,8 @@ impl<'a> Problem<'a> {
     }
 
     /// A forward of `q`, `k`, `v` under `opts`.
-    pub fn forward(qkv: [&TensorView; 3], opts: &'a AttentionOptions) -> Result<Self> {
-        let [q, k, v] = qkv;
-        Self::new(AttentionShape::from_views(q, k, v)?, q.precision(), opts)
+    pub fn forward(inputs: &ForwardInputs, opts: &'a AttentionOptions) -> Result<Self> {
+        Self::new(inputs.shape()?, inputs.q.precision(), opts)
     }
 
     /// A backward of `inputs` under `opts` (o, do and lse checked too).

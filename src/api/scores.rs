@@ -17,6 +17,7 @@ pub struct Alibi {
 }
 
 impl Alibi {
+    /// Slopes per query head, `(heads_q,)`, or per sequence and head, `(batch, heads_q)`.
     pub fn new(slopes: &[f32]) -> Self {
         Self {
             slopes: slopes.into(),
@@ -39,6 +40,7 @@ impl Alibi {
         Self::new(&slopes)
     }
 
+    /// The slopes as given.
     pub fn slopes(&self) -> &[f32] {
         &self.slopes
     }
@@ -79,12 +81,14 @@ pub struct Sinks {
 }
 
 impl Sinks {
+    /// One sink logit per query head.
     pub fn new(logits: &[f32]) -> Self {
         Self {
             logits: logits.into(),
         }
     }
 
+    /// The logits as given.
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }

@@ -11,10 +11,15 @@ pub const MAX_HEAD_DIM: usize = 512;
 /// The sizes of one attention call, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
+    /// Sequences in the batch.
     pub batch: usize,
+    /// Query tokens per sequence.
     pub seqlen_q: usize,
+    /// Key/value tokens per sequence.
     pub seqlen_k: usize,
+    /// Query heads.
     pub heads_q: usize,
+    /// Key/value heads (`heads_q` is a multiple).
     pub heads_kv: usize,
     /// The head dim of q and k.
     pub head_dim: usize,
@@ -58,7 +63,7 @@ impl AttentionShape {
     /// (what [`AttentionShape::new`] checks): every size at least 1, head
     /// dims within [`MAX_HEAD_DIM`], heads_q a multiple of heads_kv, and the
     /// element count of q, k, v and o within this target's limit
-    /// ([`Error::SizeOverflow`], see [`crate::api::size`]), so every
+    /// ([`Error::SizeOverflow`], see docs/semantics-limits.md), so every
     /// product of these sizes the engine computes fits a `usize`.
     pub fn check(&self) -> Result<()> {
         let fields = [
@@ -153,6 +158,7 @@ impl AttentionShape {
         self.heads_q / self.heads_kv
     }
 
+    /// q's shape: `(batch, seqlen_q, heads_q, head_dim)`.
     pub fn q_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
     }
@@ -172,10 +178,12 @@ impl AttentionShape {
         [self.batch, self.seqlen_q, self.heads_q, self.head_dim_v]
     }
 
+    /// lse's shape: `(batch, heads_q, seqlen_q)`.
     pub fn lse_shape(&self) -> [usize; 3] {
         [self.batch, self.heads_q, self.seqlen_q]
     }
 
+    /// Elements of q.
     pub fn q_len(&self) -> usize {
         self.q_shape().iter().product()
     }
@@ -195,6 +203,7 @@ impl AttentionShape {
         self.o_shape().iter().product()
     }
 
+    /// Elements of lse.
     pub fn lse_len(&self) -> usize {
         self.batch * self.heads_q * self.seqlen_q
     }
@@ -221,8 +230,11 @@ fn same_dtype(t: &TensorView, q: &TensorView, name: &'static str) -> Result<()> 
 /// Flat index arithmetic of the `(batch, seq, heads, dim)` layout.
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
+    /// Rows per sequence.
     pub seqlen: usize,
+    /// Heads.
     pub heads: usize,
+    /// Elements per row.
     pub dim: usize,
 }
 
@@ -269,6 +281,7 @@ impl Layout {
 }
 
 /// Offset of `lse[b, h, i]` in the `(batch, heads_q, seqlen_q)` layout.
+#[cfg(feature = "lab")]
 #[inline]
 pub fn lse_index(shape: &AttentionShape, b: usize, h: usize, i: usize) -> usize {
     (b * shape.heads_q + h) * shape.seqlen_q + i

@@ -6,7 +6,9 @@ use half::{bf16, f16};
 
 /// Storage precision of q, k, v and o. Accumulation is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Precision {
+    /// IEEE single precision.
     F32,
     /// IEEE half: 10 mantissa bits, 5 exponent bits.
     F16,
@@ -48,6 +50,7 @@ impl Precision {
         }
     }
 
+    /// `f32`, `f16` or `bf16`, as it parses.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
@@ -81,9 +84,13 @@ impl std::str::FromStr for Precision {
 
 /// Borrowed element data of a host tensor.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum HostData<'a> {
+    /// f32 elements.
     F32(&'a [f32]),
+    /// f16 elements.
     F16(&'a [f16]),
+    /// bf16 elements.
     Bf16(&'a [bf16]),
 }
 
@@ -97,6 +104,7 @@ impl<'a> HostData<'a> {
         }
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         match self {
             HostData::F32(d) => d.len(),
@@ -105,10 +113,12 @@ impl<'a> HostData<'a> {
         }
     }
 
+    /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The element type.
     pub fn precision(&self) -> Precision {
         match self {
             HostData::F32(_) => Precision::F32,
@@ -130,11 +140,14 @@ impl<'a> HostData<'a> {
 /// A borrowed, row-major, contiguous 4-d tensor `(batch, seqlen, heads, head_dim)`.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorView<'a> {
+    /// `(batch, seq, heads, dim)`.
     pub shape: [usize; 4],
+    /// The elements, row-major.
     pub data: HostData<'a>,
 }
 
 impl<'a> TensorView<'a> {
+    /// An f32 view of `data` with `shape`.
     pub fn f32(shape: [usize; 4], data: &'a [f32]) -> Self {
         Self {
             shape,
@@ -142,6 +155,7 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// An f16 view of `data` with `shape`.
     pub fn f16(shape: [usize; 4], data: &'a [f16]) -> Self {
         Self {
             shape,
@@ -149,6 +163,7 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// A bf16 view of `data` with `shape`.
     pub fn bf16(shape: [usize; 4], data: &'a [bf16]) -> Self {
         Self {
             shape,
@@ -172,6 +187,7 @@ impl<'a> TensorView<'a> {
         Self::bf16([1, total, heads, dim], data)
     }
 
+    /// The element type.
     pub fn precision(&self) -> Precision {
         self.data.precision()
     }
@@ -194,9 +210,13 @@ impl<'a> TensorView<'a> {
 
 /// Owned element data.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum TensorData {
+    /// f32 elements.
     F32(Vec<f32>),
+    /// f16 elements.
     F16(Vec<f16>),
+    /// bf16 elements.
     Bf16(Vec<bf16>),
 }
 
@@ -221,6 +241,7 @@ impl TensorData {
         }
     }
 
+    /// The element type.
     pub fn precision(&self) -> Precision {
         match self {
             TensorData::F32(_) => Precision::F32,
@@ -229,6 +250,7 @@ impl TensorData {
         }
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         match self {
             TensorData::F32(d) => d.len(),
@@ -237,14 +259,17 @@ impl TensorData {
         }
     }
 
+    /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Every element widened to f32.
     pub fn to_f32(&self) -> Vec<f32> {
         self.as_host().to_f32()
     }
 
+    /// A borrowed view of the elements.
     pub fn as_host(&self) -> HostData<'_> {
         match self {
             TensorData::F32(d) => HostData::F32(d),
@@ -265,15 +290,19 @@ impl TensorData {
 /// An owned, row-major tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// Its dims.
     pub shape: Vec<usize>,
+    /// Its elements, row-major.
     pub data: TensorData,
 }
 
 impl Tensor {
+    /// The element type.
     pub fn precision(&self) -> Precision {
         self.data.precision()
     }
 
+    /// Every element widened to f32.
     pub fn to_f32(&self) -> Vec<f32> {
         self.data.to_f32()
     }

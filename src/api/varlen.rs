@@ -48,10 +48,12 @@ impl Varlen {
         self.cu_q.len() - 1
     }
 
+    /// Cumulative query lengths, `batch + 1` entries from 0.
     pub fn cu_seqlens_q(&self) -> &[i32] {
         &self.cu_q
     }
 
+    /// Cumulative key lengths, `batch + 1` entries from 0.
     pub fn cu_seqlens_k(&self) -> &[i32] {
         &self.cu_k
     }

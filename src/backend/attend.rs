@@ -6,10 +6,9 @@
 //! per backend.
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::tensor::TensorView;
 use crate::error::Result;
 use crate::plan::PlanOverrides;
 
@@ -39,7 +38,7 @@ pub trait AttentionBackend: std::fmt::Debug {
     /// Exact attention forward: `o` and `lse`.
     fn forward(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput>;
@@ -48,7 +47,7 @@ pub trait AttentionBackend: std::fmt::Debug {
     /// [`Capabilities::fp8`] is false).
     fn forward_fp8(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,

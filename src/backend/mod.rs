@@ -15,30 +15,45 @@ use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{
     api::decode::{DecodeOutput, DecodeStep, HostKvCache},
-    api::inputs::BackwardInputs,
+    api::inputs::{BackwardInputs, ForwardInputs},
     api::options::{AttentionOptions, Fp8Options},
     api::output::{BackwardOutput, CallStats, ForwardOutput},
-    api::tensor::TensorView,
     choice::{choose, Decision, Workload},
     cpu::Cpu,
     plan::PlanOverrides,
     verify::Verification,
 };
 
-/// Which implementation to run.
+/// Which implementation to run (`"auto"`, `"wgpu"`, `"cpu"` or `"cuda"`
+/// parse to these).
+///
+/// ```
+/// use flashattn::BackendKind;
+///
+/// let kind: BackendKind = "cpu".parse()?;
+/// assert_eq!(kind, BackendKind::Cpu);
+/// assert_eq!(kind.name(), "cpu");
+/// # Ok::<(), flashattn::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// CUDA where a CUDA device opens and takes the problem (builds with
     /// the `cuda` feature); else a hardware GPU when one exists; else the
     /// faster of a CPU adapter's kernels and the CPU backend, measured on
     /// the problem.
     Auto,
+    /// The WGSL kernels on a wgpu adapter ([`Engine`]).
     Wgpu,
+    /// The CPU backend.
     Cpu,
+    /// The CUDA kernels (builds without the `cuda` feature answer
+    /// [`Error::BackendNotBuilt`] when asked for it).
     Cuda,
 }
 
 impl BackendKind {
+    /// The name it parses from.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
@@ -83,20 +98,62 @@ fn auto_cuda(workload: &Workload) -> std::result::Result<Choice, String> {
     })
 }
 
-/// A ready backend.
+/// A ready backend: run any operation through [`Backend::as_attention`]
+/// or the methods below (which fall back to the CPU where every wgpu
+/// kernel family failed its check on the device).
+///
+/// ```
+/// use flashattn::{AttentionOptions, Backend, ForwardInputs, PlanOverrides, TensorView};
+///
+/// let x = vec![0.25f32; 1 * 16 * 2 * 32];
+/// let view = TensorView::f32([1, 16, 2, 32], &x);
+/// let backend = Backend::Cpu;
+/// let opts = AttentionOptions::default().causal(true);
+/// let out = backend.forward(&ForwardInputs::new(view, view, view), &opts, &PlanOverrides::default())?;
+/// assert_eq!(out.lse.len(), 1 * 2 * 16);
+/// # Ok::<(), flashattn::Error>(())
+/// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Backend {
+    /// The WGSL kernels on a wgpu device.
     Wgpu(Box<Engine>),
+    /// The CPU backend on this machine's fastest instruction set.
     Cpu,
-    /// The CUDA kernels on device 0 (feature `cuda`).
-    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-    Cuda(Box<crate::cuda::Cuda>),
+    /// The CUDA kernels on device 0; only builds with the `cuda` feature
+    /// can make one (without it, [`Cuda`] has no values).
+    Cuda(Box<Cuda>),
+}
+
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub use crate::cuda::Cuda;
+
+/// The CUDA backend's handle in a build without the `cuda` feature: it
+/// has no values, so [`Backend::Cuda`] exists in every build but only a
+/// build with the feature can hold one.
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+#[derive(Debug)]
+pub struct Cuda {
+    _never: std::convert::Infallible,
+}
+
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+impl Cuda {
+    /// A value of this type cannot exist; code holding one is unreachable.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn absurd(&self) -> ! {
+        let never = self._never;
+        match never {}
+    }
 }
 
 /// A backend and the reason it was chosen, for the user.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Choice {
+    /// The backend, ready to run.
     pub backend: Backend,
+    /// Why it was chosen (what `auto` measured or found).
     pub reason: String,
 }
 
@@ -163,6 +220,8 @@ impl Backend {
             Backend::Cpu => fastest_cpu(),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.as_ref(),
+            #[cfg(not(feature = "cuda"))]
+            Backend::Cuda(c) => c.absurd(),
         }
     }
 
@@ -171,7 +230,6 @@ impl Backend {
         match self {
             Backend::Wgpu(_) => BackendKind::Wgpu,
             Backend::Cpu => BackendKind::Cpu,
-            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             Backend::Cuda(_) => BackendKind::Cuda,
         }
     }
@@ -192,14 +250,14 @@ impl Backend {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         or_cpu(
             self,
-            self.as_attention().forward(qkv, opts, overrides),
-            || fastest_cpu().forward_qkv(qkv, opts),
+            self.as_attention().forward(inputs, opts, overrides),
+            || AttentionBackend::forward(fastest_cpu(), inputs, opts, overrides),
             |o| &mut o.stats,
         )
     }
@@ -208,15 +266,15 @@ impl Backend {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_fp8(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         or_cpu(
             self,
-            self.as_attention().forward_fp8(qkv, opts, fp8, overrides),
-            || crate::cpu::forward_fp8(qkv[0], qkv[1], qkv[2], opts, fp8),
+            self.as_attention().forward_fp8(inputs, opts, fp8, overrides),
+            || fastest_cpu().forward_fp8(inputs, opts, fp8, overrides),
             |o| &mut o.stats,
         )
     }
@@ -311,7 +369,7 @@ mod tests {
         let [q, k, v] = [0, 1, 2].map(|i| data[i].view(shape));
         let opts = AttentionOptions::default().causal(true);
         let out = backend
-            .forward([&q, &k, &v], &opts, &PlanOverrides::default())
+            .forward(&ForwardInputs::new(q, k, v), &opts, &PlanOverrides::default())
             .unwrap();
         for check in crate::accuracy::check_forward(&out, &q, &k, &v, &opts).unwrap() {
             assert!(check.passed(), "{check}");
@@ -319,7 +377,7 @@ mod tests {
         let bad = TensorData::F32(vec![0.0; 9 * 2 * 8]);
         let short = bad.view([1, 9, 2, 8]);
         assert!(matches!(
-            backend.forward([&q, &short, &v], &opts, &PlanOverrides::default()),
+            backend.forward(&ForwardInputs::new(q, short, v), &opts, &PlanOverrides::default()),
             Err(Error::DimMismatch {
                 dim: "head_dim",
                 ..

@@ -10,14 +10,14 @@ use crate::disk_cache::{cache_dir, Entry, Table};
 use std::path::Path;
 
 /// Where `auto` keeps its measurements: `auto-backend.tsv`, a
-/// [`Table`] whose entries are the winner's id and the reason measured then.
+/// table whose entries are the winner's id and the reason measured then.
 #[derive(Clone, Debug)]
 pub struct ProbeCache {
     table: Table,
 }
 
 impl ProbeCache {
-    /// `auto-backend.tsv` in [`cache_dir`]; `None` where it has none.
+    /// `auto-backend.tsv` in flashattn's cache directory; `None` where it has none.
     pub fn default_location() -> Option<ProbeCache> {
         Some(ProbeCache::in_dir(&cache_dir()?))
     }

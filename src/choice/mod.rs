@@ -13,7 +13,7 @@ pub mod cache;
 
 pub use cache::ProbeCache;
 
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
@@ -29,9 +29,13 @@ use web_time::Instant;
 
 /// What a backend is chosen for: `auto` measures on (a slice of) it.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Workload {
+    /// The problem's shape.
     pub shape: AttentionShape,
+    /// The inputs' storage precision.
     pub precision: Precision,
+    /// Masks, scores and layouts.
     pub opts: AttentionOptions,
     /// The backward runs too (after a forward).
     pub backward: bool,
@@ -40,6 +44,29 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// A forward of `shape` in `precision` under `opts` (no backward).
+    pub fn new(shape: AttentionShape, precision: Precision, opts: AttentionOptions) -> Self {
+        Self {
+            shape,
+            precision,
+            opts,
+            backward: false,
+            operation: Operation::Attention,
+        }
+    }
+
+    /// Whether the backward runs too (after a forward).
+    pub fn backward(mut self, backward: bool) -> Self {
+        self.backward = backward;
+        self
+    }
+
+    /// What runs: attention, its FP8 form, or decoding steps.
+    pub fn operation(mut self, operation: Operation) -> Self {
+        self.operation = operation;
+        self
+    }
+
     /// The attention call it describes, validated.
     pub fn problem(&self) -> Result<Problem<'_>> {
         Problem::new(self.shape, self.precision, &self.opts)
@@ -48,7 +75,9 @@ impl Workload {
 
 /// The kind of call a [`Workload`] is (backends do not all take each).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Operation {
+    /// Attention (the forward, and the backward if asked).
     #[default]
     Attention,
     /// The FP8 (e4m3) forward.
@@ -356,7 +385,7 @@ impl Slice {
         let start = Instant::now();
         let fwd = e.forward_async(q, k, v, &self.opts, o).await?;
         if self.backward {
-            let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+            let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
             e.backward_async(&inputs, &self.opts, o).await?;
         }
         Ok(start.elapsed().as_secs_f64())
@@ -367,7 +396,7 @@ impl Slice {
         let start = Instant::now();
         let fwd = cpu.forward(q, k, v, &self.opts)?;
         if self.backward {
-            let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+            let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
             cpu.backward(&inputs, &self.opts)?;
         }
         Ok(start.elapsed().as_secs_f64())

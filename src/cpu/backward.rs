@@ -108,7 +108,9 @@ pub(crate) fn backward(
     let (dk, dv) = ctx.scatter_kv(&parts);
     let dq = ctx.reduce_dq(&parts);
     let grads = [dq, dk, dv].map(|g| TensorData::from_f32(g, ctx.precision));
-    let out = BackwardOutput::new(&shape, grads, CallStats::default()).with_dsinks(ctx.dsinks());
+    let [dq, dk, dv] = grads;
+    let out =
+        BackwardOutput::new(&shape, dq, dk, dv, CallStats::default()).with_dsinks(ctx.dsinks());
     Ok(out.packed(opts.varlen.is_some()))
 }
 

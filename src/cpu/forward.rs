@@ -13,6 +13,7 @@ use super::micro::{Kernel, Mat};
 use super::pack::{self, Panels};
 use super::scores::{ScoreRow, ScoreRule};
 use super::vmath::{rounding_of, Rounding};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::pair_rule::PairRule;
@@ -92,7 +93,7 @@ pub(crate) fn forward(
     [q, k, v]: [&TensorView; 3],
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
-    let problem = Problem::forward([q, k, v], opts)?;
+    let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
     let precision = problem.precision;
     let [qf, kf, vf] = [q, k, v].map(pack::widened);
     let (o, lse) = forward_f32(isa, &problem, [&qf, &kf, &vf], rounding_of(precision));

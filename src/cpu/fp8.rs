@@ -4,6 +4,7 @@
 //! dequantized values, P quantized to e4m3 at its own scale before `P·V`,
 //! f32 accumulation; `o` is f32.
 
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::problem::Problem;
@@ -25,7 +26,7 @@ pub fn forward_fp8(
     opts.validate()?;
     Fp8Layout::check_supported(&shape, opts)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
-    let quantized = layout.quantize([q, k, v])?;
+    let quantized = layout.quantize(&ForwardInputs::new(*q, *k, *v))?;
     // Each tensor's scales multiply its values here; the kernels fold them
     // into the scores and the output instead (equal up to rounding).
     let qkv = quantized.map(|t| t.dequantize());

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 /// An instruction set the CPU backend has kernels for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// x86-64 with AVX-512F (and AVX2, FMA): 16-lane vectors.
     Avx512,
@@ -51,6 +52,7 @@ impl Isa {
         }
     }
 
+    /// The name it parses from.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",

@@ -61,7 +61,7 @@ pub use fp8::forward_fp8;
 pub use isa::Isa;
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::tensor::TensorView;
@@ -92,6 +92,7 @@ impl Cpu {
         Ok(Self { isa: isa.check()? })
     }
 
+    /// The instruction set its kernels use.
     pub fn isa(&self) -> Isa {
         self.isa
     }
@@ -104,16 +105,7 @@ impl Cpu {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        self.forward_qkv([q, k, v], opts)
-    }
-
-    /// [`Cpu::forward`] on q, k, v in one array.
-    pub fn forward_qkv(
-        &self,
-        qkv: [&TensorView; 3],
-        opts: &AttentionOptions,
-    ) -> Result<ForwardOutput> {
-        forward::forward(self.isa, qkv, opts)
+        forward::forward(self.isa, [q, k, v], opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -152,21 +144,21 @@ impl AttentionBackend for Cpu {
 
     fn forward(
         &self,
-        qkv: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        self.forward_qkv(qkv, opts)
+        Cpu::forward(self, &inputs.q, &inputs.k, &inputs.v, opts)
     }
 
     fn forward_fp8(
         &self,
-        [q, k, v]: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        fp8::forward_fp8(q, k, v, opts, fp8)
+        fp8::forward_fp8(&inputs.q, &inputs.k, &inputs.v, opts, fp8)
     }
 
     fn backward(

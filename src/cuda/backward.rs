@@ -98,7 +98,8 @@ pub(crate) fn backward(
         timing: Timing::CudaEvents,
         ..CallStats::default()
     };
-    Ok(BackwardOutput::new(&shape, grads, stats)
+    let [dq, dk, dv] = grads;
+    Ok(BackwardOutput::new(&shape, dq, dk, dv, stats)
         .with_dsinks(dsinks)
         .packed(opts.varlen.is_some()))
 }

@@ -36,7 +36,9 @@ pub fn bounded_wait_ms() -> Option<u32> {
 /// features of exactly X.Y, such as Hopper's wgmma and setmaxnreg).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arch {
+    /// Compute capability X.
     pub major: i32,
+    /// Compute capability .Y.
     pub minor: i32,
     /// The `a` suffix: PTX that runs on compute capability X.Y only.
     pub specific: bool,

@@ -15,6 +15,7 @@ use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
+use crate::api::inputs::ForwardInputs;
 use crate::api::problem::Problem;
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::TensorData;
@@ -79,8 +80,9 @@ pub(crate) fn decode(
         shape: [1, total_q, p.heads_q, p.head_dim],
         data: q,
     };
-    let qkv = [&q, &k.view(kv_shape), &v.view(kv_shape)];
-    let out = forward(dev, path, qkv, &Problem::forward(qkv, &packed)?)?;
+    let (k, v) = (k.view(kv_shape), v.view(kv_shape));
+    let problem = Problem::forward(&ForwardInputs::new(q, k, v), &packed)?;
+    let out = forward(dev, path, [&q, &k, &v], &problem)?;
     // lse (heads_q, total_q) of the packed batch to (batch, heads_q, seqlen_q).
     let mut lse = vec![0.0; p.lse_len()];
     for b in 0..p.batch {

@@ -61,6 +61,7 @@ pub(crate) fn cached_ptx(key: &KernelKey, arch: &str) -> Result<Ptx> {
 /// Compile every key of `keys` for `arch` into the cache, over all cores
 /// (rayon's pool): what a later load of each finds there. The errors of
 /// those that failed; without a cache folder, compiling only checks them.
+#[cfg(feature = "lab")]
 pub fn warm(keys: &[KernelKey], arch: &str) -> Vec<crate::error::Error> {
     use rayon::prelude::*;
     keys.par_iter()

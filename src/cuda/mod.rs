@@ -105,12 +105,18 @@ pub mod tensor_map;
 pub mod verify;
 
 pub use compile::Arch;
-pub use context::{driver_present, versions, CudaDevice, ModuleReport, Versions};
-pub use disk_cache::warm as warm_ptx_cache;
-pub use plan::{CudaPlan, DeviceProps, KernelPath};
+pub use context::{CudaDevice, ModuleReport};
+pub use plan::{DeviceProps, KernelPath};
+// For the command line's `doctor` and the tests.
+#[cfg(feature = "lab")]
+pub use {
+    context::{driver_present, versions, Versions},
+    disk_cache::warm as warm_ptx_cache,
+    plan::CudaPlan,
+};
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::problem::Problem;
@@ -285,7 +291,7 @@ impl Cuda {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        let problem = Problem::forward([q, k, v], opts)?;
+        let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
         let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Forward;
         let (path, verification) = self.verified(call, plan, path)?;
@@ -356,16 +362,16 @@ impl AttentionBackend for Cuda {
 
     fn forward(
         &self,
-        [q, k, v]: [&TensorView; 3],
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        Cuda::forward(self, q, k, v, opts)
+        Cuda::forward(self, &inputs.q, &inputs.k, &inputs.v, opts)
     }
 
     fn forward_fp8(
         &self,
-        _: [&TensorView; 3],
+        _: &ForwardInputs,
         _: &AttentionOptions,
         _: &Fp8Options,
         _: &PlanOverrides,

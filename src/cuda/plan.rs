@@ -10,13 +10,17 @@
 //! prints [`CudaPlan::explain`].
 
 use super::compile::Arch;
-use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, STATIC_SHARED_LIMIT, WGMMA_HEAD_DIMS};
+use super::kernel::{Family, KernelKey, MMA_MAX_HEAD_DIM, WGMMA_HEAD_DIMS};
+#[cfg(feature = "lab")]
+use super::kernel::STATIC_SHARED_LIMIT;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
 
 /// Which kernels to run: chosen ([`KernelPath::Auto`]) or forced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KernelPath {
+    /// The fastest path the device and the call take.
     #[default]
     Auto,
     /// The scalar kernels (f32 FMAs on f32 tiles), any precision.
@@ -65,14 +69,19 @@ impl KernelPath {
 /// attributes, or made up for tests and `flashattn plan`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProps {
+    /// The device's name.
     pub name: String,
+    /// Compute capability X.
     pub major: i32,
+    /// Compute capability .Y.
     pub minor: i32,
+    /// Streaming multiprocessors.
     pub sms: usize,
     /// Shared memory one block may opt in to (bytes).
     pub smem_per_block_optin: usize,
     /// Shared memory per multiprocessor (bytes).
     pub smem_per_sm: usize,
+    /// Resident threads per multiprocessor.
     pub max_threads_per_sm: usize,
     /// What the kernels are compiled for: the device's own architecture
     /// unless overridden (`--arch`, `FLASHATTN_CUDA_ARCH`), and what the
@@ -256,6 +265,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
 impl CudaPlan {
     /// Lines naming each module's tiles, warps, stages and shared memory,
     /// and how many blocks of it one of `dev`'s SMs holds.
+    #[cfg(feature = "lab")]
     pub fn explain(&self, dev: &DeviceProps) -> Vec<String> {
         let mut lines = vec![format!("path: {}", self.reason)];
         if let Some(why) = self.not_hopper {

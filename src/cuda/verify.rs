@@ -12,6 +12,7 @@ use super::forward::forward;
 use super::kernel::Family;
 use super::plan::{plan, DeviceProps, KernelPath, PlanProblem};
 use crate::api::options::AttentionOptions;
+use crate::api::inputs::ForwardInputs;
 use crate::api::problem::Problem;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
@@ -173,7 +174,7 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     };
     let [q, k, v, _] = case.views();
     if call == CallKind::Forward {
-        let problem = Problem::forward([&q, &k, &v], &case.opts)?;
+        let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
         let mut out = forward(dev, path, [&q, &k, &v], &problem)?;
         Fault::perturb(fault, &key, &mut out.o);
         return case.judge_forward(&out);

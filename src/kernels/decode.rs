@@ -54,14 +54,17 @@ pub struct DecodeMerge {
 /// `min_storage_buffer_offset_alignment`. q is `(batch, seqlen_q, heads_q,
 /// head_dim)` and o the same, in the cache's precision; lse `(batch,
 /// heads_q, seqlen_q)` f32; `k_new`/`v_new` `(batch, seqlen_new, heads_kv,
-/// head_dim)` in the cache's precision. WebGPU binds a buffer read-only or
-/// writable in a dispatch, not both: o and lse go in buffers no input (q,
-/// the new rows, the cache) is in, and the cache in a buffer the new rows
-/// are not in.
+/// head_dim)` in the cache's precision. Any of them may share a buffer
+/// with the others and with the cache, so long as no range a dispatch
+/// writes (o, lse, the cache during the append, the scratch) intersects
+/// another (`OverlappingBindings`).
 #[derive(Clone, Debug)]
 pub struct DecodeBindings<'a> {
+    /// The queries.
     pub q: wgpu::BufferBinding<'a>,
+    /// The output.
     pub o: wgpu::BufferBinding<'a>,
+    /// The output's log-sum-exp.
     pub lse: wgpu::BufferBinding<'a>,
     /// `[k_new, v_new]`, appended to the cache before attending (as
     /// [`DecodeStep::new_kv`](crate::DecodeStep::new_kv) is); `None` when
@@ -70,8 +73,8 @@ pub struct DecodeBindings<'a> {
     pub new_kv: Option<[wgpu::BufferBinding<'a>; 2]>,
     /// The splits' partial o and lse when a step runs in several
     /// ([`Engine::decode_scratch_size`](crate::Engine::decode_scratch_size)
-    /// bytes, in a buffer no other range is in); `None`: a buffer created
-    /// for the call where one is needed.
+    /// bytes, intersecting no other range); `None`: a buffer created for
+    /// the call where one is needed.
     pub scratch: Option<wgpu::BufferBinding<'a>>,
 }
 

@@ -79,15 +79,25 @@ pub struct BackwardBuffers<'a> {
 /// (`Engine::scratch_size` bytes); else the engine creates it.
 #[derive(Clone, Debug)]
 pub struct GradientBindings<'a> {
+    /// q, as the forward read it.
     pub q: wgpu::BufferBinding<'a>,
+    /// k.
     pub k: wgpu::BufferBinding<'a>,
+    /// v.
     pub v: wgpu::BufferBinding<'a>,
+    /// The forward's o.
     pub o: wgpu::BufferBinding<'a>,
+    /// The gradient of o.
     pub d_o: wgpu::BufferBinding<'a>,
+    /// The forward's lse (f32).
     pub lse: wgpu::BufferBinding<'a>,
+    /// dq, written.
     pub dq: wgpu::BufferBinding<'a>,
+    /// dk, written.
     pub dk: wgpu::BufferBinding<'a>,
+    /// dv, written.
     pub dv: wgpu::BufferBinding<'a>,
+    /// Scratch of [`crate::Engine::scratch_size`] bytes where the call needs it.
     pub scratch: Option<wgpu::BufferBinding<'a>>,
 }
 

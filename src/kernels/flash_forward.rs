@@ -32,10 +32,15 @@ pub struct FlashForward {
 /// `STORAGE` usage.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionBuffers<'a> {
+    /// q.
     pub q: &'a wgpu::Buffer,
+    /// k.
     pub k: &'a wgpu::Buffer,
+    /// v.
     pub v: &'a wgpu::Buffer,
+    /// o, written.
     pub o: &'a wgpu::Buffer,
+    /// lse (f32), written.
     pub lse: &'a wgpu::Buffer,
 }
 
@@ -47,10 +52,15 @@ pub struct AttentionBuffers<'a> {
 /// buffer, as long as o's and lse's ranges intersect no other.
 #[derive(Clone, Debug)]
 pub struct AttentionBindings<'a> {
+    /// q.
     pub q: wgpu::BufferBinding<'a>,
+    /// k.
     pub k: wgpu::BufferBinding<'a>,
+    /// v.
     pub v: wgpu::BufferBinding<'a>,
+    /// o, written.
     pub o: wgpu::BufferBinding<'a>,
+    /// lse (f32), written.
     pub lse: wgpu::BufferBinding<'a>,
 }
 

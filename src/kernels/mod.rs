@@ -20,7 +20,9 @@ pub mod quantize;
 pub mod side;
 pub mod walk;
 
-pub use compose::{binding, KernelSource, LoopCheck, Variant};
+pub use compose::{binding, LoopCheck, Variant};
+#[cfg(feature = "lab")]
+pub use compose::KernelSource;
 pub use copy::BufferCopy;
 pub use decode::{DecodeBindings, DecodeMerge, FlashDecode, KvAppend};
 pub use flash_backward::{
@@ -30,9 +32,13 @@ pub use flash_forward::{AttentionBindings, AttentionBuffers, FlashForward};
 pub use key::KernelKey;
 pub use loop_probe::LoopProbe;
 pub use loops::{LoopCost, LoopDim};
-pub use matmul::{Epilogue, Matmul, MatmulForm, MatmulProblem, MatmulSpec};
+pub use matmul::{Epilogue, MatmulForm, MatmulProblem};
+#[cfg(feature = "lab")]
+pub use matmul::{Matmul, MatmulSpec};
 pub use naive::{Naive, NaiveEntry};
 pub use params::{CopyParams, DecodeParams, MatmulParams, Params, Piece, QuantParams, Uniform};
 pub use quantize::{Fp8Quantize, QuantPass};
 pub use side::SideTables;
-pub use walk::{wgsl_words, SeqDims, Sequences, Visit, Walk, WgslTileLists};
+pub use walk::{SeqDims, Sequences, Walk};
+#[cfg(feature = "lab")]
+pub use walk::{wgsl_words, Visit, WgslTileLists};

@@ -14,8 +14,10 @@ use bytemuck::{Pod, Zeroable};
 /// A `#[repr(C)]` uniform struct whose layout a test compares with WGSL's.
 pub trait Uniform: Pod {
     /// The WGSL struct's name.
+    #[cfg(feature = "lab")]
     const WGSL_NAME: &'static str;
     /// Field names and byte offsets, in declaration order.
+    #[cfg(feature = "lab")]
     const FIELDS: &'static [(&'static str, usize)];
 }
 
@@ -32,7 +34,9 @@ macro_rules! uniform_struct {
         }
 
         impl Uniform for $name {
+            #[cfg(feature = "lab")]
             const WGSL_NAME: &'static str = $wgsl;
+            #[cfg(feature = "lab")]
             const FIELDS: &'static [(&'static str, usize)] =
                 &[$((stringify!($field), std::mem::offset_of!($name, $field)),)*];
         }

@@ -24,11 +24,6 @@ pub struct SideTables<'a> {
 }
 
 impl SideTables<'_> {
-    /// Whether the kernel reads any table (and so binds the buffer).
-    pub fn any(&self) -> bool {
-        self.seqs.is_some() || self.alibi.is_some() || self.sinks.is_some() || self.mask.is_some()
-    }
-
     /// The buffer's words, with `params` pointed at each table; `heads_q`
     /// is the whole problem's (slopes per batch entry are that far apart).
     pub fn build(&self, params: &mut Params, heads_q: usize) -> Result<Vec<u32>> {

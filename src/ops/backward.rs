@@ -223,7 +223,8 @@ async fn in_pieces(
             (grads, b.opts.sinks.is_some().then_some(dsinks))
         }
     };
-    Ok(BackwardOutput::new(&shape, grads, call.finish()).with_dsinks(dsinks))
+    let [dq, dk, dv] = grads;
+    Ok(BackwardOutput::new(&shape, dq, dk, dv, call.finish()).with_dsinks(dsinks))
 }
 
 /// Gather one piece (with its rows' LSE) and run it: its gradients are

@@ -58,6 +58,7 @@ pub async fn copy_bandwidth(gpu: &Gpu, bytes: u64, repeats: usize) -> Result<Ban
 
 /// `data` through the copy kernel once, read back (for tests of the copy;
 /// `data.len()` must be a multiple of 4).
+#[cfg(feature = "lab")]
 pub async fn copy_f32(gpu: &Gpu, data: &[f32]) -> Result<Vec<f32>> {
     if !data.len().is_multiple_of(4) {
         return Err(Error::DataLength {

@@ -11,6 +11,7 @@ use crate::runtime::{whole, Call, Dispatch, Gpu};
 
 /// Which of attention's products the ceiling times (equal FLOPs: 2·N²·d).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CeilingShape {
     /// `S = Q·Kᵀ`: N×d · d×N. With a shallow inner dimension its cost is
     /// storing the N×N output, which flash never does: not an upper bound
@@ -22,6 +23,7 @@ pub enum CeilingShape {
 }
 
 impl CeilingShape {
+    /// The shape in words.
     pub fn describe(self) -> &'static str {
         match self {
             CeilingShape::Scores => "N×d · d×N (S = QKᵀ)",
@@ -42,13 +44,17 @@ impl CeilingShape {
 /// A timed matmul on this adapter.
 #[derive(Clone, Debug)]
 pub struct CeilingResult {
+    /// Which product.
     pub shape: CeilingShape,
+    /// The matrices' rows.
     pub n: usize,
+    /// The shared (inner) dimension.
     pub d: usize,
     /// Which matmul kernel ran (`tiled` or `lanes`).
     pub kernel: &'static str,
     /// Kernel seconds of each repeat.
     pub seconds: Vec<f64>,
+    /// Floating-point operations per second reached.
     pub flops: f64,
 }
 

@@ -274,8 +274,8 @@ pub async fn naive_backward(
     let data = call
         .read(&[(&b.dq, bytes[0]), (&b.dk, bytes[1]), (&b.dv, bytes[2])])
         .await?;
-    let grads = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
-    Ok(BackwardOutput::new(&shape, grads, call.finish()))
+    let [dq, dk, dv] = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    Ok(BackwardOutput::new(&shape, dq, dk, dv, call.finish()))
 }
 
 fn grad_buffers(call: &mut Call, n: &Problem, [q, k, v, d_o]: [&TensorView; 4]) -> Result<Grads> {

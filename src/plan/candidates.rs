@@ -10,55 +10,15 @@
 //! it in [`KNOBS`]. Proposals the planner rejects are dropped here, so a
 //! knob may propose freely.
 
-use super::backward::plan_backward;
 use super::caps::DeviceCaps;
-use super::forward::plan_forward;
 use super::request::{KernelFamily, PlanOverrides, PlanRequest};
-use super::tiles::{round_up, Plan, Planned, GRANULARITY, MAX_THREADS_PER_ROW};
-use crate::error::{Error, Result};
+use super::pass::Pass;
+use super::tiles::{round_up, Plan, GRANULARITY, MAX_THREADS_PER_ROW};
+use crate::error::Result;
 
 /// Most candidates [`candidates`] returns: each is compiled and timed, and
 /// a pipeline compile alone takes up to a second on a CPU adapter.
 pub const MAX_CANDIDATES: usize = 8;
-
-/// Which kernels a plan is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Pass {
-    Forward,
-    Backward,
-}
-
-impl Pass {
-    pub fn name(self) -> &'static str {
-        match self {
-            Pass::Forward => "forward",
-            Pass::Backward => "backward",
-        }
-    }
-
-    /// The planner of this pass.
-    pub fn plan(self, req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
-        match self {
-            Pass::Forward => plan_forward(req, caps),
-            Pass::Backward => plan_backward(req, caps),
-        }
-    }
-}
-
-impl std::str::FromStr for Pass {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "forward" => Ok(Pass::Forward),
-            "backward" => Ok(Pass::Backward),
-            _ => Err(Error::UnknownName {
-                what: "pass",
-                name: s.to_string(),
-                expected: "forward or backward",
-            }),
-        }
-    }
-}
 
 /// One plan worth timing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +37,6 @@ pub struct Candidate {
 pub struct Base<'a> {
     pub req: &'a PlanRequest,
     pub pass: Pass,
-    pub caps: &'a DeviceCaps,
     pub formula: Plan,
     pub tiled: Option<Plan>,
 }
@@ -108,7 +67,6 @@ pub fn candidates(req: &PlanRequest, pass: Pass, caps: &DeviceCaps) -> Result<Ve
     let base = Base {
         req,
         pass,
-        caps,
         formula,
         tiled,
     };

@@ -9,7 +9,7 @@
 //! so each row's invocations split Bc evenly), and Bc keys per block.
 
 use super::caps::DeviceCaps;
-pub use super::matrix::CoopForm;
+pub use crate::api::kernel_plan::CoopForm;
 use super::request::{KernelFamily, PlanRequest};
 use super::tiles::{prev_pow2, round_up, Plan, Planned};
 use crate::api::tensor::Precision;

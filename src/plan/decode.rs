@@ -40,7 +40,9 @@ pub struct DecodeTiles {
     /// `flash_decode.wgsl` (workgroup memory, GPUs) or
     /// `flash_decode_lanes.wgsl` (one subgroup, CPU adapters).
     pub kernel: KernelFamily,
+    /// The head dim.
     pub head_dim: u32,
+    /// How q, the cache and o are stored.
     pub storage: StorageKind,
     /// Packed query rows per workgroup.
     pub rows: u32,
@@ -67,17 +69,22 @@ impl DecodeTiles {
 /// `s · keys_per_split ..` of every sequence (empty where a sequence is short).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Splits {
+    /// Splits per sequence (1: none).
     pub num_splits: usize,
+    /// Keys each split covers (the last may cover fewer).
     pub keys_per_split: usize,
 }
 
 /// A decode plan and the reasons for its choices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodePlan {
+    /// The kernel's tiles.
     pub tiles: DecodeTiles,
+    /// How the keys are split.
     pub splits: Splits,
     /// Workgroups per split: `batch × heads_kv × row blocks`.
     pub workgroups: usize,
+    /// Where the planner moved a value, and why.
     pub clamps: Vec<Clamp>,
     /// Why this many splits, in words.
     pub reasons: Vec<String>,

@@ -1,113 +1,29 @@
 //! What the planner is asked: head dim, precision, sequence lengths, and the
-//! caller's overrides; and the two choices it makes before sizing tiles
-//! (kernel family and storage kind).
+//! caller's overrides. The two choices it makes before sizing tiles (kernel
+//! family and storage kind) are defined with the plan in `api::kernel_plan`.
 
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
-use crate::error::{Error, Result};
+pub use crate::api::kernel_plan::{KernelFamily, StorageKind};
 
-/// Which family of kernels a plan runs (forward or backward).
+/// Caller overrides of the planner's choices; `None` keeps the planner's
+/// value. Build one from the default with the setters:
+///
+/// ```
+/// use flashattn::{KernelFamily, PlanOverrides};
+///
+/// let tiles = PlanOverrides::default().kernel(KernelFamily::Tiled).br(32).bc(32);
+/// assert_eq!(tiles.br, Some(32));
+/// assert!(tiles.fixes_tiles());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KernelFamily {
-    /// `flash_fwd.wgsl`, `flash_bwd_*.wgsl`: tiles in workgroup memory, sized
-    /// by the Br/Bc formula. The kernels for GPUs (and for every head dim).
-    #[default]
-    Tiled,
-    /// `flash_fwd_lanes.wgsl`, `flash_bwd_lanes.wgsl`: rows owned by the
-    /// lanes of a subgroup-sized workgroup, the other operand's rows shared
-    /// by subgroup broadcast, no workgroup memory. For CPU adapters, where
-    /// per-invocation memory accesses are what costs.
-    Lanes,
-    /// `flash_fwd_coop.wgsl` (forward only): Q·Kᵀ and P·V on cooperative
-    /// matrices (tensor cores), where the device has them (see `plan::coop`).
-    Coop,
-    /// `flash_fwd_regs.wgsl`, `flash_bwd_regs_*.wgsl`: tiles in workgroup
-    /// memory read as vec4s into per-invocation register micro-tiles (RM
-    /// rows × its keys, RM rows × its output columns), row reductions by
-    /// subgroup shuffles where they fit one subgroup. The default on GPUs.
-    Registers,
-}
-
-impl KernelFamily {
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelFamily::Tiled => "tiled",
-            KernelFamily::Lanes => "lanes",
-            KernelFamily::Coop => "coop",
-            KernelFamily::Registers => "registers",
-        }
-    }
-}
-
-impl std::str::FromStr for KernelFamily {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "tiled" => Ok(KernelFamily::Tiled),
-            "lanes" => Ok(KernelFamily::Lanes),
-            "coop" => Ok(KernelFamily::Coop),
-            "registers" => Ok(KernelFamily::Registers),
-            _ => Err(Error::UnknownName {
-                what: "kernel",
-                name: s.to_string(),
-                expected: "tiled, lanes, registers or coop",
-            }),
-        }
-    }
-}
-
-/// How q, k, v and o are stored in the kernels' storage buffers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StorageKind {
-    F32,
-    /// f16 pairs packed in `u32`, `unpack2x16float`: runs on every adapter.
-    F16Packed,
-    /// `enable f16;` and `array<f16>`: needs SHADER_F16.
-    F16Native,
-    /// bf16 pairs packed in `u32`, widened and rounded with bit operations
-    /// (WGSL has no bf16 type): runs on every adapter.
-    Bf16,
-    /// FP8 e4m3 codes packed four per `u32`, decoded on load, with
-    /// per-(batch, head) scales; the FP8 forward's q, k, v only (its outputs
-    /// are f32). The planner never picks it: the FP8 forward sets it.
-    Fp8,
-}
-
-impl StorageKind {
-    /// The precision of the tensors a kernel with this storage writes
-    /// (f32 for FP8, whose outputs are f32).
-    pub fn precision(self) -> Precision {
-        match self {
-            StorageKind::F32 | StorageKind::Fp8 => Precision::F32,
-            StorageKind::F16Packed | StorageKind::F16Native => Precision::F16,
-            StorageKind::Bf16 => Precision::Bf16,
-        }
-    }
-
-    /// How a kernel with this storage stores its outputs.
-    pub fn output(self) -> StorageKind {
-        match self {
-            StorageKind::Fp8 => StorageKind::F32,
-            other => other,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StorageKind::F32 => "f32",
-            StorageKind::F16Packed => "f16 (packed u32)",
-            StorageKind::F16Native => "f16 (native)",
-            StorageKind::Bf16 => "bf16 (packed u32)",
-            StorageKind::Fp8 => "fp8 e4m3 (packed u32, per-head scales)",
-        }
-    }
-}
-
-/// Caller overrides of the planner's choices; `None` keeps the planner's value.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct PlanOverrides {
+    /// Query rows per workgroup tile (tiled kernels).
     pub br: Option<u32>,
+    /// Keys per K/V tile (tiled kernels).
     pub bc: Option<u32>,
+    /// Invocations sharing one query row (tiled kernels).
     pub threads_per_row: Option<u32>,
     /// Cap M below the device's limit (Theorem 2 sweeps, browser-like limits).
     pub max_workgroup_storage: Option<u32>,
@@ -125,7 +41,39 @@ pub struct PlanOverrides {
     pub double_buffer: Option<bool>,
 }
 
+/// A setter per field: `Some(value)`, the rest unchanged.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        $($(#[$doc])*
+        pub fn $field(mut self, $field: $ty) -> Self {
+            self.$field = Some($field);
+            self
+        })*
+    };
+}
+
 impl PlanOverrides {
+    setters! {
+        /// Fix [`PlanOverrides::br`].
+        br: u32;
+        /// Fix [`PlanOverrides::bc`].
+        bc: u32;
+        /// Fix [`PlanOverrides::threads_per_row`].
+        threads_per_row: u32;
+        /// Fix [`PlanOverrides::max_workgroup_storage`].
+        max_workgroup_storage: u32;
+        /// Fix [`PlanOverrides::f16_native`].
+        f16_native: bool;
+        /// Fix [`PlanOverrides::kernel`].
+        kernel: KernelFamily;
+        /// Fix [`PlanOverrides::rows_per_thread`].
+        rows_per_thread: u32;
+        /// Fix [`PlanOverrides::subgroup_reduce`].
+        subgroup_reduce: bool;
+        /// Fix [`PlanOverrides::double_buffer`].
+        double_buffer: bool;
+    }
+
     /// Whether any tile parameter is fixed, which only the tiled kernels have.
     pub fn fixes_tiles(&self) -> bool {
         self.br.is_some()

@@ -1,11 +1,11 @@
-//! The planner's result: a [`Plan`] (tile sizes and thread layout, a plain
-//! `Copy + Eq + Hash` value that also keys compiled kernels) and, beside it,
+//! The planner's result: a [`Plan`] (tile sizes and thread layout, defined
+//! with the call statistics that report it) and, beside it,
 //! the [`Clamp`]s that explain every departure from FlashAttention's formula.
 //! The workgroup bytes the kernels declare are computed here, from the same
 //! fields the shaders are built from.
 
-use super::matrix::CoopForm;
-use super::request::{KernelFamily, StorageKind};
+pub use crate::api::kernel_plan::Plan;
+use crate::api::kernel_plan::KernelFamily;
 
 /// Bytes per on-chip element: tiles are f32 whatever the storage precision.
 pub const WORKING_BYTES: u32 = 4;
@@ -22,45 +22,6 @@ pub const MAX_ACC_PER_THREAD: u32 = 32;
 pub const TARGET_WORKGROUP: u32 = 64;
 /// Most invocations that share one query row.
 pub const MAX_THREADS_PER_ROW: u32 = 32;
-
-/// Tile sizes and thread layout of the forward or backward kernels.
-///
-/// Each workgroup owns `br` query rows of one (batch, head) and loops over
-/// key/value blocks of `bc` rows; `threads_per_row` invocations share a row.
-/// A lanes plan has one invocation per row and no workgroup storage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Plan {
-    pub kernel: KernelFamily,
-    /// The head dim of q and k.
-    pub head_dim: u32,
-    /// The head dim of v and o.
-    pub head_dim_v: u32,
-    pub storage: StorageKind,
-    /// M in bytes, as used (the device limit or an override).
-    pub m_bytes: u32,
-    /// The formula's values before clamping: `ceil(M/4d)` and `min(that, d)`.
-    pub bc_formula: u32,
-    pub br_formula: u32,
-    pub br: u32,
-    pub bc: u32,
-    pub threads_per_row: u32,
-    /// Invocations per workgroup.
-    pub workgroup_size: u32,
-    /// Bytes of `var<workgroup>` the kernel declares.
-    pub workgroup_bytes: u32,
-    /// The cooperative-matrix form of a coop plan (`None` for the others).
-    pub coop: Option<CoopForm>,
-    /// Registers kernels: query (or key) rows each invocation owns (RM);
-    /// 1 elsewhere. Invocations `(g, t)`: rows `g·RM..`, keys and vec4
-    /// columns `t + k·threads_per_row`.
-    pub rows_per_thread: u32,
-    /// Registers kernels: row max and sum by subgroup shuffles (else
-    /// through workgroup memory).
-    pub subgroup_reduce: bool,
-    /// Registers kernels: the next K/V tile loads into a second buffer
-    /// while the current one is used.
-    pub double_buffer: bool,
-}
 
 impl Plan {
     /// Scores each invocation holds: `ceil(bc / threads_per_row)`.
@@ -178,9 +139,13 @@ impl std::fmt::Display for Plan {
 /// One change the planner made to the formula's value, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Clamp {
+    /// The field moved.
     pub field: &'static str,
+    /// Its value before.
     pub from: u32,
+    /// Its value after.
     pub to: u32,
+    /// Why.
     pub reason: String,
 }
 
@@ -199,7 +164,9 @@ impl std::fmt::Display for Clamp {
 /// A plan and the explanation of every clamp that produced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
+    /// The plan.
     pub plan: Plan,
+    /// Where the planner moved a value, and why.
     pub clamps: Vec<Clamp>,
     /// Why the planner took the tiled kernels on an adapter that has the
     /// lanes ones (the head dims), or took or passed over the coop kernel on

@@ -34,6 +34,7 @@ fn experimental(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
 
 /// Whether an adapter runs on the CPU (llvmpipe over Vulkan or GL,
 /// SwiftShader, WARP) rather than on GPU hardware.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn is_software(info: &wgpu::AdapterInfo) -> bool {
     info.device_type == wgpu::DeviceType::Cpu
 }

@@ -115,10 +115,12 @@ impl KvCache {
         HostKvCache::new(self.shape, k, v)
     }
 
+    /// The cache's shape.
     pub fn shape(&self) -> &CacheShape {
         &self.shape
     }
 
+    /// The cache's storage precision.
     pub fn precision(&self) -> Precision {
         self.precision
     }

@@ -16,5 +16,7 @@ pub mod submit;
 pub use buffers::padded;
 pub use call::{whole, Call, Dispatch};
 pub use encode::record;
-pub use gpu::{Gpu, Settings};
+pub use gpu::Gpu;
+#[cfg(feature = "lab")]
+pub use gpu::Settings;
 pub use kv_cache::KvCache;

@@ -27,12 +27,14 @@ pub struct TuneCache {
 /// A cached winner: what to hand the planner, and a note on how it won.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tuned {
+    /// The overrides that give the winning plan.
     pub overrides: PlanOverrides,
+    /// How it won (times, candidates), for people.
     pub note: String,
 }
 
 impl TuneCache {
-    /// [`FILE_NAME`] in `$FLASHATTN_CACHE_DIR`, else
+    /// `tuned-plans.tsv` in `$FLASHATTN_CACHE_DIR`, else
     /// `$XDG_CACHE_HOME/flashattn`, else `~/.cache/flashattn`; `None` where
     /// none is set.
     pub fn default_location() -> Option<TuneCache> {
@@ -46,6 +48,7 @@ impl TuneCache {
         }
     }
 
+    /// The cache file.
     pub fn path(&self) -> &Path {
         self.file.path()
     }
@@ -77,8 +80,11 @@ impl TuneCache {
 /// The masks a tuned plan is kept for; other options (windows, softcap,
 /// ALiBi, sinks, block masks, packed batches) run the formula plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MaskKind {
+    /// No mask.
     None,
+    /// The causal mask.
     Causal,
 }
 
@@ -99,6 +105,7 @@ impl MaskKind {
         })
     }
 
+    /// The name in cache files.
     pub fn name(self) -> &'static str {
         match self {
             MaskKind::None => "none",
@@ -111,15 +118,25 @@ impl MaskKind {
 /// class (sequence lengths by power-of-two bucket).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TuneKey {
+    /// The adapter's name.
     pub adapter: String,
+    /// The wgpu backend (Vulkan, Metal, ...).
     pub backend: String,
+    /// The driver's name.
     pub driver: String,
+    /// The driver's version.
     pub driver_info: String,
+    /// flashattn's version.
     pub version: &'static str,
+    /// Which pass.
     pub pass: Pass,
+    /// The head dim of q and k.
     pub head_dim: usize,
+    /// The head dim of v and o.
     pub head_dim_v: usize,
+    /// The storage precision.
     pub precision: Precision,
+    /// The mask.
     pub mask: MaskKind,
     /// The longer sequence rounded up to a power of two.
     pub seqlen_bucket: usize,

@@ -10,7 +10,7 @@ pub mod cache;
 
 pub use cache::{MaskKind, TuneCache, TuneKey, Tuned};
 
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
@@ -26,10 +26,15 @@ use std::path::PathBuf;
 
 /// What to tune: one pass over one problem shape.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct TuneRequest {
+    /// Which pass.
     pub pass: Pass,
+    /// The problem's shape.
     pub shape: AttentionShape,
+    /// The inputs' storage precision.
     pub precision: Precision,
+    /// Whether the mask is causal.
     pub causal: bool,
     /// Timed runs per candidate after its untimed first run; the best counts.
     pub repeats: usize,
@@ -51,16 +56,19 @@ impl TuneRequest {
         }
     }
 
+    /// Tune the causal problem.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
+    /// Timed runs per candidate.
     pub fn repeats(mut self, repeats: usize) -> Self {
         self.repeats = repeats;
         self
     }
 
+    /// Where the winner is stored (`None`: nowhere).
     pub fn cache(mut self, cache: Option<TuneCache>) -> Self {
         self.cache = cache;
         self
@@ -82,8 +90,11 @@ impl TuneRequest {
 /// One candidate as timed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TunedCandidate {
+    /// The candidate's name.
     pub label: String,
+    /// The overrides that give it.
     pub overrides: PlanOverrides,
+    /// The plan it ran.
     pub plan: Plan,
     /// The best of the timed runs, seconds of kernel time (infinite where
     /// it failed).
@@ -95,8 +106,11 @@ pub struct TunedCandidate {
 /// Every candidate's time, the winner, the clock, and where it was stored.
 #[derive(Clone, Debug)]
 pub struct TuneReport {
+    /// The cache entry's key.
     pub key: TuneKey,
+    /// The clock the times come from.
     pub timing: Timing,
+    /// Every candidate, timed.
     pub candidates: Vec<TunedCandidate>,
     /// Index of the fastest candidate (the first on a tie).
     pub winner: usize,
@@ -105,6 +119,7 @@ pub struct TuneReport {
 }
 
 impl TuneReport {
+    /// The fastest candidate.
     pub fn winner(&self) -> &TunedCandidate {
         &self.candidates[self.winner]
     }
@@ -198,7 +213,7 @@ async fn time_backward(
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
     let fwd: ForwardOutput =
         ops::forward::forward(gpu, [q, k, v], problem, &PlanOverrides::default()).await?;
-    let inputs = BackwardInputs::new([*q, *k, *v], &fwd, *d_o)?;
+    let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {
         let (o, inputs) = (&c.overrides, &inputs);

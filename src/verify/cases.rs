@@ -17,15 +17,19 @@
 //!   an appended key, keys for three of the kernel's blocks.
 
 use crate::accuracy::{check_backward, check_decode, check_forward, Check};
-use crate::api::block_mask::{BlockGrid, BlockMask};
 use crate::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::scores::{Alibi, Sinks};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
-use crate::api::varlen::Varlen;
+// The layouts case's inputs.
+#[cfg(any(test, feature = "lab", feature = "cuda"))]
+use crate::api::{
+    block_mask::{BlockGrid, BlockMask},
+    scores::{Alibi, Sinks},
+    varlen::Varlen,
+};
 use crate::error::Result;
 use crate::plan::{DecodeRequest, KernelFamily};
 use crate::random::Rng;
@@ -38,9 +42,11 @@ const ROWS: usize = 37;
 /// Seeded inputs of one attention case (q, k, v and the output gradient).
 #[derive(Clone, Debug)]
 pub struct AttentionCase {
-    /// What the case covers, for reports (`band`, `layouts`).
+    /// What the case covers (`band`, `layouts`), which the tests check.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub name: &'static str,
-    /// The problem (a packed batch: its batch of one).
+    /// The problem (a packed batch: its batch of one), which the tests check.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub shape: AttentionShape,
     /// The masks, scores and layouts of the case.
     pub opts: AttentionOptions,
@@ -79,6 +85,7 @@ impl AttentionCase {
     }
 
     /// Every layout at once, at head dims `d` (q, k) and `dv` (v, o).
+    #[cfg(any(test, feature = "lab", feature = "cuda"))]
     pub fn layouts(precision: Precision, d: usize, dv: usize) -> Result<Self> {
         let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
         let cu = |lens: &[i32; 4]| -> Vec<i32> {
@@ -133,6 +140,7 @@ impl AttentionCase {
     }
 
     /// The storage precision of the inputs.
+    #[cfg(test)]
     pub fn precision(&self) -> Precision {
         self.data[0].precision()
     }
@@ -165,7 +173,7 @@ impl AttentionCase {
     /// The backward's inputs from `forward` (the CPU backend's).
     pub fn backward_inputs<'a>(&'a self, forward: &'a ForwardOutput) -> Result<BackwardInputs<'a>> {
         let [q, k, v, d_o] = self.views();
-        BackwardInputs::new([q, k, v], forward, d_o)
+        BackwardInputs::new(ForwardInputs::new(q, k, v), forward, d_o)
     }
 }
 

@@ -19,6 +19,7 @@ pub fn wgpu_chain(first: KernelFamily) -> &'static [KernelFamily] {
 }
 
 /// The CUDA kernel paths, fastest first.
+#[cfg(any(test, feature = "cuda"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CudaFamily {
     /// The wgmma + TMA forward (compute capability 9.x).
@@ -29,6 +30,7 @@ pub enum CudaFamily {
     Scalar,
 }
 
+#[cfg(any(test, feature = "cuda"))]
 impl CudaFamily {
     /// The family's name in keys and messages.
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl CudaFamily {
 }
 
 /// The CUDA families a call may end on, from the plan's choice.
+#[cfg(any(test, feature = "cuda"))]
 pub fn cuda_chain(first: CudaFamily) -> &'static [CudaFamily] {
     use CudaFamily::*;
     match first {

@@ -11,18 +11,23 @@
 //! rows of their own: packed f16 where native f16 is the default, the
 //! registers forward's workgroup reductions and single K/V buffer.
 
-use super::cases::{DecodeCase, DecodeLayout, Judgement};
-use super::fault::Fault;
-use super::verdict::{CallKind, FamilyKey};
-use super::wgpu::{
-    check_attention, check_decode, check_head_dim, check_plan, CaseKind, WgpuFamily,
-};
-use crate::api::tensor::Precision;
+use super::cases::{DecodeLayout, Judgement};
+use super::verdict::FamilyKey;
+use super::wgpu::CaseKind;
 use crate::error::Result;
-use crate::plan::decode::decode_tiles;
-use crate::plan::{DeviceCaps, KernelFamily, Plan, PlanOverrides};
-use crate::runtime::Gpu;
-use web_time::Instant;
+// The wgpu rows (`flashattn doctor`): lab builds only.
+#[cfg(feature = "lab")]
+use {
+    super::cases::DecodeCase,
+    super::fault::Fault,
+    super::verdict::CallKind,
+    super::wgpu::{check_attention, check_decode, check_head_dim, check_plan, WgpuFamily},
+    crate::api::tensor::Precision,
+    crate::plan::decode::decode_tiles,
+    crate::plan::{DeviceCaps, KernelFamily, Plan, PlanOverrides},
+    crate::runtime::Gpu,
+    web_time::Instant,
+};
 
 /// One case of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,6 +68,7 @@ impl MatrixCase {
     }
 }
 
+#[cfg(feature = "lab")]
 /// One row to run: a family (with its flags) and a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatrixEntry {
@@ -73,6 +79,7 @@ pub struct MatrixEntry {
 }
 
 /// How a row ended.
+#[cfg(not(target_arch = "wasm32"))]
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowResult {
     /// Every output met the rule (the worst is given).
@@ -83,6 +90,7 @@ pub enum RowResult {
     Error(String),
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl RowResult {
     /// A check's outcome as a row's result.
     pub fn of(judged: Result<Judgement>) -> Self {
@@ -109,6 +117,7 @@ impl RowResult {
 }
 
 /// A row that ran.
+#[cfg(not(target_arch = "wasm32"))]
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatrixRow {
     /// The family's key.
@@ -121,9 +130,11 @@ pub struct MatrixRow {
     pub seconds: f64,
 }
 
+#[cfg(feature = "lab")]
 /// A plan as the device runs it ([`Gpu::device_plan`]).
 type DevicePlan<'a> = &'a dyn Fn(Plan) -> Plan;
 
+#[cfg(feature = "lab")]
 /// The families of `call` a device with `caps` offers, in each precision,
 /// with the flags its planner picks at the check's sizes (`true`: the
 /// device's default path), then the other code paths it may run (packed
@@ -165,6 +176,7 @@ fn families(caps: &DeviceCaps, device: DevicePlan, call: CallKind) -> Vec<(WgpuF
     out
 }
 
+#[cfg(feature = "lab")]
 /// The registers forward's other flags, in f32: each of its two flags
 /// (subgroup or workgroup reductions, one or two K/V buffers) the other
 /// way, where the device can run it.
@@ -197,6 +209,7 @@ fn registers_paths(
     out
 }
 
+#[cfg(feature = "lab")]
 /// The family a check at its head dim runs under `overrides`.
 fn planned(
     caps: &DeviceCaps,
@@ -214,12 +227,14 @@ fn planned(
     Ok(WgpuFamily::of_plan(call, &device(plan)))
 }
 
+#[cfg(feature = "lab")]
 /// Every row of the matrix on `gpu`: forward, backward, then decode; per
 /// family, the band case, then the layouts.
 pub fn entries(gpu: &Gpu) -> Vec<MatrixEntry> {
     entries_for(&gpu.caps(), &|p| gpu.device_plan(p))
 }
 
+#[cfg(feature = "lab")]
 /// [`entries`] for a device with `caps` that runs plans as `device` says.
 fn entries_for(caps: &DeviceCaps, device: DevicePlan) -> Vec<MatrixEntry> {
     let mut out = Vec::new();
@@ -245,7 +260,9 @@ fn entries_for(caps: &DeviceCaps, device: DevicePlan) -> Vec<MatrixEntry> {
     out
 }
 
+#[cfg(feature = "lab")]
 /// Run one row on `gpu` (with `fault` planted, in lab builds' tests).
+#[cfg(not(target_arch = "wasm32"))]
 pub async fn run(gpu: &Gpu, entry: &MatrixEntry, fault: Option<&Fault>) -> MatrixRow {
     let start = Instant::now();
     let family = &entry.family;

@@ -43,23 +43,30 @@ pub mod disk;
 pub mod fallback;
 pub mod fault;
 pub mod key;
+// The verification matrix: `flashattn doctor` and the CUDA backend's checks.
+#[cfg(any(feature = "lab", feature = "cuda"))]
 pub mod matrix;
 
 pub mod store;
-pub mod verdict;
+// The verdicts live with the call statistics that carry them.
+pub use crate::api::verdict;
 pub mod wgpu;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use disk::VerdictCache;
+#[cfg(any(feature = "lab", feature = "cuda"))]
 pub use fault::Fault;
 pub use key::DeviceKey;
 pub use store::VerdictStore;
-pub use verdict::{CallKind, Checked, Evidence, FamilyKey, Verdict, Verification};
+pub use verdict::{CallKind, Checked, FamilyKey, Verdict, Verification};
+#[cfg(any(feature = "lab", feature = "cuda"))]
+pub use verdict::Evidence;
 
 use crate::error::{Error, Result};
 
 /// When the known-answer checks run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum VerifyMode {
     /// Never: every family runs unchecked (stats say `verification off`).
     Off,

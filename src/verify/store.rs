@@ -34,6 +34,8 @@ fn holder() -> Holder {
 #[derive(Debug)]
 pub struct VerdictStore {
     mode: VerifyMode,
+    // The disk cache's key (the web has no disk cache; its `Debug` shows it).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     device: DeviceKey,
     #[cfg(not(target_arch = "wasm32"))]
     disk: Option<super::VerdictCache>,
@@ -103,11 +105,6 @@ impl VerdictStore {
         self.mode
     }
 
-    /// The device the verdicts hold for.
-    pub fn device(&self) -> &DeviceKey {
-        &self.device
-    }
-
     /// The disk cache verdicts are kept in, if any.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn disk(&self) -> Option<&super::VerdictCache> {
@@ -145,6 +142,7 @@ impl VerdictStore {
 
     /// The verdict `family` has without running anything: this process's,
     /// else the disk's, else [`Verdict::NotYetChecked`] (`Off` when off).
+    #[cfg(test)]
     pub fn peek(&self, family: &FamilyKey) -> Verdict {
         if self.mode == VerifyMode::Off {
             return Verdict::Off;

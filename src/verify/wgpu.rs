@@ -9,6 +9,7 @@ use super::store::{Lookup, VerdictStore};
 use super::verdict::{CallKind, Checked, Evidence, FamilyKey, Verdict, Verification};
 use crate::api::decode::DecodeProblem;
 use crate::api::output::CallStats;
+use crate::api::inputs::ForwardInputs;
 use crate::api::problem::Problem;
 use crate::api::tensor::{Precision, Tensor};
 use crate::error::{Error, Result};
@@ -232,7 +233,8 @@ pub async fn check(gpu: &Gpu, family: &WgpuFamily, fault: Option<&Fault>) -> Che
 pub enum CaseKind {
     /// [`AttentionCase::band`]: the first-use check.
     Band,
-    /// [`AttentionCase::layouts`]: every layout at once.
+    /// [`AttentionCase::layouts`]: every layout at once (the matrix's).
+    #[cfg(any(feature = "lab", feature = "cuda"))]
     Layouts,
 }
 
@@ -247,6 +249,7 @@ pub fn attention_case(gpu: &Gpu, family: &WgpuFamily, kind: CaseKind) -> Result<
             AttentionCase::band(precision, d, plan.bc as usize, hot)
         }
         // A multiple of 4 for the lanes kernels, odd elsewhere; v narrower.
+        #[cfg(any(feature = "lab", feature = "cuda"))]
         CaseKind::Layouts => AttentionCase::layouts(precision, d + 16, d + 4),
     }
 }
@@ -275,7 +278,7 @@ pub async fn check_attention(
     let overrides = family.overrides();
     let [q, k, v, _] = case.views();
     if family.call == CallKind::Forward {
-        let problem = Problem::forward([&q, &k, &v], &case.opts)?;
+        let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
         let mut out = ops::forward::forward(gpu, [&q, &k, &v], &problem, &overrides).await?;
         ran_family(&out.stats, family)?;
         Fault::perturb(fault, &family.key(), &mut out.o);

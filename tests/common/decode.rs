@@ -5,9 +5,9 @@
 //! bit-identical to docs/semantics.md's append computed by the reference.
 
 use flashattn::accuracy::check_decode;
-use flashattn::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
 use flashattn::random::Rng;
 use flashattn::{AttentionOptions, Precision, Result, TensorData};
+use flashattn::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
 
 /// How the case's cache is laid out.
 #[derive(Clone, Debug)]

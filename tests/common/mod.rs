@@ -7,8 +7,8 @@ pub mod decode;
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, Engine, ForwardOutput, KernelFamily, PlanOverrides, Precision, TensorData,
-    TensorView,
+    AttentionOptions, Engine, ForwardInputs, ForwardOutput, KernelFamily, PlanOverrides, Precision,
+    TensorData, TensorView,
 };
 
 /// The engine for this process, or `None` when no adapter exists and the
@@ -149,7 +149,7 @@ impl Case {
                 .collect()
         };
         let (cq, ck) = (cu(lens_q), cu(lens_k));
-        self.opts.varlen = Some(flashattn::api::varlen::Varlen::new(&cq, &ck).unwrap());
+        self.opts.varlen = Some(flashattn::Varlen::new(&cq, &ck).unwrap());
         self.batch = 1;
         self.seqlen_q = lens_q.iter().sum();
         self.seqlen_k = lens_k.iter().sum();
@@ -203,14 +203,14 @@ pub fn block_mask(
     density: f64,
     heads: usize,
     seed: u64,
-) -> flashattn::api::block_mask::BlockMask {
+) -> flashattn::BlockMask {
     let (sq, sk) = case
         .opts
         .varlen
         .as_ref()
         .map_or((case.seqlen_q, case.seqlen_k), |v| v.max_seqlens());
-    let grid = flashattn::api::block_mask::BlockGrid::new(sq, sk, block).unwrap();
-    flashattn::api::block_mask::BlockMask::random(grid, heads, density, seed)
+    let grid = flashattn::BlockGrid::new(sq, sk, block).unwrap();
+    flashattn::BlockMask::random(grid, heads, density, seed)
 }
 
 /// A causal mask.
@@ -220,9 +220,10 @@ pub fn causal() -> AttentionOptions {
 
 /// A local window in flash-attention's convention (negative: unbounded).
 pub fn window(l: i64, r: i64) -> AttentionOptions {
-    AttentionOptions {
-        window: flashattn::Window::from_signed(l, r),
-        ..Default::default()
+    {
+        let mut o = AttentionOptions::default();
+        o.window = flashattn::Window::from_signed(l, r);
+        o
     }
 }
 
@@ -230,7 +231,7 @@ pub fn window(l: i64, r: i64) -> AttentionOptions {
 /// sequence, ALiBi per sequence, sinks, a per-head block mask of 7×13
 /// blocks, a causal window, softcap, GQA and v's own head dim.
 pub fn everything_at_once() -> Case {
-    use flashattn::api::scores::{Alibi, Sinks};
+    use flashattn::{Alibi, Sinks};
     let (lq, lk) = ([21, 0, 45, 30], [30, 12, 17, 30]);
     let slopes: Vec<f32> = (0..16).map(|i| 0.02 * (i + 1) as f32).collect();
     let base = Case::new(1, 1, 40).dv(24).heads(4, 2).varlen(&lq, &lk);
@@ -280,17 +281,11 @@ pub fn other_families(case: &Case, picked: Option<KernelFamily>) -> Vec<PlanOver
     }
     let mut out = Vec::new();
     if matches!(picked, Some(KernelFamily::Lanes | KernelFamily::Coop)) {
-        out.push(PlanOverrides {
-            kernel: Some(KernelFamily::Tiled),
-            ..o
-        });
+        out.push(o.kernel(KernelFamily::Tiled));
     }
     let tiles = o.br.is_some() || o.bc.is_some() || o.threads_per_row.is_some();
     if picked != Some(KernelFamily::Registers) && !tiles {
-        out.push(PlanOverrides {
-            kernel: Some(KernelFamily::Registers),
-            ..o
-        });
+        out.push(o.kernel(KernelFamily::Registers));
     }
     out
 }
@@ -360,7 +355,7 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let (_, g) = output_grad(case);
     let d_o = inputs.grad(&g);
-    let inputs = flashattn::BackwardInputs::new([q, k, v], &fwd, d_o).unwrap();
+    let inputs = flashattn::BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
     let out = engine
         .backward_with(&inputs, &case.opts, &case.overrides)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));

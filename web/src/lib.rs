@@ -7,11 +7,11 @@
 //! the JavaScript side stays a thin view.
 
 use flashattn::accuracy::{check_backward, check_decode, check_forward, Check};
-use flashattn::api::size;
 use flashattn::random::Rng;
 use flashattn::{
     cpu, AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
-    DecodeStep, Engine, HostKvCache, PlanOverrides, Planned, Precision, TensorData, TensorView,
+    DecodeStep, Engine, ForwardInputs, HostKvCache, PlanOverrides, Planned, Precision, TensorData,
+    TensorView,
 };
 use serde::Serialize;
 use std::cell::RefCell;
@@ -93,10 +93,12 @@ struct DeviceReport {
 #[wasm_bindgen]
 pub async fn device_info() -> Result<String, JsError> {
     let e = engine().await?;
-    let f16_plan =
-        flashattn::plan_forward(&flashattn::PlanRequest::new(64, Precision::F16), &e.caps())
-            .map_err(js_err)?
-            .plan;
+    // The storage path is the same for every sequence length.
+    let shape = AttentionShape::new(1, 1024, 1024, 1, 1, 64).map_err(js_err)?;
+    let f16_plan = e
+        .plan(&shape, Precision::F16, &PlanOverrides::default())
+        .map_err(js_err)?
+        .plan;
     to_json(&DeviceReport {
         adapter: e.adapter_info().name.clone(),
         backend: format!("{:?}", e.adapter_info().backend),
@@ -228,14 +230,12 @@ pub async fn run_case(
     let e = engine().await?;
     let precision: Precision = precision.parse().map_err(js_err)?;
     // A forced kernel family (`registers`, `tiled`), else the planner's.
-    let overrides = PlanOverrides {
-        kernel: kernel
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(js_err)?,
-        ..Default::default()
-    };
+    let mut overrides = PlanOverrides::default();
+    overrides.kernel = kernel
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(js_err)?;
     let shape = AttentionShape::new(1, seqlen, seqlen, heads, heads, head_dim).map_err(js_err)?;
     let opts = AttentionOptions::default().causal(causal);
     let mut rng = Rng::new(seed);
@@ -279,7 +279,8 @@ pub async fn run_case(
     let cpu_seconds = start.elapsed().as_secs_f64();
 
     // The backward reads the forward's o and lse, as in training.
-    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
+    let bwd_inputs =
+        BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &overrides)
         .await
@@ -352,9 +353,9 @@ struct LayoutReport {
 /// One layout self-test case: shape (batch, seqlen_q, seqlen_k, heads_q,
 /// heads_kv, head_dim, head_dim_v) and options.
 fn layout_case(name: &str) -> Result<(AttentionShape, AttentionOptions), JsError> {
-    use flashattn::api::block_mask::{BlockGrid, BlockMask};
-    use flashattn::api::scores::{Alibi, Sinks};
-    use flashattn::api::varlen::Varlen;
+    use flashattn::Varlen;
+    use flashattn::{Alibi, Sinks};
+    use flashattn::{BlockGrid, BlockMask};
     let shape = |b, sq, sk, hq, hk, d| AttentionShape::new(b, sq, sk, hq, hk, d).map_err(js_err);
     let causal = AttentionOptions::default().causal(true);
     let mask = |sq, sk, heads| {
@@ -425,7 +426,8 @@ pub async fn run_layout_case(
         .forward_async(&qv, &kv, &vv, &opts, &none)
         .await
         .map_err(js_err)?;
-    let bwd_inputs = BackwardInputs::new([qv, kv, vv], &out, dov).map_err(js_err)?;
+    let bwd_inputs =
+        BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &none)
         .await
@@ -614,12 +616,10 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
     let softmax_o = weights.iter().zip(&v).map(|(w, x)| w * x).sum();
 
     let e = engine().await?;
-    let overrides = PlanOverrides {
-        bc: Some(block as u32),
-        br: Some(1),
-        threads_per_row: Some(1),
-        ..Default::default()
-    };
+    let overrides = PlanOverrides::default()
+        .bc(block as u32)
+        .br(1)
+        .threads_per_row(1);
     let out = e
         .forward_async(
             &TensorView::f32([1, 1, 1, 1], &[EXAMPLE_Q]),
@@ -725,11 +725,14 @@ pub async fn decode_case(
     let batch = lens.len();
     // Room for the warm-up step and the timed ones (checked: these come
     // from the page, and usize is 32 bits here).
-    let tokens = size::sum("cache tokens", cache_len, steps)
-        .and_then(|n| size::sum("cache tokens", n, 1))
-        .map_err(js_err)?;
+    let tokens = cache_len
+        .checked_add(steps)
+        .and_then(|n| n.checked_add(1))
+        .ok_or_else(|| JsError::new("the cache tokens overflow usize"))?;
     let max_pages = tokens.div_ceil(page_size);
-    let pages = size::product("pages (batch × max_pages)", batch, max_pages).map_err(js_err)?;
+    let pages = batch
+        .checked_mul(max_pages)
+        .ok_or_else(|| JsError::new("the pages (batch × max_pages) overflow usize"))?;
     let Ok(page_count) = i32::try_from(pages) else {
         return Err(JsError::new(&format!(
             "{pages} pages do not fit the block table's int32 entries"

@@ -9,8 +9,9 @@ use crate::error::{CliError, Result};
 use crate::npy;
 use flashattn::tune::cache::overrides_text;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, Fp8Options, Operation,
-    Pass, PlanOverrides, Precision, Tensor, TensorData, TensorView, TuneCache, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, ForwardInputs,
+    Fp8Options, Operation, Pass, PlanOverrides, Precision, Tensor, TensorData, TensorView,
+    TuneCache, Workload,
 };
 
 /// Everything an attention command needs, validated before any device work.
@@ -45,16 +46,16 @@ impl Prepared {
             Some(_) => Precision::F32,
             None => self.q.precision(),
         };
-        Ok(Workload {
-            shape: AttentionShape::from_views(&q, &k, &v)?,
+        Ok(Workload::new(
+            AttentionShape::from_views(&q, &k, &v)?,
             precision,
-            opts: self.opts.clone(),
-            backward,
-            operation: match self.fp8 {
-                Some(_) => Operation::Fp8,
-                None => Operation::Attention,
-            },
-        })
+            self.opts.clone(),
+        )
+        .backward(backward)
+        .operation(match self.fp8 {
+            Some(_) => Operation::Fp8,
+            None => Operation::Attention,
+        }))
     }
 }
 
@@ -91,18 +92,16 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     // With --backend cuda, --kernel names the CUDA kernel path (checked
     // when the backend opens); otherwise a WGSL kernel family.
     let cuda_kernel = a.kernel.clone().filter(|_| backend == BackendKind::Cuda);
-    let overrides = PlanOverrides {
-        br: a.block_q,
-        bc: a.block_k,
-        kernel: match cuda_kernel {
-            Some(_) => None,
-            None => a.kernel.as_deref().map(str::parse).transpose()?,
-        },
-        rows_per_thread: a.registers.rows_per_thread,
-        subgroup_reduce: a.registers.subgroup_reduce,
-        double_buffer: a.registers.double_buffer,
-        ..Default::default()
+    let mut overrides = PlanOverrides::default();
+    overrides.br = a.block_q;
+    overrides.bc = a.block_k;
+    overrides.kernel = match cuda_kernel {
+        Some(_) => None,
+        None => a.kernel.as_deref().map(str::parse).transpose()?,
     };
+    overrides.rows_per_thread = a.registers.rows_per_thread;
+    overrides.subgroup_reduce = a.registers.subgroup_reduce;
+    overrides.double_buffer = a.registers.double_buffer;
     let tuned = a.block_q.is_some()
         || a.block_k.is_some()
         || a.kernel.is_some()
@@ -189,8 +188,9 @@ pub struct Flags {
 /// any file is read).
 pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     let backend: BackendKind = a.backend.parse()?;
-    let fp8 = (a.precision.as_deref() == Some("fp8")).then(|| Fp8Options {
-        hadamard: a.hadamard.then_some(Fp8Options::DEFAULT_SEED),
+    let fp8 = (a.precision.as_deref() == Some("fp8")).then(|| match a.hadamard {
+        true => Fp8Options::hadamard(Fp8Options::DEFAULT_SEED),
+        false => Fp8Options::default(),
     });
     if a.hadamard && fp8.is_none() {
         return Err(CliError::HadamardWithoutFp8);
@@ -200,13 +200,10 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
         None => a.precision.as_deref().map(str::parse).transpose()?,
     };
     let window = a.window.as_deref().map(parse_window).transpose()?;
-    let opts = AttentionOptions {
-        causal: a.causal,
-        window: window.unwrap_or_default(),
-        softcap: a.softcap,
-        scale: a.scale,
-        ..Default::default()
-    };
+    let mut opts = AttentionOptions::default().causal(a.causal);
+    opts.window = window.unwrap_or_default();
+    opts.softcap = a.softcap;
+    opts.scale = a.scale;
     opts.validate()?;
     let layouts = layouts::flags(a)?;
     if backend == BackendKind::Cuda {
@@ -299,8 +296,10 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     let backend = open_backend(&p, false)?;
     let [q, k, v] = p.views()?;
     let out = match &p.fp8 {
-        Some(fp8) => backend.forward_fp8([&q, &k, &v], &p.opts, fp8, &p.overrides)?,
-        None => backend.forward([&q, &k, &v], &p.opts, &p.overrides)?,
+        Some(fp8) => {
+            backend.forward_fp8(&ForwardInputs::new(q, k, v), &p.opts, fp8, &p.overrides)?
+        }
+        None => backend.forward(&ForwardInputs::new(q, k, v), &p.opts, &p.overrides)?,
     };
     say_verified(&out.stats);
     let lse = out.lse_tensor();
@@ -355,8 +354,8 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let d_o = convert(d_o, p.q.precision());
     let backend = open_backend(&p, true)?;
     let [q, k, v] = p.views()?;
-    let fwd = backend.forward([&q, &k, &v], &p.opts, &p.overrides)?;
-    let inputs = BackwardInputs::new([q, k, v], &fwd, d_o.view()?)?;
+    let fwd = backend.forward(&ForwardInputs::new(q, k, v), &p.opts, &p.overrides)?;
+    let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
     say_verified(&fwd.stats);
     say_verified(&grads.stats);

@@ -255,10 +255,7 @@ fn sweep(
     let mut points = Vec::new();
     for m in [max_m / 8, max_m / 4, max_m / 2, max_m] {
         bar.set_message(format!("M sweep, M = {m} bytes"));
-        let o = PlanOverrides {
-            max_workgroup_storage: Some(m),
-            ..Default::default()
-        };
+        let o = PlanOverrides::default().max_workgroup_storage(m);
         let out = e.forward_with(&q, &k, &v, &case.options(), &o)?;
         let plan = e.plan(&out.shape, precision, &o)?.plan;
         points.push(SweepPoint {

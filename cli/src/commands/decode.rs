@@ -77,13 +77,7 @@ impl Prepared {
             p.heads_kv,
             p.head_dim,
         )?;
-        Ok(Workload {
-            shape,
-            precision: p.precision,
-            opts: self.opts.clone(),
-            backward: false,
-            operation: Operation::Decode,
-        })
+        Ok(Workload::new(shape, p.precision, self.opts.clone()).operation(Operation::Decode))
     }
 }
 

@@ -6,8 +6,8 @@ use crate::error::{CliError, Result};
 use flashattn::accuracy::check_forward;
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, AttentionShape, Backend, BackendKind, Operation, PlanOverrides, Precision,
-    TensorData, TensorView, Workload,
+    AttentionOptions, AttentionShape, Backend, BackendKind, ForwardInputs, PlanOverrides,
+    Precision, TensorData, TensorView, Workload,
 };
 use std::time::Instant;
 
@@ -16,13 +16,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let kind: BackendKind = a.backend.parse()?;
     let shape = AttentionShape::new(a.batch, a.seqlen, a.seqlen, a.heads, a.heads, a.head_dim)?;
     let opts = AttentionOptions::default().causal(a.causal);
-    let workload = Workload {
-        shape,
-        precision,
-        opts: opts.clone(),
-        backward: false,
-        operation: Operation::Attention,
-    };
+    let workload = Workload::new(shape, precision, opts.clone());
     let choice = Backend::open(kind, &workload)?;
     println!("backend: {}", choice.backend.name());
     println!("why: {}", choice.reason);
@@ -45,20 +39,20 @@ pub fn run(a: DemoArgs) -> Result<()> {
         shape: shapes[i],
         data: data[i].as_host(),
     });
-    run_and_check(&choice.backend, [&q, &k, &v], &opts, &a)
+    run_and_check(&choice.backend, &ForwardInputs::new(q, k, v), &opts, &a)
 }
 
 /// Time one forward (after a warm-up that compiles the kernels) and check it.
 fn run_and_check(
     backend: &Backend,
-    qkv: [&TensorView; 3],
+    qkv: &ForwardInputs,
     opts: &AttentionOptions,
     a: &DemoArgs,
 ) -> Result<()> {
     let none = PlanOverrides::default();
     if let Backend::Wgpu(engine) = backend {
-        let [q, ..] = qkv;
-        let shape = AttentionShape::from_views(qkv[0], qkv[1], qkv[2])?;
+        let q = qkv.q;
+        let shape = qkv.shape()?;
         println!("plan:");
         for line in engine
             .plan(&shape, q.precision(), &none)?
@@ -86,8 +80,7 @@ fn run_and_check(
         flops / kernel / 1e9
     );
     println!("checking against the f64 reference...");
-    let [q, k, v] = qkv;
-    let checks = check_forward(&out, q, k, v, opts)?;
+    let checks = check_forward(&out, &qkv.q, &qkv.k, &qkv.v, opts)?;
     for c in &checks {
         println!("  {c}");
     }

@@ -7,10 +7,10 @@ use super::pair;
 use crate::args::ScoreArgs;
 use crate::error::{CliError, Result};
 use crate::npy;
-use flashattn::api::block_mask::BlockMask;
-use flashattn::api::scores::{Alibi, Sinks};
-use flashattn::api::varlen::Varlen;
 use flashattn::AttentionOptions;
+use flashattn::BlockMask;
+use flashattn::Varlen;
+use flashattn::{Alibi, Sinks};
 
 /// What the layout flags ask for, checked before any file is read.
 #[derive(Clone, Copy, Debug, Default)]

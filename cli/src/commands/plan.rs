@@ -8,12 +8,12 @@
 
 use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
+use flashattn::plan::{plan_backward, plan_forward, PlanRequest};
 use flashattn::tune::cache::{overrides_text, seqlen_bucket};
 use flashattn::tune::{MaskKind, TuneKey};
 use flashattn::{
-    plan_backward, plan_forward, AttentionOptions, AttentionShape, CacheLayout, CacheShape,
-    DecodeProblem, DecodeStep, Engine, Pass, PlanOverrides, PlanRequest, Precision, TensorData,
-    TuneCache,
+    AttentionOptions, AttentionShape, CacheLayout, CacheShape, DecodeProblem, DecodeStep, Engine,
+    Pass, PlanOverrides, Precision, TensorData, TuneCache,
 };
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -55,13 +55,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
     print_verification_setting(&engine);
     let tuned = Tuned::new(&a, &engine, precision);
     for d in a.head_dim.map_or(vec![32, 64, 128, 256], |d| vec![d]) {
-        let mut req = PlanRequest::new(d, precision).overrides(PlanOverrides {
-            kernel: a.kernel.as_deref().map(str::parse).transpose()?,
-            rows_per_thread: a.registers.rows_per_thread,
-            subgroup_reduce: a.registers.subgroup_reduce,
-            double_buffer: a.registers.double_buffer,
-            ..Default::default()
-        });
+        let mut overrides = PlanOverrides::default();
+        overrides.kernel = a.kernel.as_deref().map(str::parse).transpose()?;
+        overrides.rows_per_thread = a.registers.rows_per_thread;
+        overrides.subgroup_reduce = a.registers.subgroup_reduce;
+        overrides.double_buffer = a.registers.double_buffer;
+        let mut req = PlanRequest::new(d, precision).overrides(overrides);
         if let Some(n) = a.seqlen {
             AttentionShape::new(1, n, n, 1, 1, d)?;
             req = req.seqlens(n, n);
@@ -106,7 +105,7 @@ fn verified(engine: &Engine, pass: Pass, req: &PlanRequest, causal: bool) -> Pla
     let opts = AttentionOptions::default().causal(causal);
     let shape = AttentionShape::new(1, n, n, 1, 1, req.head_dim);
     let routed =
-        shape.and_then(|s| engine.verify_call(pass, (&s, req.precision), &opts, &req.overrides));
+        shape.and_then(|s| engine.verify_call(pass, &s, req.precision, &opts, &req.overrides));
     match routed {
         Ok(r) => {
             if let Some(v) = &r.verification {

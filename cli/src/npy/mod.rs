@@ -287,8 +287,9 @@ fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
     match &t.data {
         TensorData::F32(d) => encode_array(&shape, d),
         TensorData::F16(d) => encode_array(&shape, d),
-        // numpy has no bf16: bf16 values travel as (exactly equal) f32 (docs/semantics.md).
-        TensorData::Bf16(_) => encode_array(&shape, &t.to_f32()),
+        // numpy has no bf16: bf16 values (and any later precision) travel as
+        // exactly equal f32 (docs/semantics.md).
+        _ => encode_array(&shape, &t.to_f32()),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::api::tensor::Precision;
+use crate::error::Error;
 use crate::plan::caps::{CoopMatrixShapes, SubgroupSizes, LANE_SUBGROUPS};
 
 fn gpu(kib: u32, subgroups: Option<(u32, u32)>) -> DeviceCaps {

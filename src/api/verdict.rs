@@ -9,6 +9,7 @@ use crate::api::tensor::Precision;
 
 /// The kind of call a kernel family serves; each is checked on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum CallKind {
     /// A forward pass (`o`, `lse`).
     Forward,
@@ -96,7 +97,7 @@ pub enum Verdict {
     /// No check has run for it (another call is running it, or it was
     /// forced before one finished).
     NotYetChecked,
-    /// Verification is off (`FLASHATTN_VERIFY=off`, [`super::VerifyMode::Off`]).
+    /// Verification is off (`FLASHATTN_VERIFY=off`, [`crate::VerifyMode::Off`]).
     Off,
 }
 
