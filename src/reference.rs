@@ -349,7 +349,7 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         };
         for gi in 0..g {
             for i in 0..seq.len_q() {
-                self.row(&mut t, seq, (hk, gi), i);
+                self.row(&mut t, seq, hk, gi, i);
             }
         }
         let scale = T::from_f32(self.opts.scale_for(d));
@@ -359,7 +359,7 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
 
     /// Row `i` of query head `hk·g + gi`: its dq, its share of dk, dv and
     /// of its head's dsink.
-    fn row(&self, t: &mut TaskGrads<T>, seq: &Sequence, (hk, gi): (usize, usize), i: usize) {
+    fn row(&self, t: &mut TaskGrads<T>, seq: &Sequence, hk: usize, gi: usize, i: usize) {
         let s = self.shape;
         let (d, dv) = (s.head_dim, s.head_dim_v);
         let h = hk * s.group() + gi;

@@ -84,7 +84,7 @@ async fn in_pieces(gpu: &Gpu, f: &Forward<'_>, limits: PieceLimits) -> Result<Fo
             let mut out = ForwardAssembly::new(shape, precision, keys_split);
             for p in &pieces {
                 let (o, lse) = run_split(&mut call, f, p).await?;
-                out.add(&p.rows, (&o, &lse), p.lse_layout());
+                out.add(&p.rows, &o, &lse, p.lse_layout());
             }
             out.finish(precision)
         }

@@ -264,7 +264,7 @@ pub async fn naive_backward(
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
-    let b = grad_buffers(&mut call, &n, [q, k, v, d_o])?;
+    let b = grad_buffers(&mut call, &n, ForwardInputs::new(*q, *k, *v), d_o)?;
     let mut steps = n.softmax_steps(&mut call, [&b.q, &b.k, &b.lse, &b.s, &b.p])?;
     steps.extend(grad_steps(&mut call, &n, &b)?);
     call.run(&steps).await?;
@@ -278,7 +278,12 @@ pub async fn naive_backward(
     Ok(BackwardOutput::new(&shape, dq, dk, dv, call.finish()))
 }
 
-fn grad_buffers(call: &mut Call, n: &Problem, [q, k, v, d_o]: [&TensorView; 4]) -> Result<Grads> {
+fn grad_buffers(
+    call: &mut Call,
+    n: &Problem,
+    ForwardInputs { q, k, v }: ForwardInputs,
+    d_o: &TensorView,
+) -> Result<Grads> {
     let elem = q.precision().bytes() as u64;
     let (q_bytes, kv_bytes, v_bytes) = (
         n.shape.q_len() as u64 * elem,

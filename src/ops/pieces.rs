@@ -221,7 +221,7 @@ impl ForwardAssembly {
     }
 
     /// Fold in one piece's `o` and `lse` (`local`: the piece's lse layout).
-    pub fn add(&mut self, p: &PieceRows, (o, lse): (&TensorData, &[f32]), local: LseLayout) {
+    pub fn add(&mut self, p: &PieceRows, o: &TensorData, lse: &[f32], local: LseLayout) {
         let whole = LseLayout::of(&self.shape);
         if self.keys_split {
             self.merge(p, &o.to_f32(), lse, local);
