@@ -264,7 +264,7 @@ pub async fn naive_backward(
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
-    let b = grad_buffers(&mut call, &n, ForwardInputs::new(*q, *k, *v), d_o)?;
+    let b = grad_buffers(&mut call, &n, q, k, v, d_o)?;
     let mut steps = n.softmax_steps(&mut call, [&b.q, &b.k, &b.lse, &b.s, &b.p])?;
     steps.extend(grad_steps(&mut call, &n, &b)?);
     call.run(&steps).await?;
@@ -281,7 +281,9 @@ pub async fn naive_backward(
 fn grad_buffers(
     call: &mut Call,
     n: &Problem,
-    ForwardInputs { q, k, v }: ForwardInputs,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
     d_o: &TensorView,
 ) -> Result<Grads> {
     let elem = q.precision().bytes() as u64;
