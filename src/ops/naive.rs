@@ -5,6 +5,7 @@
 //! what tiling the softmax saves. It fails where the N×N buffers outgrow a
 //! storage binding — which is the point — and it never splits.
 
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::shape::AttentionShape;
