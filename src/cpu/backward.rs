@@ -139,7 +139,8 @@ fn sink_output<'o>(
 ) -> std::borrow::Cow<'o, [f32]> {
     match (&problem.opts.sinks, vmath::rounding_of(problem.precision)) {
         (Some(_), Some(_)) => {
-            let (o32, _) = super::forward::forward_f32(isa, problem, qkv, None);
+            let [q, k, v] = qkv;
+            let (o32, _) = super::forward::forward_f32(isa, problem, q, k, v, None);
             std::borrow::Cow::Owned(o32)
         }
         _ => std::borrow::Cow::Borrowed(o),
