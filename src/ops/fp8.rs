@@ -498,7 +498,8 @@ pub async fn encode(
             gpu,
             shape.o_len(),
             rows,
-            [o, b.o.clone()],
+            o,
+            b.o.clone(),
             aliased,
         )?);
     }
@@ -513,7 +514,8 @@ fn trim_dispatch<'a>(
     gpu: &Gpu,
     len: usize,
     [src_row, dst_row]: [usize; 2],
-    [from, to]: [wgpu::BufferBinding<'a>; 2],
+    from: wgpu::BufferBinding<'a>,
+    to: wgpu::BufferBinding<'a>,
     aliased: bool,
 ) -> Result<Dispatch<'a>> {
     let groups = BufferCopy::groups(len as u64);
