@@ -576,7 +576,8 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "an FP8 forward", async {
-            ops::fp8::forward(&self.gpu, [q, k, v], opts, fp8, overrides).await
+            let inputs = ForwardInputs::new(*q, *k, *v);
+            ops::fp8::forward(&self.gpu, &inputs, opts, fp8, overrides).await
         })
         .await
     }
