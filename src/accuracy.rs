@@ -140,13 +140,15 @@ pub fn check_forward(
 ) -> Result<[Check; 2]> {
     let reference = reference::forward(q, k, v, opts)?;
     let baseline = reference::naive_baseline(q, k, v, opts)?;
-    Ok(check_o_lse((&out.o, &out.lse), [reference, baseline], opts))
+    Ok(check_o_lse(&out.o, &out.lse, reference, baseline, opts))
 }
 
 /// The rule applied to o (in its own dtype) and lse (f32).
 fn check_o_lse(
-    (o, lse): (&Tensor, &[f32]),
-    [reference, baseline]: [ReferenceOutput; 2],
+    o: &Tensor,
+    lse: &[f32],
+    reference: ReferenceOutput,
+    baseline: ReferenceOutput,
     opts: &AttentionOptions,
 ) -> [Check; 2] {
     let ratio = forward_ratio(opts.softcap_value() > 0.0);
@@ -173,8 +175,8 @@ pub fn check_decode(
     step: &DecodeStep,
     opts: &AttentionOptions,
 ) -> Result<[Check; 2]> {
-    let outputs = reference::decode(cache, step, opts)?;
-    Ok(check_o_lse((&out.o, &out.lse), outputs, opts))
+    let [reference, baseline] = reference::decode(cache, step, opts)?;
+    Ok(check_o_lse(&out.o, &out.lse, reference, baseline, opts))
 }
 
 /// Check gradients (and, with sinks, dsinks) against the f64 reference and

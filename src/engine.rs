@@ -185,7 +185,7 @@ impl Engine {
         let problem = Problem::new(*shape, precision, opts)?;
         let route = self
             .verifier
-            .route(&self.gpu, call, &problem, (overrides, *overrides));
+            .route(&self.gpu, call, &problem, overrides, *overrides);
         pollster::block_on(route)
     }
 
@@ -232,7 +232,7 @@ impl Engine {
         opts: &AttentionOptions,
     ) -> Option<PlanOverrides> {
         let cache = self.tuned.as_ref()?;
-        tune::tuned_overrides(&self.gpu, cache, pass, (shape, precision), opts)
+        tune::tuned_overrides(&self.gpu, cache, pass, shape, precision, opts)
     }
 
     /// The overrides a call runs with: the caller's, or where it passes
@@ -508,7 +508,7 @@ impl Engine {
             let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
             let routed = self.route(CallKind::Forward, &problem, overrides).await?;
             let run = &routed.overrides;
-            let mut out = ops::forward::forward(&self.gpu, [q, k, v], &problem, run).await?;
+            let mut out = ops::forward::forward(&self.gpu, q, k, v, &problem, run).await?;
             routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
             Ok(out)
         })
@@ -530,7 +530,7 @@ impl Engine {
         };
         let run = self.overrides_for(pass, problem, overrides);
         self.verifier
-            .route(&self.gpu, call, problem, (overrides, run))
+            .route(&self.gpu, call, problem, overrides, run)
             .await
     }
 
@@ -576,7 +576,8 @@ impl Engine {
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "an FP8 forward", async {
-            ops::fp8::forward(&self.gpu, [q, k, v], opts, fp8, overrides).await
+            let inputs = ForwardInputs::new(*q, *k, *v);
+            ops::fp8::forward(&self.gpu, &inputs, opts, fp8, overrides).await
         })
         .await
     }
@@ -922,7 +923,7 @@ impl Engine {
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "a naive forward", async {
-            ops::naive::naive_forward(&self.gpu, [q, k, v], opts).await
+            ops::naive::naive_forward(&self.gpu, q, k, v, opts).await
         })
         .await
     }
@@ -950,7 +951,7 @@ impl Engine {
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         scoped(&self.gpu.device, "a naive backward", async {
-            ops::naive::naive_backward(&self.gpu, [q, k, v, d_o], opts).await
+            ops::naive::naive_backward(&self.gpu, q, k, v, d_o, opts).await
         })
         .await
     }
@@ -1050,7 +1051,7 @@ impl Engine {
         k: wgpu::BufferBinding,
         v: wgpu::BufferBinding,
     ) -> Result<KvCache> {
-        ops::decode::cache_in(&self.gpu, shape, precision, [&k, &v])
+        ops::decode::cache_in(&self.gpu, shape, precision, &k, &v)
     }
 
     /// A device KV cache's contents, on the host.

@@ -1,8 +1,9 @@
 //! The library's shape, checked on its source: its modules import each
 //! other without circles (so each layer can be read and changed on its
 //! own) and only from their own layer or those below it (src/lib.rs's
-//! "Layers"), no function is longer than 80 lines, and nothing silences
-//! clippy's `too_many_arguments`.
+//! "Layers"), no function is longer than 80 lines, nothing silences
+//! clippy's `too_many_arguments`, and no parameter list dodges it by
+//! packing distinct arguments into a tuple or array.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -434,4 +435,165 @@ fn no_library_code_silences_too_many_arguments() {
             file.display()
         );
     }
+}
+
+/// Split `s` at the commas outside brackets (`()`, `[]`, `{}`, `<>`; the
+/// `>` of `->` closes nothing).
+fn split_top(s: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    let mut prev = ' ';
+    for ch in s.chars() {
+        match ch {
+            '(' | '[' | '{' | '<' => depth += 1,
+            '>' if prev == '-' => {}
+            ')' | ']' | '}' | '>' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                prev = ch;
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+        prev = ch;
+    }
+    out.push(cur);
+    out.into_iter()
+        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// The index just past the bracket that closes the one at `open`.
+fn closing(c: &[char], open: usize) -> usize {
+    let mut depth = 0i32;
+    for (j, ch) in c.iter().enumerate().skip(open) {
+        match ch {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return j + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    c.len()
+}
+
+/// `(line, fn name, parameter list)` of every `fn` in `code`.
+fn parameter_lists(code: &str) -> Vec<(usize, String, String)> {
+    let c: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    for (at, _) in find_all(&c, &["fn "]) {
+        if at > 0 && (c[at - 1].is_alphanumeric() || c[at - 1] == '_') {
+            continue;
+        }
+        let mut i = at + 3;
+        let name: String = c[i..]
+            .iter()
+            .take_while(|ch| ch.is_alphanumeric() || **ch == '_')
+            .collect();
+        i += name.len();
+        // Generics, whose bounds may hold `Fn(..) -> T`.
+        let mut depth = 0i32;
+        while i < c.len() && (depth > 0 || c[i] != '(') {
+            match c[i] {
+                '<' => depth += 1,
+                '>' if c[i - 1] != '-' => depth -= 1,
+                _ => {}
+            }
+            i += 1;
+        }
+        if name.is_empty() || i >= c.len() {
+            continue;
+        }
+        let end = closing(&c, i);
+        let line = c[..at].iter().filter(|&&ch| ch == '\n').count() + 1;
+        out.push((line, name, c[i + 1..end - 1].iter().collect()));
+    }
+    out
+}
+
+/// Whether the destructured parameter `param` packs distinct arguments: a
+/// tuple pattern whose element types differ (integer types count as one),
+/// or an array pattern of references, buffers, bindings, tensor views or
+/// device slices. One value's coordinates or dims stay as they are.
+fn is_pack(param: &str) -> bool {
+    let Some((pattern, ty)) = param.split_once(": ") else {
+        return false;
+    };
+    let (pattern, ty) = (pattern.trim_start_matches('&'), ty.trim_start_matches('&'));
+    let ints = [
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+    ];
+    if pattern.starts_with('(') && ty.starts_with('(') {
+        let kinds: BTreeSet<String> = split_top(&ty[1..ty.len() - 1])
+            .into_iter()
+            .map(|t| {
+                if ints.contains(&t.as_str()) {
+                    "int".into()
+                } else {
+                    t
+                }
+            })
+            .collect();
+        return kinds.len() > 1;
+    }
+    if pattern.starts_with('[') && ty.starts_with('[') {
+        let element = ty[1..].rsplit_once(';').map_or(ty, |(e, _)| e);
+        let device = ["Buffer", "TensorView", "CudaSlice"];
+        return element.contains('&') || device.iter().any(|d| element.contains(d));
+    }
+    false
+}
+
+/// `line fn: parameter` of every parameter in `code` that [`is_pack`].
+fn packed_parameters(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (line, name, params) in parameter_lists(code) {
+        for p in split_top(&params).into_iter().filter(|p| is_pack(p)) {
+            out.push(format!("{line} {name}: {p}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_checker_sees_packed_parameters() {
+    let code = code_only(
+        "fn a((x, y): (&Foo, Bar), [q, k]: [&TensorView<'_>; 2]) {}\n\
+         // fn c((x, y): (A, B)) {}\n\
+         pub(crate) async fn b<F: Fn(u8) -> u8>(\n    &self,\n    (n, s, l): (usize, u64, u64),\n    \
+         [d, dv]: [u32; 2],\n    [a, b]: &[wgpu::BufferBinding<'a>; 2],\n    f: F,\n) -> u8 {}\n",
+    );
+    assert_eq!(
+        packed_parameters(&code),
+        [
+            "1 a: (x, y): (&Foo, Bar)",
+            "1 a: [q, k]: [&TensorView<'_>; 2]",
+            "3 b: [a, b]: &[wgpu::BufferBinding<'a>; 2]",
+        ]
+    );
+}
+
+#[test]
+fn no_library_parameter_list_is_packed_into_tuples_or_arrays() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut packed = Vec::new();
+    for file in rust_files(&src) {
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        let name = file.strip_prefix(&src).unwrap().display().to_string();
+        packed.extend(
+            packed_parameters(&code)
+                .into_iter()
+                .map(|p| format!("{name}:{p}")),
+        );
+    }
+    assert!(
+        packed.is_empty(),
+        "parameters packed into a tuple or array (pass them one by one, or as a named struct):\n{}",
+        packed.join("\n")
+    );
 }

@@ -316,11 +316,15 @@ impl DecodeProblem {
     pub fn of_spec(step: &DecodeSpec, cache: &CacheShape, precision: Precision) -> Result<Self> {
         let [batch, seqlen_q, heads_q, head_dim] = step.q_shape;
         AttentionShape::new(batch, seqlen_q, 1, heads_q, cache.heads_kv, head_dim)?;
-        same(
-            "head_dim",
-            ("q", head_dim),
-            ("the kv cache", cache.head_dim),
-        )?;
+        if head_dim != cache.head_dim {
+            return Err(Error::DimMismatch {
+                dim: "head_dim",
+                tensor: "q",
+                value: head_dim,
+                other: "the kv cache",
+                other_value: cache.head_dim,
+            });
+        }
         // The new rows' element count must fit this target like q's.
         size::elements("k_new", &[batch, step.seqlen_new, cache.heads_kv, head_dim])?;
         let seqlen_new = step.seqlen_new;
@@ -607,23 +611,6 @@ fn index_len(tensor: &'static str, len: usize, expected: usize) -> Result<()> {
             tensor,
             len,
             expected,
-        });
-    }
-    Ok(())
-}
-
-fn same(
-    dim: &'static str,
-    (a, x): (&'static str, usize),
-    (b, y): (&'static str, usize),
-) -> Result<()> {
-    if x != y {
-        return Err(Error::DimMismatch {
-            dim,
-            tensor: a,
-            value: x,
-            other: b,
-            other_value: y,
         });
     }
     Ok(())

@@ -269,7 +269,8 @@ fn families(engine: &Engine, w: &Workload) -> Vec<KernelFamily> {
 /// Time every path on the slice: the decision, the winner's id, the reason.
 async fn measure(found: &[wgpu::Adapter], w: &Workload) -> Result<(Decision, String, String)> {
     let slice = Slice::new(w);
-    let views = slice.views();
+    let [q, k, v, d_o] = slice.views();
+    let inputs = ForwardInputs::new(q, k, v);
     let (mut paths, mut timed) = (Vec::new(), Vec::new());
     for (adapter, a) in found.iter().enumerate() {
         let engine = Engine::from_adapter(a).await?;
@@ -280,9 +281,9 @@ async fn measure(found: &[wgpu::Adapter], w: &Workload) -> Result<(Decision, Str
                 ..Default::default()
             };
             // The first run compiles the kernels; it is not timed.
-            slice.run_gpu(&engine, &views, &o).await?;
-            let t = slice.run_gpu(&engine, &views, &o).await?;
-            let t = t.min(slice.run_gpu(&engine, &views, &o).await?);
+            slice.run_gpu(&engine, &inputs, &d_o, &o).await?;
+            let t = slice.run_gpu(&engine, &inputs, &d_o, &o).await?;
+            let t = t.min(slice.run_gpu(&engine, &inputs, &d_o, &o).await?);
             let name = format!(
                 "{} ({:?}, {} kernels)",
                 info.name,
@@ -295,8 +296,8 @@ async fn measure(found: &[wgpu::Adapter], w: &Workload) -> Result<(Decision, Str
     }
     let cpu = Cpu::new();
     let t = slice
-        .run_cpu(&cpu, &views)?
-        .min(slice.run_cpu(&cpu, &views)?);
+        .run_cpu(&cpu, &inputs, &d_o)?
+        .min(slice.run_cpu(&cpu, &inputs, &d_o)?);
     let name = format!("the CPU backend ({})", cpu.isa().name());
     timed.push(Timed { name, seconds: t });
     paths.push(Path::Cpu);
@@ -375,28 +376,30 @@ impl Slice {
         })
     }
 
-    /// Seconds of one run on the engine, uploads and readbacks included.
+    /// Seconds of one run on the engine, uploads and readbacks included
+    /// (`d_o` only where the workload runs the backward).
     async fn run_gpu(
         &self,
         e: &Engine,
-        [q, k, v, d_o]: &[TensorView<'_>; 4],
+        i: &ForwardInputs<'_>,
+        d_o: &TensorView<'_>,
         o: &PlanOverrides,
     ) -> Result<f64> {
         let start = Instant::now();
-        let fwd = e.forward_async(q, k, v, &self.opts, o).await?;
+        let fwd = e.forward_async(&i.q, &i.k, &i.v, &self.opts, o).await?;
         if self.backward {
-            let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
+            let inputs = BackwardInputs::new(*i, &fwd, *d_o)?;
             e.backward_async(&inputs, &self.opts, o).await?;
         }
         Ok(start.elapsed().as_secs_f64())
     }
 
     /// Seconds of one run on the CPU backend.
-    fn run_cpu(&self, cpu: &Cpu, [q, k, v, d_o]: &[TensorView<'_>; 4]) -> Result<f64> {
+    fn run_cpu(&self, cpu: &Cpu, i: &ForwardInputs<'_>, d_o: &TensorView<'_>) -> Result<f64> {
         let start = Instant::now();
-        let fwd = cpu.forward(q, k, v, &self.opts)?;
+        let fwd = cpu.forward(&i.q, &i.k, &i.v, &self.opts)?;
         if self.backward {
-            let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
+            let inputs = BackwardInputs::new(*i, &fwd, *d_o)?;
             cpu.backward(&inputs, &self.opts)?;
         }
         Ok(start.elapsed().as_secs_f64())

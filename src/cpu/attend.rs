@@ -116,7 +116,8 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
             };
             let kt = Mat::rows(&blk.kt[c0..], g.bc);
             gemm::<K>(s_dims, q.q, kt, &mut w.s, g.bc, false);
-            online_update::<K>(g, rule, q.rows, (&cols, vis), &mut w, round_p);
+            let reach = Reach { keys: &cols, vis };
+            online_update::<K>(g, rule, q.rows, reach, &mut w, round_p);
             let pv = Dims {
                 m: n,
                 n: g.dvpad,
@@ -127,6 +128,12 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
         }
     }
     finish(g, w)
+}
+
+/// The keys of a block that its rows reach, and what they see of them.
+struct Reach<'a> {
+    keys: &'a std::ops::Range<usize>,
+    vis: Visibility,
 }
 
 /// The online-softmax step of every row on its block of scores: the
@@ -141,10 +148,11 @@ fn online_update<K: Kernel>(
     g: &Geometry,
     rule: &ScoreRule,
     rows: &[ScoreRow],
-    (keys, vis): (&std::ops::Range<usize>, Visibility),
+    reach: Reach,
     w: &mut Work,
     round_p: Rounding,
 ) {
+    let Reach { keys, vis } = reach;
     let nc = keys.len();
     let maxima = w.new_max.iter_mut().zip(&w.m);
     for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(g.bc)).zip(maxima) {

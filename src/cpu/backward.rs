@@ -94,7 +94,7 @@ pub(crate) fn backward(
         vt: pack::transposed(&v, &vl, &k_rows, bc),
         k: pack::rows(&k, &kl, &k_rows, |n| n.div_ceil(bc) * bc),
         lse: i.lse,
-        delta: row_deltas(&shape, &sink_output(isa, [&q, &k, &v], &o, &problem), &d_o),
+        delta: row_deltas(&shape, &sink_output(isa, &q, &k, &v, &o, &problem), &d_o),
         scale: problem.scale,
         precision: inputs.q.precision(),
         strips: strips(&shape, &seqs, bc),
@@ -133,13 +133,15 @@ fn strips(shape: &AttentionShape, seqs: &[Sequence], bc: usize) -> usize {
 /// f32 rounding (1e-7 where the f16 baseline errs by 1e-4).
 fn sink_output<'o>(
     isa: Isa,
-    qkv: [&[f32]; 3],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
     o: &'o [f32],
     problem: &Problem,
 ) -> std::borrow::Cow<'o, [f32]> {
     match (&problem.opts.sinks, vmath::rounding_of(problem.precision)) {
         (Some(_), Some(_)) => {
-            let (o32, _) = super::forward::forward_f32(isa, problem, qkv, None);
+            let (o32, _) = super::forward::forward_f32(isa, problem, q, k, v, None);
             std::borrow::Cow::Owned(o32)
         }
         _ => std::borrow::Cow::Borrowed(o),
@@ -242,18 +244,18 @@ impl Ctx<'_> {
     }
 
     /// Key block `kb` of kv head `hk` of sequence `n` against every query
-    /// block of the group that sees it: its `dK` and `dV` sums into `kv`,
-    /// the group's `dQ` sums (`(group, len_q, dpad)`) into `dq`.
+    /// block of the group that sees it: its `dK` and `dV` sums into `dk`
+    /// and `dv`, the group's `dQ` sums (`(group, len_q, dpad)`) into `dq`.
     #[inline(always)]
     fn key_block<K: Kernel>(
         &self,
         (n, hk, kb): (usize, usize, usize),
         t: &mut Tile,
-        kv: [&mut [f32]; 2],
+        dk: &mut [f32],
+        dv: &mut [f32],
         dq: &mut [f32],
     ) {
         let (s, g, seq) = (&self.shape, &self.g, &self.seqs[n]);
-        let [dk, dv] = kv;
         let block = kb * g.bc..(kb + 1) * g.bc;
         for (hl, h) in (hk * s.group()..(hk + 1) * s.group()).enumerate() {
             let pair = PairRule::new(self.opts, seq, h, [s.heads_q, s.head_dim]);
@@ -428,7 +430,7 @@ impl Task for KeyTask<'_, '_> {
             .chunks_exact_mut((g.bc * g.dpad).max(1))
             .zip(out.dv.chunks_exact_mut((g.bc * g.dvpad).max(1)));
         for (&kb, (dk, dv)) in blocks.iter().zip(kv) {
-            c.key_block::<K>((n, hk, kb), &mut t, [dk, dv], &mut out.dq);
+            c.key_block::<K>((n, hk, kb), &mut t, dk, dv, &mut out.dq);
         }
         out
     }

@@ -90,13 +90,15 @@ struct Ctx<'a> {
 /// Exact attention forward on `isa`'s kernels.
 pub(crate) fn forward(
     isa: Isa,
-    [q, k, v]: [&TensorView; 3],
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
     let precision = problem.precision;
     let [qf, kf, vf] = [q, k, v].map(pack::widened);
-    let (o, lse) = forward_f32(isa, &problem, [&qf, &kf, &vf], rounding_of(precision));
+    let (o, lse) = forward_f32(isa, &problem, &qf, &kf, &vf, rounding_of(precision));
     let o = TensorData::from_f32(o, precision);
     let out = ForwardOutput::new(problem.shape, o, lse, CallStats::default());
     Ok(out.packed(problem.packed()))
@@ -107,7 +109,9 @@ pub(crate) fn forward(
 pub(crate) fn forward_f32(
     isa: Isa,
     problem: &Problem,
-    [q, k, v]: [&[f32]; 3],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
     round_p: Rounding,
 ) -> (Vec<f32>, Vec<f32>) {
     let (shape, opts) = (problem.shape, problem.opts);

@@ -35,7 +35,9 @@ pub fn forward_fp8(
     let (o, lse) = super::forward::forward_f32(
         super::Isa::detect(),
         &problem,
-        [&qkv[0], &qkv[1], &qkv[2]],
+        &qkv[0],
+        &qkv[1],
+        &qkv[2],
         Some(round_p),
     );
     let o = TensorData::F32(layout.trim(&o));

@@ -105,7 +105,7 @@ impl Cpu {
         v: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(self.isa, [q, k, v], opts)
+        forward::forward(self.isa, q, k, v, opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.

@@ -20,16 +20,21 @@ const DOT_THREADS: u32 = 256;
 
 /// The backward's device buffers: inputs, D, and the gradients.
 struct Buffers {
+    inputs: Uploaded,
+    delta: CudaSlice<f32>,
+    dq: CudaSlice<u8>,
+    dk: CudaSlice<u8>,
+    dv: CudaSlice<u8>,
+}
+
+/// The backward's inputs on the device.
+struct Uploaded {
     q: CudaSlice<u8>,
     k: CudaSlice<u8>,
     v: CudaSlice<u8>,
     o: CudaSlice<u8>,
     d_o: CudaSlice<u8>,
     lse: CudaSlice<f32>,
-    delta: CudaSlice<f32>,
-    dq: CudaSlice<u8>,
-    dk: CudaSlice<u8>,
-    dv: CudaSlice<u8>,
 }
 
 impl Buffers {
@@ -41,7 +46,7 @@ impl Buffers {
                 .alloc_zeros::<u8>(t.data.as_bytes().len())
                 .map_err(driver(during))
         };
-        Ok(Self {
+        let uploaded = Uploaded {
             q: up(&inputs.q, "uploading q")?,
             k: up(&inputs.k, "uploading k")?,
             v: up(&inputs.v, "uploading v")?,
@@ -50,6 +55,9 @@ impl Buffers {
             lse: stream
                 .clone_htod(inputs.lse)
                 .map_err(driver("uploading lse"))?,
+        };
+        Ok(Self {
+            inputs: uploaded,
             delta: stream
                 .alloc_zeros::<f32>(rows)
                 .map_err(driver("allocating D"))?,
@@ -155,22 +163,22 @@ fn launch(
         // validated shape and options, and the lists live until the wait in
         // `timed` (the other side buffers, until the caller's).
         let mut l = Launch::new(stream, &dot);
-        l.input(&b.o)
-            .input(&b.d_o)
+        l.input(&b.inputs.o)
+            .input(&b.inputs.d_o)
             .output(&mut b.delta)
             .value(&call.problem)
             .value(&batch)
             .value(&row_layout);
         unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
-        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
+        gradient_inputs(&mut l, &b.inputs, &b.delta);
         l.output(&mut b.dk)
             .output(&mut b.dv)
             .value(&call.problem)
             .value(&key_layout);
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
-        gradient_inputs(&mut l, [&b.q, &b.k, &b.v, &b.d_o], [&b.lse, &b.delta]);
+        gradient_inputs(&mut l, &b.inputs, &b.delta);
         l.output(&mut b.dq).value(&call.problem).value(&row_layout);
         unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
     })?;
@@ -179,13 +187,11 @@ fn launch(
 }
 
 /// The first arguments of both gradient kernels: q, k, v, dO, lse and D.
-fn gradient_inputs<'a>(
-    l: &mut Launch<'a>,
-    storage: [&'a CudaSlice<u8>; 4],
-    [lse, delta]: [&'a CudaSlice<f32>; 2],
-) {
-    for buf in storage {
-        l.input(buf);
-    }
-    l.input(lse).input(delta);
+fn gradient_inputs<'a>(l: &mut Launch<'a>, i: &'a Uploaded, delta: &'a CudaSlice<f32>) {
+    l.input(&i.q)
+        .input(&i.k)
+        .input(&i.v)
+        .input(&i.d_o)
+        .input(&i.lse)
+        .input(delta);
 }

@@ -82,7 +82,7 @@ pub(crate) fn decode(
     };
     let (k, v) = (k.view(kv_shape), v.view(kv_shape));
     let problem = Problem::forward(&ForwardInputs::new(q, k, v), &packed)?;
-    let out = forward(dev, path, [&q, &k, &v], &problem)?;
+    let out = forward(dev, path, &q, &k, &v, &problem)?;
     // lse (heads_q, total_q) of the packed batch to (batch, heads_q, seqlen_q).
     let mut lse = vec![0.0; p.lse_len()];
     for b in 0..p.batch {

@@ -21,7 +21,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub(crate) fn forward(
     dev: &CudaDevice,
     path: KernelPath,
-    [q, k, v]: [&TensorView; 3],
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
     problem: &Problem,
 ) -> Result<ForwardOutput> {
     let (shape, opts) = (problem.shape, problem.opts);
@@ -44,7 +46,7 @@ pub(crate) fn forward(
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
-        tensor_maps(stream, &key, &call, [&q_dev, &k_dev, &v_dev])?
+        tensor_maps(stream, &key, &call, &q_dev, &k_dev, &v_dev)?
     } else {
         Vec::new()
     };
@@ -118,7 +120,9 @@ fn tensor_maps(
     stream: &CudaStream,
     key: &KernelKey,
     call: &Call,
-    [q, k, v]: [&CudaSlice<u8>; 3],
+    q: &CudaSlice<u8>,
+    k: &CudaSlice<u8>,
+    v: &CudaSlice<u8>,
 ) -> Result<Vec<TensorMap>> {
     let (t, shape) = (key.tiles(), &call.shape);
     let (b, d) = (shape.batch, shape.head_dim);

@@ -295,7 +295,7 @@ impl Cuda {
         let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Forward;
         let (path, verification) = self.verified(call, plan, path)?;
-        let mut out = forward::forward(&self.device, path, [q, k, v], &problem)?;
+        let mut out = forward::forward(&self.device, path, q, k, v, &problem)?;
         self.finish(verification, &mut out.stats, &mut out.o);
         Ok(out)
     }

@@ -164,7 +164,8 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     };
     let case = match case {
         MatrixCase::Decode(layout) => {
-            return check_decode(dev, (&key, path), (precision, d, keys, layout), fault)
+            let case = DecodeCase::new(precision, d, keys, layout)?;
+            return check_decode(dev, &key, path, &case, fault);
         }
         MatrixCase::Attention(CaseKind::Band) => {
             AttentionCase::band(precision, d, keys, call == CallKind::Forward)?
@@ -175,7 +176,7 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     let [q, k, v, _] = case.views();
     if call == CallKind::Forward {
         let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
-        let mut out = forward(dev, path, [&q, &k, &v], &problem)?;
+        let mut out = forward(dev, path, &q, &k, &v, &problem)?;
         Fault::perturb(fault, &key, &mut out.o);
         return case.judge_forward(&out);
     }
@@ -187,15 +188,15 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     case.judge_backward(&out)
 }
 
-/// A decoding step of the case on `path` (one launch: the CUDA decode does
-/// not split), judged.
+/// The decoding step of `case` on `path` (one launch: the CUDA decode does
+/// not split), judged; a planted `fault` perturbs family `key`'s output.
 fn check_decode(
     dev: &CudaDevice,
-    (key, path): (&FamilyKey, KernelPath),
-    (precision, d, block, layout): (Precision, usize, usize, DecodeLayout),
+    key: &FamilyKey,
+    path: KernelPath,
+    case: &DecodeCase,
     fault: Option<&Fault>,
 ) -> Result<Judgement> {
-    let case = DecodeCase::new(precision, d, block, layout)?;
     let mut cache = case.cache.clone();
     let mut out = decode(dev, path, &mut cache, &case.step(), &case.opts)?;
     Fault::perturb(fault, key, &mut out.o);
@@ -228,7 +229,8 @@ impl CudaVerifier {
     fn verdict(
         &self,
         dev: &CudaDevice,
-        (call, precision): (CallKind, Precision),
+        call: CallKind,
+        precision: Precision,
         family: CudaFamily,
     ) -> Result<crate::verify::Verdict> {
         let key = family_key(call, family, precision, &dev.arch());
@@ -272,7 +274,7 @@ impl CudaVerifier {
         let walked = pollster::block_on(walk(cuda_chain(first), forced, async |f| {
             tried_keys.push(family_key(call, f, problem.precision, &dev.arch()));
             match planned_family(&dev.props, call, problem, path_of(f)) {
-                Ok(ran) if ran == f => self.verdict(dev, (call, problem.precision), f),
+                Ok(ran) if ran == f => self.verdict(dev, call, problem.precision, f),
                 Ok(_) | Err(_) => Ok(crate::verify::Verdict::Failed(Evidence {
                     detail: "it cannot run this call".into(),
                     seconds: 0.0,

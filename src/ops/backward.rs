@@ -210,8 +210,16 @@ async fn in_pieces(
     call.stats.pieces = pieces.len() as u32;
     let (grads, dsinks) = match pieces.as_slice() {
         [p] if p.whole => {
-            let tensors = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.as_bytes());
-            run_piece(&mut call, b, p, tensors, i.lse).await?
+            let [q, k, v, o, d_o] = [i.q, i.k, i.v, i.o, i.d_o].map(|t| t.data.as_bytes());
+            let inputs = PieceInputs {
+                q,
+                k,
+                v,
+                o,
+                d_o,
+                lse: i.lse,
+            };
+            run_piece(&mut call, b, p, &inputs).await?
         }
         _ => {
             let mut sum = GradAssembly::new(shape);
@@ -245,8 +253,27 @@ async fn run_split(
         r.gather_q(i.d_o.data, Layout::o(s)),
     ];
     let lse = r.gather_lse(i.lse, super::pieces::LseLayout::of(s), p.lse_layout());
-    let bytes = parts.each_ref().map(|p| p.as_host().as_bytes());
-    run_piece(call, b, p, bytes, &lse).await
+    let [q, k, v, o, d_o] = parts.each_ref().map(|p| p.as_host().as_bytes());
+    let inputs = PieceInputs {
+        q,
+        k,
+        v,
+        o,
+        d_o,
+        lse: &lse,
+    };
+    run_piece(call, b, p, &inputs).await
+}
+
+/// One piece's backward inputs: its tensors' bytes (each in the piece's
+/// local layout) and its rows' LSE.
+struct PieceInputs<'a> {
+    q: &'a [u8],
+    k: &'a [u8],
+    v: &'a [u8],
+    o: &'a [u8],
+    d_o: &'a [u8],
+    lse: &'a [f32],
 }
 
 /// Upload one piece, run the kernels, read dq, dk, dv (and dsinks) back.
@@ -254,20 +281,19 @@ async fn run_piece(
     call: &mut Call<'_>,
     b: &Backward<'_>,
     p: &Prepared,
-    [q, k, v, o, d_o]: [&[u8]; 5],
-    lse: &[f32],
+    i: &PieceInputs<'_>,
 ) -> Result<PieceGrads> {
     let s = &p.piece.local;
     let precision = b.plan.storage.precision();
     let lens = [s.q_len(), s.kv_len(), s.v_len()];
     let [q_bytes, kv_bytes, v_bytes] = lens.map(|n| n as u64 * precision.bytes() as u64);
     let (q, k, v) = (
-        call.upload("q", q)?,
-        call.upload("k", k)?,
-        call.upload("v", v)?,
+        call.upload("q", i.q)?,
+        call.upload("k", i.k)?,
+        call.upload("v", i.v)?,
     );
-    let (o, d_o) = (call.upload("o", o)?, call.upload("do", d_o)?);
-    let lse = call.upload("lse", bytemuck::cast_slice(lse))?;
+    let (o, d_o) = (call.upload("o", i.o)?, call.upload("do", i.d_o)?);
+    let lse = call.upload("lse", bytemuck::cast_slice(i.lse))?;
     let dvec = call.storage("D = rowsum(dO·O)", s.lse_len() as u64 * 4)?;
     let dq = call.storage("dq", q_bytes)?;
     let (dk, dv) = (call.storage("dk", kv_bytes)?, call.storage("dv", v_bytes)?);
@@ -344,7 +370,8 @@ impl Launch {
             b.opts,
             &seqs,
             plan.br,
-            [Some(&by_rows), Some(&by_keys)],
+            Some(&by_rows),
+            Some(&by_keys),
             heads,
         );
         let sink_partials =

@@ -65,14 +65,15 @@ pub async fn decode_host(
     Ok(out)
 }
 
-/// A cache on the app's `[k, v]` ranges: each checked as an encoded call's
-/// ranges are (aligned, inside its buffer, holding the cache, within one
-/// storage binding).
+/// A cache on the app's `k` and `v` ranges: each checked as an encoded
+/// call's ranges are (aligned, inside its buffer, holding the cache, within
+/// one storage binding).
 pub fn cache_in(
     gpu: &Gpu,
     shape: CacheShape,
     precision: Precision,
-    [k, v]: [&wgpu::BufferBinding; 2],
+    k: &wgpu::BufferBinding,
+    v: &wgpu::BufferBinding,
 ) -> Result<KvCache> {
     let bytes = KvCache::bytes(gpu, &shape, precision)?;
     let range = |tensor, binding| Range {
@@ -81,7 +82,7 @@ pub fn cache_in(
         needs: bytes,
     };
     bindings::check(gpu, &[range("k cache", k), range("v cache", v)], &[])?;
-    Ok(KvCache::in_ranges(shape, precision, [k, v], bytes))
+    Ok(KvCache::in_ranges(shape, precision, k, v, bytes))
 }
 
 /// Bytes of the app's scratch an encoded step of `p` planned as `plan`
@@ -353,8 +354,8 @@ impl<'a> Step<'a> {
         let plan = self.plan()?;
         let index = self.gpu.buffer_with(&index_words(self.p)?);
         let u = self.uniforms(&plan)?;
-        let new = [fitted(k_new, t.new), fitted(v_new, t.new)];
-        let (append, _) = self.append(&plan, &u, new, &index)?;
+        let (k_new, v_new) = (fitted(k_new, t.new), fitted(v_new, t.new));
+        let (append, _) = self.append(&plan, &u, k_new, v_new, &index)?;
         record(self.gpu, encoder, &[append]).await
     }
 
@@ -491,16 +492,16 @@ impl<'a> Step<'a> {
         let u = self.uniforms(plan)?;
         let mut out = Vec::with_capacity(3);
         let mut accesses = Accesses::default();
-        if let Some(new) = &r.new_kv {
-            let (d, a) = self.append(plan, &u, new.clone(), r.index)?;
+        if let Some([k_new, v_new]) = &r.new_kv {
+            let (d, a) = self.append(plan, &u, k_new.clone(), v_new.clone(), r.index)?;
             out.push(d);
             accesses += a;
         }
         let (d, a) = self.attend(plan, &u, r)?;
         out.push(d);
         accesses += a;
-        if let Some(parts) = &r.parts {
-            let (d, a) = self.merge(plan, &u, parts.clone(), r)?;
+        if let Some([o_part, lse_part]) = &r.parts {
+            let (d, a) = self.merge(plan, &u, o_part.clone(), lse_part.clone(), r)?;
             out.push(d);
             accesses += a;
         }
@@ -512,7 +513,8 @@ impl<'a> Step<'a> {
         &'b self,
         plan: &DecodePlan,
         u: &Uniforms,
-        [k_new, v_new]: [wgpu::BufferBinding<'b>; 2],
+        k_new: wgpu::BufferBinding<'b>,
+        v_new: wgpu::BufferBinding<'b>,
         index: &'b wgpu::Buffer,
     ) -> Result<(Dispatch<'b>, Accesses)> {
         let p = self.p;
@@ -579,7 +581,8 @@ impl<'a> Step<'a> {
         &'b self,
         plan: &DecodePlan,
         u: &Uniforms,
-        [o_part, lse_part]: [wgpu::BufferBinding<'b>; 2],
+        o_part: wgpu::BufferBinding<'b>,
+        lse_part: wgpu::BufferBinding<'b>,
         r: &StepRanges<'b>,
     ) -> Result<(Dispatch<'b>, Accesses)> {
         let kernel = DecodeMerge {

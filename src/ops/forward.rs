@@ -47,7 +47,9 @@ fn kernel_for(gpu: &Gpu, problem: &Problem, overrides: &PlanOverrides) -> Result
 /// never rejected.
 pub async fn forward(
     gpu: &Gpu,
-    [q, k, v]: [&TensorView<'_>; 3],
+    q: &TensorView<'_>,
+    k: &TensorView<'_>,
+    v: &TensorView<'_>,
     problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
@@ -76,8 +78,8 @@ async fn in_pieces(gpu: &Gpu, f: &Forward<'_>, limits: PieceLimits) -> Result<Fo
     call.stats.pieces = pieces.len() as u32;
     let (o, lse) = match pieces.as_slice() {
         [p] if p.whole => {
-            let bytes = f.qkv.map(|t| t.data.as_bytes());
-            run_piece(&mut call, f, p, bytes).await?
+            let [q, k, v] = f.qkv.map(|t| t.data.as_bytes());
+            run_piece(&mut call, f, p, q, k, v).await?
         }
         _ => {
             let keys_split = pieces.iter().any(|p| p.piece.k_start > 0);
@@ -105,7 +107,8 @@ async fn run_split(
         p.rows.gather_k(k.data, Layout::kv(s)),
         p.rows.gather_k(v.data, Layout::v(s)),
     ];
-    run_piece(call, f, p, parts.each_ref().map(|p| p.as_host().as_bytes())).await
+    let [q, k, v] = parts.each_ref().map(|p| p.as_host().as_bytes());
+    run_piece(call, f, p, q, k, v).await
 }
 
 /// Upload one piece, run it, read o and lse back.
@@ -113,7 +116,9 @@ async fn run_piece(
     call: &mut Call<'_>,
     f: &Forward<'_>,
     p: &Prepared,
-    [q, k, v]: [&[u8]; 3],
+    q: &[u8],
+    k: &[u8],
+    v: &[u8],
 ) -> Result<(TensorData, Vec<f32>)> {
     let s = &p.piece.local;
     let precision = f.kernel.plan.storage.precision();
@@ -172,7 +177,7 @@ impl Launch {
             by_keys: false,
         };
         let accesses = kernel.accesses(&walk, heads);
-        let tables = side_tables(opts, &seqs, plan.br, [Some(&walk), None], heads);
+        let tables = side_tables(opts, &seqs, plan.br, Some(&walk), None, heads);
         let grid = [kernel.grid_x(&seqs), grid_u32(heads as u64), seqs.grid_z()];
         let keys = seqs.longest().1;
         let side = tables.build(&mut params, p.piece.full.heads_q)?;

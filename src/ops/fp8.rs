@@ -10,6 +10,7 @@
 
 use super::bindings::{self, Range, TensorBytes};
 use super::forward::{check_loop_limit, dispatches};
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{Accesses, ForwardOutput};
 use crate::api::problem::Problem;
@@ -262,13 +263,12 @@ fn specs(shape: &AttentionShape, layout: &Fp8Layout) -> [Spec; 3] {
 /// values are quantized): `o` f32, `lse` as always.
 pub async fn forward(
     gpu: &Gpu,
-    qkv: [&TensorView<'_>; 3],
+    inputs: &ForwardInputs<'_>,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
-    let [q, k, v] = qkv;
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
     opts.validate()?;
     Fp8Layout::check_supported(&shape, opts)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
@@ -277,7 +277,7 @@ pub async fn forward(
     let mut call = Call::new(gpu, Some(kernel.plan));
     let specs = specs(&shape, &layout);
     let mut tensors = Vec::with_capacity(3);
-    for (s, x) in specs.iter().zip(qkv) {
+    for (s, x) in specs.iter().zip([&inputs.q, &inputs.k, &inputs.v]) {
         tensors.push(upload_tensor(&mut call, s, x)?);
     }
     let transform = layout.transform.as_ref();
@@ -498,7 +498,8 @@ pub async fn encode(
             gpu,
             shape.o_len(),
             rows,
-            [o, b.o.clone()],
+            o,
+            b.o.clone(),
             aliased,
         )?);
     }
@@ -513,7 +514,8 @@ fn trim_dispatch<'a>(
     gpu: &Gpu,
     len: usize,
     [src_row, dst_row]: [usize; 2],
-    [from, to]: [wgpu::BufferBinding<'a>; 2],
+    from: wgpu::BufferBinding<'a>,
+    to: wgpu::BufferBinding<'a>,
     aliased: bool,
 ) -> Result<Dispatch<'a>> {
     let groups = BufferCopy::groups(len as u64);

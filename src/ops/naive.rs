@@ -121,22 +121,34 @@ impl<'a> Problem<'a> {
         })
     }
 
-    /// A matmul's dispatch: `C = epilogue(A · op(B))` with these strides.
-    fn matmul<'b>(
+    /// `C = epilogue(A · op(B))` over the call's batch, with these strides,
+    /// each operand in its `storage`.
+    fn product(
         &self,
-        call: &mut Call,
-        (b_trans, epilogue, params): (bool, Epilogue, MatmulParams),
+        b_trans: bool,
+        epilogue: Epilogue,
+        params: MatmulParams,
         storage: [StorageKind; 3],
-        [a, b, c]: [&'b wgpu::Buffer; 3],
-    ) -> Result<Dispatch<'b>> {
-        let problem = MatmulProblem {
+    ) -> MatmulProblem {
+        MatmulProblem {
             storage,
             b_trans,
             epilogue,
             params,
             batch: self.shape.batch,
-        };
-        let variant = if epilogue == Epilogue::Scores {
+        }
+    }
+
+    /// A matmul's dispatch: `problem` on `a`, `b` into `c`.
+    fn matmul<'b>(
+        &self,
+        call: &mut Call,
+        problem: MatmulProblem,
+        a: &'b wgpu::Buffer,
+        b: &'b wgpu::Buffer,
+        c: &'b wgpu::Buffer,
+    ) -> Result<Dispatch<'b>> {
+        let variant = if problem.epilogue == Epilogue::Scores {
             self.variant
         } else {
             self.plain
@@ -160,29 +172,31 @@ impl<'a> Problem<'a> {
     fn softmax_steps<'b>(
         &self,
         call: &mut Call,
-        [q, k, lse, s, p]: [&'b wgpu::Buffer; 5],
+        b: &ScoreBuffers<'b>,
     ) -> Result<Vec<Dispatch<'b>>> {
         let st = self.storage;
         let rows = self.shape.batch * self.shape.heads_q * self.shape.seqlen_q;
+        let nt = nt_params(&self.shape, self.shape.head_dim, 1.0);
+        let scores = self.product(true, Epilogue::Scores, nt, [st, st, StorageKind::F32]);
         Ok(vec![
-            self.matmul(
-                call,
-                (
-                    true,
-                    Epilogue::Scores,
-                    nt_params(&self.shape, self.shape.head_dim, 1.0),
-                ),
-                [st, st, StorageKind::F32],
-                [q, k, s],
-            )?,
+            self.matmul(call, scores, b.q, b.k, b.s)?,
             self.step(
                 call,
                 NaiveEntry::Softmax,
-                vec![(binding::LSE, lse), (binding::S, s), (binding::P, p)],
+                vec![(binding::LSE, b.lse), (binding::S, b.s), (binding::P, b.p)],
                 [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
             )?,
         ])
     }
+}
+
+/// The buffers the scores and their softmax read and write.
+struct ScoreBuffers<'b> {
+    q: &'b wgpu::Buffer,
+    k: &'b wgpu::Buffer,
+    lse: &'b wgpu::Buffer,
+    s: &'b wgpu::Buffer,
+    p: &'b wgpu::Buffer,
 }
 
 /// Fail before running when a kernel would run past the adapter's loop
@@ -204,7 +218,9 @@ fn check_loops(gpu: &Gpu, kernel: KernelKey, iterations: u64) -> Result<()> {
 /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
 pub async fn naive_forward(
     gpu: &Gpu,
-    [q, k, v]: [&TensorView<'_>; 3],
+    q: &TensorView<'_>,
+    k: &TensorView<'_>,
+    v: &TensorView<'_>,
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
@@ -221,14 +237,18 @@ pub async fn naive_forward(
     let (ob, lb) = (call.storage("o", o_bytes)?, call.storage("lse", lse_bytes)?);
     let sb = call.storage("S (N×N scores)", n.nn)?;
     let pb = call.storage("P (N×N probabilities)", n.nn)?;
-    let mut steps = n.softmax_steps(&mut call, [&qb, &kb, &lb, &sb, &pb])?;
+    let scores = ScoreBuffers {
+        q: &qb,
+        k: &kb,
+        lse: &lb,
+        s: &sb,
+        p: &pb,
+    };
+    let mut steps = n.softmax_steps(&mut call, &scores)?;
     let st = n.storage;
-    let pv = (
-        false,
-        Epilogue::Scale,
-        nn_params(&shape, shape.head_dim_v, 1.0),
-    );
-    steps.push(n.matmul(&mut call, pv, [StorageKind::F32, st, st], [&pb, &vb, &ob])?);
+    let nn = nn_params(&shape, shape.head_dim_v, 1.0);
+    let pv = n.product(false, Epilogue::Scale, nn, [StorageKind::F32, st, st]);
+    steps.push(n.matmul(&mut call, pv, &pb, &vb, &ob)?);
     call.run(&steps).await?;
     let mut data = call.read(&[(&ob, o_bytes), (&lb, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
@@ -256,7 +276,10 @@ struct Grads {
 /// (the forward's o and LSE are recomputed, as a naive implementation does).
 pub async fn naive_backward(
     gpu: &Gpu,
-    [q, k, v, d_o]: [&TensorView<'_>; 4],
+    q: &TensorView<'_>,
+    k: &TensorView<'_>,
+    v: &TensorView<'_>,
+    d_o: &TensorView<'_>,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
     let shape = AttentionShape::from_views(q, k, v)?;
@@ -265,7 +288,14 @@ pub async fn naive_backward(
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
     let b = grad_buffers(&mut call, &n, q, k, v, d_o)?;
-    let mut steps = n.softmax_steps(&mut call, [&b.q, &b.k, &b.lse, &b.s, &b.p])?;
+    let scores = ScoreBuffers {
+        q: &b.q,
+        k: &b.k,
+        lse: &b.lse,
+        s: &b.s,
+        p: &b.p,
+    };
+    let mut steps = n.softmax_steps(&mut call, &scores)?;
     steps.extend(grad_steps(&mut call, &n, &b)?);
     call.run(&steps).await?;
     drop(steps);
@@ -315,33 +345,19 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
     let f32_ = StorageKind::F32;
     let scale = n.opts.scale_for(shape.head_dim);
     let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+    let nt = nt_params(shape, shape.head_dim_v, 1.0);
+    let dp = n.product(true, Epilogue::Scale, nt, [st, st, f32_]);
+    let nn = nn_params(shape, shape.head_dim, scale);
+    let dq = n.product(false, Epilogue::Scale, nn, [f32_, st, st]);
     let mut steps = vec![
-        n.matmul(
-            call,
-            (
-                true,
-                Epilogue::Scale,
-                nt_params(shape, shape.head_dim_v, 1.0),
-            ),
-            [st, st, f32_],
-            [&b.d_o, &b.v, &b.ds],
-        )?,
+        n.matmul(call, dp, &b.d_o, &b.v, &b.ds)?,
         n.step(
             call,
             NaiveEntry::Ds,
             vec![(binding::S, &b.s), (binding::P, &b.p), (binding::DS, &b.ds)],
             [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
         )?,
-        n.matmul(
-            call,
-            (
-                false,
-                Epilogue::Scale,
-                nn_params(shape, shape.head_dim, scale),
-            ),
-            [f32_, st, st],
-            [&b.ds, &b.k, &b.dq],
-        )?,
+        n.matmul(call, dq, &b.ds, &b.k, &b.dq)?,
     ];
     if shape.group() > 1 {
         use binding::*;
@@ -384,8 +400,9 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
         (dv, 1.0, &b.s, &b.d_o, &b.dv),
         (d, scale, &b.p, &b.q, &b.dk),
     ] {
-        let tn = (false, Epilogue::Scale, tn_params(shape, dim, alpha));
-        steps.push(n.matmul(call, tn, [f32_, st, st], [a, x, c])?);
+        let tn = tn_params(shape, dim, alpha);
+        let product = n.product(false, Epilogue::Scale, tn, [f32_, st, st]);
+        steps.push(n.matmul(call, product, a, x, c)?);
     }
     Ok(steps)
 }

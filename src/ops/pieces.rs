@@ -180,7 +180,8 @@ fn flat(l: Layout, r: usize, h: usize) -> usize {
 fn for_runs<T: Copy>(
     dst: &mut [T],
     layout: Layout,
-    (runs, heads): (&[Range<usize>], &Range<usize>),
+    runs: &[Range<usize>],
+    heads: &Range<usize>,
     src: &[T],
     mut f: impl FnMut(&mut [T], &[T]),
 ) {
@@ -228,7 +229,7 @@ impl ForwardAssembly {
             return;
         }
         let l = Layout::o(&self.shape);
-        let block = (p.q.as_slice(), &p.q_heads);
+        let (runs, heads) = (p.q.as_slice(), &p.q_heads);
         // Pieces run in the call's precision; convert anything else.
         let converted;
         let o = if o.precision() == self.o_exact.precision() {
@@ -239,13 +240,13 @@ impl ForwardAssembly {
         };
         match (&mut self.o_exact, o) {
             (TensorData::F32(dst), TensorData::F32(src)) => {
-                for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
+                for_runs(dst, l, runs, heads, src, |d, x| d.copy_from_slice(x))
             }
             (TensorData::F16(dst), TensorData::F16(src)) => {
-                for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
+                for_runs(dst, l, runs, heads, src, |d, x| d.copy_from_slice(x))
             }
             (TensorData::Bf16(dst), TensorData::Bf16(src)) => {
-                for_runs(dst, l, block, src, |d, x| d.copy_from_slice(x))
+                for_runs(dst, l, runs, heads, src, |d, x| d.copy_from_slice(x))
             }
             _ => {}
         }
@@ -322,12 +323,12 @@ impl GradAssembly {
         let shape = &self.shape;
         let (ql, kl, vl) = (Layout::q(shape), Layout::kv(shape), Layout::v(shape));
         let blocks = [
-            (ql, (p.q.as_slice(), &p.q_heads)),
-            (kl, (p.k.as_slice(), &p.kv_heads)),
-            (vl, (p.k.as_slice(), &p.kv_heads)),
+            (ql, p.q.as_slice(), &p.q_heads),
+            (kl, p.k.as_slice(), &p.kv_heads),
+            (vl, p.k.as_slice(), &p.kv_heads),
         ];
-        for ((dst, part), (layout, block)) in self.grads.iter_mut().zip(parts).zip(blocks) {
-            for_runs(dst, layout, block, &part.to_f32(), |d, x| {
+        for ((dst, part), (layout, runs, heads)) in self.grads.iter_mut().zip(parts).zip(blocks) {
+            for_runs(dst, layout, runs, heads, &part.to_f32(), |d, x| {
                 d.iter_mut().zip(x).for_each(|(a, b)| *a += b)
             });
         }

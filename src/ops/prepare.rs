@@ -101,12 +101,13 @@ fn placed(local: AttentionShape, full: &AttentionShape, s: &Split) -> Piece {
 
 /// The side tables of a kernel variant under `opts`: `seqs`' prefix sums
 /// (for blocks of `size`), slopes, sinks, and with a block mask the tile
-/// lists of `walks` (by query blocks, by key blocks).
+/// lists of the walks `q` (by query blocks) and `k` (by key blocks).
 pub fn side_tables<'a>(
     opts: &'a AttentionOptions,
     seqs: &Sequences,
     size: u32,
-    [q, k]: [Option<&Walk>; 2],
+    q: Option<&Walk>,
+    k: Option<&Walk>,
     heads: usize,
 ) -> SideTables<'a> {
     let lists = |w: Option<&Walk>| -> Option<TileLists> {

@@ -106,7 +106,7 @@ fn registers_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     p.clamps.clear();
     p.plan.kernel = KernelFamily::Registers;
     let widest = p.plan.widest_dim().div_ceil(4);
-    let shape = registers::micro_tile(&mut p, req, caps, [widest, 2])?;
+    let shape = registers::micro_tile(&mut p, req, caps, widest, 2)?;
     registers::backward_tiles(&mut p, req, caps, shape)?;
     p.kernel_reason = Some(format!(
         "registers ({}): RM {} query rows (S, dP, dQ) or keys (dK, dV) per invocation; \
@@ -138,7 +138,7 @@ fn square_tile(p: &mut Planned, longest: usize) -> u32 {
 /// Shrink B until its invocations and its six tiles fit the device; returns
 /// `(b, workgroup bytes)`.
 fn fit(p: &mut Planned, b: u32, tc: u32, max_wg: u32, fixed: bool) -> Result<(u32, u32)> {
-    let mut b = fit_invocations(p, "B", [b, tc, max_wg], fixed)?;
+    let mut b = fit_invocations(p, "B", b, tc, max_wg, fixed)?;
     let (dims, m_bytes) = ([p.plan.head_dim, p.plan.head_dim_v], p.plan.m_bytes);
     let d = p.plan.widest_dim();
     let mut bytes = backward_workgroup_bytes(b, dims);

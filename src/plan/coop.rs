@@ -135,7 +135,7 @@ pub fn coop_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Res
     p.record("Bc", f_bc, bc, reason(ov.bc, "seqlen_k"));
     check_tiles(form, br, bc, wg)?;
     let dims = padded_dims(req, form);
-    let (br, bc, bytes) = fit_coop(&mut p, form, [br, bc, wg], dims, [ov.br, ov.bc])?;
+    let (br, bc, bytes) = fit_coop(&mut p, form, [br, bc], wg, dims, [ov.br, ov.bc])?;
     p.plan = Plan {
         kernel: KernelFamily::Coop,
         br,
@@ -154,7 +154,8 @@ pub fn coop_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Res
 fn fit_coop(
     p: &mut Planned,
     form: CoopForm,
-    [mut br, mut bc, wg]: [u32; 3],
+    [mut br, mut bc]: [u32; 2],
+    wg: u32,
     dims: [u32; 2],
     [br_fixed, bc_fixed]: [Option<u32>; 2],
 ) -> Result<(u32, u32, u32)> {

@@ -83,7 +83,7 @@ pub fn plan_forward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
 /// [`super::registers`]); the kernel line says why each choice.
 fn registers_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     let v4 = p.plan.head_dim_v.div_ceil(4);
-    let shape = registers::micro_tile(&mut p, req, caps, [v4, 1])?;
+    let shape = registers::micro_tile(&mut p, req, caps, v4, 1)?;
     registers::forward_tiles(&mut p, req, caps, shape)?;
     let why = registers_reason(req, caps);
     let buffers = if p.plan.double_buffer {
@@ -186,9 +186,9 @@ fn tiled_forward(mut p: Planned, req: &PlanRequest, caps: &DeviceCaps) -> Result
     let tc = ov
         .threads_per_row
         .unwrap_or_else(|| threads_per_row(dv, br, bc, max_wg, 1));
-    let br = fit_invocations(&mut p, "Br", [br, tc, max_wg], ov.br.is_some())?;
+    let br = fit_invocations(&mut p, "Br", br, tc, max_wg, ov.br.is_some())?;
     check_registers(bc, dv, tc)?;
-    let (br, bc, bytes) = fit_storage(&mut p, [br, bc, tc], [ov.br.is_some(), ov.bc.is_some()])?;
+    let (br, bc, bytes) = fit_storage(&mut p, [br, bc], tc, [ov.br.is_some(), ov.bc.is_some()])?;
     p.plan = Plan {
         br,
         bc,
@@ -271,7 +271,8 @@ fn check_registers(bc: u32, dv: u32, tc: u32) -> Result<()> {
 /// fit M; returns `(br, bc, workgroup bytes)`.
 fn fit_storage(
     p: &mut Planned,
-    [mut br, mut bc, tc]: [u32; 3],
+    [mut br, mut bc]: [u32; 2],
+    tc: u32,
     [br_fixed, bc_fixed]: [bool; 2],
 ) -> Result<(u32, u32, u32)> {
     let (dims, m_bytes) = ([p.plan.head_dim, p.plan.head_dim_v], p.plan.m_bytes);

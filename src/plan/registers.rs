@@ -41,7 +41,8 @@ pub(crate) fn micro_tile(
     p: &mut Planned,
     req: &PlanRequest,
     caps: &DeviceCaps,
-    [acc_chunks, arrays]: [u32; 2],
+    acc_chunks: u32,
+    arrays: u32,
 ) -> Result<Shape> {
     let ov = req.overrides;
     // Wider rows leave room for fewer of them (their accumulators).

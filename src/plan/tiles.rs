@@ -303,7 +303,9 @@ pub(crate) fn threads_per_row(d: u32, rows: u32, cols: u32, max_wg: u32, arrays:
 pub(crate) fn fit_invocations(
     p: &mut Planned,
     field: &'static str,
-    [mut rows, tc, max_wg]: [u32; 3],
+    mut rows: u32,
+    tc: u32,
+    max_wg: u32,
     fixed: bool,
 ) -> crate::error::Result<u32> {
     while rows * tc > max_wg && !fixed && rows > 1 {

@@ -70,7 +70,8 @@ impl KvCache {
     pub(crate) fn in_ranges(
         shape: CacheShape,
         precision: Precision,
-        [k, v]: [&wgpu::BufferBinding; 2],
+        k: &wgpu::BufferBinding,
+        v: &wgpu::BufferBinding,
         bytes: u64,
     ) -> Self {
         let range = |b: &wgpu::BufferBinding| CacheRange {

@@ -138,10 +138,11 @@ pub async fn tune(gpu: &Gpu, req: &TuneRequest) -> Result<TuneReport> {
     let plan_req = plan_request(&problem, PlanOverrides::default());
     let list = candidates(&plan_req, req.pass, &gpu.caps())?;
     let inputs = Inputs::new(&shape, req.precision);
-    let views = inputs.views(&shape);
+    let [q, k, v, d_o] = inputs.views(&shape);
+    let qkv = ForwardInputs::new(q, k, v);
     let (timed, timing) = match req.pass {
-        Pass::Forward => time_forward(gpu, &views, &problem, &list, req.repeats).await?,
-        Pass::Backward => time_backward(gpu, &views, &problem, &list, req.repeats).await?,
+        Pass::Forward => time_forward(gpu, &qkv, &problem, &list, req.repeats).await?,
+        Pass::Backward => time_backward(gpu, &qkv, &d_o, &problem, &list, req.repeats).await?,
     };
     let winner = (0..timed.len())
         .min_by(|&a, &b| timed[a].seconds.total_cmp(&timed[b].seconds))
@@ -184,7 +185,7 @@ fn note(report: &TuneReport) -> Tuned {
 /// Each forward candidate, timed by [`best_of`].
 async fn time_forward(
     gpu: &Gpu,
-    [q, k, v, _]: &[TensorView<'_>; 4],
+    qkv: &ForwardInputs<'_>,
     problem: &Problem<'_>,
     list: &[Candidate],
     repeats: usize,
@@ -193,7 +194,7 @@ async fn time_forward(
     for (i, c) in list.iter().enumerate() {
         let o = &c.overrides;
         let run = move || async move {
-            Ok(ops::forward::forward(gpu, [q, k, v], problem, o)
+            Ok(ops::forward::forward(gpu, &qkv.q, &qkv.k, &qkv.v, problem, o)
                 .await?
                 .stats)
         };
@@ -206,14 +207,16 @@ async fn time_forward(
 /// [`best_of`].
 async fn time_backward(
     gpu: &Gpu,
-    [q, k, v, d_o]: &[TensorView<'_>; 4],
+    qkv: &ForwardInputs<'_>,
+    d_o: &TensorView<'_>,
     problem: &Problem<'_>,
     list: &[Candidate],
     repeats: usize,
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
+    let ForwardInputs { q, k, v } = qkv;
     let fwd: ForwardOutput =
-        ops::forward::forward(gpu, [q, k, v], problem, &PlanOverrides::default()).await?;
-    let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
+        ops::forward::forward(gpu, q, k, v, problem, &PlanOverrides::default()).await?;
+    let inputs = BackwardInputs::new(*qkv, &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {
         let (o, inputs) = (&c.overrides, &inputs);
@@ -297,7 +300,8 @@ pub fn tuned_overrides(
     gpu: &Gpu,
     cache: &TuneCache,
     pass: Pass,
-    (shape, precision): (&AttentionShape, Precision),
+    shape: &AttentionShape,
+    precision: Precision,
     opts: &AttentionOptions,
 ) -> Option<PlanOverrides> {
     let key = TuneKey::new(&gpu.info, pass, shape, precision, MaskKind::of(opts)?);

@@ -279,7 +279,7 @@ pub async fn check_attention(
     let [q, k, v, _] = case.views();
     if family.call == CallKind::Forward {
         let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
-        let mut out = ops::forward::forward(gpu, [&q, &k, &v], &problem, &overrides).await?;
+        let mut out = ops::forward::forward(gpu, &q, &k, &v, &problem, &overrides).await?;
         ran_family(&out.stats, family)?;
         Fault::perturb(fault, &family.key(), &mut out.o);
         return case.judge_forward(&out);
@@ -399,7 +399,8 @@ impl Verifier {
         gpu: &Gpu,
         call: CallKind,
         problem: &Problem<'_>,
-        (caller, run): (&PlanOverrides, PlanOverrides),
+        caller: &PlanOverrides,
+        run: PlanOverrides,
     ) -> Result<Routed> {
         let Ok(first) = attention_family(gpu, call, problem, &run) else {
             return Ok(Routed::unplanned(run));
