@@ -80,6 +80,13 @@ build_tests() {
   cargo test --release --workspace --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$messages"
 }
 step "build the tests (cargo test --release --no-run)" build_tests
+# For a whole run, the command line as `cargo run --release` and `cargo
+# install` build it: without the test builds' dev-dependencies, whose
+# features would hide a missing one.
+if [ ${#cargo_args[@]} -eq 0 ]; then
+  build_cli() { cargo build --release -p flashattn-cli --bin flashattn; }
+  step "build the command line alone (cargo build --release -p flashattn-cli)" build_cli
+fi
 # The test binaries a few at a time (scripts/run-tests.py: cargo runs them
 # one by one, leaving a core idle), beside them the browser test and, for a
 # whole run, the doc tests.
