@@ -158,11 +158,7 @@ fn check_bindings(
     precision: Precision,
 ) -> Result<bool> {
     let t = TensorBytes::of(shape, precision)?;
-    let range = |tensor, binding, needs| Range {
-        tensor,
-        binding,
-        needs,
-    };
+    let range = Range::new;
     let inputs = [
         range("q", &g.q, t.q),
         range("k", &g.k, t.kv),

@@ -10,6 +10,7 @@
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
 use crate::error::{Error, Result};
+use crate::kernels::AttentionBindings;
 use crate::runtime::{padded, Gpu};
 
 /// The bytes each tensor of a problem needs in a binding (padded to 4):
@@ -45,6 +46,28 @@ pub struct Range<'r, 'a> {
     pub tensor: &'static str,
     pub binding: &'r wgpu::BufferBinding<'a>,
     pub needs: u64,
+}
+
+impl<'r, 'a> Range<'r, 'a> {
+    /// `tensor`'s range `binding`, which must hold `needs` bytes.
+    pub fn new(tensor: &'static str, binding: &'r wgpu::BufferBinding<'a>, needs: u64) -> Self {
+        Self {
+            tensor,
+            binding,
+            needs,
+        }
+    }
+
+    /// The ranges of a forward's q, k, v, o and lse in `b`, in that order,
+    /// each needing its tensor's bytes in `t`.
+    pub fn attention(b: &'r AttentionBindings<'a>, t: &TensorBytes) -> Vec<Self> {
+        let needs = [t.q, t.kv, t.v, t.o, t.lse];
+        b.named()
+            .into_iter()
+            .zip(needs)
+            .map(|((tensor, binding), needs)| Self::new(tensor, binding, needs))
+            .collect()
+    }
 }
 
 /// The bytes `r` binds: its size, or the rest of its buffer.

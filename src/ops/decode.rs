@@ -76,11 +76,7 @@ pub fn cache_in(
     v: &wgpu::BufferBinding,
 ) -> Result<KvCache> {
     let bytes = KvCache::bytes(gpu, &shape, precision)?;
-    let range = |tensor, binding| Range {
-        tensor,
-        binding,
-        needs: bytes,
-    };
+    let range = |tensor, binding| Range::new(tensor, binding, bytes);
     bindings::check(gpu, &[range("k cache", k), range("v cache", v)], &[])?;
     Ok(KvCache::in_ranges(shape, precision, k, v, bytes))
 }
@@ -338,11 +334,7 @@ impl<'a> Step<'a> {
     ) -> Result<()> {
         let t = StepBytes::of(self.p);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
-        let range = |tensor, binding, needs| Range {
-            tensor,
-            binding,
-            needs,
-        };
+        let range = Range::new;
         self.variant.aliased = bindings::check(
             self.gpu,
             &[range("k_new", k_new, t.new), range("v_new", v_new, t.new)],
@@ -368,11 +360,7 @@ impl<'a> Step<'a> {
     fn check_bindings(&self, b: &DecodeBindings, scratch_bytes: u64) -> Result<bool> {
         let t = StepBytes::of(self.p);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
-        let range = |tensor, binding, needs| Range {
-            tensor,
-            binding,
-            needs,
-        };
+        let range = Range::new;
         let mut inputs = vec![
             range("q", &b.q, t.q),
             range("k cache", &k, t.cache),

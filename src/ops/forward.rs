@@ -350,17 +350,7 @@ pub(crate) fn check_bindings(
     precision: Precision,
 ) -> Result<bool> {
     let t = TensorBytes::of(shape, precision)?;
-    let needs = [t.q, t.kv, t.v, t.o, t.lse];
-    let ranges: Vec<Range> = b
-        .named()
-        .into_iter()
-        .zip(needs)
-        .map(|((tensor, binding), needs)| Range {
-            tensor,
-            binding,
-            needs,
-        })
-        .collect();
+    let ranges = Range::attention(b, &t);
     bindings::check(gpu, &ranges[..3], &ranges[3..])
 }
 

@@ -396,23 +396,9 @@ fn check_encoded(
         check_binding(gpu, part, bytes)?;
     }
     let t = TensorBytes::of(shape, Precision::F32)?;
-    let needs = [t.q, t.kv, t.v, t.o, t.lse];
-    let mut ranges: Vec<Range> = b
-        .named()
-        .into_iter()
-        .zip(needs)
-        .map(|((tensor, binding), needs)| Range {
-            tensor,
-            binding,
-            needs,
-        })
-        .collect();
+    let mut ranges = Range::attention(b, &t);
     if let Some(binding) = scratch {
-        ranges.push(Range {
-            tensor: "scratch",
-            binding,
-            needs: parts.total,
-        });
+        ranges.push(Range::new("scratch", binding, parts.total));
     }
     let (inputs, outputs) = ranges.split_at(3);
     let aliased = bindings::check(gpu, inputs, outputs)?;
