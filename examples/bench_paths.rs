@@ -308,7 +308,7 @@ fn run_once(
     #[cfg(feature = "cuda")]
     if let Some(path) = cuda_path(case.implementation) {
         let c = b.cuda.as_ref().ok_or("no CUDA backend")?;
-        let fwd = c.forward_on(path, &q, &k, &v, opts)?;
+        let fwd = c.forward_on(path, &ForwardInputs::new(q, k, v), opts)?;
         return Ok(match case.pass {
             Pass::Forward => Output::Forward(fwd),
             Pass::Backward => {
@@ -330,7 +330,7 @@ fn run_once(
     };
     let mut overrides = flashattn::PlanOverrides::default();
     overrides.kernel = kernel;
-    let fwd = e.forward_with(&q, &k, &v, opts, &overrides)?;
+    let fwd = e.forward_with(&ForwardInputs::new(q, k, v), opts, &overrides)?;
     Ok(match case.pass {
         Pass::Forward => Output::Forward(fwd),
         Pass::Backward => {

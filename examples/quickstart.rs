@@ -9,9 +9,10 @@ fn main() -> flashattn::Result<()> {
     let k = TensorView::f32([1, 1024, 2, 64], &kv_data); // GQA: 8 query heads share 2 kv heads
     let v = TensorView::f32([1, 1024, 2, 64], &kv_data);
     let opts = AttentionOptions::default().causal(true);
-    let out = engine.forward(&q, &k, &v, &opts)?; // o: (1, 1024, 8, 64), lse: (1, 8, 1024)
+    let inputs = ForwardInputs::new(q, k, v);
+    let out = engine.forward(&inputs, &opts)?; // o: (1, 1024, 8, 64), lse: (1, 8, 1024)
     let d_o = TensorView::f32([1, 1024, 8, 64], &q_data); // stands in for the loss's gradient
-    let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &out, d_o)?;
+    let inputs = BackwardInputs::new(inputs, &out, d_o)?;
     let grads = engine.backward(&inputs, &opts)?;
     println!("lse[0] {}, dq[0] {}", out.lse[0], grads.dq.to_f32()[0]);
     Ok(())

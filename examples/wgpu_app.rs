@@ -25,8 +25,8 @@
 
 use flashattn::random::Rng;
 use flashattn::{
-    AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeSpec, Engine, KvCache,
-    Precision, TensorView,
+    AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeSpec, Engine, ForwardInputs,
+    KvCache, Precision, TensorView,
 };
 use std::time::Instant;
 use wgpu::util::DeviceExt;
@@ -808,9 +808,11 @@ impl<'a> HostModel<'a> {
         let n = (pos + 1) * c.kv_dim();
         let kv_shape = [1, pos + 1, c.heads_kv, c.head_dim];
         let out = flashattn::cpu::forward(
-            &TensorView::f32([1, 1, c.heads_q, c.head_dim], &q),
-            &TensorView::f32(kv_shape, &k[..n]),
-            &TensorView::f32(kv_shape, &v[..n]),
+            &ForwardInputs::new(
+                TensorView::f32([1, 1, c.heads_q, c.head_dim], &q),
+                TensorView::f32(kv_shape, &k[..n]),
+                TensorView::f32(kv_shape, &v[..n]),
+            ),
             &AttentionOptions::default(),
         )?;
         Ok(out.o.to_f32().iter().map(|&v| v as f64).collect())

@@ -456,13 +456,13 @@ impl Engine {
     /// Exact attention forward on host tensors.
     ///
     /// ```
-    /// use flashattn::{AttentionOptions, Engine, TensorView};
+    /// use flashattn::{AttentionOptions, Engine, ForwardInputs, TensorView};
     ///
     /// let engine = Engine::new()?;
     /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 7) as f32 / 7.0).collect();
     /// let view = TensorView::f32([1, 16, 2, 32], &x); // (batch, seq, heads, head_dim)
     /// let opts = AttentionOptions::default().causal(true);
-    /// let out = engine.forward(&view, &view, &view, &opts)?;
+    /// let out = engine.forward(&ForwardInputs::new(view, view, view), &opts)?;
     /// // Within docs/semantics.md's accuracy rule of the f64 reference.
     /// for check in flashattn::accuracy::check_forward(&out, &view, &view, &view, &opts)? {
     ///     assert!(check.passed(), "{check}");
@@ -472,12 +472,10 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        self.forward_with(q, k, v, opts, &PlanOverrides::default())
+        self.forward_with(inputs, opts, &PlanOverrides::default())
     }
 
     /// [`Engine::forward`] with plan overrides. Problems larger than one
@@ -486,29 +484,25 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_with(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        pollster::block_on(self.forward_async(q, k, v, opts, overrides))
+        pollster::block_on(self.forward_async(inputs, opts, overrides))
     }
 
     /// [`Engine::forward_with`] as a future.
     pub async fn forward_async(
         &self,
-        q: &TensorView<'_>,
-        k: &TensorView<'_>,
-        v: &TensorView<'_>,
+        inputs: &ForwardInputs<'_>,
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "a forward", async {
-            let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
+            let problem = Problem::forward(inputs, opts)?;
             let routed = self.route(CallKind::Forward, &problem, overrides).await?;
             let run = &routed.overrides;
-            let mut out = ops::forward::forward(&self.gpu, q, k, v, &problem, run).await?;
+            let mut out = ops::forward::forward(&self.gpu, inputs, &problem, run).await?;
             routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
             Ok(out)
         })
@@ -542,42 +536,35 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_fp8(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
     ) -> Result<ForwardOutput> {
-        self.forward_fp8_with(q, k, v, opts, fp8, &PlanOverrides::default())
+        self.forward_fp8_with(inputs, opts, fp8, &PlanOverrides::default())
     }
 
     /// [`Engine::forward_fp8`] with plan overrides.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_fp8_with(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        pollster::block_on(self.forward_fp8_async(q, k, v, opts, fp8, overrides))
+        pollster::block_on(self.forward_fp8_async(inputs, opts, fp8, overrides))
     }
 
     /// [`Engine::forward_fp8_with`] as a future.
     pub async fn forward_fp8_async(
         &self,
-        q: &TensorView<'_>,
-        k: &TensorView<'_>,
-        v: &TensorView<'_>,
+        inputs: &ForwardInputs<'_>,
         opts: &AttentionOptions,
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "an FP8 forward", async {
-            let inputs = ForwardInputs::new(*q, *k, *v);
-            ops::fp8::forward(&self.gpu, &inputs, opts, fp8, overrides).await
+            ops::fp8::forward(&self.gpu, inputs, opts, fp8, overrides).await
         })
         .await
     }
@@ -612,7 +599,7 @@ impl Engine {
     /// let x: Vec<f32> = (0..16 * 2 * 32).map(|i| (i % 5) as f32 / 5.0).collect();
     /// let view = TensorView::f32([1, 16, 2, 32], &x);
     /// let opts = AttentionOptions::default().causal(true);
-    /// let fwd = engine.forward(&view, &view, &view, &opts)?;
+    /// let fwd = engine.forward(&ForwardInputs::new(view, view, view), &opts)?;
     /// let d_o = view; // the loss's gradient with respect to o
     /// let inputs = BackwardInputs::new(ForwardInputs::new(view, view, view), &fwd, d_o)?;
     /// let grads = engine.backward(&inputs, &opts)?;
@@ -680,14 +667,12 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_backward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         d_o: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<(ForwardOutput, BackwardOutput)> {
-        let fwd = self.forward(q, k, v, opts)?;
-        let inputs = BackwardInputs::new(ForwardInputs::new(*q, *k, *v), &fwd, *d_o)?;
+        let fwd = self.forward(inputs, opts)?;
+        let inputs = BackwardInputs::new(*inputs, &fwd, *d_o)?;
         let bwd = self.backward(&inputs, opts)?;
         Ok((fwd, bwd))
     }
@@ -906,24 +891,20 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn naive_forward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        pollster::block_on(self.naive_forward_async(q, k, v, opts))
+        pollster::block_on(self.naive_forward_async(inputs, opts))
     }
 
     /// [`Engine::naive_forward`] as a future.
     pub async fn naive_forward_async(
         &self,
-        q: &TensorView<'_>,
-        k: &TensorView<'_>,
-        v: &TensorView<'_>,
+        inputs: &ForwardInputs<'_>,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
         scoped(&self.gpu.device, "a naive forward", async {
-            ops::naive::naive_forward(&self.gpu, q, k, v, opts).await
+            ops::naive::naive_forward(&self.gpu, inputs, opts).await
         })
         .await
     }
@@ -932,26 +913,22 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn naive_backward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         d_o: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
-        pollster::block_on(self.naive_backward_async(q, k, v, d_o, opts))
+        pollster::block_on(self.naive_backward_async(inputs, d_o, opts))
     }
 
     /// [`Engine::naive_backward`] as a future.
     pub async fn naive_backward_async(
         &self,
-        q: &TensorView<'_>,
-        k: &TensorView<'_>,
-        v: &TensorView<'_>,
+        inputs: &ForwardInputs<'_>,
         d_o: &TensorView<'_>,
         opts: &AttentionOptions,
     ) -> Result<BackwardOutput> {
         scoped(&self.gpu.device, "a naive backward", async {
-            ops::naive::naive_backward(&self.gpu, q, k, v, d_o, opts).await
+            ops::naive::naive_backward(&self.gpu, inputs, d_o, opts).await
         })
         .await
     }
@@ -1365,8 +1342,7 @@ impl AttentionBackend for Engine {
         opts: &AttentionOptions,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let ForwardInputs { q, k, v } = inputs;
-        self.forward_with(q, k, v, opts, overrides)
+        self.forward_with(inputs, opts, overrides)
     }
 
     fn forward_fp8(
@@ -1376,8 +1352,7 @@ impl AttentionBackend for Engine {
         fp8: &Fp8Options,
         overrides: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        let ForwardInputs { q, k, v } = inputs;
-        self.forward_fp8_with(q, k, v, opts, fp8, overrides)
+        self.forward_fp8_with(inputs, opts, fp8, overrides)
     }
 
     fn backward(

@@ -8,14 +8,15 @@
 //! the same thing where no adapter exists, and an f64 reference checks both.
 //!
 //! ```no_run
-//! use flashattn::{AttentionOptions, Engine, TensorView};
+//! use flashattn::{AttentionOptions, Engine, ForwardInputs, TensorView};
 //!
 //! # fn main() -> flashattn::Result<()> {
 //! let engine = Engine::new()?; // best adapter, its real limits
 //! let (b, s, h, d) = (1, 128, 4, 64);
 //! let q = vec![0.1f32; b * s * h * d];
 //! let view = TensorView::f32([b, s, h, d], &q);
-//! let out = engine.forward(&view, &view, &view, &AttentionOptions::default().causal(true))?;
+//! let inputs = ForwardInputs::new(view, view, view);
+//! let out = engine.forward(&inputs, &AttentionOptions::default().causal(true))?;
 //! println!("o[0] = {}, lse[0] = {}", out.o.to_f32()[0], out.lse[0]);
 //! # Ok(()) }
 //! ```

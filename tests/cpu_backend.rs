@@ -94,7 +94,7 @@ impl Data {
 /// The CPU forward, then the CPU backward, on `cpu`.
 fn grads(cpu: &Cpu, c: &Case, data: &Data) -> BackwardOutput {
     let [q, k, v, g] = data.views();
-    let fwd = cpu.forward(&q, &k, &v, &c.opts).unwrap();
+    let fwd = cpu.forward(&ForwardInputs::new(q, k, v), &c.opts).unwrap();
     let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, g).unwrap();
     cpu.backward(&inputs, &c.opts).unwrap()
 }
@@ -108,7 +108,7 @@ fn run(c: &Case) -> BackwardOutput {
     let mut outs = Vec::new();
     for &isa in Isa::available() {
         let cpu = Cpu::with_isa(isa).unwrap();
-        let fwd = cpu.forward(&q, &k, &v, &c.opts).unwrap();
+        let fwd = cpu.forward(&ForwardInputs::new(q, k, v), &c.opts).unwrap();
         for check in check_forward(&fwd, &q, &k, &v, &c.opts).unwrap() {
             assert!(check.passed(), "{isa:?} forward {c:?}: {check}");
         }
@@ -262,7 +262,7 @@ fn cpu_empty_rows_have_zero_output_and_dq() {
         let empty = c.sq - c.sk;
         let data = Data::new(&c);
         let [q, k, v, _] = data.views();
-        let fwd = flashattn::cpu::forward(&q, &k, &v, &c.opts).unwrap();
+        let fwd = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &c.opts).unwrap();
         for (name, t) in [("o", fwd.o.to_f32()), ("dq", out.dq.to_f32())] {
             for (idx, x) in t.iter().enumerate() {
                 let i = (idx / (c.hq * c.d)) % c.sq;

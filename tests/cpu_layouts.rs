@@ -25,7 +25,7 @@ fn run(case: &Case) {
         let cpu = Cpu::with_isa(isa).unwrap();
         let fail = |e: flashattn::Error| -> ! { panic!("{isa:?} {case:?}: {e}") };
         let fwd = cpu
-            .forward(&q, &k, &v, &case.opts)
+            .forward(&ForwardInputs::new(q, k, v), &case.opts)
             .unwrap_or_else(|e| fail(e));
         assert_accurate(case, &inputs, &fwd);
         let bwd_inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();

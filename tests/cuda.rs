@@ -463,7 +463,7 @@ fn forward_cases(path: KernelPath, cuda: &Cuda, cases: Vec<common::Case>) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let out = cuda
-            .forward(&q, &k, &v, &case.opts)
+            .forward(&ForwardInputs::new(q, k, v), &case.opts)
             .unwrap_or_else(|e| panic!("{path:?} {case:?}: {e}"));
         let [o, lse] = common::assert_accurate(&case, &inputs, &out);
         eprintln!("forward {path:?} case {i} {}: {o} | {lse}", label(&case));
@@ -527,7 +527,7 @@ fn backward_cases(cuda: &Cuda, cases: Vec<common::Case>) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let fwd = cuda
-            .forward(&q, &k, &v, &case.opts)
+            .forward(&ForwardInputs::new(q, k, v), &case.opts)
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
         let (_, g) = common::output_grad(&case);
         let d_o = inputs.grad(&g);
@@ -636,7 +636,9 @@ fn layouts_meet_the_accuracy_rule_on_the_device() {
         let case = layout_cases().swap_remove(5);
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let out = cuda.forward(&q, &k, &v, &case.opts).unwrap();
+        let out = cuda
+            .forward(&ForwardInputs::new(q, k, v), &case.opts)
+            .unwrap();
         let (o, sinks) = (out.o.to_f32(), case.opts.sinks.as_ref().unwrap());
         for h in 0..2 {
             for i in 0..30 {
@@ -680,7 +682,7 @@ fn what_stays_unsupported_is_a_typed_error() {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     assert!(matches!(
-        cuda.forward(&q, &k, &v, &case.opts),
+        cuda.forward(&ForwardInputs::new(q, k, v), &case.opts),
         Err(Error::Unsupported { .. })
     ));
     let backend = flashattn::Backend::Cuda(Box::new(cuda));
@@ -1022,7 +1024,7 @@ fn smoke_case(cuda: &Cuda, case: &common::Case, what: &str) -> Result<(), String
     let [q, k, v] = inputs.views();
     let run = |path| {
         let out = cuda
-            .forward_on(path, &q, &k, &v, &case.opts)
+            .forward_on(path, &ForwardInputs::new(q, k, v), &case.opts)
             .map_err(|e| format!("{what}: {path:?}: {e}"))?;
         let checks = flashattn::accuracy::check_forward(&out, &q, &k, &v, &case.opts)
             .map_err(|e| format!("{what}: reference: {e}"))?;

@@ -68,7 +68,7 @@ fn views<'a>(case: &Fp8Case, data: &'a [Vec<f32>; 3]) -> [TensorView<'a>; 3] {
 fn cpu_report(case: &Fp8Case, fp8: &Fp8Options) -> Fp8Report {
     let data = case.inputs();
     let [q, k, v] = views(case, &data);
-    let out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), fp8).unwrap();
+    let out = flashattn::cpu::forward_fp8(&ForwardInputs::new(q, k, v), case.opts(), fp8).unwrap();
     assert_eq!(out.o.precision(), flashattn::Precision::F32);
     assert_eq!(out.o.shape, case.shapes()[0].to_vec());
     fp8_report(&out, &ForwardInputs::new(q, k, v), case.opts(), fp8).unwrap()
@@ -128,7 +128,8 @@ fn fp8_lse_rule_catches_a_small_lse_error() {
     let data = case.inputs();
     let [q, k, v] = views(&case, &data);
     for fp8 in [Fp8Options::default(), HADAMARD] {
-        let mut out = flashattn::cpu::forward_fp8(&q, &k, &v, case.opts(), &fp8).unwrap();
+        let mut out =
+            flashattn::cpu::forward_fp8(&ForwardInputs::new(q, k, v), case.opts(), &fp8).unwrap();
         let r = fp8_report(&out, &ForwardInputs::new(q, k, v), case.opts(), &fp8).unwrap();
         assert!(r.lse_rule.passed(), "{}", r.lse_rule);
         assert!(
@@ -218,9 +219,7 @@ fn check_empty_rows_and_bad_inputs(
 
 #[test]
 fn cpu_fp8_empty_rows_and_bad_inputs() {
-    check_empty_rows_and_bad_inputs(|i, opts| {
-        flashattn::cpu::forward_fp8(&i.q, &i.k, &i.v, opts, &HADAMARD)
-    });
+    check_empty_rows_and_bad_inputs(|i, opts| flashattn::cpu::forward_fp8(i, opts, &HADAMARD));
 }
 
 // ---- wgpu ----
@@ -302,7 +301,7 @@ fn gpu_reports(case: &Fp8Case, fp8: &Fp8Options) -> Vec<Fp8Report> {
     let mut out = Vec::new();
     while let Some(o) = kernels.pop() {
         let f = e
-            .forward_fp8_with(&q, &k, &v, case.opts(), fp8, &o)
+            .forward_fp8_with(&ForwardInputs::new(q, k, v), case.opts(), fp8, &o)
             .unwrap();
         assert_eq!(f.o.precision(), flashattn::Precision::F32);
         let plan = f.stats.plan.unwrap();
@@ -346,5 +345,5 @@ fn gpu_hadamard_halves_the_error_on_outlier_channels() {
 #[test]
 fn gpu_fp8_empty_rows_and_bad_inputs() {
     let Some(e) = engine() else { return };
-    check_empty_rows_and_bad_inputs(|i, opts| e.forward_fp8(&i.q, &i.k, &i.v, opts, &HADAMARD));
+    check_empty_rows_and_bad_inputs(|i, opts| e.forward_fp8(i, opts, &HADAMARD));
 }

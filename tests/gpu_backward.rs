@@ -278,7 +278,7 @@ fn long_sequences_agree_with_the_cpu_backend() {
         let [q, k, v] = inputs.views();
         let (g, _) = output_grad(&case);
         let d_o = TensorView::f32(inputs.q_shape, &g);
-        let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+        let fwd = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
         let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let gpu = e.backward(&inputs, &case.opts).unwrap();
         let cpu = flashattn::cpu::backward(&inputs, &case.opts).unwrap();
@@ -342,7 +342,9 @@ fn flash_backward_has_no_quadratic_buffer_but_naive_does() {
     let [q, k, v] = inputs.views();
     let (g, _) = output_grad(&case);
     let d_o = TensorView::f32(inputs.q_shape, &g);
-    let naive = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+    let naive = e
+        .naive_backward(&ForwardInputs::new(q, k, v), &d_o, &case.opts)
+        .unwrap();
     assert!(
         naive
             .stats
@@ -383,7 +385,9 @@ fn naive_backward_meets_the_rule() {
         let [q, k, v] = inputs.views();
         let (_, g) = output_grad(&case);
         let d_o = inputs.grad(&g);
-        let out = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+        let out = e
+            .naive_backward(&ForwardInputs::new(q, k, v), &d_o, &case.opts)
+            .unwrap();
         for c in flashattn::accuracy::check_backward(&out, &q, &k, &v, &d_o, &case.opts).unwrap() {
             assert!(c.passed(), "{case:?} {c}");
         }
@@ -408,7 +412,7 @@ fn finite_differences_on_tiny_cases() {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let (g, _) = output_grad(&case);
-        let fwd = e.forward(&q, &k, &v, &opts).unwrap();
+        let fwd = e.forward(&ForwardInputs::new(q, k, v), &opts).unwrap();
         let d_o = TensorView::f32(inputs.q_shape, &g);
         let bwd = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
         let grads = e.backward(&bwd, &opts).unwrap();

@@ -156,7 +156,7 @@ fn host(t: &TensorData) -> &[u8] {
 fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let expected = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let ins = inputs.stored.each_ref().map(host);
     let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
     let outs = [host(&expected.o.data), lse];
@@ -175,7 +175,7 @@ fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
 fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let fwd = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let (_, d_o) = output_grad(case);
     let host_inputs =
         BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
@@ -500,7 +500,7 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
     let case = Case::new(37, 45, 16).heads(4, 2).opts(causal());
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let fwd = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let (_, d_o) = output_grad(&case);
     let host_inputs =
         BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();
@@ -509,7 +509,9 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
     let finputs = fcase.inputs();
     let [fq, fk, fv] = finputs.views();
     let fp8 = Fp8Options::hadamard(9);
-    let f8 = e.forward_fp8(&fq, &fk, &fv, &fcase.opts, &fp8).unwrap();
+    let f8 = e
+        .forward_fp8(&ForwardInputs::new(fq, fk, fv), &fcase.opts, &fp8)
+        .unwrap();
     // A paged decoding step in two splits, appending 4 rows to each sequence.
     let dcase = DecodeCase::new(&[300, 70], 32)
         .paged(16)

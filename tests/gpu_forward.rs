@@ -5,8 +5,8 @@ mod common;
 
 use common::{assert_accurate, engine, matrix, run_gpu, run_gpu_values, Case};
 use flashattn::{
-    AttentionOptions, CeilingShape, Error, KernelFamily, PlanOverrides, Precision, StorageKind,
-    TensorView, Window,
+    AttentionOptions, CeilingShape, Error, ForwardInputs, KernelFamily, PlanOverrides, Precision,
+    StorageKind, TensorView, Window,
 };
 use flashattn_testkit::Need;
 
@@ -40,9 +40,11 @@ fn seeds_worked_example_gives_0_752() {
         let overrides = PlanOverrides::default().bc(bc).br(1).threads_per_row(1);
         let out = e
             .forward_with(
-                &TensorView::f32([1, 1, 1, 1], &q),
-                &TensorView::f32([1, 3, 1, 1], &k),
-                &TensorView::f32([1, 3, 1, 1], &v),
+                &ForwardInputs::new(
+                    TensorView::f32([1, 1, 1, 1], &q),
+                    TensorView::f32([1, 3, 1, 1], &k),
+                    TensorView::f32([1, 3, 1, 1], &v),
+                ),
                 &opts,
                 &overrides,
             )
@@ -402,7 +404,7 @@ fn flash_allocates_no_quadratic_buffer_at_4096() {
     let case = Case::new(4096, 4096, 64).heads(8, 8);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let out = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let out = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let n = 4096u64;
     let quadratic = n * n * 4;
     let largest = out.stats.largest_allocation().unwrap();
@@ -411,7 +413,7 @@ fn flash_allocates_no_quadratic_buffer_at_4096() {
     // The f64 reference is too slow at this size; the CPU backend (f32, all
     // cores, its own tiling) is checked against it elsewhere, so agreeing with
     // it to f32 rounding is the check here.
-    let cpu = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
+    let cpu = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let max_diff = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)
@@ -505,7 +507,9 @@ fn naive_baseline_matches_and_materializes_scores() {
     for (e, case) in runs.map(|(e, i)| (e, cases[i].clone())) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let out = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
+        let out = e
+            .naive_forward(&ForwardInputs::new(q, k, v), &case.opts)
+            .unwrap();
         assert_accurate(&case, &inputs, &out);
         let s = case.heads_q * case.seqlen_q * case.seqlen_k * 4;
         assert!(out.stats.allocations.iter().any(|a| a.bytes == s as u64));
@@ -563,7 +567,7 @@ fn buffer_api_keeps_data_on_gpu() {
     let case = Case::new(45, 67, 32).heads(4, 2);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let expected = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let expected = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     // Guard region after lse: it must stay untouched.
     let lse_len = expected.lse.len();
     let buffers = attention_buffers(e, &inputs, &vec![1234.5; lse_len + 64]);
@@ -619,7 +623,7 @@ fn bad_inputs_are_errors_not_panics() {
     let q = TensorView::f32([1, 2, 3, 4], &x[..24]);
     let k = TensorView::f32([1, 2, 2, 4], &x[..16]);
     let err = e
-        .forward(&q, &k, &k, &AttentionOptions::default())
+        .forward(&ForwardInputs::new(q, k, k), &AttentionOptions::default())
         .unwrap_err();
     assert!(
         matches!(
@@ -633,7 +637,10 @@ fn bad_inputs_are_errors_not_panics() {
     );
     let short = TensorView::f32([1, 2, 3, 4], &x[..10]);
     let err = e
-        .forward(&short, &short, &short, &AttentionOptions::default())
+        .forward(
+            &ForwardInputs::new(short, short, short),
+            &AttentionOptions::default(),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -648,7 +655,7 @@ fn bad_inputs_are_errors_not_panics() {
         "{err:?}"
     );
     let nan = AttentionOptions::default().scale(f32::NAN);
-    let err = e.forward(&q, &q, &q, &nan).unwrap_err();
+    let err = e.forward(&ForwardInputs::new(q, q, q), &nan).unwrap_err();
     assert!(
         matches!(err, Error::NonFiniteScale { scale } if scale.is_nan()),
         "{err:?}"
@@ -656,7 +663,10 @@ fn bad_inputs_are_errors_not_panics() {
     let wide = vec![0.0f32; 600];
     let big = TensorView::f32([1, 1, 1, 600], &wide);
     let err = e
-        .forward(&big, &big, &big, &AttentionOptions::default())
+        .forward(
+            &ForwardInputs::new(big, big, big),
+            &AttentionOptions::default(),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -689,7 +699,7 @@ fn cpu_backend_meets_the_rule_too() {
     ] {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let out = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
+        let out = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
         assert_accurate(&case, &inputs, &out);
     }
 }
@@ -716,7 +726,9 @@ fn buffer_api_reports_the_loop_limit_instead_of_a_wrong_answer() {
         e.forward_buffers(&bufs, &shape, Precision::F32, &case.opts, &tiled())
             .unwrap();
         let [q, k, v] = inputs.views();
-        let expected = e.forward_with(&q, &k, &v, &case.opts, &tiled()).unwrap();
+        let expected = e
+            .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &tiled())
+            .unwrap();
         assert_accurate(&case, &inputs, &expected);
         let o: Vec<f32> = bytemuck::pod_collect_to_vec(&read_bytes(e, &buffers[3]));
         assert_eq!(o, expected.o.to_f32());
@@ -762,7 +774,9 @@ fn packed_forward_writes_only_o(e: &flashattn::Engine, precision: Precision, o: 
     let case = Case::new(33, 45, 59).heads(2, 1).precision(precision);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let expected = e.forward_with(&q, &k, &v, &case.opts, o).unwrap();
+    let expected = e
+        .forward_with(&ForwardInputs::new(q, k, v), &case.opts, o)
+        .unwrap();
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
     let buffer = |bytes: &[u8]| {
         let mut padded = bytes.to_vec();
@@ -845,7 +859,9 @@ fn coop_kernel_meets_the_rule_where_the_device_has_cooperative_matrices() {
         let case = Case::new(5, 7, 16).f16();
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let err = e.forward_with(&q, &k, &v, &case.opts, &coop).unwrap_err();
+        let err = e
+            .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &coop)
+            .unwrap_err();
         assert!(matches!(err, Error::CoopMatrixUnavailable { .. }), "{err}");
         flashattn_testkit::instead(
             Need::CoopMatrix,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{run_gpu_values, Case};
-use flashattn::{Engine, Error};
+use flashattn::{Engine, Error, ForwardInputs};
 use flashattn_testkit::{available, Need};
 use std::sync::{Arc, Mutex};
 
@@ -79,7 +79,9 @@ fn guest_keeps_the_apps_error_handler() {
     device.destroy();
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let err = engine.forward(&q, &k, &v, &case.opts).unwrap_err();
+    let err = engine
+        .forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap_err();
     assert!(
         matches!(
             err,

@@ -8,7 +8,7 @@ mod common;
 
 use common::{block_mask, causal, engine, matrix, run_gpu, run_gpu_backward_both, window, Case};
 use flashattn::{Alibi, Sinks};
-use flashattn::{AttentionOptions, Error, TensorView};
+use flashattn::{AttentionOptions, Error, ForwardInputs, TensorView};
 use flashattn::{BlockGrid, BlockMask};
 
 /// Forward (both kernels) and backward (both kernels) of `case`.
@@ -347,7 +347,7 @@ fn bad_layouts_are_typed_errors() {
     let case = Case::new(20, 30, 16).heads(4, 2);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let err = |opts: AttentionOptions| e.forward(&q, &k, &v, &opts).unwrap_err();
+    let err = |opts: AttentionOptions| e.forward(&ForwardInputs::new(q, k, v), &opts).unwrap_err();
     assert!(matches!(
         err(AttentionOptions::default().alibi(Alibi::new(&[0.5; 3]))),
         Error::AlibiSlopes {
@@ -385,7 +385,10 @@ fn bad_layouts_are_typed_errors() {
     let batched = TensorView::f32([2, 10, 4, 16], &inputs.q);
     let cu = flashattn::Varlen::new(&[0, 10, 20], &[0, 15, 30]).unwrap();
     assert!(matches!(
-        e.forward(&batched, &k, &v, &AttentionOptions::default().varlen(cu)),
+        e.forward(
+            &ForwardInputs::new(batched, k, v),
+            &AttentionOptions::default().varlen(cu)
+        ),
         Err(Error::PackedBatch { batch: 2, .. }) | Err(Error::DimMismatch { .. })
     ));
 }

@@ -40,7 +40,7 @@ fn run(engine: &Engine, work: &Work, op: Op) -> Vec<Vec<u32>> {
     let opts = &work.case.opts;
     match op {
         Op::Forward => {
-            let out = engine.forward(&q, &k, &v, opts).unwrap();
+            let out = engine.forward(&ForwardInputs::new(q, k, v), opts).unwrap();
             vec![bits(out.o.to_f32()), bits(out.lse)]
         }
         Op::Backward => {
@@ -69,7 +69,9 @@ fn eight_threads_get_the_serial_bits() {
     let case = Case::new(7, 12, 16);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let forward = engine.forward(&q, &k, &v, &case.opts).unwrap();
+    let forward = engine
+        .forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap();
     let work = Work {
         grad: output_grad(&case).1,
         decode: DecodeCase::new(&[5, 20], 16).append(1).data(),
@@ -116,7 +118,9 @@ fn the_pool_keeps_at_most_its_cap() {
     let case = Case::new(7, 12, 16);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let out = engine.forward(&q, &k, &v, &case.opts).unwrap();
+    let out = engine
+        .forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap();
     assert!(!out.stats.allocations.is_empty());
     assert_eq!(engine.pooled_bytes(), 0);
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Case;
-use flashattn::{CallStats, Timing};
+use flashattn::{CallStats, ForwardInputs, Timing};
 use std::time::Instant;
 
 /// A call's stats and the host's wall time around it.
@@ -47,6 +47,6 @@ fn the_cpu_backend_reports_wall_time() {
     let case = Case::new(33, 47, 16);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let out = flashattn::cpu::forward(&q, &k, &v, &case.opts).unwrap();
+    let out = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     assert_eq!(out.stats.timing, Timing::WallClock);
 }

@@ -63,7 +63,9 @@ fn a_tuned_forward_times_every_candidate_and_runs_the_winner() {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let tuned = tuned_engine(&cache);
-    let out = tuned.forward(&q, &k, &v, &case.opts).unwrap();
+    let out = tuned
+        .forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap();
     assert_eq!(out.stats.plan, Some(report.winner().plan));
     let lookup = tuned.tuned_overrides(Pass::Forward, &shape, Precision::F32, &case.opts);
     assert_eq!(lookup, Some(report.winner().overrides));
@@ -72,11 +74,13 @@ fn a_tuned_forward_times_every_candidate_and_runs_the_winner() {
         None
     );
     assert_accurate(&case, &inputs, &out);
-    let plain = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let plain = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     assert_eq!(plain.stats.plan, Some(report.candidates[0].plan));
     // A causal call is another problem class: no tuned plan for it yet.
     let causal = Case::new(128, 128, 64).opts(common::causal());
-    let out = tuned.forward(&q, &k, &v, &causal.opts).unwrap();
+    let out = tuned
+        .forward(&ForwardInputs::new(q, k, v), &causal.opts)
+        .unwrap();
     assert_eq!(out.stats.plan, Some(report.candidates[0].plan));
 }
 
@@ -111,7 +115,9 @@ fn a_cached_backward_plan_is_used_and_a_damaged_cache_is_ignored() {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let tuned = tuned_engine(&cache);
-    let fwd = tuned.forward(&q, &k, &v, &case.opts).unwrap();
+    let fwd = tuned
+        .forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap();
     let (_, d_o) = output_grad(&case);
     let bwd_inputs =
         BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&d_o)).unwrap();

@@ -58,7 +58,9 @@ fn flash_counts_match(e: &Engine, case: &Case, which: &[usize]) {
         ("registers", registers),
     ];
     for &(kernel, overrides) in which.iter().map(|&i| &families[i]) {
-        let fwd = e.forward_with(&q, &k, &v, &case.opts, &overrides).unwrap();
+        let fwd = e
+            .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &overrides)
+            .unwrap();
         assert_counts(
             &format!("{kernel} forward {case:?}"),
             fwd.stats.accesses,
@@ -126,9 +128,16 @@ fn layout_counts_match_and_skipped_tiles_are_not_loaded() {
     let quarter = common::block_mask(&case, (32, 32), 0.25, 2, 3);
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let dense = e.forward(&q, &k, &v, &opts).unwrap().stats.accesses;
+    let dense = e
+        .forward(&ForwardInputs::new(q, k, v), &opts)
+        .unwrap()
+        .stats
+        .accesses;
     let sparse = e
-        .forward(&q, &k, &v, &opts.block_mask(quarter.clone()))
+        .forward(
+            &ForwardInputs::new(q, k, v),
+            &opts.block_mask(quarter.clone()),
+        )
         .unwrap()
         .stats;
     assert_counts("quarter", sparse.accesses, sparse.measured_accesses);
@@ -153,7 +162,9 @@ fn naive_and_matmul_counts_match() {
     for case in picked {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
-        let fwd = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
+        let fwd = e
+            .naive_forward(&ForwardInputs::new(q, k, v), &case.opts)
+            .unwrap();
         assert_counts(
             &format!("naive forward {case:?}"),
             fwd.stats.accesses,
@@ -161,7 +172,9 @@ fn naive_and_matmul_counts_match() {
         );
         let (_, g) = output_grad(&case);
         let d_o = inputs.grad(&g);
-        let bwd = e.naive_backward(&q, &k, &v, &d_o, &case.opts).unwrap();
+        let bwd = e
+            .naive_backward(&ForwardInputs::new(q, k, v), &d_o, &case.opts)
+            .unwrap();
         assert_counts(
             &format!("naive backward {case:?}"),
             bwd.stats.accesses,
@@ -189,7 +202,7 @@ fn split_problems_count_every_piece() {
         .opts(AttentionOptions::default().causal(true));
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    let fwd = e.forward(&q, &k, &v, &case.opts).unwrap();
+    let fwd = e.forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     assert!(fwd.stats.dispatches > 4);
     assert_counts(
         "split forward",
@@ -214,7 +227,9 @@ fn flash_accesses_fall_like_one_over_m() {
             continue;
         }
         let o = PlanOverrides::default().max_workgroup_storage(m);
-        let out = e.forward_with(&q, &k, &v, &case.opts, &o).unwrap();
+        let out = e
+            .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &o)
+            .unwrap();
         let a = out.stats.accesses.total();
         assert!(a < last, "M {m}: {a} accesses, not fewer than {last}");
         last = a;
@@ -227,7 +242,9 @@ fn flash_accesses_fall_like_one_over_m() {
         hi / lo < 2.5,
         "accesses × M should be roughly constant: {products:?}"
     );
-    let naive = e.naive_forward(&q, &k, &v, &case.opts).unwrap();
+    let naive = e
+        .naive_forward(&ForwardInputs::new(q, k, v), &case.opts)
+        .unwrap();
     assert!(
         naive.stats.accesses.total() > last,
         "naive {:?} vs flash {last}",
@@ -322,7 +339,7 @@ fn fp8_forward_counts_match() {
                 let mut o = PlanOverrides::default();
                 o.kernel = kernel;
                 let out = e
-                    .forward_fp8_with(&q, &k, &v, &case.opts, &fp8, &o)
+                    .forward_fp8_with(&ForwardInputs::new(q, k, v), &case.opts, &fp8, &o)
                     .unwrap();
                 let what = format!("fp8 {fp8:?} {kernel:?} {case:?}");
                 assert_counts(&what, out.stats.accesses, out.stats.measured_accesses);

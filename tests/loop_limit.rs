@@ -69,7 +69,7 @@ fn forward_modeled(e: &Engine, case: &Case) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let out = e
-        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+        .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &case.overrides)
         .unwrap();
     let plan = out.stats.plan.unwrap();
     let kernel = FlashForward {
@@ -93,7 +93,9 @@ fn backward_modeled(e: &Engine, case: &Case) {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let overrides = &case.overrides;
-    let fwd = e.forward_with(&q, &k, &v, &case.opts, overrides).unwrap();
+    let fwd = e
+        .forward_with(&ForwardInputs::new(q, k, v), &case.opts, overrides)
+        .unwrap();
     let (_, g) = output_grad(case);
     let bwd_inputs =
         BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, inputs.grad(&g)).unwrap();

@@ -12,6 +12,7 @@ mod common;
 
 use flashattn::Alibi;
 use flashattn::BlockMask;
+use flashattn::ForwardInputs;
 use flashattn::MAX_ELEMENTS;
 use flashattn::{
     AttentionOptions, AttentionShape, BackwardInputs, CacheLayout, CacheShape, DecodeProblem,
@@ -69,10 +70,13 @@ fn every_backend_rejects_the_wrapping_shape_at_once() {
     let start = Instant::now();
     let q = TensorView::f32(WRAPPING, &[]);
     let opts = AttentionOptions::default().causal(true);
-    assert!(is_overflow(flashattn::cpu::forward(&q, &q, &q, &opts), "q"));
+    assert!(is_overflow(
+        flashattn::cpu::forward(&ForwardInputs::new(q, q, q), &opts),
+        "q"
+    ));
     let fp8 = Fp8Options::default();
     assert!(is_overflow(
-        flashattn::cpu::forward_fp8(&q, &q, &q, &opts, &fp8),
+        flashattn::cpu::forward_fp8(&ForwardInputs::new(q, q, q), &opts, &fp8),
         "q"
     ));
     let inputs = BackwardInputs {
@@ -93,9 +97,15 @@ fn every_backend_rejects_the_wrapping_shape_at_once() {
         "q"
     ));
     if let Some(e) = common::engine() {
-        assert!(is_overflow(e.forward(&q, &q, &q, &opts), "q"));
+        assert!(is_overflow(
+            e.forward(&ForwardInputs::new(q, q, q), &opts),
+            "q"
+        ));
         assert!(is_overflow(e.backward(&inputs, &opts), "q"));
-        assert!(is_overflow(e.forward_fp8(&q, &q, &q, &opts, &fp8), "q"));
+        assert!(is_overflow(
+            e.forward_fp8(&ForwardInputs::new(q, q, q), &opts, &fp8),
+            "q"
+        ));
         assert!(is_overflow(e.quantize_fp8(&q, &fp8), "x"));
         // A head dim past any transform, with no data, is caught before the
         // transform's signs would be allocated.
@@ -182,11 +192,11 @@ fn layouts_and_windows_are_checked() {
         let wide = AttentionOptions::default().window(window.left, window.right);
         let mask = wide.mask_for(sq, sk);
         assert!((0..sq).all(|i| mask.key_range(i) == (0..sk)));
-        let want = flashattn::cpu::forward(&q, &k, &v, &plain).unwrap();
-        let got = flashattn::cpu::forward(&q, &k, &v, &wide).unwrap();
+        let want = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &plain).unwrap();
+        let got = flashattn::cpu::forward(&ForwardInputs::new(q, k, v), &wide).unwrap();
         assert_eq!((got.o, got.lse), (want.o, want.lse));
         if let Some(e) = common::engine() {
-            let got = e.forward(&q, &k, &v, &wide).unwrap();
+            let got = e.forward(&ForwardInputs::new(q, k, v), &wide).unwrap();
             let [o, lse] = flashattn::accuracy::check_forward(&got, &q, &k, &v, &plain).unwrap();
             assert!(o.passed() && lse.passed(), "{o} {lse}");
         }

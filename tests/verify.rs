@@ -40,7 +40,7 @@ fn case() -> Case {
 fn forward(e: &Engine, case: &Case, overrides: &PlanOverrides) -> flashattn::Result<ForwardOutput> {
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
-    e.forward_with(&q, &k, &v, &case.opts, overrides)
+    e.forward_with(&ForwardInputs::new(q, k, v), &case.opts, overrides)
 }
 
 fn verification(out: &ForwardOutput) -> &Verification {

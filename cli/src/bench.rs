@@ -410,7 +410,11 @@ fn prepare<'a>(
     Ok(match (case.pass, case.implementation) {
         (Pass::Forward, Implementation::Flash) => {
             let e = gpu()?;
-            Box::new(move || Ok(from_stats(&e.forward(&q, &k, &v, &opts)?.stats)))
+            Box::new(move || {
+                Ok(from_stats(
+                    &e.forward(&ForwardInputs::new(q, k, v), &opts)?.stats,
+                ))
+            })
         }
         (
             Pass::Forward,
@@ -419,20 +423,25 @@ fn prepare<'a>(
             let e = gpu()?;
             Box::new(move || {
                 Ok(from_stats(
-                    &e.forward_with(&q, &k, &v, &opts, &tiled)?.stats,
+                    &e.forward_with(&ForwardInputs::new(q, k, v), &opts, &tiled)?
+                        .stats,
                 ))
             })
         }
         (Pass::Forward, Implementation::Naive) => {
             let e = gpu()?;
-            Box::new(move || Ok(from_stats(&e.naive_forward(&q, &k, &v, &opts)?.stats)))
+            Box::new(move || {
+                Ok(from_stats(
+                    &e.naive_forward(&ForwardInputs::new(q, k, v), &opts)?.stats,
+                ))
+            })
         }
-        (Pass::Forward, Implementation::Cpu) => {
-            Box::new(move || wall(&|| cpu::forward(&q, &k, &v, &opts).map(|_| ())))
-        }
+        (Pass::Forward, Implementation::Cpu) => Box::new(move || {
+            wall(&|| cpu::forward(&ForwardInputs::new(q, k, v), &opts).map(|_| ()))
+        }),
         (Pass::Backward, Implementation::Flash) => {
             let e = gpu()?;
-            let fwd = e.forward(&q, &k, &v, &opts)?;
+            let fwd = e.forward(&ForwardInputs::new(q, k, v), &opts)?;
             Box::new(move || {
                 let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(from_stats(&e.backward(&inputs, &opts)?.stats))
@@ -443,7 +452,7 @@ fn prepare<'a>(
             Implementation::Tiled | Implementation::Registers | Implementation::Coop,
         ) => {
             let e = gpu()?;
-            let fwd = e.forward_with(&q, &k, &v, &opts, &tiled)?;
+            let fwd = e.forward_with(&ForwardInputs::new(q, k, v), &opts, &tiled)?;
             Box::new(move || {
                 let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(from_stats(&e.backward_with(&inputs, &opts, &tiled)?.stats))
@@ -453,12 +462,13 @@ fn prepare<'a>(
             let e = gpu()?;
             Box::new(move || {
                 Ok(from_stats(
-                    &e.naive_backward(&q, &k, &v, &d_o, &opts)?.stats,
+                    &e.naive_backward(&ForwardInputs::new(q, k, v), &d_o, &opts)?
+                        .stats,
                 ))
             })
         }
         (Pass::Backward, Implementation::Cpu) => {
-            let fwd = cpu::forward(&q, &k, &v, &opts)?;
+            let fwd = cpu::forward(&ForwardInputs::new(q, k, v), &opts)?;
             Box::new(move || {
                 let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 wall(&|| cpu::backward(&inputs, &opts).map(|_| ()))
@@ -515,11 +525,13 @@ fn cuda_case<'a>(
         accesses: s.accesses,
     };
     Ok(match pass {
-        Pass::Forward => {
-            Box::new(move || Ok(run(&base.forward_on(path, &q, &k, &v, &opts)?.stats)))
-        }
+        Pass::Forward => Box::new(move || {
+            Ok(run(&base
+                .forward_on(path, &ForwardInputs::new(q, k, v), &opts)?
+                .stats))
+        }),
         Pass::Backward => {
-            let fwd = base.forward_on(path, &q, &k, &v, &opts)?;
+            let fwd = base.forward_on(path, &ForwardInputs::new(q, k, v), &opts)?;
             Box::new(move || {
                 let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
                 Ok(run(&base.backward_on(path, &inputs, &opts)?.stats))

@@ -112,9 +112,9 @@ impl Inputs {
 fn run(e: &Engine, inputs: &Inputs, opts: &AttentionOptions, pass: Pass) -> Result<CallStats> {
     let [q, k, v, d_o] = inputs.views();
     Ok(match pass {
-        Pass::Forward => e.forward(&q, &k, &v, opts)?.stats,
+        Pass::Forward => e.forward(&ForwardInputs::new(q, k, v), opts)?.stats,
         Pass::Backward => {
-            let fwd = e.forward(&q, &k, &v, opts)?;
+            let fwd = e.forward(&ForwardInputs::new(q, k, v), opts)?;
             let b = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o)?;
             e.backward(&b, opts)?.stats
         }

@@ -386,7 +386,7 @@ impl Slice {
         o: &PlanOverrides,
     ) -> Result<f64> {
         let start = Instant::now();
-        let fwd = e.forward_async(&i.q, &i.k, &i.v, &self.opts, o).await?;
+        let fwd = e.forward_async(i, &self.opts, o).await?;
         if self.backward {
             let inputs = BackwardInputs::new(*i, &fwd, *d_o)?;
             e.backward_async(&inputs, &self.opts, o).await?;
@@ -397,7 +397,7 @@ impl Slice {
     /// Seconds of one run on the CPU backend.
     fn run_cpu(&self, cpu: &Cpu, i: &ForwardInputs<'_>, d_o: &TensorView<'_>) -> Result<f64> {
         let start = Instant::now();
-        let fwd = cpu.forward(&i.q, &i.k, &i.v, &self.opts)?;
+        let fwd = cpu.forward(i, &self.opts)?;
         if self.backward {
             let inputs = BackwardInputs::new(*i, &fwd, *d_o)?;
             cpu.backward(&inputs, &self.opts)?;

@@ -8,25 +8,22 @@ use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{CallStats, ForwardOutput};
 use crate::api::problem::Problem;
-use crate::api::shape::AttentionShape;
 use crate::api::tensor::Precision;
-use crate::api::tensor::{TensorData, TensorView};
+use crate::api::tensor::TensorData;
 use crate::error::Result;
 use crate::quant::{round_p, Fp8Layout};
 
 /// FP8 attention forward on the CPU: `o` f32, `lse` as always.
 pub fn forward_fp8(
-    q: &TensorView,
-    k: &TensorView,
-    v: &TensorView,
+    inputs: &ForwardInputs,
     opts: &AttentionOptions,
     fp8: &Fp8Options,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
     opts.validate()?;
     Fp8Layout::check_supported(&shape, opts)?;
     let layout = Fp8Layout::new(shape.head_dim, fp8);
-    let quantized = layout.quantize(&ForwardInputs::new(*q, *k, *v))?;
+    let quantized = layout.quantize(inputs)?;
     // Each tensor's scales multiply its values here; the kernels fold them
     // into the scores and the output instead (equal up to rounding).
     let qkv = quantized.map(|t| t.dequantize());

@@ -64,7 +64,6 @@ use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::tensor::TensorView;
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
 use crate::plan::PlanOverrides;
@@ -100,12 +99,10 @@ impl Cpu {
     /// Exact attention forward: o and lse.
     pub fn forward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        forward::forward(self.isa, q, k, v, opts)
+        forward::forward(self.isa, &inputs.q, &inputs.k, &inputs.v, opts)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -148,7 +145,7 @@ impl AttentionBackend for Cpu {
         opts: &AttentionOptions,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        Cpu::forward(self, &inputs.q, &inputs.k, &inputs.v, opts)
+        Cpu::forward(self, inputs, opts)
     }
 
     fn forward_fp8(
@@ -158,7 +155,7 @@ impl AttentionBackend for Cpu {
         fp8: &Fp8Options,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        fp8::forward_fp8(&inputs.q, &inputs.k, &inputs.v, opts, fp8)
+        fp8::forward_fp8(inputs, opts, fp8)
     }
 
     fn backward(
@@ -182,13 +179,8 @@ impl AttentionBackend for Cpu {
 }
 
 /// [`Cpu::forward`] on the fastest instruction set.
-pub fn forward(
-    q: &TensorView,
-    k: &TensorView,
-    v: &TensorView,
-    opts: &AttentionOptions,
-) -> Result<ForwardOutput> {
-    Cpu::new().forward(q, k, v, opts)
+pub fn forward(inputs: &ForwardInputs, opts: &AttentionOptions) -> Result<ForwardOutput> {
+    Cpu::new().forward(inputs, opts)
 }
 
 /// [`Cpu::backward`] on the fastest instruction set.

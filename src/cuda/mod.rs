@@ -120,7 +120,6 @@ use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::problem::Problem;
-use crate::api::tensor::TensorView;
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::choice::{Operation, Workload};
 use crate::error::{Error, Result};
@@ -273,12 +272,10 @@ impl Cuda {
     /// Exact attention forward: o and lse.
     pub fn forward(
         &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        self.forward_on(self.path, q, k, v, opts)
+        self.forward_on(self.path, inputs, opts)
     }
 
     /// The forward on kernel path `path` (this handle's own is ignored;
@@ -286,12 +283,11 @@ impl Cuda {
     pub fn forward_on(
         &self,
         path: KernelPath,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        inputs: &ForwardInputs,
         opts: &AttentionOptions,
     ) -> Result<ForwardOutput> {
-        let problem = Problem::forward(&ForwardInputs::new(*q, *k, *v), opts)?;
+        let problem = Problem::forward(inputs, opts)?;
+        let ForwardInputs { q, k, v } = inputs;
         let plan = problem::Call::new(&problem).map(|c| c.plan_problem()).ok();
         let call = crate::verify::CallKind::Forward;
         let (path, verification) = self.verified(call, plan, path)?;
@@ -366,7 +362,7 @@ impl AttentionBackend for Cuda {
         opts: &AttentionOptions,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        Cuda::forward(self, &inputs.q, &inputs.k, &inputs.v, opts)
+        Cuda::forward(self, inputs, opts)
     }
 
     fn forward_fp8(

@@ -7,6 +7,7 @@ use super::bindings::{self, Range, TensorBytes};
 use super::pieces::ForwardAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::with_reruns;
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, CallStats, ForwardOutput};
 use crate::api::problem::Problem;
@@ -47,14 +48,13 @@ fn kernel_for(gpu: &Gpu, problem: &Problem, overrides: &PlanOverrides) -> Result
 /// never rejected.
 pub async fn forward(
     gpu: &Gpu,
-    q: &TensorView<'_>,
-    k: &TensorView<'_>,
-    v: &TensorView<'_>,
+    inputs: &ForwardInputs<'_>,
     problem: &Problem<'_>,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
     let kernel = kernel_for(gpu, problem, overrides)?;
     let opts = problem.opts;
+    let ForwardInputs { q, k, v } = inputs;
     let f = Forward {
         qkv: [q, k, v],
         opts,

@@ -5,6 +5,7 @@
 //! what tiling the softmax saves. It fails where the N×N buffers outgrow a
 //! storage binding — which is the point — and it never splits.
 
+use crate::api::inputs::ForwardInputs;
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::api::shape::AttentionShape;
@@ -218,12 +219,11 @@ fn check_loops(gpu: &Gpu, kernel: KernelKey, iterations: u64) -> Result<()> {
 /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
 pub async fn naive_forward(
     gpu: &Gpu,
-    q: &TensorView<'_>,
-    k: &TensorView<'_>,
-    v: &TensorView<'_>,
+    inputs: &ForwardInputs<'_>,
     opts: &AttentionOptions,
 ) -> Result<ForwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
+    let ForwardInputs { q, k, v } = inputs;
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;
     let mut call = Call::new(gpu, None);
@@ -276,13 +276,12 @@ struct Grads {
 /// (the forward's o and LSE are recomputed, as a naive implementation does).
 pub async fn naive_backward(
     gpu: &Gpu,
-    q: &TensorView<'_>,
-    k: &TensorView<'_>,
-    v: &TensorView<'_>,
+    inputs: &ForwardInputs<'_>,
     d_o: &TensorView<'_>,
     opts: &AttentionOptions,
 ) -> Result<BackwardOutput> {
-    let shape = AttentionShape::from_views(q, k, v)?;
+    let shape = inputs.shape()?;
+    let ForwardInputs { q, k, v } = inputs;
     shape.check_like_o(d_o, q, "do")?;
     let precision = q.precision();
     let n = Problem::new(gpu, shape, precision, opts)?;

@@ -194,7 +194,7 @@ async fn time_forward(
     for (i, c) in list.iter().enumerate() {
         let o = &c.overrides;
         let run = move || async move {
-            Ok(ops::forward::forward(gpu, &qkv.q, &qkv.k, &qkv.v, problem, o)
+            Ok(ops::forward::forward(gpu, qkv, problem, o)
                 .await?
                 .stats)
         };
@@ -213,9 +213,8 @@ async fn time_backward(
     list: &[Candidate],
     repeats: usize,
 ) -> Result<(Vec<TunedCandidate>, Timing)> {
-    let ForwardInputs { q, k, v } = qkv;
     let fwd: ForwardOutput =
-        ops::forward::forward(gpu, q, k, v, problem, &PlanOverrides::default()).await?;
+        ops::forward::forward(gpu, qkv, problem, &PlanOverrides::default()).await?;
     let inputs = BackwardInputs::new(*qkv, &fwd, *d_o)?;
     let (mut out, mut timing) = (Vec::new(), Timing::default());
     for (i, c) in list.iter().enumerate() {

@@ -154,7 +154,7 @@ impl AttentionCase {
     /// starts from, so that a faulty forward cannot spoil it.
     pub fn cpu_forward(&self) -> Result<ForwardOutput> {
         let [q, k, v, _] = self.views();
-        crate::cpu::forward(&q, &k, &v, &self.opts)
+        crate::cpu::forward(&ForwardInputs::new(q, k, v), &self.opts)
     }
 
     /// A forward result under the rule.

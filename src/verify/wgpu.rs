@@ -278,8 +278,9 @@ pub async fn check_attention(
     let overrides = family.overrides();
     let [q, k, v, _] = case.views();
     if family.call == CallKind::Forward {
-        let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts)?;
-        let mut out = ops::forward::forward(gpu, &q, &k, &v, &problem, &overrides).await?;
+        let inputs = ForwardInputs::new(q, k, v);
+        let problem = Problem::forward(&inputs, &case.opts)?;
+        let mut out = ops::forward::forward(gpu, &inputs, &problem, &overrides).await?;
         ran_family(&out.stats, family)?;
         Fault::perturb(fault, &family.key(), &mut out.o);
         return case.judge_forward(&out);

@@ -308,7 +308,7 @@ fn run_gpu_on(engine: &Engine, case: &Case, every_family: bool) -> ForwardOutput
     let [q, k, v] = inputs.views();
     let run = |overrides: &PlanOverrides| {
         let out = engine
-            .forward_with(&q, &k, &v, &case.opts, overrides)
+            .forward_with(&ForwardInputs::new(q, k, v), &case.opts, overrides)
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
         assert_accurate(case, &inputs, &out);
         out
@@ -351,7 +351,7 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
     let inputs = case.inputs();
     let [q, k, v] = inputs.views();
     let fwd = engine
-        .forward_with(&q, &k, &v, &case.opts, &case.overrides)
+        .forward_with(&ForwardInputs::new(q, k, v), &case.opts, &case.overrides)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let (_, g) = output_grad(case);
     let d_o = inputs.grad(&g);

@@ -258,29 +258,29 @@ pub async fn run_case(
         view(shape.kv_shape(), &v),
         view(shape.q_shape(), &d_o),
     );
+    let inputs = ForwardInputs::new(qv, kv, vv);
 
     // The warm-up compiles the kernel; its result is the one checked.
     let out = e
-        .forward_async(&qv, &kv, &vv, &opts, &overrides)
+        .forward_async(&inputs, &opts, &overrides)
         .await
         .map_err(js_err)?;
     let (mut kernel, mut wall) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..TIMED_RUNS {
         let start = Instant::now();
         let timed = e
-            .forward_async(&qv, &kv, &vv, &opts, &overrides)
+            .forward_async(&inputs, &opts, &overrides)
             .await
             .map_err(js_err)?;
         wall = wall.min(start.elapsed().as_secs_f64());
         kernel = kernel.min(timed.stats.kernel_seconds);
     }
     let start = Instant::now();
-    cpu::forward(&qv, &kv, &vv, &opts).map_err(js_err)?;
+    cpu::forward(&inputs, &opts).map_err(js_err)?;
     let cpu_seconds = start.elapsed().as_secs_f64();
 
     // The backward reads the forward's o and lse, as in training.
-    let bwd_inputs =
-        BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new(inputs, &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &overrides)
         .await
@@ -422,12 +422,12 @@ pub async fn run_layout_case(
         data: data[i].as_host(),
     });
     let none = PlanOverrides::default();
+    let inputs = ForwardInputs::new(qv, kv, vv);
     let out = e
-        .forward_async(&qv, &kv, &vv, &opts, &none)
+        .forward_async(&inputs, &opts, &none)
         .await
         .map_err(js_err)?;
-    let bwd_inputs =
-        BackwardInputs::new(ForwardInputs::new(qv, kv, vv), &out, dov).map_err(js_err)?;
+    let bwd_inputs = BackwardInputs::new(inputs, &out, dov).map_err(js_err)?;
     let bwd = e
         .backward_async(&bwd_inputs, &opts, &none)
         .await
@@ -493,9 +493,11 @@ pub async fn heatmap(
     let v = rng.normal_vec(shape.kv_len(), 1.0);
     let out = e
         .forward_async(
-            &TensorView::f32(shape.q_shape(), &q),
-            &TensorView::f32(shape.kv_shape(), &k),
-            &TensorView::f32(shape.kv_shape(), &v),
+            &ForwardInputs::new(
+                TensorView::f32(shape.q_shape(), &q),
+                TensorView::f32(shape.kv_shape(), &k),
+                TensorView::f32(shape.kv_shape(), &v),
+            ),
             &opts,
             &PlanOverrides::default(),
         )
@@ -622,9 +624,11 @@ pub async fn worked_example(block: usize) -> Result<String, JsError> {
         .threads_per_row(1);
     let out = e
         .forward_async(
-            &TensorView::f32([1, 1, 1, 1], &[EXAMPLE_Q]),
-            &TensorView::f32([1, 3, 1, 1], &EXAMPLE_K),
-            &TensorView::f32([1, 3, 1, 1], &EXAMPLE_V),
+            &ForwardInputs::new(
+                TensorView::f32([1, 1, 1, 1], &[EXAMPLE_Q]),
+                TensorView::f32([1, 3, 1, 1], &EXAMPLE_K),
+                TensorView::f32([1, 3, 1, 1], &EXAMPLE_V),
+            ),
             &AttentionOptions::default().scale(1.0),
             &overrides,
         )

@@ -15,7 +15,7 @@ use crate::decode_bench::{
 use crate::error::{CliError, Result};
 use crate::layout_bench::{self as lb, LayoutConfig};
 use crate::report::{self, csv_text, Ceiling, Report, SweepPoint};
-use flashattn::{CeilingShape, Engine, PlanOverrides, Precision};
+use flashattn::{CeilingShape, Engine, ForwardInputs, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Comma-separated values of one flag.
@@ -256,7 +256,7 @@ fn sweep(
     for m in [max_m / 8, max_m / 4, max_m / 2, max_m] {
         bar.set_message(format!("M sweep, M = {m} bytes"));
         let o = PlanOverrides::default().max_workgroup_storage(m);
-        let out = e.forward_with(&q, &k, &v, &case.options(), &o)?;
+        let out = e.forward_with(&ForwardInputs::new(q, k, v), &case.options(), &o)?;
         let plan = e.plan(&out.shape, precision, &o)?.plan;
         points.push(SweepPoint {
             m_bytes: m,
@@ -268,7 +268,9 @@ fn sweep(
         });
         bar.inc(1);
     }
-    let naive = e.naive_forward(&q, &k, &v, &case.options()).ok();
+    let naive = e
+        .naive_forward(&ForwardInputs::new(q, k, v), &case.options())
+        .ok();
     Ok((points, naive.map(|n| n.stats.accesses.total())))
 }
 
