@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::arena::{sentinels, Arena, SENTINEL};
 use common::decode::DecodeCase;
 use common::{causal, engine, output_grad, Case};
 use flashattn::{
@@ -19,132 +20,50 @@ use flashattn::{
 };
 use flashattn::{BlockGrid, BlockMask, ForwardInputs};
 
-/// Bytes the arena is filled with outside the tensors (and in o and lse
-/// before the call): a float no kernel writes here.
-const SENTINEL: f32 = 7.25;
-
-/// The app's buffers: the inputs sub-allocated in one, the outputs in
-/// another (WebGPU forbids one buffer bound both read-only and writable in
-/// a dispatch), each at aligned, non-zero offsets with gaps between them.
-struct Arena {
-    /// Inputs, outputs.
-    buffers: [wgpu::Buffer; 2],
-    /// `(buffer, offset, bytes)` of each input, then each output.
-    at: Vec<(usize, u64, u64)>,
+/// The app's buffers for one call: the inputs sub-allocated in one, the
+/// outputs (filler of the given sizes) in another.
+fn split_arena(e: &Engine, inputs: &[&[u8]], outputs: &[u64]) -> Arena {
+    let fills: Vec<Vec<u8>> = outputs.iter().map(|&o| sentinels(o)).collect();
+    let tensors: Vec<(usize, &[u8])> = inputs
+        .iter()
+        .map(|i| (0, *i))
+        .chain(fills.iter().map(|f| (1, &f[..])))
+        .collect();
+    Arena::new(e, &tensors)
 }
 
-impl Arena {
-    fn new(e: &Engine, inputs: &[&[u8]], outputs: &[u64]) -> Self {
-        let align = e.limits().min_storage_buffer_offset_alignment as u64;
-        let sizes = inputs.iter().map(|i| (0, i.len() as u64));
-        let sizes = sizes.chain(outputs.iter().map(|&o| (1, o)));
-        // Each buffer starts one alignment in and leaves one between tensors.
-        let mut next = [align; 2];
-        let mut at = Vec::new();
-        for (buffer, bytes) in sizes {
-            at.push((buffer, next[buffer], bytes));
-            next[buffer] = (next[buffer] + bytes).div_ceil(align) * align + align;
-        }
-        let mut fill = next.map(|n| vec![SENTINEL; n as usize / 4]);
-        for (bytes, &(_, offset, _)) in inputs.iter().zip(&at) {
-            let words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
-            let start = offset as usize / 4;
-            fill[0][start..start + words.len()].copy_from_slice(&words);
-        }
-        use wgpu::util::DeviceExt;
-        let buffers = fill.map(|words| {
-            e.device()
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("app arena"),
-                    contents: bytemuck::cast_slice(&words),
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                })
-        });
-        Self { buffers, at }
+/// A forward's bindings in an arena of q, k, v, then o, lse.
+fn attention(a: &Arena) -> AttentionBindings<'_> {
+    AttentionBindings {
+        q: a.binding(0),
+        k: a.binding(1),
+        v: a.binding(2),
+        o: a.binding(3),
+        lse: a.binding(4),
     }
+}
 
-    fn binding(&self, i: usize) -> wgpu::BufferBinding<'_> {
-        let (buffer, offset, bytes) = self.at[i];
-        wgpu::BufferBinding {
-            buffer: &self.buffers[buffer],
-            offset,
-            size: wgpu::BufferSize::new(bytes),
-        }
+/// A backward's bindings in an arena of q, k, v, o, do, lse, then dq, dk, dv.
+fn gradients(a: &Arena) -> GradientBindings<'_> {
+    GradientBindings {
+        q: a.binding(0),
+        k: a.binding(1),
+        v: a.binding(2),
+        o: a.binding(3),
+        d_o: a.binding(4),
+        lse: a.binding(5),
+        dq: a.binding(6),
+        dk: a.binding(7),
+        dv: a.binding(8),
+        scratch: None,
     }
+}
 
-    /// A forward's: q, k, v, then o, lse.
-    fn attention(&self) -> AttentionBindings<'_> {
-        AttentionBindings {
-            q: self.binding(0),
-            k: self.binding(1),
-            v: self.binding(2),
-            o: self.binding(3),
-            lse: self.binding(4),
-        }
-    }
-
-    /// A backward's: q, k, v, o, do, lse, then dq, dk, dv.
-    fn gradients(&self) -> GradientBindings<'_> {
-        GradientBindings {
-            q: self.binding(0),
-            k: self.binding(1),
-            v: self.binding(2),
-            o: self.binding(3),
-            d_o: self.binding(4),
-            lse: self.binding(5),
-            dq: self.binding(6),
-            dk: self.binding(7),
-            dv: self.binding(8),
-            scratch: None,
-        }
-    }
-
-    /// Record the app's own copies of both buffers into `encoder`, submit
-    /// it once, and read the copies back.
-    fn submit_and_read(&self, e: &Engine, mut encoder: wgpu::CommandEncoder) -> [Vec<u8>; 2] {
-        let dev = e.device();
-        let staging = self.buffers.each_ref().map(|b| {
-            let staging = dev.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("app readback"),
-                size: b.size(),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            encoder.copy_buffer_to_buffer(b, 0, &staging, 0, b.size());
-            staging
-        });
-        e.queue().submit([encoder.finish()]);
-        for s in &staging {
-            s.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-        }
-        dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        staging.map(|s| s.slice(..).get_mapped_range().unwrap().to_vec())
-    }
-
-    fn slice<'b>(&self, bytes: &'b [Vec<u8>; 2], i: usize) -> &'b [u8] {
-        let (buffer, offset, len) = self.at[i];
-        &bytes[buffer][offset as usize..(offset + len) as usize]
-    }
-
-    /// The outputs hold `want`, the inputs are as they were, and everything
-    /// outside the tensors is what the buffers were filled with (compared
-    /// as bytes, reported without them: they are thousands).
-    fn holds(&self, bytes: &[Vec<u8>; 2], inputs: &[&[u8]], want: &[&[u8]]) {
-        let tensors = inputs.iter().chain(want);
-        for (i, t) in tensors.enumerate() {
-            assert!(self.slice(bytes, i) == *t, "tensor {i} is not as expected");
-        }
-        for (n, bytes) in bytes.iter().enumerate() {
-            let mut words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
-            for &(_, offset, len) in self.at.iter().filter(|a| a.0 == n) {
-                words[offset as usize / 4..(offset + len) as usize / 4].fill(SENTINEL);
-            }
-            assert!(
-                words.iter().all(|&w| w == SENTINEL),
-                "bytes outside the tensors of buffer {n} changed"
-            );
-        }
-    }
+/// The inputs are as they were, the outputs hold `outputs`, nothing else
+/// changed.
+fn holds_io(a: &Arena, bytes: &[Vec<u8>], inputs: &[&[u8]], outputs: &[&[u8]]) {
+    let want: Vec<Option<&[u8]>> = inputs.iter().chain(outputs).map(|t| Some(*t)).collect();
+    a.holds(bytes, &want);
 }
 
 fn host(t: &TensorData) -> &[u8] {
@@ -160,14 +79,14 @@ fn encoded_forward_matches_the_host_call(e: &Engine, case: &Case) -> Plan {
     let ins = inputs.stored.each_ref().map(host);
     let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
     let outs = [host(&expected.o.data), lse];
-    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
+    let arena = split_arena(e, &ins, &outs.map(|o| o.len() as u64));
     let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let plan = e
-        .encode_forward(&mut encoder, &problem, &arena.attention())
+        .encode_forward(&mut encoder, &problem, &attention(&arena))
         .unwrap();
     assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
-    arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+    holds_io(&arena, &arena.submit_and_read(e, encoder), &ins, &outs);
     plan
 }
 
@@ -190,7 +109,7 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
         bytemuck::cast_slice(&fwd.lse),
     ];
     let outs = [&expected.dq, &expected.dk, &expected.dv].map(|g| host(&g.data));
-    let arena = Arena::new(e, &ins, &outs.map(|o| o.len() as u64));
+    let arena = split_arena(e, &ins, &outs.map(|o| o.len() as u64));
     let problem = Problem::backward(&host_inputs, &case.opts).unwrap();
     // D in a buffer the engine creates, then in the app's scratch (at a
     // non-zero offset of a buffer of its own).
@@ -211,20 +130,20 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
     for given in [None, Some(theirs.clone())] {
         let bindings = GradientBindings {
             scratch: given,
-            ..arena.gradients()
+            ..gradients(&arena)
         };
         let mut encoder = e.device().create_command_encoder(&Default::default());
         let plan = e
             .encode_backward(&mut encoder, &problem, &bindings)
             .unwrap();
         assert_eq!(Some(plan), expected.stats.plan, "the host call's plan");
-        arena.holds(&arena.submit_and_read(e, encoder), &ins, &outs);
+        holds_io(&arena, &arena.submit_and_read(e, encoder), &ins, &outs);
     }
     // Scratch beside the gradients, or too small, is a typed error.
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let beside = GradientBindings {
         scratch: Some(arena.binding(6)),
-        ..arena.gradients()
+        ..gradients(&arena)
     };
     assert!(matches!(
         e.encode_backward(&mut encoder, &problem, &beside),
@@ -238,7 +157,7 @@ fn encoded_backward_matches_the_host_call(e: &Engine, case: &Case) {
             size: wgpu::BufferSize::new(need - 4),
             ..theirs
         }),
-        ..arena.gradients()
+        ..gradients(&arena)
     };
     assert!(matches!(
         e.encode_backward(&mut encoder, &problem, &short),
@@ -302,12 +221,12 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     let [q, k, v] = inputs.views();
     let ins = inputs.stored.each_ref().map(host);
     let lse_bytes = 4 * case.heads_q * case.seqlen_q;
-    let arena = Arena::new(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
+    let arena = split_arena(e, &ins, &[ins[0].len() as u64, lse_bytes as u64]);
     let problem = Problem::forward(&ForwardInputs::new(q, k, v), &case.opts).unwrap();
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let mut try_with = |b: AttentionBindings| e.encode_forward(&mut encoder, &problem, &b);
     let align = e.limits().min_storage_buffer_offset_alignment;
-    let mut misaligned = arena.attention();
+    let mut misaligned = attention(&arena);
     misaligned.k.offset += 4;
     misaligned.k.size = wgpu::BufferSize::new(arena.at[1].2 - 4);
     assert!(matches!(
@@ -315,19 +234,19 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
         Err(Error::MisalignedBinding { tensor: "k", offset, alignment })
             if offset == arena.at[1].1 + 4 && alignment == align
     ));
-    let mut short = arena.attention();
+    let mut short = attention(&arena);
     short.o.size = wgpu::BufferSize::new(arena.at[3].2 - 4);
     assert!(matches!(
         try_with(short),
         Err(Error::BufferTooSmall { buffer: "o", .. })
     ));
-    let mut outside = arena.attention();
+    let mut outside = attention(&arena);
     outside.lse.offset = arena.buffers[1].size() - align as u64;
     assert!(matches!(
         try_with(outside),
         Err(Error::BindingOutsideBuffer { tensor: "lse", .. })
     ));
-    let mut shared = arena.attention();
+    let mut shared = attention(&arena);
     shared.o = arena.binding(0);
     assert!(matches!(
         try_with(shared),
@@ -341,88 +260,10 @@ fn bad_bindings_are_typed_errors_before_anything_is_recorded() {
     assert!(o.iter().all(|&x| x == SENTINEL), "o was written");
 }
 
-/// The app's one buffer: every tensor of every call sub-allocated in it,
-/// each one alignment after the previous one's end (the first one in).
-struct OneBuffer {
-    buffer: wgpu::Buffer,
-    /// `(offset, bytes)` of each tensor.
-    at: Vec<(u64, u64)>,
-}
-
-impl OneBuffer {
-    fn new(e: &Engine, contents: &[&[u8]]) -> Self {
-        let align = e.limits().min_storage_buffer_offset_alignment as u64;
-        let mut next = align;
-        let mut at = Vec::new();
-        for c in contents {
-            at.push((next, c.len() as u64));
-            next = (next + c.len() as u64).div_ceil(align) * align + align;
-        }
-        let mut words = vec![SENTINEL; next as usize / 4];
-        for (c, &(offset, _)) in contents.iter().zip(&at) {
-            let start = offset as usize / 4;
-            words[start..start + c.len() / 4].copy_from_slice(&bytemuck::pod_collect_to_vec(c));
-        }
-        use wgpu::util::DeviceExt;
-        let buffer = e
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("app buffer"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            });
-        Self { buffer, at }
-    }
-
-    fn binding(&self, i: usize) -> wgpu::BufferBinding<'_> {
-        let (offset, bytes) = self.at[i];
-        wgpu::BufferBinding {
-            buffer: &self.buffer,
-            offset,
-            size: wgpu::BufferSize::new(bytes),
-        }
-    }
-
-    /// The app's copy of the buffer recorded after everything in
-    /// `encoder`, one submit, the copy read back.
-    fn submit_and_read(&self, e: &Engine, mut encoder: wgpu::CommandEncoder) -> Vec<u8> {
-        let size = self.buffer.size();
-        let staging = e.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("app readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, size);
-        e.queue().submit([encoder.finish()]);
-        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-        e.device()
-            .poll(wgpu::PollType::wait_indefinitely())
-            .unwrap();
-        let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
-        bytes
-    }
-
-    /// Each tensor holds `want` where given (scratch is not compared), and
-    /// every byte outside the tensors is what the buffer was filled with.
-    fn holds(&self, bytes: &[u8], want: &[Option<&[u8]>]) {
-        for (i, (&(offset, len), w)) in self.at.iter().zip(want).enumerate() {
-            let got = &bytes[offset as usize..(offset + len) as usize];
-            assert!(w.is_none_or(|w| got == w), "tensor {i} is not as expected");
-        }
-        let mut words: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
-        for &(offset, len) in &self.at {
-            words[offset as usize / 4..(offset + len) as usize / 4].fill(SENTINEL);
-        }
-        assert!(
-            words.iter().all(|&w| w == SENTINEL),
-            "bytes outside the tensors changed"
-        );
-    }
-}
-
-fn sentinels(bytes: u64) -> Vec<u8> {
-    bytemuck::cast_slice(&vec![SENTINEL; bytes as usize / 4]).to_vec()
+/// The app's one buffer: every tensor of every call sub-allocated in it.
+fn one_buffer(e: &Engine, contents: &[&[u8]]) -> Arena {
+    let tensors: Vec<(usize, &[u8])> = contents.iter().map(|c| (0, *c)).collect();
+    Arena::new(e, &tensors)
 }
 
 /// The tensors of [`every_encoded_op_in_one_buffer_gives_the_host_calls_bytes`], in
@@ -445,7 +286,7 @@ struct DecodeTensors {
 }
 
 /// `case`'s step through the host call on an engine cache (checked against
-/// the f64 reference), as tensors for [`OneBuffer`].
+/// the f64 reference), as tensors for [`one_buffer`].
 fn decode_tensors(e: &Engine, case: &DecodeCase, scratch: u64) -> DecodeTensors {
     let data = case.data();
     let step = data.step();
@@ -579,7 +420,7 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
         &fscratch,
     ];
     contents.extend(decode.contents.iter().map(|c| &c[..]));
-    let one = OneBuffer::new(e, &contents);
+    let one = one_buffer(e, &contents);
     let b = |i| one.binding(i);
     let attention = |at: usize| AttentionBindings {
         q: b(at),
@@ -663,7 +504,7 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     let contents: Vec<&[u8]> = vec![
         qb, kb, vb, &o0, &l0, &o0, &grads0[0], &grads0[1], &grads0[2], &scratch,
     ];
-    let one = OneBuffer::new(e, &contents);
+    let one = one_buffer(e, &contents);
     let b = |i| one.binding(i);
     let attention = AttentionBindings {
         q: b(Q),
@@ -677,7 +518,7 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     // lse starting inside o.
     let lse_in_o = AttentionBindings {
         lse: wgpu::BufferBinding {
-            offset: one.at[O].0 + align,
+            offset: one.at[O].1 + align,
             ..b(LSE)
         },
         ..attention.clone()
@@ -711,7 +552,7 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     ));
     // The FP8 forward's scratch running from o's start.
     let scratch_on_o = wgpu::BufferBinding {
-        offset: one.at[O].0,
+        offset: one.at[O].1,
         ..b(SCRATCH)
     };
     assert!(matches!(

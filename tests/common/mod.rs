@@ -2,6 +2,7 @@
 //! docs/semantics.md's accuracy rule.
 #![allow(dead_code)]
 
+pub mod arena;
 pub mod decode;
 
 use flashattn::accuracy::{check_forward, Check};
