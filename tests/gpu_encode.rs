@@ -278,6 +278,23 @@ const FQ: usize = 10;
 const FP8_SCRATCH: usize = 15;
 const DECODE_Q: usize = 16;
 
+/// A backward's bindings in the one buffer's order (its scratch not given).
+fn one_buffer_gradients(one: &Arena) -> GradientBindings<'_> {
+    let b = |i| one.binding(i);
+    GradientBindings {
+        q: b(Q),
+        k: b(Q + 1),
+        v: b(Q + 2),
+        o: b(O),
+        d_o: b(DO),
+        lse: b(LSE),
+        dq: b(DQ),
+        dk: b(DQ + 1),
+        dv: b(DQ + 2),
+        scratch: None,
+    }
+}
+
 /// A decoding step's tensors (its q first, then the new rows, the cache, o,
 /// lse and the splits' scratch) and what each should hold after the step.
 struct DecodeTensors {
@@ -430,16 +447,8 @@ fn every_encoded_op_in_one_buffer_gives_the_host_calls_bytes() {
         lse: b(at + LSE),
     };
     let gradients = GradientBindings {
-        q: b(Q),
-        k: b(Q + 1),
-        v: b(Q + 2),
-        o: b(O),
-        d_o: b(DO),
-        lse: b(LSE),
-        dq: b(DQ),
-        dk: b(DQ + 1),
-        dv: b(DQ + 2),
         scratch: Some(b(SCRATCH)),
+        ..one_buffer_gradients(&one)
     };
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let plan = e
@@ -506,13 +515,7 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     ];
     let one = one_buffer(e, &contents);
     let b = |i| one.binding(i);
-    let attention = AttentionBindings {
-        q: b(Q),
-        k: b(Q + 1),
-        v: b(Q + 2),
-        o: b(O),
-        lse: b(LSE),
-    };
+    let attention = attention(&one);
     let mut encoder = e.device().create_command_encoder(&Default::default());
     let align = e.limits().min_storage_buffer_offset_alignment as u64;
     // lse starting inside o.
@@ -532,16 +535,8 @@ fn overlapping_ranges_in_one_buffer_are_typed_errors_before_anything_is_recorded
     ));
     // dk over k's range.
     let dk_on_k = GradientBindings {
-        q: b(Q),
-        k: b(Q + 1),
-        v: b(Q + 2),
-        o: b(O),
-        d_o: b(DO),
-        lse: b(LSE),
-        dq: b(DQ),
         dk: b(Q + 1),
-        dv: b(DQ + 2),
-        scratch: None,
+        ..one_buffer_gradients(&one)
     };
     assert!(matches!(
         e.encode_backward(&mut encoder, &problem, &dk_on_k),
