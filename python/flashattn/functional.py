@@ -1,0 +1,571 @@
+"""flash-attn's functions on this engine: ``flash_attn_func``,
+``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``, with the same
+signatures and semantics, plus the engine's extras as keyword arguments.
+
+With torch tensors the forward is the custom op ``flashattn::fwd`` and its
+gradient the custom op ``flashattn::bwd`` (the engine's deterministic
+backward, ``dsinks`` included), so autograd and ``torch.compile`` see
+them. numpy arrays work too (forward only).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from . import _native, errors
+from ._tensors import (
+    as_bytes,
+    check_device,
+    check_float,
+    check_rank,
+    empty,
+    float_list,
+    host,
+    int32_list,
+    is_torch,
+    raw,
+    to_device,
+    torch,
+)
+
+#: The seed of the Hadamard signs ``hadamard=True`` uses (the engine's default).
+HADAMARD_SEED = 0x4ADA3A2D
+
+
+def default_backend() -> str:
+    """The backend calls use unless told: ``$FLASHATTN_BACKEND`` or ``"auto"``."""
+    return os.environ.get("FLASHATTN_BACKEND", "auto")
+
+
+def backend_info(backend: Optional[str] = None) -> Dict[str, str]:
+    """Which backend ``backend`` (default: :func:`default_backend`) opens on
+    this machine, and why: ``{"kind", "name", "reason"}``."""
+    kind, name, reason = _native.backend_info(backend or default_backend())
+    return {"kind": kind, "name": name, "reason": reason}
+
+
+def options(
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    block_mask: Any = None,
+    block_size: Union[int, Tuple[int, int], None] = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+) -> Dict[str, Any]:
+    """The engine's options from flash-attn's arguments (and the extras)."""
+    left, right = window_size
+    mask = None
+    if block_mask is not None:
+        if block_size is None:
+            raise errors.error(
+                "BlockSize",
+                "block_mask needs block_size (an int or a (block_m, block_n) pair)",
+                bm=0,
+                bn=0,
+            )
+        bm, bn = (block_size, block_size) if isinstance(block_size, int) else block_size
+        check_rank(block_mask, "block_mask", (4,))
+        mask = (as_bytes(block_mask), list(block_mask.shape), int(bm), int(bn))
+    cu = None
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        cu = (
+            int32_list(cu_seqlens_q, "cu_seqlens_q") or [],
+            int32_list(cu_seqlens_k, "cu_seqlens_k") or [],
+        )
+    return {
+        "causal": bool(causal),
+        "window": (int(left), int(right)),
+        "softcap": float(softcap),
+        "scale": None if softmax_scale is None else float(softmax_scale),
+        "alibi": float_list(alibi_slopes),
+        "sinks": float_list(sinks),
+        "block_mask": mask,
+        "cu_seqlens": cu,
+    }
+
+
+def _lse_shape(q: Any, varlen: bool) -> List[int]:
+    if varlen:
+        return [q.shape[1], q.shape[0]]
+    return [q.shape[0], q.shape[2], q.shape[1]]
+
+
+def forward_host(
+    q: Any,
+    k: Any,
+    v: Any,
+    opts: Dict[str, Any],
+    backend: str,
+    fp8: bool = False,
+    hadamard: Optional[int] = None,
+) -> Tuple[Any, Any]:
+    """The engine's forward on any tensors: ``(o, lse)`` on q's device."""
+    qh, kh, vh = host(q), host(k), host(v)
+    o = empty(list(q.shape[:-1]) + [v.shape[-1]], qh, float32=fp8)
+    lse = empty(_lse_shape(q, opts["cu_seqlens"] is not None), qh, float32=True)
+    _native.forward(raw(qh), raw(kh), raw(vh), raw(o), raw(lse), opts, backend, fp8, hadamard)
+    if fp8:
+        o = o.to(q.dtype) if is_torch(o) else o.astype(q.dtype)
+    return to_device(o, q), to_device(lse, q)
+
+
+def backward_host(
+    d_o: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, opts: Dict[str, Any], backend: str
+) -> Tuple[Any, Any, Any, Optional[List[float]]]:
+    """The engine's backward on any tensors: ``(dq, dk, dv, dsinks)``."""
+    qh, kh, vh, oh, lh, dh = (host(t) for t in (q, k, v, o, lse, d_o))
+    dq, dk, dv = empty(q.shape, qh), empty(k.shape, kh), empty(v.shape, vh)
+    dsinks = _native.backward(
+        raw(qh), raw(kh), raw(vh), raw(oh), raw(lh), raw(dh), raw(dq), raw(dk), raw(dv), opts, backend
+    )
+    return to_device(dq, q), to_device(dk, k), to_device(dv, v), dsinks
+
+
+if torch is not None:
+    from torch import Tensor
+
+    @torch.library.custom_op("flashattn::fwd", mutates_args=())
+    def _fwd(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor],
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        softcap: float,
+        softmax_scale: Optional[float],
+        alibi_slopes: Optional[Tensor],
+        sinks: Optional[Tensor],
+        block_mask: Optional[Tensor],
+        block_m: int,
+        block_n: int,
+        backend: str,
+    ) -> Tuple[Tensor, Tensor]:
+        opts = options(
+            causal,
+            (window_left, window_right),
+            softcap,
+            softmax_scale,
+            alibi_slopes,
+            sinks,
+            block_mask,
+            (block_m, block_n),
+            cu_seqlens_q,
+            cu_seqlens_k,
+        )
+        return forward_host(q, k, v, opts, backend)
+
+    @_fwd.register_fake
+    def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *_):
+        o = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+        lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+        return o, lse
+
+    @torch.library.custom_op("flashattn::bwd", mutates_args=())
+    def _bwd(
+        d_o: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        o: Tensor,
+        lse: Tensor,
+        cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor],
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        softcap: float,
+        softmax_scale: Optional[float],
+        alibi_slopes: Optional[Tensor],
+        sinks: Optional[Tensor],
+        block_mask: Optional[Tensor],
+        block_m: int,
+        block_n: int,
+        backend: str,
+    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        opts = options(
+            causal,
+            (window_left, window_right),
+            softcap,
+            softmax_scale,
+            alibi_slopes,
+            sinks,
+            block_mask,
+            (block_m, block_n),
+            cu_seqlens_q,
+            cu_seqlens_k,
+        )
+        dq, dk, dv, dsinks = backward_host(d_o, q, k, v, o, lse, opts, backend)
+        ds = torch.tensor(dsinks or [], dtype=torch.float32, device=q.device)
+        return dq, dk, dv, ds
+
+    @_bwd.register_fake
+    def _bwd_fake(d_o, q, k, v, o, lse, cu_q, cu_k, causal, wl, wr, cap, scale, alibi, sinks, *_):
+        heads = 0 if sinks is None else sinks.shape[0]
+        return (
+            torch.empty_like(q),
+            torch.empty_like(k),
+            torch.empty_like(v),
+            q.new_empty((heads,), dtype=torch.float32),
+        )
+
+    def _setup(ctx, inputs, output):
+        (q, k, v, cu_q, cu_k, causal, wl, wr, cap, scale, alibi, sinks, mask, bm, bn, be) = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks, mask)
+        ctx.args = (causal, wl, wr, cap, scale)
+        ctx.block = (bm, bn, be)
+
+    def _grad(ctx, d_o, _d_lse):
+        q, k, v, o, lse, cu_q, cu_k, alibi, sinks, mask = ctx.saved_tensors
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        dq, dk, dv, dsinks = torch.ops.flashattn.bwd(
+            d_o.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks, mask, *ctx.block
+        )
+        d_sinks = None if sinks is None else dsinks.to(sinks.dtype)
+        return (dq, dk, dv, None, None, None, None, None, None, None, None, d_sinks, None, None, None, None)
+
+    torch.library.register_autograd("flashattn::fwd", _grad, setup_context=_setup)
+
+
+def _no_dropout(dropout_p: float) -> None:
+    if dropout_p != 0.0:
+        raise errors.error(
+            "Unsupported",
+            f"dropout_p={dropout_p}: flashattn does not implement dropout yet; pass dropout_p=0.0",
+            what="flashattn",
+            feature=f"dropout (dropout_p={dropout_p})",
+        )
+
+
+def _check_inputs(named: Sequence[Tuple[str, Any]], ranks: Sequence[int]) -> None:
+    for name, t in named:
+        check_float(t, name)
+        check_rank(t, name, ranks)
+    check_device(named[1:], named[0][1])
+
+
+def _attention(
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    return_attn_probs,
+    sinks,
+    block_mask,
+    block_size,
+    backend,
+    precision,
+    hadamard,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+):
+    _no_dropout(dropout_p)
+    backend = backend or default_backend()
+    varlen = cu_seqlens_q is not None
+    _check_inputs([("q", q), ("k", k), ("v", v)], (3,) if varlen else (4,))
+    check_device(
+        [
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_k", cu_seqlens_k),
+            ("alibi_slopes", alibi_slopes),
+            ("sinks", sinks),
+            ("block_mask", block_mask),
+        ],
+        q,
+    )
+    if precision not in (None, "fp8"):
+        raise errors.error(
+            "UnknownName",
+            f"unknown precision `{precision}` (expected None or 'fp8')",
+            what="precision",
+            name=str(precision),
+            expected="None or 'fp8'",
+        )
+    if precision == "fp8" or not is_torch(q):
+        # Forward only: FP8 has no backward, numpy no autograd.
+        opts = options(
+            causal, window_size, softcap, softmax_scale, alibi_slopes, sinks,
+            block_mask, block_size, cu_seqlens_q, cu_seqlens_k,
+        )  # fmt: skip
+        seed = None
+        if hadamard:
+            seed = HADAMARD_SEED if hadamard is True else int(hadamard)
+        o, lse = forward_host(q, k, v, opts, backend, fp8=precision == "fp8", hadamard=seed)
+    else:
+        if block_mask is not None and block_size is None:
+            options(block_mask=block_mask)  # raises the typed error
+        bm, bn = (0, 0)
+        if block_size is not None:
+            bm, bn = (block_size, block_size) if isinstance(block_size, int) else block_size
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if t is not None and not is_torch(t):
+                raise errors.error(
+                    "DeviceMismatch",
+                    f"{name} is a {type(t).__name__} but q is a torch tensor",
+                    tensor=name,
+                    device=type(t).__name__,
+                    expected=str(q.device),
+                )
+            if t is not None and t.dtype != torch.int32:
+                int32_list(t, name)  # raises the typed error
+        o, lse = torch.ops.flashattn.fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), int(window_size[0]),
+            int(window_size[1]), float(softcap), softmax_scale, alibi_slopes, sinks,
+            block_mask, int(bm), int(bn), backend,
+        )  # fmt: skip
+    return (o, lse, None) if return_attn_probs else o
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    sinks=None,
+    block_mask=None,
+    block_size: Union[int, Tuple[int, int], None] = None,
+    backend: Optional[str] = None,
+    precision: Optional[str] = None,
+    hadamard: Union[bool, int] = False,
+):
+    """Exact attention, as ``flash_attn.flash_attn_func``.
+
+    ``q`` is ``(batch, seqlen_q, heads_q, head_dim)``, ``k`` and ``v`` are
+    ``(batch, seqlen_k, heads_kv, head_dim)`` (``heads_q`` a multiple of
+    ``heads_kv``: MQA/GQA; ``v`` may have its own head dim). Returns ``o``
+    in q's layout, or ``(o, softmax_lse, None)`` with
+    ``return_attn_probs`` (``softmax_lse`` is ``(batch, heads_q,
+    seqlen_q)`` float32; there is no dropout, so no probability mask).
+    Causal and window masks are aligned to the bottom-right corner of the
+    score matrix, as in flash-attn ≥ 2.1.
+
+    The backward is always the engine's deterministic one (bit-identical
+    gradients on a repeated call), whatever ``deterministic`` says.
+    ``dropout_p`` must be 0.0.
+
+    Extras: ``sinks`` (one logit per query head, trained: it gets a
+    gradient), ``block_mask`` ``(mb, mh, rows, cols)`` bool/uint8 with
+    ``block_size`` (a block-sparse mask ANDed with the others), ``backend``
+    (``"auto"``, ``"cpu"``, ``"wgpu"``, ``"cuda"``), and
+    ``precision="fp8"`` (e4m3 forward, no gradient) with ``hadamard``
+    (``True`` or a seed: incoherent processing of q and k).
+    """
+    del deterministic  # always deterministic
+    return _attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        return_attn_probs, sinks, block_mask, block_size, backend, precision, hadamard,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    sinks=None,
+    block_mask=None,
+    block_size: Union[int, Tuple[int, int], None] = None,
+    backend: Optional[str] = None,
+    precision: Optional[str] = None,
+    hadamard: Union[bool, int] = False,
+):
+    """Attention over a packed batch of sequences of their own lengths, as
+    ``flash_attn.flash_attn_varlen_func``.
+
+    ``q`` is ``(total_q, heads_q, head_dim)``, ``k``/``v`` ``(total_k,
+    heads_kv, head_dim)``; sequence ``b`` owns rows ``cu_seqlens_q[b] :
+    cu_seqlens_q[b+1]`` (int32, ``batch + 1`` entries, starting at 0).
+    Sequences may be empty. ``max_seqlen_q``/``max_seqlen_k`` must be at
+    least the longest sequence (they are checked, not trusted).
+    ``softmax_lse`` is ``(heads_q, total_q)``. Other arguments as
+    :func:`flash_attn_func`.
+    """
+    del deterministic
+    for name, cu, given in (
+        ("cu_seqlens_q", cu_seqlens_q, max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k),
+    ):
+        if cu is None:
+            raise errors.error(
+                "UnsupportedDtype",
+                f"{name} is None, expected an int32 tensor",
+                tensor=name,
+                dtype="None",
+                expected="int32",
+            )
+        if is_torch(cu) and torch.compiler.is_compiling():
+            continue  # values are not known while tracing
+        values = int32_list(cu, name)
+        longest = max((b - a for a, b in zip(values, values[1:])), default=0)
+        if longest > int(given):
+            field = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+            raise errors.error(
+                "MaxSeqlen",
+                f"{field} is {given} but {name} has a sequence of {longest}",
+                argument=field,
+                value=int(given),
+                longest=longest,
+            )
+    return _attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        return_attn_probs, sinks, block_mask, block_size, backend, precision, hadamard,
+        cu_seqlens_q, cu_seqlens_k,
+    )  # fmt: skip
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    block_table=None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    sinks=None,
+    backend: Optional[str] = None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_leftpad=None,
+):
+    """Attention of new queries over a KV cache, as
+    ``flash_attn.flash_attn_with_kvcache`` (no gradient).
+
+    ``q`` is ``(batch, seqlen_q, heads_q, head_dim)``. A dense cache is
+    ``(batch_cache, seqlen_cache, heads_kv, head_dim)`` (row
+    ``cache_batch_idx[b]`` for sequence ``b``); with ``block_table``
+    (``(batch, max_pages)`` int32) the cache is paged: ``(num_pages,
+    page_size, heads_kv, head_dim)``. ``cache_seqlens`` (int32 ``(batch,)``
+    or an int; default: the whole cache) says how many tokens each
+    sequence holds. With ``k`` and ``v`` (``(batch, seqlen_new, heads_kv,
+    head_dim)``) the new tokens are written into the caches in place at
+    positions ``cache_seqlens[b]…`` first, then attended to. A call that
+    raises leaves the caches untouched.
+
+    ``num_splits``: 0 lets the engine split the keys as it plans (split-KV,
+    merged by LSE), 1 does not split, n splits n ways. Returns ``o`` or
+    ``(o, softmax_lse)`` (``(batch, heads_q, seqlen_q)`` float32).
+    """
+    for name, value in (
+        ("rotary_cos", rotary_cos),
+        ("rotary_sin", rotary_sin),
+        ("cache_leftpad", cache_leftpad),
+    ):
+        if value is not None:
+            raise errors.error(
+                "Unsupported",
+                f"flash_attn_with_kvcache does not support {name}: apply rotary embeddings "
+                "(or left padding) before the call",
+                what="flash_attn_with_kvcache",
+                feature=name,
+            )
+    backend = backend or default_backend()
+    if (k is None) != (v is None):
+        raise errors.error(
+            "Unsupported",
+            "k and v are appended together: pass both or neither",
+            what="flash_attn_with_kvcache",
+            feature="k without v",
+        )
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if k is not None:
+        named += [("k", k), ("v", v)]
+    _check_inputs(named, (4,))
+    check_device(
+        [
+            ("cache_seqlens", cache_seqlens if hasattr(cache_seqlens, "dtype") else None),
+            ("cache_batch_idx", cache_batch_idx),
+            ("block_table", block_table),
+            ("alibi_slopes", alibi_slopes),
+            ("sinks", sinks),
+        ],
+        q,
+    )
+    batch = q.shape[0]
+    paged = block_table is not None
+    table = None
+    if paged:
+        check_rank(block_table, "block_table", (2,))
+        table = (int32_list(block_table, "block_table"), int(block_table.shape[1]))
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+    if cache_seqlens is None:
+        seqlens = [capacity] * batch
+    elif isinstance(cache_seqlens, int):
+        seqlens = [cache_seqlens] * batch
+    else:
+        seqlens = int32_list(cache_seqlens, "cache_seqlens")
+    idx = int32_list(cache_batch_idx, "cache_batch_idx")
+    opts = options(causal, window_size, softcap, softmax_scale, alibi_slopes, sinks)
+
+    qh = host(q)
+    kc, vc = host(k_cache), host(v_cache)
+    new_kv = None
+    if k is not None:
+        kh, vh = host(k), host(v)
+        new_kv = (raw(kh), raw(vh))
+    o = empty(list(q.shape[:-1]) + [v_cache.shape[-1]], qh)
+    lse = empty([q.shape[0], q.shape[2], q.shape[1]], qh, float32=True)
+    _native.decode(
+        raw(qh), raw(kc), raw(vc), paged, new_kv, seqlens, idx, table,
+        raw(o), raw(lse), opts, backend, int(num_splits),
+    )  # fmt: skip
+    if new_kv is not None:
+        # A cache that is not contiguous host memory was copied: write back.
+        for cache, copy in ((k_cache, kc), (v_cache, vc)):
+            if copy is not cache and not _same_memory(cache, copy):
+                if is_torch(cache):
+                    cache.copy_(copy)
+                else:
+                    cache[...] = copy
+    o, lse = to_device(o, q), to_device(lse, q)
+    return (o, lse) if return_softmax_lse else o
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    if is_torch(a):
+        return a.device.type == "cpu" and a.is_contiguous() and a.data_ptr() == b.data_ptr()
+    return a.flags.c_contiguous and a.ctypes.data == b.ctypes.data

@@ -1,0 +1,547 @@
+//! `flashattn._native`: the engine's calls for the Python package.
+//!
+//! The package's Python layer (python/flashattn) checks every tensor (dtype,
+//! device, shape, contiguity) and allocates the outputs; this module takes
+//! each tensor as `(address, shape, dtype)` of contiguous host memory that
+//! the caller keeps alive for the call, so torch tensors and numpy arrays
+//! cross without a copy. The engine validates the problem in full before
+//! any work, and results are copied into the outputs (and appends into the
+//! caches) only after the call has succeeded: a failed call writes nothing.
+//! Engine errors become the exception classes of `flashattn.errors`, with
+//! the typed error's fields as attributes.
+
+mod errors;
+mod raw;
+
+use flashattn::{
+    accuracy, reference, Backend, BackendKind, BackwardInputs, Engine, ForwardInputs, Fp8Options,
+    HostKvCache, PlanOverrides, Precision, TensorData,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use raw::{Opts, Raw, RawMut};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A backend opened once per process and kind, with why it was chosen.
+struct Opened {
+    backend: Backend,
+    reason: String,
+}
+
+/// `auto`: CUDA in a build with it where a device opens; else a hardware
+/// GPU through wgpu; else the CPU backend (a software adapter such as
+/// lavapipe is slower than the CPU backend for the calls Python makes).
+fn open_auto() -> Opened {
+    #[cfg(feature = "cuda")]
+    let not_cuda = match Backend::open(BackendKind::Cuda, &dummy_workload()) {
+        Ok(choice) => {
+            return Opened {
+                backend: choice.backend,
+                reason: format!("{} (auto prefers CUDA)", choice.reason),
+            }
+        }
+        Err(e) => format!(" (not CUDA: {e})"),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let not_cuda = String::new();
+    match Engine::new() {
+        Ok(engine) if engine.adapter_info().device_type != flashattn::wgpu::DeviceType::Cpu => {
+            let reason = format!("wgpu on the hardware GPU {}{not_cuda}", engine.describe());
+            Opened {
+                backend: Backend::Wgpu(Box::new(engine)),
+                reason,
+            }
+        }
+        Ok(engine) => Opened {
+            backend: Backend::Cpu,
+            reason: format!(
+                "the CPU backend: the only adapter, {}, runs on the CPU{not_cuda}",
+                engine.describe()
+            ),
+        },
+        Err(e) => Opened {
+            backend: Backend::Cpu,
+            reason: format!("the CPU backend: no GPU adapter ({e}){not_cuda}"),
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn dummy_workload() -> flashattn::Workload {
+    let x = [0f32; 64];
+    let view = flashattn::TensorView::f32([1, 1, 1, 64], &x);
+    let shape = ForwardInputs::new(view, view, view)
+        .shape()
+        .expect("a 1x1x1x64 problem is valid");
+    flashattn::Workload::new(
+        shape,
+        Precision::F32,
+        flashattn::AttentionOptions::default(),
+    )
+}
+
+fn open(kind: &str) -> Result<Arc<Opened>, flashattn::Error> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Arc<Opened>>>> = OnceLock::new();
+    let kind_enum: BackendKind = kind.parse()?;
+    let map = OPEN.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(o) = map.get(kind) {
+        return Ok(o.clone());
+    }
+    let opened = match kind_enum {
+        BackendKind::Cpu => Opened {
+            backend: Backend::Cpu,
+            reason: "the CPU backend, as requested".into(),
+        },
+        BackendKind::Wgpu => {
+            let engine = Engine::new()?;
+            let reason = format!("wgpu on {}, as requested", engine.describe());
+            Opened {
+                backend: Backend::Wgpu(Box::new(engine)),
+                reason,
+            }
+        }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let choice = Backend::open(BackendKind::Cuda, &dummy_workload())?;
+            Opened {
+                backend: choice.backend,
+                reason: choice.reason,
+            }
+        }
+        _ if kind_enum == BackendKind::Cuda => {
+            return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" })
+        }
+        _ => open_auto(),
+    };
+    let opened = Arc::new(opened);
+    map.insert(kind.to_string(), opened.clone());
+    Ok(opened)
+}
+
+/// Which backend `kind` opens here, and why: `(kind, name, reason)`.
+#[pyfunction]
+fn backend_info(py: Python<'_>, kind: &str) -> PyResult<(String, String, String)> {
+    let opened = py.detach(|| open(kind)).map_err(|e| errors::to_py(py, e))?;
+    Ok((
+        opened.backend.kind().name().to_string(),
+        opened.backend.name(),
+        opened.reason.clone(),
+    ))
+}
+
+/// The engine's forward: o and lse into `o_out` and `lse_out`; returns
+/// the name of the backend that ran.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, o_out, lse_out, opts, backend, fp8=false, hadamard=None))]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    py: Python<'_>,
+    q: Raw,
+    k: Raw,
+    v: Raw,
+    o_out: RawMut,
+    lse_out: RawMut,
+    opts: Opts,
+    backend: &str,
+    fp8: bool,
+    hadamard: Option<u64>,
+) -> PyResult<String> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<String> {
+        let opened = open(backend)?;
+        // SAFETY (all views and outputs below): the Python layer hands in
+        // the addresses of live, contiguous tensors of these shapes and
+        // dtypes, held for the call.
+        let (q, k, v) = unsafe { (q.view()?, k.view()?, v.view()?) };
+        let inputs = ForwardInputs::new(q, k, v);
+        let none = PlanOverrides::default();
+        let out = match (fp8, hadamard) {
+            (false, _) => opened.backend.forward(&inputs, &opts, &none)?,
+            (true, None) => {
+                opened
+                    .backend
+                    .forward_fp8(&inputs, &opts, &Fp8Options::default(), &none)?
+            }
+            (true, Some(seed)) => {
+                let fp8 = Fp8Options::hadamard(seed);
+                opened.backend.forward_fp8(&inputs, &opts, &fp8, &none)?
+            }
+        };
+        unsafe {
+            o_out.write(&out.o.data, "o")?;
+            lse_out.write(&TensorData::F32(out.lse), "lse")?;
+        }
+        Ok(opened.backend.name())
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// The engine's deterministic backward: dq, dk, dv into the outputs;
+/// returns dsinks (with sinks).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    py: Python<'_>,
+    q: Raw,
+    k: Raw,
+    v: Raw,
+    o: Raw,
+    lse: Raw,
+    d_o: Raw,
+    dq_out: RawMut,
+    dk_out: RawMut,
+    dv_out: RawMut,
+    opts: Opts,
+    backend: &str,
+) -> PyResult<Option<Vec<f32>>> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<Option<Vec<f32>>> {
+        let opened = open(backend)?;
+        // SAFETY: as in `forward`.
+        let (q, k, v, o, d_o) =
+            unsafe { (q.view()?, k.view()?, v.view()?, o.view()?, d_o.view()?) };
+        let lse = unsafe { lse.f32s("lse")? };
+        let inputs = BackwardInputs {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+        };
+        let out = opened
+            .backend
+            .backward(&inputs, &opts, &PlanOverrides::default())?;
+        unsafe {
+            dq_out.write(&out.dq.data, "dq")?;
+            dk_out.write(&out.dk.data, "dk")?;
+            dv_out.write(&out.dv.data, "dv")?;
+        }
+        Ok(out.dsinks)
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// A decoding step on a KV cache (appending `k_new`/`v_new` in place
+/// first): o and lse into the outputs; returns the backend's name and the
+/// splits it ran with.
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits))]
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    py: Python<'_>,
+    q: Raw,
+    k_cache: RawMut,
+    v_cache: RawMut,
+    paged: bool,
+    new_kv: Option<(Raw, Raw)>,
+    cache_seqlens: Vec<i32>,
+    cache_batch_idx: Option<Vec<i32>>,
+    block_table: Option<(Vec<i32>, usize)>,
+    o_out: RawMut,
+    lse_out: RawMut,
+    opts: Opts,
+    backend: &str,
+    num_splits: usize,
+) -> PyResult<(String, usize)> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<(String, usize)> {
+        let opened = open(backend)?;
+        // SAFETY: as in `forward`; the caches are read here and written
+        // back only after the step succeeded.
+        let mut cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
+        let q = unsafe { q.view()? };
+        let mut step = flashattn::DecodeStep::new(q, &cache_seqlens);
+        if let Some((k_new, v_new)) = &new_kv {
+            step = unsafe { step.append(k_new.view()?, v_new.view()?) };
+        }
+        if let Some(idx) = &cache_batch_idx {
+            step = step.batch_idx(idx);
+        }
+        if let Some((pages, max_pages)) = &block_table {
+            step = step.block_table(pages, *max_pages);
+        }
+        let splits = (num_splits > 0).then_some(num_splits);
+        let out = opened.backend.decode(&mut cache, &step, &opts, splits)?;
+        unsafe {
+            o_out.write(&out.o.data, "o")?;
+            lse_out.write(&TensorData::F32(out.lse), "lse")?;
+            if new_kv.is_some() {
+                k_cache.write(&cache.k, "k_cache")?;
+                v_cache.write(&cache.v, "v_cache")?;
+            }
+        }
+        Ok((opened.backend.name(), out.num_splits))
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// A copy of the caller's cache tensors as the engine's host cache.
+///
+/// # Safety
+/// As [`Raw::view`].
+unsafe fn host_cache(k: &RawMut, v: &RawMut, paged: bool) -> flashattn::Result<HostKvCache> {
+    let dims = |r: &RawMut, name: &'static str| -> flashattn::Result<[usize; 4]> {
+        r.0.shape().try_into().map_err(|_| flashattn::Error::Rank {
+            tensor: name,
+            shape: r.0.shape().to_vec(),
+            rank: r.0.shape().len(),
+            expected: 4,
+        })
+    };
+    let shape = flashattn::CacheShape::from_dims(dims(k, "k_cache")?, paged)?;
+    dims(v, "v_cache")?;
+    let owned = |r: &RawMut| -> flashattn::Result<TensorData> {
+        let view = r.host()?;
+        Ok(TensorData::from_bytes(
+            view.as_bytes(),
+            view.precision(),
+            view.len(),
+        ))
+    };
+    HostKvCache::new(shape, owned(k)?, owned(v)?)
+}
+
+/// The accuracy rule (docs/semantics.md) on a forward's `o` and `lse`
+/// against the f64 reference: `[(name, max_error, bound, passed, line)]`.
+#[pyfunction]
+fn check_forward(
+    py: Python<'_>,
+    q: Raw,
+    k: Raw,
+    v: Raw,
+    o: Raw,
+    lse: Raw,
+    opts: Opts,
+) -> PyResult<Vec<CheckRow>> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<_> {
+        // SAFETY: as in `forward`.
+        let (q, k, v, o) = unsafe { (q.view()?, k.view()?, v.view()?, o.view()?) };
+        let lse = unsafe { lse.f32s("lse")? };
+        let reference = reference::forward(&q, &k, &v, &opts)?;
+        let baseline = reference::naive_baseline(&q, &k, &v, &opts)?;
+        let ratio = accuracy::forward_ratio(opts.softcap.is_some_and(|c| c > 0.0));
+        Ok(vec![
+            rule(
+                "o",
+                &o.data.to_f32(),
+                &reference.o,
+                &baseline.o,
+                o.precision(),
+                ratio,
+            ),
+            rule(
+                "lse",
+                lse,
+                &reference.lse,
+                &baseline.lse,
+                Precision::F32,
+                ratio,
+            ),
+        ])
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// The accuracy rule on gradients against the f64 reference.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn check_backward(
+    py: Python<'_>,
+    q: Raw,
+    k: Raw,
+    v: Raw,
+    d_o: Raw,
+    dq: Raw,
+    dk: Raw,
+    dv: Raw,
+    dsinks: Option<Vec<f32>>,
+    opts: Opts,
+) -> PyResult<Vec<CheckRow>> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<_> {
+        // SAFETY: as in `forward`.
+        let (q, k, v, d_o) = unsafe { (q.view()?, k.view()?, v.view()?, d_o.view()?) };
+        let (dq, dk, dv) = unsafe { (dq.view()?, dk.view()?, dv.view()?) };
+        let reference = reference::backward(&q, &k, &v, &d_o, &opts)?;
+        let baseline = reference::naive_backward_baseline(&q, &k, &v, &d_o, &opts)?;
+        let p = q.precision();
+        let ratio = accuracy::BACKWARD_RATIO;
+        let mut checks = vec![
+            rule(
+                "dq",
+                &dq.data.to_f32(),
+                &reference.dq,
+                &baseline.dq,
+                p,
+                ratio,
+            ),
+            rule(
+                "dk",
+                &dk.data.to_f32(),
+                &reference.dk,
+                &baseline.dk,
+                p,
+                ratio,
+            ),
+            rule(
+                "dv",
+                &dv.data.to_f32(),
+                &reference.dv,
+                &baseline.dv,
+                p,
+                ratio,
+            ),
+        ];
+        if let (Some(r), Some(b)) = (&reference.dsinks, &baseline.dsinks) {
+            let got = dsinks.unwrap_or_default();
+            checks.push(rule("dsinks", &got, r, b, Precision::F32, ratio));
+        }
+        Ok(checks)
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// The accuracy rule on a decoding step's `o` and `lse` against the f64
+/// reference, given the cache as it was before the step.
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts))]
+#[allow(clippy::too_many_arguments)]
+fn check_decode(
+    py: Python<'_>,
+    q: Raw,
+    k_cache: RawMut,
+    v_cache: RawMut,
+    paged: bool,
+    new_kv: Option<(Raw, Raw)>,
+    cache_seqlens: Vec<i32>,
+    cache_batch_idx: Option<Vec<i32>>,
+    block_table: Option<(Vec<i32>, usize)>,
+    o: Raw,
+    lse: Raw,
+    opts: Opts,
+) -> PyResult<Vec<CheckRow>> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<_> {
+        // SAFETY: as in `forward`; the caches are only read.
+        let cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
+        let q = unsafe { q.view()? };
+        let mut step = flashattn::DecodeStep::new(q, &cache_seqlens);
+        if let Some((k_new, v_new)) = &new_kv {
+            step = unsafe { step.append(k_new.view()?, v_new.view()?) };
+        }
+        if let Some(idx) = &cache_batch_idx {
+            step = step.batch_idx(idx);
+        }
+        if let Some((pages, max_pages)) = &block_table {
+            step = step.block_table(pages, *max_pages);
+        }
+        let [reference, baseline] = reference::decode(&cache, &step, &opts)?;
+        let (o, lse) = unsafe { (o.view()?, lse.f32s("lse")?) };
+        let ratio = accuracy::forward_ratio(opts.softcap.is_some_and(|c| c > 0.0));
+        Ok(vec![
+            rule(
+                "o",
+                &o.data.to_f32(),
+                &reference.o,
+                &baseline.o,
+                o.precision(),
+                ratio,
+            ),
+            rule(
+                "lse",
+                lse,
+                &reference.lse,
+                &baseline.lse,
+                Precision::F32,
+                ratio,
+            ),
+        ])
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// One verdict of the accuracy rule: `(name, max_error, bound, passed, line)`.
+type CheckRow = (String, f64, f64, bool, String);
+
+fn rule(
+    name: &str,
+    got: &[f32],
+    reference: &[f64],
+    baseline: &[f64],
+    dtype: Precision,
+    ratio: f64,
+) -> CheckRow {
+    let got: Vec<f64> = got.iter().map(|&x| f64::from(x)).collect();
+    let c = accuracy::check(name, &got, reference, baseline, dtype, ratio);
+    (
+        c.name.clone(),
+        c.max_error,
+        c.bound,
+        c.passed(),
+        c.to_string(),
+    )
+}
+
+/// Exact attention in f64 (the reference every test checks against), on
+/// the inputs as given: `(o, lse)` as flat lists in the standard layouts.
+#[pyfunction]
+fn reference_forward(
+    py: Python<'_>,
+    q: Raw,
+    k: Raw,
+    v: Raw,
+    opts: Opts,
+) -> PyResult<(Vec<f64>, Vec<f64>)> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<_> {
+        // SAFETY: as in `forward`.
+        let (q, k, v) = unsafe { (q.view()?, k.view()?, v.view()?) };
+        let out = reference::forward(&q, &k, &v, &opts)?;
+        Ok((out.o, out.lse))
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// An error's variant name and fields from its `Debug` text (what
+/// `flashattn.errors` builds exceptions from; exposed for its tests).
+#[pyfunction]
+fn _error_fields(py: Python<'_>, debug: &str) -> PyResult<(String, Py<PyDict>)> {
+    let (name, fields) = errors::parse_debug(debug);
+    let dict = PyDict::new(py);
+    for (k, v) in fields {
+        dict.set_item(k, errors::value_to_py(py, &v)?)?;
+    }
+    Ok((name, dict.unbind()))
+}
+
+/// The library's version.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// The largest head dim the engine takes.
+#[pyfunction]
+fn max_head_dim() -> usize {
+    flashattn::MAX_HEAD_DIM
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(backend_info, m)?)?;
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(check_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(check_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(check_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(reference_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(max_head_dim, m)?)?;
+    Ok(())
+}
