@@ -132,7 +132,8 @@ fn backend_info(py: Python<'_>, kind: &str) -> PyResult<(String, String, String)
 }
 
 /// The engine's forward: o and lse into `o_out` and `lse_out`; returns
-/// the name of the backend that ran.
+/// the name of the backend that ran and the seconds its call took (the
+/// Rust side alone, for measuring what crossing from Python costs).
 #[pyfunction]
 #[pyo3(signature = (q, k, v, o_out, lse_out, opts, backend, fp8=false, hadamard=None))]
 #[allow(clippy::too_many_arguments)]
@@ -147,10 +148,11 @@ fn forward(
     backend: &str,
     fp8: bool,
     hadamard: Option<u64>,
-) -> PyResult<String> {
+) -> PyResult<(String, f64)> {
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
-    let result = py.detach(|| -> flashattn::Result<String> {
+    let result = py.detach(|| -> flashattn::Result<(String, f64)> {
         let opened = open(backend)?;
+        let start = std::time::Instant::now();
         // SAFETY (all views and outputs below): the Python layer hands in
         // the addresses of live, contiguous tensors of these shapes and
         // dtypes, held for the call.
@@ -173,7 +175,7 @@ fn forward(
             o_out.write(&out.o.data, "o")?;
             lse_out.write(&TensorData::F32(out.lse), "lse")?;
         }
-        Ok(opened.backend.name())
+        Ok((opened.backend.name(), start.elapsed().as_secs_f64()))
     });
     result.map_err(|e| errors::to_py(py, e))
 }
