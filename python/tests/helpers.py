@@ -1,0 +1,72 @@
+"""Inputs and judgements shared by the test files."""
+
+from typing import Optional
+
+import torch
+
+from flashattn import testing
+from flashattn.functional import options
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def qkv(b, sq, sk, hq, hkv, d, dtype, dv=None, scale=1.0, grad=False):
+    q = (torch.randn(b, sq, hq, d) * scale).to(dtype)
+    k = (torch.randn(b, sk, hkv, d) * scale).to(dtype)
+    v = torch.randn(b, sk, hkv, dv or d).to(dtype)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+def assert_forward(q, k, v, o, lse, opts, what):
+    checks = testing.check_forward(q, k, v, o, lse, opts)
+    testing.assert_passed(checks, what)
+    return checks
+
+
+def band_mask(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Tensor:
+    """docs/semantics.md's band, bottom-right aligned: key j allowed for row i
+    iff i + off - left <= j <= i + off + right, off = sk - sq (-1: unbounded)."""
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    off = sk - sq
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    allowed = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        allowed &= j >= i + off - left
+    if right >= 0:
+        allowed &= j <= i + off + right
+    return allowed
+
+
+def sdpa(q, k, v, mask: Optional[torch.Tensor] = None, scale=None):
+    """torch SDPA in flash-attn's layout, GQA through enable_gqa."""
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    gqa = q.shape[2] != k.shape[2]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        t(q), t(k), t(v), attn_mask=mask, scale=scale, enable_gqa=gqa
+    )
+    return t(o)
+
+
+def reference_o(q, k, v, opts) -> torch.Tensor:
+    o, _ = testing.reference_forward(q, k, v, opts)
+    return torch.tensor(o, dtype=torch.float64).reshape(*q.shape[:-1], v.shape[-1])
+
+
+def assert_same_as_sdpa(o, o_sdpa, q, k, v, opts, checks):
+    """SDPA computes the same thing: its output passes the same rule against
+    the f64 reference, so the two differ by at most the sum of their errors."""
+    ref = reference_o(q, k, v, opts)
+    bound = next(c.bound for c in checks if c.name == "o")
+    sdpa_err = (o_sdpa.double() - ref).abs().max().item()
+    assert sdpa_err <= bound, f"SDPA itself is off the reference: {sdpa_err} > {bound}"
+    diff = (o.double() - o_sdpa.double()).abs().max().item()
+    own = next(c.max_error for c in checks if c.name == "o")
+    assert diff <= own + sdpa_err + 1e-12, f"flashattn vs SDPA {diff} > {own} + {sdpa_err}"
+
+
+__all__ = ["DTYPES", "qkv", "options", "assert_forward", "band_mask", "sdpa", "assert_same_as_sdpa"]

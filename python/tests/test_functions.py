@@ -1,0 +1,192 @@
+"""flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache
+against the f64 reference under docs/semantics.md's accuracy rule (and
+against torch SDPA where it computes the same thing), on every backend."""
+
+import numpy as np
+import pytest
+import torch
+
+import flashattn
+from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, testing
+from helpers import DTYPES, assert_forward, assert_same_as_sdpa, band_mask, options, qkv, sdpa
+
+# (name, kwargs of flash_attn_func): every mask and score variant the
+# kernels branch on; SDPA computes all but softcap.
+CASES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"window_size": (7, 3)},
+    "causal_window": {"causal": True, "window_size": (5, -1)},
+    "softcap": {"softcap": 5.0, "softmax_scale": 0.3},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_flash_attn_func(backend, dtype, case):
+    kw = CASES[case]
+    # seqlen_q != seqlen_k, odd sizes, GQA (4 query heads on 2 kv heads).
+    q, k, v = qkv(2, 37, 45, 4, 2, 32, DTYPES[dtype], scale=2.0)
+    o, lse, probs = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend, **kw)
+    assert probs is None
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == (2, 4, 37)
+    assert lse.dtype == torch.float32
+    opts = options(
+        causal=kw.get("causal", False),
+        window_size=kw.get("window_size", (-1, -1)),
+        softcap=kw.get("softcap", 0.0),
+        softmax_scale=kw.get("softmax_scale"),
+    )
+    checks = assert_forward(q, k, v, o, lse, opts, f"{case} {dtype} on {backend}")
+    if case != "softcap":
+        left, right = kw.get("window_size", (-1, -1))
+        mask = band_mask(37, 45, kw.get("causal", False), left, right)
+        o_sdpa = sdpa(q.float(), k.float(), v.float(), mask).to(q.dtype)
+        assert_same_as_sdpa(o, o_sdpa, q, k, v, opts, checks)
+
+
+def test_head_dims_and_sizes(backend):
+    # One query row, a head dim past 128 with v of its own head dim, and
+    # large-magnitude scores.
+    q, k, v = qkv(1, 1, 113, 2, 1, 160, torch.float32, dv=96, scale=8.0)
+    o, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend)
+    assert o.shape == (1, 1, 2, 96)
+    assert_forward(q, k, v, o, lse, options(), "d 160 / dv 96")
+
+
+def test_alibi_sinks_and_block_mask(backend):
+    q, k, v = qkv(2, 40, 40, 4, 4, 32, torch.float32)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    sinks = torch.tensor([0.0, 1.0, -1.0, 2.0])
+    mask = torch.rand(1, 4, 3, 3) > 0.3
+    kw = dict(alibi_slopes=slopes, causal=True)
+    o, lse, _ = flash_attn_func(
+        q, k, v, **kw, sinks=sinks, block_mask=mask, block_size=16, return_attn_probs=True,
+        backend=backend,
+    )  # fmt: skip
+    opts = options(
+        causal=True, alibi_slopes=slopes, sinks=sinks, block_mask=mask, block_size=16
+    )
+    assert_forward(q, k, v, o, lse, opts, "alibi + sinks + block mask")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_varlen_with_empty_sequences(backend, dtype):
+    # Empty sequences on either side; a query with no key has o = 0, lse = -inf.
+    lens_q, lens_k = [3, 0, 17, 2, 9], [5, 0, 20, 0, 9]
+    cu_q = torch.tensor(np.cumsum([0] + lens_q), dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum([0] + lens_k), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), 4, 32).to(DTYPES[dtype])
+    k = torch.randn(sum(lens_k), 2, 32).to(DTYPES[dtype])
+    v = torch.randn(sum(lens_k), 2, 32).to(DTYPES[dtype])
+    o, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, return_attn_probs=True,
+        backend=backend,
+    )  # fmt: skip
+    assert o.shape == q.shape and lse.shape == (4, sum(lens_q))
+    rows = slice(cu_q[3].item(), cu_q[4].item())  # the sequence with no keys
+    assert torch.all(o[rows] == 0) and torch.all(lse[:, rows] == float("-inf"))
+    opts = options(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert_forward(q, k, v, o, lse, opts, f"varlen {dtype}")
+
+
+def _cache_case(paged, dtype, with_idx=False):
+    b, hq, hkv, d, new = 3, 4, 2, 32, 3
+    seqlens = torch.tensor([10, 0, 25], dtype=torch.int32)
+    if paged:
+        page, max_pages = 16, 3
+        pages = torch.randperm(b * max_pages + 2)[: b * max_pages]
+        table = pages.reshape(b, max_pages).to(torch.int32)
+        shape = (b * max_pages + 2, page, hkv, d)
+    else:
+        table = None
+        shape = (b + 1, 40, hkv, d)  # one spare row for cache_batch_idx
+    k_cache = torch.randn(shape).to(dtype)
+    v_cache = torch.randn(shape).to(dtype)
+    q = torch.randn(b, new, hq, d).to(dtype)
+    k = torch.randn(b, new, hkv, d).to(dtype)
+    v = torch.randn(b, new, hkv, d).to(dtype)
+    idx = torch.tensor([3, 0, 1], dtype=torch.int32) if with_idx else None
+    return q, k_cache, v_cache, k, v, seqlens, idx, table
+
+
+def _expected_cache(cache, new, seqlens, idx, table):
+    """docs/semantics.md's append: token t of sequence b goes to page
+    table[b, t // page], slot t % page (dense: row idx[b], position t)."""
+    out = cache.clone()
+    for b in range(new.shape[0]):
+        for t in range(new.shape[1]):
+            pos = int(seqlens[b]) + t
+            if table is not None:
+                page = cache.shape[1]
+                out[int(table[b, pos // page]), pos % page] = new[b, t]
+            else:
+                row = int(idx[b]) if idx is not None else b
+                out[row, pos] = new[b, t]
+    return out
+
+
+@pytest.mark.parametrize("layout", ["dense", "dense_idx", "paged"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("num_splits", [0, 3])
+def test_kvcache_with_appends(backend, layout, dtype, num_splits):
+    q, k_cache, v_cache, k, v, seqlens, idx, table = _cache_case(
+        layout == "paged", DTYPES[dtype], with_idx=layout == "dense_idx"
+    )
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    o, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
+        block_table=table, causal=True, num_splits=num_splits, return_softmax_lse=True,
+        backend=backend,
+    )  # fmt: skip
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (3, 4, 3)
+    # Appended in place, exactly where the rule says, nothing else touched.
+    assert torch.equal(k_cache, _expected_cache(before_k, k, seqlens, idx, table))
+    assert torch.equal(v_cache, _expected_cache(before_v, v, seqlens, idx, table))
+    tab = None if table is None else (table.reshape(-1).tolist(), table.shape[1])
+    checks = testing.check_decode(
+        q, before_k, before_v, k, v, seqlens.tolist(),
+        None if idx is None else idx.tolist(), tab, o, lse, options(causal=True),
+    )  # fmt: skip
+    testing.assert_passed(checks, f"kvcache {layout} {dtype}")
+
+
+def test_kvcache_without_append_reads_the_cache(backend):
+    q, k_cache, v_cache, _, _, seqlens, _, _ = _cache_case(False, torch.float32)
+    before = k_cache.clone()
+    o = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, backend=backend)
+    assert torch.equal(k_cache, before)
+    # Sequence 1 holds no keys: its rows are zeros.
+    assert torch.all(o[1] == 0)
+
+
+def test_numpy_in_numpy_out(backend):
+    q, k, v = (x.numpy() for x in qkv(1, 19, 23, 2, 2, 16, torch.float32))
+    o = flash_attn_func(q, k, v, causal=True, backend=backend)
+    assert isinstance(o, np.ndarray) and o.dtype == np.float32 and o.shape == q.shape
+    o2, lse, _ = flash_attn_func(q, k, v, causal=True, backend=backend, return_attn_probs=True)
+    assert_forward(q, k, v, o2, lse, options(causal=True), "numpy")
+    assert np.array_equal(o, o2)
+
+
+def test_non_contiguous_inputs_are_copied(backend):
+    # (b, h, s, d) tensors transposed to (b, s, h, d): strided views.
+    q, k, v = (torch.randn(1, 2, 21, 16).transpose(1, 2) for _ in range(3))
+    assert not q.is_contiguous()
+    o = flash_attn_func(q, k, v, backend=backend)
+    o_contig = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), backend=backend)
+    assert torch.equal(o, o_contig)
+
+
+def test_fp8_forward(backend):
+    if backend == "wgpu":
+        info = flashattn.backend_info("wgpu")["name"]
+        assert info  # the FP8 forward runs on every wgpu adapter (emulated where needed)
+    q, k, v = qkv(1, 64, 64, 2, 2, 64, torch.float16)
+    o = flash_attn_func(q, k, v, precision="fp8", hadamard=True, backend=backend)
+    assert o.dtype == torch.float16 and o.shape == q.shape
+    ref = sdpa(q.double(), k.double(), v.double())
+    # e4m3 keeps 3 mantissa bits (unit roundoff 2^-4) on q, k, v and P: the
+    # relative RMSE of o stays within a few units of it.
+    rel = ((o.double() - ref).norm() / ref.norm()).item()
+    assert rel < 4 * 2**-4, rel
