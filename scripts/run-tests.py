@@ -31,6 +31,7 @@ LONGEST_FIRST = [
     "gpu_backward",
     "gpu_layouts",
     "gpu_forward",
+    "python tests",
     "shaders",
     "cli",
     "io_accounting",

@@ -4,7 +4,8 @@
 # cooperative matrices (scripts/spirv-val.sh), then runs every test of the
 # workspace (library, command line, harness, examples) with GPU tests and
 # SPIR-V validation required: a missing adapter or tool fails the run
-# instead of skipping; beside them the doc tests and the browser test
+# instead of skipping; beside them the doc tests, the Python package's
+# pytest suite (scripts/test-python.sh) and the browser test
 # (scripts/test-web.sh: the library compiled to wasm32 and checked on
 # headless Chromium's WebGPU adapter). Prints each step's time, and lists what the run checked another
 # way on this machine (FLASHATTN_WAIVERS, see docs/testing.md).
@@ -87,12 +88,18 @@ if [ ${#cargo_args[@]} -eq 0 ]; then
   build_cli() { cargo build --release -p flashattn-cli --bin flashattn; }
   step "build the command line alone (cargo build --release -p flashattn-cli)" build_cli
 fi
+# The Python package (pip install ./python into the reused virtual
+# environment, torch and transformers from PyPI the first time).
+if [ ${#cargo_args[@]} -eq 0 ]; then
+  step "the Python package (scripts/test-python.sh setup)" scripts/test-python.sh setup
+fi
 # The test binaries a few at a time (scripts/run-tests.py: cargo runs them
 # one by one, leaving a core idle), beside them the browser test and, for a
 # whole run, the doc tests.
 extras=(--extra "browser test=scripts/test-web.sh")
 if [ ${#cargo_args[@]} -eq 0 ]; then
   extras+=(--extra "doc tests=cargo test --release --workspace --doc")
+  extras+=(--extra "python tests=scripts/test-python.sh run")
 fi
 step "run the tests, the doc tests and the browser test (scripts/run-tests.py)" \
   python3 scripts/run-tests.py "$messages" --logs "$target_dir/test-logs" "${extras[@]}" -- "${test_args[@]}"

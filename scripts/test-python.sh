@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The Python package's suite (python/tests) in one virtual environment,
+# created once and reused: $FLASHATTN_VENV, or .venv at the repository's
+# root. `setup` installs torch, transformers, numpy, pytest and maturin
+# from PyPI when the environment lacks them (torch pulls its CUDA wheels,
+# several GB, once) and the package itself with `pip install ./python`;
+# `run` runs pytest on the CPU backend and wgpu (required: a missing
+# adapter fails the run). Without an argument, both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${FLASHATTN_VENV:-$PWD/.venv}
+py=$venv/bin/python
+
+setup() {
+  if [ ! -x "$py" ]; then
+    python3 -m venv "$venv"
+  fi
+  if ! "$py" -c "import torch, transformers, numpy, pytest, maturin" 2>/dev/null; then
+    echo "scripts/test-python.sh: installing torch, transformers, numpy, pytest, maturin into $venv"
+    "$py" -m pip install -q --upgrade pip
+    "$py" -m pip install -q torch transformers numpy pytest maturin
+  fi
+  # The user's command; it builds the extension in release (maturin).
+  "$py" -m pip install -q ./python
+}
+
+run() {
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" GALLIVM_PERF="${GALLIVM_PERF-nopt}"
+  # From outside the repository: the installed package, not python/flashattn.
+  cd python/tests
+  "$py" -m pytest -q -p no:cacheprovider "$@"
+}
+
+case "${1:-all}" in
+  setup) setup ;;
+  run) shift; run "$@" ;;
+  all) setup; run ;;
+  *) echo "usage: scripts/test-python.sh [setup|run [pytest args]|all]" >&2; exit 2 ;;
+esac
