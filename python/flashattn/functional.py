@@ -569,3 +569,37 @@ def _same_memory(a: Any, b: Any) -> bool:
     if is_torch(a):
         return a.device.type == "cpu" and a.is_contiguous() and a.data_ptr() == b.data_ptr()
     return a.flags.c_contiguous and a.ctypes.data == b.ctypes.data
+
+
+def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
+    """``flash_attn_func`` on ``qkv`` of ``(batch, seqlen, 3, heads, head_dim)``
+    (as ``flash_attn.flash_attn_qkvpacked_func``; gradients flow into ``qkv``)."""
+    check_rank(qkv, "qkv", (5,))
+    q, k, v = (qkv[:, :, i] for i in range(3))
+    return flash_attn_func(q, k, v, *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, *args, **kwargs):
+    """``flash_attn_func`` with ``kv`` of ``(batch, seqlen_k, 2, heads_kv, head_dim)``."""
+    check_rank(kv, "kv", (5,))
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], *args, **kwargs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, *args, **kwargs):
+    """``flash_attn_varlen_func`` on ``qkv`` of ``(total, 3, heads, head_dim)``."""
+    check_rank(qkv, "qkv", (4,))
+    q, k, v = (qkv[:, i] for i in range(3))
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, *args, **kwargs
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs
+):
+    """``flash_attn_varlen_func`` with ``kv`` of ``(total_k, 2, heads_kv, head_dim)``."""
+    check_rank(kv, "kv", (4,))
+    return flash_attn_varlen_func(
+        q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        *args, **kwargs,
+    )  # fmt: skip

@@ -70,7 +70,7 @@ def test_alibi_sinks_and_block_mask(backend):
     assert_forward(q, k, v, o, lse, opts, "alibi + sinks + block mask")
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_varlen_with_empty_sequences(backend, dtype):
     # Empty sequences on either side; a query with no key has o = 0, lse = -inf.
     lens_q, lens_k = [3, 0, 17, 2, 9], [5, 0, 20, 0, 9]
@@ -126,18 +126,26 @@ def _expected_cache(cache, new, seqlens, idx, table):
     return out
 
 
+# Masks of a decoding step: causal, and a causal window with softcap.
+MASKS = {
+    "causal": {"causal": True},
+    "window_softcap": {"causal": True, "window_size": (6, -1), "softcap": 4.0},
+}
+
+
 @pytest.mark.parametrize("layout", ["dense", "dense_idx", "paged"])
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [0, 3])
-def test_kvcache_with_appends(backend, layout, dtype, num_splits):
+@pytest.mark.parametrize("mask", MASKS)
+def test_kvcache_with_appends(backend, layout, dtype, num_splits, mask):
     q, k_cache, v_cache, k, v, seqlens, idx, table = _cache_case(
         layout == "paged", DTYPES[dtype], with_idx=layout == "dense_idx"
     )
     before_k, before_v = k_cache.clone(), v_cache.clone()
     o, lse = flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
-        block_table=table, causal=True, num_splits=num_splits, return_softmax_lse=True,
-        backend=backend,
+        block_table=table, num_splits=num_splits, return_softmax_lse=True, backend=backend,
+        **MASKS[mask],
     )  # fmt: skip
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (3, 4, 3)
     # Appended in place, exactly where the rule says, nothing else touched.
@@ -146,9 +154,9 @@ def test_kvcache_with_appends(backend, layout, dtype, num_splits):
     tab = None if table is None else (table.reshape(-1).tolist(), table.shape[1])
     checks = testing.check_decode(
         q, before_k, before_v, k, v, seqlens.tolist(),
-        None if idx is None else idx.tolist(), tab, o, lse, options(causal=True),
+        None if idx is None else idx.tolist(), tab, o, lse, options(**MASKS[mask]),
     )  # fmt: skip
-    testing.assert_passed(checks, f"kvcache {layout} {dtype}")
+    testing.assert_passed(checks, f"kvcache {layout} {dtype} {mask}")
 
 
 def test_kvcache_without_append_reads_the_cache(backend):
@@ -190,3 +198,23 @@ def test_fp8_forward(backend):
     # relative RMSE of o stays within a few units of it.
     rel = ((o.double() - ref).norm() / ref.norm()).item()
     assert rel < 4 * 2**-4, rel
+
+
+def test_packed_forms_are_the_unpacked_calls(backend):
+    qkv = torch.randn(2, 19, 3, 2, 16, requires_grad=True)
+    o = flashattn.flash_attn_qkvpacked_func(qkv, causal=True, backend=backend)
+    q, k, v = qkv.unbind(2)
+    assert torch.equal(o, flash_attn_func(q, k, v, causal=True, backend=backend))
+    o.sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
+    kv = torch.stack([k, v], dim=2)
+    assert torch.equal(o, flashattn.flash_attn_kvpacked_func(q, kv, causal=True, backend=backend))
+    cu = torch.tensor([0, 7, 19], dtype=torch.int32)
+    packed = qkv.detach()[0]
+    o_var = flashattn.flash_attn_varlen_qkvpacked_func(packed, cu, 12, backend=backend)
+    o_ref = flash_attn_varlen_func(*packed.unbind(1), cu, cu, 12, 12, backend=backend)
+    assert torch.equal(o_var, o_ref)
+    o_kv = flashattn.flash_attn_varlen_kvpacked_func(
+        packed[:, 0], packed[:, 1:], cu, cu, 12, 12, backend=backend
+    )
+    assert torch.equal(o_kv, o_ref)
