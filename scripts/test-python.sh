@@ -11,9 +11,23 @@ cd "$(dirname "$0")/.."
 venv=${FLASHATTN_VENV:-$PWD/.venv}
 py=$venv/bin/python
 
+# Debian's python3 makes virtual environments only with python3-venv.
+make_venv() {
+  if python3 -m venv "$venv" 2>/dev/null; then return 0; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test-python.sh: cannot create $venv; install python3-venv (as root: apt-get install python3-venv)" >&2
+    exit 1
+  fi
+  rm -rf "$venv"
+  echo "scripts/test-python.sh: installing python3-venv"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+  python3 -m venv "$venv"
+}
+
 setup() {
   if [ ! -x "$py" ]; then
-    python3 -m venv "$venv"
+    make_venv
   fi
   if ! "$py" -c "import torch, transformers, numpy, pytest, maturin" 2>/dev/null; then
     echo "scripts/test-python.sh: installing torch, transformers, numpy, pytest, maturin into $venv"
