@@ -9,9 +9,15 @@ the attention Transformers itself uses for it (sdpa, or eager where the model
 has no sdpa: Gemma 2's softcap, gpt-oss's sinks). Everything but attention
 is the same float32 code in both runs, so the rule carries over::
 
-    max|x − ref| ≤ R · max|baseline − ref| + 2·ulp(max|ref|) + 1e-5 · max(1, max|ref|)
+    max|x − ref| ≤ R · max|baseline − ref| + 2·ulp(max|ref|)
 
-with R = 3, the rule's largest (forward with a softcap, and gradients).
+with R = 3, the rule's largest (forward with a softcap, and gradients). The
+rule's third term, 1e-5 · max(1, max|ref|), is left out: it is a floor for
+O(1) attention outputs, and next to gradients of ~1e-3 it would dwarf every
+error these runs make (~1e-8), so the bound would no longer tell anything.
+The reference keeps the float32 casts Transformers' code makes inside a
+float64 model (RMSNorm, RoPE, eager softmax); both runs under test are
+measured against the same reference, so those casts weigh on both alike.
 Logits are checked on every (valid) position, gradients per parameter.
 Every test also asserts that the flashattn function actually ran.
 """
@@ -139,8 +145,7 @@ class Trio:
 
 def _bound(base_err: float, ref: torch.Tensor) -> float:
     top = float(ref.abs().max()) if ref.numel() else 0.0
-    ulp = float(np.spacing(np.float32(top)))
-    return R * base_err + 2 * ulp + 1e-5 * max(1.0, top)
+    return R * base_err + 2 * float(np.spacing(np.float32(top)))
 
 
 def _check(what: str, ours: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
@@ -234,13 +239,19 @@ def test_generate_gives_the_same_tokens(model, name):
     assert torch.equal(out[0], out[1])
 
 
-def test_generate_with_a_static_cache(name):
+@pytest.mark.parametrize("padded", [False, True])
+def test_generate_with_a_static_cache(name, padded):
+    """A static cache hands over keys past the tokens: without padding the
+    prefill gets no mask (sdpa's top-left causal rule), with it a mask."""
     trio = Trio("llama", name)
     ids = _ids(2, 5, seed=4)
     mask = torch.ones_like(ids)
-    ids[0, :1], mask[0, :1] = 0, 0
+    if padded:
+        ids[0, :1], mask[0, :1] = 0, 0
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="static")
+    before = len(_calls(name))
     assert torch.equal(trio.ours.generate(ids, **kw), trio.base.generate(ids, **kw))
+    assert _calls(name)[before] is not padded  # the prefill's mask: None without padding
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
