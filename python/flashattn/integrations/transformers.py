@@ -108,9 +108,7 @@ def _allowed(mask: torch.Tensor, batch: int, lq: int, lk: int) -> torch.Tensor:
     return mask[:, 0].expand(batch, lq, lk)
 
 
-def _ranges(
-    mask: torch.Tensor, causal: bool, window: Tuple[int, int]
-) -> _Ranges:
+def _ranges(mask: torch.Tensor, causal: bool, window: Tuple[int, int]) -> _Ranges:
     """Read ``mask`` (``(batch, lq, lk)`` bool) as the causal/window flags AND one
     contiguous range of valid keys per sequence; raise if it is anything else.
 
@@ -204,25 +202,20 @@ def attention_forward(
         sinks=s_aux,
         backend=flashattn_backend,
     )
+    def dense(keys: int) -> Tuple[torch.Tensor, None]:
+        kk, vv = k[:, :keys].contiguous(), v[:, :keys].contiguous()
+        return flash_attn_func(q.contiguous(), kk, vv, **common), None
+
     if attention_mask is None:
-        keys = lk
-        if causal and 1 < lq < lk:
-            # sdpa's rule: a causal call without a mask is top-left aligned (a static
-            # cache's prefill), so the keys past the queries are unused slots.
-            keys = lq
-        o = flash_attn_func(q.contiguous(), k[:, :keys].contiguous(), v[:, :keys].contiguous(), **common)
-        return o, None
+        # sdpa's rule: a causal call without a mask and with more keys than queries
+        # is top-left aligned (a static cache's prefill): the keys past the queries
+        # are unused slots.
+        return dense(lq if causal and 1 < lq < lk else lk)
 
     r = _ranges(_allowed(attention_mask, batch, lq, lk), causal, window)
-    if bool((r.qlo == 0).all() and (r.qhi == lq).all() and (r.klo == 0).all()) and bool(
-        (r.khi == r.khi[0]).all()
-    ):
-        keys = int(r.khi[0])
-        if keys > 0:
-            o = flash_attn_func(
-                q.contiguous(), k[:, :keys].contiguous(), v[:, :keys].contiguous(), **common
-            )
-            return o, None
+    no_padding = (r.qlo == 0).all() & (r.qhi == lq).all() & (r.klo == 0).all()
+    if bool(no_padding & (r.khi == r.khi[0]).all()) and int(r.khi[0]) > 0:
+        return dense(int(r.khi[0]))
 
     dev = query.device
     rows = torch.arange(lq, device=dev)[None, :]
