@@ -143,16 +143,17 @@ class Trio:
             m.eval()
 
 
-def _bound(base_err: float, ref: torch.Tensor) -> float:
+def _bound(base_err: float, ref: torch.Tensor, r: float = R, floor: bool = False) -> float:
     top = float(ref.abs().max()) if ref.numel() else 0.0
-    return R * base_err + 2 * float(np.spacing(np.float32(top)))
+    bound = r * base_err + 2 * float(np.spacing(np.float32(top)))
+    return bound + (1e-5 * max(1.0, top) if floor else 0.0)
 
 
-def _check(what: str, ours: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
+def _check(what: str, ours, base, ref, r: float = R, floor: bool = False) -> None:
     ref = ref.double()
     err = float((ours.double() - ref).abs().max())
     base_err = float((base.double() - ref).abs().max())
-    bound = _bound(base_err, ref)
+    bound = _bound(base_err, ref, r, floor)
     assert np.isfinite(err) and err <= bound, (
         f"{what}: max|ours - f64| = {err:.3e} > bound {bound:.3e} (baseline error {base_err:.3e})"
     )
@@ -304,3 +305,74 @@ def test_register_refuses_names_transformers_routes_to_flash_attn():
         fa_tf.register("flashattn")
     assert fa_tf.register("portable_attention_check") == "portable_attention_check"
     assert "portable_attention_check" in AttentionInterface._global_mapping
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.is_causal = causal
+        self.num_key_value_groups = 2
+
+
+def _direct(causal, lq, lk, padding, q_offset=0, window=None, seed=7):
+    """attention_forward on random q, k, v (GQA 4:2) with the mask Transformers'
+    sdpa_mask builds, next to naive float32 and float64 attention on that mask."""
+    from transformers import masking_utils as mu
+
+    if causal:
+        fn = mu.causal_mask_function
+        if window is not None:
+            fn = mu.sliding_window_causal_mask_function(window)
+    else:
+        fn = mu.bidirectional_mask_function
+        if window is not None:
+            fn = mu.sliding_window_bidirectional_mask_function(window)
+    mask = mu.sdpa_mask(
+        batch_size=2, q_length=lq, kv_length=lk, q_offset=q_offset, mask_function=fn,
+        attention_mask=padding.bool(), allow_is_causal_skip=False,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, lq, 16, generator=g)
+    k, v = (torch.randn(2, 2, lk, 16, generator=g) for _ in range(2))
+    out, _ = fa_tf.attention_forward(
+        _Attention(causal), q, k, v, mask, scaling=0.3, sliding_window=window,
+        flashattn_backend=BACKEND,
+    )  # fmt: skip
+
+    def naive(dtype):
+        kk, vv = (t.repeat_interleave(2, 1).to(dtype) for t in (k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.to(dtype), kk, vv, attn_mask=mask, scale=0.3
+        )
+        return o.transpose(1, 2)
+
+    return out, naive(torch.float32), naive(torch.float64)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_direct_chunked_prefill_over_a_padded_cache(window):
+    """Three new rows over ten cached keys (q_offset 7), one sequence left-padded:
+    the row offset is read from the mask. The library's rule for o: R = 2, floor kept."""
+    padding = torch.ones(2, 10, dtype=torch.long)
+    padding[1, :4] = 0
+    ours, base, ref = _direct(True, 3, 10, padding, q_offset=7, window=window)
+    _check("chunked prefill o", ours, base, ref, r=2.0, floor=True)
+
+
+@pytest.mark.parametrize("side, window", [("left", None), ("right", None), ("left", 2)])
+def test_direct_bidirectional_with_padded_keys(side, window):
+    """Non-causal (an encoder): every query row is computed over its valid keys."""
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, :3] = 0 if side == "left" else 1
+    padding[1, 6:] = 0 if side == "right" else 1
+    ours, base, ref = _direct(False, 9, 9, padding, window=window)
+    _check(f"bidirectional {side}-padded o", ours, base, ref, r=2.0, floor=True)
+
+
+def test_direct_bidirectional_window_with_right_padding_raises():
+    """The engine aligns windows bottom-right within a sequence's keys; a
+    bidirectional window over right-padded keys is aligned top-left: refused."""
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, 6:] = 0
+    with pytest.raises(flashattn.Unsupported, match="window"):
+        _direct(False, 9, 9, padding, window=2)

@@ -135,7 +135,7 @@ def _ranges(mask: torch.Tensor, causal: bool, window: Tuple[int, int]) -> _Range
         dd = d[:, None, None]
         expected = (j >= lo) & (j < hi) & (j <= i + dd)
         if left >= 0:
-            expected &= j >= i + dd - left
+            expected = expected & (j >= i + dd - left)
         qlo = (klo - d).clamp(0, lq)
         qhi = torch.maximum((khi - d).clamp(0, lq), qlo)
         # Keys past the last computed row's position are causally out of reach.
@@ -145,9 +145,9 @@ def _ranges(mask: torch.Tensor, causal: bool, window: Tuple[int, int]) -> _Range
         off = (hi - lo) - lq
         expected = (j >= lo) & (j < hi)
         if right >= 0:
-            expected &= j - lo <= i + off + right
+            expected = expected & (j - lo <= i + off + right)
         if left >= 0:
-            expected &= j - lo >= i + off - left
+            expected = expected & (j - lo >= i + off - left)
         qlo = torch.zeros_like(klo)
         qhi = torch.where(has, lq, 0)
         khi_used = khi
