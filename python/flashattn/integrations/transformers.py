@@ -25,8 +25,16 @@ over the valid rows; anything else (packed sequences, block-diagonal or custom
 masks, additive biases) raises :class:`flashattn.errors.Unsupported` rather than
 computing something else.
 
-Query rows of padding tokens (rows whose own key is padding) are not computed:
-they get zeros, as in Transformers' own flash-attn path. Sinks (gpt-oss's
+With a KV cache the queries are the last rows of a longer key range; the
+offset between a query row and its own key is read from the mask (``kv - q``
+with a dynamic cache, the past length with a static one, whose unused slots are
+cut off), so the engine's bottom-right alignment matches the model's mask. Causal
+query rows of padding tokens (rows whose own key is padding) are not computed:
+they get zeros, as in Transformers' own flash-attn path. Non-causal rows are all
+computed; a non-causal window is aligned bottom-right within each sequence's
+valid keys, so one over right-padded keys does not match and raises. The mask is
+read on the host at every call (its values decide the layout), so this function
+is not for ``torch.compile`` graphs. Sinks (gpt-oss's
 ``s_aux``), the softcap (Gemma 2), the scale and GQA go to the engine as they
 are: k and v keep their fewer heads. ``dropout > 0`` raises (the engine has no
 dropout): set ``attention_dropout=0`` to train.
