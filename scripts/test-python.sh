@@ -5,7 +5,7 @@
 # from PyPI when the environment lacks them (torch pulls its CUDA wheels,
 # several GB, once) and the package itself with `pip install ./python`;
 # `run` runs pytest on the CPU backend and wgpu (required: a missing
-# adapter fails the run). Without an argument, both.
+# adapter fails the run); `run ARGS` runs pytest with ARGS only. Without an argument, both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${FLASHATTN_VENV:-$PWD/.venv}
@@ -42,7 +42,14 @@ run() {
   export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" GALLIVM_PERF="${GALLIVM_PERF-nopt}"
   # From outside the repository: the installed package, not python/flashattn.
   cd python/tests
-  "$py" -m pytest -q -p no:cacheprovider "$@"
+  if [ $# -gt 0 ]; then
+    "$py" -m pytest -q -p no:cacheprovider "$@"
+    return
+  fi
+  # Every file on both backends: the functions' tests take both from their
+  # fixture, the Transformers models one backend a run.
+  "$py" -m pytest -q -p no:cacheprovider
+  FLASHATTN_BACKEND=wgpu "$py" -m pytest -q -p no:cacheprovider test_transformers.py
 }
 
 case "${1:-all}" in
