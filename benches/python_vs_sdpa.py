@@ -51,6 +51,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_features() -> str:
+    """The vector extensions both libraries pick kernels by (Linux only)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return ""
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+    return " ".join(x for x in wanted if x in flags)
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -155,18 +166,26 @@ def main() -> None:
     info = flashattn.backend_info("cpu")
     machine = {
         "cpu": cpu_model(),
+        "cpu_features": cpu_features(),
         "logical_cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "flashattn": flashattn.__version__,
         "flashattn_backend": info["name"],
         "python": platform.python_version(),
+        # Other work on the machine moves the times: the 1-minute load before the run.
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
-    print(f"CPU: {machine['cpu']} ({machine['logical_cpus']} logical CPUs)")
+    print(
+        f"CPU: {machine['cpu']} ({machine['logical_cpus']} logical CPUs; "
+        f"{machine['cpu_features'] or 'flags unknown'})"
+    )
     print(
         f"torch {machine['torch']}, {machine['torch_threads']} threads; flashattn "
         f"{machine['flashattn']} on {machine['flashattn_backend']}; Python {machine['python']}"
     )
+    if machine["load_average"] is not None:
+        print(f"load average (1 min) before the run: {machine['load_average']:.2f}")
     print(
         f"batch 1, 8 heads, float32, causal={args.causal}; median of {args.repeats} "
         f"after {args.warmup} warm-up; ratio = sdpa / flashattn"
