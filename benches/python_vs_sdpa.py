@@ -13,7 +13,10 @@ call each per repeat, so a machine that slows down mid-run slows both.
 The second table is the crossing: at N 128 the Python call
 ``flash_attn_func`` (no grad) against the seconds the engine's forward
 takes inside Rust (reported by ``flashattn._native.forward``); the difference
-is what the Python layer, the torch custom op and PyO3 cost per call.
+is what the Python layer, the torch custom op and PyO3 cost per call. The
+layers in between (the custom op, the host copy-and-allocate step, the bare
+native call) are timed too, each on its own, so the differences between
+consecutive lines say where that cost goes.
 
 Run from the repository root with the built package on the path::
 
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 
 import flashattn
 from flashattn import _native
-from flashattn.functional import options
+from flashattn.functional import forward_host, options
 
 
 def cpu_model() -> str:
@@ -131,12 +134,21 @@ def crossing(n: int, warmup: int, repeats: int) -> dict:
     def python_call():
         return flashattn.flash_attn_func(q, k, v, backend="cpu")
 
+    def custom_op():
+        args = (None, None, False, -1, -1, 0.0, None, None, None, None, 0, 0, "cpu")
+        return torch.ops.flashattn.fwd(q, k, v, *args)
+
+    def host_call():
+        return forward_host(q, k, v, options(), "cpu")
+
     def native_call():
         _, seconds = _native.forward(*raw, opts, "cpu", False, None)
         inside.append(seconds)
 
+    # Each layer of the call, outermost first, to say where the overhead goes.
+    layers = {"python": python_call, "op": custom_op, "host": host_call, "native": native_call}
     with torch.no_grad():
-        times = alternate({"python": python_call, "native": native_call}, warmup, repeats)
+        times = alternate(layers, warmup, repeats)
         torch.testing.assert_close(o, python_call(), rtol=0, atol=0)  # the same computation
     rust = statistics.median(inside[warmup:])
     return {
@@ -145,6 +157,8 @@ def crossing(n: int, warmup: int, repeats: int) -> dict:
         "heads": 8,
         "head_dim": 64,
         "python_call_us": times["python"] * 1e6,
+        "custom_op_us": times["op"] * 1e6,
+        "forward_host_us": times["host"] * 1e6,
         "native_call_us": times["native"] * 1e6,
         "rust_us": rust * 1e6,
         "overhead_us": (times["python"] - rust) * 1e6,
@@ -211,12 +225,18 @@ def main() -> None:
     print()
     c = crossing(128, warmup=50, repeats=args.crossing_repeats)
     print(
-        f"Crossing into Rust at N {c['n']} (b 1, h 8, d 64), no grad, median of {c['repeats']}:"
+        f"Crossing into Rust at N {c['n']} (b 1, h 8, d 64), no grad, median of {c['repeats']}; "
+        "each inner layer called on its own:"
     )
-    print(f"  flash_attn_func (Python call)     {c['python_call_us']:>9.1f} us")
-    print(f"  _native.forward (called directly) {c['native_call_us']:>9.1f} us")
-    print(f"  inside Rust                       {c['rust_us']:>9.1f} us")
-    print(f"  overhead (Python call - Rust)     {c['overhead_us']:>9.1f} us")
+    for label, key in (
+        ("flash_attn_func (Python call)", "python_call_us"),
+        ("  the custom op flashattn::fwd alone", "custom_op_us"),
+        ("  functional.forward_host alone", "forward_host_us"),
+        ("  _native.forward alone", "native_call_us"),
+        ("inside Rust", "rust_us"),
+        ("overhead (Python call - Rust)", "overhead_us"),
+    ):
+        print(f"  {label:<36} {c[key]:>9.1f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "causal": args.causal, "rows": rows, "crossing": c},
