@@ -295,8 +295,17 @@ def _attention(
             name=str(precision),
             expected="None or 'fp8'",
         )
-    if precision == "fp8" or not is_torch(q):
-        # Forward only: FP8 has no backward, numpy no autograd.
+    tracked = is_torch(q) and (
+        torch.compiler.is_compiling()
+        or (
+            torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+        )
+    )
+    if precision == "fp8" or not tracked:
+        # No autograd to record (FP8 has no backward, numpy no autograd, or
+        # nothing needs a gradient): the engine directly, without the
+        # custom op's dispatch.
         opts = options(
             causal, window_size, softcap, softmax_scale, alibi_slopes, sinks,
             block_mask, block_size, cu_seqlens_q, cu_seqlens_k,
