@@ -13,6 +13,16 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum Error {
     // ---- bad input ----
+    /// A shard's global position (`which`: q_offset or k_offset) is past `max`.
+    #[error("{which} ({position}) is past the largest shard position {max}")]
+    PositionTooLarge {
+        /// q_offset or k_offset.
+        which: &'static str,
+        /// The position given.
+        position: usize,
+        /// The largest value allowed.
+        max: usize,
+    },
     /// A size that must be at least 1 is 0.
     #[error("{dim} must be at least 1, got 0")]
     EmptyDim {

@@ -121,7 +121,8 @@ pub use api::decode::{
     HostKvCache, PageTable,
 };
 pub use api::inputs::{BackwardInputs, ForwardInputs};
-pub use api::options::{AttentionOptions, Fp8Options, Mask, Window};
+pub use api::merge::merge_partials;
+pub use api::options::{AttentionOptions, Fp8Options, Mask, Positions, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
 pub use api::problem::Problem;
 pub use api::scores::{Alibi, Sinks};

@@ -54,7 +54,7 @@ class ExecutionError(FlashAttnError, RuntimeError):
 
 # Variant names of flashattn::Error, by who has to act (src/error.rs).
 # tests/test_errors.py checks this table against src/error.rs.
-_INPUT = """EmptyDim HeadDimTooLarge HeadsNotDivisible SizeOverflow DataLength Rank
+_INPUT = """PositionTooLarge EmptyDim HeadDimTooLarge HeadsNotDivisible SizeOverflow DataLength Rank
 DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSoftcap
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
 CacheIndex CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes

@@ -56,8 +56,10 @@ def options(
     block_size: Union[int, Tuple[int, int], None] = None,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    positions: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, Any]:
-    """The engine's options from flash-attn's arguments (and the extras)."""
+    """The engine's options from flash-attn's arguments (and the extras;
+    ``positions``: a shard's global ``(q_offset, k_offset)``)."""
     left, right = window_size
     mask = None
     if block_mask is not None:
@@ -86,6 +88,7 @@ def options(
         "sinks": float_list(sinks),
         "block_mask": mask,
         "cu_seqlens": cu,
+        "positions": None if positions is None else (int(positions[0]), int(positions[1])),
     }
 
 

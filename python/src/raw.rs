@@ -177,6 +177,8 @@ pub struct Opts {
     /// `(bytes, (mb, mh, rows, cols), bm, bn)`.
     block_mask: Option<(Vec<u8>, [usize; 4], usize, usize)>,
     cu_seqlens: Option<(Vec<i32>, Vec<i32>)>,
+    /// A shard's global `(q_offset, k_offset)`.
+    positions: Option<(usize, usize)>,
 }
 
 impl Opts {
@@ -202,6 +204,9 @@ impl Opts {
         }
         if let Some((q, k)) = &self.cu_seqlens {
             opts.varlen = Some(Varlen::new(q, k)?);
+        }
+        if let Some((q_offset, k_offset)) = self.positions {
+            opts = opts.positions(q_offset, k_offset);
         }
         Ok(opts)
     }

@@ -33,11 +33,31 @@ impl Mask {
         left: Option<usize>,
         right: Option<usize>,
     ) -> Self {
+        Self::at(seqlen_q, seqlen_k, seqlen_k as i64 - seqlen_q as i64, left, right)
+    }
+
+    /// The band with its diagonal at `offset` (row `i`'s diagonal key is
+    /// `i + offset`): a shard of a longer sequence, where `offset` is
+    /// `q_offset - k_offset` of the global positions.
+    ///
+    /// Rows' diagonals then lie in `[offset, offset + seqlen_q - 1]`: a
+    /// left side of `offset + seqlen_q` already reaches key 0 from every
+    /// row, and a right side of `seqlen_k - offset` passes the last key,
+    /// so wider windows are stored clamped to those (at least 0).
+    pub fn at(
+        seqlen_q: usize,
+        seqlen_k: usize,
+        offset: i64,
+        left: Option<usize>,
+        right: Option<usize>,
+    ) -> Self {
+        let (sq, sk) = (seqlen_q as i64, seqlen_k as i64);
+        let clamp = |w: usize, reach: i64| (w.min(i64::MAX as usize) as i64).min(reach.max(0));
         Self {
-            offset: seqlen_k as i64 - seqlen_q as i64,
-            left: left.map(|l| l.min(seqlen_k) as i64),
-            right: right.map(|r| r.min(seqlen_q) as i64),
-            seqlen_k: seqlen_k as i64,
+            offset,
+            left: left.map(|l| clamp(l, offset + sq)),
+            right: right.map(|r| clamp(r, sk - offset)),
+            seqlen_k: sk,
         }
     }
 

@@ -6,6 +6,7 @@ pub mod block_mask;
 pub mod decode;
 pub mod inputs;
 pub mod kernel_plan;
+pub mod merge;
 pub mod options;
 pub mod output;
 

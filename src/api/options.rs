@@ -43,6 +43,37 @@ impl Window {
     }
 }
 
+/// Where a shard of a longer sequence sits: the global positions of q's
+/// first row and of k's first key. Ring attention's partial calls attend a
+/// shard of queries to a shard of keys with the masks and ALiBi of the
+/// whole sequence: row `i` is global row `q_offset + i`, key `j` global key
+/// `k_offset + j`, and the band's diagonal (bottom-right aligned over the
+/// whole sequence, whose q and k have one length) is at `i + q_offset −
+/// k_offset`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Positions {
+    /// Global position of q's first row.
+    pub q_offset: usize,
+    /// Global position of k's first key.
+    pub k_offset: usize,
+}
+
+impl Positions {
+    /// The largest offset taken (the kernels keep positions in 32-bit integers).
+    pub const MAX: usize = 1 << 29;
+
+    /// A shard whose q starts at global row `q_offset` and k at `k_offset`.
+    pub fn new(q_offset: usize, k_offset: usize) -> Self {
+        Self { q_offset, k_offset }
+    }
+
+    /// Where the band's diagonal sits: `q_offset − k_offset`.
+    pub fn diagonal(&self) -> i64 {
+        self.q_offset as i64 - self.k_offset as i64
+    }
+}
+
 /// What to compute besides plain softmax attention. Cheap to clone: the
 /// per-head and per-block inputs are shared. Build from the default with
 /// the setters:
@@ -73,6 +104,9 @@ pub struct AttentionOptions {
     /// A packed batch of sequences of their own lengths: q, k, v are then
     /// `(total, heads, d)`, passed as views of batch 1.
     pub varlen: Option<Varlen>,
+    /// A shard of a longer sequence: masks and ALiBi at global positions
+    /// (`None`: q and k are whole, the band bottom-right aligned).
+    pub positions: Option<Positions>,
 }
 
 impl AttentionOptions {
@@ -124,6 +158,13 @@ impl AttentionOptions {
         self
     }
 
+    /// Treat q and k as shards of a longer sequence starting at global
+    /// positions `q_offset` and `k_offset` (a partial call of ring attention).
+    pub fn positions(mut self, q_offset: usize, k_offset: usize) -> Self {
+        self.positions = Some(Positions::new(q_offset, k_offset));
+        self
+    }
+
     /// Reject non-finite scales and softcaps before any work is done.
     pub fn validate(&self) -> Result<()> {
         if let Some(scale) = self.scale.filter(|s| !s.is_finite()) {
@@ -162,7 +203,44 @@ impl AttentionOptions {
         if let Some(m) = &self.block_mask {
             m.validate_for(batch, shape.heads_q, seqlens)?;
         }
+        if let Some(p) = &self.positions {
+            for (which, position) in [("q_offset", p.q_offset), ("k_offset", p.k_offset)] {
+                if position > Positions::MAX {
+                    return Err(Error::PositionTooLarge {
+                        which,
+                        position,
+                        max: Positions::MAX,
+                    });
+                }
+            }
+            // A sink joins every shard's softmax (a merge would count it
+            // once per shard); block masks and packed batches index the
+            // shard, not the sequence.
+            let unsupported = [
+                (self.varlen.is_some(), "packed (varlen) batches"),
+                (self.sinks.is_some(), "attention sinks"),
+                (self.block_mask.is_some(), "block-sparse masks"),
+            ];
+            if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
+                return Err(Error::Unsupported {
+                    what: "shard positions",
+                    feature,
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// For calls on whole sequences only (decoding): `Unsupported` with
+    /// shard positions.
+    pub fn whole_sequences(&self, what: &'static str) -> Result<()> {
+        match self.positions {
+            Some(_) => Err(Error::Unsupported {
+                what,
+                feature: "shard positions",
+            }),
+            None => Ok(()),
+        }
     }
 
     /// For paths that take the band and score options only (the naive
@@ -216,7 +294,10 @@ impl AttentionOptions {
         } else {
             self.window.right
         };
-        Mask::new(seqlen_q, seqlen_k, self.window.left, right)
+        let offset = self
+            .positions
+            .map_or(seqlen_k as i64 - seqlen_q as i64, |p| p.diagonal());
+        Mask::at(seqlen_q, seqlen_k, offset, self.window.left, right)
     }
 }
 

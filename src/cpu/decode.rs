@@ -37,6 +37,7 @@ pub(crate) fn decode(
 ) -> Result<DecodeOutput> {
     opts.validate()?;
     opts.band_only("decoding")?;
+    opts.whole_sequences("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     if let Some([k_new, v_new]) = &step.new_kv {
         append(&mut cache.k, k_new, &p)?;

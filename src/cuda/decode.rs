@@ -32,6 +32,7 @@ pub(crate) fn decode(
     opts.validate()?;
     // As on the other backends, decoding takes the band and score options.
     opts.band_only("decoding")?;
+    opts.whole_sequences("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     let total_q = p.batch * p.seqlen_q;
     let total_k = p.total_keys();

@@ -27,6 +27,8 @@ pub(crate) struct Problem {
     /// -1: unbounded.
     left: i32,
     right: i32,
+    /// Row i's diagonal key is i + offset.
+    offset: i32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
@@ -90,8 +92,9 @@ impl Call {
             to_i32(what, n)?;
         }
         let mask = p.mask;
-        // Bounds past both lengths act as none; clamping keeps them in i32.
-        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
+        // Bounds past both lengths (and the diagonal's distance from the
+        // corner) act as none; clamping keeps them in i32.
+        let reach = (shape.seqlen_q + shape.seqlen_k) as i64 + mask.offset.abs();
         let bound =
             |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
         let softcap = p.softcap;
@@ -107,6 +110,10 @@ impl Call {
             softcap,
             left: bound(mask.left)?,
             right: bound(mask.right)?,
+            offset: i32::try_from(mask.offset).map_err(|_| Error::Overflow {
+                what: "the band's offset",
+                value: mask.offset.unsigned_abs(),
+            })?,
         };
         Ok(Self {
             problem,
@@ -171,7 +178,7 @@ mod tests {
     /// one side only would shift every argument after it.
     #[test]
     fn problem_has_the_c_struct_layout() {
-        assert_eq!(std::mem::size_of::<super::Problem>(), 9 * 4);
+        assert_eq!(std::mem::size_of::<super::Problem>(), 10 * 4);
         assert_eq!(std::mem::align_of::<super::Problem>(), 4);
     }
 }

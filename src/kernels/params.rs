@@ -193,11 +193,13 @@ impl Params {
         let s = &piece.local;
         let (d, dv) = (s.head_dim, s.head_dim_v);
         let mask = opts.mask(&piece.full);
-        // "Unbounded" becomes a bound past both ends of the sequences.
-        let unbounded = piece.full.seqlen_q as i64 + piece.full.seqlen_k as i64 + 1;
+        // "Unbounded" becomes a bound past both ends of the sequences from
+        // any row's diagonal (a shard's may sit far from its corner).
+        let unbounded =
+            piece.full.seqlen_q as i64 + piece.full.seqlen_k as i64 + mask.offset.abs() + 1;
         if unbounded > i32::MAX as i64 / 2 {
             return Err(Error::Overflow {
-                what: "seqlen_q + seqlen_k (for 32-bit mask arithmetic)",
+                what: "seqlen_q + seqlen_k + the band's offset (for 32-bit mask arithmetic)",
                 value: unbounded as u64 - 1,
             });
         }

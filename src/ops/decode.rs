@@ -56,6 +56,7 @@ pub async fn decode_host(
 ) -> Result<DecodeOutput> {
     opts.validate()?;
     opts.band_only("decoding")?;
+    opts.whole_sequences("decoding")?;
     DecodeProblem::new(step, &host.shape, host.precision())?;
     let cache = KvCache::upload(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
@@ -263,6 +264,7 @@ impl<'a> Step<'a> {
     ) -> Result<Self> {
         opts.validate()?;
         opts.band_only("decoding")?;
+    opts.whole_sequences("decoding")?;
         Ok(Self {
             gpu,
             cache,

@@ -1,0 +1,75 @@
+//! Exact merging of partial attention by LSE: the results of one query
+//! shard over several key shards (ring attention's steps, split-KV's
+//! splits) combine into the attention over all their keys.
+
+use super::output::{CallStats, ForwardOutput};
+use super::tensor::TensorData;
+use crate::error::{Error, Result};
+
+/// Merge partial outputs of the same queries over disjoint key shards, in
+/// f32: `lse = log Σ exp(lse_s)`, `o = Σ exp(lse_s − lse) · o_s`. Rows
+/// whose every part has `lse = −∞` (no key in any shard) give `o = 0`,
+/// `lse = −∞`. Every part must have the first's shape; `o` comes back f32.
+///
+/// ```
+/// use flashattn::{merge_partials, AttentionOptions, Backend, ForwardInputs, PlanOverrides, TensorView};
+///
+/// let (q, k) = (vec![0.5f32; 8 * 16], vec![0.25f32; 8 * 16]);
+/// let view = |x: &[f32], s| TensorView { shape: [1, s, 1, 16], data: flashattn::HostData::F32(&x[..s * 16]) };
+/// let shard = |k0: usize| {
+///     let k = TensorView { shape: [1, 4, 1, 16], data: flashattn::HostData::F32(&k[k0 * 16..(k0 + 4) * 16]) };
+///     let opts = AttentionOptions::default().causal(true).positions(0, k0);
+///     Backend::Cpu.forward(&ForwardInputs::new(view(&q, 8), k, k), &opts, &PlanOverrides::default())
+/// };
+/// let merged = merge_partials(&[shard(0)?, shard(4)?])?;
+/// let whole = Backend::Cpu.forward(
+///     &ForwardInputs::new(view(&q, 8), view(&k, 8), view(&k, 8)),
+///     &AttentionOptions::default().causal(true),
+///     &PlanOverrides::default(),
+/// )?;
+/// for (a, b) in merged.lse.iter().zip(&whole.lse) {
+///     assert!((a - b).abs() < 1e-5);
+/// }
+/// # Ok::<(), flashattn::Error>(())
+/// ```
+pub fn merge_partials(parts: &[ForwardOutput]) -> Result<ForwardOutput> {
+    let first = parts.first().ok_or(Error::EmptyDim { dim: "parts" })?;
+    for part in &parts[1..] {
+        if part.o.shape != first.o.shape {
+            return Err(Error::ShapeMismatch {
+                tensor: "a partial o",
+                shape: part.o.shape.clone(),
+                like: "the first partial o",
+                expected: first.o.shape.clone(),
+            });
+        }
+    }
+    let shape = first.shape;
+    let (rows, heads, dv) = (shape.seqlen_q, shape.heads_q, shape.head_dim_v);
+    let os: Vec<Vec<f32>> = parts.iter().map(|p| p.o.to_f32()).collect();
+    let mut o = vec![0f32; os[0].len()];
+    let mut lse = vec![f32::NEG_INFINITY; first.lse.len()];
+    // lse is (batch, heads, rows); o is (batch, rows, heads, dv).
+    for (at, out) in lse.iter_mut().enumerate() {
+        let (b, h, i) = (at / (heads * rows), at / rows % heads, at % rows);
+        let top = parts
+            .iter()
+            .map(|p| p.lse[at])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if top == f32::NEG_INFINITY {
+            continue;
+        }
+        let total: f32 = parts.iter().map(|p| (p.lse[at] - top).exp()).sum();
+        *out = top + total.ln();
+        let row = ((b * rows + i) * heads + h) * dv;
+        for (p, part_o) in parts.iter().zip(&os) {
+            let w = (p.lse[at] - *out).exp();
+            for (x, y) in o[row..row + dv].iter_mut().zip(&part_o[row..row + dv]) {
+                *x += w * y;
+            }
+        }
+    }
+    let mut merged = ForwardOutput::new(shape, TensorData::F32(o), lse, CallStats::default());
+    merged.o.shape = first.o.shape.clone();
+    Ok(merged)
+}
