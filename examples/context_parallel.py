@@ -93,7 +93,8 @@ def main():
     else:
         dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.backend == "nccl" else "cpu"
+    nccl = args.backend == "nccl"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if nccl else "cpu"
     cfg = dict(vocab=64, dim=64, heads=4, kv_heads=2, max_len=args.seqlen)
 
     torch.manual_seed(0)  # the same weights and data on every rank

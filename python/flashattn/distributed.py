@@ -126,7 +126,7 @@ def _split_lengths(seqlen: int, world: int) -> List[int]:
 def ring_shard(x, rank: int, world: int, dim: int = 1):
     """Rank ``rank``'s contiguous slice of a global tensor (the first
     ``seqlen % world`` ranks get one more position)."""
-    (start, n), = _ring_segments(_split_lengths(x.shape[dim], world))[rank]  # fmt: skip
+    [(start, n)] = _ring_segments(_split_lengths(x.shape[dim], world))[rank]
     return x.narrow(dim, start, n)
 
 
@@ -237,12 +237,10 @@ class _Ring:
         self.device = comm_device
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group else (
-            (self.rank + 1) % self.world
-        )
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group else (
-            (self.rank - 1) % self.world
-        )
+        # P2POp's peer is a global rank.
+        peer = lambda r: r if group is None else dist.get_global_rank(group, r)  # noqa: E731
+        self.next = peer((self.rank + 1) % self.world)
+        self.prev = peer((self.rank - 1) % self.world)
         self.waited = 0.0
 
     def exchange(self, send: Sequence[torch.Tensor], recv_shapes, dtype, tag: int):
@@ -376,7 +374,8 @@ def _backward(d_o, q, k, v, o, lse, rank, world, lengths, segments, comm, kw, gr
         k_starts = [sum(n for _, n in segments[src][:i]) for i in range(len(segments[src]))]
         for (qo, qn), qs in zip(my_segs, q_starts):
             for (ko, kn), ks in zip(segments[src], k_starts):
-                tiles = count_tiles(qo, qn, ko, kn, kw["causal"], kw["window_size"]) if qn and kn else 0
+                band = (kw["causal"], kw["window_size"])
+                tiles = count_tiles(qo, qn, ko, kn, *band) if qn and kn else 0
                 if not tiles:
                     continue
                 dq_p, dk_p, dv_p = backward_partial(
@@ -418,7 +417,9 @@ def _backward(d_o, q, k, v, o, lse, rank, world, lengths, segments, comm, kw, gr
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, kind, causal, window_size, softmax_scale, group, backend, grad, stats):
+    def forward(
+        ctx, q, k, v, kind, causal, window_size, softmax_scale, group, backend, grad, stats
+    ):
         o, lse, plan = _forward(
             kind, q, k, v, causal, window_size, softmax_scale, group, backend, grad, stats
         )

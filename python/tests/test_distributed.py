@@ -115,7 +115,8 @@ def _spawn(fn, world, args, timeout=150):
             for p in ctx.processes:
                 p.kill()
             raise AssertionError(f"world {world}: processes still running after {timeout} s")
-    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    load = lambda r: torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)  # noqa
+    return [load(r) for r in range(world)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +133,8 @@ def _params():
         for world, cases in table.items():
             for i, case in enumerate(cases):
                 if case[-1]:  # the accuracy cases (the others are for counts)
-                    out.append(pytest.param(backend, world, i, id=f"{backend}-w{world}-{i}-{case[0]}"))
+                    name = f"{backend}-w{world}-{i}-{case[0]}"
+                    out.append(pytest.param(backend, world, i, id=name))
     return out
 
 
