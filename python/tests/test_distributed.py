@@ -268,3 +268,36 @@ def test_mismatch_raises_on_every_rank(what, field):
     outcomes = _spawn(_mismatch_worker, 2, (what,), timeout=90)
     bad_rank = 0 if what == "seqlen" else 1
     assert outcomes == [("RankMismatch", field, bad_rank)] * 2, outcomes
+
+
+def _subgroup_worker(rank, world, store, out_dir):
+    torch.set_num_threads(1)
+    _init(rank, world, store)
+    group = dist.new_group([1, 2])  # every rank takes part in creating it
+    result = None
+    if rank in (1, 2):
+        case = ("zigzag", True, (-1, -1), 29, 1, 2, 1, 16, "f32", True)
+        g_rank = dist.get_rank(group)
+        q, k, v, d_o = (zigzag_shard(t, g_rank, 2) for t in _inputs(case, 0))
+        q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o, lse = zigzag_ring_flash_attn_func(
+            q, k, v, causal=True, group=group, backend="cpu", return_lse=True
+        )
+        o.backward(d_o)
+        result = [o.detach(), lse, q.grad, k.grad, v.grad]
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_sub_group():
+    """A ring over ranks 1 and 2 of a world of 3: group ranks, global peers."""
+    out = _spawn(_subgroup_worker, 3, ())
+    assert out[0] is None
+    case = ("zigzag", True, (-1, -1), 29, 1, 2, 1, 16, "f32", True)
+    q, k, v, d_o = _inputs(case, 0)
+    o, lse, dq, dk, dv = (unshard([out[1][i], out[2][i]], True, dim=2 if i == 1 else 1)
+                          for i in range(5))  # fmt: skip
+    opts = options(causal=True)
+    testing.assert_passed(testing.check_forward(q, k, v, o, lse, opts), "sub-group forward")
+    checks = testing.check_backward(q, k, v, d_o, dq, dk, dv, None, opts)
+    testing.assert_passed(checks, "sub-group backward")
