@@ -254,17 +254,8 @@ fn decode(
         // SAFETY: as in `forward`; the caches are read here and written
         // back only after the step succeeded.
         let mut cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
-        let q = unsafe { q.view()? };
-        let mut step = flashattn::DecodeStep::new(q, &cache_seqlens);
-        if let Some((k_new, v_new)) = &new_kv {
-            step = unsafe { step.append(k_new.view()?, v_new.view()?) };
-        }
-        if let Some(idx) = &cache_batch_idx {
-            step = step.batch_idx(idx);
-        }
-        if let Some((pages, max_pages)) = &block_table {
-            step = step.block_table(pages, *max_pages);
-        }
+        let step =
+            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
         let splits = (num_splits > 0).then_some(num_splits);
         let out = opened.backend.decode(&mut cache, &step, &opts, splits)?;
         unsafe {
@@ -278,6 +269,30 @@ fn decode(
         Ok((opened.backend.name(), out.num_splits))
     });
     result.map_err(|e| errors::to_py(py, e))
+}
+
+/// A decoding step from the Python layer's arguments.
+///
+/// # Safety
+/// As [`Raw::view`].
+unsafe fn decode_step<'a>(
+    q: &'a Raw,
+    new_kv: &'a Option<(Raw, Raw)>,
+    cache_seqlens: &'a [i32],
+    cache_batch_idx: &'a Option<Vec<i32>>,
+    block_table: &'a Option<(Vec<i32>, usize)>,
+) -> flashattn::Result<flashattn::DecodeStep<'a>> {
+    let mut step = flashattn::DecodeStep::new(q.view()?, cache_seqlens);
+    if let Some((k_new, v_new)) = new_kv {
+        step = step.append(k_new.view()?, v_new.view()?);
+    }
+    if let Some(idx) = cache_batch_idx {
+        step = step.batch_idx(idx);
+    }
+    if let Some((pages, max_pages)) = block_table {
+        step = step.block_table(pages, *max_pages);
+    }
+    Ok(step)
 }
 
 /// A copy of the caller's cache tensors as the engine's host cache.
@@ -325,25 +340,7 @@ fn check_forward(
         let lse = unsafe { lse.f32s("lse")? };
         let reference = reference::forward(&q, &k, &v, &opts)?;
         let baseline = reference::naive_baseline(&q, &k, &v, &opts)?;
-        let ratio = accuracy::forward_ratio(opts.softcap.is_some_and(|c| c > 0.0));
-        Ok(vec![
-            rule(
-                "o",
-                &o.data.to_f32(),
-                &reference.o,
-                &baseline.o,
-                o.precision(),
-                ratio,
-            ),
-            rule(
-                "lse",
-                lse,
-                &reference.lse,
-                &baseline.lse,
-                Precision::F32,
-                ratio,
-            ),
-        ])
+        Ok(o_lse_rows(&o, lse, &reference, &baseline, &opts))
     });
     result.map_err(|e| errors::to_py(py, e))
 }
@@ -430,44 +427,40 @@ fn check_decode(
     let result = py.detach(|| -> flashattn::Result<_> {
         // SAFETY: as in `forward`; the caches are only read.
         let cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
-        let q = unsafe { q.view()? };
-        let mut step = flashattn::DecodeStep::new(q, &cache_seqlens);
-        if let Some((k_new, v_new)) = &new_kv {
-            step = unsafe { step.append(k_new.view()?, v_new.view()?) };
-        }
-        if let Some(idx) = &cache_batch_idx {
-            step = step.batch_idx(idx);
-        }
-        if let Some((pages, max_pages)) = &block_table {
-            step = step.block_table(pages, *max_pages);
-        }
+        let step =
+            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
         let [reference, baseline] = reference::decode(&cache, &step, &opts)?;
         let (o, lse) = unsafe { (o.view()?, lse.f32s("lse")?) };
-        let ratio = accuracy::forward_ratio(opts.softcap.is_some_and(|c| c > 0.0));
-        Ok(vec![
-            rule(
-                "o",
-                &o.data.to_f32(),
-                &reference.o,
-                &baseline.o,
-                o.precision(),
-                ratio,
-            ),
-            rule(
-                "lse",
-                lse,
-                &reference.lse,
-                &baseline.lse,
-                Precision::F32,
-                ratio,
-            ),
-        ])
+        Ok(o_lse_rows(&o, lse, &reference, &baseline, &opts))
     });
     result.map_err(|e| errors::to_py(py, e))
 }
 
 /// One verdict of the accuracy rule: `(name, max_error, bound, passed, line)`.
 type CheckRow = (String, f64, f64, bool, String);
+
+/// The rule on a forward's (or decoding step's) `o` and `lse`.
+fn o_lse_rows(
+    o: &flashattn::TensorView,
+    lse: &[f32],
+    reference: &reference::ReferenceOutput,
+    baseline: &reference::ReferenceOutput,
+    opts: &flashattn::AttentionOptions,
+) -> Vec<CheckRow> {
+    let ratio = accuracy::forward_ratio(opts.softcap.is_some_and(|c| c > 0.0));
+    let o32 = o.data.to_f32();
+    vec![
+        rule("o", &o32, &reference.o, &baseline.o, o.precision(), ratio),
+        rule(
+            "lse",
+            lse,
+            &reference.lse,
+            &baseline.lse,
+            Precision::F32,
+            ratio,
+        ),
+    ]
+}
 
 fn rule(
     name: &str,
