@@ -81,13 +81,6 @@ build_tests() {
   cargo test --release --workspace --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$messages"
 }
 step "build the tests (cargo test --release --no-run)" build_tests
-# For a whole run, the command line as `cargo run --release` and `cargo
-# install` build it: without the test builds' dev-dependencies, whose
-# features would hide a missing one.
-if [ ${#cargo_args[@]} -eq 0 ]; then
-  build_cli() { cargo build --release -p flashattn-cli --bin flashattn; }
-  step "build the command line alone (cargo build --release -p flashattn-cli)" build_cli
-fi
 # The Python package (pip install ./python into the reused virtual
 # environment, torch and transformers from PyPI the first time).
 if [ ${#cargo_args[@]} -eq 0 ]; then
