@@ -60,19 +60,15 @@ __device__ __forceinline__ float round_storage(float x) { return load_f32(store_
 struct Problem {
     int seqlen_q, seqlen_k, heads_q, heads_kv, d;
     float scale, softcap;
-    // Window bounds around the diagonal; -1 is unbounded (causal is
-    // right = 0). Only read when HAS_BAND.
+    // Window bounds around the bottom-right diagonal; -1 is unbounded
+    // (causal is right = 0). Only read when HAS_BAND.
     int left, right;
-    // Where row i's diagonal key sits: i + offset (seqlen_k - seqlen_q,
-    // bottom-right aligned; a shard's q_offset - k_offset). Read by the
-    // band and by ALiBi.
-    int offset;
 };
 
 // src/cuda/problem.rs mirrors this struct field for field.
-static_assert(sizeof(Problem) == 10 * 4, "Problem must stay ten 4-byte fields");
+static_assert(sizeof(Problem) == 9 * 4, "Problem must stay nine 4-byte fields");
 
-__device__ __forceinline__ int band_offset(const Problem& p) { return p.offset; }
+__device__ __forceinline__ int band_offset(const Problem& p) { return p.seqlen_k - p.seqlen_q; }
 
 // Whether query row i may attend to key j (docs/semantics.md's masks; bounds included).
 __device__ __forceinline__ bool allowed(const Problem& p, int i, int j) {
@@ -176,8 +172,6 @@ __device__ __forceinline__ Seq enter_sequence(const Layout& L, Problem* p, int z
         s.lse0 = s.q0;
         p->seqlen_q = L.cu_q[z + 1] - L.cu_q[z];
         p->seqlen_k = L.cu_k[z + 1] - L.cu_k[z];
-        // Packed sequences are whole (no shard positions): bottom-right.
-        p->offset = p->seqlen_k - p->seqlen_q;
     } else {
         s.b = 0;
         s.q0 = (size_t)z * p->seqlen_q;

@@ -27,8 +27,6 @@ pub(crate) struct Problem {
     /// -1: unbounded.
     left: i32,
     right: i32,
-    /// Row i's diagonal key is i + offset.
-    offset: i32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
@@ -64,6 +62,8 @@ impl Call {
     /// then the totals, which each block replaces by its sequence's.
     pub fn new(p: &Attention) -> Result<Self> {
         let (shape, precision) = (p.shape, p.precision);
+        // The kernels place the band's diagonal at seqlen_k - seqlen_q.
+        p.opts.whole_sequences(WHAT)?;
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,
@@ -92,9 +92,8 @@ impl Call {
             to_i32(what, n)?;
         }
         let mask = p.mask;
-        // Bounds past both lengths (and the diagonal's distance from the
-        // corner) act as none; clamping keeps them in i32.
-        let reach = (shape.seqlen_q + shape.seqlen_k) as i64 + mask.offset.abs();
+        // Bounds past both lengths act as none; clamping keeps them in i32.
+        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
         let bound =
             |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
         let softcap = p.softcap;
@@ -110,10 +109,6 @@ impl Call {
             softcap,
             left: bound(mask.left)?,
             right: bound(mask.right)?,
-            offset: i32::try_from(mask.offset).map_err(|_| Error::Overflow {
-                what: "the band's offset",
-                value: mask.offset.unsigned_abs(),
-            })?,
         };
         Ok(Self {
             problem,
@@ -178,7 +173,33 @@ mod tests {
     /// one side only would shift every argument after it.
     #[test]
     fn problem_has_the_c_struct_layout() {
-        assert_eq!(std::mem::size_of::<super::Problem>(), 10 * 4);
+        assert_eq!(std::mem::size_of::<super::Problem>(), 9 * 4);
         assert_eq!(std::mem::align_of::<super::Problem>(), 4);
+    }
+
+    /// The kernels place the diagonal at seqlen_k - seqlen_q: a shard at
+    /// global positions is refused by name, not computed with the wrong band.
+    #[test]
+    fn shard_positions_are_unsupported() {
+        use crate::api::options::AttentionOptions;
+        use crate::api::shape::AttentionShape;
+        use crate::api::tensor::Precision;
+        use crate::error::Error;
+        let shape = AttentionShape {
+            batch: 1,
+            seqlen_q: 8,
+            seqlen_k: 8,
+            heads_q: 2,
+            heads_kv: 2,
+            head_dim: 32,
+            head_dim_v: 32,
+        };
+        let opts = AttentionOptions::default().causal(true).positions(8, 0);
+        let p = super::Attention::new(shape, Precision::F16, &opts).unwrap();
+        match super::Call::new(&p) {
+            Err(Error::Unsupported { feature, .. }) => assert_eq!(feature, "shard positions"),
+            Err(other) => panic!("expected Unsupported, got {other:?}"),
+            Ok(_) => panic!("expected Unsupported, got a call"),
+        }
     }
 }
