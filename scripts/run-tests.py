@@ -28,10 +28,10 @@ from pathlib import Path
 # short ones fill the gaps at the end instead of a long one running alone.
 LONGEST_FIRST = [
     "browser test",
+    "python tests",
     "gpu_backward",
     "gpu_layouts",
     "gpu_forward",
-    "python tests",
     "shaders",
     "cli",
     "io_accounting",

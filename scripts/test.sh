@@ -81,18 +81,17 @@ build_tests() {
   cargo test --release --workspace --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$messages"
 }
 step "build the tests (cargo test --release --no-run)" build_tests
-# The Python package (pip install ./python into the reused virtual
-# environment, torch and transformers from PyPI the first time).
-if [ ${#cargo_args[@]} -eq 0 ]; then
-  step "the Python package (scripts/test-python.sh setup)" scripts/test-python.sh setup
-fi
 # The test binaries a few at a time (scripts/run-tests.py: cargo runs them
 # one by one, leaving a core idle), beside them the browser test and, for a
 # whole run, the doc tests.
 extras=(--extra "browser test=scripts/test-web.sh")
 if [ ${#cargo_args[@]} -eq 0 ]; then
   extras+=(--extra "doc tests=cargo test --release --workspace --doc")
-  extras+=(--extra "python tests=scripts/test-python.sh run")
+  # The Python package's build (pip install ./python into the reused
+  # virtual environment, torch and transformers from PyPI the first time)
+  # and its suite: one job, so the build's single-core stretches overlap
+  # the test binaries.
+  extras+=(--extra "python tests=scripts/test-python.sh")
 fi
 step "run the tests, the doc tests and the browser test (scripts/run-tests.py)" \
   python3 scripts/run-tests.py "$messages" --logs "$target_dir/test-logs" "${extras[@]}" -- "${test_args[@]}"

@@ -12,21 +12,21 @@ use crate::error::{Error, Result};
 /// `lse = −∞`. Every part must have the first's shape; `o` comes back f32.
 ///
 /// ```
-/// use flashattn::{merge_partials, AttentionOptions, Backend, ForwardInputs, PlanOverrides, TensorView};
+/// use flashattn::{merge_partials, AttentionOptions, Cpu, ForwardInputs, TensorView};
 ///
 /// let (q, k) = (vec![0.5f32; 8 * 16], vec![0.25f32; 8 * 16]);
-/// let view = |x: &[f32], s| TensorView { shape: [1, s, 1, 16], data: flashattn::HostData::F32(&x[..s * 16]) };
-/// let shard = |k0: usize| {
-///     let k = TensorView { shape: [1, 4, 1, 16], data: flashattn::HostData::F32(&k[k0 * 16..(k0 + 4) * 16]) };
+/// let q = TensorView::f32([1, 8, 1, 16], &q);
+/// let cpu = Cpu::new();
+/// // Keys 0..4 and 4..8 of one causal sequence, attended shard by shard.
+/// let mut parts = Vec::new();
+/// for k0 in [0, 4] {
+///     let shard = TensorView::f32([1, 4, 1, 16], &k[k0 * 16..(k0 + 4) * 16]);
 ///     let opts = AttentionOptions::default().causal(true).positions(0, k0);
-///     Backend::Cpu.forward(&ForwardInputs::new(view(&q, 8), k, k), &opts, &PlanOverrides::default())
-/// };
-/// let merged = merge_partials(&[shard(0)?, shard(4)?])?;
-/// let whole = Backend::Cpu.forward(
-///     &ForwardInputs::new(view(&q, 8), view(&k, 8), view(&k, 8)),
-///     &AttentionOptions::default().causal(true),
-///     &PlanOverrides::default(),
-/// )?;
+///     parts.push(cpu.forward(&ForwardInputs::new(q, shard, shard), &opts)?);
+/// }
+/// let merged = merge_partials(&parts)?;
+/// let all = TensorView::f32([1, 8, 1, 16], &k);
+/// let whole = cpu.forward(&ForwardInputs::new(q, all, all), &AttentionOptions::default().causal(true))?;
 /// for (a, b) in merged.lse.iter().zip(&whole.lse) {
 ///     assert!((a - b).abs() < 1e-5);
 /// }
