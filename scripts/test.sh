@@ -83,7 +83,7 @@ build_tests() {
 step "build the tests (cargo test --release --no-run)" build_tests
 # The test binaries a few at a time (scripts/run-tests.py: cargo runs them
 # one by one, leaving a core idle), beside them the browser test and, for a
-# whole run, the doc tests.
+# whole run, the doc tests and the Python suite.
 extras=(--extra "browser test=scripts/test-web.sh")
 if [ ${#cargo_args[@]} -eq 0 ]; then
   extras+=(--extra "doc tests=cargo test --release --workspace --doc")
@@ -93,5 +93,5 @@ if [ ${#cargo_args[@]} -eq 0 ]; then
   # the test binaries.
   extras+=(--extra "python tests=scripts/test-python.sh")
 fi
-step "run the tests, the doc tests and the browser test (scripts/run-tests.py)" \
+step "run the tests, the doc tests, the Python suite and the browser test (scripts/run-tests.py)" \
   python3 scripts/run-tests.py "$messages" --logs "$target_dir/test-logs" "${extras[@]}" -- "${test_args[@]}"
