@@ -52,24 +52,37 @@ pub fn merge_partials(parts: &[ForwardOutput]) -> Result<ForwardOutput> {
     // lse is (batch, heads, rows); o is (batch, rows, heads, dv).
     for (at, out) in lse.iter_mut().enumerate() {
         let (b, h, i) = (at / (heads * rows), at / rows % heads, at % rows);
-        let top = parts
-            .iter()
-            .map(|p| p.lse[at])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if top == f32::NEG_INFINITY {
-            continue;
-        }
-        let total: f32 = parts.iter().map(|p| (p.lse[at] - top).exp()).sum();
-        *out = top + total.ln();
         let row = ((b * rows + i) * heads + h) * dv;
-        for (p, part_o) in parts.iter().zip(&os) {
-            let w = (p.lse[at] - *out).exp();
-            for (x, y) in o[row..row + dv].iter_mut().zip(&part_o[row..row + dv]) {
-                *x += w * y;
-            }
-        }
+        let rows_of = parts.iter().zip(&os).map(|(p, o)| (&o[row..row + dv], p.lse[at]));
+        *out = merge_rows(rows_of, &mut o[row..row + dv]);
     }
     let mut merged = ForwardOutput::new(shape, TensorData::F32(o), lse, CallStats::default());
     merged.o.shape = first.o.shape.clone();
     Ok(merged)
+}
+
+/// One row of several parts, each `(o row, lse)`, merged into `out` (f32):
+/// returns the merged LSE. A row no part saw gets `out = 0` and −∞; one
+/// part is copied as it is (its weight is exactly 1).
+pub(crate) fn merge_rows<'a>(
+    parts: impl Iterator<Item = (&'a [f32], f32)> + Clone,
+    out: &mut [f32],
+) -> f32 {
+    let m = parts.clone().map(|(_, l)| l).fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    if m == f32::NEG_INFINITY {
+        return m;
+    }
+    let n = out.len();
+    let mut it = parts.clone();
+    if let (Some((only, l)), None) = (it.next(), it.next()) {
+        out.copy_from_slice(&only[..n]);
+        return l;
+    }
+    let total = m + parts.clone().map(|(_, l)| (l - m).exp()).sum::<f32>().ln();
+    for (o, l) in parts.filter(|(_, l)| *l > f32::NEG_INFINITY) {
+        let w = (l - total).exp();
+        out.iter_mut().zip(&o[..n]).for_each(|(y, x)| *y += w * x);
+    }
+    total
 }

@@ -3,30 +3,14 @@
 //! and a sink's virtual key added to a finished row.
 
 use super::attend::Partial;
+use crate::api::merge::merge_rows;
 
 /// Row `r` of the splits `parts` of one block of rows (their outputs in
 /// rows of `ld` floats), combined into `out`; returns the combined LSE.
 /// A row no split saw keeps `out = 0` and gets −inf.
 pub(crate) fn merge_row(parts: &[Partial], r: usize, ld: usize, out: &mut [f32]) -> f32 {
-    let m = parts
-        .iter()
-        .map(|p| p.lse[r])
-        .fold(f32::NEG_INFINITY, f32::max);
-    out.fill(0.0);
-    if m == f32::NEG_INFINITY {
-        return m;
-    }
-    if let [only] = parts {
-        out.copy_from_slice(&only.o[r * ld..][..out.len()]);
-        return only.lse[r];
-    }
-    let total = m + parts.iter().map(|p| (p.lse[r] - m).exp()).sum::<f32>().ln();
-    for part in parts.iter().filter(|p| p.lse[r] > f32::NEG_INFINITY) {
-        let w = (part.lse[r] - total).exp();
-        let o = &part.o[r * ld..][..out.len()];
-        out.iter_mut().zip(o).for_each(|(y, x)| *y += w * x);
-    }
-    total
+    let n = out.len();
+    merge_rows(parts.iter().map(|p| (&p.o[r * ld..][..n], p.lse[r])), out)
 }
 
 /// A row's normalized output `o` and LSE with a sink's virtual key (score
