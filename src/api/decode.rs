@@ -643,18 +643,25 @@ pub struct HostKvCache {
 impl HostKvCache {
     /// A cache of `shape` from K and V data of one dtype.
     pub fn new(shape: CacheShape, k: TensorData, v: TensorData) -> Result<Self> {
-        for (tensor, t) in [("k_cache", &k), ("v_cache", &v)] {
-            if t.len() != shape.len() {
+        let cache = Self { shape, k, v };
+        cache.check()?;
+        Ok(cache)
+    }
+
+    /// What [`new`](Self::new) checks, again for a cache whose public
+    /// fields were changed since: K and V hold the shape's elements, in one dtype.
+    pub(crate) fn check(&self) -> Result<()> {
+        for (tensor, t) in [("k_cache", &self.k), ("v_cache", &self.v)] {
+            if t.len() != self.shape.len() {
                 return Err(Error::DataLength {
                     tensor,
-                    shape: shape.dims().to_vec(),
-                    expected: shape.len(),
+                    shape: self.shape.dims().to_vec(),
+                    expected: self.shape.len(),
                     actual: t.len(),
                 });
             }
         }
-        dtype_like(v.precision(), "v_cache", k.precision())?;
-        Ok(Self { shape, k, v })
+        dtype_like(self.v.precision(), "v_cache", self.k.precision())
     }
 
     /// A cache from two 4-d tensors of one shape, read as paged or dense.

@@ -3,7 +3,7 @@
 //! no row sees), `S = Q·Kᵀ` and `O += P·V` on the micro-kernel, and the
 //! online softmax on each block of S in between with the vectorized `exp`.
 
-use super::micro::{gemm, Dims, Kernel, Mat};
+use super::micro::{gemm, row_dots, Dims, Kernel, Mat};
 use super::scores::{ScoreRow, ScoreRule, Visibility};
 use super::vmath::{self, Lanes, Rounding, LANES};
 
@@ -30,26 +30,32 @@ impl Geometry {
     }
 }
 
-/// One block of keys as the products read it: Kᵀ `(d, bc)` and V `(bc, dvpad)`.
+/// One block of keys as the products read it: K in either layout and V
+/// in rows of `ldv` (at least `dvpad`), from the block's first key.
 pub(crate) struct KeyBlock<'a> {
-    pub kt: &'a [f32],
+    pub k: Keys<'a>,
     pub v: &'a [f32],
+    pub ldv: usize,
 }
 
-/// A task's own buffers for sources that copy their blocks.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub kt: Vec<f32>,
-    pub v: Vec<f32>,
+/// A block's keys: transposed for the micro-kernel (many query rows per
+/// key, packed once per call), or in rows (a cache's rows widened as they
+/// are, for the few rows of decoding: [`row_dots`]).
+pub(crate) enum Keys<'a> {
+    /// Kᵀ, `(d, bc)`.
+    Transposed(&'a [f32]),
+    /// K in rows of the given stride, each zero-padded to `dpad`.
+    Rows(&'a [f32], usize),
 }
 
-/// Where key blocks come from: packed tensors, or a (paged) KV cache.
+/// Where key blocks come from (packed tensors).
 pub(crate) trait KeySource {
     /// Keys `kb · bc ..` (zeros past the last key).
-    fn block<'s>(&'s self, kb: usize, scratch: &'s mut Scratch) -> KeyBlock<'s>;
+    fn block(&self, kb: usize) -> KeyBlock<'_>;
 }
 
-/// The rows of one task: row `r`'s q at `q.data[r · q.rs ..][..d]`.
+/// The rows of one task: row `r`'s q at `q.data[r · q.rs ..][..d]`
+/// (zero-padded to `dpad` for [`Keys::Rows`]).
 pub(crate) struct Query<'a> {
     pub q: Mat<'a>,
     pub rows: &'a [ScoreRow],
@@ -96,43 +102,106 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
     src: &S,
     round_p: Rounding,
 ) -> Partial {
-    let n = q.rows.len();
-    let mut w = Work::new(g, n);
-    let mut scratch = Scratch::default();
-    let span = ScoreRule::span(q.rows);
-    if !span.is_empty() {
-        for kb in span.start / g.bc..span.end.div_ceil(g.bc) {
-            let (cols, vis) = ScoreRule::narrow(q.rows, &(kb * g.bc..(kb + 1) * g.bc));
-            let vis = rule.refine(q.rows, &cols, vis);
-            if vis == Visibility::Skip {
-                continue;
-            }
-            let blk = src.block(kb, &mut scratch);
-            let (c0, nc) = (cols.start - kb * g.bc, cols.len());
-            let s_dims = Dims {
-                m: n,
-                n: nc,
-                k: g.d,
-            };
-            let kt = Mat::rows(&blk.kt[c0..], g.bc);
-            gemm::<K>(s_dims, q.q, kt, &mut w.s, g.bc, false);
-            let reach = Reach { keys: &cols, vis };
-            online_update::<K>(g, rule, q.rows, reach, &mut w, round_p);
-            let pv = Dims {
-                m: n,
-                n: g.dvpad,
-                k: nc,
-            };
-            let v = Mat::rows(&blk.v[c0 * g.dvpad..], g.dvpad);
-            gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
+    let mut stream = Stream::new(g, rule, q, round_p);
+    for kb in stream.key_blocks() {
+        if let Some(reach) = stream.reach(kb) {
+            stream.update::<K>(&reach, &src.block(kb));
         }
     }
-    finish(g, w)
+    stream.finish()
 }
 
-/// The keys of a block that its rows reach, and what they see of them.
-struct Reach<'a> {
-    keys: &'a std::ops::Range<usize>,
+/// One block of rows streaming key blocks: what [`attend`] loops over, and
+/// decoding interleaves across kv heads (each block of the cache read once
+/// for all of them).
+pub(crate) struct Stream<'a> {
+    g: &'a Geometry,
+    rule: &'a ScoreRule<'a>,
+    q: &'a Query<'a>,
+    round_p: Rounding,
+    w: Work,
+}
+
+impl<'a> Stream<'a> {
+    pub fn new(g: &'a Geometry, rule: &'a ScoreRule, q: &'a Query, round_p: Rounding) -> Self {
+        Self {
+            g,
+            rule,
+            q,
+            round_p,
+            w: Work::new(g, q.rows.len()),
+        }
+    }
+
+    /// The key blocks some row reaches.
+    pub fn key_blocks(&self) -> std::ops::Range<usize> {
+        let span = ScoreRule::span(self.q.rows);
+        if span.is_empty() {
+            0..0
+        } else {
+            span.start / self.g.bc..span.end.div_ceil(self.g.bc)
+        }
+    }
+
+    /// What the rows see of block `kb`; `None` when no row sees any key
+    /// (the block is neither loaded nor computed).
+    pub fn reach(&self, kb: usize) -> Option<Reach> {
+        let (g, rows) = (self.g, self.q.rows);
+        let (keys, vis) = ScoreRule::narrow(rows, &(kb * g.bc..(kb + 1) * g.bc));
+        let vis = self.rule.refine(rows, &keys, vis);
+        (vis != Visibility::Skip).then_some(Reach { kb, keys, vis })
+    }
+
+    /// Block `reach.kb`'s scores, online softmax and `O += P·V`.
+    #[inline(always)]
+    pub fn update<K: Kernel>(&mut self, reach: &Reach, blk: &KeyBlock) {
+        let (g, q, w) = (self.g, self.q, &mut self.w);
+        let n = q.rows.len();
+        let (c0, nc) = (reach.keys.start - reach.kb * g.bc, reach.keys.len());
+        let s_dims = Dims {
+            m: n,
+            n: nc,
+            k: g.d,
+        };
+        match blk.k {
+            Keys::Transposed(kt) => gemm::<K>(
+                s_dims,
+                q.q,
+                Mat::rows(&kt[c0..], g.bc),
+                &mut w.s,
+                g.bc,
+                false,
+            ),
+            Keys::Rows(k, ld) => {
+                // Both operands' rows are zero-padded to dpad.
+                let dims = Dims {
+                    k: g.dpad,
+                    ..s_dims
+                };
+                row_dots::<K>(dims, q.q, Mat::rows(&k[c0 * ld..], ld), &mut w.s, g.bc);
+            }
+        }
+        online_update::<K>(g, self.rule, q.rows, reach, w, self.round_p);
+        let pv = Dims {
+            m: n,
+            n: g.dvpad,
+            k: nc,
+        };
+        let v = Mat::rows(&blk.v[c0 * blk.ldv..], blk.ldv);
+        gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
+    }
+
+    /// Every row normalized, with its LSE.
+    pub fn finish(self) -> Partial {
+        finish(self.g, self.w)
+    }
+}
+
+/// The keys of block `kb` that its rows reach (whole micro-kernel panels),
+/// and what they see of them.
+pub(crate) struct Reach {
+    kb: usize,
+    pub keys: std::ops::Range<usize>,
     vis: Visibility,
 }
 
@@ -148,11 +217,11 @@ fn online_update<K: Kernel>(
     g: &Geometry,
     rule: &ScoreRule,
     rows: &[ScoreRow],
-    reach: Reach,
+    reach: &Reach,
     w: &mut Work,
     round_p: Rounding,
 ) {
-    let Reach { keys, vis } = reach;
+    let (keys, vis) = (&reach.keys, reach.vis);
     let nc = keys.len();
     let maxima = w.new_max.iter_mut().zip(&w.m);
     for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(g.bc)).zip(maxima) {

@@ -140,8 +140,9 @@ fn sink_output<'o>(
     problem: &Problem,
 ) -> std::borrow::Cow<'o, [f32]> {
     match (&problem.opts.sinks, vmath::rounding_of(problem.precision)) {
-        (Some(_), Some(_)) => {
-            let (o32, _) = super::forward::forward_f32(isa, problem, q, k, v, None);
+        (Some(_), vmath::Rounding::F16 | vmath::Rounding::Bf16) => {
+            let (o32, _) =
+                super::forward::forward_f32(isa, problem, q, k, v, vmath::Rounding::Exact);
             std::borrow::Cow::Owned(o32)
         }
         _ => std::borrow::Cow::Borrowed(o),

@@ -1,10 +1,12 @@
 //! Decoding on the CPU, the same way the WGSL kernels do it: `k_new`/`v_new`
-//! written into the cache in place, then FlashDecoding's split and merge —
-//! one task per (sequence, kv head, split) runs the forward's inner loop
-//! ([`attend`], the same micro-kernels and online softmax) for the packed
-//! rows of the kv head's query group over its keys (so each K/V block is
-//! read once per group, through the page table, widened to f32) and returns
-//! their normalized partial output and LSE; the merge combines the splits
+//! written into the cache in place, then FlashDecoding's split and merge.
+//! One task per (sequence, split of its keys) walks the split's key blocks
+//! once: each block is widened to f32 for every kv head in one sequential
+//! sweep of the cache's rows (a head's own rows are short runs a row
+//! apart, which the hardware prefetchers miss), then every kv head runs
+//! the forward's inner loop ([`Stream`]: the same online softmax, scores
+//! by [`row_dots`](super::micro::row_dots) against the rows as they are)
+//! for the packed rows of its query group. The merge combines the splits
 //! by their LSE.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
@@ -14,17 +16,27 @@ use crate::api::tensor::{HostData, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::plan::{plan_splits, DecodeRequest, SplitLimits, Splits};
 use rayon::prelude::*;
+use std::ops::Range;
 
-use super::attend::{attend, Geometry, KeyBlock, KeySource, Partial, Query, Scratch};
+use super::attend::{Geometry, KeyBlock, Keys, Partial, Query, Stream};
 use super::forward::clip;
 use super::isa::{Isa, Task};
 use super::merge::merge_row;
-use super::micro::{Kernel, Mat};
+use super::micro::{Kernel, Mat, PAD};
+use super::pool::Buffer;
 use super::scores::{ScoreRow, ScoreRule};
-use super::vmath::rounding_of;
+use super::vmath::{rounding_of, Widen};
 
-/// Keys per block of the online softmax (and the splits' granularity).
-const BLOCK: usize = 64;
+/// Bytes of one key block widened for every kv head (K and V): small
+/// enough to stay in a core's L2 while each head reads it.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Keys per block: as many as [`BLOCK_BYTES`] holds, in whole micro-kernel
+/// panels, between one panel and 64.
+fn block_keys(heads_kv: usize, dpad: usize) -> usize {
+    let per_key = 2 * heads_kv * dpad * std::mem::size_of::<f32>();
+    (BLOCK_BYTES / per_key.max(1) / PAD * PAD).clamp(PAD, 64)
+}
 
 /// One decoding step on a host cache: validate, append, attend. A step that
 /// fails validation leaves the cache as it was.
@@ -36,6 +48,7 @@ pub(crate) fn decode(
     num_splits: Option<usize>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
+    cache.check()?;
     opts.band_only("decoding")?;
     opts.whole_sequences("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
@@ -43,7 +56,9 @@ pub(crate) fn decode(
         append(&mut cache.k, k_new, &p)?;
         append(&mut cache.v, v_new, &p)?;
     }
-    let splits = cpu_splits(&p, num_splits)?;
+    let dpad = super::pack::padded(p.head_dim);
+    let bc = block_keys(p.heads_kv, dpad);
+    let splits = cpu_splits(&p, num_splits, bc)?;
     let work = Work {
         p: &p,
         q: step.q.data.to_f32(),
@@ -51,18 +66,16 @@ pub(crate) fn decode(
         rule: ScoreRule::new(opts, p.head_dim),
         opts,
         splits,
-        g: Geometry::new([p.head_dim; 2], BLOCK),
+        g: Geometry::new([p.head_dim; 2], bc),
     };
-    let tasks: Vec<(usize, usize, usize)> = (0..p.batch)
-        .flat_map(|b| {
-            (0..p.heads_kv).flat_map(move |hk| (0..splits.num_splits).map(move |s| (b, hk, s)))
-        })
+    let tasks: Vec<(usize, usize)> = (0..p.batch)
+        .flat_map(|b| (0..splits.num_splits).map(move |s| (b, s)))
         .collect();
-    let partials: Vec<Partial> = tasks
+    let per_task: Vec<Vec<Partial>> = tasks
         .par_iter()
         .map(|&task| isa.run(SplitTask { work: &work, task }))
         .collect();
-    let (o, lse) = work.merge(&partials);
+    let (o, lse) = work.merge(per_task);
     let o = TensorData::from_f32(o, p.precision);
     Ok(DecodeOutput::new(
         &p,
@@ -74,7 +87,7 @@ pub(crate) fn decode(
 }
 
 /// The splits the planner gives the CPU: enough tasks for every thread.
-fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>) -> Result<Splits> {
+fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>, bc: usize) -> Result<Splits> {
     let req = DecodeRequest {
         batch: p.batch,
         seqlen_q: p.seqlen_q,
@@ -92,8 +105,7 @@ fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>) -> Result<Splits> {
         max_keys: usize::MAX,
         max_binding: u64::MAX,
     };
-    let tasks = p.batch * p.heads_kv;
-    Ok(plan_splits(&req, BLOCK, tasks, 0, &limits)?.0)
+    Ok(plan_splits(&req, bc, p.batch, 0, &limits)?.0)
 }
 
 /// Copy the rows of `new` (`(batch, seqlen_new, heads_kv, d)`) to their cache rows.
@@ -138,26 +150,35 @@ impl Work<'_> {
         (r / g, hk * g + r % g)
     }
 
-    /// The group's packed q rows of sequence `b`, kv head `hk`, `(rows, d)`.
+    /// The group's packed q rows of sequence `b`, kv head `hk`, `(rows, dpad)`.
     fn packed_q(&self, b: usize, hk: usize) -> Vec<f32> {
         let p = self.p;
-        let (d, rows) = (p.head_dim, p.group() * p.seqlen_q);
-        let mut q = vec![0f32; rows * d];
-        for (r, out) in q.chunks_exact_mut(d).enumerate() {
+        let (d, dpad, rows) = (p.head_dim, self.g.dpad, p.group() * p.seqlen_q);
+        let mut q = vec![0f32; rows * dpad];
+        for (r, out) in q.chunks_exact_mut(dpad).enumerate() {
             let (i, h) = self.row(hk, r);
-            out.copy_from_slice(&self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]);
+            out[..d].copy_from_slice(&self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]);
         }
         q
     }
 
-    /// Combine the splits of every row by their LSE, into o's and lse's layouts.
-    fn merge(&self, partials: &[Partial]) -> (Vec<f32>, Vec<f32>) {
+    /// Combine the splits of every row by their LSE, into o's and lse's
+    /// layouts. `per_task[b · splits + s][hk]` is split `s`'s partial of kv head `hk`.
+    fn merge(&self, per_task: Vec<Vec<Partial>>) -> (Vec<f32>, Vec<f32>) {
         let p = self.p;
         let (d, g, n) = (p.head_dim, p.group(), self.splits.num_splits);
         let mut o = vec![0f32; p.q_len()];
         let mut lse = vec![f32::NEG_INFINITY; p.lse_len()];
-        for (task, chunk) in partials.chunks(n).enumerate() {
-            let (b, hk) = (task / p.heads_kv, task % p.heads_kv);
+        // Regrouped by (b, hk), its splits side by side for merge_row.
+        let mut by_head: Vec<Vec<Partial>> =
+            (0..p.batch * p.heads_kv).map(|_| Vec::new()).collect();
+        for (task, heads) in per_task.into_iter().enumerate() {
+            for (hk, part) in heads.into_iter().enumerate() {
+                by_head[task / n * p.heads_kv + hk].push(part);
+            }
+        }
+        for (bh, chunk) in by_head.iter().enumerate() {
+            let (b, hk) = (bh / p.heads_kv, bh % p.heads_kv);
             for r in 0..g * p.seqlen_q {
                 let (i, h) = self.row(hk, r);
                 let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
@@ -168,87 +189,129 @@ impl Work<'_> {
     }
 }
 
-/// Sequence `b`, kv head `hk`, split `s`: the group's rows over the split's keys.
+/// Sequence `b`, split `s`: every kv head's rows over the split's keys.
 struct SplitTask<'a, 'w> {
     work: &'w Work<'a>,
-    task: (usize, usize, usize),
+    task: (usize, usize),
 }
 
 impl Task for SplitTask<'_, '_> {
-    type Output = Partial;
+    type Output = Vec<Partial>;
     #[inline(always)]
-    fn run<K: Kernel>(self) -> Partial {
-        let (w, (b, hk, s)) = (self.work, self.task);
-        let p = w.p;
+    fn run<K: Kernel>(self) -> Vec<Partial> {
+        let (w, (b, s)) = (self.work, self.task);
+        let (p, g) = (w.p, &w.g);
         let mask = p.mask(b, w.opts);
         let split = s * w.splits.keys_per_split;
         let split = split..(split + w.splits.keys_per_split).min(p.seqlen_k(b));
+        // The mask depends on the token only: every kv head's rows are alike.
         let rows: Vec<ScoreRow> = (0..p.group() * p.seqlen_q)
             .map(|r| {
-                let (i, _) = w.row(hk, r);
+                let (i, _) = w.row(0, r);
                 let keys = clip(mask.key_range(i), &split);
                 ScoreRow { i, keys }
             })
             .collect();
-        let q = w.packed_q(b, hk);
-        let query = Query {
-            q: Mat::rows(&q, p.head_dim),
-            rows: &rows,
-        };
-        let src = CacheBlocks { work: w, b, hk };
-        attend::<K, _>(&w.g, &w.rule, &query, &src, rounding_of(p.precision))
+        let qs: Vec<Vec<f32>> = (0..p.heads_kv).map(|hk| w.packed_q(b, hk)).collect();
+        let queries: Vec<Query> = qs
+            .iter()
+            .map(|q| Query {
+                q: Mat::rows(q, g.dpad),
+                rows: &rows,
+            })
+            .collect();
+        let round_p = rounding_of(p.precision);
+        let mut streams: Vec<Stream> = queries
+            .iter()
+            .map(|q| Stream::new(g, &w.rule, q, round_p))
+            .collect();
+        let mut block = Block::new(g, p.heads_kv);
+        let ld = p.heads_kv * g.dpad;
+        for kb in streams[0].key_blocks() {
+            let Some(reach) = streams[0].reach(kb) else {
+                continue;
+            };
+            block.widen(w, b, kb, &reach.keys);
+            for (hk, stream) in streams.iter_mut().enumerate() {
+                let blk = KeyBlock {
+                    k: Keys::Rows(&block.k()[hk * g.dpad..], ld),
+                    v: &block.v()[hk * g.dpad..],
+                    ldv: ld,
+                };
+                stream.update::<K>(&reach, &blk);
+            }
+        }
+        streams.into_iter().map(Stream::finish).collect()
     }
 }
 
-/// Key blocks read from the cache through its page table, widened to f32.
-struct CacheBlocks<'a, 'w> {
-    work: &'w Work<'a>,
-    b: usize,
-    hk: usize,
+/// One key block of the cache widened to f32 for every kv head, K's rows
+/// then V's: row `c` (the block's `c`-th key) holds the heads side by
+/// side, each zero-padded to `dpad`. Pooled: a fresh one every step would
+/// cost its page faults every step.
+struct Block {
+    data: Buffer,
+    /// Floats of K's half.
+    half: usize,
 }
 
-impl KeySource for CacheBlocks<'_, '_> {
+impl Block {
+    fn new(g: &Geometry, heads_kv: usize) -> Self {
+        let half = g.bc * heads_kv * g.dpad;
+        Self {
+            data: Buffer::zeroed(2 * half),
+            half,
+        }
+    }
+
+    fn k(&self) -> &[f32] {
+        &self.data[..self.half]
+    }
+
+    fn v(&self) -> &[f32] {
+        &self.data[self.half..]
+    }
+
+    /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
     #[inline(always)]
-    fn block<'s>(&'s self, kb: usize, scratch: &'s mut Scratch) -> KeyBlock<'s> {
-        let (w, g) = (self.work, &self.work.g);
-        let (d, row_len) = (g.d, w.cache.shape.row_len());
-        scratch.kt.resize(d * g.bc, 0.0);
-        scratch.v.resize(g.bc * g.dpad, 0.0);
-        let mut row = vec![0f32; d];
-        let keys = kb * g.bc..((kb + 1) * g.bc).min(w.p.seqlen_k(self.b));
-        for c in 0..g.bc {
-            let v = &mut scratch.v[c * g.dpad..][..d];
-            if keys.contains(&(kb * g.bc + c)) {
-                let at = w.p.cache_row(self.b, kb * g.bc + c) * row_len + self.hk * d;
-                widen(&w.cache.k, at, &mut row);
-                widen(&w.cache.v, at, v);
-            } else {
-                row.fill(0.0);
-                v.fill(0.0);
-            }
-            for (x, k) in row.iter().enumerate() {
-                scratch.kt[x * g.bc + c] = *k;
-            }
-        }
-        KeyBlock {
-            kt: &scratch.kt,
-            v: &scratch.v,
+    fn widen(&mut self, w: &Work, b: usize, kb: usize, keys: &Range<usize>) {
+        match (&w.cache.k, &w.cache.v) {
+            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as(w, b, kb, keys, k, v),
+            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as(w, b, kb, keys, k, v),
+            (TensorData::Bf16(k), TensorData::Bf16(v)) => self.widen_as(w, b, kb, keys, k, v),
+            _ => unreachable!("decode checked that K and V share their precision"),
         }
     }
-}
 
-/// `out.len()` elements of `data` from `at`, as f32.
-fn widen(data: &TensorData, at: usize, out: &mut [f32]) {
-    let n = out.len();
-    match data {
-        TensorData::F32(x) => out.copy_from_slice(&x[at..][..n]),
-        TensorData::F16(x) => out
-            .iter_mut()
-            .zip(&x[at..][..n])
-            .for_each(|(o, h)| *o = h.to_f32()),
-        TensorData::Bf16(x) => out
-            .iter_mut()
-            .zip(&x[at..][..n])
-            .for_each(|(o, h)| *o = h.to_f32()),
+    #[inline(always)]
+    fn widen_as<T: Widen>(
+        &mut self,
+        w: &Work,
+        b: usize,
+        kb: usize,
+        keys: &Range<usize>,
+        k: &[T],
+        v: &[T],
+    ) {
+        let g = &w.g;
+        let (d, heads, row_len) = (g.d, w.p.heads_kv, w.cache.shape.row_len());
+        let ld = heads * g.dpad;
+        let valid = w.p.seqlen_k(b);
+        // Zeroed when made: the padding columns are never written.
+        let (ks, vs) = self.data.split_at_mut(self.half);
+        for j in keys.clone() {
+            let c = j - kb * g.bc;
+            let (kr, vr) = (&mut ks[c * ld..][..ld], &mut vs[c * ld..][..ld]);
+            if j < valid {
+                let at = w.p.cache_row(b, j) * row_len;
+                for hk in 0..heads {
+                    T::widen(&k[at + hk * d..][..d], &mut kr[hk * g.dpad..][..d]);
+                    T::widen(&v[at + hk * d..][..d], &mut vr[hk * g.dpad..][..d]);
+                }
+            } else {
+                kr.fill(0.0);
+                vr.fill(0.0);
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! batch's sequences are tasks like a batch's entries; a sink joins each
 //! row's softmax after the merge.
 
-use super::attend::{attend, Geometry, KeyBlock, KeySource, Partial, Query, Scratch};
+use super::attend::{attend, Geometry, KeyBlock, KeySource, Keys, Partial, Query};
 use super::isa::{Isa, Task};
 use super::merge::{merge_row, with_sink};
 use super::micro::{Kernel, Mat};
@@ -218,11 +218,14 @@ struct Packed<'a, 'c> {
 
 impl KeySource for Packed<'_, '_> {
     #[inline(always)]
-    fn block<'s>(&'s self, kb: usize, _: &'s mut Scratch) -> KeyBlock<'s> {
+    fn block(&self, kb: usize) -> KeyBlock<'_> {
         let g = &self.ctx.g;
         KeyBlock {
-            kt: &self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
+            k: Keys::Transposed(
+                &self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
+            ),
             v: &self.ctx.v.head(self.n, self.hk)[kb * g.bc * g.dvpad..][..g.bc * g.dvpad],
+            ldv: g.dvpad,
         }
     }
 }

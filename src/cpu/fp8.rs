@@ -35,7 +35,7 @@ pub fn forward_fp8(
         &qkv[0],
         &qkv[1],
         &qkv[2],
-        Some(round_p),
+        super::vmath::Rounding::By(round_p),
     );
     let o = TensorData::F32(layout.trim(&o));
     Ok(ForwardOutput::new(shape, o, lse, CallStats::default()))

@@ -27,6 +27,13 @@ pub(crate) trait Kernel {
     /// # Safety
     /// `p` must address `left` rows of A and C and the panel's columns of B and C.
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, accumulate: bool) -> usize;
+    /// [`row_dots`] for the next rows of q (A) against every one of the
+    /// `n` keys (rows of B), into C: as many of the `left` rows as share
+    /// a key's loads; returns how many.
+    ///
+    /// # Safety
+    /// `p` must address `left` rows of A and C, `n` rows of B, `d` columns.
+    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize;
     /// `a · b + c`, fused where the instruction set has FMA: what the
     /// elementwise math ([`super::vmath`]) is built on.
     fn madd(a: f32, b: f32, c: f32) -> f32;
@@ -62,6 +69,16 @@ impl Kernel for Avx512 {
             _ => at!(1),
         }
     }
+    #[inline(always)]
+    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+        use x86::dots512 as t;
+        match left {
+            4.. => t::<4>(p, d, n),
+            3 => t::<3>(p, d, n),
+            2 => t::<2>(p, d, n),
+            _ => t::<1>(p, d, n),
+        }
+    }
 }
 
 /// Up to 6 × 16 tiles: 12 of the 16 ymm registers hold C.
@@ -90,6 +107,16 @@ impl Kernel for Avx2 {
             _ => at!(1),
         }
     }
+    #[inline(always)]
+    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+        use x86::dots256 as t;
+        match left {
+            4.. => t::<4>(p, d, n),
+            3 => t::<3>(p, d, n),
+            2 => t::<2>(p, d, n),
+            _ => t::<1>(p, d, n),
+        }
+    }
 }
 
 /// Up to 4 × 16 tiles on NEON's 32 q registers (16 hold C).
@@ -106,6 +133,10 @@ impl Kernel for Neon {
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
         generic_tile::<Fused>(p, left, k, acc)
     }
+    #[inline(always)]
+    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+        generic_dots::<Fused>(p, left, d, n)
+    }
 }
 
 /// Up to 4 × 16 tiles in plain Rust, separate multiply and add (a fused
@@ -120,6 +151,10 @@ impl Kernel for Portable {
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
         generic_tile::<Unfused>(p, left, k, acc)
+    }
+    #[inline(always)]
+    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+        generic_dots::<Unfused>(p, left, d, n)
     }
 }
 
@@ -241,6 +276,76 @@ pub(crate) fn gemm<K: Kernel>(
     }
 }
 
+/// `S = Q·Kᵀ` against K's rows as they are (a KV cache's layout, no
+/// transpose): `s[r·lds + c] = q_r · k_c` for the `m` rows of `q` and the
+/// `n` rows of `k`, over `k` columns (a multiple of [`PAD`]; rows
+/// zero-padded). Up to four query rows share each load of a key's chunk,
+/// and each sum folds its 16 lanes in one fixed tree (lane `j` with
+/// `j + 8`, then `+ 4`, `+ 2`, `+ 1`) on every instruction set. The
+/// products decoding needs (a few rows per key) cost this much less than
+/// transposing K.
+///
+/// # Panics
+/// If an operand is too short for `dims` or the width is not a multiple of
+/// [`PAD`] (a bug, as for [`gemm`]).
+#[inline(always)]
+pub(crate) fn row_dots<K: Kernel>(dims: Dims, q: Mat, k: Mat, s: &mut [f32], lds: usize) {
+    let Dims { m, n, k: d } = dims;
+    assert!(d % PAD == 0 && q.cs == 1 && k.cs == 1 && q.holds(m, d) && k.holds(n, d));
+    assert!(m == 0 || n == 0 || (m - 1) * lds + n <= s.len());
+    if n == 0 {
+        return;
+    }
+    let mut r = 0;
+    while r < m {
+        let p = Ptrs {
+            // SAFETY: r < m, within the bounds asserted above.
+            a: unsafe { q.data.as_ptr().add(r * q.rs) },
+            rs: q.rs,
+            cs: 1,
+            b: k.data.as_ptr(),
+            ldb: k.rs,
+            c: unsafe { s.as_mut_ptr().add(r * lds) },
+            ldc: lds,
+        };
+        // SAFETY: at most rows r..m of q and s, the n rows of k, d columns.
+        r += unsafe { K::dots(&p, m - r, d, n) };
+    }
+}
+
+/// The plain-Rust [`Kernel::dots`]: `R` rows, every key.
+#[inline(always)]
+unsafe fn generic_dots<M: Madd>(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+    match left {
+        4.. => dots::<M, 4>(p, d, n),
+        3 => dots::<M, 3>(p, d, n),
+        2 => dots::<M, 2>(p, d, n),
+        _ => dots::<M, 1>(p, d, n),
+    }
+}
+
+#[inline(always)]
+unsafe fn dots<M: Madd, const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+    for c in 0..n {
+        let key = p.b.add(c * p.ldb);
+        let mut acc = [[0f32; PAD]; R];
+        for x in (0..d).step_by(PAD) {
+            for (r, a) in acc.iter_mut().enumerate() {
+                let q = p.a.add(r * p.rs + x);
+                for (j, a) in a.iter_mut().enumerate() {
+                    *a = M::madd(*q.add(j), *key.add(x + j), *a);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let h: [f32; 8] = std::array::from_fn(|j| a[j] + a[j + 8]);
+            let h: [f32; 4] = std::array::from_fn(|j| h[j] + h[j + 4]);
+            *p.c.add(r * p.ldc + c) = (h[0] + h[2]) + (h[1] + h[3]);
+        }
+    }
+    R
+}
+
 /// The plain-Rust tiles: up to 4 rows × 16 columns.
 #[inline(always)]
 unsafe fn generic_tile<M: Madd>(p: &Ptrs, left: usize, k: usize, acc: bool) -> usize {
@@ -331,6 +436,61 @@ mod x86 {
         }
     }
 
+    /// `R` rows of q against every key, one zmm of sums per row.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dots512<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+        for c in 0..n {
+            let key = p.b.add(c * p.ldb);
+            let mut acc = [_mm512_setzero_ps(); R];
+            for x in (0..d).step_by(16) {
+                let k = _mm512_loadu_ps(key.add(x));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(p.a.add(r * p.rs + x)), k, *a);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                // The upper half through the f64 view: AVX-512F alone has no f32x8 extract.
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                let h = _mm256_add_ps(_mm512_castps512_ps256(*a), hi);
+                *p.c.add(r * p.ldc + c) = sum8(h);
+            }
+        }
+        R
+    }
+
+    /// `R` rows of q against every key, two ymm of sums per row (lanes
+    /// `0..8` and `8..16`, as the zmm's halves).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dots256<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+        for c in 0..n {
+            let key = p.b.add(c * p.ldb);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for x in (0..d).step_by(16) {
+                let k = [_mm256_loadu_ps(key.add(x)), _mm256_loadu_ps(key.add(x + 8))];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let q = p.a.add(r * p.rs + x);
+                    a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q), k[0], a[0]);
+                    a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(8)), k[1], a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                *p.c.add(r * p.ldc + c) = sum8(_mm256_add_ps(a[0], a[1]));
+            }
+        }
+        R
+    }
+
+    /// Lane `j` with `j + 4`, then `+ 2`, then `+ 1`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sum8(h: __m256) -> f32 {
+        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
+    }
+
     /// `MR` rows × 16 floats (two ymm vectors) of C.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -357,6 +517,45 @@ mod x86 {
         for (r, row) in acc.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {
                 _mm256_storeu_ps(p.c.add(r * p.ldc + 8 * v), *x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_dots_match_f64_dot_products_for_every_row_count() {
+        for (m, n, d) in [
+            (1, 1, 16),
+            (3, 5, 16),
+            (4, 17, 48),
+            (7, 64, 128),
+            (9, 3, 32),
+        ] {
+            let q: Vec<f32> = (0..m * d)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let k: Vec<f32> = (0..n * d)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 20.0)
+                .collect();
+            let lds = n + 3;
+            let mut s = vec![f32::NAN; m * lds];
+            let dims = Dims { m, n, k: d };
+            row_dots::<Portable>(dims, Mat::rows(&q, d), Mat::rows(&k, d), &mut s, lds);
+            for r in 0..m {
+                for c in 0..n {
+                    let want: f64 = (0..d)
+                        .map(|x| q[r * d + x] as f64 * k[c * d + x] as f64)
+                        .sum();
+                    let got = s[r * lds + c] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "({m},{n},{d}) s[{r}][{c}]"
+                    );
+                }
             }
         }
     }

@@ -155,22 +155,119 @@ pub(crate) fn scale(xs: &mut [f32], a: f32) {
     xs.iter_mut().for_each(|x| *x *= a);
 }
 
+/// Storage elements the CPU backend widens to f32 on load, in loops the
+/// vectorizer turns into whole-register conversions (`half`'s own `to_f32`
+/// checks for F16C at run time per element and is never vectorized).
+pub(crate) trait Widen: Copy {
+    /// `dst[i] = src[i]` as f32, exactly.
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Widen for half::bf16 {
+    #[inline(always)]
+    fn widen(src: &[half::bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits((s.to_bits() as u32) << 16);
+        }
+    }
+}
+
+impl Widen for half::f16 {
+    /// Branch-free: the exponent and mantissa moved into f32's fields and
+    /// multiplied by 2^112 (rebasing the exponent; an f16 subnormal becomes
+    /// an f32 subnormal that the product normalizes exactly); infinities
+    /// and NaNs (exponent all ones) keep their payload under f32's all-ones
+    /// exponent.
+    #[inline(always)]
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        const REBASE: f32 = f32::from_bits((127 + 112) << 23);
+        for (d, s) in dst.iter_mut().zip(src) {
+            let h = s.to_bits() as u32;
+            let body = (h & 0x7fff) << 13;
+            let finite = f32::from_bits(body) * REBASE;
+            let special = f32::from_bits(body | 0x7f80_0000);
+            let x = if h & 0x7c00 == 0x7c00 {
+                special
+            } else {
+                finite
+            };
+            *d = f32::from_bits(x.to_bits() | (h & 0x8000) << 16);
+        }
+    }
+}
+
 /// How P (and dS) are rounded before the products that use them: not at
-/// all (f32 storage), or by a function (the storage precision's rounding,
-/// or e4m3 at P's scale for FP8).
-pub(crate) type Rounding = Option<fn(f32) -> f32>;
+/// all (f32 storage), to the storage precision (in vectorizable
+/// arithmetic: a call into `half` per element cost the f16 forward a third
+/// of its time), or by a function (e4m3 at P's scale for FP8).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rounding {
+    Exact,
+    F16,
+    Bf16,
+    By(fn(f32) -> f32),
+}
 
 /// The rounding of `precision` storage.
 pub(crate) fn rounding_of(precision: Precision) -> Rounding {
-    (precision != Precision::F32).then(|| precision.rounding())
+    match precision {
+        Precision::F32 => Rounding::Exact,
+        Precision::F16 => Rounding::F16,
+        Precision::Bf16 => Rounding::Bf16,
+    }
+}
+
+/// `x` rounded to the nearest f16 (ties to even) and back, as
+/// `f16::from_f32(x).to_f32()` but branch-free.
+#[inline(always)]
+pub(crate) fn round_f16(x: f32) -> f32 {
+    const MIN_NORMAL: f32 = 6.103_515_6e-5; // 2^-14
+    let a = x.abs();
+    // Below f16's normal range the quantum is 2^-24, the ulp of 0.5:
+    // adding and taking away 0.5 rounds to it, ties to even.
+    let small = (a + 0.5) - 0.5;
+    // Within it, 13 mantissa bits dropped to nearest even (a carry into
+    // the exponent is the right result).
+    let b = a.to_bits();
+    let normal = f32::from_bits((b + 0x0fff + ((b >> 13) & 1)) & !0x1fff);
+    let r = if a < MIN_NORMAL { small } else { normal };
+    // Past f16's largest finite value (65504) the rounding overflowed.
+    let r = if r > 65504.0 { f32::INFINITY } else { r };
+    if a.is_nan() {
+        x
+    } else {
+        r.copysign(x)
+    }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even) and back, branch-free.
+#[inline(always)]
+pub(crate) fn round_bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let r = f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000);
+    if x.is_nan() {
+        x
+    } else {
+        r
+    }
 }
 
 /// P rounded before it multiplies V or Q (docs/semantics.md): the one place the CPU
 /// backend does it.
 #[inline(always)]
 pub(crate) fn round_with(rounding: Rounding, xs: &mut [f32]) {
-    if let Some(round) = rounding {
-        xs.iter_mut().for_each(|x| *x = round(*x));
+    match rounding {
+        Rounding::Exact => {}
+        Rounding::F16 => xs.iter_mut().for_each(|x| *x = round_f16(*x)),
+        Rounding::Bf16 => xs.iter_mut().for_each(|x| *x = round_bf16(*x)),
+        Rounding::By(round) => xs.iter_mut().for_each(|x| *x = round(*x)),
     }
 }
 
@@ -226,6 +323,52 @@ mod tests {
     fn tanh_is_close_in_absolute_terms() {
         tanh_close::<Portable>();
         tanh_close::<Fused>();
+    }
+
+    #[test]
+    fn rounding_to_f16_and_bf16_matches_half() {
+        let specials = [
+            0.0f32, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e-8, 2.98e-8, 6.1e-5,
+        ];
+        let sweep = (0..u32::MAX / 997).map(|i| f32::from_bits(i * 997));
+        for x in specials
+            .into_iter()
+            .chain(sweep)
+            .chain([f32::INFINITY, f32::NAN])
+        {
+            for x in [x, -x] {
+                let (want, got) = (half::f16::from_f32(x).to_f32(), round_f16(x));
+                let same = want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan());
+                assert!(
+                    same,
+                    "f16 of {x:e} ({:#x}): {got:e}, want {want:e}",
+                    x.to_bits()
+                );
+                let (want, got) = (half::bf16::from_f32(x).to_f32(), round_bf16(x));
+                let same = want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan());
+                assert!(same, "bf16 of {x:e}: {got:e}, want {want:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn widening_is_exact_for_every_f16_and_bf16() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let mut out = vec![0f32; all.len()];
+        let f16s: Vec<half::f16> = all.iter().map(|&b| half::f16::from_bits(b)).collect();
+        Widen::widen(&f16s, &mut out);
+        for (h, x) in f16s.iter().zip(&out) {
+            let want = h.to_f32();
+            let same = want.to_bits() == x.to_bits() || (want.is_nan() && x.is_nan());
+            assert!(same, "f16 {:#06x}: {x} want {want}", h.to_bits());
+        }
+        let bf16s: Vec<half::bf16> = all.iter().map(|&b| half::bf16::from_bits(b)).collect();
+        Widen::widen(&bf16s, &mut out);
+        for (h, x) in bf16s.iter().zip(&out) {
+            let want = h.to_f32();
+            let same = want.to_bits() == x.to_bits() || (want.is_nan() && x.is_nan());
+            assert!(same, "bf16 {:#06x}: {x} want {want}", h.to_bits());
+        }
     }
 
     #[test]

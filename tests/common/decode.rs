@@ -303,6 +303,15 @@ pub fn cases() -> Vec<DecodeCase> {
             .f16()
             .opts(causal.clone()),
     ];
+    // Many kv heads: the CPU backend's blocks shrink to 32 and 16 keys.
+    v.push(DecodeCase::new(&[300, 45], 128).heads(16, 8).append(1).bf16());
+    v.push(
+        DecodeCase::new(&[170], 128)
+            .heads(32, 16)
+            .seqlen_q(2)
+            .paged(48)
+            .opts(causal.clone()),
+    );
     for page_size in [1, 16, 48, 256] {
         v.push(
             DecodeCase::new(&[200, 37, 600], 64)
