@@ -468,7 +468,8 @@ pub struct DecodeBenchArgs {
     /// Cache dtypes, comma-separated.
     #[arg(long, requires = "decode", default_value = "f16,f32")]
     pub dtypes: String,
-    /// Backends, comma-separated: wgpu, cpu.
+    /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:
+    /// SDPA with enable_gqa on the CPU, run by cli/src/baselines.py under --python).
     #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
     pub backends: String,
     /// Split modes each backend runs, comma-separated: planner (num_splits

@@ -7,6 +7,8 @@ Times one attention case on the CPU and prints one JSON object on stdout:
 - numpy: naive float32 attention through numpy's BLAS (S and P
   materialized); the backward from the stored P (dV = P^T dO, dP = dO V^T,
   dS = P * (dP - rowsum(dP * P)), dQ = dS K, dK = dS^T Q).
+- torch, --pass decode (`flashattn bench --decode --backends torch`): one
+  decoding step, SDPA with enable_gqa against a --seqlen-key cache in --dtype.
 - torch: torch.nn.functional.scaled_dot_product_attention on the CPU (or,
   with --device cuda, on the GPU in --dtype, synchronized around each run); the
   backward is torch.autograd.grad of the forward's graph (kept between
@@ -35,9 +37,12 @@ import time
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impl", choices=["numpy", "torch"], required=True)
-    p.add_argument("--pass", dest="pass_", choices=["forward", "backward"], required=True)
+    p.add_argument("--pass", dest="pass_", choices=["forward", "backward", "decode"], required=True)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=1)
+    # decode (torch only): --heads query heads on --heads-kv kv heads, one
+    # query token against a cache of --seqlen keys.
+    p.add_argument("--heads-kv", type=int, default=None)
     p.add_argument("--seqlen", type=int, required=True)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", type=int, choices=[0, 1], default=0)
@@ -148,6 +153,30 @@ def torch_case(a, inputs=None):
     return time_it(backward, a.repeats)
 
 
+def torch_decode(a):
+    """One decoding step: SDPA of one query token per sequence against a
+    cache of a.seqlen keys, GQA by enable_gqa (no repeat of K and V), in
+    a.dtype, the cache in torch's contiguous (batch, heads_kv, seqlen, d)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(a.seqlen * 31 + a.head_dim)
+    dtype = getattr(torch, a.dtype)
+    heads_kv = a.heads_kv or a.heads
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+
+    q = randn(a.batch, a.heads, 1, a.head_dim)
+    k, v = (randn(a.batch, heads_kv, a.seqlen, a.head_dim) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def step():
+        with torch.no_grad():
+            return sdpa(q, k, v, enable_gqa=heads_kv != a.heads)
+
+    return timed(step, a.repeats)
+
+
 def request(line):
     """One --serve request as the argument namespace parse() makes."""
     r = json.loads(line)
@@ -200,7 +229,9 @@ def main():
     a = parse()
     result = {"impl": a.impl, "pass": a.pass_}
     try:
-        run = numpy_case if a.impl == "numpy" else torch_case
+        if a.pass_ == "decode" and a.impl != "torch":
+            raise ValueError("the decode pass is torch's only")
+        run = {"numpy": numpy_case, "torch": torch_decode if a.pass_ == "decode" else torch_case}[a.impl]
         result["seconds"] = run(a)
         if a.impl == "torch":
             import torch

@@ -7,6 +7,7 @@
 //! the bench works from any directory. Neither library is a dependency.
 
 use crate::bench::{BenchCase, BenchResult, Implementation, Pass};
+use crate::decode_bench::DecodeConfig;
 use crate::error::{CliError, Result};
 use flashattn::Precision;
 use std::path::PathBuf;
@@ -73,8 +74,8 @@ impl Baselines {
             Pass::Forward => "forward",
             Pass::Backward => "backward",
         };
-        let out = Command::new(&self.python)
-            .arg(&self.script)
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(&self.script)
             .args(["--impl", c.implementation.name(), "--pass", pass])
             .args([
                 "--batch",
@@ -86,7 +87,46 @@ impl Baselines {
             .args(["--head-dim", &c.head_dim.to_string()])
             .args(["--causal", if c.causal { "1" } else { "0" }])
             .args(["--repeats", &repeats.max(1).to_string()])
-            .args(["--device", &device, "--dtype", dtype])
+            .args(["--device", &device, "--dtype", dtype]);
+        self.json_seconds(cmd)
+    }
+}
+
+impl Baselines {
+    /// Seconds of torch's SDPA on the CPU for one decoding step of `c`
+    /// (`enable_gqa`, the cache's dtype): one untimed warm-up, then `repeats`.
+    pub fn decode(&self, c: &DecodeConfig, repeats: usize) -> Result<Vec<f64>> {
+        let dtype = match c.precision {
+            Precision::F16 => "float16",
+            Precision::Bf16 => "bfloat16",
+            _ => "float32",
+        };
+        let args = [
+            ("--batch", c.batch.to_string()),
+            ("--heads", c.heads_q.to_string()),
+            ("--heads-kv", c.heads_kv.to_string()),
+            ("--seqlen", c.cache_len.to_string()),
+            ("--head-dim", c.head_dim.to_string()),
+            ("--repeats", repeats.max(1).to_string()),
+            ("--dtype", dtype.to_string()),
+        ];
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(&self.script)
+            .args(["--impl", "torch", "--pass", "decode"]);
+        for (flag, value) in &args {
+            cmd.args([flag, value.as_str()]);
+        }
+        self.json_seconds(cmd).map(|(seconds, _)| seconds)
+    }
+
+    /// Run `cmd` and read its one JSON object: the seconds, and a note
+    /// naming the library's version and threads.
+    fn json_seconds(&self, mut cmd: Command) -> Result<(Vec<f64>, Option<String>)> {
+        let fail = |message: String| CliError::Baseline {
+            python: self.python.clone(),
+            message,
+        };
+        let out = cmd
             .output()
             .map_err(|e| fail(format!("cannot start it: {e}")))?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -106,9 +146,13 @@ impl Baselines {
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
             .unwrap_or_default();
         let note = json.get("version").and_then(|v| v.as_str()).map(|v| {
+            let name = json
+                .get("impl")
+                .and_then(|i| i.as_str())
+                .unwrap_or("baseline");
             let threads = json.get("threads").and_then(|t| t.as_u64());
             let threads = threads.map_or(String::new(), |t| format!(", {t} threads"));
-            format!("{} {v}{threads}", c.implementation.name())
+            format!("{name} {v}{threads}")
         });
         Ok((seconds, note))
     }

@@ -10,8 +10,13 @@
 //! time (the decode and merge submission; q's upload and o's readback are
 //! not counted), as the forward bench times kernels. On the CPU it is the
 //! wall time of `flashattn::cpu::decode`. Nothing is appended in the timed
-//! steps, so every repeat decodes the same cache.
+//! steps, so every repeat decodes the same cache. The `torch` backend is
+//! the outside baseline: torch's `scaled_dot_product_attention` on the CPU
+//! with `enable_gqa=True`, on caches of the same dtype in torch's own
+//! contiguous `(batch, heads, seqlen, d)` layout, timed in the same run by
+//! `cli/src/baselines.py` (one row per group: splits do not apply).
 
+use crate::baselines::Baselines;
 use crate::error::{one_line, CliError, Result};
 use flashattn::{
     cpu, AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine, HostKvCache, KvCache,
@@ -27,6 +32,8 @@ use std::time::Instant;
 pub enum DecodeBackend {
     Wgpu,
     Cpu,
+    /// torch's SDPA on the CPU (the outside baseline).
+    Torch,
 }
 
 impl DecodeBackend {
@@ -34,6 +41,7 @@ impl DecodeBackend {
         match self {
             DecodeBackend::Wgpu => "wgpu",
             DecodeBackend::Cpu => "cpu",
+            DecodeBackend::Torch => "torch",
         }
     }
 }
@@ -44,9 +52,10 @@ impl std::str::FromStr for DecodeBackend {
         match s {
             "wgpu" => Ok(DecodeBackend::Wgpu),
             "cpu" => Ok(DecodeBackend::Cpu),
+            "torch" => Ok(DecodeBackend::Torch),
             other => Err(CliError::BadFlag {
                 flag: "--backends",
-                expected: "wgpu or cpu",
+                expected: "wgpu, cpu or torch",
                 value: other.to_string(),
             }),
         }
@@ -213,9 +222,13 @@ impl DecodeSet {
         (run, skipped)
     }
 
-    /// Rows per group.
-    pub fn rows_per_group(&self) -> usize {
-        self.splits.len() * self.backends.len()
+    /// The split modes `backend` runs: all of them, or the first for torch
+    /// (which has none).
+    fn modes(&self, backend: DecodeBackend) -> &[SplitMode] {
+        match backend {
+            DecodeBackend::Torch => &self.splits[..self.splits.len().min(1)],
+            _ => &self.splits,
+        }
     }
 
     fn config(&self, g: &Group, backend: DecodeBackend, splits: SplitMode) -> DecodeConfig {
@@ -322,7 +335,12 @@ fn measure(
 }
 
 /// Every backend and split mode of group `g`, on one set of data.
-pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<DecodeResult> {
+pub fn run_group(
+    engine: Option<&Engine>,
+    baselines: Option<&Baselines>,
+    set: &DecodeSet,
+    g: &Group,
+) -> Vec<DecodeResult> {
     let modes = &set.splits;
     let data = match GroupData::new(set, g) {
         Ok(d) => d,
@@ -363,6 +381,27 @@ pub fn run_group(engine: Option<&Engine>, set: &DecodeSet, g: &Group) -> Vec<Dec
                     }));
                 }
             }
+            DecodeBackend::Torch => {
+                for &m in set.modes(backend) {
+                    let c = config(m);
+                    let timed = baselines
+                        .ok_or(CliError::Baseline {
+                            python: String::new(),
+                            message: "no Python interpreter was set up".into(),
+                        })
+                        .and_then(|b| b.decode(&c, set.repeats));
+                    out.push(match timed {
+                        Ok(seconds) => DecodeResult {
+                            seconds,
+                            num_splits: None,
+                            kv_bytes: c.kv_bytes(),
+                            error: None,
+                            config: c,
+                        },
+                        Err(e) => error_result(c, &e),
+                    });
+                }
+            }
         }
     }
     out
@@ -382,7 +421,7 @@ fn error_result(config: DecodeConfig, e: &CliError) -> DecodeResult {
 fn failed(set: &DecodeSet, g: &Group, e: &CliError) -> Vec<DecodeResult> {
     set.backends
         .iter()
-        .flat_map(|&b| set.splits.iter().map(move |&m| set.config(g, b, m)))
+        .flat_map(|&b| set.modes(b).iter().map(move |&m| set.config(g, b, m)))
         .map(|c| error_result(c, e))
         .collect()
 }
@@ -442,8 +481,39 @@ impl DecodeReport {
     fn yardstick(&self, backend: DecodeBackend) -> Option<f64> {
         match backend {
             DecodeBackend::Wgpu => self.copy.as_ref().map(|c| c.gbps),
-            DecodeBackend::Cpu => Some(self.host_copy.gbps),
+            DecodeBackend::Cpu | DecodeBackend::Torch => Some(self.host_copy.gbps),
         }
+    }
+
+    /// Each group's fastest CPU-backend row against its torch row: the
+    /// ratio of their min times (above 1: the CPU backend is faster).
+    pub fn against_torch(&self) -> Vec<(Group, f64)> {
+        let group = |c: &DecodeConfig| Group {
+            batch: c.batch,
+            cache_len: c.cache_len,
+            precision: c.precision,
+        };
+        let best = |backend: DecodeBackend, g: &Group| {
+            self.results
+                .iter()
+                .filter(|r| r.config.backend == backend && group(&r.config) == *g)
+                .filter_map(DecodeResult::min_seconds)
+                .reduce(f64::min)
+        };
+        let mut out: Vec<(Group, f64)> = Vec::new();
+        for r in self
+            .results
+            .iter()
+            .filter(|r| r.config.backend == DecodeBackend::Torch)
+        {
+            let g = group(&r.config);
+            if let (Some(cpu), Some(torch)) =
+                (best(DecodeBackend::Cpu, &g), best(DecodeBackend::Torch, &g))
+            {
+                out.push((g, torch / cpu));
+            }
+        }
+        out
     }
 
     /// The report on stdout: what was measured and how, then one row per
@@ -470,8 +540,10 @@ impl DecodeReport {
             "decode: 1 query token per sequence, heads {}/{}, head_dim {}, full dense caches, \
              no append in the timed steps; min and median of {} repeats after a warm-up; \
              wgpu: kernel time with the cache kept on the device; cpu: wall time of \
-             flashattn::cpu::decode; K/V GB/s = 2·batch·cache·heads_kv·d·bytes / min time; \
-             % copy: of the copy kernel (wgpu rows) or the host copy (cpu rows)",
+             flashattn::cpu::decode; torch: wall time of SDPA (enable_gqa) on the CPU, \
+             caches in torch's (batch, heads, seqlen, d) layout; \
+             K/V GB/s = 2·batch·cache·heads_kv·d·bytes / min time; \
+             % copy: of the copy kernel (wgpu rows) or the host copy (cpu and torch rows)",
             self.heads_q, self.heads_kv, self.head_dim, self.repeats
         );
         println!(
@@ -490,6 +562,12 @@ impl DecodeReport {
         self.results
             .iter()
             .for_each(|r| println!("{}", self.row(r)));
+        for (g, ratio) in self.against_torch() {
+            println!(
+                "cpu vs torch, {} batch {} cache {}: {ratio:.2}x (torch's min time / the CPU backend's)",
+                g.precision, g.batch, g.cache_len
+            );
+        }
         if !self.skipped.is_empty() {
             let pairs: Vec<String> = self
                 .skipped
@@ -513,7 +591,10 @@ impl DecodeReport {
             c.precision.name(),
             c.batch,
             c.cache_len,
-            c.splits.name()
+            match c.backend {
+                DecodeBackend::Torch => "-".into(),
+                _ => c.splits.name(),
+            }
         );
         let (Some(min), Some(med), Some(g)) = (r.min_seconds(), r.median_seconds(), r.gbps())
         else {
@@ -597,6 +678,49 @@ mod tests {
             max_tokens: 65536,
             repeats: 3,
         }
+    }
+
+    #[test]
+    fn torch_runs_one_row_per_group_and_is_compared_with_the_fastest_cpu_row() {
+        let mut set = set();
+        set.backends = "cpu,torch"
+            .split(',')
+            .map(|b| b.parse().unwrap())
+            .collect();
+        assert_eq!(set.modes(DecodeBackend::Torch), &[SplitMode::Planner]);
+        assert_eq!(set.modes(DecodeBackend::Cpu).len(), 2);
+        let g = set.groups().0[0];
+        let row = |backend, splits, seconds: &[f64]| DecodeResult {
+            config: set.config(&g, backend, splits),
+            seconds: seconds.to_vec(),
+            num_splits: None,
+            kv_bytes: 0,
+            error: None,
+        };
+        let results = vec![
+            row(DecodeBackend::Cpu, SplitMode::Planner, &[0.002, 0.003]),
+            row(DecodeBackend::Cpu, SplitMode::Fixed(1), &[0.004]),
+            row(DecodeBackend::Torch, SplitMode::Planner, &[0.006, 0.005]),
+        ];
+        let report = DecodeReport {
+            adapter: String::new(),
+            timing: String::new(),
+            copy: None,
+            host_copy: CopyBandwidth { bytes: 1, gbps: 1.0 },
+            cpu_threads: 2,
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            repeats: 2,
+            results,
+            skipped: Vec::new(),
+            max_tokens: 0,
+        };
+        let ratios = report.against_torch();
+        assert_eq!(ratios.len(), 1);
+        assert_eq!(ratios[0].0, g);
+        assert!((ratios[0].1 - 2.5).abs() < 1e-12, "{}", ratios[0].1);
+        assert!("gpu".parse::<DecodeBackend>().is_err());
     }
 
     #[test]

@@ -304,7 +304,12 @@ pub fn cases() -> Vec<DecodeCase> {
             .opts(causal.clone()),
     ];
     // Many kv heads: the CPU backend's blocks shrink to 32 and 16 keys.
-    v.push(DecodeCase::new(&[300, 45], 128).heads(16, 8).append(1).bf16());
+    v.push(
+        DecodeCase::new(&[300, 45], 128)
+            .heads(16, 8)
+            .append(1)
+            .bf16(),
+    );
     v.push(
         DecodeCase::new(&[170], 128)
             .heads(32, 16)

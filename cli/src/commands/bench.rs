@@ -341,6 +341,11 @@ fn decode(a: &BenchArgs) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
+    let baselines = set
+        .backends
+        .contains(&DecodeBackend::Torch)
+        .then(|| Baselines::new(&a.python))
+        .transpose()?;
     let (groups, skipped) = set.groups();
     let bar = ProgressBar::new(groups.len() as u64 + 2);
     bar.set_style(ProgressStyle::with_template(
@@ -369,7 +374,7 @@ fn decode(a: &BenchArgs) -> Result<()> {
             "decode batch {} cache {} {}",
             g.batch, g.cache_len, g.precision
         ));
-        results.extend(db::run_group(engine.as_ref(), &set, g));
+        results.extend(db::run_group(engine.as_ref(), baselines.as_ref(), &set, g));
         bar.inc(1);
     }
     bar.finish_and_clear();
