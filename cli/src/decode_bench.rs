@@ -683,10 +683,7 @@ mod tests {
     #[test]
     fn torch_runs_one_row_per_group_and_is_compared_with_the_fastest_cpu_row() {
         let mut set = set();
-        set.backends = "cpu,torch"
-            .split(',')
-            .map(|b| b.parse().unwrap())
-            .collect();
+        set.backends = "cpu,torch".split(',').map(|b| b.parse().unwrap()).collect();
         assert_eq!(set.modes(DecodeBackend::Torch), &[SplitMode::Planner]);
         assert_eq!(set.modes(DecodeBackend::Cpu).len(), 2);
         let g = set.groups().0[0];
@@ -706,7 +703,10 @@ mod tests {
             adapter: String::new(),
             timing: String::new(),
             copy: None,
-            host_copy: CopyBandwidth { bytes: 1, gbps: 1.0 },
+            host_copy: CopyBandwidth {
+                bytes: 1,
+                gbps: 1.0,
+            },
             cpu_threads: 2,
             heads_q: 32,
             heads_kv: 8,
