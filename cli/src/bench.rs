@@ -369,6 +369,13 @@ pub fn run(engine: Option<&Engine>, case: &BenchCase, repeats: usize) -> BenchRe
     if let Err(e) = outcome {
         result.error = Some(crate::error::one_line(&e));
     }
+    if case.implementation == Implementation::Cpu {
+        result.note = Some(format!(
+            "cpu {}, {} threads",
+            cpu::Cpu::new().isa().name(),
+            rayon::current_num_threads()
+        ));
+    }
     result
 }
 

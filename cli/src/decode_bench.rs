@@ -466,6 +466,8 @@ pub struct DecodeReport {
     /// Host memory copied by every CPU thread: the CPU rows' yardstick.
     pub host_copy: CopyBandwidth,
     pub cpu_threads: usize,
+    /// The CPU backend's instruction set.
+    pub cpu_isa: String,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
@@ -530,6 +532,10 @@ impl DecodeReport {
             ),
             None => println!("copy bandwidth: no adapter"),
         }
+        println!(
+            "cpu backend: {}, {} threads",
+            self.cpu_isa, self.cpu_threads
+        );
         println!(
             "host copy bandwidth ({} threads, {:.0} MiB, read + written): {:.2} GB/s",
             self.cpu_threads,
@@ -708,6 +714,7 @@ mod tests {
                 gbps: 1.0,
             },
             cpu_threads: 2,
+            cpu_isa: "portable".into(),
             heads_q: 32,
             heads_kv: 8,
             head_dim: 128,

@@ -1592,6 +1592,45 @@ fn bench_decode_quick_prints_a_table_with_the_copy_bandwidth() {
     );
 }
 
+/// The CPU backend's instruction set as FLASHATTN_CPU_ISA chose it, and
+/// torch's rows: measured under an interpreter with torch, else one failed
+/// row per group saying why.
+#[test]
+fn bench_decode_names_the_isa_and_runs_torch_or_says_why_not() {
+    let bench = |python: &str| {
+        let out = bin()
+            .env("FLASHATTN_CPU_ISA", "portable")
+            .args(["bench", "--decode", "--quick", "--repeats", "1"])
+            .args(["--cache-lens", "64", "--batches", "1", "--dtypes", "f32"])
+            .args(["--backends", "cpu,torch", "--python", python])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let text = bench("/nonexistent/python");
+    assert!(text.contains("cpu backend: portable,"), "{text}");
+    let torch: Vec<&str> = text.lines().filter(|l| l.starts_with("torch ")).collect();
+    assert_eq!(torch.len(), 1, "one torch row per group: {text}");
+    assert!(torch[0].contains("cannot start"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("cpu     ")).count(),
+        2,
+        "{text}"
+    );
+    let text = bench("python3");
+    let torch = text.lines().find(|l| l.starts_with("torch ")).unwrap();
+    assert!(
+        torch.contains("not importable") || text.contains("cpu vs torch, f32 batch 1 cache 64: "),
+        "{text}"
+    );
+}
+
 #[test]
 fn bench_decode_bad_arguments() {
     let f = Files::new();

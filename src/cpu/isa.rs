@@ -32,9 +32,19 @@ pub(crate) trait Task {
 }
 
 impl Isa {
-    /// The fastest instruction set this machine has.
+    /// The instruction set [`Cpu::new`](super::Cpu::new) runs: the one
+    /// `$FLASHATTN_CPU_ISA` names (`avx512`, `avx2+fma`, `neon`,
+    /// `portable`) where the machine has it, else the fastest it has. The
+    /// variable lets an AVX-512 machine run and time the AVX2 kernels; a
+    /// name it does not know, or a set the machine lacks, is ignored.
     pub fn detect() -> Isa {
-        Isa::available()[0]
+        let chosen = std::env::var("FLASHATTN_CPU_ISA").ok().and_then(|name| {
+            Isa::available()
+                .iter()
+                .copied()
+                .find(|isa| isa.name() == name.trim())
+        });
+        chosen.unwrap_or(Isa::available()[0])
     }
 
     /// Every instruction set this machine runs, fastest first.

@@ -386,6 +386,7 @@ fn decode(a: &BenchArgs) -> Result<()> {
         copy,
         host_copy,
         cpu_threads: rayon::current_num_threads(),
+        cpu_isa: flashattn::cpu::Cpu::new().isa().name().into(),
         heads_q: set.heads_q,
         heads_kv: set.heads_kv,
         head_dim: set.head_dim,
