@@ -17,6 +17,19 @@
 /// Column granularity: every `n` is a multiple of it.
 pub(crate) const PAD: usize = 16;
 
+/// `f::<[T,] R>(p, d, n)` for as many rows as `left` allows, four at most
+/// (the row counts of [`Kernel::dots`]).
+macro_rules! by_rows {
+    ($f:ident [$($t:ty,)?] $p:expr, $left:expr, $d:expr, $n:expr) => {
+        match $left {
+            4.. => $f::<$($t,)? 4>($p, $d, $n),
+            3 => $f::<$($t,)? 3>($p, $d, $n),
+            2 => $f::<$($t,)? 2>($p, $d, $n),
+            _ => $f::<$($t,)? 1>($p, $d, $n),
+        }
+    };
+}
+
 /// One instruction set's micro-tiles.
 pub(crate) trait Kernel {
     /// Whether a full micro-tile is 32 columns wide (else 16).
@@ -71,13 +84,8 @@ impl Kernel for Avx512 {
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-        use x86::dots512 as t;
-        match left {
-            4.. => t::<4>(p, d, n),
-            3 => t::<3>(p, d, n),
-            2 => t::<2>(p, d, n),
-            _ => t::<1>(p, d, n),
-        }
+        use x86::dots512;
+        by_rows!(dots512 [] p, left, d, n)
     }
 }
 
@@ -109,13 +117,8 @@ impl Kernel for Avx2 {
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-        use x86::dots256 as t;
-        match left {
-            4.. => t::<4>(p, d, n),
-            3 => t::<3>(p, d, n),
-            2 => t::<2>(p, d, n),
-            _ => t::<1>(p, d, n),
-        }
+        use x86::dots256;
+        by_rows!(dots256 [] p, left, d, n)
     }
 }
 
@@ -316,12 +319,7 @@ pub(crate) fn row_dots<K: Kernel>(dims: Dims, q: Mat, k: Mat, s: &mut [f32], lds
 /// The plain-Rust [`Kernel::dots`]: `R` rows, every key.
 #[inline(always)]
 unsafe fn generic_dots<M: Madd>(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-    match left {
-        4.. => dots::<M, 4>(p, d, n),
-        3 => dots::<M, 3>(p, d, n),
-        2 => dots::<M, 2>(p, d, n),
-        _ => dots::<M, 1>(p, d, n),
-    }
+    by_rows!(dots [M,] p, left, d, n)
 }
 
 #[inline(always)]

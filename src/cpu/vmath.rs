@@ -337,18 +337,21 @@ mod tests {
             .chain([f32::INFINITY, f32::NAN])
         {
             for x in [x, -x] {
-                let (want, got) = (half::f16::from_f32(x).to_f32(), round_f16(x));
-                let same = want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan());
+                let want = half::f16::from_f32(x).to_f32();
                 assert!(
-                    same,
-                    "f16 of {x:e} ({:#x}): {got:e}, want {want:e}",
+                    same(round_f16(x), want),
+                    "f16 of {x:e} ({:#x})",
                     x.to_bits()
                 );
-                let (want, got) = (half::bf16::from_f32(x).to_f32(), round_bf16(x));
-                let same = want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan());
-                assert!(same, "bf16 of {x:e}: {got:e}, want {want:e}");
+                let want = half::bf16::from_f32(x).to_f32();
+                assert!(same(round_bf16(x), want), "bf16 of {x:e}");
             }
         }
+    }
+
+    /// The same value, or both NaN.
+    fn same(got: f32, want: f32) -> bool {
+        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
     }
 
     #[test]
@@ -358,16 +361,12 @@ mod tests {
         let f16s: Vec<half::f16> = all.iter().map(|&b| half::f16::from_bits(b)).collect();
         Widen::widen(&f16s, &mut out);
         for (h, x) in f16s.iter().zip(&out) {
-            let want = h.to_f32();
-            let same = want.to_bits() == x.to_bits() || (want.is_nan() && x.is_nan());
-            assert!(same, "f16 {:#06x}: {x} want {want}", h.to_bits());
+            assert!(same(*x, h.to_f32()), "f16 {:#06x}: {x}", h.to_bits());
         }
         let bf16s: Vec<half::bf16> = all.iter().map(|&b| half::bf16::from_bits(b)).collect();
         Widen::widen(&bf16s, &mut out);
         for (h, x) in bf16s.iter().zip(&out) {
-            let want = h.to_f32();
-            let same = want.to_bits() == x.to_bits() || (want.is_nan() && x.is_nan());
-            assert!(same, "bf16 {:#06x}: {x} want {want}", h.to_bits());
+            assert!(same(*x, h.to_f32()), "bf16 {:#06x}: {x}", h.to_bits());
         }
     }
 
