@@ -231,7 +231,7 @@ impl Task for SplitTask<'_, '_> {
             let Some(reach) = streams[0].reach(kb) else {
                 continue;
             };
-            block.widen(w, b, kb, &reach.keys);
+            block.widen::<K>(w, b, kb, &reach.keys);
             for (hk, stream) in streams.iter_mut().enumerate() {
                 let blk = KeyBlock {
                     k: Keys::Rows(&block.k()[hk * g.dpad..], ld),
@@ -274,17 +274,19 @@ impl Block {
 
     /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
     #[inline(always)]
-    fn widen(&mut self, w: &Work, b: usize, kb: usize, keys: &Range<usize>) {
+    fn widen<K: Kernel>(&mut self, w: &Work, b: usize, kb: usize, keys: &Range<usize>) {
         match (&w.cache.k, &w.cache.v) {
-            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as(w, b, kb, keys, k, v),
-            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as(w, b, kb, keys, k, v),
-            (TensorData::Bf16(k), TensorData::Bf16(v)) => self.widen_as(w, b, kb, keys, k, v),
+            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
+            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
+            (TensorData::Bf16(k), TensorData::Bf16(v)) => {
+                self.widen_as::<K, _>(w, b, kb, keys, k, v)
+            }
             _ => unreachable!("decode checked that K and V share their precision"),
         }
     }
 
     #[inline(always)]
-    fn widen_as<T: Widen>(
+    fn widen_as<K: Kernel, T: Widen>(
         &mut self,
         w: &Work,
         b: usize,
@@ -305,8 +307,8 @@ impl Block {
             if j < valid {
                 let at = w.p.cache_row(b, j) * row_len;
                 for hk in 0..heads {
-                    T::widen(&k[at + hk * d..][..d], &mut kr[hk * g.dpad..][..d]);
-                    T::widen(&v[at + hk * d..][..d], &mut vr[hk * g.dpad..][..d]);
+                    T::widen::<K>(&k[at + hk * d..][..d], &mut kr[hk * g.dpad..][..d]);
+                    T::widen::<K>(&v[at + hk * d..][..d], &mut vr[hk * g.dpad..][..d]);
                 }
             } else {
                 kr.fill(0.0);

@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Isa {
-    /// x86-64 with AVX-512F (and AVX2, FMA): 16-lane vectors.
+    /// x86-64 with AVX-512F (and AVX2, FMA, F16C): 16-lane vectors.
     Avx512,
-    /// x86-64 with AVX2 and FMA: 8-lane vectors.
+    /// x86-64 with AVX2, FMA and F16C (every AVX2 chip has it): 8-lane vectors.
     Avx2Fma,
     /// aarch64's Advanced SIMD (always present there): 4-lane vectors with FMA.
     Neon,
@@ -92,13 +92,13 @@ impl Isa {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn run_avx512<T: Task>(task: T) -> T::Output {
     task.run::<Avx512>()
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<T: Task>(task: T) -> T::Output {
     task.run::<Avx2>()
 }
@@ -109,7 +109,8 @@ fn detect_all() -> Vec<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
         if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
             out.push(Isa::Avx512);
         }

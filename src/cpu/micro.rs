@@ -50,6 +50,15 @@ pub(crate) trait Kernel {
     /// `a · b + c`, fused where the instruction set has FMA: what the
     /// elementwise math ([`super::vmath`]) is built on.
     fn madd(a: f32, b: f32, c: f32) -> f32;
+    /// f16 to f32, exactly: the set's conversion instruction where it has
+    /// one, else [`super::vmath::widen_f16_bits`].
+    ///
+    /// # Safety
+    /// The instruction set must be present (as for every method).
+    #[inline(always)]
+    unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+        super::vmath::widen_f16_bits(src, dst)
+    }
 }
 
 /// Up to 8 × 32 tiles: 16 of the 32 zmm registers hold C.
@@ -87,6 +96,10 @@ impl Kernel for Avx512 {
         use x86::dots512;
         by_rows!(dots512 [] p, left, d, n)
     }
+    #[inline(always)]
+    unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+        x86::widen_f16_512(src, dst)
+    }
 }
 
 /// Up to 6 × 16 tiles: 12 of the 16 ymm registers hold C.
@@ -119,6 +132,10 @@ impl Kernel for Avx2 {
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
         use x86::dots256;
         by_rows!(dots256 [] p, left, d, n)
+    }
+    #[inline(always)]
+    unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+        x86::widen_f16_256(src, dst)
     }
 }
 
@@ -400,6 +417,32 @@ mod x86 {
     use super::Ptrs;
     use std::arch::x86_64::*;
 
+    /// f16 to f32 with `vcvtph2ps` (exact), 16 at a time.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen_f16_512(src: &[half::f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let whole = n - n % 16;
+        for i in (0..whole).step_by(16) {
+            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+        }
+        crate::cpu::vmath::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
+    }
+
+    /// f16 to f32 with F16C's `vcvtph2ps` (exact), 8 at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen_f16_256(src: &[half::f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let whole = n - n % 8;
+        for i in (0..whole).step_by(8) {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        crate::cpu::vmath::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
+    }
+
     /// `MR` rows × `NV` zmm vectors (16 floats each) of C.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -434,11 +477,30 @@ mod x86 {
         }
     }
 
-    /// `R` rows of q against every key, one zmm of sums per row.
+    /// `R` rows of q against every key: four keys at a time (one zmm of
+    /// sums per row and key, the four folded together), then one at a time.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dots512<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
-        for c in 0..n {
+        let mut c = 0;
+        while c + 4 <= n {
+            let keys: [*const f32; 4] = std::array::from_fn(|i| p.b.add((c + i) * p.ldb));
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for x in (0..d).step_by(16) {
+                let k: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(keys[i].add(x)));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let q = _mm512_loadu_ps(p.a.add(r * p.rs + x));
+                    for (a, k) in a.iter_mut().zip(&k) {
+                        *a = _mm512_fmadd_ps(q, *k, *a);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm_storeu_ps(p.c.add(r * p.ldc + c), fold4(a));
+            }
+            c += 4;
+        }
+        for c in c..n {
             let key = p.b.add(c * p.ldb);
             let mut acc = [_mm512_setzero_ps(); R];
             for x in (0..d).step_by(16) {
@@ -455,6 +517,32 @@ mod x86 {
             }
         }
         R
+    }
+
+    /// Four zmm's sums, each in the fixed tree (lane `j` with `j + 8`,
+    /// `+ 4`, `+ 2`, `+ 1`), four vectors' steps sharing each shuffle.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold4(a: &[__m512; 4]) -> __m128 {
+        // + 8: quarters (0, 1) of a pair plus quarters (2, 3); lanes 0..8
+        // then hold the first vector's sums, 8..16 the second's.
+        let pair = |x, y| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+            )
+        };
+        let (ab, cd) = (pair(a[0], a[1]), pair(a[2], a[3]));
+        // + 4: quarter v of the result holds vector v's four sums.
+        let u = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+        );
+        // + 2, then + 1, within each quarter: its lane 0 is the total.
+        let u = _mm512_add_ps(u, _mm512_permute_ps::<0b01_00_11_10>(u));
+        let u = _mm512_add_ps(u, _mm512_permute_ps::<0b10_11_00_01>(u));
+        let firsts = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+        _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, u))
     }
 
     /// `R` rows of q against every key, two ymm of sums per row (lanes
@@ -524,13 +612,16 @@ mod x86 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn row_dots_match_f64_dot_products_for_every_row_count() {
+    /// `K`'s [`row_dots`] against f64 dot products; returns the scores.
+    fn row_dots_match_f64<K: Kernel>() -> Vec<Vec<f32>> {
+        let mut all = Vec::new();
         for (m, n, d) in [
             (1, 1, 16),
             (3, 5, 16),
             (4, 17, 48),
             (7, 64, 128),
+            (4, 10, 64),
+            (2, 9, 128),
             (9, 3, 32),
         ] {
             let q: Vec<f32> = (0..m * d)
@@ -542,7 +633,7 @@ mod tests {
             let lds = n + 3;
             let mut s = vec![f32::NAN; m * lds];
             let dims = Dims { m, n, k: d };
-            row_dots::<Portable>(dims, Mat::rows(&q, d), Mat::rows(&k, d), &mut s, lds);
+            row_dots::<K>(dims, Mat::rows(&q, d), Mat::rows(&k, d), &mut s, lds);
             for r in 0..m {
                 for c in 0..n {
                     let want: f64 = (0..d)
@@ -554,6 +645,30 @@ mod tests {
                         "({m},{n},{d}) s[{r}][{c}]"
                     );
                 }
+            }
+            all.push(s);
+        }
+        all
+    }
+
+    #[test]
+    fn row_dots_match_f64_dot_products_for_every_row_count() {
+        row_dots_match_f64::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::cpu::isa::Isa;
+            // The fused sets fold in one tree: the same bits.
+            let avx2 = Isa::available()
+                .contains(&Isa::Avx2Fma)
+                .then(row_dots_match_f64::<Avx2>);
+            let avx512 = Isa::available()
+                .contains(&Isa::Avx512)
+                .then(row_dots_match_f64::<Avx512>);
+            if let (Some(a), Some(b)) = (avx2, avx512) {
+                let bits = |s: Vec<Vec<f32>>| -> Vec<u32> {
+                    s.into_iter().flatten().map(f32::to_bits).collect()
+                };
+                assert_eq!(bits(a), bits(b));
             }
         }
     }

@@ -160,19 +160,19 @@ pub(crate) fn scale(xs: &mut [f32], a: f32) {
 /// checks for F16C at run time per element and is never vectorized).
 pub(crate) trait Widen: Copy {
     /// `dst[i] = src[i]` as f32, exactly.
-    fn widen(src: &[Self], dst: &mut [f32]);
+    fn widen<K: Kernel>(src: &[Self], dst: &mut [f32]);
 }
 
 impl Widen for f32 {
     #[inline(always)]
-    fn widen(src: &[f32], dst: &mut [f32]) {
+    fn widen<K: Kernel>(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
 }
 
 impl Widen for half::bf16 {
     #[inline(always)]
-    fn widen(src: &[half::bf16], dst: &mut [f32]) {
+    fn widen<K: Kernel>(src: &[half::bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32::from_bits((s.to_bits() as u32) << 16);
         }
@@ -180,26 +180,32 @@ impl Widen for half::bf16 {
 }
 
 impl Widen for half::f16 {
-    /// Branch-free: the exponent and mantissa moved into f32's fields and
-    /// multiplied by 2^112 (rebasing the exponent; an f16 subnormal becomes
-    /// an f32 subnormal that the product normalizes exactly); infinities
-    /// and NaNs (exponent all ones) keep their payload under f32's all-ones
-    /// exponent.
     #[inline(always)]
-    fn widen(src: &[half::f16], dst: &mut [f32]) {
-        const REBASE: f32 = f32::from_bits((127 + 112) << 23);
-        for (d, s) in dst.iter_mut().zip(src) {
-            let h = s.to_bits() as u32;
-            let body = (h & 0x7fff) << 13;
-            let finite = f32::from_bits(body) * REBASE;
-            let special = f32::from_bits(body | 0x7f80_0000);
-            let x = if h & 0x7c00 == 0x7c00 {
-                special
-            } else {
-                finite
-            };
-            *d = f32::from_bits(x.to_bits() | (h & 0x8000) << 16);
-        }
+    fn widen<K: Kernel>(src: &[half::f16], dst: &mut [f32]) {
+        // SAFETY: a kernel runs only inside its instruction set's entry point.
+        unsafe { K::widen_f16(src, dst) }
+    }
+}
+
+/// f16 to f32 exactly, branch-free, for sets without a conversion
+/// instruction: the exponent and mantissa moved into f32's fields and
+/// multiplied by 2^112 (rebasing the exponent; an f16 subnormal becomes an
+/// f32 subnormal that the product normalizes exactly); infinities and NaNs
+/// (exponent all ones) keep their payload under f32's all-ones exponent.
+#[inline(always)]
+pub(crate) fn widen_f16_bits(src: &[half::f16], dst: &mut [f32]) {
+    const REBASE: f32 = f32::from_bits((127 + 112) << 23);
+    for (d, s) in dst.iter_mut().zip(src) {
+        let h = s.to_bits() as u32;
+        let body = (h & 0x7fff) << 13;
+        let finite = f32::from_bits(body) * REBASE;
+        let special = f32::from_bits(body | 0x7f80_0000);
+        let x = if h & 0x7c00 == 0x7c00 {
+            special
+        } else {
+            finite
+        };
+        *d = f32::from_bits(x.to_bits() | (h & 0x8000) << 16);
     }
 }
 
@@ -354,19 +360,34 @@ mod tests {
         got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
     }
 
-    #[test]
-    fn widening_is_exact_for_every_f16_and_bf16() {
-        let all: Vec<u16> = (0..=u16::MAX).collect();
+    /// Every f16 and bf16, widened by `K` (with a tail past its vectors).
+    fn widening_is_exact<K: Kernel>() {
+        let all: Vec<u16> = (0..=u16::MAX).chain(0..7).collect();
         let mut out = vec![0f32; all.len()];
         let f16s: Vec<half::f16> = all.iter().map(|&b| half::f16::from_bits(b)).collect();
-        Widen::widen(&f16s, &mut out);
+        Widen::widen::<K>(&f16s, &mut out);
         for (h, x) in f16s.iter().zip(&out) {
             assert!(same(*x, h.to_f32()), "f16 {:#06x}: {x}", h.to_bits());
         }
         let bf16s: Vec<half::bf16> = all.iter().map(|&b| half::bf16::from_bits(b)).collect();
-        Widen::widen(&bf16s, &mut out);
+        Widen::widen::<K>(&bf16s, &mut out);
         for (h, x) in bf16s.iter().zip(&out) {
             assert!(same(*x, h.to_f32()), "bf16 {:#06x}: {x}", h.to_bits());
+        }
+    }
+
+    #[test]
+    fn widening_is_exact_for_every_f16_and_bf16() {
+        widening_is_exact::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::cpu::isa::Isa;
+            if Isa::available().contains(&Isa::Avx2Fma) {
+                widening_is_exact::<crate::cpu::micro::Avx2>();
+            }
+            if Isa::available().contains(&Isa::Avx512) {
+                widening_is_exact::<crate::cpu::micro::Avx512>();
+            }
         }
     }
 
