@@ -122,3 +122,24 @@ fn detect_all() -> Vec<Isa> {
     out.push(Isa::Portable);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On aarch64 the NEON kernels are the ones that run (the tests of the
+    /// CPU backend run every available set; this one fails if NEON is not
+    /// among them); on x86-64 they never are.
+    #[test]
+    fn the_targets_own_kernels_come_first() {
+        let all = Isa::available();
+        assert_eq!(all.last(), Some(&Isa::Portable));
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(all, [Isa::Neon, Isa::Portable]);
+        #[cfg(not(target_arch = "aarch64"))]
+        assert!(!all.contains(&Isa::Neon));
+        if std::env::var_os("FLASHATTN_CPU_ISA").is_none() {
+            assert_eq!(Isa::detect(), all[0]);
+        }
+    }
+}

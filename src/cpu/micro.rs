@@ -4,11 +4,12 @@
 //! `C (m×n) = or += A (m×k) · B (k×n)`, B and C row-major, A at any strides
 //! (so Pᵀ and dSᵀ are read in place). A micro-tile keeps `MR × NR` sums of C
 //! in vector registers and, for each step of k, loads one row of B (`NR`
-//! floats: one or two vectors), broadcasts `MR` elements of A and does
+//! floats: one to four vectors), broadcasts `MR` elements of A and does
 //! `MR × NR` multiply-adds — the outer-product form of BLAS micro-kernels.
-//! The source is plain Rust over fixed-size arrays; compiled inside each
-//! instruction set's `#[target_feature]` entry point (`isa.rs`) the arrays
-//! become registers and the loops vector FMAs. Operands are small blocks
+//! The x86 and NEON tiles are intrinsics over arrays of vector registers;
+//! the portable one is plain Rust over fixed-size arrays. Every element of
+//! C is the same chain of the kernel's `madd` in k's order whatever the
+//! tile's shape, so the fused sets agree bit for bit. Operands are small blocks
 //! already resident in L1/L2, so there is no packing step: the callers lay
 //! K, V, Q and dO out once per call in the shapes the products read.
 //!
@@ -122,7 +123,7 @@ impl Kernel for Avx2 {
     }
 }
 
-/// Up to 4 × 16 tiles on NEON's 32 q registers (16 hold C).
+/// Up to 6 × 16 tiles: 24 of NEON's 32 q registers hold C, 4 a row of B.
 #[cfg(target_arch = "aarch64")]
 pub(crate) struct Neon;
 #[cfg(target_arch = "aarch64")]
@@ -130,15 +131,28 @@ impl Kernel for Neon {
     const WIDE: bool = false;
     #[inline(always)]
     fn madd(a: f32, b: f32, c: f32) -> f32 {
-        Fused::madd(a, b, c)
+        a.mul_add(b, c)
     }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
-        generic_tile::<Fused>(p, left, k, acc)
+        use arm::tile128 as t;
+        macro_rules! at {
+            ($mr:literal) => {{
+                t::<$mr>(p, k, acc);
+                $mr
+            }};
+        }
+        match left {
+            6.. => at!(6),
+            4 | 5 => at!(4),
+            2 | 3 => at!(2),
+            _ => at!(1),
+        }
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-        generic_dots::<Fused>(p, left, d, n)
+        use arm::dots128;
+        by_rows!(dots128 [] p, left, d, n)
     }
 }
 
@@ -164,16 +178,6 @@ impl Kernel for Portable {
 /// A scalar multiply-add for the plain-Rust tiles.
 trait Madd {
     fn madd(a: f32, b: f32, c: f32) -> f32;
-}
-
-#[cfg(target_arch = "aarch64")]
-struct Fused;
-#[cfg(target_arch = "aarch64")]
-impl Madd for Fused {
-    #[inline(always)]
-    fn madd(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
 }
 
 struct Unfused;
@@ -520,39 +524,278 @@ mod x86 {
     }
 }
 
+/// The NEON tiles in intrinsics, as the x86 ones: arrays of q registers.
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use super::Ptrs;
+    use std::arch::aarch64::*;
+
+    /// `MR` rows × 16 floats (four q registers) of C: with `MR` 6, 24
+    /// sums, 4 of B and A's broadcast element fit the 32 q registers.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn tile128<const MR: usize>(p: &Ptrs, k: usize, accumulate: bool) {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; MR];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = vld1q_f32(p.c.add(r * p.ldc + 4 * v));
+                }
+            }
+        }
+        for x in 0..k {
+            let brow = p.b.add(x * p.ldb);
+            let b: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(brow.add(4 * v)));
+            let a = p.a.add(x * p.cs);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = *a.add(r * p.rs);
+                for (c, b) in row.iter_mut().zip(&b) {
+                    *c = vfmaq_n_f32(*c, *b, av);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                vst1q_f32(p.c.add(r * p.ldc + 4 * v), *x);
+            }
+        }
+    }
+
+    /// `R` rows of q against every key, four q registers of sums per row
+    /// (lanes `0..4`, `4..8`, `8..12`, `12..16`).
+    #[inline]
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dots128<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+        for c in 0..n {
+            let key = p.b.add(c * p.ldb);
+            let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+            for x in (0..d).step_by(16) {
+                let k: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(key.add(x + 4 * v)));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let q = p.a.add(r * p.rs + x);
+                    for (v, (a, k)) in a.iter_mut().zip(&k).enumerate() {
+                        *a = vfmaq_f32(*a, vld1q_f32(q.add(4 * v)), *k);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                *p.c.add(r * p.ldc + c) = sum16(a);
+            }
+        }
+        R
+    }
+
+    /// The 16 lanes in the tree of every instruction set: lane `j` with
+    /// `j + 8` (register 0 with 2, 1 with 3), then `+ 4` (the two sums),
+    /// then `+ 2` (the halves), then `+ 1`. `vaddvq_f32` would pair
+    /// neighbours first (`(0 + 1) + (2 + 3)`), a different rounding.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn sum16(a: &[float32x4_t; 4]) -> f32 {
+        let q = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+        vpadds_f32(vadd_f32(vget_low_f32(q), vget_high_f32(q)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::isa::{Isa, Task};
+
+    /// Values in [-2, 2] that differ from one element to the next.
+    fn values(len: usize, mul: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * mul % 101) as f32 - 50.0) / 25.0)
+            .collect()
+    }
+
+    /// Whether `got` is `want` bit for bit (NaN padding included).
+    fn same_bits(got: &[f32], want: &[f32]) -> bool {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(g, w)| g.to_bits() == w.to_bits())
+    }
+
+    /// `c0 + Σ terms` in f64, and `1 + |c0| + Σ |terms|`: the f32 sums
+    /// below round at most 128 times in a chain (k 64, unfused), so they
+    /// are within `128 · 2⁻²⁴ < 1e-5` times it, under any cancellation.
+    fn sum_and_size(terms: impl Iterator<Item = f64>, c0: f64) -> (f64, f64) {
+        terms.fold((c0, 1.0 + c0.abs()), |(s, a), t| (s + t, a + t.abs()))
+    }
+
+    /// One [`gemm`] on a kernel, and the same sums as a chain of that
+    /// kernel's scalar `madd` in k's order: whatever the tile shape, every
+    /// element of C is that chain, so the two must agree bit for bit.
+    struct GemmCase<'a> {
+        dims: Dims,
+        a: Mat<'a>,
+        b: &'a [f32],
+        c: Vec<f32>,
+        ldc: usize,
+        accumulate: bool,
+    }
+
+    impl Task for GemmCase<'_> {
+        type Output = (Vec<f32>, Vec<f32>);
+        fn run<K: Kernel>(self) -> Self::Output {
+            let Dims { m, n, k } = self.dims;
+            let (a, b, ldc) = (self.a, self.b, self.ldc);
+            let mut want = self.c.clone();
+            for r in 0..m {
+                for j in 0..n {
+                    let mut s = if self.accumulate {
+                        want[r * ldc + j]
+                    } else {
+                        0.0
+                    };
+                    for x in 0..k {
+                        s = K::madd(a.data[r * a.rs + x * a.cs], b[x * n + j], s);
+                    }
+                    want[r * ldc + j] = s;
+                }
+            }
+            let mut got = self.c;
+            gemm::<K>(
+                self.dims,
+                a,
+                Mat::rows(b, n),
+                &mut got,
+                ldc,
+                self.accumulate,
+            );
+            (got, want)
+        }
+    }
 
     #[test]
-    fn row_dots_match_f64_dot_products_for_every_row_count() {
-        for (m, n, d) in [
-            (1, 1, 16),
-            (3, 5, 16),
-            (4, 17, 48),
-            (7, 64, 128),
-            (9, 3, 32),
-        ] {
-            let q: Vec<f32> = (0..m * d)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-                .collect();
-            let k: Vec<f32> = (0..n * d)
-                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 20.0)
-                .collect();
-            let lds = n + 3;
-            let mut s = vec![f32::NAN; m * lds];
-            let dims = Dims { m, n, k: d };
-            row_dots::<Portable>(dims, Mat::rows(&q, d), Mat::rows(&k, d), &mut s, lds);
+    fn every_instruction_sets_tiles_are_their_madd_chains_at_odd_sizes() {
+        for &isa in Isa::available() {
+            for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 13] {
+                for k in [0, 1, 5, 17, 64] {
+                    for n in [16, 32, 48] {
+                        for (transposed, accumulate) in
+                            [(false, false), (false, true), (true, false), (true, true)]
+                        {
+                            let a_data = values(m * k, 37);
+                            let a = if transposed {
+                                Mat::transposed(&a_data, m)
+                            } else {
+                                Mat::rows(&a_data, k)
+                            };
+                            let b = values(k * n, 53);
+                            // Two padding columns that must stay NaN; C's
+                            // own elements NaN too unless accumulated into.
+                            let ldc = n + 2;
+                            let c: Vec<f32> = (0..m * ldc)
+                                .map(|i| {
+                                    if accumulate && i % ldc < n {
+                                        0.5
+                                    } else {
+                                        f32::NAN
+                                    }
+                                })
+                                .collect();
+                            let dims = Dims { m, n, k };
+                            let case = GemmCase {
+                                dims,
+                                a,
+                                b: &b,
+                                c,
+                                ldc,
+                                accumulate,
+                            };
+                            let (got, want) = isa.run(case);
+                            let at = format!("{isa:?} m {m} k {k} n {n} transposed {transposed} accumulate {accumulate}");
+                            assert!(same_bits(&got, &want), "{at}");
+                            for r in 0..m {
+                                for j in 0..n {
+                                    let terms = (0..k).map(|x| {
+                                        a.data[r * a.rs + x * a.cs] as f64 * b[x * n + j] as f64
+                                    });
+                                    let c0 = if accumulate { 0.5 } else { 0.0 };
+                                    let (dot, size) = sum_and_size(terms, c0);
+                                    let err = (got[r * ldc + j] as f64 - dot).abs();
+                                    assert!(err < 1e-5 * size, "{at}: c[{r}][{j}] off by {err}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`row_dots`] on a kernel, and the same sums as 16 lanes of that
+    /// kernel's scalar `madd` folded in the documented tree (lane `j` with
+    /// `j + 8`, then `+ 4`, `+ 2`, `+ 1`).
+    struct DotsCase<'a> {
+        dims: Dims,
+        q: &'a [f32],
+        k: &'a [f32],
+        lds: usize,
+    }
+
+    impl Task for DotsCase<'_> {
+        type Output = (Vec<f32>, Vec<f32>);
+        fn run<K: Kernel>(self) -> Self::Output {
+            let Dims { m, n, k: d } = self.dims;
+            let (q, k, lds) = (self.q, self.k, self.lds);
+            let mut want = vec![f32::NAN; m * lds];
             for r in 0..m {
                 for c in 0..n {
-                    let want: f64 = (0..d)
-                        .map(|x| q[r * d + x] as f64 * k[c * d + x] as f64)
-                        .sum();
-                    let got = s[r * lds + c] as f64;
-                    assert!(
-                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                        "({m},{n},{d}) s[{r}][{c}]"
-                    );
+                    let mut l = [0f32; PAD];
+                    for x in (0..d).step_by(PAD) {
+                        for (j, l) in l.iter_mut().enumerate() {
+                            *l = K::madd(q[r * d + x + j], k[c * d + x + j], *l);
+                        }
+                    }
+                    let h: [f32; 8] = std::array::from_fn(|j| l[j] + l[j + 8]);
+                    let h: [f32; 4] = std::array::from_fn(|j| h[j] + h[j + 4]);
+                    want[r * lds + c] = (h[0] + h[2]) + (h[1] + h[3]);
+                }
+            }
+            let mut got = vec![f32::NAN; m * lds];
+            row_dots::<K>(self.dims, Mat::rows(q, d), Mat::rows(k, d), &mut got, lds);
+            (got, want)
+        }
+    }
+
+    #[test]
+    fn every_instruction_sets_row_dots_fold_in_one_tree_and_match_f64() {
+        for &isa in Isa::available() {
+            for (m, n, d) in [
+                (1, 1, 16),
+                (2, 7, 16),
+                (3, 5, 16),
+                (4, 17, 48),
+                (5, 2, 32),
+                (7, 64, 128),
+                (9, 3, 32),
+                (13, 11, 256),
+            ] {
+                let q = values(m * d, 37);
+                let k = values(n * d, 53);
+                let lds = n + 3;
+                let dims = Dims { m, n, k: d };
+                let (s, want) = isa.run(DotsCase {
+                    dims,
+                    q: &q,
+                    k: &k,
+                    lds,
+                });
+                assert!(same_bits(&s, &want), "{isa:?} ({m},{n},{d})");
+                for r in 0..m {
+                    for c in 0..n {
+                        let terms = (0..d).map(|x| q[r * d + x] as f64 * k[c * d + x] as f64);
+                        let (dot, size) = sum_and_size(terms, 0.0);
+                        let err = (s[r * lds + c] as f64 - dot).abs();
+                        assert!(
+                            err < 1e-5 * size,
+                            "{isa:?} ({m},{n},{d}) s[{r}][{c}] off by {err}"
+                        );
+                    }
                 }
             }
         }
