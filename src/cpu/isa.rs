@@ -105,7 +105,12 @@ unsafe fn run_avx2<T: Task>(task: T) -> T::Output {
 
 /// The instruction sets this machine runs, fastest first (detected once).
 fn detect_all() -> Vec<Isa> {
-    let mut out = Vec::new();
+    // NEON is part of aarch64's base instruction set: nothing to detect.
+    let mut out = if cfg!(target_arch = "aarch64") {
+        vec![Isa::Neon]
+    } else {
+        Vec::new()
+    };
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
@@ -117,8 +122,6 @@ fn detect_all() -> Vec<Isa> {
             out.push(Isa::Avx2Fma);
         }
     }
-    #[cfg(target_arch = "aarch64")]
-    out.push(Isa::Neon);
     out.push(Isa::Portable);
     out
 }
