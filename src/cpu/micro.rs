@@ -9,9 +9,10 @@
 //! The x86 and NEON tiles are intrinsics over arrays of vector registers;
 //! the portable one is plain Rust over fixed-size arrays. Every element of
 //! C is the same chain of the kernel's `madd` in k's order whatever the
-//! tile's shape, so the fused sets agree bit for bit. Operands are small blocks
-//! already resident in L1/L2, so there is no packing step: the callers lay
-//! K, V, Q and dO out once per call in the shapes the products read.
+//! tile's shape, so the fused sets agree bit for bit. Operands are small
+//! blocks already resident in L1/L2, so there is no packing step: the
+//! callers lay K, V, Q and dO out once per call in the shapes the products
+//! read.
 //!
 //! `n` must be a multiple of [`PAD`]: callers pad head-dim rows with zeros.
 
