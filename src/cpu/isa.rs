@@ -105,7 +105,12 @@ unsafe fn run_avx2<T: Task>(task: T) -> T::Output {
 
 /// The instruction sets this machine runs, fastest first (detected once).
 fn detect_all() -> Vec<Isa> {
-    let mut out = Vec::new();
+    // NEON is part of aarch64's base instruction set: nothing to detect.
+    let mut out = if cfg!(target_arch = "aarch64") {
+        vec![Isa::Neon]
+    } else {
+        Vec::new()
+    };
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
@@ -118,8 +123,27 @@ fn detect_all() -> Vec<Isa> {
             out.push(Isa::Avx2Fma);
         }
     }
-    #[cfg(target_arch = "aarch64")]
-    out.push(Isa::Neon);
     out.push(Isa::Portable);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On aarch64 the NEON kernels are the ones that run (the tests of the
+    /// CPU backend run every available set; this one fails if NEON is not
+    /// among them); on x86-64 they never are.
+    #[test]
+    fn the_targets_own_kernels_come_first() {
+        let all = Isa::available();
+        assert_eq!(all.last(), Some(&Isa::Portable));
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(all, [Isa::Neon, Isa::Portable]);
+        #[cfg(not(target_arch = "aarch64"))]
+        assert!(!all.contains(&Isa::Neon));
+        if std::env::var_os("FLASHATTN_CPU_ISA").is_none() {
+            assert_eq!(Isa::detect(), all[0]);
+        }
+    }
 }

@@ -4,13 +4,15 @@
 //! `C (m×n) = or += A (m×k) · B (k×n)`, B and C row-major, A at any strides
 //! (so Pᵀ and dSᵀ are read in place). A micro-tile keeps `MR × NR` sums of C
 //! in vector registers and, for each step of k, loads one row of B (`NR`
-//! floats: one or two vectors), broadcasts `MR` elements of A and does
+//! floats: one to four vectors), broadcasts `MR` elements of A and does
 //! `MR × NR` multiply-adds — the outer-product form of BLAS micro-kernels.
-//! The source is plain Rust over fixed-size arrays; compiled inside each
-//! instruction set's `#[target_feature]` entry point (`isa.rs`) the arrays
-//! become registers and the loops vector FMAs. Operands are small blocks
-//! already resident in L1/L2, so there is no packing step: the callers lay
-//! K, V, Q and dO out once per call in the shapes the products read.
+//! The x86 and NEON tiles are intrinsics over arrays of vector registers;
+//! the portable one is plain Rust over fixed-size arrays. Every element of
+//! C is the same chain of the kernel's `madd` in k's order whatever the
+//! tile's shape, so the fused sets agree bit for bit. Operands are small
+//! blocks already resident in L1/L2, so there is no packing step: the
+//! callers lay K, V, Q and dO out once per call in the shapes the products
+//! read.
 //!
 //! `n` must be a multiple of [`PAD`]: callers pad head-dim rows with zeros.
 
@@ -51,13 +53,35 @@ pub(crate) trait Kernel {
     /// elementwise math ([`super::vmath`]) is built on.
     fn madd(a: f32, b: f32, c: f32) -> f32;
     /// f16 to f32, exactly: the set's conversion instruction where it has
-    /// one, else [`super::vmath::widen_f16_bits`].
+    /// one, else [`widen_f16_bits`].
     ///
     /// # Safety
     /// The instruction set must be present (as for every method).
     #[inline(always)]
     unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
-        super::vmath::widen_f16_bits(src, dst)
+        widen_f16_bits(src, dst)
+    }
+}
+
+/// f16 to f32 exactly, branch-free, for sets without a conversion
+/// instruction: the exponent and mantissa moved into f32's fields and
+/// multiplied by 2^112 (rebasing the exponent; an f16 subnormal becomes an
+/// f32 subnormal that the product normalizes exactly); infinities and NaNs
+/// (exponent all ones) keep their payload under f32's all-ones exponent.
+#[inline(always)]
+fn widen_f16_bits(src: &[half::f16], dst: &mut [f32]) {
+    const REBASE: f32 = f32::from_bits((127 + 112) << 23);
+    for (d, s) in dst.iter_mut().zip(src) {
+        let h = s.to_bits() as u32;
+        let body = (h & 0x7fff) << 13;
+        let finite = f32::from_bits(body) * REBASE;
+        let special = f32::from_bits(body | 0x7f80_0000);
+        let x = if h & 0x7c00 == 0x7c00 {
+            special
+        } else {
+            finite
+        };
+        *d = f32::from_bits(x.to_bits() | (h & 0x8000) << 16);
     }
 }
 
@@ -139,7 +163,7 @@ impl Kernel for Avx2 {
     }
 }
 
-/// Up to 4 × 16 tiles on NEON's 32 q registers (16 hold C).
+/// Up to 6 × 16 tiles: 24 of NEON's 32 q registers hold C, 4 a row of B.
 #[cfg(target_arch = "aarch64")]
 pub(crate) struct Neon;
 #[cfg(target_arch = "aarch64")]
@@ -147,15 +171,28 @@ impl Kernel for Neon {
     const WIDE: bool = false;
     #[inline(always)]
     fn madd(a: f32, b: f32, c: f32) -> f32 {
-        Fused::madd(a, b, c)
+        a.mul_add(b, c)
     }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
-        generic_tile::<Fused>(p, left, k, acc)
+        use arm::tile128 as t;
+        macro_rules! at {
+            ($mr:literal) => {{
+                t::<$mr>(p, k, acc);
+                $mr
+            }};
+        }
+        match left {
+            6.. => at!(6),
+            4 | 5 => at!(4),
+            2 | 3 => at!(2),
+            _ => at!(1),
+        }
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-        generic_dots::<Fused>(p, left, d, n)
+        use arm::dots128;
+        by_rows!(dots128 [] p, left, d, n)
     }
 }
 
@@ -181,16 +218,6 @@ impl Kernel for Portable {
 /// A scalar multiply-add for the plain-Rust tiles.
 trait Madd {
     fn madd(a: f32, b: f32, c: f32) -> f32;
-}
-
-#[cfg(target_arch = "aarch64")]
-struct Fused;
-#[cfg(target_arch = "aarch64")]
-impl Madd for Fused {
-    #[inline(always)]
-    fn madd(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
 }
 
 struct Unfused;
@@ -427,7 +454,7 @@ mod x86 {
             let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
             _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
         }
-        crate::cpu::vmath::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
+        super::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
     }
 
     /// f16 to f32 with F16C's `vcvtph2ps` (exact), 8 at a time.
@@ -440,7 +467,7 @@ mod x86 {
             let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
             _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
         }
-        crate::cpu::vmath::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
+        super::widen_f16_bits(&src[whole..n], &mut dst[whole..n]);
     }
 
     /// `MR` rows × `NV` zmm vectors (16 floats each) of C.
@@ -608,68 +635,78 @@ mod x86 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The NEON tiles in intrinsics, as the x86 ones: arrays of q registers.
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use super::Ptrs;
+    use std::arch::aarch64::*;
 
-    /// `K`'s [`row_dots`] against f64 dot products; returns the scores.
-    fn row_dots_match_f64<K: Kernel>() -> Vec<Vec<f32>> {
-        let mut all = Vec::new();
-        for (m, n, d) in [
-            (1, 1, 16),
-            (3, 5, 16),
-            (4, 17, 48),
-            (7, 64, 128),
-            (4, 10, 64),
-            (2, 9, 128),
-            (9, 3, 32),
-        ] {
-            let q: Vec<f32> = (0..m * d)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-                .collect();
-            let k: Vec<f32> = (0..n * d)
-                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 20.0)
-                .collect();
-            let lds = n + 3;
-            let mut s = vec![f32::NAN; m * lds];
-            let dims = Dims { m, n, k: d };
-            row_dots::<K>(dims, Mat::rows(&q, d), Mat::rows(&k, d), &mut s, lds);
-            for r in 0..m {
-                for c in 0..n {
-                    let want: f64 = (0..d)
-                        .map(|x| q[r * d + x] as f64 * k[c * d + x] as f64)
-                        .sum();
-                    let got = s[r * lds + c] as f64;
-                    assert!(
-                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                        "({m},{n},{d}) s[{r}][{c}]"
-                    );
+    /// `MR` rows × 16 floats (four q registers) of C: with `MR` 6, 24
+    /// sums, 4 of B and A's broadcast element fit the 32 q registers.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn tile128<const MR: usize>(p: &Ptrs, k: usize, accumulate: bool) {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; MR];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = vld1q_f32(p.c.add(r * p.ldc + 4 * v));
                 }
             }
-            all.push(s);
         }
-        all
-    }
-
-    #[test]
-    fn row_dots_match_f64_dot_products_for_every_row_count() {
-        row_dots_match_f64::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::cpu::isa::Isa;
-            // The fused sets fold in one tree: the same bits.
-            let avx2 = Isa::available()
-                .contains(&Isa::Avx2Fma)
-                .then(row_dots_match_f64::<Avx2>);
-            let avx512 = Isa::available()
-                .contains(&Isa::Avx512)
-                .then(row_dots_match_f64::<Avx512>);
-            if let (Some(a), Some(b)) = (avx2, avx512) {
-                let bits = |s: Vec<Vec<f32>>| -> Vec<u32> {
-                    s.into_iter().flatten().map(f32::to_bits).collect()
-                };
-                assert_eq!(bits(a), bits(b));
+        for x in 0..k {
+            let brow = p.b.add(x * p.ldb);
+            let b: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(brow.add(4 * v)));
+            let a = p.a.add(x * p.cs);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = *a.add(r * p.rs);
+                for (c, b) in row.iter_mut().zip(&b) {
+                    *c = vfmaq_n_f32(*c, *b, av);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                vst1q_f32(p.c.add(r * p.ldc + 4 * v), *x);
             }
         }
     }
+
+    /// `R` rows of q against every key, four q registers of sums per row
+    /// (lanes `0..4`, `4..8`, `8..12`, `12..16`).
+    #[inline]
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dots128<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+        for c in 0..n {
+            let key = p.b.add(c * p.ldb);
+            let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+            for x in (0..d).step_by(16) {
+                let k: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(key.add(x + 4 * v)));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let q = p.a.add(r * p.rs + x);
+                    for (v, (a, k)) in a.iter_mut().zip(&k).enumerate() {
+                        *a = vfmaq_f32(*a, vld1q_f32(q.add(4 * v)), *k);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                *p.c.add(r * p.ldc + c) = sum16(a);
+            }
+        }
+        R
+    }
+
+    /// The 16 lanes in the tree of every instruction set: lane `j` with
+    /// `j + 8` (register 0 with 2, 1 with 3), then `+ 4` (the two sums),
+    /// then `+ 2` (the halves), then `+ 1`. `vaddvq_f32` would pair
+    /// neighbours first (`(0 + 1) + (2 + 3)`), a different rounding.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn sum16(a: &[float32x4_t; 4]) -> f32 {
+        let q = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+        vpadds_f32(vadd_f32(vget_low_f32(q), vget_high_f32(q)))
+    }
 }
+
+#[cfg(test)]
+mod tests;

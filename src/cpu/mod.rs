@@ -10,8 +10,8 @@
 //!   bit-identical runs.
 //! - **Products**: Q·Kᵀ, P·V (and dP, dV, dK, dQ) run on one
 //!   register-blocked micro-kernel (`micro`): 8×32 tiles of C in zmm
-//!   registers on AVX-512, 6×16 in ymm on AVX2+FMA, 4×16 on NEON and on
-//!   the portable fallback. The forward's K/V blocks are 128 KiB (256 keys
+//!   registers on AVX-512, 6×16 in ymm on AVX2+FMA, 6×16 in q registers
+//!   on NEON, 4×16 on the portable fallback. The forward's K/V blocks are 128 KiB (256 keys
 //!   at d 64, from L2), the backward's tiles fill the L1 (64 × 64); both are
 //!   laid out once per call (K transposed), f16 storage widened to f32 on
 //!   load, and a block on a mask's edge is computed only over the keys its
@@ -37,8 +37,8 @@
 //! win: 31–43 against 22–33 GFLOP/s; the backend never runs one.) The
 //! first, plain-Rust form of the AVX-512 tile kept its sums in a float
 //! array that the compiler spilled to the stack each step (23 GFLOP/s);
-//! the x86 tiles are therefore written in intrinsics over arrays of vector
-//! registers, which stay in registers.
+//! the x86 and NEON tiles are therefore written in intrinsics over arrays
+//! of vector registers, which stay in registers.
 
 mod attend;
 mod backward;

@@ -187,28 +187,6 @@ impl Widen for half::f16 {
     }
 }
 
-/// f16 to f32 exactly, branch-free, for sets without a conversion
-/// instruction: the exponent and mantissa moved into f32's fields and
-/// multiplied by 2^112 (rebasing the exponent; an f16 subnormal becomes an
-/// f32 subnormal that the product normalizes exactly); infinities and NaNs
-/// (exponent all ones) keep their payload under f32's all-ones exponent.
-#[inline(always)]
-pub(crate) fn widen_f16_bits(src: &[half::f16], dst: &mut [f32]) {
-    const REBASE: f32 = f32::from_bits((127 + 112) << 23);
-    for (d, s) in dst.iter_mut().zip(src) {
-        let h = s.to_bits() as u32;
-        let body = (h & 0x7fff) << 13;
-        let finite = f32::from_bits(body) * REBASE;
-        let special = f32::from_bits(body | 0x7f80_0000);
-        let x = if h & 0x7c00 == 0x7c00 {
-            special
-        } else {
-            finite
-        };
-        *d = f32::from_bits(x.to_bits() | (h & 0x8000) << 16);
-    }
-}
-
 /// How P (and dS) are rounded before the products that use them: not at
 /// all (f32 storage), to the storage precision (in vectorizable
 /// arithmetic: a call into `half` per element cost the f16 forward a third
