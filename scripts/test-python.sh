@@ -36,16 +36,16 @@ setup() {
   fi
   # The user's command, `pip install ./python` (maturin, release), with two
   # changes that let it reuse what `cargo test --release` already compiled
-  # in the same target directory: the library's test hooks on (the `lab`
-  # feature the test build unifies in; without it the whole library
-  # compiles a second time), and maturin from this environment instead of
-  # a fresh isolated one. FLASHATTN_PYTHON_AS_USERS=1 builds exactly what
-  # a user gets.
+  # in the same target directory: the package's `test-build` feature (the
+  # library's test hooks and naga's features, as the test build unifies
+  # them; without it wgpu and the library compile a second time), and
+  # maturin from this environment instead of a fresh isolated one.
+  # FLASHATTN_PYTHON_AS_USERS=1 builds exactly what a user gets.
   if [ "${FLASHATTN_PYTHON_AS_USERS:-0}" = 1 ]; then
     "$py" -m pip install -q ./python
   else
     # (The build backend runs `maturin` from PATH.)
-    PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--features flashattn/lab" \
+    PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--features test-build" \
       "$py" -m pip install -q --no-build-isolation ./python
   fi
 }
