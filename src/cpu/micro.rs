@@ -32,6 +32,32 @@ macro_rules! by_rows {
     };
 }
 
+/// `t::<R>(p, k, acc)` for as many rows as `left` allows, six at most (the
+/// row counts of the 6 × 16 tiles); evaluates to the rows taken.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! six_rows {
+    ($($t:ident)::+, $p:expr, $left:expr, $k:expr, $acc:expr) => {
+        match $left {
+            6.. => {
+                $($t)::+::<6>($p, $k, $acc);
+                6
+            }
+            4 | 5 => {
+                $($t)::+::<4>($p, $k, $acc);
+                4
+            }
+            2 | 3 => {
+                $($t)::+::<2>($p, $k, $acc);
+                2
+            }
+            _ => {
+                $($t)::+::<1>($p, $k, $acc);
+                1
+            }
+        }
+    };
+}
+
 /// One instruction set's micro-tiles.
 pub(crate) trait Kernel {
     /// Whether a full micro-tile is 32 columns wide (else 16).
@@ -138,19 +164,7 @@ impl Kernel for Avx2 {
     }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
-        use x86::tile256 as t;
-        macro_rules! at {
-            ($mr:literal) => {{
-                t::<$mr>(p, k, acc);
-                $mr
-            }};
-        }
-        match left {
-            6.. => at!(6),
-            4 | 5 => at!(4),
-            2 | 3 => at!(2),
-            _ => at!(1),
-        }
+        six_rows!(x86::tile256, p, left, k, acc)
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
@@ -175,19 +189,7 @@ impl Kernel for Neon {
     }
     #[inline(always)]
     unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
-        use arm::tile128 as t;
-        macro_rules! at {
-            ($mr:literal) => {{
-                t::<$mr>(p, k, acc);
-                $mr
-            }};
-        }
-        match left {
-            6.. => at!(6),
-            4 | 5 => at!(4),
-            2 | 3 => at!(2),
-            _ => at!(1),
-        }
+        six_rows!(arm::tile128, p, left, k, acc)
     }
     #[inline(always)]
     unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
