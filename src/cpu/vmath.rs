@@ -338,34 +338,31 @@ mod tests {
         got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
     }
 
-    /// Every f16 and bf16, widened by `K` (with a tail past its vectors).
-    fn widening_is_exact<K: Kernel>() {
-        let all: Vec<u16> = (0..=u16::MAX).chain(0..7).collect();
-        let mut out = vec![0f32; all.len()];
-        let f16s: Vec<half::f16> = all.iter().map(|&b| half::f16::from_bits(b)).collect();
-        Widen::widen::<K>(&f16s, &mut out);
-        for (h, x) in f16s.iter().zip(&out) {
-            assert!(same(*x, h.to_f32()), "f16 {:#06x}: {x}", h.to_bits());
-        }
-        let bf16s: Vec<half::bf16> = all.iter().map(|&b| half::bf16::from_bits(b)).collect();
-        Widen::widen::<K>(&bf16s, &mut out);
-        for (h, x) in bf16s.iter().zip(&out) {
-            assert!(same(*x, h.to_f32()), "bf16 {:#06x}: {x}", h.to_bits());
+    /// Every f16 and bf16, widened by a kernel (with a tail past its vectors).
+    struct WidenEvery;
+
+    impl crate::cpu::isa::Task for WidenEvery {
+        type Output = ();
+        fn run<K: Kernel>(self) {
+            let all: Vec<u16> = (0..=u16::MAX).chain(0..7).collect();
+            let mut out = vec![0f32; all.len()];
+            let f16s: Vec<half::f16> = all.iter().map(|&b| half::f16::from_bits(b)).collect();
+            Widen::widen::<K>(&f16s, &mut out);
+            for (h, x) in f16s.iter().zip(&out) {
+                assert!(same(*x, h.to_f32()), "f16 {:#06x}: {x}", h.to_bits());
+            }
+            let bf16s: Vec<half::bf16> = all.iter().map(|&b| half::bf16::from_bits(b)).collect();
+            Widen::widen::<K>(&bf16s, &mut out);
+            for (h, x) in bf16s.iter().zip(&out) {
+                assert!(same(*x, h.to_f32()), "bf16 {:#06x}: {x}", h.to_bits());
+            }
         }
     }
 
     #[test]
     fn widening_is_exact_for_every_f16_and_bf16() {
-        widening_is_exact::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::cpu::isa::Isa;
-            if Isa::available().contains(&Isa::Avx2Fma) {
-                widening_is_exact::<crate::cpu::micro::Avx2>();
-            }
-            if Isa::available().contains(&Isa::Avx512) {
-                widening_is_exact::<crate::cpu::micro::Avx512>();
-            }
+        for &isa in crate::cpu::isa::Isa::available() {
+            isa.run(WidenEvery);
         }
     }
 
