@@ -165,10 +165,15 @@ fn sequence(wg: vec3<u32>, size: u32, by_keys: bool) -> Seq {
 
 // ALiBi's slope for query head h (of this dispatch) of `seq`.
 fn alibi_slope(seq: Seq, h: u32) -> f32 {
+    return alibi_slope_at(seq.b, h);
+}
+
+// ALiBi's slope for query head h (of this dispatch) of batch entry b.
+fn alibi_slope_at(b: u32, h: u32) -> f32 {
     if (!HAS_ALIBI) {
         return 0.0;
     }
-    let at = params.alibi_at + seq.b * params.alibi_batch_stride + params.head_start + h;
+    let at = params.alibi_at + b * params.alibi_batch_stride + params.head_start + h;
     return bitcast<f32>(side_word(at));
 }
 

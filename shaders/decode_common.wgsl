@@ -55,6 +55,15 @@ fn lse_offset(b: u32, h: u32, i: u32) -> u32 {
     return b * params.lse_batch_stride + h * params.lse_head_stride + i;
 }
 
+// A row's running max and sum before its first key: the sinks join the
+// softmax of split 0 only, so the merge counts each once.
+fn decode_start(split: u32, h: u32) -> vec2<f32> {
+    if (split == 0u) {
+        return softmax_start(h);
+    }
+    return vec2<f32>(NEG_BIG, 0.0);
+}
+
 // The flat index of a 2-d grid of WG-invocation workgroups that wraps x into y.
 fn wrapped(wg: vec3<u32>, tid: u32) -> u32 {
     return (wg.y * decode.groups_x + wg.x) * WG + tid;

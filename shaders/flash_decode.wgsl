@@ -7,10 +7,12 @@
 // through the page table, each read once. The workgroup covers the keys of
 // its split that its rows may see (skip, don't mask) and writes, with
 // splits, its rows' normalized partial o and LSE (NEG_BIG when it saw no
-// key) for the merge; without, the final o and lse.
+// key) for the merge; without, the final o and lse. ALiBi's slope and the
+// sink are each packed row's own query head's; split 0's rows start from
+// the sink.
 //
 // The composer declares overrides WG, D, IS_PARTIAL, IS_MASKED,
-// HAS_SOFTCAP; constants RB (packed rows per workgroup) and ACC =
+// HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; constants RB (packed rows per workgroup) and ACC =
 // ceil(D / WG) (register arrays need constant sizes); common.wgsl;
 // decode_common.wgsl; load_q, load_k, load_v (the cache), store_o,
 // store_lse, round_storage.
@@ -69,8 +71,9 @@ fn main(
     }
 
     // Row tid's running max and sum (tid < RB).
-    var m_run = NEG_BIG;
-    var l_run = 0.0;
+    let start = decode_start(split, hk * g + (p0 + tid) % g);
+    var m_run = start.x;
+    var l_run = start.y;
     var acc = array<f32, RB * ACC>();
     for (var k0 = lo; k0 < hi; k0 += i32(WG)) {
         // The previous block's P·V must finish before p_tile is rewritten.
@@ -93,7 +96,8 @@ fn main(
         for (var r = 0u; r < RB; r++) {
             let row_abs = i32((p0 + r) / g) + offset;
             let ok = j < hi && r < rows_here && (!IS_MASKED || band_allows(0, row_abs, j));
-            p_tile[r * WG + tid] = select(NEG_BIG, cap_score(s[r]), ok);
+            let bias = alibi_bias(alibi_slope_at(b, hk * g + (p0 + r) % g), 0, row_abs, j);
+            p_tile[r * WG + tid] = select(NEG_BIG, cap_score(s[r]) - bias, ok);
         }
         workgroupBarrier();
 

@@ -15,7 +15,7 @@
 //
 // Prelude: SG = WG (and SGC, the same as a const for broadcast lanes), RB,
 // D (a multiple of 4), CPL = ceil(D/4 / SG),
-// IS_PARTIAL, IS_MASKED, HAS_SOFTCAP; common.wgsl; decode_common.wgsl;
+// IS_PARTIAL, IS_MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; common.wgsl; decode_common.wgsl;
 // load4_q/k/v, store_o, store_lse, round_storage.
 
 fn empty_lse() -> f32 {
@@ -57,9 +57,13 @@ fn main(
         hi = min(hi, i32((pb + rows_here - 1u) / g) + offset + params.window_right + 1);
     }
 
-    var m$r = NEG_BIG;
-    // Each lane's share of a row's sum (the rescales are uniform).
-    var l$r = 0.0;
+    let head$r = hk * g + prow$r % g;
+    let slope$r = alibi_slope_at(b, head$r);
+    let start$r = decode_start(split, head$r);
+    var m$r = start$r.x;
+    // Each lane's share of a row's sum (the rescales are uniform); lane 0
+    // holds the sink's.
+    var l$r = select(0.0, start$r.y, lane == 0u);
     var acc$r_$c = vec4<f32>(0.0);
     for (var k0 = lo; k0 < hi; k0 += i32(SG)) {
         let j = k0 + i32(lane);
@@ -72,7 +76,7 @@ fn main(
             s$r = add_dot(s$r, q$r_$i, kr$i); // i outer
         }
         let ok$r = j < hi && row_ok$r && (!IS_MASKED || band_allows(0, row_abs$r, j));
-        s$r = select(NEG_BIG, cap_score(s$r * params.scale), ok$r);
+        s$r = select(NEG_BIG, cap_score(s$r * params.scale) - alibi_bias(slope$r, 0, row_abs$r, j), ok$r);
         let m_new$r = max(m$r, subgroupMax(s$r));
         let alpha$r = exp(m$r - m_new$r);
         m$r = m_new$r;
@@ -100,7 +104,7 @@ fn main(
     if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c + 2u, acc$r_$c.z * inv_l$r); }
     if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c + 3u, acc$r_$c.w * inv_l$r); }
     let lse$r = select(empty_lse(), m$r + log(l_sum$r), l_sum$r > 0.0);
-    let lse_at$r = split * decode.lse_split_stride + lse_offset(b, hk * g + prow$r % g, prow$r / g);
+    let lse_at$r = split * decode.lse_split_stride + lse_offset(b, head$r, prow$r / g);
     if (row_ok$r && lane == 0u) { store_lse(lse_at$r, lse$r); }
     io_flush();
     check_loop_budget();

@@ -8,7 +8,7 @@ use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::pair_rule::PairRule;
-use crate::api::scores::Real;
+use crate::api::scores::{Alibi, Real};
 use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData, TensorView};
 use crate::api::varlen::{sequences, Sequence};
@@ -537,15 +537,16 @@ fn spec_row(cache: &HostKvCache, step: &DecodeStep, b: usize, t: usize) -> usize
 
 /// Decoding in f64 and, beside it, the naive baseline: each sequence's keys
 /// (the cache after the append) attended as a batch-1 forward, so a sequence
-/// with `seqlen_k[b]` keys has the offset `seqlen_k[b] − seqlen_q`.
+/// with `seqlen_k[b]` keys has the offset `seqlen_k[b] − seqlen_q` (and
+/// slopes given per sequence, its own row of them).
 pub fn decode(
     cache: &HostKvCache,
     step: &DecodeStep,
     opts: &AttentionOptions,
 ) -> Result<[ReferenceOutput; 2]> {
-    opts.validate()?;
     let updated = decode_cache(cache, step)?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
+    opts.for_decoding(p.batch, p.heads_q)?;
     let (prec, d, row_len) = (p.precision, p.head_dim, cache.shape.row_len());
     let q = step.q.data.to_f32();
     let (kc, vc) = (updated.k.to_f32(), updated.v.to_f32());
@@ -556,7 +557,15 @@ pub fn decode(
     });
     for b in 0..p.batch {
         let Some(shape) = p.sequence(b) else {
-            continue; // no keys: o = 0, lse = -inf
+            // No keys: o = 0, lse = -inf, or the sink's logit.
+            if let Some(s) = &opts.sinks {
+                for out in outs.iter_mut() {
+                    for (h, &sink) in s.logits().iter().enumerate() {
+                        out.lse[(b * p.heads_q + h) * p.seqlen_q..][..p.seqlen_q].fill(sink as f64);
+                    }
+                }
+            }
+            continue;
         };
         let gather = |c: &[f32]| -> TensorData {
             let rows = (0..shape.seqlen_k).flat_map(|t| {
@@ -572,9 +581,16 @@ pub fn decode(
             kb.view(shape.kv_shape()),
             vb.view(shape.kv_shape()),
         );
+        let opts_b = match &opts.alibi {
+            Some(a) if a.per_batch(p.heads_q) => {
+                let slopes = &a.slopes()[b * p.heads_q..][..p.heads_q];
+                opts.clone().alibi(Alibi::new(slopes))
+            }
+            _ => opts.clone(),
+        };
         let results = [
-            forward(&qv, &kv, &vv, opts)?,
-            naive_baseline(&qv, &kv, &vv, opts)?,
+            forward(&qv, &kv, &vv, &opts_b)?,
+            naive_baseline(&qv, &kv, &vv, &opts_b)?,
         ];
         for (out, r) in outs.iter_mut().zip(results) {
             out.o[b * per_seq * d..][..per_seq * d].copy_from_slice(&r.o);

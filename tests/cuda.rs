@@ -146,9 +146,14 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
     let alibi = AttentionOptions::default().alibi(flashattn::Alibi::standard(2));
     flashattn::cuda::takes(&workload(Operation::Attention, alibi.clone())).unwrap();
     flashattn::cuda::takes(&workload(Operation::Decode, AttentionOptions::default())).unwrap();
+    flashattn::cuda::takes(&workload(Operation::Decode, alibi)).unwrap();
+    let mask = flashattn::BlockMask::new([1, 1, 1, 1], (64, 64), &[1]).unwrap();
     for (operation, opts) in [
         (Operation::Fp8, AttentionOptions::default()),
-        (Operation::Decode, alibi),
+        (
+            Operation::Decode,
+            AttentionOptions::default().block_mask(mask),
+        ),
     ] {
         assert!(matches!(
             flashattn::cuda::takes(&workload(operation, opts)),
@@ -673,8 +678,8 @@ fn decoding_matches_the_reference_on_the_device() {
 }
 
 /// What the CUDA backend still does not take: a v head dim of its own,
-/// FP8, and layouts in decoding (which no backend takes): typed errors,
-/// never a panic, and the cache untouched.
+/// FP8, and block masks in decoding (which no backend takes): typed
+/// errors, never a panic, and the cache untouched.
 #[test]
 fn what_stays_unsupported_is_a_typed_error() {
     let Some(cuda) = device() else { return };
@@ -700,8 +705,9 @@ fn what_stays_unsupported_is_a_typed_error() {
         .append(2)
         .data();
     let mut cache = data.cache.clone();
-    let sinks = flashattn::AttentionOptions::default().sinks(flashattn::Sinks::new(&[0.5]));
-    let out = backend.decode(&mut cache, &data.step(), &sinks, None);
+    let mask = flashattn::BlockMask::new([1, 1, 1, 1], (64, 64), &[1]).unwrap();
+    let masked = flashattn::AttentionOptions::default().block_mask(mask);
+    let out = backend.decode(&mut cache, &data.step(), &masked, None);
     assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
     assert!(cache == data.cache, "a refused step left the cache changed");
 }

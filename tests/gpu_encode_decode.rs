@@ -13,8 +13,8 @@ use common::arena::{sentinels, Arena};
 use common::decode::DecodeCase;
 use common::engine;
 use flashattn::{
-    AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeProblem, DecodeStep, Engine,
-    Error, HostKvCache, Precision, TensorData,
+    Alibi, AttentionOptions, CacheLayout, CacheShape, DecodeBindings, DecodeProblem, DecodeStep,
+    Engine, Error, HostKvCache, Precision, Sinks, TensorData,
 };
 
 fn host(t: &TensorData) -> &[u8] {
@@ -142,9 +142,20 @@ fn encoded_steps_on_sub_allocated_ranges_give_the_host_calls_bytes() {
         .paged(16)
         .seqlen_q(4)
         .append(4)
-        .opts(causal)
+        .opts(causal.clone())
         .splits(3);
     encoded_step_matches_the_host_call(e, &paged, true);
+    // ALiBi and sinks: the side tables in a buffer of the step's own.
+    let scored = DecodeCase::new(&[900, 0], 32)
+        .heads(4, 2)
+        .append(1)
+        .opts(
+            causal
+                .alibi(Alibi::standard(4))
+                .sinks(Sinks::new(&[0.5, -1.0, 2.0, 0.0])),
+        )
+        .splits(2);
+    encoded_step_matches_the_host_call(e, &scored, true);
 }
 
 /// An app cache in one buffer (K and V at non-zero offsets), grown step by

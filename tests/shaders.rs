@@ -477,14 +477,24 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
 
 /// The decode kernels: the split-KV attention for the tiles the planner
 /// gives packed groups of 1, 4 and 16 rows on every device, both forms
-/// (partials or final); the append and the merge.
+/// (partials or final), with and without ALiBi and sinks (the score terms
+/// decoding takes beside the band); the append and the merge.
 fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
     let mut out = Vec::new();
+    let score_terms: &[u32] = if all_variants {
+        &[16, 32, 16 | 32 | 1]
+    } else {
+        &[16 | 32 | 15]
+    };
+    let decode_variants: Vec<Variant> = variants(all_variants)
+        .into_iter()
+        .chain(score_terms.iter().map(|&f| variant_of(f)))
+        .collect();
     for storage in STORAGE {
         let f16 = storage == StorageKind::F16Native;
         let precision = storage.precision();
         for &d in head_dims {
-            for variant in variants(all_variants) {
+            for &variant in &decode_variants {
                 let mut keys: Vec<KernelKey> = vec![
                     KvAppend {
                         storage,

@@ -1170,6 +1170,20 @@ fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
     if let Some(s) = o.scale {
         args.extend(["--scale".into(), s.to_string()]);
     }
+    if let Some(a) = &o.alibi {
+        let slopes = a.slopes();
+        let shape = if a.per_batch(c.heads_q) {
+            vec![b as u64, c.heads_q as u64]
+        } else {
+            vec![c.heads_q as u64]
+        };
+        write_f32(&f.path("slopes.npy"), &shape, slopes);
+        args.extend(["--alibi".into(), path("slopes.npy")]);
+    }
+    if let Some(s) = &o.sinks {
+        write_f32(&f.path("sinks.npy"), &[c.heads_q as u64], s.logits());
+        args.extend(["--sinks".into(), path("sinks.npy")]);
+    }
     args.extend(["--num-splits".into(), c.num_splits.unwrap_or(0).to_string()]);
     args
 }
@@ -1248,6 +1262,18 @@ fn cli_decode_cases() -> Vec<DecodeCase> {
             .append(1)
             .splits(3)
             .opts(causal.clone()),
+        // ALiBi per sequence and sinks, a sequence with no key (lse = sink).
+        DecodeCase::new(&[400, 0], 32)
+            .heads(4, 2)
+            .paged(16)
+            .splits(3)
+            .opts(
+                causal
+                    .alibi(flashattn::Alibi::new(&[
+                        0.5, 0.1, 0.02, 0.0, 0.25, 0.05, 0.01, 1.0,
+                    ]))
+                    .sinks(flashattn::Sinks::new(&[0.5, -1.0, 0.0, 2.0])),
+            ),
     ]
 }
 
@@ -1385,6 +1411,30 @@ fn decode_bad_inputs_write_nothing() {
     bad("precision", &args, &["--precision", "f64"]);
     bad("forward pass only", &args, &["--precision", "fp8"]);
     bad("scale", &args, &["--scale", "nan"]);
+}
+
+/// Slopes and sinks that fit neither the heads nor the batch, and the
+/// layouts decoding does not take, are one line each and no output.
+#[test]
+fn decode_bad_score_terms_write_nothing() {
+    let f = Files::new();
+    let args = bad_input_case(&f);
+    let file = |name: &str| f.path(name).to_str().unwrap().to_string();
+    let bad = |needle: &str, extra: &[&str]| {
+        let out = decode_cmd(&args, &[&["--backend", "cpu"], extra].concat());
+        assert_decode_bad(&f, &out, needle);
+    };
+    write_f32(&f.path("slopes.npy"), &[3], &[0.5; 3]);
+    bad("alibi", &["--alibi", &file("slopes.npy")]);
+    write_f32(&f.path("sinks.npy"), &[5], &[0.0; 5]);
+    bad("sinks", &["--sinks", &file("sinks.npy")]);
+    write_f32(&f.path("sinks.npy"), &[4], &[0.0, f32::NAN, 0.0, 0.0]);
+    bad("sinks", &["--sinks", &file("sinks.npy")]);
+    write_array(&f.path("mask.npy"), &[1, 1, 1, 1], &[1u8]);
+    bad(
+        "block-sparse",
+        &["--block-mask", &file("mask.npy"), "--block-size", "4,4"],
+    );
 }
 
 #[test]

@@ -126,10 +126,16 @@ def _expected_cache(cache, new, seqlens, idx, table):
     return out
 
 
-# Masks of a decoding step: causal, and a causal window with softcap.
+# Masks and score terms of a decoding step: causal, a causal window with
+# softcap, and ALiBi with sinks (each query head of a GQA pair its own).
 MASKS = {
     "causal": {"causal": True},
     "window_softcap": {"causal": True, "window_size": (6, -1), "softcap": 4.0},
+    "alibi_sinks": {
+        "causal": True,
+        "alibi_slopes": torch.tensor([0.5, 0.25, 0.0625, 0.0]),
+        "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0]),
+    },
 }
 
 

@@ -231,6 +231,33 @@ impl AttentionOptions {
         Ok(())
     }
 
+    /// The options of a decoding step of `batch` sequences and `heads_q`
+    /// query heads: [`validate`](Self::validate), slopes and sinks checked
+    /// against the step, and `Unsupported` for what indexes a call's own
+    /// sequences rather than the cache's (packed batches, block masks,
+    /// shard positions).
+    pub fn for_decoding(&self, batch: usize, heads_q: usize) -> Result<()> {
+        self.validate()?;
+        self.whole_sequences("decoding")?;
+        let unsupported = [
+            (self.varlen.is_some(), "packed (varlen) batches"),
+            (self.block_mask.is_some(), "block-sparse masks"),
+        ];
+        if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
+            return Err(Error::Unsupported {
+                what: "decoding",
+                feature,
+            });
+        }
+        if let Some(a) = &self.alibi {
+            a.validate_for(batch, heads_q)?;
+        }
+        if let Some(s) = &self.sinks {
+            s.validate_for(heads_q)?;
+        }
+        Ok(())
+    }
+
     /// For calls on whole sequences only (decoding): `Unsupported` with
     /// shard positions.
     pub fn whole_sequences(&self, what: &'static str) -> Result<()> {

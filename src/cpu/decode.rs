@@ -7,7 +7,9 @@
 //! the forward's inner loop ([`Stream`]: the same online softmax, scores
 //! by [`row_dots`](super::micro::row_dots) against the rows as they are)
 //! for the packed rows of its query group. The merge combines the splits
-//! by their LSE.
+//! by their LSE, then adds the sinks. With ALiBi, whose slope is a query
+//! head's own, each query head is a stream of its own over the same
+//! widened block.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
@@ -21,7 +23,7 @@ use std::ops::Range;
 use super::attend::{Geometry, KeyBlock, Keys, Partial, Query, Stream};
 use super::forward::clip;
 use super::isa::{Isa, Task};
-use super::merge::merge_row;
+use super::merge::{merge_row, with_sink};
 use super::micro::{Kernel, Mat, PAD};
 use super::pool::Buffer;
 use super::scores::{ScoreRow, ScoreRule};
@@ -49,9 +51,8 @@ pub(crate) fn decode(
 ) -> Result<DecodeOutput> {
     opts.validate()?;
     cache.check()?;
-    opts.band_only("decoding")?;
-    opts.whole_sequences("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
+    opts.for_decoding(p.batch, p.heads_q)?;
     if let Some([k_new, v_new]) = &step.new_kv {
         append(&mut cache.k, k_new, &p)?;
         append(&mut cache.v, v_new, &p)?;
@@ -67,6 +68,7 @@ pub(crate) fn decode(
         opts,
         splits,
         g: Geometry::new([p.head_dim; 2], bc),
+        unit_heads: if opts.alibi.is_some() { 1 } else { p.group() },
     };
     let tasks: Vec<(usize, usize)> = (0..p.batch)
         .flat_map(|b| (0..splits.num_splits).map(move |s| (b, s)))
@@ -141,48 +143,85 @@ struct Work<'a> {
     opts: &'a AttentionOptions,
     splits: Splits,
     g: Geometry,
+    /// Query heads per stream (a unit): the kv head's whole group, or one
+    /// with ALiBi.
+    unit_heads: usize,
 }
 
 impl Work<'_> {
-    /// Packed row `r` of kv head `hk`: token `r / group`, query head `hk · group + r % group`.
-    fn row(&self, hk: usize, r: usize) -> (usize, usize) {
-        let g = self.p.group();
-        (r / g, hk * g + r % g)
+    /// Streams per sequence.
+    fn units(&self) -> usize {
+        self.p.heads_q / self.unit_heads
     }
 
-    /// The group's packed q rows of sequence `b`, kv head `hk`, `(rows, dpad)`.
-    fn packed_q(&self, b: usize, hk: usize) -> Vec<f32> {
+    /// Packed rows per unit.
+    fn unit_rows(&self) -> usize {
+        self.unit_heads * self.p.seqlen_q
+    }
+
+    /// The kv head unit `u` reads.
+    fn kv_head(&self, u: usize) -> usize {
+        u * self.unit_heads / self.p.group()
+    }
+
+    /// Packed row `r` of unit `u`: token `r / n`, query head `u · n + r % n`
+    /// (`n` query heads per unit).
+    fn row(&self, u: usize, r: usize) -> (usize, usize) {
+        let n = self.unit_heads;
+        (r / n, u * n + r % n)
+    }
+
+    /// The unit's packed q rows of sequence `b`, `(rows, dpad)`.
+    fn packed_q(&self, b: usize, u: usize) -> Vec<f32> {
         let p = self.p;
-        let (d, dpad, rows) = (p.head_dim, self.g.dpad, p.group() * p.seqlen_q);
+        let (d, dpad, rows) = (p.head_dim, self.g.dpad, self.unit_rows());
         let mut q = vec![0f32; rows * dpad];
         for (r, out) in q.chunks_exact_mut(dpad).enumerate() {
-            let (i, h) = self.row(hk, r);
+            let (i, h) = self.row(u, r);
             out[..d].copy_from_slice(&self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]);
         }
         q
     }
 
-    /// Combine the splits of every row by their LSE, into o's and lse's
-    /// layouts. `per_task[b · splits + s][hk]` is split `s`'s partial of kv head `hk`.
+    /// Unit `u`'s score rule in sequence `b` (band offset `offset`): the
+    /// call's, with its query head's slope under ALiBi.
+    fn rule(&self, b: usize, u: usize, offset: i64) -> ScoreRule<'static> {
+        let slope = |a: &crate::api::scores::Alibi| {
+            let (_, h) = self.row(u, 0);
+            (a.slope(b, h, self.p.heads_q), offset)
+        };
+        ScoreRule {
+            alibi: self.opts.alibi.as_ref().map(slope),
+            ..self.rule
+        }
+    }
+
+    /// Combine the splits of every row by their LSE (then add the sinks),
+    /// into o's and lse's layouts. `per_task[b · splits + s][u]` is split
+    /// `s`'s partial of unit `u`.
     fn merge(&self, per_task: Vec<Vec<Partial>>) -> (Vec<f32>, Vec<f32>) {
         let p = self.p;
-        let (d, g, n) = (p.head_dim, p.group(), self.splits.num_splits);
+        let (d, n, units) = (p.head_dim, self.splits.num_splits, self.units());
+        let sinks = self.opts.sinks.as_ref().map(|s| s.logits());
         let mut o = vec![0f32; p.q_len()];
         let mut lse = vec![f32::NEG_INFINITY; p.lse_len()];
-        // Regrouped by (b, hk), its splits side by side for merge_row.
-        let mut by_head: Vec<Vec<Partial>> =
-            (0..p.batch * p.heads_kv).map(|_| Vec::new()).collect();
-        for (task, heads) in per_task.into_iter().enumerate() {
-            for (hk, part) in heads.into_iter().enumerate() {
-                by_head[task / n * p.heads_kv + hk].push(part);
+        // Regrouped by (b, u), its splits side by side for merge_row.
+        let mut by_unit: Vec<Vec<Partial>> = (0..p.batch * units).map(|_| Vec::new()).collect();
+        for (task, parts) in per_task.into_iter().enumerate() {
+            for (u, part) in parts.into_iter().enumerate() {
+                by_unit[task / n * units + u].push(part);
             }
         }
-        for (bh, chunk) in by_head.iter().enumerate() {
-            let (b, hk) = (bh / p.heads_kv, bh % p.heads_kv);
-            for r in 0..g * p.seqlen_q {
-                let (i, h) = self.row(hk, r);
+        for (bu, chunk) in by_unit.iter().enumerate() {
+            let (b, u) = (bu / units, bu % units);
+            for r in 0..self.unit_rows() {
+                let (i, h) = self.row(u, r);
                 let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
-                lse[(b * p.heads_q + h) * p.seqlen_q + i] = merge_row(chunk, r, self.g.dpad, out);
+                let mut l = merge_row(chunk, r, self.g.dpad, out);
+                if let Some(sinks) = sinks {
+                    l = with_sink(out, l, sinks[h]);
+                }
+                lse[(b * p.heads_q + h) * p.seqlen_q + i] = l;
             }
         }
         (o, lse)
@@ -204,15 +243,17 @@ impl Task for SplitTask<'_, '_> {
         let mask = p.mask(b, w.opts);
         let split = s * w.splits.keys_per_split;
         let split = split..(split + w.splits.keys_per_split).min(p.seqlen_k(b));
-        // The mask depends on the token only: every kv head's rows are alike.
-        let rows: Vec<ScoreRow> = (0..p.group() * p.seqlen_q)
+        // The mask depends on the token only: every unit's rows are alike.
+        let rows: Vec<ScoreRow> = (0..w.unit_rows())
             .map(|r| {
                 let (i, _) = w.row(0, r);
                 let keys = clip(mask.key_range(i), &split);
                 ScoreRow { i, keys }
             })
             .collect();
-        let qs: Vec<Vec<f32>> = (0..p.heads_kv).map(|hk| w.packed_q(b, hk)).collect();
+        let units = 0..w.units();
+        let qs: Vec<Vec<f32>> = units.clone().map(|u| w.packed_q(b, u)).collect();
+        let rules: Vec<ScoreRule> = units.map(|u| w.rule(b, u, mask.offset)).collect();
         let queries: Vec<Query> = qs
             .iter()
             .map(|q| Query {
@@ -223,7 +264,8 @@ impl Task for SplitTask<'_, '_> {
         let round_p = rounding_of(p.precision);
         let mut streams: Vec<Stream> = queries
             .iter()
-            .map(|q| Stream::new(g, &w.rule, q, round_p))
+            .zip(&rules)
+            .map(|(q, rule)| Stream::new(g, rule, q, round_p))
             .collect();
         let mut block = Block::new(g, p.heads_kv);
         for kb in streams[0].key_blocks() {
@@ -231,8 +273,8 @@ impl Task for SplitTask<'_, '_> {
                 continue;
             };
             block.widen::<K>(w, b, kb, &reach.keys);
-            for (hk, stream) in streams.iter_mut().enumerate() {
-                let head = hk * g.bc * g.dpad;
+            for (u, stream) in streams.iter_mut().enumerate() {
+                let head = w.kv_head(u) * g.bc * g.dpad;
                 let blk = KeyBlock {
                     k: Keys::Rows(&block.k()[head..], g.dpad),
                     v: &block.v()[head..],

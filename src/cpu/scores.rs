@@ -44,7 +44,7 @@ pub(crate) enum Visibility {
 }
 
 impl<'a> ScoreRule<'a> {
-    /// Scale and softcap only (decoding, which takes no other term).
+    /// Scale and softcap only (decoding adds its slopes per query head).
     pub fn new(opts: &AttentionOptions, head_dim: usize) -> Self {
         Self {
             scale: opts.scale_for(head_dim),

@@ -30,10 +30,8 @@ pub(crate) fn decode(
     opts: &AttentionOptions,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
-    // As on the other backends, decoding takes the band and score options.
-    opts.band_only("decoding")?;
-    opts.whole_sequences("decoding")?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
+    opts.for_decoding(p.batch, p.heads_q)?;
     let total_q = p.batch * p.seqlen_q;
     let total_k = p.total_keys();
     let i32_of = |what, n: usize| {

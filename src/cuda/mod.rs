@@ -138,9 +138,10 @@ pub fn takes(workload: &Workload) -> Result<()> {
         Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
         // Decoding runs the forward over each sequence's cached keys, with
-        // the band and score options only (as on every backend).
+        // the options every backend's decoding takes.
         Operation::Decode => {
-            workload.opts.band_only(problem::WHAT)?;
+            let shape = &workload.shape;
+            workload.opts.for_decoding(shape.batch, shape.heads_q)?;
             problem::Call::new(&workload.problem()?).map(drop)
         }
     }

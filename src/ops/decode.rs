@@ -15,6 +15,7 @@ use crate::api::size::{grid_u32, to_u32};
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::kernels::decode::HELPER_WORKGROUP;
+use crate::kernels::side::SideTables;
 use crate::kernels::{
     binding, DecodeBindings, DecodeMerge, DecodeParams, FlashDecode, KernelKey, KvAppend, LoopCost,
     Params, Uniform, Variant,
@@ -55,9 +56,8 @@ pub async fn decode_host(
     kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
-    opts.band_only("decoding")?;
-    opts.whole_sequences("decoding")?;
-    DecodeProblem::new(step, &host.shape, host.precision())?;
+    let p = DecodeProblem::new(step, &host.shape, host.precision())?;
+    opts.for_decoding(p.batch, p.heads_q)?;
     let cache = KvCache::upload(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
     if step.new_kv.is_some() {
@@ -158,9 +158,15 @@ pub fn plan(
     kernel: Option<KernelFamily>,
 ) -> Result<DecodePlan> {
     let req = request(p, num_splits, kernel);
-    let variant = gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0);
+    let variant = step_variant(gpu, p, opts);
     let limits = piece_limits(gpu, p.precision, &loops(gpu, &req, variant)?)?;
     plan_within(gpu, &req, limits.max_keys)
+}
+
+/// The decode kernel's variant for a step of `p` under `opts`.
+fn step_variant(gpu: &Gpu, p: &DecodeProblem, opts: &AttentionOptions) -> Variant {
+    gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0)
+        .with_options(opts)
 }
 
 /// The plan of a request on `gpu` with splits of at most `max_keys`.
@@ -193,12 +199,15 @@ struct StepRanges<'b> {
     parts: Option<[wgpu::BufferBinding<'b>; 2]>,
     /// Each sequence's keys, then the page table.
     index: &'b wgpu::Buffer,
+    /// ALiBi's slopes and the sinks, where the step has them.
+    side: Option<&'b wgpu::Buffer>,
 }
 
 /// The engine's own buffers of one attempt of a host step.
 struct StepBuffers {
     q: wgpu::Buffer,
     index: wgpu::Buffer,
+    side: Option<wgpu::Buffer>,
     o: wgpu::Buffer,
     lse: wgpu::Buffer,
     parts: Option<[wgpu::Buffer; 2]>,
@@ -217,6 +226,7 @@ impl StepBuffers {
             new_kv: self.new.as_ref().map(pair),
             parts: self.parts.as_ref().map(pair),
             index: &self.index,
+            side: self.side.as_ref(),
         }
     }
 }
@@ -262,16 +272,14 @@ impl<'a> Step<'a> {
         num_splits: Option<usize>,
         kernel: Option<KernelFamily>,
     ) -> Result<Self> {
-        opts.validate()?;
-        opts.band_only("decoding")?;
-    opts.whole_sequences("decoding")?;
+        opts.for_decoding(p.batch, p.heads_q)?;
         Ok(Self {
             gpu,
             cache,
             p,
             opts,
             req: request(p, num_splits, kernel),
-            variant: gpu.variant(p.mask(0, opts).is_active(), opts.softcap_value() > 0.0),
+            variant: step_variant(gpu, p, opts),
         })
     }
 
@@ -297,6 +305,8 @@ impl<'a> Step<'a> {
         // The index in a buffer of its own (not the pool's, which a later
         // call could take and overwrite before the app submits this one).
         let index = gpu.buffer_with(&index_words(p)?);
+        let side = self.side_words()?;
+        let side = (!side.is_empty()).then(|| gpu.buffer_with(&side));
         let own;
         let parts = if scratch_bytes > 0 {
             let scratch = match &b.scratch {
@@ -320,6 +330,7 @@ impl<'a> Step<'a> {
             new_kv: new_kv.map(|[k, v]| [fitted(k, t.new), fitted(v, t.new)]),
             parts,
             index: &index,
+            side: side.as_ref(),
         };
         let (dispatches, _) = self.dispatches(&plan, &ranges)?;
         record(gpu, encoder, &dispatches).await?;
@@ -454,9 +465,13 @@ impl<'a> Step<'a> {
         } else {
             None
         };
+        let side = self.side_words()?;
         Ok(StepBuffers {
             q: call.upload("q", step.q.data.as_bytes())?,
             index: call.upload("index", bytemuck::cast_slice(&index_words(p)?))?,
+            side: (!side.is_empty())
+                .then(|| call.upload("side tables", bytemuck::cast_slice(&side)))
+                .transpose()?,
             o: call.storage("o", q_len * p.precision.bytes() as u64)?,
             lse: call.storage("lse", lse_len * 4)?,
             parts,
@@ -466,9 +481,27 @@ impl<'a> Step<'a> {
 
     fn uniforms(&self, plan: &DecodePlan) -> Result<Uniforms> {
         Ok(Uniforms {
-            params: Params::decode(self.p, self.opts)?,
+            params: self.params()?.0,
             decode: decode_params(self.p, plan)?,
         })
+    }
+
+    /// The attention parameters, pointed at the side tables (ALiBi's
+    /// slopes, the sinks), and those tables' words.
+    fn params(&self) -> Result<(Params, Vec<u32>)> {
+        let mut params = Params::decode(self.p, self.opts)?;
+        let tables = SideTables {
+            alibi: self.opts.alibi.as_ref(),
+            sinks: self.opts.sinks.as_ref(),
+            ..SideTables::default()
+        };
+        let words = tables.build(&mut params, self.p.heads_q)?;
+        Ok((params, words))
+    }
+
+    /// The side buffer's words (none without slopes or sinks).
+    fn side_words(&self) -> Result<Vec<u32>> {
+        Ok(self.params()?.1)
     }
 
     /// The step's dispatches on `r` — the append where it has new rows,
@@ -549,17 +582,19 @@ impl<'a> Step<'a> {
         let accesses = kernel.accesses(self.p, &u.params, &u.decode);
         let [o, lse] = r.parts.clone().unwrap_or([r.o.clone(), r.lse.clone()]);
         use binding::*;
+        let mut buffers = vec![
+            (Q, r.q.clone()),
+            (K, self.cache.k_binding()),
+            (V, self.cache.v_binding()),
+            (O, o),
+            (LSE, lse),
+            (INDEX, r.index.as_entire_buffer_binding()),
+        ];
+        buffers.extend(r.side.map(|s| (SIDE, s.as_entire_buffer_binding())));
         let d = Dispatch {
             kernel: kernel.into(),
             uniforms: u.with_groups_x(1),
-            buffers: vec![
-                (Q, r.q.clone()),
-                (K, self.cache.k_binding()),
-                (V, self.cache.v_binding()),
-                (O, o),
-                (LSE, lse),
-                (INDEX, r.index.as_entire_buffer_binding()),
-            ],
+            buffers,
             grid,
             walk: Some((plan.splits.keys_per_split, plan.tiles.workgroup_size)),
         };
@@ -598,11 +633,14 @@ impl<'a> Step<'a> {
         Ok((d, accesses))
     }
 
-    /// The append and merge have no masks or softcap.
+    /// The append and merge have no masks or score terms (the sinks join
+    /// the softmax of the split that holds key 0).
     fn helper_variant(&self) -> Variant {
         Variant {
             masked: false,
             softcap: false,
+            alibi: false,
+            sinks: false,
             ..self.variant
         }
     }

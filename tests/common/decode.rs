@@ -6,7 +6,7 @@
 
 use flashattn::accuracy::check_decode;
 use flashattn::random::Rng;
-use flashattn::{AttentionOptions, Precision, Result, TensorData};
+use flashattn::{Alibi, AttentionOptions, Precision, Result, Sinks, TensorData};
 use flashattn::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
 
 /// How the case's cache is laid out.
@@ -360,6 +360,64 @@ pub fn cases() -> Vec<DecodeCase> {
                 .seqlen_q(4)
                 .append(4)
                 .opts(causal.clone())
+                .splits(splits),
+        );
+    }
+    v.extend(score_term_cases());
+    v
+}
+
+/// ALiBi (slopes per head and per sequence) and sinks: GQA groups whose
+/// heads differ in slope and sink, splits that cut the keys, sequences
+/// with no key (o = 0, lse = the sink), paged caches, every precision.
+fn score_term_cases() -> Vec<DecodeCase> {
+    let causal = || AttentionOptions::default().causal(true);
+    let sinks = |h: usize| Sinks::new(&(0..h).map(|i| i as f32 * 0.7 - 1.5).collect::<Vec<_>>());
+    // Per (sequence, head): steep and shallow, and one negative slope.
+    let per_seq = |b: usize, h: usize| {
+        let slopes: Vec<f32> = (0..b * h)
+            .map(|i| [0.5, 0.01, -0.02, 0.125][i % 4] / (1 + i / 4) as f32)
+            .collect();
+        Alibi::new(&slopes)
+    };
+    let mut v = vec![
+        DecodeCase::new(&[700, 0, 45], 64)
+            .heads(8, 2)
+            .seqlen_q(4)
+            .append(1)
+            .paged(16)
+            .opts(causal().alibi(Alibi::standard(8)))
+            .splits(3),
+        DecodeCase::new(&[300, 2], 48)
+            .heads(4, 4)
+            .append(2)
+            .f16()
+            .opts(
+                AttentionOptions::default()
+                    .window(Some(100), Some(0))
+                    .alibi(per_seq(2, 4)),
+            ),
+        DecodeCase::new(&[300, 0, 45], 64)
+            .heads(4, 2)
+            .opts(AttentionOptions::default().sinks(sinks(4))),
+        DecodeCase::new(&[2000, 1], 64)
+            .heads(8, 2)
+            .opts(causal().sinks(sinks(8)).softcap(4.0))
+            .splits(5),
+        DecodeCase::new(&[500, 0, 33], 3)
+            .heads(6, 1)
+            .seqlen_q(2)
+            .paged(48)
+            .bf16()
+            .opts(causal().alibi(per_seq(3, 6)).sinks(sinks(6))),
+    ];
+    for splits in [1, 4] {
+        v.push(
+            DecodeCase::new(&[1100, 64], 128)
+                .heads(16, 2)
+                .append(1)
+                .f16()
+                .opts(causal().alibi(Alibi::standard(16)).sinks(sinks(16)))
                 .splits(splits),
         );
     }

@@ -81,11 +81,10 @@ impl Prepared {
     }
 }
 
-/// Decoding takes the band and score flags, not the layout files.
+/// Decoding takes the band and score flags (ALiBi and sinks too), not the
+/// layouts that index a call's own sequences.
 fn layouts_unsupported(a: &crate::args::ScoreArgs) -> Result<()> {
     let given = [
-        (a.alibi.is_some(), "ALiBi (--alibi)"),
-        (a.sinks.is_some(), "attention sinks (--sinks)"),
         (a.block_mask.is_some(), "block-sparse masks (--block-mask)"),
         (
             a.cu_seqlens_q.is_some(),
@@ -224,6 +223,8 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         new_kv: new_kv.map(|kv| kv.map(|t| convert(t, to))),
     };
     let problem = DecodeProblem::new(&inputs.step()?, &cache.shape, cache.precision())?;
+    let opts = super::layouts::read(&a.score, Default::default(), opts)?;
+    opts.for_decoding(problem.batch, problem.heads_q)?;
     Ok(Prepared {
         inputs,
         cache,
