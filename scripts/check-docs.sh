@@ -23,4 +23,8 @@ step() {
 
 step "links, paths and the README example" cargo test --release --test docs
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+# Cargo takes a registry package's build as fresh whatever its source, so
+# the packaged library's build from an earlier run would serve the CLI's
+# verification stale: removed first (a minute of rebuilding the two).
+cargo clean -q --profile dev -p flashattn -p flashattn-cli
 step "cargo publish --dry-run" cargo publish --workspace --dry-run "$@"
