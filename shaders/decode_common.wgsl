@@ -46,9 +46,18 @@ fn cache_row(b: u32, t: u32) -> u32 {
     return page * decode.page_size + t % decode.page_size;
 }
 
-// Offset of row (b, i, h) of q and o, and of lse[b, h, i].
+// Offset of row (b, i, h) of q, of o, and of lse[b, h, i].
 fn q_offset(b: u32, i: u32, h: u32) -> u32 {
     return b * params.q_batch_stride + i * params.q_row_stride + h * D;
+}
+
+fn o_offset(b: u32, i: u32, h: u32) -> u32 {
+    return (b * params.seqlen_q + i) * params.o_row_stride + h * DV;
+}
+
+// Offset of kv head hk's row of V in cache row `row`.
+fn v_offset(row: u32, hk: u32) -> u32 {
+    return row * params.v_row_stride + hk * DV;
 }
 
 fn lse_offset(b: u32, h: u32, i: u32) -> u32 {

@@ -3,7 +3,7 @@
 // packed row p is token p / group of query head kv_head · group + p % group,
 // so every K/V row the workgroup reads serves the whole group. Invocation t
 // owns key t of each block of WG keys (its scores for every row) and output
-// columns t, t + WG, … of every row (P·V). K/V rows come from the cache
+// columns t, t + WG, … of every row (P·V; o and v have head dim DV). K/V rows come from the cache
 // through the page table, each read once. The workgroup covers the keys of
 // its split that its rows may see (skip, don't mask) and writes, with
 // splits, its rows' normalized partial o and LSE (NEG_BIG when it saw no
@@ -11,13 +11,13 @@
 // sink are each packed row's own query head's; split 0's rows start from
 // the sink.
 //
-// The composer declares overrides WG, D, IS_PARTIAL, IS_MASKED,
+// The composer declares overrides WG, D, DV, IS_PARTIAL, IS_MASKED,
 // HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; constants RB (packed rows per workgroup) and ACC =
-// ceil(D / WG) (register arrays need constant sizes); common.wgsl;
+// ceil(DV / WG) (register arrays need constant sizes); common.wgsl;
 // decode_common.wgsl; load_q, load_k, load_v (the cache), store_o,
 // store_lse, round_storage.
 
-override FULL_ACC: bool = (D % WG) == 0u;
+override FULL_ACC: bool = (DV % WG) == 0u;
 
 var<workgroup> q_tile: array<f32, RB * D>;
 var<workgroup> p_tile: array<f32, RB * WG>;
@@ -127,10 +127,10 @@ fn main(
         }
         let keys = u32(min(i32(WG), hi - k0));
         for (var c = 0u; c < keys; c++) {
-            let base = key_rows[c] * params.kv_row_stride + hk * D;
+            let base = v_offset(key_rows[c], hk);
             for (var k = 0u; k < ACC; k++) {
                 let x = tid + k * WG;
-                if (FULL_ACC || x < D) {
+                if (FULL_ACC || x < DV) {
                     let vx = load_v(base + x);
                     for (var r = 0u; r < RB; r++) {
                         acc[r * ACC + k] += p_tile[r * WG + c] * vx;
@@ -151,10 +151,10 @@ fn main(
         let h = hk * g + p % g;
         let l = row_l[r];
         let inv_l = select(0.0, 1.0 / l, l > 0.0);
-        let o_at = split * decode.o_split_stride + q_offset(b, i, h);
+        let o_at = split * decode.o_split_stride + o_offset(b, i, h);
         for (var k = 0u; k < ACC; k++) {
             let x = tid + k * WG;
-            if (FULL_ACC || x < D) {
+            if (FULL_ACC || x < DV) {
                 store_o(o_at + x, acc[r * ACC + k] * inv_l);
             }
         }

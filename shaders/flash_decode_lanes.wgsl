@@ -4,7 +4,8 @@
 // rows of one kv head's query group, the keys of one split), with no
 // workgroup memory and no barriers. Each lane owns the vec4 chunks
 // lane + c·SG of every row: it loads those of q once (so q is read once)
-// and every lane gets all of q by subgroup broadcast into registers. Lane j
+// and every lane gets all of q by subgroup broadcast into registers. v and
+// o rows have head dim DV, whose chunks lanes own the same way. Lane j
 // scores key k0 + j of each block against every row; the rows' maxima and
 // sums are subgroup reductions; for P·V each lane accumulates its own
 // chunks, taking each key's P and cache row by subgroup broadcast.
@@ -14,7 +15,7 @@
 // `$i` for each vec4 of a row < D/4.
 //
 // Prelude: SG = WG (and SGC, the same as a const for broadcast lanes), RB,
-// D (a multiple of 4), CPL = ceil(D/4 / SG),
+// D and DV (multiples of 4), CPL = ceil(max(D, DV)/4 / SG),
 // IS_PARTIAL, IS_MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; common.wgsl; decode_common.wgsl;
 // load4_q/k/v, store_o, store_lse, round_storage.
 
@@ -45,6 +46,7 @@ fn main(
     let row_abs$r = i32(prow$r / g) + offset;
     let chunk$c = lane + $cu * SG;
     let own$c = chunk$c < D / 4u;
+    let own_v$c = chunk$c < DV / 4u;
     var qa$r = array<vec4<f32>, CPL>();
     if (row_ok$r && own$c) { qa$r[$c] = load4_q(q_at$r / 4u + chunk$c); }
     let q$r_$i = subgroupBroadcast(qa$r[$iu / SGC], $iu % SGC);
@@ -90,19 +92,19 @@ fn main(
         // Keys past the block's end are skipped, not weighted by 0: a cache
         // row may hold anything, NaN included.
         let live$j = k0 + $j < hi;
-        let v_at$j = (row$j * params.kv_row_stride + hk * D) / 4u;
+        let v_at$j = v_offset(row$j, hk) / 4u;
         var v$j_$c = vec4<f32>(0.0);
-        if (live$j && own$c) { v$j_$c = load4_v(v_at$j + chunk$c); }
+        if (live$j && own_v$c) { v$j_$c = load4_v(v_at$j + chunk$c); }
         acc$r_$c += p$r_$j * v$j_$c;
     }
 
     let l_sum$r = subgroupAdd(l$r);
     let inv_l$r = select(0.0, 1.0 / l_sum$r, l_sum$r > 0.0);
-    let o_at$r = split * decode.o_split_stride + q_at$r;
-    if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c, acc$r_$c.x * inv_l$r); }
-    if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c + 1u, acc$r_$c.y * inv_l$r); }
-    if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c + 2u, acc$r_$c.z * inv_l$r); }
-    if (row_ok$r && own$c) { store_o(o_at$r + 4u * chunk$c + 3u, acc$r_$c.w * inv_l$r); }
+    let o_at$r = split * decode.o_split_stride + o_offset(b, prow$r / g, head$r);
+    if (row_ok$r && own_v$c) { store_o(o_at$r + 4u * chunk$c, acc$r_$c.x * inv_l$r); }
+    if (row_ok$r && own_v$c) { store_o(o_at$r + 4u * chunk$c + 1u, acc$r_$c.y * inv_l$r); }
+    if (row_ok$r && own_v$c) { store_o(o_at$r + 4u * chunk$c + 2u, acc$r_$c.z * inv_l$r); }
+    if (row_ok$r && own_v$c) { store_o(o_at$r + 4u * chunk$c + 3u, acc$r_$c.w * inv_l$r); }
     let lse$r = select(empty_lse(), m$r + log(l_sum$r), l_sum$r > 0.0);
     let lse_at$r = split * decode.lse_split_stride + lse_offset(b, head$r, prow$r / g);
     if (row_ok$r && lane == 0u) { store_lse(lse_at$r, lse$r); }

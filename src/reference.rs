@@ -510,8 +510,11 @@ pub fn decode_cache(cache: &HostKvCache, step: &DecodeStep) -> Result<HostKvCach
         return Ok(out);
     };
     let [batch, seqlen_new, _, _] = k_new.shape;
-    let row_len = cache.shape.row_len();
-    for (dst, src) in [(&mut out.k, &k_new), (&mut out.v, &v_new)] {
+    let s = &cache.shape;
+    for (dst, src, row_len) in [
+        (&mut out.k, &k_new, s.row_len()),
+        (&mut out.v, &v_new, s.v_row_len()),
+    ] {
         let mut values = dst.to_f32();
         let new = src.data.to_f32();
         for b in 0..batch {
@@ -547,12 +550,12 @@ pub fn decode(
     let updated = decode_cache(cache, step)?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     opts.for_decoding(p.batch, p.heads_q)?;
-    let (prec, d, row_len) = (p.precision, p.head_dim, cache.shape.row_len());
+    let (prec, d, dv) = (p.precision, p.head_dim, p.head_dim_v);
     let q = step.q.data.to_f32();
     let (kc, vc) = (updated.k.to_f32(), updated.v.to_f32());
     let per_seq = p.seqlen_q * p.heads_q;
     let mut outs = [(); 2].map(|_| ReferenceOutput {
-        o: vec![0.0; p.q_len()],
+        o: vec![0.0; p.o_len()],
         lse: vec![f64::NEG_INFINITY; p.lse_len()],
     });
     for b in 0..p.batch {
@@ -567,19 +570,22 @@ pub fn decode(
             }
             continue;
         };
-        let gather = |c: &[f32]| -> TensorData {
+        let gather = |c: &[f32], row_len: usize| -> TensorData {
             let rows = (0..shape.seqlen_k).flat_map(|t| {
                 let row = spec_row(cache, step, b, t);
                 c[row * row_len..][..row_len].iter().copied()
             });
             TensorData::from_f32(rows.collect(), prec)
         };
-        let (kb, vb) = (gather(&kc), gather(&vc));
+        let (kb, vb) = (
+            gather(&kc, cache.shape.row_len()),
+            gather(&vc, cache.shape.v_row_len()),
+        );
         let qb = TensorData::from_f32(q[b * per_seq * d..][..per_seq * d].to_vec(), prec);
         let (qv, kv, vv) = (
             qb.view(shape.q_shape()),
             kb.view(shape.kv_shape()),
-            vb.view(shape.kv_shape()),
+            vb.view(shape.v_shape()),
         );
         let opts_b = match &opts.alibi {
             Some(a) if a.per_batch(p.heads_q) => {
@@ -593,7 +599,7 @@ pub fn decode(
             naive_baseline(&qv, &kv, &vv, &opts_b)?,
         ];
         for (out, r) in outs.iter_mut().zip(results) {
-            out.o[b * per_seq * d..][..per_seq * d].copy_from_slice(&r.o);
+            out.o[b * per_seq * dv..][..per_seq * dv].copy_from_slice(&r.o);
             out.lse[b * per_seq..][..per_seq].copy_from_slice(&r.lse);
         }
     }

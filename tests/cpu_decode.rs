@@ -168,6 +168,98 @@ fn bad_steps_are_typed_errors_and_leave_the_cache_untouched() {
     );
 }
 
+/// A cache whose v head dim is its own: V's data, `v_new` and the cache
+/// tensors are checked against it, and bad ones are typed errors.
+#[test]
+fn v_head_dims_of_their_own_are_checked() {
+    let layout = CacheLayout::Dense {
+        batch: 2,
+        capacity: 8,
+    };
+    let shape = CacheShape::new(layout, 1, 4).unwrap();
+    assert_eq!(shape.head_dim_v, 4);
+    let shape = shape.with_head_dim_v(6).unwrap();
+    assert_eq!((shape.v_dims(), shape.v_len()), ([2, 8, 1, 6], 96));
+    assert!(matches!(
+        shape.with_head_dim_v(0),
+        Err(Error::EmptyDim { dim: "head_dim_v" })
+    ));
+    assert!(matches!(
+        shape.with_head_dim_v(100_000),
+        Err(Error::HeadDimTooLarge { .. })
+    ));
+    // V's data must hold the v head dim's elements.
+    let k = TensorData::F32(vec![0.5; 64]);
+    let e = HostKvCache::new(shape, k.clone(), TensorData::F32(vec![0.5; 64])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DataLength {
+                tensor: "v_cache",
+                expected: 96,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Tensors: V's dims are K's but for the head dim.
+    let tensor = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        flashattn::Tensor {
+            shape,
+            data: TensorData::F32(vec![0.25; n]),
+        }
+    };
+    let c = HostKvCache::from_tensors(tensor(vec![2, 8, 1, 4]), tensor(vec![2, 8, 1, 6]), false)
+        .unwrap();
+    assert_eq!(c.shape, shape);
+    let e = HostKvCache::from_tensors(tensor(vec![2, 8, 1, 4]), tensor(vec![2, 7, 1, 6]), false)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                tensor: "v_cache",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // v_new has the v head dim; o does too.
+    let q = TensorData::F32(vec![0.5; 8]);
+    let q = q.view([2, 1, 1, 4]);
+    let kn = TensorData::F32(vec![0.1; 8]);
+    let vn = TensorData::F32(vec![0.2; 12]);
+    let opts = AttentionOptions::default();
+    let mut cache = c.clone();
+    let e = cpu::decode(
+        &mut cache,
+        &DecodeStep::new(q, &[1, 1]).append(kn.view([2, 1, 1, 4]), kn.view([2, 1, 1, 4])),
+        &opts,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                tensor: "v_new",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(cache == c, "a failed step changed the cache");
+    let out = cpu::decode(
+        &mut cache,
+        &DecodeStep::new(q, &[1, 1]).append(kn.view([2, 1, 1, 4]), vn.view([2, 1, 1, 6])),
+        &opts,
+        None,
+    )
+    .unwrap();
+    assert_eq!(out.o.shape, [2, 1, 1, 6]);
+}
+
 #[test]
 fn paged_steps_check_every_page_they_use() {
     let layout = CacheLayout::Paged {

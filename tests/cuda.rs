@@ -664,15 +664,23 @@ fn layouts_backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
 }
 
 /// Decoding (tests/common/decode.rs's cases: dense and paged caches,
-/// appends, batch indices, seqlen_q 1–16, GQA/MQA, masks, softcap, every
-/// precision, lengths 0–8192, every num_splits) against the f64 reference,
-/// the cache updated exactly.
+/// appends, batch indices, seqlen_q 1–16, GQA/MQA, masks, softcap, ALiBi,
+/// sinks, every precision, lengths 0–8192, every num_splits) against the
+/// f64 reference, the cache updated exactly; caches whose v head dim is
+/// its own are `Unsupported`, the cache untouched.
 #[test]
 fn decoding_matches_the_reference_on_the_device() {
     let Some(cuda) = device() else { return };
     let backend = flashattn::Backend::Cuda(Box::new(cuda));
     for case in common::decode::cases() {
         let data = case.data();
+        if case.head_dim_v != case.head_dim {
+            let mut cache = data.cache.clone();
+            let out = backend.decode(&mut cache, &data.step(), &case.opts, case.num_splits);
+            assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
+            assert!(cache == data.cache, "a refused step left the cache changed");
+            continue;
+        }
         data.check(|cache, step| backend.decode(cache, step, &case.opts, case.num_splits));
     }
 }

@@ -277,6 +277,12 @@ fn decode_counts_match_and_read_kv_once_per_group() {
             .f16()
             .append(1)
             .splits(5),
+        // V's head dim its own: K rows of 64, V and o rows of 32.
+        DecodeCase::new(&[250, 9], 64)
+            .dv(32)
+            .heads(4, 2)
+            .append(2)
+            .splits(2),
     ];
     for case in counted {
         let data = case.data();

@@ -276,6 +276,7 @@ fn decode_loops_are_modeled() {
                 heads_q: heads.0,
                 heads_kv: heads.1,
                 head_dim: d,
+                head_dim_v: d,
                 max_seqlen_k: keys,
                 precision: Precision::F32,
                 num_splits: Some(1),

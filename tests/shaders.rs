@@ -478,8 +478,9 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
 /// The decode kernels: the split-KV attention for the tiles the planner
 /// gives packed groups of 1, 4 and 16 rows on every device, both forms
 /// (partials or final), with and without ALiBi and sinks (the score terms
-/// decoding takes beside the band); the append and the merge.
-fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
+/// decoding takes beside the band); the append and the merge. `dims` are
+/// `(d, dv)` pairs.
+fn decode_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
     let mut out = Vec::new();
     let score_terms: &[u32] = if all_variants {
         &[16, 32, 16 | 32 | 1]
@@ -493,18 +494,19 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
     for storage in STORAGE {
         let f16 = storage == StorageKind::F16Native;
         let precision = storage.precision();
-        for &d in head_dims {
+        for &(d, dv) in dims {
             for &variant in &decode_variants {
                 let mut keys: Vec<KernelKey> = vec![
                     KvAppend {
                         storage,
                         head_dim: d as u32,
+                        head_dim_v: dv as u32,
                         variant,
                     }
                     .into(),
                     DecodeMerge {
                         storage,
-                        head_dim: d as u32,
+                        head_dim_v: dv as u32,
                         variant,
                     }
                     .into(),
@@ -519,6 +521,7 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                         heads_q: rows,
                         heads_kv: 1,
                         head_dim: d,
+                        head_dim_v: dv,
                         max_seqlen_k: 100,
                         precision,
                         num_splits: None,
@@ -540,7 +543,7 @@ fn decode_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
                     }
                 }
                 for key in keys {
-                    let label = format!("{} d {d} {storage:?} {key:?}", key.name());
+                    let label = format!("{} d {d}/{dv} {storage:?} {key:?}", key.name());
                     let subgroups = matches!(
                         key,
                         KernelKey::FlashDecode(f) if f.tiles.kernel == KernelFamily::Lanes
@@ -609,9 +612,16 @@ fn fp8_kernels(head_dims: &[usize], all_variants: bool) -> Vec<Kernel> {
 fn all_kernels() -> Vec<Kernel> {
     let mut k = flash_kernels(&FLASH_DIMS, false);
     k.extend(other_kernels(false));
-    k.extend(decode_kernels(&HEAD_DIMS, false));
+    k.extend(decode_kernels(&decode_dims(), false));
     k.extend(fp8_kernels(&HEAD_DIMS, false));
     k
+}
+
+/// The decode kernels' head dims: each of [`HEAD_DIMS`] for k and v, and v
+/// head dims of their own (narrower, wider, odd, MLA's 512 under 192).
+fn decode_dims() -> Vec<(usize, usize)> {
+    let own_v = [(64, 32), (48, 128), (59, 37), (192, 512)];
+    HEAD_DIMS.iter().map(|&d| (d, d)).chain(own_v).collect()
 }
 
 /// The optional code in combination — every combination of mask, softcap,
@@ -622,7 +632,7 @@ fn all_kernels() -> Vec<Kernel> {
 fn every_variant_validates_with_its_overrides() {
     let mut kernels = flash_kernels(&[(59, 59), (64, 64), (40, 24)], true);
     kernels.extend(other_kernels(true));
-    kernels.extend(decode_kernels(&[59, 64], true));
+    kernels.extend(decode_kernels(&[(59, 59), (64, 64), (64, 36)], true));
     kernels.extend(fp8_kernels(&[59, 64], true));
     for k in &kernels {
         compile(k).unwrap_or_else(|e| panic!("{}:\n{e}", k.label));
@@ -835,7 +845,7 @@ fn every_kernel_translates_to_spirv_msl_hlsl_and_glsl() {
 
 #[test]
 fn decode_workgroup_storage_matches_the_plan() {
-    for k in decode_kernels(&HEAD_DIMS, false) {
+    for k in decode_kernels(&decode_dims(), false) {
         let (module, _) = compile(&k).unwrap();
         let expected = match k.key {
             KernelKey::FlashDecode(f) => f.tiles.workgroup_bytes,
@@ -894,7 +904,7 @@ fn uniform_structs_match_their_wgsl_twins() {
     assert_layout::<Params>(&matmul.source());
     let merge = DecodeMerge {
         storage: StorageKind::F32,
-        head_dim: 64,
+        head_dim_v: 64,
         variant: Variant::default(),
     };
     assert_layout::<DecodeParams>(&merge.source());

@@ -1115,9 +1115,8 @@ fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
         &[b, c.seqlen_q, c.heads_q, c.head_dim],
         &d.q,
     );
-    let dims = d.cache.shape.dims();
-    write_tensor(&f.path("kc.npy"), &dims, &d.cache.k);
-    write_tensor(&f.path("vc.npy"), &dims, &d.cache.v);
+    write_tensor(&f.path("kc.npy"), &d.cache.shape.dims(), &d.cache.k);
+    write_tensor(&f.path("vc.npy"), &d.cache.shape.v_dims(), &d.cache.v);
     write_i32(&f.path("cs.npy"), &[b as u64], &d.lens);
     let mut args: Vec<String> = vec![];
     for (flag, name) in [
@@ -1142,9 +1141,9 @@ fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
         }
     }
     if c.seqlen_new > 0 {
-        let shape = [b, c.seqlen_new, c.heads_kv, c.head_dim];
-        write_tensor(&f.path("kn.npy"), &shape, &d.k_new);
-        write_tensor(&f.path("vn.npy"), &shape, &d.v_new);
+        let shape = |d| [b, c.seqlen_new, c.heads_kv, d];
+        write_tensor(&f.path("kn.npy"), &shape(c.head_dim), &d.k_new);
+        write_tensor(&f.path("vn.npy"), &shape(c.head_dim_v), &d.v_new);
         args.extend([
             "--k-new".into(),
             path("kn.npy"),
@@ -1204,6 +1203,7 @@ fn check_decoded(f: &Files, d: &CaseData, label: &str) {
         lse_shape,
         [c.batch(), c.heads_q, c.seqlen_q].map(|x| x as u64)
     );
+    assert_eq!(o.shape, [c.batch(), c.seqlen_q, c.heads_q, c.head_dim_v]);
     let out = DecodeOutput {
         o,
         lse,
@@ -1262,6 +1262,8 @@ fn cli_decode_cases() -> Vec<DecodeCase> {
             .append(1)
             .splits(3)
             .opts(causal.clone()),
+        // V's head dim its own: o has it too.
+        DecodeCase::new(&[60, 7], 32).dv(24).paged(16).append(2),
         // ALiBi per sequence and sinks, a sequence with no key (lse = sink).
         DecodeCase::new(&[400, 0], 32)
             .heads(4, 2)

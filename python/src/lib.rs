@@ -308,8 +308,8 @@ unsafe fn host_cache(k: &RawMut, v: &RawMut, paged: bool) -> flashattn::Result<H
             expected: 4,
         })
     };
-    let shape = flashattn::CacheShape::from_dims(dims(k, "k_cache")?, paged)?;
-    dims(v, "v_cache")?;
+    let shape =
+        flashattn::CacheShape::from_kv_dims(dims(k, "k_cache")?, dims(v, "v_cache")?, paged)?;
     let owned = |r: &RawMut| -> flashattn::Result<TensorData> {
         let view = r.host()?;
         Ok(TensorData::from_bytes(

@@ -165,6 +165,24 @@ def test_kvcache_with_appends(backend, layout, dtype, num_splits, mask):
     testing.assert_passed(checks, f"kvcache {layout} {dtype} {mask}")
 
 
+def test_kvcache_with_a_v_head_dim_of_its_own(backend):
+    b, hq, hkv, d, dv = 2, 4, 2, 48, 32
+    seqlens = torch.tensor([20, 7], dtype=torch.int32)
+    k_cache, v_cache = torch.randn(b, 40, hkv, d), torch.randn(b, 40, hkv, dv)
+    q, k, v = torch.randn(b, 1, hq, d), torch.randn(b, 2, hkv, d), torch.randn(b, 2, hkv, dv)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    o, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True,
+        return_softmax_lse=True, backend=backend,
+    )  # fmt: skip
+    assert o.shape == (b, 1, hq, dv)
+    assert torch.equal(v_cache, _expected_cache(before_v, v, seqlens, None, None))
+    checks = testing.check_decode(
+        q, before_k, before_v, k, v, seqlens.tolist(), None, None, o, lse, options(causal=True)
+    )
+    testing.assert_passed(checks, "kvcache dv 32")
+
+
 def test_kvcache_without_append_reads_the_cache(backend):
     q, k_cache, v_cache, _, _, seqlens, _, _ = _cache_case(False, torch.float32)
     before = k_cache.clone()

@@ -35,25 +35,30 @@ pub enum CacheLayout {
     },
 }
 
-/// The shape of a K (or V) cache.
+/// The shape of a K and V cache: one layout, V's rows `head_dim_v` wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheShape {
     /// Dense or paged, and its sizes.
     pub layout: CacheLayout,
     /// Key/value heads.
     pub heads_kv: usize,
-    /// The head dim of k and v.
+    /// The head dim of k (and of q).
     pub head_dim: usize,
+    /// The head dim of v (and of o): `head_dim` unless set by
+    /// [`with_head_dim_v`](Self::with_head_dim_v).
+    pub head_dim_v: usize,
 }
 
 impl CacheShape {
     /// Check the sizes (every one ≥ 1, head dim within the maximum, the
     /// element count within this target's limit: [`Error::SizeOverflow`]).
+    /// V has K's head dim.
     pub fn new(layout: CacheLayout, heads_kv: usize, head_dim: usize) -> Result<Self> {
         let s = Self {
             layout,
             heads_kv,
             head_dim,
+            head_dim_v: head_dim,
         };
         let [outer, inner, _, _] = s.dims();
         let names = match layout {
@@ -80,6 +85,24 @@ impl CacheShape {
         Ok(s)
     }
 
+    /// This shape with V's rows `head_dim_v` wide (as MLA-style models
+    /// use: o then has that head dim too).
+    pub fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
+        if head_dim_v == 0 {
+            return Err(Error::EmptyDim { dim: "head_dim_v" });
+        }
+        if head_dim_v > MAX_HEAD_DIM {
+            return Err(Error::HeadDimTooLarge {
+                tensor: "the v cache",
+                head_dim: head_dim_v,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        let s = Self { head_dim_v, ..self };
+        size::elements("the v cache", &s.v_dims())?;
+        Ok(s)
+    }
+
     /// The shape of a cache tensor, read as paged or dense.
     pub fn from_dims([outer, inner, heads_kv, head_dim]: [usize; 4], paged: bool) -> Result<Self> {
         let layout = if paged {
@@ -96,13 +119,33 @@ impl CacheShape {
         Self::new(layout, heads_kv, head_dim)
     }
 
-    /// `(outer, inner, heads_kv, head_dim)`.
+    /// The shape of K and V caches of dims `k` and `v`, read as paged or
+    /// dense: V's dims must be K's but for the head dim.
+    pub fn from_kv_dims(k: [usize; 4], v: [usize; 4], paged: bool) -> Result<Self> {
+        if k[..3] != v[..3] {
+            return Err(Error::ShapeMismatch {
+                tensor: "v_cache",
+                shape: v.to_vec(),
+                like: "k_cache (but for the head dim)",
+                expected: [k[0], k[1], k[2], v[3]].to_vec(),
+            });
+        }
+        Self::from_dims(k, paged)?.with_head_dim_v(v[3])
+    }
+
+    /// K's dims: `(outer, inner, heads_kv, head_dim)`.
     pub fn dims(&self) -> [usize; 4] {
         let (outer, inner) = match self.layout {
             CacheLayout::Dense { batch, capacity } => (batch, capacity),
             CacheLayout::Paged { pages, page_size } => (pages, page_size),
         };
         [outer, inner, self.heads_kv, self.head_dim]
+    }
+
+    /// V's dims: `(outer, inner, heads_kv, head_dim_v)`.
+    pub fn v_dims(&self) -> [usize; 4] {
+        let [outer, inner, heads, _] = self.dims();
+        [outer, inner, heads, self.head_dim_v]
     }
 
     /// Whether the cache is paged.
@@ -116,14 +159,24 @@ impl CacheShape {
         outer * inner
     }
 
-    /// Elements of one token row.
+    /// Elements of one token row of K.
     pub fn row_len(&self) -> usize {
         self.heads_kv * self.head_dim
     }
 
-    /// Elements of the whole cache.
+    /// Elements of one token row of V.
+    pub fn v_row_len(&self) -> usize {
+        self.heads_kv * self.head_dim_v
+    }
+
+    /// Elements of the whole K cache.
     pub fn len(&self) -> usize {
         self.rows() * self.row_len()
+    }
+
+    /// Elements of the whole V cache.
+    pub fn v_len(&self) -> usize {
+        self.rows() * self.v_row_len()
     }
 
     /// Whether the cache holds no rows.
@@ -152,8 +205,9 @@ pub struct DecodeStep<'a> {
     pub cache_batch_idx: Option<&'a [i32]>,
     /// Where a paged cache's sequences live (required for paged caches).
     pub block_table: Option<BlockTable<'a>>,
-    /// `k_new`, `v_new` `(batch, seqlen_new, heads_kv, head_dim)`: appended
-    /// at `cache_seqlens[b]..`, then attended to.
+    /// `k_new` `(batch, seqlen_new, heads_kv, head_dim)` and `v_new`
+    /// `(batch, seqlen_new, heads_kv, head_dim_v)`: appended at
+    /// `cache_seqlens[b]..`, then attended to.
     pub new_kv: Option<[TensorView<'a>; 2]>,
 }
 
@@ -213,7 +267,8 @@ pub struct DecodeSpec<'a> {
     /// `(batch, seqlen_q, heads_q, head_dim)` of q.
     pub q_shape: [usize; 4],
     /// Tokens appended per sequence (`k_new`/`v_new` are `(batch,
-    /// seqlen_new, heads_kv, head_dim)`); 0 for a step that appends none.
+    /// seqlen_new, heads_kv, head_dim or head_dim_v)`); 0 for a step that
+    /// appends none.
     pub seqlen_new: usize,
     /// `(batch,)`: tokens in each sequence's cache before the append.
     pub cache_seqlens: &'a [i32],
@@ -287,8 +342,10 @@ pub struct DecodeProblem {
     pub heads_q: usize,
     /// Key/value heads.
     pub heads_kv: usize,
-    /// The head dim.
+    /// The head dim of q and k.
     pub head_dim: usize,
+    /// The head dim of v and o.
+    pub head_dim_v: usize,
     /// Tokens appended per sequence (0 without `k_new`/`v_new`).
     pub seqlen_new: usize,
     /// The storage precision of q and the cache.
@@ -327,6 +384,8 @@ impl DecodeProblem {
         }
         // The new rows' element count must fit this target like q's.
         size::elements("k_new", &[batch, step.seqlen_new, cache.heads_kv, head_dim])?;
+        size::elements("v_new", &[batch, step.seqlen_new, cache.heads_kv, cache.head_dim_v])?;
+        size::elements("o", &[batch, seqlen_q, heads_q, cache.head_dim_v])?;
         let seqlen_new = step.seqlen_new;
         let cache_lens = lengths("cache_seqlens", step.cache_seqlens, batch)?;
         let table = page_table(step, cache, batch)?;
@@ -336,6 +395,7 @@ impl DecodeProblem {
             heads_q,
             heads_kv: cache.heads_kv,
             head_dim,
+            head_dim_v: cache.head_dim_v,
             seqlen_new,
             precision,
             cache: *cache,
@@ -373,9 +433,24 @@ impl DecodeProblem {
         [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
     }
 
-    /// `k_new`/`v_new`'s shape: `(batch, seqlen_new, heads_kv, head_dim)`.
+    /// `k_new`'s shape: `(batch, seqlen_new, heads_kv, head_dim)`.
     pub fn new_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_new, self.heads_kv, self.head_dim]
+    }
+
+    /// `v_new`'s shape: `(batch, seqlen_new, heads_kv, head_dim_v)`.
+    pub fn v_new_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_new, self.heads_kv, self.head_dim_v]
+    }
+
+    /// o's shape: `(batch, seqlen_q, heads_q, head_dim_v)`.
+    pub fn o_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim_v]
+    }
+
+    /// Elements of o.
+    pub fn o_len(&self) -> usize {
+        self.o_shape().iter().product()
     }
 
     /// lse's shape: `(batch, heads_q, seqlen_q)`.
@@ -404,7 +479,7 @@ impl DecodeProblem {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
-            head_dim_v: self.head_dim,
+            head_dim_v: self.head_dim_v,
         })
     }
 
@@ -496,7 +571,8 @@ impl DecodeProblem {
     }
 }
 
-/// `k_new`/`v_new`: both or neither, `(batch, seqlen_new, heads_kv, d)`.
+/// `k_new`/`v_new`: both or neither, `(batch, seqlen_new, heads_kv, d)`
+/// (`d` the cache's head dim of each).
 fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -> Result<()> {
     let Some([k, v]) = step.new_kv else {
         return Ok(());
@@ -505,8 +581,10 @@ fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -
         t.check_len(name)?;
         dtype_like(t.precision(), name, p)?;
     }
-    let expected = [batch, k.shape[1], cache.heads_kv, cache.head_dim];
-    for (name, t) in [("k_new", &k), ("v_new", &v)] {
+    let rows = [batch, k.shape[1], cache.heads_kv];
+    let expected = |d: usize| [rows[0], rows[1], rows[2], d];
+    for (name, t, d) in [("k_new", &k, cache.head_dim), ("v_new", &v, cache.head_dim_v)] {
+        let expected = expected(d);
         if t.shape != expected {
             return Err(Error::ShapeMismatch {
                 tensor: name,
@@ -651,12 +729,14 @@ impl HostKvCache {
     /// What [`new`](Self::new) checks, again for a cache whose public
     /// fields were changed since: K and V hold the shape's elements, in one dtype.
     pub(crate) fn check(&self) -> Result<()> {
-        for (tensor, t) in [("k_cache", &self.k), ("v_cache", &self.v)] {
-            if t.len() != self.shape.len() {
+        let s = &self.shape;
+        for (tensor, t, dims) in [("k_cache", &self.k, s.dims()), ("v_cache", &self.v, s.v_dims())] {
+            let expected = dims.iter().product();
+            if t.len() != expected {
                 return Err(Error::DataLength {
                     tensor,
-                    shape: self.shape.dims().to_vec(),
-                    expected: self.shape.len(),
+                    shape: dims.to_vec(),
+                    expected,
                     actual: t.len(),
                 });
             }
@@ -664,7 +744,8 @@ impl HostKvCache {
         dtype_like(self.v.precision(), "v_cache", self.k.precision())
     }
 
-    /// A cache from two 4-d tensors of one shape, read as paged or dense.
+    /// A cache from two 4-d tensors, read as paged or dense: V's shape is
+    /// K's but for its head dim, which may be its own.
     pub fn from_tensors(k: Tensor, v: Tensor, paged: bool) -> Result<Self> {
         let dims = |t: &Tensor, tensor| -> Result<[usize; 4]> {
             t.shape.as_slice().try_into().map_err(|_| Error::Rank {
@@ -674,25 +755,17 @@ impl HostKvCache {
                 expected: 4,
             })
         };
-        let (kd, vd) = (dims(&k, "k_cache")?, dims(&v, "v_cache")?);
-        if kd != vd {
-            return Err(Error::ShapeMismatch {
-                tensor: "v_cache",
-                shape: vd.to_vec(),
-                like: "k_cache",
-                expected: kd.to_vec(),
-            });
-        }
-        Self::new(CacheShape::from_dims(kd, paged)?, k.data, v.data)
+        let shape = CacheShape::from_kv_dims(dims(&k, "k_cache")?, dims(&v, "v_cache")?, paged)?;
+        Self::new(shape, k.data, v.data)
     }
 
     /// An all-zero cache.
     pub fn zeros(shape: CacheShape, precision: Precision) -> Self {
-        let zeros = || TensorData::from_f32(vec![0.0; shape.len()], precision);
+        let zeros = |len| TensorData::from_f32(vec![0.0; len], precision);
         Self {
             shape,
-            k: zeros(),
-            v: zeros(),
+            k: zeros(shape.len()),
+            v: zeros(shape.v_len()),
         }
     }
 
@@ -703,18 +776,17 @@ impl HostKvCache {
 
     /// K as a 4-d tensor (a copy).
     pub fn k_tensor(&self) -> Tensor {
-        self.tensor(&self.k)
+        Tensor {
+            shape: self.shape.dims().to_vec(),
+            data: self.k.clone(),
+        }
     }
 
     /// V as a 4-d tensor (a copy).
     pub fn v_tensor(&self) -> Tensor {
-        self.tensor(&self.v)
-    }
-
-    fn tensor(&self, data: &TensorData) -> Tensor {
         Tensor {
-            shape: self.shape.dims().to_vec(),
-            data: data.clone(),
+            shape: self.shape.v_dims().to_vec(),
+            data: self.v.clone(),
         }
     }
 }
@@ -722,7 +794,7 @@ impl HostKvCache {
 /// The result of a decoding step.
 #[derive(Clone, Debug)]
 pub struct DecodeOutput {
-    /// `(batch, seqlen_q, heads_q, head_dim)`, in the cache's precision.
+    /// `(batch, seqlen_q, heads_q, head_dim_v)`, in the cache's precision.
     pub o: Tensor,
     /// `(batch, heads_q, seqlen_q)`, f32; `-inf` for rows with no allowed key.
     pub lse: Vec<f32>,
@@ -745,7 +817,7 @@ impl DecodeOutput {
     ) -> Self {
         Self {
             o: Tensor {
-                shape: problem.q_shape().to_vec(),
+                shape: problem.o_shape().to_vec(),
                 data: o,
             },
             lse,

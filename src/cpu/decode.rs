@@ -35,8 +35,8 @@ const BLOCK_BYTES: usize = 256 << 10;
 
 /// Keys per block: as many as [`BLOCK_BYTES`] holds, in whole micro-kernel
 /// panels, between one panel and 64.
-fn block_keys(heads_kv: usize, dpad: usize) -> usize {
-    let per_key = 2 * heads_kv * dpad * std::mem::size_of::<f32>();
+fn block_keys(heads_kv: usize, dpad: usize, dvpad: usize) -> usize {
+    let per_key = heads_kv * (dpad + dvpad) * std::mem::size_of::<f32>();
     (BLOCK_BYTES / per_key.max(1) / PAD * PAD).clamp(PAD, 64)
 }
 
@@ -54,11 +54,11 @@ pub(crate) fn decode(
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     opts.for_decoding(p.batch, p.heads_q)?;
     if let Some([k_new, v_new]) = &step.new_kv {
-        append(&mut cache.k, k_new, &p)?;
-        append(&mut cache.v, v_new, &p)?;
+        append(&mut cache.k, k_new, &p, p.cache.row_len())?;
+        append(&mut cache.v, v_new, &p, p.cache.v_row_len())?;
     }
-    let dpad = super::pack::padded(p.head_dim);
-    let bc = block_keys(p.heads_kv, dpad);
+    let pad = super::pack::padded;
+    let bc = block_keys(p.heads_kv, pad(p.head_dim), pad(p.head_dim_v));
     let splits = cpu_splits(&p, num_splits, bc)?;
     let work = Work {
         p: &p,
@@ -67,7 +67,7 @@ pub(crate) fn decode(
         rule: ScoreRule::new(opts, p.head_dim),
         opts,
         splits,
-        g: Geometry::new([p.head_dim; 2], bc),
+        g: Geometry::new([p.head_dim, p.head_dim_v], bc),
         unit_heads: if opts.alibi.is_some() { 1 } else { p.group() },
     };
     let tasks: Vec<(usize, usize)> = (0..p.batch)
@@ -96,6 +96,7 @@ fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>, bc: usize) -> Result
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         head_dim: p.head_dim,
+        head_dim_v: p.head_dim_v,
         max_seqlen_k: p.max_seqlen_k(),
         precision: p.precision,
         num_splits,
@@ -110,18 +111,23 @@ fn cpu_splits(p: &DecodeProblem, num_splits: Option<usize>, bc: usize) -> Result
     Ok(plan_splits(&req, bc, p.batch, 0, &limits)?.0)
 }
 
-/// Copy the rows of `new` (`(batch, seqlen_new, heads_kv, d)`) to their cache rows.
-pub(crate) fn append(cache: &mut TensorData, new: &TensorView, p: &DecodeProblem) -> Result<()> {
-    fn copy<T: Copy>(c: &mut [T], n: &[T], p: &DecodeProblem) {
-        let len = p.cache.row_len();
+/// Copy the rows of `new` (`(batch, seqlen_new, heads_kv, d)`, `len`
+/// elements a token) to their cache rows.
+pub(crate) fn append(
+    cache: &mut TensorData,
+    new: &TensorView,
+    p: &DecodeProblem,
+    len: usize,
+) -> Result<()> {
+    fn copy<T: Copy>(c: &mut [T], n: &[T], p: &DecodeProblem, len: usize) {
         for (src, (_, _, dst)) in p.appended_rows().enumerate() {
             c[dst * len..][..len].copy_from_slice(&n[src * len..][..len]);
         }
     }
     match (cache, new.data) {
-        (TensorData::F32(c), HostData::F32(n)) => copy(c, n, p),
-        (TensorData::F16(c), HostData::F16(n)) => copy(c, n, p),
-        (TensorData::Bf16(c), HostData::Bf16(n)) => copy(c, n, p),
+        (TensorData::F32(c), HostData::F32(n)) => copy(c, n, p, len),
+        (TensorData::F16(c), HostData::F16(n)) => copy(c, n, p, len),
+        (TensorData::Bf16(c), HostData::Bf16(n)) => copy(c, n, p, len),
         (c, n) => {
             return Err(Error::DtypeMismatch {
                 tensor: "k_new/v_new",
@@ -201,9 +207,9 @@ impl Work<'_> {
     /// `s`'s partial of unit `u`.
     fn merge(&self, per_task: Vec<Vec<Partial>>) -> (Vec<f32>, Vec<f32>) {
         let p = self.p;
-        let (d, n, units) = (p.head_dim, self.splits.num_splits, self.units());
+        let (dv, n, units) = (p.head_dim_v, self.splits.num_splits, self.units());
         let sinks = self.opts.sinks.as_ref().map(|s| s.logits());
-        let mut o = vec![0f32; p.q_len()];
+        let mut o = vec![0f32; p.o_len()];
         let mut lse = vec![f32::NEG_INFINITY; p.lse_len()];
         // Regrouped by (b, u), its splits side by side for merge_row.
         let mut by_unit: Vec<Vec<Partial>> = (0..p.batch * units).map(|_| Vec::new()).collect();
@@ -216,8 +222,8 @@ impl Work<'_> {
             let (b, u) = (bu / units, bu % units);
             for r in 0..self.unit_rows() {
                 let (i, h) = self.row(u, r);
-                let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
-                let mut l = merge_row(chunk, r, self.g.dpad, out);
+                let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * dv..][..dv];
+                let mut l = merge_row(chunk, r, self.g.dvpad, out);
                 if let Some(sinks) = sinks {
                     l = with_sink(out, l, sinks[h]);
                 }
@@ -274,11 +280,11 @@ impl Task for SplitTask<'_, '_> {
             };
             block.widen::<K>(w, b, kb, &reach.keys);
             for (u, stream) in streams.iter_mut().enumerate() {
-                let head = w.kv_head(u) * g.bc * g.dpad;
+                let head = w.kv_head(u) * g.bc;
                 let blk = KeyBlock {
-                    k: Keys::Rows(&block.k()[head..], g.dpad),
-                    v: &block.v()[head..],
-                    ldv: g.dpad,
+                    k: Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
+                    v: &block.v()[head * g.dvpad..],
+                    ldv: g.dvpad,
                 };
                 stream.update::<K>(&reach, &blk);
             }
@@ -289,7 +295,7 @@ impl Task for SplitTask<'_, '_> {
 
 /// One key block of the cache widened to f32 for every kv head, K's rows
 /// then V's, head by head: head `hk`'s row for the block's `c`-th key is
-/// at `(hk · bc + c) · dpad`, zero-padded to `dpad`. (With the heads side
+/// at `(hk · bc + c) · dpad` (V's: `dvpad`), zero-padded to that width. (With the heads side
 /// by side instead, a head's consecutive keys sit a whole row of heads
 /// apart, 4 KiB at 8 heads of 128: in one L1 set, so P·V read them from
 /// L2.) Pooled: a fresh one every step would cost its page faults every
@@ -304,7 +310,7 @@ impl Block {
     fn new(g: &Geometry, heads_kv: usize) -> Self {
         let half = g.bc * heads_kv * g.dpad;
         Self {
-            data: Buffer::zeroed(2 * half),
+            data: Buffer::zeroed(half + g.bc * heads_kv * g.dvpad),
             half,
         }
     }
@@ -341,7 +347,8 @@ impl Block {
         v: &[T],
     ) {
         let g = &w.g;
-        let (d, heads, row_len) = (g.d, w.p.heads_kv, w.cache.shape.row_len());
+        let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
+        let (k_len, v_len) = (w.cache.shape.row_len(), w.cache.shape.v_row_len());
         let valid = w.p.seqlen_k(b);
         // Zeroed when made: the padding columns are never written.
         let (ks, vs) = self.data.split_at_mut(self.half);
@@ -349,14 +356,14 @@ impl Block {
         // heads scattered to their own parts of the block.
         for j in keys.clone() {
             let c = j - kb * g.bc;
-            let at = (j < valid).then(|| w.p.cache_row(b, j) * row_len);
+            let row = (j < valid).then(|| w.p.cache_row(b, j));
             for hk in 0..heads {
-                let to = (hk * g.bc + c) * g.dpad;
-                let (kr, vr) = (&mut ks[to..][..d], &mut vs[to..][..d]);
-                match at {
-                    Some(at) => {
-                        T::widen::<K>(&k[at + hk * d..][..d], kr);
-                        T::widen::<K>(&v[at + hk * d..][..d], vr);
+                let at = hk * g.bc + c;
+                let (kr, vr) = (&mut ks[at * g.dpad..][..d], &mut vs[at * g.dvpad..][..dv]);
+                match row {
+                    Some(row) => {
+                        T::widen::<K>(&k[row * k_len + hk * d..][..d], kr);
+                        T::widen::<K>(&v[row * v_len + hk * dv..][..dv], vr);
                     }
                     None => {
                         kr.fill(0.0);

@@ -32,6 +32,13 @@ pub(crate) fn decode(
     opts.validate()?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     opts.for_decoding(p.batch, p.heads_q)?;
+    if p.head_dim_v != p.head_dim {
+        // As the forward: the kernels hold one head dim for q, k and v.
+        return Err(Error::Unsupported {
+            what: super::problem::WHAT,
+            feature: "a v head dim other than q's and k's",
+        });
+    }
     let total_q = p.batch * p.seqlen_q;
     let total_k = p.total_keys();
     let i32_of = |what, n: usize| {
@@ -63,8 +70,8 @@ pub(crate) fn decode(
         }
     };
     if let Some([k_new, v_new]) = &step.new_kv {
-        crate::cpu::append_to_cache(&mut cache.k, k_new, &p)?;
-        crate::cpu::append_to_cache(&mut cache.v, v_new, &p)?;
+        crate::cpu::append_to_cache(&mut cache.k, k_new, &p, p.cache.row_len())?;
+        crate::cpu::append_to_cache(&mut cache.v, v_new, &p, p.cache.v_row_len())?;
     }
     if total_k == 0 {
         // No sequence has a key: every row is empty (o = 0, lse = -inf).

@@ -36,6 +36,7 @@ pub struct FlashDecode {
 pub struct KvAppend {
     pub storage: StorageKind,
     pub head_dim: u32,
+    pub head_dim_v: u32,
     pub variant: Variant,
 }
 
@@ -43,7 +44,8 @@ pub struct KvAppend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeMerge {
     pub storage: StorageKind,
-    pub head_dim: u32,
+    /// o's head dim (v's).
+    pub head_dim_v: u32,
     pub variant: Variant,
 }
 
@@ -111,10 +113,13 @@ impl<'a> DecodeBindings<'a> {
     }
 }
 
-/// A composer with the decode kernels' shared declarations.
-fn composer(storage: StorageKind, wg: u32, head_dim: u32) -> Composer {
+/// A composer with the decode kernels' shared declarations: the head dims
+/// of q and k (`D`) and of v and o (`DV`).
+fn composer(storage: StorageKind, wg: u32, [d, dv]: [u32; 2]) -> Composer {
     let mut c = Composer::new(storage);
-    c.override_u32("WG", wg).override_u32("D", head_dim);
+    c.override_u32("WG", wg)
+        .override_u32("D", d)
+        .override_u32("DV", dv);
     c
 }
 
@@ -128,7 +133,7 @@ impl FlashDecode {
 
     pub fn source(&self) -> KernelSource {
         let t = &self.tiles;
-        let mut c = composer(t.storage, t.workgroup_size, t.head_dim);
+        let mut c = composer(t.storage, t.workgroup_size, [t.head_dim, t.head_dim_v]);
         c.override_bool("IS_PARTIAL", self.partial)
             .const_u32("RB", t.rows);
         // Decode tiles are never coop or registers (decode_tiles picks lanes
@@ -145,7 +150,7 @@ impl FlashDecode {
                 let n = Unroll {
                     lanes: t.workgroup_size,
                     chunks: t.head_dim / 4,
-                    v_chunks: t.head_dim / 4,
+                    v_chunks: t.head_dim_v / 4,
                     rows: t.rows,
                     cols: t.chunks_per_lane(),
                 };
@@ -180,7 +185,11 @@ impl FlashDecode {
     /// writes its rows' o and lse. The index buffer (key counts, page
     /// table) is not counted, as uniforms are not.
     pub fn accesses(&self, p: &DecodeProblem, params: &Params, dp: &DecodeParams) -> Accesses {
-        let (d, rb) = (self.tiles.head_dim as u64, self.tiles.rows);
+        let (d, dv, rb) = (
+            self.tiles.head_dim as u64,
+            self.tiles.head_dim_v as u64,
+            self.tiles.rows,
+        );
         let mut a = Accesses::default();
         for b in 0..p.batch {
             for split in 0..dp.num_splits {
@@ -196,8 +205,8 @@ impl FlashDecode {
                         p0,
                         rows as u32,
                     );
-                    a.reads += rows * d + 2 * (hi - lo) as u64 * d;
-                    a.writes += rows * d + rows;
+                    a.reads += rows * d + (hi - lo) as u64 * (d + dv);
+                    a.writes += rows * dv + rows;
                 }
             }
         }
@@ -268,7 +277,7 @@ impl KvAppend {
     pub const NAME: &'static str = "kv append";
 
     pub fn source(&self) -> KernelSource {
-        let mut c = composer(self.storage, HELPER_WORKGROUP, self.head_dim);
+        let mut c = composer(self.storage, HELPER_WORKGROUP, [self.head_dim, self.head_dim_v]);
         finish_common(&mut c, self.variant);
         use binding::*;
         c.storage(
@@ -285,10 +294,10 @@ impl KvAppend {
 
     /// Each appended element read once and written once, K and V.
     pub fn accesses(&self, p: &DecodeProblem) -> Accesses {
-        let n = (p.batch * p.seqlen_new * p.cache.row_len()) as u64;
+        let n = (p.batch * p.seqlen_new * (p.cache.row_len() + p.cache.v_row_len())) as u64;
         Accesses {
-            reads: 2 * n,
-            writes: 2 * n,
+            reads: n,
+            writes: n,
         }
     }
 
@@ -302,7 +311,8 @@ impl DecodeMerge {
     pub const NAME: &'static str = "decode merge";
 
     pub fn source(&self) -> KernelSource {
-        let mut c = composer(self.storage, HELPER_WORKGROUP, self.head_dim);
+        let dv = self.head_dim_v;
+        let mut c = composer(self.storage, HELPER_WORKGROUP, [dv, dv]);
         c.const_u32("MAX_SPLITS", MAX_SPLITS as u32);
         finish_common(&mut c, self.variant);
         use binding::*;
@@ -319,7 +329,7 @@ impl DecodeMerge {
 
     /// Per row: every split's lse and o row read once; o and lse written once.
     pub fn accesses(&self, p: &DecodeProblem, splits: u32) -> Accesses {
-        let (rows, d, n) = (p.lse_len() as u64, p.head_dim as u64, splits as u64);
+        let (rows, d, n) = (p.lse_len() as u64, p.head_dim_v as u64, splits as u64);
         Accesses {
             reads: rows * n * (d + 1),
             writes: rows * (d + 1),
@@ -329,7 +339,7 @@ impl DecodeMerge {
     /// Its loops walk the splits, at most [`MAX_SPLITS`], never keys.
     pub fn loop_cost(&self) -> LoopCost {
         let splits = MAX_SPLITS as u64;
-        let cols = (self.head_dim.div_ceil(HELPER_WORKGROUP)) as u64;
+        let cols = (self.head_dim_v.div_ceil(HELPER_WORKGROUP)) as u64;
         fixed_cost(
             counted(1, 0, 0) + 2 * counted(splits, 0, 0) + counted(cols, splits + 1, 1) + GUARD,
         )

@@ -244,7 +244,7 @@ impl Params {
             heads_q: p.heads_q,
             heads_kv: p.heads_kv,
             head_dim: p.head_dim,
-            head_dim_v: p.head_dim,
+            head_dim_v: p.head_dim_v,
         };
         Ok(Self {
             mask_offset: 0,

@@ -77,8 +77,11 @@ pub fn cache_in(
     v: &wgpu::BufferBinding,
 ) -> Result<KvCache> {
     let bytes = KvCache::bytes(gpu, &shape, precision)?;
-    let range = |tensor, binding| Range::new(tensor, binding, bytes);
-    bindings::check(gpu, &[range("k cache", k), range("v cache", v)], &[])?;
+    let ranges = [
+        Range::new("k cache", k, bytes[0]),
+        Range::new("v cache", v, bytes[1]),
+    ];
+    bindings::check(gpu, &ranges, &[])?;
     Ok(KvCache::in_ranges(shape, precision, k, v, bytes))
 }
 
@@ -97,7 +100,7 @@ pub fn scratch_size(gpu: &Gpu, p: &DecodeProblem, plan: &DecodePlan) -> u64 {
 /// Bytes of the splits' partial o and lse.
 fn part_bytes(p: &DecodeProblem, splits: u64) -> [u64; 2] {
     [
-        splits * p.q_len() as u64 * 4,
+        splits * p.o_len() as u64 * 4,
         splits * p.lse_len() as u64 * 4,
     ]
 }
@@ -120,6 +123,7 @@ fn request(
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         head_dim: p.head_dim,
+        head_dim_v: p.head_dim_v,
         max_seqlen_k: p.max_seqlen_k(),
         precision: p.precision,
         num_splits: num_splits.filter(|&n| n > 0),
@@ -231,23 +235,26 @@ impl StepBuffers {
     }
 }
 
-/// The bytes each of a step's tensors needs in a binding (padded to 4).
+/// The bytes each of a step's tensors needs in a binding (padded to 4);
+/// `[k, v]` where their head dims may differ.
 struct StepBytes {
     q: u64,
-    new: u64,
+    o: u64,
+    new: [u64; 2],
     lse: u64,
-    cache: u64,
+    cache: [u64; 2],
 }
 
 impl StepBytes {
     fn of(p: &DecodeProblem) -> Self {
-        let elem = p.precision.bytes() as u64;
-        let new = p.batch * p.seqlen_new * p.cache.row_len();
+        let bytes = |n: usize| padded(n as u64 * p.precision.bytes() as u64);
+        let rows = p.batch * p.seqlen_new;
         Self {
-            q: padded(p.q_len() as u64 * elem),
-            new: padded(new as u64 * elem),
+            q: bytes(p.q_len()),
+            o: bytes(p.o_len()),
+            new: [bytes(rows * p.cache.row_len()), bytes(rows * p.cache.v_row_len())],
             lse: padded(p.lse_len() as u64 * 4),
-            cache: padded(p.cache.len() as u64 * elem),
+            cache: [bytes(p.cache.len()), bytes(p.cache.v_len())],
         }
     }
 }
@@ -325,9 +332,9 @@ impl<'a> Step<'a> {
         let new_kv = b.new_kv.as_ref().filter(|_| appends);
         let ranges = StepRanges {
             q: fitted(&b.q, t.q),
-            o: fitted(&b.o, t.q),
+            o: fitted(&b.o, t.o),
             lse: fitted(&b.lse, t.lse),
-            new_kv: new_kv.map(|[k, v]| [fitted(k, t.new), fitted(v, t.new)]),
+            new_kv: new_kv.map(|[k, v]| [fitted(k, t.new[0]), fitted(v, t.new[1])]),
             parts,
             index: &index,
             side: side.as_ref(),
@@ -350,8 +357,8 @@ impl<'a> Step<'a> {
         let range = Range::new;
         self.variant.aliased = bindings::check(
             self.gpu,
-            &[range("k_new", k_new, t.new), range("v_new", v_new, t.new)],
-            &[range("k cache", &k, t.cache), range("v cache", &v, t.cache)],
+            &[range("k_new", k_new, t.new[0]), range("v_new", v_new, t.new[1])],
+            &[range("k cache", &k, t.cache[0]), range("v cache", &v, t.cache[1])],
         )?;
         if self.p.seqlen_new == 0 {
             return Ok(());
@@ -359,7 +366,7 @@ impl<'a> Step<'a> {
         let plan = self.plan()?;
         let index = self.gpu.buffer_with(&index_words(self.p)?);
         let u = self.uniforms(&plan)?;
-        let (k_new, v_new) = (fitted(k_new, t.new), fitted(v_new, t.new));
+        let (k_new, v_new) = (fitted(k_new, t.new[0]), fitted(v_new, t.new[1]));
         let (append, _) = self.append(&plan, &u, k_new, v_new, &index)?;
         record(self.gpu, encoder, &[append]).await
     }
@@ -376,19 +383,19 @@ impl<'a> Step<'a> {
         let range = Range::new;
         let mut inputs = vec![
             range("q", &b.q, t.q),
-            range("k cache", &k, t.cache),
-            range("v cache", &v, t.cache),
+            range("k cache", &k, t.cache[0]),
+            range("v cache", &v, t.cache[1]),
         ];
         let new = b
             .new_kv
             .as_ref()
-            .map(|[kn, vn]| [range("k_new", kn, t.new), range("v_new", vn, t.new)]);
+            .map(|[kn, vn]| [range("k_new", kn, t.new[0]), range("v_new", vn, t.new[1])]);
         inputs.extend(
             new.iter()
                 .flatten()
                 .map(|r| range(r.tensor, r.binding, r.needs)),
         );
-        let outputs = [range("o", &b.o, t.q), range("lse", &b.lse, t.lse)];
+        let outputs = [range("o", &b.o, t.o), range("lse", &b.lse, t.lse)];
         let mut aliased = bindings::check(self.gpu, &inputs, &outputs)?;
         if let Some(new) = &new {
             // The append writes the cache while it reads the new rows.
@@ -429,14 +436,14 @@ impl<'a> Step<'a> {
         call.stats.accesses += accesses;
         call.run(&dispatches).await?;
         let (o_bytes, lse_bytes) = (
-            (p.q_len() * p.precision.bytes()) as u64,
+            (p.o_len() * p.precision.bytes()) as u64,
             p.lse_len() as u64 * 4,
         );
         let mut data = call
             .read(&[(&bufs.o, o_bytes), (&bufs.lse, lse_bytes)])
             .await?;
         let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-        let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), p.precision, p.q_len());
+        let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), p.precision, p.o_len());
         Ok(DecodeOutput::new(
             p,
             o,
@@ -448,7 +455,7 @@ impl<'a> Step<'a> {
 
     fn buffers(&self, call: &mut Call, step: &DecodeStep, splits: u64) -> Result<StepBuffers> {
         let p = self.p;
-        let (q_len, lse_len) = (p.q_len() as u64, p.lse_len() as u64);
+        let (o_len, lse_len) = (p.o_len() as u64, p.lse_len() as u64);
         let new = match step.new_kv.filter(|_| p.seqlen_new > 0) {
             Some([k, v]) => Some([
                 call.upload("k_new", k.data.as_bytes())?,
@@ -472,7 +479,7 @@ impl<'a> Step<'a> {
             side: (!side.is_empty())
                 .then(|| call.upload("side tables", bytemuck::cast_slice(&side)))
                 .transpose()?,
-            o: call.storage("o", q_len * p.precision.bytes() as u64)?,
+            o: call.storage("o", o_len * p.precision.bytes() as u64)?,
             lse: call.storage("lse", lse_len * 4)?,
             parts,
             new,
@@ -544,9 +551,12 @@ impl<'a> Step<'a> {
         let kernel = KvAppend {
             storage: plan.tiles.storage,
             head_dim: plan.tiles.head_dim,
+            head_dim_v: plan.tiles.head_dim_v,
             variant: self.helper_variant(),
         };
-        let n = (p.batch * p.seqlen_new * p.cache.row_len()) as u64;
+        // One invocation per element of the wider of K's and V's rows.
+        let row = p.cache.row_len().max(p.cache.v_row_len());
+        let n = (p.batch * p.seqlen_new * row) as u64;
         let (grid, groups_x) = wrapped_grid(self.gpu, n.div_ceil(HELPER_WORKGROUP as u64))?;
         use binding::*;
         let d = Dispatch {
@@ -612,7 +622,7 @@ impl<'a> Step<'a> {
     ) -> Result<(Dispatch<'b>, Accesses)> {
         let kernel = DecodeMerge {
             storage: plan.tiles.storage,
-            head_dim: plan.tiles.head_dim,
+            head_dim_v: plan.tiles.head_dim_v,
             variant: self.helper_variant(),
         };
         let (grid, groups_x) = wrapped_grid(self.gpu, self.p.lse_len() as u64)?;
@@ -680,7 +690,7 @@ fn decode_params(p: &DecodeProblem, plan: &DecodePlan) -> Result<DecodeParams> {
         num_splits: to_u32("splits", plan.splits.num_splits)?,
         group_rows: to_u32("packed rows", group_rows)?,
         row_blocks: to_u32("row blocks", group_rows.div_ceil(plan.tiles.rows as usize))?,
-        o_split_stride: to_u32("o partial stride", p.q_len())?,
+        o_split_stride: to_u32("o partial stride", p.o_len())?,
         lse_split_stride: to_u32("lse partial stride", p.lse_len())?,
         seqlen_new: to_u32("seqlen_new", p.seqlen_new)?,
         groups_x: 1,

@@ -40,8 +40,10 @@ pub struct DecodeTiles {
     /// `flash_decode.wgsl` (workgroup memory, GPUs) or
     /// `flash_decode_lanes.wgsl` (one subgroup, CPU adapters).
     pub kernel: KernelFamily,
-    /// The head dim.
+    /// The head dim of q and k.
     pub head_dim: u32,
+    /// The head dim of v and o.
+    pub head_dim_v: u32,
     /// How q, the cache and o are stored.
     pub storage: StorageKind,
     /// Packed query rows per workgroup.
@@ -56,12 +58,13 @@ pub struct DecodeTiles {
 impl DecodeTiles {
     /// Output columns each invocation accumulates per row.
     pub fn acc_per_thread(&self) -> u32 {
-        self.head_dim.div_ceil(self.workgroup_size)
+        self.head_dim_v.div_ceil(self.workgroup_size)
     }
 
-    /// vec4 chunks of each row a lane of the lanes kernel owns.
+    /// vec4 chunks of each row (of q, and of v and o) a lane of the lanes
+    /// kernel owns.
     pub fn chunks_per_lane(&self) -> u32 {
-        (self.head_dim / 4).div_ceil(self.workgroup_size)
+        (self.head_dim.max(self.head_dim_v) / 4).div_ceil(self.workgroup_size)
     }
 }
 
@@ -98,6 +101,8 @@ pub struct DecodeRequest {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// v's (and o's) head dim.
+    pub head_dim_v: usize,
     /// The longest sequence's keys (after the append).
     pub max_seqlen_k: usize,
     pub precision: Precision,
@@ -153,7 +158,7 @@ pub fn plan_decode(
     record(&mut clamps, "rows", wanted, tiles.rows, reason);
     let row_blocks = req.group_rows().div_ceil(tiles.rows as usize);
     let workgroups = req.batch * req.heads_kv * row_blocks;
-    let partial_bytes = (req.batch * req.heads_q * req.seqlen_q * req.head_dim * 4) as u64;
+    let partial_bytes = (req.batch * req.heads_q * req.seqlen_q * req.head_dim_v * 4) as u64;
     let (splits, reasons) = plan_splits(
         req,
         tiles.workgroup_size as usize,
@@ -173,14 +178,16 @@ pub fn plan_decode(
 /// The decode kernel's tiles: one key per invocation and as many packed rows
 /// as the workgroup storage holds (q rows, their P rows, per-row state).
 pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTiles> {
-    let d = req.head_dim as u32;
+    let (d, dv) = (req.head_dim as u32, req.head_dim_v as u32);
     let plan_req = PlanRequest::new(req.head_dim, req.precision).overrides(PlanOverrides {
         f16_native: req.f16_native,
         ..Default::default()
     });
     let storage = storage_kind(&plan_req, caps)?;
     let group_rows = req.group_rows().max(1);
-    let lanes_dim = d.is_multiple_of(4) && req.head_dim <= LANES_MAX_HEAD_DIM;
+    let lanes_dim = [d, dv]
+        .iter()
+        .all(|&x| x.is_multiple_of(4) && x as usize <= LANES_MAX_HEAD_DIM);
     let lanes = caps
         .lane_subgroup
         .filter(|_| lanes_dim && matches!(req.kernel, None | Some(KernelFamily::Lanes)));
@@ -188,7 +195,11 @@ pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTile
         (Some(KernelFamily::Lanes), None) => return Err(Error::LanesUnavailable),
         (Some(KernelFamily::Lanes), Some(_)) if !lanes_dim => {
             return Err(Error::LanesHeadDim {
-                head_dim: req.head_dim,
+                head_dim: if d.is_multiple_of(4) && d as usize <= LANES_MAX_HEAD_DIM {
+                    req.head_dim_v
+                } else {
+                    req.head_dim
+                },
                 max: LANES_MAX_HEAD_DIM,
             })
         }
@@ -198,6 +209,7 @@ pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTile
         return Ok(DecodeTiles {
             kernel: KernelFamily::Lanes,
             head_dim: d,
+            head_dim_v: dv,
             storage,
             rows: group_rows.min(MAX_DECODE_ROWS as usize) as u32,
             workgroup_size: sg,
@@ -219,6 +231,7 @@ pub fn decode_tiles(req: &DecodeRequest, caps: &DeviceCaps) -> Result<DecodeTile
     Ok(DecodeTiles {
         kernel: KernelFamily::Tiled,
         head_dim: d,
+        head_dim_v: dv,
         storage,
         rows,
         workgroup_size: wg,
@@ -426,6 +439,7 @@ mod tests {
             heads_q,
             heads_kv,
             head_dim: d,
+            head_dim_v: d,
             max_seqlen_k: keys,
             precision: Precision::F16,
             num_splits: None,

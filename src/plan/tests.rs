@@ -466,6 +466,7 @@ fn decode_request(keys: usize, num_splits: Option<usize>) -> DecodeRequest {
         heads_q: 8,
         heads_kv: 1,
         head_dim: 64,
+        head_dim_v: 64,
         max_seqlen_k: keys,
         precision: Precision::F32,
         num_splits,

@@ -45,8 +45,8 @@ pub struct KvCache {
 impl KvCache {
     /// An all-zero cache (wgpu zeroes new buffers) in buffers of its own.
     pub fn zeros(gpu: &Gpu, shape: CacheShape, precision: Precision) -> Result<Self> {
-        let bytes = Self::bytes(gpu, &shape, precision)?;
-        let range = |label| CacheRange {
+        let [k_bytes, v_bytes] = Self::bytes(gpu, &shape, precision)?;
+        let range = |label, bytes| CacheRange {
             buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size: bytes,
@@ -59,31 +59,31 @@ impl KvCache {
         Ok(Self {
             shape,
             precision,
-            k: range("k cache"),
-            v: range("v cache"),
+            k: range("k cache", k_bytes),
+            v: range("v cache", v_bytes),
         })
     }
 
     /// A cache on ranges of the app's buffers, `k` and `v` already checked
     /// to lie inside their buffers at aligned offsets and to hold
-    /// [`KvCache::bytes`] each; only those bytes are ever bound.
+    /// [`KvCache::bytes`]; only those bytes are ever bound.
     pub(crate) fn in_ranges(
         shape: CacheShape,
         precision: Precision,
         k: &wgpu::BufferBinding,
         v: &wgpu::BufferBinding,
-        bytes: u64,
+        [k_bytes, v_bytes]: [u64; 2],
     ) -> Self {
-        let range = |b: &wgpu::BufferBinding| CacheRange {
+        let range = |b: &wgpu::BufferBinding, size| CacheRange {
             buffer: b.buffer.clone(),
             offset: b.offset,
-            size: bytes,
+            size,
         };
         Self {
             shape,
             precision,
-            k: range(k),
-            v: range(v),
+            k: range(k, k_bytes),
+            v: range(v, v_bytes),
         }
     }
 
@@ -107,12 +107,13 @@ impl KvCache {
 
     /// The cache's contents, copied back to the host.
     pub async fn read(&self, gpu: &Gpu) -> Result<HostKvCache> {
-        let bytes = (self.shape.len() * self.precision.bytes()) as u64;
-        let ranges = [&self.k, &self.v].map(|r| (&r.buffer, r.offset, bytes));
+        let lens = [self.shape.len(), self.shape.v_len()];
+        let elem = self.precision.bytes() as u64;
+        let ranges = [(&self.k, lens[0]), (&self.v, lens[1])]
+            .map(|(r, n)| (&r.buffer, r.offset, n as u64 * elem));
         let mut data = read_back_at(gpu, &ranges).await?;
-        let n = self.shape.len();
-        let v = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, n);
-        let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, n);
+        let v = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[1]);
+        let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[0]);
         HostKvCache::new(self.shape, k, v)
     }
 
@@ -147,19 +148,25 @@ impl KvCache {
         self.v.binding()
     }
 
-    /// Bytes of K (and of V) for `shape` in `precision`, padded to 4; they
+    /// Bytes of K and of V for `shape` in `precision`, padded to 4; each
     /// must fit one storage binding.
-    pub fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<u64> {
+    pub fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<[u64; 2]> {
         // A shape built field by field is checked here (CacheShape::new checks its own).
-        let elements = size::elements("the kv cache", &shape.dims())?;
-        let bytes = padded(elements as u64 * precision.bytes() as u64);
-        if bytes > gpu.max_binding() {
-            return Err(Error::BindingTooLarge {
-                what: "the kv cache",
-                bytes,
-                max: gpu.max_binding(),
-            });
-        }
-        Ok(bytes)
+        let of = |what, dims: [usize; 4]| -> Result<u64> {
+            let elements = size::elements(what, &dims)?;
+            let bytes = padded(elements as u64 * precision.bytes() as u64);
+            if bytes > gpu.max_binding() {
+                return Err(Error::BindingTooLarge {
+                    what,
+                    bytes,
+                    max: gpu.max_binding(),
+                });
+            }
+            Ok(bytes)
+        };
+        Ok([
+            of("the kv cache", shape.dims())?,
+            of("the v cache", shape.v_dims())?,
+        ])
     }
 }

@@ -235,6 +235,7 @@ impl DecodeCase {
             heads_q: DECODE_HEADS.0,
             heads_kv: DECODE_HEADS.1,
             head_dim: d,
+            head_dim_v: d,
             max_seqlen_k: 1,
             precision,
             num_splits: None,

@@ -29,6 +29,8 @@ pub struct DecodeCase {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// v's (and o's) head dim.
+    pub head_dim_v: usize,
     pub precision: Precision,
     /// Tokens in each sequence's cache before the step (its length is the batch).
     pub cache_lens: Vec<usize>,
@@ -48,6 +50,7 @@ impl DecodeCase {
             heads_q: 4,
             heads_kv: 2,
             head_dim,
+            head_dim_v: head_dim,
             precision: Precision::F32,
             cache_lens: cache_lens.to_vec(),
             seqlen_new: 0,
@@ -70,6 +73,10 @@ impl DecodeCase {
     }
     pub fn seqlen_q(self, seqlen_q: usize) -> Self {
         Self { seqlen_q, ..self }
+    }
+    /// V (and o) of head dim `head_dim_v`.
+    pub fn dv(self, head_dim_v: usize) -> Self {
+        Self { head_dim_v, ..self }
     }
     pub fn append(self, seqlen_new: usize) -> Self {
         // Keep room for the new tokens in a dense cache.
@@ -132,11 +139,14 @@ impl DecodeCase {
         let b = self.batch();
         let mut tensor = |n: usize| TensorData::from_f32(rng.normal_vec(n, 1.0), self.precision);
         let (shape, index) = self.cache_index(b);
-        let cache = HostKvCache::new(shape, tensor(shape.len()), tensor(shape.len()))
+        let cache = HostKvCache::new(shape, tensor(shape.len()), tensor(shape.v_len()))
             .expect("a consistent cache");
         let q = tensor(b * self.seqlen_q * self.heads_q * self.head_dim);
-        let new_len = b * self.seqlen_new * self.heads_kv * self.head_dim;
-        let (k_new, v_new) = (tensor(new_len), tensor(new_len));
+        let new_rows = b * self.seqlen_new * self.heads_kv;
+        let (k_new, v_new) = (
+            tensor(new_rows * self.head_dim),
+            tensor(new_rows * self.head_dim_v),
+        );
         CaseData {
             cache,
             q,
@@ -163,7 +173,9 @@ impl DecodeCase {
                     batch: rows,
                     capacity,
                 };
-                let shape = CacheShape::new(layout, hk, d).expect("a valid cache shape");
+                let shape = CacheShape::new(layout, hk, d)
+                    .and_then(|s| s.with_head_dim_v(self.head_dim_v))
+                    .expect("a valid cache shape");
                 let idx = shuffled.then(|| {
                     let mut all: Vec<i32> = (0..rows as i32).collect();
                     shuffle(&mut all, &mut rng);
@@ -189,7 +201,9 @@ impl DecodeCase {
                     }
                 }
                 let layout = CacheLayout::Paged { pages, page_size };
-                let shape = CacheShape::new(layout, hk, d).expect("a valid cache shape");
+                let shape = CacheShape::new(layout, hk, d)
+                    .and_then(|s| s.with_head_dim_v(self.head_dim_v))
+                    .expect("a valid cache shape");
                 (shape, Index::Paged(table, max_pages))
             }
         }
@@ -227,8 +241,11 @@ impl CaseData {
         let q_shape = [c.batch(), c.seqlen_q, c.heads_q, c.head_dim];
         let mut step = DecodeStep::new(self.q.view(q_shape), &self.lens);
         if c.seqlen_new > 0 {
-            let shape = [c.batch(), c.seqlen_new, c.heads_kv, c.head_dim];
-            step = step.append(self.k_new.view(shape), self.v_new.view(shape));
+            let shape = |d| [c.batch(), c.seqlen_new, c.heads_kv, d];
+            step = step.append(
+                self.k_new.view(shape(c.head_dim)),
+                self.v_new.view(shape(c.head_dim_v)),
+            );
         }
         match &self.index {
             Index::Dense(Some(idx)) => step.batch_idx(idx),
@@ -364,7 +381,37 @@ pub fn cases() -> Vec<DecodeCase> {
         );
     }
     v.extend(score_term_cases());
+    v.extend(v_head_dim_cases());
     v
+}
+
+/// V's head dim its own (MLA-style caches): wider and narrower than K's,
+/// odd ones (the tiled kernel), multiples of 4 (the lanes kernel), with
+/// appends, pages, splits and GQA.
+fn v_head_dim_cases() -> Vec<DecodeCase> {
+    let causal = || AttentionOptions::default().causal(true);
+    vec![
+        DecodeCase::new(&[300, 0, 45], 64).dv(32).append(2),
+        DecodeCase::new(&[700, 64], 48)
+            .dv(128)
+            .heads(8, 2)
+            .seqlen_q(2)
+            .paged(16)
+            .append(1)
+            .opts(causal())
+            .splits(3),
+        DecodeCase::new(&[129, 5], 59)
+            .dv(37)
+            .heads(4, 1)
+            .append(3)
+            .f16()
+            .opts(causal()),
+        DecodeCase::new(&[1000], 192)
+            .dv(128)
+            .heads(16, 1)
+            .bf16()
+            .opts(causal().sinks(Sinks::new(&[0.5; 16]))),
+    ]
 }
 
 /// ALiBi (slopes per head and per sequence) and sinks: GQA groups whose
