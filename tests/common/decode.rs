@@ -458,6 +458,15 @@ fn score_term_cases() -> Vec<DecodeCase> {
             .bf16()
             .opts(causal().alibi(per_seq(3, 6)).sinks(sinks(6))),
     ];
+    // More query tokens than keys under a causal mask: the first rows see
+    // no key (lse = the sink), sequence 1 none at all.
+    v.push(
+        DecodeCase::new(&[2, 0], 32)
+            .heads(4, 2)
+            .seqlen_q(4)
+            .append(1)
+            .opts(causal().alibi(Alibi::standard(4)).sinks(sinks(4))),
+    );
     for splits in [1, 4] {
         v.push(
             DecodeCase::new(&[1100, 64], 128)
