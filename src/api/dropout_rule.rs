@@ -76,15 +76,15 @@ impl DropoutRule {
                 [self.stream[1]; LANES],
             ];
             let out = philox4x32_10_lanes(c, self.key);
-            for (l, g) in (g0..groups.end.min(g0 + LANES)).enumerate() {
-                for e in 0..8 {
-                    let col = g * 8 + e;
-                    if (first..last).contains(&col) {
-                        let bits = (out[e >> 1][l] >> (16 * (e & 1))) & 0xffff;
-                        keep[col - first] = bits >= self.threshold;
-                    }
+            // Every bit of the step without branches, then the part in `keys`.
+            let mut bits = [false; 8 * LANES];
+            for (l, group) in bits.chunks_exact_mut(8).enumerate() {
+                for (e, b) in group.iter_mut().enumerate() {
+                    *b = ((out[e >> 1][l] >> (16 * (e & 1))) & 0xffff) >= self.threshold;
                 }
             }
+            let (lo, hi) = ((g0 * 8).max(first), ((g0 + LANES) * 8).min(last));
+            keep[lo - first..hi - first].copy_from_slice(&bits[lo - g0 * 8..hi - g0 * 8]);
             g0 += LANES;
         }
     }

@@ -183,17 +183,19 @@ fn dropped_grads<K: Kernel>(
     (p, ds): (&mut [f32], &mut [f32]),
 ) {
     let rp = at.rule.keep_scale();
-    let ka = at.kb * p.len();
-    for (c, (s, dp)) in p.iter_mut().zip(ds.iter_mut()).enumerate() {
+    let keys = at.kb * p.len()..;
+    let keep = &keep[..p.len()];
+    for (((s, dp), &kept), j) in p.iter_mut().zip(ds.iter_mut()).zip(keep).zip(keys) {
         let pc = vmath::exp::<K>(*s - lse);
         let dcap = if pc > 0.0 {
-            at.rule.dcap(*s, row.i, ka + c)
+            at.rule.dcap(*s, row.i, j)
         } else {
             0.0
         };
-        let (kp, kdp) = if keep[c] { (pc, *dp * rp) } else { (0.0, 0.0) };
-        *dp = pc * (kdp - delta) * dcap;
-        *s = kp;
+        // keep as 1.0 or 0.0: no branch on a random bit.
+        let k = f32::from(u8::from(kept));
+        *dp = pc * (*dp * (rp * k) - delta) * dcap;
+        *s = pc * k;
     }
 }
 
