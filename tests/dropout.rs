@@ -206,6 +206,13 @@ fn cpu_layouts_varlen_alibi_sinks_block_masks() {
     let blocks: Vec<u8> = (0..2 * 7 * 4).map(|n| u8::from(n % 3 != 0)).collect();
     let mask = BlockMask::new([1, 2, 7, 4], (16, 24), &blocks).unwrap();
     run(&Case::new(100, 90, 40).opts(drop(AttentionOptions::default().block_mask(mask))));
+    // Softcap takes the backward's loop with the softcap's derivative.
+    run(&Case::new(50, 70, 32)
+        .std(2.0)
+        .opts(drop(AttentionOptions::default().softcap(5.0))));
+    run(&Case::new(70, 50, 24)
+        .f16()
+        .opts(drop(causal().softcap(3.0).alibi(Alibi::standard(2)))));
     let shard = drop(causal()).positions(64, 32);
     run(&Case::new(40, 72, 16).opts(shard));
 }

@@ -185,6 +185,17 @@ fn dropped_grads<K: Kernel>(
     let rp = at.rule.keep_scale();
     let keys = at.kb * p.len()..;
     let keep = &keep[..p.len()];
+    if at.rule.softcap == 0.0 {
+        // No softcap: ∂cap is 1 wherever P > 0 (and P = 0 elsewhere), so
+        // the loop has no call and no branch and vectorizes.
+        for ((s, dp), &kept) in p.iter_mut().zip(ds.iter_mut()).zip(keep) {
+            let pc = vmath::exp::<K>(*s - lse);
+            let k = f32::from(u8::from(kept));
+            *dp = pc * (*dp * (rp * k) - delta);
+            *s = pc * k;
+        }
+        return;
+    }
     for (((s, dp), &kept), j) in p.iter_mut().zip(ds.iter_mut()).zip(keep).zip(keys) {
         let pc = vmath::exp::<K>(*s - lse);
         let dcap = if pc > 0.0 {
