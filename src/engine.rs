@@ -1334,6 +1334,7 @@ impl AttentionBackend for Engine {
             backward: true,
             decode: true,
             fp8: true,
+            dropout: false,
             plan_overrides: true,
         }
     }

@@ -298,6 +298,7 @@ fn errors_are_typed() {
     let step = flashattn::DecodeStep::new(q, &[3]);
     let decoded = Cpu::new().decode(&mut cache, &step, &dropout(0.1, 1), None);
     unsupported(decoded.map(drop));
+    assert!(flashattn::AttentionBackend::capabilities(&Cpu::new()).dropout);
 }
 
 #[test]
@@ -423,6 +424,21 @@ fn wgsl_philox_and_mask_match_rust_bit_for_bit() {
             "WGSL mask case {w:?}"
         );
     }
+    // The engine's kernels do not draw the mask yet: the typed refusal.
+    assert!(!flashattn::AttentionBackend::capabilities(engine).dropout);
+    let x = vec![0.5f32; 3 * 2 * 4];
+    let view = flashattn::TensorView::f32([1, 3, 2, 4], &x);
+    let err = engine.forward(&ForwardInputs::new(view, view, view), &dropout(0.1, 1));
+    assert!(
+        matches!(
+            err,
+            Err(Error::Unsupported {
+                feature: "dropout",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 fn run_wgsl(
