@@ -518,6 +518,8 @@ impl Engine {
         problem: &Problem<'_>,
         overrides: &PlanOverrides,
     ) -> Result<Routed> {
+        // Every forward and backward entry point routes here first.
+        problem.opts.no_dropout("the wgpu kernels")?;
         let pass = match call {
             CallKind::Backward => Pass::Backward,
             _ => Pass::Forward,
@@ -1332,6 +1334,7 @@ impl AttentionBackend for Engine {
             backward: true,
             decode: true,
             fp8: true,
+            dropout: false,
             plan_overrides: true,
         }
     }

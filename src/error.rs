@@ -144,6 +144,18 @@ pub enum Error {
         /// The softcap given.
         softcap: f32,
     },
+    /// The dropout probability must be in `[0, 1)`.
+    #[error("dropout probability must be in [0, 1), got {p}")]
+    InvalidDropout {
+        /// The probability given.
+        p: f32,
+    },
+    /// Dropout with `p > 0` needs a seed for its generator.
+    #[error("dropout with p = {p} needs a seed")]
+    MissingDropoutSeed {
+        /// The probability given.
+        p: f32,
+    },
     /// A name (precision, backend, kernel) that is not one of the known ones.
     #[error("unknown {what} `{name}` (expected {expected})")]
     UnknownName {

@@ -39,7 +39,7 @@
 //! ## Layers
 //! Internally, from the bottom up; a module imports only from its own
 //! layer and those below (`tests/layering.rs` checks it):
-//! 1. `error`, [`random`], `disk_cache`;
+//! 1. `error`, [`random`], `disk_cache`, `philox` (dropout's generator);
 //! 2. `api`: what callers hand in and get back (tensors, shapes, options,
 //!    outputs, stats, the plan and verdicts they report), shared by every
 //!    backend;
@@ -104,6 +104,7 @@ internal!(engine);
 internal!(error);
 internal!(kernels);
 internal!(ops);
+internal!(philox);
 internal!(plan);
 pub mod quant;
 pub mod random;
@@ -120,6 +121,8 @@ pub use api::decode::{
     BlockTable, CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep,
     HostKvCache, PageTable,
 };
+pub use api::dropout::Dropout;
+pub use api::dropout_rule::{dropout_mask, DropoutMask};
 pub use api::inputs::{BackwardInputs, ForwardInputs};
 pub use api::merge::merge_partials;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Positions, Window};

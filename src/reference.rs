@@ -2,7 +2,8 @@
 //! materialized baseline (S and P stored, storage-precision rounding) that the
 //! accuracy rule measures the reference's own rounding noise with. Both
 //! score pairs with the pair rule (scale, softcap, ALiBi, band and block
-//! masks, sinks) over the batch's sequences (dense or packed).
+//! masks, sinks, dropout's keep bits) over the batch's sequences (dense or
+//! packed).
 
 use crate::api::decode::{DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::inputs::ForwardInputs;
@@ -95,12 +96,35 @@ impl<T: Real> Problem<'_, T> {
         let sm = self.softmax(&scores, rule.sink, weight);
         let mut o = vec![T::ZERO; dv];
         for (&(j, _, _), &p) in scores.iter().zip(&sm.p) {
+            if rule.dropout.is_some_and(|d| !d.keeps(i, j)) {
+                continue;
+            }
             let vrow = &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
             for (acc, &x) in o.iter_mut().zip(vrow) {
                 *acc += p * x;
             }
         }
+        // Kept weights scaled by 1/(1 − p) once, on O (as flash-attention does).
+        if rule.dropout.is_some() {
+            let rp = self.keep_scale();
+            o.iter_mut().for_each(|x| *x = *x * rp);
+        }
         (o, sm.lse)
+    }
+
+    /// Dropout's `1 / (1 − p)` (1 without dropout).
+    fn keep_scale(&self) -> T {
+        T::from_f64(1.0 / (1.0 - self.opts.dropout.p as f64))
+    }
+
+    /// The factor pair `(i, j)` takes in P·V under dropout: `1 / (1 − p)`
+    /// where kept, 0 where dropped, 1 without dropout.
+    fn kept(&self, rule: &PairRule, i: usize, j: usize) -> T {
+        match rule.dropout {
+            Some(d) if d.keeps(i, j) => self.keep_scale(),
+            Some(_) => T::ZERO,
+            None => T::ONE,
+        }
     }
 
     /// Every row, in parallel, assembled in o's and lse's layouts; `weight`
@@ -373,13 +397,22 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         let at = (seq.q.start + i) * s.heads_q + h;
         let (qrow, grow) = (&self.q[at * d..][..d], &self.d_o[at * dv..][..dv]);
         let vrow = |j: usize| &self.v[((seq.k.start + j) * s.heads_kv + hk) * dv..][..dv];
-        let dp: Vec<T> = scores.iter().map(|&(j, _, _)| dot(grow, vrow(j))).collect();
+        // Under dropout dP' = dO·Vᵀ ∘ keep/(1 − p), and P·V's weights are P ∘ keep/(1 − p).
+        let kept: Vec<T> = scores
+            .iter()
+            .map(|&(j, _, _)| p.kept(&rule, i, j))
+            .collect();
+        let dp: Vec<T> = scores
+            .iter()
+            .zip(&kept)
+            .map(|(&(j, _, _), &k)| dot(grow, vrow(j)) * k)
+            .collect();
         let dsum = sm.p.iter().zip(&dp).fold(T::ZERO, |a, (&x, &y)| a + x * y);
-        t.dsinks[gi] += T::ZERO - sm.sink * self.stored_d(&scores, &sm.p, grow, &vrow);
+        t.dsinks[gi] += T::ZERO - sm.sink * self.stored_d(&scores, &sm.p, &kept, grow, &vrow);
         let scale = T::from_f32(self.opts.scale_for(d));
         let dq_row = &mut t.dq[(gi * seq.len_q() + i) * d..][..d];
         for (c, &(j, _, dcap)) in scores.iter().enumerate() {
-            let pj = (self.round)(sm.p[c]);
+            let pj = (self.round)(sm.p[c]) * kept[c];
             let ds = (self.round)(sm.p[c] * (dp[c] - dsum) * dcap);
             let krow = &self.k[((seq.k.start + j) * s.heads_kv + hk) * d..][..d];
             for x in 0..d {
@@ -403,6 +436,7 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         &self,
         scores: &[(usize, T, T)],
         p: &[T],
+        kept: &[T],
         grow: &[T],
         vrow: &impl Fn(usize) -> &'v [T],
     ) -> T
@@ -410,8 +444,8 @@ impl<T: Real, R: Fn(T) -> T + Sync> RowBackward<'_, T, R> {
         T: 'v,
     {
         let mut o = vec![T::ZERO; grow.len()];
-        for (&(j, _, _), &pj) in scores.iter().zip(p) {
-            let pj = (self.round)(pj);
+        for ((&(j, _, _), &pj), &k) in scores.iter().zip(p).zip(kept) {
+            let pj = (self.round)(pj) * k;
             for (acc, &x) in o.iter_mut().zip(vrow(j)) {
                 *acc += pj * x;
             }

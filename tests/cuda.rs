@@ -1189,3 +1189,39 @@ fn a_deadlocked_mbarrier_wait_reports_and_traps_under_host_emulation() {
     assert!(report.contains("trap"), "{report}");
     assert!((0.7..5.0).contains(&seconds), "{seconds} s");
 }
+
+/// Dropout's generator (cuda/philox.cuh; its values are checked under the
+/// host emulation by tests/dropout.rs) builds with NVRTC for sm_80 and
+/// sm_90a inside a kernel that draws the known answers and a row of keep
+/// bits, as the attention kernels will.
+#[test]
+fn dropout_generator_compiles_with_nvrtc() {
+    if !nvrtc_or_waive() {
+        return;
+    }
+    let philox = include_str!("../cuda/philox.cuh");
+    let kernel = r#"
+extern "C" __global__ void philox_check(const unsigned int* in, unsigned int* out, int n) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const unsigned int* c = in + 6 * t;
+    const Philox4 r = philox4x32_10(Philox4{c[0], c[1], c[2], c[3]}, c[4], c[5]);
+    out[5 * t] = r.x;
+    out[5 * t + 1] = r.y;
+    out[5 * t + 2] = r.z;
+    out[5 * t + 3] = r.w;
+    out[5 * t + 4] = dropout_keeps(c[4], c[5], c[2], c[3], 6554u, c[1], (unsigned int)t);
+}
+"#;
+    for (arch, _) in ARCHS {
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+            name: Some("philox_check.cu".into()),
+            ..Default::default()
+        };
+        let src = format!("{philox}\n{kernel}");
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
+            .unwrap_or_else(|e| panic!("{arch}: {e:?}"));
+        assert!(ptx.to_src().contains("philox_check"), "{arch}");
+    }
+}

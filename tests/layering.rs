@@ -286,7 +286,7 @@ fn library_modules_import_without_circles() {
 /// accuracy rule and the one call model every backend implements
 /// (`backend::attend`) sit low, the CPU backend beside the kernels.
 const LAYERS: &[&[&str]] = &[
-    &["error", "random", "disk_cache"],
+    &["error", "random", "disk_cache", "philox"],
     &["api"],
     &["plan", "quant"],
     &["reference", "accuracy", "backend::attend"],

@@ -106,6 +106,17 @@ pub struct AttentionArgs {
     pub v: PathBuf,
     #[command(flatten)]
     pub score: ScoreArgs,
+    /// Dropout probability P in [0, 1) of the attention probabilities (kept
+    /// ones scaled by 1/(1-P)); P > 0 needs --seed. CPU backend only so far.
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub dropout: Option<f32>,
+    /// The seed of dropout's generator (Philox4x32-10).
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// The first (batch, head) stream of dropout's generator (default 0;
+    /// docs/dropout.md).
+    #[arg(long, value_name = "O")]
+    pub dropout_offset: Option<u64>,
     /// Override the planner's Br (query rows per workgroup; wgpu only).
     #[arg(long, value_name = "BR")]
     pub block_q: Option<u32>,
@@ -176,6 +187,11 @@ pub struct ForwardArgs {
     /// Optional output lse, (batch, heads_q, seqlen_q) (packed: (heads_q, total_q)), f32.
     #[arg(long)]
     pub lse: Option<PathBuf>,
+    /// Optional output: dropout's mask, bool (batch, heads_q, seqlen_q,
+    /// seqlen_k), true where kept (packed: one entry per sequence, at the
+    /// longest lengths).
+    #[arg(long, value_name = "M.npy")]
+    pub dropout_mask_out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

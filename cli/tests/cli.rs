@@ -2213,3 +2213,91 @@ fn doctor_exits_non_zero_naming_what_failed() {
     let (bad, _) = doctor_json(&f, &["--call", "sideways"]);
     assert_bad(&f, &bad, "--call");
 }
+
+/// `--dropout P --seed S`: the forward and its mask, then the backward
+/// regenerating it, each against the reference drawing the same mask.
+#[test]
+fn dropout_forward_mask_and_backward_on_the_cpu() {
+    let f = Files::new();
+    let qkv = f.qkv(2, 19, 23, 4, 2, 16);
+    let (lse, mask) = (f.path("lse.npy"), f.path("mask.npy"));
+    let flags = [
+        "--backend",
+        "cpu",
+        "--causal",
+        "--dropout",
+        "0.25",
+        "--seed",
+        "42",
+    ];
+    let mut extra = flags.to_vec();
+    extra.extend([
+        "--dropout-offset",
+        "3",
+        "--lse",
+        lse.to_str().unwrap(),
+        "--dropout-mask-out",
+        mask.to_str().unwrap(),
+    ]);
+    assert_ok(&f.forward(&extra));
+    let opts = AttentionOptions::default()
+        .causal(true)
+        .dropout(0.25)
+        .dropout_seed(42)
+        .dropout_offset(3);
+    check_o(&f, [[2, 19, 4, 16], [2, 23, 2, 16]], &qkv, &opts);
+    let bytes = std::fs::read(&mask).unwrap();
+    let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(npy.dtype().descr(), "'|b1'");
+    assert_eq!(npy.shape(), &[2, 4, 19, 23]);
+    let got = npy.into_vec::<bool>().unwrap();
+    let shape = flashattn::AttentionShape::new(2, 19, 23, 4, 2, 16).unwrap();
+    assert_eq!(got, flashattn::dropout_mask(&shape, &opts).unwrap().keep);
+    let kept = got.iter().filter(|&&k| k).count() as f64 / got.len() as f64;
+    assert!((kept - 0.75).abs() < 0.05, "keep rate {kept}");
+
+    let g = Rng::new(9).normal_vec(2 * 19 * 4 * 16, 1.0);
+    write_f32(&f.path("do.npy"), &[2, 19, 4, 16], &g);
+    let mut extra = flags.to_vec();
+    extra.extend(["--dropout-offset", "3"]);
+    assert_ok(&backward_cmd(&f, &extra));
+    check_grads(&f, [2, 19, 4, 16], [2, 23, 2, 16], &qkv, &g, &opts);
+}
+
+#[test]
+fn dropout_errors_are_one_line_and_write_nothing() {
+    let f = Files::new();
+    f.qkv(1, 8, 8, 2, 1, 16);
+    let mask = f.path("mask.npy");
+    let with_mask = |extra: &[&str]| {
+        let mut all = extra.to_vec();
+        all.extend(["--dropout-mask-out", mask.to_str().unwrap()]);
+        f.forward(&all)
+    };
+    for p in ["1", "1.5", "-0.1", "NaN"] {
+        let out = with_mask(&["--backend", "cpu", "--dropout", p, "--seed", "1"]);
+        assert_bad(&f, &out, "dropout probability must be in [0, 1)");
+    }
+    assert_bad(
+        &f,
+        &with_mask(&["--backend", "cpu", "--dropout", "0.1"]),
+        "needs a seed",
+    );
+    // Backends without dropout kernels refuse it by name.
+    let mut backends = vec!["cuda"];
+    if engine().is_some() {
+        backends.push("wgpu");
+    }
+    for backend in backends {
+        let out = with_mask(&["--backend", backend, "--dropout", "0.1", "--seed", "1"]);
+        let needle = if backend == "wgpu" { "dropout" } else { "cuda" };
+        assert_bad(&f, &out, needle);
+    }
+    assert!(!mask.exists());
+    write_f32(&f.path("do.npy"), &[1, 8, 2, 16], &[0.0; 256]);
+    let out = backward_cmd(&f, &["--backend", "cpu", "--dropout", "2", "--seed", "1"]);
+    assert_bad(&f, &out, "dropout");
+    for name in ["dq.npy", "dk.npy", "dv.npy"] {
+        assert!(!f.path(name).exists());
+    }
+}

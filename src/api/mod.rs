@@ -4,6 +4,8 @@
 pub mod band;
 pub mod block_mask;
 pub mod decode;
+pub mod dropout;
+pub mod dropout_rule;
 pub mod inputs;
 pub mod kernel_plan;
 pub mod merge;

@@ -3,6 +3,7 @@
 
 pub use super::band::Mask;
 use super::block_mask::BlockMask;
+use super::dropout::Dropout;
 use super::scores::{Alibi, Sinks};
 use super::shape::AttentionShape;
 use super::varlen::Varlen;
@@ -107,6 +108,8 @@ pub struct AttentionOptions {
     /// A shard of a longer sequence: masks and ALiBi at global positions
     /// (`None`: q and k are whole, the band bottom-right aligned).
     pub positions: Option<Positions>,
+    /// Dropout of the attention probabilities (`p = 0`: none).
+    pub dropout: Dropout,
 }
 
 impl AttentionOptions {
@@ -165,8 +168,41 @@ impl AttentionOptions {
         self
     }
 
-    /// Reject non-finite scales and softcaps before any work is done.
+    /// Drop attention probabilities with probability `p` (kept ones scaled
+    /// by `1 / (1 − p)`); `p > 0` needs [`dropout_seed`](Self::dropout_seed).
+    pub fn dropout(mut self, p: f32) -> Self {
+        self.dropout.p = p;
+        self
+    }
+
+    /// The seed dropout's mask is drawn from.
+    pub fn dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout.seed = Some(seed);
+        self
+    }
+
+    /// The first (batch, head) stream of dropout's generator (flash-attention's
+    /// Philox offset; docs/dropout.md).
+    pub fn dropout_offset(mut self, offset: u64) -> Self {
+        self.dropout.offset = offset;
+        self
+    }
+
+    /// For paths without dropout kernels: `Unsupported` when dropout is on.
+    pub fn no_dropout(&self, what: &'static str) -> Result<()> {
+        match self.dropout.is_active() {
+            true => Err(Error::Unsupported {
+                what,
+                feature: "dropout",
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Reject non-finite scales and softcaps, and dropout outside `[0, 1)`
+    /// or without a seed, before any work is done.
     pub fn validate(&self) -> Result<()> {
+        self.dropout.validate()?;
         if let Some(scale) = self.scale.filter(|s| !s.is_finite()) {
             return Err(Error::NonFiniteScale { scale });
         }
@@ -235,13 +271,14 @@ impl AttentionOptions {
     /// query heads: [`validate`](Self::validate), slopes and sinks checked
     /// against the step, and `Unsupported` for what indexes a call's own
     /// sequences rather than the cache's (packed batches, block masks,
-    /// shard positions).
+    /// shard positions) and for dropout (inference only).
     pub fn for_decoding(&self, batch: usize, heads_q: usize) -> Result<()> {
         self.validate()?;
         self.whole_sequences("decoding")?;
         let unsupported = [
             (self.varlen.is_some(), "packed (varlen) batches"),
             (self.block_mask.is_some(), "block-sparse masks"),
+            (self.dropout.is_active(), "dropout"),
         ];
         if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
             return Err(Error::Unsupported {
@@ -271,10 +308,11 @@ impl AttentionOptions {
     }
 
     /// For paths that take the band and score options only (the naive
-    /// baseline, the FP8 forward): `Unsupported` naming the first layout
-    /// given.
+    /// baseline, the FP8 forward, decoding): `Unsupported` naming the first
+    /// layout given, or dropout.
     pub fn band_only(&self, what: &'static str) -> Result<()> {
         let unsupported = [
+            (self.dropout.is_active(), "dropout"),
             (self.varlen.is_some(), "packed (varlen) batches"),
             (self.alibi.is_some(), "ALiBi"),
             (self.sinks.is_some(), "attention sinks"),

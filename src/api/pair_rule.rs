@@ -1,10 +1,11 @@
 //! The rule that scores and masks every pair of one (sequence, query
 //! head): scale, softcap, ALiBi's bias, the band, the block mask, and the
-//! head's sink — shared by the reference and the CPU backend (the kernels
+//! head's sink, and dropout's keep bits — shared by the reference and the CPU backend (the kernels
 //! apply the same terms in `shaders/common.wgsl`).
 
 use super::band::Mask;
 use super::block_mask::MaskView;
+use super::dropout_rule::DropoutRule;
 use super::options::AttentionOptions;
 use super::scores::Real;
 use super::varlen::Sequence;
@@ -21,6 +22,8 @@ pub struct PairRule<'a> {
     pub softcap: f32,
     /// The sink logit of the head, if any.
     pub sink: Option<f32>,
+    /// Dropout's keep bits of the (sequence, head); `None` without dropout.
+    pub dropout: Option<DropoutRule>,
 }
 
 impl<'a> PairRule<'a> {
@@ -39,6 +42,7 @@ impl<'a> PairRule<'a> {
             scale: opts.scale_for(head_dim),
             softcap: opts.softcap_value(),
             sink: opts.sinks.as_ref().map(|s| s.logits()[h]),
+            dropout: DropoutRule::new(opts, seq.index, h, heads_q),
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Capabilities {
     pub decode: bool,
     /// The FP8 (e4m3) forward.
     pub fp8: bool,
+    /// Attention dropout, forward and backward (docs/dropout.md).
+    pub dropout: bool,
     /// Whether [`PlanOverrides`] steer its kernels (the wgpu planner's
     /// tiles and families); elsewhere they are ignored.
     pub plan_overrides: bool,

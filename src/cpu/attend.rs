@@ -78,6 +78,8 @@ struct Work {
     l: Vec<Lanes>,
     new_max: Vec<f32>,
     alpha: Vec<f32>,
+    /// Dropout's keep bits of one row of the block.
+    keep: Vec<bool>,
 }
 
 impl Work {
@@ -89,6 +91,7 @@ impl Work {
             l: vec![[0f32; LANES]; n],
             new_max: vec![0f32; n],
             alpha: vec![0f32; n],
+            keep: vec![false; g.bc],
         }
     }
 }
@@ -193,7 +196,7 @@ impl<'a> Stream<'a> {
 
     /// Every row normalized, with its LSE.
     pub fn finish(self) -> Partial {
-        finish(self.g, self.w)
+        finish(self.g, self.w, self.rule.keep_scale())
     }
 }
 
@@ -258,13 +261,22 @@ fn online_update<K: Kernel>(
         if alpha != 1.0 {
             vmath::scale(o, alpha);
         }
+        // Dropout zeroes dropped P after the row sum (the LSE is the
+        // undropped one); 1/(1 − p) is applied to O at the end.
+        if let Some(d) = &rule.dropout {
+            d.keep_row(rows[r].i, keys, &mut w.keep);
+            for (x, &k) in s.iter_mut().zip(&w.keep) {
+                *x = if k { *x } else { 0.0 };
+            }
+        }
         vmath::round_with(round_p, s);
     }
 }
 
-/// Normalize every row and take its LSE.
+/// Normalize every row (times dropout's `keep_scale`, 1 without) and take
+/// its LSE.
 #[inline(always)]
-fn finish(g: &Geometry, mut w: Work) -> Partial {
+fn finish(g: &Geometry, mut w: Work, keep_scale: f32) -> Partial {
     let lse =
         w.m.iter()
             .zip(&w.l)
@@ -272,7 +284,7 @@ fn finish(g: &Geometry, mut w: Work) -> Partial {
             .map(|((&m, &l), o)| {
                 let l = vmath::fold_sum(l);
                 if l > 0.0 {
-                    vmath::scale(o, 1.0 / l);
+                    vmath::scale(o, keep_scale / l);
                     m + l.ln()
                 } else {
                     o.fill(0.0);

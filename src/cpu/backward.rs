@@ -164,10 +164,50 @@ fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {
 }
 
 /// One tile's P and dS `(rows, bc)`, both rounded to the storage precision
-/// (dS without the scale).
+/// (dS without the scale), and dropout's keep bits of one row.
 struct Tile {
     p: Vec<f32>,
     ds: Vec<f32>,
+    keep: Vec<bool>,
+}
+
+/// One row's P and dS under dropout, from its scores in `p` and `dP = dO·Vᵀ`
+/// in `ds`: P ∘ keep (dV's factor; 1/(1 − p) is applied to the dV sums) and
+/// `dS = P ∘ (dP ∘ keep/(1 − p) − D) ∘ ∂cap`.
+#[inline(always)]
+fn dropped_grads<K: Kernel>(
+    at: &TileAt,
+    row: &ScoreRow,
+    (lse, delta): (f32, f32),
+    keep: &[bool],
+    (p, ds): (&mut [f32], &mut [f32]),
+) {
+    let rp = at.rule.keep_scale();
+    let keys = at.kb * p.len()..;
+    let keep = &keep[..p.len()];
+    if at.rule.softcap == 0.0 {
+        // No softcap: ∂cap is 1 wherever P > 0 (and P = 0 elsewhere), so
+        // the loop has no call and no branch and vectorizes.
+        for ((s, dp), &kept) in p.iter_mut().zip(ds.iter_mut()).zip(keep) {
+            let pc = vmath::exp::<K>(*s - lse);
+            let k = f32::from(u8::from(kept));
+            *dp = pc * (*dp * (rp * k) - delta);
+            *s = pc * k;
+        }
+        return;
+    }
+    for (((s, dp), &kept), j) in p.iter_mut().zip(ds.iter_mut()).zip(keep).zip(keys) {
+        let pc = vmath::exp::<K>(*s - lse);
+        let dcap = if pc > 0.0 {
+            at.rule.dcap(*s, row.i, j)
+        } else {
+            0.0
+        };
+        // keep as 1.0 or 0.0: no branch on a random bit.
+        let k = f32::from(u8::from(kept));
+        *dp = pc * (*dp * (rp * k) - delta) * dcap;
+        *s = pc * k;
+    }
 }
 
 /// A block of query rows of one head of sequence `n` against one block of
@@ -228,16 +268,21 @@ impl Ctx<'_> {
                 continue;
             }
             at.rule.apply::<K>(row, &keys, at.vis, p);
-            for (j, (s, dp)) in keys.clone().zip(p.iter_mut().zip(ds.iter_mut())) {
-                let pc = vmath::exp::<K>(*s - lse);
-                // Masked scores are −inf, where the softcap's slope is not finite.
-                let dcap = if pc > 0.0 {
-                    at.rule.dcap(*s, row.i, j)
-                } else {
-                    0.0
-                };
-                *dp = pc * (*dp - delta) * dcap;
-                *s = pc;
+            if let Some(d) = &at.rule.dropout {
+                d.keep_row(row.i, &keys, &mut t.keep);
+                dropped_grads::<K>(at, row, (lse, delta), &t.keep, (p, ds));
+            } else {
+                for (j, (s, dp)) in keys.clone().zip(p.iter_mut().zip(ds.iter_mut())) {
+                    let pc = vmath::exp::<K>(*s - lse);
+                    // Masked scores are −inf, where the softcap's slope is not finite.
+                    let dcap = if pc > 0.0 {
+                        at.rule.dcap(*s, row.i, j)
+                    } else {
+                        0.0
+                    };
+                    *dp = pc * (*dp - delta) * dcap;
+                    *s = pc;
+                }
             }
             vmath::round_to(self.precision, p);
             vmath::round_to(self.precision, ds);
@@ -311,7 +356,13 @@ impl Ctx<'_> {
         }
         let prec = self.precision;
         dk.iter_mut().for_each(|x| *x = prec.round(*x * self.scale));
-        vmath::round_to(prec, dv);
+        if self.opts.dropout.is_active() {
+            // dV = (P ∘ keep)ᵀ·dO / (1 − p): the scale once, on the sums.
+            let rp = self.opts.dropout.scale();
+            dv.iter_mut().for_each(|x| *x = prec.round(*x * rp));
+        } else {
+            vmath::round_to(prec, dv);
+        }
     }
 
     /// Every task's dK and dV rows, in k's and v's layouts.
@@ -425,6 +476,7 @@ impl Task for KeyTask<'_, '_> {
         let mut t = Tile {
             p: vec![0f32; c.br * g.bc],
             ds: vec![0f32; c.br * g.bc],
+            keep: vec![false; g.bc],
         };
         let kv = out
             .dk

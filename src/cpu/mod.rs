@@ -135,6 +135,7 @@ impl AttentionBackend for Cpu {
             backward: true,
             decode: true,
             fp8: true,
+            dropout: true,
             plan_overrides: false,
         }
     }

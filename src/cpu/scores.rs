@@ -8,6 +8,7 @@
 use super::micro::{Kernel, PAD};
 use super::vmath;
 use crate::api::block_mask::{tile_fate, MaskView, Tile, TileFate};
+use crate::api::dropout_rule::DropoutRule;
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::pair_rule::PairRule;
 use std::ops::Range;
@@ -23,6 +24,8 @@ pub(crate) struct ScoreRule<'a> {
     /// The block mask of the (sequence, head), with the band its tile test
     /// intersects.
     pub block: Option<(MaskView<'a>, Mask)>,
+    /// Dropout's keep bits (applied to P, not to the scores).
+    pub dropout: Option<DropoutRule>,
 }
 
 /// One query row as the scores see it: its position `i` and the keys its mask allows (already clipped to what the task walks).
@@ -51,6 +54,7 @@ impl<'a> ScoreRule<'a> {
             softcap: opts.softcap_value(),
             alibi: None,
             block: None,
+            dropout: None,
         }
     }
 
@@ -61,6 +65,7 @@ impl<'a> ScoreRule<'a> {
             softcap: rule.softcap,
             alibi: rule.slope.map(|slope| (slope, rule.band.offset)),
             block: rule.block.map(|view| (view, rule.band)),
+            dropout: rule.dropout,
         }
     }
 
@@ -166,6 +171,11 @@ impl<'a> ScoreRule<'a> {
                 mask_blocks(view, row.i, keys, s);
             }
         }
+    }
+
+    /// Dropout's `1 / (1 − p)`, 1 without dropout.
+    pub fn keep_scale(&self) -> f32 {
+        self.dropout.map_or(1.0, |d| d.scale())
     }
 
     /// `∂s/∂(scale·x)` at the score `s` that [`apply`](Self::apply)

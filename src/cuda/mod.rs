@@ -353,6 +353,7 @@ impl AttentionBackend for Cuda {
             backward: true,
             decode: true,
             fp8: false,
+            dropout: false,
             plan_overrides: false,
         }
     }

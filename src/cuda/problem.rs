@@ -64,6 +64,7 @@ impl Call {
         let (shape, precision) = (p.shape, p.precision);
         // The kernels place the band's diagonal at seqlen_k - seqlen_q.
         p.opts.whole_sequences(WHAT)?;
+        p.opts.no_dropout(WHAT)?;
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,

@@ -36,6 +36,10 @@ pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
 pub const STORAGE_FP8: &str = include_str!("../../shaders/storage_fp8.wgsl");
 /// The e4m3 format's functions (FP8 storage and quantization).
 pub const E4M3: &str = include_str!("../../shaders/e4m3.wgsl");
+/// Philox4x32-10 and dropout's keep bit (the same values as `crate::philox`);
+/// the tests run it on the device until a kernel composes it.
+#[allow(dead_code)]
+pub const PHILOX: &str = include_str!("../../shaders/philox.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).

@@ -89,6 +89,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         backend,
         layouts: layout_flags,
     } = flags(&a.score)?;
+    let opts = dropout(a, opts)?;
     // With --backend cuda, --kernel names the CUDA kernel path (checked
     // when the backend opens); otherwise a WGSL kernel family.
     let cuda_kernel = a.kernel.clone().filter(|_| backend == BackendKind::Cuda);
@@ -158,6 +159,24 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         cuda_kernel,
         cuda_arch: cuda_arch(a, backend)?,
     })
+}
+
+/// `--dropout`, `--seed` and `--dropout-offset` on `opts`, checked before
+/// any file is read (a backend without dropout kernels refuses when it
+/// opens or runs, before any output is written).
+fn dropout(a: &AttentionArgs, opts: AttentionOptions) -> Result<AttentionOptions> {
+    let mut opts = opts;
+    if let Some(p) = a.dropout {
+        opts = opts.dropout(p);
+    }
+    if let Some(seed) = a.seed {
+        opts = opts.dropout_seed(seed);
+    }
+    if let Some(offset) = a.dropout_offset {
+        opts = opts.dropout_offset(offset);
+    }
+    opts.validate()?;
+    Ok(opts)
 }
 
 /// `--arch`, checked before any file is read: `--backend cuda` only, a
@@ -312,7 +331,17 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     if let Some(path) = &a.lse {
         outputs.push((path.as_path(), &lse));
     }
-    npy::write_all(&outputs)
+    let mut files: Vec<_> = outputs
+        .iter()
+        .map(|&(path, t)| (path, npy::encode(t)))
+        .collect();
+    if let Some(path) = &a.dropout_mask_out {
+        let [q, k, v] = p.views()?;
+        let shape = AttentionShape::from_views(&q, &k, &v)?;
+        let mask = flashattn::dropout_mask(&shape, &p.opts)?;
+        files.push((path.as_path(), npy::encode_bool(&mask.dims, &mask.keep)));
+    }
+    npy::write_files(files)
 }
 
 pub fn backward(a: BackwardArgs) -> Result<()> {

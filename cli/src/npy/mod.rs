@@ -282,7 +282,7 @@ fn narrow(what: &'static str, path: &Path, wide: &[i64]) -> Result<Vec<i32>> {
 }
 
 /// An `.npy` file's bytes for `t` (f32 or f16, C order).
-fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
+pub fn encode(t: &Tensor) -> std::io::Result<Vec<u8>> {
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     match &t.data {
         TensorData::F32(d) => encode_array(&shape, d),
@@ -312,19 +312,31 @@ pub fn encode_array<T: npyz::AutoSerialize + Copy>(
 /// Write every `(path, tensor)` or none: each goes to a temporary file next to
 /// its destination, and only when all are written are they renamed.
 pub fn write_all(outputs: &[(&Path, &Tensor)]) -> Result<()> {
+    write_files(outputs.iter().map(|&(path, t)| (path, encode(t))).collect())
+}
+
+/// A bool array's `.npy` bytes (a dropout mask), shape in C order.
+pub fn encode_bool(shape: &[usize], data: &[bool]) -> std::io::Result<Vec<u8>> {
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    encode_array(&shape, data)
+}
+
+/// [`write_all`] of files already encoded (an encoding error is that
+/// file's write error).
+pub fn write_files(outputs: Vec<(&Path, std::io::Result<Vec<u8>>)>) -> Result<()> {
     let mut temps: Vec<(PathBuf, &Path)> = Vec::new();
     let cleanup = |temps: &[(PathBuf, &Path)]| {
         for (t, _) in temps {
             let _ = std::fs::remove_file(t);
         }
     };
-    for (path, tensor) in outputs {
+    for (path, bytes) in outputs {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
-        let result = encode(tensor).and_then(|bytes| std::fs::write(&temp, bytes));
+        let result = bytes.and_then(|bytes| std::fs::write(&temp, bytes));
         if let Err(source) = result {
             let _ = std::fs::remove_file(&temp);
             cleanup(&temps);
