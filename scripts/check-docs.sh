@@ -23,8 +23,11 @@ step() {
 
 step "links, paths and the README example" cargo test --release --test docs
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-# Cargo takes a registry package's build as fresh whatever its source, so
-# the packaged library's build from an earlier run would serve the CLI's
-# verification stale: removed first (a minute of rebuilding the two).
+# Cargo takes a registry package as it first unpacked and built it, so the
+# packaged library of an earlier run would serve the CLI's verification
+# stale: its unpacked sources and its build are removed first (a minute of
+# rebuilding the two).
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/flashattn-[0-9]* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/flashattn-cli-[0-9]*
 cargo clean -q --profile dev -p flashattn -p flashattn-cli
 step "cargo publish --dry-run" cargo publish --workspace --dry-run "$@"
