@@ -9,8 +9,8 @@ here, and the fields of the typed error are attributes of the exception::
         print(e.head_dim, e.max)
 
 Bad input (shapes, dtypes, indices, options) raises subclasses of
-``ValueError``; a feature the engine does not have yet (``dropout_p > 0``,
-an operation a backend lacks) raises subclasses of ``NotImplementedError``;
+``ValueError``; a feature the engine or a backend does not have (dropout
+on wgpu, say) raises subclasses of ``NotImplementedError``;
 everything that goes wrong on a device raises subclasses of
 ``RuntimeError``. All of them are ``FlashAttnError``\\ s.
 """
@@ -59,7 +59,7 @@ DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSof
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
 CacheIndex CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
 NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
-EncodedCallSplit BindingOutsideBuffer"""
+EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed"""
 _UNSUPPORTED = "Unsupported BackendNotBuilt"
 _CONFIGURATION = """StorageOverride WorkgroupStorage WorkgroupTooLarge RegisterPressure
 EmptyTile TileOverrideOnLanes RegisterOverrideElsewhere RowsPerThread LanesHeadDim

@@ -57,9 +57,11 @@ def options(
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
     positions: Optional[Tuple[int, int]] = None,
+    dropout: Optional[Tuple[float, int, int]] = None,
 ) -> Dict[str, Any]:
     """The engine's options from flash-attn's arguments (and the extras;
-    ``positions``: a shard's global ``(q_offset, k_offset)``)."""
+    ``positions``: a shard's global ``(q_offset, k_offset)``; ``dropout``:
+    ``(p, seed, offset)``, docs/dropout.md)."""
     left, right = window_size
     mask = None
     if block_mask is not None:
@@ -89,6 +91,7 @@ def options(
         "block_mask": mask,
         "cu_seqlens": cu,
         "positions": None if positions is None else (int(positions[0]), int(positions[1])),
+        "dropout": None if dropout is None else (float(dropout[0]), int(dropout[1]), int(dropout[2])),
     }
 
 
@@ -150,6 +153,8 @@ if torch is not None:
         block_m: int,
         block_n: int,
         backend: str,
+        dropout_p: float,
+        dropout_seed: int,
     ) -> Tuple[Tensor, Tensor]:
         opts = options(
             causal,
@@ -162,6 +167,7 @@ if torch is not None:
             (block_m, block_n),
             cu_seqlens_q,
             cu_seqlens_k,
+            dropout=_dropout_of(dropout_p, dropout_seed),
         )
         return forward_host(q, k, v, opts, backend)
 
@@ -192,6 +198,8 @@ if torch is not None:
         block_m: int,
         block_n: int,
         backend: str,
+        dropout_p: float,
+        dropout_seed: int,
     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         opts = options(
             causal,
@@ -204,6 +212,7 @@ if torch is not None:
             (block_m, block_n),
             cu_seqlens_q,
             cu_seqlens_k,
+            dropout=_dropout_of(dropout_p, dropout_seed),
         )
         dq, dk, dv, dsinks = backward_host(d_o, q, k, v, o, lse, opts, backend)
         ds = torch.tensor(dsinks or [], dtype=torch.float32, device=q.device)
@@ -220,11 +229,14 @@ if torch is not None:
         )
 
     def _setup(ctx, inputs, output):
-        (q, k, v, cu_q, cu_k, causal, wl, wr, cap, scale, alibi, sinks, mask, bm, bn, be) = inputs
+        (q, k, v, cu_q, cu_k, causal, wl, wr, cap, scale, alibi, sinks, mask, bm, bn, be, p, seed) = (
+            inputs
+        )
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks, mask)
         ctx.args = (causal, wl, wr, cap, scale)
-        ctx.block = (bm, bn, be)
+        # The backward draws the forward's dropout mask again from its seed.
+        ctx.block = (bm, bn, be, p, seed)
 
     def _grad(ctx, d_o, _d_lse):
         q, k, v, o, lse, cu_q, cu_k, alibi, sinks, mask = ctx.saved_tensors
@@ -234,19 +246,26 @@ if torch is not None:
             d_o.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks, mask, *ctx.block
         )
         d_sinks = None if sinks is None else dsinks.to(sinks.dtype)
-        return (dq, dk, dv, None, None, None, None, None, None, None, None, d_sinks, None, None, None, None)
+        # Gradients of q, k, v and the sinks; None for the other 14 inputs.
+        return (dq, dk, dv, *(None,) * 8, d_sinks, *(None,) * 6)
 
     torch.library.register_autograd("flashattn::fwd", _grad, setup_context=_setup)
 
 
-def _no_dropout(dropout_p: float) -> None:
-    if dropout_p != 0.0:
-        raise errors.error(
-            "Unsupported",
-            f"dropout_p={dropout_p}: flashattn does not implement dropout yet; pass dropout_p=0.0",
-            what="flashattn",
-            feature=f"dropout (dropout_p={dropout_p})",
-        )
+def _dropout_of(dropout_p: float, seed: int) -> Optional[Tuple[float, int, int]]:
+    """The engine's dropout option: none at ``dropout_p == 0.0``."""
+    return None if dropout_p == 0.0 else (dropout_p, seed, 0)
+
+
+def _draw_seed(q: Any) -> int:
+    """A dropout seed from the framework's global generator (as flash-attn
+    draws its Philox state from torch's), so ``torch.manual_seed`` (or
+    ``numpy.random.seed`` for numpy inputs) makes the mask repeatable."""
+    if is_torch(q):
+        return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+    import numpy as np
+
+    return int(np.random.randint(0, 2**62, dtype=np.int64))
 
 
 def _check_inputs(named: Sequence[Tuple[str, Any]], ranks: Sequence[int]) -> None:
@@ -273,11 +292,15 @@ def _attention(
     backend,
     precision,
     hadamard,
+    dropout_seed,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
 ):
-    _no_dropout(dropout_p)
     backend = backend or default_backend()
+    dropout_p = float(dropout_p)
+    if dropout_p != 0.0 and dropout_seed is None:
+        dropout_seed = _draw_seed(q)
+    seed = 0 if dropout_seed is None else int(dropout_seed)
     varlen = cu_seqlens_q is not None
     _check_inputs([("q", q), ("k", k), ("v", v)], (3,) if varlen else (4,))
     check_device(
@@ -312,11 +335,12 @@ def _attention(
         opts = options(
             causal, window_size, softcap, softmax_scale, alibi_slopes, sinks,
             block_mask, block_size, cu_seqlens_q, cu_seqlens_k,
+            dropout=_dropout_of(dropout_p, seed),
         )  # fmt: skip
-        seed = None
+        signs = None
         if hadamard:
-            seed = HADAMARD_SEED if hadamard is True else int(hadamard)
-        o, lse = forward_host(q, k, v, opts, backend, fp8=precision == "fp8", hadamard=seed)
+            signs = HADAMARD_SEED if hadamard is True else int(hadamard)
+        o, lse = forward_host(q, k, v, opts, backend, fp8=precision == "fp8", hadamard=signs)
     else:
         if block_mask is not None and block_size is None:
             options(block_mask=block_mask)  # raises the typed error
@@ -337,7 +361,7 @@ def _attention(
         o, lse = torch.ops.flashattn.fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), int(window_size[0]),
             int(window_size[1]), float(softcap), softmax_scale, alibi_slopes, sinks,
-            block_mask, int(bm), int(bn), backend,
+            block_mask, int(bm), int(bn), backend, dropout_p, seed,
         )  # fmt: skip
     return (o, lse, None) if return_attn_probs else o
 
@@ -361,6 +385,7 @@ def flash_attn_func(
     backend: Optional[str] = None,
     precision: Optional[str] = None,
     hadamard: Union[bool, int] = False,
+    dropout_seed: Optional[int] = None,
 ):
     """Exact attention, as ``flash_attn.flash_attn_func``.
 
@@ -369,25 +394,35 @@ def flash_attn_func(
     ``heads_kv``: MQA/GQA; ``v`` may have its own head dim). Returns ``o``
     in q's layout, or ``(o, softmax_lse, None)`` with
     ``return_attn_probs`` (``softmax_lse`` is ``(batch, heads_q,
-    seqlen_q)`` float32; there is no dropout, so no probability mask).
+    seqlen_q)`` float32, of the undropped scores; the third item, flash-attn's
+    testing-only ``S_dmask``, is None).
     Causal and window masks are aligned to the bottom-right corner of the
     score matrix, as in flash-attn ≥ 2.1.
 
     The backward is always the engine's deterministic one (bit-identical
     gradients on a repeated call), whatever ``deterministic`` says.
-    ``dropout_p`` must be 0.0.
+
+    ``dropout_p`` in ``[0, 1)`` drops attention probabilities (kept ones
+    scaled by ``1 / (1 - dropout_p)``) with a mask drawn from Philox by
+    seed (docs/dropout.md); the backward draws the same mask again. The
+    seed comes from torch's global generator (numpy's for numpy inputs),
+    so ``torch.manual_seed`` repeats it, or from ``dropout_seed``. Where a
+    backend has no dropout kernels (wgpu, CUDA) the call raises
+    ``Unsupported``; ``backend="auto"`` takes the CPU backend then.
 
     Extras: ``sinks`` (one logit per query head, trained: it gets a
     gradient), ``block_mask`` ``(mb, mh, rows, cols)`` bool/uint8 with
     ``block_size`` (a block-sparse mask ANDed with the others), ``backend``
     (``"auto"``, ``"cpu"``, ``"wgpu"``, ``"cuda"``), and
     ``precision="fp8"`` (e4m3 forward, no gradient) with ``hadamard``
-    (``True`` or a seed: incoherent processing of q and k).
+    (``True`` or a seed: incoherent processing of q and k), ``dropout_seed``
+    (dropout's seed, instead of one drawn).
     """
     del deterministic  # always deterministic
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
         return_attn_probs, sinks, block_mask, block_size, backend, precision, hadamard,
+        dropout_seed,
     )  # fmt: skip
 
 
@@ -414,6 +449,7 @@ def flash_attn_varlen_func(
     backend: Optional[str] = None,
     precision: Optional[str] = None,
     hadamard: Union[bool, int] = False,
+    dropout_seed: Optional[int] = None,
 ):
     """Attention over a packed batch of sequences of their own lengths, as
     ``flash_attn.flash_attn_varlen_func``.
@@ -455,7 +491,7 @@ def flash_attn_varlen_func(
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
         return_attn_probs, sinks, block_mask, block_size, backend, precision, hadamard,
-        cu_seqlens_q, cu_seqlens_k,
+        dropout_seed, cu_seqlens_q, cu_seqlens_k,
     )  # fmt: skip
 
 

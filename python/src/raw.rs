@@ -179,6 +179,8 @@ pub struct Opts {
     cu_seqlens: Option<(Vec<i32>, Vec<i32>)>,
     /// A shard's global `(q_offset, k_offset)`.
     positions: Option<(usize, usize)>,
+    /// Dropout's `(p, seed, offset)`.
+    dropout: Option<(f32, u64, u64)>,
 }
 
 impl Opts {
@@ -207,6 +209,9 @@ impl Opts {
         }
         if let Some((q_offset, k_offset)) = self.positions {
             opts = opts.positions(q_offset, k_offset);
+        }
+        if let Some((p, seed, offset)) = self.dropout {
+            opts = opts.dropout(p).dropout_seed(seed).dropout_offset(offset);
         }
         Ok(opts)
     }

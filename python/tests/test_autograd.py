@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import flashattn
 from flashattn import flash_attn_func, flash_attn_varlen_func, testing
 from helpers import DTYPES, band_mask, options, qkv, sdpa
 
@@ -97,3 +98,44 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.testing.assert_close(out, eager)
     for p, g in zip(model.parameters(), eager_grads):
         torch.testing.assert_close(p.grad, g)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_forward_and_gradients_match_the_reference(backend, dtype, causal):
+    q, k, v = qkv(2, 29, 41, 4, 2, 32, DTYPES[dtype], grad=True)
+    d_o = torch.randn(2, 29, 4, 32).to(q.dtype)
+    call = lambda *x: flash_attn_func(  # noqa: E731
+        *x, dropout_p=0.2, dropout_seed=11, causal=causal, backend=backend, return_attn_probs=True
+    )
+    if backend != "cpu":
+        with pytest.raises(flashattn.Unsupported, match="dropout"):
+            call(q, k, v)
+        return
+    o, lse, _ = call(q, k, v)
+    opts = options(causal=causal, dropout=(0.2, 11, 0))
+    testing.assert_passed(testing.check_forward(q, k, v, o, lse, opts), f"dropout forward {dtype}")
+    # The LSE is that of the undropped scores.
+    _, plain_lse, _ = flash_attn_func(q, k, v, causal=causal, backend=backend, return_attn_probs=True)
+    assert torch.equal(lse, plain_lse)
+    grads = _grads(lambda *x: call(*x)[0], (q, k, v), d_o)
+    checks = testing.check_backward(q, k, v, d_o, *grads, None, opts)
+    testing.assert_passed(checks, f"dropout gradients {dtype}")
+    again = _grads(lambda *x: call(*x)[0], (q, k, v), d_o)
+    for a, b in zip(grads, again):
+        assert torch.equal(a, b)
+
+
+def test_dropout_seeds_come_from_torch_generator():
+    q, k, v = qkv(1, 16, 16, 2, 2, 16, torch.float32)
+    run = lambda: flash_attn_func(q, k, v, dropout_p=0.5, backend="cpu")  # noqa: E731
+    torch.manual_seed(5)
+    first = run()
+    second = run()  # the generator moved on: another mask
+    torch.manual_seed(5)
+    assert torch.equal(run(), first)
+    assert not torch.equal(first, second)
+    # p = 0 is no dropout, bit for bit.
+    assert torch.equal(
+        flash_attn_func(q, k, v, dropout_p=0.0, backend="cpu"), flash_attn_func(q, k, v, backend="cpu")
+    )

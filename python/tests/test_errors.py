@@ -73,11 +73,19 @@ def test_cu_seqlens_must_be_int32():
         flash_attn_varlen_func(q, q, q, torch.tensor([0, 2, 5], dtype=torch.int32), cu.int(), 4, 4)
 
 
-def test_dropout_is_refused_not_ignored():
+def test_dropout_is_refused_not_ignored_where_a_backend_has_none():
     x = torch.randn(1, 4, 2, 8)
     with pytest.raises(flashattn.Unsupported) as e:
-        flash_attn_func(x, x, x, dropout_p=0.1)
+        flash_attn_func(x, x, x, dropout_p=0.1, backend="wgpu")
     assert isinstance(e.value, NotImplementedError) and "dropout" in e.value.feature
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5, -0.1, float("nan")])
+def test_dropout_outside_zero_one_is_a_typed_error(p):
+    x = torch.randn(1, 4, 2, 8)
+    with pytest.raises(flashattn.InvalidDropout) as e:
+        flash_attn_func(x, x, x, dropout_p=p, backend="cpu")
+    assert isinstance(e.value, ValueError)
 
 
 def test_unknown_backend():

@@ -296,10 +296,32 @@ def test_masks_it_cannot_express_raise(name):
         trio.ours(ids, position_ids=packed, use_cache=False)
 
 
-def test_dropout_raises(name):
+def test_dropout_trains_where_the_backend_has_it(name):
+    cfg = _llama()
+    cfg.attention_dropout = 0.3
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+    ids = _ids(2, 9)
+    with torch.no_grad():
+        plain = model.eval()(ids).logits
+    model.train()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)  # the mask's seed comes from torch's generator
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        runs.append((out.logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+        model.zero_grad()
+    if BACKEND != "cpu":
+        return  # the backend's own refusal is tested below
+    assert (runs[0][0] - plain).abs().max() > 1e-3, "dropout changed nothing"
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_dropout_raises_where_the_backend_has_none():
     cfg = _llama()
     cfg.attention_dropout = 0.1
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name).train()
+    wgpu = fa_tf.register("portable_attention_wgpu", backend="wgpu")
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=wgpu).train()
     with pytest.raises(flashattn.Unsupported, match="dropout"):
         model(_ids(1, 4))
 
