@@ -54,6 +54,7 @@ fn attention(c: &mut Criterion) {
                     seqlens: seqlens.to_vec(),
                     head_dims: vec![d],
                     causal: vec![causal],
+                    dropouts: vec![0.0],
                     heads: 1,
                     batch: 1,
                     precision: Precision::F32,

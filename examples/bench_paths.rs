@@ -129,6 +129,7 @@ fn shapes(a: &Args, impls: &[Implementation]) -> Result<Vec<Shape>, BoxError> {
                             head_dim,
                             causal,
                             precision,
+                            dropout: 0.0,
                         };
                         out.push(Shape {
                             base,

@@ -101,6 +101,11 @@ impl Implementation {
     pub fn outside(self) -> bool {
         matches!(self, Implementation::Numpy | Implementation::Torch)
     }
+
+    /// Whether it draws a dropout mask (docs/dropout.md).
+    pub fn takes_dropout(self) -> bool {
+        self == Implementation::Cpu
+    }
 }
 
 impl std::str::FromStr for Pass {
@@ -156,7 +161,12 @@ pub struct BenchCase {
     pub causal: bool,
     #[serde(serialize_with = "precision_name")]
     pub precision: Precision,
+    /// Dropout's probability (0: none), drawn with [`DROPOUT_SEED`].
+    pub dropout: f32,
 }
+
+/// The seed of the benchmarks' dropout masks.
+pub const DROPOUT_SEED: u64 = 0xd80;
 
 fn precision_name<S: serde::Serializer>(
     p: &Precision,
@@ -169,12 +179,17 @@ impl BenchCase {
     /// A few words naming the case (progress lines).
     pub fn label(&self) -> String {
         format!(
-            "{} {} N {} d {}{}",
+            "{} {} N {} d {}{}{}",
             self.pass.name(),
             self.implementation.name(),
             self.seqlen,
             self.head_dim,
-            if self.causal { " causal" } else { "" }
+            if self.causal { " causal" } else { "" },
+            if self.dropout > 0.0 {
+                format!(" dropout {}", self.dropout)
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -190,7 +205,11 @@ impl BenchCase {
     }
 
     pub fn options(&self) -> AttentionOptions {
-        AttentionOptions::default().causal(self.causal)
+        let opts = AttentionOptions::default().causal(self.causal);
+        if self.dropout > 0.0 {
+            return opts.dropout(self.dropout).dropout_seed(DROPOUT_SEED);
+        }
+        opts
     }
 
     /// `4·Sq·Sk·d·heads·batch`, halved for causal; the backward does 2.5 times
@@ -566,13 +585,17 @@ pub struct Matrix {
     pub seqlens: Vec<usize>,
     pub head_dims: Vec<usize>,
     pub causal: Vec<bool>,
+    /// Dropout probabilities (0: none), run by the implementations that
+    /// take dropout.
+    pub dropouts: Vec<f32>,
     pub heads: usize,
     pub batch: usize,
     pub precision: Precision,
 }
 
 impl Matrix {
-    /// The cases, pass-major, then head dim, causal, seqlen, implementation.
+    /// The cases, pass-major, then head dim, causal, seqlen, implementation,
+    /// dropout.
     pub fn cases(&self) -> Vec<BenchCase> {
         let mut out = Vec::new();
         for &pass in &self.passes {
@@ -580,16 +603,22 @@ impl Matrix {
                 for &causal in &self.causal {
                     for &seqlen in &self.seqlens {
                         for &implementation in &self.implementations {
-                            out.push(BenchCase {
-                                pass,
-                                implementation,
-                                batch: self.batch,
-                                heads: self.heads,
-                                seqlen,
-                                head_dim,
-                                causal,
-                                precision: self.precision,
-                            });
+                            for &dropout in &self.dropouts {
+                                if dropout > 0.0 && !implementation.takes_dropout() {
+                                    continue;
+                                }
+                                out.push(BenchCase {
+                                    pass,
+                                    implementation,
+                                    batch: self.batch,
+                                    heads: self.heads,
+                                    seqlen,
+                                    head_dim,
+                                    causal,
+                                    precision: self.precision,
+                                    dropout,
+                                });
+                            }
                         }
                     }
                 }
@@ -613,6 +642,7 @@ mod tests {
             head_dim: 64,
             causal,
             precision: Precision::F32,
+            dropout: 0.0,
         }
     }
 
@@ -640,11 +670,33 @@ mod tests {
             seqlens: vec![256, 512],
             head_dims: vec![64],
             causal: vec![false, true],
+            dropouts: vec![0.0],
             heads: 1,
             batch: 1,
             precision: Precision::F32,
         }
         .cases();
         assert_eq!(m.len(), 2 * 2 * 2 * 2);
+    }
+
+    #[test]
+    fn dropout_runs_where_the_implementation_takes_it() {
+        let m = Matrix {
+            passes: vec![Pass::Forward],
+            implementations: vec![Implementation::Flash, Implementation::Cpu],
+            seqlens: vec![256],
+            head_dims: vec![64],
+            causal: vec![false],
+            dropouts: vec![0.0, 0.1],
+            heads: 1,
+            batch: 1,
+            precision: Precision::F32,
+        }
+        .cases();
+        let with: Vec<_> = m.iter().filter(|c| c.dropout > 0.0).collect();
+        assert_eq!(m.len(), 3);
+        assert_eq!(with.len(), 1);
+        assert_eq!(with[0].implementation, Implementation::Cpu);
+        assert!(with[0].options().dropout.is_active());
     }
 }

@@ -100,7 +100,51 @@ impl Report {
             .for_each(|r| println!("{}", self.row(r)));
         self.print_speedups();
         self.print_cpu_ratios();
+        self.print_dropout_costs();
         self.print_sweep();
+    }
+
+    /// The results without dropout: what the other sections compare.
+    fn undropped(&self) -> impl Iterator<Item = &BenchResult> {
+        self.results.iter().filter(|r| r.case.dropout == 0.0)
+    }
+
+    /// Each case with dropout against the same case without, measured in
+    /// the same run (time with / time without).
+    fn print_dropout_costs(&self) {
+        let lines: Vec<String> = self
+            .results
+            .iter()
+            .filter(|r| r.case.dropout > 0.0)
+            .filter_map(|r| {
+                let c = &r.case;
+                let plain = self.undropped().find(|o| {
+                    let k = &o.case;
+                    (k.pass, k.implementation, k.head_dim, k.causal, k.seqlen)
+                        == (c.pass, c.implementation, c.head_dim, c.causal, c.seqlen)
+                })?;
+                let (with, without) = (r.median_seconds()?, plain.median_seconds()?);
+                Some(format!(
+                    "  {} {} N {} d {}{}: dropout {} {:.1} ms / none {:.1} ms = {:.2}x",
+                    c.pass.name(),
+                    c.implementation.name(),
+                    c.seqlen,
+                    c.head_dim,
+                    if c.causal { " causal" } else { "" },
+                    c.dropout,
+                    with * 1e3,
+                    without * 1e3,
+                    with / without
+                ))
+            })
+            .collect();
+        if !lines.is_empty() {
+            println!(
+                "
+dropout's cost (median time with / without, same run):"
+            );
+            lines.iter().for_each(|l| println!("{l}"));
+        }
     }
 
     /// One case's table row.
@@ -114,6 +158,16 @@ impl Report {
             c.seqlen,
             c.head_dim
         );
+        let tail = if c.dropout > 0.0 {
+            format!("  dropout {}", c.dropout)
+        } else {
+            String::new()
+        };
+        format!("{}{tail}", self.row_values(r, head))
+    }
+
+    fn row_values(&self, r: &BenchResult, head: String) -> String {
+        let c = &r.case;
         let (Some(min), Some(med), Some(g)) = (r.min_seconds(), r.median_seconds(), r.gflops())
         else {
             return match &r.error {
@@ -141,7 +195,7 @@ impl Report {
     fn print_speedups(&self) {
         type Key = (&'static str, usize, bool, usize);
         let mut by_key: BTreeMap<Key, BTreeMap<&'static str, f64>> = BTreeMap::new();
-        for r in &self.results {
+        for r in self.undropped() {
             if let Some(t) = r.min_seconds() {
                 let c = &r.case;
                 by_key
@@ -172,8 +226,7 @@ impl Report {
     /// its causal time against the non-causal one.
     fn print_cpu_ratios(&self) {
         let t = |pass: &str, i: &str, d: usize, causal: bool, n: usize| {
-            self.results
-                .iter()
+            self.undropped()
                 .find(|r| {
                     let c = &r.case;
                     (
@@ -291,6 +344,7 @@ struct CsvRow<'a> {
     seqlen: usize,
     head_dim: usize,
     precision: &'a str,
+    dropout: f32,
     min_ms: Option<f64>,
     median_ms: Option<f64>,
     gflops: Option<f64>,
@@ -315,6 +369,7 @@ pub fn csv_text(report: &Report) -> Result<String> {
             seqlen: c.seqlen,
             head_dim: c.head_dim,
             precision: c.precision.name(),
+            dropout: c.dropout,
             min_ms: r.min_seconds().map(|t| t * 1e3),
             median_ms: r.median_seconds().map(|t| t * 1e3),
             gflops: r.gflops(),

@@ -1024,6 +1024,72 @@ fn bench_bad_arguments() {
     assert_bad(&f, &out, "seqlens");
     let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
     assert_bad(&f, &out, "tpu");
+    for bad in ["1", "0,1.5", "-0.1", "x"] {
+        let out = bin()
+            .arg("bench")
+            .arg(format!("--dropouts={bad}"))
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, "--dropouts");
+    }
+}
+
+/// `--dropouts`: each case the CPU backend runs at each probability, its
+/// cost against none reported from the same run, in the table and the CSV.
+#[test]
+fn bench_measures_dropout_against_none() {
+    let f = Files::new();
+    let csv = f.path("b.csv");
+    let args = [
+        "bench",
+        "--impls",
+        "cpu",
+        "--seqlens",
+        "64",
+        "--head-dims",
+        "16",
+    ];
+    let more = [
+        "--passes",
+        "forward,backward",
+        "--repeats",
+        "1",
+        "--dropouts",
+        "0,0.25",
+    ];
+    let out = bin()
+        .args(args)
+        .args(more)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with("dropout 0.25")).count(),
+        2,
+        "{text}"
+    );
+    let costs = text
+        .split("dropout's cost")
+        .nth(1)
+        .expect("the cost section");
+    assert!(
+        costs.contains("forward cpu N 64 d 16: dropout 0.25"),
+        "{text}"
+    );
+    assert!(
+        costs.contains("backward cpu N 64 d 16: dropout 0.25"),
+        "{text}"
+    );
+    let table = std::fs::read_to_string(&csv).unwrap();
+    assert!(table.lines().next().unwrap().contains("dropout"));
+    assert_eq!(table.lines().count(), 1 + 4);
 }
 
 #[test]

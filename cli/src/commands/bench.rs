@@ -64,12 +64,22 @@ fn matrix(a: &BenchArgs) -> Result<Matrix> {
             })
         }
     };
+    let bad_dropouts = || CliError::BadFlag {
+        flag: "--dropouts",
+        expected: "probabilities in [0, 1), comma-separated",
+        value: a.dropouts.clone(),
+    };
+    let dropouts: Vec<f32> = list(&a.dropouts).map_err(|_| bad_dropouts())?;
+    if dropouts.is_empty() || dropouts.iter().any(|p| !(0.0..1.0).contains(p)) {
+        return Err(bad_dropouts());
+    }
     Ok(Matrix {
         passes: list(&a.passes)?,
         implementations: list(&a.impls)?,
         seqlens: sizes("--seqlens", &a.seqlens)?,
         head_dims: sizes("--head-dims", &a.head_dims)?,
         causal,
+        dropouts,
         heads: a.heads,
         batch: a.batch,
         precision: a.precision.parse::<Precision>()?,
@@ -248,6 +258,7 @@ fn sweep(
         head_dim,
         causal: false,
         precision,
+        dropout: 0.0,
     };
     let inputs = BenchInputs::new(&case)?;
     let [q, k, v, _] = inputs.views();
