@@ -84,13 +84,7 @@ fn copy_len4(gpu: &Gpu, bytes: u64) -> Result<u64> {
         return Err(Error::EmptyDim { dim: "copy bytes" });
     }
     let len4 = bytes.div_ceil(16);
-    if 16 * len4 > gpu.max_binding() {
-        return Err(Error::BindingTooLarge {
-            what: "the copy",
-            bytes: 16 * len4,
-            max: gpu.max_binding(),
-        });
-    }
+    gpu.within_binding("the copy", 16 * len4)?;
     Ok(len4)
 }
 

@@ -129,13 +129,7 @@ pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<bool> {
                 needed: r.needs,
             });
         }
-        if r.needs > gpu.max_binding() {
-            return Err(Error::BindingTooLarge {
-                what: tensor,
-                bytes: r.needs,
-                max: gpu.max_binding(),
-            });
-        }
+        gpu.within_binding(tensor, r.needs)?;
     }
     Ok(outputs.iter().any(|o| shares_buffer(o, inputs)))
 }

@@ -138,17 +138,6 @@ fn quant_dispatches<'a>(
     Ok((out, accesses))
 }
 
-/// Every buffer of one dispatch set must fit one storage binding.
-fn check_binding(gpu: &Gpu, what: &'static str, bytes: u64) -> Result<u64> {
-    if bytes > gpu.max_binding() {
-        return Err(Error::BindingTooLarge {
-            what,
-            bytes,
-            max: gpu.max_binding(),
-        });
-    }
-    Ok(bytes)
-}
 
 /// The transform's signs as a buffer (one unused element without it).
 fn signs(call: &mut Call<'_>, t: Option<&Hadamard>) -> Result<wgpu::Buffer> {
@@ -165,8 +154,8 @@ fn upload_tensor(
     x.check_len(s.name)?;
     let values = x.data.to_f32();
     check_finite(&values, s.name)?;
-    check_binding(call.gpu, s.name, 4 * values.len() as u64)?;
-    let bytes = check_binding(call.gpu, "fp8 codes", s.code_bytes())?;
+    call.gpu.within_binding(s.name, 4 * values.len() as u64)?;
+    let bytes = call.gpu.within_binding("fp8 codes", s.code_bytes())?;
     Ok((
         call.upload(s.name, bytemuck::cast_slice(&values))?,
         call.storage("fp8 codes", bytes)?,
@@ -285,7 +274,7 @@ pub async fn forward(
     let n = 4 * specs.iter().map(Spec::heads).sum::<usize>() as u64;
     let absmax = call.upload("fp8 absmax", &vec![0u8; n as usize])?;
     let scales = call.storage("fp8 scales", n)?;
-    let o_bytes = check_binding(gpu, "o", 4 * padded.q_len() as u64)?;
+    let o_bytes = gpu.within_binding("o", 4 * padded.q_len() as u64)?;
     let (o, lse) = (
         call.storage("o", o_bytes)?,
         call.storage("lse", 4 * shape.lse_len() as u64)?,
@@ -393,7 +382,7 @@ fn check_encoded(
     Fp8Layout::check_supported(shape, problem.opts)?;
     let names = ["fp8 codes", "fp8 codes", "fp8 codes", "o"];
     for (part, &(_, bytes)) in names.iter().zip(&parts.parts) {
-        check_binding(gpu, part, bytes)?;
+        gpu.within_binding(part, bytes)?;
     }
     let t = TensorBytes::of(shape, Precision::F32)?;
     let mut ranges = Range::attention(b, &t);

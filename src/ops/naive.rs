@@ -50,13 +50,7 @@ impl<'a> Problem<'a> {
             &gpu.caps(),
         )?;
         let nn = (shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k) as u64 * 4;
-        if nn > gpu.max_binding() {
-            return Err(Error::BindingTooLarge {
-                what: "naive attention's N×N scores",
-                bytes: nn,
-                max: gpu.max_binding(),
-            });
-        }
+        gpu.within_binding("naive attention's N×N scores", nn)?;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
         let widest = [
             shape.batch * shape.heads_q,

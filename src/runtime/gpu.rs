@@ -170,6 +170,15 @@ impl Gpu {
         self.settings.binding_cap.map_or(device, |c| c.min(device))
     }
 
+    /// `bytes` of `what`, or `BindingTooLarge` past [`max_binding`](Self::max_binding).
+    pub fn within_binding(&self, what: &'static str, bytes: u64) -> Result<u64> {
+        let max = self.max_binding();
+        if bytes > max {
+            return Err(Error::BindingTooLarge { what, bytes, max });
+        }
+        Ok(bytes)
+    }
+
     /// Most workgroups per dispatch dimension.
     pub fn max_groups(&self) -> u32 {
         self.limits.max_compute_workgroups_per_dimension

@@ -8,7 +8,7 @@ use super::submit::read_back_at;
 use crate::api::decode::{CacheShape, HostKvCache};
 use crate::api::size;
 use crate::api::tensor::{Precision, TensorData};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One of the caches: a range of a buffer (a clone of the handle, so the
 /// buffer lives as long as the cache).
@@ -154,15 +154,7 @@ impl KvCache {
         // A shape built field by field is checked here (CacheShape::new checks its own).
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let elements = size::elements(what, &dims)?;
-            let bytes = padded(elements as u64 * precision.bytes() as u64);
-            if bytes > gpu.max_binding() {
-                return Err(Error::BindingTooLarge {
-                    what,
-                    bytes,
-                    max: gpu.max_binding(),
-                });
-            }
-            Ok(bytes)
+            gpu.within_binding(what, padded(elements as u64 * precision.bytes() as u64))
         };
         Ok([
             of("the kv cache", shape.dims())?,
