@@ -7,36 +7,17 @@
 
 mod common;
 
-use common::{assert_accurate, block_mask, causal, output_grad, window, Case};
-use flashattn::accuracy::check_backward;
-use flashattn::cpu::{Cpu, Isa};
+use common::{block_mask, causal, check_cpu, window, Case};
+use flashattn::AttentionOptions;
 use flashattn::{Alibi, Sinks};
-use flashattn::{AttentionOptions, BackwardInputs};
-use flashattn::{BlockGrid, BlockMask, ForwardInputs};
+use flashattn::{BlockGrid, BlockMask};
 
 /// The CPU forward and backward of `case` on every instruction set, each
 /// checked against the reference; dsinks exactly when the case has sinks.
 fn run(case: &Case) {
-    let inputs = case.inputs();
-    let [q, k, v] = inputs.views();
-    let (_, g) = output_grad(case);
-    let d_o = inputs.grad(&g);
-    for &isa in Isa::available() {
-        let cpu = Cpu::with_isa(isa).unwrap();
-        let fail = |e: flashattn::Error| -> ! { panic!("{isa:?} {case:?}: {e}") };
-        let fwd = cpu
-            .forward(&ForwardInputs::new(q, k, v), &case.opts)
-            .unwrap_or_else(|e| fail(e));
-        assert_accurate(case, &inputs, &fwd);
-        let bwd_inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
-        let bwd = cpu
-            .backward(&bwd_inputs, &case.opts)
-            .unwrap_or_else(|e| fail(e));
-        for c in check_backward(&bwd, &q, &k, &v, &d_o, &case.opts).unwrap() {
-            assert!(c.passed(), "{isa:?} {case:?}\n{c}");
-        }
+    check_cpu(case, |_, _, _, bwd| {
         assert_eq!(bwd.dsinks.is_some(), case.opts.sinks.is_some());
-    }
+    });
 }
 
 #[test]

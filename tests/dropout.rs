@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::{assert_accurate, causal, output_grad, Case};
-use flashattn::accuracy::check_backward;
+use common::{causal, check_cpu, output_grad, Case};
 use flashattn::api::dropout_rule::DropoutRule;
-use flashattn::cpu::{Cpu, Isa};
+use flashattn::cpu::Cpu;
 use flashattn::philox::{philox4x32_10, KNOWN_ANSWERS};
 use flashattn::{
     dropout_mask, Alibi, AttentionOptions, AttentionShape, BackwardInputs, BlockMask, Error,
@@ -133,25 +132,8 @@ impl With for AttentionOptions {
 /// checked against the f64 reference and the baseline (both drawing the
 /// mask); the backward run twice must be bit-identical.
 fn run(case: &Case) {
-    let inputs = case.inputs();
-    let [q, k, v] = inputs.views();
-    let (_, g) = output_grad(case);
-    let d_o = inputs.grad(&g);
-    for &isa in Isa::available() {
-        let cpu = Cpu::with_isa(isa).unwrap();
-        let fail = |e: Error| -> ! { panic!("{isa:?} {case:?}: {e}") };
-        let fwd = cpu
-            .forward(&ForwardInputs::new(q, k, v), &case.opts)
-            .unwrap_or_else(|e| fail(e));
-        assert_accurate(case, &inputs, &fwd);
-        let bwd_inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
-        let bwd = cpu
-            .backward(&bwd_inputs, &case.opts)
-            .unwrap_or_else(|e| fail(e));
-        for c in check_backward(&bwd, &q, &k, &v, &d_o, &case.opts).unwrap() {
-            assert!(c.passed(), "{isa:?} {case:?}\n{c}");
-        }
-        let again = cpu.backward(&bwd_inputs, &case.opts).unwrap();
+    check_cpu(case, |isa, cpu, inputs, bwd| {
+        let again = cpu.backward(inputs, &case.opts).unwrap();
         for (a, b) in [
             (&bwd.dq, &again.dq),
             (&bwd.dk, &again.dk),
@@ -162,7 +144,7 @@ fn run(case: &Case) {
             };
             assert_eq!(bits(a), bits(b), "{isa:?} backward not deterministic");
         }
-    }
+    });
 }
 
 #[test]

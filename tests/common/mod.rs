@@ -371,3 +371,39 @@ pub fn run_gpu_backward(engine: &Engine, case: &Case) -> flashattn::BackwardOutp
     assert_eq!(out.dq.precision(), case.precision);
     out
 }
+
+/// The CPU forward and backward of `case` on every instruction set this
+/// machine runs, each checked against the f64 reference and the baseline;
+/// `more` sees each set's backend, backward inputs and gradients.
+pub fn check_cpu(
+    case: &Case,
+    mut more: impl FnMut(
+        flashattn::cpu::Isa,
+        &flashattn::cpu::Cpu,
+        &flashattn::BackwardInputs,
+        &flashattn::BackwardOutput,
+    ),
+) {
+    use flashattn::{BackwardInputs, ForwardInputs};
+    let inputs = case.inputs();
+    let [q, k, v] = inputs.views();
+    let (_, g) = output_grad(case);
+    let d_o = inputs.grad(&g);
+    for &isa in flashattn::cpu::Isa::available() {
+        let cpu = flashattn::cpu::Cpu::with_isa(isa).unwrap();
+        let fail = |e: flashattn::Error| -> ! { panic!("{isa:?} {case:?}: {e}") };
+        let fwd = cpu
+            .forward(&ForwardInputs::new(q, k, v), &case.opts)
+            .unwrap_or_else(|e| fail(e));
+        assert_accurate(case, &inputs, &fwd);
+        let bwd_inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o).unwrap();
+        let bwd = cpu
+            .backward(&bwd_inputs, &case.opts)
+            .unwrap_or_else(|e| fail(e));
+        let checks = flashattn::accuracy::check_backward(&bwd, &q, &k, &v, &d_o, &case.opts);
+        for c in checks.unwrap() {
+            assert!(c.passed(), "{isa:?} {case:?}\n{c}");
+        }
+        more(isa, &cpu, &bwd_inputs, &bwd);
+    }
+}
