@@ -12,7 +12,8 @@
 //!   spills (registers and shared memory are printed), and the
 //!   Hopper forward's for sm_90a with no spills and no wgmma serialized
 //!   (and, with `FLASHATTN_NVDISASM` naming an nvdisasm, its SASS holding
-//!   HGMMA, UTMALDG and USETMAXREG);
+//!   HGMMA, UTMALDG and USETMAXREG), and the main forwards' interior loops
+//!   within their instruction budget (docs/cuda.md);
 //! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
 //!   the CPU under cuda/emulate/ against attention in double, the GPU
 //!   checks' Hopper smoke cases among them, and a deadlocked mbarrier wait
@@ -1224,4 +1225,151 @@ extern "C" __global__ void philox_check(const unsigned int* in, unsigned int* ou
             .unwrap_or_else(|e| panic!("{arch}: {e:?}"));
         assert!(ptx.to_src().contains("philox_check"), "{arch}");
     }
+}
+
+/// One loop of a kernel's SASS: a backward branch and the instructions from
+/// its target to it.
+#[derive(Debug)]
+struct SassLoop {
+    /// Addresses of its first and last instruction (the branch).
+    span: (u64, u64),
+    /// Instructions in the body, the branch and any inner loop's included.
+    instructions: usize,
+    /// Tensor-core instructions among them (HGMMA, HMMA).
+    mma: usize,
+}
+
+/// The loops of `sass` (nvdisasm's text of one kernel): each backward
+/// branch (`BRA` to a label at or before it) closes one.
+fn sass_loops(sass: &str) -> Vec<SassLoop> {
+    let mut code: Vec<(u64, &str)> = Vec::new();
+    let mut labels = std::collections::HashMap::new();
+    let mut pending: Vec<&str> = Vec::new();
+    for line in sass.lines() {
+        let t = line.trim();
+        if let Some(label) = t.strip_suffix(':').filter(|l| l.starts_with(".L")) {
+            pending.push(label);
+            continue;
+        }
+        // "/*0c30*/   @!P0 BRA `(.L_x_12) ;"
+        let Some((addr, text)) = t.strip_prefix("/*").and_then(|r| r.split_once("*/")) else {
+            continue;
+        };
+        let (Ok(addr), text) = (u64::from_str_radix(addr.trim(), 16), text.trim()) else {
+            continue;
+        };
+        for l in pending.drain(..) {
+            labels.insert(l, addr);
+        }
+        code.push((addr, text));
+    }
+    code.iter()
+        .filter(|(_, text)| text.contains("BRA "))
+        .filter_map(|&(addr, text)| {
+            let target = text.split("`(").nth(1)?.split(')').next()?;
+            let to = *labels.get(target)?;
+            (to <= addr).then_some((to, addr))
+        })
+        .map(|span| {
+            let body = code.iter().filter(|(a, _)| (span.0..=span.1).contains(a));
+            SassLoop {
+                span,
+                instructions: body.clone().count(),
+                mma: body
+                    .filter(|(_, t)| t.contains("HGMMA") || t.contains("HMMA"))
+                    .count(),
+            }
+        })
+        .collect()
+}
+
+/// The interior loop of an attention kernel: the innermost loop holding
+/// one trip's tensor-core instructions, `per_trip` (a loop with more holds
+/// peeled or unrolled trips, or encloses the interior one).
+fn interior_loop(loops: &[SassLoop], per_trip: usize) -> Option<&SassLoop> {
+    let inside = |a: &SassLoop, b: &SassLoop| {
+        a.span != b.span && b.span.0 <= a.span.0 && a.span.1 <= b.span.1
+    };
+    let trips: Vec<&SassLoop> = loops.iter().filter(|l| l.mma == per_trip).collect();
+    trips
+        .iter()
+        .copied()
+        .find(|l| !trips.iter().any(|i| inside(i, l)))
+}
+
+/// The instruction budget of the main forwards (bf16, d 128, no mask): the
+/// interior loop's instructions (its SASS, static, inner loops included)
+/// per score element a thread computes in one trip (a warp's 16 rows ×
+/// the tile's keys over its 32 lanes). FA3 spends about 5–6; these kernels
+/// are held below their present counts plus a little (measured: the Hopper
+/// forward 29.4, the sm80 forward 137.8), so that a change that costs
+/// instructions in the loop fails here, and the ceilings come down as the
+/// loops get leaner.
+#[test]
+fn the_main_forwards_stay_within_their_instruction_budget() {
+    if !nvrtc_or_waive() {
+        return;
+    }
+    let (Some(ptxas), Some(nvdisasm)) = (
+        std::env::var_os("FLASHATTN_PTXAS"),
+        std::env::var_os("FLASHATTN_NVDISASM"),
+    ) else {
+        waive(
+            TOOLS_REQUIRED,
+            "no ptxas or nvdisasm: FLASHATTN_PTXAS and FLASHATTN_NVDISASM name them",
+        );
+        return;
+    };
+    let mut over = Vec::new();
+    for (family, arch, sm, ceiling) in [
+        (Family::ForwardWgmma, "compute_90a", "sm_90a", 31.0),
+        (Family::ForwardMma, "compute_80", "sm_80", 145.0),
+    ] {
+        let key = KernelKey::new(family, Precision::Bf16, 128, false, false);
+        let ptx = compile_ptx_with(&key, arch, options_bounded(&key, arch, None)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (src, cubin) = (dir.path().join("k.ptx"), dir.path().join("k.cubin"));
+        std::fs::write(&src, ptx.to_src()).unwrap();
+        let assembled = Command::new(&ptxas)
+            .arg(format!("--gpu-name={sm}"))
+            .arg(&src)
+            .arg("-o")
+            .arg(&cubin)
+            .status()
+            .unwrap();
+        assert!(assembled.success(), "ptxas failed on {}", key.label());
+        let out = Command::new(&nvdisasm)
+            .arg("-c")
+            .arg(&cubin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nvdisasm failed on {}", key.label());
+        let loops = sass_loops(&String::from_utf8_lossy(&out.stdout));
+        // One trip's products: S (a warp's 16 rows × the tile's keys, k 16
+        // at a time) and P·V, in m64nNk16 (wgmma) or m16n8k16 (mma) steps.
+        let (d, keys) = (key.head_dim, key.tiles().keys);
+        let per_trip = match family {
+            Family::ForwardWgmma => d / 16 + keys / 16,
+            _ => keys / 8 * (d / 16) + d / 8 * (keys / 16),
+        };
+        let interior = interior_loop(&loops, per_trip).unwrap_or_else(|| {
+            panic!(
+                "{}: no loop holds one trip's {per_trip} tensor-core instructions",
+                key.label()
+            )
+        });
+        let elements = 16 * keys / 32;
+        let per_element = interior.instructions as f64 / elements as f64;
+        eprintln!(
+            "{} {sm}: interior loop {} instructions ({} tensor-core), {elements} score elements \
+             per thread and trip: {per_element:.1} per element (ceiling {ceiling})",
+            key.label(),
+            interior.instructions,
+            interior.mma
+        );
+        if per_element > ceiling {
+            over.push(format!("{}: {per_element:.1} > {ceiling}", key.label()));
+        }
+    }
+    assert!(over.is_empty(), "past the instruction budget: {over:?}");
 }
