@@ -227,6 +227,7 @@ impl Ctx<'_> {
         rows.map(|i| ScoreRow {
             i,
             keys: pair.keys(i),
+            slope: None,
         })
         .collect()
     }

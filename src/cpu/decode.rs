@@ -7,12 +7,11 @@
 //! the forward's inner loop ([`Stream`]: the same online softmax, scores
 //! by [`row_dots`](super::micro::row_dots) against the rows as they are)
 //! for the packed rows of its query group. The merge combines the splits
-//! by their LSE, then adds the sinks. With ALiBi, whose slope is a query
-//! head's own, each query head is a stream of its own over the same
-//! widened block.
+//! by their LSE, then adds the sinks. With ALiBi each packed row carries
+//! its own query head's slope.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
-use crate::api::options::AttentionOptions;
+use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::CallStats;
 use crate::api::tensor::{HostData, TensorData, TensorView};
 use crate::error::{Error, Result};
@@ -68,7 +67,6 @@ pub(crate) fn decode(
         opts,
         splits,
         g: Geometry::new([p.head_dim, p.head_dim_v], bc),
-        unit_heads: if opts.alibi.is_some() { 1 } else { p.group() },
     };
     let tasks: Vec<(usize, usize)> = (0..p.batch)
         .flat_map(|b| (0..splits.num_splits).map(move |s| (b, s)))
@@ -149,65 +147,63 @@ struct Work<'a> {
     opts: &'a AttentionOptions,
     splits: Splits,
     g: Geometry,
-    /// Query heads per stream (a unit): the kv head's whole group, or one
-    /// with ALiBi.
-    unit_heads: usize,
 }
 
 impl Work<'_> {
-    /// Streams per sequence.
-    fn units(&self) -> usize {
-        self.p.heads_q / self.unit_heads
+    /// Packed rows of a kv head: its group's query heads × the tokens.
+    fn group_rows(&self) -> usize {
+        self.p.group() * self.p.seqlen_q
     }
 
-    /// Packed rows per unit.
-    fn unit_rows(&self) -> usize {
-        self.unit_heads * self.p.seqlen_q
+    /// Packed row `r` of kv head `hk`: token `r / group`, query head `hk · group + r % group`.
+    fn row(&self, hk: usize, r: usize) -> (usize, usize) {
+        let g = self.p.group();
+        (r / g, hk * g + r % g)
     }
 
-    /// The kv head unit `u` reads.
-    fn kv_head(&self, u: usize) -> usize {
-        u * self.unit_heads / self.p.group()
-    }
-
-    /// Packed row `r` of unit `u`: token `r / n`, query head `u · n + r % n`
-    /// (`n` query heads per unit).
-    fn row(&self, u: usize, r: usize) -> (usize, usize) {
-        let n = self.unit_heads;
-        (r / n, u * n + r % n)
-    }
-
-    /// The unit's packed q rows of sequence `b`, `(rows, dpad)`.
-    fn packed_q(&self, b: usize, u: usize) -> Vec<f32> {
+    /// The group's packed q rows of sequence `b`, kv head `hk`, `(rows, dpad)`.
+    fn packed_q(&self, b: usize, hk: usize) -> Vec<f32> {
         let p = self.p;
-        let (d, dpad, rows) = (p.head_dim, self.g.dpad, self.unit_rows());
+        let (d, dpad, rows) = (p.head_dim, self.g.dpad, self.group_rows());
         let mut q = vec![0f32; rows * dpad];
         for (r, out) in q.chunks_exact_mut(dpad).enumerate() {
-            let (i, h) = self.row(u, r);
+            let (i, h) = self.row(hk, r);
             out[..d].copy_from_slice(&self.q[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]);
         }
         q
     }
 
-    /// Unit `u`'s score rule in sequence `b` (band offset `offset`): the
-    /// call's, with its query head's slope under ALiBi.
-    fn rule(&self, b: usize, u: usize, offset: i64) -> ScoreRule<'static> {
-        let slope = |a: &crate::api::scores::Alibi| {
-            let (_, h) = self.row(u, 0);
-            (a.slope(b, h, self.p.heads_q), offset)
-        };
+    /// The packed rows of sequence `b`, kv head `hk`, seeing `keys` of the
+    /// split under `mask`: each with its query head's ALiBi slope.
+    fn rows(&self, b: usize, hk: usize, mask: &Mask, split: &Range<usize>) -> Vec<ScoreRow> {
+        let heads_q = self.p.heads_q;
+        (0..self.group_rows())
+            .map(|r| {
+                let (i, h) = self.row(hk, r);
+                ScoreRow {
+                    i,
+                    keys: clip(mask.key_range(i), split),
+                    slope: self.opts.alibi.as_ref().map(|a| a.slope(b, h, heads_q)),
+                }
+            })
+            .collect()
+    }
+
+    /// The score rule of sequence `b` (band offset `offset`): the call's,
+    /// with ALiBi's offset (each row brings its slope).
+    fn rule(&self, offset: i64) -> ScoreRule<'static> {
         ScoreRule {
-            alibi: self.opts.alibi.as_ref().map(slope),
+            alibi: self.opts.alibi.as_ref().map(|_| (0.0, offset)),
             ..self.rule
         }
     }
 
     /// Combine the splits of every row by their LSE (then add the sinks),
-    /// into o's and lse's layouts. `per_task[b · splits + s][u]` is split
-    /// `s`'s partial of unit `u`.
+    /// into o's and lse's layouts. `per_task[b · splits + s][hk]` is split
+    /// `s`'s partial of kv head `hk`.
     fn merge(&self, per_task: Vec<Vec<Partial>>) -> (Vec<f32>, Vec<f32>) {
         let p = self.p;
-        let (dv, n, units) = (p.head_dim_v, self.splits.num_splits, self.units());
+        let (dv, n, units) = (p.head_dim_v, self.splits.num_splits, p.heads_kv);
         let sinks = self.opts.sinks.as_ref().map(|s| s.logits());
         let mut o = vec![0f32; p.o_len()];
         let mut lse = vec![f32::NEG_INFINITY; p.lse_len()];
@@ -220,7 +216,7 @@ impl Work<'_> {
         }
         for (bu, chunk) in by_unit.iter().enumerate() {
             let (b, u) = (bu / units, bu % units);
-            for r in 0..self.unit_rows() {
+            for r in 0..self.group_rows() {
                 let (i, h) = self.row(u, r);
                 let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * dv..][..dv];
                 let mut l = merge_row(chunk, r, self.g.dvpad, out);
@@ -249,29 +245,25 @@ impl Task for SplitTask<'_, '_> {
         let mask = p.mask(b, w.opts);
         let split = s * w.splits.keys_per_split;
         let split = split..(split + w.splits.keys_per_split).min(p.seqlen_k(b));
-        // The mask depends on the token only: every unit's rows are alike.
-        let rows: Vec<ScoreRow> = (0..w.unit_rows())
-            .map(|r| {
-                let (i, _) = w.row(0, r);
-                let keys = clip(mask.key_range(i), &split);
-                ScoreRow { i, keys }
-            })
+        let heads = 0..p.heads_kv;
+        let rows: Vec<Vec<ScoreRow>> = heads
+            .clone()
+            .map(|hk| w.rows(b, hk, &mask, &split))
             .collect();
-        let units = 0..w.units();
-        let qs: Vec<Vec<f32>> = units.clone().map(|u| w.packed_q(b, u)).collect();
-        let rules: Vec<ScoreRule> = units.map(|u| w.rule(b, u, mask.offset)).collect();
+        let qs: Vec<Vec<f32>> = heads.map(|hk| w.packed_q(b, hk)).collect();
+        let rule = w.rule(mask.offset);
         let queries: Vec<Query> = qs
             .iter()
-            .map(|q| Query {
+            .zip(&rows)
+            .map(|(q, rows)| Query {
                 q: Mat::rows(q, g.dpad),
-                rows: &rows,
+                rows,
             })
             .collect();
         let round_p = rounding_of(p.precision);
         let mut streams: Vec<Stream> = queries
             .iter()
-            .zip(&rules)
-            .map(|(q, rule)| Stream::new(g, rule, q, round_p))
+            .map(|q| Stream::new(g, &rule, q, round_p))
             .collect();
         let mut block = Block::new(g, p.heads_kv);
         for kb in streams[0].key_blocks() {
@@ -279,8 +271,8 @@ impl Task for SplitTask<'_, '_> {
                 continue;
             };
             block.widen::<K>(w, b, kb, &reach.keys);
-            for (u, stream) in streams.iter_mut().enumerate() {
-                let head = w.kv_head(u) * g.bc;
+            for (hk, stream) in streams.iter_mut().enumerate() {
+                let head = hk * g.bc;
                 let blk = KeyBlock {
                     k: Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
                     v: &block.v()[head * g.dvpad..],

@@ -184,6 +184,7 @@ impl Task for BlockTask<'_, '_> {
             .map(|i| ScoreRow {
                 i,
                 keys: clip(pair.keys(i), &keys),
+                slope: None,
             })
             .collect();
         let ql = Layout::q(s);

@@ -33,6 +33,9 @@ pub(crate) struct ScoreRule<'a> {
 pub(crate) struct ScoreRow {
     pub i: usize,
     pub keys: Range<usize>,
+    /// ALiBi's slope where the row has its own (decoding packs a GQA
+    /// group's query heads into one stream); `None`: the rule's.
+    pub slope: Option<f32>,
 }
 
 /// What a block of rows sees of a block of keys.
@@ -155,6 +158,7 @@ impl<'a> ScoreRule<'a> {
             vmath::scale(s, self.scale);
         }
         if let Some((slope, off)) = self.alibi {
+            let slope = row.slope.unwrap_or(slope);
             // One f32 product per pair, as the kernels and the reference round it.
             let at = row.i as i64 + off - keys.start as i64;
             for (c, x) in s.iter_mut().enumerate() {
