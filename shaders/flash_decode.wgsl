@@ -70,6 +70,11 @@ fn main(
         hi = min(hi, last + params.window_right + 1);
     }
 
+    // Each row's ALiBi slope, read once (0 without ALiBi).
+    var slopes = array<f32, RB>();
+    for (var r = 0u; r < RB; r++) {
+        slopes[r] = alibi_slope_at(b, hk * g + (p0 + r) % g);
+    }
     // Row tid's running max and sum (tid < RB).
     let start = decode_start(split, hk * g + (p0 + tid) % g);
     var m_run = start.x;
@@ -96,7 +101,7 @@ fn main(
         for (var r = 0u; r < RB; r++) {
             let row_abs = i32((p0 + r) / g) + offset;
             let ok = j < hi && r < rows_here && (!IS_MASKED || band_allows(0, row_abs, j));
-            let bias = alibi_bias(alibi_slope_at(b, hk * g + (p0 + r) % g), 0, row_abs, j);
+            let bias = alibi_bias(slopes[r], 0, row_abs, j);
             p_tile[r * WG + tid] = select(NEG_BIG, cap_score(s[r]) - bias, ok);
         }
         workgroupBarrier();

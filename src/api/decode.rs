@@ -54,53 +54,51 @@ impl CacheShape {
     /// element count within this target's limit: [`Error::SizeOverflow`]).
     /// V has K's head dim.
     pub fn new(layout: CacheLayout, heads_kv: usize, head_dim: usize) -> Result<Self> {
-        let s = Self {
+        Self {
             layout,
             heads_kv,
             head_dim,
             head_dim_v: head_dim,
-        };
-        let [outer, inner, _, _] = s.dims();
-        let names = match layout {
+        }
+        .checked()
+    }
+
+    /// This shape with V's rows `head_dim_v` wide (as MLA-style models
+    /// use: o then has that head dim too), checked as [`new`](Self::new) checks.
+    pub fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
+        Self { head_dim_v, ..self }.checked()
+    }
+
+    /// Every size ≥ 1, the head dims within the maximum, K's and V's element
+    /// counts within this target's limit.
+    fn checked(self) -> Result<Self> {
+        let [outer, inner, _, _] = self.dims();
+        let names = match self.layout {
             CacheLayout::Dense { .. } => ["cache batch", "cache capacity"],
             CacheLayout::Paged { .. } => ["pages", "page_size"],
         };
         let fields = [
             (names[0], outer),
             (names[1], inner),
-            ("heads_kv", heads_kv),
-            ("head_dim", head_dim),
+            ("heads_kv", self.heads_kv),
+            ("head_dim", self.head_dim),
+            ("head_dim_v", self.head_dim_v),
         ];
         if let Some((dim, _)) = fields.into_iter().find(|(_, v)| *v == 0) {
             return Err(Error::EmptyDim { dim });
         }
-        if head_dim > MAX_HEAD_DIM {
-            return Err(Error::HeadDimTooLarge {
-                tensor: "the cache",
-                head_dim,
-                max: MAX_HEAD_DIM,
-            });
+        for (tensor, head_dim) in [("the cache", self.head_dim), ("the v cache", self.head_dim_v)] {
+            if head_dim > MAX_HEAD_DIM {
+                return Err(Error::HeadDimTooLarge {
+                    tensor,
+                    head_dim,
+                    max: MAX_HEAD_DIM,
+                });
+            }
         }
-        size::elements("the kv cache", &s.dims())?;
-        Ok(s)
-    }
-
-    /// This shape with V's rows `head_dim_v` wide (as MLA-style models
-    /// use: o then has that head dim too).
-    pub fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
-        if head_dim_v == 0 {
-            return Err(Error::EmptyDim { dim: "head_dim_v" });
-        }
-        if head_dim_v > MAX_HEAD_DIM {
-            return Err(Error::HeadDimTooLarge {
-                tensor: "the v cache",
-                head_dim: head_dim_v,
-                max: MAX_HEAD_DIM,
-            });
-        }
-        let s = Self { head_dim_v, ..self };
-        size::elements("the v cache", &s.v_dims())?;
-        Ok(s)
+        size::elements("the kv cache", &self.dims())?;
+        size::elements("the v cache", &self.v_dims())?;
+        Ok(self)
     }
 
     /// The shape of a cache tensor, read as paged or dense.

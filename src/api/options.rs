@@ -190,13 +190,7 @@ impl AttentionOptions {
 
     /// For paths without dropout kernels: `Unsupported` when dropout is on.
     pub fn no_dropout(&self, what: &'static str) -> Result<()> {
-        match self.dropout.is_active() {
-            true => Err(Error::Unsupported {
-                what,
-                feature: "dropout",
-            }),
-            false => Ok(()),
-        }
+        refuse(what, [(self.dropout.is_active(), "dropout")])
     }
 
     /// Reject non-finite scales and softcaps, and dropout outside `[0, 1)`
@@ -230,12 +224,7 @@ impl AttentionOptions {
             }
             None => (shape.batch, (shape.seqlen_q, shape.seqlen_k)),
         };
-        if let Some(a) = &self.alibi {
-            a.validate_for(batch, shape.heads_q)?;
-        }
-        if let Some(s) = &self.sinks {
-            s.validate_for(shape.heads_q)?;
-        }
+        self.validate_score_terms(batch, shape.heads_q)?;
         if let Some(m) = &self.block_mask {
             m.validate_for(batch, shape.heads_q, seqlens)?;
         }
@@ -252,17 +241,26 @@ impl AttentionOptions {
             // A sink joins every shard's softmax (a merge would count it
             // once per shard); block masks and packed batches index the
             // shard, not the sequence.
-            let unsupported = [
-                (self.varlen.is_some(), "packed (varlen) batches"),
-                (self.sinks.is_some(), "attention sinks"),
-                (self.block_mask.is_some(), "block-sparse masks"),
-            ];
-            if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
-                return Err(Error::Unsupported {
-                    what: "shard positions",
-                    feature,
-                });
-            }
+            refuse(
+                "shard positions",
+                [
+                    (self.varlen.is_some(), "packed (varlen) batches"),
+                    (self.sinks.is_some(), "attention sinks"),
+                    (self.block_mask.is_some(), "block-sparse masks"),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// ALiBi's slopes and the sinks against `batch` sequences of `heads_q`
+    /// query heads.
+    fn validate_score_terms(&self, batch: usize, heads_q: usize) -> Result<()> {
+        if let Some(a) = &self.alibi {
+            a.validate_for(batch, heads_q)?;
+        }
+        if let Some(s) = &self.sinks {
+            s.validate_for(heads_q)?;
         }
         Ok(())
     }
@@ -275,53 +273,37 @@ impl AttentionOptions {
     pub fn for_decoding(&self, batch: usize, heads_q: usize) -> Result<()> {
         self.validate()?;
         self.whole_sequences("decoding")?;
-        let unsupported = [
-            (self.varlen.is_some(), "packed (varlen) batches"),
-            (self.block_mask.is_some(), "block-sparse masks"),
-            (self.dropout.is_active(), "dropout"),
-        ];
-        if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
-            return Err(Error::Unsupported {
-                what: "decoding",
-                feature,
-            });
-        }
-        if let Some(a) = &self.alibi {
-            a.validate_for(batch, heads_q)?;
-        }
-        if let Some(s) = &self.sinks {
-            s.validate_for(heads_q)?;
-        }
-        Ok(())
+        refuse(
+            "decoding",
+            [
+                (self.varlen.is_some(), "packed (varlen) batches"),
+                (self.block_mask.is_some(), "block-sparse masks"),
+                (self.dropout.is_active(), "dropout"),
+            ],
+        )?;
+        self.validate_score_terms(batch, heads_q)
     }
 
     /// For calls on whole sequences only (decoding): `Unsupported` with
     /// shard positions.
     pub fn whole_sequences(&self, what: &'static str) -> Result<()> {
-        match self.positions {
-            Some(_) => Err(Error::Unsupported {
-                what,
-                feature: "shard positions",
-            }),
-            None => Ok(()),
-        }
+        refuse(what, [(self.positions.is_some(), "shard positions")])
     }
 
     /// For paths that take the band and score options only (the naive
-    /// baseline, the FP8 forward, decoding): `Unsupported` naming the first
-    /// layout given, or dropout.
+    /// baseline, the FP8 forward): `Unsupported` naming the first layout
+    /// given, or dropout.
     pub fn band_only(&self, what: &'static str) -> Result<()> {
-        let unsupported = [
-            (self.dropout.is_active(), "dropout"),
-            (self.varlen.is_some(), "packed (varlen) batches"),
-            (self.alibi.is_some(), "ALiBi"),
-            (self.sinks.is_some(), "attention sinks"),
-            (self.block_mask.is_some(), "block-sparse masks"),
-        ];
-        match unsupported.into_iter().find(|(on, _)| *on) {
-            Some((_, feature)) => Err(Error::Unsupported { what, feature }),
-            None => Ok(()),
-        }
+        refuse(
+            what,
+            [
+                (self.dropout.is_active(), "dropout"),
+                (self.varlen.is_some(), "packed (varlen) batches"),
+                (self.alibi.is_some(), "ALiBi"),
+                (self.sinks.is_some(), "attention sinks"),
+                (self.block_mask.is_some(), "block-sparse masks"),
+            ],
+        )
     }
 
     /// Sequences in the batch: the packed ones, or the batch entries.
@@ -385,6 +367,14 @@ impl Fp8Options {
         Self {
             hadamard: Some(seed),
         }
+    }
+}
+
+/// `Unsupported { what, feature }` for the first feature given, in order.
+fn refuse<const N: usize>(what: &'static str, features: [(bool, &'static str); N]) -> Result<()> {
+    match features.into_iter().find(|(on, _)| *on) {
+        Some((_, feature)) => Err(Error::Unsupported { what, feature }),
+        None => Ok(()),
     }
 }
 

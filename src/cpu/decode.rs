@@ -189,8 +189,8 @@ impl Work<'_> {
             .collect()
     }
 
-    /// The score rule of sequence `b` (band offset `offset`): the call's,
-    /// with ALiBi's offset (each row brings its slope).
+    /// The score rule of a sequence whose band offset is `offset`: the
+    /// call's, with ALiBi's offset (each row brings its own slope).
     fn rule(&self, offset: i64) -> ScoreRule<'static> {
         ScoreRule {
             alibi: self.opts.alibi.as_ref().map(|_| (0.0, offset)),
@@ -203,21 +203,22 @@ impl Work<'_> {
     /// `s`'s partial of kv head `hk`.
     fn merge(&self, per_task: Vec<Vec<Partial>>) -> (Vec<f32>, Vec<f32>) {
         let p = self.p;
-        let (dv, n, units) = (p.head_dim_v, self.splits.num_splits, p.heads_kv);
+        let (dv, n) = (p.head_dim_v, self.splits.num_splits);
         let sinks = self.opts.sinks.as_ref().map(|s| s.logits());
         let mut o = vec![0f32; p.o_len()];
         let mut lse = vec![f32::NEG_INFINITY; p.lse_len()];
-        // Regrouped by (b, u), its splits side by side for merge_row.
-        let mut by_unit: Vec<Vec<Partial>> = (0..p.batch * units).map(|_| Vec::new()).collect();
-        for (task, parts) in per_task.into_iter().enumerate() {
-            for (u, part) in parts.into_iter().enumerate() {
-                by_unit[task / n * units + u].push(part);
+        // Regrouped by (b, hk), its splits side by side for merge_row.
+        let mut by_head: Vec<Vec<Partial>> =
+            (0..p.batch * p.heads_kv).map(|_| Vec::new()).collect();
+        for (task, heads) in per_task.into_iter().enumerate() {
+            for (hk, part) in heads.into_iter().enumerate() {
+                by_head[task / n * p.heads_kv + hk].push(part);
             }
         }
-        for (bu, chunk) in by_unit.iter().enumerate() {
-            let (b, u) = (bu / units, bu % units);
+        for (bh, chunk) in by_head.iter().enumerate() {
+            let (b, hk) = (bh / p.heads_kv, bh % p.heads_kv);
             for r in 0..self.group_rows() {
-                let (i, h) = self.row(u, r);
+                let (i, h) = self.row(hk, r);
                 let out = &mut o[((b * p.seqlen_q + i) * p.heads_q + h) * dv..][..dv];
                 let mut l = merge_row(chunk, r, self.g.dvpad, out);
                 if let Some(sinks) = sinks {

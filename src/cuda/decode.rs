@@ -32,13 +32,6 @@ pub(crate) fn decode(
     opts.validate()?;
     let p = DecodeProblem::new(step, &cache.shape, cache.precision())?;
     opts.for_decoding(p.batch, p.heads_q)?;
-    if p.head_dim_v != p.head_dim {
-        // As the forward: the kernels hold one head dim for q, k and v.
-        return Err(Error::Unsupported {
-            what: super::problem::WHAT,
-            feature: "a v head dim other than q's and k's",
-        });
-    }
     let total_q = p.batch * p.seqlen_q;
     let total_k = p.total_keys();
     let i32_of = |what, n: usize| {
@@ -56,18 +49,16 @@ pub(crate) fn decode(
         cu_k.push(i32_of("decoding keys", last + p.seqlen_k(b))?);
     }
     let packed = opts.clone().varlen(Varlen::new(&cu_q, &cu_k)?);
-    // Everything the kernels check, before the cache changes (with no key
-    // at all, on a stand-in of one key per sequence: nothing runs then).
+    // Everything the kernels check (v's own head dim among it), before the
+    // cache changes (with no key at all, on a stand-in of one key per
+    // sequence: nothing runs then).
     let (heads, d) = (p.heads_q, p.head_dim);
+    let shape = |batch, sq, sk| {
+        AttentionShape::new(batch, sq, sk, heads, p.heads_kv, d)?.with_head_dim_v(p.head_dim_v)
+    };
     match total_k {
-        0 => {
-            let shape = AttentionShape::new(p.batch, p.seqlen_q, 1, heads, p.heads_kv, d)?;
-            Call::new(&Problem::new(shape, p.precision, opts)?)?
-        }
-        _ => {
-            let shape = AttentionShape::new(1, total_q, total_k, heads, p.heads_kv, d)?;
-            Call::new(&Problem::new(shape, p.precision, &packed)?)?
-        }
+        0 => Call::new(&Problem::new(shape(p.batch, p.seqlen_q, 1)?, p.precision, opts)?)?,
+        _ => Call::new(&Problem::new(shape(1, total_q, total_k)?, p.precision, &packed)?)?,
     };
     if let Some([k_new, v_new]) = &step.new_kv {
         crate::cpu::append_to_cache(&mut cache.k, k_new, &p, p.cache.row_len())?;

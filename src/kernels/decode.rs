@@ -216,7 +216,8 @@ impl FlashDecode {
     /// Loop iterations per invocation as a function of the keys of its
     /// split: per block of WG keys, the block loop, the score loop over d
     /// (rows unrolled), the two softmax loops over the block (invocations
-    /// < RB) and the P·V loop over its keys; once, loading q and storing.
+    /// < RB) and the P·V loop over its keys; once, loading q, reading the
+    /// rows' slopes and storing.
     pub fn loop_cost(&self) -> LoopCost {
         let t = &self.tiles;
         if t.kernel == KernelFamily::Lanes {
@@ -237,13 +238,14 @@ impl FlashDecode {
         let pv_cols = constant(acc, 12 * rb + 8, 0);
         let pv = counted(wg as u64, pv_cols, (pv_cols > 0) as u64);
         let load_q = counted((rb * d).div_ceil(wg) as u64, 0, 0);
+        let slopes = counted(rb as u64, 0, 0);
         let store_cols = constant(acc, 12, 0);
         let store = counted(rb as u64, store_cols, (store_cols > 0) as u64);
         LoopCost {
             dim: LoopDim::Keys,
             step: wg,
             per_step: 1 + score + softmax + rescale + pv,
-            fixed: load_q + 1 + store + GUARD,
+            fixed: load_q + slopes + 1 + store + GUARD,
         }
     }
 }

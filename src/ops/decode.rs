@@ -188,9 +188,12 @@ pub struct Step<'a> {
     gpu: &'a Gpu,
     cache: &'a KvCache,
     p: &'a DecodeProblem,
-    opts: &'a AttentionOptions,
     req: DecodeRequest,
     variant: Variant,
+    /// The attention parameters, pointed at the side tables.
+    params: Params,
+    /// The side buffer's words: ALiBi's slopes and the sinks (none without).
+    side: Vec<u32>,
 }
 
 /// The ranges one step's kernels bind: q, o and lse always; the new rows
@@ -280,13 +283,21 @@ impl<'a> Step<'a> {
         kernel: Option<KernelFamily>,
     ) -> Result<Self> {
         opts.for_decoding(p.batch, p.heads_q)?;
+        let mut params = Params::decode(p, opts)?;
+        let tables = SideTables {
+            alibi: opts.alibi.as_ref(),
+            sinks: opts.sinks.as_ref(),
+            ..SideTables::default()
+        };
+        let side = tables.build(&mut params, p.heads_q)?;
         Ok(Self {
             gpu,
             cache,
             p,
-            opts,
             req: request(p, num_splits, kernel),
             variant: step_variant(gpu, p, opts),
+            params,
+            side,
         })
     }
 
@@ -312,8 +323,7 @@ impl<'a> Step<'a> {
         // The index in a buffer of its own (not the pool's, which a later
         // call could take and overwrite before the app submits this one).
         let index = gpu.buffer_with(&index_words(p)?);
-        let side = self.side_words()?;
-        let side = (!side.is_empty()).then(|| gpu.buffer_with(&side));
+        let side = (!self.side.is_empty()).then(|| gpu.buffer_with(&self.side));
         let own;
         let parts = if scratch_bytes > 0 {
             let scratch = match &b.scratch {
@@ -472,12 +482,12 @@ impl<'a> Step<'a> {
         } else {
             None
         };
-        let side = self.side_words()?;
+        let side = &self.side;
         Ok(StepBuffers {
             q: call.upload("q", step.q.data.as_bytes())?,
             index: call.upload("index", bytemuck::cast_slice(&index_words(p)?))?,
             side: (!side.is_empty())
-                .then(|| call.upload("side tables", bytemuck::cast_slice(&side)))
+                .then(|| call.upload("side tables", bytemuck::cast_slice(side)))
                 .transpose()?,
             o: call.storage("o", o_len * p.precision.bytes() as u64)?,
             lse: call.storage("lse", lse_len * 4)?,
@@ -488,27 +498,9 @@ impl<'a> Step<'a> {
 
     fn uniforms(&self, plan: &DecodePlan) -> Result<Uniforms> {
         Ok(Uniforms {
-            params: self.params()?.0,
+            params: self.params,
             decode: decode_params(self.p, plan)?,
         })
-    }
-
-    /// The attention parameters, pointed at the side tables (ALiBi's
-    /// slopes, the sinks), and those tables' words.
-    fn params(&self) -> Result<(Params, Vec<u32>)> {
-        let mut params = Params::decode(self.p, self.opts)?;
-        let tables = SideTables {
-            alibi: self.opts.alibi.as_ref(),
-            sinks: self.opts.sinks.as_ref(),
-            ..SideTables::default()
-        };
-        let words = tables.build(&mut params, self.p.heads_q)?;
-        Ok((params, words))
-    }
-
-    /// The side buffer's words (none without slopes or sinks).
-    fn side_words(&self) -> Result<Vec<u32>> {
-        Ok(self.params()?.1)
     }
 
     /// The step's dispatches on `r` — the append where it has new rows,

@@ -164,8 +164,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
 /// `--dropout`, `--seed` and `--dropout-offset` on `opts`, checked before
 /// any file is read (a backend without dropout kernels refuses when it
 /// opens or runs, before any output is written).
-fn dropout(a: &AttentionArgs, opts: AttentionOptions) -> Result<AttentionOptions> {
-    let mut opts = opts;
+fn dropout(a: &AttentionArgs, mut opts: AttentionOptions) -> Result<AttentionOptions> {
     if let Some(p) = a.dropout {
         opts = opts.dropout(p);
     }
