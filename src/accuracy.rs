@@ -14,7 +14,7 @@ use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
-use crate::api::tensor::{Precision, Tensor, TensorView};
+use crate::api::tensor::{Precision, Tensor, TensorData, TensorView};
 use crate::error::Result;
 use crate::quant::Fp8Layout;
 use crate::reference::{self, ReferenceOutput};
@@ -176,6 +176,41 @@ pub fn check_decode(
     opts: &AttentionOptions,
 ) -> Result<[Check; 2]> {
     let [reference, baseline] = reference::decode(cache, step, opts)?;
+    Ok(check_o_lse(&out.o, &out.lse, reference, baseline, opts))
+}
+
+/// Check a step on a quantized cache against the f64 reference computed on
+/// `values`, the cache's values after the step's append (f32: a quantized
+/// cache's [`dequantized`](crate::QuantKvCache::dequantized)), the step's
+/// new rows already in it. The naive baseline takes those values rounded to
+/// the step's precision, as a cache of that precision would hold them.
+pub fn check_decode_on_values(
+    out: &DecodeOutput,
+    values: &HostKvCache,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+) -> Result<[Check; 2]> {
+    let precision = step.q.precision();
+    let seqlen_new = step.new_kv.map_or(0, |[k, _]| k.shape[1]);
+    let lens: Vec<i32> = step
+        .cache_seqlens
+        .iter()
+        .map(|&l| l + seqlen_new as i32)
+        .collect();
+    let attend = |q: &TensorView<'_>, cache: &HostKvCache| {
+        let mut s = DecodeStep::new(*q, &lens);
+        s.cache_batch_idx = step.cache_batch_idx;
+        s.block_table = step.block_table;
+        reference::decode(cache, &s, opts)
+    };
+    let q32 = TensorData::F32(step.q.data.to_f32());
+    let [reference, _] = attend(&q32.view(step.q.shape), values)?;
+    let rounded = HostKvCache {
+        shape: values.shape,
+        k: TensorData::from_f32(values.k.to_f32(), precision),
+        v: TensorData::from_f32(values.v.to_f32(), precision),
+    };
+    let [_, baseline] = attend(&step.q, &rounded)?;
     Ok(check_o_lse(&out.o, &out.lse, reference, baseline, opts))
 }
 

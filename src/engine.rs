@@ -6,6 +6,7 @@
 use crate::api::decode::{
     CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
 };
+use crate::api::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};
@@ -14,7 +15,7 @@ use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::attend::{AttentionBackend, Capabilities};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
@@ -1335,6 +1336,7 @@ impl AttentionBackend for Engine {
             decode: true,
             fp8: true,
             dropout: false,
+            quantized_cache: false,
             plan_overrides: true,
         }
     }
@@ -1375,5 +1377,18 @@ impl AttentionBackend for Engine {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         self.decode_host(cache, step, opts, num_splits)
+    }
+
+    fn decode_quantized(
+        &self,
+        _: &mut QuantKvCache,
+        _: &DecodeStep,
+        _: &AttentionOptions,
+        _: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Err(Error::Unsupported {
+            what: "the wgpu kernels",
+            feature: "quantized KV caches",
+        })
     }
 }

@@ -130,13 +130,24 @@ pub enum Error {
         /// The scale given.
         scale: f32,
     },
-    /// FP8 quantization needs finite inputs (a NaN or ±inf has no scale).
-    #[error("{tensor}[{index}] is not finite; FP8 quantization needs finite inputs")]
+    /// Quantization (FP8 inputs, a quantized KV cache) needs finite values:
+    /// a NaN or ±inf has no scale (or, as an FP8 cache code, is a NaN).
+    #[error("{tensor}[{index}] is not finite; quantization needs finite values")]
     NonFiniteInput {
         /// The tensor's name.
         tensor: &'static str,
         /// The offending index.
         index: usize,
+    },
+    /// A quantized KV cache's block scale that is NaN, infinite or not positive.
+    #[error("{tensor}[{index}] is {value}; a block scale must be a finite value > 0")]
+    InvalidCacheScale {
+        /// The scales' name (`k_scales`, `v_scales`).
+        tensor: &'static str,
+        /// The offending index.
+        index: usize,
+        /// The value given.
+        value: f32,
     },
     /// Softcap must be a finite value >= 0, got `softcap`.
     #[error("softcap must be a finite value >= 0, got {softcap}")]

@@ -6,6 +6,7 @@
 //! per backend.
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -26,6 +27,8 @@ pub struct Capabilities {
     pub fp8: bool,
     /// Attention dropout, forward and backward (docs/dropout.md).
     pub dropout: bool,
+    /// Decoding steps on int8 and FP8 caches (docs/kv-quantization.md).
+    pub quantized_cache: bool,
     /// Whether [`PlanOverrides`] steer its kernels (the wgpu planner's
     /// tiles and families); elsewhere they are ignored.
     pub plan_overrides: bool,
@@ -71,6 +74,17 @@ pub trait AttentionBackend: std::fmt::Debug {
     fn decode(
         &self,
         cache: &mut HostKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput>;
+
+    /// One decoding step on a quantized (int8 or FP8) host cache, as
+    /// [`decode`](Self::decode): the new rows quantized in place first
+    /// (`Error::Unsupported` where [`Capabilities::quantized_cache`] is false).
+    fn decode_quantized(
+        &self,
+        cache: &mut QuantKvCache,
         step: &DecodeStep,
         opts: &AttentionOptions,
         num_splits: Option<usize>,

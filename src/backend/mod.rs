@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{
     api::decode::{DecodeOutput, DecodeStep, HostKvCache},
+    api::kv_quant::QuantKvCache,
     api::inputs::{BackwardInputs, ForwardInputs},
     api::options::{AttentionOptions, Fp8Options},
     api::output::{BackwardOutput, CallStats, ForwardOutput},
@@ -310,6 +311,25 @@ impl Backend {
             self,
             self.as_attention().decode(cache, step, opts, num_splits),
             || fastest_cpu().decode(cache, step, opts, num_splits),
+            |o| &mut o.stats,
+        )
+    }
+
+    /// One decoding step on a quantized host cache (the new rows quantized
+    /// in place first); `num_splits` as for [`decode`](Self::decode).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_quantized(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        or_cpu(
+            self,
+            self.as_attention()
+                .decode_quantized(cache, step, opts, num_splits),
+            || fastest_cpu().decode_quantized(cache, step, opts, num_splits),
             |o| &mut o.stats,
         )
     }

@@ -11,11 +11,13 @@
 //! its own query head's slope.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::kv_quant::{CacheQuant, QuantKvCache};
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::CallStats;
 use crate::api::tensor::{HostData, TensorData, TensorView};
 use crate::error::{Error, Result};
 use crate::plan::{plan_splits, DecodeRequest, SplitLimits, Splits};
+use crate::quant::check_finite;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -56,11 +58,46 @@ pub(crate) fn decode(
         append(&mut cache.k, k_new, &p, p.cache.row_len())?;
         append(&mut cache.v, v_new, &p, p.cache.v_row_len())?;
     }
+    attend(isa, &p, step, opts, num_splits, Source::Plain(cache))
+}
+
+/// One decoding step on a quantized cache: validate, append (quantizing,
+/// by docs/kv-quantization.md's rule), attend on the dequantized values.
+/// A step that fails validation leaves the cache as it was.
+pub(crate) fn decode_quantized(
+    isa: Isa,
+    cache: &mut QuantKvCache,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+) -> Result<DecodeOutput> {
+    opts.validate()?;
+    cache.check()?;
+    let p = DecodeProblem::new(step, &cache.shape, cache.precision)?;
+    opts.for_decoding(p.batch, p.heads_q)?;
+    if let Some([k_new, v_new]) = &step.new_kv {
+        let (k, v) = (k_new.data.to_f32(), v_new.data.to_f32());
+        check_finite(&k, "k_new")?;
+        check_finite(&v, "v_new")?;
+        cache.append(&p, &k, &v);
+    }
+    attend(isa, &p, step, opts, num_splits, Source::Quant(cache))
+}
+
+/// Split-KV attention of a validated step over its (appended) cache.
+fn attend(
+    isa: Isa,
+    p: &DecodeProblem,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+    cache: Source,
+) -> Result<DecodeOutput> {
     let pad = super::pack::padded;
     let bc = block_keys(p.heads_kv, pad(p.head_dim), pad(p.head_dim_v));
-    let splits = cpu_splits(&p, num_splits, bc)?;
+    let splits = cpu_splits(p, num_splits, bc)?;
     let work = Work {
-        p: &p,
+        p,
         q: step.q.data.to_f32(),
         cache,
         rule: ScoreRule::new(opts, p.head_dim),
@@ -78,12 +115,19 @@ pub(crate) fn decode(
     let (o, lse) = work.merge(per_task);
     let o = TensorData::from_f32(o, p.precision);
     Ok(DecodeOutput::new(
-        &p,
+        p,
         o,
         lse,
         splits.num_splits,
         CallStats::default(),
     ))
+}
+
+/// The cache a step reads: plain elements, or codes and block scales.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Plain(&'a HostKvCache),
+    Quant(&'a QuantKvCache),
 }
 
 /// The splits the planner gives the CPU: enough tasks for every thread.
@@ -142,7 +186,7 @@ pub(crate) fn append(
 struct Work<'a> {
     p: &'a DecodeProblem,
     q: Vec<f32>,
-    cache: &'a HostKvCache,
+    cache: Source<'a>,
     rule: ScoreRule<'static>,
     opts: &'a AttentionOptions,
     splits: Splits,
@@ -319,14 +363,35 @@ impl Block {
     /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
     #[inline(always)]
     fn widen<K: Kernel>(&mut self, w: &Work, b: usize, kb: usize, keys: &Range<usize>) {
-        match (&w.cache.k, &w.cache.v) {
-            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
-            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
-            (TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                self.widen_as::<K, _>(w, b, kb, keys, k, v)
-            }
-            _ => unreachable!("decode checked that K and V share their precision"),
+        match w.cache {
+            Source::Plain(c) => match (&c.k, &c.v) {
+                (TensorData::F32(k), TensorData::F32(v)) => {
+                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
+                }
+                (TensorData::F16(k), TensorData::F16(v)) => {
+                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
+                }
+                (TensorData::Bf16(k), TensorData::Bf16(v)) => {
+                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
+                }
+                _ => unreachable!("decode checked that K and V share their precision"),
+            },
+            Source::Quant(c) => self.widen_codes::<K>(w, c, b, kb, keys),
         }
+    }
+
+    /// Each row of the block's keys, in cache order, as `(at, cache row)`:
+    /// `at` its place in a head's part of the block; `None` past the sequence.
+    #[inline(always)]
+    fn key_rows<'w>(
+        w: &'w Work,
+        b: usize,
+        kb: usize,
+        keys: &Range<usize>,
+    ) -> impl Iterator<Item = (usize, Option<usize>)> + 'w {
+        let (bc, valid) = (w.g.bc, w.p.seqlen_k(b));
+        keys.clone()
+            .map(move |j| (j - kb * bc, (j < valid).then(|| w.p.cache_row(b, j))))
     }
 
     #[inline(always)]
@@ -341,15 +406,12 @@ impl Block {
     ) {
         let g = &w.g;
         let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
-        let (k_len, v_len) = (w.cache.shape.row_len(), w.cache.shape.v_row_len());
-        let valid = w.p.seqlen_k(b);
+        let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
         // Zeroed when made: the padding columns are never written.
         let (ks, vs) = self.data.split_at_mut(self.half);
         // Each cache row once, in order (the prefetchers follow it), its
         // heads scattered to their own parts of the block.
-        for j in keys.clone() {
-            let c = j - kb * g.bc;
-            let row = (j < valid).then(|| w.p.cache_row(b, j));
+        for (c, row) in Self::key_rows(w, b, kb, keys) {
             for hk in 0..heads {
                 let at = hk * g.bc + c;
                 let (kr, vr) = (&mut ks[at * g.dpad..][..d], &mut vs[at * g.dvpad..][..dv]);
@@ -362,6 +424,76 @@ impl Block {
                         kr.fill(0.0);
                         vr.fill(0.0);
                     }
+                }
+            }
+        }
+    }
+
+    /// [`widen_as`](Self::widen_as) for a quantized cache: each head's
+    /// codes times its block's scale.
+    #[inline(always)]
+    fn widen_codes<K: Kernel>(
+        &mut self,
+        w: &Work,
+        cache: &QuantKvCache,
+        b: usize,
+        kb: usize,
+        keys: &Range<usize>,
+    ) {
+        let g = &w.g;
+        let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
+        let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
+        let blocks = cache.blocks();
+        let (ks, vs) = self.data.split_at_mut(self.half);
+        for (c, row) in Self::key_rows(w, b, kb, keys) {
+            for hk in 0..heads {
+                let at = hk * g.bc + c;
+                let (kr, vr) = (&mut ks[at * g.dpad..][..d], &mut vs[at * g.dvpad..][..dv]);
+                match row {
+                    Some(row) => {
+                        let scale = blocks.block(row) * heads + hk;
+                        let (k, v) = (&cache.k, &cache.v);
+                        let kc = &k.codes[row * k_len + hk * d..][..d];
+                        let vc = &v.codes[row * v_len + hk * dv..][..dv];
+                        widen_codes::<K>(cache.quant, kc, k.scales[scale], kr);
+                        widen_codes::<K>(cache.quant, vc, v.scales[scale], vr);
+                    }
+                    None => {
+                        kr.fill(0.0);
+                        vr.fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst[i] = fl(value(codes[i]) · scale)`, the rule's value of each code.
+#[inline(always)]
+fn widen_codes<K: Kernel>(quant: CacheQuant, codes: &[u8], scale: f32, dst: &mut [f32]) {
+    match quant {
+        CacheQuant::Int8 => {
+            for (d, &c) in dst.iter_mut().zip(codes) {
+                *d = c as i8 as f32 * scale;
+            }
+        }
+        CacheQuant::Fp8 => {
+            // e4m3's bits moved into f16's (exponent bias 15 for 7: the value
+            // times 2⁻⁸, subnormals included), widened by the f16 path; the
+            // scale takes back the 2⁸, so each product is the rule's.
+            const CHUNK: usize = 64;
+            let mut bits = [half::f16::ZERO; CHUNK];
+            let scale = scale * 256.0;
+            for (dst, codes) in dst.chunks_mut(CHUNK).zip(codes.chunks(CHUNK)) {
+                let bits = &mut bits[..codes.len()];
+                for (h, &c) in bits.iter_mut().zip(codes) {
+                    let c = c as u16;
+                    *h = half::f16::from_bits(((c & 0x7f) << 7) | ((c & 0x80) << 8));
+                }
+                // SAFETY: a kernel runs only inside its instruction set's entry point.
+                unsafe { K::widen_f16(bits, dst) };
+                for d in dst.iter_mut() {
+                    *d *= scale;
                 }
             }
         }

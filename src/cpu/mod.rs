@@ -62,6 +62,7 @@ pub use isa::Isa;
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
+use crate::api::kv_quant::QuantKvCache;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::backend::attend::{AttentionBackend, Capabilities};
@@ -124,6 +125,18 @@ impl Cpu {
     ) -> Result<DecodeOutput> {
         decode::decode(self.isa, cache, step, opts, num_splits)
     }
+
+    /// One decoding step on a quantized host cache: validate, append
+    /// (quantizing), attend on the codes' values.
+    pub fn decode_quantized(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        decode::decode_quantized(self.isa, cache, step, opts, num_splits)
+    }
 }
 
 /// The CPU backend as the one call model: plan overrides are the wgpu
@@ -136,6 +149,7 @@ impl AttentionBackend for Cpu {
             decode: true,
             fp8: true,
             dropout: true,
+            quantized_cache: true,
             plan_overrides: false,
         }
     }
@@ -177,6 +191,16 @@ impl AttentionBackend for Cpu {
     ) -> Result<DecodeOutput> {
         Cpu::decode(self, cache, step, opts, num_splits)
     }
+
+    fn decode_quantized(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Cpu::decode_quantized(self, cache, step, opts, num_splits)
+    }
 }
 
 /// [`Cpu::forward`] on the fastest instruction set.
@@ -197,4 +221,14 @@ pub fn decode(
     num_splits: Option<usize>,
 ) -> Result<DecodeOutput> {
     Cpu::new().decode(cache, step, opts, num_splits)
+}
+
+/// [`Cpu::decode_quantized`] on the fastest instruction set.
+pub fn decode_quantized(
+    cache: &mut QuantKvCache,
+    step: &DecodeStep,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+) -> Result<DecodeOutput> {
+    Cpu::new().decode_quantized(cache, step, opts, num_splits)
 }

@@ -116,6 +116,7 @@ pub use {
 };
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -354,6 +355,7 @@ impl AttentionBackend for Cuda {
             decode: true,
             fp8: false,
             dropout: false,
+            quantized_cache: false,
             plan_overrides: false,
         }
     }
@@ -397,5 +399,18 @@ impl AttentionBackend for Cuda {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         Cuda::decode(self, cache, step, opts, num_splits)
+    }
+
+    fn decode_quantized(
+        &self,
+        _: &mut QuantKvCache,
+        _: &DecodeStep,
+        _: &AttentionOptions,
+        _: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        Err(Error::Unsupported {
+            what: problem::WHAT,
+            feature: "quantized KV caches",
+        })
     }
 }

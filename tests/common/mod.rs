@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod decode;
+pub mod kv_quant;
 
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;

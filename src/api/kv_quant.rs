@@ -1,0 +1,393 @@
+//! Quantized KV caches (docs/kv-quantization.md): int8 or FP8 (e4m3) codes
+//! with one f32 scale per block of tokens and kv head, K and V apart. A
+//! block is a page of a paged cache, or [`DENSE_BLOCK`] tokens of a dense
+//! cache's row. The rule, which every backend follows bit for bit:
+//!
+//! - **value** of a code `c` at scale `s`: `fl(value(c) · s)`, the f32
+//!   product (`value` the integer of an int8 code, the e4m3 value of an FP8
+//!   one). Decoding reads these values and accumulates in f32.
+//! - **scale** of a block whose largest magnitude is `a`: `max(fl(a / QMAX),
+//!   MIN_SCALE)` (`QMAX` 127 for int8, 448 for FP8; [`MIN_SCALE`] `= 2⁻¹⁰⁰`,
+//!   so every value is a normal f32 or zero). An empty block has `MIN_SCALE`.
+//! - **code** of `x` at scale `s`: the exact quotient `x / s` rounded to
+//!   nearest even (int8: to an integer, clamped to ±127; FP8: to e4m3,
+//!   saturating at ±448). Subnormal `x` counts as 0.
+//! - **append**: for each block and kv head a step writes to, `a` is the
+//!   largest magnitude among the step's new values there. When `scale(a)`
+//!   exceeds the block's scale `s`, the block takes `s' = scale(a)` and
+//!   every code already in it is requantized: `c' = code(fl(value(c) · s),
+//!   s')`. The new values are then coded at the block's (new) scale. One
+//!   step is one update, however many of its tokens land in the block.
+
+use super::decode::{CacheShape, DecodeProblem, HostKvCache};
+use super::tensor::{Precision, TensorData};
+use crate::error::{Error, Result};
+use crate::quant::{e4m3_from_f64, e4m3_to_f32, flush};
+use std::ops::Range;
+
+/// Tokens per scale block of a dense cache's row.
+pub const DENSE_BLOCK: usize = 16;
+
+/// The smallest block scale, 2⁻¹⁰⁰: a block of smaller values keeps it.
+pub const MIN_SCALE: f32 = f32::from_bits((127 - 100) << 23);
+
+/// How a quantized cache codes its elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheQuant {
+    /// Symmetric int8, codes −127..=127.
+    Int8,
+    /// FP8 e4m3 (`e4m3fn`), ±448 at most.
+    Fp8,
+}
+
+impl CacheQuant {
+    /// Every format.
+    pub const ALL: [CacheQuant; 2] = [CacheQuant::Int8, CacheQuant::Fp8];
+
+    /// `int8` or `fp8`, as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheQuant::Int8 => "int8",
+            CacheQuant::Fp8 => "fp8",
+        }
+    }
+
+    /// The format named `name` (`int8`, `fp8`).
+    pub fn parse(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|q| q.name() == name)
+            .ok_or_else(|| Error::UnknownName {
+                what: "cache precision",
+                name: name.to_string(),
+                expected: "int8, fp8",
+            })
+    }
+
+    /// The largest code value: 127 or 448.
+    pub fn qmax(self) -> f32 {
+        match self {
+            CacheQuant::Int8 => 127.0,
+            CacheQuant::Fp8 => crate::quant::E4M3_MAX,
+        }
+    }
+
+    /// The scale of a block whose largest magnitude is `absmax`.
+    pub fn scale_of(self, absmax: f32) -> f32 {
+        (absmax / self.qmax()).max(MIN_SCALE)
+    }
+
+    /// The code of `x` (finite) at scale `s` (a normal f32 > 0).
+    pub fn encode(self, x: f32, s: f32) -> u8 {
+        let x = flush(x);
+        if x == 0.0 {
+            return 0;
+        }
+        // The f64 quotient of two f32s rounds like the exact one: it is
+        // never within 2⁻⁵³ (relative) of a rounding boundary it is not on.
+        let q = x as f64 / s as f64;
+        match self {
+            CacheQuant::Int8 => q.round_ties_even().clamp(-127.0, 127.0) as i8 as u8,
+            CacheQuant::Fp8 => e4m3_from_f64(q),
+        }
+    }
+
+    /// The value a code stands for, before its scale.
+    pub fn code_value(self, code: u8) -> f32 {
+        match self {
+            CacheQuant::Int8 => code as i8 as f32,
+            CacheQuant::Fp8 => e4m3_to_f32(code),
+        }
+    }
+
+    /// The value of `code` at scale `s`: `fl(value · s)`.
+    pub fn value(self, code: u8, s: f32) -> f32 {
+        self.code_value(code) * s
+    }
+}
+
+/// Where a cache's scale blocks lie: block `b` holds rows
+/// [`rows(b)`](Self::rows), a page of a paged cache or [`DENSE_BLOCK`]
+/// tokens (fewer at a row's end) of a dense one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleBlocks {
+    /// Tokens per page (a dense cache: per row).
+    pub page_size: usize,
+    /// Tokens per block.
+    pub tokens: usize,
+    /// Blocks per page.
+    pub per_page: usize,
+    /// Pages (a dense cache: rows).
+    pub pages: usize,
+}
+
+impl ScaleBlocks {
+    /// The blocks of a cache of `shape`.
+    pub fn of(shape: &CacheShape) -> Self {
+        let [pages, page_size, _, _] = shape.dims();
+        let tokens = if shape.is_paged() {
+            page_size
+        } else {
+            DENSE_BLOCK.min(page_size)
+        };
+        Self {
+            page_size,
+            tokens,
+            per_page: page_size.div_ceil(tokens),
+            pages,
+        }
+    }
+
+    /// Blocks in the cache.
+    pub fn count(&self) -> usize {
+        self.pages * self.per_page
+    }
+
+    /// The block of cache row `row`.
+    #[inline]
+    pub fn block(&self, row: usize) -> usize {
+        (row / self.page_size) * self.per_page + (row % self.page_size) / self.tokens
+    }
+
+    /// The cache rows of block `block`.
+    pub fn rows(&self, block: usize) -> Range<usize> {
+        let (page, i) = (block / self.per_page, block % self.per_page);
+        let start = page * self.page_size + i * self.tokens;
+        start..(start + self.tokens).min((page + 1) * self.page_size)
+    }
+}
+
+/// One of a quantized cache's K and V: codes in the cache's layout, one
+/// byte per element (an int8 code as its two's-complement byte), and
+/// `(blocks, heads_kv)` scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedKv {
+    /// Codes, `(rows, heads_kv, head dim)` row-major.
+    pub codes: Vec<u8>,
+    /// Scales, `(blocks, heads_kv)` row-major.
+    pub scales: Vec<f32>,
+}
+
+/// A KV cache of int8 or FP8 codes in host memory: what the CPU backend
+/// decodes on and the command line reads and writes. q, `k_new`, `v_new`
+/// and o keep the step's own precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantKvCache {
+    /// The cache's shape.
+    pub shape: CacheShape,
+    /// How its elements are coded.
+    pub quant: CacheQuant,
+    /// The precision of the steps' q, `k_new`, `v_new` and o.
+    pub precision: Precision,
+    /// The keys.
+    pub k: QuantizedKv,
+    /// The values.
+    pub v: QuantizedKv,
+}
+
+impl QuantKvCache {
+    /// A cache from its codes and scales, checked: lengths, and every scale
+    /// a finite value > 0 ([`Error::InvalidCacheScale`]).
+    pub fn new(
+        shape: CacheShape,
+        quant: CacheQuant,
+        precision: Precision,
+        k: QuantizedKv,
+        v: QuantizedKv,
+    ) -> Result<Self> {
+        let cache = Self {
+            shape,
+            quant,
+            precision,
+            k,
+            v,
+        };
+        cache.check()?;
+        Ok(cache)
+    }
+
+    /// An empty cache: zero codes, every scale [`MIN_SCALE`].
+    pub fn zeros(shape: CacheShape, quant: CacheQuant, precision: Precision) -> Self {
+        let scales = vec![MIN_SCALE; ScaleBlocks::of(&shape).count() * shape.heads_kv];
+        let kv = |len| QuantizedKv {
+            codes: vec![0; len],
+            scales: scales.clone(),
+        };
+        Self {
+            shape,
+            quant,
+            precision,
+            k: kv(shape.len()),
+            v: kv(shape.v_len()),
+        }
+    }
+
+    /// A plain cache quantized: each block's scale from its largest
+    /// magnitude, as one append of all its rows to an empty block would
+    /// give. Its values must be finite ([`Error::NonFiniteInput`]).
+    pub fn quantize(cache: &HostKvCache, quant: CacheQuant) -> Result<Self> {
+        cache.check()?;
+        let shape = cache.shape;
+        let blocks = ScaleBlocks::of(&shape);
+        let part = |data: &TensorData, d: usize, tensor| -> Result<QuantizedKv> {
+            let x = data.to_f32();
+            crate::quant::check_finite(&x, tensor)?;
+            let heads = shape.heads_kv;
+            let mut out = QuantizedKv {
+                codes: vec![0; x.len()],
+                scales: vec![MIN_SCALE; blocks.count() * heads],
+            };
+            for blk in 0..blocks.count() {
+                for hk in 0..heads {
+                    let segs = || blocks.rows(blk).map(|r| (r * heads + hk) * d..(r * heads + hk + 1) * d);
+                    let a = segs().flat_map(|s| x[s].iter()).fold(0f32, |m, v| m.max(v.abs()));
+                    let s = quant.scale_of(a);
+                    out.scales[blk * heads + hk] = s;
+                    for seg in segs() {
+                        for e in seg {
+                            out.codes[e] = quant.encode(x[e], s);
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        };
+        Ok(Self {
+            shape,
+            quant,
+            precision: cache.precision(),
+            k: part(&cache.k, shape.head_dim, "k_cache")?,
+            v: part(&cache.v, shape.head_dim_v, "v_cache")?,
+        })
+    }
+
+    /// The cache's scale blocks.
+    pub fn blocks(&self) -> ScaleBlocks {
+        ScaleBlocks::of(&self.shape)
+    }
+
+    /// The values the codes stand for, as an f32 cache of the same shape.
+    pub fn dequantized(&self) -> HostKvCache {
+        let blocks = self.blocks();
+        let heads = self.shape.heads_kv;
+        let part = |kv: &QuantizedKv, d: usize| -> TensorData {
+            let values = kv
+                .codes
+                .iter()
+                .enumerate()
+                .map(|(e, &c)| {
+                    let (row, hk) = (e / (heads * d), e / d % heads);
+                    self.quant.value(c, kv.scales[blocks.block(row) * heads + hk])
+                })
+                .collect();
+            TensorData::F32(values)
+        };
+        HostKvCache {
+            shape: self.shape,
+            k: part(&self.k, self.shape.head_dim),
+            v: part(&self.v, self.shape.head_dim_v),
+        }
+    }
+
+    /// Bytes the cache holds: codes and scales.
+    pub fn bytes(&self) -> usize {
+        let part = |kv: &QuantizedKv| kv.codes.len() + 4 * kv.scales.len();
+        part(&self.k) + part(&self.v)
+    }
+
+    /// What [`new`](Self::new) checks, again for a cache whose public fields
+    /// were changed since.
+    pub(crate) fn check(&self) -> Result<()> {
+        let s = &self.shape;
+        let scales = self.blocks().count() * s.heads_kv;
+        let parts = [
+            ("k_cache", "k_scales", &self.k, s.dims()),
+            ("v_cache", "v_scales", &self.v, s.v_dims()),
+        ];
+        for (codes_name, scales_name, kv, dims) in parts {
+            let expected = dims.iter().product();
+            if kv.codes.len() != expected {
+                return Err(Error::DataLength {
+                    tensor: codes_name,
+                    shape: dims.to_vec(),
+                    expected,
+                    actual: kv.codes.len(),
+                });
+            }
+            if kv.scales.len() != scales {
+                return Err(Error::DataLength {
+                    tensor: scales_name,
+                    shape: vec![self.blocks().count(), s.heads_kv],
+                    expected: scales,
+                    actual: kv.scales.len(),
+                });
+            }
+            if let Some((index, &value)) = kv
+                .scales
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+            {
+                return Err(Error::InvalidCacheScale {
+                    tensor: scales_name,
+                    index,
+                    value,
+                });
+            }
+        }
+        if self.quant == CacheQuant::Fp8 {
+            // 0x7f and 0xff are e4m3's NaNs, which no append produces.
+            for (tensor, kv) in [("k_cache", &self.k), ("v_cache", &self.v)] {
+                if let Some(index) = kv.codes.iter().position(|&c| c & 0x7f == 0x7f) {
+                    return Err(Error::NonFiniteInput { tensor, index });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Append a validated step's new rows (f32, `k_new`'s and `v_new`'s
+    /// layouts, finite) by the rule in the module docs.
+    pub(crate) fn append(&mut self, p: &DecodeProblem, k_new: &[f32], v_new: &[f32]) {
+        let blocks = self.blocks();
+        let (quant, heads) = (self.quant, self.shape.heads_kv);
+        let rows: Vec<usize> = p.appended_rows().map(|(_, _, row)| row).collect();
+        for (kv, new, d) in [
+            (&mut self.k, k_new, self.shape.head_dim),
+            (&mut self.v, v_new, self.shape.head_dim_v),
+        ] {
+            // The largest new magnitude of every (block, head) written.
+            let mut grown = std::collections::BTreeMap::<usize, f32>::new();
+            for (src, &row) in rows.iter().enumerate() {
+                for hk in 0..heads {
+                    let seg = &new[(src * heads + hk) * d..][..d];
+                    let a = seg.iter().fold(0f32, |m, v| m.max(flush(*v).abs()));
+                    let at = blocks.block(row) * heads + hk;
+                    let e = grown.entry(at).or_insert(0.0);
+                    *e = e.max(a);
+                }
+            }
+            for (&at, &a) in &grown {
+                let (old, new_scale) = (kv.scales[at], quant.scale_of(a));
+                if new_scale > old {
+                    let hk = at % heads;
+                    for row in blocks.rows(at / heads) {
+                        for c in &mut kv.codes[(row * heads + hk) * d..][..d] {
+                            *c = quant.encode(quant.value(*c, old), new_scale);
+                        }
+                    }
+                    kv.scales[at] = new_scale;
+                }
+            }
+            for (src, &row) in rows.iter().enumerate() {
+                for hk in 0..heads {
+                    let s = kv.scales[blocks.block(row) * heads + hk];
+                    let (from, to) = ((src * heads + hk) * d, (row * heads + hk) * d);
+                    for x in 0..d {
+                        kv.codes[to + x] = quant.encode(new[from + x], s);
+                    }
+                }
+            }
+        }
+    }
+}

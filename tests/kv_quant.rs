@@ -1,0 +1,328 @@
+//! Quantized KV caches (docs/kv-quantization.md): the rule's values, the
+//! CPU backend's decoding against the f64 reference on the codes' values on
+//! every instruction set, the append against the rule restated apart
+//! (block boundaries, growing scales, requantization), the footprint, and
+//! bad input as typed errors that leave the cache untouched.
+
+mod common;
+
+use common::decode::DecodeCase;
+use common::kv_quant::{quant_cases, scale_of};
+use flashattn::api::kv_quant::{DENSE_BLOCK, MIN_SCALE};
+use flashattn::{cpu, CacheLayout, CacheQuant, CacheShape, DecodeStep, Error, HostKvCache};
+use flashattn::{AttentionOptions, Precision, QuantKvCache, QuantizedKv, TensorData};
+
+#[test]
+fn the_rule_s_values() {
+    let i8 = CacheQuant::Int8;
+    assert_eq!(MIN_SCALE, 2f32.powi(-100));
+    assert_eq!(i8.scale_of(127.0), 1.0);
+    assert_eq!(i8.scale_of(0.0), MIN_SCALE);
+    // Ties to even, clamped to ±127; the byte is the two's complement.
+    let codes: Vec<i8> = [0.5, 1.5, 2.5, -1.5, -0.49, 126.6, 200.0, -1e9]
+        .iter()
+        .map(|&x| i8.encode(x, 1.0) as i8)
+        .collect();
+    assert_eq!(codes, [0, 2, 2, -2, 0, 127, 127, -127]);
+    assert_eq!(i8.value((-3i8) as u8, 0.25), -0.75);
+    let fp8 = CacheQuant::Fp8;
+    assert_eq!(fp8.scale_of(448.0), 1.0);
+    // e4m3 at scale 1: 1.0625 is a tie between 1 and 1.125 (to even: 1).
+    assert_eq!(fp8.value(fp8.encode(1.0625, 1.0), 1.0), 1.0);
+    assert_eq!(fp8.value(fp8.encode(-1000.0, 1.0), 1.0), -448.0);
+    assert_eq!(fp8.value(fp8.encode(3.0, 0.5), 0.5), 3.0);
+    // Subnormal inputs count as 0; the smallest scale keeps values normal.
+    assert_eq!(i8.encode(f32::MIN_POSITIVE / 2.0, MIN_SCALE), 0);
+    assert!(fp8.value(1, MIN_SCALE).is_normal());
+    assert_eq!(CacheQuant::parse("fp8").unwrap(), fp8);
+    assert!(matches!(
+        CacheQuant::parse("int4"),
+        Err(Error::UnknownName {
+            what: "cache precision",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn every_case_matches_the_reference_on_every_instruction_set() {
+    for &isa in cpu::Isa::available() {
+        let backend = cpu::Cpu::with_isa(isa).unwrap();
+        for quant in CacheQuant::ALL {
+            for case in quant_cases() {
+                case.data().check_quantized(quant, |c, s| {
+                    backend.decode_quantized(c, s, &case.opts, case.num_splits)
+                });
+            }
+        }
+    }
+}
+
+/// A dense cache of 2 rows × 40 tokens, 2 kv heads of 8, one sequence of
+/// 15 tokens of magnitude ≤ 1, and a step appending two tokens: the first
+/// (token 15, block 0) of magnitude 3, the second (token 16, block 1) 100.
+#[test]
+fn appends_requantize_at_block_boundaries_when_the_scale_grows() {
+    let layout = CacheLayout::Dense {
+        batch: 2,
+        capacity: 40,
+    };
+    let shape = CacheShape::new(layout, 2, 8).unwrap();
+    for quant in CacheQuant::ALL {
+        let mut rng = flashattn::random::Rng::new(7);
+        let mut x = vec![0f32; shape.len()];
+        for t in 0..15 {
+            for e in 0..16 {
+                x[t * 16 + e] = rng.normal() as f32 * 0.3;
+            }
+        }
+        let plain =
+            HostKvCache::new(shape, TensorData::F32(x.clone()), TensorData::F32(x)).unwrap();
+        let mut cache = QuantKvCache::quantize(&plain, quant).unwrap();
+        let before = cache.clone();
+        let new: Vec<f32> = (0..32)
+            .map(|e| {
+                if e < 16 {
+                    (e as f32 - 7.5) * 0.4
+                } else {
+                    (e as f32 - 24.0) * 12.5
+                }
+            })
+            .collect();
+        let q = TensorData::F32(vec![0.1; 2 * 8]);
+        let lens = [15];
+        let new_t = TensorData::F32(new.clone());
+        let step = DecodeStep::new(q.view([1, 1, 2, 8]), &lens)
+            .append(new_t.view([1, 2, 2, 8]), new_t.view([1, 2, 2, 8]));
+        let out =
+            cpu::decode_quantized(&mut cache, &step, &AttentionOptions::default(), None).unwrap();
+        assert!(out.o.to_f32().iter().all(|v| v.is_finite()));
+        assert_eq!(cache, common::kv_quant::expected_append(&before, &step));
+        let per_row = 40usize.div_ceil(DENSE_BLOCK);
+        for hk in 0..2 {
+            // Token 15 is in block 0 and raised its scale: block 0's old
+            // codes were requantized, and their values moved by at most
+            // half a step of the new scale.
+            let a0 = new[hk * 8..][..8].iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s0 = cache.k.scales[hk];
+            assert_eq!(s0, scale_of(quant, a0), "{quant:?} head {hk}");
+            assert!(s0 > before.k.scales[hk]);
+            let old = before.dequantized().k.to_f32();
+            let now = cache.dequantized().k.to_f32();
+            for t in 0..15 {
+                for e in 0..8 {
+                    let i = (t * 2 + hk) * 8 + e;
+                    let step_size = match quant {
+                        CacheQuant::Int8 => s0,
+                        _ => s0 * (old[i].abs() / s0).max(1.0) / 8.0,
+                    };
+                    assert!(
+                        (now[i] - old[i]).abs() <= step_size * 0.5 + 1e-6,
+                        "{quant:?} t{t}"
+                    );
+                }
+            }
+            // Token 16 opened block 1 at its own scale; block 2 untouched.
+            let a1 = new[16 + hk * 8..][..8]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(cache.k.scales[2 + hk], scale_of(quant, a1));
+            assert_eq!(cache.k.scales[2 * 2 + hk], MIN_SCALE);
+            // The second cache row's blocks are another sequence's.
+            assert_eq!(
+                cache.k.scales[per_row * 2..],
+                before.k.scales[per_row * 2..]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_smaller_new_token_keeps_the_block_s_scale_and_codes() {
+    let case = DecodeCase::new(&[5], 16).heads(2, 1).append(1);
+    let mut data = case.data();
+    // The new token's values are far below the block's.
+    data.k_new = TensorData::F32(data.k_new.to_f32().iter().map(|v| v * 1e-3).collect());
+    let before = QuantKvCache::quantize(&data.cache, CacheQuant::Int8).unwrap();
+    let mut cache = before.clone();
+    cpu::decode_quantized(&mut cache, &data.step(), &case.opts, None).unwrap();
+    assert_eq!(cache.k.scales, before.k.scales);
+    assert_eq!(cache.k.codes[..5 * 16], before.k.codes[..5 * 16]);
+}
+
+#[test]
+fn one_cache_holds_a_byte_per_element_and_a_scale_per_block() {
+    let layout = CacheLayout::Paged {
+        pages: 64,
+        page_size: 16,
+    };
+    let shape = CacheShape::new(layout, 8, 128).unwrap();
+    let f16 = shape.len() * 2 * 2;
+    for quant in CacheQuant::ALL {
+        let cache = QuantKvCache::zeros(shape, quant, Precision::F16);
+        assert_eq!(cache.k.codes.len(), shape.len());
+        assert_eq!(cache.k.scales.len(), 64 * 8);
+        assert_eq!(cache.bytes(), 2 * shape.len() + 2 * 4 * 64 * 8);
+        assert!(cache.bytes() as f64 <= 0.51 * f16 as f64);
+    }
+}
+
+/// A 1-row dense int8 cache of 16 tokens, 1 head of 4, and a step on it.
+fn small(scale: f32) -> Result<QuantKvCache, Error> {
+    let layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 16,
+    };
+    let shape = CacheShape::new(layout, 1, 4).unwrap();
+    let kv = |s| QuantizedKv {
+        codes: vec![3; 64],
+        scales: vec![s],
+    };
+    QuantKvCache::new(shape, CacheQuant::Int8, Precision::F32, kv(scale), kv(0.5))
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_leaves_the_cache_untouched() {
+    for bad in [f32::NAN, 0.0, -1.0, f32::INFINITY] {
+        assert!(
+            matches!(
+                small(bad),
+                Err(Error::InvalidCacheScale {
+                    tensor: "k_scales",
+                    index: 0,
+                    ..
+                })
+            ),
+            "{bad}"
+        );
+    }
+    let mut cache = small(0.25).unwrap();
+    let q = TensorData::F32(vec![1.0; 4]);
+    let lens = [3];
+    let opts = AttentionOptions::default();
+    // A NaN in the new rows: no scale for it.
+    let mut new = vec![1.0f32; 4];
+    new[2] = f32::NAN;
+    let nan = TensorData::F32(new);
+    let ok = TensorData::F32(vec![1.0; 4]);
+    let step = DecodeStep::new(q.view([1, 1, 1, 4]), &lens)
+        .append(ok.view([1, 1, 1, 4]), nan.view([1, 1, 1, 4]));
+    let before = cache.clone();
+    let err = cpu::decode_quantized(&mut cache, &step, &opts, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NonFiniteInput {
+                tensor: "v_new",
+                index: 2
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(cache, before);
+    // A scale set bad after construction is caught by the step.
+    cache.v.scales[0] = f32::NAN;
+    let step = DecodeStep::new(q.view([1, 1, 1, 4]), &lens)
+        .append(ok.view([1, 1, 1, 4]), ok.view([1, 1, 1, 4]));
+    let err = cpu::decode_quantized(&mut cache, &step, &opts, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidCacheScale {
+                tensor: "v_scales",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(cache.k, before.k);
+    // A step whose dtype is not the cache's.
+    cache.v.scales[0] = 0.5;
+    let q16 = TensorData::from_f32(vec![1.0; 4], Precision::F16);
+    let step = DecodeStep::new(q16.view([1, 1, 1, 4]), &lens);
+    let err = cpu::decode_quantized(&mut cache, &step, &opts, None).unwrap_err();
+    assert!(
+        matches!(err, Error::DtypeMismatch { tensor: "q", .. }),
+        "{err}"
+    );
+    // Codes of the wrong length; FP8's NaN codes.
+    let mut short = cache.clone();
+    short.k.codes.pop();
+    let err = cpu::decode_quantized(
+        &mut short,
+        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
+        &opts,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "k_cache",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut nan_code = cache.clone();
+    nan_code.quant = CacheQuant::Fp8;
+    nan_code.k.codes[5] = 0x7f;
+    let err = cpu::decode_quantized(
+        &mut nan_code,
+        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
+        &opts,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NonFiniteInput {
+                tensor: "k_cache",
+                index: 5
+            }
+        ),
+        "{err}"
+    );
+    // Dropout has no place in decoding.
+    let dropout = AttentionOptions::default().dropout(0.1).dropout_seed(1);
+    let err = cpu::decode_quantized(
+        &mut cache,
+        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
+        &dropout,
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn a_quantized_cache_is_close_to_the_plain_one() {
+    // Normal values: int8 keeps o within 2% of the plain cache's, FP8 within 6%.
+    let case = DecodeCase::new(&[900, 300], 64).heads(8, 2).append(1);
+    let data = case.data();
+    let plain = cpu::decode(&mut data.cache.clone(), &data.step(), &case.opts, None).unwrap();
+    let p = plain.o.to_f32();
+    let norm = (p.iter().map(|v| v * v).sum::<f32>() / p.len() as f32).sqrt();
+    for (quant, tol) in [(CacheQuant::Int8, 0.02), (CacheQuant::Fp8, 0.06)] {
+        let mut cache = QuantKvCache::quantize(&data.cache, quant).unwrap();
+        let out = cpu::decode_quantized(&mut cache, &data.step(), &case.opts, None).unwrap();
+        let o = out.o.to_f32();
+        let rmse = (o
+            .iter()
+            .zip(&p)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f32>()
+            / p.len() as f32)
+            .sqrt();
+        assert!(
+            rmse <= tol * norm,
+            "{quant:?}: rmse {rmse} of o's rms {norm}"
+        );
+        assert!(
+            rmse > 0.0,
+            "{quant:?}: quantization left o exactly as it was"
+        );
+    }
+}
