@@ -262,6 +262,26 @@ pub struct DecodeArgs {
     /// Write the V cache after the append (with --k-cache-out).
     #[arg(long)]
     pub v_cache_out: Option<PathBuf>,
+    /// A quantized cache (docs/kv-quantization.md): int8 or fp8. Float
+    /// caches are quantized on load; int8 (int8 codes) or uint8 (fp8's
+    /// e4m3 bytes) caches are read as codes with --k-scales/--v-scales.
+    /// The CPU backend decodes them.
+    #[arg(long, value_name = "int8|fp8")]
+    pub cache_precision: Option<String>,
+    /// The K cache's block scales, (blocks, heads_kv) float32: one per page,
+    /// or per 16 tokens of a dense cache's row (with code caches).
+    #[arg(long, requires = "cache_precision")]
+    pub k_scales: Option<PathBuf>,
+    /// The V cache's block scales (with --k-scales).
+    #[arg(long, requires = "cache_precision")]
+    pub v_scales: Option<PathBuf>,
+    /// Write the K cache's scales after the append (a quantized cache with
+    /// --k-cache-out).
+    #[arg(long, requires = "cache_precision")]
+    pub k_scales_out: Option<PathBuf>,
+    /// Write the V cache's scales after the append.
+    #[arg(long, requires = "cache_precision")]
+    pub v_scales_out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -486,8 +506,9 @@ pub struct DecodeBenchArgs {
     /// Head dimension [default: 128].
     #[arg(long, requires = "decode")]
     pub head_dim: Option<usize>,
-    /// Cache dtypes, comma-separated.
-    #[arg(long, requires = "decode", default_value = "f16,f32")]
+    /// Cache dtypes, comma-separated: f32, f16, bf16, and int8 or fp8
+    /// (quantized caches of f16 steps; the CPU backend decodes them).
+    #[arg(long, requires = "decode", default_value = "f16,f32,int8,fp8")]
     pub dtypes: String,
     /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:
     /// SDPA with enable_gqa on the CPU, run by cli/src/baselines.py under --python).

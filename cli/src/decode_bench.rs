@@ -18,9 +18,10 @@
 
 use crate::baselines::Baselines;
 use crate::error::{one_line, CliError, Result};
+use flashattn::api::kv_quant::DENSE_BLOCK;
 use flashattn::{
-    cpu, AttentionOptions, CacheLayout, CacheShape, DecodeStep, Engine, HostKvCache, KvCache,
-    Precision, TensorData,
+    cpu, AttentionOptions, CacheLayout, CacheQuant, CacheShape, DecodeStep, Engine, HostKvCache,
+    KvCache, Precision, QuantKvCache, TensorData,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -111,6 +112,43 @@ impl std::str::FromStr for SplitMode {
     }
 }
 
+/// A cache's dtype as `--dtypes` names it: a plain cache of f32, f16 or
+/// bf16 (the step's dtype too), or an int8 or FP8 cache of f16 steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheDtype {
+    /// The step's precision (q, o), and a plain cache's.
+    pub precision: Precision,
+    /// The codes of a quantized cache.
+    pub quant: Option<CacheQuant>,
+}
+
+impl CacheDtype {
+    pub fn name(self) -> &'static str {
+        self.quant.map_or(self.precision.name(), CacheQuant::name)
+    }
+
+    /// Bytes per cached element (a quantized cache's scales apart).
+    fn bytes(self) -> usize {
+        self.quant.map_or(self.precision.bytes(), |_| 1)
+    }
+}
+
+impl std::str::FromStr for CacheDtype {
+    type Err = CliError;
+    fn from_str(s: &str) -> Result<Self> {
+        if let Ok(quant) = CacheQuant::parse(s) {
+            return Ok(Self {
+                precision: Precision::F16,
+                quant: Some(quant),
+            });
+        }
+        Ok(Self {
+            precision: s.parse::<Precision>()?,
+            quant: None,
+        })
+    }
+}
+
 /// One table row's configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct DecodeConfig {
@@ -123,7 +161,17 @@ pub struct DecodeConfig {
     pub head_dim: usize,
     #[serde(serialize_with = "precision_name")]
     pub precision: Precision,
+    /// A quantized cache's codes (its steps in `precision`).
+    #[serde(serialize_with = "quant_name")]
+    pub cache: Option<CacheQuant>,
     pub splits: SplitMode,
+}
+
+fn quant_name<S: serde::Serializer>(
+    q: &Option<CacheQuant>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(q.map_or("plain", CacheQuant::name))
 }
 
 fn precision_name<S: serde::Serializer>(
@@ -134,11 +182,24 @@ fn precision_name<S: serde::Serializer>(
 }
 
 impl DecodeConfig {
+    /// The cache's dtype.
+    pub fn dtype(&self) -> CacheDtype {
+        CacheDtype {
+            precision: self.precision,
+            quant: self.cache,
+        }
+    }
+
     /// Bytes of K and V one step reads: `2 · batch · cache_len · heads_kv ·
-    /// head_dim · bytes per element`.
+    /// head_dim · bytes per element`, plus a quantized cache's scales (one
+    /// f32 per 16 tokens and kv head).
     pub fn kv_bytes(&self) -> u64 {
-        (2 * self.batch * self.cache_len * self.heads_kv * self.head_dim * self.precision.bytes())
-            as u64
+        let rows = 2 * self.batch * self.cache_len * self.heads_kv;
+        let scales = match self.cache {
+            Some(_) => 2 * self.batch * self.cache_len.div_ceil(DENSE_BLOCK) * self.heads_kv * 4,
+            None => 0,
+        };
+        (rows * self.head_dim * self.dtype().bytes() + scales) as u64
     }
 }
 
@@ -182,7 +243,7 @@ pub struct DecodeSet {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
-    pub precisions: Vec<Precision>,
+    pub dtypes: Vec<CacheDtype>,
     /// The split modes each backend runs, in order.
     pub splits: Vec<SplitMode>,
     /// Skip a (batch, cache length) whose batch × length exceeds this (0: none).
@@ -196,7 +257,7 @@ pub struct DecodeSet {
 pub struct Group {
     pub batch: usize,
     pub cache_len: usize,
-    pub precision: Precision,
+    pub dtype: CacheDtype,
 }
 
 impl DecodeSet {
@@ -210,11 +271,11 @@ impl DecodeSet {
                     skipped.push((batch, cache_len));
                     continue;
                 }
-                for &precision in &self.precisions {
+                for &dtype in &self.dtypes {
                     run.push(Group {
                         batch,
                         cache_len,
-                        precision,
+                        dtype,
                     });
                 }
             }
@@ -239,7 +300,8 @@ impl DecodeSet {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
-            precision: g.precision,
+            precision: g.dtype.precision,
+            cache: g.dtype.quant,
             splits,
         }
     }
@@ -278,10 +340,10 @@ impl GroupData {
         };
         let shape = CacheShape::new(layout, set.heads_kv, set.head_dim)?;
         let seed = (g.batch * 1_000_003 + g.cache_len) as u64;
-        let data = |s| TensorData::from_f32(fill(shape.len(), s), g.precision);
+        let data = |s| TensorData::from_f32(fill(shape.len(), s), g.dtype.precision);
         let cache = HostKvCache::new(shape, data(seed), data(seed + 1))?;
         let q_shape = [g.batch, 1, set.heads_q, set.head_dim];
-        let q = TensorData::from_f32(fill(q_shape.iter().product(), seed + 2), g.precision);
+        let q = TensorData::from_f32(fill(q_shape.iter().product(), seed + 2), g.dtype.precision);
         let len = i32::try_from(g.cache_len).map_err(|_| CliError::BadFlag {
             flag: "--cache-lens",
             expected: "lengths that fit in int32",
@@ -350,6 +412,29 @@ pub fn run_group(
     let mut out = Vec::new();
     for &backend in &set.backends {
         let config = |m| set.config(g, backend, m);
+        if let Some(quant) = g.dtype.quant {
+            // Only the CPU backend decodes quantized caches.
+            if backend == DecodeBackend::Cpu {
+                let cache = QuantKvCache::quantize(&data.cache, quant);
+                let mut cache = match cache {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let err = CliError::from(e);
+                        out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
+                        continue;
+                    }
+                };
+                for &m in modes {
+                    out.push(measure(config(m), set.repeats, || {
+                        let start = Instant::now();
+                        let step = data.step();
+                        let r = cpu::decode_quantized(&mut cache, &step, &opts, m.num_splits())?;
+                        Ok((start.elapsed().as_secs_f64(), r.num_splits))
+                    }));
+                }
+            }
+            continue;
+        }
         match backend {
             DecodeBackend::Wgpu => {
                 let cache = engine
@@ -493,7 +578,7 @@ impl DecodeReport {
         let group = |c: &DecodeConfig| Group {
             batch: c.batch,
             cache_len: c.cache_len,
-            precision: c.precision,
+            dtype: c.dtype(),
         };
         let best = |backend: DecodeBackend, g: &Group| {
             self.results
@@ -571,7 +656,7 @@ impl DecodeReport {
         for (g, ratio) in self.against_torch() {
             println!(
                 "cpu vs torch, {} batch {} cache {}: {ratio:.2}x (torch's min time / the CPU backend's)",
-                g.precision, g.batch, g.cache_len
+                g.dtype.name(), g.batch, g.cache_len
             );
         }
         if !self.skipped.is_empty() {
@@ -594,7 +679,7 @@ impl DecodeReport {
         let head = format!(
             "{:<7} {:<5} {:>5} {:>7} {:<8}",
             c.backend.name(),
-            c.precision.name(),
+            c.dtype().name(),
             c.batch,
             c.cache_len,
             match c.backend {
@@ -646,7 +731,7 @@ pub fn csv_text(report: &DecodeReport) -> Result<String> {
         let c = &r.config;
         w.serialize(CsvRow {
             backend: c.backend.name(),
-            precision: c.precision.name(),
+            precision: c.dtype().name(),
             batch: c.batch,
             cache_len: c.cache_len,
             heads_q: c.heads_q,
@@ -679,7 +764,7 @@ mod tests {
             heads_q: 32,
             heads_kv: 8,
             head_dim: 128,
-            precisions: vec![Precision::F16, Precision::F32],
+            dtypes: vec!["f16".parse().unwrap(), "f32".parse().unwrap()],
             splits: vec![SplitMode::Planner, SplitMode::Fixed(1)],
             max_tokens: 65536,
             repeats: 3,
@@ -771,16 +856,24 @@ mod tests {
 
     #[test]
     fn kv_bytes_count_k_and_v_once() {
-        let c = set().config(
-            &Group {
-                batch: 8,
-                cache_len: 1024,
-                precision: Precision::F16,
-            },
-            DecodeBackend::Cpu,
-            SplitMode::Fixed(1),
-        );
-        assert_eq!(c.kv_bytes(), 2 * 8 * 1024 * 8 * 128 * 2);
+        let group = |dtype: &str| Group {
+            batch: 8,
+            cache_len: 1024,
+            dtype: dtype.parse().unwrap(),
+        };
+        let bytes = |dtype| {
+            set()
+                .config(&group(dtype), DecodeBackend::Cpu, SplitMode::Fixed(1))
+                .kv_bytes()
+        };
+        assert_eq!(bytes("f16"), 2 * 8 * 1024 * 8 * 128 * 2);
+        // A byte per element, and a scale per 16 tokens and kv head.
+        let scales = 2 * 8 * (1024 / 16) * 8 * 4;
+        assert_eq!(bytes("int8"), 2 * 8 * 1024 * 8 * 128 + scales);
+        assert_eq!(bytes("fp8"), bytes("int8"));
+        assert!("int4".parse::<CacheDtype>().is_err());
+        let int8: CacheDtype = "int8".parse().unwrap();
+        assert_eq!((int8.name(), int8.precision), ("int8", Precision::F16));
     }
 
     #[test]

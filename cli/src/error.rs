@@ -58,6 +58,15 @@ pub enum CliError {
         path: PathBuf,
         dtype: String,
     },
+    /// A cache file whose codes are not the ones `--cache-precision` names.
+    #[error("{what} file {} has dtype {dtype}; --cache-precision {precision} reads {expected} codes (or a float cache, quantized on load)", path.display())]
+    CacheCodes {
+        what: &'static str,
+        path: PathBuf,
+        dtype: String,
+        precision: &'static str,
+        expected: &'static str,
+    },
     #[error("{what} file {} has dtype {dtype}; expected bool or uint8", path.display())]
     MaskDtype {
         what: &'static str,

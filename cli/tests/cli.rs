@@ -1134,9 +1134,11 @@ fn bench_runs_the_outside_baselines_or_says_why_not() {
 
 #[allow(dead_code)]
 #[path = "../../tests/common/decode.rs"]
-mod decode_case;
+mod decode;
+#[path = "../../tests/common/kv_quant.rs"]
+mod kv_quant;
 
-use decode_case::{CaseData, DecodeCase, Index};
+use decode::{CaseData, DecodeCase, Index};
 use flashattn::{DecodeOutput, HostKvCache, Precision, Tensor, TensorData};
 
 fn write_i32(path: &Path, shape: &[u64], data: &[i32]) {
@@ -2365,5 +2367,204 @@ fn dropout_errors_are_one_line_and_write_nothing() {
     assert_bad(&f, &out, "dropout");
     for name in ["dq.npy", "dk.npy", "dv.npy"] {
         assert!(!f.path(name).exists());
+    }
+}
+
+/// A quantized cache's files read back: codes (int8 or uint8) and scales.
+fn read_quant(f: &Files, d: &CaseData, quant: flashattn::CacheQuant) -> flashattn::QuantKvCache {
+    let codes = |name: &str| -> Vec<u8> {
+        let bytes = std::fs::read(f.path(name)).unwrap();
+        let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+        match quant {
+            flashattn::CacheQuant::Int8 => {
+                assert_eq!(npy.dtype().descr(), "'|i1'", "{name}");
+                npy.into_vec::<i8>()
+                    .unwrap()
+                    .into_iter()
+                    .map(|c| c as u8)
+                    .collect()
+            }
+            _ => {
+                assert_eq!(npy.dtype().descr(), "'|u1'", "{name}");
+                npy.into_vec::<u8>().unwrap()
+            }
+        }
+    };
+    let scales = |name: &str| read_f32(&f.path(name)).1;
+    let kv = |c: &str, s: &str| flashattn::QuantizedKv {
+        codes: codes(c),
+        scales: scales(s),
+    };
+    flashattn::QuantKvCache::new(
+        d.cache.shape,
+        quant,
+        d.q.precision(),
+        kv("kc2.npy", "ks2.npy"),
+        kv("vc2.npy", "vs2.npy"),
+    )
+    .unwrap()
+}
+
+#[test]
+fn decode_quantized_caches_match_the_reference_and_write_their_codes() {
+    use flashattn::{CacheQuant, QuantKvCache};
+    let cases = [
+        DecodeCase::new(&[40, 3], 16).heads(4, 2).append(2),
+        DecodeCase::new(&[30, 7], 8)
+            .paged(16)
+            .append(1)
+            .f16()
+            .opts(AttentionOptions::default().causal(true)),
+    ];
+    for quant in CacheQuant::ALL {
+        for case in &cases {
+            let f = Files::new();
+            let d = case.data();
+            let args = write_decode_case(&f, &d);
+            let outs: Vec<String> = [
+                ("--k-cache-out", "kc2.npy"),
+                ("--v-cache-out", "vc2.npy"),
+                ("--k-scales-out", "ks2.npy"),
+                ("--v-scales-out", "vs2.npy"),
+            ]
+            .iter()
+            .flat_map(|(flag, name)| [flag.to_string(), f.path(name).to_str().unwrap().into()])
+            .collect();
+            let precision = ["--cache-precision", quant.name(), "--backend", "auto"];
+            let out = decode_cmd(&[args.clone(), outs.clone()].concat(), &precision);
+            assert_ok(&out);
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("quantized KV cache"),
+                "auto says why the CPU backend decodes it"
+            );
+            // The float cache was quantized on load, then the rows appended.
+            let step = d.step();
+            let loaded = QuantKvCache::quantize(&d.cache, quant).unwrap();
+            let written = read_quant(&f, &d, quant);
+            assert!(
+                written == kv_quant::expected_append(&loaded, &step),
+                "{quant:?} {case:?}"
+            );
+            let o = read_tensor(&f.path("o.npy"));
+            let (_, lse) = read_f32(&f.path("lse.npy"));
+            let out = DecodeOutput {
+                o,
+                lse,
+                lse_shape: [d.case.batch(), d.case.heads_q, d.case.seqlen_q],
+                num_splits: 0,
+                stats: Default::default(),
+            };
+            let values = written.dequantized();
+            for c in flashattn::accuracy::check_decode_on_values(&out, &values, &step, &case.opts)
+                .unwrap()
+            {
+                assert!(c.passed(), "{quant:?} {case:?}: {c}");
+            }
+            // The written codes and scales are a cache the next step reads.
+            for name in ["kc2.npy", "vc2.npy", "ks2.npy", "vs2.npy"] {
+                std::fs::rename(f.path(name), f.path(&format!("in_{name}"))).unwrap();
+            }
+            let p = |name: &str| f.path(name).to_str().unwrap().to_string();
+            let mut next = without(&without(&without(&args, "--k-new"), "--v-new"), "--k-cache");
+            next = without(&next, "--v-cache");
+            next.extend([
+                "--k-cache".into(),
+                p("in_kc2.npy"),
+                "--v-cache".into(),
+                p("in_vc2.npy"),
+            ]);
+            next.extend([
+                "--k-scales".into(),
+                p("in_ks2.npy"),
+                "--v-scales".into(),
+                p("in_vs2.npy"),
+            ]);
+            let lens: Vec<i32> = d
+                .lens
+                .iter()
+                .map(|l| l + d.case.seqlen_new as i32)
+                .collect();
+            write_i32(&f.path("cs.npy"), &[lens.len() as u64], &lens);
+            assert_ok(&decode_cmd(&next, &["--cache-precision", quant.name()]));
+            let again = read_tensor(&f.path("o.npy"));
+            assert_eq!(
+                again.to_f32(),
+                out.o.to_f32(),
+                "{quant:?}: the same cache, the same o"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_quantized_bad_inputs_write_nothing() {
+    let f = Files::new();
+    let d = DecodeCase::new(&[5, 9], 8).append(2).data();
+    let args = write_decode_case(&f, &d);
+    let p = |name: &str| f.path(name).to_str().unwrap().to_string();
+    let run = |extra: &[String]| {
+        decode_cmd(
+            &[args.clone(), extra.to_vec()].concat(),
+            &["--backend", "cpu"],
+        )
+    };
+    let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
+    // Codes of the other format, codes without a precision or scales.
+    let [b, cap, h, dim] = d.cache.shape.dims();
+    let shape = [b as u64, cap as u64, h as u64, dim as u64];
+    write_array(&f.path("k_i8.npy"), &shape, &vec![1i8; b * cap * h * dim]);
+    write_array(&f.path("v_i8.npy"), &shape, &vec![1i8; b * cap * h * dim]);
+    let blocks = b * cap.div_ceil(16);
+    write_f32(
+        &f.path("ks.npy"),
+        &[blocks as u64, h as u64],
+        &vec![0.5; blocks * h],
+    );
+    let mut nan = vec![0.5; blocks * h];
+    nan[1] = f32::NAN;
+    write_f32(&f.path("ks_nan.npy"), &[blocks as u64, h as u64], &nan);
+    let codes = without(&without(&args, "--k-cache"), "--v-cache");
+    let with_codes = |extra: &[String]| {
+        let mut a = codes.clone();
+        a.extend([
+            "--k-cache".into(),
+            p("k_i8.npy"),
+            "--v-cache".into(),
+            p("v_i8.npy"),
+        ]);
+        a.extend(extra.iter().cloned());
+        decode_cmd(&a, &["--backend", "cpu"])
+    };
+    let scales = |k: &str| s(&["--k-scales", &p(k), "--v-scales", &p("ks.npy")]);
+    // (The int8 codes read as int8 first: the run is valid.)
+    assert_ok(&with_codes(
+        &[s(&["--cache-precision", "int8"]), scales("ks.npy")].concat(),
+    ));
+    std::fs::remove_file(f.path("o.npy")).unwrap();
+    std::fs::remove_file(f.path("lse.npy")).unwrap();
+    let fp8 = with_codes(&[s(&["--cache-precision", "fp8"]), scales("ks.npy")].concat());
+    assert_decode_bad(&f, &fp8, "--cache-precision fp8 reads uint8");
+    assert_decode_bad(&f, &with_codes(&[]), "needs --cache-precision");
+    assert_decode_bad(
+        &f,
+        &with_codes(&s(&["--cache-precision", "int8"])),
+        "needs --k-scales",
+    );
+    let bad_scale = with_codes(&[s(&["--cache-precision", "int8"]), scales("ks_nan.npy")].concat());
+    assert_decode_bad(&f, &bad_scale, "k_scales[1] is NaN");
+    // Scales with a float cache; an unknown format; a wgpu backend.
+    assert_decode_bad(
+        &f,
+        &run(&[s(&["--cache-precision", "int8"]), scales("ks.npy")].concat()),
+        "needs a cache of codes",
+    );
+    assert_decode_bad(
+        &f,
+        &run(&s(&["--cache-precision", "int4"])),
+        "unknown cache precision",
+    );
+    let out = decode_cmd(&args, &["--cache-precision", "int8", "--backend", "wgpu"]);
+    if engine().is_some() {
+        assert_decode_bad(&f, &out, "quantized KV caches");
     }
 }

@@ -84,6 +84,8 @@ pub enum Operation {
     Fp8,
     /// Decoding steps on a KV cache.
     Decode,
+    /// Decoding steps on a quantized (int8, FP8) KV cache.
+    QuantizedDecode,
 }
 
 /// The decision and why.
@@ -145,6 +147,11 @@ pub async fn choose(workload: &Workload) -> Result<Decision> {
 
 /// Decide for `workload`, reading and writing `cache` when given.
 pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Result<Decision> {
+    if workload.operation == Operation::QuantizedDecode {
+        return Ok(Decision::Cpu(
+            "a quantized KV cache: only the CPU backend decodes one so far".into(),
+        ));
+    }
     if workload.opts.dropout.is_active() {
         return Ok(Decision::Cpu(
             "dropout: only the CPU backend draws its mask so far".into(),

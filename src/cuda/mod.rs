@@ -138,6 +138,7 @@ pub fn takes(workload: &Workload) -> Result<()> {
     match workload.operation {
         Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
+        Operation::QuantizedDecode => unsupported("quantized KV caches"),
         // Decoding runs the forward over each sequence's cached keys, with
         // the options every backend's decoding takes.
         Operation::Decode => {

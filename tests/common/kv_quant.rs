@@ -3,6 +3,7 @@
 //! from the layout's own sizes), the check of a step on a quantized cache,
 //! and the quantized counterparts of the decode cases.
 
+#![allow(dead_code)] // each test binary uses part of it
 use super::decode::{CaseData, DecodeCase};
 use flashattn::accuracy::check_decode_on_values;
 use flashattn::quant::{e4m3_from_f64, e4m3_to_f32};

@@ -323,7 +323,7 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
         heads_q: pick(d.heads_q, 4, 32),
         heads_kv: pick(d.heads_kv, 2, 8),
         head_dim: pick(d.head_dim, 32, 128),
-        precisions: list::<Precision>(&d.dtypes)?,
+        dtypes: list::<db::CacheDtype>(&d.dtypes)?,
         splits: list::<SplitMode>(&d.splits)?,
         max_tokens: d.max_tokens,
         repeats: repeats.max(1),
@@ -383,7 +383,9 @@ fn decode(a: &BenchArgs) -> Result<()> {
     for g in &groups {
         bar.set_message(format!(
             "decode batch {} cache {} {}",
-            g.batch, g.cache_len, g.precision
+            g.batch,
+            g.cache_len,
+            g.dtype.name()
         ));
         results.extend(db::run_group(engine.as_ref(), baselines.as_ref(), &set, g));
         bar.inc(1);

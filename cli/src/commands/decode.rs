@@ -10,8 +10,8 @@ use crate::args::DecodeArgs;
 use crate::error::{CliError, Result};
 use crate::npy::{self, IndexArray};
 use flashattn::{
-    AttentionOptions, AttentionShape, BackendKind, DecodeProblem, DecodeStep, HostKvCache,
-    Operation, Precision, Tensor, Workload,
+    AttentionOptions, AttentionShape, BackendKind, CacheQuant, CacheShape, DecodeProblem,
+    DecodeStep, HostKvCache, Operation, Precision, QuantKvCache, QuantizedKv, Tensor, Workload,
 };
 use std::path::{Path, PathBuf};
 
@@ -50,10 +50,25 @@ pub struct FileDtypes {
     pub v_cache: Precision,
 }
 
+/// The cache a step runs on: plain, or int8/FP8 codes with block scales.
+pub enum StepCache {
+    Plain(HostKvCache),
+    Quant(QuantKvCache),
+}
+
+impl StepCache {
+    fn shape(&self) -> &CacheShape {
+        match self {
+            StepCache::Plain(c) => &c.shape,
+            StepCache::Quant(c) => &c.shape,
+        }
+    }
+}
+
 /// Everything a decoding step needs, validated.
 pub struct Prepared {
     pub inputs: StepInputs,
-    pub cache: HostKvCache,
+    pub cache: StepCache,
     pub problem: DecodeProblem,
     pub dtypes: FileDtypes,
     pub opts: AttentionOptions,
@@ -77,7 +92,11 @@ impl Prepared {
             p.heads_kv,
             p.head_dim,
         )?;
-        Ok(Workload::new(shape, p.precision, self.opts.clone()).operation(Operation::Decode))
+        let operation = match self.cache {
+            StepCache::Plain(_) => Operation::Decode,
+            StepCache::Quant(_) => Operation::QuantizedDecode,
+        };
+        Ok(Workload::new(shape, p.precision, self.opts.clone()).operation(operation))
     }
 }
 
@@ -189,9 +208,75 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         (&a.k_cache_out, "--k-cache-out"),
         (&a.v_cache_out, "--v-cache-out"),
     )?;
+    let quant = a
+        .cache_precision
+        .as_deref()
+        .map(CacheQuant::parse)
+        .transpose()?;
+    let scales = pair((&a.k_scales, "--k-scales"), (&a.v_scales, "--v-scales"))?;
+    let scales_out = pair(
+        (&a.k_scales_out, "--k-scales-out"),
+        (&a.v_scales_out, "--v-scales-out"),
+    )?;
+    let codes =
+        npy::holds_codes("k_cache", &a.k_cache)? || npy::holds_codes("v_cache", &a.v_cache)?;
+    match (quant, codes, scales.is_some()) {
+        (None, true, _) => {
+            return Err(CliError::Needs {
+                given: "a cache of int8 or uint8 codes",
+                needs: "--cache-precision int8|fp8 and --k-scales/--v-scales",
+            })
+        }
+        (Some(_), true, false) => {
+            return Err(CliError::Needs {
+                given: "a cache of codes",
+                needs: "--k-scales and --v-scales",
+            })
+        }
+        (Some(_), false, true) => {
+            return Err(CliError::Needs {
+                given: "--k-scales/--v-scales",
+                needs: "a cache of codes (int8, or uint8 for fp8)",
+            })
+        }
+        _ => {}
+    }
+    if quant.is_some() && a.k_cache_out.is_some() && scales_out.is_none() {
+        return Err(CliError::Needs {
+            given: "--k-cache-out of a quantized cache",
+            needs: "--k-scales-out and --v-scales-out",
+        });
+    }
+    if scales_out.is_some() && a.k_cache_out.is_none() {
+        return Err(CliError::Needs {
+            given: "--k-scales-out/--v-scales-out",
+            needs: "--k-cache-out and --v-cache-out",
+        });
+    }
     let q = read4("q", &a.q, TENSOR_DIMS)?;
-    let k_cache = read4("k_cache", &a.k_cache, CACHE_DIMS)?;
-    let v_cache = read4("v_cache", &a.v_cache, CACHE_DIMS)?;
+    let paged = a.block_table.is_some();
+    // A cache of codes is read as codes; any other as floats.
+    let (k_cache, v_cache, code_cache) = match (quant, scales) {
+        (Some(quant), Some((ks, vs))) => {
+            let (k_shape, k) = npy::read_codes("k_cache", &a.k_cache, quant, CACHE_DIMS)?;
+            let (v_shape, v) = npy::read_codes("v_cache", &a.v_cache, quant, CACHE_DIMS)?;
+            let dims = |s: &[usize]| [s[0], s[1], s[2], s[3]];
+            let shape = CacheShape::from_kv_dims(dims(&k_shape), dims(&v_shape), paged)?;
+            let (_, k_scales) = npy::read_f32("k_scales", ks)?;
+            let (_, v_scales) = npy::read_f32("v_scales", vs)?;
+            let kv = |codes, scales| QuantizedKv { codes, scales };
+            (
+                None,
+                None,
+                Some((quant, shape, kv(k, k_scales), kv(v, v_scales))),
+            )
+        }
+        _ => (
+            Some(read4("k_cache", &a.k_cache, CACHE_DIMS)?),
+            Some(read4("v_cache", &a.v_cache, CACHE_DIMS)?),
+            None,
+        ),
+    };
     let new_kv = match new_paths {
         Some((k, v)) => Some([
             read4("k_new", k, TENSOR_DIMS)?,
@@ -202,19 +287,33 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     let (cache_seqlens, cache_batch_idx, block_table) = read_indices(a, q.shape[0])?;
     let dtypes = FileDtypes {
         q: q.precision(),
-        k_cache: k_cache.precision(),
-        v_cache: v_cache.precision(),
+        k_cache: k_cache.as_ref().map_or(q.precision(), Tensor::precision),
+        v_cache: v_cache.as_ref().map_or(q.precision(), Tensor::precision),
     };
     if precision.is_none() {
-        let mut others = vec![("k_cache", &k_cache), ("v_cache", &v_cache)];
+        let mut others: Vec<(&'static str, &Tensor)> = Vec::new();
+        if let (Some(k), Some(v)) = (&k_cache, &v_cache) {
+            others.extend([("k_cache", k), ("v_cache", v)]);
+        }
         if let Some([k, v]) = &new_kv {
             others.extend([("k_new", k), ("v_new", v)]);
         }
         same_dtype(&q, &others)?;
     }
     let to = precision.unwrap_or(dtypes.q);
-    let paged = block_table.is_some();
-    let cache = HostKvCache::from_tensors(convert(k_cache, to), convert(v_cache, to), paged)?;
+    let cache = match (k_cache, v_cache, code_cache) {
+        (_, _, Some((quant, shape, k, v))) => {
+            StepCache::Quant(QuantKvCache::new(shape, quant, to, k, v)?)
+        }
+        (Some(k), Some(v), None) => {
+            let plain = HostKvCache::from_tensors(convert(k, to), convert(v, to), paged)?;
+            match quant {
+                Some(quant) => StepCache::Quant(QuantKvCache::quantize(&plain, quant)?),
+                None => StepCache::Plain(plain),
+            }
+        }
+        _ => unreachable!("a cache is read as codes or as floats"),
+    };
     let inputs = StepInputs {
         q: convert(q, to),
         cache_seqlens,
@@ -222,7 +321,7 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         block_table,
         new_kv: new_kv.map(|kv| kv.map(|t| convert(t, to))),
     };
-    let problem = DecodeProblem::new(&inputs.step()?, &cache.shape, cache.precision())?;
+    let problem = DecodeProblem::new(&inputs.step()?, cache.shape(), to)?;
     let opts = super::layouts::read(&a.score, Default::default(), opts)?;
     opts.for_decoding(problem.batch, problem.heads_q)?;
     Ok(Prepared {
@@ -241,18 +340,35 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let backend = open(p.backend, &p.workload()?)?;
     let step = p.inputs.step()?;
     let mut cache = p.cache;
-    let out = backend.decode(&mut cache, &step, &p.opts, p.num_splits)?;
+    let out = match &mut cache {
+        StepCache::Plain(c) => backend.decode(c, &step, &p.opts, p.num_splits)?,
+        StepCache::Quant(c) => backend.decode_quantized(c, &step, &p.opts, p.num_splits)?,
+    };
     super::attention::say_verified(&out.stats);
     let lse = out.lse_tensor();
     let o = output(out.o, p.dtypes.q);
-    let mut outputs: Vec<(PathBuf, Tensor)> = vec![(a.out, o)];
+    let mut outputs: Vec<(PathBuf, std::io::Result<Vec<u8>>)> = vec![(a.out, npy::encode(&o))];
     if let Some(path) = a.lse {
-        outputs.push((path, lse));
+        outputs.push((path, npy::encode(&lse)));
     }
     if let (Some(k), Some(v)) = (a.k_cache_out, a.v_cache_out) {
-        outputs.push((k, output(cache.k_tensor(), p.dtypes.k_cache)));
-        outputs.push((v, output(cache.v_tensor(), p.dtypes.v_cache)));
+        match &cache {
+            StepCache::Plain(c) => {
+                outputs.push((k, npy::encode(&output(c.k_tensor(), p.dtypes.k_cache))));
+                outputs.push((v, npy::encode(&output(c.v_tensor(), p.dtypes.v_cache))));
+            }
+            StepCache::Quant(c) => {
+                let (s, quant) = (&c.shape, c.quant);
+                outputs.push((k, npy::encode_codes(&s.dims(), &c.k.codes, quant)));
+                outputs.push((v, npy::encode_codes(&s.v_dims(), &c.v.codes, quant)));
+                if let (Some(ks), Some(vs)) = (a.k_scales_out, a.v_scales_out) {
+                    let dims = [c.blocks().count() as u64, s.heads_kv as u64];
+                    outputs.push((ks, npy::encode_array(&dims, &c.k.scales)));
+                    outputs.push((vs, npy::encode_array(&dims, &c.v.scales)));
+                }
+            }
+        }
     }
-    let refs: Vec<(&Path, &Tensor)> = outputs.iter().map(|(p, t)| (p.as_path(), t)).collect();
-    npy::write_all(&refs)
+    let (paths, files): (Vec<PathBuf>, Vec<_>) = outputs.into_iter().unzip();
+    npy::write_files(paths.iter().map(PathBuf::as_path).zip(files).collect())
 }

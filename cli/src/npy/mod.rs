@@ -10,7 +10,7 @@ pub mod header;
 
 use crate::error::{CliError, Result};
 use flashattn::api::size;
-use flashattn::{Tensor, TensorData};
+use flashattn::{CacheQuant, Tensor, TensorData};
 use half::f16;
 use npyz::WriterBuilder;
 use std::fs::File;
@@ -24,6 +24,7 @@ pub enum Element {
     F16,
     I32,
     I64,
+    I8,
     U8,
     Bool,
 }
@@ -45,6 +46,7 @@ impl Element {
             "f2" => Element::F16,
             "i4" => Element::I32,
             "i8" => Element::I64,
+            "i1" => Element::I8,
             "u1" => Element::U8,
             "b1" => Element::Bool,
             _ => return None,
@@ -56,7 +58,7 @@ impl Element {
             Element::F32 | Element::I32 => 4,
             Element::F16 => 2,
             Element::I64 => 8,
-            Element::U8 | Element::Bool => 1,
+            Element::I8 | Element::U8 | Element::Bool => 1,
         }
     }
 }
@@ -229,6 +231,58 @@ pub fn read_mask(
             path: path.to_path_buf(),
             dtype: npy.header.descr,
         }),
+    }
+}
+
+/// A quantized cache's codes (`quant`'s dtype: int8 for int8 codes, uint8
+/// for FP8's e4m3 bytes) of rank 4, as bytes, naming `what` in every error.
+pub fn read_codes(
+    what: &'static str,
+    path: &Path,
+    quant: CacheQuant,
+    expected: &'static str,
+) -> Result<(Vec<usize>, Vec<u8>)> {
+    let npy = open_rank(what, path, (4, expected))?;
+    match (quant, npy.element) {
+        (CacheQuant::Int8, Some(Element::I8)) => npy.data::<u8>(what, path, Element::I8),
+        (CacheQuant::Fp8, Some(Element::U8)) => npy.data::<u8>(what, path, Element::U8),
+        _ => Err(CliError::CacheCodes {
+            what,
+            path: path.to_path_buf(),
+            dtype: npy.header.descr,
+            precision: quant.name(),
+            expected: code_dtype(quant),
+        }),
+    }
+}
+
+/// The numpy dtype of `quant`'s codes.
+pub fn code_dtype(quant: CacheQuant) -> &'static str {
+    match quant {
+        CacheQuant::Int8 => "int8",
+        _ => "uint8 (e4m3 bytes)",
+    }
+}
+
+/// Whether `path` holds a quantized cache's codes (int8 or uint8), read
+/// from its header only.
+pub fn holds_codes(what: &'static str, path: &Path) -> Result<bool> {
+    Ok(matches!(
+        open(what, path)?.element,
+        Some(Element::I8 | Element::U8)
+    ))
+}
+
+/// A quantized cache's codes as an `.npy` file: int8 codes as int8, FP8's
+/// as uint8.
+pub fn encode_codes(shape: &[usize], codes: &[u8], quant: CacheQuant) -> std::io::Result<Vec<u8>> {
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    match quant {
+        CacheQuant::Int8 => {
+            let signed: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+            encode_array(&shape, &signed)
+        }
+        _ => encode_array(&shape, codes),
     }
 }
 
