@@ -310,20 +310,43 @@ impl Task for SplitTask<'_, '_> {
             .iter()
             .map(|q| Stream::new(g, &rule, q, round_p))
             .collect();
-        let mut block = Block::new(g, p.heads_kv);
-        for kb in streams[0].key_blocks() {
-            let Some(reach) = streams[0].reach(kb) else {
-                continue;
-            };
-            block.widen::<K>(w, b, kb, &reach.keys);
-            for (hk, stream) in streams.iter_mut().enumerate() {
-                let head = hk * g.bc;
-                let blk = KeyBlock {
-                    k: Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
-                    v: &block.v()[head * g.dvpad..],
-                    ldv: g.dvpad,
-                };
-                stream.update::<K>(&reach, &blk);
+        match w.cache {
+            Source::Plain(cache) => {
+                let mut block = Block::new(g, p.heads_kv);
+                for kb in streams[0].key_blocks() {
+                    let Some(reach) = streams[0].reach(kb) else {
+                        continue;
+                    };
+                    block.widen::<K>(w, cache, b, kb, &reach.keys);
+                    for (hk, stream) in streams.iter_mut().enumerate() {
+                        let head = hk * g.bc;
+                        let blk = KeyBlock {
+                            k: Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
+                            v: &block.v()[head * g.dvpad..],
+                            ldv: g.dvpad,
+                        };
+                        stream.update::<K>(&reach, &blk);
+                    }
+                }
+            }
+            Source::Quant(cache) => {
+                let mut block = CodeBlock::new(g, p.heads_kv);
+                for kb in streams[0].key_blocks() {
+                    let Some(reach) = streams[0].reach(kb) else {
+                        continue;
+                    };
+                    block.stage(w, cache, b, kb, &reach.keys);
+                    let keys = reach.keys.start - kb * g.bc..reach.keys.end - kb * g.bc;
+                    for (hk, stream) in streams.iter_mut().enumerate() {
+                        block.widen_head::<K>(g, cache.quant, hk, &keys);
+                        let blk = KeyBlock {
+                            k: Keys::Rows(block.head_k(), g.dpad),
+                            v: block.head_v(),
+                            ldv: g.dvpad,
+                        };
+                        stream.update::<K>(&reach, &blk);
+                    }
+                }
             }
         }
         streams.into_iter().map(Stream::finish).collect()
@@ -362,21 +385,21 @@ impl Block {
 
     /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
     #[inline(always)]
-    fn widen<K: Kernel>(&mut self, w: &Work, b: usize, kb: usize, keys: &Range<usize>) {
-        match w.cache {
-            Source::Plain(c) => match (&c.k, &c.v) {
-                (TensorData::F32(k), TensorData::F32(v)) => {
-                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
-                }
-                (TensorData::F16(k), TensorData::F16(v)) => {
-                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
-                }
-                (TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                    self.widen_as::<K, _>(w, b, kb, keys, k, v)
-                }
-                _ => unreachable!("decode checked that K and V share their precision"),
-            },
-            Source::Quant(c) => self.widen_codes::<K>(w, c, b, kb, keys),
+    fn widen<K: Kernel>(
+        &mut self,
+        w: &Work,
+        cache: &HostKvCache,
+        b: usize,
+        kb: usize,
+        keys: &Range<usize>,
+    ) {
+        match (&cache.k, &cache.v) {
+            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
+            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
+            (TensorData::Bf16(k), TensorData::Bf16(v)) => {
+                self.widen_as::<K, _>(w, b, kb, keys, k, v)
+            }
+            _ => unreachable!("decode checked that K and V share their precision"),
         }
     }
 
@@ -428,42 +451,104 @@ impl Block {
             }
         }
     }
+}
 
-    /// [`widen_as`](Self::widen_as) for a quantized cache: each head's
-    /// codes times its block's scale.
+/// One key block of a quantized cache. Its codes are copied head by head in
+/// one sequential sweep of the cache's rows (a byte an element: a quarter
+/// of [`Block`]'s f32 traffic), with each key's block scale; then each
+/// head's rows are widened to f32 just before its keys are used, into rows
+/// that stay in L1.
+struct CodeBlock {
+    /// Codes, `(heads, bc, d)` then `(heads, bc, dv)`.
+    k: Vec<u8>,
+    v: Vec<u8>,
+    /// Each (head, key)'s scale, `(heads, bc)`; 0 past the sequence's last
+    /// key, so those rows widen to zeros.
+    k_scale: Vec<f32>,
+    v_scale: Vec<f32>,
+    /// One head's rows as f32: K's `(bc, dpad)`, then V's `(bc, dvpad)`,
+    /// zero-padded (the padding is never written).
+    head: Buffer,
+    half: usize,
+}
+
+impl CodeBlock {
+    fn new(g: &Geometry, heads: usize) -> Self {
+        let half = g.bc * g.dpad;
+        Self {
+            k: vec![0; heads * g.bc * g.d],
+            v: vec![0; heads * g.bc * g.dv],
+            k_scale: vec![0.0; heads * g.bc],
+            v_scale: vec![0.0; heads * g.bc],
+            head: Buffer::zeroed(half + g.bc * g.dvpad),
+            half,
+        }
+    }
+
+    fn head_k(&self) -> &[f32] {
+        &self.head[..self.half]
+    }
+
+    fn head_v(&self) -> &[f32] {
+        &self.head[self.half..]
+    }
+
+    /// Keys `keys` (within block `kb`) of sequence `b`: codes and scales.
     #[inline(always)]
-    fn widen_codes<K: Kernel>(
-        &mut self,
-        w: &Work,
-        cache: &QuantKvCache,
-        b: usize,
-        kb: usize,
-        keys: &Range<usize>,
-    ) {
-        let g = &w.g;
-        let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
+    fn stage(&mut self, w: &Work, cache: &QuantKvCache, b: usize, kb: usize, keys: &Range<usize>) {
+        let (g, heads) = (&w.g, w.p.heads_kv);
+        let (d, dv) = (g.d, g.dv);
         let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
         let blocks = cache.blocks();
-        let (ks, vs) = self.data.split_at_mut(self.half);
-        for (c, row) in Self::key_rows(w, b, kb, keys) {
+        let (k, v) = (&cache.k, &cache.v);
+        for (c, row) in Block::key_rows(w, b, kb, keys) {
+            let Some(row) = row else {
+                for hk in 0..heads {
+                    self.k_scale[hk * g.bc + c] = 0.0;
+                    self.v_scale[hk * g.bc + c] = 0.0;
+                }
+                continue;
+            };
+            let first = blocks.block(row) * heads;
+            let (k_row, v_row) = (
+                &k.codes[row * k_len..][..k_len],
+                &v.codes[row * v_len..][..v_len],
+            );
             for hk in 0..heads {
                 let at = hk * g.bc + c;
-                let (kr, vr) = (&mut ks[at * g.dpad..][..d], &mut vs[at * g.dvpad..][..dv]);
-                match row {
-                    Some(row) => {
-                        let scale = blocks.block(row) * heads + hk;
-                        let (k, v) = (&cache.k, &cache.v);
-                        let kc = &k.codes[row * k_len + hk * d..][..d];
-                        let vc = &v.codes[row * v_len + hk * dv..][..dv];
-                        widen_codes::<K>(cache.quant, kc, k.scales[scale], kr);
-                        widen_codes::<K>(cache.quant, vc, v.scales[scale], vr);
-                    }
-                    None => {
-                        kr.fill(0.0);
-                        vr.fill(0.0);
-                    }
-                }
+                self.k[at * d..][..d].copy_from_slice(&k_row[hk * d..][..d]);
+                self.v[at * dv..][..dv].copy_from_slice(&v_row[hk * dv..][..dv]);
+                self.k_scale[at] = k.scales[first + hk];
+                self.v_scale[at] = v.scales[first + hk];
             }
+        }
+    }
+
+    /// Head `hk`'s rows `keys` (of the block) widened to f32.
+    #[inline(always)]
+    fn widen_head<K: Kernel>(
+        &mut self,
+        g: &Geometry,
+        quant: CacheQuant,
+        hk: usize,
+        keys: &Range<usize>,
+    ) {
+        let (d, dv) = (g.d, g.dv);
+        let (hk_, hv) = self.head.split_at_mut(self.half);
+        for c in keys.clone() {
+            let at = hk * g.bc + c;
+            widen_codes::<K>(
+                quant,
+                &self.k[at * d..][..d],
+                self.k_scale[at],
+                &mut hk_[c * g.dpad..][..d],
+            );
+            widen_codes::<K>(
+                quant,
+                &self.v[at * dv..][..dv],
+                self.v_scale[at],
+                &mut hv[c * g.dvpad..][..dv],
+            );
         }
     }
 }
