@@ -25,6 +25,7 @@ from .functional import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
+    quantize_kv_cache,
 )
 
 __version__ = version()
@@ -42,5 +43,6 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "max_head_dim",
+    "quantize_kv_cache",
     *errors.__all__,
 ]

@@ -115,6 +115,14 @@ def raw(x: Any) -> Raw:
     return (x.ctypes.data, list(x.shape), _NUMPY_DTYPES[x.dtype])
 
 
+def raw_codes(x: Any) -> Raw:
+    """The engine's view of a contiguous host tensor of one-byte codes
+    (int8, uint8, float8_e4m3fn)."""
+    if is_torch(x):
+        return (x.data_ptr(), list(x.shape), dtype_name(x))
+    return (x.ctypes.data, list(x.shape), str(x.dtype))
+
+
 def empty(shape: Sequence[int], like: Any, float32: bool = False) -> Any:
     """A host tensor of ``like``'s kind, in its dtype (or float32)."""
     if is_torch(like):

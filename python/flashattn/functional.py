@@ -13,18 +13,22 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from . import _native, errors
 from ._tensors import (
     as_bytes,
     check_device,
     check_float,
     check_rank,
+    dtype_name,
     empty,
     float_list,
     host,
     int32_list,
     is_torch,
     raw,
+    raw_codes,
     to_device,
     torch,
 )
@@ -517,6 +521,9 @@ def flash_attn_with_kvcache(
     rotary_cos=None,
     rotary_sin=None,
     cache_leftpad=None,
+    cache_dtype=None,
+    k_scales=None,
+    v_scales=None,
 ):
     """Attention of new queries over a KV cache, as
     ``flash_attn.flash_attn_with_kvcache`` (no gradient).
@@ -535,6 +542,14 @@ def flash_attn_with_kvcache(
     ``num_splits``: 0 lets the engine split the keys as it plans (split-KV,
     merged by LSE), 1 does not split, n splits n ways. Returns ``o`` or
     ``(o, softmax_lse)`` (``(batch, heads_q, seqlen_q)`` float32).
+
+    ``cache_dtype="int8"`` or ``"fp8"`` (or ``torch.int8`` /
+    ``torch.float8_e4m3fn``): the caches are quantized (docs/kv-quantization.md),
+    int8 codes, or FP8's e4m3 bytes as uint8 or float8_e4m3fn, with float32
+    block scales ``k_scales``/``v_scales`` of ``(blocks, heads_kv)`` (one per
+    page, or per 16 tokens of a dense cache's row: :func:`quantize_kv_cache`
+    makes them). Appends quantize in place, codes and scales both; q, k, v
+    and o keep their float dtype. The CPU backend decodes them.
     """
     for name, value in (
         ("rotary_cos", rotary_cos),
@@ -557,7 +572,12 @@ def flash_attn_with_kvcache(
             what="flash_attn_with_kvcache",
             feature="k without v",
         )
+    quant = _cache_quant(cache_dtype)
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if quant is not None:
+        _check_codes(quant, [("k_cache", k_cache), ("v_cache", v_cache)], k_scales, v_scales)
+        named = [("q", q)]
+        check_device([("k_cache", k_cache), ("v_cache", v_cache)], q)
     if k is not None:
         named += [("k", k), ("v", v)]
     _check_inputs(named, (4,))
@@ -597,13 +617,22 @@ def flash_attn_with_kvcache(
         new_kv = (raw(kh), raw(vh))
     o = empty(list(q.shape[:-1]) + [v_cache.shape[-1]], qh)
     lse = empty([q.shape[0], q.shape[2], q.shape[1]], qh, float32=True)
-    _native.decode(
-        raw(qh), raw(kc), raw(vc), paged, new_kv, seqlens, idx, table,
-        raw(o), raw(lse), opts, backend, int(num_splits),
-    )  # fmt: skip
+    written = [(k_cache, kc), (v_cache, vc)]
+    if quant is None:
+        _native.decode(
+            raw(qh), raw(kc), raw(vc), paged, new_kv, seqlens, idx, table,
+            raw(o), raw(lse), opts, backend, int(num_splits),
+        )  # fmt: skip
+    else:
+        ks, vs = host(k_scales), host(v_scales)
+        written += [(k_scales, ks), (v_scales, vs)]
+        _native.decode_quantized(
+            raw(qh), raw_codes(kc), raw_codes(vc), raw(ks), raw(vs), quant, paged, new_kv,
+            seqlens, idx, table, raw(o), raw(lse), opts, backend, int(num_splits),
+        )  # fmt: skip
     if new_kv is not None:
         # A cache that is not contiguous host memory was copied: write back.
-        for cache, copy in ((k_cache, kc), (v_cache, vc)):
+        for cache, copy in written:
             if copy is not cache and not _same_memory(cache, copy):
                 if is_torch(cache):
                     cache.copy_(copy)
@@ -611,6 +640,88 @@ def flash_attn_with_kvcache(
                     cache[...] = copy
     o, lse = to_device(o, q), to_device(lse, q)
     return (o, lse) if return_softmax_lse else o
+
+
+def _cache_quant(cache_dtype: Any) -> Optional[str]:
+    """``"int8"``, ``"fp8"`` or ``None`` for a ``cache_dtype`` argument."""
+    if cache_dtype is None:
+        return None
+    names = {"int8": "int8", "fp8": "fp8", "float8_e4m3fn": "fp8"}
+    name = names.get(str(cache_dtype).replace("torch.", ""))
+    if name is None:
+        raise errors.UnknownName(  # type: ignore[attr-defined]
+            f"unknown cache precision `{cache_dtype}` (expected int8, fp8)",
+            what="cache precision",
+            name=str(cache_dtype),
+            expected="int8, fp8",
+        )
+    return name
+
+
+def _check_codes(quant: str, caches, k_scales, v_scales) -> None:
+    """The caches hold ``quant``'s codes; both scales are given, float32."""
+    allowed = {"int8": ("int8",), "fp8": ("uint8", "float8_e4m3fn")}[quant]
+    for name, cache in caches:
+        check_rank(cache, name, (4,))
+        got = dtype_name(cache)
+        if got not in allowed:
+            raise errors.error(
+                "DtypeMismatch",
+                f"{name} has dtype {got}; cache_dtype {quant} needs {' or '.join(allowed)} codes",
+                tensor=name,
+                dtype=got,
+                like="cache_dtype",
+                expected=" or ".join(allowed),
+            )
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if scales is None:
+            raise errors.error(
+                "Unsupported",
+                f"a quantized cache needs {name}: its block scales (quantize_kv_cache makes them)",
+                what="flash_attn_with_kvcache",
+                feature=f"cache_dtype without {name}",
+            )
+        if dtype_name(scales) != "float32":
+            raise errors.error(
+                "UnsupportedDtype",
+                f"{name} has dtype {dtype_name(scales)}, expected float32",
+                tensor=name,
+                dtype=dtype_name(scales),
+                expected="float32",
+            )
+
+
+def quantize_kv_cache(k_cache, v_cache, cache_dtype, paged: bool = False):
+    """A float KV cache quantized for ``flash_attn_with_kvcache(...,
+    cache_dtype=...)``: ``(k_codes, v_codes, k_scales, v_scales)`` on the
+    caches' kind (torch or numpy). Codes are int8 for ``"int8"`` and uint8
+    (e4m3 bytes) for ``"fp8"``; each block's scale comes from its largest
+    magnitude (a page with ``paged=True``, else 16 tokens of a row). A cache
+    of zeros gives the smallest scale, 2⁻¹⁰⁰: an empty cache to append to."""
+    quant = _cache_quant(cache_dtype)
+    _check_inputs([("k_cache", k_cache), ("v_cache", v_cache)], (4,))
+    kc, vc = host(k_cache), host(v_cache)
+    pages, page = k_cache.shape[0], k_cache.shape[1]
+    blocks = pages * (1 if paged else -(-page // min(16, page)))
+    heads = k_cache.shape[2]
+    if is_torch(kc):
+        code = torch.int8 if quant == "int8" else torch.uint8
+        make = lambda shape, dt: torch.empty(tuple(shape), dtype=dt)  # noqa: E731
+        f32 = torch.float32
+    else:
+        code = np.int8 if quant == "int8" else np.uint8
+        make = lambda shape, dt: np.empty(tuple(shape), dtype=dt)  # noqa: E731
+        f32 = np.float32
+    out = (
+        make(kc.shape, code),
+        make(vc.shape, code),
+        make((blocks, heads), f32),
+        make((blocks, heads), f32),
+    )
+    _native.quantize_kv_cache(
+        raw(kc), raw(vc), quant, paged, raw_codes(out[0]), raw_codes(out[1]), raw(out[2]), raw(out[3])
+    )
+    return tuple(to_device(x, k_cache) for x in out)
 
 
 def _same_memory(a: Any, b: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from . import _native
-from ._tensors import host, raw
+from ._tensors import host, raw, raw_codes
 
 
 class Check(NamedTuple):
@@ -58,6 +58,26 @@ def check_decode(
         _native.check_decode(
             raw(qh), raw(kc), raw(vc), block_table is not None, new_kv, list(cache_seqlens),
             cache_batch_idx, block_table, raw(oh), raw(lh), opts,
+        )  # fmt: skip
+    )
+
+
+def check_decode_quantized(
+    q, k_codes, v_codes, k_scales, v_scales, cache_dtype, paged, k, v, cache_seqlens,
+    cache_batch_idx, block_table, o, lse, opts,
+) -> List[Check]:  # fmt: skip
+    """A step on a quantized cache: ``o`` and ``lse`` against the f64
+    reference on the values of the codes and scales *after* the step (its
+    new rows in them); ``cache_seqlens`` are those before it."""
+    qh, kc, vc, ks, vs, oh, lh = (host(x) for x in (q, k_codes, v_codes, k_scales, v_scales, o, lse))
+    new_kv = None
+    if k is not None:
+        kh, vh = host(k), host(v)
+        new_kv = (raw(kh), raw(vh))
+    return _checks(
+        _native.check_decode_quantized(
+            raw(qh), raw_codes(kc), raw_codes(vc), raw(ks), raw(vs), cache_dtype, paged, new_kv,
+            list(cache_seqlens), cache_batch_idx, block_table, raw(oh), raw(lh), opts,
         )  # fmt: skip
     )
 

@@ -271,6 +271,172 @@ fn decode(
     result.map_err(|e| errors::to_py(py, e))
 }
 
+/// A quantized cache from the caller's code and scale tensors (copies).
+///
+/// # Safety
+/// As [`Raw::view`].
+unsafe fn quant_cache(
+    codes: [&RawMut; 2],
+    scales: [&RawMut; 2],
+    quant: &str,
+    precision: flashattn::Precision,
+    paged: bool,
+) -> flashattn::Result<flashattn::QuantKvCache> {
+    let dims = |r: &RawMut, name: &'static str| -> flashattn::Result<[usize; 4]> {
+        r.0.shape().try_into().map_err(|_| flashattn::Error::Rank {
+            tensor: name,
+            shape: r.0.shape().to_vec(),
+            rank: r.0.shape().len(),
+            expected: 4,
+        })
+    };
+    let [k, v] = codes;
+    let shape =
+        flashattn::CacheShape::from_kv_dims(dims(k, "k_cache")?, dims(v, "v_cache")?, paged)?;
+    let part = |c: &RawMut, s: &RawMut, names| -> flashattn::Result<flashattn::QuantizedKv> {
+        let (cn, sn) = names;
+        Ok(flashattn::QuantizedKv {
+            codes: c.codes(cn)?.to_vec(),
+            scales: s.f32s(sn)?.to_vec(),
+        })
+    };
+    flashattn::QuantKvCache::new(
+        shape,
+        flashattn::CacheQuant::parse(quant)?,
+        precision,
+        part(k, scales[0], ("k_cache", "k_scales"))?,
+        part(v, scales[1], ("v_cache", "v_scales"))?,
+    )
+}
+
+/// A decoding step on a quantized cache (int8 or fp8 codes with block
+/// scales), appending `k_new`/`v_new` in place first (codes and scales
+/// written back only after the step succeeded); o and lse into the
+/// outputs; returns the backend's name and the splits it ran with.
+#[pyfunction]
+#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits))]
+#[allow(clippy::too_many_arguments)]
+fn decode_quantized(
+    py: Python<'_>,
+    q: Raw,
+    k_codes: RawMut,
+    v_codes: RawMut,
+    k_scales: RawMut,
+    v_scales: RawMut,
+    quant: &str,
+    paged: bool,
+    new_kv: Option<(Raw, Raw)>,
+    cache_seqlens: Vec<i32>,
+    cache_batch_idx: Option<Vec<i32>>,
+    block_table: Option<(Vec<i32>, usize)>,
+    o_out: RawMut,
+    lse_out: RawMut,
+    opts: Opts,
+    backend: &str,
+    num_splits: usize,
+) -> PyResult<(String, usize)> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<(String, usize)> {
+        let opened = open(backend)?;
+        // SAFETY: as in `decode`.
+        let step =
+            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let codes = [&k_codes, &v_codes];
+        let mut cache = unsafe {
+            quant_cache(
+                codes,
+                [&k_scales, &v_scales],
+                quant,
+                step.q.precision(),
+                paged,
+            )?
+        };
+        let splits = (num_splits > 0).then_some(num_splits);
+        let out = opened
+            .backend
+            .decode_quantized(&mut cache, &step, &opts, splits)?;
+        unsafe {
+            o_out.write(&out.o.data, "o")?;
+            lse_out.write(&TensorData::F32(out.lse), "lse")?;
+            if new_kv.is_some() {
+                k_codes.write_bytes(&cache.k.codes, "k_cache")?;
+                v_codes.write_bytes(&cache.v.codes, "v_cache")?;
+                k_scales.write(&TensorData::F32(cache.k.scales.clone()), "k_scales")?;
+                v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+            }
+        }
+        Ok((opened.backend.name(), out.num_splits))
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// A float cache quantized (each block's scale from its largest
+/// magnitude) into the code and scale outputs.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn quantize_kv_cache(
+    py: Python<'_>,
+    k: RawMut,
+    v: RawMut,
+    quant: &str,
+    paged: bool,
+    k_codes: RawMut,
+    v_codes: RawMut,
+    k_scales: RawMut,
+    v_scales: RawMut,
+) -> PyResult<()> {
+    let result = py.detach(|| -> flashattn::Result<()> {
+        // SAFETY: as in `decode`.
+        let plain = unsafe { host_cache(&k, &v, paged)? };
+        let cache =
+            flashattn::QuantKvCache::quantize(&plain, flashattn::CacheQuant::parse(quant)?)?;
+        unsafe {
+            k_codes.write_bytes(&cache.k.codes, "k_codes")?;
+            v_codes.write_bytes(&cache.v.codes, "v_codes")?;
+            k_scales.write(&TensorData::F32(cache.k.scales.clone()), "k_scales")?;
+            v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+        }
+        Ok(())
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
+/// A quantized cache's values (f32, the codes times their block scales).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn dequantize_kv_cache(
+    py: Python<'_>,
+    k_codes: RawMut,
+    v_codes: RawMut,
+    k_scales: RawMut,
+    v_scales: RawMut,
+    quant: &str,
+    paged: bool,
+    k_out: RawMut,
+    v_out: RawMut,
+) -> PyResult<()> {
+    let result = py.detach(|| -> flashattn::Result<()> {
+        // SAFETY: as in `decode`.
+        let cache = unsafe {
+            let codes = [&k_codes, &v_codes];
+            quant_cache(
+                codes,
+                [&k_scales, &v_scales],
+                quant,
+                flashattn::Precision::F32,
+                paged,
+            )?
+        };
+        let values = cache.dequantized();
+        unsafe {
+            k_out.write(&values.k, "k")?;
+            v_out.write(&values.v, "v")?;
+        }
+        Ok(())
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
 /// A decoding step from the Python layer's arguments.
 ///
 /// # Safety
@@ -436,6 +602,72 @@ fn check_decode(
     result.map_err(|e| errors::to_py(py, e))
 }
 
+/// The rule on a step on a quantized cache: o and lse against the f64
+/// reference on the values of the codes and scales after the step (the
+/// step's own rows in them), `cache_seqlens` those before it.
+#[pyfunction]
+#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts))]
+#[allow(clippy::too_many_arguments)]
+fn check_decode_quantized(
+    py: Python<'_>,
+    q: Raw,
+    k_codes: RawMut,
+    v_codes: RawMut,
+    k_scales: RawMut,
+    v_scales: RawMut,
+    quant: &str,
+    paged: bool,
+    new_kv: Option<(Raw, Raw)>,
+    cache_seqlens: Vec<i32>,
+    cache_batch_idx: Option<Vec<i32>>,
+    block_table: Option<(Vec<i32>, usize)>,
+    o: Raw,
+    lse: Raw,
+    opts: Opts,
+) -> PyResult<Vec<CheckRow>> {
+    let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
+    let result = py.detach(|| -> flashattn::Result<_> {
+        // SAFETY: as in `forward`; everything is only read.
+        let step =
+            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let cache = unsafe {
+            let codes = [&k_codes, &v_codes];
+            quant_cache(
+                codes,
+                [&k_scales, &v_scales],
+                quant,
+                step.q.precision(),
+                paged,
+            )?
+        };
+        let (o, lse) = unsafe { (o.view()?, lse.f32s("lse")?) };
+        let out = flashattn::DecodeOutput {
+            o: flashattn::Tensor {
+                shape: o.shape.to_vec(),
+                data: TensorData::from_bytes(o.data.as_bytes(), o.precision(), o.data.len()),
+            },
+            lse: lse.to_vec(),
+            lse_shape: [step.q.shape[0], step.q.shape[2], step.q.shape[1]],
+            num_splits: 0,
+            stats: Default::default(),
+        };
+        let checks = accuracy::check_decode_on_values(&out, &cache.dequantized(), &step, &opts)?;
+        Ok(checks
+            .iter()
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    c.max_error,
+                    c.bound,
+                    c.passed(),
+                    c.to_string(),
+                )
+            })
+            .collect())
+    });
+    result.map_err(|e| errors::to_py(py, e))
+}
+
 /// One verdict of the accuracy rule: `(name, max_error, bound, passed, line)`.
 type CheckRow = (String, f64, f64, bool, String);
 
@@ -531,9 +763,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_quantized, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_kv_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_kv_cache, m)?)?;
     m.add_function(wrap_pyfunction!(check_forward, m)?)?;
     m.add_function(wrap_pyfunction!(check_backward, m)?)?;
     m.add_function(wrap_pyfunction!(check_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(check_decode_quantized, m)?)?;
     m.add_function(wrap_pyfunction!(reference_forward, m)?)?;
     m.add_function(wrap_pyfunction!(_error_fields, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;

@@ -123,6 +123,63 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// The bytes of a one-byte tensor (int8, uint8 or float8_e4m3fn: a
+    /// quantized cache's codes).
+    ///
+    /// # Safety
+    /// As [`Raw::host`], for one-byte elements.
+    pub unsafe fn codes(&self, name: &'static str) -> Result<&[u8]> {
+        match self.2.as_str() {
+            "int8" | "uint8" | "float8_e4m3fn" => Ok(elements::<u8>(self.addr(), self.len()?)),
+            other => Err(Error::UnknownName {
+                what: "code dtype",
+                name: format!("{other} ({name})"),
+                expected: "int8, uint8 or float8_e4m3fn",
+            }),
+        }
+    }
+}
+
+impl RawMut {
+    /// The bytes of a one-byte tensor (read), as [`Raw::codes`].
+    ///
+    /// # Safety
+    /// As [`Raw::host`].
+    pub unsafe fn codes(&self, name: &'static str) -> Result<&[u8]> {
+        self.0.codes(name)
+    }
+
+    /// The elements of an f32 tensor (read).
+    ///
+    /// # Safety
+    /// As [`Raw::host`].
+    pub unsafe fn f32s(&self, name: &'static str) -> Result<&[f32]> {
+        self.0.f32s(name)
+    }
+
+    /// Copy `bytes` into a one-byte tensor of exactly that many elements.
+    ///
+    /// # Safety
+    /// As [`RawMut::write`].
+    pub unsafe fn write_bytes(&self, bytes: &[u8], name: &'static str) -> Result<()> {
+        self.codes(name)?;
+        let n = self.0.len()?;
+        if n != bytes.len() {
+            return Err(Error::DataLength {
+                tensor: name,
+                shape: self.0.shape().to_vec(),
+                expected: bytes.len(),
+                actual: n,
+            });
+        }
+        if !bytes.is_empty() {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.0.addr() as *mut u8, n);
+        }
+        Ok(())
+    }
+}
+
 impl RawMut {
     /// The elements (read).
     ///

@@ -242,3 +242,61 @@ def test_packed_forms_are_the_unpacked_calls(backend):
         packed[:, 0], packed[:, 1:], cu, cu, 12, 12, backend=backend
     )
     assert torch.equal(o_kv, o_ref)
+
+
+@pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_kvcache_quantized(cache_dtype, layout, dtype):
+    paged = layout == "paged"
+    q, k_cache, v_cache, k, v, seqlens, _, table = _cache_case(paged, DTYPES[dtype])
+    kc, vc, ks, vs = flashattn.quantize_kv_cache(k_cache, v_cache, cache_dtype, paged=paged)
+    assert kc.dtype == (torch.int8 if cache_dtype == "int8" else torch.uint8)
+    blocks = k_cache.shape[0] * (1 if paged else 40 // 16 + 1)
+    assert ks.shape == (blocks, 2) and ks.dtype == torch.float32
+    before = (kc.clone(), ks.clone())
+    o, lse = flash_attn_with_kvcache(
+        q, kc, vc, k, v, cache_seqlens=seqlens, block_table=table, causal=True,
+        return_softmax_lse=True, backend="cpu", cache_dtype=cache_dtype, k_scales=ks, v_scales=vs,
+    )  # fmt: skip
+    assert o.dtype == q.dtype and o.shape == q.shape
+    # The appends were quantized in place: codes changed, scales only grew.
+    assert not torch.equal(kc, before[0]) and torch.all(ks >= before[1])
+    tab = None if table is None else (table.reshape(-1).tolist(), table.shape[1])
+    checks = testing.check_decode_quantized(
+        q, kc, vc, ks, vs, cache_dtype, paged, k, v, seqlens.tolist(), None, tab, o, lse,
+        options(causal=True),
+    )  # fmt: skip
+    testing.assert_passed(checks, f"kvcache {cache_dtype} {layout} {dtype}")
+    # Close to the float cache's own result.
+    o_plain = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table, causal=True,
+        backend="cpu",
+    )  # fmt: skip
+    err = (o.float() - o_plain.float()).pow(2).mean().sqrt() / o_plain.float().pow(2).mean().sqrt()
+    assert 0 < err < (0.03 if cache_dtype == "int8" else 0.08), err
+
+
+def test_kvcache_quantized_errors():
+    q, k_cache, v_cache, k, v, seqlens, _, _ = _cache_case(False, torch.float32)
+    kc, vc, ks, vs = flashattn.quantize_kv_cache(k_cache, v_cache, "int8")
+    kw = dict(cache_seqlens=seqlens, backend="cpu")
+    # Codes of the other format, missing scales, an unknown format.
+    with pytest.raises(flashattn.DtypeMismatch, match="cache_dtype fp8 needs uint8"):
+        flash_attn_with_kvcache(q, kc, vc, cache_dtype="fp8", k_scales=ks, v_scales=vs, **kw)
+    with pytest.raises(flashattn.Unsupported, match="needs v_scales"):
+        flash_attn_with_kvcache(q, kc, vc, cache_dtype="int8", k_scales=ks, **kw)
+    with pytest.raises(flashattn.UnknownName):
+        flash_attn_with_kvcache(q, kc, vc, cache_dtype="int4", k_scales=ks, v_scales=vs, **kw)
+    # A bad scale: a typed error, the caches untouched.
+    bad = ks.clone()
+    bad[2, 1] = float("nan")
+    before = kc.clone()
+    with pytest.raises(flashattn.InvalidCacheScale):
+        flash_attn_with_kvcache(
+            q, kc, vc, k, v, cache_dtype="int8", k_scales=bad, v_scales=vs, **kw
+        )
+    assert torch.equal(kc, before)
+    # torch's own dtypes name the formats too.
+    o = flash_attn_with_kvcache(q, kc, vc, cache_dtype=torch.int8, k_scales=ks, v_scales=vs, **kw)
+    assert o.shape == q.shape
