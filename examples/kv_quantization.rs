@@ -55,7 +55,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rows = vec![("f16", cpu::decode(&mut f16.clone(), &step, &opts, None)?)];
         for quant in CacheQuant::ALL {
             let mut cache = QuantKvCache::quantize(&f16, quant)?;
-            rows.push((quant.name(), cpu::decode_quantized(&mut cache, &step, &opts, None)?));
+            rows.push((
+                quant.name(),
+                cpu::decode_quantized(&mut cache, &step, &opts, None)?,
+            ));
         }
         let kind = if outliers {
             "outlier key channels"
@@ -64,7 +67,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         for (name, out) in rows {
             let o = out.o.to_f32();
-            let se: f64 = o.iter().zip(&exact.o).map(|(&x, r)| (x as f64 - r).powi(2)).sum();
+            let se: f64 = o
+                .iter()
+                .zip(&exact.o)
+                .map(|(&x, r)| (x as f64 - r).powi(2))
+                .sum();
             let rmse = (se / o.len() as f64).sqrt();
             println!("| {name} | {kind} | {rmse:.2e} | {:.2e} |", rmse / rms);
         }

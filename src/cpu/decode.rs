@@ -353,6 +353,17 @@ impl Task for SplitTask<'_, '_> {
     }
 }
 
+/// f32s in a cache line.
+const LINE_FLOATS: usize = 16;
+
+/// The first index of `buf` on a 64-byte boundary: rows of a multiple of 16
+/// floats from there never straddle two cache lines with one vector (a
+/// split store or load costs two), which the allocator's 16-byte alignment
+/// does not give.
+fn line_start(buf: &[f32]) -> usize {
+    (LINE_FLOATS - buf.as_ptr() as usize % 64 / 4) % LINE_FLOATS
+}
+
 /// One key block of the cache widened to f32 for every kv head, K's rows
 /// then V's, head by head: head `hk`'s row for the block's `c`-th key is
 /// at `(hk · bc + c) · dpad` (V's: `dvpad`), zero-padded to that width. (With the heads side
@@ -362,6 +373,8 @@ impl Task for SplitTask<'_, '_> {
 /// step.
 struct Block {
     data: Buffer,
+    /// Where the block starts in `data` ([`line_start`]).
+    at: usize,
     /// Floats of K's half.
     half: usize,
 }
@@ -369,18 +382,20 @@ struct Block {
 impl Block {
     fn new(g: &Geometry, heads_kv: usize) -> Self {
         let half = g.bc * heads_kv * g.dpad;
+        let data = Buffer::zeroed(half + g.bc * heads_kv * g.dvpad + LINE_FLOATS);
         Self {
-            data: Buffer::zeroed(half + g.bc * heads_kv * g.dvpad),
+            at: line_start(&data),
+            data,
             half,
         }
     }
 
     fn k(&self) -> &[f32] {
-        &self.data[..self.half]
+        &self.data[self.at..][..self.half]
     }
 
     fn v(&self) -> &[f32] {
-        &self.data[self.half..]
+        &self.data[self.at + self.half..]
     }
 
     /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
@@ -431,7 +446,7 @@ impl Block {
         let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
         let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
         // Zeroed when made: the padding columns are never written.
-        let (ks, vs) = self.data.split_at_mut(self.half);
+        let (ks, vs) = self.data[self.at..].split_at_mut(self.half);
         // Each cache row once, in order (the prefetchers follow it), its
         // heads scattered to their own parts of the block.
         for (c, row) in Self::key_rows(w, b, kb, keys) {
@@ -469,28 +484,32 @@ struct CodeBlock {
     /// One head's rows as f32: K's `(bc, dpad)`, then V's `(bc, dvpad)`,
     /// zero-padded (the padding is never written).
     head: Buffer,
+    /// Where the head's rows start in `head` ([`line_start`]).
+    at: usize,
     half: usize,
 }
 
 impl CodeBlock {
     fn new(g: &Geometry, heads: usize) -> Self {
         let half = g.bc * g.dpad;
+        let head = Buffer::zeroed(half + g.bc * g.dvpad + LINE_FLOATS);
         Self {
             k: vec![0; heads * g.bc * g.d],
             v: vec![0; heads * g.bc * g.dv],
             k_scale: vec![0.0; heads * g.bc],
             v_scale: vec![0.0; heads * g.bc],
-            head: Buffer::zeroed(half + g.bc * g.dvpad),
+            at: line_start(&head),
+            head,
             half,
         }
     }
 
     fn head_k(&self) -> &[f32] {
-        &self.head[..self.half]
+        &self.head[self.at..][..self.half]
     }
 
     fn head_v(&self) -> &[f32] {
-        &self.head[self.half..]
+        &self.head[self.at + self.half..]
     }
 
     /// Keys `keys` (within block `kb`) of sequence `b`: codes and scales.
@@ -534,16 +553,16 @@ impl CodeBlock {
         keys: &Range<usize>,
     ) {
         let (d, dv) = (g.d, g.dv);
-        let (hk_, hv) = self.head.split_at_mut(self.half);
+        let (hk_, hv) = self.head[self.at..].split_at_mut(self.half);
         for c in keys.clone() {
             let at = hk * g.bc + c;
-            widen_codes::<K>(
+            widen_codes(
                 quant,
                 &self.k[at * d..][..d],
                 self.k_scale[at],
                 &mut hk_[c * g.dpad..][..d],
             );
-            widen_codes::<K>(
+            widen_codes(
                 quant,
                 &self.v[at * dv..][..dv],
                 self.v_scale[at],
@@ -555,7 +574,7 @@ impl CodeBlock {
 
 /// `dst[i] = fl(value(codes[i]) · scale)`, the rule's value of each code.
 #[inline(always)]
-fn widen_codes<K: Kernel>(quant: CacheQuant, codes: &[u8], scale: f32, dst: &mut [f32]) {
+fn widen_codes(quant: CacheQuant, codes: &[u8], scale: f32, dst: &mut [f32]) {
     match quant {
         CacheQuant::Int8 => {
             for (d, &c) in dst.iter_mut().zip(codes) {
@@ -563,23 +582,16 @@ fn widen_codes<K: Kernel>(quant: CacheQuant, codes: &[u8], scale: f32, dst: &mut
             }
         }
         CacheQuant::Fp8 => {
-            // e4m3's bits moved into f16's (exponent bias 15 for 7: the value
-            // times 2⁻⁸, subnormals included), widened by the f16 path; the
-            // scale takes back the 2⁸, so each product is the rule's.
-            const CHUNK: usize = 64;
-            let mut bits = [half::f16::ZERO; CHUNK];
-            let scale = scale * 256.0;
-            for (dst, codes) in dst.chunks_mut(CHUNK).zip(codes.chunks(CHUNK)) {
-                let bits = &mut bits[..codes.len()];
-                for (h, &c) in bits.iter_mut().zip(codes) {
-                    let c = c as u16;
-                    *h = half::f16::from_bits(((c & 0x7f) << 7) | ((c & 0x80) << 8));
-                }
-                // SAFETY: a kernel runs only inside its instruction set's entry point.
-                unsafe { K::widen_f16(bits, dst) };
-                for d in dst.iter_mut() {
-                    *d *= scale;
-                }
+            // (8 + m) · 2^(e − 10), or m · 2^−9 when e = 0: a mantissa below 16
+            // times a power of two built from its bits, exact in f32, so the
+            // one rounding is that of the product with the scale.
+            for (d, &c) in dst.iter_mut().zip(codes) {
+                let c = c as u32;
+                let (e, m) = ((c >> 3) & 15, c & 7);
+                let mant = (m | if e > 0 { 8 } else { 0 }) as f32;
+                let pow = f32::from_bits((e.max(1) + 117) << 23);
+                let v = f32::from_bits((mant * pow).to_bits() | (c & 0x80) << 24);
+                *d = v * scale;
             }
         }
     }
