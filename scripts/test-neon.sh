@@ -54,7 +54,7 @@ fi
 # natively by scripts/test.sh). Under emulation the two take longer than all
 # the tests run here together (docs/testing.md).
 cargo test --release -p flashattn --target "$target" \
-  --test cpu_backend --test cpu_layouts --test cpu_decode "$@" -- \
+  --test cpu_backend --test cpu_layouts --test cpu_decode --test kv_quant "$@" -- \
   --skip cpu_long_sequences_cross_many_blocks --skip cpu_backward_strips_on_any_thread_count
 
 echo "scripts/test-neon.sh: passed in $(( $(date +%s) - start )) s"
