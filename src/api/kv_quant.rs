@@ -391,3 +391,62 @@ impl QuantKvCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::decode::CacheLayout;
+
+    fn blocks(layout: CacheLayout) -> ScaleBlocks {
+        ScaleBlocks::of(&CacheShape::new(layout, 2, 8).unwrap())
+    }
+
+    #[test]
+    fn dense_rows_cut_into_blocks_of_16_and_pages_are_blocks() {
+        let dense = blocks(CacheLayout::Dense {
+            batch: 3,
+            capacity: 40,
+        });
+        assert_eq!((dense.per_page, dense.count()), (3, 9));
+        let of: Vec<usize> = [0, 15, 16, 39, 40, 119].map(|r| dense.block(r)).to_vec();
+        assert_eq!(of, [0, 0, 1, 2, 3, 8]);
+        assert_eq!(dense.rows(2), 32..40);
+        assert_eq!(dense.rows(4), 56..72);
+        // A row shorter than 16 tokens is one block.
+        let short = blocks(CacheLayout::Dense {
+            batch: 2,
+            capacity: 5,
+        });
+        assert_eq!((short.count(), short.block(7), short.rows(1)), (2, 1, 5..10));
+        let paged = blocks(CacheLayout::Paged {
+            pages: 6,
+            page_size: 48,
+        });
+        assert_eq!((paged.count(), paged.block(100), paged.rows(2)), (6, 2, 96..144));
+    }
+
+    #[test]
+    fn every_row_is_in_the_block_that_lists_it() {
+        for layout in [
+            CacheLayout::Dense {
+                batch: 2,
+                capacity: 37,
+            },
+            CacheLayout::Paged {
+                pages: 5,
+                page_size: 7,
+            },
+        ] {
+            let b = blocks(layout);
+            let mut seen = 0;
+            for blk in 0..b.count() {
+                for row in b.rows(blk) {
+                    assert_eq!(b.block(row), blk);
+                    assert_eq!(row, seen);
+                    seen += 1;
+                }
+            }
+            assert_eq!(seen, b.pages * b.page_size);
+        }
+    }
+}
