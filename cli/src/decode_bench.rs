@@ -659,6 +659,12 @@ impl DecodeReport {
                 g.dtype.name(), g.batch, g.cache_len
             );
         }
+        if self.results.iter().any(|r| r.config.cache.is_some()) {
+            println!(
+                "int8 and fp8 rows: quantized caches (codes and a scale per 16 tokens and kv head, \
+                 f16 steps), decoded by the CPU backend only; their K/V GB/s count codes and scales"
+            );
+        }
         if !self.skipped.is_empty() {
             let pairs: Vec<String> = self
                 .skipped
