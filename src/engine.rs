@@ -6,6 +6,7 @@
 use crate::api::decode::{
     CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
 };
+#[cfg(not(target_arch = "wasm32"))]
 use crate::api::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
@@ -15,7 +16,7 @@ use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorView};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::attend::{AttentionBackend, Capabilities};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};
 use crate::ops;
 use crate::ops::bandwidth::BandwidthResult;
@@ -1386,7 +1387,7 @@ impl AttentionBackend for Engine {
         _: &AttentionOptions,
         _: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Err(Error::Unsupported {
+        Err(crate::Error::Unsupported {
             what: "the wgpu kernels",
             feature: "quantized KV caches",
         })

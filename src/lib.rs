@@ -124,7 +124,9 @@ pub use api::decode::{
 pub use api::dropout::Dropout;
 pub use api::dropout_rule::{dropout_mask, DropoutMask};
 pub use api::inputs::{BackwardInputs, ForwardInputs};
-pub use api::kv_quant::{CacheQuant, QuantKvCache, QuantizedKv, ScaleBlocks};
+pub use api::kv_quant::{
+    CacheQuant, QuantKvCache, QuantizedKv, ScaleBlocks, MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS,
+};
 pub use api::merge::merge_partials;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Positions, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};

@@ -8,16 +8,16 @@ mod common;
 
 use common::decode::DecodeCase;
 use common::kv_quant::{quant_cases, scale_of};
-use flashattn::api::kv_quant::{DENSE_BLOCK, MIN_SCALE};
 use flashattn::{cpu, CacheLayout, CacheQuant, CacheShape, DecodeStep, Error, HostKvCache};
 use flashattn::{AttentionOptions, Precision, QuantKvCache, QuantizedKv, TensorData};
+use flashattn::{MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS};
 
 #[test]
 fn the_rule_s_values() {
     let i8 = CacheQuant::Int8;
-    assert_eq!(MIN_SCALE, 2f32.powi(-100));
+    assert_eq!(MIN_CACHE_SCALE, 2f32.powi(-100));
     assert_eq!(i8.scale_of(127.0), 1.0);
-    assert_eq!(i8.scale_of(0.0), MIN_SCALE);
+    assert_eq!(i8.scale_of(0.0), MIN_CACHE_SCALE);
     // Ties to even, clamped to ±127; the byte is the two's complement.
     let codes: Vec<i8> = [0.5, 1.5, 2.5, -1.5, -0.49, 126.6, 200.0, -1e9]
         .iter()
@@ -32,8 +32,8 @@ fn the_rule_s_values() {
     assert_eq!(fp8.value(fp8.encode(-1000.0, 1.0), 1.0), -448.0);
     assert_eq!(fp8.value(fp8.encode(3.0, 0.5), 0.5), 3.0);
     // Subnormal inputs count as 0; the smallest scale keeps values normal.
-    assert_eq!(i8.encode(f32::MIN_POSITIVE / 2.0, MIN_SCALE), 0);
-    assert!(fp8.value(1, MIN_SCALE).is_normal());
+    assert_eq!(i8.encode(f32::MIN_POSITIVE / 2.0, MIN_CACHE_SCALE), 0);
+    assert!(fp8.value(1, MIN_CACHE_SCALE).is_normal());
     assert_eq!(CacheQuant::parse("fp8").unwrap(), fp8);
     assert!(matches!(
         CacheQuant::parse("int4"),
@@ -98,7 +98,7 @@ fn appends_requantize_at_block_boundaries_when_the_scale_grows() {
             cpu::decode_quantized(&mut cache, &step, &AttentionOptions::default(), None).unwrap();
         assert!(out.o.to_f32().iter().all(|v| v.is_finite()));
         assert_eq!(cache, common::kv_quant::expected_append(&before, &step));
-        let per_row = 40usize.div_ceil(DENSE_BLOCK);
+        let per_row = 40usize.div_ceil(SCALE_BLOCK_TOKENS);
         for hk in 0..2 {
             // Token 15 is in block 0 and raised its scale: block 0's old
             // codes were requantized, and their values moved by at most
@@ -127,7 +127,7 @@ fn appends_requantize_at_block_boundaries_when_the_scale_grows() {
                 .iter()
                 .fold(0f32, |m, v| m.max(v.abs()));
             assert_eq!(cache.k.scales[2 + hk], scale_of(quant, a1));
-            assert_eq!(cache.k.scales[2 * 2 + hk], MIN_SCALE);
+            assert_eq!(cache.k.scales[2 * 2 + hk], MIN_CACHE_SCALE);
             // The second cache row's blocks are another sequence's.
             assert_eq!(
                 cache.k.scales[per_row * 2..],

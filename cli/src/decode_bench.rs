@@ -18,10 +18,10 @@
 
 use crate::baselines::Baselines;
 use crate::error::{one_line, CliError, Result};
-use flashattn::api::kv_quant::DENSE_BLOCK;
+
 use flashattn::{
     cpu, AttentionOptions, CacheLayout, CacheQuant, CacheShape, DecodeStep, Engine, HostKvCache,
-    KvCache, Precision, QuantKvCache, TensorData,
+    KvCache, Precision, QuantKvCache, TensorData, SCALE_BLOCK_TOKENS,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -196,7 +196,9 @@ impl DecodeConfig {
     pub fn kv_bytes(&self) -> u64 {
         let rows = 2 * self.batch * self.cache_len * self.heads_kv;
         let scales = match self.cache {
-            Some(_) => 2 * self.batch * self.cache_len.div_ceil(DENSE_BLOCK) * self.heads_kv * 4,
+            Some(_) => {
+                2 * self.batch * self.cache_len.div_ceil(SCALE_BLOCK_TOKENS) * self.heads_kv * 4
+            }
             None => 0,
         };
         (rows * self.head_dim * self.dtype().bytes() + scales) as u64

@@ -1,14 +1,14 @@
 //! Quantized KV caches (docs/kv-quantization.md): int8 or FP8 (e4m3) codes
 //! with one f32 scale per block of tokens and kv head, K and V apart. A
-//! block is a page of a paged cache, or [`DENSE_BLOCK`] tokens of a dense
+//! block is a page of a paged cache, or [`SCALE_BLOCK_TOKENS`] tokens of a dense
 //! cache's row. The rule, which every backend follows bit for bit:
 //!
 //! - **value** of a code `c` at scale `s`: `fl(value(c) · s)`, the f32
 //!   product (`value` the integer of an int8 code, the e4m3 value of an FP8
 //!   one). Decoding reads these values and accumulates in f32.
 //! - **scale** of a block whose largest magnitude is `a`: `max(fl(a / QMAX),
-//!   MIN_SCALE)` (`QMAX` 127 for int8, 448 for FP8; [`MIN_SCALE`] `= 2⁻¹⁰⁰`,
-//!   so every value is a normal f32 or zero). An empty block has `MIN_SCALE`.
+//!   MIN_CACHE_SCALE)` (`QMAX` 127 for int8, 448 for FP8; [`MIN_CACHE_SCALE`] `= 2⁻¹⁰⁰`,
+//!   so every value is a normal f32 or zero). An empty block has `MIN_CACHE_SCALE`.
 //! - **code** of `x` at scale `s`: the exact quotient `x / s` rounded to
 //!   nearest even (int8: to an integer, clamped to ±127; FP8: to e4m3,
 //!   saturating at ±448). Subnormal `x` counts as 0.
@@ -26,10 +26,10 @@ use crate::quant::{e4m3_from_f64, e4m3_to_f32, flush};
 use std::ops::Range;
 
 /// Tokens per scale block of a dense cache's row.
-pub const DENSE_BLOCK: usize = 16;
+pub const SCALE_BLOCK_TOKENS: usize = 16;
 
 /// The smallest block scale, 2⁻¹⁰⁰: a block of smaller values keeps it.
-pub const MIN_SCALE: f32 = f32::from_bits((127 - 100) << 23);
+pub const MIN_CACHE_SCALE: f32 = f32::from_bits((127 - 100) << 23);
 
 /// How a quantized cache codes its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,7 +74,7 @@ impl CacheQuant {
 
     /// The scale of a block whose largest magnitude is `absmax`.
     pub fn scale_of(self, absmax: f32) -> f32 {
-        (absmax / self.qmax()).max(MIN_SCALE)
+        (absmax / self.qmax()).max(MIN_CACHE_SCALE)
     }
 
     /// The code of `x` (finite) at scale `s` (a normal f32 > 0).
@@ -107,7 +107,7 @@ impl CacheQuant {
 }
 
 /// Where a cache's scale blocks lie: block `b` holds rows
-/// [`rows(b)`](Self::rows), a page of a paged cache or [`DENSE_BLOCK`]
+/// [`rows(b)`](Self::rows), a page of a paged cache or [`SCALE_BLOCK_TOKENS`]
 /// tokens (fewer at a row's end) of a dense one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScaleBlocks {
@@ -128,7 +128,7 @@ impl ScaleBlocks {
         let tokens = if shape.is_paged() {
             page_size
         } else {
-            DENSE_BLOCK.min(page_size)
+            SCALE_BLOCK_TOKENS.min(page_size)
         };
         Self {
             page_size,
@@ -206,9 +206,9 @@ impl QuantKvCache {
         Ok(cache)
     }
 
-    /// An empty cache: zero codes, every scale [`MIN_SCALE`].
+    /// An empty cache: zero codes, every scale [`MIN_CACHE_SCALE`].
     pub fn zeros(shape: CacheShape, quant: CacheQuant, precision: Precision) -> Self {
-        let scales = vec![MIN_SCALE; ScaleBlocks::of(&shape).count() * shape.heads_kv];
+        let scales = vec![MIN_CACHE_SCALE; ScaleBlocks::of(&shape).count() * shape.heads_kv];
         let kv = |len| QuantizedKv {
             codes: vec![0; len],
             scales: scales.clone(),
@@ -235,7 +235,7 @@ impl QuantKvCache {
             let heads = shape.heads_kv;
             let mut out = QuantizedKv {
                 codes: vec![0; x.len()],
-                scales: vec![MIN_SCALE; blocks.count() * heads],
+                scales: vec![MIN_CACHE_SCALE; blocks.count() * heads],
             };
             for blk in 0..blocks.count() {
                 for hk in 0..heads {
