@@ -1680,12 +1680,16 @@ fn bench_decode_quick_prints_a_table_with_the_copy_bandwidth() {
         "no append",
         "cpu     f16       2     300 planner",
         "cpu     f32       1      64 1",
+        "cpu     int8      2     300 planner",
+        "cpu     fp8       1      64 1",
+        "int8 and fp8 rows: quantized caches",
     ] {
         assert!(text.contains(needle), "missing {needle}: {text}");
     }
     let backends_n = backends.split(',').count();
-    // 2 batches × 2 lengths × 2 dtypes × 2 split modes per backend.
-    let rows = 16 * backends_n;
+    // 2 batches × 2 lengths × 2 split modes, of 2 plain dtypes per backend
+    // and 2 quantized ones on the CPU backend alone.
+    let rows = 8 * (2 * backends_n + 2);
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
