@@ -245,16 +245,15 @@ fn bad_input_is_a_typed_error_and_leaves_the_cache_untouched() {
         matches!(err, Error::DtypeMismatch { tensor: "q", .. }),
         "{err}"
     );
+    // A step that reads the cache and must fail.
+    let read_fails = |cache: &mut QuantKvCache, opts: &AttentionOptions| {
+        let step = DecodeStep::new(q.view([1, 1, 1, 4]), &lens);
+        cpu::decode_quantized(cache, &step, opts, None).unwrap_err()
+    };
     // Codes of the wrong length; FP8's NaN codes.
     let mut short = cache.clone();
     short.k.codes.pop();
-    let err = cpu::decode_quantized(
-        &mut short,
-        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
-        &opts,
-        None,
-    )
-    .unwrap_err();
+    let err = read_fails(&mut short, &opts);
     assert!(
         matches!(
             err,
@@ -268,13 +267,7 @@ fn bad_input_is_a_typed_error_and_leaves_the_cache_untouched() {
     let mut nan_code = cache.clone();
     nan_code.quant = CacheQuant::Fp8;
     nan_code.k.codes[5] = 0x7f;
-    let err = cpu::decode_quantized(
-        &mut nan_code,
-        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
-        &opts,
-        None,
-    )
-    .unwrap_err();
+    let err = read_fails(&mut nan_code, &opts);
     assert!(
         matches!(
             err,
@@ -287,13 +280,7 @@ fn bad_input_is_a_typed_error_and_leaves_the_cache_untouched() {
     );
     // Dropout has no place in decoding.
     let dropout = AttentionOptions::default().dropout(0.1).dropout_seed(1);
-    let err = cpu::decode_quantized(
-        &mut cache,
-        &DecodeStep::new(q.view([1, 1, 1, 4]), &lens),
-        &dropout,
-        None,
-    )
-    .unwrap_err();
+    let err = read_fails(&mut cache, &dropout);
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
 }
 

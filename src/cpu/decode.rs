@@ -356,38 +356,24 @@ impl Task for SplitTask<'_, '_> {
 /// f32s in a cache line.
 const LINE_FLOATS: usize = 16;
 
-/// The first index of `buf` on a 64-byte boundary: rows of a multiple of 16
-/// floats from there never straddle two cache lines with one vector (a
-/// split store or load costs two), which the allocator's 16-byte alignment
-/// does not give.
-fn line_start(buf: &[f32]) -> usize {
-    (LINE_FLOATS - buf.as_ptr() as usize % 64 / 4) % LINE_FLOATS
-}
-
-/// One key block of the cache widened to f32 for every kv head, K's rows
-/// then V's, head by head: head `hk`'s row for the block's `c`-th key is
-/// at `(hk · bc + c) · dpad` (V's: `dvpad`), zero-padded to that width. (With the heads side
-/// by side instead, a head's consecutive keys sit a whole row of heads
-/// apart, 4 KiB at 8 heads of 128: in one L1 set, so P·V read them from
-/// L2.) Pooled: a fresh one every step would cost its page faults every
-/// step.
-struct Block {
+/// Widened K rows then V rows, zeroed when made (padding columns are never
+/// written), from a 64-byte boundary: rows of a multiple of 16 floats then
+/// never straddle two cache lines with one vector (a split store or load
+/// costs two), which the allocator's 16-byte alignment does not give.
+/// Pooled: a fresh one every step would cost its page faults every step.
+struct Rows {
     data: Buffer,
-    /// Where the block starts in `data` ([`line_start`]).
+    /// Where the rows start in `data`.
     at: usize,
-    /// Floats of K's half.
+    /// Floats of K's part.
     half: usize,
 }
 
-impl Block {
-    fn new(g: &Geometry, heads_kv: usize) -> Self {
-        let half = g.bc * heads_kv * g.dpad;
-        let data = Buffer::zeroed(half + g.bc * heads_kv * g.dvpad + LINE_FLOATS);
-        Self {
-            at: line_start(&data),
-            data,
-            half,
-        }
+impl Rows {
+    fn new(k: usize, v: usize) -> Self {
+        let data = Buffer::zeroed(k + v + LINE_FLOATS);
+        let at = (LINE_FLOATS - data.as_ptr() as usize % 64 / 4) % LINE_FLOATS;
+        Self { data, at, half: k }
     }
 
     fn k(&self) -> &[f32] {
@@ -396,6 +382,36 @@ impl Block {
 
     fn v(&self) -> &[f32] {
         &self.data[self.at + self.half..]
+    }
+
+    fn split_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        self.data[self.at..].split_at_mut(self.half)
+    }
+}
+
+/// One key block of the cache widened to f32 for every kv head, K's rows
+/// then V's, head by head: head `hk`'s row for the block's `c`-th key is
+/// at `(hk · bc + c) · dpad` (V's: `dvpad`), zero-padded to that width. (With the heads side
+/// by side instead, a head's consecutive keys sit a whole row of heads
+/// apart, 4 KiB at 8 heads of 128: in one L1 set, so P·V read them from
+/// L2.)
+struct Block {
+    rows: Rows,
+}
+
+impl Block {
+    fn new(g: &Geometry, heads_kv: usize) -> Self {
+        Self {
+            rows: Rows::new(g.bc * heads_kv * g.dpad, g.bc * heads_kv * g.dvpad),
+        }
+    }
+
+    fn k(&self) -> &[f32] {
+        self.rows.k()
+    }
+
+    fn v(&self) -> &[f32] {
+        self.rows.v()
     }
 
     /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
@@ -446,7 +462,7 @@ impl Block {
         let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
         let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
         // Zeroed when made: the padding columns are never written.
-        let (ks, vs) = self.data[self.at..].split_at_mut(self.half);
+        let (ks, vs) = self.rows.split_mut();
         // Each cache row once, in order (the prefetchers follow it), its
         // heads scattered to their own parts of the block.
         for (c, row) in Self::key_rows(w, b, kb, keys) {
@@ -483,33 +499,26 @@ struct CodeBlock {
     v_scale: Vec<f32>,
     /// One head's rows as f32: K's `(bc, dpad)`, then V's `(bc, dvpad)`,
     /// zero-padded (the padding is never written).
-    head: Buffer,
-    /// Where the head's rows start in `head` ([`line_start`]).
-    at: usize,
-    half: usize,
+    head: Rows,
 }
 
 impl CodeBlock {
     fn new(g: &Geometry, heads: usize) -> Self {
-        let half = g.bc * g.dpad;
-        let head = Buffer::zeroed(half + g.bc * g.dvpad + LINE_FLOATS);
         Self {
             k: vec![0; heads * g.bc * g.d],
             v: vec![0; heads * g.bc * g.dv],
             k_scale: vec![0.0; heads * g.bc],
             v_scale: vec![0.0; heads * g.bc],
-            at: line_start(&head),
-            head,
-            half,
+            head: Rows::new(g.bc * g.dpad, g.bc * g.dvpad),
         }
     }
 
     fn head_k(&self) -> &[f32] {
-        &self.head[self.at..][..self.half]
+        self.head.k()
     }
 
     fn head_v(&self) -> &[f32] {
-        &self.head[self.at + self.half..]
+        self.head.v()
     }
 
     /// Keys `keys` (within block `kb`) of sequence `b`: codes and scales.
@@ -553,7 +562,7 @@ impl CodeBlock {
         keys: &Range<usize>,
     ) {
         let (d, dv) = (g.d, g.dv);
-        let (hk_, hv) = self.head[self.at..].split_at_mut(self.half);
+        let (hk_, hv) = self.head.split_mut();
         for c in keys.clone() {
             let at = hk * g.bc + c;
             widen_codes(
