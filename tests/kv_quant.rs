@@ -313,3 +313,37 @@ fn a_quantized_cache_is_close_to_the_plain_one() {
         );
     }
 }
+
+#[test]
+fn a_cleared_page_starts_again_at_the_smallest_scale() {
+    let case = DecodeCase::new(&[40, 9], 16)
+        .heads(4, 2)
+        .paged(16)
+        .append(1);
+    let data = case.data();
+    let mut cache = QuantKvCache::quantize(&data.cache, CacheQuant::Int8).unwrap();
+    let pages = cache.blocks().pages;
+    let before = cache.clone();
+    cache.clear_page(1).unwrap();
+    let (row, heads) = (cache.shape.row_len(), cache.shape.heads_kv);
+    assert!(cache.k.codes[16 * row..32 * row].iter().all(|&c| c == 0));
+    assert!(cache.v.scales[heads..2 * heads]
+        .iter()
+        .all(|&s| s == MIN_CACHE_SCALE));
+    // Other pages are untouched.
+    assert_eq!(cache.k.codes[..16 * row], before.k.codes[..16 * row]);
+    assert_eq!(cache.k.scales[2 * heads..], before.k.scales[2 * heads..]);
+    assert!(matches!(
+        cache.clear_page(pages),
+        Err(Error::PageOutOfRange {
+            tensor: "clear_page",
+            ..
+        })
+    ));
+    // A dense cache's page is a row (of several blocks).
+    let dense = DecodeCase::new(&[30], 8).data();
+    let mut cache = QuantKvCache::quantize(&dense.cache, CacheQuant::Fp8).unwrap();
+    cache.clear_page(0).unwrap();
+    assert!(cache.k.scales.iter().all(|&s| s == MIN_CACHE_SCALE));
+    assert!(cache.dequantized().k.to_f32().iter().all(|&x| x == 0.0));
+}

@@ -261,6 +261,35 @@ impl QuantKvCache {
         })
     }
 
+    /// Empty page `page` (a dense cache's row `page`) for a new owner: zero
+    /// codes and every block scale [`MIN_CACHE_SCALE`]. Scales only grow as
+    /// tokens are appended, so a page handed to another sequence keeps the
+    /// old one's scales (and their coarser codes) until it is cleared.
+    /// [`Error::PageOutOfRange`] past the last page.
+    pub fn clear_page(&mut self, page: usize) -> Result<()> {
+        let blocks = self.blocks();
+        if page >= blocks.pages {
+            return Err(Error::PageOutOfRange {
+                tensor: "clear_page",
+                batch: 0,
+                slot: 0,
+                page: page as i64,
+                pages: blocks.pages,
+            });
+        }
+        let heads = self.shape.heads_kv;
+        let rows = page * blocks.page_size..(page + 1) * blocks.page_size;
+        let first = page * blocks.per_page * heads..(page + 1) * blocks.per_page * heads;
+        for (kv, len) in [
+            (&mut self.k, self.shape.row_len()),
+            (&mut self.v, self.shape.v_row_len()),
+        ] {
+            kv.codes[rows.start * len..rows.end * len].fill(0);
+            kv.scales[first.clone()].fill(MIN_CACHE_SCALE);
+        }
+        Ok(())
+    }
+
     /// The cache's scale blocks.
     pub fn blocks(&self) -> ScaleBlocks {
         ScaleBlocks::of(&self.shape)
