@@ -518,8 +518,6 @@ impl Engine {
         problem: &Problem<'_>,
         overrides: &PlanOverrides,
     ) -> Result<Routed> {
-        // Every forward and backward entry point routes here first.
-        problem.opts.no_dropout("the wgpu kernels")?;
         let pass = match call {
             CallKind::Backward => Pass::Backward,
             _ => Pass::Forward,
@@ -1334,7 +1332,7 @@ impl AttentionBackend for Engine {
             backward: true,
             decode: true,
             fp8: true,
-            dropout: false,
+            dropout: true,
             plan_overrides: true,
         }
     }

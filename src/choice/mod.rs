@@ -145,11 +145,6 @@ pub async fn choose(workload: &Workload) -> Result<Decision> {
 
 /// Decide for `workload`, reading and writing `cache` when given.
 pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Result<Decision> {
-    if workload.opts.dropout.is_active() {
-        return Ok(Decision::Cpu(
-            "dropout: only the CPU backend draws its mask so far".into(),
-        ));
-    }
     let found = adapters().await;
     let Some(best) = found.first() else {
         return Ok(Decision::Cpu(
