@@ -74,9 +74,22 @@ struct Params {
     // with the blocks' count), so that runs of consecutive workgroups — what
     // each of lavapipe's threads takes — mix long and short sequences.
     block_stride: u32,
+    // Dropout (dropout.wgsl): the Philox key (the seed), the call's first
+    // stream (its offset, 64-bit), the 16-bit threshold and 1 / (1 − p);
+    // streams advance by drop_heads (the whole problem's heads_q) per
+    // sequence; drop_row0 / drop_col0 place the sequence's rows and keys
+    // (a shard's positions).
+    drop_key_lo: u32,
+    drop_key_hi: u32,
+    drop_stream_lo: u32,
+    drop_stream_hi: u32,
+    drop_threshold: u32,
+    drop_scale: f32,
+    drop_heads: u32,
+    drop_row0: u32,
+    drop_col0: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

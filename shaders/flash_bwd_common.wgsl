@@ -8,7 +8,8 @@
 // DV), TC, WG = B·TC,
 // IS_MASKED, HAS_SOFTCAP; constants SC = ceil(B/TC), ACC_K = ceil(D/TC),
 // ACC_V = ceil(DV/TC); load_q/k/v/do, load_lse, load_dvec, round_storage;
-// flash_bwd_math.wgsl.
+// flash_bwd_math.wgsl; the keep tile (dropout.wgsl), filled with the tile's
+// loads.
 
 override FULL_SC: bool = (B % TC) == 0u;
 override FULL_K: bool = (D % TC) == 0u;
@@ -143,7 +144,7 @@ fn tile_p_ds(r: u32, t: u32, tile: Tile) {
             ok = ok && block_allows(in_range, tile.mask_at, row_abs, key_abs);
         }
         let bias = alibi_bias(tile.slope, tile.offset, row_abs, key_abs);
-        let pds = p_and_ds(s[k], bias, dp[k], lse_tile[r], dvec_tile[r], ok);
+        let pds = p_and_ds(s[k], bias, dp[k], lse_tile[r], dvec_tile[r], ok, tile_kept(r, c));
         p_tile[r * B + c] = pds.x;
         ds_tile[r * B + c] = pds.y;
     }

@@ -34,6 +34,7 @@ fn main(
             // The previous tile's readers must finish before it is overwritten.
             workgroupBarrier();
             load_row_tiles(tid, seq, h, q0, rows_here);
+            fill_keep_tile(tid, seq.b, h, i32(params.q_start + q0), key_abs0);
             workgroupBarrier();
             let tile = Tile(seq.offset, i32(params.q_start + q0), rows_here, key_abs0, keys_here,
                 alibi_slope(seq, h), tile_partial(blk), mask_base(seq, h));
@@ -69,7 +70,7 @@ fn main(
         for (var k = 0u; k < ACC_V; k++) {
             let x = t + k * TC;
             if (FULL_V || x < DV) {
-                store_dv(row * params.v_row_stride + hk * DV + x, dv[k]);
+                store_dv(row * params.v_row_stride + hk * DV + x, dv[k] * dropout_scale());
             }
         }
     }

@@ -32,6 +32,7 @@ fn main(
         let keys_here = min(B, seq.keys - k0);
         workgroupBarrier();
         load_key_tiles(tid, seq, hk, k0, keys_here);
+        fill_keep_tile(tid, seq.b, h, row_abs0, i32(params.k_start + k0));
         workgroupBarrier();
         let tile = Tile(seq.offset, row_abs0, rows_here, i32(params.k_start + k0), keys_here,
             slope, tile_partial(blk), mask_at);

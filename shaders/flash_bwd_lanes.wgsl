@@ -13,7 +13,7 @@
 //
 // Prelude: SG, D and DV (multiples of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v/do,
 // load_lse, load_dvec, store_dq or store_dk/store_dv, round_storage;
-// flash_bwd_math.wgsl.
+// flash_bwd_math.wgsl; dropout_lanes (dropout.wgsl).
 // @dq
 @compute @workgroup_size(SG)
 fn main(
@@ -76,7 +76,8 @@ fn main(
         if (partial) {
         ok$j = ok$j && block_allows(in$j, mask_at, row_abs, k_abs0 + $j);
         }
-        let pds$j = p_and_ds(s$j, alibi_bias(slope, seq.offset, row_abs, k_abs0 + $j), dp$j, lse, dvec, ok$j);
+        let keep = dropout_lanes(seq.b, h, row_abs, k_abs0);
+        let pds$j = p_and_ds(s$j, alibi_bias(slope, seq.offset, row_abs, k_abs0 + $j), dp$j, lse, dvec, ok$j, lanes_kept(keep, $ju));
         dq$i += pds$j.y * subgroupBroadcast(kr$i, $ju);
     }
     if (row_valid) {
@@ -154,7 +155,9 @@ fn main(
             ok$j = ok$j && block_allows(in$j, mask_at, row_abs0 + $j, key_abs);
             }
             let bias$j = alibi_bias(slope, seq.offset, row_abs0 + $j, key_abs);
-            let pds$j = p_and_ds(s$j, bias$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j);
+            // Lane j draws row j's bits for the step's keys; each lane reads its key's.
+            let keep = dropout_lanes(seq.b, h, row_abs0 + i32(lane), key_abs0);
+            let pds$j = p_and_ds(s$j, bias$j, dp$j, subgroupBroadcast(lse, $ju), subgroupBroadcast(dvec, $ju), ok$j, lanes_kept(subgroupBroadcast(keep, $ju), tid));
             // dV += Pᵀ dO, dK += dSᵀ (Q·scale), over this block's rows.
             dv$v += pds$j.x * subgroupBroadcast(dor$v, $ju);
             dk$i += pds$j.y * subgroupBroadcast(qr$i, $ju);
@@ -165,10 +168,10 @@ fn main(
         store_dk(k_row + 4u * $iu + 1u, dk$i.y);
         store_dk(k_row + 4u * $iu + 2u, dk$i.z);
         store_dk(k_row + 4u * $iu + 3u, dk$i.w);
-        store_dv(v_row + 4u * $vu, dv$v.x);
-        store_dv(v_row + 4u * $vu + 1u, dv$v.y);
-        store_dv(v_row + 4u * $vu + 2u, dv$v.z);
-        store_dv(v_row + 4u * $vu + 3u, dv$v.w);
+        store_dv(v_row + 4u * $vu, dv$v.x * dropout_scale());
+        store_dv(v_row + 4u * $vu + 1u, dv$v.y * dropout_scale());
+        store_dv(v_row + 4u * $vu + 2u, dv$v.z * dropout_scale());
+        store_dv(v_row + 4u * $vu + 3u, dv$v.w * dropout_scale());
     }
     io_flush();
     check_loop_budget();

@@ -14,7 +14,9 @@ fn finite_lse(x: f32) -> f32 {
 // exact for a row's largest score, see common.wgsl); both rounded to the
 // storage precision before the matmuls that use them. Entries that do not
 // take part are 0. The bias is a constant of the pair: no gradient term.
-fn p_and_ds(s: f32, bias: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f32> {
+// Under dropout (`kept`, dropout.wgsl) dP is dP ∘ keep / (1 − p) and the
+// first value, dV's factor, P ∘ keep (dV's sums take 1 / (1 − p)).
+fn p_and_ds(s: f32, bias: f32, dp: f32, lse: f32, dvec: f32, ok: bool, kept: bool) -> vec2<f32> {
     var sc = s;
     // d(softcap)/ds = 1 - tanh²: the chain rule factor on dS.
     var dcap = 1.0;
@@ -24,8 +26,8 @@ fn p_and_ds(s: f32, bias: f32, dp: f32, lse: f32, dvec: f32, ok: bool) -> vec2<f
         dcap = 1.0 - th * th;
     }
     let p = select(0.0, exp(sc - bias - lse), ok);
-    let ds = p * (dp - dvec) * dcap;
-    return vec2<f32>(round_storage(p), round_storage(ds));
+    let ds = p * (dropout_dp(dp, kept) - dvec) * dcap;
+    return vec2<f32>(round_storage(dropout_p(p, kept)), round_storage(ds));
 }
 
 // LSE (finite, see finite_lse) and D of local row q0 + row of head h of

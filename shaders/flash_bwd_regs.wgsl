@@ -9,7 +9,8 @@
 // DM4 = max(D4, DV4), DP / VP (their padded row strides), TC, WG = (B/RM)·TC,
 // IS_MASKED, HAS_SOFTCAP; constants RM, SC = ceil(B/TC), ACC_K = ceil(D4/TC),
 // ACC_V = ceil(DV4/TC); the accessors, chunk_q/k/v/do (regs_load.wgsl);
-// flash_bwd_math.wgsl. Sections: `@common`, then `@dkdv` or `@dq`.
+// flash_bwd_math.wgsl; the keep tile (dropout.wgsl). Sections: `@common`,
+// then `@dkdv` or `@dq`.
 // @common
 override FULL_SC: bool = (B % TC) == 0u;
 override FULL_K: bool = (D4 % TC) == 0u;
@@ -128,7 +129,7 @@ fn tile_p_ds(tid: u32, sp: Span, blk: Block) {
                 let key_abs = sp.key0 + i32(c);
                 let ok = block_pair_ok(blk, r < sp.rows && c < sp.keys, row_abs, key_abs);
                 let bias = alibi_bias(blk.slope, blk.offset, row_abs, key_abs);
-                let pds = p_and_ds(s[i * SC + k], bias, dp[i * SC + k], lse_tile[r], dvec_tile[r], ok);
+                let pds = p_and_ds(s[i * SC + k], bias, dp[i * SC + k], lse_tile[r], dvec_tile[r], ok, tile_kept(r, c));
                 p_tile[r * B + c] = pds.x;
                 ds_tile[r * B + c] = pds.y;
             }
@@ -171,6 +172,7 @@ fn main(
             // The previous tile's readers must finish before it is overwritten.
             workgroupBarrier();
             load_row_tiles(tid, seq, h, q0, rows_here);
+            fill_keep_tile(tid, seq.b, h, i32(params.q_start + q0), key_abs0);
             workgroupBarrier();
             let sp = Span(i32(params.q_start + q0), rows_here, key_abs0, keys_here);
             tile_p_ds(tid, sp, span_block(sp, seq.offset, alibi_slope(seq, h), tile_partial(blk), mask_base(seq, h)));
@@ -219,7 +221,7 @@ fn main(
                 let x4 = t + a * TC;
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * x4 + e < DV) {
-                        store_dv(row * params.v_row_stride + hk * DV + 4u * x4 + e, dv[j * ACC_V + a][e]);
+                        store_dv(row * params.v_row_stride + hk * DV + 4u * x4 + e, dv[j * ACC_V + a][e] * dropout_scale());
                     }
                 }
             }
@@ -261,6 +263,7 @@ fn main(
         let keys_here = min(B, seq.keys - k0);
         workgroupBarrier();
         load_key_tiles(tid, seq, hk, k0, keys_here);
+        fill_keep_tile(tid, seq.b, h, row_abs0, i32(params.k_start + k0));
         workgroupBarrier();
         let sp = Span(row_abs0, rows_here, i32(params.k_start + k0), keys_here);
         tile_p_ds(tid, sp, span_block(sp, seq.offset, slope, tile_partial(blk), mask_at));

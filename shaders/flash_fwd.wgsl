@@ -8,7 +8,7 @@
 // constants SC = ceil(BC/TC) scores and ACC = ceil(DV/TC) outputs per
 // invocation (register arrays need constant sizes); common.wgsl; and
 // load_q/k/v, store_o, store_lse, round_storage from a storage template;
-// score_scale and out_scale (head_scale.wgsl).
+// score_scale and out_scale (head_scale.wgsl); the keep tile (dropout.wgsl).
 
 override FULL_SC: bool = (BC % TC) == 0u;
 override FULL_ACC: bool = (DV % TC) == 0u;
@@ -89,6 +89,7 @@ fn main(
                 v_tile[c * DV + x] = vx;
             }
         }
+        fill_keep_tile(tid, seq.b, h, first_row, i32(params.k_start + k0));
         workgroupBarrier();
 
         // Initialized explicitly each block: a loop-body `var` without
@@ -136,11 +137,12 @@ fn main(
         l_part *= alpha;
         for (var k = 0u; k < SC; k++) {
             let c = t + k * TC;
-            // Row sums use the unrounded P; P·V uses P in storage precision.
+            // Row sums use the unrounded, undropped P; P·V uses P in storage
+            // precision, zero where dropout drops it.
             let p = select(0.0, exp(s[k] - m_new), s[k] > NEG_BIG);
             l_part += p;
             if (FULL_SC || c < BC) {
-                p_tile[r * BC + c] = round_storage(p);
+                p_tile[r * BC + c] = round_storage(dropout_p(p, tile_kept(r, c)));
             }
         }
         for (var k = 0u; k < ACC; k++) {
@@ -169,7 +171,7 @@ fn main(
     }
     if (row_valid) {
         let row = q0 + r;
-        let inv_l = select(0.0, out_scale(seq.b, h) / l, l > 0.0);
+        let inv_l = select(0.0, out_scale(seq.b, h) * dropout_scale() / l, l > 0.0);
         for (var k = 0u; k < ACC; k++) {
             let x = t + k * TC;
             if (FULL_ACC || x < DV) {

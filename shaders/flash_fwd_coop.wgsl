@@ -6,7 +6,7 @@
 //
 // Each workgroup owns BR query rows of one (batch, head) and streams K/V
 // blocks of BC keys, FA2 loop order as flash_fwd.wgsl. Per key block:
-//   1. K → kv_tile (element type CE)                          barrier
+//   1. K → kv_tile (element type CE), dropout's keep tile      barrier
 //   2. S tiles (BR/CN × BC/CN) by subgroup: Q·Kᵀ → s_tile (f32) barrier
 //   3. V → kv_tile; each row's invocations mask S, take the block max
 //                                                             barrier
@@ -18,7 +18,8 @@
 // the cooperative types CA, CB (inputs) and CC (f32 accumulator), const CN
 // (8 or 16); overrides BR, BC, D, DV, DP / DVP (D, DV rounded up to CN), KP
 // = max(DP, DVP), TC (invocations per row), WG = BR·TC; common.wgsl; the
-// storage accessors; score_scale and out_scale (head_scale.wgsl).
+// storage accessors; score_scale and out_scale (head_scale.wgsl); the keep
+// tile (dropout.wgsl).
 //
 // Every cooperative operation sits in a loop whose trip count is the same
 // for every invocation of a subgroup (the subgroup's own tiles): the
@@ -87,6 +88,7 @@ fn main(
         // The previous block's P·V must be done with kv_tile and o_tile.
         workgroupBarrier();
         load_kv(seq, hk, k0, tid, true);
+        fill_keep_tile(tid, seq.b, h, first_row, i32(params.k_start + k0));
         workgroupBarrier();
 
         // S = Q·Kᵀ: A is Q's rows (row-major, stride DP); B is Kᵀ, i.e. K's
@@ -136,10 +138,11 @@ fn main(
         l_part *= alpha;
         for (var c = t; c < BC; c += TC) {
             let s = s_tile[r * BC + c];
-            // Row sums use the unrounded P; P·V uses P in storage precision.
+            // Row sums use the unrounded, undropped P; P·V uses P in storage
+            // precision, zero where dropout drops it.
             let p = select(0.0, exp(s - m_new), s > NEG_BIG);
             l_part += p;
-            p_tile[r * BC + c] = CE(round_storage(p));
+            p_tile[r * BC + c] = CE(round_storage(dropout_p(p, tile_kept(r, c))));
         }
         for (var x = t; x < DVP; x += TC) {
             o_tile[r * DVP + x] *= alpha;
@@ -170,7 +173,7 @@ fn main(
     }
     if (row_valid) {
         let row = q0 + r;
-        let inv_l = select(0.0, out_scale(seq.b, h) / l, l > 0.0);
+        let inv_l = select(0.0, out_scale(seq.b, h) * dropout_scale() / l, l > 0.0);
         for (var x = t; x < DV; x += TC) {
             store_o((seq.q_row + row) * params.o_row_stride + h * DV + x, o_tile[r * DVP + x] * inv_l);
         }

@@ -22,7 +22,7 @@
 // Prelude: SG, RPL, D and DV (multiples of 4), IS_MASKED, HAS_SOFTCAP; load4_q/k/v
 // (four consecutive elements at vec4 index i), store_o, store_lse,
 // round_storage from a storage template; score_scale, out_scale
-// (head_scale.wgsl).
+// (head_scale.wgsl); dropout_lanes (dropout.wgsl).
 
 @compute @workgroup_size(SG)
 fn main(
@@ -86,6 +86,7 @@ fn main(
         ok$r_$j = ok$r_$j && block_allows(in$r_$j, mask_at, row_abs$r, k_abs0 + $j);
         }
         s$r_$j = select(NEG_BIG, cap_score(s$r_$j) - alibi_bias(slope, seq.offset, row_abs$r, k_abs0 + $j), ok$r_$j);
+        let keep$r = dropout_lanes(seq.b, h, row_abs$r, k_abs0);
 
         var m_new$r = m_run$r;
         m_new$r = max(m_new$r, s$r_$j);
@@ -93,13 +94,15 @@ fn main(
         m_run$r = m_new$r;
         l$r *= alpha$r;
         acc$r_$v *= alpha$r;
-        // Row sums use the unrounded P; P·V uses P in storage precision.
+        // Row sums use the unrounded, undropped P; P·V uses P in storage
+        // precision, zero where dropout drops it.
         let p$r_$j = select(0.0, exp(s$r_$j - m_new$r), s$r_$j > NEG_BIG);
         l$r += p$r_$j;
-        acc$r_$v += round_storage(p$r_$j) * subgroupBroadcast(vr$v, $ju);
+        let pv$r_$j = round_storage(dropout_p(p$r_$j, lanes_kept(keep$r, $ju)));
+        acc$r_$v += pv$r_$j * subgroupBroadcast(vr$v, $ju);
     }
 
-    let inv_l$r = select(0.0, out_scale(seq.b, h) / l$r, l$r > 0.0);
+    let inv_l$r = select(0.0, out_scale(seq.b, h) * dropout_scale() / l$r, l$r > 0.0);
     let lse$r = select(neg_inf(), m_run$r + log(l$r), l$r > 0.0);
     let lse_base = seq.lse + h * params.lse_head_stride + q0 + tid;
     if (row_valid$r) { store_o(o_base$r + 4u * $vu, acc$r_$v.x * inv_l$r); }

@@ -13,7 +13,8 @@
 // q/k and of a v/o row), DM4 = max(D4, DV4), DP (padded q/k row stride in
 // vec4s), TC, WG = (BR / RM)·TC, NBUF; constants RM, SC = ceil(BC/TC), ACC =
 // ceil(DV4/TC); common.wgsl; the storage accessors, chunk_q/k/v
-// (regs_load.wgsl), row_reduce; score_scale and out_scale (head_scale.wgsl).
+// (regs_load.wgsl), row_reduce; score_scale and out_scale (head_scale.wgsl);
+// the keep tile (dropout.wgsl).
 
 override FULL_SC: bool = (BC % TC) == 0u;
 override FULL_ACC: bool = (DV4 % TC) == 0u;
@@ -91,11 +92,19 @@ fn main(
         let buf = (step - steps.x) % NBUF;
         // The previous step's reads of P, and of the buffer loaded next, must finish.
         workgroupBarrier();
+        fill_keep_tile(tid, seq.b, h, first_row, i32(params.k_start + k0));
         if (NBUF == 1u) {
             load_kv_tile(tid, seq, hk, k0, 0u);
             workgroupBarrier();
-        } else if (step + 1u < steps.y) {
-            load_kv_tile(tid, seq, hk, tile_index(next) * BC, 1u - buf);
+        } else {
+            // With two buffers no barrier follows the loads: one for the
+            // keep factors (a uniform branch: HAS_DROPOUT is an override).
+            if (HAS_DROPOUT) {
+                workgroupBarrier();
+            }
+            if (step + 1u < steps.y) {
+                load_kv_tile(tid, seq, hk, tile_index(next) * BC, 1u - buf);
+            }
         }
 
         // Initialized explicitly each block (Chromium's Tint zeroes a
@@ -145,11 +154,12 @@ fn main(
             l_part[i] *= alpha;
             for (var k = 0u; k < SC; k++) {
                 let c = t + k * TC;
-                // Row sums use the unrounded P; P·V uses P in storage precision.
+                // Row sums use the unrounded, undropped P; P·V uses P in
+                // storage precision, zero where dropout drops it.
                 let p = select(0.0, exp(s[i * SC + k] - m_new[i]), s[i * SC + k] > NEG_BIG);
                 l_part[i] += p;
                 if (FULL_SC || c < BC) {
-                    p_tile[(row0 + i) * BC + c] = round_storage(p);
+                    p_tile[(row0 + i) * BC + c] = round_storage(dropout_p(p, tile_kept(row0 + i, c)));
                 }
             }
             for (var a = 0u; a < ACC; a++) {
@@ -176,7 +186,7 @@ fn main(
     }
 
     row_reduce(tid, &l_part, false);
-    let o_scale = out_scale(seq.b, h);
+    let o_scale = out_scale(seq.b, h) * dropout_scale();
     for (var i = 0u; i < RM; i++) {
         let r = row0 + i;
         if (r < rows_here) {

@@ -520,8 +520,6 @@ impl Engine {
         problem: &Problem<'_>,
         overrides: &PlanOverrides,
     ) -> Result<Routed> {
-        // Every forward and backward entry point routes here first.
-        problem.opts.no_dropout("the wgpu kernels")?;
         let pass = match call {
             CallKind::Backward => Pass::Backward,
             _ => Pass::Forward,
@@ -1336,7 +1334,7 @@ impl AttentionBackend for Engine {
             backward: true,
             decode: true,
             fp8: true,
-            dropout: false,
+            dropout: true,
             quantized_cache: false,
             plan_overrides: true,
         }

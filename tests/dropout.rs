@@ -337,8 +337,9 @@ fn mask_cases() -> Vec<([u32; 7], bool)> {
     out
 }
 
-/// A compute kernel over philox.wgsl: the known answers' outputs and the
-/// mask cases' bits.
+/// A compute kernel over philox.wgsl: the known answers' outputs, the mask
+/// cases' bits, then each case's run of `1 + c % 32` bits from its column
+/// (`dropout_run`, what the kernels draw).
 const WGSL_TEST: &str = r#"
 @group(0) @binding(0) var<storage, read> kat_in: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> cases: array<u32>;
@@ -361,9 +362,12 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         return;
     }
     let w = 7u * c;
-    let keep = dropout_keeps(vec2<u32>(cases[w], cases[w + 1u]), vec2<u32>(cases[w + 2u], cases[w + 3u]),
-        cases[w + 4u], cases[w + 5u], cases[w + 6u]);
+    let key = vec2<u32>(cases[w], cases[w + 1u]);
+    let stream = vec2<u32>(cases[w + 2u], cases[w + 3u]);
+    let keep = dropout_keeps(key, stream, cases[w + 4u], cases[w + 5u], cases[w + 6u]);
     out[4u * kats + c] = select(0u, 1u, keep);
+    let n_cases = arrayLength(&cases) / 7u;
+    out[4u * kats + n_cases + c] = dropout_run(key, stream, cases[w + 4u], cases[w + 5u], cases[w + 6u], 1u + c % 32u);
 }
 "#;
 
@@ -394,7 +398,7 @@ fn wgsl_philox_and_mask_match_rust_bit_for_bit() {
         .collect();
     let cases = mask_cases();
     let words: Vec<u32> = cases.iter().flat_map(|(w, _)| *w).collect();
-    let n_out = 4 * KNOWN_ANSWERS.len() + cases.len();
+    let n_out = 4 * KNOWN_ANSWERS.len() + 2 * cases.len();
     let got = run_wgsl(device, queue, &kat, &words, n_out);
     for (n, (_, _, want)) in KNOWN_ANSWERS.iter().enumerate() {
         assert_eq!(&got[4 * n..4 * n + 4], want, "WGSL known answer {n}");
@@ -405,22 +409,24 @@ fn wgsl_philox_and_mask_match_rust_bit_for_bit() {
             *keep,
             "WGSL mask case {w:?}"
         );
+        // The run from this column: bit t for column col + t, 0 past n.
+        let n = 1 + c % 32;
+        let want = (0..n).fold(0u32, |bits, t| {
+            bits | (u32::from(mapped_keep(w, t as u32)) << t)
+        });
+        let run = got[4 * KNOWN_ANSWERS.len() + cases.len() + c];
+        assert_eq!(run, want, "WGSL run of {n} from mask case {w:?}");
     }
-    // The engine's kernels do not draw the mask yet: the typed refusal.
-    assert!(!flashattn::AttentionBackend::capabilities(engine).dropout);
-    let x = vec![0.5f32; 3 * 2 * 4];
-    let view = flashattn::TensorView::f32([1, 3, 2, 4], &x);
-    let err = engine.forward(&ForwardInputs::new(view, view, view), &dropout(0.1, 1));
-    assert!(
-        matches!(
-            err,
-            Err(Error::Unsupported {
-                feature: "dropout",
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    // The engine's kernels draw it (tests/gpu_dropout.rs checks them).
+    assert!(flashattn::AttentionBackend::capabilities(engine).dropout);
+}
+
+/// The documented mapping's bit of column `col + t` of a mask case's row.
+fn mapped_keep(w: &[u32; 7], t: u32) -> bool {
+    let col = w[6].wrapping_add(t);
+    let out = philox4x32_10([col >> 3, w[5], w[2], w[3]], [w[0], w[1]]);
+    let e = (col & 7) as usize;
+    ((out[e >> 1] >> (16 * (e & 1))) & 0xffff) >= w[4]
 }
 
 fn run_wgsl(

@@ -178,12 +178,17 @@ fn encoded_forward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
     let mask = BlockMask::from_fn(grid, [1, 1], |_, _, r, c| (r + c) % 3 != 1);
     let opts = flashattn::AttentionOptions::default().block_mask(mask);
     encoded_forward_matches_the_host_call(e, &Case::new(37, 45, 16).opts(opts));
+    // Dropout: the recording draws the host call's mask.
+    let drop = causal().dropout(0.3).dropout_seed(7).dropout_offset(2);
+    encoded_forward_matches_the_host_call(e, &Case::new(37, 45, 16).heads(4, 2).opts(drop));
 }
 
 #[test]
 fn encoded_backward_on_sub_allocated_bindings_gives_the_host_calls_bytes() {
     let Some(e) = engine() else { return };
     encoded_backward_matches_the_host_call(e, &Case::new(37, 45, 16).heads(4, 2).opts(causal()));
+    let drop = causal().dropout(0.3).dropout_seed(7);
+    encoded_backward_matches_the_host_call(e, &Case::new(37, 45, 16).heads(4, 2).opts(drop));
 }
 
 /// Verification on first use gates an encoded call as any other: with the

@@ -66,7 +66,7 @@ fn compile(k: &Kernel) -> Result<(naga::Module, ModuleInfo), String> {
 
 /// The variant whose optional pieces are the bits of `f`: mask, softcap,
 /// access counters, loop guard, then ALiBi, sinks, packed batches, block
-/// masks (the last four only the flash kernels have).
+/// masks, dropout (the last five only the flash kernels have).
 fn variant_of(f: u32) -> Variant {
     Variant {
         masked: f & 1 != 0,
@@ -81,6 +81,7 @@ fn variant_of(f: u32) -> Variant {
         sinks: f & 32 != 0,
         varlen: f & 64 != 0,
         sparse: f & 128 != 0,
+        dropout: f & 256 != 0,
         ..Default::default()
     }
 }
@@ -141,10 +142,11 @@ fn covering_rows(flags: usize) -> Vec<u32> {
 
 /// The flash kernels' variants. Without `all`: [`variants`] with no layout
 /// or score term and with every one (ALiBi, sinks, packed batches, block
-/// masks). With `all`: rows of a covering array over the eight optional
-/// pieces (mask, softcap, access counters, loop guard, ALiBi, sinks, packed
-/// batches, block masks), so that every three of them meet in each of
-/// their settings (all 256 combinations cost minutes of CI for little more).
+/// masks, dropout). With `all`: rows of a covering array over the nine
+/// optional pieces (mask, softcap, access counters, loop guard, ALiBi,
+/// sinks, packed batches, block masks, dropout), so that every three of
+/// them meet in each of their settings (all 512 combinations cost minutes
+/// of CI for little more).
 fn flash_variants(all: bool) -> Vec<Variant> {
     if !all {
         let every = |v: Variant| Variant {
@@ -152,6 +154,7 @@ fn flash_variants(all: bool) -> Vec<Variant> {
             sinks: true,
             varlen: true,
             sparse: true,
+            dropout: true,
             ..v
         };
         return variants(false)
@@ -159,15 +162,15 @@ fn flash_variants(all: bool) -> Vec<Variant> {
             .flat_map(|v| [v, every(v)])
             .collect();
     }
-    covering_rows(8).into_iter().map(variant_of).collect()
+    covering_rows(9).into_iter().map(variant_of).collect()
 }
 
 #[test]
 fn the_covering_rows_meet_every_three_flags_in_every_setting() {
-    let rows = covering_rows(8);
-    for a in 0..8 {
-        for b in a + 1..8 {
-            for c in b + 1..8 {
+    let rows = covering_rows(9);
+    for a in 0..9 {
+        for b in a + 1..9 {
+            for c in b + 1..9 {
                 for v in 0..8u32 {
                     assert!(
                         rows.iter()
@@ -179,7 +182,7 @@ fn the_covering_rows_meet_every_three_flags_in_every_setting() {
         }
     }
     assert!(rows.len() <= 20, "{} rows", rows.len());
-    assert_eq!(rows[..2], [0, 255]);
+    assert_eq!(rows[..2], [0, 511]);
 }
 
 /// Lavapipe's limits (32 KiB of workgroup storage, f16), with or without

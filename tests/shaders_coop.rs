@@ -76,7 +76,7 @@ fn head_dims() -> Vec<(usize, usize)> {
 
 /// Mask, softcap, access counters, loop guard (`all`: every combination),
 /// each with no layout or score term and with all of them (ALiBi, sinks,
-/// packed batches, block masks with the per-pair test).
+/// packed batches, block masks with the per-pair test, dropout).
 fn variants(all: bool) -> Vec<Variant> {
     let flags: Vec<u8> = if all { (0..16).collect() } else { vec![0, 15] };
     let mut out = Vec::new();
@@ -99,6 +99,7 @@ fn variants(all: bool) -> Vec<Variant> {
             varlen: true,
             sparse: true,
             partial: true,
+            dropout: true,
             ..base
         });
         if all {
@@ -116,6 +117,10 @@ fn variants(all: bool) -> Vec<Variant> {
             });
             out.push(Variant {
                 sparse: true,
+                ..base
+            });
+            out.push(Variant {
+                dropout: true,
                 ..base
             });
         }

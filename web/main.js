@@ -31,6 +31,7 @@ const LAYOUT_CASES = [
   { name: 'block-sparse', precision: 'bf16' },
   { name: 'd512', precision: 'f32' },
   { name: 'dv', precision: 'f16' },
+  { name: 'dropout', precision: 'f32' },
 ];
 
 const $ = (id) => document.getElementById(id);
@@ -153,7 +154,8 @@ function showLayoutChecks(results) {
   $('layoutchecks').innerHTML = `<table class="compact" style="margin-top:6px">
     <tr><th>layout</th><th>dispatches</th><th>checks: error ≤ bound</th></tr>
     ${results.map((r) => `<tr><td>${r.name}, ${r.precision}</td><td>${r.dispatches}</td>
-      <td>${r.checks.map((c) => `${c.name} ${exp3(c.max_error)} ${verdict(c.passed)}`).join(' · ')}</td></tr>`).join('')}
+      <td>${r.checks.map((c) => `${c.name} ${exp3(c.max_error)} ${verdict(c.passed)}`).join(' · ')}${
+        r.cpu_o_diff == null ? '' : ` · o vs CPU (same seed) ${exp3(r.cpu_o_diff)} ${verdict(r.cpu_o_diff < 1e-4)}`}</td></tr>`).join('')}
     </table>`;
 }
 

@@ -102,9 +102,17 @@ impl Implementation {
         matches!(self, Implementation::Numpy | Implementation::Torch)
     }
 
-    /// Whether it draws a dropout mask (docs/dropout.md).
+    /// Whether it draws a dropout mask (docs/dropout.md): the wgpu flash
+    /// kernels and the CPU backend (not the naive baseline, not CUDA).
     pub fn takes_dropout(self) -> bool {
-        self == Implementation::Cpu
+        matches!(
+            self,
+            Implementation::Flash
+                | Implementation::Tiled
+                | Implementation::Registers
+                | Implementation::Coop
+                | Implementation::Cpu
+        )
     }
 }
 
@@ -683,7 +691,11 @@ mod tests {
     fn dropout_runs_where_the_implementation_takes_it() {
         let m = Matrix {
             passes: vec![Pass::Forward],
-            implementations: vec![Implementation::Flash, Implementation::Cpu],
+            implementations: vec![
+                Implementation::Flash,
+                Implementation::Naive,
+                Implementation::Cpu,
+            ],
             seqlens: vec![256],
             head_dims: vec![64],
             causal: vec![false],
@@ -694,9 +706,9 @@ mod tests {
         }
         .cases();
         let with: Vec<_> = m.iter().filter(|c| c.dropout > 0.0).collect();
-        assert_eq!(m.len(), 3);
-        assert_eq!(with.len(), 1);
-        assert_eq!(with[0].implementation, Implementation::Cpu);
+        assert_eq!(m.len(), 5);
+        let takers: Vec<_> = with.iter().map(|c| c.implementation).collect();
+        assert_eq!(takers, [Implementation::Flash, Implementation::Cpu]);
         assert!(with[0].options().dropout.is_active());
     }
 }

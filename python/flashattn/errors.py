@@ -10,7 +10,7 @@ here, and the fields of the typed error are attributes of the exception::
 
 Bad input (shapes, dtypes, indices, options) raises subclasses of
 ``ValueError``; a feature the engine or a backend does not have (dropout
-on wgpu, say) raises subclasses of ``NotImplementedError``;
+on CUDA, say) raises subclasses of ``NotImplementedError``;
 everything that goes wrong on a device raises subclasses of
 ``RuntimeError``. All of them are ``FlashAttnError``\\ s.
 """

@@ -410,9 +410,9 @@ def flash_attn_func(
     scaled by ``1 / (1 - dropout_p)``) with a mask drawn from Philox by
     seed (docs/dropout.md); the backward draws the same mask again. The
     seed comes from torch's global generator (numpy's for numpy inputs),
-    so ``torch.manual_seed`` repeats it, or from ``dropout_seed``. Where a
-    backend has no dropout kernels (wgpu, CUDA) the call raises
-    ``Unsupported``; ``backend="auto"`` takes the CPU backend then.
+    so ``torch.manual_seed`` repeats it, or from ``dropout_seed``. The CPU
+    backend and wgpu draw the same mask; CUDA has no dropout kernels yet and
+    raises ``Unsupported``.
 
     Extras: ``sinks`` (one logit per query head, trained: it gets a
     gradient), ``block_mask`` ``(mb, mh, rows, cols)`` bool/uint8 with

@@ -73,11 +73,11 @@ def test_cu_seqlens_must_be_int32():
         flash_attn_varlen_func(q, q, q, torch.tensor([0, 2, 5], dtype=torch.int32), cu.int(), 4, 4)
 
 
-def test_dropout_is_refused_not_ignored_where_a_backend_has_none():
+def test_dropout_on_wgpu_draws_the_cpu_backends_mask():
     x = torch.randn(1, 4, 2, 8)
-    with pytest.raises(flashattn.Unsupported) as e:
-        flash_attn_func(x, x, x, dropout_p=0.1, backend="wgpu")
-    assert isinstance(e.value, NotImplementedError) and "dropout" in e.value.feature
+    run = lambda backend, p: flash_attn_func(x, x, x, dropout_p=p, dropout_seed=3, backend=backend)  # noqa: E731
+    torch.testing.assert_close(run("wgpu", 0.5), run("cpu", 0.5))
+    assert not torch.equal(run("wgpu", 0.5), run("wgpu", 0.0))
 
 
 @pytest.mark.parametrize("p", [1.0, 1.5, -0.1, float("nan")])

@@ -152,11 +152,6 @@ pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Res
             "a quantized KV cache: only the CPU backend decodes one so far".into(),
         ));
     }
-    if workload.opts.dropout.is_active() {
-        return Ok(Decision::Cpu(
-            "dropout: only the CPU backend draws its mask so far".into(),
-        ));
-    }
     let found = adapters().await;
     let Some(best) = found.first() else {
         return Ok(Decision::Cpu(

@@ -36,10 +36,10 @@ pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
 pub const STORAGE_FP8: &str = include_str!("../../shaders/storage_fp8.wgsl");
 /// The e4m3 format's functions (FP8 storage and quantization).
 pub const E4M3: &str = include_str!("../../shaders/e4m3.wgsl");
-/// Philox4x32-10 and dropout's keep bit (the same values as `crate::philox`);
-/// the tests run it on the device until a kernel composes it.
-#[allow(dead_code)]
+/// Philox4x32-10 and dropout's keep bits (the same values as `crate::philox`).
 pub const PHILOX: &str = include_str!("../../shaders/philox.wgsl");
+/// Dropout's keep bits under a call's `Params`, and the keep tile.
+pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).
@@ -61,6 +61,9 @@ pub struct Variant {
     /// kernel carries that test (on lavapipe its mere presence in the loop
     /// cost a full mask 1.5x the dense time).
     pub partial: bool,
+    /// Attention dropout (`p > 0`): the kernels draw each pair's keep bit
+    /// (`HAS_DROPOUT`; without it they carry no dropout code).
+    pub dropout: bool,
     /// Count storage accesses into [`binding::IO`] (the instrumented build).
     pub count_io: bool,
     /// What the kernel does about the adapter's loop limit.
@@ -81,6 +84,7 @@ impl Variant {
             sinks: opts.sinks.is_some(),
             varlen: opts.varlen.is_some(),
             sparse: opts.block_mask.is_some(),
+            dropout: opts.dropout.is_active(),
             ..self
         }
     }
@@ -255,11 +259,28 @@ impl Composer {
             .override_bool("HAS_SINKS", variant.sinks)
             .override_bool("IS_VARLEN", variant.varlen)
             .override_bool("IS_SPARSE", variant.sparse)
-            .override_bool("HAS_PARTIAL", variant.partial);
+            .override_bool("HAS_PARTIAL", variant.partial)
+            .override_bool("HAS_DROPOUT", variant.dropout);
         self.push(&section(SIDE, on_off(variant.has_side())))
             .push(COMMON)
+            .push(PHILOX)
+            .push(&section(DROPOUT, "common"))
             .push(&section(IO_COUNT, on_off(variant.count_io)))
             .push(&section(LOOP_BUDGET, loop_section(variant.loop_check)))
+    }
+
+    /// Dropout's keep factors in the kernel's `p_tile` (`dropout.wgsl`'s
+    /// `@tile`): its rows and keys are the kernel's constants named `rows`
+    /// and `cols`, its elements `elem`; for kernels whose invocations own
+    /// strided keys. Needs the kernel's `WG`. The names are substituted,
+    /// not declared (naga 30's override processing panicked on overrides
+    /// of their own here).
+    pub fn keep_tile(&mut self, rows: &str, cols: &str, elem: &str) -> &mut Self {
+        let text = section(DROPOUT, "tile")
+            .replace("KEEP_ROWS", rows)
+            .replace("KEEP_COLS", cols)
+            .replace("KEEP_T", elem);
+        self.push(&text)
     }
 
     /// Declarations and accessors of `buffers` in `storage`: `load_{name}` /

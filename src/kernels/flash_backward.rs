@@ -5,9 +5,11 @@
 //! atomic-free and deterministic; both P/dS kernels share their arithmetic
 //! (`flash_bwd_math.wgsl`).
 
-use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Variant};
+use super::compose::{
+    binding, section, unroll, Access, Composer, KernelSource, Variant, DROPOUT,
+};
 use super::flash_forward::{lanes_unroll, registers_pieces};
-use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
+use super::loops::{constant, counted, keep_tile, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::params::Params;
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
@@ -314,17 +316,19 @@ impl FlashBackward {
             .push(MATH);
         match self.plan.kernel {
             KernelFamily::Lanes => {
+                c.push(&section(DROPOUT, "lanes"));
                 let body = section(LANES, section_name);
                 c.push(&unroll(&body, lanes_unroll(&self.plan)));
             }
             KernelFamily::Registers => {
                 registers_pieces(c, &["q", "k", "v", "do"]);
                 c.push(&section(REGISTERS, "common"))
-                    .push(&section(REGISTERS, section_name));
+                    .push(&section(REGISTERS, section_name))
+                    .keep_tile("B", "B", "f32");
             }
             // Backward plans are never coop (plan_backward plans tiled).
             KernelFamily::Tiled | KernelFamily::Coop => {
-                c.push(COMMON).push(tiled);
+                c.push(COMMON).push(tiled).keep_tile("B", "B", "f32");
             }
         }
     }
@@ -462,6 +466,8 @@ impl FlashBackward {
             BackwardPart::Dq => (p.br, LoopDim::Keys),
             _ => (1, LoopDim::Rows),
         };
+        // Dropout's keep tile, filled per tile (the lanes kernels have none).
+        let keep = keep_tile(self.variant.dropout, p.br, p.br, p.workgroup_size);
         // Each long loop's last pass, and the loop-budget guard.
         let (per_step, mut fixed) = match (self.part, p.kernel) {
             (BackwardPart::Dvec, _) => (0, constant(p.head_dim_v, 12, 0) + GUARD),
@@ -483,7 +489,7 @@ impl FlashBackward {
                 // runs every loop nested in it once more.
                 let exit = 1 + 1 + nested;
                 let stores = self.stores(&[p.acc_chunks(true), p.acc_chunks(false)]);
-                (g * step, t.keys + g * (2 + nested) + exit + stores + GUARD)
+                (g * (step + keep), t.keys + g * (2 + nested) + exit + stores + GUARD)
             }
             (
                 BackwardPart::Dq,
@@ -493,7 +499,7 @@ impl FlashBackward {
                 // Each step loads a block of keys (one loop).
                 let (step, nested) = t.step(t.keys, 1, t.dq);
                 let stores = self.stores(&[p.acc_chunks(true)]);
-                (step, t.rows + 1 + nested + stores + GUARD)
+                (step + keep, t.rows + 1 + nested + stores + GUARD)
             }
         };
         if self.variant.varlen && matches!(self.part, BackwardPart::DkDv | BackwardPart::Dq) {

@@ -5,9 +5,11 @@
 //! of Br query rows of one (batch, head); it streams the key blocks its rows
 //! can see and writes O and LSE once.
 
-use super::compose::{binding, section, unroll, Access, Composer, KernelSource, Unroll, Variant};
+use super::compose::{
+    binding, section, unroll, Access, Composer, KernelSource, Unroll, Variant, DROPOUT,
+};
 use super::flash_forward_coop::{coop_composer, coop_loop_cost, emulated_body, COOP};
-use super::loops::{constant, counted, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
+use super::loops::{constant, counted, keep_tile, LoopCost, LoopDim, GUARD, VARLEN_SEARCH};
 use super::walk::{Sequences, Walk};
 use crate::api::output::Accesses;
 use crate::plan::{padded_chunks, CoopForm, KernelFamily, Plan, StorageKind};
@@ -109,7 +111,8 @@ impl FlashForward {
         } else {
             c.push(COOP);
         }
-        c.finish("main")
+        c.keep_tile("BR", "BC", "CE")
+            .finish("main")
     }
 
     fn registers_source(&self) -> KernelSource {
@@ -143,7 +146,9 @@ impl FlashForward {
             .push(&section(ROW_REDUCE, reduce));
         declare_buffers(&mut c, p.storage, Access::Read);
         registers_pieces(&mut c, &["q", "k", "v"]);
-        c.push(REGISTERS).finish("main")
+        c.push(REGISTERS)
+            .keep_tile("BR", "BC", "f32")
+            .finish("main")
     }
 
     fn tiled_source(&self) -> KernelSource {
@@ -160,7 +165,7 @@ impl FlashForward {
             .const_u32("ACC", p.acc_per_thread())
             .common(self.variant);
         declare_buffers(&mut c, p.storage, Access::Read);
-        c.push(TILED).finish("main")
+        c.push(TILED).keep_tile("BR", "BC", "f32").finish("main")
     }
 
     fn lanes_source(&self) -> KernelSource {
@@ -170,7 +175,8 @@ impl FlashForward {
             .override_u32("RPL", p.br / p.bc)
             .override_u32("D", p.head_dim)
             .override_u32("DV", p.head_dim_v)
-            .common(self.variant);
+            .common(self.variant)
+            .push(&section(DROPOUT, "lanes"));
         declare_buffers(&mut c, p.storage, Access::Read4);
         c.push(&unroll(LANES, lanes_unroll(p))).finish("main")
     }
@@ -212,11 +218,22 @@ impl FlashForward {
     /// `tests/loop_limit.rs` checks the totals against the driver.
     pub fn loop_cost(&self) -> LoopCost {
         let p = &self.plan;
+        // Dropout's keep tile, filled per step (the lanes kernels have none).
+        let keep = keep_tile(self.variant.dropout, p.br, p.bc, p.workgroup_size);
         // The key-block loop's last pass, and the loop-budget guard.
         let (per_step, mut fixed) = match p.kernel {
-            KernelFamily::Coop => return coop_loop_cost(p, self.variant.varlen),
+            KernelFamily::Coop => {
+                let cost = coop_loop_cost(p, self.variant.varlen);
+                return LoopCost {
+                    per_step: cost.per_step + keep,
+                    ..cost
+                };
+            }
             KernelFamily::Lanes => (1, 1 + GUARD),
-            KernelFamily::Registers => registers_loops(p),
+            KernelFamily::Registers => {
+                let (per_step, fixed) = registers_loops(p);
+                (per_step + keep, fixed)
+            }
             KernelFamily::Tiled => {
                 let (d, bc, wg) = (p.head_dim, p.bc, p.workgroup_size);
                 let (sc, acc) = (p.scores_per_thread(), p.acc_per_thread());
@@ -227,7 +244,7 @@ impl FlashForward {
                 let (dot, pv) = (constant(d, 6 + 24 * sc, 0), constant(bc, 3 + 24 * acc, 0));
                 let nested = 1 + (dot > 0) as u64 + (pv > 0) as u64;
                 (
-                    1 + tile(bc * p.widest_dim()) + dot + pv,
+                    1 + tile(bc * p.widest_dim()) + dot + pv + keep,
                     tile(p.br * d) + 1 + nested + GUARD,
                 )
             }

@@ -70,6 +70,17 @@ pub fn unrolled(trips: u32, ops: u32, per_trip: u64) -> bool {
     per_trip == 0 && trips <= UNROLLED_TRIP && trips * (ops + 10) <= 832
 }
 
+/// Iterations of the loop that fills dropout's keep factors (`dropout.wgsl`)
+/// for `rows` × `cols` pairs on `wg` invocations, per tile (its loop over a
+/// word's 32 keys as a constant loop); none without dropout.
+pub fn keep_tile(dropout: bool, rows: u32, cols: u32, wg: u32) -> u64 {
+    if !dropout {
+        return 0;
+    }
+    let word = constant(32, 12, 0);
+    counted((rows * cols.div_ceil(32)).div_ceil(wg) as u64, word, (word > 0) as u64)
+}
+
 /// Iterations a packed batch's binary search for the workgroup's sequence
 /// may take (`sequence()` in common.wgsl: at most 32 halvings, and the
 /// pass that leaves).

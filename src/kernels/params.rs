@@ -87,9 +87,17 @@ uniform_struct! {
         pub mask_head_stride: u32,
         pub seq_count: u32,
         pub block_stride: u32,
+        pub drop_key_lo: u32,
+        pub drop_key_hi: u32,
+        pub drop_stream_lo: u32,
+        pub drop_stream_hi: u32,
+        pub drop_threshold: u32,
+        pub drop_scale: f32,
+        pub drop_heads: u32,
+        pub drop_row0: u32,
+        pub drop_col0: u32,
         pub _pad0: u32,
         pub _pad1: u32,
-        pub _pad2: u32,
     }
 }
 
@@ -229,7 +237,40 @@ impl Params {
             head_start: to_u32("head start", piece.head_start)?,
             seq_count: to_u32("sequences", opts.varlen.as_ref().map_or(0, |v| v.batch()))?,
             block_stride: 1,
-            ..Default::default()
+            ..Self::dropout(&piece.full, opts)?
+        })
+    }
+
+    /// Dropout's fields (zero without): key, first stream, threshold, scale,
+    /// the streams' stride per sequence and the shard's origin.
+    fn dropout(full: &AttentionShape, opts: &AttentionOptions) -> Result<Self> {
+        let d = &opts.dropout;
+        if !d.is_active() {
+            return Ok(Self::default());
+        }
+        let heads = full.heads_q;
+        // The kernels add batch · heads_q + head to the 64-bit offset in u32.
+        let streams = opts.batch_of(full) as u64 * heads as u64;
+        if u32::try_from(streams).is_err() {
+            return Err(Error::Overflow {
+                what: "dropout's streams (sequences × heads_q)",
+                value: streams,
+            });
+        }
+        let [key_lo, key_hi] = d.key();
+        let [stream_lo, stream_hi] = d.stream(0, 0, heads);
+        let (row0, col0) = opts.positions.map_or((0, 0), |p| (p.q_offset, p.k_offset));
+        Ok(Self {
+            drop_key_lo: key_lo,
+            drop_key_hi: key_hi,
+            drop_stream_lo: stream_lo,
+            drop_stream_hi: stream_hi,
+            drop_threshold: d.threshold(),
+            drop_scale: d.scale(),
+            drop_heads: to_u32("heads_q", heads)?,
+            drop_row0: to_u32("q_offset", row0)?,
+            drop_col0: to_u32("k_offset", col0)?,
+            ..Self::default()
         })
     }
 

@@ -151,6 +151,7 @@ impl Gpu {
             varlen: false,
             sparse: false,
             partial: false,
+            dropout: false,
             aliased: false,
             count_io: self.io_counter.is_some(),
             loop_check: match (self.loop_limit.limit(), self.settings.loop_meter) {

@@ -346,6 +346,9 @@ struct LayoutReport {
     dispatches: u32,
     /// o, lse, then dq, dk, dv (and dsinks with sinks).
     checks: Vec<CheckReport>,
+    /// With dropout: the largest |o − the CPU backend's o| for the same
+    /// seed (the same mask), held below 1e-4.
+    cpu_o_diff: Option<f32>,
     passed: bool,
     verification: String,
 }
@@ -386,6 +389,10 @@ fn layout_case(name: &str) -> Result<(AttentionShape, AttentionOptions), JsError
             (shape(1, 50, 46, 2, 1, 24)?, opts)
         }
         "d512" => (shape(1, 9, 11, 1, 1, 512)?, causal),
+        "dropout" => (
+            shape(2, 37, 45, 4, 2, 24)?,
+            causal.dropout(0.2).dropout_seed(11).dropout_offset(3),
+        ),
         "dv" => (
             shape(1, 17, 21, 2, 1, 192)?
                 .with_head_dim_v(128)
@@ -397,8 +404,9 @@ fn layout_case(name: &str) -> Result<(AttentionShape, AttentionOptions), JsError
 }
 
 /// A layout self-test case (ALiBi, sinks, block-sparse, a packed batch,
-/// d 512, v's own head dim) forward and backward on WebGPU with seeded
-/// inputs, every output checked against the f64 reference.
+/// d 512, v's own head dim, dropout) forward and backward on WebGPU with
+/// seeded inputs, every output checked against the f64 reference (and with
+/// dropout o against the CPU backend's for the same seed).
 #[wasm_bindgen]
 pub async fn run_layout_case(
     name: String,
@@ -436,13 +444,21 @@ pub async fn run_layout_case(
         .map_err(js_err)?
         .to_vec();
     checks.extend(check_backward(&bwd, &qv, &kv, &vv, &dov, &opts).map_err(js_err)?);
+    let cpu_o_diff = if opts.dropout.is_active() {
+        let cpu_o = cpu::forward(&inputs, &opts).map_err(js_err)?.o.to_f32();
+        let o = out.o.to_f32();
+        Some(o.iter().zip(&cpu_o).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max))
+    } else {
+        None
+    };
     let plan = e.plan(&shape, precision, &none).map_err(js_err)?;
     to_json(&LayoutReport {
         name,
         precision: precision.to_string(),
         plan: plan.to_string(),
         dispatches: out.stats.dispatches,
-        passed: checks.iter().all(|c| c.passed()),
+        cpu_o_diff,
+        passed: checks.iter().all(|c| c.passed()) && cpu_o_diff.is_none_or(|d| d < 1e-4),
         checks: checks.iter().map(CheckReport::from).collect(),
         verification: verdict_of(&out.stats),
     })

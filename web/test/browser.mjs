@@ -132,7 +132,7 @@ function checkResults(r) {
 
   // The layouts: each case forward and backward, every output under the rule.
   const layouts = r.layouts || [];
-  for (const want of ['alibi', 'sinks', 'block-sparse', 'varlen', 'd512', 'dv']) {
+  for (const want of ['alibi', 'sinks', 'block-sparse', 'varlen', 'd512', 'dv', 'dropout']) {
     expect(layouts.some((c) => c.name === want), `no layout case ${want}`);
   }
   expect(layouts.some((c) => c.precision === 'bf16'), 'no bf16 layout case');
@@ -146,6 +146,8 @@ function checkResults(r) {
       expect(k.non_finite === null && finite(k.max_error) && finite(k.bound) && k.max_error <= k.bound,
         `${name}: ${k.name} error ${k.max_error} vs bound ${k.bound} (${k.non_finite})`);
     }
+    // Dropout draws the CPU backend's mask for the same seed.
+    if (c.name === 'dropout') expect(finite(c.cpu_o_diff) && c.cpu_o_diff < 1e-4, `${name}: |o - cpu o| ${c.cpu_o_diff}`);
     // A packed batch runs in one dispatch.
     if (c.name === 'varlen') expect(c.dispatches === 1, `${name}: ${c.dispatches} dispatches`);
   }
