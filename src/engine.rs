@@ -7,7 +7,7 @@ use crate::api::decode::{
     CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
 };
 #[cfg(not(target_arch = "wasm32"))]
-use crate::api::kv_quant::QuantKvCache;
+use crate::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, CallStats, ForwardOutput, Timing};

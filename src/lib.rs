@@ -106,6 +106,7 @@ internal!(kernels);
 internal!(ops);
 internal!(philox);
 internal!(plan);
+pub mod kv_quant;
 pub mod quant;
 pub mod random;
 pub mod reference;
@@ -124,9 +125,6 @@ pub use api::decode::{
 pub use api::dropout::Dropout;
 pub use api::dropout_rule::{dropout_mask, DropoutMask};
 pub use api::inputs::{BackwardInputs, ForwardInputs};
-pub use api::kv_quant::{
-    CacheQuant, QuantKvCache, QuantizedKv, ScaleBlocks, MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS,
-};
 pub use api::merge::merge_partials;
 pub use api::options::{AttentionOptions, Fp8Options, Mask, Positions, Window};
 pub use api::output::{Accesses, Allocation, BackwardOutput, CallStats, ForwardOutput, Timing};
@@ -145,6 +143,9 @@ pub use cuda::{Arch, DeviceProps, KernelPath};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};
+pub use kv_quant::{
+    CacheQuant, QuantKvCache, QuantizedKv, ScaleBlocks, MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS,
+};
 pub use ops::bandwidth::BandwidthResult;
 pub use ops::ceiling::{CeilingResult, CeilingShape};
 pub use plan::{

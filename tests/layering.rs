@@ -288,7 +288,7 @@ fn library_modules_import_without_circles() {
 const LAYERS: &[&[&str]] = &[
     &["error", "random", "disk_cache", "philox"],
     &["api"],
-    &["plan", "quant"],
+    &["plan", "quant", "kv_quant"],
     &["reference", "accuracy", "backend::attend"],
     &["kernels", "cpu"],
     &["runtime"],

@@ -8,7 +8,6 @@ pub mod dropout;
 pub mod dropout_rule;
 pub mod inputs;
 pub mod kernel_plan;
-pub mod kv_quant;
 pub mod merge;
 pub mod options;
 pub mod output;

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{
     api::decode::{DecodeOutput, DecodeStep, HostKvCache},
-    api::kv_quant::QuantKvCache,
+    kv_quant::QuantKvCache,
     api::inputs::{BackwardInputs, ForwardInputs},
     api::options::{AttentionOptions, Fp8Options},
     api::output::{BackwardOutput, CallStats, ForwardOutput},

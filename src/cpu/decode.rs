@@ -11,11 +11,11 @@
 //! its own query head's slope.
 
 use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
-use crate::api::kv_quant::{CacheQuant, QuantKvCache};
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::CallStats;
 use crate::api::tensor::{HostData, TensorData, TensorView};
 use crate::error::{Error, Result};
+use crate::kv_quant::{CacheQuant, QuantKvCache};
 use crate::plan::{plan_splits, DecodeRequest, SplitLimits, Splits};
 use crate::quant::check_finite;
 use rayon::prelude::*;

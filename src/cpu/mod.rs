@@ -62,11 +62,11 @@ pub use isa::Isa;
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
-use crate::api::kv_quant::QuantKvCache;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
 use crate::backend::attend::{AttentionBackend, Capabilities};
 use crate::error::Result;
+use crate::kv_quant::QuantKvCache;
 use crate::plan::PlanOverrides;
 
 /// The CPU backend on one instruction set.

@@ -116,7 +116,7 @@ pub use {
 };
 
 use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::api::kv_quant::QuantKvCache;
+use crate::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};

@@ -19,8 +19,8 @@
 //!   s')`. The new values are then coded at the block's (new) scale. One
 //!   step is one update, however many of its tokens land in the block.
 
-use super::decode::{CacheShape, DecodeProblem, HostKvCache};
-use super::tensor::{Precision, TensorData};
+use crate::api::decode::{CacheShape, DecodeProblem, HostKvCache};
+use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::quant::{e4m3_from_f64, e4m3_to_f32, flush};
 use std::ops::Range;
@@ -239,8 +239,14 @@ impl QuantKvCache {
             };
             for blk in 0..blocks.count() {
                 for hk in 0..heads {
-                    let segs = || blocks.rows(blk).map(|r| (r * heads + hk) * d..(r * heads + hk + 1) * d);
-                    let a = segs().flat_map(|s| x[s].iter()).fold(0f32, |m, v| m.max(v.abs()));
+                    let segs = || {
+                        blocks
+                            .rows(blk)
+                            .map(|r| (r * heads + hk) * d..(r * heads + hk + 1) * d)
+                    };
+                    let a = segs()
+                        .flat_map(|s| x[s].iter())
+                        .fold(0f32, |m, v| m.max(v.abs()));
                     let s = quant.scale_of(a);
                     out.scales[blk * heads + hk] = s;
                     for seg in segs() {
@@ -306,7 +312,8 @@ impl QuantKvCache {
                 .enumerate()
                 .map(|(e, &c)| {
                     let (row, hk) = (e / (heads * d), e / d % heads);
-                    self.quant.value(c, kv.scales[blocks.block(row) * heads + hk])
+                    self.quant
+                        .value(c, kv.scales[blocks.block(row) * heads + hk])
                 })
                 .collect();
             TensorData::F32(values)
@@ -446,12 +453,18 @@ mod tests {
             batch: 2,
             capacity: 5,
         });
-        assert_eq!((short.count(), short.block(7), short.rows(1)), (2, 1, 5..10));
+        assert_eq!(
+            (short.count(), short.block(7), short.rows(1)),
+            (2, 1, 5..10)
+        );
         let paged = blocks(CacheLayout::Paged {
             pages: 6,
             page_size: 48,
         });
-        assert_eq!((paged.count(), paged.block(100), paged.rows(2)), (6, 2, 96..144));
+        assert_eq!(
+            (paged.count(), paged.block(100), paged.rows(2)),
+            (6, 2, 96..144)
+        );
     }
 
     #[test]
