@@ -186,8 +186,8 @@ pub struct QuantKvCache {
 }
 
 impl QuantKvCache {
-    /// A cache from its codes and scales, checked: lengths, and every scale
-    /// a finite value > 0 ([`Error::InvalidCacheScale`]).
+    /// A cache from its codes and scales, checked: lengths, every scale a
+    /// finite value > 0 ([`Error::InvalidCacheScale`]), no FP8 NaN code.
     pub fn new(
         shape: CacheShape,
         quant: CacheQuant,
@@ -203,6 +203,7 @@ impl QuantKvCache {
             v,
         };
         cache.check()?;
+        cache.check_codes()?;
         Ok(cache)
     }
 
@@ -331,8 +332,8 @@ impl QuantKvCache {
         part(&self.k) + part(&self.v)
     }
 
-    /// What [`new`](Self::new) checks, again for a cache whose public fields
-    /// were changed since.
+    /// What [`new`](Self::new) checks but the codes, again for a cache whose
+    /// public fields were changed since: lengths and scales, every step.
     pub(crate) fn check(&self) -> Result<()> {
         let s = &self.shape;
         let scales = self.blocks().count() * s.heads_kv;
@@ -371,8 +372,14 @@ impl QuantKvCache {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// FP8 codes that are e4m3's NaNs (0x7f, 0xff; no append writes one):
+    /// [`Error::NonFiniteInput`]. Read once, where codes come in
+    /// ([`new`](Self::new)), not every step: a whole pass over the cache.
+    fn check_codes(&self) -> Result<()> {
         if self.quant == CacheQuant::Fp8 {
-            // 0x7f and 0xff are e4m3's NaNs, which no append produces.
             for (tensor, kv) in [("k_cache", &self.k), ("v_cache", &self.v)] {
                 if let Some(index) = kv.codes.iter().position(|&c| c & 0x7f == 0x7f) {
                     return Err(Error::NonFiniteInput { tensor, index });
