@@ -105,14 +105,7 @@ impl Implementation {
     /// Whether it draws a dropout mask (docs/dropout.md): the wgpu flash
     /// kernels and the CPU backend (not the naive baseline, not CUDA).
     pub fn takes_dropout(self) -> bool {
-        matches!(
-            self,
-            Implementation::Flash
-                | Implementation::Tiled
-                | Implementation::Registers
-                | Implementation::Coop
-                | Implementation::Cpu
-        )
+        (self.on_gpu() && self != Implementation::Naive) || self == Implementation::Cpu
     }
 }
 
