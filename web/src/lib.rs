@@ -447,7 +447,12 @@ pub async fn run_layout_case(
     let cpu_o_diff = if opts.dropout.is_active() {
         let cpu_o = cpu::forward(&inputs, &opts).map_err(js_err)?.o.to_f32();
         let o = out.o.to_f32();
-        Some(o.iter().zip(&cpu_o).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max))
+        Some(
+            o.iter()
+                .zip(&cpu_o)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max),
+        )
     } else {
         None
     };
