@@ -176,5 +176,7 @@ async fn probe(gpu: &mut Gpu) -> Result<()> {
         bytemuck::pod_read_unaligned::<u32>(&bytes[0][4..8])
     };
     gpu.loop_limit = LoopLimit::new((done < PROBE_BOUND).then_some(done));
+    gpu.pipelines
+        .adapt_to_loop_limit(gpu.loop_limit.limit().is_some());
     Ok(())
 }
