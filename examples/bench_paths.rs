@@ -57,9 +57,14 @@ struct Args {
     batch: usize,
     #[arg(long, default_value_t = 16)]
     heads: usize,
-    /// Timed repeats after one untimed run.
+    /// Timed repeats after the warm-up.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Untimed runs of each flashattn path first, until this many
+    /// milliseconds have passed (at least one): an idle GPU's clocks take
+    /// a while to rise, and one millisecond-long run does not raise them.
+    #[arg(long, default_value_t = 200.0)]
+    warmup_ms: f64,
     /// Rewritten after every case.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -69,6 +74,10 @@ struct Args {
     /// torch's device.
     #[arg(long, default_value = "cuda")]
     torch_device: String,
+    /// Start no new shape after this many seconds (the rest are listed as
+    /// not run), so a run under a hard time limit ends on its own.
+    #[arg(long)]
+    max_seconds: Option<f64>,
     /// List the cases and check the Python driver's protocol; run nothing.
     #[arg(long)]
     dry_run: bool,
@@ -447,7 +456,21 @@ fn run(a: &Args) -> Result<bool, BoxError> {
     };
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
-    for shape in &shapes {
+    let started = std::time::Instant::now();
+    for (n, shape) in shapes.iter().enumerate() {
+        if a.max_seconds
+            .is_some_and(|max| started.elapsed().as_secs_f64() > max)
+        {
+            eprintln!(
+                "--max-seconds spent: {} of {} shapes not run",
+                shapes.len() - n,
+                shapes.len()
+            );
+            for s in &shapes[n..] {
+                eprintln!("  not run: {} {}", s.base.label(), s.base.precision.name());
+            }
+            break;
+        }
         let inputs = BenchInputs::new(&shape.base)?;
         let opts = shape.base.options();
         let first = rows.len();
@@ -469,12 +492,17 @@ fn run(a: &Args) -> Result<bool, BoxError> {
                 }
             } else {
                 let repeats = if timed(&imp) { a.repeats } else { 0 };
+                let warmup = std::time::Duration::from_secs_f64(a.warmup_ms.max(0.0) / 1e3);
+                let warming = std::time::Instant::now();
                 let mut last = None;
-                for i in 0..=repeats {
+                let mut timed_runs = 0;
+                while timed_runs < repeats || last.is_none() {
+                    let warm = last.is_some() && warming.elapsed() >= warmup;
                     match run_once(&backends, &case, inputs.views(), &opts) {
                         Ok(out) => {
-                            if i > 0 {
+                            if warm {
                                 result.seconds.push(out.seconds());
+                                timed_runs += 1;
                             }
                             last = Some(out);
                         }

@@ -14,29 +14,29 @@
 #   scripts/gpu-check.sh dry      # anywhere: every step that needs no GPU
 #
 # run, in order (each step's limit in seconds):
-#    1 env       15  nvidia-smi -q (name, driver, clocks, power limit), the CUDA
+#    1 env       10  nvidia-smi -q (name, driver, clocks, power limit), the CUDA
 #                    driver's and NVRTC's versions, the device and its plan, the
 #                    Vulkan adapter (flashattn plan), torch's version
-#    2 warm      30  the PTX disk cache filled over all cores (bounded-wait and
+#    2 warm      28  the PTX disk cache filled over all cores (bounded-wait and
 #                    plain Hopper builds); the driver's JIT cache fills as steps load
 #    3 smoke     30  the Hopper forward's smoke test, alone, CUDA_LAUNCH_BLOCKING=1,
 #                    against the sm80 kernels and the f64 reference; if it fails,
 #                    every later step runs with FLASHATTN_CUDA_KERNEL=no-hopper
 #    4 (steps 3, 6 and 7 run with FLASHATTN_CUDA_BOUNDED_WAIT_MS: a deadlocked
 #      mbarrier wait prints block, thread, barrier and phase, then traps)
-#    5 jit       25  every main variant loaded by the driver's JIT with its logs
+#    5 jit       32  every main variant loaded by the driver's JIT with its logs
 #                    (registers, spills, shared memory); fails if the Hopper
 #                    forward spills or its log reports serialized wgmma (the
 #                    plain build users run: the bounded waits' report is a
 #                    printf call, which serializes them)
 #    6 sanitize  50  compute-sanitizer (memcheck, synccheck; racecheck on the sm80
 #                    kernels) on tiny cases
-#    7 accuracy  90  the CUDA accuracy tests, one kernel path per process, each
+#    7 accuracy  70  the CUDA accuracy tests, one kernel path per process, each
 #                    case printed as it finishes; `flashattn doctor --backend cuda`
-#    8 bench     60  forward (Hopper, sm80, torch SDPA) and backward (sm80, torch)
+#    8 bench     70  forward (Hopper, sm80, torch SDPA) and backward (sm80, torch)
 #                    by examples/bench_paths.rs: CUDA events, inputs once per shape,
 #                    torch started once, JSON after every case, outputs compared
-#    9 vulkan    60  the same on NVIDIA's Vulkan driver: `flashattn doctor` and the
+#    9 vulkan    70  the same on NVIDIA's Vulkan driver: `flashattn doctor` and the
 #                    decode example (smoke), the wgpu accuracy suites, and the
 #                    registers, coop and tiled kernels against torch SDPA on CUDA
 #   10 summary       every step's status and time, every failure; exit status 1
@@ -62,11 +62,11 @@ VULKAN_DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 TEST_BINARIES=(cuda gpu_forward gpu_backward gpu_decode)
 # Every step's limit: they sum to 360 s in both scripts.
 if [ "$PARTS" = cuda ]; then
-  LIMIT_ACCURACY=130 LIMIT_BENCH_FWD=50 LIMIT_BENCH_BWD=30 LIMIT_VULKAN=0
+  LIMIT_ACCURACY=100 LIMIT_BENCH_FWD=65 LIMIT_BENCH_BWD=45 LIMIT_VULKAN=0
 else
-  LIMIT_ACCURACY=90 LIMIT_BENCH_FWD=35 LIMIT_BENCH_BWD=25 LIMIT_VULKAN=60
+  LIMIT_ACCURACY=70 LIMIT_BENCH_FWD=40 LIMIT_BENCH_BWD=30 LIMIT_VULKAN=70
 fi
-LIMIT_ENV=15 LIMIT_WARM=30 LIMIT_SMOKE=30 LIMIT_JIT=25 LIMIT_SANITIZE=50
+LIMIT_ENV=10 LIMIT_WARM=28 LIMIT_SMOKE=30 LIMIT_JIT=32 LIMIT_SANITIZE=50
 BOUNDED_WAIT_MS=4000
 
 # The accuracy tests of tests/cuda.rs (libtest's filters, any of them).
@@ -77,13 +77,13 @@ BENCH_SHAPE=(--batch 4 --heads 16 --repeats 3 --causal both --head-dims 64,128)
 bench_cuda_forward() {
   local impls=cuda-hopper,cuda-mma,torch compare=()
   [ "${HOPPER_OFF:-0}" = 1 ] && impls=cuda-mma,torch compare=(--compare-with cuda-scalar)
-  echo --impls "$impls" "${compare[@]}" --passes forward --seqlens 1024,4096,16384 \
-    --precisions f16,bf16 "${BENCH_SHAPE[@]}"
+  echo --impls "$impls" "${compare[@]}" --passes forward --seqlens 1024,8192 \
+    --precisions bf16 "${BENCH_SHAPE[@]}"
 }
 BENCH_CUDA_BACKWARD=(--impls cuda,torch --compare-with cuda-scalar --passes backward
-  --seqlens 1024,4096 --precisions f16,bf16 "${BENCH_SHAPE[@]}")
+  --seqlens 1024,4096 --precisions bf16 "${BENCH_SHAPE[@]}")
 BENCH_VULKAN_FORWARD=(--impls registers,coop,tiled,torch --compare-with registers --passes forward
-  --seqlens 1024,4096 --precisions f16 "${BENCH_SHAPE[@]}")
+  --seqlens 1024 --precisions f16 "${BENCH_SHAPE[@]}")
 BENCH_VULKAN_BACKWARD=(--impls registers,tiled,torch --passes backward --seqlens 1024
   --precisions f16 "${BENCH_SHAPE[@]}")
 
@@ -273,15 +273,30 @@ run() {
   echo "$NAME: logs and summary in $out (steps of at most $((LIMIT_ENV + LIMIT_WARM + LIMIT_SMOKE + LIMIT_JIT +
     LIMIT_SANITIZE + LIMIT_ACCURACY + LIMIT_BENCH_FWD + LIMIT_BENCH_BWD + LIMIT_VULKAN)) s)"
   export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_TORCH_DEVICE=cuda
-  step_env
-  step_warm
-  step_smoke
-  step_jit
-  step_sanitize
-  step_accuracy
-  step_bench
-  if [ "$PARTS" = all ]; then step_vulkan; else skipped 9-vulkan "scripts/cuda-check.sh runs the CUDA steps only"; fi
+  wanted 1 && step_env
+  wanted 2 && step_warm
+  wanted 3 && step_smoke
+  wanted 5 && step_jit
+  wanted 6 && step_sanitize
+  wanted 7 && step_accuracy
+  wanted 8 && step_bench
+  if [ "$PARTS" != all ]; then
+    skipped 9-vulkan "scripts/cuda-check.sh runs the CUDA steps only"
+  elif wanted 9; then
+    step_vulkan
+  fi
   summary
+}
+
+# Whether step $1 runs: FLASHATTN_CHECK_STEPS (numbers, e.g. "2 5 9") reruns
+# some steps only; the others are listed as skipped.
+wanted() {
+  [ -z "${FLASHATTN_CHECK_STEPS:-}" ] && return 0
+  case " $FLASHATTN_CHECK_STEPS " in
+  *" $1 "*) return 0 ;;
+  esac
+  skipped "$1" "not in FLASHATTN_CHECK_STEPS"
+  return 1
 }
 
 # 1: the machine, its driver, NVRTC, the device, the Vulkan adapter.
@@ -289,6 +304,8 @@ step_env() {
   {
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit,memory.total --format=csv
     lscpu | grep -E 'Model name|^CPU\(s\)'
+    echo "kernel $(uname -r)"
+    echo "compute-sanitizer: $(sanitizer)"
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
     cat "$DIR/MANIFEST"
   } >>"$out/machine.txt" 2>&1
@@ -325,9 +342,23 @@ step_jit() {
   FLASHATTN_CUDA_BOUNDED_WAIT_MS='' CUDA_CACHE_DISABLE=1 step 5-jit "$LIMIT_JIT" "${CUDA_TESTS[@]}" --exact jit_report_of_the_main_variants
 }
 
+# The machine's own compute-sanitizer (it matches its driver), else the packed one.
+sanitizer() {
+  local own
+  for own in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    if [ -n "$own" ] && [ -x "$own" ]; then
+      echo "$own"
+      return
+    fi
+  done
+  echo "$work/sanitizer/compute-sanitizer"
+}
+
 # 6: compute-sanitizer on tiny cases, the tools side by side.
 step_sanitize() {
-  local san=$work/sanitizer/compute-sanitizer auto=${FLASHATTN_CUDA_KERNEL:-auto}
+  local san auto=${FLASHATTN_CUDA_KERNEL:-auto}
+  san=$(sanitizer)
   local run=(--error-exitcode 1 "$BIN/cuda" --exact tiny_cases_for_the_sanitizer --nocapture)
   FLASHATTN_CUDA_KERNEL=$auto step 6-memcheck "$LIMIT_SANITIZE" "$san" --tool memcheck "${run[@]}" &
   FLASHATTN_CUDA_KERNEL=scalar step 6-memcheck-scalar "$LIMIT_SANITIZE" "$san" --tool memcheck "${run[@]}" &
@@ -351,30 +382,36 @@ step_accuracy() {
   unset FLASHATTN_CUDA_BOUNDED_WAIT_MS
 }
 
+# `bench NAME LIMIT ARGS...`: bench_paths as step NAME, JSON in
+# $out/NAME.json; it starts no shape past 3/5 of the limit, so the largest
+# shape in flight still ends within it.
+bench() {
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" "$BIN/bench_paths" "$@" --max-seconds $((limit * 3 / 5)) \
+    --json "$out/${name#*-}.json"
+}
+
 # 8: the CUDA benchmarks (no bounded waits), one after the other.
 step_bench() {
   # shellcheck disable=SC2046
-  step 8-bench-cuda-forward "$LIMIT_BENCH_FWD" "$BIN/bench_paths" $(bench_cuda_forward) \
-    --json "$out/bench-cuda-forward.json"
-  step 8-bench-cuda-backward "$LIMIT_BENCH_BWD" "$BIN/bench_paths" "${BENCH_CUDA_BACKWARD[@]}" \
-    --json "$out/bench-cuda-backward.json"
+  bench 8-bench-cuda-forward "$LIMIT_BENCH_FWD" $(bench_cuda_forward)
+  bench 8-bench-cuda-backward "$LIMIT_BENCH_BWD" "${BENCH_CUDA_BACKWARD[@]}"
 }
 
 # 9: Vulkan on the same GPU: smoke (doctor, the decode example) and the
 # accuracy suites side by side, then the benchmarks.
 step_vulkan() {
   export WGPU_BACKEND=vulkan
-  local t=$((LIMIT_VULKAN - 25)) s
+  local t=$((LIMIT_VULKAN - 35)) s
   step 9-doctor-vulkan "$t" "$BIN/flashattn" doctor --json &
   step 9-decode-vulkan "$t" "$BIN/decode" --backend wgpu --tokens 48 --check-every 8 &
   for s in gpu_forward gpu_backward gpu_decode; do
     step "9-accuracy-$s" "$t" "$BIN/$s" --test-threads 6 &
   done
   wait
-  step 9-bench-vulkan-forward 15 "$BIN/bench_paths" "${BENCH_VULKAN_FORWARD[@]}" \
-    --json "$out/bench-vulkan-forward.json"
-  step 9-bench-vulkan-backward 10 "$BIN/bench_paths" "${BENCH_VULKAN_BACKWARD[@]}" \
-    --json "$out/bench-vulkan-backward.json"
+  bench 9-bench-vulkan-forward 17 "${BENCH_VULKAN_FORWARD[@]}"
+  bench 9-bench-vulkan-backward 18 "${BENCH_VULKAN_BACKWARD[@]}"
 }
 
 # 10: the summary, every failure, deadlocks found in any log.
