@@ -54,6 +54,21 @@ __device__ __forceinline__ storage_t store_f32(float x) {
 // the products that use them (docs/semantics.md): round to storage, keep f32.
 __device__ __forceinline__ float round_storage(float x) { return load_f32(store_f32(x)); }
 
+// 2^x on the special-function unit (ex2.approx: 2 ulp; -inf gives +0):
+// one instruction where expf takes eight.
+#if defined(FLASHATTN_HOST_EMULATION)
+__device__ __forceinline__ float exp2_approx(float x) { return exp2f(x); }
+#else
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#endif
+
+// Division rounding toward -inf (b > 0), for tile bounds that can be negative.
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // The sizes and score options of one call, identical for every kernel.

@@ -45,6 +45,10 @@ static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BY
 // at d 128 the softcap's tanhf no longer fits beside them in 240 registers
 // (ptxas spilled), so that variant issues its products one after the other.
 #define OVERLAP (HEAD_DIM < 128 || !HAS_SOFTCAP)
+// Without a softcap (whose tanh needs each scaled score) the softmax takes
+// FA3's form: m over the raw dot products, P = 2^(s·sl2 − m·sl2) by one
+// FFMA and one ex2 (the plan sends scales of 0 or below to the sm80 kernels).
+#define EXP2_SOFTMAX (!HAS_SOFTCAP)
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
@@ -100,7 +104,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         }
     } else {
         setmaxnreg_inc<CONSUMER_REGS>();
-        const int wg = threadIdx.x / 128 - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
+        // wg broadcast from lane 0, as CUTLASS does: ptxas then knows it is
+        // warp-uniform and keeps Q's descriptors in uniform registers.
+        const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128 - 1, 0);
+        const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
         const int r0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
 
         float acc[HEAD_DIM / 2], s[BLOCK_N / 2];
@@ -108,6 +115,21 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
 #pragma unroll
         for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+        float ms[2] = {0.0f, 0.0f};
+        const float sl2 = p.scale * 1.4426950408889634f;  // scale · log2 e
+        // Tiles [inner_lo, inner_hi) hold no masked pair for any row of the
+        // block (whole tiles below seqlen_k and, with a band, inside every
+        // row's window): their softmax tests nothing. Rows past seqlen_q
+        // are computed either way and never written.
+        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N - first;
+#if HAS_BAND
+        {
+            const int off = band_offset(p), last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
+            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N) - first);
+            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N) - first);
+        }
+#endif
+        inner_hi = min(inner_hi, tiles);
         // The turn to issue products: named barrier 1 + wg, completed by this
         // warpgroup's sync and the other's arrive (256 threads). Consumer 1
         // lets consumer 0 go first, and skips its last pass, so every arrive
@@ -115,51 +137,73 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         auto take_turn = [&] { wg == 0 ? named_bar_sync<1, 256>() : named_bar_sync<2, 256>(); };
         auto pass_turn = [&] { wg == 0 ? named_bar_arrive<2, 256>() : named_bar_arrive<1, 256>(); };
 
+        // The descriptors of this warpgroup's Q rows and of stage 0's K and
+        // V (K-major, and V MN-major: 8 keys of 128 B per 1024 B atom, the
+        // second 64 columns of d one box, LBO, further).
+        const SmemDesc q_desc = smem_desc_words(q_s + wg * 64 * 128, 16, 1024);
+        const SmemDesc k_desc = smem_desc_words(kv_s, 16, 1024);
+        const SmemDesc v_desc = smem_desc_words(kv_s + TILE_BYTES, BOX_BYTES(BLOCK_N), 1024);
         // S = Q K^T for tile `tile`: k16 steps along d, 32 B apart inside a
         // 64-column box, the next box past column 63.
         auto issue_qk = [&](int tile) {
-            const unsigned char* k_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES;
+            const SmemDesc k_stage = desc_moved(k_desc, (tile % STAGES) * 2 * TILE_BYTES);
             mbar_wait(k_full + tile % STAGES, (tile / STAGES) & 1, BAR_K_FULL + tile % STAGES);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-                const int box = ks / 4, col = (ks % 4) * 32;
-                wgmma_ss<BLOCK_N>(s, smem_desc(q_s + box * BOX_BYTES(BLOCK_M) + wg * 64 * 128 + col, 16, 1024),
-                                  smem_desc(k_s + box * BOX_BYTES(BLOCK_N) + col, 16, 1024), ks > 0);
+                const unsigned box = ks / 4, col = (ks % 4) * 32;
+                wgmma_ss<BLOCK_N>(s, desc_at(q_desc, box * BOX_BYTES(BLOCK_M) + col),
+                                  desc_at(k_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
             }
             wgmma_commit();
         };
-        // O += P V for tile `tile`: V MN-major, 8 keys of 128 B per 1024 B
-        // atom, the second 64 columns of d one box (LBO) further.
+        // O += P V for tile `tile`.
         auto issue_pv = [&](int tile) {
-            const unsigned char* v_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES + TILE_BYTES;
+            const SmemDesc v_stage = desc_moved(v_desc, (tile % STAGES) * 2 * TILE_BYTES);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], smem_desc(v_s + kk * 16 * 128, BOX_BYTES(BLOCK_N), 1024));
+                wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], desc_at(v_stage, kk * 16 * 128));
             wgmma_commit();
         };
         // The online softmax of S (tile `tile`) in place: s becomes P
-        // (unrounded), m and l move on, alpha rescales what O held.
-        auto softmax = [&](int tile) {
+        // (unrounded), m and l move on, alpha rescales what O held. `inner`:
+        // a tile with no masked pair, tested nowhere (every call passes a
+        // constant, and the inlined copy keeps only its own branch).
+        auto softmax = [&](int tile, bool inner) {
             const int n0 = (first + tile) * BLOCK_N;
             float mx[2] = {m[0], m[1]};
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+                    const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
+                    float& x = s[4 * c + e];
+#if EXP2_SOFTMAX
+                    if (!inner && !allowed(p, i, j)) x = NEG_INF;
+#else
                     float dcap;
-                    const int j = n0 + c * 8 + 2 * t + e % 2;
-                    s[4 * c + e] = allowed(p, r0 + 8 * (e / 2), j) ? score(p, s[4 * c + e], &dcap) : NEG_INF;
-                    mx[e / 2] = fmaxf(mx[e / 2], s[4 * c + e]);
+                    x = allowed(p, i, j) ? score(p, x, &dcap) : NEG_INF;
+#endif
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
+#if EXP2_SOFTMAX
+            online_max_exp2(mx, m, l, alpha, ms, sl2);
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 2; ++c) {
+                const float pj = exp2_approx(fmaf(s[c], sl2, -ms[(c % 4) / 2]));
+                l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
+                s[c] = pj;
+            }
+#else
             online_max(mx, m, l, alpha);
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 2; ++c) {
                 const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);
-                l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
+                l[(c % 4) / 2] += pj;
                 s[c] = pj;
             }
+#endif
         };
         // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
         auto pack_p = [&] {
@@ -180,7 +224,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<0>();
             pin(s);
-            softmax(0);
+            softmax(0, false);
             pack_p();
         }
         // P V of tile `tile` done: its registers and its stage are free.
@@ -189,7 +233,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pin(pa);
             mbar_arrive(empty + tile % STAGES);
         };
-        for (int tile = 1; tile < tiles; ++tile) {
+        // One trip: S of `tile` and P V of the tile before it.
+        auto trip = [&](int tile, bool inner) {
             const int prev = tile - 1;
             take_turn();
             if (OVERLAP) issue_qk(tile);
@@ -203,7 +248,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
             pin(s);
-            softmax(tile);
+            softmax(tile, inner);
             if (OVERLAP) {
                 wgmma_wait<0>();
                 retire_pv(prev);
@@ -211,7 +256,14 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
 #pragma unroll
             for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
             pack_p();
-        }
+        };
+        // Masked tiles before the inner ones (a window's left edge), the
+        // inner ones in a loop of their own, then the rest (the diagonal,
+        // the last keys).
+        int tile = 1;
+        for (; tile < min(inner_lo, tiles); ++tile) trip(tile, false);
+        for (; tile < inner_hi; ++tile) trip(tile, true);
+        for (; tile < tiles; ++tile) trip(tile, false);
         if (tiles > 0) {
             const int last = tiles - 1;
             take_turn();
@@ -237,8 +289,9 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     const int col = c * 8 + 2 * t + e;
                     if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
                 }
+            const float row_max = EXP2_SOFTMAX ? m[r] * p.scale : m[r];  // in score units
             if (t == 0)
-                lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? m[r] + logf(sum) : NEG_INF;
+                lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? row_max + logf(sum) : NEG_INF;
         }
     }
 }

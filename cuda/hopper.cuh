@@ -247,3 +247,19 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned 
     return (unsigned long long)((smem_addr(p) & 0x3ffff) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
            (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
 }
+
+// A descriptor as its two words, made once outside the loops: `desc_at`
+// moves it `bytes` on (16-byte aligned) by one add to the low word, since
+// shared addresses stay below 256 KiB and the 14-bit field cannot carry.
+struct SmemDesc {
+    unsigned lo, hi;
+};
+__device__ __forceinline__ SmemDesc smem_desc_words(const void* p, unsigned lbo, unsigned sbo) {
+    const unsigned long long d = smem_desc(p, lbo, sbo);
+    return {(unsigned)d, (unsigned)(d >> 32)};
+}
+__device__ __forceinline__ SmemDesc desc_moved(SmemDesc d, unsigned bytes) { return {d.lo + (bytes >> 4), d.hi}; }
+__device__ __forceinline__ unsigned long long desc_at(SmemDesc d, unsigned bytes) {
+    const SmemDesc at = desc_moved(d, bytes);
+    return (unsigned long long)at.hi << 32 | at.lo;
+}

@@ -188,3 +188,19 @@ __device__ __forceinline__ void online_max(float (&mx)[2], float (&m)[2], float 
         m[r] = mx[r];
     }
 }
+
+// online_max with m in raw dot-product units and exponentials in base 2,
+// the scale folded in (sl2 = scale · log2 e > 0, so the max commutes with
+// it): ms[r] = m·sl2 is what each score's FFMA subtracts, 0 while a row has
+// seen no key (every score then -inf, and 2^-inf = 0).
+__device__ __forceinline__ void online_max_exp2(float (&mx)[2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                float (&ms)[2], float sl2) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = quad_max(mx[r]);
+        alpha[r] = mx[r] == NEG_INF ? 1.0f : exp2_approx((m[r] - mx[r]) * sl2);
+        l[r] *= alpha[r];
+        m[r] = mx[r];
+        ms[r] = mx[r] == NEG_INF ? 0.0f : mx[r] * sl2;
+    }
+}

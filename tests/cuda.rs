@@ -521,6 +521,7 @@ fn typical_plan(
         band: true,
         softcap: false,
         layouts: false,
+        positive_scale: true,
     };
     flashattn::cuda::plan::plan(props, &problem, path).unwrap()
 }
@@ -1328,7 +1329,8 @@ fn sass_loops(sass: &str) -> Vec<SassLoop> {
 
 /// The interior loop of an attention kernel: the innermost loop holding
 /// one trip's tensor-core instructions, `per_trip` (a loop with more holds
-/// peeled or unrolled trips, or encloses the interior one).
+/// peeled or unrolled trips, or encloses the interior one); where tiles of
+/// several kinds run in loops of their own, the leanest (the unmasked one).
 fn interior_loop(loops: &[SassLoop], per_trip: usize) -> Option<&SassLoop> {
     let inside = |a: &SassLoop, b: &SassLoop| {
         a.span != b.span && b.span.0 <= a.span.0 && a.span.1 <= b.span.1
@@ -1337,17 +1339,19 @@ fn interior_loop(loops: &[SassLoop], per_trip: usize) -> Option<&SassLoop> {
     trips
         .iter()
         .copied()
-        .find(|l| !trips.iter().any(|i| inside(i, l)))
+        .filter(|l| !trips.iter().any(|i| inside(i, l)))
+        .min_by_key(|l| l.instructions)
 }
 
 /// The instruction budget of the main forwards (bf16, d 128, no mask): the
 /// interior loop's instructions (its SASS, static, inner loops included)
 /// per score element a thread computes in one trip (a warp's 16 rows ×
-/// the tile's keys over its 32 lanes). FA3 spends about 5–6; these kernels
-/// are held below their present counts plus a little (measured: the Hopper
-/// forward 29.4, the sm80 forward 137.8), so that a change that costs
-/// instructions in the loop fails here, and the ceilings come down as the
-/// loops get leaner.
+/// the tile's keys over its 32 lanes). FA3 spends about 5–6. The Hopper
+/// forward is held to 8 (measured 7.7: an unmasked tile's loop of its own,
+/// ex2 with the scale folded into one FFMA, paired conversions, its
+/// descriptors in uniform registers); the sm80 forward below its present
+/// count plus a little (137.8), so that a change that costs instructions
+/// in the loop fails here.
 #[test]
 fn the_main_forwards_stay_within_their_instruction_budget() {
     if !nvrtc_or_waive() {
@@ -1365,7 +1369,7 @@ fn the_main_forwards_stay_within_their_instruction_budget() {
     };
     let mut over = Vec::new();
     for (family, arch, sm, ceiling) in [
-        (Family::ForwardWgmma, "compute_90a", "sm_90a", 31.0),
+        (Family::ForwardWgmma, "compute_90a", "sm_90a", 8.0),
         (Family::ForwardMma, "compute_80", "sm_80", 145.0),
     ] {
         let key = KernelKey::new(family, Precision::Bf16, 128, false, false);

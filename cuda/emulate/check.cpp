@@ -486,10 +486,13 @@ int main(int argc, char** argv) {
     // TMA takes d % 8 == 0: a head dim below the padded one and one at it;
     // more queries than keys (rows with no key under a band); and 300 keys
     // for 150 queries, three tiles of 128: the two-stage ring wraps and
-    // stage 0's barriers flip parity.
+    // stage 0's barriers flip parity. With a band, a window of 500 keys to
+    // the left and 100 to the right over 1200 keys: each block runs masked
+    // tiles (the left edge), unmasked ones in their own loop, then masked
+    // ones again (the right edge, the last keys).
     const int low = HEAD_DIM - 24;  // 40 at 64, 104 at 128
     int failed = wgmma_self_test() + run(45, 70, 9, 0, low) + run(70, 45, 9, 0, low);
-    if (HAS_BAND) failed += run(61, 130, -1, 3, low);
+    if (HAS_BAND) failed += run(61, 130, -1, 3, low) + run(256, 1200, 500, 100, low);
     failed += run(113, 113, -1, 0, HEAD_DIM) + run(150, 300, -1, 0, HEAD_DIM - 8);
 #else
     // A head dim below the compiled one and off the 8-element chunks (the

@@ -49,6 +49,14 @@ inline float __shfl_xor_sync(unsigned, float x, int w) {
     warp_sync();
     return y;
 }
+static int shuffle_ints[1024];
+inline int __shfl_sync(unsigned, int x, int lane) {
+    shuffle_ints[threadIdx.x] = x;
+    warp_sync();
+    const int y = shuffle_ints[threadIdx.x / 32 * 32 + lane];
+    warp_sync();
+    return y;
+}
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned float_bits(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }

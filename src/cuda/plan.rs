@@ -126,6 +126,9 @@ pub struct PlanProblem {
     /// ALiBi, sinks, a block mask or a packed batch (run-time layouts the
     /// sm80 and scalar kernels take and the Hopper forward does not).
     pub layouts: bool,
+    /// A softmax scale above 0: the Hopper forward takes the row max of
+    /// raw dot products and folds the scale into exp2's argument.
+    pub positive_scale: bool,
 }
 
 /// The kernels of one call: a forward and a backward module.
@@ -152,6 +155,8 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
         Some("f32 storage (the Hopper forward takes f16 and bf16)")
     } else if p.layouts {
         Some("ALiBi, sinks, a block mask or a packed batch (the Hopper forward takes the band and score options; the sm80 kernels take these)")
+    } else if !p.positive_scale {
+        Some("a scale of 0 or below (the Hopper forward takes each row's max of the raw dot products)")
     } else if dev.major != 9 {
         Some("compute capability other than 9.x (wgmma and setmaxnreg are sm_90a's)")
     } else if dev.arch != Arch::for_device(9, 0) {
@@ -326,6 +331,7 @@ mod tests {
             band: true,
             softcap: false,
             layouts: false,
+            positive_scale: true,
         }
     }
 
@@ -374,6 +380,14 @@ mod tests {
         let sm80 = plan(&h100, &layouts, KernelPath::Auto).unwrap();
         assert_eq!(sm80.forward.family, Family::ForwardMma);
         assert!(sm80.not_hopper.unwrap().contains("ALiBi, sinks"));
+        // A scale of 0 or below: the sm80 forward.
+        let negative = PlanProblem {
+            positive_scale: false,
+            ..problem(Precision::Bf16, 128)
+        };
+        let sm80 = plan(&h100, &negative, KernelPath::Auto).unwrap();
+        assert_eq!(sm80.forward.family, Family::ForwardMma);
+        assert!(sm80.not_hopper.unwrap().contains("scale of 0 or below"));
         // Forcing Hopper where it cannot run is an error naming why.
         let a100 = DeviceProps::a100();
         for (dev, p) in [

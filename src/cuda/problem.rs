@@ -132,6 +132,7 @@ impl Call {
             band: self.band,
             softcap: self.softcap,
             layouts: self.layouts,
+            positive_scale: self.problem.scale > 0.0,
         }
     }
 

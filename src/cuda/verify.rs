@@ -117,6 +117,7 @@ fn check_problem(precision: Precision, d: usize, layouts: bool) -> PlanProblem {
         band: true,
         softcap: false,
         layouts,
+        positive_scale: true,
     }
 }
 
@@ -316,6 +317,7 @@ pub fn decode_problem(
         band: opts.causal || !opts.window.is_unbounded(),
         softcap: opts.softcap_value() > 0.0,
         layouts: true,
+        positive_scale: opts.scale.is_none_or(|s| s > 0.0),
     }
 }
 

@@ -349,6 +349,7 @@ fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
             band: true,
             softcap: false,
             layouts: false,
+            positive_scale: true,
         };
         println!("\nhead_dim {d}, {precision}, causal:");
         indent(&plan(&props, &problem, path)?.explain(&props).join("\n"));
