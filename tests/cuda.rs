@@ -479,17 +479,26 @@ fn path_takes<T: std::fmt::Debug>(
     false
 }
 
+/// Whether `path` takes `case` ([`path_takes`], on its forward).
+fn takes_case(path: KernelPath, cuda: &Cuda, case: &common::Case) -> bool {
+    let forward = || {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        cuda.forward(&ForwardInputs::new(q, k, v), &case.opts)
+    };
+    path_takes(
+        path,
+        case.precision,
+        case.head_dim.max(case.head_dim_v),
+        forward,
+    )
+}
+
 /// Every case's forward on `cuda` (kernel path `path`) under the rule,
 /// each printed as it finishes.
 fn forward_cases(path: KernelPath, cuda: &Cuda, cases: Vec<common::Case>) {
     for (i, case) in cases.into_iter().enumerate() {
-        let dims = case.head_dim.max(case.head_dim_v);
-        let forward = || {
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            cuda.forward(&ForwardInputs::new(q, k, v), &case.opts)
-        };
-        if !path_takes(path, case.precision, dims, forward) {
+        if !takes_case(path, cuda, &case) {
             continue;
         }
         let inputs = case.inputs();
@@ -553,13 +562,7 @@ fn backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
 /// too, with sinks) and repeated: bit-identical gradients and dsinks.
 fn backward_cases(path: KernelPath, cuda: &Cuda, cases: Vec<common::Case>) {
     for case in cases {
-        let dims = case.head_dim.max(case.head_dim_v);
-        let forward = || {
-            let inputs = case.inputs();
-            let [q, k, v] = inputs.views();
-            cuda.forward(&ForwardInputs::new(q, k, v), &case.opts)
-        };
-        if !path_takes(path, case.precision, dims, forward) {
+        if !takes_case(path, cuda, &case) {
             continue;
         }
         let inputs = case.inputs();
