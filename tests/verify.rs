@@ -142,6 +142,52 @@ fn the_first_call_of_each_family_runs_its_check() {
     );
 }
 
+/// Dropout compiles a mask into the kernels: its calls are a family of
+/// their own, checked on first use against the reference's mask, and a
+/// fault planted there makes the dropout call fall back.
+#[test]
+fn dropout_is_a_family_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(e) = engine_in(dir.path(), "test") else {
+        return;
+    };
+    let plain = case();
+    let mut c = case();
+    c.opts = c.opts.dropout(0.2).dropout_seed(11);
+    forward(&e, &plain, &PlanOverrides::default()).unwrap();
+    let out = forward(&e, &c, &PlanOverrides::default()).unwrap();
+    let v = verification(&out);
+    let ran = v.ran().unwrap();
+    assert!(ran.family.flags.iter().any(|f| f == "dropout"), "{v}");
+    fresh_check(&ran.verdict);
+    assert_eq!(e.checks_run().0, 2, "the plain and the dropout family");
+    assert_accurate(&c, &c.inputs(), &out);
+    // The backward's dropout family too, checked against the same mask.
+    let inputs = c.inputs();
+    let [q, k, vv] = inputs.views();
+    let (_, g) = output_grad(&c);
+    let bwd_in = BackwardInputs::new(ForwardInputs::new(q, k, vv), &out, inputs.grad(&g)).unwrap();
+    let bwd = e.backward(&bwd_in, &c.opts).unwrap();
+    let bv = bwd.stats.verification.as_ref().unwrap().ran().unwrap();
+    assert!(bv.family.flags.iter().any(|f| f == "dropout"), "{bv:?}");
+    fresh_check(&bv.verdict);
+    for check in check_backward(&bwd, &q, &k, &vv, &inputs.grad(&g), &c.opts).unwrap() {
+        assert!(check.passed(), "{check}");
+    }
+
+    let family = default_family(&e, &plain);
+    let fault: Fault = family.name().parse().unwrap();
+    let faulty = engine_in(dir.path(), "faulty").unwrap().with_fault(fault);
+    let out = forward(&faulty, &c, &PlanOverrides::default()).unwrap();
+    let v = verification(&out);
+    assert!(v.fell_back(), "{v}");
+    assert!(
+        v.tried[0].family.flags.iter().any(|f| f == "dropout"),
+        "{v}"
+    );
+    assert_accurate(&c, &c.inputs(), &out);
+}
+
 #[test]
 fn a_planted_fault_makes_the_engine_fall_back_say_why_and_meet_the_rule() {
     let dir = tempfile::tempdir().unwrap();

@@ -84,6 +84,18 @@ impl AttentionCase {
         Ok(Self::new("band", shape, opts, [q, k, v, d_o], precision))
     }
 
+    /// The case with attention dropout (p = 0.25, a fixed seed and an
+    /// offset past the first Philox block): the reference draws the
+    /// kernels' mask, so a kernel that draws another fails.
+    pub fn with_dropout(mut self) -> Self {
+        self.opts = self
+            .opts
+            .dropout(0.25)
+            .dropout_seed(0x5eed)
+            .dropout_offset(3);
+        self
+    }
+
     /// Every layout at once, at head dims `d` (q, k) and `dv` (v, o).
     #[cfg(any(test, feature = "lab", feature = "cuda"))]
     pub fn layouts(precision: Precision, d: usize, dv: usize) -> Result<Self> {
@@ -441,6 +453,25 @@ mod tests {
         assert!(case.judge_forward(&out).unwrap().passed);
         // Every lse is finite: no row is empty.
         assert!(out.lse.iter().all(|x| x.is_finite()));
+    }
+
+    /// The dropout case passes on the CPU backend's mask, forward and
+    /// backward, and fails on another seed's: a kernel drawing the wrong
+    /// mask cannot pass its check.
+    #[test]
+    fn the_dropout_case_knows_its_mask() {
+        let case = AttentionCase::band(Precision::F16, 19, 16, true)
+            .unwrap()
+            .with_dropout();
+        assert!(case.opts.dropout.is_active());
+        let fwd = case.cpu_forward().unwrap();
+        assert!(case.judge_forward(&fwd).unwrap().passed);
+        let bwd = crate::cpu::backward(&case.backward_inputs(&fwd).unwrap(), &case.opts).unwrap();
+        assert!(case.judge_backward(&bwd).unwrap().passed);
+        let [q, k, v, _] = case.views();
+        let other = case.opts.clone().dropout_seed(0x5eee);
+        let wrong = crate::cpu::forward(&ForwardInputs::new(q, k, v), &other).unwrap();
+        assert!(!case.judge_forward(&wrong).unwrap().passed);
     }
 
     #[test]

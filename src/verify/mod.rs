@@ -11,7 +11,8 @@
 //!   one small case: odd sizes, a causal window, GQA, more key tiles than
 //!   the family double-buffers (so K/V rings wrap), a row with a score near
 //!   +100 (forward); the backward where the family has one (from the CPU
-//!   backend's forward); decoding (a paged cache, an append, one split and three)
+//!   backend's forward); with dropout (its own family) the same case with a
+//!   fixed seed; decoding (a paged cache, an append, one split and three)
 //!   when decoding first runs.
 //! - **Verdicts** ([`Verdict`]): `verified`, `failed` (the worst output's
 //!   error against its bound, or the error the check's call returned),

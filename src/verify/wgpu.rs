@@ -38,6 +38,8 @@ pub struct WgpuFamily {
     pub double_buffer: bool,
     /// Coop forward: its matrices.
     pub coop: Option<CoopForm>,
+    /// Attention dropout (the kernels' Philox mask, compiled in only then).
+    pub dropout: bool,
 }
 
 impl WgpuFamily {
@@ -51,6 +53,16 @@ impl WgpuFamily {
             subgroup_reduce: registers_forward && plan.subgroup_reduce,
             double_buffer: registers_forward && plan.double_buffer,
             coop: plan.coop,
+            dropout: false,
+        }
+    }
+
+    /// The same family with dropout `on` (a call's options, not its plan,
+    /// say whether the kernels draw a mask).
+    pub fn with_dropout(self, on: bool) -> Self {
+        Self {
+            dropout: on,
+            ..self
         }
     }
 
@@ -63,6 +75,7 @@ impl WgpuFamily {
             subgroup_reduce: false,
             double_buffer: false,
             coop: None,
+            dropout: false,
         }
     }
 
@@ -94,6 +107,9 @@ impl WgpuFamily {
         }
         if let Some(form) = self.coop {
             flags.push(form.name().to_string());
+        }
+        if self.dropout {
+            flags.push("dropout".to_string());
         }
         FamilyKey {
             call: self.call,
@@ -166,7 +182,7 @@ pub fn attention_family(
 ) -> Result<WgpuFamily> {
     let req = plan_request(problem, *overrides);
     let plan = gpu.device_plan(pass_of(call).plan(&req, &gpu.caps())?.plan);
-    Ok(WgpuFamily::of_plan(call, &plan))
+    Ok(WgpuFamily::of_plan(call, &plan).with_dropout(problem.opts.dropout.is_active()))
 }
 
 /// The family a decoding step of `p` runs (`kernel` forced, or the planner's).
@@ -246,7 +262,11 @@ pub fn attention_case(gpu: &Gpu, family: &WgpuFamily, kind: CaseKind) -> Result<
         CaseKind::Band => {
             let plan = check_plan(&gpu.caps(), family.call, precision, family.overrides())?;
             let hot = family.call == CallKind::Forward;
-            AttentionCase::band(precision, d, plan.bc as usize, hot)
+            let case = AttentionCase::band(precision, d, plan.bc as usize, hot)?;
+            Ok(match family.dropout {
+                true => case.with_dropout(),
+                false => case,
+            })
         }
         // A multiple of 4 for the lanes kernels, odd elsewhere; v narrower.
         #[cfg(any(feature = "lab", feature = "cuda"))]
@@ -257,7 +277,9 @@ pub fn attention_case(gpu: &Gpu, family: &WgpuFamily, kind: CaseKind) -> Result<
 /// The check's plan must be the family's: forcing it may not silently
 /// change a flag.
 fn ran_family(stats: &CallStats, family: &WgpuFamily) -> Result<()> {
-    let ran = stats.plan.map(|p| WgpuFamily::of_plan(family.call, &p));
+    let ran = stats
+        .plan
+        .map(|p| WgpuFamily::of_plan(family.call, &p).with_dropout(family.dropout));
     match ran {
         Some(r) if r == *family => Ok(()),
         _ => Err(Error::Unsupported {
