@@ -95,11 +95,10 @@ pub enum ShaderChecks {
     /// every loop).
     Checked,
     /// Bounds clamps without the loop counters (the default where the
-    /// adapter has no loop limit): a counter in
-    /// a loop with a constant trip count keeps a driver from unrolling it,
-    /// and the arrays it indexes then live in memory instead of registers.
-    /// On NVIDIA's Vulkan driver the counters made every kernel 8–15×
-    /// slower (docs/kernels.md).
+    /// adapter has no loop limit): a counter in a loop with a constant trip
+    /// count keeps a driver from unrolling it, and the arrays it indexes
+    /// then live in memory instead of registers. On NVIDIA's Vulkan driver
+    /// the counters made every kernel 8–15× slower (docs/kernels.md).
     NoLoopBounding,
     /// No checks injected (the platform's own robust buffer access only).
     Unchecked,
@@ -154,4 +153,28 @@ fn compile(device: &wgpu::Device, key: &KernelKey, checks: ShaderChecks) -> wgpu
         },
         cache: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters stay where the adapter has a loop limit and go
+    /// elsewhere (unless FLASHATTN_SHADER_CHECKS names a setting).
+    #[test]
+    fn loop_counters_stay_only_where_the_adapter_has_a_loop_limit() {
+        let (mut limited, mut free) = (PipelineCache::default(), PipelineCache::default());
+        limited.adapt_to_loop_limit(true);
+        free.adapt_to_loop_limit(false);
+        match shader_checks_override() {
+            Some(o) => assert_eq!((limited.checks(), free.checks()), (o, o)),
+            None => {
+                assert_eq!(limited.checks(), ShaderChecks::Checked);
+                assert_eq!(free.checks(), ShaderChecks::NoLoopBounding);
+                assert!(!free.checks().runtime_checks().force_loop_bounding);
+                assert!(free.checks().runtime_checks().bounds_checks);
+                assert!(limited.checks().runtime_checks().force_loop_bounding);
+            }
+        }
+    }
 }
