@@ -151,7 +151,7 @@ fn sink_output<'o>(
 
 /// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout (a packed
 /// batch's is its batch of one's).
-fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {
+pub(crate) fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {
     let (sq, hq) = (shape.seqlen_q, shape.heads_q);
     let ol = Layout::o(shape);
     (0..shape.lse_len())

@@ -56,6 +56,7 @@ mod vmath;
 /// `k_new`/`v_new` written into a host cache in place (the CUDA backend
 /// decodes on host caches too).
 #[cfg(feature = "cuda")]
+pub(crate) use backward::row_deltas;
 pub(crate) use decode::append as append_to_cache;
 pub use fp8::forward_fp8;
 pub use isa::Isa;

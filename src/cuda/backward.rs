@@ -4,7 +4,7 @@
 use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::{timed, Launch};
-use super::layout::{delta_on_host, LaunchTiles, Side};
+use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
@@ -85,7 +85,7 @@ pub(crate) fn backward(
     let dsinks = match opts.sinks {
         Some(_) if call.precision != Precision::F32 => {
             let o = unrounded_output(dev, inputs, problem)?;
-            let delta = delta_on_host(&side.seqs, &shape, &o, &inputs.d_o.data.to_f32());
+            let delta = crate::cpu::row_deltas(&shape, &o, &inputs.d_o.data.to_f32());
             side.dsinks(inputs.lse, &delta)
         }
         Some(_) => {

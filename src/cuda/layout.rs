@@ -341,32 +341,6 @@ impl Side {
     }
 }
 
-/// `D = rowsum(dO ∘ O)` on the host, in f64, at lse's indices (where the
-/// kernels put theirs), from `o` and `d_o` of `(tokens, heads_q, dv)` rows.
-pub(crate) fn delta_on_host(
-    seqs: &[Sequence],
-    shape: &AttentionShape,
-    o: &[f32],
-    d_o: &[f32],
-) -> Vec<f32> {
-    let (heads, dv) = (shape.heads_q, shape.head_dim_v);
-    let mut delta = vec![0f32; shape.lse_len()];
-    for seq in seqs {
-        for h in 0..heads {
-            for (i, t) in seq.q.clone().enumerate() {
-                let row = (t * heads + h) * dv..(t * heads + h + 1) * dv;
-                let dot = o[row.clone()]
-                    .iter()
-                    .zip(&d_o[row])
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>();
-                delta[seq.lse_index(h, i)] = dot as f32;
-            }
-        }
-    }
-    delta
-}
-
 /// docs/semantics.md's sink gradient (see [`Side::dsinks`]).
 pub(crate) fn dsinks(sinks: &[f32], seqs: &[Sequence], lse: &[f32], delta: &[f32]) -> Vec<f32> {
     let per_head = |(h, &sink): (usize, &f32)| {
@@ -439,43 +413,5 @@ mod tests {
         let want0 = -(1.0 + (-1f64).exp() * 2.0);
         let want1 = (0.5f64 - 2.0).exp() - 4.0;
         assert!((d[0] as f64 - want0).abs() < 1e-6 && (d[1] as f64 - want1).abs() < 1e-6);
-    }
-
-    /// D lands where the kernels put theirs: lse's index of (sequence,
-    /// head, row), dense and packed, from `(tokens, heads, dv)` rows.
-    #[test]
-    fn delta_on_host_is_each_rows_dot_at_lses_index() {
-        let value = |t: usize, h: usize, c: usize| (t * 7 + h * 3 + c) as f32 * 0.25 - 2.0;
-        let grad = |t: usize, h: usize, c: usize| 1.0 - (t + 2 * h + c) as f32 * 0.5;
-        let check = |shape: AttentionShape, seqs: Vec<Sequence>| {
-            let (heads, dv) = (shape.heads_q, shape.head_dim_v);
-            let tokens = shape.batch * shape.seqlen_q;
-            let fill = |f: &dyn Fn(usize, usize, usize) -> f32| {
-                let mut x = vec![0f32; tokens * heads * dv];
-                for t in 0..tokens {
-                    for h in 0..heads {
-                        for c in 0..dv {
-                            x[(t * heads + h) * dv + c] = f(t, h, c);
-                        }
-                    }
-                }
-                x
-            };
-            let delta = delta_on_host(&seqs, &shape, &fill(&value), &fill(&grad));
-            assert_eq!(delta.len(), shape.lse_len());
-            for seq in &seqs {
-                for h in 0..heads {
-                    for (i, t) in seq.q.clone().enumerate() {
-                        let want: f32 = (0..dv).map(|c| value(t, h, c) * grad(t, h, c)).sum();
-                        assert_eq!(delta[seq.lse_index(h, i)], want, "{seq:?} head {h} row {i}");
-                    }
-                }
-            }
-        };
-        let dense = AttentionShape::new(2, 3, 5, 2, 1, 4).unwrap();
-        check(dense, sequences(&dense, None));
-        let varlen = crate::api::varlen::Varlen::new(&[0, 2, 5], &[0, 3, 7]).unwrap();
-        let packed = AttentionShape::new(1, 5, 7, 2, 2, 4).unwrap();
-        check(packed, sequences(&packed, Some(&varlen)));
     }
 }
