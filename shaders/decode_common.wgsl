@@ -27,7 +27,14 @@ struct DecodeParams {
     groups_x: u32,
     // Where the page table starts in `index`.
     pages_at: u32,
-    _pad: u32,
+    heads_kv: u32,
+    // A quantized cache's scale blocks (kv_quant.wgsl): tokens per block
+    // and blocks per page, and the words where K's and V's scales start in
+    // their buffers (0 for a plain cache).
+    block_tokens: u32,
+    blocks_per_page: u32,
+    k_scales_at: u32,
+    v_scales_at: u32,
 }
 
 @group(0) @binding(17) var<uniform> decode: DecodeParams;

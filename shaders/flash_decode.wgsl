@@ -14,7 +14,8 @@
 // The composer declares overrides WG, D, DV, IS_PARTIAL, IS_MASKED,
 // HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; constants RB (packed rows per workgroup) and ACC =
 // ceil(DV / WG) (register arrays need constant sizes); common.wgsl;
-// decode_common.wgsl; load_q, load_k, load_v (the cache), store_o,
+// decode_common.wgsl; load_q, load_k, load_v (the cache, before the
+// scales cache_k_scale, cache_v_scale of a quantized one), store_o,
 // store_lse, round_storage.
 
 override FULL_ACC: bool = (DV % WG) == 0u;
@@ -91,8 +92,9 @@ fn main(
             let row = cache_row(b, u32(j));
             key_rows[tid] = row;
             let base = row * params.kv_row_stride + hk * D;
+            let k_scale = cache_k_scale(row, hk);
             for (var x = 0u; x < D; x++) {
-                let kx = load_k(base + x);
+                let kx = load_k(base + x) * k_scale;
                 for (var r = 0u; r < RB; r++) {
                     s[r] += q_tile[r * D + x] * kx;
                 }
@@ -133,10 +135,11 @@ fn main(
         let keys = u32(min(i32(WG), hi - k0));
         for (var c = 0u; c < keys; c++) {
             let base = v_offset(key_rows[c], hk);
+            let v_scale = cache_v_scale(key_rows[c], hk);
             for (var k = 0u; k < ACC; k++) {
                 let x = tid + k * WG;
                 if (FULL_ACC || x < DV) {
-                    let vx = load_v(base + x);
+                    let vx = load_v(base + x) * v_scale;
                     for (var r = 0u; r < RB; r++) {
                         acc[r * ACC + k] += p_tile[r * WG + c] * vx;
                     }

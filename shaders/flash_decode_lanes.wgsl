@@ -17,7 +17,8 @@
 // Prelude: SG = WG (and SGC, the same as a const for broadcast lanes), RB,
 // D and DV (multiples of 4), CPL = ceil(max(D, DV)/4 / SG),
 // IS_PARTIAL, IS_MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS; common.wgsl; decode_common.wgsl;
-// load4_q/k/v, store_o, store_lse, round_storage.
+// load4_q/k/v (k and v before cache_k_scale, cache_v_scale), store_o,
+// store_lse, round_storage.
 
 fn empty_lse() -> f32 {
     if (IS_PARTIAL) {
@@ -74,7 +75,8 @@ fn main(
         if (j < hi) {
             row = cache_row(b, u32(j));
             let k_at = (row * params.kv_row_stride + hk * D) / 4u;
-            let kr$i = load4_k(k_at + $iu);
+            let k_scale = cache_k_scale(row, hk);
+            let kr$i = load4_k(k_at + $iu) * k_scale;
             s$r = add_dot(s$r, q$r_$i, kr$i); // i outer
         }
         let ok$r = j < hi && row_ok$r && (!IS_MASKED || band_allows(0, row_abs$r, j));
@@ -94,7 +96,8 @@ fn main(
         let live$j = k0 + $j < hi;
         let v_at$j = v_offset(row$j, hk) / 4u;
         var v$j_$c = vec4<f32>(0.0);
-        if (live$j && own_v$c) { v$j_$c = load4_v(v_at$j + chunk$c); }
+        let v_scale$j = cache_v_scale(row$j, hk);
+        if (live$j && own_v$c) { v$j_$c = load4_v(v_at$j + chunk$c) * v_scale$j; }
         acc$r_$c += p$r_$j * v$j_$c;
     }
 

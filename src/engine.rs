@@ -1012,6 +1012,42 @@ impl Engine {
         .await
     }
 
+    /// An empty quantized KV cache on the device (docs/kv-quantization.md):
+    /// zero codes, every block scale `MIN_CACHE_SCALE`; its steps' q,
+    /// `k_new`, `v_new` and o in `precision`. [`Engine::decode`] and
+    /// [`Engine::encode_decode`] take it as they take a plain cache.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn quantized_kv_cache(
+        &self,
+        shape: CacheShape,
+        quant: crate::CacheQuant,
+        precision: Precision,
+    ) -> Result<KvCache> {
+        pollster::block_on(scoped(&self.gpu.device, "creating a KV cache", async {
+            KvCache::zeros_quantized(&self.gpu, shape, quant, precision)
+        }))
+    }
+
+    /// A device copy of a quantized host cache: its codes, four per word,
+    /// then its block scales, in one buffer for K and one for V (checked as
+    /// [`QuantKvCache::new`] checks).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn upload_quantized_kv_cache(&self, host: &QuantKvCache) -> Result<KvCache> {
+        pollster::block_on(scoped(&self.gpu.device, "uploading a KV cache", async {
+            KvCache::upload_quantized(&self.gpu, host)
+        }))
+    }
+
+    /// A quantized device cache's codes and scales, on the host
+    /// (`Error::CacheFormat` for a plain cache, which
+    /// [`Engine::read_kv_cache`] reads).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_quantized_kv_cache(&self, cache: &KvCache) -> Result<QuantKvCache> {
+        pollster::block_on(scoped(&self.gpu.device, "reading a KV cache", async {
+            cache.read_quantized(&self.gpu).await
+        }))
+    }
+
     /// A KV cache on ranges of the app's own buffers: K on `k`, V on `v`
     /// (`(outer, inner, heads_kv, head_dim)` row-major in `precision`, f16
     /// and bf16 two per word; one buffer or two, the ranges disjoint). Each
@@ -1301,6 +1337,36 @@ impl Engine {
         pollster::block_on(self.decode_host_async(cache, step, opts, num_splits))
     }
 
+    /// [`Engine::decode_host`] on a quantized host cache (uploaded, and its
+    /// codes and scales read back when the step appends; the append kernel
+    /// quantizes by docs/kv-quantization.md's rule).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_quantized_host(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        pollster::block_on(scoped(&self.gpu.device, "a decoding step", async {
+            let routed = self
+                .route_decode(step, &cache.shape, cache.precision)
+                .await?;
+            let kernel = routed.decode_kernel;
+            let mut out = ops::decode::decode_quantized_host(
+                &self.gpu,
+                cache,
+                step,
+                opts,
+                num_splits,
+                kernel,
+            )
+            .await?;
+            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+            Ok(out)
+        }))
+    }
+
     /// [`Engine::decode_host`] as a future.
     pub async fn decode_host_async(
         &self,
@@ -1335,7 +1401,7 @@ impl AttentionBackend for Engine {
             decode: true,
             fp8: true,
             dropout: true,
-            quantized_cache: false,
+            quantized_cache: true,
             plan_overrides: true,
         }
     }
@@ -1380,14 +1446,11 @@ impl AttentionBackend for Engine {
 
     fn decode_quantized(
         &self,
-        _: &mut QuantKvCache,
-        _: &DecodeStep,
-        _: &AttentionOptions,
-        _: Option<usize>,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Err(crate::Error::Unsupported {
-            what: "the wgpu kernels",
-            feature: "quantized KV caches",
-        })
+        self.decode_quantized_host(cache, step, opts, num_splits)
     }
 }

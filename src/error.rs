@@ -149,6 +149,15 @@ pub enum Error {
         /// The value given.
         value: f32,
     },
+    /// A KV cache of one format where the call needs another: a quantized
+    /// cache read as a plain one, a plain one decoded as quantized.
+    #[error("the KV cache holds {found}; this call needs {expected}")]
+    CacheFormat {
+        /// What the call needs (`"int8 codes"`, `"f16 elements"`, ...).
+        expected: String,
+        /// What the cache holds.
+        found: String,
+    },
     /// Softcap must be a finite value >= 0, got `softcap`.
     #[error("softcap must be a finite value >= 0, got {softcap}")]
     InvalidSoftcap {

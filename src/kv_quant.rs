@@ -378,7 +378,7 @@ impl QuantKvCache {
     /// FP8 codes that are e4m3's NaNs (0x7f, 0xff; no append writes one):
     /// [`Error::NonFiniteInput`]. Read once, where codes come in
     /// ([`new`](Self::new)), not every step: a whole pass over the cache.
-    fn check_codes(&self) -> Result<()> {
+    pub(crate) fn check_codes(&self) -> Result<()> {
         if self.quant == CacheQuant::Fp8 {
             for (tensor, kv) in [("k_cache", &self.k), ("v_cache", &self.v)] {
                 if let Some(index) = kv.codes.iter().position(|&c| c & 0x7f == 0x7f) {

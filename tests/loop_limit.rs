@@ -288,6 +288,7 @@ fn decode_loops_are_modeled() {
             let kernel = FlashDecode {
                 tiles,
                 partial: false,
+                quant: None,
                 variant: Variant::default(),
             };
             let what = format!("decode d {d} rows {}", tiles.rows);

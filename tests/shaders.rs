@@ -18,7 +18,9 @@ use flashattn::plan::decode::decode_tiles;
 use flashattn::plan::DecodeRequest;
 use flashattn::plan::SubgroupSizes;
 use flashattn::plan::{plan_backward, plan_forward, PlanRequest};
-use flashattn::{DeviceCaps, KernelFamily, Plan, PlanOverrides, Precision, StorageKind};
+use flashattn::{
+    CacheQuant, DeviceCaps, KernelFamily, Plan, PlanOverrides, Precision, StorageKind,
+};
 use flashattn_testkit::full_matrix;
 use naga::back::pipeline_constants::process_overrides;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
@@ -499,21 +501,33 @@ fn decode_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
         let precision = storage.precision();
         for &(d, dv) in dims {
             for &variant in &decode_variants {
-                let mut keys: Vec<KernelKey> = vec![
-                    KvAppend {
-                        storage,
-                        head_dim: d as u32,
-                        head_dim_v: dv as u32,
-                        variant,
-                    }
-                    .into(),
+                // Plain caches, and (on the first variant) int8 and FP8 ones.
+                let quants: &[Option<CacheQuant>] = if variant == decode_variants[0] {
+                    &[None, Some(CacheQuant::Int8), Some(CacheQuant::Fp8)]
+                } else {
+                    &[None]
+                };
+                let mut keys: Vec<KernelKey> = quants
+                    .iter()
+                    .map(|&quant| {
+                        KvAppend {
+                            storage,
+                            head_dim: d as u32,
+                            head_dim_v: dv as u32,
+                            quant,
+                            variant,
+                        }
+                        .into()
+                    })
+                    .collect();
+                keys.push(
                     DecodeMerge {
                         storage,
                         head_dim_v: dv as u32,
                         variant,
                     }
                     .into(),
-                ];
+                );
                 for (caps, rows) in device_caps()
                     .into_iter()
                     .zip([1, 4, 16].into_iter().cycle())
@@ -535,14 +549,17 @@ fn decode_kernels(dims: &[(usize, usize)], all_variants: bool) -> Vec<Kernel> {
                         continue;
                     };
                     for partial in [false, true] {
-                        keys.push(
-                            FlashDecode {
-                                tiles,
-                                partial,
-                                variant,
-                            }
-                            .into(),
-                        );
+                        for &quant in quants {
+                            keys.push(
+                                FlashDecode {
+                                    tiles,
+                                    partial,
+                                    quant,
+                                    variant,
+                                }
+                                .into(),
+                            );
+                        }
                     }
                 }
                 for key in keys {
@@ -853,6 +870,7 @@ fn decode_workgroup_storage_matches_the_plan() {
         let expected = match k.key {
             KernelKey::FlashDecode(f) => f.tiles.workgroup_bytes,
             KernelKey::DecodeMerge(_) => 4 * flashattn::plan::decode::MAX_SPLITS as u32,
+            KernelKey::KvAppend(a) => a.workgroup_bytes(),
             _ => 0,
         };
         assert_eq!(workgroup_bytes(&module), expected, "{}", k.label);

@@ -59,7 +59,8 @@ DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSof
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
 CacheIndex CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
 NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
-EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale"""
+EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale
+CacheFormat"""
 _UNSUPPORTED = "Unsupported BackendNotBuilt"
 _CONFIGURATION = """StorageOverride WorkgroupStorage WorkgroupTooLarge RegisterPressure
 EmptyTile TileOverrideOnLanes RegisterOverrideElsewhere RowsPerThread LanesHeadDim

@@ -147,11 +147,6 @@ pub async fn choose(workload: &Workload) -> Result<Decision> {
 
 /// Decide for `workload`, reading and writing `cache` when given.
 pub async fn choose_with(workload: &Workload, cache: Option<&ProbeCache>) -> Result<Decision> {
-    if workload.operation == Operation::QuantizedDecode {
-        return Ok(Decision::Cpu(
-            "a quantized KV cache: only the CPU backend decodes one so far".into(),
-        ));
-    }
     let found = adapters().await;
     let Some(best) = found.first() else {
         return Ok(Decision::Cpu(

@@ -40,6 +40,9 @@ pub const E4M3: &str = include_str!("../../shaders/e4m3.wgsl");
 pub const PHILOX: &str = include_str!("../../shaders/philox.wgsl");
 /// Dropout's keep bits under a call's `Params`, and the keep tile.
 pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
+/// Quantized KV caches: the rule's arithmetic, and the caches' accessors.
+pub const KV_QUANT: &str = include_str!("../../shaders/kv_quant.wgsl");
+pub const STORAGE_KV_QUANT: &str = include_str!("../../shaders/storage_kv_quant.wgsl");
 
 /// Which optional code a kernel carries. A variant without a mask contains
 /// no mask code (the flags are constants, so branches fold away).
@@ -299,6 +302,41 @@ impl Composer {
         let t = template(storage);
         for &(name, binding, access) in buffers {
             let decl = section(t, access.section())
+                .replace("{name}", name)
+                .replace("{binding}", &binding.to_string());
+            self.text.push_str(&decl);
+        }
+        self
+    }
+
+    /// A decode kernel's cache buffers: `quant` codes and block scales
+    /// (`storage_kv_quant.wgsl`, with the rule's arithmetic), or `storage`
+    /// elements whose rows' scales are 1. Either way `load_{name}` gives a
+    /// row's element before its scale and `cache_{name}_scale(row, hk)` the
+    /// scale. Needs `decode_common.wgsl`.
+    pub fn cache_buffers(
+        &mut self,
+        storage: StorageKind,
+        quant: Option<crate::kv_quant::CacheQuant>,
+        buffers: &[(&str, u32, Access)],
+    ) -> &mut Self {
+        let Some(quant) = quant else {
+            self.buffers(storage, buffers);
+            for &(name, _, _) in buffers {
+                self.push(&section(STORAGE_KV_QUANT, "plain").replace("{name}", name));
+            }
+            return self;
+        };
+        self.override_bool(
+            "CACHE_FP8",
+            quant == crate::kv_quant::CacheQuant::Fp8,
+        );
+        if !self.helpers.contains(&StorageKind::Fp8) {
+            self.push(E4M3);
+        }
+        self.push(KV_QUANT);
+        for &(name, binding, access) in buffers {
+            let decl = section(STORAGE_KV_QUANT, access.section())
                 .replace("{name}", name)
                 .replace("{binding}", &binding.to_string());
             self.text.push_str(&decl);

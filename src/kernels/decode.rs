@@ -10,11 +10,13 @@ use super::loops::{constant, counted, LoopCost, LoopDim, GUARD};
 use super::params::{DecodeParams, Params};
 use crate::api::decode::DecodeProblem;
 use crate::api::output::Accesses;
+use crate::kv_quant::CacheQuant;
 use crate::plan::decode::MAX_SPLITS;
 use crate::plan::{DecodeTiles, KernelFamily, StorageKind};
 
 const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
 const APPEND: &str = include_str!("../../shaders/kv_append.wgsl");
+const APPEND_QUANT: &str = include_str!("../../shaders/kv_append_quant.wgsl");
 const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
 const FLASH_DECODE_LANES: &str = include_str!("../../shaders/flash_decode_lanes.wgsl");
 const MERGE: &str = include_str!("../../shaders/decode_merge.wgsl");
@@ -28,6 +30,8 @@ pub struct FlashDecode {
     pub tiles: DecodeTiles,
     /// Write f32 partials for the merge (more than one split), or the final o and lse.
     pub partial: bool,
+    /// The cache's codes (`None`: elements in the tiles' storage).
+    pub quant: Option<CacheQuant>,
     pub variant: Variant,
 }
 
@@ -37,6 +41,8 @@ pub struct KvAppend {
     pub storage: StorageKind,
     pub head_dim: u32,
     pub head_dim_v: u32,
+    /// The cache's codes (`kv_append_quant.wgsl`), or elements in `storage`.
+    pub quant: Option<CacheQuant>,
     pub variant: Variant,
 }
 
@@ -159,7 +165,11 @@ impl FlashDecode {
         };
         finish_common(&mut c, self.variant);
         use binding::*;
-        c.storage(t.storage, &[("q", Q, read), ("k", K, read), ("v", V, read)]);
+        c.storage(t.storage, &[("q", Q, read)]).cache_buffers(
+            t.storage,
+            self.quant,
+            &[("k", K, read), ("v", V, read)],
+        );
         // Partials are f32 whatever the cache holds; the final o is not.
         let o_storage = if self.partial {
             StorageKind::F32
@@ -282,16 +292,37 @@ impl KvAppend {
         let mut c = composer(self.storage, HELPER_WORKGROUP, [self.head_dim, self.head_dim_v]);
         finish_common(&mut c, self.variant);
         use binding::*;
-        c.storage(
-            self.storage,
-            &[
-                ("k_new", K_NEW, Access::Read),
-                ("v_new", V_NEW, Access::Read),
-                ("k", K, Access::Write),
-                ("v", V, Access::Write),
-            ],
-        );
+        let new = [("k_new", K_NEW, Access::Read), ("v_new", V_NEW, Access::Read)];
+        if self.quant.is_some() {
+            c.storage(self.storage, &new).cache_buffers(
+                self.storage,
+                self.quant,
+                &[("k", K, Access::ReadWrite), ("v", V, Access::ReadWrite)],
+            );
+            return c.push(APPEND_QUANT).finish("main");
+        }
+        c.storage(self.storage, &new)
+            .buffers(self.storage, &[("k", K, Access::Write), ("v", V, Access::Write)]);
         c.push(APPEND).finish("main")
+    }
+
+    /// Workgroup memory: a quantized cache's append reduces the block's
+    /// largest magnitude there (one f32 per invocation, and the old scale).
+    pub fn workgroup_bytes(&self) -> u32 {
+        match self.quant {
+            Some(_) => 4 * (HELPER_WORKGROUP + 1),
+            None => 0,
+        }
+    }
+
+    /// `[blocks, heads_kv, batch × 2]` workgroups on a quantized cache (a
+    /// sequence's new tokens reach at most `blocks` scale blocks, of
+    /// `block_tokens` each); `None` for a plain one, whose grid is one
+    /// invocation per element.
+    pub fn quant_grid(&self, p: &DecodeProblem, block_tokens: usize) -> Option<[u64; 3]> {
+        self.quant?;
+        let blocks = (p.seqlen_new.max(1) - 1) / block_tokens.max(1) + 2;
+        Some([blocks as u64, p.heads_kv as u64, 2 * p.batch as u64])
     }
 
     /// Each appended element read once and written once, K and V.

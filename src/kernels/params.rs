@@ -137,7 +137,11 @@ uniform_struct! {
         pub seqlen_new: u32,
         pub groups_x: u32,
         pub pages_at: u32,
-        pub _pad: u32,
+        pub heads_kv: u32,
+        pub block_tokens: u32,
+        pub blocks_per_page: u32,
+        pub k_scales_at: u32,
+        pub v_scales_at: u32,
     }
 }
 

@@ -14,6 +14,8 @@ use crate::api::output::Accesses;
 use crate::api::size::{grid_u32, to_u32};
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
+use crate::kv_quant::{CacheQuant, QuantKvCache, ScaleBlocks};
+use crate::quant::check_finite;
 use crate::kernels::decode::HELPER_WORKGROUP;
 use crate::kernels::side::SideTables;
 use crate::kernels::{
@@ -37,8 +39,11 @@ pub async fn decode(
     kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
     let p = DecodeProblem::new(step, cache.shape(), cache.precision())?;
+    if cache.quant().is_some() {
+        check_new_finite(step)?;
+    }
     let run = Step::new(gpu, cache, &p, opts, num_splits, kernel)?;
-    let loops = loops(gpu, &run.req, run.variant)?;
+    let loops = loops(gpu, &run.req, run.variant, cache.quant())?;
     let (mut out, reruns) =
         with_reruns(gpu, p.precision, &loops, |limits| run.attempt(step, limits)).await?;
     out.stats.reruns = reruns;
@@ -64,6 +69,40 @@ pub async fn decode_host(
         *host = cache.read(gpu).await?;
     }
     Ok(out)
+}
+
+/// One step on a quantized host cache: validated, uploaded, decoded (the
+/// new rows quantized by the append kernel), and the codes and scales read
+/// back when the step appended.
+pub async fn decode_quantized_host(
+    gpu: &Gpu,
+    host: &mut QuantKvCache,
+    step: &DecodeStep<'_>,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+    kernel: Option<KernelFamily>,
+) -> Result<DecodeOutput> {
+    opts.validate()?;
+    host.check()?;
+    let p = DecodeProblem::new(step, &host.shape, host.precision)?;
+    opts.for_decoding(p.batch, p.heads_q)?;
+    check_new_finite(step)?;
+    let cache = KvCache::upload_quantized(gpu, host)?;
+    let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
+    if step.new_kv.is_some() {
+        *host = cache.read_quantized(gpu).await?;
+    }
+    Ok(out)
+}
+
+/// `k_new` and `v_new` finite: a quantized cache has no code for the rest
+/// (`Error::NonFiniteInput`).
+fn check_new_finite(step: &DecodeStep) -> Result<()> {
+    if let Some([k, v]) = &step.new_kv {
+        check_finite(&k.data.to_f32(), "k_new")?;
+        check_finite(&v.data.to_f32(), "v_new")?;
+    }
+    Ok(())
 }
 
 /// A cache on the app's `k` and `v` ranges: each checked as an encoded
@@ -140,12 +179,18 @@ pub fn tiles(gpu: &Gpu, p: &DecodeProblem, kernel: Option<KernelFamily>) -> Resu
 
 /// The decode kernel in both forms (either may be the one whose loop limit
 /// binds) and their loop costs.
-fn loops(gpu: &Gpu, req: &DecodeRequest, variant: Variant) -> Result<[(KernelKey, LoopCost); 2]> {
+fn loops(
+    gpu: &Gpu,
+    req: &DecodeRequest,
+    variant: Variant,
+    quant: Option<CacheQuant>,
+) -> Result<[(KernelKey, LoopCost); 2]> {
     let tiles = decode_tiles(req, &gpu.caps())?;
     Ok([false, true].map(|partial| {
         let k = FlashDecode {
             tiles,
             partial,
+            quant,
             variant,
         };
         (KernelKey::from(k), k.loop_cost())
@@ -163,7 +208,7 @@ pub fn plan(
 ) -> Result<DecodePlan> {
     let req = request(p, num_splits, kernel);
     let variant = step_variant(gpu, p, opts);
-    let limits = piece_limits(gpu, p.precision, &loops(gpu, &req, variant)?)?;
+    let limits = piece_limits(gpu, p.precision, &loops(gpu, &req, variant, None)?)?;
     plan_within(gpu, &req, limits.max_keys)
 }
 
@@ -249,15 +294,21 @@ struct StepBytes {
 }
 
 impl StepBytes {
-    fn of(p: &DecodeProblem) -> Self {
+    fn of(p: &DecodeProblem, cache: &KvCache) -> Self {
         let bytes = |n: usize| padded(n as u64 * p.precision.bytes() as u64);
+        let cache_bytes = match cache.quant() {
+            // Codes then scales, as the cache's own ranges hold them.
+            Some(_) => [cache.k_binding(), cache.v_binding()]
+                .map(|b| b.size.map_or(0, |s| s.get())),
+            None => [bytes(p.cache.len()), bytes(p.cache.v_len())],
+        };
         let rows = p.batch * p.seqlen_new;
         Self {
             q: bytes(p.q_len()),
             o: bytes(p.o_len()),
             new: [bytes(rows * p.cache.row_len()), bytes(rows * p.cache.v_row_len())],
             lse: padded(p.lse_len() as u64 * 4),
-            cache: [bytes(p.cache.len()), bytes(p.cache.v_len())],
+            cache: cache_bytes,
         }
     }
 }
@@ -304,7 +355,7 @@ impl<'a> Step<'a> {
     /// The plan within the loop limit as predicted or learned so far (an
     /// encoded step runs whole: no guard is read after it).
     fn plan(&self) -> Result<DecodePlan> {
-        let loops = loops(self.gpu, &self.req, self.variant)?;
+        let loops = loops(self.gpu, &self.req, self.variant, self.cache.quant())?;
         let limits = piece_limits(self.gpu, self.p.precision, &loops)?;
         plan_within(self.gpu, &self.req, limits.max_keys)
     }
@@ -337,7 +388,7 @@ impl<'a> Step<'a> {
         } else {
             None
         };
-        let t = StepBytes::of(p);
+        let t = StepBytes::of(p, self.cache);
         let appends = p.seqlen_new > 0;
         let new_kv = b.new_kv.as_ref().filter(|_| appends);
         let ranges = StepRanges {
@@ -362,7 +413,7 @@ impl<'a> Step<'a> {
         k_new: &wgpu::BufferBinding<'_>,
         v_new: &wgpu::BufferBinding<'_>,
     ) -> Result<()> {
-        let t = StepBytes::of(self.p);
+        let t = StepBytes::of(self.p, self.cache);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
         let range = Range::new;
         self.variant.aliased = bindings::check(
@@ -388,7 +439,7 @@ impl<'a> Step<'a> {
     /// all). Whether any written range shares a buffer with another range,
     /// so the step runs the kernels' aliased form.
     fn check_bindings(&self, b: &DecodeBindings, scratch_bytes: u64) -> Result<bool> {
-        let t = StepBytes::of(self.p);
+        let t = StepBytes::of(self.p, self.cache);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
         let range = Range::new;
         let mut inputs = vec![
@@ -499,7 +550,7 @@ impl<'a> Step<'a> {
     fn uniforms(&self, plan: &DecodePlan) -> Result<Uniforms> {
         Ok(Uniforms {
             params: self.params,
-            decode: decode_params(self.p, plan)?,
+            decode: decode_params(self.p, plan, self.cache)?,
         })
     }
 
@@ -544,12 +595,23 @@ impl<'a> Step<'a> {
             storage: plan.tiles.storage,
             head_dim: plan.tiles.head_dim,
             head_dim_v: plan.tiles.head_dim_v,
+            quant: self.cache.quant(),
             variant: self.helper_variant(),
         };
-        // One invocation per element of the wider of K's and V's rows.
-        let row = p.cache.row_len().max(p.cache.v_row_len());
-        let n = (p.batch * p.seqlen_new * row) as u64;
-        let (grid, groups_x) = wrapped_grid(self.gpu, n.div_ceil(HELPER_WORKGROUP as u64))?;
+        let block_tokens = ScaleBlocks::of(&p.cache).tokens;
+        let (grid, groups_x) = match kernel.quant_grid(p, block_tokens) {
+            Some(grid) => {
+                let grid = grid.map(grid_u32);
+                check_grid(self.gpu, &grid)?;
+                (grid, 1)
+            }
+            None => {
+                // One invocation per element of the wider of K's and V's rows.
+                let row = p.cache.row_len().max(p.cache.v_row_len());
+                let n = (p.batch * p.seqlen_new * row) as u64;
+                wrapped_grid(self.gpu, n.div_ceil(HELPER_WORKGROUP as u64))?
+            }
+        };
         use binding::*;
         let d = Dispatch {
             kernel: kernel.into(),
@@ -577,6 +639,7 @@ impl<'a> Step<'a> {
         let kernel = FlashDecode {
             tiles: plan.tiles,
             partial: r.parts.is_some(),
+            quant: self.cache.quant(),
             variant: self.variant,
         };
         let grid = kernel.grid(self.p, &u.decode);
@@ -672,9 +735,11 @@ fn bytes<T: Uniform>(x: &T) -> Vec<u8> {
     bytemuck::bytes_of(x).to_vec()
 }
 
-/// The decode parameters of a plan.
-fn decode_params(p: &DecodeProblem, plan: &DecodePlan) -> Result<DecodeParams> {
+/// The decode parameters of a plan on `cache`.
+fn decode_params(p: &DecodeProblem, plan: &DecodePlan, cache: &KvCache) -> Result<DecodeParams> {
     let group_rows = p.group() * p.seqlen_q;
+    let blocks = ScaleBlocks::of(&p.cache);
+    let [k_scales_at, v_scales_at] = cache.scales_at()?;
     Ok(DecodeParams {
         page_size: to_u32("page size", p.table.page_size)?,
         max_pages: to_u32("max pages", p.table.max_pages)?,
@@ -687,7 +752,11 @@ fn decode_params(p: &DecodeProblem, plan: &DecodePlan) -> Result<DecodeParams> {
         seqlen_new: to_u32("seqlen_new", p.seqlen_new)?,
         groups_x: 1,
         pages_at: to_u32("batch", p.batch)?,
-        _pad: 0,
+        heads_kv: to_u32("heads_kv", p.heads_kv)?,
+        block_tokens: to_u32("tokens per scale block", blocks.tokens)?,
+        blocks_per_page: to_u32("scale blocks per page", blocks.per_page)?,
+        k_scales_at,
+        v_scales_at,
     })
 }
 

@@ -1,6 +1,8 @@
 //! A KV cache on the device: K and V ranges of storage buffers — the
 //! engine's own or the app's — that decoding steps append to and read in
-//! place, kept by the app between steps; read back only when asked.
+//! place, kept by the app between steps; read back only when asked. A
+//! quantized cache (docs/kv-quantization.md) holds in each range its codes,
+//! four per word, then its block scales.
 
 use super::buffers::{padded, STORAGE};
 use super::gpu::Gpu;
@@ -8,7 +10,8 @@ use super::submit::read_back_at;
 use crate::api::decode::{CacheShape, HostKvCache};
 use crate::api::size;
 use crate::api::tensor::{Precision, TensorData};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::kv_quant::{CacheQuant, QuantKvCache, QuantizedKv, ScaleBlocks};
 
 /// One of the caches: a range of a buffer (a clone of the handle, so the
 /// buffer lives as long as the cache).
@@ -33,11 +36,15 @@ impl CacheRange {
 /// K and V caches of one shape and precision in device memory (f16 as raw
 /// halves, two per word), in buffers the engine made
 /// ([`Engine::kv_cache`](crate::Engine::kv_cache)) or on ranges of the
-/// app's ([`Engine::kv_cache_in`](crate::Engine::kv_cache_in)).
+/// app's ([`Engine::kv_cache_in`](crate::Engine::kv_cache_in)); or int8 or
+/// FP8 codes with their block scales
+/// ([`Engine::upload_quantized_kv_cache`](crate::Engine::upload_quantized_kv_cache)),
+/// whose steps' q, `k_new`, `v_new` and o are in `precision`.
 #[derive(Debug)]
 pub struct KvCache {
     shape: CacheShape,
     precision: Precision,
+    quant: Option<CacheQuant>,
     k: CacheRange,
     v: CacheRange,
 }
@@ -45,7 +52,18 @@ pub struct KvCache {
 impl KvCache {
     /// An all-zero cache (wgpu zeroes new buffers) in buffers of its own.
     pub fn zeros(gpu: &Gpu, shape: CacheShape, precision: Precision) -> Result<Self> {
-        let [k_bytes, v_bytes] = Self::bytes(gpu, &shape, precision)?;
+        let bytes = Self::bytes(gpu, &shape, precision)?;
+        Ok(Self::in_new_buffers(gpu, shape, precision, None, bytes))
+    }
+
+    /// A cache in buffers of its own of `[k_bytes, v_bytes]` (zeroed).
+    fn in_new_buffers(
+        gpu: &Gpu,
+        shape: CacheShape,
+        precision: Precision,
+        quant: Option<CacheQuant>,
+        [k_bytes, v_bytes]: [u64; 2],
+    ) -> Self {
         let range = |label, bytes| CacheRange {
             buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -56,12 +74,120 @@ impl KvCache {
             offset: 0,
             size: bytes,
         };
-        Ok(Self {
+        Self {
             shape,
             precision,
+            quant,
             k: range("k cache", k_bytes),
             v: range("v cache", v_bytes),
+        }
+    }
+
+    /// A device copy of a quantized host cache (checked as
+    /// [`QuantKvCache::new`] checks).
+    pub fn upload_quantized(gpu: &Gpu, host: &QuantKvCache) -> Result<Self> {
+        host.check()?;
+        host.check_codes()?;
+        let bytes = Self::quantized_bytes(gpu, &host.shape)?;
+        let cache = Self::in_new_buffers(gpu, host.shape, host.precision, Some(host.quant), bytes);
+        for (range, kv) in [(&cache.k, &host.k), (&cache.v, &host.v)] {
+            let mut words = kv.codes.clone();
+            words.resize(padded(words.len() as u64) as usize, 0);
+            words.extend_from_slice(bytemuck::cast_slice(&kv.scales));
+            gpu.queue.write_buffer(&range.buffer, range.offset, &words);
+        }
+        Ok(cache)
+    }
+
+    /// An empty quantized cache: zero codes, every scale `MIN_CACHE_SCALE`.
+    pub fn zeros_quantized(
+        gpu: &Gpu,
+        shape: CacheShape,
+        quant: CacheQuant,
+        precision: Precision,
+    ) -> Result<Self> {
+        // Through the host: the scales are not zero bits.
+        Self::quantized_bytes(gpu, &shape)?;
+        Self::upload_quantized(gpu, &QuantKvCache::zeros(shape, quant, precision))
+    }
+
+    /// The word where K's and V's scales start in their ranges (0 for a
+    /// plain cache).
+    pub(crate) fn scales_at(&self) -> Result<[u32; 2]> {
+        if self.quant.is_none() {
+            return Ok([0, 0]);
+        }
+        let at = |n: usize| size::to_u32("a cache's codes", padded(n as u64) as usize / 4);
+        Ok([at(self.shape.len())?, at(self.shape.v_len())?])
+    }
+
+    /// The quantized cache's contents, copied back to the host
+    /// ([`Error::CacheFormat`] on a plain cache).
+    pub async fn read_quantized(&self, gpu: &Gpu) -> Result<QuantKvCache> {
+        let Some(quant) = self.quant else {
+            return Err(self.format_error(
+                "int8 or fp8 codes".into(),
+            ));
+        };
+        let lens = [self.shape.len(), self.shape.v_len()];
+        let scales = ScaleBlocks::of(&self.shape).count() * self.shape.heads_kv;
+        let ranges = [(&self.k, lens[0]), (&self.v, lens[1])].map(|(r, n)| {
+            (
+                &r.buffer,
+                r.offset,
+                padded(n as u64) + 4 * scales as u64,
+            )
+        });
+        let data = read_back_at(gpu, &ranges).await?;
+        let part = |bytes: &[u8], n: usize| {
+            let at = padded(n as u64) as usize;
+            QuantizedKv {
+                codes: bytes[..n].to_vec(),
+                scales: bytemuck::pod_collect_to_vec(&bytes[at..]),
+            }
+        };
+        Ok(QuantKvCache {
+            shape: self.shape,
+            quant,
+            precision: self.precision,
+            k: part(&data[0], lens[0]),
+            v: part(&data[1], lens[1]),
         })
+    }
+
+    /// How the cache codes its elements: `None` for a plain cache.
+    pub fn quant(&self) -> Option<CacheQuant> {
+        self.quant
+    }
+
+    /// The error for a call that needs `expected` on this cache.
+    pub(crate) fn format_error(&self, expected: String) -> Error {
+        Error::CacheFormat {
+            expected,
+            found: self.format(),
+        }
+    }
+
+    /// What the cache holds, in words.
+    fn format(&self) -> String {
+        match self.quant {
+            Some(q) => format!("{} codes", q.name()),
+            None => format!("{} elements", self.precision.name()),
+        }
+    }
+
+    /// Bytes of K and of V of a quantized cache of `shape`: codes padded to
+    /// 4, then the scales; each must fit one storage binding.
+    pub fn quantized_bytes(gpu: &Gpu, shape: &CacheShape) -> Result<[u64; 2]> {
+        let scales = size::elements("the scale blocks", &[ScaleBlocks::of(shape).count(), shape.heads_kv])?;
+        let of = |what, dims: [usize; 4]| -> Result<u64> {
+            let codes = size::elements(what, &dims)?;
+            gpu.within_binding(what, padded(codes as u64) + 4 * scales as u64)
+        };
+        Ok([
+            of("the kv cache", shape.dims())?,
+            of("the v cache", shape.v_dims())?,
+        ])
     }
 
     /// A cache on ranges of the app's buffers, `k` and `v` already checked
@@ -82,6 +208,7 @@ impl KvCache {
         Self {
             shape,
             precision,
+            quant: None,
             k: range(k, k_bytes),
             v: range(v, v_bytes),
         }
@@ -105,8 +232,12 @@ impl KvCache {
         }
     }
 
-    /// The cache's contents, copied back to the host.
+    /// The cache's contents, copied back to the host
+    /// ([`Error::CacheFormat`] on a quantized cache).
     pub async fn read(&self, gpu: &Gpu) -> Result<HostKvCache> {
+        if self.quant.is_some() {
+            return Err(self.format_error(format!("{} elements", self.precision.name())));
+        }
         let lens = [self.shape.len(), self.shape.v_len()];
         let elem = self.precision.bytes() as u64;
         let ranges = [(&self.k, lens[0]), (&self.v, lens[1])]
@@ -122,7 +253,7 @@ impl KvCache {
         &self.shape
     }
 
-    /// The cache's storage precision.
+    /// The cache's storage precision (a quantized cache: its steps').
     pub fn precision(&self) -> Precision {
         self.precision
     }
