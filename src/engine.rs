@@ -195,7 +195,7 @@ impl Engine {
     /// decode kernel it runs (where its check failed, the tiled one) and the verdicts.
     #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
-        pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem)))
+        pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem), None))
     }
 
     /// Every row of this device's verification matrix (see
@@ -1156,7 +1156,7 @@ impl Engine {
     ) -> Result<DecodeOutput> {
         scoped(&self.gpu.device, "a decoding step", async {
             let routed = self
-                .route_decode(step, cache.shape(), cache.precision())
+                .route_decode(step, cache.shape(), cache.precision(), cache.quant())
                 .await?;
             let kernel = routed.decode_kernel;
             let mut out =
@@ -1256,7 +1256,10 @@ impl Engine {
     ) -> Result<DecodePlan> {
         scoped(&self.gpu.device, "recording a decoding step", async {
             let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
-            let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
+            let routed = self
+                .verifier
+                .route_decode(&self.gpu, Some(&p), cache.quant())
+                .await?;
             let kernel = routed.decode_kernel;
             let mut run = ops::decode::Step::new(&self.gpu, cache, &p, opts, num_splits, kernel)?;
             run.encode(encoder, bindings).await
@@ -1294,7 +1297,10 @@ impl Engine {
     ) -> Result<()> {
         scoped(&self.gpu.device, "recording an append", async {
             let p = DecodeProblem::of_spec(step, cache.shape(), cache.precision())?;
-            let routed = self.verifier.route_decode(&self.gpu, Some(&p)).await?;
+            let routed = self
+                .verifier
+                .route_decode(&self.gpu, Some(&p), cache.quant())
+                .await?;
             let opts = AttentionOptions::default();
             let mut run =
                 ops::decode::Step::new(&self.gpu, cache, &p, &opts, None, routed.decode_kernel)?;
@@ -1311,16 +1317,18 @@ impl Engine {
         ops::decode::scratch_size(&self.gpu, problem, plan)
     }
 
-    /// Verify the family a decoding step on a cache of `shape` runs.
+    /// Verify the family a decoding step on a cache of `shape` (of `quant`
+    /// codes, or plain) runs.
     async fn route_decode(
         &self,
         step: &DecodeStep<'_>,
         shape: &CacheShape,
         precision: Precision,
+        quant: Option<crate::CacheQuant>,
     ) -> Result<Routed> {
         let problem = DecodeProblem::new(step, shape, precision).ok();
         self.verifier
-            .route_decode(&self.gpu, problem.as_ref())
+            .route_decode(&self.gpu, problem.as_ref(), quant)
             .await
     }
 
@@ -1350,7 +1358,7 @@ impl Engine {
     ) -> Result<DecodeOutput> {
         pollster::block_on(scoped(&self.gpu.device, "a decoding step", async {
             let routed = self
-                .route_decode(step, &cache.shape, cache.precision)
+                .route_decode(step, &cache.shape, cache.precision, Some(cache.quant))
                 .await?;
             let kernel = routed.decode_kernel;
             let mut out = ops::decode::decode_quantized_host(
@@ -1377,7 +1385,7 @@ impl Engine {
     ) -> Result<DecodeOutput> {
         scoped(&self.gpu.device, "a decoding step", async {
             let routed = self
-                .route_decode(step, &cache.shape, cache.precision())
+                .route_decode(step, &cache.shape, cache.precision(), None)
                 .await?;
             let kernel = routed.decode_kernel;
             let mut out =

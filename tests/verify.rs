@@ -188,6 +188,54 @@ fn dropout_is_a_family_of_its_own() {
     assert_accurate(&c, &c.inputs(), &out);
 }
 
+/// A quantized cache compiles other code into the decode kernels (the
+/// append that quantizes, the loads that scale): its steps are a family
+/// of their own, checked on first use against the rule's codes and the
+/// reference; a fault planted there makes the step fall back.
+#[test]
+fn a_quantized_cache_is_a_decode_family_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(e) = engine_in(dir.path(), "test") else {
+        return;
+    };
+    let data = DecodeCase::new(&[40, 9], 32).append(2).paged(5).data();
+    let opts = data.case.opts.clone();
+    for (i, quant) in flashattn::CacheQuant::ALL.into_iter().enumerate() {
+        let out = data.check_quantized(quant, |c, s| e.decode_quantized_host(c, s, &opts, None));
+        let v = out.stats.verification.as_ref().unwrap();
+        let ran = v.ran().unwrap();
+        let flag = format!("{} cache", quant.name());
+        assert!(ran.family.flags.contains(&flag), "{v}");
+        fresh_check(&ran.verdict);
+        assert_eq!(e.checks_run().0, i as u32 + 1, "one family per format");
+    }
+    let first = {
+        let out = data.check_quantized(flashattn::CacheQuant::Int8, |c, s| {
+            e.decode_quantized_host(c, s, &opts, None)
+        });
+        out.stats.verification.unwrap().ran().unwrap().family.family
+    };
+    let fault: Fault = first.parse().unwrap();
+    let faulty = engine_in(dir.path(), "faulty").unwrap().with_fault(fault);
+    let mut cache =
+        flashattn::QuantKvCache::quantize(&data.cache, flashattn::CacheQuant::Int8).unwrap();
+    let result = faulty.decode_quantized_host(&mut cache, &data.step(), &opts, None);
+    if first == KernelFamily::Lanes.name() {
+        let out = data.check_quantized(flashattn::CacheQuant::Int8, |c, s| {
+            faulty.decode_quantized_host(c, s, &opts, None)
+        });
+        let v = out.stats.verification.as_ref().unwrap();
+        assert!(v.fell_back() && v.tried[0].verdict.is_failed(), "{v}");
+        assert!(
+            v.tried[0].family.flags.contains(&"int8 cache".to_string()),
+            "{v}"
+        );
+    } else {
+        // The tiled kernel is the last of the chain.
+        assert!(result.is_err(), "a faulty {first} family must not run");
+    }
+}
+
 #[test]
 fn a_planted_fault_makes_the_engine_fall_back_say_why_and_meet_the_rule() {
     let dir = tempfile::tempdir().unwrap();

@@ -508,7 +508,7 @@ pub struct DecodeBenchArgs {
     #[arg(long, requires = "decode")]
     pub head_dim: Option<usize>,
     /// Cache dtypes, comma-separated: f32, f16, bf16, and int8 or fp8
-    /// (quantized caches of f16 steps; the CPU backend decodes them).
+    /// (quantized caches of f16 steps).
     #[arg(long, requires = "decode", default_value = "f16,f32,int8,fp8")]
     pub dtypes: String,
     /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:

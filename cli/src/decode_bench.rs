@@ -414,18 +414,20 @@ pub fn run_group(
     let mut out = Vec::new();
     for &backend in &set.backends {
         let config = |m| set.config(g, backend, m);
-        if let Some(quant) = g.dtype.quant {
-            // Only the CPU backend decodes quantized caches.
-            if backend == DecodeBackend::Cpu {
-                let cache = QuantKvCache::quantize(&data.cache, quant);
-                let mut cache = match cache {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let err = CliError::from(e);
-                        out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
-                        continue;
-                    }
-                };
+        let quantized = g
+            .dtype
+            .quant
+            .map(|q| QuantKvCache::quantize(&data.cache, q));
+        let quantized = match quantized.transpose() {
+            Ok(c) => c,
+            Err(e) => {
+                let err = CliError::from(e);
+                out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
+                continue;
+            }
+        };
+        match (backend, quantized) {
+            (DecodeBackend::Cpu, Some(mut cache)) => {
                 for &m in modes {
                     out.push(measure(config(m), set.repeats, || {
                         let start = Instant::now();
@@ -435,15 +437,18 @@ pub fn run_group(
                     }));
                 }
             }
-            continue;
-        }
-        match backend {
-            DecodeBackend::Wgpu => {
+            (DecodeBackend::Wgpu, quantized) => {
                 let cache = engine
                     .ok_or(CliError::NeedsGpu {
                         what: "the wgpu decode benchmark",
                     })
-                    .and_then(|e| Ok((e, e.upload_kv_cache(&data.cache)?)));
+                    .and_then(|e| {
+                        let kv = match &quantized {
+                            Some(q) => e.upload_quantized_kv_cache(q)?,
+                            None => e.upload_kv_cache(&data.cache)?,
+                        };
+                        Ok((e, kv))
+                    });
                 let (e, mut kv): (&Engine, KvCache) = match cache {
                     Ok(x) => x,
                     Err(err) => {
@@ -458,7 +463,7 @@ pub fn run_group(
                     }));
                 }
             }
-            DecodeBackend::Cpu => {
+            (DecodeBackend::Cpu, None) => {
                 let mut cache = data.cache.clone();
                 for &m in modes {
                     out.push(measure(config(m), set.repeats, || {
@@ -468,7 +473,9 @@ pub fn run_group(
                     }));
                 }
             }
-            DecodeBackend::Torch => {
+            // torch has no quantized cache to compare with.
+            (DecodeBackend::Torch, Some(_)) => {}
+            (DecodeBackend::Torch, None) => {
                 for &m in set.modes(backend) {
                     let c = config(m);
                     let timed = baselines
@@ -664,7 +671,7 @@ impl DecodeReport {
         if self.results.iter().any(|r| r.config.cache.is_some()) {
             println!(
                 "int8 and fp8 rows: quantized caches (codes and a scale per 16 tokens and kv head, \
-                 f16 steps), decoded by the CPU backend only; their K/V GB/s count codes and scales"
+                 f16 steps); their K/V GB/s count codes and scales"
             );
         }
         if !self.skipped.is_empty() {

@@ -247,7 +247,7 @@ def test_packed_forms_are_the_unpacked_calls(backend):
 @pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
 @pytest.mark.parametrize("layout", ["dense", "paged"])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_kvcache_quantized(cache_dtype, layout, dtype):
+def test_kvcache_quantized(backend, cache_dtype, layout, dtype):
     paged = layout == "paged"
     q, k_cache, v_cache, k, v, seqlens, _, table = _cache_case(paged, DTYPES[dtype])
     kc, vc, ks, vs = flashattn.quantize_kv_cache(k_cache, v_cache, cache_dtype, paged=paged)
@@ -257,7 +257,7 @@ def test_kvcache_quantized(cache_dtype, layout, dtype):
     before = (kc.clone(), ks.clone())
     o, lse = flash_attn_with_kvcache(
         q, kc, vc, k, v, cache_seqlens=seqlens, block_table=table, causal=True,
-        return_softmax_lse=True, backend="cpu", cache_dtype=cache_dtype, k_scales=ks, v_scales=vs,
+        return_softmax_lse=True, backend=backend, cache_dtype=cache_dtype, k_scales=ks, v_scales=vs,
     )  # fmt: skip
     assert o.dtype == q.dtype and o.shape == q.shape
     # The appends were quantized in place: codes changed, scales only grew.

@@ -16,8 +16,11 @@
 //!   appended and two decoded under a causal window, GQA, a +100 score on
 //!   an appended key, keys for three of the kernel's blocks.
 
-use crate::accuracy::{check_backward, check_decode, check_forward, Check};
-use crate::api::decode::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
+use crate::accuracy::{check_backward, check_decode, check_decode_on_values, check_forward, Check};
+use crate::kv_quant::{CacheQuant, QuantKvCache};
+use crate::api::decode::{
+    CacheLayout, CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache,
+};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -327,6 +330,47 @@ impl DecodeCase {
     /// A step's result under the rule (against the cache before the step).
     pub fn judge(&self, out: &DecodeOutput) -> Result<Judgement> {
         let checks = check_decode(out, &self.cache, &self.step(), &self.opts)?;
+        Ok(Judgement::of(&checks))
+    }
+
+    /// The case's cache quantized as `quant` (finite values: never fails
+    /// on the seeded ones).
+    pub fn quantized(&self, quant: CacheQuant) -> Result<QuantKvCache> {
+        QuantKvCache::quantize(&self.cache, quant)
+    }
+
+    /// A step on the quantized cache `before`: `after` must hold exactly
+    /// the host rule's codes and scales, and `out` meet the rule against
+    /// the f64 reference on their values.
+    pub fn judge_quantized(
+        &self,
+        before: &QuantKvCache,
+        after: &QuantKvCache,
+        out: &DecodeOutput,
+    ) -> Result<Judgement> {
+        let step = self.step();
+        let p = DecodeProblem::new(&step, &before.shape, before.precision)?;
+        let mut expected = before.clone();
+        expected.append(&p, &self.new[0].to_f32(), &self.new[1].to_f32());
+        if *after != expected {
+            let differ = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+            return Ok(Judgement {
+                passed: false,
+                worst: format!(
+                    "the appended cache is not the rule's: {} K and {} V codes differ, scales {}",
+                    differ(&after.k.codes, &expected.k.codes),
+                    differ(&after.v.codes, &expected.v.codes),
+                    if after.k.scales == expected.k.scales && after.v.scales == expected.v.scales {
+                        "equal"
+                    } else {
+                        "differ"
+                    }
+                ),
+                max_error: f64::NAN,
+                bound: f64::NAN,
+            });
+        }
+        let checks = check_decode_on_values(out, &after.dequantized(), &step, &self.opts)?;
         Ok(Judgement::of(&checks))
     }
 }

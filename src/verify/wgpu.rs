@@ -15,6 +15,7 @@ use crate::api::tensor::{Precision, Tensor};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::ops::prepare::plan_request;
+use crate::kv_quant::CacheQuant;
 use crate::plan::decode::{decode_tiles, DecodeTiles};
 use crate::plan::{
     CoopForm, DeviceCaps, KernelFamily, Pass, Plan, PlanOverrides, PlanRequest, StorageKind,
@@ -40,6 +41,8 @@ pub struct WgpuFamily {
     pub coop: Option<CoopForm>,
     /// Attention dropout (the kernels' Philox mask, compiled in only then).
     pub dropout: bool,
+    /// Decoding: the cache's codes (the quantized append and loads).
+    pub cache: Option<CacheQuant>,
 }
 
 impl WgpuFamily {
@@ -54,6 +57,7 @@ impl WgpuFamily {
             double_buffer: registers_forward && plan.double_buffer,
             coop: plan.coop,
             dropout: false,
+            cache: None,
         }
     }
 
@@ -76,6 +80,15 @@ impl WgpuFamily {
             double_buffer: false,
             coop: None,
             dropout: false,
+            cache: None,
+        }
+    }
+
+    /// The same decode family on a cache of `quant` codes (`None`: plain).
+    pub fn with_cache(self, quant: Option<CacheQuant>) -> Self {
+        Self {
+            cache: quant,
+            ..self
         }
     }
 
@@ -110,6 +123,9 @@ impl WgpuFamily {
         }
         if self.dropout {
             flags.push("dropout".to_string());
+        }
+        if let Some(q) = self.cache {
+            flags.push(format!("{} cache", q.name()));
         }
         FamilyKey {
             call: self.call,
@@ -330,6 +346,25 @@ pub async fn check_decode(
     let block = decode_tiles(&req, &gpu.caps())?.workgroup_size;
     let case = DecodeCase::new(precision, d, block as usize, layout)?;
     let mut runs = Vec::new();
+    if let Some(quant) = family.cache {
+        let before = case.quantized(quant)?;
+        for splits in [1, 3] {
+            let mut cache = before.clone();
+            let step = case.step();
+            let mut out = ops::decode::decode_quantized_host(
+                gpu,
+                &mut cache,
+                &step,
+                &case.opts,
+                Some(splits),
+                Some(family.kernel),
+            )
+            .await?;
+            Fault::perturb(fault, &family.key(), &mut out.o);
+            runs.push(case.judge_quantized(&before, &cache, &out)?);
+        }
+        return Ok(Judgement::all(runs));
+    }
     for splits in [1, 3] {
         let mut cache = case.cache.clone();
         let step = case.step();
@@ -453,15 +488,21 @@ impl Verifier {
 
     /// Verify the decode kernel a step of `p` runs: the lanes kernel falls
     /// back to the workgroup-memory one.
-    pub async fn route_decode(&self, gpu: &Gpu, p: Option<&DecodeProblem>) -> Result<Routed> {
+    pub async fn route_decode(
+        &self,
+        gpu: &Gpu,
+        p: Option<&DecodeProblem>,
+        cache: Option<CacheQuant>,
+    ) -> Result<Routed> {
         let unplanned = || Ok(Routed::unplanned(PlanOverrides::default()));
         let Some(p) = p else { return unplanned() };
         let Ok(first) = decode_family(gpu, p, None) else {
             return unplanned();
         };
+        let first = first.with_cache(cache);
         let family_of = |kernel| match kernel == first.kernel {
             true => Ok(first),
-            false => decode_family(gpu, p, Some(kernel)),
+            false => decode_family(gpu, p, Some(kernel)).map(|f| f.with_cache(cache)),
         };
         let (route, verification) = self.walk(gpu, first, false, family_of).await?;
         match route {
