@@ -4,20 +4,31 @@
 // query heads of each kv head — are computed here over the stored matrices.
 // Appended to naive_fwd.wgsl (same prelude and buffers).
 
-// Per row: D_i = Σ_j P·dP, then dS = P·(dP - D_i), times the softcap derivative.
+// Per row: D_i = Σ_j P·dP', then dS = P·(dP' - D_i), times the softcap
+// derivative, where dP' = dP ∘ keep / (1 − p) under dropout (dP without).
+// P here is the undropped one (the backward's softmax stores it whole); with
+// dropout each P is then overwritten by P ∘ keep, what dV takes (the matmul
+// or dkdv applies 1 / (1 − p) to its sums). The keep bits are drawn in both
+// passes: recomputing them costs no storage traffic.
 @compute @workgroup_size(64)
 fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
     let row = gid.x;
     if (row >= params.batch * params.heads_q * params.seqlen_q) {
         return;
     }
+    let c = row_coords(row);
     let base = row * params.seqlen_k;
     var dsum = 0.0;
+    var bits = 0u;
     for (var j = 0u; j < params.seqlen_k; j++) {
-        dsum += load_p(base + j) * load_ds(base + j);
+        bits = walk_bits(bits, c.x, c.y, c.z, j);
+        dsum += load_p(base + j) * dropout_dp(load_ds(base + j), dropout_kept(bits, j & 31u));
     }
     for (var j = 0u; j < params.seqlen_k; j++) {
-        var g = load_p(base + j) * (load_ds(base + j) - dsum);
+        bits = walk_bits(bits, c.x, c.y, c.z, j);
+        let kept = dropout_kept(bits, j & 31u);
+        let p = load_p(base + j);
+        var g = p * (dropout_dp(load_ds(base + j), kept) - dsum);
         if (HAS_SOFTCAP) {
             // s_buf holds C·tanh(x/C) for allowed entries.
             let sc = load_s(base + j);
@@ -25,6 +36,9 @@ fn ds(@builtin(global_invocation_id) gid: vec3<u32>) {
             g *= 1.0 - th * th;
         }
         store_ds(base + j, round_storage(g));
+        if (HAS_DROPOUT) {
+            store_p(base + j, dropout_p(p, kept));
+        }
     }
     io_flush();
     check_loop_budget();
@@ -71,7 +85,7 @@ fn ds_transposed(
 }
 
 // With GQA: dK[j, x] = scale · Σ_{h in group} Σ_i dS[i, j] Q[i, x] and
-// dV[j, x] = Σ P[i, j] dO[i, x], summed over the group by one plain kernel
+// dV[j, x] = Σ P[i, j] dO[i, x] (P ∘ keep, times 1 / (1 − p), with dropout), summed over the group by one plain kernel
 // (x < D for dK, x < DV for dV); z = batch·heads_kv + kv head.
 @compute @workgroup_size(16, 16)
 fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -105,7 +119,7 @@ fn dkdv(@builtin(global_invocation_id) gid: vec3<u32>) {
         store_dk(key * params.kv_row_stride + hk * D + x, dk * params.scale);
     }
     if (x < DV) {
-        store_dv(key * params.v_row_stride + hk * DV + x, dv);
+        store_dv(key * params.v_row_stride + hk * DV + x, dv * dropout_scale());
     }
     io_flush();
     check_loop_budget();

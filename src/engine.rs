@@ -890,6 +890,8 @@ impl Engine {
     }
 
     /// Naive attention: `S = scale·QKᵀ` and `P = softmax(S)` stored, then `O = PV`.
+    /// Takes the band, score options and dropout (the same mask as every
+    /// backend); other layouts are `Unsupported`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn naive_forward(
         &self,

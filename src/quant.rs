@@ -280,6 +280,7 @@ impl Fp8Layout {
     /// The FP8 forward takes the band and score options, and v of q's head
     /// dim (its codes share one row length).
     pub fn check_supported(shape: &AttentionShape, opts: &AttentionOptions) -> Result<()> {
+        opts.no_dropout("the FP8 forward")?;
         opts.band_only("the FP8 forward")?;
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {

@@ -4,7 +4,8 @@
 //! ALiBi with sinks, block masks, softcap, shard positions, f32/f16/bf16;
 //! calls split into pieces (the mask's batch, head, row and key offsets
 //! are global); p = 0 bit-identical to no dropout; the CPU backend's o for
-//! the same seed.
+//! the same seed; the naive baseline's forward and backward against the
+//! reference, its masks bit for bit against `dropout_mask`.
 
 mod common;
 
@@ -217,8 +218,163 @@ fn wgpu_and_the_cpu_backend_draw_the_same_mask() {
     assert!(max_diff(&other.o.to_f32(), &cpu_o) > 0.1);
 }
 
-/// Decoding (inference only), the naive baseline and the FP8 forward take
-/// no dropout on wgpu: the typed refusal, before any work.
+/// The naive baseline's forward and backward (the tuned matmuls of CPU
+/// adapters and the tiled ones) against the reference drawing the same
+/// mask: odd sizes, causal, GQA (the dK/dV kernel) and not (the transposed
+/// products), softcap (dS's other factor), f32 and f16.
+#[test]
+fn naive_forward_and_backward_meet_the_rule() {
+    let Some(e) = engine() else { return };
+    let tiled = Engine::new().unwrap().with_tiled_kernels_only();
+    let cases = [
+        Case::new(1, 1, 8).opts(dropout(0.1, 1)),
+        Case::new(3, 3, 16).f16().opts(dropout(0.5, 2)),
+        Case::new(113, 90, 32)
+            .heads(4, 2)
+            .opts(with(causal(), &dropout(0.3, 3)).dropout_offset(1 << 33)),
+        Case::new(61, 77, 16)
+            .heads(4, 1)
+            .f16()
+            .opts(with(causal(), &dropout(0.25, 4))),
+        Case::new(50, 70, 16).std(2.0).opts(with(
+            AttentionOptions::default().softcap(5.0),
+            &dropout(0.4, 5),
+        )),
+        Case::new(64, 64, 16)
+            .heads(2, 2)
+            .f16()
+            .opts(dropout(0.2, 6)),
+    ];
+    // Each engine on half the cases, every case on both with
+    // FLASHATTN_FULL_MATRIX=1.
+    let default_engine = common::matrix(vec![0, 2, 4], (0..6).collect());
+    let tiled_engine = common::matrix(vec![1, 3, 5], (0..6).collect());
+    let runs = default_engine
+        .into_iter()
+        .map(|i| (e, i))
+        .chain(tiled_engine.into_iter().map(|i| (&tiled, i)));
+    for (e, case) in runs.map(|(e, i)| (e, cases[i].clone())) {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let out = e
+            .naive_forward(&ForwardInputs::new(q, k, v), &case.opts)
+            .unwrap_or_else(|err| panic!("{case:?}: {err}"));
+        common::assert_accurate(&case, &inputs, &out);
+        let (_, g) = output_grad(&case);
+        let d_o = inputs.grad(&g);
+        let grads = e
+            .naive_backward(&ForwardInputs::new(q, k, v), &d_o, &case.opts)
+            .unwrap_or_else(|err| panic!("{case:?}: {err}"));
+        let checks = flashattn::accuracy::check_backward(&grads, &q, &k, &v, &d_o, &case.opts);
+        for c in checks.unwrap() {
+            assert!(c.passed(), "{case:?}\n{c}");
+        }
+    }
+}
+
+/// p = 0 is the naive kernels without dropout: bit-identical o, lse and
+/// gradients, with GQA (the dK/dV kernel) and without (the transposes).
+#[test]
+fn naive_dropout_zero_is_bit_identical_to_no_dropout() {
+    let Some(e) = engine() else { return };
+    for case in [
+        Case::new(45, 37, 16).heads(4, 2),
+        Case::new(45, 37, 16).f16(),
+    ] {
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let (_, g) = output_grad(&case);
+        let d_o = inputs.grad(&g);
+        let (none, zero) = (causal(), causal().dropout(0.0).dropout_seed(99));
+        let f = |opts| e.naive_forward(&ForwardInputs::new(q, k, v), opts).unwrap();
+        let (a, b) = (f(&none), f(&zero));
+        assert_eq!(a.o, b.o);
+        assert_eq!(a.lse, b.lse);
+        let grads = |opts| {
+            e.naive_backward(&ForwardInputs::new(q, k, v), &d_o, opts)
+                .unwrap()
+        };
+        let (x, y) = (grads(&none), grads(&zero));
+        assert_eq!((x.dq, x.dk, x.dv), (y.dq, y.dk, y.dv));
+    }
+}
+
+/// The naive kernels' masks are `dropout_mask`'s, bit for bit. With q = k
+/// = 0 every P is 1/Sk, so with V the identity (Sk = dv) the forward's
+/// `o[b, i, h, x]` is `keep[b, h, i, x] · 2 / Sk` at p = 0.5; with dO the
+/// identity too (Sq = dv), `dv[b, j, hk, x]` is `2 / Sk` times the number of
+/// kv head hk's query heads that keep `(x, j)`. Both the dK/dV kernel (GQA)
+/// and the transposed products, and a shard's global rows and keys.
+#[test]
+fn naive_kernels_draw_dropout_mask() {
+    let Some(e) = engine() else { return };
+    let (batch, n, d) = (2, 40, 8);
+    for (heads_q, heads_kv, positions) in [(4, 2, None), (3, 3, Some((24, 9)))] {
+        let mut opts = dropout(0.5, 0x5eed_0123_4567).dropout_offset(7);
+        if let Some((q0, k0)) = positions {
+            opts = opts.positions(q0, k0);
+        }
+        let zeros = vec![0.0f32; batch * n * heads_q * d];
+        let q = flashattn::TensorView::f32([batch, n, heads_q, d], &zeros);
+        let k =
+            flashattn::TensorView::f32([batch, n, heads_kv, d], &zeros[..batch * n * heads_kv * d]);
+        // Row j of every (batch, head) block is unit vector j.
+        let eye = |heads: usize| -> Vec<f32> {
+            (0..batch * n * heads * n)
+                .map(|e| f32::from((e / (heads * n)) % n == e % n))
+                .collect()
+        };
+        let (v_data, do_data) = (eye(heads_kv), eye(heads_q));
+        let v = flashattn::TensorView::f32([batch, n, heads_kv, n], &v_data);
+        let d_o = flashattn::TensorView::f32([batch, n, heads_q, n], &do_data);
+        let shape = flashattn::AttentionShape::new(batch, n, n, heads_q, heads_kv, d)
+            .unwrap()
+            .with_head_dim_v(n)
+            .unwrap();
+        let mask = flashattn::dropout_mask(&shape, &opts).unwrap();
+        assert_eq!(mask.dims, [batch, heads_q, n, n]);
+        let keep =
+            |b: usize, h: usize, i: usize, j: usize| mask.keep[((b * heads_q + h) * n + i) * n + j];
+        let what = format!("heads {heads_q}/{heads_kv} positions {positions:?}");
+        let o = e
+            .naive_forward(&ForwardInputs::new(q, k, v), &opts)
+            .unwrap()
+            .o
+            .to_f32();
+        let dv = e
+            .naive_backward(&ForwardInputs::new(q, k, v), &d_o, &opts)
+            .unwrap()
+            .dv
+            .to_f32();
+        let group = heads_q / heads_kv;
+        for b in 0..batch {
+            for i in 0..n {
+                for x in 0..n {
+                    for h in 0..heads_q {
+                        let got = o[((b * n + i) * heads_q + h) * n + x];
+                        assert_eq!(
+                            got != 0.0,
+                            keep(b, h, i, x),
+                            "o {what} {b} {h} {i} {x}: {got}"
+                        );
+                    }
+                    // Row i of dv is key i; x is the query row of dO's unit vector.
+                    for hk in 0..heads_kv {
+                        let got = dv[((b * n + i) * heads_kv + hk) * n + x] * n as f32 / 2.0;
+                        let want = (0..group).filter(|g| keep(b, hk * group + g, x, i)).count();
+                        assert!(
+                            (got - want as f32).abs() < 1e-3,
+                            "dv {what} {b} {hk} key {i} row {x}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decoding (inference only) and the FP8 forward take no dropout on wgpu:
+/// the typed refusal, before any work.
 #[test]
 fn paths_without_dropout_kernels_refuse_it() {
     let Some(e) = engine() else { return };
@@ -238,7 +394,6 @@ fn paths_without_dropout_kernels_refuse_it() {
     let x = vec![0.5f32; 3 * 2 * 4];
     let view = flashattn::TensorView::f32([1, 3, 2, 4], &x);
     let inputs = ForwardInputs::new(view, view, view);
-    unsupported(e.naive_forward(&inputs, &d).map(drop));
     let fp8 = flashattn::Fp8Options::default();
     unsupported(e.forward_fp8(&inputs, &d, &fp8).map(drop));
     let layout = flashattn::CacheLayout::Dense {

@@ -159,7 +159,18 @@ fn naive_and_matmul_counts_match() {
     // not, masks, GQA, v's own head dim, each precision.
     let all = cases();
     let picked = matrix(all.iter().step_by(2).cloned().collect(), all.clone());
-    for case in picked {
+    // Dropout writes P ∘ keep back in the dS kernel: with GQA (the dK/dV
+    // kernel) and without (the transposes).
+    let dropout = |o: AttentionOptions| o.dropout(0.3).dropout_seed(5);
+    let dropped = [
+        Case::new(40, 10, 32)
+            .heads(4, 2)
+            .opts(dropout(AttentionOptions::default().causal(true))),
+        Case::new(33, 47, 16)
+            .f16()
+            .opts(dropout(Default::default())),
+    ];
+    for case in picked.into_iter().chain(dropped) {
         let inputs = case.inputs();
         let [q, k, v] = inputs.views();
         let fwd = e

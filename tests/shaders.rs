@@ -68,7 +68,8 @@ fn compile(k: &Kernel) -> Result<(naga::Module, ModuleInfo), String> {
 
 /// The variant whose optional pieces are the bits of `f`: mask, softcap,
 /// access counters, loop guard, then ALiBi, sinks, packed batches, block
-/// masks, dropout (the last five only the flash kernels have).
+/// masks, dropout (the last five only the flash kernels have, and dropout
+/// the naive ones too).
 fn variant_of(f: u32) -> Variant {
     Variant {
         masked: f & 1 != 0,
@@ -91,6 +92,14 @@ fn variant_of(f: u32) -> Variant {
 fn variants(all: bool) -> Vec<Variant> {
     let flags: Vec<u32> = if all { (0..16).collect() } else { vec![0, 15] };
     flags.into_iter().map(variant_of).collect()
+}
+
+/// The naive kernels' variants: [`variants`], each with and without dropout.
+fn naive_variants(all: bool) -> Vec<Variant> {
+    variants(all)
+        .into_iter()
+        .flat_map(|v| [v, Variant { dropout: true, ..v }])
+        .collect()
 }
 
 /// Rows of `flags` bits such that any `STRENGTH` of the bits take each of
@@ -442,7 +451,7 @@ fn other_kernels(all_variants: bool) -> Vec<Kernel> {
                 NaiveEntry::TransposeDs,
                 NaiveEntry::DkDv,
             ] {
-                for variant in variants(all_variants) {
+                for variant in naive_variants(all_variants) {
                     let key = KernelKey::from(Naive {
                         entry,
                         head_dim: d,

@@ -102,10 +102,11 @@ impl Implementation {
         matches!(self, Implementation::Numpy | Implementation::Torch)
     }
 
-    /// Whether it draws a dropout mask (docs/dropout.md): the wgpu flash
-    /// kernels and the CPU backend (not the naive baseline, not CUDA).
+    /// Whether it draws a dropout mask (docs/dropout.md): the wgpu kernels
+    /// (flash and naive) and the CPU backend (not CUDA, not the outside
+    /// baselines).
     pub fn takes_dropout(self) -> bool {
-        (self.on_gpu() && self != Implementation::Naive) || self == Implementation::Cpu
+        self.on_gpu() || self == Implementation::Cpu
     }
 }
 
@@ -688,6 +689,7 @@ mod tests {
                 Implementation::Flash,
                 Implementation::Naive,
                 Implementation::Cpu,
+                Implementation::Cuda,
             ],
             seqlens: vec![256],
             head_dims: vec![64],
@@ -699,9 +701,16 @@ mod tests {
         }
         .cases();
         let with: Vec<_> = m.iter().filter(|c| c.dropout > 0.0).collect();
-        assert_eq!(m.len(), 5);
+        assert_eq!(m.len(), 7);
         let takers: Vec<_> = with.iter().map(|c| c.implementation).collect();
-        assert_eq!(takers, [Implementation::Flash, Implementation::Cpu]);
+        assert_eq!(
+            takers,
+            [
+                Implementation::Flash,
+                Implementation::Naive,
+                Implementation::Cpu
+            ]
+        );
         assert!(with[0].options().dropout.is_active());
     }
 }

@@ -292,12 +292,11 @@ impl AttentionOptions {
 
     /// For paths that take the band and score options only (the naive
     /// baseline, the FP8 forward): `Unsupported` naming the first layout
-    /// given, or dropout.
+    /// given. Dropout is not a layout: see [`AttentionOptions::no_dropout`].
     pub fn band_only(&self, what: &'static str) -> Result<()> {
         refuse(
             what,
             [
-                (self.dropout.is_active(), "dropout"),
                 (self.varlen.is_some(), "packed (varlen) batches"),
                 (self.alibi.is_some(), "ALiBi"),
                 (self.sinks.is_some(), "attention sinks"),

@@ -1,7 +1,9 @@
 //! The naive baseline's own kernels (`naive_fwd.wgsl`, `naive_bwd.wgsl`):
 //! the softmax over a stored S, dS from stored P and dP, the transposes that
 //! let the tuned matmul compute dK and dV, and a plain dK/dV kernel for GQA.
-//! Its products are [`super::matmul`] kernels.
+//! Its products are [`super::matmul`] kernels. With dropout (the variant's
+//! `HAS_DROPOUT`) the softmax and dS kernels redraw the keep bits where they
+//! store P, so no kernel stores a mask (docs/dropout.md).
 
 use super::compose::{binding, Access, Composer, KernelSource, Variant};
 use super::params::Params;
@@ -19,15 +21,16 @@ pub const TILE: u32 = 16;
 /// Which naive kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NaiveEntry {
-    /// P = softmax(S) per row, LSE written.
+    /// P = softmax(S) per row, LSE written; with dropout, P ∘ keep stored.
     Softmax,
-    /// dS = P·(dP − rowsum(P·dP)) in place of dP.
+    /// dS = P·(dP' − rowsum(P·dP')) in place of dP, with dP' = dP ∘ keep /
+    /// (1 − p) under dropout, which also stores P ∘ keep in place of P.
     Ds,
     /// P transposed into S's buffer.
     TransposeP,
     /// dS transposed into P's buffer.
     TransposeDs,
-    /// dK, dV summed over each kv head's group.
+    /// dK, dV summed over each kv head's group (dV times 1 / (1 − p)).
     DkDv,
 }
 
@@ -119,10 +122,11 @@ impl Naive {
                 reads: rows * 3 * sk,
                 writes: rows * (sk + 1),
             },
-            // P and dP read twice, S once more with softcap.
+            // P and dP read twice, S once more with softcap; P ∘ keep
+            // written back with dropout.
             NaiveEntry::Ds => Accesses {
                 reads: rows * sk * (4 + self.variant.softcap as u64),
-                writes: rows * sk,
+                writes: rows * sk * (1 + self.variant.dropout as u64),
             },
             NaiveEntry::TransposeP | NaiveEntry::TransposeDs => Accesses {
                 reads: rows * sk,

@@ -3,7 +3,10 @@
 //! matmuls are the tuned matmuls that also measure the adapter's ceiling
 //! (tiled, or lanes on CPU adapters), so a comparison with flash isolates
 //! what tiling the softmax saves. It fails where the N×N buffers outgrow a
-//! storage binding — which is the point — and it never splits.
+//! storage binding — which is the point — and it never splits. Dropout adds
+//! no buffer: its row kernels redraw the keep bits where they store P (the
+//! forward's P·V and the backward's dV take P ∘ keep) and the products
+//! take `1 / (1 − p)` as their alpha (docs/dropout.md).
 
 use crate::api::inputs::ForwardInputs;
 use crate::api::options::AttentionOptions;
@@ -31,6 +34,8 @@ struct Problem<'a> {
     variant: Variant,
     /// The variant of plain kernels (products without the scores epilogue).
     plain: Variant,
+    /// Attention dropout: the row kernels draw the keep bits.
+    dropout: bool,
     /// Bytes of one N×N f32 buffer.
     nn: u64,
 }
@@ -43,7 +48,8 @@ impl<'a> Problem<'a> {
         opts: &'a AttentionOptions,
     ) -> Result<Self> {
         opts.validate_for(&shape)?;
-        // It materializes S for one dense batch with the band and softcap.
+        // It materializes S for one dense batch with the band, softcap and
+        // dropout.
         opts.band_only("the naive baseline")?;
         let storage = storage_kind(
             &PlanRequest::for_shape(&shape, precision, Default::default()),
@@ -72,16 +78,23 @@ impl<'a> Problem<'a> {
             params: Params::new(&Piece::whole(shape), opts)?,
             variant: gpu.variant(opts.mask(&shape).is_active(), opts.softcap_value() > 0.0),
             plain: gpu.variant(false, false),
+            dropout: opts.dropout.is_active(),
             nn,
             shape,
         })
     }
 
-    fn naive(&self, entry: NaiveEntry) -> Naive {
+    /// A naive kernel; `keep`: whether it draws dropout's keep bits (when
+    /// the call has dropout).
+    fn naive(&self, entry: NaiveEntry, keep: bool) -> Naive {
         let variant = if entry == NaiveEntry::Softmax || entry == NaiveEntry::Ds {
             self.variant
         } else {
             self.plain
+        };
+        let variant = Variant {
+            dropout: keep && self.dropout,
+            ..variant
         };
         Naive {
             entry,
@@ -96,11 +109,10 @@ impl<'a> Problem<'a> {
     fn step<'b>(
         &self,
         call: &mut Call,
-        entry: NaiveEntry,
+        kernel: Naive,
         buffers: Vec<(u32, &'b wgpu::Buffer)>,
         grid: [usize; 3],
     ) -> Result<Dispatch<'b>> {
-        let kernel = self.naive(entry);
         call.stats.accesses += kernel.accesses(&self.params);
         check_loops(
             call.gpu,
@@ -163,11 +175,20 @@ impl<'a> Problem<'a> {
         })
     }
 
-    /// S = scale·QKᵀ (soft-capped, masked), then P = softmax(S) and the LSE.
+    /// `1 / (1 − p)`, the alpha of the products over P ∘ keep (1 without
+    /// dropout, so those products are the ones without it).
+    fn keep_scale(&self) -> f32 {
+        self.opts.dropout.scale()
+    }
+
+    /// S = scale·QKᵀ (soft-capped, masked), then P = softmax(S) and the LSE;
+    /// `keep`: P is stored as P ∘ keep (the forward's, for P·V) rather than
+    /// whole (the backward's, which dS needs).
     fn softmax_steps<'b>(
         &self,
         call: &mut Call,
         b: &ScoreBuffers<'b>,
+        keep: bool,
     ) -> Result<Vec<Dispatch<'b>>> {
         let st = self.storage;
         let rows = self.shape.batch * self.shape.heads_q * self.shape.seqlen_q;
@@ -177,7 +198,7 @@ impl<'a> Problem<'a> {
             self.matmul(call, scores, b.q, b.k, b.s)?,
             self.step(
                 call,
-                NaiveEntry::Softmax,
+                self.naive(NaiveEntry::Softmax, keep),
                 vec![(binding::LSE, b.lse), (binding::S, b.s), (binding::P, b.p)],
                 [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
             )?,
@@ -238,9 +259,9 @@ pub async fn naive_forward(
         s: &sb,
         p: &pb,
     };
-    let mut steps = n.softmax_steps(&mut call, &scores)?;
+    let mut steps = n.softmax_steps(&mut call, &scores, true)?;
     let st = n.storage;
-    let nn = nn_params(&shape, shape.head_dim_v, 1.0);
+    let nn = nn_params(&shape, shape.head_dim_v, n.keep_scale());
     let pv = n.product(false, Epilogue::Scale, nn, [StorageKind::F32, st, st]);
     steps.push(n.matmul(&mut call, pv, &pb, &vb, &ob)?);
     call.run(&steps).await?;
@@ -288,7 +309,7 @@ pub async fn naive_backward(
         s: &b.s,
         p: &b.p,
     };
-    let mut steps = n.softmax_steps(&mut call, &scores)?;
+    let mut steps = n.softmax_steps(&mut call, &scores, false)?;
     steps.extend(grad_steps(&mut call, &n, &b)?);
     call.run(&steps).await?;
     drop(steps);
@@ -346,7 +367,7 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
         n.matmul(call, dp, &b.d_o, &b.v, &b.ds)?,
         n.step(
             call,
-            NaiveEntry::Ds,
+            n.naive(NaiveEntry::Ds, true),
             vec![(binding::S, &b.s), (binding::P, &b.p), (binding::DS, &b.ds)],
             [rows.div_ceil(ROWS_PER_GROUP as usize), 1, 1],
         )?,
@@ -367,30 +388,31 @@ fn grad_steps<'b>(call: &mut Call, n: &Problem, b: &'b Grads) -> Result<Vec<Disp
             shape.seqlen_k.div_ceil(TILE as usize),
             shape.batch * shape.heads_kv,
         ];
-        steps.push(n.step(call, NaiveEntry::DkDv, buffers, grid)?);
+        steps.push(n.step(call, n.naive(NaiveEntry::DkDv, true), buffers, grid)?);
         return Ok(steps);
     }
-    // dV = Pᵀ·dO and dK = scale·dSᵀ·Q: transpose (into the buffers of S and
-    // P, no longer needed), then the tuned matmul.
+    // dV = Pᵀ·dO (P ∘ keep, times 1 / (1 − p), with dropout) and
+    // dK = scale·dSᵀ·Q: transpose (into the buffers of S and P, no longer
+    // needed), then the tuned matmul.
     let elements = shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k;
     let groups = elements.div_ceil(ROWS_PER_GROUP as usize);
     let x = groups.min(call.gpu.max_groups() as usize);
     let grid = [x, groups.div_ceil(x), 1];
     steps.push(n.step(
         call,
-        NaiveEntry::TransposeP,
+        n.naive(NaiveEntry::TransposeP, false),
         vec![(binding::P, &b.p), (binding::S, &b.s)],
         grid,
     )?);
     steps.push(n.step(
         call,
-        NaiveEntry::TransposeDs,
+        n.naive(NaiveEntry::TransposeDs, false),
         vec![(binding::DS, &b.ds), (binding::P, &b.p)],
         grid,
     )?);
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     for (dim, alpha, a, x, c) in [
-        (dv, 1.0, &b.s, &b.d_o, &b.dv),
+        (dv, n.keep_scale(), &b.s, &b.d_o, &b.dv),
         (d, scale, &b.p, &b.q, &b.dk),
     ] {
         let tn = tn_params(shape, dim, alpha);
