@@ -343,3 +343,61 @@ fn ties_round_to_even_as_the_rule_says() {
         assert!(cache == expected_append(&before, &step), "{quant:?}");
     }
 }
+
+/// A step recorded into the app's encoder on a quantized device cache, q,
+/// the new rows, o and lse on ranges of the app's buffers: the host call's
+/// o and lse bytes, and its codes and scales in the cache.
+#[test]
+fn an_encoded_step_on_a_quantized_cache_gives_the_host_call_s_bytes() {
+    use common::arena::{sentinels, Arena};
+    let Some(e) = engine() else { return };
+    let case = common::decode::DecodeCase::new(&[37, 5], 32)
+        .heads(4, 2)
+        .paged(16)
+        .append(2);
+    let data = case.data();
+    let step = data.step();
+    let bytes = |t: &TensorData| t.as_host().as_bytes().to_vec();
+    for quant in CacheQuant::ALL {
+        let before = QuantKvCache::quantize(&data.cache, quant).unwrap();
+        let mut host = before.clone();
+        let expected = e
+            .decode_quantized_host(&mut host, &step, &case.opts, case.num_splits)
+            .unwrap();
+        let o = bytes(&expected.o.data);
+        let lse: Vec<u8> = bytemuck::cast_slice(&expected.lse).to_vec();
+        let (o_fill, lse_fill) = (sentinels(o.len() as u64), sentinels(lse.len() as u64));
+        let (q, k_new, v_new) = (bytes(&data.q), bytes(&data.k_new), bytes(&data.v_new));
+        let arena = Arena::new(
+            e,
+            &[
+                (0, &q),
+                (1, &o_fill),
+                (1, &lse_fill),
+                (0, &k_new),
+                (0, &v_new),
+            ],
+        );
+        let cache = e.upload_quantized_kv_cache(&before).unwrap();
+        let bindings =
+            flashattn::DecodeBindings::new(arena.binding(0), arena.binding(1), arena.binding(2))
+                .append(arena.binding(3), arena.binding(4));
+        let mut encoder = e.device().create_command_encoder(&Default::default());
+        e.encode_decode(
+            &mut encoder,
+            &cache,
+            &step.spec(),
+            &bindings,
+            &case.opts,
+            case.num_splits,
+        )
+        .unwrap();
+        let read = arena.submit_and_read(e, encoder);
+        let want = [&q, &o, &lse, &k_new, &v_new].map(|b| Some(&b[..]));
+        arena.holds(&read, &want);
+        assert!(
+            e.read_quantized_kv_cache(&cache).unwrap() == host,
+            "{quant:?}"
+        );
+    }
+}
