@@ -1683,13 +1683,24 @@ fn bench_decode_quick_prints_a_table_with_the_copy_bandwidth() {
         "cpu     int8      2     300 planner",
         "cpu     fp8       1      64 1",
         "int8 and fp8 rows: quantized caches",
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        backends
+            .contains("wgpu")
+            .then_some([
+                "wgpu    int8      2     300 planner",
+                "wgpu    fp8       1      64 1",
+            ])
+            .into_iter()
+            .flatten(),
+    ) {
         assert!(text.contains(needle), "missing {needle}: {text}");
     }
     let backends_n = backends.split(',').count();
-    // 2 batches × 2 lengths × 2 split modes, of 2 plain dtypes per backend
-    // and 2 quantized ones on the CPU backend alone.
-    let rows = 8 * (2 * backends_n + 2);
+    // 2 batches × 2 lengths × 2 split modes, of 2 plain and 2 quantized
+    // dtypes per backend.
+    let rows = 8 * 4 * backends_n;
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
