@@ -418,8 +418,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "no", conflicts_with = "decode")]
     pub causal: String,
     /// Dropout probabilities, comma-separated: each case runs at each, where
-    /// its implementation has dropout (the wgpu flash kernels and the CPU
-    /// backend), and the cost of dropout is reported against 0 measured in
+    /// its implementation has dropout (the wgpu flash kernels, the CPU
+    /// backend, the CUDA scalar and sm80 kernels), and the cost of dropout is reported against 0 measured in
     /// the same run.
     #[arg(long, default_value = "0", conflicts_with = "decode")]
     pub dropouts: String,

@@ -103,9 +103,17 @@ impl Implementation {
     }
 
     /// Whether it draws a dropout mask (docs/dropout.md): the wgpu flash
-    /// kernels and the CPU backend (not the naive baseline, not CUDA).
+    /// kernels, the CPU backend and the CUDA scalar and sm80 kernels (not
+    /// the naive baseline, not the Hopper forward).
     pub fn takes_dropout(self) -> bool {
-        (self.on_gpu() && self != Implementation::Naive) || self == Implementation::Cpu
+        (self.on_gpu() && self != Implementation::Naive)
+            || matches!(
+                self,
+                Implementation::Cpu
+                    | Implementation::Cuda
+                    | Implementation::CudaScalar
+                    | Implementation::CudaMma
+            )
     }
 }
 
