@@ -20,17 +20,17 @@
 #define PER_LANE ((BLOCK + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
 #define PAD (HEAD_DIM + 1)
 
-// P and dS of query row i against key j (already known to be allowed);
-// `slope` is ALiBi's (0 without).
-__device__ __forceinline__ void p_and_ds(const Problem& p, float slope, int i, int j, const float* q_row,
-                                         const float* k_row, const float* do_row, const float* v_row,
-                                         float lse_i, float delta_i, float* p_ij, float* ds_ij) {
+// P (dropped where not kept: dV's factor) and dS of query row i against
+// key j (already known to be allowed); `slope` is ALiBi's (0 without).
+__device__ __forceinline__ void p_and_ds(const Problem& p, const Dropout& D, bool kept, float slope, int i, int j,
+                                         const float* q_row, const float* k_row, const float* do_row,
+                                         const float* v_row, float lse_i, float delta_i, float* p_ij, float* ds_ij) {
     float dcap;
     const float s = with_alibi(p, slope, score(p, dot_rows(q_row, k_row), &dcap), i, j);
     // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
     const float pr = lse_i == NEG_INF ? 0.0f : expf(s - lse_i);
-    const float dp = dot_rows(do_row, v_row);
-    *p_ij = round_storage(pr);
+    const float dp = dropout_dp(D, dot_rows(do_row, v_row), kept);
+    *p_ij = round_storage(dropped(pr, kept));
     // dS w.r.t. the raw scaled score: the softcap's derivative included.
     *ds_ij = round_storage(pr * (dp - delta_i) * dcap);
 }
@@ -39,7 +39,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
 flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
                const float* __restrict__ lse, const float* __restrict__ delta,
-               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L) {
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L,
+               const Dropout D) {
     __shared__ float k_tile[BLOCK * PAD];
     __shared__ float v_tile[BLOCK * PAD];
     __shared__ float q_tile[BLOCK * PAD];
@@ -49,6 +50,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     __shared__ float ds_t[BLOCK * BLOCK];
     __shared__ float lse_tile[BLOCK];
     __shared__ float delta_tile[BLOCK];
+    __shared__ KeepTile<BLOCK, BLOCK> keep;  // [query row][key]
 
     const int n0 = blockIdx.x * BLOCK, hk = blockIdx.y;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
@@ -89,6 +91,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             lse_tile[r] = i < p.seqlen_q ? lse[e] : NEG_INF;
             delta_tile[r] = i < p.seqlen_q ? delta[e] : 0.0f;
         }
+        keep.fill(D, p.heads_q, seq.index, h, m0, n0);
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < PER_LANE; ++t) {
@@ -97,8 +100,8 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             float pr = 0.0f, ds = 0.0f;
             const int i = m0 + r;
             if (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)))
-                p_and_ds(p, slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
-                         &v_tile[jj * PAD], lse_tile[r], delta_tile[r], &pr, &ds);
+                p_and_ds(p, D, KEPT(keep, r, jj), slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD],
+                         &do_tile[r * PAD], &v_tile[jj * PAD], lse_tile[r], delta_tile[r], &pr, &ds);
             p_t[jj * BLOCK + r] = pr;
             ds_t[jj * BLOCK + r] = ds;
         }
@@ -121,7 +124,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const int col = lane + c * THREADS_PER_ROW;
         if (col < p.d) {
             dk[row + col] = store_f32(dk_acc[c] * p.scale);
-            dv[row + col] = store_f32(dv_acc[c]);
+            dv[row + col] = store_f32(keep_scaled(D, dv_acc[c]));
         }
     }
 }
@@ -130,12 +133,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
-             storage_t* __restrict__ dq, Problem p, const Layout L) {
+             storage_t* __restrict__ dq, Problem p, const Layout L, const Dropout D) {
     __shared__ float q_tile[BLOCK * PAD];
     __shared__ float do_tile[BLOCK * PAD];
     __shared__ float k_tile[BLOCK * PAD];
     __shared__ float v_tile[BLOCK * PAD];
     __shared__ float ds_tile[BLOCK * BLOCK];
+    __shared__ KeepTile<BLOCK, BLOCK> keep;
 
     const int m0 = blockIdx.x * BLOCK, h = blockIdx.y;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
@@ -170,6 +174,7 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         __syncthreads();
         load_tile(k_tile, BLOCK, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
         load_tile(v_tile, BLOCK, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        keep.fill(D, p.heads_q, seq.index, h, m0, n0);
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < PER_LANE; ++t) {
@@ -178,8 +183,8 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             float pr = 0.0f, ds = 0.0f;
             const int j = n0 + jj;
             if (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)))
-                p_and_ds(p, slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD], &do_tile[r * PAD],
-                         &v_tile[jj * PAD], lse_i, delta_i, &pr, &ds);
+                p_and_ds(p, D, KEPT(keep, r, jj), slope, i, j, &q_tile[r * PAD], &k_tile[jj * PAD],
+                         &do_tile[r * PAD], &v_tile[jj * PAD], lse_i, delta_i, &pr, &ds);
             ds_tile[r * BLOCK + jj] = ds;
         }
         __syncthreads();

@@ -30,20 +30,21 @@ __device__ __forceinline__ void zero_acc(float (&acc)[HEAD_DIM / 8][4]) {
     for (int c = 0; c < HEAD_DIM / 8; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 }
 
-// P and dS of query i against key j from the raw dot products s and dp
-// (0 where the band masks the pair; a partial tile's block mask is applied
-// after, by mask_pairs); in place. `slope` is ALiBi's (0 without).
-__device__ __forceinline__ void p_and_ds(const Problem& p, float slope, int i, int j, float lse_i,
-                                         float delta_i, float* s, float* dp) {
+// P (dropped where not kept: dV's factor) and dS of query i against key j
+// from the raw dot products s and dp (0 where the band masks the pair; a
+// partial tile's block mask is applied after, by mask_pairs); in place.
+// `slope` is ALiBi's (0 without).
+__device__ __forceinline__ void p_and_ds(const Problem& p, const Dropout& D, bool kept, float slope, int i, int j,
+                                         float lse_i, float delta_i, float* s, float* dp) {
     float pr = 0.0f, ds = 0.0f;
     if (allowed(p, i, j)) {
         float dcap;
         const float sc = with_alibi(p, slope, score(p, *s, &dcap), i, j);
         // lse = -inf: a row with no allowed key has no gradient (and exp would be inf).
         pr = lse_i == NEG_INF ? 0.0f : expf(sc - lse_i);
-        ds = pr * (*dp - delta_i) * dcap;
+        ds = pr * (dropout_dp(D, *dp, kept) - delta_i) * dcap;
     }
-    *s = pr;
+    *s = dropped(pr, kept);
     *dp = ds;
 }
 
@@ -89,8 +90,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
                const float* __restrict__ lse, const float* __restrict__ delta,
-               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L) {
+               storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L,
+               const Dropout D) {
     DYNAMIC_SMEM(smem);
+    __shared__ KeepTile<BLOCK_N, BLOCK_M> keep;  // [query row][key]
     storage_t* k_s = (storage_t*)smem;
     storage_t* v_s = k_s + BLOCK_M * ROW;
     storage_t* stages = v_s + BLOCK_M * ROW;
@@ -132,6 +135,9 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     for (int tile = 0; tile < tiles; ++tile) {
         if (tile + 1 < tiles) fetch(tile + 1);
         cp_async_commit();
+        // Dropout's keep bits while the copies fly (without it, nothing).
+        keep.fill(D, p.heads_q, seq.index, hk * group + group_step_head(L, steps, tile),
+                  group_step_start(L, steps, tile, BLOCK_N), n0);
         cp_async_wait<1>();
         __syncthreads();
         const storage_t* q_t = stages + (tile % 2) * STAGE;
@@ -155,7 +161,8 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                 const int i = m0 + c * 8 + 2 * t + e % 2;
                 const size_t at_i = lse_at(seq, h, i);
                 const bool in = i < p.seqlen_q;
-                p_and_ds(p, slope, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
+                const bool kept = KEPT(keep, i - m0, j0 + 8 * (e / 2) - n0);
+                p_and_ds(p, D, kept, slope, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
                          &s[c][e], &dp[c][e]);
             }
         if (partial) mask_pairs<true>(L, seq, h, j0, m0, s, dp);
@@ -165,15 +172,16 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     }
     cp_async_wait<0>();
     store_rows(dk, dk_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, p.scale);
-    store_rows(dv, dv_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, 1.0f);
+    store_rows(dv, dv_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, keep_scaled(D, 1.0f));
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
-             storage_t* __restrict__ dq, Problem p, const Layout L) {
+             storage_t* __restrict__ dq, Problem p, const Layout L, const Dropout D) {
     DYNAMIC_SMEM(smem);
+    __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;
     storage_t* q_s = (storage_t*)smem;
     storage_t* do_s = q_s + BLOCK_M * ROW;
     storage_t* stages = do_s + BLOCK_M * ROW;
@@ -220,6 +228,7 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     for (int tile = 0; tile < tiles; ++tile) {
         if (tile + 1 < tiles) fetch(tile + 1);
         cp_async_commit();
+        keep.fill(D, p.heads_q, seq.index, h, m0, step_start(L, steps, tile, BLOCK_N));  // while the copies fly
         cp_async_wait<1>();
         __syncthreads();
         const storage_t* k_t = stages + (tile % 2) * STAGE;
@@ -237,8 +246,8 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                p_and_ds(p, slope, r0 + 8 * (e / 2), n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2],
-                         &s[c][e], &dp[c][e]);
+                p_and_ds(p, D, KEPT(keep, r0 + 8 * (e / 2) - m0, c * 8 + 2 * t + e % 2), slope, r0 + 8 * (e / 2),
+                         n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2], &s[c][e], &dp[c][e]);
         if (partial) mask_pairs<false>(L, seq, h, r0, n0, s, dp);
         mma_pv<BLOCK_N, HEAD_DIM>(dq_acc, dp, k_t);
         __syncthreads();

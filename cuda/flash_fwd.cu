@@ -23,14 +23,24 @@ __device__ __forceinline__ float row_sum(float x) {
     return x;
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK_M * THREADS_PER_ROW)
+// With dropout, a minimum of 4 blocks per SM (at most 128 registers a
+// thread): left to itself, sm_90's ptxas caps this kernel at 80 registers,
+// and the Philox rounds beside the accumulators spill at d 64.
+#if HAS_DROPOUT
+#define FORWARD_BOUNDS __launch_bounds__(BLOCK_M * THREADS_PER_ROW, 4)
+#else
+#define FORWARD_BOUNDS __launch_bounds__(BLOCK_M * THREADS_PER_ROW)
+#endif
+
+extern "C" __global__ void FORWARD_BOUNDS
 flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
           const storage_t* __restrict__ v, storage_t* __restrict__ o, float* __restrict__ lse,
-          Problem p, const Layout L) {
+          Problem p, const Layout L, const Dropout D) {
     __shared__ float q_tile[BLOCK_M * PAD];
     // K, then V of the same block (one buffer: a block needs them in turn).
     __shared__ float kv_tile[BLOCK_N * PAD];
     __shared__ float p_tile[BLOCK_M * BLOCK_N];
+    __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;
 
     const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
@@ -60,6 +70,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const bool partial = step_partial(L, steps, step);
         __syncthreads();  // the previous block's V is no longer read
         load_tile(kv_tile, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        keep.fill(D, p.heads_q, seq.index, h, m0, n0);
         __syncthreads();
 
         float s[KEYS_PER_LANE];
@@ -85,7 +96,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             const int jj = lane + t * THREADS_PER_ROW;
             const float pj = s[t] == NEG_INF ? 0.0f : expf(s[t] - m_new);
             sum += pj;  // the sums take P unrounded, as the CPU backend's do
-            if (jj < BLOCK_N) p_tile[r * BLOCK_N + jj] = round_storage(pj);
+            if (jj < BLOCK_N) p_tile[r * BLOCK_N + jj] = round_storage(dropped(pj, KEPT(keep, r, jj)));
         }
         l = l * alpha + row_sum(sum);
         m = m_new;
@@ -107,6 +118,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
     float inv_l, row_lse;
     finish_row(m, l, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
+    inv_l = keep_scaled(D, inv_l);
     const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
 #pragma unroll
     for (int c = 0; c < COLS; ++c) {

@@ -20,8 +20,9 @@ static_assert((BLOCK_M + 2 * STAGE / ROW) * ROW * 2 == SMEM_BYTES,
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
           const storage_t* __restrict__ v, storage_t* __restrict__ o, float* __restrict__ lse,
-          Problem p, const Layout L) {
+          Problem p, const Layout L, const Dropout D) {
     DYNAMIC_SMEM(smem);
+    __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;
     storage_t* q_s = (storage_t*)smem;
     storage_t* kv_s = q_s + BLOCK_M * ROW;
 
@@ -60,6 +61,9 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     for (int tile = 0; tile < tiles; ++tile) {
         if (tile + 1 < tiles) fetch(tile + 1);
         cp_async_commit();
+        // Dropout's keep bits while the copies fly (without it, nothing:
+        // the tile's start is read after the barrier, as it always was).
+        keep.fill(D, p.heads_q, seq.index, h, m0, step_start(L, steps, tile, BLOCK_N));
         cp_async_wait<1>();  // this tile's group (and Q's) landed
         __syncthreads();
         const storage_t* k_s = kv_s + (tile % 2) * STAGE;
@@ -91,7 +95,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             for (int e = 0; e < 4; ++e) {
                 const float pj = s[c][e] == NEG_INF ? 0.0f : expf(s[c][e] - m[e / 2]);
                 l[e / 2] += pj;  // the sums take P unrounded, as the scalar kernel's do
-                s[c][e] = pj;
+                s[c][e] = dropped(pj, KEPT(keep, warp * 16 + lane / 4 + 8 * (e / 2), c * 8 + 2 * t + e % 2));
             }
 #pragma unroll
         for (int c = 0; c < HEAD_DIM / 8; ++c)
@@ -110,6 +114,7 @@ flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
         float inv_l, row_lse;
         finish_row(m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
+        inv_l = keep_scaled(D, inv_l);
         const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
 #pragma unroll
         for (int c = 0; c < HEAD_DIM / 8; ++c)

@@ -1,8 +1,8 @@
 // Philox4x32-10 and dropout's keep bit: the same values as src/philox.rs,
 // src/api/dropout.rs and shaders/philox.wgsl, bit for bit
-// (docs/dropout.md has the mapping). Device functions only; the host
+// (docs/dropout.md has the mapping). Device functions only, put before
+// cuda/dropout.cuh in every kernel's source by src/cuda/kernel.rs; the host
 // emulation (cuda/emulate/host.h) compiles them as plain C++.
-#pragma once
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u

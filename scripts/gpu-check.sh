@@ -70,8 +70,8 @@ LIMIT_ENV=10 LIMIT_WARM=28 LIMIT_SMOKE=30 LIMIT_JIT=32 LIMIT_SANITIZE=50
 BOUNDED_WAIT_MS=4000
 
 # The accuracy tests of tests/cuda.rs (libtest's filters, any of them).
-ACCURACY_TESTS=(forward_meets backward_meets layouts_meet layouts_backward decoding_matches
-  what_stays f16_and_bf16_run)
+ACCURACY_TESTS=(forward_meets backward_meets layouts_meet layouts_backward dropout_meets
+  decoding_matches what_stays f16_and_bf16_run)
 # The benchmarks' arguments (run and the dry mode's argument check).
 BENCH_SHAPE=(--batch 4 --heads 16 --repeats 3 --causal both --head-dims 64,128)
 bench_cuda_forward() {

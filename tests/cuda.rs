@@ -24,9 +24,9 @@
 //! the device and its toolchain, the PTX cache warmed, the Hopper smoke
 //! test, the driver's build of the main variants, tiny cases for
 //! compute-sanitizer, the accuracy matrix and the layouts' cases (ALiBi,
-//! sinks, block masks, packed batches, all at once), bit-identical backward
-//! repeats (dsinks too), decoding on host caches, and what stays
-//! Unsupported.
+//! sinks, block masks, packed batches, all at once), dropout's cases
+//! (p = 0 bit-identical to none), bit-identical backward repeats (dsinks
+//! too), decoding on host caches, and what stays Unsupported.
 //!
 //! A test that cannot run here (no driver, no NVRTC, no C++ compiler) is
 //! waived, not passed: it prints `WAIVED <test>: <why>` past the harness's
@@ -148,6 +148,8 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
     flashattn::cuda::takes(&workload(Operation::Attention, alibi.clone())).unwrap();
     flashattn::cuda::takes(&workload(Operation::Decode, AttentionOptions::default())).unwrap();
     flashattn::cuda::takes(&workload(Operation::Decode, alibi)).unwrap();
+    let dropout = AttentionOptions::default().dropout(0.1).dropout_seed(7);
+    flashattn::cuda::takes(&workload(Operation::Attention, dropout.clone())).unwrap();
     let mask = flashattn::BlockMask::new([1, 1, 1, 1], (64, 64), &[1]).unwrap();
     for (operation, opts) in [
         (Operation::Fp8, AttentionOptions::default()),
@@ -155,6 +157,7 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
             Operation::Decode,
             AttentionOptions::default().block_mask(mask),
         ),
+        (Operation::Decode, dropout),
     ] {
         assert!(matches!(
             flashattn::cuda::takes(&workload(operation, opts)),
@@ -531,6 +534,7 @@ fn typical_plan(
         softcap: false,
         layouts: false,
         positive_scale: true,
+        dropout: false,
     };
     flashattn::cuda::plan::plan(props, &problem, path).unwrap()
 }
@@ -698,6 +702,94 @@ fn layouts_backward_meets_the_accuracy_rule_and_repeats_bit_for_bit() {
     for (path, cuda) in paths(cuda) {
         eprintln!("layouts backward on the {path:?} path");
         backward_cases(path, &cuda, layout_cases());
+    }
+}
+
+/// Dropout's cases: odd sizes, causal and windows with GQA/MQA, softcap,
+/// the layouts (a packed batch with empty sequences, ALiBi with sinks, a
+/// block mask), an offset whose low word carries, in every storage
+/// precision and on both sides of d 128 (the sm80 and scalar kernels).
+fn dropout_cases() -> Vec<common::Case> {
+    use common::{block_mask, causal, window, Case};
+    use flashattn::{Alibi, Sinks};
+    let drop = |o: AttentionOptions, p: f32, seed: u64| {
+        o.dropout(p)
+            .dropout_seed(seed)
+            .dropout_offset((1 << 32) - 3)
+    };
+    let sparse = Case::new(67, 83, 32).heads(4, 2);
+    let mask = block_mask(&sparse, (7, 13), 0.5, 4, 3);
+    let mut cases = Vec::new();
+    for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
+        cases.extend([
+            Case::new(77, 77, 64).precision(precision).opts(drop(
+                AttentionOptions::default(),
+                0.1,
+                1,
+            )),
+            Case::new(90, 33, 40)
+                .heads(4, 2)
+                .batch(2)
+                .precision(precision)
+                .opts(drop(causal(), 0.3, 2)),
+            Case::new(61, 130, 128)
+                .heads(4, 1)
+                .precision(precision)
+                .opts(drop(window(9, 3).softcap(5.0), 0.2, 3)),
+            Case::new(45, 70, 200)
+                .heads(2, 2)
+                .precision(precision)
+                .opts(drop(causal(), 0.5, 4)),
+            Case::new(1, 1, 64)
+                .heads(4, 2)
+                .varlen(&[9, 0, 37, 50], &[14, 23, 0, 31])
+                .precision(precision)
+                .opts(drop(causal(), 0.25, 5)),
+            Case::new(53, 61, 64)
+                .heads(4, 2)
+                .precision(precision)
+                .opts(drop(
+                    AttentionOptions::default()
+                        .alibi(Alibi::standard(4))
+                        .sinks(Sinks::new(&[0.5, -1.0, 1.5, 0.0])),
+                    0.2,
+                    6,
+                )),
+            sparse.clone().precision(precision).opts(drop(
+                causal().block_mask(mask.clone()),
+                0.2,
+                7,
+            )),
+        ]);
+    }
+    cases
+}
+
+/// Dropout on the device, forward and backward on each path (the Hopper
+/// path runs the sm80 forward for it; forced, it is `Unsupported`), under
+/// the rule against the f64 reference drawing the same mask, the backward
+/// repeating bit for bit; p = 0 is bit-identical to no dropout.
+#[test]
+fn dropout_meets_the_accuracy_rule_and_repeats_bit_for_bit_on_the_device() {
+    let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        let case = common::Case::new(45, 70, 64).f16();
+        let inputs = case.inputs();
+        let [q, k, v] = inputs.views();
+        let run = |opts: &AttentionOptions| cuda.forward(&ForwardInputs::new(q, k, v), opts);
+        if path == KernelPath::Hopper {
+            let out = run(&dropout_cases()[0].opts);
+            assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
+            continue;
+        }
+        let zero = AttentionOptions::default().dropout(0.0).dropout_seed(3);
+        let (with, without) = (
+            run(&zero).unwrap(),
+            run(&AttentionOptions::default()).unwrap(),
+        );
+        assert_eq!((&with.o, &with.lse), (&without.o, &without.lse), "{path:?}");
+        forward_cases(path, &cuda, dropout_cases());
+        backward_cases(path, &cuda, dropout_cases());
     }
 }
 
@@ -948,6 +1040,97 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Dropout's variants under the same emulation (the scalar and sm80
+/// forwards and backwards; the Hopper forward has none, the plan sends
+/// dropout to the sm80 one): check.cpp's cases against its double
+/// reference drawing the same mask (GQA, head dims below the compiled one,
+/// lengths off the tiles, causal windows, rows with no key; the layouts on
+/// the scalar forward and the sm80 backward: a packed batch's sequences
+/// draw their own streams), then the mask each kernel implies (check.cpp's
+/// `mask`: read off o, dQ and dV) against [`flashattn::dropout_mask`] bit
+/// for bit, from an offset whose low word carries within the problem.
+#[test]
+fn dropout_kernels_match_a_double_reference_and_the_mask_under_host_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (family, precision, d, softcap, layouts) in [
+        (Family::Forward, Precision::F32, 64, false, true),
+        (Family::Backward, Precision::F16, 64, true, false),
+        (Family::ForwardMma, Precision::Bf16, 128, false, false),
+        (Family::BackwardMma, Precision::F16, 96, true, true),
+    ] {
+        let key = KernelKey::new(family, precision, d, true, softcap).with_dropout(true);
+        let exe = build_emulation(&cxx, dir.path(), &key, layouts, &[]);
+        let (report, passed) = run_emulation(&exe, &[]);
+        if !passed {
+            failures.push(format!("{}:\n{report}", key.label()));
+        }
+        failures.extend(implied_mask_faults(&exe, &key));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// check.cpp's `mask` on an emulation build of a dropout variant against
+/// `dropout_mask`: a line naming each output whose implied mask differs.
+fn implied_mask_faults(exe: &Path, key: &KernelKey) -> Vec<String> {
+    let d = key.head_dim;
+    let (sq, sk, hq, hkv, batch) = (d - 3, d - 11, 4, 2, 2);
+    let (p, seed, offset) = (0.3f32, 0x0123_4567_89ab_cdefu64, (1u64 << 32) - 5);
+    let args = [sq, sk, hq, hkv, batch].map(|n| n.to_string());
+    let ran = Command::new(exe)
+        .arg("mask")
+        .args(args)
+        .args([p.to_string(), seed.to_string(), offset.to_string()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout);
+    let opts = AttentionOptions::default()
+        .dropout(p)
+        .dropout_seed(seed)
+        .dropout_offset(offset);
+    let shape = AttentionShape::new(batch, sq, sk, hq, hkv, d).unwrap();
+    let want: String = flashattn::dropout_mask(&shape, &opts)
+        .unwrap()
+        .keep
+        .iter()
+        .map(|&k| if k { '1' } else { '0' })
+        .collect();
+    let names: &[&str] = if key.family.is_forward() {
+        &["fwd"]
+    } else {
+        &["dq", "dv"]
+    };
+    let mut faults = Vec::new();
+    for name in names {
+        let got = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or("");
+        let wrong = got
+            .chars()
+            .zip(want.chars())
+            .filter(|(a, b)| a != b)
+            .count();
+        let kept = got.chars().filter(|&c| c == '1').count();
+        eprintln!(
+            "{} {name}: implied mask of {} pairs, {kept} kept, {wrong} unlike dropout_mask's",
+            key.label(),
+            got.len()
+        );
+        if got.len() != want.len() || wrong > 0 || !ran.status.success() {
+            faults.push(format!(
+                "{} {name}: {wrong} of {} pairs unlike dropout_mask's ({} printed; {})",
+                key.label(),
+                want.len(),
+                got.len(),
+                String::from_utf8_lossy(&ran.stderr)
+            ));
+        }
+    }
+    faults
+}
+
 /// One of the Hopper smoke test's shapes (scripts/gpu-check.sh's step 3),
 /// run on the device and, by check.cpp, under host emulation.
 struct Smoke {
@@ -1157,6 +1340,10 @@ fn tiny_cases_for_the_sanitizer() {
         Case::new(9, 31, 64)
             .bf16()
             .opts(AttentionOptions::default().sinks(flashattn::Sinks::new(&[0.5, -1.0]))),
+        Case::new(33, 47, 64)
+            .heads(2, 1)
+            .bf16()
+            .opts(causal().dropout(0.2).dropout_seed(5)),
     ];
     forward_cases(cuda.kernel_path(), &cuda, cases.clone());
     backward_cases(cuda.kernel_path(), &cuda, cases);

@@ -419,8 +419,8 @@ pub struct BenchArgs {
     pub causal: String,
     /// Dropout probabilities, comma-separated: each case runs at each, where
     /// its implementation has dropout (the wgpu kernels, flash and naive,
-    /// and the CPU backend), and the cost of dropout is reported against 0
-    /// measured in the same run.
+    /// the CPU backend, the CUDA scalar and sm80 kernels), and the cost of
+    /// dropout is reported against 0 measured in the same run.
     #[arg(long, default_value = "0", conflicts_with = "decode")]
     pub dropouts: String,
     #[arg(long, default_value_t = 1, conflicts_with = "decode")]

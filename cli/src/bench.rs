@@ -103,10 +103,17 @@ impl Implementation {
     }
 
     /// Whether it draws a dropout mask (docs/dropout.md): the wgpu kernels
-    /// (flash and naive) and the CPU backend (not CUDA, not the outside
-    /// baselines).
+    /// (flash and naive), the CPU backend and the CUDA scalar and sm80
+    /// kernels (not the outside baselines).
     pub fn takes_dropout(self) -> bool {
-        self.on_gpu() || self == Implementation::Cpu
+        self.on_gpu()
+            || matches!(
+                self,
+                Implementation::Cpu
+                    | Implementation::Cuda
+                    | Implementation::CudaScalar
+                    | Implementation::CudaMma
+            )
     }
 }
 
@@ -690,6 +697,7 @@ mod tests {
                 Implementation::Naive,
                 Implementation::Cpu,
                 Implementation::Cuda,
+                Implementation::Torch,
             ],
             seqlens: vec![256],
             head_dims: vec![64],
@@ -701,14 +709,15 @@ mod tests {
         }
         .cases();
         let with: Vec<_> = m.iter().filter(|c| c.dropout > 0.0).collect();
-        assert_eq!(m.len(), 7);
+        assert_eq!(m.len(), 9);
         let takers: Vec<_> = with.iter().map(|c| c.implementation).collect();
         assert_eq!(
             takers,
             [
                 Implementation::Flash,
                 Implementation::Naive,
-                Implementation::Cpu
+                Implementation::Cpu,
+                Implementation::Cuda
             ]
         );
         assert!(with[0].options().dropout.is_active());

@@ -4,7 +4,9 @@
 // allowed key) and then, where LAYOUT_CASES is 1 (tests/cuda.rs's
 // choice), the run-time layouts (ALiBi, sinks, a block mask with the tile
 // lists the kernels walk, a packed batch, all at once), and compares them with attention computed here in double, with its own
-// mask, bias, sink and tile rules. Exit status 1 on a mismatch.
+// mask, bias, sink and tile rules; the dropout variants draw every case's mask too, and the reference takes the same
+// one (cuda/philox.cuh's keep bit, tested against the Rust mask bit for bit by tests/dropout.rs). Exit status 1 on
+// a mismatch. `mask` prints the mask the kernels imply instead (implied_mask below).
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static float uniform() {  // in [-1, 1)
@@ -86,6 +88,23 @@ struct Case {
 #define INNER BLOCK
 #endif
 
+// The kernels' Dropout of (p, seed, offset), as src/cuda/problem.rs makes it.
+static Dropout dropout_args(double p, unsigned long long seed, unsigned long long offset) {
+    return Dropout{(unsigned)seed, (unsigned)(seed >> 32), (unsigned)offset, (unsigned)(offset >> 32),
+                   (unsigned)std::llround((double)(float)p * 65536.0), (float)(1.0 / (1.0 - (double)(float)p))};
+}
+
+// Whether pair (i, j) of sequence b, query head h of `heads` is kept under D.
+static bool keeps(const Dropout& D, int heads, int b, int h, int i, int j) {
+    const unsigned long long stream = ((unsigned long long)D.stream1 << 32 | D.stream0) + (unsigned long long)b * heads + h;
+    return dropout_keeps(D.key0, D.key1, (unsigned)stream, (unsigned)(stream >> 32), D.threshold, i, j);
+}
+
+// The dropout variants' cases: p = 0.3, and an offset whose low word carries
+// into the high one within the problem's streams.
+static const double case_p = HAS_DROPOUT ? 0.3 : 0.0;
+static const Dropout case_dropout = HAS_DROPOUT ? dropout_args(case_p, 0x9e3779b97f4a7c15ull, 0xfffffffdull) : Dropout{};
+
 static int run(const Case& cs) {
     const int HQ = cs.hq, HKV = cs.hkv, group = HQ / HKV, d = cs.d;
     const bool packed = !cs.lens_q.empty();
@@ -136,6 +155,11 @@ static int run(const Case& cs) {
     };
     auto qi = [&](int b, int i, int h) { return (((size_t)q0[b] + i) * HQ + h) * d; };
     auto kj = [&](int b, int j, int h) { return (((size_t)k0[b] + j) * HKV + h) * d; };
+    const Dropout drop = case_dropout;
+    // P·V's factor of a pair: keep / (1 - p), 1 without dropout.
+    auto factor = [&](int b, int h, int i, int j) {
+        return HAS_DROPOUT ? (keeps(drop, HQ, b, h, i, j) ? 1.0 / (1.0 - case_p) : 0.0) : 1.0;
+    };
 
     std::vector<double> o_ref(q.value.size(), 0.0), lse_ref((size_t)HQ * total_q);
     std::vector<double> dq_ref(q.value.size(), 0.0), dk_ref(k.value.size(), 0.0), dv_ref(v.value.size(), 0.0);
@@ -169,7 +193,7 @@ static int run(const Case& cs) {
                 for (int j = 0; j < lk[b]; ++j)
                     if (ok[j])
                         for (int c = 0; c < d; ++c)
-                            o_ref[qi(b, i, h) + c] += std::exp(s[j] - lse) * v.value[kj(b, j, hk) + c];
+                            o_ref[qi(b, i, h) + c] += std::exp(s[j] - lse) * factor(b, h, i, j) * v.value[kj(b, j, hk) + c];
                 if (IS_FORWARD) continue;  // the gradients' reference only for the backward
                 double D = 0;
                 for (int c = 0; c < d; ++c) D += o_ref[qi(b, i, h) + c] * d_o.value[qi(b, i, h) + c];
@@ -178,11 +202,12 @@ static int run(const Case& cs) {
                     const double P = std::exp(s[j] - lse);
                     double dP = 0;
                     for (int c = 0; c < d; ++c) dP += (double)d_o.value[qi(b, i, h) + c] * v.value[kj(b, j, hk) + c];
-                    const double dS = P * (dP - D) * cap[j] * p.scale;
+                    const double f = factor(b, h, i, j);
+                    const double dS = P * (dP * f - D) * cap[j] * p.scale;
                     for (int c = 0; c < d; ++c) {
                         dq_ref[qi(b, i, h) + c] += dS * k.value[kj(b, j, hk) + c];
                         dk_ref[kj(b, j, hk) + c] += dS * q.value[qi(b, i, h) + c];
-                        dv_ref[kj(b, j, hk) + c] += P * d_o.value[qi(b, i, h) + c];
+                        dv_ref[kj(b, j, hk) + c] += P * f * d_o.value[qi(b, i, h) + c];
                     }
                 }
             }
@@ -269,7 +294,7 @@ static int run(const Case& cs) {
            SMEM_BYTES);
 #else
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
-           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L); },
+           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },
            SMEM_BYTES);
 #endif
     failed += report("o", rel_error(widen(o), o_ref));
@@ -296,14 +321,14 @@ static int run(const Case& cs) {
         Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,
         [&] {
             flash_bwd_dkdv(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                           delta.data(), dk.data(), dv.data(), p, Lk);
+                           delta.data(), dk.data(), dv.data(), p, Lk, drop);
         },
         SMEM_BYTES);
     launch(
         Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
         [&] {
             flash_bwd_dq(q.stored.data(), k.stored.data(), v.stored.data(), d_o.stored.data(), lse.data(),
-                         delta.data(), dq.data(), p, Lq);
+                         delta.data(), dq.data(), p, Lq, drop);
         },
         SMEM_BYTES);
     failed += report("dq", rel_error(widen(dq), dq_ref));
@@ -463,6 +488,84 @@ static int deadlock() {
 }
 #endif
 
+#if !IS_WGMMA
+// `mask sq sk hq hkv batch p seed offset`: the mask the kernels imply, read
+// off their outputs, one line of 0/1 per output in (batch, query head,
+// row, key) order (tests/cuda.rs compares them with flashattn's
+// dropout_mask). Every score is 0 (q = 0), so P = 1 / sk on every pair, and
+// one-hot rows make each output entry one pair's: the forward's o[i][j] =
+// keep_ij / (1 - p) / sk (v_j = e_j), the backward's dq[i][j] = scale *
+// keep_ij / (1 - p) / sk (k_j = e_j, v all ones, dO_i = e_i, o = 0 so D =
+// 0) and dv[j][i] = keep_ij / (1 - p) / sk, one query head of each group
+// at a time (dO is 0 on the others). Needs sq, sk <= HEAD_DIM.
+static int implied_mask(int argc, char** argv) {
+    if (argc != 10) return 2;
+    const int sq = std::atoi(argv[2]), sk = std::atoi(argv[3]), HQ = std::atoi(argv[4]), HKV = std::atoi(argv[5]),
+              B = std::atoi(argv[6]), d = HEAD_DIM, group = HQ / HKV;
+    if (sq > d || sk > d) return 2;
+    const Dropout drop = dropout_args(std::atof(argv[7]), std::strtoull(argv[8], nullptr, 0), std::strtoull(argv[9], nullptr, 0));
+    const Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, -1, -1};
+    const Layout L{};
+    const storage_t zero = store_f32(0.0f), one = store_f32(1.0f);
+    auto qi = [&](int b, int i, int h) { return (((size_t)b * sq + i) * HQ + h) * d; };
+    auto kj = [&](int b, int j, int h) { return (((size_t)b * sk + j) * HKV + h) * d; };
+    auto mask_at = [&](int b, int h, int i, int j) { return (((size_t)b * HQ + h) * sq + i) * sk + j; };
+    std::vector<storage_t> q((size_t)B * sq * HQ * d, zero), onehot_k((size_t)B * sk * HKV * d, zero);
+    for (int b = 0; b < B; ++b)
+        for (int j = 0; j < sk; ++j)
+            for (int h = 0; h < HKV; ++h) onehot_k[kj(b, j, h) + j] = one;
+    auto blocks = [](int n) { return (unsigned)std::max(1, (n + BLOCK_ROWS - 1) / BLOCK_ROWS); };
+    auto print = [](const char* what, const std::vector<char>& bits) {
+        std::printf("%s ", what);
+        std::fwrite(bits.data(), 1, bits.size(), stdout);
+        std::printf("\n");
+    };
+#if IS_FORWARD
+    std::vector<storage_t> o(q.size());
+    std::vector<float> lse((size_t)B * HQ * sq);
+    launch(Dim{blocks(sq), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
+           [&] { flash_fwd(q.data(), q.data(), onehot_k.data(), o.data(), lse.data(), p, L, drop); }, SMEM_BYTES);
+    std::vector<char> fwd((size_t)B * HQ * sq * sk);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < HQ; ++h)
+            for (int i = 0; i < sq; ++i)
+                for (int j = 0; j < sk; ++j) fwd[mask_at(b, h, i, j)] = load_f32(o[qi(b, i, h) + j]) != 0.0f ? '1' : '0';
+    print("fwd", fwd);
+#else
+    std::vector<storage_t> ones((size_t)B * sk * HKV * d, one), d_o(q.size()), dq(q.size()), dk(ones.size()),
+        dv(ones.size());
+    std::vector<float> lse((size_t)B * HQ * sq, std::log((float)sk)), delta(lse.size(), 0.0f);
+    std::vector<char> dq_bits((size_t)B * HQ * sq * sk), dv_bits(dq_bits.size());
+    for (int g = 0; g < group; ++g) {
+        for (int b = 0; b < B; ++b)
+            for (int i = 0; i < sq; ++i)
+                for (int h = 0; h < HQ; ++h)
+                    for (int c = 0; c < d; ++c) d_o[qi(b, i, h) + c] = h % group == g && c == i ? one : zero;
+        launch(Dim{blocks(sk), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS, [&] {
+            flash_bwd_dkdv(q.data(), onehot_k.data(), ones.data(), d_o.data(), lse.data(), delta.data(), dk.data(),
+                           dv.data(), p, L, drop);
+        }, SMEM_BYTES);
+        launch(Dim{blocks(sq), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS, [&] {
+            flash_bwd_dq(q.data(), onehot_k.data(), ones.data(), d_o.data(), lse.data(), delta.data(), dq.data(), p,
+                         L, drop);
+        }, SMEM_BYTES);
+        for (int b = 0; b < B; ++b)
+            for (int hk = 0; hk < HKV; ++hk) {
+                const int h = hk * group + g;
+                for (int i = 0; i < sq; ++i)
+                    for (int j = 0; j < sk; ++j) {
+                        dq_bits[mask_at(b, h, i, j)] = load_f32(dq[qi(b, i, h) + j]) != 0.0f ? '1' : '0';
+                        dv_bits[mask_at(b, h, i, j)] = load_f32(dv[kj(b, j, hk) + i]) != 0.0f ? '1' : '0';
+                    }
+            }
+    }
+    print("dq", dq_bits);
+    print("dv", dv_bits);
+#endif
+    return 0;
+}
+#endif
+
 // `cases` then groups of nine: name sq sk left right d hq hkv batch (the
 // GPU checks' Hopper smoke cases, tests/cuda.rs), run instead of the
 // built-in ones.
@@ -479,6 +582,9 @@ static int listed_cases(int argc, char** argv) {
 
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "cases") == 0) return listed_cases(argc, argv);
+#if !IS_WGMMA
+    if (argc > 1 && std::strcmp(argv[1], "mask") == 0) return implied_mask(argc, argv);
+#endif
 #if IS_WGMMA
     if (argc > 1 && std::strcmp(argv[1], "deadlock") == 0) return deadlock();
 #endif

@@ -411,8 +411,7 @@ def flash_attn_func(
     seed (docs/dropout.md); the backward draws the same mask again. The
     seed comes from torch's global generator (numpy's for numpy inputs),
     so ``torch.manual_seed`` repeats it, or from ``dropout_seed``. The CPU
-    backend and wgpu draw the same mask; CUDA has no dropout kernels yet and
-    raises ``Unsupported``.
+    backend, wgpu and CUDA draw the same mask.
 
     Extras: ``sinks`` (one logit per query head, trained: it gets a
     gradient), ``block_mask`` ``(mb, mh, rows, cols)`` bool/uint8 with

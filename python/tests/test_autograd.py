@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import flashattn
 from flashattn import flash_attn_func, flash_attn_varlen_func, testing
 from helpers import DTYPES, band_mask, options, qkv, sdpa
 
@@ -108,10 +107,6 @@ def test_dropout_forward_and_gradients_match_the_reference(backend, dtype, causa
     call = lambda *x: flash_attn_func(  # noqa: E731
         *x, dropout_p=0.2, dropout_seed=11, causal=causal, backend=backend, return_attn_probs=True
     )
-    if backend == "cuda":
-        with pytest.raises(flashattn.Unsupported, match="dropout"):
-            call(q, k, v)
-        return
     o, lse, _ = call(q, k, v)
     opts = options(causal=causal, dropout=(0.2, 11, 0))
     testing.assert_passed(testing.check_forward(q, k, v, o, lse, opts), f"dropout forward {dtype}")

@@ -185,7 +185,8 @@ fn launch(
     let row_layout = side.layout(stream, row_lists.as_ref());
     let seconds = timed(stream, "running the backward", || {
         // SAFETY (all three): the arguments are the kernels', in order and
-        // of their types (storage pointers, Problem and Layout by value),
+        // of their types (storage pointers, Problem, Layout and, but for
+        // flash_bwd_dot, Dropout by value),
         // every buffer holds what the grids index, as sized from the
         // validated shape and options, and the lists live until the wait in
         // `timed` (the other side buffers, until the caller's).
@@ -202,11 +203,15 @@ fn launch(
         l.output(&mut b.dk)
             .output(&mut b.dv)
             .value(&call.problem)
-            .value(&key_layout);
+            .value(&key_layout)
+            .value(&call.dropout_args);
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
         gradient_inputs(&mut l, &b.inputs, &b.delta);
-        l.output(&mut b.dq).value(&call.problem).value(&row_layout);
+        l.output(&mut b.dq)
+            .value(&call.problem)
+            .value(&row_layout)
+            .value(&call.dropout_args);
         unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
     })?;
     drop((key_lists, row_lists));

@@ -72,12 +72,12 @@ pub(crate) fn forward(
             .output(&mut d_lse)
             .value(&call.problem);
         if maps.is_empty() {
-            launch.value(&layout);
+            launch.value(&layout).value(&call.dropout_args);
         }
         // SAFETY: the arguments are flash_fwd's, in order and of its types
         // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
         // of those buffers by value; Problem and, but for the Hopper kernel,
-        // Layout by value); every buffer holds what the grid indexes, as
+        // Layout and Dropout by value); every buffer holds what the grid indexes, as
         // sized from the validated shape and options, and the buffers and
         // the side buffers Layout points at outlive the wait in `timed`.
         unsafe { launch.launch(cfg, "launching flash_fwd") }

@@ -6,11 +6,17 @@
 //! (`mma.sync`, `ldmatrix`, `cp.async`; f16/bf16 storage only, padded head
 //! dims up to [`MMA_MAX_HEAD_DIM`]), and the Hopper forward (`wgmma`, TMA,
 //! mbarriers, warp specialization; sm_90a, padded head dims 64 and 128).
+//! Dropout is a variant of the scalar and sm80 kernels (`HAS_DROPOUT`); the
+//! Hopper forward has none, and the plan sends dropout to the sm80 one.
 
 use crate::api::tensor::Precision;
 
 /// cuda/common.cuh: conversions, masks, scores, tile loads.
 const COMMON: &str = include_str!("../../cuda/common.cuh");
+/// cuda/philox.cuh: dropout's generator.
+const PHILOX: &str = include_str!("../../cuda/philox.cuh");
+/// cuda/dropout.cuh: the `Dropout` argument, keep-bit tiles, dropped P.
+const DROPOUT: &str = include_str!("../../cuda/dropout.cuh");
 const FORWARD: &str = include_str!("../../cuda/flash_fwd.cu");
 const BACKWARD: &str = include_str!("../../cuda/flash_bwd.cu");
 /// cuda/bwd_dot.cuh: `flash_bwd_dot`, in both backward modules.
@@ -123,6 +129,9 @@ pub struct KernelKey {
     /// Causal and/or local window (the bounds are launch arguments).
     pub band: bool,
     pub softcap: bool,
+    /// Dropout (`p > 0`; the seed, offset and threshold are launch
+    /// arguments). Never the Hopper forward's.
+    pub dropout: bool,
 }
 
 /// A variant's thread-block shape.
@@ -176,6 +185,15 @@ impl KernelKey {
             head_dim,
             band,
             softcap,
+            dropout: false,
+        }
+    }
+
+    /// The same variant with dropout on or off (the Hopper forward: off).
+    pub fn with_dropout(self, dropout: bool) -> Self {
+        Self {
+            dropout: dropout && !self.family.is_wgmma(),
+            ..self
         }
     }
 
@@ -190,7 +208,11 @@ impl KernelKey {
                     }
                     for band in [false, true] {
                         for softcap in [false, true] {
-                            keys.push(Self::new(family, precision, head_dim, band, softcap));
+                            let key = Self::new(family, precision, head_dim, band, softcap);
+                            keys.push(key);
+                            if !family.is_wgmma() {
+                                keys.push(key.with_dropout(true));
+                            }
                         }
                     }
                 }
@@ -254,8 +276,9 @@ impl KernelKey {
         }
     }
 
-    /// Bytes of static shared memory the variant declares (0 for the
-    /// tensor-core kernels, whose shared memory is dynamic).
+    /// Bytes of static shared memory the variant declares (the tensor-core
+    /// kernels' tiles are dynamic): with dropout, the keep bits of a tile
+    /// too (a bit per pair; cuda/dropout.cuh's `KeepTile`).
     pub fn shared_bytes(&self) -> usize {
         let t = self.tiles();
         let pad = self.head_dim + 1;
@@ -265,7 +288,8 @@ impl KernelKey {
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
             Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
         };
-        floats * 4
+        let keep = if self.dropout { t.rows * t.keys / 8 } else { 0 };
+        floats * 4 + keep
     }
 
     /// Bytes of dynamic shared memory a launch gives the variant: the
@@ -302,16 +326,17 @@ impl KernelKey {
     /// A name for logs, errors and the PTX files the tests write.
     pub fn label(&self) -> String {
         format!(
-            "{}_{}_d{}{}{}",
+            "{}_{}_d{}{}{}{}",
             self.family.name(),
             self.precision.name(),
             self.head_dim,
             if self.band { "_band" } else { "" },
             if self.softcap { "_softcap" } else { "" },
+            if self.dropout { "_dropout" } else { "" },
         )
     }
 
-    /// The NVRTC source: the defines, the shared header, the kernel file.
+    /// The NVRTC source: the defines, the shared headers, the kernel file.
     pub fn source(&self) -> String {
         let t = self.tiles();
         let storage = match self.precision {
@@ -324,12 +349,13 @@ impl KernelKey {
         // kernels' layout check).
         let mut defines = format!(
             "#define HEAD_DIM {}\n#define STORAGE {storage}\n#define HAS_BAND {}\n\
-             #define HAS_SOFTCAP {}\n#define THREADS_PER_ROW {}\n#define BLOCK_ROWS {}\n\
-             #define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n#define IS_FORWARD {}\n\
-             #define IS_WGMMA {}\n",
+             #define HAS_SOFTCAP {}\n#define HAS_DROPOUT {}\n#define THREADS_PER_ROW {}\n\
+             #define BLOCK_ROWS {}\n#define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n\
+             #define IS_FORWARD {}\n#define IS_WGMMA {}\n",
             self.head_dim,
             u8::from(self.band),
             u8::from(self.softcap),
+            u8::from(self.dropout),
             t.lanes,
             t.rows,
             t.threads,
@@ -359,7 +385,7 @@ impl KernelKey {
                 format!("{MMA}\n{HOPPER}\n{FORWARD_WGMMA}")
             }
         };
-        format!("{defines}{COMMON}\n{body}")
+        format!("{defines}{COMMON}\n{PHILOX}\n{DROPOUT}\n{body}")
     }
 }
 
@@ -424,8 +450,9 @@ mod tests {
             (None, Some(128), Some(128))
         );
         // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
-        // options; Hopper: f16/bf16 × d 64, 128 × 4 options.
-        assert_eq!(all.len(), 2 * 96 + 2 * 2 * 4 * 4 + 2 * 2 * 4);
+        // options; both with and without dropout; Hopper: f16/bf16 × d 64,
+        // 128 × 4 options, no dropout.
+        assert_eq!(all.len(), 2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4);
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
     }
@@ -443,6 +470,32 @@ mod tests {
         assert_eq!(key(64).dynamic_shared_bytes(), 1024 + 80 * 1024 + 64);
         assert_eq!((key(64).tiles().threads, key(64).stages()), (384, 2));
         assert!(key(128).source().contains("#define IS_WGMMA 1"));
+    }
+
+    /// Dropout is its own variant (define, label, the keep bits' shared
+    /// memory: a bit per pair of a tile) of every family but the Hopper one.
+    #[test]
+    fn dropout_variants_have_their_define_label_and_keep_bits() {
+        let key = |family| KernelKey::new(family, Precision::F16, 64, true, false);
+        for family in [
+            Family::Forward,
+            Family::Backward,
+            Family::ForwardMma,
+            Family::BackwardMma,
+        ] {
+            let (plain, dropout) = (key(family), key(family).with_dropout(true));
+            assert!(plain.source().contains("#define HAS_DROPOUT 0\n"));
+            assert!(dropout.source().contains("#define HAS_DROPOUT 1\n"));
+            assert_eq!(dropout.label(), format!("{}_dropout", plain.label()));
+            let t = dropout.tiles();
+            assert_eq!(
+                dropout.shared_bytes(),
+                plain.shared_bytes() + t.rows * t.keys / 8
+            );
+            assert_eq!(dropout.dynamic_shared_bytes(), plain.dynamic_shared_bytes());
+        }
+        let hopper = key(Family::ForwardWgmma).with_dropout(true);
+        assert!(!hopper.dropout && hopper.source().contains("#define HAS_DROPOUT 0\n"));
     }
 
     #[test]

@@ -55,9 +55,17 @@
 //!   ALiBi offset and mask grid are its own); blocks past a short sequence
 //!   exit at once.
 //!
+//! Dropout (docs/dropout.md) is a compile-time variant too (`HAS_DROPOUT`;
+//! without it the kernels are the code they were): each block draws a
+//! tile's keep bits in shared memory, one Philox call per row and 8 keys,
+//! where the tile's operands load (cuda/dropout.cuh), from the call's key,
+//! first stream and threshold (`problem::DropoutArgs`, every attention
+//! kernel's last argument) at the sequence's index, the query head and the
+//! positions in the sequence, so the mask is `dropout_mask`'s bit for bit.
+//!
 //! The Hopper forward takes the band and score options (causal, windows,
-//! softcap, scale, GQA/MQA, empty rows); calls with layouts run the sm80
-//! kernels (the plan says so). `Unsupported`: a v head dim other than q's
+//! softcap, scale, GQA/MQA, empty rows); calls with layouts or dropout run
+//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other than q's
 //! (the kernels hold one head dim), FP8, and layouts inside decoding.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
@@ -355,7 +363,7 @@ impl AttentionBackend for Cuda {
             backward: true,
             decode: true,
             fp8: false,
-            dropout: false,
+            dropout: true,
             quantized_cache: false,
             plan_overrides: false,
         }

@@ -1,7 +1,8 @@
 //! Which CUDA kernels a call runs, as a pure function of the device's
 //! properties and the problem: on compute capability 9.x the Hopper
 //! forward (wgmma + TMA) for f16/bf16 with d % 8 == 0 up to d 128, with
-//! the sm80 tensor-core backward; else the tensor-core (mma) kernels for
+//! the sm80 tensor-core backward (dropout, which it does not draw, runs the
+//! sm80 forward); else the tensor-core (mma) kernels for
 //! f16/bf16 up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0
 //! or later when their shared memory fits, the scalar kernels otherwise,
 //! or the path a caller forces ([`KernelPath`], `FLASHATTN_CUDA_KERNEL`, the
@@ -129,6 +130,8 @@ pub struct PlanProblem {
     /// A softmax scale above 0: the Hopper forward takes the row max of
     /// raw dot products and folds the scale into exp2's argument.
     pub positive_scale: bool,
+    /// Dropout (`p > 0`): the scalar and sm80 kernels' dropout variants.
+    pub dropout: bool,
 }
 
 /// The kernels of one call: a forward and a backward module.
@@ -157,6 +160,8 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
         Some("ALiBi, sinks, a block mask or a packed batch (the Hopper forward takes the band and score options; the sm80 kernels take these)")
     } else if !p.positive_scale {
         Some("a scale of 0 or below (the Hopper forward takes each row's max of the raw dot products)")
+    } else if p.dropout {
+        Some("dropout (the Hopper forward draws no mask; the sm80 kernels do)")
     } else if dev.major != 9 {
         Some("compute capability other than 9.x (wgmma and setmaxnreg are sm_90a's)")
     } else if dev.arch != Arch::for_device(9, 0) {
@@ -180,25 +185,25 @@ fn mma_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
         p.head_dim,
         p.band,
         p.softcap,
-    );
+    )
+    .with_dropout(p.dropout);
     let backward = KernelKey::new(
         Family::BackwardMma,
         p.precision,
         p.head_dim,
         p.band,
         p.softcap,
-    );
+    )
+    .with_dropout(p.dropout);
+    // Dynamic shared memory plus the static (dropout's keep bits).
+    let smem = |k: KernelKey| k.dynamic_shared_bytes() + k.shared_bytes();
     if p.precision == Precision::F32 {
         Some("f32 storage (the tensor-core kernels take f16 and bf16)")
     } else if forward.head_dim > MMA_MAX_HEAD_DIM {
         Some("a head dim past 128 (the tensor-core accumulators would spill)")
     } else if dev.major < 8 {
         Some("compute capability below 8.0 (no mma.sync m16n8k16 for bf16, no cp.async)")
-    } else if forward
-        .dynamic_shared_bytes()
-        .max(backward.dynamic_shared_bytes())
-        > dev.smem_per_block_optin
-    {
+    } else if smem(forward).max(smem(backward)) > dev.smem_per_block_optin {
         Some("more shared memory than the device gives a block")
     } else {
         None
@@ -211,7 +216,9 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
     let blocker = mma_blocker(dev, problem);
     let not_hopper = hopper_blocker(dev, problem);
     let p = problem;
-    let key = |family| KernelKey::new(family, p.precision, p.head_dim, p.band, p.softcap);
+    let key = |family| {
+        KernelKey::new(family, p.precision, p.head_dim, p.band, p.softcap).with_dropout(p.dropout)
+    };
     let hopper = match (path, not_hopper.or(blocker)) {
         (KernelPath::Hopper, Some(why)) => {
             return Err(Error::Unsupported {
@@ -332,6 +339,7 @@ mod tests {
             softcap: false,
             layouts: false,
             positive_scale: true,
+            dropout: false,
         }
     }
 
@@ -410,6 +418,47 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("2 blocks per SM"), "{text}");
+    }
+
+    /// Dropout runs the dropout variants: on Hopper the sm80 forward (the
+    /// Hopper forward draws no mask, and forcing it is an error naming why),
+    /// f32 on the scalar kernels; without it no variant has dropout.
+    #[test]
+    fn dropout_runs_the_sm80_or_scalar_dropout_variants() {
+        let h100 = DeviceProps::h100();
+        let dropout = |p| PlanProblem {
+            dropout: true,
+            ..p
+        };
+        let sm80 = plan(
+            &h100,
+            &dropout(problem(Precision::Bf16, 128)),
+            KernelPath::Auto,
+        )
+        .unwrap();
+        assert_eq!(
+            (sm80.forward.family, sm80.backward.family),
+            (Family::ForwardMma, Family::BackwardMma)
+        );
+        assert!(sm80.forward.dropout && sm80.backward.dropout);
+        assert!(sm80.not_hopper.unwrap().contains("dropout"));
+        let forced = plan(
+            &h100,
+            &dropout(problem(Precision::Bf16, 128)),
+            KernelPath::Hopper,
+        );
+        assert!(forced.unwrap_err().to_string().contains("dropout"));
+        let scalar = plan(
+            &h100,
+            &dropout(problem(Precision::F32, 64)),
+            KernelPath::Auto,
+        )
+        .unwrap();
+        assert_eq!(scalar.forward.family, Family::Forward);
+        assert!(scalar.forward.dropout && scalar.backward.dropout);
+        let plain = plan(&h100, &problem(Precision::Bf16, 128), KernelPath::Auto).unwrap();
+        assert_eq!(plain.forward.family, Family::ForwardWgmma);
+        assert!(!plain.forward.dropout && !plain.backward.dropout);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What every CUDA kernel is told about a call: `Problem` (the C struct of
-//! cuda/common.cuh; the run-time layouts are `Layout`, in layout.rs), and
-//! the checks of what the kernels support.
+//! cuda/common.cuh; the run-time layouts are `Layout`, in layout.rs;
+//! dropout's generator inputs are `DropoutArgs`), and the checks of what
+//! the kernels support.
 
 use super::kernel::{KernelKey, MAX_HEAD_DIM};
 use super::plan::{plan, CudaPlan, DeviceProps, KernelPath, PlanProblem};
@@ -32,6 +33,38 @@ pub(crate) struct Problem {
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
 unsafe impl DeviceRepr for Problem {}
 
+/// `struct Dropout` of cuda/dropout.cuh, field for field: the last argument
+/// of every attention kernel (read only by the dropout variants).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DropoutArgs {
+    /// The Philox key: the seed's low and high words.
+    key: [u32; 2],
+    /// The call's first stream (its offset), low and high words; sequence
+    /// `b`, query head `h` draw stream `offset + b · heads_q + h`.
+    stream: [u32; 2],
+    /// Kept iff an element's 16 bits are at least this.
+    threshold: u32,
+    /// `1 / (1 − p)`.
+    scale: f32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
+unsafe impl DeviceRepr for DropoutArgs {}
+
+impl DropoutArgs {
+    /// The generator's inputs of `d` (docs/dropout.md's mapping): the first
+    /// stream is the offset, to which the kernels add `b · heads_q + h`.
+    fn of(d: &crate::api::dropout::Dropout) -> Self {
+        Self {
+            key: d.key(),
+            stream: d.stream(0, 0, 0),
+            threshold: d.threshold(),
+            scale: d.scale(),
+        }
+    }
+}
+
 fn to_i32(what: &'static str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::Overflow {
         what,
@@ -48,6 +81,9 @@ pub(crate) struct Call {
     pub softcap: bool,
     /// Any run-time layout (ALiBi, sinks, a block mask, a packed batch).
     pub layouts: bool,
+    /// Dropout's inputs, and whether it is on (`p > 0`: the dropout variants).
+    pub dropout_args: DropoutArgs,
+    pub dropout: bool,
     /// Sequences (the grid's z: batch entries, or a packed batch's
     /// sequences) and the longest one's query rows and keys.
     pub seqs: usize,
@@ -64,7 +100,6 @@ impl Call {
         let (shape, precision) = (p.shape, p.precision);
         // The kernels place the band's diagonal at seqlen_k - seqlen_q.
         p.opts.whole_sequences(WHAT)?;
-        p.opts.no_dropout(WHAT)?;
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,
@@ -117,7 +152,12 @@ impl Call {
             precision,
             band: mask.is_active(),
             softcap: softcap > 0.0,
-            layouts: p.opts.band_only(WHAT).is_err(),
+            layouts: {
+                let o = p.opts;
+                o.varlen.is_some() || o.alibi.is_some() || o.sinks.is_some() || o.block_mask.is_some()
+            },
+            dropout_args: DropoutArgs::of(&p.opts.dropout),
+            dropout: p.opts.dropout.is_active(),
             seqs,
             max_q,
             max_k,
@@ -133,6 +173,7 @@ impl Call {
             softcap: self.softcap,
             layouts: self.layouts,
             positive_scale: self.problem.scale > 0.0,
+            dropout: self.dropout,
         }
     }
 
@@ -177,6 +218,33 @@ mod tests {
     fn problem_has_the_c_struct_layout() {
         assert_eq!(std::mem::size_of::<super::Problem>(), 9 * 4);
         assert_eq!(std::mem::align_of::<super::Problem>(), 4);
+    }
+
+    /// `struct Dropout` is six 4-byte fields; a call with dropout gets the
+    /// seed's words, the offset's as the first stream, the 16-bit threshold
+    /// and 1 / (1 − p), and the dropout variants (no layout for it).
+    #[test]
+    fn dropout_args_have_the_c_struct_layout_and_the_mapping() {
+        use crate::api::options::AttentionOptions;
+        use crate::api::shape::AttentionShape;
+        use crate::api::tensor::Precision;
+        assert_eq!(std::mem::size_of::<super::DropoutArgs>(), 6 * 4);
+        let shape = AttentionShape::new(2, 9, 9, 4, 2, 40).unwrap();
+        let opts = AttentionOptions::default()
+            .dropout(0.1)
+            .dropout_seed(0x0000_0007_0000_0009)
+            .dropout_offset((1 << 32) + 3);
+        let p = super::Attention::new(shape, Precision::Bf16, &opts).unwrap();
+        let call = super::Call::new(&p).unwrap();
+        let args = call.dropout_args;
+        assert_eq!((args.key, args.stream, args.threshold), ([9, 7], [3, 1], 6554));
+        assert_eq!(args.scale, opts.dropout.scale());
+        assert!(call.dropout && !call.layouts && call.plan_problem().dropout);
+        let defaults = AttentionOptions::default();
+        let none = super::Attention::new(shape, Precision::Bf16, &defaults).unwrap();
+        let plain = super::Call::new(&none).unwrap();
+        // Off: the variants without dropout, which never read the arguments.
+        assert!(!plain.dropout && !plain.plan_problem().dropout);
     }
 
     /// The kernels place the diagonal at seqlen_k - seqlen_q: a shard at

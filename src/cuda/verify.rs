@@ -118,6 +118,7 @@ fn check_problem(precision: Precision, d: usize, layouts: bool) -> PlanProblem {
         softcap: false,
         layouts,
         positive_scale: true,
+        dropout: false,
     }
 }
 
@@ -318,6 +319,7 @@ pub fn decode_problem(
         softcap: opts.softcap_value() > 0.0,
         layouts: true,
         positive_scale: opts.scale.is_none_or(|s| s > 0.0),
+        dropout: false,
     }
 }
 

@@ -350,6 +350,7 @@ fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
             softcap: false,
             layouts: false,
             positive_scale: true,
+            dropout: false,
         };
         println!("\nhead_dim {d}, {precision}, causal:");
         indent(&plan(&props, &problem, path)?.explain(&props).join("\n"));
