@@ -548,7 +548,8 @@ def flash_attn_with_kvcache(
     block scales ``k_scales``/``v_scales`` of ``(blocks, heads_kv)`` (one per
     page, or per 16 tokens of a dense cache's row: :func:`quantize_kv_cache`
     makes them). Appends quantize in place, codes and scales both; q, k, v
-    and o keep their float dtype. The CPU backend decodes them.
+    and o keep their float dtype. The CPU backend and the wgpu kernels
+    decode them (the same codes, bit for bit).
     """
     for name, value in (
         ("rotary_cos", rotary_cos),
