@@ -72,27 +72,37 @@ fn e4m3_quotient(x: f32, s: f32) -> u32 {
     return select(sign | code, 0u, code == 0u);
 }
 
-// RN(a / 448) as an f32, for a >= 2^-117 (where the result is normal):
-// a / 7 to 24 bits by integer division, the exponent less 6 (448 = 7 · 2^6).
-fn div_448(a: f32) -> f32 {
+// RN(a / d) · 2^-k as an f32, for a small odd divisor d and an a whose
+// result is normal: a's mantissa · 2^shift divided by d in u32, the
+// quotient (24 + drop_lo or 25 + drop_lo bits) kept to 24 bits, to nearest
+// even from the dropped bits and the remainder. With a = m · 2^(e − 150),
+// the result is kept · 2^(e + drop − shift − k − 150): its biased exponent
+// is e + drop − shift − k.
+fn rn_quotient(a: f32, d: u32, shift: u32, drop_lo: u32, k: u32) -> f32 {
     let ab = bitcast<u32>(a);
-    let num = ((ab & 0x7fffffu) | 0x800000u) << 5u;
-    let q = num / 7u;
-    let rem = num - q * 7u;
-    // q has 26 or 27 bits; keep 24, round to nearest even.
-    let drop = select(2u, 3u, q >= 0x4000000u);
+    let num = ((ab & 0x7fffffu) | 0x800000u) << shift;
+    let q = num / d;
+    let rem = num - q * d;
+    let drop = select(drop_lo, drop_lo + 1u, q >= (1u << (24u + drop_lo)));
     var kept = q >> drop;
     let lost = q & ((1u << drop) - 1u);
     let half = 1u << (drop - 1u);
     if (lost > half || (lost == half && (rem != 0u || (kept & 1u) == 1u))) {
         kept += 1u;
     }
-    var biased = (ab >> 23u) + drop - 11u;
+    var biased = (ab >> 23u) + drop - shift - k;
     if (kept == 0x1000000u) {
         kept = 0x800000u;
         biased += 1u;
     }
     return bitcast<f32>((biased << 23u) | (kept & 0x7fffffu));
+}
+
+// RN(a / 448) as an f32, for a >= 2^-117 (where the result is normal):
+// a / 7 (the mantissa · 2^5: a 26- or 27-bit quotient), the exponent less
+// 6 (448 = 7 · 2^6).
+fn div_448(a: f32) -> f32 {
+    return rn_quotient(a, 7u, 5u, 2u, 6u);
 }
 
 // y rounded to the nearest e4m3 value (ties to even), saturating at ±448.

@@ -71,27 +71,10 @@ fn cache_code(x: f32, s: f32) -> u32 {
     return int8_quotient(x, s);
 }
 
-// RN(a / 127) as an f32, for a >= 2^-94 (where the result is normal):
-// the mantissa · 2^8 by integer division, 24 bits kept to nearest even.
+// RN(a / 127) as an f32, for a >= 2^-94 (where the result is normal): the
+// mantissa · 2^8 over 127, a 25- or 26-bit quotient (e4m3.wgsl's rn_quotient).
 fn div_127(a: f32) -> f32 {
-    let ab = bitcast<u32>(a);
-    let num = ((ab & 0x7fffffu) | 0x800000u) << 8u;
-    let q = num / 127u;
-    let rem = num - q * 127u;
-    // q has 25 or 26 bits.
-    let drop = select(1u, 2u, q >= 0x2000000u);
-    var kept = q >> drop;
-    let lost = q & ((1u << drop) - 1u);
-    let half = 1u << (drop - 1u);
-    if (lost > half || (lost == half && (rem != 0u || (kept & 1u) == 1u))) {
-        kept += 1u;
-    }
-    var biased = (ab >> 23u) + drop - 8u;
-    if (kept == 0x1000000u) {
-        kept = 0x800000u;
-        biased += 1u;
-    }
-    return bitcast<f32>((biased << 23u) | (kept & 0x7fffffu));
+    return rn_quotient(a, 127u, 8u, 1u, 0u);
 }
 
 // The scale of a block whose largest magnitude is a: max(RN(a / QMAX),
