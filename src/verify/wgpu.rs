@@ -345,40 +345,31 @@ pub async fn check_decode(
     let req = DecodeCase::request(precision, d, family.kernel);
     let block = decode_tiles(&req, &gpu.caps())?.workgroup_size;
     let case = DecodeCase::new(precision, d, block as usize, layout)?;
+    let quantized = family.cache.map(|q| case.quantized(q)).transpose()?;
+    let (step, opts, kernel) = (case.step(), &case.opts, Some(family.kernel));
     let mut runs = Vec::new();
-    if let Some(quant) = family.cache {
-        let before = case.quantized(quant)?;
-        for splits in [1, 3] {
-            let mut cache = before.clone();
-            let step = case.step();
-            let mut out = ops::decode::decode_quantized_host(
-                gpu,
-                &mut cache,
-                &step,
-                &case.opts,
-                Some(splits),
-                Some(family.kernel),
-            )
-            .await?;
-            Fault::perturb(fault, &family.key(), &mut out.o);
-            runs.push(case.judge_quantized(&before, &cache, &out)?);
-        }
-        return Ok(Judgement::all(runs));
-    }
-    for splits in [1, 3] {
-        let mut cache = case.cache.clone();
-        let step = case.step();
-        let mut out = ops::decode::decode_host(
-            gpu,
-            &mut cache,
-            &step,
-            &case.opts,
-            Some(splits),
-            Some(family.kernel),
-        )
-        .await?;
+    for splits in [Some(1), Some(3)] {
+        let (mut out, after) = match &quantized {
+            Some(before) => {
+                let mut cache = before.clone();
+                let out = ops::decode::decode_quantized_host(
+                    gpu, &mut cache, &step, opts, splits, kernel,
+                )
+                .await?;
+                (out, Some(cache))
+            }
+            None => {
+                let mut cache = case.cache.clone();
+                let out =
+                    ops::decode::decode_host(gpu, &mut cache, &step, opts, splits, kernel).await?;
+                (out, None)
+            }
+        };
         Fault::perturb(fault, &family.key(), &mut out.o);
-        runs.push(case.judge(&out)?);
+        runs.push(match (&quantized, &after) {
+            (Some(before), Some(after)) => case.judge_quantized(before, after, &out)?,
+            _ => case.judge(&out)?,
+        });
     }
     Ok(Judgement::all(runs))
 }
