@@ -22,24 +22,39 @@ fn e4m3_value(c: u32) -> f32 {
     return bitcast<f32>(bitcast<u32>(magnitude) | ((c & 0x80u) << 24u));
 }
 
+// |x| / s as (num / den) · 2^e with num / den in [1, 2): the two 24-bit
+// mantissas (num doubled where it is the smaller) and the exponents'
+// difference; x and s normal.
+struct Quotient {
+    num: u32,
+    den: u32,
+    e: i32,
+}
+
+fn mantissa_quotient(x: f32, s: f32) -> Quotient {
+    let ax = bitcast<u32>(x) & 0x7fffffffu;
+    let sb = bitcast<u32>(s);
+    let den = (sb & 0x7fffffu) | 0x800000u;
+    let num = (ax & 0x7fffffu) | 0x800000u;
+    let e = i32(ax >> 23u) - i32(sb >> 23u);
+    if (num < den) {
+        return Quotient(num << 1u, den, e - 1);
+    }
+    return Quotient(num, den, e);
+}
+
 // The e4m3 code of the exact quotient x / s, rounded to nearest even and
 // saturating at ±448; x is 0 or a normal f32, s a normal positive f32 or 0
 // (a head of zeros: code 0). Zero of either sign is code 0.
 fn e4m3_quotient(x: f32, s: f32) -> u32 {
     let xb = bitcast<u32>(x);
-    let ax = xb & 0x7fffffffu;
-    if (ax == 0u || s == 0.0) {
+    if ((xb & 0x7fffffffu) == 0u || s == 0.0) {
         return 0u;
     }
-    let sb = bitcast<u32>(s);
-    let den = (sb & 0x7fffffu) | 0x800000u;
-    var num = (ax & 0x7fffffu) | 0x800000u;
-    var e = i32(ax >> 23u) - i32(sb >> 23u);
-    if (num < den) {
-        num = num << 1u;
-        e = e - 1;
-    }
-    // x / s = (num / den) · 2^e with num / den in [1, 2).
+    let qt = mantissa_quotient(x, s);
+    let num = qt.num;
+    let den = qt.den;
+    var e = qt.e;
     let sign = (xb >> 24u) & 0x80u;
     if (e > 8) {
         return sign | E4M3_SATURATED;

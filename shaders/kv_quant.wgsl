@@ -27,18 +27,12 @@ fn cache_code_value(c: u32) -> f32 {
 // rounded to nearest even and clamped to ±127; x normal, s a normal
 // positive f32.
 fn int8_quotient(x: f32, s: f32) -> u32 {
-    let xb = bitcast<u32>(x);
-    let ax = xb & 0x7fffffffu;
-    let sb = bitcast<u32>(s);
-    let den = (sb & 0x7fffffu) | 0x800000u;
-    var num = (ax & 0x7fffffu) | 0x800000u;
-    var e = i32(ax >> 23u) - i32(sb >> 23u);
-    if (num < den) {
-        num = num << 1u;
-        e = e - 1;
-    }
-    // |x / s| = (num / den) · 2^e with num / den in [1, 2): below 1/2 it
-    // rounds to 0, from 128 on it clamps.
+    let qt = mantissa_quotient(x, s);
+    let num = qt.num;
+    let den = qt.den;
+    let e = qt.e;
+    // |x / s| = (num / den) · 2^e: below 1/2 it rounds to 0, from 128 on it
+    // clamps.
     var n = 127u;
     if (e < -1) {
         n = 0u;
@@ -57,7 +51,7 @@ fn int8_quotient(x: f32, s: f32) -> u32 {
         }
         n = min(n, 127u);
     }
-    return select(n, (256u - n) & 0xffu, (xb >> 31u) == 1u);
+    return select(n, (256u - n) & 0xffu, x < 0.0);
 }
 
 // The code of x at scale s (a normal f32 > 0): 0 for zero and subnormal x.
