@@ -59,7 +59,7 @@ PARTS=${FLASHATTN_CHECK_PARTS:-all}
 NAME=$([ "$PARTS" = cuda ] && echo cuda-check || echo gpu-check)
 SANITIZER_WHEEL=nvidia-cuda-sanitizer-api-cu12==12.9.79
 VULKAN_DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
-TEST_BINARIES=(cuda gpu_forward gpu_backward gpu_decode)
+TEST_BINARIES=(cuda gpu_forward gpu_backward gpu_decode gpu_kv_quant)
 # Every step's limit: they sum to 360 s in both scripts.
 if [ "$PARTS" = cuda ]; then
   LIMIT_ACCURACY=100 LIMIT_BENCH_FWD=65 LIMIT_BENCH_BWD=45 LIMIT_VULKAN=0
@@ -406,7 +406,7 @@ step_vulkan() {
   local t=$((LIMIT_VULKAN - 35)) s
   step 9-doctor-vulkan "$t" "$BIN/flashattn" doctor --json &
   step 9-decode-vulkan "$t" "$BIN/decode" --backend wgpu --tokens 48 --check-every 8 &
-  for s in gpu_forward gpu_backward gpu_decode; do
+  for s in gpu_forward gpu_backward gpu_decode gpu_kv_quant; do
     step "9-accuracy-$s" "$t" "$BIN/$s" --test-threads 6 &
   done
   wait
