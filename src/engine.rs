@@ -1156,15 +1156,12 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
+        let of = (*cache.shape(), cache.precision(), cache.quant());
         scoped(&self.gpu.device, "a decoding step", async {
-            let routed = self
-                .route_decode(step, cache.shape(), cache.precision(), cache.quant())
-                .await?;
-            let kernel = routed.decode_kernel;
-            let mut out =
-                ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-            Ok(out)
+            self.routed_step(step, of, async |kernel| {
+                ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await
+            })
+            .await
         })
         .await
     }
@@ -1319,19 +1316,23 @@ impl Engine {
         ops::decode::scratch_size(&self.gpu, problem, plan)
     }
 
-    /// Verify the family a decoding step on a cache of `shape` (of `quant`
-    /// codes, or plain) runs.
-    async fn route_decode(
+    /// A decoding step on a cache of `shape` and `precision` (of `quant`
+    /// codes, or plain): the family it runs verified, `run` on the decode
+    /// kernel verification picked, and the verdict in the output's stats.
+    async fn routed_step(
         &self,
         step: &DecodeStep<'_>,
-        shape: &CacheShape,
-        precision: Precision,
-        quant: Option<crate::CacheQuant>,
-    ) -> Result<Routed> {
-        let problem = DecodeProblem::new(step, shape, precision).ok();
-        self.verifier
+        (shape, precision, quant): (CacheShape, Precision, Option<crate::CacheQuant>),
+        run: impl AsyncFnOnce(Option<crate::plan::KernelFamily>) -> Result<DecodeOutput>,
+    ) -> Result<DecodeOutput> {
+        let problem = DecodeProblem::new(step, &shape, precision).ok();
+        let routed = self
+            .verifier
             .route_decode(&self.gpu, problem.as_ref(), quant)
-            .await
+            .await?;
+        let mut out = run(routed.decode_kernel).await?;
+        routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
+        Ok(out)
     }
 
     /// [`Engine::decode`] on a host cache (uploaded, and read back when the
@@ -1358,22 +1359,13 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
+        let of = (cache.shape, cache.precision, Some(cache.quant));
         pollster::block_on(scoped(&self.gpu.device, "a decoding step", async {
-            let routed = self
-                .route_decode(step, &cache.shape, cache.precision, Some(cache.quant))
-                .await?;
-            let kernel = routed.decode_kernel;
-            let mut out = ops::decode::decode_quantized_host(
-                &self.gpu,
-                cache,
-                step,
-                opts,
-                num_splits,
-                kernel,
-            )
-            .await?;
-            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-            Ok(out)
+            self.routed_step(step, of, async |kernel| {
+                let gpu = &self.gpu;
+                ops::decode::decode_quantized_host(gpu, cache, step, opts, num_splits, kernel).await
+            })
+            .await
         }))
     }
 
@@ -1385,15 +1377,12 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
+        let of = (cache.shape, cache.precision(), None);
         scoped(&self.gpu.device, "a decoding step", async {
-            let routed = self
-                .route_decode(step, &cache.shape, cache.precision(), None)
-                .await?;
-            let kernel = routed.decode_kernel;
-            let mut out =
-                ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await?;
-            routed.finish(&mut out.stats, &mut out.o, self.verifier.fault.as_ref());
-            Ok(out)
+            self.routed_step(step, of, async |kernel| {
+                ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await
+            })
+            .await
         })
         .await
     }

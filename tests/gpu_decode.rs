@@ -9,15 +9,6 @@ use common::decode::{cases, DecodeCase};
 use common::engine;
 use flashattn::Engine;
 use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeStep, Precision, TensorData};
-use std::sync::OnceLock;
-
-/// The tiled decode kernel (the GPUs' one) on this adapter, even where it
-/// has the lanes kernel.
-fn tiled() -> Option<&'static Engine> {
-    engine()?;
-    static TILED: OnceLock<Engine> = OnceLock::new();
-    Some(TILED.get_or_init(|| Engine::new().unwrap().with_tiled_kernels_only()))
-}
 
 fn run_cases(e: &Engine) {
     for case in cases() {
@@ -35,7 +26,9 @@ fn every_case_matches_the_reference() {
 
 #[test]
 fn every_case_matches_the_reference_on_the_tiled_kernel() {
-    let Some(e) = tiled() else { return };
+    let Some(e) = common::tiled_engine() else {
+        return;
+    };
     run_cases(e);
 }
 

@@ -11,14 +11,6 @@ use common::engine;
 use common::kv_quant::{expected_append, quant_cases};
 use flashattn::{AttentionOptions, CacheLayout, CacheQuant, CacheShape, DecodeStep, Engine};
 use flashattn::{Error, HostKvCache, Precision, QuantKvCache, TensorData};
-use std::sync::OnceLock;
-
-/// The tiled decode kernel on this adapter, even where it has the lanes one.
-fn tiled() -> Option<&'static Engine> {
-    engine()?;
-    static TILED: OnceLock<Engine> = OnceLock::new();
-    Some(TILED.get_or_init(|| Engine::new().unwrap().with_tiled_kernels_only()))
-}
 
 fn run_cases(e: &Engine) {
     for quant in CacheQuant::ALL {
@@ -39,7 +31,9 @@ fn every_quantized_case_matches_the_reference_and_the_rule() {
 
 #[test]
 fn every_quantized_case_matches_on_the_tiled_kernel() {
-    let Some(e) = tiled() else { return };
+    let Some(e) = common::tiled_engine() else {
+        return;
+    };
     run_cases(e);
 }
 

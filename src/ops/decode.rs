@@ -83,10 +83,9 @@ pub async fn decode_quantized_host(
     kernel: Option<KernelFamily>,
 ) -> Result<DecodeOutput> {
     opts.validate()?;
-    host.check()?;
     let p = DecodeProblem::new(step, &host.shape, host.precision)?;
     opts.for_decoding(p.batch, p.heads_q)?;
-    check_new_finite(step)?;
+    // Checks the cache; `decode` checks the new rows.
     let cache = KvCache::upload_quantized(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
     if step.new_kv.is_some() {
@@ -296,12 +295,10 @@ struct StepBytes {
 impl StepBytes {
     fn of(p: &DecodeProblem, cache: &KvCache) -> Self {
         let bytes = |n: usize| padded(n as u64 * p.precision.bytes() as u64);
-        let cache_bytes = match cache.quant() {
-            // Codes then scales, as the cache's own ranges hold them.
-            Some(_) => [cache.k_binding(), cache.v_binding()]
-                .map(|b| b.size.map_or(0, |s| s.get())),
-            None => [bytes(p.cache.len()), bytes(p.cache.v_len())],
-        };
+        // Exactly the bytes the cache's ranges hold (a quantized one's codes
+        // and scales).
+        let cache_bytes =
+            [cache.k_binding(), cache.v_binding()].map(|b| b.size.map_or(0, |s| s.get()));
         let rows = p.batch * p.seqlen_new;
         Self {
             q: bytes(p.q_len()),

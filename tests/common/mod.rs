@@ -19,6 +19,15 @@ use flashattn::{
 #[allow(unused_imports)] // not every test binary has GPU tests
 pub use flashattn_testkit::engine;
 
+/// An engine on the tiled decode kernel (the GPUs' one) on this adapter,
+/// even where it has the lanes kernel; `None` as [`engine`].
+#[allow(dead_code)] // the decode suites' only
+pub fn tiled_engine() -> Option<&'static Engine> {
+    engine()?;
+    static TILED: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    Some(TILED.get_or_init(|| Engine::new().unwrap().with_tiled_kernels_only()))
+}
+
 /// A GPU suite's cases: `all` with FLASHATTN_FULL_MATRIX=1, else `each`,
 /// which reaches each distinct kernel code path at least once (pipelines
 /// are what a driver without a shader cache spends its time compiling, so
