@@ -130,14 +130,8 @@ impl KvCache {
             ));
         };
         let lens = [self.shape.len(), self.shape.v_len()];
-        let scales = ScaleBlocks::of(&self.shape).count() * self.shape.heads_kv;
-        let ranges = [(&self.k, lens[0]), (&self.v, lens[1])].map(|(r, n)| {
-            (
-                &r.buffer,
-                r.offset,
-                padded(n as u64) + 4 * scales as u64,
-            )
-        });
+        // Each range is exactly its codes (padded) and scales.
+        let ranges = [&self.k, &self.v].map(|r| (&r.buffer, r.offset, r.size));
         let data = read_back_at(gpu, &ranges).await?;
         let part = |bytes: &[u8], n: usize| {
             let at = padded(n as u64) as usize;
