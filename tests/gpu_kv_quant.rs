@@ -118,39 +118,15 @@ fn a_device_cache_grows_step_by_step_by_the_rule() {
     }
 }
 
-/// A dense cache of one sequence with 15 tokens of small values; one step
-/// appends token 15 (block 0) of magnitude 3 and token 16 (block 1) of
-/// magnitude 100: block 0 is requantized, block 1 opened at its scale.
+/// common::kv_quant::BoundaryCase: block 0 is requantized, block 1 opened
+/// at its scale.
 #[test]
 fn appends_requantize_at_block_boundaries() {
     let Some(e) = engine() else { return };
-    let layout = CacheLayout::Dense {
-        batch: 1,
-        capacity: 40,
-    };
-    let shape = CacheShape::new(layout, 2, 8).unwrap();
-    let mut rng = flashattn::random::Rng::new(3);
-    let mut x = vec![0f32; shape.len()];
-    for v in &mut x[..15 * 16] {
-        *v = rng.normal() as f32 * 0.3;
-    }
-    let plain = HostKvCache::new(shape, TensorData::F32(x.clone()), TensorData::F32(x)).unwrap();
-    let new: Vec<f32> = (0..32)
-        .map(|e| {
-            if e < 16 {
-                (e as f32 - 7.5) * 0.4
-            } else {
-                (e as f32 - 24.0) * 12.5
-            }
-        })
-        .collect();
-    let q = TensorData::F32(vec![0.1; 2 * 8]);
-    let new_t = TensorData::F32(new);
-    let lens = [15];
-    let step = DecodeStep::new(q.view([1, 1, 2, 8]), &lens)
-        .append(new_t.view([1, 2, 2, 8]), new_t.view([1, 2, 2, 8]));
+    let case = common::kv_quant::BoundaryCase::new();
+    let (plain, step) = (&case.plain, case.step());
     for quant in CacheQuant::ALL {
-        let before = QuantKvCache::quantize(&plain, quant).unwrap();
+        let before = QuantKvCache::quantize(plain, quant).unwrap();
         let mut cache = before.clone();
         e.decode_quantized_host(&mut cache, &step, &AttentionOptions::default(), None)
             .unwrap();

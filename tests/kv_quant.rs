@@ -8,7 +8,7 @@ mod common;
 
 use common::decode::DecodeCase;
 use common::kv_quant::{quant_cases, scale_of};
-use flashattn::{cpu, CacheLayout, CacheQuant, CacheShape, DecodeStep, Error, HostKvCache};
+use flashattn::{cpu, CacheLayout, CacheQuant, CacheShape, DecodeStep, Error};
 use flashattn::{AttentionOptions, Precision, QuantKvCache, QuantizedKv, TensorData};
 use flashattn::{MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS};
 
@@ -58,42 +58,14 @@ fn every_case_matches_the_reference_on_every_instruction_set() {
     }
 }
 
-/// A dense cache of 2 rows × 40 tokens, 2 kv heads of 8, one sequence of
-/// 15 tokens of magnitude ≤ 1, and a step appending two tokens: the first
-/// (token 15, block 0) of magnitude 3, the second (token 16, block 1) 100.
+/// common::kv_quant::BoundaryCase: block 0 requantized, block 1 opened.
 #[test]
 fn appends_requantize_at_block_boundaries_when_the_scale_grows() {
-    let layout = CacheLayout::Dense {
-        batch: 2,
-        capacity: 40,
-    };
-    let shape = CacheShape::new(layout, 2, 8).unwrap();
+    let case = common::kv_quant::BoundaryCase::new();
+    let (new, step) = (&case.new, case.step());
     for quant in CacheQuant::ALL {
-        let mut rng = flashattn::random::Rng::new(7);
-        let mut x = vec![0f32; shape.len()];
-        for t in 0..15 {
-            for e in 0..16 {
-                x[t * 16 + e] = rng.normal() as f32 * 0.3;
-            }
-        }
-        let plain =
-            HostKvCache::new(shape, TensorData::F32(x.clone()), TensorData::F32(x)).unwrap();
-        let mut cache = QuantKvCache::quantize(&plain, quant).unwrap();
+        let mut cache = QuantKvCache::quantize(&case.plain, quant).unwrap();
         let before = cache.clone();
-        let new: Vec<f32> = (0..32)
-            .map(|e| {
-                if e < 16 {
-                    (e as f32 - 7.5) * 0.4
-                } else {
-                    (e as f32 - 24.0) * 12.5
-                }
-            })
-            .collect();
-        let q = TensorData::F32(vec![0.1; 2 * 8]);
-        let lens = [15];
-        let new_t = TensorData::F32(new.clone());
-        let step = DecodeStep::new(q.view([1, 1, 2, 8]), &lens)
-            .append(new_t.view([1, 2, 2, 8]), new_t.view([1, 2, 2, 8]));
         let out =
             cpu::decode_quantized(&mut cache, &step, &AttentionOptions::default(), None).unwrap();
         assert!(out.o.to_f32().iter().all(|v| v.is_finite()));

@@ -8,6 +8,7 @@ use super::decode::{CaseData, DecodeCase};
 use flashattn::accuracy::check_decode_on_values;
 use flashattn::quant::{e4m3_from_f64, e4m3_to_f32};
 use flashattn::{CacheLayout, CacheQuant, DecodeOutput, DecodeStep, QuantKvCache, Result};
+use flashattn::{CacheShape, HostKvCache, TensorData};
 
 /// 2⁻¹⁰⁰.
 pub fn min_scale() -> f32 {
@@ -214,4 +215,54 @@ pub fn quant_cases() -> Vec<DecodeCase> {
             .f16()
             .opts(causal()),
     ]
+}
+
+/// A dense cache of 2 rows × 40 tokens, 2 kv heads of 8, one sequence of
+/// 15 tokens of magnitude ≤ 1, and a step appending two tokens: the first
+/// (token 15, block 0) of magnitude 3, the second (token 16, block 1) 100.
+pub struct BoundaryCase {
+    pub plain: HostKvCache,
+    /// The appended rows (k_new and v_new alike), `(1, 2, 2, 8)`.
+    pub new: Vec<f32>,
+    q: TensorData,
+    new_t: TensorData,
+    lens: [i32; 1],
+}
+
+impl BoundaryCase {
+    pub fn new() -> Self {
+        let layout = CacheLayout::Dense {
+            batch: 2,
+            capacity: 40,
+        };
+        let shape = CacheShape::new(layout, 2, 8).unwrap();
+        let mut rng = flashattn::random::Rng::new(7);
+        let mut x = vec![0f32; shape.len()];
+        for v in &mut x[..15 * 16] {
+            *v = rng.normal() as f32 * 0.3;
+        }
+        let plain =
+            HostKvCache::new(shape, TensorData::F32(x.clone()), TensorData::F32(x)).unwrap();
+        let new: Vec<f32> = (0..32)
+            .map(|e| {
+                if e < 16 {
+                    (e as f32 - 7.5) * 0.4
+                } else {
+                    (e as f32 - 24.0) * 12.5
+                }
+            })
+            .collect();
+        Self {
+            plain,
+            new_t: TensorData::F32(new.clone()),
+            new,
+            q: TensorData::F32(vec![0.1; 2 * 8]),
+            lens: [15],
+        }
+    }
+
+    pub fn step(&self) -> DecodeStep<'_> {
+        DecodeStep::new(self.q.view([1, 1, 2, 8]), &self.lens)
+            .append(self.new_t.view([1, 2, 2, 8]), self.new_t.view([1, 2, 2, 8]))
+    }
 }
