@@ -1156,9 +1156,8 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let of = (*cache.shape(), cache.precision(), cache.quant());
         scoped(&self.gpu.device, "a decoding step", async {
-            self.routed_step(step, of, async |kernel| {
+            self.routed_step(step, *cache.shape(), cache.precision(), cache.quant(), async |kernel| {
                 ops::decode::decode(&self.gpu, cache, step, opts, num_splits, kernel).await
             })
             .await
@@ -1322,7 +1321,9 @@ impl Engine {
     async fn routed_step(
         &self,
         step: &DecodeStep<'_>,
-        (shape, precision, quant): (CacheShape, Precision, Option<crate::CacheQuant>),
+        shape: CacheShape,
+        precision: Precision,
+        quant: Option<crate::CacheQuant>,
         run: impl AsyncFnOnce(Option<crate::plan::KernelFamily>) -> Result<DecodeOutput>,
     ) -> Result<DecodeOutput> {
         let problem = DecodeProblem::new(step, &shape, precision).ok();
@@ -1359,9 +1360,8 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let of = (cache.shape, cache.precision, Some(cache.quant));
         pollster::block_on(scoped(&self.gpu.device, "a decoding step", async {
-            self.routed_step(step, of, async |kernel| {
+            self.routed_step(step, cache.shape, cache.precision, Some(cache.quant), async |kernel| {
                 let gpu = &self.gpu;
                 ops::decode::decode_quantized_host(gpu, cache, step, opts, num_splits, kernel).await
             })
@@ -1377,9 +1377,8 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let of = (cache.shape, cache.precision(), None);
         scoped(&self.gpu.device, "a decoding step", async {
-            self.routed_step(step, of, async |kernel| {
+            self.routed_step(step, cache.shape, cache.precision(), None, async |kernel| {
                 ops::decode::decode_host(&self.gpu, cache, step, opts, num_splits, kernel).await
             })
             .await
