@@ -3,7 +3,7 @@
 //! no row sees), `S = Q·Kᵀ` and `O += P·V` on the micro-kernel, and the
 //! online softmax on each block of S in between with the vectorized `exp`.
 
-use super::micro::{gemm, row_dots, Dims, Kernel, Mat};
+use super::micro::{gemm, row_dots, Dims, Kernel, Mat, Operand};
 use super::scores::{ScoreRow, ScoreRule, Visibility};
 use super::vmath::{self, Lanes, Rounding, LANES};
 
@@ -31,21 +31,47 @@ impl Geometry {
 }
 
 /// One block of keys as the products read it: K in either layout and V
-/// in rows of `ldv` (at least `dvpad`), from the block's first key.
-pub(crate) struct KeyBlock<'a> {
-    pub k: Keys<'a>,
-    pub v: &'a [f32],
+/// in rows of `ldv` (at least `dvpad`), from the block's key `from`; f32,
+/// or a quantized cache's codes with each key's scales.
+pub(crate) struct KeyBlock<'a, B = f32> {
+    pub k: Keys<'a, B>,
+    pub v: &'a [B],
     pub ldv: usize,
+    /// The key of the block (0 its first) K's, V's and the scales' data start at.
+    pub from: usize,
+    pub scales: Option<KeyScales<'a>>,
+}
+
+impl<'a> KeyBlock<'a> {
+    /// f32 keys and values from the block's first key.
+    pub fn plain(k: Keys<'a>, v: &'a [f32], ldv: usize) -> Self {
+        Self {
+            k,
+            v,
+            ldv,
+            from: 0,
+            scales: None,
+        }
+    }
+}
+
+/// Each key's K and V scale (a quantized cache's block scales), from the
+/// block data's first key: scores are multiplied by K's before the softmax,
+/// probabilities by V's before `P·V`.
+pub(crate) struct KeyScales<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
 }
 
 /// A block's keys: transposed for the micro-kernel (many query rows per
-/// key, packed once per call), or in rows (a cache's rows widened as they
-/// are, for the few rows of decoding: [`row_dots`]).
-pub(crate) enum Keys<'a> {
+/// key, packed once per call), or in rows (a cache's rows as they are, for
+/// the few rows of decoding: [`row_dots`]).
+pub(crate) enum Keys<'a, B = f32> {
     /// Kᵀ, `(d, bc)`.
-    Transposed(&'a [f32]),
-    /// K in rows of the given stride, each zero-padded to `dpad`.
-    Rows(&'a [f32], usize),
+    Transposed(&'a [B]),
+    /// K in rows of the given stride, each `dpad` long (zero past `d`, or,
+    /// where `d` is `dpad`, the row's own elements).
+    Rows(&'a [B], usize),
 }
 
 /// Where key blocks come from (packed tensors).
@@ -108,7 +134,7 @@ pub(crate) fn attend<K: Kernel, S: KeySource>(
     let mut stream = Stream::new(g, rule, q, round_p);
     for kb in stream.key_blocks() {
         if let Some(reach) = stream.reach(kb) {
-            stream.update::<K>(&reach, &src.block(kb));
+            stream.update::<K, f32>(&reach, &src.block(kb));
         }
     }
     stream.finish()
@@ -157,17 +183,19 @@ impl<'a> Stream<'a> {
 
     /// Block `reach.kb`'s scores, online softmax and `O += P·V`.
     #[inline(always)]
-    pub fn update<K: Kernel>(&mut self, reach: &Reach, blk: &KeyBlock) {
+    pub fn update<K: Kernel, B: Operand>(&mut self, reach: &Reach, blk: &KeyBlock<B>) {
         let (g, q, w) = (self.g, self.q, &mut self.w);
         let n = q.rows.len();
-        let (c0, nc) = (reach.keys.start - reach.kb * g.bc, reach.keys.len());
+        let nc = reach.keys.len();
+        // The first key reached, in the block's data.
+        let c0 = reach.keys.start - reach.kb * g.bc - blk.from;
         let s_dims = Dims {
             m: n,
             n: nc,
             k: g.d,
         };
         match blk.k {
-            Keys::Transposed(kt) => gemm::<K>(
+            Keys::Transposed(kt) => gemm::<K, _>(
                 s_dims,
                 q.q,
                 Mat::rows(&kt[c0..], g.bc),
@@ -181,22 +209,39 @@ impl<'a> Stream<'a> {
                     k: g.dpad,
                     ..s_dims
                 };
-                row_dots::<K>(dims, q.q, Mat::rows(&k[c0 * ld..], ld), &mut w.s, g.bc);
+                row_dots::<K, _>(dims, q.q, Mat::rows(&k[c0 * ld..], ld), &mut w.s, g.bc);
             }
         }
+        let scales = blk.scales.as_ref();
+        if let Some(scales) = scales {
+            scale_columns(&mut w.s, g.bc, n, &scales.k[c0..][..nc]);
+        }
         online_update::<K>(g, self.rule, q.rows, reach, w, self.round_p);
+        if let Some(scales) = scales {
+            scale_columns(&mut w.s, g.bc, n, &scales.v[c0..][..nc]);
+        }
         let pv = Dims {
             m: n,
             n: g.dvpad,
             k: nc,
         };
         let v = Mat::rows(&blk.v[c0 * blk.ldv..], blk.ldv);
-        gemm::<K>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
+        gemm::<K, _>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
     }
 
     /// Every row normalized, with its LSE.
     pub fn finish(self) -> Partial {
         finish(self.g, self.w, self.rule.keep_scale())
+    }
+}
+
+/// Column `c` of each of the first `rows` rows (of stride `ld`) times `by[c]`.
+#[inline(always)]
+fn scale_columns(s: &mut [f32], ld: usize, rows: usize, by: &[f32]) {
+    for row in s.chunks_exact_mut(ld).take(rows) {
+        for (x, &k) in row.iter_mut().zip(by) {
+            *x *= k;
+        }
     }
 }
 

@@ -250,13 +250,13 @@ impl Ctx<'_> {
             self.q.mat(at.n, at.h, i0 * g.dpad, g.dpad),
             self.kt.mat(at.n, hk, ka * g.d, g.bc),
         );
-        gemm::<K>(s_dims, q, kt, &mut t.p, g.bc, false);
+        gemm::<K, _>(s_dims, q, kt, &mut t.p, g.bc, false);
         let (d_o, vt) = (
             self.d_o.mat(at.n, at.h, i0 * g.dvpad, g.dvpad),
             self.vt.mat(at.n, hk, ka * g.dv, g.bc),
         );
         let dp_dims = Dims { k: g.dv, ..s_dims };
-        gemm::<K>(dp_dims, d_o, vt, &mut t.ds, g.bc, false);
+        gemm::<K, _>(dp_dims, d_o, vt, &mut t.ds, g.bc, false);
         let keys = ka..ka + g.bc;
         for (r, row) in at.rows.iter().enumerate() {
             let at_lse = seq.lse_index(at.h, row.i);
@@ -339,12 +339,12 @@ impl Ctx<'_> {
                     n: g.dvpad,
                     k: m,
                 };
-                gemm::<K>(dv_dims, Mat::transposed(&t.p, g.bc), d_o, dv, g.dvpad, true);
+                gemm::<K, _>(dv_dims, Mat::transposed(&t.p, g.bc), d_o, dv, g.dvpad, true);
                 let dk_dims = Dims {
                     n: g.dpad,
                     ..dv_dims
                 };
-                gemm::<K>(dk_dims, Mat::transposed(&t.ds, g.bc), q, dk, g.dpad, true);
+                gemm::<K, _>(dk_dims, Mat::transposed(&t.ds, g.bc), q, dk, g.dpad, true);
                 let q_dims = Dims {
                     m,
                     n: g.dpad,
@@ -352,7 +352,7 @@ impl Ctx<'_> {
                 };
                 let k = self.k.mat(n, hk, kb * g.bc * g.dpad, g.dpad);
                 let dq = &mut dq[(hl * seq.len_q() + i0) * g.dpad..];
-                gemm::<K>(q_dims, Mat::rows(&t.ds, g.bc), k, dq, g.dpad, true);
+                gemm::<K, _>(q_dims, Mat::rows(&t.ds, g.bc), k, dq, g.dpad, true);
             }
         }
         let prec = self.precision;

@@ -6,11 +6,14 @@
 //! apart, which the hardware prefetchers miss), then every kv head runs
 //! the forward's inner loop ([`Stream`]: the same online softmax, scores
 //! by [`row_dots`](super::micro::row_dots) against the rows as they are)
-//! for the packed rows of its query group. The merge combines the splits
+//! for the packed rows of its query group. A quantized cache is not
+//! widened: the products read its codes (in place where a block's rows are
+//! consecutive, [`stream_codes`]) and its block scales multiply the scores
+//! and probabilities. The merge combines the splits
 //! by their LSE, then adds the sinks. With ALiBi each packed row carries
 //! its own query head's slope.
 
-use crate::api::decode::{DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
+use crate::api::decode::{CacheLayout, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::{AttentionOptions, Mask};
 use crate::api::output::CallStats;
 use crate::api::tensor::{HostData, TensorData, TensorView};
@@ -18,14 +21,16 @@ use crate::error::{Error, Result};
 use crate::kv_quant::{CacheQuant, QuantKvCache};
 use crate::plan::{plan_splits, DecodeRequest, SplitLimits, Splits};
 use crate::quant::check_finite;
+use bytemuck::TransparentWrapper;
 use rayon::prelude::*;
 use std::ops::Range;
 
-use super::attend::{Geometry, KeyBlock, Keys, Partial, Query, Stream};
+use super::attend::{Geometry, KeyBlock, KeyScales, Keys, Partial, Query, Stream};
+use super::codes::{E4m3Code, Int8Code};
 use super::forward::clip;
 use super::isa::{Isa, Task};
 use super::merge::{merge_row, with_sink};
-use super::micro::{Kernel, Mat, PAD};
+use super::micro::{Kernel, Mat, Operand, PAD};
 use super::pool::Buffer;
 use super::scores::{ScoreRow, ScoreRule};
 use super::vmath::{rounding_of, Widen};
@@ -34,11 +39,25 @@ use super::vmath::{rounding_of, Widen};
 /// enough to stay in a core's L2 while each head reads it.
 const BLOCK_BYTES: usize = 256 << 10;
 
-/// Keys per block: as many as [`BLOCK_BYTES`] holds, in whole micro-kernel
-/// panels, between one panel and 64.
-fn block_keys(heads_kv: usize, dpad: usize, dvpad: usize) -> usize {
-    let per_key = heads_kv * (dpad + dvpad) * std::mem::size_of::<f32>();
-    (BLOCK_BYTES / per_key.max(1) / PAD * PAD).clamp(PAD, 64)
+/// Keys per block: as many as [`BLOCK_BYTES`] holds of what a block keeps
+/// (`bytes` a key: f32 rows widened for every kv head, or a quantized
+/// cache's codes), in whole micro-kernel panels, between one panel and 64.
+fn block_keys(bytes: usize) -> usize {
+    (BLOCK_BYTES / bytes.max(1) / PAD * PAD).clamp(PAD, 64)
+}
+
+/// Keys per block of a quantized cache: `bc`, or in a paged cache whose
+/// blocks of `bc` would cross pages, the most panels that divide the page
+/// (each block then lies in one page, whose codes are read in place).
+fn within_pages(bc: usize, layout: CacheLayout) -> usize {
+    match layout {
+        CacheLayout::Paged { page_size, .. } if page_size % bc != 0 => (PAD..=bc)
+            .rev()
+            .step_by(PAD)
+            .find(|b| page_size % b == 0)
+            .unwrap_or(bc),
+        _ => bc,
+    }
 }
 
 /// One decoding step on a host cache: validate, append, attend. A step that
@@ -94,7 +113,16 @@ fn attend(
     cache: Source,
 ) -> Result<DecodeOutput> {
     let pad = super::pack::padded;
-    let bc = block_keys(p.heads_kv, pad(p.head_dim), pad(p.head_dim_v));
+    let bc = match cache {
+        Source::Plain(_) => {
+            let bytes = std::mem::size_of::<f32>() * (pad(p.head_dim) + pad(p.head_dim_v));
+            block_keys(p.heads_kv * bytes)
+        }
+        Source::Quant(_) => {
+            let bc = block_keys(p.heads_kv * (p.head_dim + p.head_dim_v));
+            within_pages(bc, p.cache.layout)
+        }
+    };
     let splits = cpu_splits(p, num_splits, bc)?;
     let work = Work {
         p,
@@ -320,34 +348,19 @@ impl Task for SplitTask<'_, '_> {
                     block.widen::<K>(w, cache, b, kb, &reach.keys);
                     for (hk, stream) in streams.iter_mut().enumerate() {
                         let head = hk * g.bc;
-                        let blk = KeyBlock {
-                            k: Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
-                            v: &block.v()[head * g.dvpad..],
-                            ldv: g.dvpad,
-                        };
-                        stream.update::<K>(&reach, &blk);
+                        let blk = KeyBlock::plain(
+                            Keys::Rows(&block.k()[head * g.dpad..], g.dpad),
+                            &block.v()[head * g.dvpad..],
+                            g.dvpad,
+                        );
+                        stream.update::<K, f32>(&reach, &blk);
                     }
                 }
             }
-            Source::Quant(cache) => {
-                let mut block = CodeBlock::new(g, p.heads_kv);
-                for kb in streams[0].key_blocks() {
-                    let Some(reach) = streams[0].reach(kb) else {
-                        continue;
-                    };
-                    block.stage(w, cache, b, kb, &reach.keys);
-                    let keys = reach.keys.start - kb * g.bc..reach.keys.end - kb * g.bc;
-                    for (hk, stream) in streams.iter_mut().enumerate() {
-                        block.widen_head::<K>(g, cache.quant, hk, &keys);
-                        let blk = KeyBlock {
-                            k: Keys::Rows(block.head_k(), g.dpad),
-                            v: block.head_v(),
-                            ldv: g.dvpad,
-                        };
-                        stream.update::<K>(&reach, &blk);
-                    }
-                }
-            }
+            Source::Quant(cache) => match cache.quant {
+                CacheQuant::Int8 => stream_codes::<K, Int8Code>(w, cache, b, &mut streams),
+                CacheQuant::Fp8 => stream_codes::<K, E4m3Code>(w, cache, b, &mut streams),
+            },
         }
         streams.into_iter().map(Stream::finish).collect()
     }
@@ -484,123 +497,169 @@ impl Block {
     }
 }
 
-/// One key block of a quantized cache. Its codes are copied head by head in
-/// one sequential sweep of the cache's rows (a byte an element: a quarter
-/// of [`Block`]'s f32 traffic), with each key's block scale; then each
-/// head's rows are widened to f32 just before its keys are used, into rows
-/// that stay in L1.
+/// Every kv head's streams over a quantized cache's key blocks, the
+/// products reading the codes as `B`: in place where the block's keys are
+/// consecutive cache rows (a dense cache, within a page) that exist and each
+/// head's row is whole panels, else from a copy ([`CodeBlock::stage`]).
+#[inline(always)]
+fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
+    w: &Work,
+    cache: &QuantKvCache,
+    b: usize,
+    streams: &mut [Stream],
+) {
+    let (p, g) = (w.p, &w.g);
+    let (k, v) = (B::wrap_slice(&cache.k.codes), B::wrap_slice(&cache.v.codes));
+    let (k_len, v_len) = (p.cache.row_len(), p.cache.v_row_len());
+    let panels = g.d == g.dpad && g.dv == g.dvpad;
+    let mut block = CodeBlock::new(g, p.heads_kv);
+    for kb in streams[0].key_blocks() {
+        let Some(reach) = streams[0].reach(kb) else {
+            continue;
+        };
+        let keys = &reach.keys;
+        block.scales(w, cache, b, kb, keys);
+        let row0 = p.cache_row(b, keys.start);
+        let in_place = panels
+            && keys.end <= p.seqlen_k(b)
+            && keys
+                .clone()
+                .all(|t| p.cache_row(b, t) == row0 + (t - keys.start));
+        let from = if in_place {
+            keys.start - kb * g.bc
+        } else {
+            block.stage(w, cache, b, kb, keys);
+            0
+        };
+        for (hk, stream) in streams.iter_mut().enumerate() {
+            if in_place {
+                // The head's rows of the next block, which the hardware
+                // prefetchers miss (short runs a whole row apart); in a
+                // dense cache they follow these (in a page, the next rows
+                // may be another sequence's: harmless).
+                let next = row0 + keys.len()..row0 + keys.len() + g.bc;
+                prefetch_rows(
+                    &cache.k.codes,
+                    next.clone(),
+                    k_len,
+                    hk * g.d..(hk + 1) * g.d,
+                );
+                prefetch_rows(&cache.v.codes, next, v_len, hk * g.dv..(hk + 1) * g.dv);
+            }
+            let (kr, vr, ldk, ldv) = if in_place {
+                let k = &k[row0 * k_len + hk * g.d..];
+                (k, &v[row0 * v_len + hk * g.dv..], k_len, v_len)
+            } else {
+                let (k, v) = block.head(g, hk);
+                (B::wrap_slice(k), B::wrap_slice(v), g.dpad, g.dvpad)
+            };
+            let at = hk * g.bc + from;
+            let blk = KeyBlock {
+                k: Keys::Rows(kr, ldk),
+                v: vr,
+                ldv,
+                from,
+                scales: Some(KeyScales {
+                    k: &block.k_scale[at..],
+                    v: &block.v_scale[at..],
+                }),
+            };
+            stream.update::<K, B>(&reach, &blk);
+        }
+    }
+}
+
+/// Ask for columns `cols` of rows `rows` (of `len` bytes) of `codes`, as far
+/// as the cache goes, one cache line at a time (x86; elsewhere nothing).
+#[inline(always)]
+fn prefetch_rows(codes: &[u8], rows: Range<usize>, len: usize, cols: Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    for row in rows {
+        let Some(bytes) = codes.get(row * len + cols.start..row * len + cols.end) else {
+            break;
+        };
+        for line in bytes.chunks(64) {
+            // SAFETY: a prefetch reads nothing (and the address is in bounds).
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast())
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (codes, rows, len, cols);
+}
+
+/// A quantized cache's key block beside its rows: each (head, key)'s
+/// scales, and, where the codes cannot be read in place, a copy of them in
+/// panels (head `hk`'s row for the block's `c`-th key at `(hk · bc + c) ·
+/// dpad`, V's at `· dvpad`, zero-padded; zero codes past the sequence's
+/// last key).
 struct CodeBlock {
-    /// Codes, `(heads, bc, d)` then `(heads, bc, dv)`.
     k: Vec<u8>,
     v: Vec<u8>,
-    /// Each (head, key)'s scale, `(heads, bc)`; 0 past the sequence's last
-    /// key, so those rows widen to zeros.
+    /// `(heads, bc)`; 0 past the sequence's last key.
     k_scale: Vec<f32>,
     v_scale: Vec<f32>,
-    /// One head's rows as f32: K's `(bc, dpad)`, then V's `(bc, dvpad)`,
-    /// zero-padded (the padding is never written).
-    head: Rows,
 }
 
 impl CodeBlock {
     fn new(g: &Geometry, heads: usize) -> Self {
         Self {
-            k: vec![0; heads * g.bc * g.d],
-            v: vec![0; heads * g.bc * g.dv],
+            k: vec![0; heads * g.bc * g.dpad],
+            v: vec![0; heads * g.bc * g.dvpad],
             k_scale: vec![0.0; heads * g.bc],
             v_scale: vec![0.0; heads * g.bc],
-            head: Rows::new(g.bc * g.dpad, g.bc * g.dvpad),
         }
     }
 
-    fn head_k(&self) -> &[f32] {
-        self.head.k()
+    /// Head `hk`'s copied K and V rows.
+    fn head(&self, g: &Geometry, hk: usize) -> (&[u8], &[u8]) {
+        (
+            &self.k[hk * g.bc * g.dpad..][..g.bc * g.dpad],
+            &self.v[hk * g.bc * g.dvpad..][..g.bc * g.dvpad],
+        )
     }
 
-    fn head_v(&self) -> &[f32] {
-        self.head.v()
+    /// The scales of keys `keys` (within block `kb`) of sequence `b`.
+    #[inline(always)]
+    fn scales(&mut self, w: &Work, cache: &QuantKvCache, b: usize, kb: usize, keys: &Range<usize>) {
+        let (bc, heads) = (w.g.bc, w.p.heads_kv);
+        let blocks = cache.blocks();
+        for (c, row) in Block::key_rows(w, b, kb, keys) {
+            let first = row.map(|row| blocks.block(row) * heads);
+            for hk in 0..heads {
+                let scale = |s: &[f32]| first.map_or(0.0, |first| s[first + hk]);
+                self.k_scale[hk * bc + c] = scale(&cache.k.scales);
+                self.v_scale[hk * bc + c] = scale(&cache.v.scales);
+            }
+        }
     }
 
-    /// Keys `keys` (within block `kb`) of sequence `b`: codes and scales.
+    /// Keys `keys` (within block `kb`) of sequence `b`: their codes, each
+    /// head's row in its panels, in one sequential sweep of the cache's rows.
     #[inline(always)]
     fn stage(&mut self, w: &Work, cache: &QuantKvCache, b: usize, kb: usize, keys: &Range<usize>) {
-        let (g, heads) = (&w.g, w.p.heads_kv);
-        let (d, dv) = (g.d, g.dv);
+        let g = &w.g;
+        let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
         let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
-        let blocks = cache.blocks();
-        let (k, v) = (&cache.k, &cache.v);
         for (c, row) in Block::key_rows(w, b, kb, keys) {
-            let Some(row) = row else {
-                for hk in 0..heads {
-                    self.k_scale[hk * g.bc + c] = 0.0;
-                    self.v_scale[hk * g.bc + c] = 0.0;
-                }
-                continue;
-            };
-            let first = blocks.block(row) * heads;
-            let (k_row, v_row) = (
-                &k.codes[row * k_len..][..k_len],
-                &v.codes[row * v_len..][..v_len],
-            );
             for hk in 0..heads {
                 let at = hk * g.bc + c;
-                self.k[at * d..][..d].copy_from_slice(&k_row[hk * d..][..d]);
-                self.v[at * dv..][..dv].copy_from_slice(&v_row[hk * dv..][..dv]);
-                self.k_scale[at] = k.scales[first + hk];
-                self.v_scale[at] = v.scales[first + hk];
-            }
-        }
-    }
-
-    /// Head `hk`'s rows `keys` (of the block) widened to f32.
-    #[inline(always)]
-    fn widen_head<K: Kernel>(
-        &mut self,
-        g: &Geometry,
-        quant: CacheQuant,
-        hk: usize,
-        keys: &Range<usize>,
-    ) {
-        let (d, dv) = (g.d, g.dv);
-        let (hk_, hv) = self.head.split_mut();
-        for c in keys.clone() {
-            let at = hk * g.bc + c;
-            widen_codes(
-                quant,
-                &self.k[at * d..][..d],
-                self.k_scale[at],
-                &mut hk_[c * g.dpad..][..d],
-            );
-            widen_codes(
-                quant,
-                &self.v[at * dv..][..dv],
-                self.v_scale[at],
-                &mut hv[c * g.dvpad..][..dv],
-            );
-        }
-    }
-}
-
-/// `dst[i] = fl(value(codes[i]) · scale)`, the rule's value of each code.
-#[inline(always)]
-fn widen_codes(quant: CacheQuant, codes: &[u8], scale: f32, dst: &mut [f32]) {
-    match quant {
-        CacheQuant::Int8 => {
-            for (d, &c) in dst.iter_mut().zip(codes) {
-                *d = c as i8 as f32 * scale;
-            }
-        }
-        CacheQuant::Fp8 => {
-            // (8 + m) · 2^(e − 10), or m · 2^−9 when e = 0: a mantissa below 16
-            // times a power of two built from its bits, exact in f32, so the
-            // one rounding is that of the product with the scale.
-            for (d, &c) in dst.iter_mut().zip(codes) {
-                let c = c as u32;
-                let (e, m) = ((c >> 3) & 15, c & 7);
-                let mant = (m | if e > 0 { 8 } else { 0 }) as f32;
-                let pow = f32::from_bits((e.max(1) + 117) << 23);
-                let v = f32::from_bits((mant * pow).to_bits() | (c & 0x80) << 24);
-                *d = v * scale;
+                let (kd, vd) = (
+                    &mut self.k[at * g.dpad..][..d],
+                    &mut self.v[at * g.dvpad..][..dv],
+                );
+                match row {
+                    Some(row) => {
+                        kd.copy_from_slice(&cache.k.codes[row * k_len + hk * d..][..d]);
+                        vd.copy_from_slice(&cache.v.codes[row * v_len + hk * dv..][..dv]);
+                    }
+                    None => {
+                        kd.fill(0);
+                        vd.fill(0);
+                    }
+                }
             }
         }
     }

@@ -221,13 +221,11 @@ impl KeySource for Packed<'_, '_> {
     #[inline(always)]
     fn block(&self, kb: usize) -> KeyBlock<'_> {
         let g = &self.ctx.g;
-        KeyBlock {
-            k: Keys::Transposed(
-                &self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc],
-            ),
-            v: &self.ctx.v.head(self.n, self.hk)[kb * g.bc * g.dvpad..][..g.bc * g.dvpad],
-            ldv: g.dvpad,
-        }
+        KeyBlock::plain(
+            Keys::Transposed(&self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc]),
+            &self.ctx.v.head(self.n, self.hk)[kb * g.bc * g.dvpad..][..g.bc * g.dvpad],
+            g.dvpad,
+        )
     }
 }
 

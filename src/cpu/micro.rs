@@ -24,10 +24,10 @@ pub(crate) const PAD: usize = 16;
 macro_rules! by_rows {
     ($f:ident [$($t:ty,)?] $p:expr, $left:expr, $d:expr, $n:expr) => {
         match $left {
-            4.. => $f::<$($t,)? 4>($p, $d, $n),
-            3 => $f::<$($t,)? 3>($p, $d, $n),
-            2 => $f::<$($t,)? 2>($p, $d, $n),
-            _ => $f::<$($t,)? 1>($p, $d, $n),
+            4.. => $f::<$($t,)? 4, _>($p, $d, $n),
+            3 => $f::<$($t,)? 3, _>($p, $d, $n),
+            2 => $f::<$($t,)? 2, _>($p, $d, $n),
+            _ => $f::<$($t,)? 1, _>($p, $d, $n),
         }
     };
 }
@@ -39,19 +39,19 @@ macro_rules! six_rows {
     ($($t:ident)::+, $p:expr, $left:expr, $k:expr, $acc:expr) => {
         match $left {
             6.. => {
-                $($t)::+::<6>($p, $k, $acc);
+                $($t)::+::<6, _>($p, $k, $acc);
                 6
             }
             4 | 5 => {
-                $($t)::+::<4>($p, $k, $acc);
+                $($t)::+::<4, _>($p, $k, $acc);
                 4
             }
             2 | 3 => {
-                $($t)::+::<2>($p, $k, $acc);
+                $($t)::+::<2, _>($p, $k, $acc);
                 2
             }
             _ => {
-                $($t)::+::<1>($p, $k, $acc);
+                $($t)::+::<1, _>($p, $k, $acc);
                 1
             }
         }
@@ -67,14 +67,20 @@ pub(crate) trait Kernel {
     ///
     /// # Safety
     /// `p` must address `left` rows of A and C and the panel's columns of B and C.
-    unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, accumulate: bool) -> usize;
+    unsafe fn tile<B: Operand>(
+        p: &Ptrs<B>,
+        left: usize,
+        k: usize,
+        wide: bool,
+        accumulate: bool,
+    ) -> usize;
     /// [`row_dots`] for the next rows of q (A) against every one of the
     /// `n` keys (rows of B), into C: as many of the `left` rows as share
     /// a key's loads; returns how many.
     ///
     /// # Safety
     /// `p` must address `left` rows of A and C, `n` rows of B, `d` columns.
-    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize;
+    unsafe fn dots<B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize;
     /// `a · b + c`, fused where the instruction set has FMA: what the
     /// elementwise math ([`super::vmath`]) is built on.
     fn madd(a: f32, b: f32, c: f32) -> f32;
@@ -86,6 +92,56 @@ pub(crate) trait Kernel {
     #[inline(always)]
     unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
         widen_f16_bits(src, dst)
+    }
+}
+
+/// An element type of B (the right operand: K's rows, V): f32 as it is, or
+/// a quantized cache's codes ([`super::codes`]), each widened to its exact
+/// f32 value as it loads, so the products read a cache's codes in place.
+/// Every load takes 16 elements (a column panel's width).
+pub(crate) trait Operand: Copy {
+    /// The element's value (the plain-Rust tiles' load).
+    fn value(self) -> f32;
+    /// 16 values in one zmm.
+    ///
+    /// # Safety
+    /// `p` must address 16 elements; AVX-512F must be present.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn zmm(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 16 values in two ymm.
+    ///
+    /// # Safety
+    /// `p` must address 16 elements; AVX2 must be present.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ymm2(p: *const Self) -> [std::arch::x86_64::__m256; 2];
+    /// 16 values in four q registers.
+    ///
+    /// # Safety
+    /// `p` must address 16 elements.
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn q4(p: *const Self) -> [std::arch::aarch64::float32x4_t; 4];
+}
+
+impl Operand for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zmm(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ymm2(p: *const f32) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::_mm256_loadu_ps;
+        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn q4(p: *const f32) -> [std::arch::aarch64::float32x4_t; 4] {
+        std::array::from_fn(|v| std::arch::aarch64::vld1q_f32(p.add(4 * v)))
     }
 }
 
@@ -122,14 +178,14 @@ impl Kernel for Avx512 {
         a.mul_add(b, c)
     }
     #[inline(always)]
-    unsafe fn tile(p: &Ptrs, left: usize, k: usize, wide: bool, acc: bool) -> usize {
+    unsafe fn tile<B: Operand>(p: &Ptrs<B>, left: usize, k: usize, wide: bool, acc: bool) -> usize {
         use x86::tile512 as t;
         macro_rules! at {
             ($mr:literal) => {{
                 if wide {
-                    t::<$mr, 2>(p, k, acc)
+                    t::<$mr, 2, B>(p, k, acc)
                 } else {
-                    t::<$mr, 1>(p, k, acc)
+                    t::<$mr, 1, B>(p, k, acc)
                 }
                 $mr
             }};
@@ -142,7 +198,7 @@ impl Kernel for Avx512 {
         }
     }
     #[inline(always)]
-    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+    unsafe fn dots<B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize {
         use x86::dots512;
         by_rows!(dots512 [] p, left, d, n)
     }
@@ -163,11 +219,11 @@ impl Kernel for Avx2 {
         a.mul_add(b, c)
     }
     #[inline(always)]
-    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
+    unsafe fn tile<B: Operand>(p: &Ptrs<B>, left: usize, k: usize, _: bool, acc: bool) -> usize {
         six_rows!(x86::tile256, p, left, k, acc)
     }
     #[inline(always)]
-    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+    unsafe fn dots<B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize {
         use x86::dots256;
         by_rows!(dots256 [] p, left, d, n)
     }
@@ -188,11 +244,11 @@ impl Kernel for Neon {
         a.mul_add(b, c)
     }
     #[inline(always)]
-    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
+    unsafe fn tile<B: Operand>(p: &Ptrs<B>, left: usize, k: usize, _: bool, acc: bool) -> usize {
         six_rows!(arm::tile128, p, left, k, acc)
     }
     #[inline(always)]
-    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+    unsafe fn dots<B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize {
         use arm::dots128;
         by_rows!(dots128 [] p, left, d, n)
     }
@@ -208,12 +264,12 @@ impl Kernel for Portable {
         Unfused::madd(a, b, c)
     }
     #[inline(always)]
-    unsafe fn tile(p: &Ptrs, left: usize, k: usize, _: bool, acc: bool) -> usize {
-        generic_tile::<Unfused>(p, left, k, acc)
+    unsafe fn tile<B: Operand>(p: &Ptrs<B>, left: usize, k: usize, _: bool, acc: bool) -> usize {
+        generic_tile::<Unfused, B>(p, left, k, acc)
     }
     #[inline(always)]
-    unsafe fn dots(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
-        generic_dots::<Unfused>(p, left, d, n)
+    unsafe fn dots<B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize {
+        generic_dots::<Unfused, B>(p, left, d, n)
     }
 }
 
@@ -231,16 +287,22 @@ impl Madd for Unfused {
 }
 
 /// A read-only operand: element `(r, x)` at `data[r * rs + x * cs]`.
-#[derive(Clone, Copy)]
-pub(crate) struct Mat<'a> {
-    pub data: &'a [f32],
+pub(crate) struct Mat<'a, T = f32> {
+    pub data: &'a [T],
     pub rs: usize,
     pub cs: usize,
 }
 
-impl<'a> Mat<'a> {
+impl<T> Clone for Mat<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Mat<'_, T> {}
+
+impl<'a, T> Mat<'a, T> {
     /// Row-major with row stride `ld`.
-    pub fn rows(data: &'a [f32], ld: usize) -> Self {
+    pub fn rows(data: &'a [T], ld: usize) -> Self {
         Self {
             data,
             rs: ld,
@@ -249,7 +311,7 @@ impl<'a> Mat<'a> {
     }
 
     /// The transpose of a row-major matrix with row stride `ld`.
-    pub fn transposed(data: &'a [f32], ld: usize) -> Self {
+    pub fn transposed(data: &'a [T], ld: usize) -> Self {
         Self {
             data,
             rs: 1,
@@ -272,12 +334,11 @@ pub(crate) struct Dims {
 }
 
 /// Raw operands of one micro-tile, bounds checked by [`gemm`].
-#[derive(Clone, Copy)]
-pub(crate) struct Ptrs {
+pub(crate) struct Ptrs<B = f32> {
     a: *const f32,
     rs: usize,
     cs: usize,
-    b: *const f32,
+    b: *const B,
     ldb: usize,
     c: *mut f32,
     ldc: usize,
@@ -289,10 +350,10 @@ pub(crate) struct Ptrs {
 /// If an operand is too short for `dims` or `n` is not a multiple of [`PAD`]
 /// (callers size every buffer from the same dims: a bug, not bad input).
 #[inline(always)]
-pub(crate) fn gemm<K: Kernel>(
+pub(crate) fn gemm<K: Kernel, B: Operand>(
     dims: Dims,
     a: Mat,
-    b: Mat,
+    b: Mat<B>,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
@@ -338,7 +399,13 @@ pub(crate) fn gemm<K: Kernel>(
 /// If an operand is too short for `dims` or the width is not a multiple of
 /// [`PAD`] (a bug, as for [`gemm`]).
 #[inline(always)]
-pub(crate) fn row_dots<K: Kernel>(dims: Dims, q: Mat, k: Mat, s: &mut [f32], lds: usize) {
+pub(crate) fn row_dots<K: Kernel, B: Operand>(
+    dims: Dims,
+    q: Mat,
+    k: Mat<B>,
+    s: &mut [f32],
+    lds: usize,
+) {
     let Dims { m, n, k: d } = dims;
     assert!(d % PAD == 0 && q.cs == 1 && k.cs == 1 && q.holds(m, d) && k.holds(n, d));
     assert!(m == 0 || n == 0 || (m - 1) * lds + n <= s.len());
@@ -364,12 +431,12 @@ pub(crate) fn row_dots<K: Kernel>(dims: Dims, q: Mat, k: Mat, s: &mut [f32], lds
 
 /// The plain-Rust [`Kernel::dots`]: `R` rows, every key.
 #[inline(always)]
-unsafe fn generic_dots<M: Madd>(p: &Ptrs, left: usize, d: usize, n: usize) -> usize {
+unsafe fn generic_dots<M: Madd, B: Operand>(p: &Ptrs<B>, left: usize, d: usize, n: usize) -> usize {
     by_rows!(dots [M,] p, left, d, n)
 }
 
 #[inline(always)]
-unsafe fn dots<M: Madd, const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+unsafe fn dots<M: Madd, const R: usize, B: Operand>(p: &Ptrs<B>, d: usize, n: usize) -> usize {
     for c in 0..n {
         let key = p.b.add(c * p.ldb);
         let mut acc = [[0f32; PAD]; R];
@@ -377,7 +444,7 @@ unsafe fn dots<M: Madd, const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
             for (r, a) in acc.iter_mut().enumerate() {
                 let q = p.a.add(r * p.rs + x);
                 for (j, a) in a.iter_mut().enumerate() {
-                    *a = M::madd(*q.add(j), *key.add(x + j), *a);
+                    *a = M::madd(*q.add(j), (*key.add(x + j)).value(), *a);
                 }
             }
         }
@@ -392,10 +459,15 @@ unsafe fn dots<M: Madd, const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
 
 /// The plain-Rust tiles: up to 4 rows × 16 columns.
 #[inline(always)]
-unsafe fn generic_tile<M: Madd>(p: &Ptrs, left: usize, k: usize, acc: bool) -> usize {
+unsafe fn generic_tile<M: Madd, B: Operand>(
+    p: &Ptrs<B>,
+    left: usize,
+    k: usize,
+    acc: bool,
+) -> usize {
     macro_rules! at {
         ($mr:literal) => {{
-            tile::<$mr, M>(p, k, acc);
+            tile::<$mr, M, B>(p, k, acc);
             $mr
         }};
     }
@@ -408,7 +480,7 @@ unsafe fn generic_tile<M: Madd>(p: &Ptrs, left: usize, k: usize, acc: bool) -> u
 
 /// `MR × NR` sums of C in registers over the whole of k.
 #[inline(always)]
-unsafe fn tile<const MR: usize, M: Madd>(p: &Ptrs, k: usize, accumulate: bool) {
+unsafe fn tile<const MR: usize, M: Madd, B: Operand>(p: &Ptrs<B>, k: usize, accumulate: bool) {
     const NR: usize = PAD;
     let mut acc = [[0f32; NR]; MR];
     if accumulate {
@@ -422,7 +494,7 @@ unsafe fn tile<const MR: usize, M: Madd>(p: &Ptrs, k: usize, accumulate: bool) {
         let brow = p.b.add(x * p.ldb);
         let mut bv = [0f32; NR];
         for (j, b) in bv.iter_mut().enumerate() {
-            *b = *brow.add(j);
+            *b = (*brow.add(j)).value();
         }
         let a = p.a.add(x * p.cs);
         for (r, row) in acc.iter_mut().enumerate() {
@@ -443,7 +515,7 @@ unsafe fn tile<const MR: usize, M: Madd>(p: &Ptrs, k: usize, accumulate: bool) {
 /// floats) the compiler keeps every sum in a register.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Ptrs;
+    use super::{Operand, Ptrs};
     use std::arch::x86_64::*;
 
     /// f16 to f32 with `vcvtph2ps` (exact), 16 at a time.
@@ -475,8 +547,8 @@ mod x86 {
     /// `MR` rows × `NV` zmm vectors (16 floats each) of C.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile512<const MR: usize, const NV: usize>(
-        p: &Ptrs,
+    pub(super) unsafe fn tile512<const MR: usize, const NV: usize, B: Operand>(
+        p: &Ptrs<B>,
         k: usize,
         accumulate: bool,
     ) {
@@ -490,7 +562,7 @@ mod x86 {
         }
         for x in 0..k {
             let brow = p.b.add(x * p.ldb);
-            let b: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(brow.add(16 * v)));
+            let b: [__m512; NV] = std::array::from_fn(|v| B::zmm(brow.add(16 * v)));
             let a = p.a.add(x * p.cs);
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r * p.rs));
@@ -510,13 +582,17 @@ mod x86 {
     /// sums per row and key, the four folded together), then one at a time.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dots512<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+    pub(super) unsafe fn dots512<const R: usize, B: Operand>(
+        p: &Ptrs<B>,
+        d: usize,
+        n: usize,
+    ) -> usize {
         let mut c = 0;
         while c + 4 <= n {
-            let keys: [*const f32; 4] = std::array::from_fn(|i| p.b.add((c + i) * p.ldb));
+            let keys: [*const B; 4] = std::array::from_fn(|i| p.b.add((c + i) * p.ldb));
             let mut acc = [[_mm512_setzero_ps(); 4]; R];
             for x in (0..d).step_by(16) {
-                let k: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(keys[i].add(x)));
+                let k: [__m512; 4] = std::array::from_fn(|i| B::zmm(keys[i].add(x)));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let q = _mm512_loadu_ps(p.a.add(r * p.rs + x));
                     for (a, k) in a.iter_mut().zip(&k) {
@@ -533,7 +609,7 @@ mod x86 {
             let key = p.b.add(c * p.ldb);
             let mut acc = [_mm512_setzero_ps(); R];
             for x in (0..d).step_by(16) {
-                let k = _mm512_loadu_ps(key.add(x));
+                let k = B::zmm(key.add(x));
                 for (r, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_loadu_ps(p.a.add(r * p.rs + x)), k, *a);
                 }
@@ -578,12 +654,16 @@ mod x86 {
     /// `0..8` and `8..16`, as the zmm's halves).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dots256<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+    pub(super) unsafe fn dots256<const R: usize, B: Operand>(
+        p: &Ptrs<B>,
+        d: usize,
+        n: usize,
+    ) -> usize {
         for c in 0..n {
             let key = p.b.add(c * p.ldb);
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             for x in (0..d).step_by(16) {
-                let k = [_mm256_loadu_ps(key.add(x)), _mm256_loadu_ps(key.add(x + 8))];
+                let k = B::ymm2(key.add(x));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let q = p.a.add(r * p.rs + x);
                     a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q), k[0], a[0]);
@@ -609,7 +689,11 @@ mod x86 {
     /// `MR` rows × 16 floats (two ymm vectors) of C.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile256<const MR: usize>(p: &Ptrs, k: usize, accumulate: bool) {
+    pub(super) unsafe fn tile256<const MR: usize, B: Operand>(
+        p: &Ptrs<B>,
+        k: usize,
+        accumulate: bool,
+    ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         if accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
@@ -620,7 +704,7 @@ mod x86 {
         }
         for x in 0..k {
             let brow = p.b.add(x * p.ldb);
-            let b = [_mm256_loadu_ps(brow), _mm256_loadu_ps(brow.add(8))];
+            let b = B::ymm2(brow);
             let a = p.a.add(x * p.cs);
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm256_set1_ps(*a.add(r * p.rs));
@@ -640,14 +724,18 @@ mod x86 {
 /// The NEON tiles in intrinsics, as the x86 ones: arrays of q registers.
 #[cfg(target_arch = "aarch64")]
 mod arm {
-    use super::Ptrs;
+    use super::{Operand, Ptrs};
     use std::arch::aarch64::*;
 
     /// `MR` rows × 16 floats (four q registers) of C: with `MR` 6, 24
     /// sums, 4 of B and A's broadcast element fit the 32 q registers.
     #[inline]
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn tile128<const MR: usize>(p: &Ptrs, k: usize, accumulate: bool) {
+    pub(super) unsafe fn tile128<const MR: usize, B: Operand>(
+        p: &Ptrs<B>,
+        k: usize,
+        accumulate: bool,
+    ) {
         let mut acc = [[vdupq_n_f32(0.0); 4]; MR];
         if accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
@@ -658,7 +746,7 @@ mod arm {
         }
         for x in 0..k {
             let brow = p.b.add(x * p.ldb);
-            let b: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(brow.add(4 * v)));
+            let b = B::q4(brow);
             let a = p.a.add(x * p.cs);
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = *a.add(r * p.rs);
@@ -678,12 +766,16 @@ mod arm {
     /// (lanes `0..4`, `4..8`, `8..12`, `12..16`).
     #[inline]
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn dots128<const R: usize>(p: &Ptrs, d: usize, n: usize) -> usize {
+    pub(super) unsafe fn dots128<const R: usize, B: Operand>(
+        p: &Ptrs<B>,
+        d: usize,
+        n: usize,
+    ) -> usize {
         for c in 0..n {
             let key = p.b.add(c * p.ldb);
             let mut acc = [[vdupq_n_f32(0.0); 4]; R];
             for x in (0..d).step_by(16) {
-                let k: [float32x4_t; 4] = std::array::from_fn(|v| vld1q_f32(key.add(x + 4 * v)));
+                let k = B::q4(key.add(x));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let q = p.a.add(r * p.rs + x);
                     for (v, (a, k)) in a.iter_mut().zip(&k).enumerate() {

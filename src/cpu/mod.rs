@@ -42,6 +42,7 @@
 
 mod attend;
 mod backward;
+mod codes;
 mod decode;
 mod forward;
 mod fp8;

@@ -169,7 +169,7 @@ impl CaseData {
 }
 
 /// Cases for quantized caches: dense rows crossing 16-token blocks, pages
-/// of 1, 16 and 48 tokens, appends of several tokens into one block, GQA,
+/// of 1, 16 and 48 tokens (at head dims of whole 16-element panels and not), appends of several tokens into one block, GQA,
 /// ALiBi and sinks, v's own head dim, f32/f16/bf16 steps, splits.
 pub fn quant_cases() -> Vec<DecodeCase> {
     use flashattn::{Alibi, AttentionOptions, Sinks};
@@ -193,6 +193,11 @@ pub fn quant_cases() -> Vec<DecodeCase> {
             .paged(48)
             .append(4)
             .bf16(),
+        DecodeCase::new(&[500, 97], 64)
+            .heads(4, 2)
+            .paged(48)
+            .append(2)
+            .f16(),
         DecodeCase::new(&[9, 2], 3)
             .heads(3, 3)
             .paged(1)

@@ -2,7 +2,9 @@
 //! for bit) and f64, dispatched through [`Isa`] as the backend does.
 
 use super::*;
+use crate::cpu::codes::{E4m3Code, Int8Code};
 use crate::cpu::isa::{Isa, Task};
+use bytemuck::TransparentWrapper;
 
 /// Values in [-2, 2] that differ from one element to the next.
 fn values(len: usize, mul: usize) -> Vec<f32> {
@@ -30,16 +32,16 @@ fn sum_and_size(terms: impl Iterator<Item = f64>, c0: f64) -> (f64, f64) {
 /// One [`gemm`] on a kernel, and the same sums as a chain of that
 /// kernel's scalar `madd` in k's order: whatever the tile shape, every
 /// element of C is that chain, so the two must agree bit for bit.
-struct GemmCase<'a> {
+struct GemmCase<'a, B = f32> {
     dims: Dims,
     a: Mat<'a>,
-    b: &'a [f32],
+    b: &'a [B],
     c: Vec<f32>,
     ldc: usize,
     accumulate: bool,
 }
 
-impl Task for GemmCase<'_> {
+impl<B: Operand> Task for GemmCase<'_, B> {
     type Output = (Vec<f32>, Vec<f32>);
     fn run<K: Kernel>(self) -> Self::Output {
         let Dims { m, n, k } = self.dims;
@@ -53,13 +55,13 @@ impl Task for GemmCase<'_> {
                     0.0
                 };
                 for x in 0..k {
-                    s = K::madd(a.data[r * a.rs + x * a.cs], b[x * n + j], s);
+                    s = K::madd(a.data[r * a.rs + x * a.cs], b[x * n + j].value(), s);
                 }
                 want[r * ldc + j] = s;
             }
         }
         let mut got = self.c;
-        gemm::<K>(
+        gemm::<K, _>(
             self.dims,
             a,
             Mat::rows(b, n),
@@ -132,14 +134,14 @@ fn every_instruction_sets_tiles_are_their_madd_chains_at_odd_sizes() {
 /// [`row_dots`] on a kernel, and the same sums as 16 lanes of that
 /// kernel's scalar `madd` folded in the documented tree (lane `j` with
 /// `j + 8`, then `+ 4`, `+ 2`, `+ 1`).
-struct DotsCase<'a> {
+struct DotsCase<'a, B = f32> {
     dims: Dims,
     q: &'a [f32],
-    k: &'a [f32],
+    k: &'a [B],
     lds: usize,
 }
 
-impl Task for DotsCase<'_> {
+impl<B: Operand> Task for DotsCase<'_, B> {
     type Output = (Vec<f32>, Vec<f32>);
     fn run<K: Kernel>(self) -> Self::Output {
         let Dims { m, n, k: d } = self.dims;
@@ -150,7 +152,7 @@ impl Task for DotsCase<'_> {
                 let mut l = [0f32; PAD];
                 for x in (0..d).step_by(PAD) {
                     for (j, l) in l.iter_mut().enumerate() {
-                        *l = K::madd(q[r * d + x + j], k[c * d + x + j], *l);
+                        *l = K::madd(q[r * d + x + j], k[c * d + x + j].value(), *l);
                     }
                 }
                 let h: [f32; 8] = std::array::from_fn(|j| l[j] + l[j + 8]);
@@ -159,7 +161,7 @@ impl Task for DotsCase<'_> {
             }
         }
         let mut got = vec![f32::NAN; m * lds];
-        row_dots::<K>(self.dims, Mat::rows(q, d), Mat::rows(k, d), &mut got, lds);
+        row_dots::<K, _>(self.dims, Mat::rows(q, d), Mat::rows(k, d), &mut got, lds);
         (got, want)
     }
 }
@@ -200,6 +202,83 @@ fn every_instruction_sets_row_dots_fold_in_one_tree_and_match_f64() {
                         "{isa:?} ({m},{n},{d}) s[{r}][{c}] off by {err}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Every code byte in turn (but e4m3's NaNs, which caches never hold),
+/// from `start`.
+fn codes(len: usize, start: usize) -> Vec<u8> {
+    (0..)
+        .map(|i| ((start + 7 * i) % 256) as u8)
+        .filter(|c| c & 0x7f != 0x7f)
+        .take(len)
+        .collect()
+}
+
+/// The tiles and the row dots reading int8 and e4m3 codes as B widen each
+/// code to its value on load: the results are the madd chains on those
+/// values, bit for bit, on every instruction set (its vector loads are
+/// what differs from f32's).
+#[test]
+fn every_instruction_sets_products_on_codes_are_the_chains_on_their_values() {
+    for &isa in Isa::available() {
+        for (m, k, n) in [
+            (1, 5, 16),
+            (4, 17, 32),
+            (3, 64, 48),
+            (6, 33, 128),
+            (9, 2, 16),
+        ] {
+            let a = values(m * k, 37);
+            let b = codes(k * n, 11);
+            for accumulate in [false, true] {
+                let case = |ldc| (vec![0.25f32; m * ldc], ldc);
+                let (c, ldc) = case(n + 1);
+                let int8 = isa.run(GemmCase {
+                    dims: Dims { m, n, k },
+                    a: Mat::rows(&a, k),
+                    b: Int8Code::wrap_slice(&b),
+                    c: c.clone(),
+                    ldc,
+                    accumulate,
+                });
+                let fp8 = isa.run(GemmCase {
+                    dims: Dims { m, n, k },
+                    a: Mat::rows(&a, k),
+                    b: E4m3Code::wrap_slice(&b),
+                    c,
+                    ldc,
+                    accumulate,
+                });
+                for (name, (got, want)) in [("int8", int8), ("e4m3", fp8)] {
+                    assert!(same_bits(&got, &want), "{isa:?} gemm {name} ({m},{k},{n})");
+                }
+            }
+            // The same sizes as row dots: m rows of q against n keys of k.
+            let (d, keys) = (k.div_ceil(PAD) * PAD, n);
+            let q = values(m * d, 41);
+            let kc = codes(keys * d, 3);
+            let lds = keys + 2;
+            let dims = Dims { m, n: keys, k: d };
+            let int8 = isa.run(DotsCase {
+                dims,
+                q: &q,
+                k: Int8Code::wrap_slice(&kc),
+                lds,
+            });
+            let fp8 = isa.run(DotsCase {
+                dims,
+                q: &q,
+                k: E4m3Code::wrap_slice(&kc),
+                lds,
+            });
+            for (name, (got, want)) in [("int8", int8), ("e4m3", fp8)] {
+                assert!(
+                    same_bits(&got, &want),
+                    "{isa:?} dots {name} ({m},{keys},{d})"
+                );
             }
         }
     }
