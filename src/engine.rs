@@ -1400,6 +1400,7 @@ impl AttentionBackend for Engine {
             fp8: true,
             dropout: true,
             quantized_cache: true,
+            latent_cache: true,
             plan_overrides: true,
         }
     }

@@ -124,7 +124,13 @@ fn head_dims_past_256() {
     let out = run_gpu(e, &Case::new(13, 19, 576).dv(512).heads(2, 1));
     let plan = out.stats.plan.unwrap();
     assert_eq!((plan.head_dim, plan.head_dim_v), (576, 512));
-    let out = run_gpu(e, &Case::new(7, 11, 576).dv(512).opts(causal()).overrides(browser));
+    let out = run_gpu(
+        e,
+        &Case::new(7, 11, 576)
+            .dv(512)
+            .opts(causal())
+            .overrides(browser),
+    );
     assert!(out.stats.plan.unwrap().workgroup_bytes <= 16384);
 }
 
