@@ -100,8 +100,8 @@ impl CacheShape {
         Self { head_dim_v, ..self }.checked()
     }
 
-    /// Every size ≥ 1, the head dims within the maximum, K's and V's element
-    /// counts within this target's limit.
+    /// Every size ≥ 1, the head dims within the maximum, a latent view
+    /// within its rows, K's and V's element counts within this target's limit.
     fn checked(self) -> Result<Self> {
         let [outer, inner, _, _] = self.dims();
         let names = match self.layout {
@@ -462,6 +462,9 @@ impl DecodeProblem {
     /// encoded step's, whose tensors are the app's buffer ranges) against
     /// a cache of `cache` shape holding `precision`.
     pub fn of_spec(step: &DecodeSpec, cache: &CacheShape, precision: Precision) -> Result<Self> {
+        // A shape built field by field (a latent view wider than its rows
+        // would read past them) is checked as the constructors check.
+        cache.checked()?;
         let [batch, seqlen_q, heads_q, head_dim] = step.q_shape;
         AttentionShape::new(batch, seqlen_q, 1, heads_q, cache.heads_kv, head_dim)?;
         if head_dim != cache.head_dim {

@@ -618,7 +618,24 @@ pub fn check_latent_rejections(
     );
     let latent = HostKvCache::latent(shape, k.clone()).unwrap();
     assert_one_latent_tensor(&latent);
+    // A shape built field by field is checked at the step.
     let q = TensorData::F32(vec![0.5; 8]);
+    let mut too_wide = latent.clone();
+    too_wide.shape.head_dim_v = 9;
+    let before = too_wide.clone();
+    let step = DecodeStep::new(q.view([1, 1, 1, 8]), &[3]);
+    let err = decode(&mut too_wide, &step).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LatentViewTooWide {
+                v_width: 9,
+                width: 8
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(too_wide == before, "a rejected step changed the cache");
     let (k_new, v_new) = (TensorData::F32(vec![1.0; 8]), TensorData::F32(vec![2.0; 4]));
     let lens = [3];
     let with_v = DecodeStep::new(q.view([1, 1, 1, 8]), &lens)
