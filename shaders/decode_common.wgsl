@@ -35,6 +35,12 @@ struct DecodeParams {
     blocks_per_page: u32,
     k_scales_at: u32,
     v_scales_at: u32,
+    // Elements between kv heads' rows of V (D in a latent cache, whose V
+    // is a view of K's first DV columns, read with K's row stride
+    // params.v_row_stride), and of one row of v_new (0 in a latent cache:
+    // its append writes K alone).
+    v_head_stride: u32,
+    v_new_len: u32,
 }
 
 @group(0) @binding(17) var<uniform> decode: DecodeParams;
@@ -64,7 +70,7 @@ fn o_offset(b: u32, i: u32, h: u32) -> u32 {
 
 // Offset of kv head hk's row of V in cache row `row`.
 fn v_offset(row: u32, hk: u32) -> u32 {
-    return row * params.v_row_stride + hk * DV;
+    return row * params.v_row_stride + hk * decode.v_head_stride;
 }
 
 fn lse_offset(b: u32, h: u32, i: u32) -> u32 {

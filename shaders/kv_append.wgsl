@@ -2,7 +2,7 @@
 // the cache in place: element x of row (b, t) goes to token seqlen_k(b) -
 // seqlen_new + t of sequence b. One invocation per element of the wider
 // row; the host checked every row is in range and written by one sequence
-// only.
+// only. A latent cache appends k_new alone (v_new_len 0): its V is K's.
 //
 // The composer declares WG, D, DV; common.wgsl; decode_common.wgsl;
 // load_k_new, load_v_new; store_k, store_v (the cache).
@@ -14,7 +14,7 @@ fn main(
 ) {
     let e = wrapped(wg, tid);
     let k_len = params.kv_row_stride;
-    let v_len = params.v_row_stride;
+    let v_len = decode.v_new_len;
     let row_len = max(k_len, v_len);
     if (e < params.batch * decode.seqlen_new * row_len) {
         let bt = e / row_len;
@@ -26,7 +26,7 @@ fn main(
             store_k(row * k_len + x, load_k_new(bt * k_len + x));
         }
         if (x < v_len) {
-            store_v(row * v_len + x, load_v_new(bt * v_len + x));
+            store_v(row * params.v_row_stride + x, load_v_new(bt * v_len + x));
         }
     }
     io_flush();

@@ -191,7 +191,7 @@ pub fn check_decode_on_values(
     opts: &AttentionOptions,
 ) -> Result<[Check; 2]> {
     let precision = step.q.precision();
-    let seqlen_new = step.new_kv.map_or(0, |[k, _]| k.shape[1]);
+    let seqlen_new = step.k_new().map_or(0, |k| k.shape[1]);
     let lens: Vec<i32> = step
         .cache_seqlens
         .iter()

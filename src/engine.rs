@@ -1060,7 +1060,9 @@ impl Engine {
     /// (`BindingTooLarge`). The cache keeps clones of the buffer handles and
     /// binds exactly the cache's bytes from each offset; its contents are
     /// whatever the app put there (zeros in a new buffer). The buffers need
-    /// `STORAGE` usage, and `COPY_SRC` for [`Engine::read_kv_cache`].
+    /// `STORAGE` usage, and `COPY_SRC` for [`Engine::read_kv_cache`]. A
+    /// latent shape ([`CacheShape::latent`]) lives on `k` alone: V is read
+    /// from it, and `v` is neither checked nor bound.
     pub fn kv_cache_in(
         &self,
         shape: CacheShape,
@@ -1400,6 +1402,7 @@ impl AttentionBackend for Engine {
             fp8: true,
             dropout: true,
             quantized_cache: true,
+            latent_cache: true,
             plan_overrides: true,
         }
     }

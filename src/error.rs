@@ -250,6 +250,22 @@ pub enum Error {
         /// Why.
         reason: &'static str,
     },
+    /// A latent cache whose V view (`v_width` columns) is wider than its
+    /// rows (`width`).
+    #[error("the latent cache's v view ({v_width} columns) is wider than its rows ({width})")]
+    LatentViewTooWide {
+        /// The view's width, V's head dim.
+        v_width: usize,
+        /// The latent rows' width, K's head dim.
+        width: usize,
+    },
+    /// A step's new rows do not fit its cache: `v_new` on a latent cache
+    /// (its V is a view of K), or `k_new` alone on a cache with a V of its own.
+    #[error("{reason}")]
+    LatentAppend {
+        /// Why.
+        reason: &'static str,
+    },
     /// A cu_seqlens array that does not start at 0.
     #[error("{tensor} must start at 0, got {first}")]
     CuSeqlensStart {

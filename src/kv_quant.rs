@@ -228,6 +228,7 @@ impl QuantKvCache {
     /// give. Its values must be finite ([`Error::NonFiniteInput`]).
     pub fn quantize(cache: &HostKvCache, quant: CacheQuant) -> Result<Self> {
         cache.check()?;
+        latent_unsupported(&cache.shape)?;
         let shape = cache.shape;
         let blocks = ScaleBlocks::of(&shape);
         let part = |data: &TensorData, d: usize, tensor| -> Result<QuantizedKv> {
@@ -336,6 +337,7 @@ impl QuantKvCache {
     /// public fields were changed since: lengths and scales, every step.
     pub(crate) fn check(&self) -> Result<()> {
         let s = &self.shape;
+        latent_unsupported(s)?;
         let scales = self.blocks().count() * s.heads_kv;
         let parts = [
             ("k_cache", "k_scales", &self.k, s.dims()),
@@ -433,6 +435,18 @@ impl QuantKvCache {
             }
         }
     }
+}
+
+/// Quantized caches keep V's codes and block scales apart from K's, so a
+/// latent cache (V a view of K) has no quantized form yet.
+pub(crate) fn latent_unsupported(shape: &CacheShape) -> Result<()> {
+    if shape.latent {
+        return Err(Error::Unsupported {
+            what: "a quantized kv cache",
+            feature: "a latent cache (V a view of K)",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

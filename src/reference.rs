@@ -540,15 +540,19 @@ pub fn naive_backward_baseline(
 pub fn decode_cache(cache: &HostKvCache, step: &DecodeStep) -> Result<HostKvCache> {
     DecodeProblem::new(step, &cache.shape, cache.precision())?;
     let mut out = cache.clone();
-    let Some([k_new, v_new]) = step.new_kv else {
-        return Ok(out);
+    // A latent cache takes k_new alone: its V is a view of K.
+    let (k_new, v_new) = match (step.new_kv, step.new_latent) {
+        (Some([k, v]), _) => (k, Some(v)),
+        (None, Some(k)) => (k, None),
+        (None, None) => return Ok(out),
     };
     let [batch, seqlen_new, _, _] = k_new.shape;
     let s = &cache.shape;
-    for (dst, src, row_len) in [
-        (&mut out.k, &k_new, s.row_len()),
-        (&mut out.v, &v_new, s.v_row_len()),
-    ] {
+    let mut writes = vec![(&mut out.k, k_new, s.row_len())];
+    if let Some(v_new) = v_new {
+        writes.push((&mut out.v, v_new, s.v_row_len()));
+    }
+    for (dst, src, row_len) in writes {
         let mut values = dst.to_f32();
         let new = src.data.to_f32();
         for b in 0..batch {
@@ -611,10 +615,18 @@ pub fn decode(
             });
             TensorData::from_f32(rows.collect(), prec)
         };
-        let (kb, vb) = (
-            gather(&kc, cache.shape.row_len()),
-            gather(&vc, cache.shape.v_row_len()),
-        );
+        let kb = gather(&kc, cache.shape.row_len());
+        let vb = if cache.shape.latent {
+            // V is the first head_dim_v columns of each head's row of K.
+            let (hkv, kc) = (p.heads_kv, &kc);
+            let rows = (0..shape.seqlen_k).flat_map(|t| {
+                let row = spec_row(cache, step, b, t);
+                (0..hkv).flat_map(move |hk| kc[(row * hkv + hk) * d..][..dv].iter().copied())
+            });
+            TensorData::from_f32(rows.collect(), prec)
+        } else {
+            gather(&vc, cache.shape.v_row_len())
+        };
         let qb = TensorData::from_f32(q[b * per_seq * d..][..per_seq * d].to_vec(), prec);
         let (qv, kv, vv) = (
             qb.view(shape.q_shape()),

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::decode::{cases, DecodeCase};
+use common::decode::{
+    assert_one_latent_tensor, cases, check_latent_rejections, mla_cases, DecodeCase,
+};
 use flashattn::{cpu, AttentionOptions, Error, Precision, TensorData};
 use flashattn::{CacheLayout, CacheShape, DecodeStep, HostKvCache};
 
@@ -29,6 +31,45 @@ fn every_case_matches_the_reference() {
             assert!(out.num_splits <= n.max(1) || out.num_splits <= blocks.div_ceil(64));
         }
     }
+}
+
+/// DeepSeek's MLA on a latent cache (V a view of K, one tensor), dense
+/// and paged, GQA 128:1, seqlen_q 1 and 4, d 576 / dv 512, on every
+/// instruction set.
+#[test]
+fn latent_caches_match_the_reference() {
+    for &isa in cpu::Isa::available() {
+        let backend = cpu::Cpu::with_isa(isa).unwrap();
+        for case in mla_cases() {
+            let data = case.data();
+            assert_one_latent_tensor(&data.cache);
+            let out = data.check(|c, s| backend.decode(c, s, &case.opts, case.num_splits));
+            assert_eq!(out.o.shape[3], case.head_dim_v);
+            if let Some(n) = case.num_splits {
+                assert!(out.num_splits > 1 && out.num_splits <= n, "{case:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_latent_input_is_typed_and_leaves_the_cache_untouched() {
+    check_latent_rejections(|c, s| cpu::decode(c, s, &AttentionOptions::default(), None));
+    // A quantized latent cache has no form yet: typed, whichever way it is made.
+    let layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 4,
+    };
+    let shape = CacheShape::latent(layout, 1, 8, 4).unwrap();
+    let mut quant =
+        flashattn::QuantKvCache::zeros(shape, flashattn::CacheQuant::Fp8, Precision::F32);
+    let before = quant.clone();
+    let q = TensorData::F32(vec![0.5; 8]);
+    let step = DecodeStep::new(q.view([1, 1, 1, 8]), &[2]);
+    let err =
+        cpu::decode_quantized(&mut quant, &step, &AttentionOptions::default(), None).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(quant == before);
 }
 
 #[test]

@@ -98,6 +98,9 @@ fn cpu_v_head_dims_and_wide_heads() {
         run(&Case::new(23, 31, d).heads(2, 1));
     }
     run(&Case::new(31, 23, 512).opts(causal()).f16());
+    // The widest: MLA's latent width 576 with its first 512 as v.
+    run(&Case::new(13, 19, 576).dv(512).heads(2, 1));
+    run(&Case::new(19, 13, 576).dv(512).opts(causal()).f16());
 }
 
 #[test]

@@ -81,6 +81,15 @@ fn head_dims_past_256() {
     run_with_registers(e, &Case::new(31, 23, 512).opts(causal()).f16());
     let browser = PlanOverrides::default().max_workgroup_storage(16384);
     run_with_registers(e, &Case::new(17, 19, 512).overrides(browser));
+    // The widest: MLA's latent width 576 with its first 512 as v.
+    run_with_registers(e, &Case::new(11, 13, 576).dv(512).heads(2, 1));
+    run_gpu_backward(
+        e,
+        &Case::new(7, 9, 576)
+            .dv(512)
+            .opts(causal())
+            .overrides(browser),
+    );
 }
 
 #[test]

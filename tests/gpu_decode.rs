@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::decode::{cases, DecodeCase};
+use common::decode::{
+    assert_one_latent_tensor, cases, check_latent_rejections, mla_cases, DecodeCase,
+};
 use common::engine;
 use flashattn::Engine;
 use flashattn::{AttentionOptions, CacheLayout, CacheShape, DecodeStep, Precision, TensorData};
@@ -113,6 +115,86 @@ fn a_failed_step_leaves_the_device_cache_untouched() {
         "{err}"
     );
     assert!(e.read_kv_cache(&cache).unwrap() == host);
+}
+
+/// DeepSeek's MLA on a latent cache (V a view of K, one tensor), dense
+/// and paged, GQA 128:1, seqlen_q 1 and 4, d 576 / dv 512, split-KV.
+#[test]
+fn latent_caches_match_the_reference() {
+    let Some(e) = engine() else { return };
+    for case in mla_cases() {
+        let data = case.data();
+        let out = data.check(|c, s| e.decode_host(c, s, &case.opts, case.num_splits));
+        assert_eq!(out.o.shape[3], case.head_dim_v);
+        // Split-KV: the keys are cut (the planner may take fewer splits
+        // than asked for short sequences).
+        if case.num_splits.is_some() {
+            assert!(out.num_splits > 1, "{case:?}: {} splits", out.num_splits);
+        }
+    }
+}
+
+/// A device latent cache is one buffer of rows × 576 elements, V read from
+/// it: it grows step by step (k_new alone appended) as the reference's
+/// append says, and a step with a v_new is a typed error that leaves it
+/// untouched.
+#[test]
+fn a_device_latent_cache_is_one_buffer() {
+    let Some(e) = engine() else { return };
+    let (b, hq, d, dv, pages, page) = (2, 16, 576, 512, 6, 3);
+    let layout = CacheLayout::Paged {
+        pages,
+        page_size: page,
+    };
+    let shape = CacheShape::latent(layout, 1, d, dv).unwrap();
+    let mut cache = e.kv_cache(shape, Precision::F16).unwrap();
+    assert_eq!(cache.storage_bytes(), (pages * page * d * 2) as u64);
+    let mut host = flashattn::HostKvCache::zeros(shape, Precision::F16);
+    assert_one_latent_tensor(&host);
+    let table = [4, 0, 2, 5, 1, 3];
+    let mut rng = flashattn::random::Rng::new(11);
+    let opts = AttentionOptions::default().causal(true);
+    let mut t = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), Precision::F16);
+    for step in 0..4 {
+        let lens = [2 * step, 2 * step];
+        let (q, k) = (t(b * 2 * hq * d), t(b * 2 * d));
+        let s = DecodeStep::new(q.view([b, 2, hq, d]), &lens)
+            .block_table(&table, 3)
+            .append_latent(k.view([b, 2, 1, d]));
+        let before = host.clone();
+        let out = e.decode(&mut cache, &s, &opts, Some(2)).unwrap();
+        let checks = flashattn::accuracy::check_decode(&out, &before, &s, &opts).unwrap();
+        assert!(checks.iter().all(|c| c.passed()), "step {step}: {checks:?}");
+        host = flashattn::reference::decode_cache(&before, &s).unwrap();
+    }
+    let read = e.read_kv_cache(&cache).unwrap();
+    assert_one_latent_tensor(&read);
+    assert!(read == host, "the device cache lost a row");
+    let (q, k, v) = (t(b * hq * d), t(b * d), t(b * dv));
+    let lens = [7, 7];
+    let bad = DecodeStep::new(q.view([b, 1, hq, d]), &lens)
+        .block_table(&table, 3)
+        .append(k.view([b, 1, 1, d]), v.view([b, 1, 1, dv]));
+    let err = e.decode(&mut cache, &bad, &opts, None).unwrap_err();
+    assert!(
+        matches!(err, flashattn::Error::LatentAppend { .. }),
+        "{err:?}"
+    );
+    assert!(e.read_kv_cache(&cache).unwrap() == host);
+    // No quantized form of a latent cache yet: typed.
+    let err = e
+        .quantized_kv_cache(shape, flashattn::CacheQuant::Int8, Precision::F16)
+        .unwrap_err();
+    assert!(
+        matches!(err, flashattn::Error::Unsupported { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn bad_latent_input_is_typed_and_leaves_the_cache_untouched() {
+    let Some(e) = engine() else { return };
+    check_latent_rejections(|c, s| e.decode_host(c, s, &AttentionOptions::default(), None));
 }
 
 /// The copy kernel behind the bandwidth measurement copies, whole

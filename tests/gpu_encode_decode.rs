@@ -35,6 +35,16 @@ fn host_decode(
     Ok(out)
 }
 
+/// V's bytes of a step's tensor `t`, or a latent step's `unused`
+/// placeholder (it has no V of its own).
+fn v_bytes<'a>(latent: bool, unused: &'a [u8], t: &'a TensorData) -> &'a [u8] {
+    if latent {
+        unused
+    } else {
+        host(t)
+    }
+}
+
 /// The tensors' indices in an [`Arena`] of one step.
 const Q: usize = 0;
 const K_CACHE: usize = 1;
@@ -58,18 +68,22 @@ fn encoded_step_matches_the_host_call(e: &Engine, case: &DecodeCase, app_scratch
     // else in buffer 1 (the append writes it while reading k_new, v_new);
     // outputs in buffer 2.
     let cache_in = if appends { 1 } else { 0 };
+    // A latent step binds no V of its own (V is a view of K): a placeholder
+    // in V's place, which it must leave alone.
+    let unused = [0x5au8; 4];
+    let v_of = |t| v_bytes(case.latent, &unused, t);
     let o = host(&expected.o.data);
     let lse: &[u8] = bytemuck::cast_slice(&expected.lse);
     let (o_fill, lse_fill) = (sentinels(o.len() as u64), sentinels(lse.len() as u64));
     let mut tensors = vec![
         (0, host(&data.q)),
         (cache_in, host(&data.cache.k)),
-        (cache_in, host(&data.cache.v)),
+        (cache_in, v_of(&data.cache.v)),
         (2, &o_fill[..]),
         (2, &lse_fill[..]),
     ];
     if appends {
-        tensors.extend([(0, host(&data.k_new)), (0, host(&data.v_new))]);
+        tensors.extend([(0, host(&data.k_new)), (0, v_of(&data.v_new))]);
     }
     let arena = Arena::new(e, &tensors);
     let shape = data.cache.shape;
@@ -82,7 +96,9 @@ fn encoded_step_matches_the_host_call(e: &Engine, case: &DecodeCase, app_scratch
         )
         .unwrap();
     let mut bindings = DecodeBindings::new(arena.binding(Q), arena.binding(O), arena.binding(LSE));
-    if appends {
+    if appends && case.latent {
+        bindings = bindings.append_latent(arena.binding(K_NEW));
+    } else if appends {
         bindings = bindings.append(arena.binding(K_NEW), arena.binding(V_NEW));
     }
     let problem = DecodeProblem::new(&step, &shape, case.precision).unwrap();
@@ -119,9 +135,9 @@ fn encoded_step_matches_the_host_call(e: &Engine, case: &DecodeCase, app_scratch
         .unwrap();
     assert_eq!(plan.splits.num_splits, expected.num_splits, "{case:?}");
     let bytes = arena.submit_and_read(e, encoder);
-    let mut want = vec![host(&data.q), host(&after.k), host(&after.v), o, lse];
+    let mut want = vec![host(&data.q), host(&after.k), v_of(&after.v), o, lse];
     if appends {
-        want.extend([host(&data.k_new), host(&data.v_new)]);
+        want.extend([host(&data.k_new), v_of(&data.v_new)]);
     }
     let want: Vec<Option<&[u8]>> = want.into_iter().map(Some).collect();
     arena.holds(&bytes, &want);
@@ -156,6 +172,15 @@ fn encoded_steps_on_sub_allocated_ranges_give_the_host_calls_bytes() {
         )
         .splits(2);
     encoded_step_matches_the_host_call(e, &scored, true);
+    // A latent cache (MLA): one range, k_new alone appended, V read from K.
+    let latent = DecodeCase::new(&[300, 45], 576)
+        .dv(512)
+        .heads(16, 1)
+        .paged(16)
+        .latent()
+        .append(2)
+        .splits(3);
+    encoded_step_matches_the_host_call(e, &latent, true);
 }
 
 /// An app cache in one buffer (K and V at non-zero offsets), grown step by

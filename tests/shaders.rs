@@ -234,7 +234,7 @@ const HEAD_DIMS: [usize; 11] = [1, 3, 4, 16, 59, 60, 64, 111, 128, 256, 512];
 /// (q/k, v) head dims the flash kernels are composed for: every head dim
 /// with v's alike, and v with a head dim of its own (MLA's 192/128, small
 /// odd pairs both ways).
-const FLASH_DIMS: [(usize, usize); 15] = [
+const FLASH_DIMS: [(usize, usize); 16] = [
     (1, 1),
     (3, 3),
     (4, 4),
@@ -247,6 +247,7 @@ const FLASH_DIMS: [(usize, usize); 15] = [
     (256, 256),
     (288, 288),
     (512, 512),
+    (576, 512),
     (192, 128),
     (40, 24),
     (24, 60),
@@ -254,13 +255,14 @@ const FLASH_DIMS: [(usize, usize); 15] = [
 
 /// The (q/k, v) head dims the registers kernels are composed for: tiny, odd,
 /// vec4-aligned, the widest, and v's own both ways.
-const REGISTER_DIMS: [(usize, usize); 8] = [
+const REGISTER_DIMS: [(usize, usize); 9] = [
     (1, 1),
     (3, 3),
     (59, 59),
     (64, 64),
     (128, 128),
     (512, 512),
+    (576, 512),
     (192, 128),
     (24, 60),
 ];
@@ -647,9 +649,10 @@ fn all_kernels() -> Vec<Kernel> {
 }
 
 /// The decode kernels' head dims: each of [`HEAD_DIMS`] for k and v, and v
-/// head dims of their own (narrower, wider, odd, MLA's 512 under 192).
+/// head dims of their own (narrower, wider, odd, MLA's 512 under 192 and
+/// its latent cache's 512 under 576).
 fn decode_dims() -> Vec<(usize, usize)> {
-    let own_v = [(64, 32), (48, 128), (59, 37), (192, 512)];
+    let own_v = [(64, 32), (48, 128), (59, 37), (192, 512), (576, 512)];
     HEAD_DIMS.iter().map(|&d| (d, d)).chain(own_v).collect()
 }
 

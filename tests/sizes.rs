@@ -120,6 +120,7 @@ fn every_backend_rejects_the_wrapping_shape_at_once() {
             heads_kv: 1,
             head_dim: 8,
             head_dim_v: 8,
+            latent: false,
         };
         assert!(is_overflow(
             e.kv_cache(cache, Precision::F16),

@@ -224,9 +224,19 @@ pub struct DecodeArgs {
     /// (pages, page_size, heads_kv, head_dim) with --block-table.
     #[arg(long)]
     pub k_cache: PathBuf,
-    /// V cache, shape of the K cache.
-    #[arg(long)]
-    pub v_cache: PathBuf,
+    /// V cache, shape of the K cache (but for its head dim); none with
+    /// --latent-v.
+    #[arg(
+        long,
+        required_unless_present = "latent_v",
+        conflicts_with = "latent_v"
+    )]
+    pub v_cache: Option<PathBuf>,
+    /// The K cache is a latent cache (DeepSeek's MLA, docs/decoding.md):
+    /// V is the first V_WIDTH columns of each of its head rows, read in
+    /// place. No --v-cache, --v-new or --v-cache-out: --k-new alone appends.
+    #[arg(long, value_name = "V_WIDTH", conflicts_with_all = ["v_new", "v_cache_out", "cache_precision"])]
+    pub latent_v: Option<usize>,
     /// (batch,) int32: tokens already in each sequence's cache.
     #[arg(long)]
     pub cache_seqlens: PathBuf,
@@ -492,6 +502,11 @@ pub struct DecodeBenchArgs {
     /// head_dim 32, a 4 MiB copy (flags given explicitly still apply).
     #[arg(long, requires = "decode")]
     pub quick: bool,
+    /// DeepSeek's MLA shape: a latent cache of width 576 whose first 512
+    /// columns are V, 128 query heads on one kv head (--heads-q, --heads-kv
+    /// and --head-dim given still apply).
+    #[arg(long, requires = "decode")]
+    pub mla: bool,
     /// Keys per sequence, comma-separated [default: 1024,8192,32768].
     #[arg(long, requires = "decode")]
     pub cache_lens: Option<String>,

@@ -149,6 +149,11 @@ impl std::str::FromStr for CacheDtype {
     }
 }
 
+/// DeepSeek's MLA latent cache (`bench --decode --mla`): rows of this width...
+pub const MLA_WIDTH: usize = 576;
+/// ...whose first this many columns are V.
+pub const MLA_V_WIDTH: usize = 512;
+
 /// One table row's configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct DecodeConfig {
@@ -159,6 +164,8 @@ pub struct DecodeConfig {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// A latent cache's V width (V the first columns of K's rows).
+    pub latent_v: Option<usize>,
     #[serde(serialize_with = "precision_name")]
     pub precision: Precision,
     /// A quantized cache's codes (its steps in `precision`).
@@ -191,10 +198,12 @@ impl DecodeConfig {
     }
 
     /// Bytes of K and V one step reads: `2 · batch · cache_len · heads_kv ·
-    /// head_dim · bytes per element`, plus a quantized cache's scales (one
-    /// f32 per 16 tokens and kv head).
+    /// head_dim · bytes per element` (a latent cache's one tensor: half
+    /// that), plus a quantized cache's scales (one f32 per 16 tokens and
+    /// kv head).
     pub fn kv_bytes(&self) -> u64 {
-        let rows = 2 * self.batch * self.cache_len * self.heads_kv;
+        let tensors = if self.latent_v.is_some() { 1 } else { 2 };
+        let rows = tensors * self.batch * self.cache_len * self.heads_kv;
         let scales = match self.cache {
             Some(_) => {
                 2 * self.batch * self.cache_len.div_ceil(SCALE_BLOCK_TOKENS) * self.heads_kv * 4
@@ -245,6 +254,8 @@ pub struct DecodeSet {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// A latent cache (`--mla`): V the first this many columns of K.
+    pub latent_v: Option<usize>,
     pub dtypes: Vec<CacheDtype>,
     /// The split modes each backend runs, in order.
     pub splits: Vec<SplitMode>,
@@ -302,6 +313,7 @@ impl DecodeSet {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            latent_v: self.latent_v,
             precision: g.dtype.precision,
             cache: g.dtype.quant,
             splits,
@@ -340,10 +352,19 @@ impl GroupData {
             batch: g.batch,
             capacity: g.cache_len,
         };
-        let shape = CacheShape::new(layout, set.heads_kv, set.head_dim)?;
         let seed = (g.batch * 1_000_003 + g.cache_len) as u64;
-        let data = |s| TensorData::from_f32(fill(shape.len(), s), g.dtype.precision);
-        let cache = HostKvCache::new(shape, data(seed), data(seed + 1))?;
+        let cache = match set.latent_v {
+            Some(v_width) => {
+                let shape = CacheShape::latent(layout, set.heads_kv, set.head_dim, v_width)?;
+                let k = TensorData::from_f32(fill(shape.len(), seed), g.dtype.precision);
+                HostKvCache::latent(shape, k)?
+            }
+            None => {
+                let shape = CacheShape::new(layout, set.heads_kv, set.head_dim)?;
+                let data = |s| TensorData::from_f32(fill(shape.len(), s), g.dtype.precision);
+                HostKvCache::new(shape, data(seed), data(seed + 1))?
+            }
+        };
         let q_shape = [g.batch, 1, set.heads_q, set.head_dim];
         let q = TensorData::from_f32(fill(q_shape.iter().product(), seed + 2), g.dtype.precision);
         let len = i32::try_from(g.cache_len).map_err(|_| CliError::BadFlag {
@@ -473,8 +494,9 @@ pub fn run_group(
                     }));
                 }
             }
-            // torch has no quantized cache to compare with.
+            // torch has no quantized or latent cache to compare with.
             (DecodeBackend::Torch, Some(_)) => {}
+            (DecodeBackend::Torch, None) if set.latent_v.is_some() => {}
             (DecodeBackend::Torch, None) => {
                 for &m in set.modes(backend) {
                     let c = config(m);
@@ -565,6 +587,8 @@ pub struct DecodeReport {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// A latent cache's V width (`--mla`).
+    pub latent_v: Option<usize>,
     pub repeats: usize,
     pub results: Vec<DecodeResult>,
     /// `(batch, cache length)` pairs skipped by `--max-tokens`.
@@ -636,6 +660,13 @@ impl DecodeReport {
             mib(self.host_copy.bytes),
             self.host_copy.gbps
         );
+        if let Some(v) = self.latent_v {
+            println!(
+                "latent cache (MLA): one tensor of width {}, V its first {v} columns; \
+                 K/V GB/s counts it once",
+                self.head_dim
+            );
+        }
         println!(
             "decode: 1 query token per sequence, heads {}/{}, head_dim {}, full dense caches, \
              no append in the timed steps; min and median of {} repeats after a warm-up; \
@@ -779,6 +810,7 @@ mod tests {
             heads_q: 32,
             heads_kv: 8,
             head_dim: 128,
+            latent_v: None,
             dtypes: vec!["f16".parse().unwrap(), "f32".parse().unwrap()],
             splits: vec![SplitMode::Planner, SplitMode::Fixed(1)],
             max_tokens: 65536,
@@ -818,6 +850,7 @@ mod tests {
             heads_q: 32,
             heads_kv: 8,
             head_dim: 128,
+            latent_v: None,
             repeats: 2,
             results,
             skipped: Vec::new(),
@@ -886,6 +919,16 @@ mod tests {
         let scales = 2 * 8 * (1024 / 16) * 8 * 4;
         assert_eq!(bytes("int8"), 2 * 8 * 1024 * 8 * 128 + scales);
         assert_eq!(bytes("fp8"), bytes("int8"));
+        // A latent cache is one tensor, read once for K and V.
+        let mla = DecodeSet {
+            heads_q: 128,
+            heads_kv: 1,
+            head_dim: MLA_WIDTH,
+            latent_v: Some(MLA_V_WIDTH),
+            ..set()
+        };
+        let latent = mla.config(&group("f16"), DecodeBackend::Cpu, SplitMode::Fixed(1));
+        assert_eq!(latent.kv_bytes(), 8 * 1024 * 576 * 2);
         assert!("int4".parse::<CacheDtype>().is_err());
         let int8: CacheDtype = "int8".parse().unwrap();
         assert_eq!((int8.name(), int8.precision), ("int8", Precision::F16));

@@ -1184,18 +1184,23 @@ fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
         &d.q,
     );
     write_tensor(&f.path("kc.npy"), &d.cache.shape.dims(), &d.cache.k);
-    write_tensor(&f.path("vc.npy"), &d.cache.shape.v_dims(), &d.cache.v);
     write_i32(&f.path("cs.npy"), &[b as u64], &d.lens);
     let mut args: Vec<String> = vec![];
     for (flag, name) in [
         ("--q", "q.npy"),
         ("--k-cache", "kc.npy"),
-        ("--v-cache", "vc.npy"),
         ("--cache-seqlens", "cs.npy"),
         ("--out", "o.npy"),
         ("--lse", "lse.npy"),
     ] {
         args.extend([flag.to_string(), path(name)]);
+    }
+    // A latent cache is its one tensor: V its first head_dim_v columns.
+    if c.latent {
+        args.extend(["--latent-v".into(), c.head_dim_v.to_string()]);
+    } else {
+        write_tensor(&f.path("vc.npy"), &d.cache.shape.v_dims(), &d.cache.v);
+        args.extend(["--v-cache".into(), path("vc.npy")]);
     }
     match &d.index {
         Index::Dense(None) => {}
@@ -1208,7 +1213,11 @@ fn write_decode_case(f: &Files, d: &CaseData) -> Vec<String> {
             args.extend(["--block-table".into(), path("bt.npy")]);
         }
     }
-    if c.seqlen_new > 0 {
+    if c.seqlen_new > 0 && c.latent {
+        let shape = [b, c.seqlen_new, c.heads_kv, c.head_dim];
+        write_tensor(&f.path("kn.npy"), &shape, &d.k_new);
+        args.extend(["--k-new".into(), path("kn.npy")]);
+    } else if c.seqlen_new > 0 {
         let shape = |d| [b, c.seqlen_new, c.heads_kv, d];
         write_tensor(&f.path("kn.npy"), &shape(c.head_dim), &d.k_new);
         write_tensor(&f.path("vn.npy"), &shape(c.head_dim_v), &d.v_new);
@@ -1375,6 +1384,81 @@ fn decode_matches_reference_on_each_backend() {
             check_decoded(&f, &d, backend);
         }
     }
+}
+
+/// DeepSeek's MLA on the command line: `--latent-v 512` reads a 576-wide
+/// K cache as a latent cache (128 query heads on one kv head, dense and
+/// paged, seqlen_q 1 and 4), `--k-new` alone appends, `--k-cache-out` writes
+/// the one tensor; a v flag beside it, or a view wider than the rows, fails
+/// and writes nothing.
+#[test]
+fn decode_reads_a_latent_cache() {
+    let cases = [
+        DecodeCase::new(&[40, 7], 576)
+            .dv(512)
+            .heads(128, 1)
+            .latent()
+            .append(1)
+            .splits(3),
+        DecodeCase::new(&[30, 0], 576)
+            .dv(512)
+            .heads(8, 1)
+            .seqlen_q(4)
+            .paged(16)
+            .latent()
+            .append(4)
+            .opts(AttentionOptions::default().causal(true)),
+    ];
+    for backend in backends() {
+        for case in &cases {
+            let f = Files::new();
+            let d = case.data();
+            let args = write_decode_case(&f, &d);
+            let kc2 = f.path("kc2.npy");
+            let out = decode_cmd(
+                &args,
+                &["--backend", backend, "--k-cache-out", kc2.to_str().unwrap()],
+            );
+            assert!(
+                out.status.success(),
+                "{backend} {case:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let step = d.step();
+            let o = read_tensor(&f.path("o.npy"));
+            let c = &d.case;
+            assert_eq!(o.shape, [c.batch(), c.seqlen_q, c.heads_q, 512]);
+            let (_, lse) = read_f32(&f.path("lse.npy"));
+            let out = DecodeOutput {
+                o,
+                lse,
+                lse_shape: [c.batch(), c.heads_q, c.seqlen_q],
+                num_splits: 0,
+                stats: Default::default(),
+            };
+            for check in flashattn::accuracy::check_decode(&out, &d.cache, &step, &c.opts).unwrap()
+            {
+                assert!(check.passed(), "{backend} {c:?}: {check}");
+            }
+            let expected = flashattn::reference::decode_cache(&d.cache, &step).unwrap();
+            let written = read_tensor(&kc2);
+            assert_eq!(written.shape, expected.shape.dims().to_vec());
+            assert!(
+                written.data == expected.k,
+                "{backend} {c:?}: the written cache"
+            );
+            assert!(!f.path("vc2.npy").exists());
+        }
+    }
+    let f = Files::new();
+    let d = DecodeCase::new(&[5, 9], 16).dv(8).latent().append(1).data();
+    let args = write_decode_case(&f, &d);
+    let vc = f.path("kc.npy");
+    let with_v = decode_cmd(&args, &["--v-cache", vc.to_str().unwrap()]);
+    assert_decode_bad(&f, &with_v, "--latent-v");
+    let wide = without(&args, "--latent-v");
+    let wide = decode_cmd(&wide, &["--latent-v", "17"]);
+    assert_decode_bad(&f, &wide, "wider");
 }
 
 /// Non-zero exit, one stderr line mentioning `needle`, and none of the
@@ -1764,6 +1848,29 @@ fn bench_decode_names_the_isa_and_runs_torch_or_says_why_not() {
         torch.contains("not importable") || text.contains("cpu vs torch, f32 batch 1 cache 64: "),
         "{text}"
     );
+}
+
+#[test]
+fn bench_decode_mla_times_a_latent_cache() {
+    let out = bin()
+        .args(["bench", "--decode", "--quick", "--mla", "--repeats", "1"])
+        .args(["--cache-lens", "64", "--batches", "1", "--dtypes", "f32"])
+        .args(["--backends", "cpu"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "latent cache (MLA): one tensor of width 576, V its first 512 columns",
+        "heads 128/1, head_dim 576",
+        "cpu     f32       1      64 planner",
+    ] {
+        assert!(text.contains(needle), "missing {needle}: {text}");
+    }
 }
 
 #[test]

@@ -57,7 +57,7 @@ class ExecutionError(FlashAttnError, RuntimeError):
 _INPUT = """PositionTooLarge EmptyDim HeadDimTooLarge HeadsNotDivisible SizeOverflow DataLength Rank
 DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSoftcap
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
-CacheIndex CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
+CacheIndex LatentViewTooWide LatentAppend CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
 NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
 EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale
 CacheFormat"""

@@ -501,7 +501,7 @@ def flash_attn_varlen_func(
 def flash_attn_with_kvcache(
     q,
     k_cache,
-    v_cache,
+    v_cache=None,
     k=None,
     v=None,
     cache_seqlens=None,
@@ -523,6 +523,7 @@ def flash_attn_with_kvcache(
     cache_dtype=None,
     k_scales=None,
     v_scales=None,
+    head_dim_v: Optional[int] = None,
 ):
     """Attention of new queries over a KV cache, as
     ``flash_attn.flash_attn_with_kvcache`` (no gradient).
@@ -550,6 +551,12 @@ def flash_attn_with_kvcache(
     makes them). Appends quantize in place, codes and scales both; q, k, v
     and o keep their float dtype. The CPU backend and the wgpu kernels
     decode them (the same codes, bit for bit).
+
+    A latent cache (DeepSeek's MLA, docs/decoding.md): ``v_cache=None`` and
+    ``head_dim_v`` (e.g. 512 of a 576-wide ``k_cache``). V is then the first
+    ``head_dim_v`` columns of ``k_cache``'s head rows, read in place (one
+    cache, never a copy); ``k`` alone appends (``v`` must be ``None``) and
+    ``o`` has ``head_dim_v``. Not with ``cache_dtype``.
     """
     for name, value in (
         ("rotary_cos", rotary_cos),
@@ -565,7 +572,29 @@ def flash_attn_with_kvcache(
                 feature=name,
             )
     backend = backend or default_backend()
-    if (k is None) != (v is None):
+    latent = v_cache is None
+    if latent != (head_dim_v is not None):
+        raise errors.error(
+            "Unsupported",
+            "a latent cache is v_cache=None with head_dim_v (V the first head_dim_v "
+            "columns of k_cache); a cache with a V of its own takes no head_dim_v",
+            what="flash_attn_with_kvcache",
+            feature="v_cache with head_dim_v" if not latent else "v_cache=None without head_dim_v",
+        )
+    if latent and v is not None:
+        raise errors.error(
+            "LatentAppend",
+            "a latent cache appends k alone: its V is a view of k_cache, so there is no v",
+            reason="v given for a latent cache",
+        )
+    if latent and cache_dtype is not None:
+        raise errors.error(
+            "Unsupported",
+            "a latent cache has no quantized form",
+            what="a quantized kv cache",
+            feature="a latent cache (V a view of K)",
+        )
+    if not latent and (k is None) != (v is None):
         raise errors.error(
             "Unsupported",
             "k and v are appended together: pass both or neither",
@@ -573,13 +602,13 @@ def flash_attn_with_kvcache(
             feature="k without v",
         )
     quant = _cache_quant(cache_dtype)
-    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    named = [("q", q), ("k_cache", k_cache)] + ([] if latent else [("v_cache", v_cache)])
     if quant is not None:
         _check_codes(quant, [("k_cache", k_cache), ("v_cache", v_cache)], k_scales, v_scales)
         named = [("q", q)]
         check_device([("k_cache", k_cache), ("v_cache", v_cache)], q)
     if k is not None:
-        named += [("k", k), ("v", v)]
+        named += [("k", k)] + ([] if latent else [("v", v)])
     _check_inputs(named, (4,))
     check_device(
         [
@@ -610,18 +639,19 @@ def flash_attn_with_kvcache(
     opts = options(causal, window_size, softcap, softmax_scale, alibi_slopes, sinks)
 
     qh = host(q)
-    kc, vc = host(k_cache), host(v_cache)
+    kc = host(k_cache)
+    vc = None if latent else host(v_cache)
     new_kv = None
     if k is not None:
-        kh, vh = host(k), host(v)
-        new_kv = (raw(kh), raw(vh))
-    o = empty(list(q.shape[:-1]) + [v_cache.shape[-1]], qh)
+        new_kv = (raw(host(k)), None if latent else raw(host(v)))
+    dv = head_dim_v if latent else v_cache.shape[-1]
+    o = empty(list(q.shape[:-1]) + [dv], qh)
     lse = empty([q.shape[0], q.shape[2], q.shape[1]], qh, float32=True)
-    written = [(k_cache, kc), (v_cache, vc)]
+    written = [(k_cache, kc)] + ([] if latent else [(v_cache, vc)])
     if quant is None:
         _native.decode(
-            raw(qh), raw(kc), raw(vc), paged, new_kv, seqlens, idx, table,
-            raw(o), raw(lse), opts, backend, int(num_splits),
+            raw(qh), raw(kc), None if latent else raw(vc), paged, new_kv, seqlens, idx, table,
+            raw(o), raw(lse), opts, backend, int(num_splits), head_dim_v if latent else None,
         )  # fmt: skip
     else:
         ks, vs = host(k_scales), host(v_scales)

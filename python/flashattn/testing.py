@@ -44,20 +44,22 @@ def check_backward(q, k, v, d_o, dq, dk, dv, dsinks: Optional[Any], opts: Dict[s
 
 
 def check_decode(
-    q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, o, lse, opts
-) -> List[Check]:
+    q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, o, lse, opts,
+    head_dim_v=None,
+) -> List[Check]:  # fmt: skip
     """A decoding step's ``o`` and ``lse``, given the caches as they were
     before the step (lists for the index arrays; ``block_table`` as
-    ``(flat pages, max_pages)``)."""
-    qh, kc, vc, oh, lh = (host(x) for x in (q, k_cache, v_cache, o, lse))
+    ``(flat pages, max_pages)``). A latent cache: ``v_cache`` and ``v``
+    ``None``, V the first ``head_dim_v`` columns of ``k_cache``."""
+    qh, kc, oh, lh = (host(x) for x in (q, k_cache, o, lse))
+    vc = None if v_cache is None else raw(host(v_cache))
     new_kv = None
     if k is not None:
-        kh, vh = host(k), host(v)
-        new_kv = (raw(kh), raw(vh))
+        new_kv = (raw(host(k)), None if v is None else raw(host(v)))
     return _checks(
         _native.check_decode(
-            raw(qh), raw(kc), raw(vc), block_table is not None, new_kv, list(cache_seqlens),
-            cache_batch_idx, block_table, raw(oh), raw(lh), opts,
+            raw(qh), raw(kc), vc, block_table is not None, new_kv, list(cache_seqlens),
+            cache_batch_idx, block_table, raw(oh), raw(lh), opts, head_dim_v,
         )  # fmt: skip
     )
 

@@ -228,17 +228,18 @@ fn backward(
 
 /// A decoding step on a KV cache (appending `k_new`/`v_new` in place
 /// first): o and lse into the outputs; returns the backend's name and the
-/// splits it ran with.
+/// splits it ran with. A latent cache (`latent_v`, V its first columns)
+/// has no `v_cache` and appends `k_new` alone.
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits))]
+#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits, latent_v=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode(
     py: Python<'_>,
     q: Raw,
     k_cache: RawMut,
-    v_cache: RawMut,
+    v_cache: Option<RawMut>,
     paged: bool,
-    new_kv: Option<(Raw, Raw)>,
+    new_kv: Option<(Raw, Option<Raw>)>,
     cache_seqlens: Vec<i32>,
     cache_batch_idx: Option<Vec<i32>>,
     block_table: Option<(Vec<i32>, usize)>,
@@ -247,15 +248,16 @@ fn decode(
     opts: Opts,
     backend: &str,
     num_splits: usize,
+    latent_v: Option<usize>,
 ) -> PyResult<(String, usize)> {
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
     let result = py.detach(|| -> flashattn::Result<(String, usize)> {
         let opened = open(backend)?;
         // SAFETY: as in `forward`; the caches are read here and written
         // back only after the step succeeded.
-        let mut cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
-        let step =
-            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let mut cache = unsafe { host_cache(&k_cache, v_cache.as_ref(), latent_v, paged)? };
+        let new = new_kv.as_ref().map(|(k, v)| (k, v.as_ref()));
+        let step = unsafe { decode_step(&q, new, &cache_seqlens, &cache_batch_idx, &block_table)? };
         let splits = (num_splits > 0).then_some(num_splits);
         let out = opened.backend.decode(&mut cache, &step, &opts, splits)?;
         unsafe {
@@ -263,7 +265,9 @@ fn decode(
             lse_out.write(&TensorData::F32(out.lse), "lse")?;
             if new_kv.is_some() {
                 k_cache.write(&cache.k, "k_cache")?;
-                v_cache.write(&cache.v, "v_cache")?;
+                if let Some(v_cache) = &v_cache {
+                    v_cache.write(&cache.v, "v_cache")?;
+                }
             }
         }
         Ok((opened.backend.name(), out.num_splits))
@@ -339,8 +343,15 @@ fn decode_quantized(
     let result = py.detach(|| -> flashattn::Result<(String, usize)> {
         let opened = open(backend)?;
         // SAFETY: as in `decode`.
-        let step =
-            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let step = unsafe {
+            decode_step(
+                &q,
+                both(&new_kv),
+                &cache_seqlens,
+                &cache_batch_idx,
+                &block_table,
+            )?
+        };
         let codes = [&k_codes, &v_codes];
         let mut cache = unsafe {
             quant_cache(
@@ -387,7 +398,7 @@ fn quantize_kv_cache(
 ) -> PyResult<()> {
     let result = py.detach(|| -> flashattn::Result<()> {
         // SAFETY: as in `decode`.
-        let plain = unsafe { host_cache(&k, &v, paged)? };
+        let plain = unsafe { host_cache(&k, Some(&v), None, paged)? };
         let cache =
             flashattn::QuantKvCache::quantize(&plain, flashattn::CacheQuant::parse(quant)?)?;
         unsafe {
@@ -443,14 +454,17 @@ fn dequantize_kv_cache(
 /// As [`Raw::view`].
 unsafe fn decode_step<'a>(
     q: &'a Raw,
-    new_kv: &'a Option<(Raw, Raw)>,
+    new_kv: Option<(&'a Raw, Option<&'a Raw>)>,
     cache_seqlens: &'a [i32],
     cache_batch_idx: &'a Option<Vec<i32>>,
     block_table: &'a Option<(Vec<i32>, usize)>,
 ) -> flashattn::Result<flashattn::DecodeStep<'a>> {
     let mut step = flashattn::DecodeStep::new(q.view()?, cache_seqlens);
-    if let Some((k_new, v_new)) = new_kv {
-        step = step.append(k_new.view()?, v_new.view()?);
+    // k_new without v_new: a latent cache's rows (the step checks the cache is one).
+    match new_kv {
+        Some((k_new, Some(v_new))) => step = step.append(k_new.view()?, v_new.view()?),
+        Some((k_new, None)) => step = step.append_latent(k_new.view()?),
+        None => {}
     }
     if let Some(idx) = cache_batch_idx {
         step = step.batch_idx(idx);
@@ -461,11 +475,21 @@ unsafe fn decode_step<'a>(
     Ok(step)
 }
 
+/// A quantized step's `k_new` and `v_new`, which come together.
+fn both(new_kv: &Option<(Raw, Raw)>) -> Option<(&Raw, Option<&Raw>)> {
+    new_kv.as_ref().map(|(k, v)| (k, Some(v)))
+}
+
 /// A copy of the caller's cache tensors as the engine's host cache.
 ///
 /// # Safety
 /// As [`Raw::view`].
-unsafe fn host_cache(k: &RawMut, v: &RawMut, paged: bool) -> flashattn::Result<HostKvCache> {
+unsafe fn host_cache(
+    k: &RawMut,
+    v: Option<&RawMut>,
+    latent_v: Option<usize>,
+    paged: bool,
+) -> flashattn::Result<HostKvCache> {
     let dims = |r: &RawMut, name: &'static str| -> flashattn::Result<[usize; 4]> {
         r.0.shape().try_into().map_err(|_| flashattn::Error::Rank {
             tensor: name,
@@ -474,8 +498,6 @@ unsafe fn host_cache(k: &RawMut, v: &RawMut, paged: bool) -> flashattn::Result<H
             expected: 4,
         })
     };
-    let shape =
-        flashattn::CacheShape::from_kv_dims(dims(k, "k_cache")?, dims(v, "v_cache")?, paged)?;
     let owned = |r: &RawMut| -> flashattn::Result<TensorData> {
         let view = r.host()?;
         Ok(TensorData::from_bytes(
@@ -484,7 +506,23 @@ unsafe fn host_cache(k: &RawMut, v: &RawMut, paged: bool) -> flashattn::Result<H
             view.len(),
         ))
     };
-    HostKvCache::new(shape, owned(k)?, owned(v)?)
+    match (v, latent_v) {
+        (Some(v), None) => {
+            let (k_dims, v_dims) = (dims(k, "k_cache")?, dims(v, "v_cache")?);
+            let shape = flashattn::CacheShape::from_kv_dims(k_dims, v_dims, paged)?;
+            HostKvCache::new(shape, owned(k)?, owned(v)?)
+        }
+        (None, Some(v_width)) => {
+            let s = flashattn::CacheShape::from_dims(dims(k, "k_cache")?, paged)?;
+            let shape = flashattn::CacheShape::latent(s.layout, s.heads_kv, s.head_dim, v_width)?;
+            HostKvCache::latent(shape, owned(k)?)
+        }
+        // The Python layer passes exactly one of them.
+        _ => Err(flashattn::Error::Unsupported {
+            what: "a kv cache",
+            feature: "both a v_cache and a latent head_dim_v, or neither",
+        }),
+    }
 }
 
 /// The accuracy rule (docs/semantics.md) on a forward's `o` and `lse`
@@ -573,28 +611,29 @@ fn check_backward(
 /// The accuracy rule on a decoding step's `o` and `lse` against the f64
 /// reference, given the cache as it was before the step.
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts))]
+#[pyo3(signature = (q, k_cache, v_cache, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts, latent_v=None))]
 #[allow(clippy::too_many_arguments)]
 fn check_decode(
     py: Python<'_>,
     q: Raw,
     k_cache: RawMut,
-    v_cache: RawMut,
+    v_cache: Option<RawMut>,
     paged: bool,
-    new_kv: Option<(Raw, Raw)>,
+    new_kv: Option<(Raw, Option<Raw>)>,
     cache_seqlens: Vec<i32>,
     cache_batch_idx: Option<Vec<i32>>,
     block_table: Option<(Vec<i32>, usize)>,
     o: Raw,
     lse: Raw,
     opts: Opts,
+    latent_v: Option<usize>,
 ) -> PyResult<Vec<CheckRow>> {
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
     let result = py.detach(|| -> flashattn::Result<_> {
         // SAFETY: as in `forward`; the caches are only read.
-        let cache = unsafe { host_cache(&k_cache, &v_cache, paged)? };
-        let step =
-            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let cache = unsafe { host_cache(&k_cache, v_cache.as_ref(), latent_v, paged)? };
+        let new = new_kv.as_ref().map(|(k, v)| (k, v.as_ref()));
+        let step = unsafe { decode_step(&q, new, &cache_seqlens, &cache_batch_idx, &block_table)? };
         let [reference, baseline] = reference::decode(&cache, &step, &opts)?;
         let (o, lse) = unsafe { (o.view()?, lse.f32s("lse")?) };
         Ok(o_lse_rows(&o, lse, &reference, &baseline, &opts))
@@ -628,8 +667,15 @@ fn check_decode_quantized(
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
     let result = py.detach(|| -> flashattn::Result<_> {
         // SAFETY: as in `forward`; everything is only read.
-        let step =
-            unsafe { decode_step(&q, &new_kv, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let step = unsafe {
+            decode_step(
+                &q,
+                both(&new_kv),
+                &cache_seqlens,
+                &cache_batch_idx,
+                &block_table,
+            )?
+        };
         let cache = unsafe {
             let codes = [&k_codes, &v_codes];
             quant_cache(

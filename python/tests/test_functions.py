@@ -183,6 +183,48 @@ def test_kvcache_with_a_v_head_dim_of_its_own(backend):
     testing.assert_passed(checks, "kvcache dv 32")
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_kvcache_latent_mla(backend, paged, seqlen_q):
+    # DeepSeek's MLA: one latent cache of width 576 whose first 512 columns
+    # are V, 128 query heads on one kv head; k alone appends.
+    b, hq, d, dv = 2, 128, 576, 512
+    seqlens = torch.tensor([37, 5], dtype=torch.int32)
+    if paged:
+        table = torch.tensor([[3, 0, 5], [1, 4, 2]], dtype=torch.int32)
+        k_cache = torch.randn(6, 16, 1, d)
+    else:
+        table = None
+        k_cache = torch.randn(b, 48, 1, d)
+    q, k = torch.randn(b, seqlen_q, hq, d), torch.randn(b, seqlen_q, 1, d)
+    before = k_cache.clone()
+    o, lse = flash_attn_with_kvcache(
+        q, k_cache, None, k, cache_seqlens=seqlens, block_table=table, head_dim_v=dv,
+        causal=True, num_splits=3, return_softmax_lse=True, backend=backend,
+    )  # fmt: skip
+    assert o.shape == (b, seqlen_q, hq, dv)
+    assert torch.equal(k_cache, _expected_cache(before, k, seqlens, None, table))
+    tab = None if table is None else (table.reshape(-1).tolist(), table.shape[1])
+    checks = testing.check_decode(
+        q, before, None, k, None, seqlens.tolist(), None, tab, o, lse, options(causal=True),
+        head_dim_v=dv,
+    )  # fmt: skip
+    testing.assert_passed(checks, f"latent paged={paged} seqlen_q={seqlen_q}")
+
+
+def test_kvcache_latent_errors(backend):
+    k_cache = torch.randn(1, 8, 1, 16)
+    before = k_cache.clone()
+    q, k, v = torch.randn(1, 1, 2, 16), torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 8)
+    with pytest.raises(flashattn.LatentViewTooWide):
+        flash_attn_with_kvcache(q, k_cache, None, head_dim_v=17, cache_seqlens=3, backend=backend)
+    with pytest.raises(flashattn.LatentAppend):
+        flash_attn_with_kvcache(q, k_cache, None, k, v, head_dim_v=8, cache_seqlens=3, backend=backend)
+    with pytest.raises(flashattn.UnsupportedError):
+        flash_attn_with_kvcache(q, k_cache, None, cache_seqlens=3, backend=backend)
+    assert torch.equal(k_cache, before)
+
+
 def test_kvcache_without_append_reads_the_cache(backend):
     q, k_cache, v_cache, _, _, seqlens, _, _ = _cache_case(False, torch.float32)
     before = k_cache.clone()

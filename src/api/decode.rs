@@ -36,6 +36,11 @@ pub enum CacheLayout {
 }
 
 /// The shape of a K and V cache: one layout, V's rows `head_dim_v` wide.
+///
+/// A latent cache ([`CacheShape::latent`], DeepSeek's MLA) is one tensor:
+/// K's rows are the latent vectors, `head_dim` wide, and V is a view of the
+/// first `head_dim_v` columns of each of K's head rows, read with K's row
+/// stride from K's storage; V has no storage of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheShape {
     /// Dense or paged, and its sizes.
@@ -47,6 +52,10 @@ pub struct CacheShape {
     /// The head dim of v (and of o): `head_dim` unless set by
     /// [`with_head_dim_v`](Self::with_head_dim_v).
     pub head_dim_v: usize,
+    /// V is a view of K's storage (the first `head_dim_v` columns of each
+    /// head's row of K), not a tensor of its own: set by
+    /// [`latent`](Self::latent).
+    pub latent: bool,
 }
 
 impl CacheShape {
@@ -59,6 +68,28 @@ impl CacheShape {
             heads_kv,
             head_dim,
             head_dim_v: head_dim,
+            latent: false,
+        }
+        .checked()
+    }
+
+    /// A latent cache: one tensor of `width`-wide rows per kv head whose
+    /// first `v_width` columns are V (DeepSeek's MLA: width 576, `v_width`
+    /// 512, one kv head). V is a view of K's storage, never a copy; steps
+    /// append K's rows alone ([`DecodeStep::append_latent`]). A view wider
+    /// than the rows is [`Error::LatentViewTooWide`].
+    pub fn latent(
+        layout: CacheLayout,
+        heads_kv: usize,
+        width: usize,
+        v_width: usize,
+    ) -> Result<Self> {
+        Self {
+            layout,
+            heads_kv,
+            head_dim: width,
+            head_dim_v: v_width,
+            latent: true,
         }
         .checked()
     }
@@ -69,8 +100,8 @@ impl CacheShape {
         Self { head_dim_v, ..self }.checked()
     }
 
-    /// Every size ≥ 1, the head dims within the maximum, K's and V's element
-    /// counts within this target's limit.
+    /// Every size ≥ 1, the head dims within the maximum, a latent view
+    /// within its rows, K's and V's element counts within this target's limit.
     fn checked(self) -> Result<Self> {
         let [outer, inner, _, _] = self.dims();
         let names = match self.layout {
@@ -95,6 +126,12 @@ impl CacheShape {
                     max: MAX_HEAD_DIM,
                 });
             }
+        }
+        if self.latent && self.head_dim_v > self.head_dim {
+            return Err(Error::LatentViewTooWide {
+                v_width: self.head_dim_v,
+                width: self.head_dim,
+            });
         }
         size::elements("the kv cache", &self.dims())?;
         size::elements("the v cache", &self.v_dims())?;
@@ -140,7 +177,8 @@ impl CacheShape {
         [outer, inner, self.heads_kv, self.head_dim]
     }
 
-    /// V's dims: `(outer, inner, heads_kv, head_dim_v)`.
+    /// V's dims: `(outer, inner, heads_kv, head_dim_v)` (a latent cache's:
+    /// the view's).
     pub fn v_dims(&self) -> [usize; 4] {
         let [outer, inner, heads, _] = self.dims();
         [outer, inner, heads, self.head_dim_v]
@@ -162,9 +200,36 @@ impl CacheShape {
         self.heads_kv * self.head_dim
     }
 
-    /// Elements of one token row of V.
+    /// Elements of one token row of V (of `v_new`).
     pub fn v_row_len(&self) -> usize {
         self.heads_kv * self.head_dim_v
+    }
+
+    /// Elements between consecutive token rows of V in its storage: K's
+    /// row length in a latent cache, whose V is a view of K.
+    pub fn v_row_stride(&self) -> usize {
+        if self.latent {
+            self.row_len()
+        } else {
+            self.v_row_len()
+        }
+    }
+
+    /// Elements between consecutive heads' rows of V in its storage: K's
+    /// head dim in a latent cache.
+    pub fn v_head_stride(&self) -> usize {
+        if self.latent {
+            self.head_dim
+        } else {
+            self.head_dim_v
+        }
+    }
+
+    /// Where kv head `hk`'s row of V for cache row `row` starts in V's
+    /// storage (K's, in a latent cache).
+    #[inline]
+    pub fn v_offset(&self, row: usize, hk: usize) -> usize {
+        row * self.v_row_stride() + hk * self.v_head_stride()
     }
 
     /// Elements of the whole K cache.
@@ -172,9 +237,14 @@ impl CacheShape {
         self.rows() * self.row_len()
     }
 
-    /// Elements of the whole V cache.
+    /// Elements of V's own storage: 0 in a latent cache, whose V is a view
+    /// of K's.
     pub fn v_len(&self) -> usize {
-        self.rows() * self.v_row_len()
+        if self.latent {
+            0
+        } else {
+            self.rows() * self.v_row_len()
+        }
     }
 
     /// Whether the cache holds no rows.
@@ -205,8 +275,13 @@ pub struct DecodeStep<'a> {
     pub block_table: Option<BlockTable<'a>>,
     /// `k_new` `(batch, seqlen_new, heads_kv, head_dim)` and `v_new`
     /// `(batch, seqlen_new, heads_kv, head_dim_v)`: appended at
-    /// `cache_seqlens[b]..`, then attended to.
+    /// `cache_seqlens[b]..`, then attended to. A latent cache takes
+    /// [`new_latent`](Self::new_latent) instead.
     pub new_kv: Option<[TensorView<'a>; 2]>,
+    /// A latent cache's new rows, `k_new` `(batch, seqlen_new, heads_kv,
+    /// head_dim)` alone (its V is their first `head_dim_v` columns):
+    /// appended at `cache_seqlens[b]..`, then attended to.
+    pub new_latent: Option<TensorView<'a>>,
 }
 
 impl<'a> DecodeStep<'a> {
@@ -218,6 +293,7 @@ impl<'a> DecodeStep<'a> {
             cache_batch_idx: None,
             block_table: None,
             new_kv: None,
+            new_latent: None,
         }
     }
 
@@ -227,12 +303,29 @@ impl<'a> DecodeStep<'a> {
         self
     }
 
+    /// Append a latent cache's new rows `k_new` before attending (V reads
+    /// their first `head_dim_v` columns; there is no `v_new`).
+    pub fn append_latent(mut self, k_new: TensorView<'a>) -> Self {
+        self.new_latent = Some(k_new);
+        self
+    }
+
+    /// `k_new`, whichever way the step appends it.
+    pub fn k_new(&self) -> Option<TensorView<'a>> {
+        self.new_kv.map(|[k, _]| k).or(self.new_latent)
+    }
+
+    /// Whether the step appends rows.
+    pub fn appends(&self) -> bool {
+        self.k_new().is_some()
+    }
+
     /// The step without its tensors: q's shape, `k_new`'s rows per
     /// sequence, the index arrays.
     pub fn spec(&self) -> DecodeSpec<'a> {
         DecodeSpec {
             q_shape: self.q.shape,
-            seqlen_new: self.new_kv.map_or(0, |[k, _]| k.shape[1]),
+            seqlen_new: self.k_new().map_or(0, |k| k.shape[1]),
             cache_seqlens: self.cache_seqlens,
             cache_batch_idx: self.cache_batch_idx,
             block_table: self.block_table,
@@ -369,6 +462,9 @@ impl DecodeProblem {
     /// encoded step's, whose tensors are the app's buffer ranges) against
     /// a cache of `cache` shape holding `precision`.
     pub fn of_spec(step: &DecodeSpec, cache: &CacheShape, precision: Precision) -> Result<Self> {
+        // A shape built field by field (a latent view wider than its rows
+        // would read past them) is checked as the constructors check.
+        cache.checked()?;
         let [batch, seqlen_q, heads_q, head_dim] = step.q_shape;
         AttentionShape::new(batch, seqlen_q, 1, heads_q, cache.heads_kv, head_dim)?;
         if head_dim != cache.head_dim {
@@ -570,18 +666,37 @@ impl DecodeProblem {
 }
 
 /// `k_new`/`v_new`: both or neither, `(batch, seqlen_new, heads_kv, d)`
-/// (`d` the cache's head dim of each).
+/// (`d` the cache's head dim of each); a latent cache's `k_new` alone.
 fn new_rows(step: &DecodeStep, batch: usize, cache: &CacheShape, p: Precision) -> Result<()> {
-    let Some([k, v]) = step.new_kv else {
-        return Ok(());
-    };
-    for (name, t) in [("k_new", &k), ("v_new", &v)] {
+    let rows: Vec<(&'static str, TensorView, usize)> =
+        match (cache.latent, step.new_kv, step.new_latent) {
+            (_, None, None) => return Ok(()),
+            (false, Some([k, v]), None) => vec![
+                ("k_new", k, cache.head_dim),
+                ("v_new", v, cache.head_dim_v),
+            ],
+            (true, None, Some(k)) => vec![("k_new", k, cache.head_dim)],
+            (true, Some(_), _) => {
+                return Err(Error::LatentAppend {
+                    reason: "a latent cache appends k_new alone (DecodeStep::append_latent): \
+                             its V is a view of K, so there is no v_new",
+                })
+            }
+            (false, _, Some(_)) => {
+                return Err(Error::LatentAppend {
+                    reason: "k_new alone (DecodeStep::append_latent) needs a latent cache; \
+                             this one has a V of its own, so append k_new and v_new",
+                })
+            }
+        };
+    for (name, t, _) in &rows {
         t.check_len(name)?;
         dtype_like(t.precision(), name, p)?;
     }
-    let rows = [batch, k.shape[1], cache.heads_kv];
-    let expected = |d: usize| [rows[0], rows[1], rows[2], d];
-    for (name, t, d) in [("k_new", &k, cache.head_dim), ("v_new", &v, cache.head_dim_v)] {
+    let lead = [batch, rows[0].1.shape[1], cache.heads_kv];
+    let expected = |d: usize| [lead[0], lead[1], lead[2], d];
+    for (name, t, d) in &rows {
+        let (name, d) = (*name, *d);
         let expected = expected(d);
         if t.shape != expected {
             return Err(Error::ShapeMismatch {
@@ -705,14 +820,15 @@ fn dtype_like(p: Precision, tensor: &'static str, cache: Precision) -> Result<()
 }
 
 /// A KV cache in host memory: what the command line reads and writes, and
-/// what the CPU backend decodes on.
+/// what the CPU backend decodes on. A latent cache's `v` is empty: its V
+/// is a view of `k`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostKvCache {
     /// The cache's shape.
     pub shape: CacheShape,
     /// The keys.
     pub k: TensorData,
-    /// The values.
+    /// The values (empty in a latent cache).
     pub v: TensorData,
 }
 
@@ -728,12 +844,14 @@ impl HostKvCache {
     /// fields were changed since: K and V hold the shape's elements, in one dtype.
     pub(crate) fn check(&self) -> Result<()> {
         let s = &self.shape;
-        for (tensor, t, dims) in [("k_cache", &self.k, s.dims()), ("v_cache", &self.v, s.v_dims())] {
+        // A latent cache's V is a view of K: its own tensor is empty.
+        let v_dims = if s.latent { vec![0] } else { s.v_dims().to_vec() };
+        for (tensor, t, dims) in [("k_cache", &self.k, s.dims().to_vec()), ("v_cache", &self.v, v_dims)] {
             let expected = dims.iter().product();
             if t.len() != expected {
                 return Err(Error::DataLength {
                     tensor,
-                    shape: dims.to_vec(),
+                    shape: dims,
                     expected,
                     actual: t.len(),
                 });
@@ -755,6 +873,13 @@ impl HostKvCache {
         };
         let shape = CacheShape::from_kv_dims(dims(&k, "k_cache")?, dims(&v, "v_cache")?, paged)?;
         Self::new(shape, k.data, v.data)
+    }
+
+    /// A latent cache of `shape` ([`CacheShape::latent`]) on its one
+    /// tensor `k`: V is a view of it, no data of its own.
+    pub fn latent(shape: CacheShape, k: TensorData) -> Result<Self> {
+        let v = TensorData::from_f32(Vec::new(), k.precision());
+        Self::new(shape, k, v)
     }
 
     /// An all-zero cache.
@@ -780,11 +905,23 @@ impl HostKvCache {
         }
     }
 
-    /// V as a 4-d tensor (a copy).
+    /// V as a 4-d tensor (a copy; of a latent cache, the view's columns
+    /// of K).
     pub fn v_tensor(&self) -> Tensor {
+        let s = &self.shape;
+        let data = if s.latent {
+            let k = self.k.to_f32();
+            let dv = s.head_dim_v;
+            let view = (0..s.rows() * s.heads_kv)
+                .flat_map(|r| k[r * s.head_dim..][..dv].iter().copied())
+                .collect();
+            TensorData::from_f32(view, self.precision())
+        } else {
+            self.v.clone()
+        };
         Tensor {
-            shape: self.shape.v_dims().to_vec(),
-            data: self.v.clone(),
+            shape: s.v_dims().to_vec(),
+            data,
         }
     }
 }

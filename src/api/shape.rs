@@ -6,7 +6,7 @@ use super::tensor::TensorView;
 use crate::error::{Error, Result};
 
 /// Largest supported head dimension (of q/k and of v).
-pub const MAX_HEAD_DIM: usize = 512;
+pub const MAX_HEAD_DIM: usize = 576;
 
 /// The sizes of one attention call, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

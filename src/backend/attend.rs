@@ -29,6 +29,9 @@ pub struct Capabilities {
     pub dropout: bool,
     /// Decoding steps on int8 and FP8 caches (docs/kv-quantization.md).
     pub quantized_cache: bool,
+    /// Decoding steps on latent caches, whose V is a view of K
+    /// ([`CacheShape::latent`](crate::CacheShape::latent), docs/decoding.md).
+    pub latent_cache: bool,
     /// Whether [`PlanOverrides`] steer its kernels (the wgpu planner's
     /// tiles and families); elsewhere they are ignored.
     pub plan_overrides: bool,

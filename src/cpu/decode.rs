@@ -77,6 +77,9 @@ pub(crate) fn decode(
         append(&mut cache.k, k_new, &p, p.cache.row_len())?;
         append(&mut cache.v, v_new, &p, p.cache.v_row_len())?;
     }
+    if let Some(k_new) = &step.new_latent {
+        append(&mut cache.k, k_new, &p, p.cache.row_len())?;
+    }
     attend(isa, &p, step, opts, num_splits, Source::Plain(cache))
 }
 
@@ -437,7 +440,13 @@ impl Block {
         kb: usize,
         keys: &Range<usize>,
     ) {
-        match (&cache.k, &cache.v) {
+        // A latent cache's V is a view of K's storage.
+        let v = if cache.shape.latent {
+            &cache.k
+        } else {
+            &cache.v
+        };
+        match (&cache.k, v) {
             (TensorData::F32(k), TensorData::F32(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
             (TensorData::F16(k), TensorData::F16(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
             (TensorData::Bf16(k), TensorData::Bf16(v)) => {
@@ -473,7 +482,8 @@ impl Block {
     ) {
         let g = &w.g;
         let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
-        let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
+        let k_len = w.p.cache.row_len();
+        let (v_stride, v_head) = (w.p.cache.v_row_stride(), w.p.cache.v_head_stride());
         // Zeroed when made: the padding columns are never written.
         let (ks, vs) = self.rows.split_mut();
         // Each cache row once, in order (the prefetchers follow it), its
@@ -485,7 +495,7 @@ impl Block {
                 match row {
                     Some(row) => {
                         T::widen::<K>(&k[row * k_len + hk * d..][..d], kr);
-                        T::widen::<K>(&v[row * v_len + hk * dv..][..dv], vr);
+                        T::widen::<K>(&v[row * v_stride + hk * v_head..][..dv], vr);
                     }
                     None => {
                         kr.fill(0.0);

@@ -154,6 +154,7 @@ impl AttentionBackend for Cpu {
             fp8: true,
             dropout: true,
             quantized_cache: true,
+            latent_cache: true,
             plan_overrides: false,
         }
     }

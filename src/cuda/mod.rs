@@ -334,6 +334,13 @@ impl Cuda {
         opts: &AttentionOptions,
         _num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
+        // The CUDA decode reads V from a tensor of its own.
+        if cache.shape.latent {
+            return Err(Error::Unsupported {
+                what: problem::WHAT,
+                feature: "a latent kv cache (V a view of K)",
+            });
+        }
         let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
             .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
             .ok();
@@ -365,6 +372,7 @@ impl AttentionBackend for Cuda {
             fp8: false,
             dropout: true,
             quantized_cache: false,
+            latent_cache: false,
             plan_overrides: false,
         }
     }

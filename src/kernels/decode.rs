@@ -75,7 +75,8 @@ pub struct DecodeBindings<'a> {
     /// The output's log-sum-exp.
     pub lse: wgpu::BufferBinding<'a>,
     /// `[k_new, v_new]`, appended to the cache before attending (as
-    /// [`DecodeStep::new_kv`](crate::DecodeStep::new_kv) is); `None` when
+    /// [`DecodeStep::new_kv`](crate::DecodeStep::new_kv) is; a latent
+    /// cache's `v_new` is never read, see [`append_latent`](Self::append_latent)); `None` when
     /// the step appends nothing or [`Engine::encode_append`](crate::Engine::encode_append)
     /// appended them.
     pub new_kv: Option<[wgpu::BufferBinding<'a>; 2]>,
@@ -109,6 +110,13 @@ impl<'a> DecodeBindings<'a> {
         v_new: wgpu::BufferBinding<'a>,
     ) -> Self {
         self.new_kv = Some([k_new, v_new]);
+        self
+    }
+
+    /// Append a latent cache's `k_new` alone before attending (its V is a
+    /// view of K: the step has no `v_new`, and the append writes K only).
+    pub fn append_latent(mut self, k_new: wgpu::BufferBinding<'a>) -> Self {
+        self.new_kv = Some([k_new.clone(), k_new]);
         self
     }
 
@@ -327,7 +335,9 @@ impl KvAppend {
 
     /// Each appended element read once and written once, K and V.
     pub fn accesses(&self, p: &DecodeProblem) -> Accesses {
-        let n = (p.batch * p.seqlen_new * (p.cache.row_len() + p.cache.v_row_len())) as u64;
+        // A latent cache appends K's rows alone.
+        let v = if p.cache.latent { 0 } else { p.cache.v_row_len() };
+        let n = (p.batch * p.seqlen_new * (p.cache.row_len() + v)) as u64;
         Accesses {
             reads: n,
             writes: n,

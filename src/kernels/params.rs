@@ -142,6 +142,8 @@ uniform_struct! {
         pub blocks_per_page: u32,
         pub k_scales_at: u32,
         pub v_scales_at: u32,
+        pub v_head_stride: u32,
+        pub v_new_len: u32,
     }
 }
 

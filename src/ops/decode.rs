@@ -65,7 +65,7 @@ pub async fn decode_host(
     opts.for_decoding(p.batch, p.heads_q)?;
     let cache = KvCache::upload(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
-    if step.new_kv.is_some() {
+    if step.appends() {
         *host = cache.read(gpu).await?;
     }
     Ok(out)
@@ -115,10 +115,11 @@ pub fn cache_in(
     v: &wgpu::BufferBinding,
 ) -> Result<KvCache> {
     let bytes = KvCache::bytes(gpu, &shape, precision)?;
-    let ranges = [
-        Range::new("k cache", k, bytes[0]),
-        Range::new("v cache", v, bytes[1]),
-    ];
+    let mut ranges = vec![Range::new("k cache", k, bytes[0])];
+    // A latent cache reads V from K's range: `v` is never bound.
+    if !shape.latent {
+        ranges.push(Range::new("v cache", v, bytes[1]));
+    }
     bindings::check(gpu, &ranges, &[])?;
     Ok(KvCache::in_ranges(shape, precision, k, v, bytes))
 }
@@ -300,10 +301,16 @@ impl StepBytes {
         let cache_bytes =
             [cache.k_binding(), cache.v_binding()].map(|b| b.size.map_or(0, |s| s.get()));
         let rows = p.batch * p.seqlen_new;
+        let k_new = bytes(rows * p.cache.row_len());
+        // A latent step's v_new range is its k_new's (the append reads no V).
+        let v_new = match p.cache.latent {
+            true => k_new,
+            false => bytes(rows * p.cache.v_row_len()),
+        };
         Self {
             q: bytes(p.q_len()),
             o: bytes(p.o_len()),
-            new: [bytes(rows * p.cache.row_len()), bytes(rows * p.cache.v_row_len())],
+            new: [k_new, v_new],
             lse: padded(p.lse_len() as u64 * 4),
             cache: cache_bytes,
         }
@@ -332,6 +339,8 @@ impl<'a> Step<'a> {
     ) -> Result<Self> {
         opts.for_decoding(p.batch, p.heads_q)?;
         let mut params = Params::decode(p, opts)?;
+        // V's rows in V's storage: K's, in a latent cache.
+        params.v_row_stride = to_u32("v row stride", p.cache.v_row_stride())?;
         let tables = SideTables {
             alibi: opts.alibi.as_ref(),
             sinks: opts.sinks.as_ref(),
@@ -413,10 +422,14 @@ impl<'a> Step<'a> {
         let t = StepBytes::of(self.p, self.cache);
         let (k, v) = (self.cache.k_binding(), self.cache.v_binding());
         let range = Range::new;
+        let mut cache = vec![range("k cache", &k, t.cache[0])];
+        if !self.p.cache.latent {
+            cache.push(range("v cache", &v, t.cache[1]));
+        }
         self.variant.aliased = bindings::check(
             self.gpu,
             &[range("k_new", k_new, t.new[0]), range("v_new", v_new, t.new[1])],
-            &[range("k cache", &k, t.cache[0]), range("v cache", &v, t.cache[1])],
+            &cache,
         )?;
         if self.p.seqlen_new == 0 {
             return Ok(());
@@ -456,8 +469,10 @@ impl<'a> Step<'a> {
         let outputs = [range("o", &b.o, t.o), range("lse", &b.lse, t.lse)];
         let mut aliased = bindings::check(self.gpu, &inputs, &outputs)?;
         if let Some(new) = &new {
-            // The append writes the cache while it reads the new rows.
-            aliased |= bindings::check(self.gpu, new, &inputs[1..3])?;
+            // The append writes the cache while it reads the new rows (a
+            // latent cache's one range once).
+            let cache = if self.p.cache.latent { 1..2 } else { 1..3 };
+            aliased |= bindings::check(self.gpu, new, &inputs[cache])?;
         }
         let Some(scratch) = &b.scratch else {
             return Ok(aliased);
@@ -514,12 +529,19 @@ impl<'a> Step<'a> {
     fn buffers(&self, call: &mut Call, step: &DecodeStep, splits: u64) -> Result<StepBuffers> {
         let p = self.p;
         let (o_len, lse_len) = (p.o_len() as u64, p.lse_len() as u64);
-        let new = match step.new_kv.filter(|_| p.seqlen_new > 0) {
-            Some([k, v]) => Some([
+        let new = match (step.new_kv, step.new_latent) {
+            _ if p.seqlen_new == 0 => None,
+            (Some([k, v]), _) => Some([
                 call.upload("k_new", k.data.as_bytes())?,
                 call.upload("v_new", v.data.as_bytes())?,
             ]),
-            None => None,
+            // A latent cache's append reads k_new alone; its v_new binding
+            // is k_new's buffer, never read.
+            (None, Some(k)) => {
+                let k = call.upload("k_new", k.data.as_bytes())?;
+                Some([k.clone(), k])
+            }
+            (None, None) => None,
         };
         let parts = if splits > 1 {
             let [o, lse] = part_bytes(p, splits);
@@ -603,8 +625,9 @@ impl<'a> Step<'a> {
                 (grid, 1)
             }
             None => {
-                // One invocation per element of the wider of K's and V's rows.
-                let row = p.cache.row_len().max(p.cache.v_row_len());
+                // One invocation per element of the wider of K's and V's
+                // new rows (a latent cache's: K's alone).
+                let row = p.cache.row_len().max(v_new_len(p));
                 let n = (p.batch * p.seqlen_new * row) as u64;
                 wrapped_grid(self.gpu, n.div_ceil(HELPER_WORKGROUP as u64))?
             }
@@ -754,7 +777,18 @@ fn decode_params(p: &DecodeProblem, plan: &DecodePlan, cache: &KvCache) -> Resul
         blocks_per_page: to_u32("scale blocks per page", blocks.per_page)?,
         k_scales_at,
         v_scales_at,
+        v_head_stride: to_u32("v head stride", p.cache.v_head_stride())?,
+        v_new_len: to_u32("v_new row", v_new_len(p))?,
     })
+}
+
+/// Elements of one row of `v_new`: 0 on a latent cache, which appends
+/// K's rows alone.
+fn v_new_len(p: &DecodeProblem) -> usize {
+    match p.cache.latent {
+        true => 0,
+        false => p.cache.v_row_len(),
+    }
 }
 
 /// Each sequence's keys after the append, then the page table.

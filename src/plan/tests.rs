@@ -3,6 +3,7 @@
 use super::*;
 use crate::api::tensor::Precision;
 use crate::error::Error;
+use crate::api::shape::MAX_HEAD_DIM;
 
 fn caps(kib: u32) -> DeviceCaps {
     DeviceCaps {
@@ -128,7 +129,7 @@ fn formula_is_pinned() {
 #[test]
 fn every_limit_and_head_dim_fits() {
     for kib in [16, 32, 48, 64, 100, 228] {
-        for d in [32, 64, 128, 256, 288, 384, 512] {
+        for d in [32, 64, 128, 256, 288, 384, 512, 576] {
             let c = caps(kib);
             let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             let m = kib * 1024 / 4;
@@ -319,7 +320,7 @@ fn f16_path_follows_features() {
 #[test]
 fn backward_tiles_are_smaller_and_fit() {
     for kib in [16, 32, 48, 64, 100, 228] {
-        for d in [32, 64, 128, 256, 384, 512] {
+        for d in [32, 64, 128, 256, 384, 512, 576] {
             let c = caps(kib);
             let f = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
             let p = plan_backward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
@@ -344,7 +345,7 @@ fn backward_tiles_are_smaller_and_fit() {
 
 #[test]
 fn browser_limits_plan_every_head_dim() {
-    for d in 1..=512 {
+    for d in 1..=MAX_HEAD_DIM {
         let c = DeviceCaps::webgpu_default();
         let p = plan_forward(&PlanRequest::new(d, Precision::F32), &c).unwrap();
         assert!(
@@ -379,7 +380,7 @@ fn v_head_dims_count_in_m() {
         128u32.div_ceil(p.plan.threads_per_row)
     );
     for kib in [16, 32, 48] {
-        for (d, dv) in [(192, 128), (40, 24), (24, 512), (512, 16)] {
+        for (d, dv) in [(192, 128), (40, 24), (24, 512), (512, 16), (576, 512)] {
             let req = PlanRequest::new(d, Precision::F32).head_dim_v(dv);
             let b = plan_backward(&req, &caps(kib)).unwrap();
             assert_eq!(
@@ -407,7 +408,7 @@ fn v_head_dims_count_in_m() {
         Err(Error::HeadDimTooLarge {
             tensor: "v",
             head_dim: 600,
-            max: 512
+            max: MAX_HEAD_DIM
         })
     ));
 }
@@ -453,7 +454,7 @@ fn head_dims_out_of_range_are_typed() {
         plan_forward(&PlanRequest::new(600, Precision::F32), &caps(32)),
         Err(Error::HeadDimTooLarge {
             head_dim: 600,
-            max: 512,
+            max: MAX_HEAD_DIM,
             ..
         })
     ));
@@ -718,6 +719,7 @@ fn registers_plans_fit_gpu_families() {
             (192, 128),
             (256, 256),
             (512, 512),
+            (576, 512),
         ] {
             check_registers_plans(name, &c, d, dv);
         }

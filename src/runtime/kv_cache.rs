@@ -2,7 +2,8 @@
 //! engine's own or the app's — that decoding steps append to and read in
 //! place, kept by the app between steps; read back only when asked. A
 //! quantized cache (docs/kv-quantization.md) holds in each range its codes,
-//! four per word, then its block scales.
+//! four per word, then its block scales. A latent cache's V range is K's:
+//! one buffer, V read with K's row stride.
 
 use super::buffers::{padded, STORAGE};
 use super::gpu::Gpu;
@@ -74,18 +75,26 @@ impl KvCache {
             offset: 0,
             size: bytes,
         };
+        let k = range("k cache", k_bytes);
+        // A latent cache's V is a view of K: no buffer of its own.
+        let v = if shape.latent {
+            k.clone()
+        } else {
+            range("v cache", v_bytes)
+        };
         Self {
             shape,
             precision,
             quant,
-            k: range("k cache", k_bytes),
-            v: range("v cache", v_bytes),
+            k,
+            v,
         }
     }
 
     /// A device copy of a quantized host cache (checked as
     /// [`QuantKvCache::new`] checks).
     pub fn upload_quantized(gpu: &Gpu, host: &QuantKvCache) -> Result<Self> {
+        // Rejects a latent shape, which has no quantized form.
         host.check()?;
         host.check_codes()?;
         let bytes = Self::quantized_bytes(gpu, &host.shape)?;
@@ -173,6 +182,7 @@ impl KvCache {
     /// Bytes of K and of V of a quantized cache of `shape`: codes padded to
     /// 4, then the scales; each must fit one storage binding.
     pub fn quantized_bytes(gpu: &Gpu, shape: &CacheShape) -> Result<[u64; 2]> {
+        crate::kv_quant::latent_unsupported(shape)?;
         let scales = size::elements("the scale blocks", &[ScaleBlocks::of(shape).count(), shape.heads_kv])?;
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let codes = size::elements(what, &dims)?;
@@ -186,7 +196,8 @@ impl KvCache {
 
     /// A cache on ranges of the app's buffers, `k` and `v` already checked
     /// to lie inside their buffers at aligned offsets and to hold
-    /// [`KvCache::bytes`]; only those bytes are ever bound.
+    /// [`KvCache::bytes`]; only those bytes are ever bound. A latent cache
+    /// reads V from `k`'s range (`v` is not bound).
     pub(crate) fn in_ranges(
         shape: CacheShape,
         precision: Precision,
@@ -199,12 +210,18 @@ impl KvCache {
             offset: b.offset,
             size,
         };
+        let k = range(k, k_bytes);
+        let v = if shape.latent {
+            k.clone()
+        } else {
+            range(v, v_bytes)
+        };
         Self {
             shape,
             precision,
             quant: None,
-            k: range(k, k_bytes),
-            v: range(v, v_bytes),
+            k,
+            v,
         }
     }
 
@@ -218,7 +235,11 @@ impl KvCache {
     /// `host`'s K and V written over this cache's (through the queue: they
     /// land before the next submission). The shapes must match.
     fn write(&self, gpu: &Gpu, host: &HostKvCache) {
-        for (range, data) in [(&self.k, &host.k), (&self.v, &host.v)] {
+        let mut parts = vec![(&self.k, &host.k)];
+        if !self.shape.latent {
+            parts.push((&self.v, &host.v));
+        }
+        for (range, data) in parts {
             let bytes = data.as_host().as_bytes();
             let mut words = bytes.to_vec();
             words.resize(padded(bytes.len() as u64) as usize, 0);
@@ -234,10 +255,16 @@ impl KvCache {
         }
         let lens = [self.shape.len(), self.shape.v_len()];
         let elem = self.precision.bytes() as u64;
-        let ranges = [(&self.k, lens[0]), (&self.v, lens[1])]
-            .map(|(r, n)| (&r.buffer, r.offset, n as u64 * elem));
+        let mut ranges = vec![(&self.k.buffer, self.k.offset, lens[0] as u64 * elem)];
+        // A latent cache's V is K's storage: nothing more to read.
+        if !self.shape.latent {
+            ranges.push((&self.v.buffer, self.v.offset, lens[1] as u64 * elem));
+        }
         let mut data = read_back_at(gpu, &ranges).await?;
-        let v = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[1]);
+        let v = match self.shape.latent {
+            true => TensorData::from_f32(Vec::new(), self.precision),
+            false => TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[1]),
+        };
         let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[0]);
         HostKvCache::new(self.shape, k, v)
     }
@@ -258,7 +285,7 @@ impl KvCache {
         &self.k.buffer
     }
 
-    /// The buffer V is in.
+    /// The buffer V is in (K's, in a latent cache).
     pub fn v(&self) -> &wgpu::Buffer {
         &self.v.buffer
     }
@@ -268,22 +295,34 @@ impl KvCache {
         self.k.binding()
     }
 
-    /// V's range.
+    /// V's range (K's, in a latent cache: V rows are read with K's row
+    /// stride, [`CacheShape::v_offset`]).
     pub fn v_binding(&self) -> wgpu::BufferBinding<'_> {
         self.v.binding()
     }
 
+    /// Bytes of device storage the cache holds: K's range plus V's, or
+    /// K's alone in a latent cache (one buffer, not two).
+    pub fn storage_bytes(&self) -> u64 {
+        match self.shape.latent {
+            true => self.k.size,
+            false => self.k.size + self.v.size,
+        }
+    }
+
     /// Bytes of K and of V for `shape` in `precision`, padded to 4; each
-    /// must fit one storage binding.
+    /// must fit one storage binding. A latent cache's V takes none: it is
+    /// a view of K.
     pub fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<[u64; 2]> {
         // A shape built field by field is checked here (CacheShape::new checks its own).
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let elements = size::elements(what, &dims)?;
             gpu.within_binding(what, padded(elements as u64 * precision.bytes() as u64))
         };
-        Ok([
-            of("the kv cache", shape.dims())?,
-            of("the v cache", shape.v_dims())?,
-        ])
+        let k = of("the kv cache", shape.dims())?;
+        if shape.latent {
+            return Ok([k, 0]);
+        }
+        Ok([k, of("the v cache", shape.v_dims())?])
     }
 }

@@ -6,7 +6,7 @@
 
 use flashattn::accuracy::check_decode;
 use flashattn::random::Rng;
-use flashattn::{Alibi, AttentionOptions, Precision, Result, Sinks, TensorData};
+use flashattn::{Alibi, AttentionOptions, Error, Precision, Result, Sinks, TensorData};
 use flashattn::{CacheLayout, CacheShape, DecodeOutput, DecodeStep, HostKvCache};
 
 /// How the case's cache is laid out.
@@ -40,6 +40,9 @@ pub struct DecodeCase {
     pub opts: AttentionOptions,
     pub num_splits: Option<usize>,
     pub seed: u64,
+    /// A latent cache: V a view of K's first `head_dim_v` columns, steps
+    /// appending K's rows alone.
+    pub latent: bool,
 }
 
 impl DecodeCase {
@@ -62,6 +65,14 @@ impl DecodeCase {
             opts: AttentionOptions::default(),
             num_splits: None,
             seed: cache_lens.iter().sum::<usize>() as u64 * 31 + head_dim as u64,
+            latent: false,
+        }
+    }
+    /// A latent cache (V a view of K).
+    pub fn latent(self) -> Self {
+        Self {
+            latent: true,
+            ..self
         }
     }
     pub fn heads(self, heads_q: usize, heads_kv: usize) -> Self {
@@ -143,10 +154,13 @@ impl DecodeCase {
             .expect("a consistent cache");
         let q = tensor(b * self.seqlen_q * self.heads_q * self.head_dim);
         let new_rows = b * self.seqlen_new * self.heads_kv;
-        let (k_new, v_new) = (
-            tensor(new_rows * self.head_dim),
-            tensor(new_rows * self.head_dim_v),
-        );
+        // A latent step appends K's rows alone.
+        let v_new_len = if self.latent {
+            0
+        } else {
+            new_rows * self.head_dim_v
+        };
+        let (k_new, v_new) = (tensor(new_rows * self.head_dim), tensor(v_new_len));
         CaseData {
             cache,
             q,
@@ -162,7 +176,6 @@ impl DecodeCase {
     /// block table over shuffled pages, with spare pages and -1 padding.
     fn cache_index(&self, b: usize) -> (CacheShape, Index) {
         let mut rng = Rng::new(self.seed ^ 0x5eed);
-        let (hk, d) = (self.heads_kv, self.head_dim);
         match self.layout {
             Layout::Dense {
                 capacity,
@@ -173,9 +186,7 @@ impl DecodeCase {
                     batch: rows,
                     capacity,
                 };
-                let shape = CacheShape::new(layout, hk, d)
-                    .and_then(|s| s.with_head_dim_v(self.head_dim_v))
-                    .expect("a valid cache shape");
+                let shape = self.shape(layout);
                 let idx = shuffled.then(|| {
                     let mut all: Vec<i32> = (0..rows as i32).collect();
                     shuffle(&mut all, &mut rng);
@@ -201,12 +212,22 @@ impl DecodeCase {
                     }
                 }
                 let layout = CacheLayout::Paged { pages, page_size };
-                let shape = CacheShape::new(layout, hk, d)
-                    .and_then(|s| s.with_head_dim_v(self.head_dim_v))
-                    .expect("a valid cache shape");
+                let shape = self.shape(layout);
                 (shape, Index::Paged(table, max_pages))
             }
         }
+    }
+}
+
+impl DecodeCase {
+    /// The case's cache shape on `layout`: K and V, or latent.
+    fn shape(&self, layout: CacheLayout) -> CacheShape {
+        let (hk, d, dv) = (self.heads_kv, self.head_dim, self.head_dim_v);
+        let shape = match self.latent {
+            true => CacheShape::latent(layout, hk, d, dv),
+            false => CacheShape::new(layout, hk, d).and_then(|s| s.with_head_dim_v(dv)),
+        };
+        shape.expect("a valid cache shape")
     }
 }
 
@@ -240,7 +261,10 @@ impl CaseData {
         let c = &self.case;
         let q_shape = [c.batch(), c.seqlen_q, c.heads_q, c.head_dim];
         let mut step = DecodeStep::new(self.q.view(q_shape), &self.lens);
-        if c.seqlen_new > 0 {
+        if c.seqlen_new > 0 && c.latent {
+            let shape = [c.batch(), c.seqlen_new, c.heads_kv, c.head_dim];
+            step = step.append_latent(self.k_new.view(shape));
+        } else if c.seqlen_new > 0 {
             let shape = |d| [c.batch(), c.seqlen_new, c.heads_kv, d];
             step = step.append(
                 self.k_new.view(shape(c.head_dim)),
@@ -478,4 +502,161 @@ fn score_term_cases() -> Vec<DecodeCase> {
         );
     }
     v
+}
+
+/// DeepSeek's MLA decoding: a latent cache of width 576 whose first 512
+/// columns are V, 128 query heads on one kv head (and fewer, to keep the
+/// suites fast), seqlen_q 1 and 4, dense and paged, appends, splits; and
+/// small odd latent caches of several kv heads (V's head stride is then
+/// K's head dim), on the tiled kernel (odd) and the lanes one (multiples of 4).
+pub fn mla_cases() -> Vec<DecodeCase> {
+    let causal = || AttentionOptions::default().causal(true);
+    vec![
+        DecodeCase::new(&[77, 5], 576)
+            .dv(512)
+            .heads(128, 1)
+            .latent()
+            .append(1)
+            .splits(3),
+        DecodeCase::new(&[200, 0, 33], 576)
+            .dv(512)
+            .heads(128, 1)
+            .seqlen_q(4)
+            .paged(16)
+            .latent()
+            .append(4)
+            .opts(causal())
+            .splits(4),
+        DecodeCase::new(&[150, 9], 576)
+            .dv(512)
+            .heads(8, 1)
+            .seqlen_q(4)
+            .batch_idx()
+            .latent()
+            .f16()
+            .opts(causal()),
+        DecodeCase::new(&[60, 129], 576)
+            .dv(512)
+            .heads(8, 1)
+            .paged(7)
+            .latent()
+            .bf16()
+            .append(1),
+        DecodeCase::new(&[129, 5], 59)
+            .dv(37)
+            .heads(4, 2)
+            .latent()
+            .append(3)
+            .opts(causal()),
+        DecodeCase::new(&[300, 40], 64)
+            .dv(32)
+            .heads(8, 2)
+            .seqlen_q(4)
+            .paged(16)
+            .latent()
+            .append(2)
+            .splits(3),
+    ]
+}
+
+/// The footprint of a latent cache: one tensor of `rows × heads_kv × width`
+/// elements, V taking none of its own.
+pub fn assert_one_latent_tensor(cache: &HostKvCache) {
+    let s = &cache.shape;
+    let [outer, inner, heads, width] = s.dims();
+    assert!(s.latent);
+    assert_eq!(cache.k.len(), outer * inner * heads * width);
+    assert_eq!(cache.v.len(), 0, "a latent cache holds no V of its own");
+}
+
+/// Bad latent input, each a typed error that leaves the cache as it was:
+/// a view wider than the rows, v_new on a latent cache, k_new alone on a
+/// cache with a V of its own, a V tensor given to a latent cache, and a
+/// quantized latent cache.
+pub fn check_latent_rejections(
+    mut decode: impl FnMut(&mut HostKvCache, &DecodeStep) -> Result<DecodeOutput>,
+) {
+    let layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 8,
+    };
+    let err = CacheShape::latent(layout, 1, 64, 65).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LatentViewTooWide {
+                v_width: 65,
+                width: 64
+            }
+        ),
+        "{err:?}"
+    );
+    let shape = CacheShape::latent(layout, 1, 8, 4).unwrap();
+    let err = shape.with_head_dim_v(9).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LatentViewTooWide {
+                v_width: 9,
+                width: 8
+            }
+        ),
+        "{err:?}"
+    );
+    let k = TensorData::F32((0..shape.len()).map(|i| i as f32 * 0.1).collect());
+    let err = HostKvCache::new(shape, k.clone(), k.clone()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "v_cache",
+                expected: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let latent = HostKvCache::latent(shape, k.clone()).unwrap();
+    assert_one_latent_tensor(&latent);
+    // A shape built field by field is checked at the step.
+    let q = TensorData::F32(vec![0.5; 8]);
+    let mut too_wide = latent.clone();
+    too_wide.shape.head_dim_v = 9;
+    let before = too_wide.clone();
+    let step = DecodeStep::new(q.view([1, 1, 1, 8]), &[3]);
+    let err = decode(&mut too_wide, &step).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LatentViewTooWide {
+                v_width: 9,
+                width: 8
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(too_wide == before, "a rejected step changed the cache");
+    let (k_new, v_new) = (TensorData::F32(vec![1.0; 8]), TensorData::F32(vec![2.0; 4]));
+    let lens = [3];
+    let with_v = DecodeStep::new(q.view([1, 1, 1, 8]), &lens)
+        .append(k_new.view([1, 1, 1, 8]), v_new.view([1, 1, 1, 4]));
+    let mut cache = latent.clone();
+    let err = decode(&mut cache, &with_v).unwrap_err();
+    assert!(matches!(err, Error::LatentAppend { .. }), "{err:?}");
+    assert!(cache == latent, "a rejected step changed the latent cache");
+
+    let plain_shape = CacheShape::new(layout, 1, 8)
+        .unwrap()
+        .with_head_dim_v(4)
+        .unwrap();
+    let plain = HostKvCache::zeros(plain_shape, Precision::F32);
+    let alone =
+        DecodeStep::new(q.view([1, 1, 1, 8]), &lens).append_latent(k_new.view([1, 1, 1, 8]));
+    let mut cache = plain.clone();
+    let err = decode(&mut cache, &alone).unwrap_err();
+    assert!(matches!(err, Error::LatentAppend { .. }), "{err:?}");
+    assert!(cache == plain, "a rejected step changed the cache");
+
+    let err = flashattn::QuantKvCache::quantize(&latent, flashattn::CacheQuant::Int8).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
 }

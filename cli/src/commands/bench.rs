@@ -313,6 +313,11 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
             .clone()
             .unwrap_or_else(|| if d.quick { quick } else { full }.to_string())
     };
+    // heads_q, heads_kv, head_dim: --mla's are DeepSeek's whether quick or not.
+    let (quick, full) = match d.mla {
+        true => ([128, 1, db::MLA_WIDTH], [128, 1, db::MLA_WIDTH]),
+        false => ([4, 2, 32], [32, 8, 128]),
+    };
     let set = DecodeSet {
         backends: list(&d.backends)?,
         batches: sizes("--batches", &lists(&d.batches, "1,2", "1,8"))?,
@@ -320,15 +325,23 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
             "--cache-lens",
             &lists(&d.cache_lens, "128,512", "1024,8192,32768"),
         )?,
-        heads_q: pick(d.heads_q, 4, 32),
-        heads_kv: pick(d.heads_kv, 2, 8),
-        head_dim: pick(d.head_dim, 32, 128),
+        heads_q: pick(d.heads_q, quick[0], full[0]),
+        heads_kv: pick(d.heads_kv, quick[1], full[1]),
+        head_dim: pick(d.head_dim, quick[2], full[2]),
+        latent_v: d.mla.then_some(db::MLA_V_WIDTH),
         dtypes: list::<db::CacheDtype>(&d.dtypes)?,
         splits: list::<SplitMode>(&d.splits)?,
         max_tokens: d.max_tokens,
         repeats: repeats.max(1),
     };
     flashattn::AttentionShape::new(1, 1, 1, set.heads_q, set.heads_kv, set.head_dim)?;
+    if let Some(v_width) = set.latent_v {
+        let one = flashattn::CacheLayout::Dense {
+            batch: 1,
+            capacity: 1,
+        };
+        flashattn::CacheShape::latent(one, set.heads_kv, set.head_dim, v_width)?;
+    }
     let copy_mib = d.copy_mib.unwrap_or(if d.quick { 4 } else { 64 });
     if copy_mib == 0 {
         return Err(CliError::BadFlag {
@@ -403,6 +416,7 @@ fn decode(a: &BenchArgs) -> Result<()> {
         heads_q: set.heads_q,
         heads_kv: set.heads_kv,
         head_dim: set.head_dim,
+        latent_v: set.latent_v,
         repeats: set.repeats,
         results,
         skipped,

@@ -23,6 +23,8 @@ pub struct StepInputs {
     /// `(pages, max_pages)`, row-major `(batch, max_pages)`.
     pub block_table: Option<(Vec<i32>, usize)>,
     pub new_kv: Option<[Tensor; 2]>,
+    /// A latent cache's new rows (`k_new` alone).
+    pub new_latent: Option<Tensor>,
 }
 
 impl StepInputs {
@@ -37,6 +39,9 @@ impl StepInputs {
         }
         if let Some([k, v]) = &self.new_kv {
             step = step.append(k.view()?, v.view()?);
+        }
+        if let Some(k) = &self.new_latent {
+            step = step.append_latent(k.view()?);
         }
         Ok(step)
     }
@@ -203,11 +208,18 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         .into());
     }
     layouts_unsupported(&a.score)?;
-    let new_paths = pair((&a.k_new, "--k-new"), (&a.v_new, "--v-new"))?;
-    pair(
-        (&a.k_cache_out, "--k-cache-out"),
-        (&a.v_cache_out, "--v-cache-out"),
-    )?;
+    // A latent cache has no V of its own: its k flags stand alone.
+    let latent = a.latent_v;
+    let new_paths = match latent {
+        Some(_) => None,
+        None => pair((&a.k_new, "--k-new"), (&a.v_new, "--v-new"))?,
+    };
+    if latent.is_none() {
+        pair(
+            (&a.k_cache_out, "--k-cache-out"),
+            (&a.v_cache_out, "--v-cache-out"),
+        )?;
+    }
     let quant = a
         .cache_precision
         .as_deref()
@@ -218,8 +230,11 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         (&a.k_scales_out, "--k-scales-out"),
         (&a.v_scales_out, "--v-scales-out"),
     )?;
-    let codes =
-        npy::holds_codes("k_cache", &a.k_cache)? || npy::holds_codes("v_cache", &a.v_cache)?;
+    let v_codes = match &a.v_cache {
+        Some(v) => npy::holds_codes("v_cache", v)?,
+        None => false,
+    };
+    let codes = npy::holds_codes("k_cache", &a.k_cache)? || v_codes;
     match (quant, codes, scales.is_some()) {
         (None, true, _) => {
             return Err(CliError::Needs {
@@ -256,10 +271,16 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     let q = read4("q", &a.q, TENSOR_DIMS)?;
     let paged = a.block_table.is_some();
     // A cache of codes is read as codes; any other as floats.
+    let v_path = || {
+        a.v_cache.as_deref().ok_or(CliError::Needs {
+            given: "a cache with a V of its own",
+            needs: "--v-cache (or --latent-v for a latent cache)",
+        })
+    };
     let (k_cache, v_cache, code_cache) = match (quant, scales) {
         (Some(quant), Some((ks, vs))) => {
             let (k_shape, k) = npy::read_codes("k_cache", &a.k_cache, quant, CACHE_DIMS)?;
-            let (v_shape, v) = npy::read_codes("v_cache", &a.v_cache, quant, CACHE_DIMS)?;
+            let (v_shape, v) = npy::read_codes("v_cache", v_path()?, quant, CACHE_DIMS)?;
             let dims = |s: &[usize]| [s[0], s[1], s[2], s[3]];
             let shape = CacheShape::from_kv_dims(dims(&k_shape), dims(&v_shape), paged)?;
             let (_, k_scales) = npy::read_f32("k_scales", ks)?;
@@ -271,11 +292,16 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
                 Some((quant, shape, kv(k, k_scales), kv(v, v_scales))),
             )
         }
+        _ if latent.is_some() => (Some(read4("k_cache", &a.k_cache, CACHE_DIMS)?), None, None),
         _ => (
             Some(read4("k_cache", &a.k_cache, CACHE_DIMS)?),
-            Some(read4("v_cache", &a.v_cache, CACHE_DIMS)?),
+            Some(read4("v_cache", v_path()?, CACHE_DIMS)?),
             None,
         ),
+    };
+    let new_latent = match (latent, &a.k_new) {
+        (Some(_), Some(k)) => Some(read4("k_new", k, TENSOR_DIMS)?),
+        _ => None,
     };
     let new_kv = match new_paths {
         Some((k, v)) => Some([
@@ -298,6 +324,12 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         if let Some([k, v]) = &new_kv {
             others.extend([("k_new", k), ("v_new", v)]);
         }
+        if let (Some(k), None) = (&k_cache, &v_cache) {
+            others.push(("k_cache", k));
+        }
+        if let Some(k) = &new_latent {
+            others.push(("k_new", k));
+        }
         same_dtype(&q, &others)?;
     }
     let to = precision.unwrap_or(dtypes.q);
@@ -312,6 +344,14 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
                 None => StepCache::Plain(plain),
             }
         }
+        (Some(k), None, None) => {
+            // --latent-v: V is a view of this one tensor.
+            let v_width = latent.unwrap_or(0);
+            let dims = [k.shape[0], k.shape[1], k.shape[2], k.shape[3]];
+            let s = CacheShape::from_dims(dims, paged)?;
+            let shape = CacheShape::latent(s.layout, s.heads_kv, s.head_dim, v_width)?;
+            StepCache::Plain(HostKvCache::latent(shape, convert(k, to).data)?)
+        }
         _ => unreachable!("a cache is read as codes or as floats"),
     };
     let inputs = StepInputs {
@@ -320,6 +360,7 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         cache_batch_idx,
         block_table,
         new_kv: new_kv.map(|kv| kv.map(|t| convert(t, to))),
+        new_latent: new_latent.map(|t| convert(t, to)),
     };
     let problem = DecodeProblem::new(&inputs.step()?, cache.shape(), to)?;
     let opts = super::layouts::read(&a.score, Default::default(), opts)?;
@@ -350,6 +391,15 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let mut outputs: Vec<(PathBuf, std::io::Result<Vec<u8>>)> = vec![(a.out, npy::encode(&o))];
     if let Some(path) = a.lse {
         outputs.push((path, npy::encode(&lse)));
+    }
+    // A latent cache writes its one tensor (--k-cache-out alone).
+    if let (Some(k), StepCache::Plain(c)) = (&a.k_cache_out, &cache) {
+        if c.shape.latent {
+            outputs.push((
+                k.clone(),
+                npy::encode(&output(c.k_tensor(), p.dtypes.k_cache)),
+            ));
+        }
     }
     if let (Some(k), Some(v)) = (a.k_cache_out, a.v_cache_out) {
         match &cache {
