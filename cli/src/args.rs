@@ -523,9 +523,10 @@ pub struct DecodeBenchArgs {
     #[arg(long, requires = "decode")]
     pub head_dim: Option<usize>,
     /// Cache dtypes, comma-separated: f32, f16, bf16, and int8 or fp8
-    /// (quantized caches of f16 steps).
-    #[arg(long, requires = "decode", default_value = "f16,f32,int8,fp8")]
-    pub dtypes: String,
+    /// (quantized caches of f16 steps) [default: f16,f32,int8,fp8; with
+    /// --mla f16,f32: latent caches are not quantized].
+    #[arg(long, requires = "decode")]
+    pub dtypes: Option<String>,
     /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:
     /// SDPA with enable_gqa on the CPU, run by cli/src/baselines.py under --python).
     #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
