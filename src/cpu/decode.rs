@@ -543,11 +543,12 @@ fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
         };
         for (hk, stream) in streams.iter_mut().enumerate() {
             if in_place {
-                // The head's rows of the next block, which the hardware
-                // prefetchers miss (short runs a whole row apart); in a
-                // dense cache they follow these (in a page, the next rows
-                // may be another sequence's: harmless).
-                let next = row0 + keys.len()..row0 + keys.len() + g.bc;
+                // The head's rows of the block after next, which the
+                // hardware prefetchers miss (short runs a whole row apart;
+                // one block ahead is less than memory's latency for a
+                // block); in a dense cache they follow these (in a page,
+                // the rows may be another sequence's: harmless).
+                let next = row0 + keys.len() + g.bc..row0 + keys.len() + 2 * g.bc;
                 prefetch_rows(
                     &cache.k.codes,
                     next.clone(),
