@@ -10,6 +10,7 @@
 //! Hopper forward has none, and the plan sends dropout to the sm80 one.
 
 use crate::api::tensor::Precision;
+use crate::kv_quant::CacheQuant;
 
 /// cuda/common.cuh: conversions, masks, scores, tile loads.
 const COMMON: &str = include_str!("../../cuda/common.cuh");
@@ -28,6 +29,12 @@ const BACKWARD_MMA: &str = include_str!("../../cuda/flash_bwd_mma.cu");
 /// cuda/hopper.cuh: the wgmma / mbarrier / TMA / setmaxnreg wrappers.
 const HOPPER: &str = include_str!("../../cuda/hopper.cuh");
 const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
+/// cuda/flash_decode.cu: append, split-KV decoding and the merge.
+const DECODE: &str = include_str!("../../cuda/flash_decode.cu");
+/// Threads of a decode block (cuda/flash_decode.cu's `DECODE_THREADS`).
+pub const DECODE_THREADS: usize = 128;
+/// Keys a decode block scores per tile (`DECODE_KEYS`).
+pub const DECODE_KEYS: usize = 64;
 
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
@@ -58,15 +65,19 @@ pub enum Family {
     BackwardMma,
     /// cuda/flash_fwd_wgmma.cu: `flash_fwd` for Hopper (sm_90a only).
     ForwardWgmma,
+    /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
+    /// `flash_decode_merge` on a device cache, plain or quantized.
+    Decode,
 }
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::Forward,
         Family::Backward,
         Family::ForwardMma,
         Family::BackwardMma,
         Family::ForwardWgmma,
+        Family::Decode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,12 +87,15 @@ impl Family {
             Family::ForwardMma => "flash_fwd_mma",
             Family::BackwardMma => "flash_bwd_mma",
             Family::ForwardWgmma => "flash_fwd_wgmma",
+            Family::Decode => "flash_decode",
         }
     }
 
     /// The kernels (entry points) its module holds.
     pub fn entry_points(self) -> &'static [&'static str] {
-        if self.is_forward() {
+        if self == Family::Decode {
+            &["kv_append", "flash_decode", "flash_decode_merge"]
+        } else if self.is_forward() {
             &["flash_fwd"]
         } else {
             &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
@@ -108,7 +122,7 @@ impl Family {
     /// Whether this family compiles `precision` at padded head dim `head_dim`.
     pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
         match self {
-            Family::Forward | Family::Backward => true,
+            Family::Forward | Family::Backward | Family::Decode => true,
             Family::ForwardMma | Family::BackwardMma => {
                 precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
             }
@@ -130,8 +144,11 @@ pub struct KernelKey {
     pub band: bool,
     pub softcap: bool,
     /// Dropout (`p > 0`; the seed, offset and threshold are launch
-    /// arguments). Never the Hopper forward's.
+    /// arguments). Never the Hopper forward's nor decoding's.
     pub dropout: bool,
+    /// The decode family's cache codes (`None`: a cache of the storage
+    /// precision); `None` in every other family.
+    pub quant: Option<CacheQuant>,
 }
 
 /// A variant's thread-block shape.
@@ -186,13 +203,24 @@ impl KernelKey {
             band,
             softcap,
             dropout: false,
+            quant: None,
         }
     }
 
-    /// The same variant with dropout on or off (the Hopper forward: off).
+    /// The same variant with dropout on or off (the Hopper forward and
+    /// decoding: off).
     pub fn with_dropout(self, dropout: bool) -> Self {
         Self {
-            dropout: dropout && !self.family.is_wgmma(),
+            dropout: dropout && !self.family.is_wgmma() && self.family != Family::Decode,
+            ..self
+        }
+    }
+
+    /// The decode variant for a cache of `quant` codes (`None`: plain);
+    /// other families stay as they are.
+    pub fn with_quant(self, quant: Option<CacheQuant>) -> Self {
+        Self {
+            quant: quant.filter(|_| self.family == Family::Decode),
             ..self
         }
     }
@@ -210,7 +238,11 @@ impl KernelKey {
                         for softcap in [false, true] {
                             let key = Self::new(family, precision, head_dim, band, softcap);
                             keys.push(key);
-                            if !family.is_wgmma() {
+                            if family == Family::Decode {
+                                for quant in CacheQuant::ALL {
+                                    keys.push(key.with_quant(Some(quant)));
+                                }
+                            } else if !family.is_wgmma() {
                                 keys.push(key.with_dropout(true));
                             }
                         }
@@ -273,6 +305,13 @@ impl KernelKey {
                 lanes: 4,
                 threads: 384,
             },
+            // One query row a block, a warp per key for its scores.
+            Family::Decode => Tiles {
+                rows: 1,
+                keys: DECODE_KEYS,
+                lanes: 32,
+                threads: DECODE_THREADS,
+            },
         }
     }
 
@@ -287,6 +326,9 @@ impl KernelKey {
             // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
             Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
+            // The q row, a tile's scores and P (the quantized append's
+            // block maximum, DECODE_THREADS floats, is smaller than them).
+            Family::Decode => self.head_dim + 2 * t.keys,
         };
         let keep = if self.dropout { t.rows * t.keys / 8 } else { 0 };
         floats * 4 + keep
@@ -300,7 +342,7 @@ impl KernelKey {
         let t = self.tiles();
         let row = (self.head_dim + 8) * self.precision.bytes();
         match self.family {
-            Family::Forward | Family::Backward => 0,
+            Family::Forward | Family::Backward | Family::Decode => 0,
             // Q, then two stages of K and V.
             Family::ForwardMma => (t.rows + 4 * t.keys) * row,
             // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
@@ -326,13 +368,14 @@ impl KernelKey {
     /// A name for logs, errors and the PTX files the tests write.
     pub fn label(&self) -> String {
         format!(
-            "{}_{}_d{}{}{}{}",
+            "{}_{}_d{}{}{}{}{}",
             self.family.name(),
             self.precision.name(),
             self.head_dim,
             if self.band { "_band" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.dropout { "_dropout" } else { "" },
+            self.quant.map_or(String::new(), |q| format!("_{}", q.name())),
         )
     }
 
@@ -383,6 +426,15 @@ impl KernelKey {
             Family::ForwardWgmma => {
                 defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
                 format!("{MMA}\n{HOPPER}\n{FORWARD_WGMMA}")
+            }
+            Family::Decode => {
+                let quant = match self.quant {
+                    None => 0,
+                    Some(CacheQuant::Int8) => 1,
+                    Some(CacheQuant::Fp8) => 2,
+                };
+                defines += &format!("#define CACHE_QUANT {quant}\n");
+                DECODE.to_string()
             }
         };
         format!("{defines}{COMMON}\n{PHILOX}\n{DROPOUT}\n{body}")
@@ -451,8 +503,12 @@ mod tests {
         );
         // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
-        // 128 × 4 options, no dropout.
-        assert_eq!(all.len(), 2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4);
+        // 128 × 4 options, no dropout; decoding: every precision and head
+        // dim × 4 options × plain, int8 and FP8 caches.
+        assert_eq!(
+            all.len(),
+            2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * 8 * 4 * 3
+        );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
     }

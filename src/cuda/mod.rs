@@ -100,7 +100,7 @@
 mod backward;
 pub mod compile;
 pub mod context;
-mod decode;
+pub mod decode;
 mod disk_cache;
 mod driver_error;
 mod forward;
@@ -123,8 +123,11 @@ pub use {
     plan::CudaPlan,
 };
 
-use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::kv_quant::QuantKvCache;
+pub use decode::CudaKvCache;
+
+use crate::api::decode::{CacheShape, DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::tensor::Precision;
+use crate::kv_quant::{CacheQuant, QuantKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -146,13 +149,22 @@ pub fn takes(workload: &Workload) -> Result<()> {
     match workload.operation {
         Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
-        Operation::QuantizedDecode => unsupported("quantized KV caches"),
-        // Decoding runs the forward over each sequence's cached keys, with
-        // the options every backend's decoding takes.
-        Operation::Decode => {
+        // Decoding (plain or quantized caches) runs cuda/flash_decode.cu,
+        // with the options every backend's decoding takes and v's own head dim.
+        Operation::Decode | Operation::QuantizedDecode => {
             let shape = &workload.shape;
             workload.opts.for_decoding(shape.batch, shape.heads_q)?;
-            problem::Call::new(&workload.problem()?).map(drop)
+            let p = workload.problem()?;
+            for (tensor, head_dim) in [("q/k", shape.head_dim), ("v", shape.head_dim_v)] {
+                if head_dim > kernel::MAX_HEAD_DIM {
+                    return Err(Error::HeadDimTooLarge {
+                        tensor,
+                        head_dim,
+                        max: kernel::MAX_HEAD_DIM,
+                    });
+                }
+            }
+            problem::Problem::of(&p).map(drop)
         }
     }
 }
@@ -323,25 +335,102 @@ impl Cuda {
         Ok(out)
     }
 
-    /// One decoding step on a host cache (`k_new`/`v_new` appended in place
-    /// first): the forward over each sequence's cached keys, bottom-right
-    /// aligned per sequence. Band and score options only, as elsewhere.
-    /// One launch, never split: any `num_splits` gives the same result.
+    /// An all-zero KV cache of `shape` in device memory, of `precision`
+    /// elements.
+    pub fn kv_cache(&self, shape: CacheShape, precision: Precision) -> Result<CudaKvCache> {
+        decode::alloc(&self.device, shape, precision, None)
+    }
+
+    /// An empty quantized KV cache of `shape` in device memory: zero
+    /// `quant` codes, every block scale `MIN_CACHE_SCALE`; its steps' q,
+    /// `k_new`, `v_new` and o are of `precision`.
+    pub fn quantized_kv_cache(
+        &self,
+        shape: CacheShape,
+        quant: CacheQuant,
+        precision: Precision,
+    ) -> Result<CudaKvCache> {
+        decode::alloc(&self.device, shape, precision, Some(quant))
+    }
+
+    /// A host KV cache copied to device memory (once: steps then append to
+    /// it on the device).
+    pub fn upload_kv_cache(&self, host: &HostKvCache) -> Result<CudaKvCache> {
+        decode::upload(&self.device, host)
+    }
+
+    /// A quantized host KV cache (codes and scales) copied to device memory.
+    pub fn upload_quantized_kv_cache(&self, host: &QuantKvCache) -> Result<CudaKvCache> {
+        decode::upload_quantized(&self.device, host)
+    }
+
+    /// A plain device KV cache's contents on the host (a quantized one is
+    /// `Error::CacheFormat`).
+    pub fn read_kv_cache(&self, cache: &CudaKvCache) -> Result<HostKvCache> {
+        decode::read(&self.device, cache)
+    }
+
+    /// A quantized device KV cache's codes and scales on the host (a plain
+    /// one is `Error::CacheFormat`).
+    pub fn read_quantized_kv_cache(&self, cache: &CudaKvCache) -> Result<QuantKvCache> {
+        decode::read_quantized(&self.device, cache)
+    }
+
+    /// One decoding step on a device cache (cuda/flash_decode.cu): the
+    /// step's `k_new`/`v_new` appended in place by a kernel (quantized by
+    /// docs/kv-quantization.md's rule on a quantized cache), then each
+    /// query row's attention over its sequence's keys, bottom-right aligned
+    /// per sequence, in `num_splits` splits merged by their LSE (`None` or
+    /// `Some(0)`: as many as fill the SMs; at most 128). Only
+    /// the step's inputs are copied to the device, never the cache (their
+    /// bytes: the output's `stats.uploaded_bytes`). A step that fails
+    /// validation copies, launches and changes nothing.
     pub fn decode(
+        &self,
+        cache: &mut CudaKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        let problem = crate::api::decode::DecodeProblem::new(step, cache.shape(), cache.precision())
+            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
+            .ok();
+        let call = crate::verify::CallKind::Decode;
+        let (_, verification) = self.verified(call, problem, self.path)?;
+        let mut out = decode::decode(&self.device, cache, step, opts, num_splits)?;
+        self.finish(verification, &mut out.stats, &mut out.o);
+        Ok(out)
+    }
+
+    /// [`Cuda::decode`] on a host cache: uploaded once, the same kernels,
+    /// and the cache read back in place when the step appends.
+    pub fn decode_host(
         &self,
         cache: &mut HostKvCache,
         step: &DecodeStep,
         opts: &AttentionOptions,
-        _num_splits: Option<usize>,
+        num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
             .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
             .ok();
         let call = crate::verify::CallKind::Decode;
-        let (path, verification) = self.verified(call, problem, self.path)?;
-        let mut out = decode::decode(&self.device, path, cache, step, opts)?;
+        let (_, verification) = self.verified(call, problem, self.path)?;
+        let mut out = decode::decode_host(&self.device, cache, step, opts, num_splits)?;
         self.finish(verification, &mut out.stats, &mut out.o);
         Ok(out)
+    }
+
+    /// [`Cuda::decode_host`] on a quantized host cache (its codes and
+    /// scales read back when the step appends).
+    pub fn decode_quantized_host(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        decode::decode_quantized_host(&self.device, cache, step, opts, num_splits)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -364,7 +453,7 @@ impl AttentionBackend for Cuda {
             decode: true,
             fp8: false,
             dropout: true,
-            quantized_cache: false,
+            quantized_cache: true,
             plan_overrides: false,
         }
     }
@@ -407,19 +496,16 @@ impl AttentionBackend for Cuda {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Cuda::decode(self, cache, step, opts, num_splits)
+        Cuda::decode_host(self, cache, step, opts, num_splits)
     }
 
     fn decode_quantized(
         &self,
-        _: &mut QuantKvCache,
-        _: &DecodeStep,
-        _: &AttentionOptions,
-        _: Option<usize>,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Err(Error::Unsupported {
-            what: problem::WHAT,
-            feature: "quantized KV caches",
-        })
+        Cuda::decode_quantized_host(self, cache, step, opts, num_splits)
     }
 }
