@@ -1,7 +1,8 @@
 // Decoding on a device KV cache (flash_attn_with_kvcache): the step's new
 // keys and values appended in place (kv_append), attention of each query
 // row over its sequence's cached keys cut into splits (flash_decode, one
-// block per (query row, head, split)), and the splits' partial o and lse
+// block per (sequence, kv head, split) and up to DECODE_ROWS of its GQA
+// group's query rows), and the splits' partial o and lse
 // merged by their log-sum-exp (flash_decode_merge). Dense and paged
 // caches are one thing here: token t of sequence b is cache row
 // pages[b · max_pages + t / page_size] · page_size + t % page_size, a
@@ -16,10 +17,16 @@
 // per sequence: seqlen_k = cache_lens[b] + seqlen_new); the sinks are
 // folded in at the merge, where every split's keys are known.
 
-#define DECODE_THREADS 128
+// DECODE_THREADS (a block's), DECODE_KEYS (keys scored per tile) and
+// DECODE_ROWS (the query rows of one sequence and kv head a flash_decode
+// block owns) are src/cuda/kernel.rs's, defined there.
 #define DECODE_WARPS (DECODE_THREADS / 32)
-// Keys scored per tile (a warp per key, DECODE_KEYS / DECODE_WARPS each).
-#define DECODE_KEYS 64
+// Keys a warp scores at once: each q element read from shared memory
+// serves them all, and the warp's KEYS_AT_ONCE × DECODE_ROWS partial dots
+// are exactly one per lane after the reduction.
+#define KEYS_AT_ONCE (32 / DECODE_ROWS)
+static_assert(KEYS_AT_ONCE * DECODE_ROWS == 32, "one dot per lane after the reduction");
+static_assert(DECODE_KEYS % (DECODE_WARPS * KEYS_AT_ONCE) == 0, "whole key pairs per warp");
 // Output columns a thread owns (column tid + c · DECODE_THREADS).
 #define OUT_COLS ((HEAD_DIM + DECODE_THREADS - 1) / DECODE_THREADS)
 
@@ -69,6 +76,28 @@ __device__ __forceinline__ size_t scale_block(const DecodeArgs& a, size_t row) {
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int w = 16; w > 0; w /= 2) x += __shfl_xor_sync(0xffffffffu, x, w);
+    return x;
+}
+
+// One step of a warp's 32 sums of 32 values (v[e] on every lane): of its
+// first 2W values a lane keeps the half its lane bit W selects, plus the
+// partner lane's (lane ^ W) copy of that half, in v[0, W). After the steps
+// W = 16, 8, 4, 2, 1, lane l holds the warp's sum of v[l]. W a template
+// argument, so that v stays in registers.
+template <int W>
+__device__ __forceinline__ void fold(float (&v)[32], int lane) {
+    const bool upper = (lane & W) != 0;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+        const float send = upper ? v[e] : v[e + W];
+        const float keep = upper ? v[e + W] : v[e];
+        v[e] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int w = 16; w > 0; w /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, w));
     return x;
 }
 
@@ -237,87 +266,171 @@ kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_n
 }
 #endif
 
-// One block per (query row b · seqlen_q + i, query head, split): the
-// online softmax over the split's allowed keys, a warp per key for the
-// scores (lanes over the head dim, coalesced), each thread owning output
-// columns for P·V. Writes the split's o normalized by its own sum, and
-// its lse (-inf with no allowed key), in f32.
+// One block per (sequence b, kv head hk, chunk of its GQA group's rows,
+// split): the group's query heads × seqlen_q positions are DECODE_ROWS
+// rows a block (row r: position r / group, head hk · group + r % group),
+// so each K and V row a block loads serves all of them, and a group of
+// up to DECODE_ROWS rows (MQA and MLA decoding's one kv head included)
+// reads its split of the cache once, not once per query head. Scores: a
+// warp per KEYS_AT_ONCE keys, lanes over the head dim, every row's dot
+// from one load of each K element; softmax: a warp per row, lanes over
+// the tile's keys; P·V: each thread owning output columns of every row,
+// one load of each V element. Writes each row's o normalized by its own
+// sum, and its lse (-inf with no allowed key), in f32.
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
 flash_decode(const storage_t* __restrict__ q, const cache_t* __restrict__ kc, const cache_t* __restrict__ vc,
              const float* __restrict__ k_scales, const float* __restrict__ v_scales, float* __restrict__ part_o,
              float* __restrict__ part_lse, Problem p, const DecodeArgs a) {
-    __shared__ float q_row[HEAD_DIM];
-    __shared__ float s_tile[DECODE_KEYS];
-    __shared__ float p_tile[DECODE_KEYS];
-    const int row = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
-    const int b = row / p.seqlen_q, i = row % p.seqlen_q;
+    __shared__ float q_rows[DECODE_ROWS][HEAD_DIM];
+    // A tile's scores, then P (storage-rounded) in place; the padding column
+    // spreads the score writes (a lane per row) over the banks.
+    __shared__ float p_tile[DECODE_ROWS][DECODE_KEYS + 1];
+    __shared__ float row_m[DECODE_ROWS], row_l[DECODE_ROWS], row_alpha[DECODE_ROWS];
+    const int group = p.heads_q / p.heads_kv, group_rows = group * p.seqlen_q;
+    const int chunks = (group_rows + DECODE_ROWS - 1) / DECODE_ROWS;
+    const int b = blockIdx.x / chunks, r0 = blockIdx.x % chunks * DECODE_ROWS;
+    const int hk = blockIdx.y, split = blockIdx.z;
+    const int rows = min(DECODE_ROWS, group_rows - r0);  // uniform: the predicate of every row loop
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     p.seqlen_k = a.cache_lens[b] + a.seqlen_new;
-    const int hk = h / (p.heads_q / p.heads_kv);
-    const float slope = a.alibi ? a.alibi[(size_t)b * a.alibi_batch_stride + h] : 0.0f;
-    for (int c = tid; c < HEAD_DIM; c += DECODE_THREADS)
-        q_row[c] = c < p.d ? load_f32(q[((size_t)row * p.heads_q + h) * p.d + c]) : 0.0f;
+    // Row r's query position and head.
+    auto pos = [&](int r) { return (r0 + r) / group; };
+    auto head = [&](int r) { return hk * group + (r0 + r) % group; };
+    for (int e = tid; e < DECODE_ROWS * HEAD_DIM; e += DECODE_THREADS) {
+        const int r = e / HEAD_DIM, c = e % HEAD_DIM;
+        q_rows[r][c] =
+            r < rows && c < p.d ? load_f32(q[(((size_t)b * p.seqlen_q + pos(r)) * p.heads_q + head(r)) * p.d + c])
+                                : 0.0f;
+    }
+    if (tid < DECODE_ROWS) {
+        row_m[tid] = NEG_INF;
+        row_l[tid] = 0.0f;
+    }
 
     int lo, hi;
-    key_span(p, i, i + 1, &lo, &hi);
+    key_span(p, pos(0), pos(rows - 1) + 1, &lo, &hi);
     lo = max(lo, split * a.keys_per_split);
     hi = min(hi, (split + 1) * a.keys_per_split);
-    float acc[OUT_COLS];
+    float acc[DECODE_ROWS][OUT_COLS];
 #pragma unroll
-    for (int c = 0; c < OUT_COLS; ++c) acc[c] = 0.0f;
-    float m = NEG_INF, l = 0.0f;
+    for (int r = 0; r < DECODE_ROWS; ++r)
+#pragma unroll
+        for (int c = 0; c < OUT_COLS; ++c) acc[r][c] = 0.0f;
     for (int n0 = lo; n0 < hi; n0 += DECODE_KEYS) {
-        __syncthreads();  // q_row written; the previous tile's scores and P read
-        for (int jj = warp; jj < DECODE_KEYS; jj += DECODE_WARPS) {
-            const int j = n0 + jj;
-            float s = NEG_INF;
-            if (j < hi && allowed(p, i, j)) {  // uniform in the warp
-                const size_t r = cache_row(a, b, j);
-                const cache_t* k_row = kc + (r * p.heads_kv + hk) * p.d;
-                const float ks = row_scale(k_scales, a, r, p.heads_kv, hk);
-                float dot = 0.0f;
-                for (int c = lane; c < p.d; c += 32) dot = fmaf(q_row[c], cache_value(k_row, c, ks), dot);
-                float dcap;
-                s = with_alibi(p, slope, score(p, warp_sum(dot), &dcap), i, j);
+        __syncthreads();  // q_rows and the row state written; the previous tile's P read
+        for (int j0 = warp * KEYS_AT_ONCE; j0 < DECODE_KEYS; j0 += DECODE_WARPS * KEYS_AT_ONCE) {
+            // dot[u · DECODE_ROWS + r]: this lane's part of row r · key n0 + j0 + u.
+            float dot[KEYS_AT_ONCE * DECODE_ROWS];
+#pragma unroll
+            for (int e = 0; e < KEYS_AT_ONCE * DECODE_ROWS; ++e) dot[e] = 0.0f;
+            const cache_t* k_row[KEYS_AT_ONCE];
+            float ks[KEYS_AT_ONCE];
+#pragma unroll
+            for (int u = 0; u < KEYS_AT_ONCE; ++u) {
+                // A key past the span reads key lo's row (in the cache) and is masked below.
+                const int j = n0 + j0 + u < hi ? n0 + j0 + u : lo;
+                const size_t cr = cache_row(a, b, j);
+                k_row[u] = kc + (cr * p.heads_kv + hk) * p.d;
+                ks[u] = row_scale(k_scales, a, cr, p.heads_kv, hk);
             }
-            if (lane == 0) s_tile[jj] = s;
+            for (int c = lane; c < p.d; c += 32) {
+                float kv[KEYS_AT_ONCE];
+#pragma unroll
+                for (int u = 0; u < KEYS_AT_ONCE; ++u) kv[u] = cache_value(k_row[u], c, ks[u]);
+#pragma unroll
+                for (int r = 0; r < DECODE_ROWS; ++r) {
+                    if (r < rows) {
+                        const float qc = q_rows[r][c];
+#pragma unroll
+                        for (int u = 0; u < KEYS_AT_ONCE; ++u)
+                            dot[u * DECODE_ROWS + r] = fmaf(qc, kv[u], dot[u * DECODE_ROWS + r]);
+                    }
+                }
+            }
+            // The warp's 32 sums, lane l ending with dot[l]'s (31 shuffles).
+            fold<16>(dot, lane);
+            fold<8>(dot, lane);
+            fold<4>(dot, lane);
+            fold<2>(dot, lane);
+            fold<1>(dot, lane);
+            const int u = lane / DECODE_ROWS, r = lane % DECODE_ROWS, j = n0 + j0 + u;
+            float s = NEG_INF;
+            if (r < rows && j < hi && allowed(p, pos(r), j)) {
+                const float slope = a.alibi ? a.alibi[(size_t)b * a.alibi_batch_stride + head(r)] : 0.0f;
+                float dcap;
+                s = with_alibi(p, slope, score(p, dot[0], &dcap), pos(r), j);
+            }
+            p_tile[r][j0 + u] = s;
         }
         __syncthreads();
-        float tile_max = NEG_INF;
-        for (int jj = 0; jj < DECODE_KEYS; ++jj) tile_max = fmaxf(tile_max, s_tile[jj]);
-        const float m_new = fmaxf(m, tile_max);
-        // A row that has seen no allowed key yet keeps m = -inf and adds nothing.
-        const float alpha = m_new == NEG_INF ? 1.0f : expf(m - m_new);
-        if (tid < DECODE_KEYS) p_tile[tid] = s_tile[tid] == NEG_INF ? 0.0f : expf(s_tile[tid] - m_new);
+        // Each row's online softmax over the tile: a warp per row.
+        for (int r = warp; r < rows; r += DECODE_WARPS) {
+            float tile_max = NEG_INF;
+            for (int jj = lane; jj < DECODE_KEYS; jj += 32) tile_max = fmaxf(tile_max, p_tile[r][jj]);
+            tile_max = warp_max(tile_max);
+            const float m = row_m[r], m_new = fmaxf(m, tile_max);
+            // A row that has seen no allowed key yet keeps m = -inf and adds nothing.
+            const float alpha = m_new == NEG_INF ? 1.0f : expf(m - m_new);
+            float sum = 0.0f;  // the sums take P unrounded, as the forward's do
+            for (int jj = lane; jj < DECODE_KEYS; jj += 32) {
+                const float s = p_tile[r][jj];
+                const float pj = s == NEG_INF ? 0.0f : expf(s - m_new);
+                sum += pj;
+                p_tile[r][jj] = round_storage(pj);
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                row_l[r] = row_l[r] * alpha + sum;
+                row_m[r] = m_new;
+                row_alpha[r] = alpha;
+            }
+        }
         __syncthreads();
-        float sum = 0.0f;  // the sums take P unrounded, as the forward's do
-        for (int jj = 0; jj < DECODE_KEYS; ++jj) sum += p_tile[jj];
-        l = l * alpha + sum;
-        m = m_new;
 #pragma unroll
-        for (int c = 0; c < OUT_COLS; ++c) acc[c] *= alpha;
+        for (int r = 0; r < DECODE_ROWS; ++r)
+            if (r < rows)
+#pragma unroll
+                for (int c = 0; c < OUT_COLS; ++c) acc[r][c] *= row_alpha[r];
         const int keys = min(DECODE_KEYS, hi - n0);
         for (int jj = 0; jj < keys; ++jj) {
-            const float pj = round_storage(p_tile[jj]);
-            if (pj == 0.0f) continue;  // uniform (shared): a masked key's V is never read
-            const size_t r = cache_row(a, b, n0 + jj);
-            const cache_t* v_row = vc + (r * p.heads_kv + hk) * a.d_v;
-            const float vs = row_scale(v_scales, a, r, p.heads_kv, hk);
+            float pr[DECODE_ROWS];
+            bool any = false;
+#pragma unroll
+            for (int r = 0; r < DECODE_ROWS; ++r) {
+                pr[r] = r < rows ? p_tile[r][jj] : 0.0f;
+                any = any || pr[r] != 0.0f;
+            }
+            if (!any) continue;  // uniform (shared): a key no row may see has its V never read
+            const size_t cr = cache_row(a, b, n0 + jj);
+            const cache_t* v_row = vc + (cr * p.heads_kv + hk) * a.d_v;
+            const float vs = row_scale(v_scales, a, cr, p.heads_kv, hk);
 #pragma unroll
             for (int c = 0; c < OUT_COLS; ++c) {
                 const int col = tid + c * DECODE_THREADS;
-                if (col < a.d_v) acc[c] = fmaf(pj, cache_value(v_row, col, vs), acc[c]);
+                if (col < a.d_v) {
+                    const float v = cache_value(v_row, col, vs);
+#pragma unroll
+                    for (int r = 0; r < DECODE_ROWS; ++r)
+                        // A row's masked key adds nothing, even where its V is not finite.
+                        if (pr[r] != 0.0f) acc[r][c] = fmaf(pr[r], v, acc[r][c]);
+                }
             }
         }
     }
-    const size_t at = ((size_t)split * gridDim.x + row) * p.heads_q + h;
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    __syncthreads();  // the row state final (and written, where no tile ran)
+    const size_t all_rows = (size_t)a.batch * p.seqlen_q;
 #pragma unroll
-    for (int c = 0; c < OUT_COLS; ++c) {
-        const int col = tid + c * DECODE_THREADS;
-        if (col < a.d_v) part_o[at * a.d_v + col] = acc[c] * inv_l;
+    for (int r = 0; r < DECODE_ROWS; ++r) {
+        if (r >= rows) continue;
+        const size_t at = ((size_t)split * all_rows + (size_t)b * p.seqlen_q + pos(r)) * p.heads_q + head(r);
+        const float l = row_l[r], inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+        for (int c = 0; c < OUT_COLS; ++c) {
+            const int col = tid + c * DECODE_THREADS;
+            if (col < a.d_v) part_o[at * a.d_v + col] = acc[r][c] * inv_l;
+        }
+        if (tid == 0) part_lse[at] = l > 0.0f ? row_m[r] + logf(l) : NEG_INF;
     }
-    if (tid == 0) part_lse[at] = l > 0.0f ? m + logf(l) : NEG_INF;
 }
 
 // One block per (query row, query head): the splits' partials merged by

@@ -1736,7 +1736,9 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 /// plain rows bit for bit, int8/FP8 codes and scales equal to the rule
 /// restated in tests/common/kv_quant.rs (requantization at block
 /// boundaries, growing scales). Splits 1, 3 and the planner's; dense rows,
-/// shuffled rows (batch_idx) and shuffled pages; GQA and MQA; a sequence
+/// shuffled rows (batch_idx) and shuffled pages; GQA and MQA (a kv head's
+/// group of query heads × seqlen_q rows in one block, and in more than one
+/// when it has more than `DECODE_ROWS`, the last partial); a sequence
 /// of no keys; seqlen_q up to 4; causal and window bands; softcap; ALiBi
 /// per batch × head; sinks; v's own head dim; odd head dims; f32, f16, bf16.
 #[test]
@@ -1772,7 +1774,10 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
             .f16()
             .splits(3)
             .opts(causal()),
+        // 20 rows of one kv head: a full chunk of DECODE_ROWS and a partial one.
         DecodeCase::new(&[200], 50)
+            .heads(10, 1)
+            .seqlen_q(2)
             .f16()
             .opts(AttentionOptions::default().window(Some(20), Some(0))),
         DecodeCase::new(&[33, 80], 40)

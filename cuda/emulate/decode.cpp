@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     std::memcpy(&p, blobs[0].data(), sizeof p);
     std::memcpy(&a, blobs[1].data(), sizeof a);
     const int* g = (const int*)blobs[2].data();
-    const int ax = g[0], ay = g[1], az = g[2], rows = g[3], heads = g[4], splits = g[5];
+    const int ax = g[0], ay = g[1], az = g[2], dx = g[3], dy = g[4], splits = g[5], rows = g[6], heads = g[7];
     auto &q = blobs[3], &k_new = blobs[4], &v_new = blobs[5], &kc = blobs[6], &vc = blobs[7];
     auto &ks = blobs[8], &vs = blobs[9];
     a.cache_lens = as<int>(blobs[10]);
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     const size_t parts = (size_t)splits * rows * heads;
     // NaN-filled: a partial the kernel fails to write shows in the merge.
     std::vector<float> part_o(parts * a.d_v, NAN), part_lse(parts, NAN);
-    launch(Dim{(unsigned)rows, (unsigned)heads, (unsigned)splits}, DECODE_THREADS, [&] {
+    launch(Dim{(unsigned)dx, (unsigned)dy, (unsigned)splits}, DECODE_THREADS, [&] {
         flash_decode(as<storage_t>(q), as<cache_t>(kc), as<cache_t>(vc), as<float>(ks), as<float>(vs), part_o.data(),
                      part_lse.data(), p, a);
     });

@@ -14,7 +14,7 @@
 use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::{timed, Launch};
-use super::kernel::{Family, KernelKey, DECODE_KEYS, MAX_HEAD_DIM};
+use super::kernel::{Family, KernelKey, DECODE_KEYS, DECODE_ROWS, MAX_HEAD_DIM};
 use super::problem::Problem;
 use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
@@ -331,18 +331,27 @@ struct Launches {
     problem: Problem,
     args: DecodeArgs,
     splits: usize,
+    /// batch × seqlen_q.
     rows: usize,
+    /// flash_decode_merge's: (rows, heads_q, 1).
+    merge_grid: (u32, u32, u32),
     append_grid: Option<(u32, u32, u32)>,
+    /// flash_decode's: (batch × chunks of the GQA group's rows, heads_kv, splits).
+    decode_grid: (u32, u32, u32),
 }
 
-/// The kernels' problem and grids of the validated step `p`.
-fn launches(
-    sms: usize,
-    quant: Option<CacheQuant>,
-    p: &DecodeProblem,
-    opts: &AttentionOptions,
-    num_splits: Option<usize>,
-) -> Result<Launches> {
+/// `n` as a grid dimension of at most `max`.
+fn grid(what: &'static str, n: usize, max: u32) -> Result<u32> {
+    u32::try_from(n).ok().filter(|&g| g <= max).ok_or(Error::GridTooLarge {
+        what,
+        groups: n as u64,
+        max,
+    })
+}
+
+/// The attention problem of the validated step `p` (its longest sequence's
+/// keys), within the kernels' head dims.
+fn attention_problem<'a>(p: &DecodeProblem, opts: &'a AttentionOptions) -> Result<crate::api::problem::Problem<'a>> {
     for (tensor, head_dim) in [("q/k", p.head_dim), ("v", p.head_dim_v)] {
         if head_dim > MAX_HEAD_DIM {
             return Err(Error::HeadDimTooLarge {
@@ -361,19 +370,56 @@ fn launches(
         p.head_dim,
     )?
     .with_head_dim_v(p.head_dim_v)?;
-    let attention = crate::api::problem::Problem::new(shape, p.precision, opts)?;
+    crate::api::problem::Problem::new(shape, p.precision, opts)
+}
+
+/// kv_append's grid for the validated step `p` on a cache of `quant` codes
+/// (scale blocks `blocks`): none without new rows; a block per new row of
+/// a plain cache; per (scale block reached, kv head, sequence × {K, V}) of
+/// a quantized one.
+fn append_grid(p: &DecodeProblem, quant: Option<CacheQuant>, blocks: &ScaleBlocks) -> Result<Option<(u32, u32, u32)>> {
+    Ok(match (p.seqlen_new, quant) {
+        (0, _) => None,
+        (n, None) => Some((grid("appended rows", p.batch * n, i32::MAX as u32)?, 1, 1)),
+        (n, Some(_)) => {
+            // The scale blocks a sequence's new tokens reach, in token order.
+            let (bpp, page) = (blocks.per_page, blocks.page_size);
+            let index = |t: usize| (t / page) * bpp + (t % page) / blocks.tokens;
+            let most = (0..p.batch)
+                .map(|b| index(p.cache_lens[b] + n - 1) - index(p.cache_lens[b]) + 1)
+                .max()
+                .unwrap_or(0);
+            Some((
+                grid("scale blocks appended to", most, i32::MAX as u32)?,
+                grid("heads", p.heads_kv, 65535)?,
+                grid("sequences × {K, V}", 2 * p.batch, 65535)?,
+            ))
+        }
+    })
+}
+
+/// The kernels' problem and grids of the validated step `p`.
+fn launches(
+    sms: usize,
+    quant: Option<CacheQuant>,
+    p: &DecodeProblem,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+) -> Result<Launches> {
+    let attention = attention_problem(p, opts)?;
     let problem = Problem::of(&attention)?;
     let rows = p.batch * p.seqlen_q;
-    let grid = |what, n: usize, max: u32| {
-        u32::try_from(n).ok().filter(|&g| g <= max).ok_or(Error::GridTooLarge {
-            what,
-            groups: n as u64,
-            max,
-        })
-    };
-    grid("query rows", rows, i32::MAX as u32)?;
-    grid("heads", p.heads_q, 65535)?;
-    let (splits, per) = splits(num_splits, p.max_seqlen_k(), rows * p.heads_q, sms);
+    let merge_grid = (
+        grid("query rows", rows, i32::MAX as u32)?,
+        grid("heads", p.heads_q, 65535)?,
+        1,
+    );
+    // A decode block takes up to DECODE_ROWS of one kv head's group rows
+    // (its query heads × seqlen_q), so the cache is read once per chunk.
+    let chunks = (p.heads_q / p.heads_kv * p.seqlen_q).div_ceil(DECODE_ROWS);
+    let x = grid("sequences × row chunks", p.batch * chunks, i32::MAX as u32)?;
+    let (splits, per) = splits(num_splits, p.max_seqlen_k(), p.batch * chunks * p.heads_kv, sms);
+    let decode_grid = (x, grid("kv heads", p.heads_kv, 65535)?, splits as u32);
     let blocks = ScaleBlocks::of(&p.cache);
     let alibi_batch_stride = match &opts.alibi {
         Some(a) if a.per_batch(p.heads_q) => to_i32("heads_q", p.heads_q)?,
@@ -393,24 +439,7 @@ fn launches(
     // Cache rows and elements are size_t in the kernels; the rows of the
     // cache and the key positions are ints.
     to_i32("cache rows", p.cache.rows())?;
-    let append_grid = match (p.seqlen_new, quant) {
-        (0, _) => None,
-        (n, None) => Some((grid("appended rows", p.batch * n, i32::MAX as u32)?, 1, 1)),
-        (n, Some(_)) => {
-            // The scale blocks a sequence's new tokens reach, in token order.
-            let (bpp, page) = (blocks.per_page, blocks.page_size);
-            let index = |t: usize| (t / page) * bpp + (t % page) / blocks.tokens;
-            let most = (0..p.batch)
-                .map(|b| index(p.cache_lens[b] + n - 1) - index(p.cache_lens[b]) + 1)
-                .max()
-                .unwrap_or(0);
-            Some((
-                grid("scale blocks appended to", most, i32::MAX as u32)?,
-                grid("heads", p.heads_kv, 65535)?,
-                grid("sequences × {K, V}", 2 * p.batch, 65535)?,
-            ))
-        }
-    };
+    let append_grid = append_grid(p, quant, &blocks)?;
     let key = KernelKey::new(
         Family::Decode,
         p.precision,
@@ -426,6 +455,8 @@ fn launches(
         splits,
         rows,
         append_grid,
+        decode_grid,
+        merge_grid,
     })
 }
 
@@ -444,11 +475,6 @@ pub(crate) fn decode(
     let inputs = StepInputs::of(step, &p, opts)?;
     let s = &dev.stream;
     let (bufs, uploaded) = inputs.upload(s)?;
-    let q = &bufs.q;
-    let new_kv = match (bufs.part("k_new"), bufs.part("v_new")) {
-        (Some(k), Some(v)) => Some([k, v]),
-        _ => None,
-    };
     let ptr = |b: Option<&CudaSlice<u8>>| b.map_or(0, |b| b.device_ptr(s).0);
     let args = DecodeArgs {
         pages: ptr(Some(&bufs.pages)),
@@ -457,78 +483,13 @@ pub(crate) fn decode(
         sinks: ptr(bufs.part("sinks")),
         ..l.args
     };
-    let parts = l.splits * l.rows * p.heads_q;
-    let mut part_o = s
-        .alloc_zeros::<f32>(parts * p.head_dim_v)
-        .map_err(driver("allocating the splits' o"))?;
-    let mut part_lse = s.alloc_zeros::<f32>(parts).map_err(driver("allocating the splits' lse"))?;
-    let o_bytes = p.o_len() * p.precision.bytes();
-    let mut o = s.alloc_zeros::<u8>(o_bytes).map_err(driver("allocating o"))?;
-    let mut lse = s.alloc_zeros::<f32>(p.lse_len()).map_err(driver("allocating lse"))?;
-    let (append, attend, merge) = (
-        dev.function(l.key, "kv_append")?,
-        dev.function(l.key, "flash_decode")?,
-        dev.function(l.key, "flash_decode_merge")?,
-    );
-    let block = (super::kernel::DECODE_THREADS as u32, 1, 1);
-    let cfg = |grid_dim| LaunchConfig {
-        grid_dim,
-        block_dim: block,
-        shared_mem_bytes: 0,
-    };
-    let (rows, heads) = (l.rows as u32, p.heads_q as u32);
-    let splits_arg = to_i32("splits", l.splits)?;
-    let null = 0u64;
-    let cache_k = &mut cache.k;
-    let cache_v = &mut cache.v;
-    let mut scales = cache.scales.as_mut();
-    let seconds = timed(s, "running flash_decode", || {
-        if let (Some(grid), Some([k_new, v_new])) = (l.append_grid, &new_kv) {
-            let mut launch = Launch::new(s, &append);
-            launch.input(k_new).input(v_new).output(&mut *cache_k).output(&mut *cache_v);
-            match scales.as_deref_mut() {
-                Some([k, v]) => launch.output(k).output(v),
-                None => launch.value(&null).value(&null),
-            };
-            launch.value(&l.problem).value(&args);
-            // SAFETY: kv_append's arguments in order (new rows, the cache's
-            // K and V, its scales or null, Problem and DecodeArgs by value);
-            // the new rows hold batch × seqlen_new rows, every cache row the
-            // page table names is inside the cache (validated), and the
-            // buffers outlive the wait in `timed`.
-            unsafe { launch.launch(cfg(grid), "launching kv_append") }?;
-        }
-        let mut launch = Launch::new(s, &attend);
-        launch.input(q).input(&*cache_k).input(&*cache_v);
-        match scales.as_deref() {
-            Some([k, v]) => launch.input(k).input(v),
-            None => launch.value(&null).value(&null),
-        };
-        launch
-            .output(&mut part_o)
-            .output(&mut part_lse)
-            .value(&l.problem)
-            .value(&args);
-        // SAFETY: flash_decode's arguments in order; the partials hold
-        // splits × rows × heads_q rows, the grid is (rows, heads_q,
-        // splits), and every key a block reads is below its sequence's
-        // seqlen_k, inside its pages.
-        unsafe { launch.launch(cfg((rows, heads, l.splits as u32)), "launching flash_decode") }?;
-        let mut launch = Launch::new(s, &merge);
-        launch
-            .input(&part_o)
-            .input(&part_lse)
-            .output(&mut o)
-            .output(&mut lse)
-            .value(&l.problem)
-            .value(&args)
-            .value(&splits_arg);
-        // SAFETY: flash_decode_merge's arguments in order; the grid is
-        // (rows, heads_q), o and lse hold the step's rows.
-        unsafe { launch.launch(cfg((rows, heads, 1)), "launching flash_decode_merge") }
-    })?;
+    let mut out = StepOutputs::alloc(s, &l, &p)?;
+    let seconds = timed(s, "running flash_decode", || run_kernels(dev, &l, cache, &bufs, &args, &mut out))?;
+    let StepOutputs { part_o, part_lse, o, lse } = out;
     let o = s.clone_dtoh(&o).map_err(driver("reading o"))?;
     let lse = s.clone_dtoh(&lse).map_err(driver("reading lse"))?;
+    let parts = part_lse.len();
+    let o_bytes = p.o_len() * p.precision.bytes();
     drop((bufs, part_o, part_lse));
     let stats = CallStats {
         allocations: vec![
@@ -550,6 +511,100 @@ pub(crate) fn decode(
     };
     let o = TensorData::from_bytes(&o, p.precision, p.o_len());
     Ok(DecodeOutput::new(&p, o, lse, l.splits, stats))
+}
+
+/// A step's device outputs: the splits' o and lse (f32), and o and lse.
+struct StepOutputs {
+    part_o: CudaSlice<f32>,
+    part_lse: CudaSlice<f32>,
+    o: CudaSlice<u8>,
+    lse: CudaSlice<f32>,
+}
+
+impl StepOutputs {
+    /// Allocated for the validated step `p` launched as `l`.
+    fn alloc(s: &Arc<CudaStream>, l: &Launches, p: &DecodeProblem) -> Result<Self> {
+        let parts = l.splits * l.rows * p.heads_q;
+        Ok(Self {
+            part_o: s
+                .alloc_zeros::<f32>(parts * p.head_dim_v)
+                .map_err(driver("allocating the splits' o"))?,
+            part_lse: s.alloc_zeros::<f32>(parts).map_err(driver("allocating the splits' lse"))?,
+            o: s
+                .alloc_zeros::<u8>(p.o_len() * p.precision.bytes())
+                .map_err(driver("allocating o"))?,
+            lse: s.alloc_zeros::<f32>(p.lse_len()).map_err(driver("allocating lse"))?,
+        })
+    }
+}
+
+/// A step's kernels queued on the device's stream: kv_append where the
+/// step appends, flash_decode, flash_decode_merge (`args` with the step's
+/// buffers' pointers set).
+fn run_kernels(
+    dev: &CudaDevice,
+    l: &Launches,
+    cache: &mut CudaKvCache,
+    bufs: &StepBuffers,
+    args: &DecodeArgs,
+    out: &mut StepOutputs,
+) -> Result<()> {
+    let s = &dev.stream;
+    let (append, attend, merge) = (
+        dev.function(l.key, "kv_append")?,
+        dev.function(l.key, "flash_decode")?,
+        dev.function(l.key, "flash_decode_merge")?,
+    );
+    let cfg = |grid_dim| LaunchConfig {
+        grid_dim,
+        block_dim: (super::kernel::DECODE_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let splits_arg = to_i32("splits", l.splits)?;
+    let null = 0u64;
+    if let (Some(grid), Some(k_new), Some(v_new)) = (l.append_grid, bufs.part("k_new"), bufs.part("v_new")) {
+        let mut launch = Launch::new(s, &append);
+        launch.input(k_new).input(v_new).output(&mut cache.k).output(&mut cache.v);
+        match cache.scales.as_mut() {
+            Some([k, v]) => launch.output(k).output(v),
+            None => launch.value(&null).value(&null),
+        };
+        launch.value(&l.problem).value(args);
+        // SAFETY: kv_append's arguments in order (new rows, the cache's
+        // K and V, its scales or null, Problem and DecodeArgs by value);
+        // the new rows hold batch × seqlen_new rows, every cache row the
+        // page table names is inside the cache (validated), and the
+        // buffers outlive the wait in `timed`.
+        unsafe { launch.launch(cfg(grid), "launching kv_append") }?;
+    }
+    let mut launch = Launch::new(s, &attend);
+    launch.input(&bufs.q).input(&cache.k).input(&cache.v);
+    match cache.scales.as_ref() {
+        Some([k, v]) => launch.input(k).input(v),
+        None => launch.value(&null).value(&null),
+    };
+    launch
+        .output(&mut out.part_o)
+        .output(&mut out.part_lse)
+        .value(&l.problem)
+        .value(args);
+    // SAFETY: flash_decode's arguments in order; the partials hold
+    // splits × rows × heads_q rows, the grid is (batch × row chunks,
+    // heads_kv, splits), and every key a block reads is below its
+    // sequence's seqlen_k, inside its pages.
+    unsafe { launch.launch(cfg(l.decode_grid), "launching flash_decode") }?;
+    let mut launch = Launch::new(s, &merge);
+    launch
+        .input(&out.part_o)
+        .input(&out.part_lse)
+        .output(&mut out.o)
+        .output(&mut out.lse)
+        .value(&l.problem)
+        .value(args)
+        .value(&splits_arg);
+    // SAFETY: flash_decode_merge's arguments in order; the grid is
+    // (rows, heads_q), o and lse hold the step's rows.
+    unsafe { launch.launch(cfg(l.merge_grid), "launching flash_decode_merge") }
 }
 
 /// The step checked against a cache of `shape`, `precision` and `quant`
@@ -586,7 +641,8 @@ pub enum HostCache<'a> {
 /// One step's kernels as host emulation runs them (tests/cuda.rs with
 /// cuda/emulate/decode.cpp): the variant, and the launches' inputs as
 /// blobs in the harness's order — `Problem`, `DecodeArgs` (pointers
-/// unset), the grids `[append x, y, z, rows, heads_q, splits]`, q, `k_new`,
+/// unset), the grids `[append x, y, z, decode x, y, z, rows, heads_q]`
+/// (flash_decode's z is the splits; the merge's grid is (rows, heads_q)), q, `k_new`,
 /// `v_new`, the cache's K and V, their scales, cache_seqlens, the page
 /// table, ALiBi slopes, sinks (empty where absent) — all computed by the
 /// code a device step runs, with `sms` SMs for the planner.
@@ -629,7 +685,8 @@ pub fn emulated_step(
         std::slice::from_raw_parts((&l.args as *const DecodeArgs).cast::<u8>(), std::mem::size_of::<DecodeArgs>())
     };
     let (ax, ay, az) = l.append_grid.unwrap_or((0, 0, 0));
-    let grids = [ax as usize, ay as usize, az as usize, l.rows, p.heads_q, l.splits]
+    let (dx, dy, dz) = l.decode_grid;
+    let grids = [ax, ay, az, dx, dy, dz, l.rows as u32, p.heads_q as u32]
         .map(|n| n as i32)
         .iter()
         .flat_map(|v| v.to_ne_bytes())

@@ -31,10 +31,14 @@ const HOPPER: &str = include_str!("../../cuda/hopper.cuh");
 const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
 /// cuda/flash_decode.cu: append, split-KV decoding and the merge.
 const DECODE: &str = include_str!("../../cuda/flash_decode.cu");
-/// Threads of a decode block (cuda/flash_decode.cu's `DECODE_THREADS`).
+/// Threads of a decode block (`DECODE_THREADS` in cuda/flash_decode.cu).
 pub const DECODE_THREADS: usize = 128;
 /// Keys a decode block scores per tile (`DECODE_KEYS`).
 pub const DECODE_KEYS: usize = 64;
+/// Query rows of one sequence and kv head (its GQA group's heads ×
+/// seqlen_q positions) a decode block owns (`DECODE_ROWS`): each K/V row
+/// it loads serves them all.
+pub const DECODE_ROWS: usize = 16;
 
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
@@ -305,9 +309,9 @@ impl KernelKey {
                 lanes: 4,
                 threads: 384,
             },
-            // One query row a block, a warp per key for its scores.
+            // Up to DECODE_ROWS query rows of a kv head's group a block.
             Family::Decode => Tiles {
-                rows: 1,
+                rows: DECODE_ROWS,
                 keys: DECODE_KEYS,
                 lanes: 32,
                 threads: DECODE_THREADS,
@@ -326,9 +330,10 @@ impl KernelKey {
             // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
             Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
-            // The q row, a tile's scores and P (the quantized append's
-            // block maximum, DECODE_THREADS floats, is smaller than them).
-            Family::Decode => self.head_dim + 2 * t.keys,
+            // The rows' q, a tile's scores (P in place, a padding column)
+            // and each row's m, l and rescale (the quantized append's block
+            // maximum, DECODE_THREADS floats, is smaller than them).
+            Family::Decode => t.rows * (self.head_dim + t.keys + 1 + 3),
         };
         let keep = if self.dropout { t.rows * t.keys / 8 } else { 0 };
         floats * 4 + keep
@@ -433,7 +438,11 @@ impl KernelKey {
                     Some(CacheQuant::Int8) => 1,
                     Some(CacheQuant::Fp8) => 2,
                 };
-                defines += &format!("#define CACHE_QUANT {quant}\n");
+                defines += &format!(
+                    "#define CACHE_QUANT {quant}\n#define DECODE_THREADS {}\n\
+                     #define DECODE_KEYS {}\n#define DECODE_ROWS {}\n",
+                    t.threads, t.keys, t.rows
+                );
                 DECODE.to_string()
             }
         };
