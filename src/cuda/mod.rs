@@ -65,8 +65,20 @@
 //!
 //! The Hopper forward takes the band and score options (causal, windows,
 //! softcap, scale, GQA/MQA, empty rows); calls with layouts or dropout run
-//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other than q's
-//! (the kernels hold one head dim), FP8, and layouts inside decoding.
+//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other
+//! than q's in the forward and backward (their kernels hold one head dim),
+//! and FP8.
+//!
+//! Decoding (cuda/flash_decode.cu, [`decode`]) keeps the KV cache in device
+//! memory ([`CudaKvCache`]: dense or paged, plain or int8/FP8 codes with
+//! block scales); a step copies only its own inputs (counted in
+//! [`CallStats::uploaded_bytes`](crate::CallStats::uploaded_bytes)), appends on the device (quantizing by docs/kv-quantization.md's rule),
+//! attends in `num_splits` splits (as asked, or planned to fill the SMs) and
+//! merges them by their lse. A block takes up to 16 query rows of one
+//! sequence and kv head (its GQA group's heads × seqlen_q), so K and V are
+//! read once for the group. It takes the band and score options, ALiBi,
+//! sinks and v's own head dim; block masks and packed batches are
+//! `Unsupported` in decoding on every backend.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
 //! - [`plan`]: which variants a call runs on a device, and why;
@@ -81,6 +93,7 @@
 //!   [`warm_ptx_cache`] fills it over all cores);
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks;
+//! - [`decode`]: the device cache, a step's uploads, splits and launches;
 //! - [`verify`]: each kernel path checked on first use (Hopper → sm80 →
 //!   scalar where one fails), and `flashattn doctor --backend cuda`'s matrix.
 //!

@@ -306,8 +306,9 @@ impl CudaVerifier {
     }
 }
 
-/// The plan facts of a decoding step: the forward over a packed batch of
-/// the sequences (a run-time layout), with the step's band and softcap.
+/// The plan facts of a decoding step (cuda/flash_decode.cu: scalar code,
+/// the cache read through its page table at run time), with the step's
+/// band and softcap.
 pub fn decode_problem(
     precision: Precision,
     head_dim: usize,
