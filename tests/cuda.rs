@@ -46,7 +46,7 @@
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::compile::{compile_ptx_with, nvrtc_present, options_bounded};
 use flashattn::cuda::jit::{build_faults, spill_bytes};
-use flashattn::cuda::kernel::{Family, KernelKey};
+use flashattn::cuda::kernel::{Family, KernelKey, DECODE_MAX_HEAD_DIM};
 use flashattn::cuda::{driver_present, Cuda, KernelPath};
 use flashattn::Precision;
 use flashattn::{
@@ -196,9 +196,11 @@ fn nvrtc_or_waive() -> bool {
 
 /// The variants ptxas checks for spills (and, in the Hopper ones, for
 /// serialized wgmma and an ignored setmaxnreg): f16/bf16 at d 64 and 128,
-/// every family (forward and backward), every band/softcap combination.
+/// every family (forward and backward), every band/softcap combination;
+/// and decoding's widest (d 576: the most accumulators a thread holds).
 fn is_main(key: &KernelKey) -> bool {
-    key.precision != Precision::F32 && [64, 128].contains(&key.head_dim)
+    let widest = key.family == Family::Decode && key.head_dim == DECODE_MAX_HEAD_DIM;
+    key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest)
 }
 
 /// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
@@ -1740,7 +1742,8 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 /// group of query heads × seqlen_q rows in one block, and in more than one
 /// when it has more than `DECODE_ROWS`, the last partial); a sequence
 /// of no keys; seqlen_q up to 4; causal and window bands; softcap; ALiBi
-/// per batch × head; sinks; v's own head dim; odd head dims; f32, f16, bf16.
+/// per batch × head; sinks; v's own head dim; odd head dims and ones past
+/// 256 (the wide decode variants); f32, f16, bf16.
 #[test]
 fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation() {
     use common::decode::DecodeCase;
@@ -1785,6 +1788,14 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
             .append(1)
             .bf16()
             .opts(AttentionOptions::default().softcap(5.0).scale(0.3)),
+        // Past the forward's 256: an MLA-like group of 16 query heads on
+        // one kv head, k at the API's largest head dim, v's its own.
+        DecodeCase::new(&[40, 70], 512)
+            .dv(448)
+            .heads(16, 1)
+            .append(1)
+            .bf16()
+            .splits(2),
     ];
     for case in plain {
         let data = case.data();
@@ -1825,6 +1836,10 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
         (
             DecodeCase::new(&[100, 9], 32).dv(16).batch_idx().append(17),
             CacheQuant::Fp8,
+        ),
+        (
+            DecodeCase::new(&[20, 33], 320).heads(4, 1).append(3),
+            CacheQuant::Int8,
         ),
     ];
     for (case, quant) in quantized {

@@ -43,8 +43,16 @@ pub const DECODE_ROWS: usize = 16;
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
 pub const HEAD_DIM_STEP: usize = 32;
-/// The largest head dim the CUDA kernels take.
+/// The largest head dim the CUDA forward and backward kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
+/// The largest head dim (of k, and of v) the decode kernels take: MLA's
+/// 576 (512 + 64 rotary) among them.
+pub const DECODE_MAX_HEAD_DIM: usize = 576;
+/// The decode kernels' padded head dims past [`MAX_HEAD_DIM`]: a thread's
+/// output columns, ⌈HEAD_DIM / DECODE_THREADS⌉, are all the padding
+/// changes past the q rows' shared memory, so three widths (3, 4 and 5
+/// columns a thread) cover 257..=576.
+pub const DECODE_WIDE_HEAD_DIMS: [usize; 3] = [384, 512, 576];
 /// The largest (padded) head dim of the tensor-core kernels: past it a
 /// warp's f32 accumulators (HEAD_DIM / 2 per lane, twice in dK/dV) no
 /// longer fit in registers, and the scalar kernels run.
@@ -126,7 +134,8 @@ impl Family {
     /// Whether this family compiles `precision` at padded head dim `head_dim`.
     pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
         match self {
-            Family::Forward | Family::Backward | Family::Decode => true,
+            Family::Forward | Family::Backward => head_dim <= MAX_HEAD_DIM,
+            Family::Decode => head_dim <= MAX_HEAD_DIM || DECODE_WIDE_HEAD_DIMS.contains(&head_dim),
             Family::ForwardMma | Family::BackwardMma => {
                 precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
             }
@@ -182,9 +191,11 @@ impl Tiles {
 }
 
 impl KernelKey {
-    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`]):
-    /// padded to the step, or for the Hopper kernel to 64 or 128 (whole
-    /// TMA boxes; past 128 it pads to the step and no plan picks it).
+    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`],
+    /// for decoding 1..=[`DECODE_MAX_HEAD_DIM`]): padded to the step, or for
+    /// the Hopper kernel to 64 or 128 (whole TMA boxes; past 128 it pads to
+    /// the step and no plan picks it), for decoding past [`MAX_HEAD_DIM`] to
+    /// one of [`DECODE_WIDE_HEAD_DIMS`].
     pub fn new(
         family: Family,
         precision: Precision,
@@ -195,6 +206,10 @@ impl KernelKey {
         let stepped = head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP;
         let head_dim = match family {
             Family::ForwardWgmma => WGMMA_HEAD_DIMS
+                .into_iter()
+                .find(|&w| stepped <= w)
+                .unwrap_or(stepped),
+            Family::Decode if stepped > MAX_HEAD_DIM => DECODE_WIDE_HEAD_DIMS
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
@@ -234,7 +249,7 @@ impl KernelKey {
         let mut keys = Vec::new();
         for family in Family::ALL {
             for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
-                for head_dim in (HEAD_DIM_STEP..=MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
+                for head_dim in (HEAD_DIM_STEP..=DECODE_MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
                     if !family.takes(precision, head_dim) {
                         continue;
                     }
@@ -513,10 +528,10 @@ mod tests {
         // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
         // 128 × 4 options, no dropout; decoding: every precision and head
-        // dim × 4 options × plain, int8 and FP8 caches.
+        // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8 caches.
         assert_eq!(
             all.len(),
-            2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * 8 * 4 * 3
+            2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * (8 + 3) * 4 * 3
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
@@ -570,5 +585,14 @@ mod tests {
             (key(1), key(32), key(33), key(200), key(256)),
             (32, 32, 64, 224, 256)
         );
+        // Decoding past 256: to 384, 512 or 576, each a variant there is.
+        let decode = |d| KernelKey::new(Family::Decode, Precision::Bf16, d, false, false);
+        assert_eq!(
+            [257, 384, 385, 512, 513, 576].map(|d| decode(d).head_dim),
+            [384, 384, 512, 512, 576, 576]
+        );
+        let all = KernelKey::all();
+        assert!([200, 300, 576].iter().all(|&d| all.contains(&decode(d))));
+        assert!(all.iter().all(|k| k.family == Family::Decode || k.head_dim <= MAX_HEAD_DIM));
     }
 }

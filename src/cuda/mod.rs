@@ -77,7 +77,8 @@
 //! merges them by their lse. A block takes up to 16 query rows of one
 //! sequence and kv head (its GQA group's heads × seqlen_q), so K and V are
 //! read once for the group. It takes the band and score options, ALiBi,
-//! sinks and v's own head dim; block masks and packed batches are
+//! sinks, v's own head dim and head dims up to 576 (the forward's 256
+//! past: MLA-like shapes); block masks and packed batches are
 //! `Unsupported` in decoding on every backend.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
@@ -169,11 +170,11 @@ pub fn takes(workload: &Workload) -> Result<()> {
             workload.opts.for_decoding(shape.batch, shape.heads_q)?;
             let p = workload.problem()?;
             for (tensor, head_dim) in [("q/k", shape.head_dim), ("v", shape.head_dim_v)] {
-                if head_dim > kernel::MAX_HEAD_DIM {
+                if head_dim > kernel::DECODE_MAX_HEAD_DIM {
                     return Err(Error::HeadDimTooLarge {
                         tensor,
                         head_dim,
-                        max: kernel::MAX_HEAD_DIM,
+                        max: kernel::DECODE_MAX_HEAD_DIM,
                     });
                 }
             }
