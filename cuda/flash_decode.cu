@@ -277,7 +277,9 @@ kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_n
 // the tile's keys; P·V: each thread owning output columns of every row,
 // one load of each V element. Writes each row's o normalized by its own
 // sum, and its lse (-inf with no allowed key), in f32.
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
+// The launch bound's 1 block an SM: without it ptxas aimed the sm_80
+// f16/bf16 variants at 80 registers for occupancy and spilled.
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 1)
 flash_decode(const storage_t* __restrict__ q, const cache_t* __restrict__ kc, const cache_t* __restrict__ vc,
              const float* __restrict__ k_scales, const float* __restrict__ v_scales, float* __restrict__ part_o,
              float* __restrict__ part_lse, Problem p, const DecodeArgs a) {
