@@ -1370,7 +1370,9 @@ fn jit_report_of_the_main_variants() {
 
 /// A few tiny cases on this process's kernel path (`FLASHATTN_CUDA_KERNEL`)
 /// for compute-sanitizer (memcheck, synccheck, racecheck): a forward and
-/// a backward each, under the rule.
+/// a backward each, under the rule; then two decoding steps (the decode
+/// kernels are every path's): a plain paged cache and an int8 one, each
+/// appending, in two splits, 24 rows of one kv head (two row chunks).
 #[test]
 fn tiny_cases_for_the_sanitizer() {
     use common::{causal, Case};
@@ -1389,6 +1391,20 @@ fn tiny_cases_for_the_sanitizer() {
     ];
     forward_cases(cuda.kernel_path(), &cuda, cases.clone());
     backward_cases(cuda.kernel_path(), &cuda, cases);
+    let decode = common::decode::DecodeCase::new(&[21, 6], 64)
+        .heads(8, 1)
+        .seqlen_q(3)
+        .paged(16)
+        .append(3)
+        .f16()
+        .splits(2)
+        .opts(causal());
+    let opts = decode.opts.clone();
+    let data = decode.data();
+    data.check(|cache, step| cuda.decode_host(cache, step, &opts, decode.num_splits));
+    data.check_quantized(flashattn::CacheQuant::Int8, |cache, step| {
+        cuda.decode_quantized_host(cache, step, &opts, decode.num_splits)
+    });
 }
 
 /// The GPU checks' Hopper smoke cases ([`SMOKE`]) under host emulation,
