@@ -139,7 +139,7 @@ pub use backend::{AttentionBackend, Backend, BackendKind, Capabilities, Choice, 
 pub use choice::{Operation, ProbeCache, Workload};
 pub use cpu::Cpu;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-pub use cuda::{Arch, DeviceProps, KernelPath};
+pub use cuda::{Arch, CudaKvCache, DeviceProps, KernelPath};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use kernels::{AttentionBindings, AttentionBuffers, DecodeBindings, GradientBindings};

@@ -46,7 +46,7 @@
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::compile::{compile_ptx_with, nvrtc_present, options_bounded};
 use flashattn::cuda::jit::{build_faults, spill_bytes};
-use flashattn::cuda::kernel::{Family, KernelKey};
+use flashattn::cuda::kernel::{Family, KernelKey, DECODE_MAX_HEAD_DIM};
 use flashattn::cuda::{driver_present, Cuda, KernelPath};
 use flashattn::Precision;
 use flashattn::{
@@ -196,9 +196,11 @@ fn nvrtc_or_waive() -> bool {
 
 /// The variants ptxas checks for spills (and, in the Hopper ones, for
 /// serialized wgmma and an ignored setmaxnreg): f16/bf16 at d 64 and 128,
-/// every family (forward and backward), every band/softcap combination.
+/// every family (forward and backward), every band/softcap combination;
+/// and decoding's widest (d 576: the most accumulators a thread holds).
 fn is_main(key: &KernelKey) -> bool {
-    key.precision != Precision::F32 && [64, 128].contains(&key.head_dim)
+    let widest = key.family == Family::Decode && key.head_dim == DECODE_MAX_HEAD_DIM;
+    key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest)
 }
 
 /// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
@@ -795,31 +797,71 @@ fn dropout_meets_the_accuracy_rule_and_repeats_bit_for_bit_on_the_device() {
 
 /// Decoding (tests/common/decode.rs's cases: dense and paged caches,
 /// appends, batch indices, seqlen_q 1–16, GQA/MQA, masks, softcap, ALiBi,
-/// sinks, every precision, lengths 0–8192, every num_splits) against the
-/// f64 reference, the cache updated exactly; caches whose v head dim is
-/// its own are `Unsupported`, the cache untouched.
+/// sinks, v's own head dim, every precision, lengths 0–8192, every
+/// num_splits) against the f64 reference, the cache updated exactly; then
+/// the quantized cases (int8 and FP8) against the reference on the codes'
+/// values and the documented append.
 #[test]
 fn decoding_matches_the_reference_on_the_device() {
     let Some(cuda) = device() else { return };
-    let path = cuda.kernel_path();
     let backend = flashattn::Backend::Cuda(Box::new(cuda));
     for case in common::decode::cases() {
         let data = case.data();
-        let refusal = || {
-            let mut cache = data.cache.clone();
-            backend.decode(&mut cache, &data.step(), &case.opts, case.num_splits)
-        };
-        if !path_takes(path, case.precision, case.head_dim, refusal) {
-            continue;
-        }
-        if case.head_dim_v != case.head_dim {
-            let mut cache = data.cache.clone();
-            let out = backend.decode(&mut cache, &data.step(), &case.opts, case.num_splits);
-            assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
-            assert!(cache == data.cache, "a refused step left the cache changed");
-            continue;
-        }
         data.check(|cache, step| backend.decode(cache, step, &case.opts, case.num_splits));
+    }
+    for case in common::kv_quant::quant_cases() {
+        let data = case.data();
+        for quant in flashattn::CacheQuant::ALL {
+            data.check_quantized(quant, |cache, step| {
+                backend.decode_quantized(cache, step, &case.opts, case.num_splits)
+            });
+        }
+    }
+}
+
+/// A device cache stays on the device: each step copies q, the new rows,
+/// the lengths and the page table (`stats.uploaded_bytes`, the same for a
+/// cache 64 times larger), and steps appended one after another match the
+/// reference on the cache read back.
+#[test]
+fn a_device_cache_step_copies_only_its_inputs() {
+    let Some(cuda) = device() else { return };
+    let (batch, heads_q, heads_kv, d) = (2, 8, 2, 64);
+    let q = vec![0.25f32; batch * heads_q * d];
+    let new: Vec<f32> = (0..batch * heads_kv * d)
+        .map(|e| (e % 7) as f32 * 0.1)
+        .collect();
+    for capacity in [64, 4096] {
+        let layout = flashattn::CacheLayout::Dense { batch, capacity };
+        let shape = flashattn::CacheShape::new(layout, heads_kv, d).unwrap();
+        let mut cache = cuda.kv_cache(shape, Precision::F32).unwrap();
+        for t in 0..3i32 {
+            let lens = [t, 2 * t];
+            let new_view = flashattn::TensorView::f32([batch, 1, heads_kv, d], &new);
+            let step = flashattn::DecodeStep::new(
+                flashattn::TensorView::f32([batch, 1, heads_q, d], &q),
+                &lens,
+            )
+            .append(new_view, new_view);
+            let before = cuda.read_kv_cache(&cache).unwrap();
+            let out = cuda
+                .decode(&mut cache, &step, &AttentionOptions::default(), None)
+                .unwrap();
+            let expected = 4 * (q.len() + 2 * new.len() + 2 * batch);
+            assert_eq!(
+                out.stats.uploaded_bytes,
+                Some(expected as u64),
+                "capacity {capacity}"
+            );
+            let checks = flashattn::accuracy::check_decode(
+                &out,
+                &before,
+                &step,
+                &AttentionOptions::default(),
+            )
+            .unwrap();
+            assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
+        }
     }
 }
 
@@ -1328,7 +1370,9 @@ fn jit_report_of_the_main_variants() {
 
 /// A few tiny cases on this process's kernel path (`FLASHATTN_CUDA_KERNEL`)
 /// for compute-sanitizer (memcheck, synccheck, racecheck): a forward and
-/// a backward each, under the rule.
+/// a backward each, under the rule; then two decoding steps (the decode
+/// kernels are every path's): a plain paged cache and an int8 one, each
+/// appending, in two splits, 24 rows of one kv head (two row chunks).
 #[test]
 fn tiny_cases_for_the_sanitizer() {
     use common::{causal, Case};
@@ -1347,6 +1391,20 @@ fn tiny_cases_for_the_sanitizer() {
     ];
     forward_cases(cuda.kernel_path(), &cuda, cases.clone());
     backward_cases(cuda.kernel_path(), &cuda, cases);
+    let decode = common::decode::DecodeCase::new(&[21, 6], 64)
+        .heads(8, 1)
+        .seqlen_q(3)
+        .paged(16)
+        .append(3)
+        .f16()
+        .splits(2)
+        .opts(causal());
+    let opts = decode.opts.clone();
+    let data = decode.data();
+    data.check(|cache, step| cuda.decode_host(cache, step, &opts, decode.num_splits));
+    data.check_quantized(flashattn::CacheQuant::Int8, |cache, step| {
+        cuda.decode_quantized_host(cache, step, &opts, decode.num_splits)
+    });
 }
 
 /// The GPU checks' Hopper smoke cases ([`SMOKE`]) under host emulation,
@@ -1609,4 +1667,246 @@ fn the_main_forwards_stay_within_their_instruction_budget() {
         }
     }
     assert!(over.is_empty(), "past the instruction budget: {over:?}");
+}
+
+/// One decoding step's kernels (cuda/flash_decode.cu) run under host
+/// emulation by cuda/emulate/decode.cpp on `cache` (plain or quantized,
+/// updated in place from the emulated device cache), with the inputs,
+/// variant, splits and grids src/cuda/decode.rs computes for a device of
+/// 132 SMs: the step's output.
+fn emulate_decode(
+    exes: &mut std::collections::HashMap<String, PathBuf>,
+    cxx: &std::ffi::OsStr,
+    dir: &Path,
+    cache: flashattn::cuda::decode::HostCache,
+    step: &flashattn::DecodeStep,
+    opts: &AttentionOptions,
+    num_splits: Option<usize>,
+) -> (flashattn::DecodeOutput, Vec<Vec<u8>>) {
+    use flashattn::cuda::decode::emulated_step;
+    let run = emulated_step(cache, step, opts, num_splits, 132).expect("a valid step");
+    let exe = exes
+        .entry(run.key.label())
+        .or_insert_with(|| {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
+            let host = std::fs::read_to_string(root.join("host.h")).unwrap();
+            let harness = std::fs::read_to_string(root.join("decode.cpp")).unwrap();
+            let src = dir.join(format!("{}.cpp", run.key.label()));
+            std::fs::write(&src, format!("{host}\n{}\n{harness}", run.key.source())).unwrap();
+            let exe = dir.join(run.key.label());
+            let built = Command::new(cxx)
+                .args(["-std=c++20", "-O1", "-pthread", "-o"])
+                .arg(&exe)
+                .arg(&src)
+                .output()
+                .unwrap();
+            assert!(
+                built.status.success(),
+                "{}: {}",
+                run.key.label(),
+                String::from_utf8_lossy(&built.stderr)
+            );
+            exe
+        })
+        .clone();
+    let (input, output) = (dir.join("step.in"), dir.join("step.out"));
+    let mut bytes = Vec::new();
+    for b in &run.blobs {
+        bytes.extend((b.len() as u64).to_le_bytes());
+        bytes.extend(b);
+    }
+    std::fs::write(&input, bytes).unwrap();
+    let (report, passed) = run_emulation(
+        &exe,
+        &[input.display().to_string(), output.display().to_string()],
+    );
+    assert!(passed, "{}: {report}", run.key.label());
+    let data = std::fs::read(&output).unwrap();
+    let mut blobs = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap()) as usize;
+        blobs.push(data[at + 8..at + 8 + n].to_vec());
+        at += 8 + n;
+    }
+    let p = &run.problem;
+    let o = flashattn::TensorData::from_bytes(&blobs[0], p.precision, p.o_len());
+    let lse = blobs[1]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let out = flashattn::DecodeOutput::new(p, o, lse, run.splits, Default::default());
+    (out, blobs[2..].to_vec())
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Decoding's kernels (append, split-KV attention, the LSE merge) under
+/// host emulation, on the inputs, grids and splits the host code computes:
+/// o and lse within docs/semantics.md's rule against the f64 reference
+/// (src/reference.rs; on a quantized cache, on its codes' values after the
+/// append), and the cache after the step exactly the reference's append —
+/// plain rows bit for bit, int8/FP8 codes and scales equal to the rule
+/// restated in tests/common/kv_quant.rs (requantization at block
+/// boundaries, growing scales). Splits 1, 3 and the planner's; dense rows,
+/// shuffled rows (batch_idx) and shuffled pages; GQA and MQA (a kv head's
+/// group of query heads × seqlen_q rows in one block, and in more than one
+/// when it has more than `DECODE_ROWS`, the last partial); a sequence
+/// of no keys; seqlen_q up to 4; causal and window bands; softcap; ALiBi
+/// per batch × head; sinks; v's own head dim; odd head dims and ones past
+/// 256 (the wide decode variants); f32, f16, bf16.
+#[test]
+fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation() {
+    use common::decode::DecodeCase;
+    use flashattn::cuda::decode::HostCache;
+    use flashattn::{Alibi, CacheQuant, QuantKvCache, Sinks};
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut exes = std::collections::HashMap::new();
+    let causal = || AttentionOptions::default().causal(true);
+    let per_batch: Vec<f32> = (0..8).map(|e| 0.05 + 0.07 * e as f32).collect();
+    let plain = [
+        DecodeCase::new(&[0, 70, 5], 32).append(2).splits(3),
+        DecodeCase::new(&[37, 100], 32)
+            .paged(16)
+            .append(3)
+            .splits(1)
+            .opts(
+                AttentionOptions::default()
+                    .alibi(Alibi::new(&per_batch))
+                    .sinks(Sinks::new(&[0.3, -1.0, 2.0, 0.0])),
+            ),
+        DecodeCase::new(&[20, 150], 29)
+            .dv(24)
+            .seqlen_q(3)
+            .batch_idx()
+            .append(1),
+        DecodeCase::new(&[130, 9], 64)
+            .heads(8, 1)
+            .seqlen_q(4)
+            .append(4)
+            .f16()
+            .splits(3)
+            .opts(causal()),
+        // 20 rows of one kv head: a full chunk of DECODE_ROWS and a partial one.
+        DecodeCase::new(&[200], 50)
+            .heads(10, 1)
+            .seqlen_q(2)
+            .f16()
+            .opts(AttentionOptions::default().window(Some(20), Some(0))),
+        DecodeCase::new(&[33, 80], 40)
+            .heads(3, 3)
+            .append(1)
+            .bf16()
+            .opts(AttentionOptions::default().softcap(5.0).scale(0.3)),
+        // Past the forward's 256: an MLA-like group of 16 query heads on
+        // one kv head, k at the API's largest head dim, v's its own.
+        DecodeCase::new(&[40, 70], 512)
+            .dv(448)
+            .heads(16, 1)
+            .append(1)
+            .bf16()
+            .splits(2),
+    ];
+    for case in plain {
+        let data = case.data();
+        let opts = case.opts.clone();
+        data.check(|cache, step| {
+            let (out, blobs) = emulate_decode(
+                &mut exes,
+                &cxx,
+                dir.path(),
+                HostCache::Plain(cache),
+                step,
+                &opts,
+                case.num_splits,
+            );
+            let (k, v) = (cache.k.len(), cache.v.len());
+            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, k);
+            cache.v = flashattn::TensorData::from_bytes(&blobs[1], case.precision, v);
+            Ok(out)
+        });
+    }
+    let quantized = [
+        (
+            DecodeCase::new(&[15, 16, 0, 31], 32).append(2),
+            CacheQuant::Int8,
+        ),
+        (
+            DecodeCase::new(&[37, 5], 32).paged(16).append(5).splits(3),
+            CacheQuant::Int8,
+        ),
+        (
+            DecodeCase::new(&[47, 3], 64)
+                .paged(48)
+                .append(4)
+                .f16()
+                .opts(causal()),
+            CacheQuant::Fp8,
+        ),
+        (
+            DecodeCase::new(&[100, 9], 32).dv(16).batch_idx().append(17),
+            CacheQuant::Fp8,
+        ),
+        (
+            DecodeCase::new(&[20, 33], 320).heads(4, 1).append(3),
+            CacheQuant::Int8,
+        ),
+    ];
+    for (case, quant) in quantized {
+        let data = case.data();
+        let opts = case.opts.clone();
+        data.check_quantized(quant, |cache, step| {
+            let (out, blobs) = emulate_decode(
+                &mut exes,
+                &cxx,
+                dir.path(),
+                HostCache::Quant(cache),
+                step,
+                &opts,
+                case.num_splits,
+            );
+            cache.k.codes = blobs[0].clone();
+            cache.v.codes = blobs[1].clone();
+            cache.k.scales = f32s(&blobs[2]);
+            cache.v.scales = f32s(&blobs[3]);
+            Ok(out)
+        });
+    }
+    // The block-boundary fixture: token 15 grows block 0's scale (its 15
+    // codes requantized), token 16 opens block 1 at a scale 30 times larger.
+    let boundary = common::kv_quant::BoundaryCase::new();
+    for quant in CacheQuant::ALL {
+        let before = QuantKvCache::quantize(&boundary.plain, quant).unwrap();
+        let mut cache = before.clone();
+        let step = boundary.step();
+        let opts = AttentionOptions::default();
+        let (_, blobs) = emulate_decode(
+            &mut exes,
+            &cxx,
+            dir.path(),
+            HostCache::Quant(&cache),
+            &step,
+            &opts,
+            None,
+        );
+        cache.k.codes = blobs[0].clone();
+        cache.v.codes = blobs[1].clone();
+        cache.k.scales = f32s(&blobs[2]);
+        cache.v.scales = f32s(&blobs[3]);
+        let expected = common::kv_quant::expected_append(&before, &step);
+        assert!(
+            cache == expected,
+            "{quant:?}: the boundary append differs from the rule"
+        );
+        assert!(
+            cache.k.scales[0] > before.k.scales[0],
+            "{quant:?}: block 0's scale did not grow"
+        );
+    }
 }

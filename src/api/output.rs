@@ -228,6 +228,11 @@ pub struct CallStats {
     /// see `verify`); `None` on the CPU backend and for the FP8
     /// forward (not held to the accuracy rule).
     pub verification: Option<Verification>,
+    /// Bytes the call copied from host to device memory, where the backend
+    /// counts its copies (the CUDA backend's decoding steps: q, the new
+    /// rows, the lengths, the page table, never a device cache); `None`
+    /// where they are not counted.
+    pub uploaded_bytes: Option<u64>,
 }
 
 impl CallStats {

@@ -57,10 +57,6 @@ mod vmath;
 /// The backward's D = rowsum(dO ∘ O), shared with the CUDA backend's dsinks.
 #[cfg(feature = "cuda")]
 pub(crate) use backward::row_deltas;
-/// `k_new`/`v_new` written into a host cache in place (the CUDA backend
-/// decodes on host caches too).
-#[cfg(feature = "cuda")]
-pub(crate) use decode::append as append_to_cache;
 pub use fp8::forward_fp8;
 pub use isa::Isa;
 

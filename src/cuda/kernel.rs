@@ -10,6 +10,7 @@
 //! Hopper forward has none, and the plan sends dropout to the sm80 one.
 
 use crate::api::tensor::Precision;
+use crate::kv_quant::CacheQuant;
 
 /// cuda/common.cuh: conversions, masks, scores, tile loads.
 const COMMON: &str = include_str!("../../cuda/common.cuh");
@@ -28,12 +29,30 @@ const BACKWARD_MMA: &str = include_str!("../../cuda/flash_bwd_mma.cu");
 /// cuda/hopper.cuh: the wgmma / mbarrier / TMA / setmaxnreg wrappers.
 const HOPPER: &str = include_str!("../../cuda/hopper.cuh");
 const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
+/// cuda/flash_decode.cu: append, split-KV decoding and the merge.
+const DECODE: &str = include_str!("../../cuda/flash_decode.cu");
+/// Threads of a decode block (`DECODE_THREADS` in cuda/flash_decode.cu).
+pub const DECODE_THREADS: usize = 128;
+/// Keys a decode block scores per tile (`DECODE_KEYS`).
+pub const DECODE_KEYS: usize = 64;
+/// Query rows of one sequence and kv head (its GQA group's heads ×
+/// seqlen_q positions) a decode block owns (`DECODE_ROWS`): each K/V row
+/// it loads serves them all.
+pub const DECODE_ROWS: usize = 16;
 
 /// Head dims are compiled in steps of this many columns (the rest load as
 /// zeros), so 8 widths cover every head dim 1..=256.
 pub const HEAD_DIM_STEP: usize = 32;
-/// The largest head dim the CUDA kernels take.
+/// The largest head dim the CUDA forward and backward kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
+/// The largest head dim (of k, and of v) the decode kernels take: MLA's
+/// 576 (512 + 64 rotary) among them.
+pub const DECODE_MAX_HEAD_DIM: usize = 576;
+/// The decode kernels' padded head dims past [`MAX_HEAD_DIM`]: a thread's
+/// output columns, ⌈HEAD_DIM / DECODE_THREADS⌉, are all the padding
+/// changes past the q rows' shared memory, so three widths (3, 4 and 5
+/// columns a thread) cover 257..=576.
+pub const DECODE_WIDE_HEAD_DIMS: [usize; 3] = [384, 512, 576];
 /// The largest (padded) head dim of the tensor-core kernels: past it a
 /// warp's f32 accumulators (HEAD_DIM / 2 per lane, twice in dK/dV) no
 /// longer fit in registers, and the scalar kernels run.
@@ -58,15 +77,19 @@ pub enum Family {
     BackwardMma,
     /// cuda/flash_fwd_wgmma.cu: `flash_fwd` for Hopper (sm_90a only).
     ForwardWgmma,
+    /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
+    /// `flash_decode_merge` on a device cache, plain or quantized.
+    Decode,
 }
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::Forward,
         Family::Backward,
         Family::ForwardMma,
         Family::BackwardMma,
         Family::ForwardWgmma,
+        Family::Decode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,12 +99,15 @@ impl Family {
             Family::ForwardMma => "flash_fwd_mma",
             Family::BackwardMma => "flash_bwd_mma",
             Family::ForwardWgmma => "flash_fwd_wgmma",
+            Family::Decode => "flash_decode",
         }
     }
 
     /// The kernels (entry points) its module holds.
     pub fn entry_points(self) -> &'static [&'static str] {
-        if self.is_forward() {
+        if self == Family::Decode {
+            &["kv_append", "flash_decode", "flash_decode_merge"]
+        } else if self.is_forward() {
             &["flash_fwd"]
         } else {
             &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
@@ -108,7 +134,8 @@ impl Family {
     /// Whether this family compiles `precision` at padded head dim `head_dim`.
     pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
         match self {
-            Family::Forward | Family::Backward => true,
+            Family::Forward | Family::Backward => head_dim <= MAX_HEAD_DIM,
+            Family::Decode => head_dim <= MAX_HEAD_DIM || DECODE_WIDE_HEAD_DIMS.contains(&head_dim),
             Family::ForwardMma | Family::BackwardMma => {
                 precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
             }
@@ -130,8 +157,11 @@ pub struct KernelKey {
     pub band: bool,
     pub softcap: bool,
     /// Dropout (`p > 0`; the seed, offset and threshold are launch
-    /// arguments). Never the Hopper forward's.
+    /// arguments). Never the Hopper forward's nor decoding's.
     pub dropout: bool,
+    /// The decode family's cache codes (`None`: a cache of the storage
+    /// precision); `None` in every other family.
+    pub quant: Option<CacheQuant>,
 }
 
 /// A variant's thread-block shape.
@@ -161,9 +191,11 @@ impl Tiles {
 }
 
 impl KernelKey {
-    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`]):
-    /// padded to the step, or for the Hopper kernel to 64 or 128 (whole
-    /// TMA boxes; past 128 it pads to the step and no plan picks it).
+    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`],
+    /// for decoding 1..=[`DECODE_MAX_HEAD_DIM`]): padded to the step, or for
+    /// the Hopper kernel to 64 or 128 (whole TMA boxes; past 128 it pads to
+    /// the step and no plan picks it), for decoding past [`MAX_HEAD_DIM`] to
+    /// one of [`DECODE_WIDE_HEAD_DIMS`].
     pub fn new(
         family: Family,
         precision: Precision,
@@ -177,6 +209,10 @@ impl KernelKey {
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
+            Family::Decode if stepped > MAX_HEAD_DIM => DECODE_WIDE_HEAD_DIMS
+                .into_iter()
+                .find(|&w| stepped <= w)
+                .unwrap_or(stepped),
             _ => stepped,
         };
         Self {
@@ -186,13 +222,24 @@ impl KernelKey {
             band,
             softcap,
             dropout: false,
+            quant: None,
         }
     }
 
-    /// The same variant with dropout on or off (the Hopper forward: off).
+    /// The same variant with dropout on or off (the Hopper forward and
+    /// decoding: off).
     pub fn with_dropout(self, dropout: bool) -> Self {
         Self {
-            dropout: dropout && !self.family.is_wgmma(),
+            dropout: dropout && !self.family.is_wgmma() && self.family != Family::Decode,
+            ..self
+        }
+    }
+
+    /// The decode variant for a cache of `quant` codes (`None`: plain);
+    /// other families stay as they are.
+    pub fn with_quant(self, quant: Option<CacheQuant>) -> Self {
+        Self {
+            quant: quant.filter(|_| self.family == Family::Decode),
             ..self
         }
     }
@@ -202,7 +249,7 @@ impl KernelKey {
         let mut keys = Vec::new();
         for family in Family::ALL {
             for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
-                for head_dim in (HEAD_DIM_STEP..=MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
+                for head_dim in (HEAD_DIM_STEP..=DECODE_MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
                     if !family.takes(precision, head_dim) {
                         continue;
                     }
@@ -210,7 +257,11 @@ impl KernelKey {
                         for softcap in [false, true] {
                             let key = Self::new(family, precision, head_dim, band, softcap);
                             keys.push(key);
-                            if !family.is_wgmma() {
+                            if family == Family::Decode {
+                                for quant in CacheQuant::ALL {
+                                    keys.push(key.with_quant(Some(quant)));
+                                }
+                            } else if !family.is_wgmma() {
                                 keys.push(key.with_dropout(true));
                             }
                         }
@@ -273,6 +324,13 @@ impl KernelKey {
                 lanes: 4,
                 threads: 384,
             },
+            // Up to DECODE_ROWS query rows of a kv head's group a block.
+            Family::Decode => Tiles {
+                rows: DECODE_ROWS,
+                keys: DECODE_KEYS,
+                lanes: 32,
+                threads: DECODE_THREADS,
+            },
         }
     }
 
@@ -287,6 +345,10 @@ impl KernelKey {
             // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
             Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
             Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
+            // The rows' q, a tile's scores (P in place, a padding column)
+            // and each row's m, l and rescale (the quantized append's block
+            // maximum, DECODE_THREADS floats, is smaller than them).
+            Family::Decode => t.rows * (self.head_dim + t.keys + 1 + 3),
         };
         let keep = if self.dropout { t.rows * t.keys / 8 } else { 0 };
         floats * 4 + keep
@@ -300,7 +362,7 @@ impl KernelKey {
         let t = self.tiles();
         let row = (self.head_dim + 8) * self.precision.bytes();
         match self.family {
-            Family::Forward | Family::Backward => 0,
+            Family::Forward | Family::Backward | Family::Decode => 0,
             // Q, then two stages of K and V.
             Family::ForwardMma => (t.rows + 4 * t.keys) * row,
             // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
@@ -326,13 +388,14 @@ impl KernelKey {
     /// A name for logs, errors and the PTX files the tests write.
     pub fn label(&self) -> String {
         format!(
-            "{}_{}_d{}{}{}{}",
+            "{}_{}_d{}{}{}{}{}",
             self.family.name(),
             self.precision.name(),
             self.head_dim,
             if self.band { "_band" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.dropout { "_dropout" } else { "" },
+            self.quant.map_or(String::new(), |q| format!("_{}", q.name())),
         )
     }
 
@@ -383,6 +446,19 @@ impl KernelKey {
             Family::ForwardWgmma => {
                 defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
                 format!("{MMA}\n{HOPPER}\n{FORWARD_WGMMA}")
+            }
+            Family::Decode => {
+                let quant = match self.quant {
+                    None => 0,
+                    Some(CacheQuant::Int8) => 1,
+                    Some(CacheQuant::Fp8) => 2,
+                };
+                defines += &format!(
+                    "#define CACHE_QUANT {quant}\n#define DECODE_THREADS {}\n\
+                     #define DECODE_KEYS {}\n#define DECODE_ROWS {}\n",
+                    t.threads, t.keys, t.rows
+                );
+                DECODE.to_string()
             }
         };
         format!("{defines}{COMMON}\n{PHILOX}\n{DROPOUT}\n{body}")
@@ -451,8 +527,12 @@ mod tests {
         );
         // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
-        // 128 × 4 options, no dropout.
-        assert_eq!(all.len(), 2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4);
+        // 128 × 4 options, no dropout; decoding: every precision and head
+        // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8 caches.
+        assert_eq!(
+            all.len(),
+            2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * (8 + 3) * 4 * 3
+        );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
     }
@@ -505,5 +585,14 @@ mod tests {
             (key(1), key(32), key(33), key(200), key(256)),
             (32, 32, 64, 224, 256)
         );
+        // Decoding past 256: to 384, 512 or 576, each a variant there is.
+        let decode = |d| KernelKey::new(Family::Decode, Precision::Bf16, d, false, false);
+        assert_eq!(
+            [257, 384, 385, 512, 513, 576].map(|d| decode(d).head_dim),
+            [384, 384, 512, 512, 576, 576]
+        );
+        let all = KernelKey::all();
+        assert!([200, 300, 576].iter().all(|&d| all.contains(&decode(d))));
+        assert!(all.iter().all(|k| k.family == Family::Decode || k.head_dim <= MAX_HEAD_DIM));
     }
 }

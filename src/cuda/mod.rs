@@ -65,8 +65,21 @@
 //!
 //! The Hopper forward takes the band and score options (causal, windows,
 //! softcap, scale, GQA/MQA, empty rows); calls with layouts or dropout run
-//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other than q's
-//! (the kernels hold one head dim), FP8, and layouts inside decoding.
+//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other
+//! than q's in the forward and backward (their kernels hold one head dim),
+//! and FP8.
+//!
+//! Decoding (cuda/flash_decode.cu, [`decode`]) keeps the KV cache in device
+//! memory ([`CudaKvCache`]: dense or paged, plain or int8/FP8 codes with
+//! block scales); a step copies only its own inputs (counted in
+//! [`CallStats::uploaded_bytes`](crate::CallStats::uploaded_bytes)), appends on the device (quantizing by docs/kv-quantization.md's rule),
+//! attends in `num_splits` splits (as asked, or planned to fill the SMs) and
+//! merges them by their lse. A block takes up to 16 query rows of one
+//! sequence and kv head (its GQA group's heads × seqlen_q), so K and V are
+//! read once for the group. It takes the band and score options, ALiBi,
+//! sinks, v's own head dim and head dims up to 576 (the forward's 256
+//! past: MLA-like shapes); block masks and packed batches are
+//! `Unsupported` in decoding on every backend.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
 //! - [`plan`]: which variants a call runs on a device, and why;
@@ -81,6 +94,7 @@
 //!   [`warm_ptx_cache`] fills it over all cores);
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks;
+//! - [`decode`]: the device cache, a step's uploads, splits and launches;
 //! - [`verify`]: each kernel path checked on first use (Hopper → sm80 →
 //!   scalar where one fails), and `flashattn doctor --backend cuda`'s matrix.
 //!
@@ -100,7 +114,7 @@
 mod backward;
 pub mod compile;
 pub mod context;
-mod decode;
+pub mod decode;
 mod disk_cache;
 mod driver_error;
 mod forward;
@@ -123,8 +137,11 @@ pub use {
     plan::CudaPlan,
 };
 
-use crate::api::decode::{DecodeOutput, DecodeStep, HostKvCache};
-use crate::kv_quant::QuantKvCache;
+pub use decode::CudaKvCache;
+
+use crate::api::decode::{CacheShape, DecodeOutput, DecodeStep, HostKvCache};
+use crate::api::tensor::Precision;
+use crate::kv_quant::{CacheQuant, QuantKvCache};
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{BackwardOutput, ForwardOutput};
@@ -146,13 +163,22 @@ pub fn takes(workload: &Workload) -> Result<()> {
     match workload.operation {
         Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
         Operation::Fp8 => unsupported("FP8 (e4m3)"),
-        Operation::QuantizedDecode => unsupported("quantized KV caches"),
-        // Decoding runs the forward over each sequence's cached keys, with
-        // the options every backend's decoding takes.
-        Operation::Decode => {
+        // Decoding (plain or quantized caches) runs cuda/flash_decode.cu,
+        // with the options every backend's decoding takes and v's own head dim.
+        Operation::Decode | Operation::QuantizedDecode => {
             let shape = &workload.shape;
             workload.opts.for_decoding(shape.batch, shape.heads_q)?;
-            problem::Call::new(&workload.problem()?).map(drop)
+            let p = workload.problem()?;
+            for (tensor, head_dim) in [("q/k", shape.head_dim), ("v", shape.head_dim_v)] {
+                if head_dim > kernel::DECODE_MAX_HEAD_DIM {
+                    return Err(Error::HeadDimTooLarge {
+                        tensor,
+                        head_dim,
+                        max: kernel::DECODE_MAX_HEAD_DIM,
+                    });
+                }
+            }
+            problem::Problem::of(&p).map(drop)
         }
     }
 }
@@ -323,32 +349,103 @@ impl Cuda {
         Ok(out)
     }
 
-    /// One decoding step on a host cache (`k_new`/`v_new` appended in place
-    /// first): the forward over each sequence's cached keys, bottom-right
-    /// aligned per sequence. Band and score options only, as elsewhere.
-    /// One launch, never split: any `num_splits` gives the same result.
+    /// An all-zero KV cache of `shape` in device memory, of `precision`
+    /// elements.
+    pub fn kv_cache(&self, shape: CacheShape, precision: Precision) -> Result<CudaKvCache> {
+        decode::alloc(&self.device, shape, precision, None)
+    }
+
+    /// An empty quantized KV cache of `shape` in device memory: zero
+    /// `quant` codes, every block scale `MIN_CACHE_SCALE`; its steps' q,
+    /// `k_new`, `v_new` and o are of `precision`.
+    pub fn quantized_kv_cache(
+        &self,
+        shape: CacheShape,
+        quant: CacheQuant,
+        precision: Precision,
+    ) -> Result<CudaKvCache> {
+        decode::alloc(&self.device, shape, precision, Some(quant))
+    }
+
+    /// A host KV cache copied to device memory (once: steps then append to
+    /// it on the device).
+    pub fn upload_kv_cache(&self, host: &HostKvCache) -> Result<CudaKvCache> {
+        decode::upload(&self.device, host)
+    }
+
+    /// A quantized host KV cache (codes and scales) copied to device memory.
+    pub fn upload_quantized_kv_cache(&self, host: &QuantKvCache) -> Result<CudaKvCache> {
+        decode::upload_quantized(&self.device, host)
+    }
+
+    /// A plain device KV cache's contents on the host (a quantized one is
+    /// `Error::CacheFormat`).
+    pub fn read_kv_cache(&self, cache: &CudaKvCache) -> Result<HostKvCache> {
+        decode::read(&self.device, cache)
+    }
+
+    /// A quantized device KV cache's codes and scales on the host (a plain
+    /// one is `Error::CacheFormat`).
+    pub fn read_quantized_kv_cache(&self, cache: &CudaKvCache) -> Result<QuantKvCache> {
+        decode::read_quantized(&self.device, cache)
+    }
+
+    /// One decoding step on a device cache (cuda/flash_decode.cu): the
+    /// step's `k_new`/`v_new` appended in place by a kernel (quantized by
+    /// docs/kv-quantization.md's rule on a quantized cache), then each
+    /// query row's attention over its sequence's keys, bottom-right aligned
+    /// per sequence, in `num_splits` splits merged by their LSE (`None` or
+    /// `Some(0)`: as many as fill the SMs; at most 128). Only
+    /// the step's inputs are copied to the device, never the cache (their
+    /// bytes: the output's `stats.uploaded_bytes`). A step that fails
+    /// validation copies, launches and changes nothing.
     pub fn decode(
+        &self,
+        cache: &mut CudaKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        let problem = crate::api::decode::DecodeProblem::new(step, cache.shape(), cache.precision())
+            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
+            .ok();
+        let call = crate::verify::CallKind::Decode;
+        let (_, verification) = self.verified(call, problem, self.path)?;
+        let mut out = decode::decode(&self.device, cache, step, opts, num_splits)?;
+        self.finish(verification, &mut out.stats, &mut out.o);
+        Ok(out)
+    }
+
+    /// [`Cuda::decode`] on a host cache: uploaded once, the same kernels,
+    /// and the cache read back in place when the step appends.
+    pub fn decode_host(
         &self,
         cache: &mut HostKvCache,
         step: &DecodeStep,
         opts: &AttentionOptions,
-        _num_splits: Option<usize>,
+        num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        // The CUDA decode reads V from a tensor of its own.
-        if cache.shape.latent {
-            return Err(Error::Unsupported {
-                what: problem::WHAT,
-                feature: "a latent kv cache (V a view of K)",
-            });
-        }
+        decode::own_v(&cache.shape)?;
         let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
             .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
             .ok();
         let call = crate::verify::CallKind::Decode;
-        let (path, verification) = self.verified(call, problem, self.path)?;
-        let mut out = decode::decode(&self.device, path, cache, step, opts)?;
+        let (_, verification) = self.verified(call, problem, self.path)?;
+        let mut out = decode::decode_host(&self.device, cache, step, opts, num_splits)?;
         self.finish(verification, &mut out.stats, &mut out.o);
         Ok(out)
+    }
+
+    /// [`Cuda::decode_host`] on a quantized host cache (its codes and
+    /// scales read back when the step appends).
+    pub fn decode_quantized_host(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        decode::decode_quantized_host(&self.device, cache, step, opts, num_splits)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
@@ -371,7 +468,7 @@ impl AttentionBackend for Cuda {
             decode: true,
             fp8: false,
             dropout: true,
-            quantized_cache: false,
+            quantized_cache: true,
             latent_cache: false,
             plan_overrides: false,
         }
@@ -415,19 +512,16 @@ impl AttentionBackend for Cuda {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Cuda::decode(self, cache, step, opts, num_splits)
+        Cuda::decode_host(self, cache, step, opts, num_splits)
     }
 
     fn decode_quantized(
         &self,
-        _: &mut QuantKvCache,
-        _: &DecodeStep,
-        _: &AttentionOptions,
-        _: Option<usize>,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        Err(Error::Unsupported {
-            what: problem::WHAT,
-            feature: "quantized KV caches",
-        })
+        Cuda::decode_quantized_host(self, cache, step, opts, num_splits)
     }
 }

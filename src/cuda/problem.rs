@@ -33,6 +33,31 @@ pub(crate) struct Problem {
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
 unsafe impl DeviceRepr for Problem {}
 
+impl Problem {
+    /// The kernels' sizes and score options of `p` (its band clamped to
+    /// its lengths, so the bounds fit i32). Decoding's takes k's head dim
+    /// here and v's apart.
+    pub(crate) fn of(p: &Attention) -> Result<Self> {
+        let shape = p.shape;
+        let mask = p.mask;
+        // Bounds past both lengths act as none; clamping keeps them in i32.
+        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
+        let bound =
+            |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
+        Ok(Self {
+            seqlen_q: to_i32("seqlen_q", shape.seqlen_q)?,
+            seqlen_k: to_i32("seqlen_k", shape.seqlen_k)?,
+            heads_q: to_i32("heads_q", shape.heads_q)?,
+            heads_kv: to_i32("heads_kv", shape.heads_kv)?,
+            d: to_i32("head_dim", shape.head_dim)?,
+            scale: p.scale,
+            softcap: p.softcap,
+            left: bound(mask.left)?,
+            right: bound(mask.right)?,
+        })
+    }
+}
+
 /// `struct Dropout` of cuda/dropout.cuh, field for field: the last argument
 /// of every attention kernel (read only by the dropout variants).
 #[repr(C)]
@@ -127,30 +152,15 @@ impl Call {
         ] {
             to_i32(what, n)?;
         }
-        let mask = p.mask;
-        // Bounds past both lengths act as none; clamping keeps them in i32.
-        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
-        let bound =
-            |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
         let softcap = p.softcap;
         let seqs = p.opts.varlen.as_ref().map_or(shape.batch, |v| v.batch());
         let (max_q, max_k) = p.longest;
-        let problem = Problem {
-            seqlen_q: to_i32("seqlen_q", shape.seqlen_q)?,
-            seqlen_k: to_i32("seqlen_k", shape.seqlen_k)?,
-            heads_q: to_i32("heads_q", shape.heads_q)?,
-            heads_kv: to_i32("heads_kv", shape.heads_kv)?,
-            d: to_i32("head_dim", shape.head_dim)?,
-            scale: p.scale,
-            softcap,
-            left: bound(mask.left)?,
-            right: bound(mask.right)?,
-        };
+        let problem = Problem::of(p)?;
         Ok(Self {
             problem,
             shape,
             precision,
-            band: mask.is_active(),
+            band: p.mask.is_active(),
             softcap: softcap > 0.0,
             layouts: {
                 let o = p.opts;

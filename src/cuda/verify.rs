@@ -7,7 +7,7 @@
 
 use super::backward::backward;
 use super::context::CudaDevice;
-use super::decode::decode;
+use super::decode::decode_host;
 use super::forward::forward;
 use super::kernel::Family;
 use super::plan::{plan, DeviceProps, KernelPath, PlanProblem};
@@ -32,7 +32,8 @@ pub fn family_of(f: Family) -> CudaFamily {
     match f {
         Family::ForwardWgmma => CudaFamily::Hopper,
         Family::ForwardMma | Family::BackwardMma => CudaFamily::Sm80,
-        Family::Forward | Family::Backward => CudaFamily::Scalar,
+        // Decoding's kernels are scalar f32 code on every device.
+        Family::Forward | Family::Backward | Family::Decode => CudaFamily::Scalar,
     }
 }
 
@@ -167,7 +168,7 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     let case = match case {
         MatrixCase::Decode(layout) => {
             let case = DecodeCase::new(precision, d, keys, layout)?;
-            return check_decode(dev, &key, path, &case, fault);
+            return check_decode(dev, &key, &case, fault);
         }
         MatrixCase::Attention(CaseKind::Band) => {
             AttentionCase::band(precision, d, keys, call == CallKind::Forward)?
@@ -190,17 +191,17 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     case.judge_backward(&out)
 }
 
-/// The decoding step of `case` on `path` (one launch: the CUDA decode does
-/// not split), judged; a planted `fault` perturbs family `key`'s output.
+/// The decoding step of `case` (cuda/flash_decode.cu's kernels, which
+/// every path shares; the planner's splits), judged; a planted `fault`
+/// perturbs family `key`'s output.
 fn check_decode(
     dev: &CudaDevice,
     key: &FamilyKey,
-    path: KernelPath,
     case: &DecodeCase,
     fault: Option<&Fault>,
 ) -> Result<Judgement> {
     let mut cache = case.cache.clone();
-    let mut out = decode(dev, path, &mut cache, &case.step(), &case.opts)?;
+    let mut out = decode_host(dev, &mut cache, &case.step(), &case.opts, None)?;
     Fault::perturb(fault, key, &mut out.o);
     case.judge(&out)
 }
@@ -305,8 +306,9 @@ impl CudaVerifier {
     }
 }
 
-/// The plan facts of a decoding step: the forward over a packed batch of
-/// the sequences (a run-time layout), with the step's band and softcap.
+/// The plan facts of a decoding step (cuda/flash_decode.cu: scalar code,
+/// the cache read through its page table at run time), with the step's
+/// band and softcap.
 pub fn decode_problem(
     precision: Precision,
     head_dim: usize,
