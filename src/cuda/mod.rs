@@ -406,14 +406,10 @@ impl Cuda {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        let problem = crate::api::decode::DecodeProblem::new(step, cache.shape(), cache.precision())
-            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
-            .ok();
-        let call = crate::verify::CallKind::Decode;
-        let (_, verification) = self.verified(call, problem, self.path)?;
-        let mut out = decode::decode(&self.device, cache, step, opts, num_splits)?;
-        self.finish(verification, &mut out.stats, &mut out.o);
-        Ok(out)
+        let (shape, precision) = (*cache.shape(), cache.precision());
+        self.verified_step(&shape, precision, step, opts, || {
+            decode::decode(&self.device, cache, step, opts, num_splits)
+        })
     }
 
     /// [`Cuda::decode`] on a host cache: uploaded once, the same kernels,
@@ -426,14 +422,10 @@ impl Cuda {
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
         decode::own_v(&cache.shape)?;
-        let problem = crate::api::decode::DecodeProblem::new(step, &cache.shape, cache.precision())
-            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
-            .ok();
-        let call = crate::verify::CallKind::Decode;
-        let (_, verification) = self.verified(call, problem, self.path)?;
-        let mut out = decode::decode_host(&self.device, cache, step, opts, num_splits)?;
-        self.finish(verification, &mut out.stats, &mut out.o);
-        Ok(out)
+        let (shape, precision) = (cache.shape, cache.precision());
+        self.verified_step(&shape, precision, step, opts, || {
+            decode::decode_host(&self.device, cache, step, opts, num_splits)
+        })
     }
 
     /// [`Cuda::decode_host`] on a quantized host cache (its codes and
@@ -445,7 +437,32 @@ impl Cuda {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        decode::decode_quantized_host(&self.device, cache, step, opts, num_splits)
+        let (shape, precision) = (cache.shape, cache.precision);
+        self.verified_step(&shape, precision, step, opts, || {
+            decode::decode_quantized_host(&self.device, cache, step, opts, num_splits)
+        })
+    }
+
+    /// A decoding step `run`s once the decode kernels are verified on
+    /// first use (a check that cannot be posed, from a step that fails
+    /// validation, is left to `run`'s own errors); the verdict goes into
+    /// its stats.
+    fn verified_step(
+        &self,
+        shape: &CacheShape,
+        precision: Precision,
+        step: &DecodeStep,
+        opts: &AttentionOptions,
+        run: impl FnOnce() -> Result<DecodeOutput>,
+    ) -> Result<DecodeOutput> {
+        let problem = crate::api::decode::DecodeProblem::new(step, shape, precision)
+            .map(|p| verify::decode_problem(p.precision, p.head_dim, opts))
+            .ok();
+        let call = crate::verify::CallKind::Decode;
+        let (_, verification) = self.verified(call, problem, self.path)?;
+        let mut out = run()?;
+        self.finish(verification, &mut out.stats, &mut out.o);
+        Ok(out)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.
