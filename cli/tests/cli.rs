@@ -311,7 +311,7 @@ fn heads_not_divisible() {
 #[test]
 fn head_dim_too_large() {
     let f = Files::new();
-    f.qkv(1, 2, 2, 1, 1, 513);
+    f.qkv(1, 2, 2, 1, 1, 577);
     assert_bad(&f, &f.forward(&["--backend", "cpu"]), "head dim");
 }
 
