@@ -562,6 +562,21 @@ impl DecodeProblem {
         self.lse_shape().iter().product()
     }
 
+    /// The step as one forward problem's shape: `seqlen_q` query rows
+    /// against the longest sequence's keys after the append (at least one),
+    /// the step's heads and both head dims.
+    pub fn widest_shape(&self) -> Result<AttentionShape> {
+        AttentionShape::new(
+            self.batch,
+            self.seqlen_q,
+            self.max_seqlen_k().max(1),
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+        )?
+        .with_head_dim_v(self.head_dim_v)
+    }
+
     /// Sequence `b` alone as an attention problem (batch 1), `None` when it
     /// has no keys (every row is then empty).
     pub fn sequence(&self, b: usize) -> Option<AttentionShape> {

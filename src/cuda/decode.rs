@@ -376,16 +376,7 @@ fn attention_problem<'a>(p: &DecodeProblem, opts: &'a AttentionOptions) -> Resul
             });
         }
     }
-    let shape = crate::api::shape::AttentionShape::new(
-        p.batch,
-        p.seqlen_q,
-        p.max_seqlen_k().max(1),
-        p.heads_q,
-        p.heads_kv,
-        p.head_dim,
-    )?
-    .with_head_dim_v(p.head_dim_v)?;
-    crate::api::problem::Problem::new(shape, p.precision, opts)
+    crate::api::problem::Problem::new(p.widest_shape()?, p.precision, opts)
 }
 
 /// kv_append's grid for the validated step `p` on a cache of `quant` codes

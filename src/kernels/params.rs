@@ -284,15 +284,7 @@ impl Params {
     /// unbounded window; each sequence's offset is computed in the kernel
     /// from its own key count, so `mask_offset` is 0.
     pub fn decode(p: &DecodeProblem, opts: &AttentionOptions) -> Result<Self> {
-        let shape = AttentionShape {
-            batch: p.batch,
-            seqlen_q: p.seqlen_q,
-            seqlen_k: p.max_seqlen_k().max(1),
-            heads_q: p.heads_q,
-            heads_kv: p.heads_kv,
-            head_dim: p.head_dim,
-            head_dim_v: p.head_dim_v,
-        };
+        let shape = p.widest_shape()?;
         Ok(Self {
             mask_offset: 0,
             kv_batch_stride: 0,

@@ -10,8 +10,8 @@ use crate::args::DecodeArgs;
 use crate::error::{CliError, Result};
 use crate::npy::{self, IndexArray};
 use flashattn::{
-    AttentionOptions, AttentionShape, BackendKind, CacheQuant, CacheShape, DecodeProblem,
-    DecodeStep, HostKvCache, Operation, Precision, QuantKvCache, QuantizedKv, Tensor, Workload,
+    AttentionOptions, BackendKind, CacheQuant, CacheShape, DecodeProblem, DecodeStep, HostKvCache,
+    Operation, Precision, QuantKvCache, QuantizedKv, Tensor, Workload,
 };
 use std::path::{Path, PathBuf};
 
@@ -85,18 +85,10 @@ pub struct Prepared {
 impl Prepared {
     /// What `auto` chooses a backend for. The chooser times forward
     /// kernels, so a decoding step stands as its equivalent forward
-    /// problem: batch, seqlen_q query tokens against the longest sequence's
-    /// keys after the append (at least 1), the step's heads and head dim.
+    /// problem ([`DecodeProblem::widest_shape`](flashattn::DecodeProblem::widest_shape)).
     fn workload(&self) -> Result<Workload> {
         let p = &self.problem;
-        let shape = AttentionShape::new(
-            p.batch,
-            p.seqlen_q,
-            p.max_seqlen_k().max(1),
-            p.heads_q,
-            p.heads_kv,
-            p.head_dim,
-        )?;
+        let shape = p.widest_shape()?;
         let operation = match self.cache {
             StepCache::Plain(_) => Operation::Decode,
             StepCache::Quant(_) => Operation::QuantizedDecode,
