@@ -1858,12 +1858,8 @@ fn bench_decode_mla_times_a_latent_cache() {
         .args(["--backends", "cpu"])
         .output()
         .unwrap();
+    assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     for needle in [
         "latent cache (MLA): one tensor of width 576, V its first 512 columns",
         "heads 128/1, head_dim 576",
