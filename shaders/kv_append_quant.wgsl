@@ -1,6 +1,7 @@
 // Appends k_new and v_new to a quantized cache by docs/kv-quantization.md's
 // rule: one workgroup per (scale block the step's new tokens reach, kv
-// head, sequence × {K, V}). It finds the largest new magnitude in its
+// head, sequence × {K, V}; a latent cache's sequence × {K}: its V is a
+// view of K). It finds the largest new magnitude in its
 // block; where that asks for a larger scale, the block takes it and its
 // other codes are requantized in place; then the new values are coded at
 // the block's scale. A block belongs to one sequence, so no two workgroups
@@ -46,8 +47,9 @@ fn main(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
 ) {
-    let b = wg.z / 2u;
-    let is_v = (wg.z & 1u) == 1u;
+    let parts = select(2u, 1u, decode.v_new_len == 0u);
+    let b = wg.z / parts;
+    let is_v = wg.z % parts == 1u;
     let hk = wg.y;
     let d = select(D, DV, is_v);
     let t1 = seqlen_k(b);

@@ -159,8 +159,9 @@ impl ScaleBlocks {
 
 /// One of a quantized cache's K and V: codes in the cache's layout, one
 /// byte per element (an int8 code as its two's-complement byte), and
-/// `(blocks, heads_kv)` scales.
-#[derive(Clone, Debug, PartialEq)]
+/// `(blocks, heads_kv)` scales. A latent cache's V is empty: V reads K's
+/// codes and scales.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct QuantizedKv {
     /// Codes, `(rows, heads_kv, head dim)` row-major.
     pub codes: Vec<u8>,
@@ -170,7 +171,9 @@ pub struct QuantizedKv {
 
 /// A KV cache of int8 or FP8 codes in host memory: what the CPU backend
 /// decodes on and the command line reads and writes. q, `k_new`, `v_new`
-/// and o keep the step's own precision.
+/// and o keep the step's own precision. A latent cache
+/// ([`CacheShape::latent`]) is K's codes and scales alone: its V is the
+/// view of their first `head_dim_v` columns, at K's block scales.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantKvCache {
     /// The cache's shape.
@@ -181,7 +184,7 @@ pub struct QuantKvCache {
     pub precision: Precision,
     /// The keys.
     pub k: QuantizedKv,
-    /// The values.
+    /// The values (empty in a latent cache).
     pub v: QuantizedKv,
 }
 
@@ -219,7 +222,21 @@ impl QuantKvCache {
             quant,
             precision,
             k: kv(shape.len()),
-            v: kv(shape.v_len()),
+            v: if shape.latent {
+                QuantizedKv::default()
+            } else {
+                kv(shape.v_len())
+            },
+        }
+    }
+
+    /// The codes and scales V reads: K's in a latent cache, whose V is a
+    /// view of them (rows [`CacheShape::v_offset`] apart).
+    pub fn v_view(&self) -> &QuantizedKv {
+        if self.shape.latent {
+            &self.k
+        } else {
+            &self.v
         }
     }
 
@@ -228,7 +245,6 @@ impl QuantKvCache {
     /// give. Its values must be finite ([`Error::NonFiniteInput`]).
     pub fn quantize(cache: &HostKvCache, quant: CacheQuant) -> Result<Self> {
         cache.check()?;
-        latent_unsupported(&cache.shape)?;
         let shape = cache.shape;
         let blocks = ScaleBlocks::of(&shape);
         let part = |data: &TensorData, d: usize, tensor| -> Result<QuantizedKv> {
@@ -265,7 +281,11 @@ impl QuantKvCache {
             quant,
             precision: cache.precision(),
             k: part(&cache.k, shape.head_dim, "k_cache")?,
-            v: part(&cache.v, shape.head_dim_v, "v_cache")?,
+            v: if shape.latent {
+                QuantizedKv::default()
+            } else {
+                part(&cache.v, shape.head_dim_v, "v_cache")?
+            },
         })
     }
 
@@ -288,10 +308,11 @@ impl QuantKvCache {
         let heads = self.shape.heads_kv;
         let rows = page * blocks.page_size..(page + 1) * blocks.page_size;
         let first = page * blocks.per_page * heads..(page + 1) * blocks.per_page * heads;
-        for (kv, len) in [
-            (&mut self.k, self.shape.row_len()),
-            (&mut self.v, self.shape.v_row_len()),
-        ] {
+        let mut parts = vec![(&mut self.k, self.shape.row_len())];
+        if !self.shape.latent {
+            parts.push((&mut self.v, self.shape.v_row_len()));
+        }
+        for (kv, len) in parts {
             kv.codes[rows.start * len..rows.end * len].fill(0);
             kv.scales[first.clone()].fill(MIN_CACHE_SCALE);
         }
@@ -320,6 +341,7 @@ impl QuantKvCache {
                 .collect();
             TensorData::F32(values)
         };
+        // A latent cache's V, empty, stays empty: the view of K.
         HostKvCache {
             shape: self.shape,
             k: part(&self.k, self.shape.head_dim),
@@ -337,18 +359,22 @@ impl QuantKvCache {
     /// public fields were changed since: lengths and scales, every step.
     pub(crate) fn check(&self) -> Result<()> {
         let s = &self.shape;
-        latent_unsupported(s)?;
         let scales = self.blocks().count() * s.heads_kv;
+        // A latent cache's V is a view of K: no codes or scales of its own.
+        let (v_dims, v_scales) = match s.latent {
+            true => (vec![0], 0),
+            false => (s.v_dims().to_vec(), scales),
+        };
         let parts = [
-            ("k_cache", "k_scales", &self.k, s.dims()),
-            ("v_cache", "v_scales", &self.v, s.v_dims()),
+            ("k_cache", "k_scales", &self.k, s.dims().to_vec(), scales),
+            ("v_cache", "v_scales", &self.v, v_dims, v_scales),
         ];
-        for (codes_name, scales_name, kv, dims) in parts {
+        for (codes_name, scales_name, kv, dims, scales) in parts {
             let expected = dims.iter().product();
             if kv.codes.len() != expected {
                 return Err(Error::DataLength {
                     tensor: codes_name,
-                    shape: dims.to_vec(),
+                    shape: dims,
                     expected,
                     actual: kv.codes.len(),
                 });
@@ -356,7 +382,7 @@ impl QuantKvCache {
             if kv.scales.len() != scales {
                 return Err(Error::DataLength {
                     tensor: scales_name,
-                    shape: vec![self.blocks().count(), s.heads_kv],
+                    shape: vec![scales / s.heads_kv.max(1), s.heads_kv],
                     expected: scales,
                     actual: kv.scales.len(),
                 });
@@ -392,15 +418,17 @@ impl QuantKvCache {
     }
 
     /// Append a validated step's new rows (f32, `k_new`'s and `v_new`'s
-    /// layouts, finite) by the rule in the module docs.
+    /// layouts, finite; a latent cache's `v_new` empty) by the rule in the
+    /// module docs.
     pub(crate) fn append(&mut self, p: &DecodeProblem, k_new: &[f32], v_new: &[f32]) {
         let blocks = self.blocks();
         let (quant, heads) = (self.quant, self.shape.heads_kv);
         let rows: Vec<usize> = p.appended_rows().map(|(_, _, row)| row).collect();
-        for (kv, new, d) in [
-            (&mut self.k, k_new, self.shape.head_dim),
-            (&mut self.v, v_new, self.shape.head_dim_v),
-        ] {
+        let mut parts = vec![(&mut self.k, k_new, self.shape.head_dim)];
+        if !self.shape.latent {
+            parts.push((&mut self.v, v_new, self.shape.head_dim_v));
+        }
+        for (kv, new, d) in parts {
             // The largest new magnitude of every (block, head) written.
             let mut grown = std::collections::BTreeMap::<usize, f32>::new();
             for (src, &row) in rows.iter().enumerate() {
@@ -435,18 +463,6 @@ impl QuantKvCache {
             }
         }
     }
-}
-
-/// Quantized caches keep V's codes and block scales apart from K's, so a
-/// latent cache (V a view of K) has no quantized form yet.
-pub(crate) fn latent_unsupported(shape: &CacheShape) -> Result<()> {
-    if shape.latent {
-        return Err(Error::Unsupported {
-            what: "a quantized kv cache",
-            feature: "a latent cache (V a view of K)",
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -181,14 +181,19 @@ fn a_device_latent_cache_is_one_buffer() {
         "{err:?}"
     );
     assert!(e.read_kv_cache(&cache).unwrap() == host);
-    // No quantized form of a latent cache yet: typed.
-    let err = e
+    // Its quantized form is one buffer too, and refuses a V of its own
+    // without a change.
+    let mut quant = e
         .quantized_kv_cache(shape, flashattn::CacheQuant::Int8, Precision::F16)
-        .unwrap_err();
+        .unwrap();
+    assert_eq!(quant.storage_bytes(), (pages * page * d + 4 * pages) as u64);
+    let before = e.read_quantized_kv_cache(&quant).unwrap();
+    let err = e.decode(&mut quant, &bad, &opts, None).unwrap_err();
     assert!(
-        matches!(err, flashattn::Error::Unsupported { .. }),
+        matches!(err, flashattn::Error::LatentAppend { .. }),
         "{err:?}"
     );
+    assert!(e.read_quantized_kv_cache(&quant).unwrap() == before);
 }
 
 #[test]

@@ -2,19 +2,20 @@
 //! against the f64 reference on the codes' values, with the cache after
 //! the append kernel equal, code for code and scale for scale, to the rule
 //! restated apart (tests/common/kv_quant.rs), on the planner's decode kernel
-//! and on the tiled one; a device cache kept across steps that cross blocks
-//! and grow scales; and bad input as typed errors that change nothing.
+//! and on the tiled one, latent (MLA) caches among them; a device cache
+//! kept across steps that cross blocks and grow scales, plain and latent;
+//! and bad input as typed errors that change nothing.
 
 mod common;
 
 use common::engine;
-use common::kv_quant::{expected_append, quant_cases};
+use common::kv_quant::{expected_append, quant_cases, quant_latent_cases};
 use flashattn::{AttentionOptions, CacheLayout, CacheQuant, CacheShape, DecodeStep, Engine};
 use flashattn::{Error, HostKvCache, Precision, QuantKvCache, TensorData};
 
 fn run_cases(e: &Engine) {
     for quant in CacheQuant::ALL {
-        for case in quant_cases() {
+        for case in quant_cases().into_iter().chain(quant_latent_cases()) {
             let out = case.data().check_quantized(quant, |c, s| {
                 e.decode_quantized_host(c, s, &case.opts, case.num_splits)
             });
@@ -56,7 +57,7 @@ fn awkward(n: usize, step: usize, rng: &mut flashattn::random::Rng) -> Vec<f32> 
 fn a_device_cache_grows_step_by_step_by_the_rule() {
     let Some(e) = engine() else { return };
     let (b, hq, hk, d) = (2, 4, 2, 20);
-    for (layout, table) in [
+    let cases = [
         (
             CacheLayout::Paged {
                 pages: 8,
@@ -71,8 +72,16 @@ fn a_device_cache_grows_step_by_step_by_the_rule() {
             },
             None,
         ),
-    ] {
-        let shape = CacheShape::new(layout, hk, d).unwrap();
+    ];
+    // Each layout also as a latent cache whose V is K's first 12 columns.
+    for ((layout, table), latent) in cases
+        .iter()
+        .flat_map(|&c| [(c, false), (c, true)])
+    {
+        let shape = match latent {
+            true => CacheShape::latent(layout, hk, d, 12).unwrap(),
+            false => CacheShape::new(layout, hk, d).unwrap(),
+        };
         for quant in CacheQuant::ALL {
             let mut host = QuantKvCache::zeros(shape, quant, Precision::F32);
             let mut cache = e.quantized_kv_cache(shape, quant, Precision::F32).unwrap();
@@ -86,8 +95,11 @@ fn a_device_cache_grows_step_by_step_by_the_rule() {
                 let q = TensorData::F32(rng.normal_vec(b * new * hq * d, 1.0));
                 let k = TensorData::F32(awkward(b * new * hk * d, step, &mut rng));
                 let v = TensorData::F32(awkward(b * new * hk * d, step + 1, &mut rng));
-                let mut s = DecodeStep::new(q.view([b, new, hq, d]), &lens)
-                    .append(k.view([b, new, hk, d]), v.view([b, new, hk, d]));
+                let s = DecodeStep::new(q.view([b, new, hq, d]), &lens);
+                let mut s = match latent {
+                    true => s.append_latent(k.view([b, new, hk, d])),
+                    false => s.append(k.view([b, new, hk, d]), v.view([b, new, hk, d])),
+                };
                 if let Some(t) = &table {
                     s = s.block_table(t, 3);
                 }
@@ -102,13 +114,13 @@ fn a_device_cache_grows_step_by_step_by_the_rule() {
                 .unwrap();
                 assert!(
                     checks.iter().all(|c| c.passed()),
-                    "{quant:?} {layout:?} step {step}: {checks:?}"
+                    "{quant:?} {layout:?} latent {latent} step {step}: {checks:?}"
                 );
                 host = after;
                 let read = e.read_quantized_kv_cache(&cache).unwrap();
                 assert!(
                     read == host,
-                    "{quant:?} {layout:?} step {step}: the device cache differs from the rule"
+                    "{quant:?} {layout:?} latent {latent} step {step}: the device cache differs from the rule"
                 );
                 len += new as i32;
             }
@@ -250,6 +262,21 @@ fn one_device_cache_holds_a_byte_per_element_and_a_scale_per_block() {
     assert_eq!(
         host,
         QuantKvCache::zeros(shape, CacheQuant::Fp8, Precision::F16)
+    );
+    // A latent cache: K's codes and scales alone, V a view of them.
+    let latent = CacheShape::latent(layout, 2, 64, 32).unwrap();
+    let cache = e
+        .quantized_kv_cache(latent, CacheQuant::Int8, Precision::F16)
+        .unwrap();
+    assert_eq!(
+        cache.storage_bytes(),
+        (10 * 16 * 2 * 64 + 10 * 2 * 4) as u64
+    );
+    let host = e.read_quantized_kv_cache(&cache).unwrap();
+    assert_eq!((host.v.codes.len(), host.v.scales.len()), (0, 0));
+    assert_eq!(
+        host,
+        QuantKvCache::zeros(latent, CacheQuant::Int8, Precision::F16)
     );
 }
 

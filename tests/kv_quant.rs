@@ -1,13 +1,14 @@
 //! Quantized KV caches (docs/kv-quantization.md): the rule's values, the
 //! CPU backend's decoding against the f64 reference on the codes' values on
 //! every instruction set, the append against the rule restated apart
-//! (block boundaries, growing scales, requantization), the footprint, and
-//! bad input as typed errors that leave the cache untouched.
+//! (block boundaries, growing scales, requantization), latent (MLA) caches
+//! whose V is a view of K's codes, the footprint, and bad input as typed
+//! errors that leave the cache untouched.
 
 mod common;
 
 use common::decode::DecodeCase;
-use common::kv_quant::{quant_cases, scale_of};
+use common::kv_quant::{quant_cases, quant_latent_cases, scale_of};
 use flashattn::{cpu, CacheLayout, CacheQuant, CacheShape, DecodeStep, Error};
 use flashattn::{AttentionOptions, Precision, QuantKvCache, QuantizedKv, TensorData};
 use flashattn::{MIN_CACHE_SCALE, SCALE_BLOCK_TOKENS};
@@ -49,13 +50,85 @@ fn every_case_matches_the_reference_on_every_instruction_set() {
     for &isa in cpu::Isa::available() {
         let backend = cpu::Cpu::with_isa(isa).unwrap();
         for quant in CacheQuant::ALL {
-            for case in quant_cases() {
+            for case in quant_cases().into_iter().chain(quant_latent_cases()) {
                 case.data().check_quantized(quant, |c, s| {
                     backend.decode_quantized(c, s, &case.opts, case.num_splits)
                 });
             }
         }
     }
+}
+
+/// A quantized latent cache is K's codes and scales alone; V's columns are
+/// read from them. Bad latent input leaves it untouched: a separate V
+/// given to it, a step appending v_new, a view wider than its rows.
+#[test]
+fn a_quantized_latent_cache_is_one_set_of_codes_and_scales() {
+    let case = DecodeCase::new(&[40, 9], 24)
+        .dv(16)
+        .heads(4, 2)
+        .paged(16)
+        .latent()
+        .append(1);
+    let data = case.data();
+    let cache = QuantKvCache::quantize(&data.cache, CacheQuant::Int8).unwrap();
+    let (rows, heads, blocks) = (cache.shape.rows(), 2, cache.blocks().count());
+    assert_eq!(cache.k.codes.len(), rows * heads * 24);
+    assert_eq!(cache.k.scales.len(), blocks * heads);
+    assert_eq!((cache.v.codes.len(), cache.v.scales.len()), (0, 0));
+    assert_eq!(cache.bytes(), rows * heads * 24 + 4 * blocks * heads);
+    // V's values are K's first 16 columns: no tensor of their own.
+    assert_eq!(cache.dequantized().v.len(), 0);
+
+    let err = QuantKvCache::new(
+        cache.shape,
+        CacheQuant::Int8,
+        Precision::F32,
+        cache.k.clone(),
+        cache.k.clone(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "v_cache",
+                expected: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let q = TensorData::F32(vec![0.5; 4 * 24]);
+    let (k_new, v_new) = (
+        TensorData::F32(vec![1.0; 48]),
+        TensorData::F32(vec![2.0; 32]),
+    );
+    let lens = [3];
+    let with_v = DecodeStep::new(q.view([1, 1, 4, 24]), &lens)
+        .append(k_new.view([1, 1, 2, 24]), v_new.view([1, 1, 2, 16]));
+    let mut c = cache.clone();
+    let err =
+        cpu::decode_quantized(&mut c, &with_v, &AttentionOptions::default(), None).unwrap_err();
+    assert!(matches!(err, Error::LatentAppend { .. }), "{err}");
+    assert!(c == cache, "a rejected step changed the cache");
+    let mut too_wide = cache.clone();
+    too_wide.shape.head_dim_v = 25;
+    let before = too_wide.clone();
+    let step = DecodeStep::new(q.view([1, 1, 4, 24]), &lens);
+    let err = cpu::decode_quantized(&mut too_wide, &step, &AttentionOptions::default(), None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LatentViewTooWide {
+                v_width: 25,
+                width: 24
+            }
+        ),
+        "{err}"
+    );
+    assert!(too_wide == before, "a rejected step changed the cache");
 }
 
 /// common::kv_quant::BoundaryCase: block 0 requantized, block 1 opened.

@@ -235,7 +235,9 @@ pub struct DecodeArgs {
     /// The K cache is a latent cache (DeepSeek's MLA, docs/decoding.md):
     /// V is the first V_WIDTH columns of each of its head rows, read in
     /// place. No --v-cache, --v-new or --v-cache-out: --k-new alone appends.
-    #[arg(long, value_name = "V_WIDTH", conflicts_with_all = ["v_new", "v_cache_out", "cache_precision"])]
+    /// With --cache-precision, V reads K's codes at K's block scales
+    /// (--k-scales, --k-scales-out alone).
+    #[arg(long, value_name = "V_WIDTH", conflicts_with_all = ["v_new", "v_cache_out", "v_scales", "v_scales_out"])]
     pub latent_v: Option<usize>,
     /// (batch,) int32: tokens already in each sequence's cache.
     #[arg(long)]
@@ -523,8 +525,7 @@ pub struct DecodeBenchArgs {
     #[arg(long, requires = "decode")]
     pub head_dim: Option<usize>,
     /// Cache dtypes, comma-separated: f32, f16, bf16, and int8 or fp8
-    /// (quantized caches of f16 steps) [default: f16,f32,int8,fp8; with
-    /// --mla f16,f32: latent caches are not quantized].
+    /// (quantized caches of f16 steps) [default: f16,f32,int8,fp8].
     #[arg(long, requires = "decode")]
     pub dtypes: Option<String>,
     /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:

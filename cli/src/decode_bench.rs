@@ -200,13 +200,17 @@ impl DecodeConfig {
     /// Bytes of K and V one step reads: `2 · batch · cache_len · heads_kv ·
     /// head_dim · bytes per element` (a latent cache's one tensor: half
     /// that), plus a quantized cache's scales (one f32 per 16 tokens and
-    /// kv head).
+    /// kv head, of each tensor).
     pub fn kv_bytes(&self) -> u64 {
         let tensors = if self.latent_v.is_some() { 1 } else { 2 };
         let rows = tensors * self.batch * self.cache_len * self.heads_kv;
         let scales = match self.cache {
             Some(_) => {
-                2 * self.batch * self.cache_len.div_ceil(SCALE_BLOCK_TOKENS) * self.heads_kv * 4
+                tensors
+                    * self.batch
+                    * self.cache_len.div_ceil(SCALE_BLOCK_TOKENS)
+                    * self.heads_kv
+                    * 4
             }
             None => 0,
         };
@@ -929,6 +933,12 @@ mod tests {
         };
         let latent = mla.config(&group("f16"), DecodeBackend::Cpu, SplitMode::Fixed(1));
         assert_eq!(latent.kv_bytes(), 8 * 1024 * 576 * 2);
+        // Quantized: its codes and its one set of scales.
+        let latent = mla.config(&group("int8"), DecodeBackend::Cpu, SplitMode::Fixed(1));
+        assert_eq!(
+            latent.kv_bytes(),
+            (8 * 1024 * 576 + 8 * (1024 / 16) * 4) as u64
+        );
         assert!("int4".parse::<CacheDtype>().is_err());
         let int8: CacheDtype = "int8".parse().unwrap();
         assert_eq!((int8.name(), int8.precision), ("int8", Precision::F16));

@@ -1854,7 +1854,14 @@ fn bench_decode_names_the_isa_and_runs_torch_or_says_why_not() {
 fn bench_decode_mla_times_a_latent_cache() {
     let out = bin()
         .args(["bench", "--decode", "--quick", "--mla", "--repeats", "1"])
-        .args(["--cache-lens", "64", "--batches", "1", "--dtypes", "f32"])
+        .args([
+            "--cache-lens",
+            "64",
+            "--batches",
+            "1",
+            "--dtypes",
+            "f32,int8",
+        ])
         .args(["--backends", "cpu"])
         .output()
         .unwrap();
@@ -1864,6 +1871,7 @@ fn bench_decode_mla_times_a_latent_cache() {
         "latent cache (MLA): one tensor of width 576, V its first 512 columns",
         "heads 128/1, head_dim 576",
         "cpu     f32       1      64 planner",
+        "cpu     int8      1      64 planner",
     ] {
         assert!(text.contains(needle), "missing {needle}: {text}");
     }
@@ -2539,12 +2547,17 @@ fn read_quant(f: &Files, d: &CaseData, quant: flashattn::CacheQuant) -> flashatt
         codes: codes(c),
         scales: scales(s),
     };
+    // A latent cache writes K's codes and scales alone.
+    let v = match d.cache.shape.latent {
+        true => flashattn::QuantizedKv::default(),
+        false => kv("vc2.npy", "vs2.npy"),
+    };
     flashattn::QuantKvCache::new(
         d.cache.shape,
         quant,
         d.q.precision(),
         kv("kc2.npy", "ks2.npy"),
-        kv("vc2.npy", "vs2.npy"),
+        v,
     )
     .unwrap()
 }
@@ -2559,6 +2572,12 @@ fn decode_quantized_caches_match_the_reference_and_write_their_codes() {
             .append(1)
             .f16()
             .opts(AttentionOptions::default().causal(true)),
+        DecodeCase::new(&[20, 9], 24)
+            .dv(16)
+            .heads(4, 2)
+            .paged(16)
+            .latent()
+            .append(1),
     ];
     let backends: &[&str] = if engine().is_some() {
         &["cpu", "wgpu"]
@@ -2573,6 +2592,7 @@ fn decode_quantized_caches_match_the_reference_and_write_their_codes() {
             let f = Files::new();
             let d = case.data();
             let args = write_decode_case(&f, &d);
+            let latent = case.latent;
             let outs: Vec<String> = [
                 ("--k-cache-out", "kc2.npy"),
                 ("--v-cache-out", "vc2.npy"),
@@ -2580,6 +2600,7 @@ fn decode_quantized_caches_match_the_reference_and_write_their_codes() {
                 ("--v-scales-out", "vs2.npy"),
             ]
             .iter()
+            .filter(|(flag, _)| !(latent && flag.starts_with("--v")))
             .flat_map(|(flag, name)| [flag.to_string(), f.path(name).to_str().unwrap().into()])
             .collect();
             let precision = ["--cache-precision", quant.name(), "--backend", backend];
@@ -2609,24 +2630,22 @@ fn decode_quantized_caches_match_the_reference_and_write_their_codes() {
                 assert!(c.passed(), "{quant:?} {case:?}: {c}");
             }
             // The written codes and scales are a cache the next step reads.
-            for name in ["kc2.npy", "vc2.npy", "ks2.npy", "vs2.npy"] {
-                std::fs::rename(f.path(name), f.path(&format!("in_{name}"))).unwrap();
-            }
             let p = |name: &str| f.path(name).to_str().unwrap().to_string();
             let mut next = without(&without(&without(&args, "--k-new"), "--v-new"), "--k-cache");
             next = without(&next, "--v-cache");
-            next.extend([
-                "--k-cache".into(),
-                p("in_kc2.npy"),
-                "--v-cache".into(),
-                p("in_vc2.npy"),
-            ]);
-            next.extend([
-                "--k-scales".into(),
-                p("in_ks2.npy"),
-                "--v-scales".into(),
-                p("in_vs2.npy"),
-            ]);
+            for (file, flag) in [
+                ("kc2.npy", "--k-cache"),
+                ("vc2.npy", "--v-cache"),
+                ("ks2.npy", "--k-scales"),
+                ("vs2.npy", "--v-scales"),
+            ] {
+                if latent && flag.starts_with("--v") {
+                    assert!(!f.path(file).exists(), "a latent cache wrote {file}");
+                    continue;
+                }
+                std::fs::rename(f.path(file), f.path(&format!("in_{file}"))).unwrap();
+                next.extend([flag.into(), p(&format!("in_{file}"))]);
+            }
             let lens: Vec<i32> = d
                 .lens
                 .iter()

@@ -556,7 +556,9 @@ def flash_attn_with_kvcache(
     ``head_dim_v`` (e.g. 512 of a 576-wide ``k_cache``). V is then the first
     ``head_dim_v`` columns of ``k_cache``'s head rows, read in place (one
     cache, never a copy); ``k`` alone appends (``v`` must be ``None``) and
-    ``o`` has ``head_dim_v``. Not with ``cache_dtype``.
+    ``o`` has ``head_dim_v``. With ``cache_dtype``, ``k_cache`` holds the
+    codes and ``k_scales`` their block scales; V reads both (no
+    ``v_scales``).
     """
     for name, value in (
         ("rotary_cos", rotary_cos),
@@ -587,13 +589,6 @@ def flash_attn_with_kvcache(
             "a latent cache appends k alone: its V is a view of k_cache, so there is no v",
             reason="v given for a latent cache",
         )
-    if latent and cache_dtype is not None:
-        raise errors.error(
-            "Unsupported",
-            "a latent cache has no quantized form",
-            what="a quantized kv cache",
-            feature="a latent cache (V a view of K)",
-        )
     if not latent and (k is None) != (v is None):
         raise errors.error(
             "Unsupported",
@@ -604,9 +599,10 @@ def flash_attn_with_kvcache(
     quant = _cache_quant(cache_dtype)
     named = [("q", q), ("k_cache", k_cache)] + ([] if latent else [("v_cache", v_cache)])
     if quant is not None:
-        _check_codes(quant, [("k_cache", k_cache), ("v_cache", v_cache)], k_scales, v_scales)
+        coded = [("k_cache", k_cache)] + ([] if latent else [("v_cache", v_cache)])
+        _check_codes(quant, coded, k_scales, v_scales, latent)
         named = [("q", q)]
-        check_device([("k_cache", k_cache), ("v_cache", v_cache)], q)
+        check_device(coded, q)
     if k is not None:
         named += [("k", k)] + ([] if latent else [("v", v)])
     _check_inputs(named, (4,))
@@ -654,11 +650,13 @@ def flash_attn_with_kvcache(
             raw(o), raw(lse), opts, backend, int(num_splits), head_dim_v if latent else None,
         )  # fmt: skip
     else:
-        ks, vs = host(k_scales), host(v_scales)
-        written += [(k_scales, ks), (v_scales, vs)]
+        ks = host(k_scales)
+        vs = None if latent else host(v_scales)
+        written += [(k_scales, ks)] + ([] if latent else [(v_scales, vs)])
         _native.decode_quantized(
-            raw(qh), raw_codes(kc), raw_codes(vc), raw(ks), raw(vs), quant, paged, new_kv,
-            seqlens, idx, table, raw(o), raw(lse), opts, backend, int(num_splits),
+            raw(qh), raw_codes(kc), None if latent else raw_codes(vc), raw(ks),
+            None if latent else raw(vs), quant, paged, new_kv, seqlens, idx, table, raw(o),
+            raw(lse), opts, backend, int(num_splits), head_dim_v if latent else None,
         )  # fmt: skip
     if new_kv is not None:
         # A cache that is not contiguous host memory was copied: write back.
@@ -688,8 +686,9 @@ def _cache_quant(cache_dtype: Any) -> Optional[str]:
     return name
 
 
-def _check_codes(quant: str, caches, k_scales, v_scales) -> None:
-    """The caches hold ``quant``'s codes; both scales are given, float32."""
+def _check_codes(quant: str, caches, k_scales, v_scales, latent: bool = False) -> None:
+    """The caches hold ``quant``'s codes; both scales are given, float32 (a
+    latent cache's ``k_scales`` alone: its V reads them)."""
     allowed = {"int8": ("int8",), "fp8": ("uint8", "float8_e4m3fn")}[quant]
     for name, cache in caches:
         check_rank(cache, name, (4,))
@@ -703,7 +702,14 @@ def _check_codes(quant: str, caches, k_scales, v_scales) -> None:
                 like="cache_dtype",
                 expected=" or ".join(allowed),
             )
-    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+    if latent and v_scales is not None:
+        raise errors.error(
+            "LatentAppend",
+            "a latent cache's V reads k_cache's codes at k_scales: there are no v_scales",
+            reason="v_scales given for a latent cache",
+        )
+    scales_of = [("k_scales", k_scales)] + ([] if latent else [("v_scales", v_scales)])
+    for name, scales in scales_of:
         if scales is None:
             raise errors.error(
                 "Unsupported",
@@ -727,10 +733,14 @@ def quantize_kv_cache(k_cache, v_cache, cache_dtype, paged: bool = False):
     caches' kind (torch or numpy). Codes are int8 for ``"int8"`` and uint8
     (e4m3 bytes) for ``"fp8"``; each block's scale comes from its largest
     magnitude (a page with ``paged=True``, else 16 tokens of a row). A cache
-    of zeros gives the smallest scale, 2⁻¹⁰⁰: an empty cache to append to."""
+    of zeros gives the smallest scale, 2⁻¹⁰⁰: an empty cache to append to.
+    A latent cache (``v_cache=None``) gives ``(k_codes, None, k_scales,
+    None)``: its V reads K's codes and scales."""
     quant = _cache_quant(cache_dtype)
-    _check_inputs([("k_cache", k_cache), ("v_cache", v_cache)], (4,))
-    kc, vc = host(k_cache), host(v_cache)
+    latent = v_cache is None
+    _check_inputs([("k_cache", k_cache)] + ([] if latent else [("v_cache", v_cache)]), (4,))
+    kc = host(k_cache)
+    vc = None if latent else host(v_cache)
     pages, page = k_cache.shape[0], k_cache.shape[1]
     blocks = pages * (1 if paged else -(-page // min(16, page)))
     heads = k_cache.shape[2]
@@ -744,14 +754,16 @@ def quantize_kv_cache(k_cache, v_cache, cache_dtype, paged: bool = False):
         f32 = np.float32
     out = (
         make(kc.shape, code),
-        make(vc.shape, code),
+        None if latent else make(vc.shape, code),
         make((blocks, heads), f32),
-        make((blocks, heads), f32),
+        None if latent else make((blocks, heads), f32),
     )
+    opt = lambda x, f: None if x is None else f(x)  # noqa: E731
     _native.quantize_kv_cache(
-        raw(kc), raw(vc), quant, paged, raw_codes(out[0]), raw_codes(out[1]), raw(out[2]), raw(out[3])
-    )
-    return tuple(to_device(x, k_cache) for x in out)
+        raw(kc), opt(vc, raw), quant, paged, raw_codes(out[0]), opt(out[1], raw_codes), raw(out[2]),
+        opt(out[3], raw),
+    )  # fmt: skip
+    return tuple(opt(x, lambda t: to_device(t, k_cache)) for x in out)
 
 
 def _same_memory(a: Any, b: Any) -> bool:

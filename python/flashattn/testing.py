@@ -66,20 +66,23 @@ def check_decode(
 
 def check_decode_quantized(
     q, k_codes, v_codes, k_scales, v_scales, cache_dtype, paged, k, v, cache_seqlens,
-    cache_batch_idx, block_table, o, lse, opts,
+    cache_batch_idx, block_table, o, lse, opts, head_dim_v=None,
 ) -> List[Check]:  # fmt: skip
     """A step on a quantized cache: ``o`` and ``lse`` against the f64
     reference on the values of the codes and scales *after* the step (its
-    new rows in them); ``cache_seqlens`` are those before it."""
-    qh, kc, vc, ks, vs, oh, lh = (host(x) for x in (q, k_codes, v_codes, k_scales, v_scales, o, lse))
+    new rows in them); ``cache_seqlens`` are those before it. A latent
+    cache: ``v_codes``, ``v_scales`` and ``v`` ``None``, V the first
+    ``head_dim_v`` columns of ``k_codes``."""
+    qh, kc, ks, oh, lh = (host(x) for x in (q, k_codes, k_scales, o, lse))
+    vc = None if v_codes is None else raw_codes(host(v_codes))
+    vs = None if v_scales is None else raw(host(v_scales))
     new_kv = None
     if k is not None:
-        kh, vh = host(k), host(v)
-        new_kv = (raw(kh), raw(vh))
+        new_kv = (raw(host(k)), None if v is None else raw(host(v)))
     return _checks(
         _native.check_decode_quantized(
-            raw(qh), raw_codes(kc), raw_codes(vc), raw(ks), raw(vs), cache_dtype, paged, new_kv,
-            list(cache_seqlens), cache_batch_idx, block_table, raw(oh), raw(lh), opts,
+            raw(qh), raw_codes(kc), vc, raw(ks), vs, cache_dtype, paged, new_kv,
+            list(cache_seqlens), cache_batch_idx, block_table, raw(oh), raw(lh), opts, head_dim_v,
         )  # fmt: skip
     )
 

@@ -279,13 +279,47 @@ fn decode(
 ///
 /// # Safety
 /// As [`Raw::view`].
+/// `(codes, scales)` of K, and of V (none in a latent cache).
+type CodesAndScales<'a> = (&'a RawMut, &'a RawMut);
+
 unsafe fn quant_cache(
-    codes: [&RawMut; 2],
-    scales: [&RawMut; 2],
+    k: CodesAndScales,
+    v: Option<CodesAndScales>,
+    latent_v: Option<usize>,
     quant: &str,
     precision: flashattn::Precision,
     paged: bool,
 ) -> flashattn::Result<flashattn::QuantKvCache> {
+    let shape = cache_shape(k.0, v.map(|(codes, _)| codes), latent_v, paged)?;
+    let part = |c: &RawMut, s: &RawMut, names| -> flashattn::Result<flashattn::QuantizedKv> {
+        let (cn, sn) = names;
+        Ok(flashattn::QuantizedKv {
+            codes: c.codes(cn)?.to_vec(),
+            scales: s.f32s(sn)?.to_vec(),
+        })
+    };
+    // A latent cache's V reads K's codes and scales.
+    let v = match v {
+        Some((codes, scales)) => part(codes, scales, ("v_cache", "v_scales"))?,
+        None => flashattn::QuantizedKv::default(),
+    };
+    flashattn::QuantKvCache::new(
+        shape,
+        flashattn::CacheQuant::parse(quant)?,
+        precision,
+        part(k.0, k.1, ("k_cache", "k_scales"))?,
+        v,
+    )
+}
+
+/// The shape of a cache given as K and V tensors, or as K alone with a
+/// latent view `latent_v` wide.
+fn cache_shape(
+    k: &RawMut,
+    v: Option<&RawMut>,
+    latent_v: Option<usize>,
+    paged: bool,
+) -> flashattn::Result<flashattn::CacheShape> {
     let dims = |r: &RawMut, name: &'static str| -> flashattn::Result<[usize; 4]> {
         r.0.shape().try_into().map_err(|_| flashattn::Error::Rank {
             tensor: name,
@@ -294,23 +328,20 @@ unsafe fn quant_cache(
             expected: 4,
         })
     };
-    let [k, v] = codes;
-    let shape =
-        flashattn::CacheShape::from_kv_dims(dims(k, "k_cache")?, dims(v, "v_cache")?, paged)?;
-    let part = |c: &RawMut, s: &RawMut, names| -> flashattn::Result<flashattn::QuantizedKv> {
-        let (cn, sn) = names;
-        Ok(flashattn::QuantizedKv {
-            codes: c.codes(cn)?.to_vec(),
-            scales: s.f32s(sn)?.to_vec(),
-        })
-    };
-    flashattn::QuantKvCache::new(
-        shape,
-        flashattn::CacheQuant::parse(quant)?,
-        precision,
-        part(k, scales[0], ("k_cache", "k_scales"))?,
-        part(v, scales[1], ("v_cache", "v_scales"))?,
-    )
+    match (v, latent_v) {
+        (Some(v), None) => {
+            flashattn::CacheShape::from_kv_dims(dims(k, "k_cache")?, dims(v, "v_cache")?, paged)
+        }
+        (None, Some(v_width)) => {
+            let s = flashattn::CacheShape::from_dims(dims(k, "k_cache")?, paged)?;
+            flashattn::CacheShape::latent(s.layout, s.heads_kv, s.head_dim, v_width)
+        }
+        // The Python layer passes exactly one of them.
+        _ => Err(flashattn::Error::Unsupported {
+            what: "a kv cache",
+            feature: "both a v_cache and a latent head_dim_v, or neither",
+        }),
+    }
 }
 
 /// A decoding step on a quantized cache (int8 or fp8 codes with block
@@ -318,18 +349,18 @@ unsafe fn quant_cache(
 /// written back only after the step succeeded); o and lse into the
 /// outputs; returns the backend's name and the splits it ran with.
 #[pyfunction]
-#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits))]
+#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o_out, lse_out, opts, backend, num_splits, latent_v=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode_quantized(
     py: Python<'_>,
     q: Raw,
     k_codes: RawMut,
-    v_codes: RawMut,
+    v_codes: Option<RawMut>,
     k_scales: RawMut,
-    v_scales: RawMut,
+    v_scales: Option<RawMut>,
     quant: &str,
     paged: bool,
-    new_kv: Option<(Raw, Raw)>,
+    new_kv: Option<(Raw, Option<Raw>)>,
     cache_seqlens: Vec<i32>,
     cache_batch_idx: Option<Vec<i32>>,
     block_table: Option<(Vec<i32>, usize)>,
@@ -338,25 +369,20 @@ fn decode_quantized(
     opts: Opts,
     backend: &str,
     num_splits: usize,
+    latent_v: Option<usize>,
 ) -> PyResult<(String, usize)> {
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
     let result = py.detach(|| -> flashattn::Result<(String, usize)> {
         let opened = open(backend)?;
         // SAFETY: as in `decode`.
-        let step = unsafe {
-            decode_step(
-                &q,
-                both(&new_kv),
-                &cache_seqlens,
-                &cache_batch_idx,
-                &block_table,
-            )?
-        };
-        let codes = [&k_codes, &v_codes];
+        let new = new_kv.as_ref().map(|(k, v)| (k, v.as_ref()));
+        let step = unsafe { decode_step(&q, new, &cache_seqlens, &cache_batch_idx, &block_table)? };
+        let v = v_codes.as_ref().zip(v_scales.as_ref());
         let mut cache = unsafe {
             quant_cache(
-                codes,
-                [&k_scales, &v_scales],
+                (&k_codes, &k_scales),
+                v,
+                latent_v,
                 quant,
                 step.q.precision(),
                 paged,
@@ -371,9 +397,11 @@ fn decode_quantized(
             lse_out.write(&TensorData::F32(out.lse), "lse")?;
             if new_kv.is_some() {
                 k_codes.write_bytes(&cache.k.codes, "k_cache")?;
-                v_codes.write_bytes(&cache.v.codes, "v_cache")?;
                 k_scales.write(&TensorData::F32(cache.k.scales.clone()), "k_scales")?;
-                v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+                if let Some((v_codes, v_scales)) = v {
+                    v_codes.write_bytes(&cache.v.codes, "v_cache")?;
+                    v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+                }
             }
         }
         Ok((opened.backend.name(), out.num_splits))
@@ -382,30 +410,37 @@ fn decode_quantized(
 }
 
 /// A float cache quantized (each block's scale from its largest
-/// magnitude) into the code and scale outputs.
+/// magnitude) into the code and scale outputs; a latent cache (no `v`) into
+/// K's alone.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn quantize_kv_cache(
     py: Python<'_>,
     k: RawMut,
-    v: RawMut,
+    v: Option<RawMut>,
     quant: &str,
     paged: bool,
     k_codes: RawMut,
-    v_codes: RawMut,
+    v_codes: Option<RawMut>,
     k_scales: RawMut,
-    v_scales: RawMut,
+    v_scales: Option<RawMut>,
 ) -> PyResult<()> {
     let result = py.detach(|| -> flashattn::Result<()> {
-        // SAFETY: as in `decode`.
-        let plain = unsafe { host_cache(&k, Some(&v), None, paged)? };
+        // SAFETY: as in `decode`. A latent cache's view is not read here:
+        // its width is any, the whole row.
+        let latent_v = v
+            .is_none()
+            .then(|| k.0.shape().last().copied().unwrap_or(0));
+        let plain = unsafe { host_cache(&k, v.as_ref(), latent_v, paged)? };
         let cache =
             flashattn::QuantKvCache::quantize(&plain, flashattn::CacheQuant::parse(quant)?)?;
         unsafe {
             k_codes.write_bytes(&cache.k.codes, "k_codes")?;
-            v_codes.write_bytes(&cache.v.codes, "v_codes")?;
             k_scales.write(&TensorData::F32(cache.k.scales.clone()), "k_scales")?;
-            v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+            if let (Some(v_codes), Some(v_scales)) = (&v_codes, &v_scales) {
+                v_codes.write_bytes(&cache.v.codes, "v_codes")?;
+                v_scales.write(&TensorData::F32(cache.v.scales.clone()), "v_scales")?;
+            }
         }
         Ok(())
     });
@@ -418,21 +453,25 @@ fn quantize_kv_cache(
 fn dequantize_kv_cache(
     py: Python<'_>,
     k_codes: RawMut,
-    v_codes: RawMut,
+    v_codes: Option<RawMut>,
     k_scales: RawMut,
-    v_scales: RawMut,
+    v_scales: Option<RawMut>,
     quant: &str,
     paged: bool,
     k_out: RawMut,
-    v_out: RawMut,
+    v_out: Option<RawMut>,
 ) -> PyResult<()> {
     let result = py.detach(|| -> flashattn::Result<()> {
-        // SAFETY: as in `decode`.
+        // SAFETY: as in `decode`. A latent cache (no V) as its whole rows.
+        let v = v_codes.as_ref().zip(v_scales.as_ref());
+        let latent_v = v
+            .is_none()
+            .then(|| k_codes.0.shape().last().copied().unwrap_or(0));
         let cache = unsafe {
-            let codes = [&k_codes, &v_codes];
             quant_cache(
-                codes,
-                [&k_scales, &v_scales],
+                (&k_codes, &k_scales),
+                v,
+                latent_v,
                 quant,
                 flashattn::Precision::F32,
                 paged,
@@ -441,7 +480,9 @@ fn dequantize_kv_cache(
         let values = cache.dequantized();
         unsafe {
             k_out.write(&values.k, "k")?;
-            v_out.write(&values.v, "v")?;
+            if let Some(v_out) = &v_out {
+                v_out.write(&values.v, "v")?;
+            }
         }
         Ok(())
     });
@@ -475,11 +516,6 @@ unsafe fn decode_step<'a>(
     Ok(step)
 }
 
-/// A quantized step's `k_new` and `v_new`, which come together.
-fn both(new_kv: &Option<(Raw, Raw)>) -> Option<(&Raw, Option<&Raw>)> {
-    new_kv.as_ref().map(|(k, v)| (k, Some(v)))
-}
-
 /// A copy of the caller's cache tensors as the engine's host cache.
 ///
 /// # Safety
@@ -490,14 +526,6 @@ unsafe fn host_cache(
     latent_v: Option<usize>,
     paged: bool,
 ) -> flashattn::Result<HostKvCache> {
-    let dims = |r: &RawMut, name: &'static str| -> flashattn::Result<[usize; 4]> {
-        r.0.shape().try_into().map_err(|_| flashattn::Error::Rank {
-            tensor: name,
-            shape: r.0.shape().to_vec(),
-            rank: r.0.shape().len(),
-            expected: 4,
-        })
-    };
     let owned = |r: &RawMut| -> flashattn::Result<TensorData> {
         let view = r.host()?;
         Ok(TensorData::from_bytes(
@@ -506,22 +534,10 @@ unsafe fn host_cache(
             view.len(),
         ))
     };
-    match (v, latent_v) {
-        (Some(v), None) => {
-            let (k_dims, v_dims) = (dims(k, "k_cache")?, dims(v, "v_cache")?);
-            let shape = flashattn::CacheShape::from_kv_dims(k_dims, v_dims, paged)?;
-            HostKvCache::new(shape, owned(k)?, owned(v)?)
-        }
-        (None, Some(v_width)) => {
-            let s = flashattn::CacheShape::from_dims(dims(k, "k_cache")?, paged)?;
-            let shape = flashattn::CacheShape::latent(s.layout, s.heads_kv, s.head_dim, v_width)?;
-            HostKvCache::latent(shape, owned(k)?)
-        }
-        // The Python layer passes exactly one of them.
-        _ => Err(flashattn::Error::Unsupported {
-            what: "a kv cache",
-            feature: "both a v_cache and a latent head_dim_v, or neither",
-        }),
+    let shape = cache_shape(k, v, latent_v, paged)?;
+    match v {
+        Some(v) => HostKvCache::new(shape, owned(k)?, owned(v)?),
+        None => HostKvCache::latent(shape, owned(k)?),
     }
 }
 
@@ -645,42 +661,36 @@ fn check_decode(
 /// reference on the values of the codes and scales after the step (the
 /// step's own rows in them), `cache_seqlens` those before it.
 #[pyfunction]
-#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts))]
+#[pyo3(signature = (q, k_codes, v_codes, k_scales, v_scales, quant, paged, new_kv, cache_seqlens, cache_batch_idx, block_table, o, lse, opts, latent_v=None))]
 #[allow(clippy::too_many_arguments)]
 fn check_decode_quantized(
     py: Python<'_>,
     q: Raw,
     k_codes: RawMut,
-    v_codes: RawMut,
+    v_codes: Option<RawMut>,
     k_scales: RawMut,
-    v_scales: RawMut,
+    v_scales: Option<RawMut>,
     quant: &str,
     paged: bool,
-    new_kv: Option<(Raw, Raw)>,
+    new_kv: Option<(Raw, Option<Raw>)>,
     cache_seqlens: Vec<i32>,
     cache_batch_idx: Option<Vec<i32>>,
     block_table: Option<(Vec<i32>, usize)>,
     o: Raw,
     lse: Raw,
     opts: Opts,
+    latent_v: Option<usize>,
 ) -> PyResult<Vec<CheckRow>> {
     let opts = opts.build().map_err(|e| errors::to_py(py, e))?;
     let result = py.detach(|| -> flashattn::Result<_> {
         // SAFETY: as in `forward`; everything is only read.
-        let step = unsafe {
-            decode_step(
-                &q,
-                both(&new_kv),
-                &cache_seqlens,
-                &cache_batch_idx,
-                &block_table,
-            )?
-        };
+        let new = new_kv.as_ref().map(|(k, v)| (k, v.as_ref()));
+        let step = unsafe { decode_step(&q, new, &cache_seqlens, &cache_batch_idx, &block_table)? };
         let cache = unsafe {
-            let codes = [&k_codes, &v_codes];
             quant_cache(
-                codes,
-                [&k_scales, &v_scales],
+                (&k_codes, &k_scales),
+                v_codes.as_ref().zip(v_scales.as_ref()),
+                latent_v,
                 quant,
                 step.q.precision(),
                 paged,

@@ -212,6 +212,38 @@ def test_kvcache_latent_mla(backend, paged, seqlen_q):
     testing.assert_passed(checks, f"latent paged={paged} seqlen_q={seqlen_q}")
 
 
+@pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
+def test_kvcache_latent_quantized(backend, cache_dtype):
+    # A quantized latent cache: K's codes and scales alone, V their first
+    # head_dim_v columns; k alone appends, quantized in place.
+    b, hq, d, dv = 2, 16, 576, 512
+    seqlens = torch.tensor([37, 5], dtype=torch.int32)
+    table = torch.tensor([[3, 0, 5], [1, 4, 2]], dtype=torch.int32)
+    k_cache = torch.randn(6, 16, 1, d)
+    kc, vc, ks, vs = flashattn.quantize_kv_cache(k_cache, None, cache_dtype, paged=True)
+    assert vc is None and vs is None and ks.shape == (6, 1)
+    q, k = torch.randn(b, 2, hq, d), torch.randn(b, 2, 1, d)
+    before = (kc.clone(), ks.clone())
+    kw = dict(cache_seqlens=seqlens, block_table=table, head_dim_v=dv, backend=backend)
+    o, lse = flash_attn_with_kvcache(
+        q, kc, None, k, causal=True, return_softmax_lse=True, cache_dtype=cache_dtype,
+        k_scales=ks, num_splits=2, **kw,
+    )  # fmt: skip
+    assert o.shape == (b, 2, hq, dv)
+    assert not torch.equal(kc, before[0]) and torch.all(ks >= before[1])
+    tab = (table.reshape(-1).tolist(), table.shape[1])
+    checks = testing.check_decode_quantized(
+        q, kc, None, ks, None, cache_dtype, True, k, None, seqlens.tolist(), None, tab, o, lse,
+        options(causal=True), head_dim_v=dv,
+    )  # fmt: skip
+    testing.assert_passed(checks, f"latent {cache_dtype}")
+    # V's scales are K's: none of their own, refused without a change.
+    after = (kc.clone(), ks.clone())
+    with pytest.raises(flashattn.LatentAppend):
+        flash_attn_with_kvcache(q, kc, None, k, cache_dtype=cache_dtype, k_scales=ks, v_scales=ks, **kw)
+    assert torch.equal(kc, after[0]) and torch.equal(ks, after[1])
+
+
 def test_kvcache_latent_errors(backend):
     k_cache = torch.randn(1, 8, 1, 16)
     before = k_cache.clone()

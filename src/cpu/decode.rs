@@ -103,6 +103,11 @@ pub(crate) fn decode_quantized(
         check_finite(&v, "v_new")?;
         cache.append(&p, &k, &v);
     }
+    if let Some(k_new) = &step.new_latent {
+        let k = k_new.data.to_f32();
+        check_finite(&k, "k_new")?;
+        cache.append(&p, &k, &[]);
+    }
     attend(isa, &p, step, opts, num_splits, Source::Quant(cache))
 }
 
@@ -519,8 +524,14 @@ fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
     streams: &mut [Stream],
 ) {
     let (p, g) = (w.p, &w.g);
-    let (k, v) = (B::wrap_slice(&cache.k.codes), B::wrap_slice(&cache.v.codes));
-    let (k_len, v_len) = (p.cache.row_len(), p.cache.v_row_len());
+    let v_codes = &cache.v_view().codes;
+    let (k, v) = (B::wrap_slice(&cache.k.codes), B::wrap_slice(v_codes));
+    // V's rows in V's storage (K's, in a latent cache).
+    let (k_len, v_len, v_head) = (
+        p.cache.row_len(),
+        p.cache.v_row_stride(),
+        p.cache.v_head_stride(),
+    );
     let panels = g.d == g.dpad && g.dv == g.dvpad;
     let mut block = CodeBlock::new(g, p.heads_kv);
     for kb in streams[0].key_blocks() {
@@ -555,11 +566,14 @@ fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
                     k_len,
                     hk * g.d..(hk + 1) * g.d,
                 );
-                prefetch_rows(&cache.v.codes, next, v_len, hk * g.dv..(hk + 1) * g.dv);
+                // (A latent cache's V is K's rows: nothing more to ask.)
+                if !p.cache.latent {
+                    prefetch_rows(v_codes, next, v_len, hk * g.dv..(hk + 1) * g.dv);
+                }
             }
             let (kr, vr, ldk, ldv) = if in_place {
                 let k = &k[row0 * k_len + hk * g.d..];
-                (k, &v[row0 * v_len + hk * g.dv..], k_len, v_len)
+                (k, &v[row0 * v_len + hk * v_head..], k_len, v_len)
             } else {
                 let (k, v) = block.head(g, hk);
                 (B::wrap_slice(k), B::wrap_slice(v), g.dpad, g.dvpad)
@@ -642,7 +656,7 @@ impl CodeBlock {
             for hk in 0..heads {
                 let scale = |s: &[f32]| first.map_or(0.0, |first| s[first + hk]);
                 self.k_scale[hk * bc + c] = scale(&cache.k.scales);
-                self.v_scale[hk * bc + c] = scale(&cache.v.scales);
+                self.v_scale[hk * bc + c] = scale(&cache.v_view().scales);
             }
         }
     }
@@ -653,7 +667,7 @@ impl CodeBlock {
     fn stage(&mut self, w: &Work, cache: &QuantKvCache, b: usize, kb: usize, keys: &Range<usize>) {
         let g = &w.g;
         let (d, dv, heads) = (g.d, g.dv, w.p.heads_kv);
-        let (k_len, v_len) = (w.p.cache.row_len(), w.p.cache.v_row_len());
+        let (k_len, v_codes) = (w.p.cache.row_len(), &cache.v_view().codes);
         for (c, row) in Block::key_rows(w, b, kb, keys) {
             for hk in 0..heads {
                 let at = hk * g.bc + c;
@@ -664,7 +678,7 @@ impl CodeBlock {
                 match row {
                     Some(row) => {
                         kd.copy_from_slice(&cache.k.codes[row * k_len + hk * d..][..d]);
-                        vd.copy_from_slice(&cache.v.codes[row * v_len + hk * dv..][..dv]);
+                        vd.copy_from_slice(&v_codes[w.p.cache.v_offset(row, hk)..][..dv]);
                     }
                     None => {
                         kd.fill(0);

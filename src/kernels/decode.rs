@@ -325,12 +325,13 @@ impl KvAppend {
 
     /// `[blocks, heads_kv, batch × 2]` workgroups on a quantized cache (a
     /// sequence's new tokens reach at most `blocks` scale blocks, of
-    /// `block_tokens` each); `None` for a plain one, whose grid is one
-    /// invocation per element.
+    /// `block_tokens` each; a latent cache's `batch × 1`: K alone); `None`
+    /// for a plain one, whose grid is one invocation per element.
     pub fn quant_grid(&self, p: &DecodeProblem, block_tokens: usize) -> Option<[u64; 3]> {
         self.quant?;
         let blocks = (p.seqlen_new.max(1) - 1) / block_tokens.max(1) + 2;
-        Some([blocks as u64, p.heads_kv as u64, 2 * p.batch as u64])
+        let parts = if p.cache.latent { 1 } else { 2 };
+        Some([blocks as u64, p.heads_kv as u64, parts * p.batch as u64])
     }
 
     /// Each appended element read once and written once, K and V.

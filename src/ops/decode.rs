@@ -88,18 +88,21 @@ pub async fn decode_quantized_host(
     // Checks the cache; `decode` checks the new rows.
     let cache = KvCache::upload_quantized(gpu, host)?;
     let out = decode(gpu, &cache, step, opts, num_splits, kernel).await?;
-    if step.new_kv.is_some() {
+    if step.appends() {
         *host = cache.read_quantized(gpu).await?;
     }
     Ok(out)
 }
 
-/// `k_new` and `v_new` finite: a quantized cache has no code for the rest
-/// (`Error::NonFiniteInput`).
+/// `k_new` and `v_new` (a latent cache's `k_new`) finite: a quantized
+/// cache has no code for the rest (`Error::NonFiniteInput`).
 fn check_new_finite(step: &DecodeStep) -> Result<()> {
     if let Some([k, v]) = &step.new_kv {
         check_finite(&k.data.to_f32(), "k_new")?;
         check_finite(&v.data.to_f32(), "v_new")?;
+    }
+    if let Some(k) = &step.new_latent {
+        check_finite(&k.data.to_f32(), "k_new")?;
     }
     Ok(())
 }

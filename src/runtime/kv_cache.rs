@@ -94,12 +94,16 @@ impl KvCache {
     /// A device copy of a quantized host cache (checked as
     /// [`QuantKvCache::new`] checks).
     pub fn upload_quantized(gpu: &Gpu, host: &QuantKvCache) -> Result<Self> {
-        // Rejects a latent shape, which has no quantized form.
         host.check()?;
         host.check_codes()?;
         let bytes = Self::quantized_bytes(gpu, &host.shape)?;
         let cache = Self::in_new_buffers(gpu, host.shape, host.precision, Some(host.quant), bytes);
-        for (range, kv) in [(&cache.k, &host.k), (&cache.v, &host.v)] {
+        let mut parts = vec![(&cache.k, &host.k)];
+        // A latent cache's V range is K's.
+        if !host.shape.latent {
+            parts.push((&cache.v, &host.v));
+        }
+        for (range, kv) in parts {
             let mut words = kv.codes.clone();
             words.resize(padded(words.len() as u64) as usize, 0);
             words.extend_from_slice(bytemuck::cast_slice(&kv.scales));
@@ -121,13 +125,15 @@ impl KvCache {
     }
 
     /// The word where K's and V's scales start in their ranges (0 for a
-    /// plain cache).
+    /// plain cache; a latent cache's V reads K's scales).
     pub(crate) fn scales_at(&self) -> Result<[u32; 2]> {
         if self.quant.is_none() {
             return Ok([0, 0]);
         }
         let at = |n: usize| size::to_u32("a cache's codes", padded(n as u64) as usize / 4);
-        Ok([at(self.shape.len())?, at(self.shape.v_len())?])
+        let k = at(self.shape.len())?;
+        let v = if self.shape.latent { k } else { at(self.shape.v_len())? };
+        Ok([k, v])
     }
 
     /// The quantized cache's contents, copied back to the host
@@ -139,8 +145,13 @@ impl KvCache {
             ));
         };
         let lens = [self.shape.len(), self.shape.v_len()];
-        // Each range is exactly its codes (padded) and scales.
-        let ranges = [&self.k, &self.v].map(|r| (&r.buffer, r.offset, r.size));
+        // Each range is exactly its codes (padded) and scales; a latent
+        // cache's V is K's range, no codes or scales of its own.
+        let mut ranges = vec![&self.k];
+        if !self.shape.latent {
+            ranges.push(&self.v);
+        }
+        let ranges: Vec<_> = ranges.iter().map(|r| (&r.buffer, r.offset, r.size)).collect();
         let data = read_back_at(gpu, &ranges).await?;
         let part = |bytes: &[u8], n: usize| {
             let at = padded(n as u64) as usize;
@@ -149,12 +160,16 @@ impl KvCache {
                 scales: bytemuck::pod_collect_to_vec(&bytes[at..]),
             }
         };
+        let v = match data.get(1) {
+            Some(bytes) => part(bytes, lens[1]),
+            None => QuantizedKv::default(),
+        };
         Ok(QuantKvCache {
             shape: self.shape,
             quant,
             precision: self.precision,
             k: part(&data[0], lens[0]),
-            v: part(&data[1], lens[1]),
+            v,
         })
     }
 
@@ -180,18 +195,19 @@ impl KvCache {
     }
 
     /// Bytes of K and of V of a quantized cache of `shape`: codes padded to
-    /// 4, then the scales; each must fit one storage binding.
+    /// 4, then the scales; each must fit one storage binding (a latent
+    /// cache's V is K's range).
     pub fn quantized_bytes(gpu: &Gpu, shape: &CacheShape) -> Result<[u64; 2]> {
-        crate::kv_quant::latent_unsupported(shape)?;
         let scales = size::elements("the scale blocks", &[ScaleBlocks::of(shape).count(), shape.heads_kv])?;
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let codes = size::elements(what, &dims)?;
             gpu.within_binding(what, padded(codes as u64) + 4 * scales as u64)
         };
-        Ok([
-            of("the kv cache", shape.dims())?,
-            of("the v cache", shape.v_dims())?,
-        ])
+        let k = of("the kv cache", shape.dims())?;
+        if shape.latent {
+            return Ok([k, k]);
+        }
+        Ok([k, of("the v cache", shape.v_dims())?])
     }
 
     /// A cache on ranges of the app's buffers, `k` and `v` already checked

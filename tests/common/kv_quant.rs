@@ -62,8 +62,11 @@ fn block_of(cache: &QuantKvCache, row: usize) -> usize {
 /// `cache` after `step`'s append by the documented rule.
 pub fn expected_append(cache: &QuantKvCache, step: &DecodeStep) -> QuantKvCache {
     let mut out = cache.clone();
-    let Some([k_new, v_new]) = step.new_kv else {
-        return out;
+    // A latent cache appends K's rows alone: its V is a view of them.
+    let (k_new, v_new) = match (step.new_kv, step.new_latent) {
+        (Some([k, v]), _) => (k, Some(v)),
+        (None, Some(k)) => (k, None),
+        (None, None) => return out,
     };
     let [batch, seqlen_new, heads, _] = k_new.shape;
     let q = cache.quant;
@@ -78,7 +81,11 @@ pub fn expected_append(cache: &QuantKvCache, step: &DecodeStep) -> QuantKvCache 
             (None, None) => b * inner + t,
         }
     };
-    for (kv, new) in [(&mut out.k, k_new), (&mut out.v, v_new)] {
+    let mut parts = vec![(&mut out.k, k_new)];
+    if let Some(v_new) = v_new {
+        parts.push((&mut out.v, v_new));
+    }
+    for (kv, new) in parts {
         let d = new.shape[3];
         let x = new.data.to_f32();
         let rows: Vec<(usize, usize)> = (0..batch)
@@ -219,6 +226,47 @@ pub fn quant_cases() -> Vec<DecodeCase> {
             .append(1)
             .f16()
             .opts(causal()),
+    ]
+}
+
+/// Quantized latent (MLA) caches: V the first columns of K's codes at K's
+/// block scales. Width 576 / view 512 on one kv head (16 query heads to
+/// keep the suites fast), seqlen_q 1 and 4, dense and paged; odd widths on
+/// several kv heads (V's head stride is then K's head dim); pages of 48
+/// whose codes are read in place; f16/bf16 steps, splits.
+pub fn quant_latent_cases() -> Vec<DecodeCase> {
+    use flashattn::AttentionOptions;
+    let causal = || AttentionOptions::default().causal(true);
+    vec![
+        DecodeCase::new(&[77, 5], 576)
+            .dv(512)
+            .heads(16, 1)
+            .latent()
+            .append(1)
+            .splits(3),
+        DecodeCase::new(&[200, 0, 33], 576)
+            .dv(512)
+            .heads(16, 1)
+            .seqlen_q(4)
+            .paged(16)
+            .latent()
+            .append(4)
+            .f16()
+            .opts(causal()),
+        DecodeCase::new(&[129, 5], 59)
+            .dv(37)
+            .heads(4, 2)
+            .latent()
+            .append(3)
+            .opts(causal()),
+        DecodeCase::new(&[300, 40], 64)
+            .dv(32)
+            .heads(8, 2)
+            .paged(48)
+            .latent()
+            .append(2)
+            .bf16()
+            .splits(2),
     ]
 }
 

@@ -329,10 +329,7 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
         heads_kv: pick(d.heads_kv, quick[1], full[1]),
         head_dim: pick(d.head_dim, quick[2], full[2]),
         latent_v: d.mla.then_some(db::MLA_V_WIDTH),
-        dtypes: list::<db::CacheDtype>(d.dtypes.as_deref().unwrap_or(match d.mla {
-            true => "f16,f32",
-            false => "f16,f32,int8,fp8",
-        }))?,
+        dtypes: list::<db::CacheDtype>(d.dtypes.as_deref().unwrap_or("f16,f32,int8,fp8"))?,
         splits: list::<SplitMode>(&d.splits)?,
         max_tokens: d.max_tokens,
         repeats: repeats.max(1),

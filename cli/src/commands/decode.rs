@@ -217,11 +217,29 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         .as_deref()
         .map(CacheQuant::parse)
         .transpose()?;
-    let scales = pair((&a.k_scales, "--k-scales"), (&a.v_scales, "--v-scales"))?;
-    let scales_out = pair(
-        (&a.k_scales_out, "--k-scales-out"),
-        (&a.v_scales_out, "--v-scales-out"),
-    )?;
+    // A latent cache's V reads K's codes and scales: its K flags alone.
+    let (scales, scales_out) = match latent {
+        Some(_) => (
+            a.k_scales.as_ref().map(|k| (k, None)),
+            a.k_scales_out.as_ref().map(|k| (k, None)),
+        ),
+        None => (
+            pair((&a.k_scales, "--k-scales"), (&a.v_scales, "--v-scales"))?
+                .map(|(k, v)| (k, Some(v))),
+            pair(
+                (&a.k_scales_out, "--k-scales-out"),
+                (&a.v_scales_out, "--v-scales-out"),
+            )?
+            .map(|(k, v)| (k, Some(v))),
+        ),
+    };
+    let (scales_flags, scales_out_flags) = match latent {
+        Some(_) => ("--k-scales", "--k-scales-out"),
+        None => (
+            "--k-scales and --v-scales",
+            "--k-scales-out and --v-scales-out",
+        ),
+    };
     let v_codes = match &a.v_cache {
         Some(v) => npy::holds_codes("v_cache", v)?,
         None => false,
@@ -237,7 +255,7 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         (Some(_), true, false) => {
             return Err(CliError::Needs {
                 given: "a cache of codes",
-                needs: "--k-scales and --v-scales",
+                needs: scales_flags,
             })
         }
         (Some(_), false, true) => {
@@ -251,13 +269,16 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     if quant.is_some() && a.k_cache_out.is_some() && scales_out.is_none() {
         return Err(CliError::Needs {
             given: "--k-cache-out of a quantized cache",
-            needs: "--k-scales-out and --v-scales-out",
+            needs: scales_out_flags,
         });
     }
     if scales_out.is_some() && a.k_cache_out.is_none() {
         return Err(CliError::Needs {
             given: "--k-scales-out/--v-scales-out",
-            needs: "--k-cache-out and --v-cache-out",
+            needs: match latent {
+                Some(_) => "--k-cache-out",
+                None => "--k-cache-out and --v-cache-out",
+            },
         });
     }
     let q = read4("q", &a.q, TENSOR_DIMS)?;
@@ -272,17 +293,32 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     let (k_cache, v_cache, code_cache) = match (quant, scales) {
         (Some(quant), Some((ks, vs))) => {
             let (k_shape, k) = npy::read_codes("k_cache", &a.k_cache, quant, CACHE_DIMS)?;
-            let (v_shape, v) = npy::read_codes("v_cache", v_path()?, quant, CACHE_DIMS)?;
             let dims = |s: &[usize]| [s[0], s[1], s[2], s[3]];
-            let shape = CacheShape::from_kv_dims(dims(&k_shape), dims(&v_shape), paged)?;
             let (_, k_scales) = npy::read_f32("k_scales", ks)?;
-            let (_, v_scales) = npy::read_f32("v_scales", vs)?;
-            let kv = |codes, scales| QuantizedKv { codes, scales };
-            (
-                None,
-                None,
-                Some((quant, shape, kv(k, k_scales), kv(v, v_scales))),
-            )
+            let k = QuantizedKv {
+                codes: k,
+                scales: k_scales,
+            };
+            let (shape, v) = match (latent, vs) {
+                (Some(v_width), _) => (
+                    latent_shape(dims(&k_shape), v_width, paged)?,
+                    QuantizedKv::default(),
+                ),
+                (None, Some(vs)) => {
+                    let (v_shape, v) = npy::read_codes("v_cache", v_path()?, quant, CACHE_DIMS)?;
+                    let shape = CacheShape::from_kv_dims(dims(&k_shape), dims(&v_shape), paged)?;
+                    let (_, v_scales) = npy::read_f32("v_scales", vs)?;
+                    (
+                        shape,
+                        QuantizedKv {
+                            codes: v,
+                            scales: v_scales,
+                        },
+                    )
+                }
+                (None, None) => unreachable!("a cache with a V of its own takes both scales"),
+            };
+            (None, None, Some((quant, shape, k, v)))
         }
         _ if latent.is_some() => (Some(read4("k_cache", &a.k_cache, CACHE_DIMS)?), None, None),
         _ => (
@@ -338,11 +374,13 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
         }
         (Some(k), None, None) => {
             // --latent-v: V is a view of this one tensor.
-            let v_width = latent.unwrap_or(0);
             let dims = [k.shape[0], k.shape[1], k.shape[2], k.shape[3]];
-            let s = CacheShape::from_dims(dims, paged)?;
-            let shape = CacheShape::latent(s.layout, s.heads_kv, s.head_dim, v_width)?;
-            StepCache::Plain(HostKvCache::latent(shape, convert(k, to).data)?)
+            let shape = latent_shape(dims, latent.unwrap_or(0), paged)?;
+            let plain = HostKvCache::latent(shape, convert(k, to).data)?;
+            match quant {
+                Some(quant) => StepCache::Quant(QuantKvCache::quantize(&plain, quant)?),
+                None => StepCache::Plain(plain),
+            }
         }
         _ => unreachable!("a cache is read as codes or as floats"),
     };
@@ -368,6 +406,14 @@ pub fn prepare(a: &DecodeArgs) -> Result<Prepared> {
     })
 }
 
+/// The latent cache of a K cache file's dims, V its first `v_width` columns.
+fn latent_shape(dims: [usize; 4], v_width: usize, paged: bool) -> Result<CacheShape> {
+    let s = CacheShape::from_dims(dims, paged)?;
+    Ok(CacheShape::latent(
+        s.layout, s.heads_kv, s.head_dim, v_width,
+    )?)
+}
+
 pub fn run(a: DecodeArgs) -> Result<()> {
     let p = prepare(&a)?;
     let backend = open(p.backend, &p.workload()?)?;
@@ -384,13 +430,26 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     if let Some(path) = a.lse {
         outputs.push((path, npy::encode(&lse)));
     }
-    // A latent cache writes its one tensor (--k-cache-out alone).
-    if let (Some(k), StepCache::Plain(c)) = (&a.k_cache_out, &cache) {
-        if c.shape.latent {
-            outputs.push((
-                k.clone(),
-                npy::encode(&output(c.k_tensor(), p.dtypes.k_cache)),
-            ));
+    // A latent cache writes its one tensor (--k-cache-out alone; a
+    // quantized one its codes and --k-scales-out).
+    if let (Some(k), true) = (&a.k_cache_out, cache.shape().latent) {
+        match &cache {
+            StepCache::Plain(c) => {
+                outputs.push((
+                    k.clone(),
+                    npy::encode(&output(c.k_tensor(), p.dtypes.k_cache)),
+                ));
+            }
+            StepCache::Quant(c) => {
+                outputs.push((
+                    k.clone(),
+                    npy::encode_codes(&c.shape.dims(), &c.k.codes, c.quant),
+                ));
+                if let Some(ks) = &a.k_scales_out {
+                    let dims = [c.blocks().count() as u64, c.shape.heads_kv as u64];
+                    outputs.push((ks.clone(), npy::encode_array(&dims, &c.k.scales)));
+                }
+            }
         }
     }
     if let (Some(k), Some(v)) = (a.k_cache_out, a.v_cache_out) {
