@@ -8,6 +8,11 @@
 // pages[b · max_pages + t / page_size] · page_size + t % page_size, a
 // dense cache being one page per sequence (its cache row).
 //
+// A latent cache (DeepSeek's MLA) is one tensor: V is a view of the first
+// d_v columns of K's rows, read through V's own strides (DecodeArgs'
+// v_row_stride and v_head_stride: K's row length and head dim there) from
+// K's buffer, and an append writes K's rows alone (v_new null).
+//
 // Defines beyond cuda/common.cuh's: HEAD_DIM is the padded larger of k's
 // and v's head dims (both are arguments), CACHE_QUANT 0 for a cache of
 // storage_t, 1 for int8 codes, 2 for FP8 e4m3 codes, each with one f32
@@ -60,8 +65,10 @@ struct DecodeArgs {
     int keys_per_split;     // split s covers key positions [s · keys_per_split, (s + 1) · keys_per_split)
     int alibi_batch_stride; // heads_q for (batch, heads_q) slopes, else 0
     int block_tokens;       // tokens per scale block (quantized caches; a page when paged)
+    int v_row_stride;       // elements between cache rows of V (K's row length in a latent cache)
+    int v_head_stride;      // elements between kv heads' rows of V (K's head dim in a latent cache)
 };
-static_assert(sizeof(DecodeArgs) == 4 * 8 + 8 * 4, "DecodeArgs must stay four pointers and eight ints");
+static_assert(sizeof(DecodeArgs) == 4 * 8 + 10 * 4, "DecodeArgs must stay four pointers and ten ints");
 
 __device__ __forceinline__ size_t cache_row(const DecodeArgs& a, int b, int t) {
     return (size_t)a.pages[(size_t)b * a.max_pages + t / a.page_size] * a.page_size + t % a.page_size;
@@ -254,7 +261,8 @@ kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_n
 }
 #else
 // One block per new token (b, t): its K and V rows copied to cache row
-// cache_row(b, cache_lens[b] + t).
+// cache_row(b, cache_lens[b] + t); a latent cache's K rows alone (v_new
+// and vc null: its V view reads them).
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
 kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_new, cache_t* kc, cache_t* vc,
           float* k_scales, float* v_scales, Problem p, const DecodeArgs a) {
@@ -262,7 +270,9 @@ kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_n
     const size_t row = cache_row(a, b, a.cache_lens[b] + t);
     const size_t k_len = (size_t)p.heads_kv * p.d, v_len = (size_t)p.heads_kv * a.d_v;
     for (size_t e = threadIdx.x; e < k_len; e += DECODE_THREADS) kc[row * k_len + e] = k_new[blockIdx.x * k_len + e];
-    for (size_t e = threadIdx.x; e < v_len; e += DECODE_THREADS) vc[row * v_len + e] = v_new[blockIdx.x * v_len + e];
+    if (v_new)  // uniform: null for a latent cache
+        for (size_t e = threadIdx.x; e < v_len; e += DECODE_THREADS)
+            vc[row * v_len + e] = v_new[blockIdx.x * v_len + e];
 }
 #endif
 
@@ -275,8 +285,9 @@ kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_n
 // warp per KEYS_AT_ONCE keys, lanes over the head dim, every row's dot
 // from one load of each K element; softmax: a warp per row, lanes over
 // the tile's keys; P·V: each thread owning output columns of every row,
-// one load of each V element. Writes each row's o normalized by its own
-// sum, and its lse (-inf with no allowed key), in f32.
+// one load of each V element (read through V's strides: a latent cache's
+// vc is kc). Writes each row's o normalized by its own sum, and its lse
+// (-inf with no allowed key), in f32.
 // The launch bound's 1 block an SM: without it ptxas aimed the sm_80
 // f16/bf16 variants at 80 registers for occupancy and spilled.
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 1)
@@ -404,7 +415,7 @@ flash_decode(const storage_t* __restrict__ q, const cache_t* __restrict__ kc, co
             }
             if (!any) continue;  // uniform (shared): a key no row may see has its V never read
             const size_t cr = cache_row(a, b, n0 + jj);
-            const cache_t* v_row = vc + (cr * p.heads_kv + hk) * a.d_v;
+            const cache_t* v_row = vc + cr * a.v_row_stride + (size_t)hk * a.v_head_stride;
             const float vs = row_scale(v_scales, a, cr, p.heads_kv, hk);
 #pragma unroll
             for (int c = 0; c < OUT_COLS; ++c) {

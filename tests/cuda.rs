@@ -26,7 +26,8 @@
 //! compute-sanitizer, the accuracy matrix and the layouts' cases (ALiBi,
 //! sinks, block masks, packed batches, all at once), dropout's cases
 //! (p = 0 bit-identical to none), bit-identical backward repeats (dsinks
-//! too), decoding on host caches, and what stays Unsupported.
+//! too), decoding on host caches, latent (MLA) caches, and what stays
+//! Unsupported.
 //!
 //! A test that cannot run here (no driver, no NVRTC, no C++ compiler) is
 //! waived, not passed: it prints `WAIVED <test>: <why>` past the harness's
@@ -866,8 +867,9 @@ fn a_device_cache_step_copies_only_its_inputs() {
 }
 
 /// What the CUDA backend still does not take: a v head dim of its own,
-/// FP8, and block masks in decoding (which no backend takes): typed
-/// errors, never a panic, and the cache untouched.
+/// FP8, block masks in decoding (which no backend takes) and quantized
+/// latent caches (which none takes either): typed errors, never a panic,
+/// and the cache untouched.
 #[test]
 fn what_stays_unsupported_is_a_typed_error() {
     let Some(cuda) = device() else { return };
@@ -898,6 +900,92 @@ fn what_stays_unsupported_is_a_typed_error() {
     let out = backend.decode(&mut cache, &data.step(), &masked, None);
     assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
     assert!(cache == data.cache, "a refused step left the cache changed");
+    // A latent cache has no quantized form (on any backend).
+    let layout = flashattn::CacheLayout::Dense {
+        batch: 1,
+        capacity: 4,
+    };
+    let shape = flashattn::CacheShape::latent(layout, 1, 8, 4).unwrap();
+    let mut quant =
+        flashattn::QuantKvCache::zeros(shape, flashattn::CacheQuant::Fp8, Precision::F32);
+    let before = quant.clone();
+    let q = flashattn::TensorData::F32(vec![0.5; 8]);
+    let step = flashattn::DecodeStep::new(q.view([1, 1, 1, 8]), &[2]);
+    let out = backend.decode_quantized(&mut quant, &step, &AttentionOptions::default(), None);
+    assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
+    assert!(quant == before, "a refused step left the cache changed");
+}
+
+/// DeepSeek's MLA on latent caches (tests/common/decode.rs's MLA cases:
+/// d 576 / dv 512, 128:1, seqlen_q 1 and 4, dense and paged, split-KV, and
+/// small odd latent caches of several kv heads) against the f64 reference,
+/// the cache updated exactly; bad latent input typed, the cache untouched.
+#[test]
+fn latent_caches_match_the_reference_on_the_device() {
+    let Some(cuda) = device() else { return };
+    let backend = flashattn::Backend::Cuda(Box::new(cuda));
+    for case in common::decode::mla_cases() {
+        let data = case.data();
+        let out =
+            data.check(|cache, step| backend.decode(cache, step, &case.opts, case.num_splits));
+        assert_eq!(out.o.shape[3], case.head_dim_v);
+    }
+    common::decode::check_latent_rejections(|c, s| {
+        backend.decode(c, s, &AttentionOptions::default(), None)
+    });
+}
+
+/// A device latent cache is one buffer of rows × 576 elements (V read from
+/// it): steps append k_new alone as the reference's append says, the cache
+/// read back is one tensor, a step with a v_new is `LatentAppend` and
+/// leaves the cache as it was, and a quantized latent cache is `Unsupported`.
+#[test]
+fn a_device_latent_cache_is_one_buffer() {
+    let Some(cuda) = device() else { return };
+    use flashattn::{CacheLayout, CacheShape, DecodeStep, TensorData};
+    let (b, hq, d, dv, pages, page) = (2, 16, 576, 512, 6, 3);
+    let layout = CacheLayout::Paged {
+        pages,
+        page_size: page,
+    };
+    let shape = CacheShape::latent(layout, 1, d, dv).unwrap();
+    let mut cache = cuda.kv_cache(shape, Precision::F16).unwrap();
+    assert_eq!(cache.bytes(), pages * page * d * 2);
+    let mut host = flashattn::HostKvCache::zeros(shape, Precision::F16);
+    let table = [4, 0, 2, 5, 1, 3];
+    let mut rng = flashattn::random::Rng::new(11);
+    let opts = AttentionOptions::default().causal(true);
+    let mut t = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), Precision::F16);
+    for step in 0..4 {
+        let lens = [2 * step, 2 * step];
+        let (q, k) = (t(b * 2 * hq * d), t(b * 2 * d));
+        let s = DecodeStep::new(q.view([b, 2, hq, d]), &lens)
+            .block_table(&table, 3)
+            .append_latent(k.view([b, 2, 1, d]));
+        let before = host.clone();
+        let out = cuda.decode(&mut cache, &s, &opts, Some(2)).unwrap();
+        let checks = flashattn::accuracy::check_decode(&out, &before, &s, &opts).unwrap();
+        assert!(checks.iter().all(|c| c.passed()), "step {step}: {checks:?}");
+        host = flashattn::reference::decode_cache(&before, &s).unwrap();
+    }
+    let read = cuda.read_kv_cache(&cache).unwrap();
+    common::decode::assert_one_latent_tensor(&read);
+    assert!(read == host, "the device cache lost a row");
+    let (q, k, v) = (t(b * hq * d), t(b * d), t(b * dv));
+    let lens = [7, 7];
+    let bad = DecodeStep::new(q.view([b, 1, hq, d]), &lens)
+        .block_table(&table, 3)
+        .append(k.view([b, 1, 1, d]), v.view([b, 1, 1, dv]));
+    let err = cuda.decode(&mut cache, &bad, &opts, None).unwrap_err();
+    assert!(matches!(err, Error::LatentAppend { .. }), "{err:?}");
+    assert!(cuda.read_kv_cache(&cache).unwrap() == host);
+    let uploaded = cuda.upload_kv_cache(&host).unwrap();
+    assert_eq!(uploaded.bytes(), pages * page * d * 2);
+    assert!(cuda.read_kv_cache(&uploaded).unwrap() == host);
+    let err = cuda
+        .quantized_kv_cache(shape, flashattn::CacheQuant::Int8, Precision::F16)
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
 }
 
 /// Builds `key`'s source with cuda/emulate/host.h and check.cpp under
@@ -1909,4 +1997,110 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
             "{quant:?}: block 0's scale did not grow"
         );
     }
+}
+
+/// DeepSeek's MLA under host emulation: latent caches (one tensor, V the
+/// first 512 of K's 576 columns, read through K's strides; appends of
+/// k_new alone) of 128 query heads on one kv head, seqlen_q 1 and 4,
+/// dense and paged, one split and several, f32/f16/bf16, and a small odd
+/// latent cache of two kv heads (V's head stride K's head dim, not V's);
+/// o and lse against the f64 reference and the cache exactly the
+/// reference's append. Then bad latent input, typed by the host code a
+/// device step runs (the cache untouched), and a quantized latent cache
+/// `Unsupported`. Short caches: the emulator runs a thread per CUDA thread.
+#[test]
+fn latent_decode_matches_the_reference_under_host_emulation() {
+    use common::decode::DecodeCase;
+    use flashattn::cuda::decode::{emulated_step, HostCache};
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut exes = std::collections::HashMap::new();
+    let causal = || AttentionOptions::default().causal(true);
+    let cases = [
+        DecodeCase::new(&[9, 70], 576)
+            .dv(512)
+            .heads(128, 1)
+            .latent()
+            .append(1)
+            .splits(3),
+        DecodeCase::new(&[30, 0], 576)
+            .dv(512)
+            .heads(128, 1)
+            .seqlen_q(4)
+            .paged(16)
+            .latent()
+            .append(4)
+            .bf16()
+            .splits(1)
+            .opts(causal()),
+        DecodeCase::new(&[12, 40], 576)
+            .dv(512)
+            .heads(128, 1)
+            .batch_idx()
+            .latent()
+            .f16()
+            .splits(2),
+        DecodeCase::new(&[29, 5], 59)
+            .dv(37)
+            .heads(4, 2)
+            .seqlen_q(2)
+            .paged(7)
+            .latent()
+            .append(3)
+            .f16()
+            .opts(causal()),
+    ];
+    for case in cases {
+        let data = case.data();
+        common::decode::assert_one_latent_tensor(&data.cache);
+        let opts = case.opts.clone();
+        let out = data.check(|cache, step| {
+            let (out, blobs) = emulate_decode(
+                &mut exes,
+                &cxx,
+                dir.path(),
+                HostCache::Plain(cache),
+                step,
+                &opts,
+                case.num_splits,
+            );
+            assert!(blobs[1].is_empty(), "a latent cache has no V of its own");
+            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, cache.k.len());
+            Ok(out)
+        });
+        if let Some(n) = case.num_splits {
+            assert_eq!(out.num_splits, n, "{case:?}");
+        }
+    }
+    common::decode::check_latent_rejections(|cache, step| {
+        let opts = AttentionOptions::default();
+        emulated_step(HostCache::Plain(cache), step, &opts, None, 132)?;
+        let (out, _) = emulate_decode(
+            &mut exes,
+            &cxx,
+            dir.path(),
+            HostCache::Plain(cache),
+            step,
+            &opts,
+            None,
+        );
+        Ok(out)
+    });
+    let layout = flashattn::CacheLayout::Dense {
+        batch: 1,
+        capacity: 4,
+    };
+    let shape = flashattn::CacheShape::latent(layout, 1, 8, 4).unwrap();
+    let quant = flashattn::QuantKvCache::zeros(shape, flashattn::CacheQuant::Int8, Precision::F32);
+    let q = flashattn::TensorData::F32(vec![0.5; 8]);
+    let step = flashattn::DecodeStep::new(q.view([1, 1, 1, 8]), &[2]);
+    let err = emulated_step(
+        HostCache::Quant(&quant),
+        &step,
+        &AttentionOptions::default(),
+        None,
+        132,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
 }

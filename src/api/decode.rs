@@ -102,7 +102,7 @@ impl CacheShape {
 
     /// Every size ≥ 1, the head dims within the maximum, a latent view
     /// within its rows, K's and V's element counts within this target's limit.
-    fn checked(self) -> Result<Self> {
+    pub(crate) fn checked(self) -> Result<Self> {
         let [outer, inner, _, _] = self.dims();
         let names = match self.layout {
             CacheLayout::Dense { .. } => ["cache batch", "cache capacity"],

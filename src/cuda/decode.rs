@@ -10,6 +10,11 @@
 //! by their log-sum-exp (`flash_decode_merge`, the sinks folded in there).
 //! Each sequence's band is bottom-right aligned (`seqlen_k[b] =
 //! cache_seqlens[b] + seqlen_new`), as docs/semantics.md asks.
+//!
+//! A latent cache ([`CacheShape::latent`], DeepSeek's MLA) is one device
+//! buffer: `flash_decode` reads V through V's strides from K's buffer
+//! ([`CacheShape::v_row_stride`], [`CacheShape::v_head_stride`]) and
+//! `kv_append` writes a latent step's `k_new` alone.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
@@ -45,6 +50,8 @@ struct DecodeArgs {
     keys_per_split: i32,
     alibi_batch_stride: i32,
     block_tokens: i32,
+    v_row_stride: i32,
+    v_head_stride: i32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 8- then 4-byte scalars, the C one's layout.
@@ -62,7 +69,8 @@ pub struct CudaKvCache {
     precision: Precision,
     quant: Option<CacheQuant>,
     k: CudaSlice<u8>,
-    v: CudaSlice<u8>,
+    /// V's own storage; `None` in a latent cache, whose V is a view of `k`.
+    v: Option<CudaSlice<u8>>,
     /// A quantized cache's `(blocks, heads_kv)` scales of K and V.
     scales: Option<[CudaSlice<f32>; 2]>,
 }
@@ -94,10 +102,16 @@ impl CudaKvCache {
         self.quant
     }
 
-    /// Bytes it holds on the device: K and V, and a quantized cache's scales.
+    /// Bytes it holds on the device: K and V, and a quantized cache's
+    /// scales (a latent cache: K's alone, its V being a view of K).
     pub fn bytes(&self) -> usize {
         let scales = self.scales.as_ref().map_or(0, |[k, v]| 4 * (k.len() + v.len()));
-        self.k.len() + self.v.len() + scales
+        self.k.len() + self.v.as_ref().map_or(0, |v| v.len()) + scales
+    }
+
+    /// The buffer V is read from: its own, or K's in a latent cache.
+    fn v_storage(&self) -> &CudaSlice<u8> {
+        self.v.as_ref().unwrap_or(&self.k)
     }
 
     /// Elements per K and V code or value, in bytes.
@@ -106,26 +120,31 @@ impl CudaKvCache {
     }
 }
 
-/// `Unsupported` for a latent cache: the CUDA kernels read V from a tensor
-/// of its own (and a latent cache's V has no storage to upload).
-pub(crate) fn own_v(shape: &CacheShape) -> Result<()> {
+/// The CUDA kernels read a quantized cache's V codes and scales from
+/// buffers of their own: a quantized latent cache (V a view of K's codes,
+/// at K's scales) is `Unsupported` here.
+fn quantized_latent_unsupported(shape: &CacheShape) -> Result<()> {
     if shape.latent {
         return Err(Error::Unsupported {
-            what: super::problem::WHAT,
-            feature: "a latent kv cache (V a view of K)",
+            what: "the CUDA backend's quantized kv caches",
+            feature: "a latent cache (V a view of K's codes)",
         });
     }
     Ok(())
 }
 
-/// An all-zero cache (a quantized one: every scale `MIN_CACHE_SCALE`).
+/// An all-zero cache (a quantized one: every scale `MIN_CACHE_SCALE`; a
+/// latent one has no quantized form here, `Unsupported`).
 pub(crate) fn alloc(
     dev: &CudaDevice,
     shape: CacheShape,
     precision: Precision,
     quant: Option<CacheQuant>,
 ) -> Result<CudaKvCache> {
-    own_v(&shape)?;
+    shape.checked()?;
+    if quant.is_some() {
+        quantized_latent_unsupported(&shape)?;
+    }
     match quant {
         Some(q) => upload_quantized(dev, &QuantKvCache::zeros(shape, q, precision)),
         None => {
@@ -136,7 +155,10 @@ pub(crate) fn alloc(
                 precision,
                 quant: None,
                 k: zeros(shape.len()).map_err(driver("allocating the k cache"))?,
-                v: zeros(shape.v_len()).map_err(driver("allocating the v cache"))?,
+                v: match shape.latent {
+                    true => None,
+                    false => Some(zeros(shape.v_len()).map_err(driver("allocating the v cache"))?),
+                },
                 scales: None,
             })
         }
@@ -145,7 +167,7 @@ pub(crate) fn alloc(
 
 /// A host cache copied to the device.
 pub(crate) fn upload(dev: &CudaDevice, host: &HostKvCache) -> Result<CudaKvCache> {
-    own_v(&host.shape)?;
+    host.shape.checked()?;
     host.check()?;
     let up = |t: &TensorData, dims: [usize; 4], during| {
         let bytes = t.view(dims).data.as_bytes();
@@ -156,15 +178,18 @@ pub(crate) fn upload(dev: &CudaDevice, host: &HostKvCache) -> Result<CudaKvCache
         precision: host.precision(),
         quant: None,
         k: up(&host.k, host.shape.dims(), "uploading the k cache")?,
-        v: up(&host.v, host.shape.v_dims(), "uploading the v cache")?,
+        v: match host.shape.latent {
+            true => None,
+            false => Some(up(&host.v, host.shape.v_dims(), "uploading the v cache")?),
+        },
         scales: None,
     })
 }
 
 /// A quantized host cache (codes and scales) copied to the device.
 pub(crate) fn upload_quantized(dev: &CudaDevice, host: &QuantKvCache) -> Result<CudaKvCache> {
-    own_v(&host.shape)?;
     host.check()?;
+    quantized_latent_unsupported(&host.shape)?;
     let s = &dev.stream;
     let up_codes = |c: &[u8], during| s.clone_htod(c).map_err(driver(during));
     let up_scales = |c: &[f32], during| s.clone_htod(c).map_err(driver(during));
@@ -173,7 +198,7 @@ pub(crate) fn upload_quantized(dev: &CudaDevice, host: &QuantKvCache) -> Result<
         precision: host.precision,
         quant: Some(host.quant),
         k: up_codes(&host.k.codes, "uploading the k codes")?,
-        v: up_codes(&host.v.codes, "uploading the v codes")?,
+        v: Some(up_codes(&host.v.codes, "uploading the v codes")?),
         scales: Some([
             up_scales(&host.k.scales, "uploading the k scales")?,
             up_scales(&host.v.scales, "uploading the v scales")?,
@@ -188,18 +213,20 @@ pub(crate) fn read(dev: &CudaDevice, cache: &CudaKvCache) -> Result<HostKvCache>
     }
     let s = &dev.stream;
     let k = s.clone_dtoh(&cache.k).map_err(driver("reading the k cache"))?;
-    let v = s.clone_dtoh(&cache.v).map_err(driver("reading the v cache"))?;
     let (shape, p) = (cache.shape, cache.precision);
-    HostKvCache::new(
-        shape,
-        TensorData::from_bytes(&k, p, shape.len()),
-        TensorData::from_bytes(&v, p, shape.v_len()),
-    )
+    let k = TensorData::from_bytes(&k, p, shape.len());
+    match &cache.v {
+        None => HostKvCache::latent(shape, k),
+        Some(v) => {
+            let v = s.clone_dtoh(v).map_err(driver("reading the v cache"))?;
+            HostKvCache::new(shape, k, TensorData::from_bytes(&v, p, shape.v_len()))
+        }
+    }
 }
 
 /// A quantized device cache's codes and scales on the host.
 pub(crate) fn read_quantized(dev: &CudaDevice, cache: &CudaKvCache) -> Result<QuantKvCache> {
-    let (Some(quant), Some([ks, vs])) = (cache.quant, &cache.scales) else {
+    let (Some(quant), Some([ks, vs]), Some(v)) = (cache.quant, &cache.scales, &cache.v) else {
         return Err(wrong_cache(cache, "a quantized cache"));
     };
     let s = &dev.stream;
@@ -209,7 +236,7 @@ pub(crate) fn read_quantized(dev: &CudaDevice, cache: &CudaKvCache) -> Result<Qu
             scales: s.clone_dtoh(scales).map_err(driver("reading cache scales"))?,
         })
     };
-    QuantKvCache::new(cache.shape, quant, cache.precision, kv(&cache.k, ks)?, kv(&cache.v, vs)?)
+    QuantKvCache::new(cache.shape, quant, cache.precision, kv(&cache.k, ks)?, kv(v, vs)?)
 }
 
 /// The cache asked for is not this one's kind.
@@ -271,6 +298,10 @@ impl<'a> StepInputs<'a> {
         if let Some([k, v]) = &step.new_kv {
             optional.push(("k_new", Cow::Borrowed(k.data.as_bytes())));
             optional.push(("v_new", Cow::Borrowed(v.data.as_bytes())));
+        }
+        // A latent cache's new rows: K's alone (its V view reads them).
+        if let Some(k) = &step.new_latent {
+            optional.push(("k_new", Cow::Borrowed(k.data.as_bytes())));
         }
         optional.extend(opts.alibi.as_ref().map(|a| ("ALiBi slopes", floats(a.slopes()))));
         optional.extend(opts.sinks.as_ref().map(|s| ("sinks", floats(s.logits()))));
@@ -440,6 +471,8 @@ fn launches(
         keys_per_split: to_i32("keys per split", per)?,
         alibi_batch_stride,
         block_tokens: to_i32("tokens per scale block", blocks.tokens)?,
+        v_row_stride: to_i32("v row stride", p.cache.v_row_stride())?,
+        v_head_stride: to_i32("v head stride", p.cache.v_head_stride())?,
         ..DecodeArgs::default()
     };
     // Cache rows and elements are size_t in the kernels; the rows of the
@@ -568,23 +601,29 @@ fn run_kernels(
     };
     let splits_arg = to_i32("splits", l.splits)?;
     let null = 0u64;
-    if let (Some(grid), Some(k_new), Some(v_new)) = (l.append_grid, bufs.part("k_new"), bufs.part("v_new")) {
+    if let (Some(grid), Some(k_new)) = (l.append_grid, bufs.part("k_new")) {
         let mut launch = Launch::new(s, &append);
-        launch.input(k_new).input(v_new).output(&mut cache.k).output(&mut cache.v);
+        launch.input(k_new);
+        // A latent cache appends K's rows alone: v_new and its V null.
+        match (bufs.part("v_new"), cache.v.as_mut()) {
+            (Some(v_new), Some(v)) => launch.input(v_new).output(&mut cache.k).output(v),
+            _ => launch.value(&null).output(&mut cache.k).value(&null),
+        };
         match cache.scales.as_mut() {
             Some([k, v]) => launch.output(k).output(v),
             None => launch.value(&null).value(&null),
         };
         launch.value(&l.problem).value(args);
         // SAFETY: kv_append's arguments in order (new rows, the cache's
-        // K and V, its scales or null, Problem and DecodeArgs by value);
+        // K and V (null with v_new in a latent cache, validated to append
+        // k_new alone), its scales or null, Problem and DecodeArgs by value);
         // the new rows hold batch × seqlen_new rows, every cache row the
         // page table names is inside the cache (validated), and the
         // buffers outlive the wait in `timed`.
         unsafe { launch.launch(cfg(grid), "launching kv_append") }?;
     }
     let mut launch = Launch::new(s, &attend);
-    launch.input(&bufs.q).input(&cache.k).input(&cache.v);
+    launch.input(&bufs.q).input(&cache.k).input(cache.v_storage());
     match cache.scales.as_ref() {
         Some([k, v]) => launch.input(k).input(v),
         None => launch.value(&null).value(&null),
@@ -597,7 +636,8 @@ fn run_kernels(
     // SAFETY: flash_decode's arguments in order; the partials hold
     // splits × rows × heads_q rows, the grid is (batch × row chunks,
     // heads_kv, splits), and every key a block reads is below its
-    // sequence's seqlen_k, inside its pages.
+    // sequence's seqlen_k, inside its pages, and V is read through the
+    // cache's V strides (K's buffer and strides in a latent cache).
     unsafe { launch.launch(cfg(l.decode_grid), "launching flash_decode") }?;
     let mut launch = Launch::new(s, &merge);
     launch
@@ -649,7 +689,8 @@ pub enum HostCache<'a> {
 /// blobs in the harness's order — `Problem`, `DecodeArgs` (pointers
 /// unset), the grids `[append x, y, z, decode x, y, z, rows, heads_q]`
 /// (flash_decode's z is the splits; the merge's grid is (rows, heads_q)), q, `k_new`,
-/// `v_new`, the cache's K and V, their scales, cache_seqlens, the page
+/// `v_new`, the cache's K and V (V empty in a latent cache: the harness
+/// reads V from K's blob, as a device step reads it from K's buffer), their scales, cache_seqlens, the page
 /// table, ALiBi slopes, sinks (empty where absent) — all computed by the
 /// code a device step runs, with `sms` SMs for the planner.
 #[cfg(feature = "lab")]
@@ -661,13 +702,25 @@ pub fn emulated_step(
     sms: usize,
 ) -> Result<EmulatedStep> {
     let f32_bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_ne_bytes()).collect() };
+    // As the uploads check (a quantized latent cache: Unsupported).
+    match cache {
+        HostCache::Plain(c) => c.check()?,
+        HostCache::Quant(c) => {
+            c.check()?;
+            quantized_latent_unsupported(&c.shape)?;
+        }
+    }
     let (shape, precision, quant, k, v, scales) = match cache {
         HostCache::Plain(c) => (
             c.shape,
             c.precision(),
             None,
             c.k.view(c.shape.dims()).data.as_bytes().to_vec(),
-            c.v.view(c.shape.v_dims()).data.as_bytes().to_vec(),
+            // A latent cache's V is K's storage: no blob of its own.
+            match c.shape.latent {
+                true => Vec::new(),
+                false => c.v.view(c.shape.v_dims()).data.as_bytes().to_vec(),
+            },
             [Vec::new(), Vec::new()],
         ),
         HostCache::Quant(c) => (
@@ -800,12 +853,13 @@ mod tests {
     use crate::api::decode::CacheLayout;
     use crate::api::tensor::TensorView;
 
-    /// The C struct is four pointers then eight ints.
+    /// The C struct is four pointers then ten ints.
     #[test]
     fn decode_args_have_the_c_struct_layout() {
-        assert_eq!(std::mem::size_of::<DecodeArgs>(), 4 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<DecodeArgs>(), 4 * 8 + 10 * 4);
         assert_eq!(std::mem::offset_of!(DecodeArgs, batch), 32);
         assert_eq!(std::mem::offset_of!(DecodeArgs, block_tokens), 60);
+        assert_eq!(std::mem::offset_of!(DecodeArgs, v_head_stride), 68);
     }
 
     /// Asked splits are honoured (fewer only where the last would be

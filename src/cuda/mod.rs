@@ -421,7 +421,6 @@ impl Cuda {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        decode::own_v(&cache.shape)?;
         let (shape, precision) = (cache.shape, cache.precision());
         self.verified_step(&shape, precision, step, opts, || {
             decode::decode_host(&self.device, cache, step, opts, num_splits)
@@ -486,7 +485,7 @@ impl AttentionBackend for Cuda {
             fp8: false,
             dropout: true,
             quantized_cache: true,
-            latent_cache: false,
+            latent_cache: true,
             plan_overrides: false,
         }
     }
