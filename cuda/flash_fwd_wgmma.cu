@@ -53,7 +53,7 @@ static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BY
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
           const __grid_constant__ TensorMap tv, storage_t* __restrict__ o, float* __restrict__ lse,
-          const Problem p) {
+          Problem p, const Layout L) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -63,12 +63,24 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
     unsigned long long *q_full = bars + BAR_Q_FULL, *k_full = bars + BAR_K_FULL, *v_full = bars + BAR_V_FULL,
                        *empty = bars + BAR_EMPTY;
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch: the whole block
+    // TMA coordinates (row, batch entry): a dense batch's maps are 4-D, the
+    // sequence a batch entry; a packed batch's span the packed tensor (a
+    // batch of one), the sequence starting at row q0 / k0. Its boxes then
+    // read the next sequence's rows past its end, which the mask hides
+    // (keys) or nothing writes (queries).
+    const int tb = L.cu_q ? 0 : blockIdx.z;
+    const int q_row0 = L.cu_q ? (int)seq.q0 : 0, k_row0 = L.cu_q ? (int)seq.k0 : 0;
+    o = from_row(o, seq.q0, p.heads_q, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    const int first = lo / BLOCK_N;
-    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    // The key tiles this block visits: [lo, hi) in order, or a block
+    // mask's list (tiles with no allowed pair left out, never loaded).
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -86,19 +98,19 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         if (threadIdx.x == 0 && tiles > 0) {
             mbar_arrive_expect_tx(q_full, Q_BYTES);
             for (int box = 0; box < HEAD_DIM / 64; ++box)
-                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, m0, b, q_full);
+                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, q_row0 + m0, tb, q_full);
             for (int tile = 0; tile < tiles; ++tile) {
-                const int s = tile % STAGES, n0 = (first + tile) * BLOCK_N;
+                const int s = tile % STAGES, n = k_row0 + step_start(L, steps, tile, BLOCK_N);
                 unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
                 // A fresh barrier counts as having completed the phase before
                 // its first (parity 1): the first pass through the ring waits for nothing.
                 mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1, BAR_EMPTY + s);
                 mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, b, k_full + s);
+                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n, tb, k_full + s);
                 mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, b,
+                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n, tb,
                                 v_full + s);
             }
         }
@@ -117,19 +129,29 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
         float ms[2] = {0.0f, 0.0f};
         const float sl2 = p.scale * 1.4426950408889634f;  // scale · log2 e
-        // Tiles [inner_lo, inner_hi) hold no masked pair for any row of the
-        // block (whole tiles below seqlen_k and, with a band, inside every
-        // row's window): their softmax tests nothing. Rows past seqlen_q
-        // are computed either way and never written.
-        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N - first;
+        // ALiBi's slope, and (in the exp2 form, whose max is over raw dot
+        // products) the same in raw units: the bias is -slope · |i + off - j|.
+        const float slope = alibi_slope(L, seq, h);
+        const float raw_slope = EXP2_SOFTMAX ? slope / p.scale : slope;
+        const int off = band_offset(p);
+        // Key tiles [inner_lo, inner_hi) hold no pair the band or seqlen_k
+        // masks for any row of the block (whole tiles below seqlen_k and,
+        // with a band, inside every row's window). Rows past seqlen_q are
+        // computed either way and never written.
+        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N;
 #if HAS_BAND
         {
-            const int off = band_offset(p), last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
-            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N) - first);
-            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N) - first);
+            const int last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
+            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N));
+            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N));
         }
 #endif
-        inner_hi = min(inner_hi, tiles);
+        // Step k's softmax tests nothing where its tile is one of those, the
+        // block mask (if any) allows all of it, and no ALiBi bias applies.
+        auto unmasked = [&](int k) {
+            const int n = step_start(L, steps, k, BLOCK_N) / BLOCK_N;
+            return !L.alibi && n >= inner_lo && n < inner_hi && !step_partial(L, steps, k);
+        };
         // The turn to issue products: named barrier 1 + wg, completed by this
         // warpgroup's sync and the other's arrive (256 threads). Consumer 1
         // lets consumer 0 go first, and skips its last pass, so every arrive
@@ -171,7 +193,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         // a tile with no masked pair, tested nowhere (every call passes a
         // constant, and the inlined copy keeps only its own branch).
         auto softmax = [&](int tile, bool inner) {
-            const int n0 = (first + tile) * BLOCK_N;
+            const int n0 = step_start(L, steps, tile, BLOCK_N);
+            const bool partial = step_partial(L, steps, tile);
             float mx[2] = {m[0], m[1]};
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
@@ -179,11 +202,12 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 for (int e = 0; e < 4; ++e) {
                     const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
                     float& x = s[4 * c + e];
+                    const bool ok = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j));
 #if EXP2_SOFTMAX
-                    if (!inner && !allowed(p, i, j)) x = NEG_INF;
+                    if (!inner) x = ok ? x - raw_slope * fabsf((float)(i + off - j)) : NEG_INF;
 #else
                     float dcap;
-                    x = allowed(p, i, j) ? score(p, x, &dcap) : NEG_INF;
+                    x = ok ? with_alibi(p, raw_slope, score(p, x, &dcap), i, j) : NEG_INF;
 #endif
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
@@ -209,10 +233,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         auto pack_p = [&] {
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = pack2_rn(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2_rn(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2_rn(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2_rn(s[8 * kk + 6], s[8 * kk + 7]);
             }
         };
 
@@ -257,13 +281,17 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
             pack_p();
         };
-        // Masked tiles before the inner ones (a window's left edge), the
-        // inner ones in a loop of their own, then the rest (the diagonal,
-        // the last keys).
+        // Runs of masked steps (a window's left edge, the diagonal, the
+        // last keys, a block mask's partial tiles) and of unmasked ones, the
+        // latter in a loop of their own.
         int tile = 1;
-        for (; tile < min(inner_lo, tiles); ++tile) trip(tile, false);
-        for (; tile < inner_hi; ++tile) trip(tile, true);
-        for (; tile < tiles; ++tile) trip(tile, false);
+        while (tile < tiles) {
+            int end = tile;
+            while (end < tiles && !unmasked(end)) ++end;
+            for (; tile < end; ++tile) trip(tile, false);
+            while (end < tiles && unmasked(end)) ++end;
+            for (; tile < end; ++tile) trip(tile, true);
+        }
         if (tiles > 0) {
             const int last = tiles - 1;
             take_turn();
@@ -279,9 +307,11 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             const int i = r0 + 8 * r;
             const float sum = quad_sum(l[r]);
             if (i >= p.seqlen_q) continue;
-            // A row with no allowed key: o = 0 and lse = -inf, never NaN.
-            const float inv_l = sum > 0.0f ? 1.0f / sum : 0.0f;
-            const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+            // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+            float inv_l, row_lse;
+            finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
+                       &row_lse);  // m in score units
+            const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
 #pragma unroll
             for (int c = 0; c < HEAD_DIM / 8; ++c)
 #pragma unroll
@@ -289,9 +319,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     const int col = c * 8 + 2 * t + e;
                     if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
                 }
-            const float row_max = EXP2_SOFTMAX ? m[r] * p.scale : m[r];  // in score units
-            if (t == 0)
-                lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? row_max + logf(sum) : NEG_INF;
+            if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
         }
     }
 }

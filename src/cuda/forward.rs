@@ -1,7 +1,8 @@
 //! The forward on the CUDA device: upload (with the layouts' side
 //! buffers), one `flash_fwd` launch, readback. The Hopper kernel takes q, k
-//! and v as TMA tensor maps (and no layouts: the plan keeps those on the
-//! sm80 kernels), the others pointers and the `Layout`.
+//! and v as TMA tensor maps (a packed batch's over the whole packed
+//! tensor, its batch of one) and no dropout, the others pointers; every
+//! kernel takes the `Layout`.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
@@ -70,14 +71,15 @@ pub(crate) fn forward(
         launch
             .output(&mut d_out)
             .output(&mut d_lse)
-            .value(&call.problem);
+            .value(&call.problem)
+            .value(&layout);
         if maps.is_empty() {
-            launch.value(&layout).value(&call.dropout_args);
+            launch.value(&call.dropout_args);
         }
         // SAFETY: the arguments are flash_fwd's, in order and of its types
         // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
-        // of those buffers by value; Problem and, but for the Hopper kernel,
-        // Layout and Dropout by value); every buffer holds what the grid indexes, as
+        // of those buffers by value; Problem, Layout and, but for the Hopper
+        // kernel, Dropout by value); every buffer holds what the grid indexes, as
         // sized from the validated shape and options, and the buffers and
         // the side buffers Layout points at outlive the wait in `timed`.
         unsafe { launch.launch(cfg, "launching flash_fwd") }
@@ -115,7 +117,9 @@ fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
     }
 }
 
-/// The Hopper kernel's TMA maps of q, k and v (boxes of its tiles' rows).
+/// The Hopper kernel's TMA maps of q, k and v (boxes of its tiles' rows):
+/// a packed batch's `shape` is its batch of one, so its maps span the
+/// packed tensor and each block adds its sequence's first row.
 fn tensor_maps(
     stream: &CudaStream,
     key: &KernelKey,
