@@ -4,9 +4,10 @@
 //
 //   warpgroup 0, the producer: gives its registers away (setmaxnreg.dec),
 //     and one thread issues TMA copies: Q once, then K and V tiles of
-//     BLOCK_N keys into a two-stage ring, each stage refilled once both
-//     consumers have released it (an "empty" mbarrier); K and V complete
-//     on separate "full" mbarriers, so Q K^T starts before V has landed.
+//     BLOCK_N keys into a two-stage ring. K and V complete on separate
+//     "full" mbarriers, so Q K^T starts before V has landed, and are
+//     released on separate "empty" ones, so K's slot refills once both
+//     consumers' S = Q K^T retired, without waiting for their P V.
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc), 64 query rows each:
 //     S = Q K^T and O += P V by wgmma (Q, K, V from shared memory through
 //     descriptors, P from registers), the online softmax on S's fragments.
@@ -27,11 +28,12 @@
 #define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
-#define BARRIERS 7  // Q full, K full x2, V full x2, empty x2: these numbers in a deadlock report
+#define BARRIERS 9  // Q full, K full x2, V full x2, K empty x2, V empty x2: these numbers in a deadlock report
 #define BAR_Q_FULL 0
 #define BAR_K_FULL 1
 #define BAR_V_FULL 3
-#define BAR_EMPTY 5
+#define BAR_K_EMPTY 5
+#define BAR_V_EMPTY 7
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
 static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
@@ -61,7 +63,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
     unsigned char* kv_s = smem + Q_BYTES;
     unsigned long long* bars = (unsigned long long*)(kv_s + 2 * STAGES * TILE_BYTES);
     unsigned long long *q_full = bars + BAR_Q_FULL, *k_full = bars + BAR_K_FULL, *v_full = bars + BAR_V_FULL,
-                       *empty = bars + BAR_EMPTY;
+                       *k_empty = bars + BAR_K_EMPTY, *v_empty = bars + BAR_V_EMPTY;
 
     const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
@@ -87,7 +89,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full + s, 1);
             mbar_init(v_full + s, 1);
-            mbar_init(empty + s, 2 * 128);  // every consumer thread releases
+            mbar_init(k_empty + s, 2 * 128);  // every consumer thread releases
+            mbar_init(v_empty + s, 2 * 128);
         }
         mbar_init_fence();
     }
@@ -104,10 +107,12 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
                 // A fresh barrier counts as having completed the phase before
                 // its first (parity 1): the first pass through the ring waits for nothing.
-                mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1, BAR_EMPTY + s);
+                const unsigned parity = ((tile / STAGES) & 1) ^ 1;
+                mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
                 mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
                     tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n, tb, k_full + s);
+                mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
                 mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
                     tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n, tb,
@@ -248,14 +253,15 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<0>();
             pin(s);
+            mbar_arrive(k_empty);  // K of tile 0 read
             softmax(0, false);
             pack_p();
         }
-        // P V of tile `tile` done: its registers and its stage are free.
+        // P V of tile `tile` done: its registers and its V slot are free.
         auto retire_pv = [&](int tile) {
             pin(acc);
             pin(pa);
-            mbar_arrive(empty + tile % STAGES);
+            mbar_arrive(v_empty + tile % STAGES);
         };
         // One trip: S of `tile` and P V of the tile before it.
         auto trip = [&](int tile, bool inner) {
@@ -272,6 +278,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
             pin(s);
+            mbar_arrive(k_empty + tile % STAGES);  // its K read
             softmax(tile, inner);
             if (OVERLAP) {
                 wgmma_wait<0>();
