@@ -17,6 +17,11 @@
 //     between the two (FA3's inter-warpgroup overlap): they take turns, by
 //     two named barriers, at issuing their products, so one's softmax runs
 //     while the other's matmuls hold the tensor cores.
+//   O goes out normalized through shared memory (each consumer's own Q
+//     rows, read by nothing once its last S retired) by a TMA store,
+//     rows past seqlen_q clipped at the map's bounds; a packed batch's from
+//     registers (its map spans the packed tensor: a box past a sequence's
+//     end would write the next sequence's rows).
 //
 // Dynamic shared memory, every tile 1024-byte aligned (128B swizzle atoms),
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
@@ -54,7 +59,8 @@ static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BY
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
-          const __grid_constant__ TensorMap tv, storage_t* __restrict__ o, float* __restrict__ lse,
+          const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to,
+          storage_t* __restrict__ o, float* __restrict__ lse,
           Problem p, const Layout L) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
@@ -309,24 +315,49 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             retire_pv(last);
         }
 
+        const bool tma_o = !L.cu_q;
+        unsigned char* o_s = q_s + wg * 64 * 128;  // this warpgroup's rows of each Q box
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = r0 + 8 * r;
             const float sum = quad_sum(l[r]);
-            if (i >= p.seqlen_q) continue;
             // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
             float inv_l, row_lse;
             finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
                        &row_lse);  // m in score units
-            const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+            if (tma_o) {
+                const unsigned rr = (warp * 16 + lane / 4 + 8 * r) * 128;
 #pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = c * 8 + 2 * t + e;
-                    if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                for (int c = 0; c < HEAD_DIM / 8; ++c) {
+                    const unsigned col = c * 8 + 2 * t;
+                    *(unsigned*)(o_s + swizzled_128b((col / 64) * BOX_BYTES(BLOCK_M) + rr + (col % 64) * 2)) =
+                        pack2_rn(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l);
                 }
+            }
+            if (i >= p.seqlen_q) continue;
+            if (!tma_o) {
+                const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+                for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = c * 8 + 2 * t + e;
+                        if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                    }
+            }
             if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+        }
+        if (tma_o) {
+            // Every writer's fence, then the warpgroup's barrier (3 + wg, its
+            // 128 threads), then one thread stores the 64-row boxes.
+            fence_proxy_async();
+            wg == 0 ? named_bar_sync<3, 128>() : named_bar_sync<4, 128>();
+            if (threadIdx.x % 128 == 0) {
+                for (int box = 0; box < HEAD_DIM / 64; ++box)
+                    tma_store_4d(&to, box * 64, h, m0 + wg * 64, blockIdx.z, o_s + box * BOX_BYTES(BLOCK_M));
+                bulk_commit();
+                bulk_wait_read();  // the shared memory stays the block's until read
+            }
         }
     }
 }

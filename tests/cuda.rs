@@ -12,7 +12,7 @@
 //!   spills (registers and shared memory are printed), and the
 //!   Hopper forward's for sm_90a with no spills and no wgmma serialized
 //!   (and, with `FLASHATTN_NVDISASM` naming an nvdisasm, its SASS holding
-//!   HGMMA, UTMALDG and USETMAXREG), and the main forwards' interior loops
+//!   HGMMA, UTMALDG, UTMASTG and USETMAXREG), and the main forwards' interior loops
 //!   within their instruction budget (docs/cuda.md);
 //! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
 //!   the CPU under cuda/emulate/ against attention in double, the GPU
@@ -224,7 +224,12 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     }
     // The Hopper instructions, not a slower path.
     if key.family.is_wgmma() && std::env::var_os("FLASHATTN_NVDISASM").is_some() {
-        for op in ["HGMMA.64x128x16.F32", "UTMALDG.4D", "USETMAXREG"] {
+        for op in [
+            "HGMMA.64x128x16.F32",
+            "UTMALDG.4D",
+            "UTMASTG.4D",
+            "USETMAXREG",
+        ] {
             if !report.contains(op) {
                 faults.push(format!("{} {sm}: no {op} in its SASS", key.label()));
             }

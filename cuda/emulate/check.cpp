@@ -296,9 +296,10 @@ static int run(const Case& cs) {
     const int map_b = packed ? 1 : B;
     const TensorMap tq = tensor_map(q.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_M),
                     tk = tensor_map(k.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
-                    tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N);
+                    tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
+                    to = tensor_map(o.data(), map_b, p.seqlen_q, HQ, d, BLOCK_M / 2);  // a consumer's rows
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
-           [&] { flash_fwd(tq, tk, tv, o.data(), lse.data(), p, L); }, SMEM_BYTES);
+           [&] { flash_fwd(tq, tk, tv, to, o.data(), lse.data(), p, L); }, SMEM_BYTES);
 #else
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
            [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },

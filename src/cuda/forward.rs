@@ -47,7 +47,7 @@ pub(crate) fn forward(
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
-        tensor_maps(stream, &key, &call, &q_dev, &k_dev, &v_dev)?
+        tensor_maps(stream, &key, &call, [&q_dev, &k_dev, &v_dev, &d_out])?
     } else {
         Vec::new()
     };
@@ -65,7 +65,7 @@ pub(crate) fn forward(
     let seconds = timed(stream, "running flash_fwd", || {
         let mut launch = Launch::new(stream, &func);
         match &maps[..] {
-            [tq, tk, tv] => launch.value(tq).value(tk).value(tv),
+            [tq, tk, tv, to] => launch.value(tq).value(tk).value(tv).value(to),
             _ => launch.input(&q_dev).input(&k_dev).input(&v_dev),
         };
         launch
@@ -78,7 +78,7 @@ pub(crate) fn forward(
         }
         // SAFETY: the arguments are flash_fwd's, in order and of its types
         // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
-        // of those buffers by value; Problem, Layout and, but for the Hopper
+        // of q, k, v and o by value, then o's pointer too; Problem, Layout and, but for the Hopper
         // kernel, Dropout by value); every buffer holds what the grid indexes, as
         // sized from the validated shape and options, and the buffers and
         // the side buffers Layout points at outlive the wait in `timed`.
@@ -117,16 +117,15 @@ fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
     }
 }
 
-/// The Hopper kernel's TMA maps of q, k and v (boxes of its tiles' rows):
-/// a packed batch's `shape` is its batch of one, so its maps span the
-/// packed tensor and each block adds its sequence's first row.
+/// The Hopper kernel's TMA maps of q, k, v (boxes of its tiles' rows) and
+/// o (boxes of a consumer warpgroup's half of them, for its TMA store): a
+/// packed batch's `shape` is its batch of one, so its maps span the packed
+/// tensor and each block adds its sequence's first row.
 fn tensor_maps(
     stream: &CudaStream,
     key: &KernelKey,
     call: &Call,
-    q: &CudaSlice<u8>,
-    k: &CudaSlice<u8>,
-    v: &CudaSlice<u8>,
+    [q, k, v, o]: [&CudaSlice<u8>; 4],
 ) -> Result<Vec<TensorMap>> {
     let (t, shape) = (key.tiles(), &call.shape);
     let (b, d) = (shape.batch, shape.head_dim);
@@ -135,6 +134,7 @@ fn tensor_maps(
         (q, shape.seqlen_q, shape.heads_q, t.rows),
         (k, shape.seqlen_k, shape.heads_kv, t.keys),
         (v, shape.seqlen_k, shape.heads_kv, t.keys),
+        (o, shape.seqlen_q, shape.heads_q, t.rows / 2),
     ] {
         // The plan only picks this kernel where d % 8 == 0.
         let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(
