@@ -4,9 +4,10 @@
 //
 //   warpgroup 0, the producer: gives its registers away (setmaxnreg.dec),
 //     and one thread issues TMA copies: Q once, then K and V tiles of
-//     BLOCK_N keys into a two-stage ring, each stage refilled once both
-//     consumers have released it (an "empty" mbarrier); K and V complete
-//     on separate "full" mbarriers, so Q K^T starts before V has landed.
+//     BLOCK_N keys into a two-stage ring. K and V complete on separate
+//     "full" mbarriers, so Q K^T starts before V has landed, and are
+//     released on separate "empty" ones, so K's slot refills once both
+//     consumers' S = Q K^T retired, without waiting for their P V.
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc), 64 query rows each:
 //     S = Q K^T and O += P V by wgmma (Q, K, V from shared memory through
 //     descriptors, P from registers), the online softmax on S's fragments.
@@ -16,6 +17,11 @@
 //     between the two (FA3's inter-warpgroup overlap): they take turns, by
 //     two named barriers, at issuing their products, so one's softmax runs
 //     while the other's matmuls hold the tensor cores.
+//   O goes out normalized through shared memory (each consumer's own Q
+//     rows, read by nothing once its last S retired) by a TMA store,
+//     rows past seqlen_q clipped at the map's bounds; a packed batch's from
+//     registers (its map spans the packed tensor: a box past a sequence's
+//     end would write the next sequence's rows).
 //
 // Dynamic shared memory, every tile 1024-byte aligned (128B swizzle atoms),
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
@@ -27,11 +33,12 @@
 #define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
-#define BARRIERS 7  // Q full, K full x2, V full x2, empty x2: these numbers in a deadlock report
+#define BARRIERS 9  // Q full, K full x2, V full x2, K empty x2, V empty x2: these numbers in a deadlock report
 #define BAR_Q_FULL 0
 #define BAR_K_FULL 1
 #define BAR_V_FULL 3
-#define BAR_EMPTY 5
+#define BAR_K_EMPTY 5
+#define BAR_V_EMPTY 7
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
 static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
@@ -52,8 +59,9 @@ static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BY
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
-          const __grid_constant__ TensorMap tv, storage_t* __restrict__ o, float* __restrict__ lse,
-          const Problem p) {
+          const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to,
+          storage_t* __restrict__ o, float* __restrict__ lse,
+          Problem p, const Layout L) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -61,21 +69,34 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
     unsigned char* kv_s = smem + Q_BYTES;
     unsigned long long* bars = (unsigned long long*)(kv_s + 2 * STAGES * TILE_BYTES);
     unsigned long long *q_full = bars + BAR_Q_FULL, *k_full = bars + BAR_K_FULL, *v_full = bars + BAR_V_FULL,
-                       *empty = bars + BAR_EMPTY;
+                       *k_empty = bars + BAR_K_EMPTY, *v_empty = bars + BAR_V_EMPTY;
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch: the whole block
+    // TMA coordinates (row, batch entry): a dense batch's maps are 4-D, the
+    // sequence a batch entry; a packed batch's span the packed tensor (a
+    // batch of one), the sequence starting at row q0 / k0. Its boxes then
+    // read the next sequence's rows past its end, which the mask hides
+    // (keys) or nothing writes (queries).
+    const int tb = L.cu_q ? 0 : blockIdx.z;
+    const int q_row0 = L.cu_q ? (int)seq.q0 : 0, k_row0 = L.cu_q ? (int)seq.k0 : 0;
+    o = from_row(o, seq.q0, p.heads_q, p.d);
     const int hk = h / (p.heads_q / p.heads_kv);
     int lo, hi;
     key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    const int first = lo / BLOCK_N;
-    const int tiles = max(0, (hi - first * BLOCK_N + BLOCK_N - 1) / BLOCK_N);
+    // The key tiles this block visits: [lo, hi) in order, or a block
+    // mask's list (tiles with no allowed pair left out, never loaded).
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full + s, 1);
             mbar_init(v_full + s, 1);
-            mbar_init(empty + s, 2 * 128);  // every consumer thread releases
+            mbar_init(k_empty + s, 2 * 128);  // every consumer thread releases
+            mbar_init(v_empty + s, 2 * 128);
         }
         mbar_init_fence();
     }
@@ -86,19 +107,21 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         if (threadIdx.x == 0 && tiles > 0) {
             mbar_arrive_expect_tx(q_full, Q_BYTES);
             for (int box = 0; box < HEAD_DIM / 64; ++box)
-                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, m0, b, q_full);
+                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, q_row0 + m0, tb, q_full);
             for (int tile = 0; tile < tiles; ++tile) {
-                const int s = tile % STAGES, n0 = (first + tile) * BLOCK_N;
+                const int s = tile % STAGES, n = k_row0 + step_start(L, steps, tile, BLOCK_N);
                 unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
                 // A fresh barrier counts as having completed the phase before
                 // its first (parity 1): the first pass through the ring waits for nothing.
-                mbar_wait(empty + s, ((tile / STAGES) & 1) ^ 1, BAR_EMPTY + s);
+                const unsigned parity = ((tile / STAGES) & 1) ^ 1;
+                mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
                 mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, b, k_full + s);
+                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n, tb, k_full + s);
+                mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
                 mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
                 for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, b,
+                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n, tb,
                                 v_full + s);
             }
         }
@@ -117,19 +140,29 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
         float ms[2] = {0.0f, 0.0f};
         const float sl2 = p.scale * 1.4426950408889634f;  // scale · log2 e
-        // Tiles [inner_lo, inner_hi) hold no masked pair for any row of the
-        // block (whole tiles below seqlen_k and, with a band, inside every
-        // row's window): their softmax tests nothing. Rows past seqlen_q
-        // are computed either way and never written.
-        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N - first;
+        // ALiBi's slope, and (in the exp2 form, whose max is over raw dot
+        // products) the same in raw units: the bias is -slope · |i + off - j|.
+        const float slope = alibi_slope(L, seq, h);
+        const float raw_slope = EXP2_SOFTMAX ? slope / p.scale : slope;
+        const int off = band_offset(p);
+        // Key tiles [inner_lo, inner_hi) hold no pair the band or seqlen_k
+        // masks for any row of the block (whole tiles below seqlen_k and,
+        // with a band, inside every row's window). Rows past seqlen_q are
+        // computed either way and never written.
+        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N;
 #if HAS_BAND
         {
-            const int off = band_offset(p), last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
-            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N) - first);
-            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N) - first);
+            const int last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
+            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N));
+            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N));
         }
 #endif
-        inner_hi = min(inner_hi, tiles);
+        // Step k's softmax tests nothing where its tile is one of those, the
+        // block mask (if any) allows all of it, and no ALiBi bias applies.
+        auto unmasked = [&](int k) {
+            const int n = step_start(L, steps, k, BLOCK_N) / BLOCK_N;
+            return !L.alibi && n >= inner_lo && n < inner_hi && !step_partial(L, steps, k);
+        };
         // The turn to issue products: named barrier 1 + wg, completed by this
         // warpgroup's sync and the other's arrive (256 threads). Consumer 1
         // lets consumer 0 go first, and skips its last pass, so every arrive
@@ -171,7 +204,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         // a tile with no masked pair, tested nowhere (every call passes a
         // constant, and the inlined copy keeps only its own branch).
         auto softmax = [&](int tile, bool inner) {
-            const int n0 = (first + tile) * BLOCK_N;
+            const int n0 = step_start(L, steps, tile, BLOCK_N);
+            const bool partial = step_partial(L, steps, tile);
             float mx[2] = {m[0], m[1]};
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
@@ -179,11 +213,12 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 for (int e = 0; e < 4; ++e) {
                     const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
                     float& x = s[4 * c + e];
+                    const bool ok = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j));
 #if EXP2_SOFTMAX
-                    if (!inner && !allowed(p, i, j)) x = NEG_INF;
+                    if (!inner) x = ok ? x - raw_slope * fabsf((float)(i + off - j)) : NEG_INF;
 #else
                     float dcap;
-                    x = allowed(p, i, j) ? score(p, x, &dcap) : NEG_INF;
+                    x = ok ? with_alibi(p, raw_slope, score(p, x, &dcap), i, j) : NEG_INF;
 #endif
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
@@ -209,10 +244,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         auto pack_p = [&] {
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = pack2_rn(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2_rn(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2_rn(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2_rn(s[8 * kk + 6], s[8 * kk + 7]);
             }
         };
 
@@ -224,14 +259,15 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<0>();
             pin(s);
+            mbar_arrive(k_empty);  // K of tile 0 read
             softmax(0, false);
             pack_p();
         }
-        // P V of tile `tile` done: its registers and its stage are free.
+        // P V of tile `tile` done: its registers and its V slot are free.
         auto retire_pv = [&](int tile) {
             pin(acc);
             pin(pa);
-            mbar_arrive(empty + tile % STAGES);
+            mbar_arrive(v_empty + tile % STAGES);
         };
         // One trip: S of `tile` and P V of the tile before it.
         auto trip = [&](int tile, bool inner) {
@@ -248,6 +284,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             pass_turn();
             wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
             pin(s);
+            mbar_arrive(k_empty + tile % STAGES);  // its K read
             softmax(tile, inner);
             if (OVERLAP) {
                 wgmma_wait<0>();
@@ -257,13 +294,17 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
             pack_p();
         };
-        // Masked tiles before the inner ones (a window's left edge), the
-        // inner ones in a loop of their own, then the rest (the diagonal,
-        // the last keys).
+        // Runs of masked steps (a window's left edge, the diagonal, the
+        // last keys, a block mask's partial tiles) and of unmasked ones, the
+        // latter in a loop of their own.
         int tile = 1;
-        for (; tile < min(inner_lo, tiles); ++tile) trip(tile, false);
-        for (; tile < inner_hi; ++tile) trip(tile, true);
-        for (; tile < tiles; ++tile) trip(tile, false);
+        while (tile < tiles) {
+            int end = tile;
+            while (end < tiles && !unmasked(end)) ++end;
+            for (; tile < end; ++tile) trip(tile, false);
+            while (end < tiles && unmasked(end)) ++end;
+            for (; tile < end; ++tile) trip(tile, true);
+        }
         if (tiles > 0) {
             const int last = tiles - 1;
             take_turn();
@@ -274,24 +315,49 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             retire_pv(last);
         }
 
+        const bool tma_o = !L.cu_q;
+        unsigned char* o_s = q_s + wg * 64 * 128;  // this warpgroup's rows of each Q box
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = r0 + 8 * r;
             const float sum = quad_sum(l[r]);
-            if (i >= p.seqlen_q) continue;
-            // A row with no allowed key: o = 0 and lse = -inf, never NaN.
-            const float inv_l = sum > 0.0f ? 1.0f / sum : 0.0f;
-            const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+            // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+            float inv_l, row_lse;
+            finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
+                       &row_lse);  // m in score units
+            if (tma_o) {
+                const unsigned rr = (warp * 16 + lane / 4 + 8 * r) * 128;
 #pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = c * 8 + 2 * t + e;
-                    if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                for (int c = 0; c < HEAD_DIM / 8; ++c) {
+                    const unsigned col = c * 8 + 2 * t;
+                    *(unsigned*)(o_s + swizzled_128b((col / 64) * BOX_BYTES(BLOCK_M) + rr + (col % 64) * 2)) =
+                        pack2_rn(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l);
                 }
-            const float row_max = EXP2_SOFTMAX ? m[r] * p.scale : m[r];  // in score units
-            if (t == 0)
-                lse[((size_t)b * p.heads_q + h) * p.seqlen_q + i] = sum > 0.0f ? row_max + logf(sum) : NEG_INF;
+            }
+            if (i >= p.seqlen_q) continue;
+            if (!tma_o) {
+                const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+                for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = c * 8 + 2 * t + e;
+                        if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                    }
+            }
+            if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+        }
+        if (tma_o) {
+            // Every writer's fence, then the warpgroup's barrier (3 + wg, its
+            // 128 threads), then one thread stores the 64-row boxes.
+            fence_proxy_async();
+            wg == 0 ? named_bar_sync<3, 128>() : named_bar_sync<4, 128>();
+            if (threadIdx.x % 128 == 0) {
+                for (int box = 0; box < HEAD_DIM / 64; ++box)
+                    tma_store_4d(&to, box * 64, h, m0 + wg * 64, blockIdx.z, o_s + box * BOX_BYTES(BLOCK_M));
+                bulk_commit();
+                bulk_wait_read();  // the shared memory stays the block's until read
+            }
         }
     }
 }

@@ -20,6 +20,10 @@
 //                      parity; mbar_wait bounded under FLASHATTN_BOUNDED_WAIT_MS
 //   tma_load_4d        a box of a tensor map into shared memory, its bytes
 //                      completing on an mbarrier; zeros outside the tensor
+//   tma_store_4d       a box of shared memory into a tensor map's tensor,
+//                      clipped at its bounds; after every writing thread's
+//                      fence_proxy_async and a barrier, before bulk_commit
+//                      and bulk_wait_read (the box read: it may be reused)
 //   setmaxnreg_inc/dec registers per thread of a warpgroup's role
 //   named_bar_sync/arrive<ID, COUNT>  barrier ID in 1..15 (0 is __syncthreads')
 //                      over COUNT threads (whole warps): sync waits for the
@@ -38,6 +42,7 @@ struct __align__(64) TensorMap {
 };
 
 #if defined(FLASHATTN_HOST_EMULATION)
+__device__ __forceinline__ unsigned pack2_rn(float lo, float hi) { return pack2(lo, hi); }
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
 __device__ __forceinline__ void wgmma_fence() { host_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { host_wgmma_commit(); }
@@ -71,6 +76,12 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int
                                             unsigned long long* bar) {
     host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, bar);
 }
+__device__ __forceinline__ void fence_proxy_async() { host_fence_proxy_async(); }
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
+    host_tma_store_4d(src, map->opaque, c0, c1, c2, c3);
+}
+__device__ __forceinline__ void bulk_commit() {}
+__device__ __forceinline__ void bulk_wait_read() { host_bulk_wait_read(); }
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() { host_setmaxnreg(REGS); }
 template <int REGS>
@@ -80,6 +91,17 @@ __device__ __forceinline__ void named_bar_sync() { host_named_barrier(ID, COUNT,
 template <int ID, int COUNT>
 __device__ __forceinline__ void named_bar_arrive() { host_named_barrier(ID, COUNT, false); }
 #else
+// pack2 as one paired conversion (cvt.rn.{f16x2,bf16x2}.f32, the first
+// source to the upper half), where ptxas does not always fuse pack2's two.
+__device__ __forceinline__ unsigned pack2_rn(float lo, float hi) {
+    unsigned r;
+#if STORAGE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -190,6 +212,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
         : "memory");
 }
+// Orders this thread's generic-proxy writes to shared memory before the
+// async proxy's (TMA's) reads of them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until the committed stores have read their shared memory.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
@@ -247,6 +280,10 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned 
     return (unsigned long long)((smem_addr(p) & 0x3ffff) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
            (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
 }
+
+// Byte `offset` of a 1024-aligned tile in the 128B swizzle (TMA's and
+// the descriptors'): the 16-byte chunk XOR the row in the 8-row atom.
+__device__ __forceinline__ unsigned swizzled_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
 // A descriptor as its two words, made once outside the loops: `desc_at`
 // moves it `bytes` on (16-byte aligned) by one add to the low word, since

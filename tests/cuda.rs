@@ -12,7 +12,7 @@
 //!   spills (registers and shared memory are printed), and the
 //!   Hopper forward's for sm_90a with no spills and no wgmma serialized
 //!   (and, with `FLASHATTN_NVDISASM` naming an nvdisasm, its SASS holding
-//!   HGMMA, UTMALDG and USETMAXREG), and the main forwards' interior loops
+//!   HGMMA, UTMALDG, UTMASTG and USETMAXREG), and the main forwards' interior loops
 //!   within their instruction budget (docs/cuda.md);
 //! - with `FLASHATTN_CXX` naming a C++20 compiler, kernel variants run on
 //!   the CPU under cuda/emulate/ against attention in double, the GPU
@@ -225,7 +225,12 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     }
     // The Hopper instructions, not a slower path.
     if key.family.is_wgmma() && std::env::var_os("FLASHATTN_NVDISASM").is_some() {
-        for op in ["HGMMA.64x128x16.F32", "UTMALDG.4D", "USETMAXREG"] {
+        for op in [
+            "HGMMA.64x128x16.F32",
+            "UTMALDG.4D",
+            "UTMASTG.4D",
+            "USETMAXREG",
+        ] {
             if !report.contains(op) {
                 faults.push(format!("{} {sm}: no {op} in its SASS", key.label()));
             }
@@ -535,7 +540,6 @@ fn typical_plan(
         head_dim: 128,
         band: true,
         softcap: false,
-        layouts: false,
         positive_scale: true,
         dropout: false,
     };
@@ -1153,19 +1157,24 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
 /// d 64 with a band (the overlapped pipeline), bf16 d 128 with softcap (the
 /// sequential one), f16 d 128 plain; check.cpp first tests the wrappers
 /// against plain products, then runs d 24 and 8 below the padded one and
-/// at it, GQA, 45 × 70, 70 × 45, 113 × 113 and 150 × 530 (the ring wraps).
+/// at it, GQA, 45 × 70, 70 × 45, 113 × 113 and 150 × 530 (the ring wraps),
+/// and on the first two (the exp2 softmax and the softcap's) the run-time
+/// layouts: ALiBi per batch entry over tiles that would otherwise run
+/// unmasked, sinks, a 7 × 13 block mask per head and one of whole tiles per
+/// batch entry, a packed batch with a sequence past a tile and empty ones,
+/// and all at once; a block writing rows past the outputs' end fails.
 #[test]
 fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
     let Some(cxx) = compiler() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for (precision, d, band, softcap) in [
-        (Precision::F16, 64, true, false),
-        (Precision::Bf16, 128, false, true),
-        (Precision::F16, 128, false, false),
+    for (precision, d, band, softcap, layouts) in [
+        (Precision::F16, 64, true, false, true),
+        (Precision::Bf16, 128, false, true, true),
+        (Precision::F16, 128, false, false, false),
     ] {
         let key = KernelKey::new(Family::ForwardWgmma, precision, d, band, softcap);
-        failures.extend(emulate(&cxx, dir.path(), &key, false));
+        failures.extend(emulate(&cxx, dir.path(), &key, layouts));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

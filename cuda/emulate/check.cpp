@@ -283,20 +283,34 @@ static int run(const Case& cs) {
 #if IS_FORWARD
     const Lists fl = lists(BLOCK_ROWS, INNER, false);
     const Layout L = layout(fl);
-    std::vector<storage_t> o(q.stored.size(), store_f32(0.0f));
-    std::vector<float> lse(lse_ref.size(), 0.0f);
+    // A tile's rows past the outputs' ends, holding a mark: a block that
+    // writes rows past its (last) sequence's end writes there.
+    const size_t o_size = q.stored.size(), lse_size = lse_ref.size();
+    const storage_t mark = store_f32(7.0f);
+    std::vector<storage_t> o(o_size + (size_t)BLOCK_ROWS * HQ * d, mark);
+    std::vector<float> lse(lse_size + BLOCK_ROWS, 7.0f);
+    std::fill(o.begin(), o.begin() + o_size, store_f32(0.0f));
+    std::fill(lse.begin(), lse.begin() + lse_size, 0.0f);
 #if IS_WGMMA
-    const TensorMap tq = tensor_map(q.stored.data(), B, cs.sq, HQ, d, BLOCK_M),
-                    tk = tensor_map(k.stored.data(), B, cs.sk, HKV, d, BLOCK_N),
-                    tv = tensor_map(v.stored.data(), B, cs.sk, HKV, d, BLOCK_N);
-    (void)L;
-    launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS, [&] { flash_fwd(tq, tk, tv, o.data(), lse.data(), p); },
-           SMEM_BYTES);
+    // A packed batch's maps span the packed tensor, a batch of one (src/cuda/forward.rs's rule).
+    const int map_b = packed ? 1 : B;
+    const TensorMap tq = tensor_map(q.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_M),
+                    tk = tensor_map(k.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
+                    tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
+                    to = tensor_map(o.data(), map_b, p.seqlen_q, HQ, d, BLOCK_M / 2);  // a consumer's rows
+    launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
+           [&] { flash_fwd(tq, tk, tv, to, o.data(), lse.data(), p, L); }, SMEM_BYTES);
 #else
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
            [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },
            SMEM_BYTES);
 #endif
+    bool past_end = false;
+    for (size_t e = o_size; e < o.size(); ++e) past_end = past_end || load_f32(o[e]) != 7.0f;
+    for (size_t e = lse_size; e < lse.size(); ++e) past_end = past_end || lse[e] != 7.0f;
+    if (past_end) std::printf("%-8s rows written past the outputs' end\n", cs.name);
+    failed += past_end;
+    o.resize(o_size), lse.resize(lse_size);
     failed += report("o", rel_error(widen(o), o_ref));
     double lse_err = 0;
     for (size_t e = 0; e < lse.size(); ++e) {
@@ -600,6 +614,25 @@ int main(int argc, char** argv) {
     int failed = wgmma_self_test() + run(45, 70, 9, 0, low) + run(70, 45, 9, 0, low);
     if (HAS_BAND) failed += run(61, 130, -1, 3, low) + run(256, 1200, 500, 100, low);
     failed += run(113, 113, -1, 0, HEAD_DIM) + run(150, 300, -1, 0, HEAD_DIM - 8);
+#if LAYOUT_CASES
+    // The run-time layouts on the Hopper forward's tiles (128 x 128): keys
+    // past a tile so that, but for the layout, steps would run unmasked.
+    Case alibi{"alibi", 45, 300, -1, 0, low};  // the bias on every tile, the unmasked ones too
+    alibi.alibi = alibi.alibi_per_batch = true;
+    Case sinks{"sinks", 70, 45, 9, 0, HEAD_DIM};  // with a band, rows with no key: lse = the sink
+    sinks.sinks = true, sinks.batch = 1;
+    Case blocks{"blocks", 61, 600, -1, 3, low};  // 7 x 13 blocks, a grid per head: partial tiles
+    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    Case aligned{"aligned", 130, 520, -1, 0, low};  // whole tiles, a grid per batch entry: unmasked runs
+    aligned.bm = BLOCK_ROWS, aligned.bn = INNER, aligned.mask_per_batch = true, aligned.density = 0.6;
+    Case packed{"varlen", 0, 0, 150, 2, low};  // a sequence past a tile, no queries, no keys
+    packed.lens_q = {130, 0, 37, 20}, packed.lens_k = {300, 23, 0, 140};
+    Case mix{"mix", 0, 0, 200, 0, low};
+    mix.lens_q = {21, 0, 140, 30}, mix.lens_k = {30, 12, 270, 9};
+    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
+    mix.bm = 7, mix.bn = 13;
+    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+#endif
 #else
     // A head dim below the compiled one and off the 8-element chunks (the
     // mma kernels' element-wise loads), then one on them (their cp.async

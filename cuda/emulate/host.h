@@ -345,6 +345,59 @@ inline void host_tma_load_4d(void* dst, const unsigned long long* opaque, int c0
     mbar_changed.notify_all();  // its waiters land it
 }
 
+// cp.async.bulk.tensor.4d.global.shared::cta (TMA stores): shared memory
+// written by plain stores reaches the async proxy only after each writer's
+// fence.proxy.async, so every thread of the issuing thread's warpgroup
+// must have fenced since the warpgroup's last store (a missing fence is a
+// fault, not a race that happens to work). The box is read, unswizzled
+// and written inside the tensor's bounds at the issuer's wait_group.read.
+static bool proxy_fenced[1024];
+inline void host_fence_proxy_async() { proxy_fenced[threadIdx.x] = true; }
+struct PendingStore {
+    unsigned src;
+    EmuTensorMap map;
+    int coord[4];
+};
+thread_local std::vector<PendingStore> tma_stores;
+inline void host_tma_store_4d(const void* src, const unsigned long long* opaque, int c0, int c1, int c2, int c3) {
+    PendingStore s;
+    s.src = host_smem_offset(src);
+    if (s.src % 1024) emulation_fault("TMA store source not 1024-byte aligned (128B swizzle atoms)");
+    std::memcpy(&s.map, opaque, sizeof s.map);
+    if (s.map.box[0] * s.map.elem_bytes != 128) emulation_fault("TMA box row is not the swizzle's 128 bytes");
+    s.coord[0] = c0, s.coord[1] = c1, s.coord[2] = c2, s.coord[3] = c3;
+    const unsigned base = threadIdx.x / 128 * 128;
+    for (unsigned t = base; t < base + 128 && t < blockDim.x; ++t)
+        if (!proxy_fenced[t])
+            emulation_fault("TMA store of shared memory without fence.proxy.async after the warpgroup's writes");
+    tma_stores.push_back(s);
+}
+inline void host_bulk_wait_read() {
+    const unsigned base = threadIdx.x / 128 * 128;
+    for (unsigned t = base; t < base + 128 && t < blockDim.x; ++t) proxy_fenced[t] = false;
+    for (const PendingStore& s : tma_stores) {
+        const EmuTensorMap& t = s.map;
+        const unsigned eb = t.elem_bytes;
+        unsigned long long linear = 0;
+        for (unsigned i3 = 0; i3 < t.box[3]; ++i3)
+            for (unsigned i2 = 0; i2 < t.box[2]; ++i2)
+                for (unsigned i1 = 0; i1 < t.box[1]; ++i1)
+                    for (unsigned i0 = 0; i0 < t.box[0]; ++i0, linear += eb) {
+                        const long long g[4] = {(long long)s.coord[0] + i0, (long long)s.coord[1] + i1,
+                                                (long long)s.coord[2] + i2, (long long)s.coord[3] + i3};
+                        bool inside = true;
+                        for (int k = 0; k < 4; ++k) inside = inside && g[k] >= 0 && g[k] < (long long)t.dims[k];
+                        const unsigned char* from = smem_at(swizzle_128b(s.src + (unsigned)linear), eb,
+                                                            "TMA store source past the shared memory");
+                        if (inside)  // clipped at the tensor's bounds
+                            std::memcpy((unsigned char*)t.base + g[0] * eb + g[1] * t.strides[0] +
+                                            g[2] * t.strides[1] + g[3] * t.strides[2],
+                                        from, eb);
+                    }
+    }
+    tma_stores.clear();
+}
+
 // setmaxnreg: nothing to do on the CPU but check what the chip requires,
 // a multiple of 8 in 24..256, the same across the warpgroup.
 static unsigned warpgroup_posts[1024];
@@ -503,9 +556,11 @@ template <class F>
 void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
     gridDim = grid;
     blockDim = Dim{threads, 1, 1};
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
+    // Last block first: a block that writes into a later block's rows is
+    // not hidden by that block's writes coming after it.
+    for (unsigned z = grid.z; z-- > 0;)
+        for (unsigned y = grid.y; y-- > 0;)
+            for (unsigned x = grid.x; x-- > 0;) {
                 dynamic_smem.assign(smem_bytes, 0xff);
                 std::barrier<> bar(threads);
                 block_barrier = &bar;
@@ -517,6 +572,7 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                     warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - w)));
                 mbars.clear();
                 for (NamedBarrier& n : named_barriers) n = NamedBarrier{};
+                std::fill(std::begin(proxy_fenced), std::end(proxy_fenced), false);
                 std::vector<std::thread> team;
                 for (unsigned t = 0; t < threads; ++t)
                     team.emplace_back([&, t] {
@@ -527,6 +583,7 @@ void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
                             emulation_fault("cp.async copies never waited for");
                         if (!wgmma_open.empty() || !wgmma_groups.empty())
                             emulation_fault("wgmma never waited for");
+                        if (!tma_stores.empty()) emulation_fault("TMA stores never waited for (their reads)");
                     });
                 for (auto& th : team) th.join();
                 if (!tma_in_flight.empty()) emulation_fault("TMA copies never waited for");

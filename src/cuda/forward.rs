@@ -1,7 +1,8 @@
 //! The forward on the CUDA device: upload (with the layouts' side
 //! buffers), one `flash_fwd` launch, readback. The Hopper kernel takes q, k
-//! and v as TMA tensor maps (and no layouts: the plan keeps those on the
-//! sm80 kernels), the others pointers and the `Layout`.
+//! and v as TMA tensor maps (a packed batch's over the whole packed
+//! tensor, its batch of one) and no dropout, the others pointers; every
+//! kernel takes the `Layout`.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
@@ -46,7 +47,7 @@ pub(crate) fn forward(
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
-        tensor_maps(stream, &key, &call, &q_dev, &k_dev, &v_dev)?
+        tensor_maps(stream, &key, &call, [&q_dev, &k_dev, &v_dev, &d_out])?
     } else {
         Vec::new()
     };
@@ -64,20 +65,21 @@ pub(crate) fn forward(
     let seconds = timed(stream, "running flash_fwd", || {
         let mut launch = Launch::new(stream, &func);
         match &maps[..] {
-            [tq, tk, tv] => launch.value(tq).value(tk).value(tv),
+            [tq, tk, tv, to] => launch.value(tq).value(tk).value(tv).value(to),
             _ => launch.input(&q_dev).input(&k_dev).input(&v_dev),
         };
         launch
             .output(&mut d_out)
             .output(&mut d_lse)
-            .value(&call.problem);
+            .value(&call.problem)
+            .value(&layout);
         if maps.is_empty() {
-            launch.value(&layout).value(&call.dropout_args);
+            launch.value(&call.dropout_args);
         }
         // SAFETY: the arguments are flash_fwd's, in order and of its types
         // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
-        // of those buffers by value; Problem and, but for the Hopper kernel,
-        // Layout and Dropout by value); every buffer holds what the grid indexes, as
+        // of q, k, v and o by value, then o's pointer too; Problem, Layout and, but for the Hopper
+        // kernel, Dropout by value); every buffer holds what the grid indexes, as
         // sized from the validated shape and options, and the buffers and
         // the side buffers Layout points at outlive the wait in `timed`.
         unsafe { launch.launch(cfg, "launching flash_fwd") }
@@ -115,14 +117,15 @@ fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
     }
 }
 
-/// The Hopper kernel's TMA maps of q, k and v (boxes of its tiles' rows).
+/// The Hopper kernel's TMA maps of q, k, v (boxes of its tiles' rows) and
+/// o (boxes of a consumer warpgroup's half of them, for its TMA store): a
+/// packed batch's `shape` is its batch of one, so its maps span the packed
+/// tensor and each block adds its sequence's first row.
 fn tensor_maps(
     stream: &CudaStream,
     key: &KernelKey,
     call: &Call,
-    q: &CudaSlice<u8>,
-    k: &CudaSlice<u8>,
-    v: &CudaSlice<u8>,
+    [q, k, v, o]: [&CudaSlice<u8>; 4],
 ) -> Result<Vec<TensorMap>> {
     let (t, shape) = (key.tiles(), &call.shape);
     let (b, d) = (shape.batch, shape.head_dim);
@@ -131,6 +134,7 @@ fn tensor_maps(
         (q, shape.seqlen_q, shape.heads_q, t.rows),
         (k, shape.seqlen_k, shape.heads_kv, t.keys),
         (v, shape.seqlen_k, shape.heads_kv, t.keys),
+        (o, shape.seqlen_q, shape.heads_q, t.rows / 2),
     ] {
         // The plan only picks this kernel where d % 8 == 0.
         let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(

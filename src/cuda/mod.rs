@@ -64,8 +64,9 @@
 //! positions in the sequence, so the mask is `dropout_mask`'s bit for bit.
 //!
 //! The Hopper forward takes the band and score options (causal, windows,
-//! softcap, scale, GQA/MQA, empty rows); calls with layouts or dropout run
-//! the sm80 kernels (the plan says so). `Unsupported`: a v head dim other
+//! softcap, scale, GQA/MQA, empty rows) and the layouts (its TMA maps of a
+//! packed batch span the packed tensor); calls with dropout run the sm80
+//! kernels (the plan says so). `Unsupported`: a v head dim other
 //! than q's in the forward and backward (their kernels hold one head dim),
 //! and FP8.
 //!

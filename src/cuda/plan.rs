@@ -124,9 +124,6 @@ pub struct PlanProblem {
     pub head_dim: usize,
     pub band: bool,
     pub softcap: bool,
-    /// ALiBi, sinks, a block mask or a packed batch (run-time layouts the
-    /// sm80 and scalar kernels take and the Hopper forward does not).
-    pub layouts: bool,
     /// A softmax scale above 0: the Hopper forward takes the row max of
     /// raw dot products and folds the scale into exp2's argument.
     pub positive_scale: bool,
@@ -156,8 +153,6 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
     );
     if p.precision == Precision::F32 {
         Some("f32 storage (the Hopper forward takes f16 and bf16)")
-    } else if p.layouts {
-        Some("ALiBi, sinks, a block mask or a packed batch (the Hopper forward takes the band and score options; the sm80 kernels take these)")
     } else if !p.positive_scale {
         Some("a scale of 0 or below (the Hopper forward takes each row's max of the raw dot products)")
     } else if p.dropout {
@@ -337,7 +332,6 @@ mod tests {
             head_dim,
             band: true,
             softcap: false,
-            layouts: false,
             positive_scale: true,
             dropout: false,
         }
@@ -380,14 +374,6 @@ mod tests {
         let odd = plan(&h100, &problem(Precision::Bf16, 36), KernelPath::Auto).unwrap();
         assert_eq!(odd.forward.family, Family::ForwardMma);
         assert!(odd.not_hopper.unwrap().contains("multiple of 8"));
-        // Layouts (ALiBi, sinks, block masks, packed batches): the sm80 forward.
-        let layouts = PlanProblem {
-            layouts: true,
-            ..problem(Precision::F16, 64)
-        };
-        let sm80 = plan(&h100, &layouts, KernelPath::Auto).unwrap();
-        assert_eq!(sm80.forward.family, Family::ForwardMma);
-        assert!(sm80.not_hopper.unwrap().contains("ALiBi, sinks"));
         // A scale of 0 or below: the sm80 forward.
         let negative = PlanProblem {
             positive_scale: false,
@@ -403,7 +389,6 @@ mod tests {
             (&h100, problem(Precision::F32, 64)),
             (&h100, problem(Precision::F16, 160)),
             (&h100, problem(Precision::F16, 36)),
-            (&h100, layouts),
         ] {
             let err = plan(dev, &p, KernelPath::Hopper).unwrap_err();
             assert!(err.to_string().contains("Hopper path"), "{err}");
@@ -414,7 +399,7 @@ mod tests {
         let text = forced.explain(&h100).join("\n");
         // 82 KiB: two blocks per SM.
         assert!(
-            text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages, 83008 B"),
+            text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages, 83016 B"),
             "{text}"
         );
         assert!(text.contains("2 blocks per SM"), "{text}");

@@ -104,8 +104,6 @@ pub(crate) struct Call {
     pub precision: Precision,
     pub band: bool,
     pub softcap: bool,
-    /// Any run-time layout (ALiBi, sinks, a block mask, a packed batch).
-    pub layouts: bool,
     /// Dropout's inputs, and whether it is on (`p > 0`: the dropout variants).
     pub dropout_args: DropoutArgs,
     pub dropout: bool,
@@ -162,10 +160,6 @@ impl Call {
             precision,
             band: p.mask.is_active(),
             softcap: softcap > 0.0,
-            layouts: {
-                let o = p.opts;
-                o.varlen.is_some() || o.alibi.is_some() || o.sinks.is_some() || o.block_mask.is_some()
-            },
             dropout_args: DropoutArgs::of(&p.opts.dropout),
             dropout: p.opts.dropout.is_active(),
             seqs,
@@ -181,7 +175,6 @@ impl Call {
             head_dim: self.shape.head_dim,
             band: self.band,
             softcap: self.softcap,
-            layouts: self.layouts,
             positive_scale: self.problem.scale > 0.0,
             dropout: self.dropout,
         }
@@ -249,7 +242,7 @@ mod tests {
         let args = call.dropout_args;
         assert_eq!((args.key, args.stream, args.threshold), ([9, 7], [3, 1], 6554));
         assert_eq!(args.scale, opts.dropout.scale());
-        assert!(call.dropout && !call.layouts && call.plan_problem().dropout);
+        assert!(call.dropout && call.plan_problem().dropout);
         let defaults = AttentionOptions::default();
         let none = super::Attention::new(shape, Precision::Bf16, &defaults).unwrap();
         let plain = super::Call::new(&none).unwrap();

@@ -53,6 +53,18 @@ pub fn planned_family(
     problem: &PlanProblem,
     path: KernelPath,
 ) -> Result<CudaFamily> {
+    // Decoding's kernels (cuda/flash_decode.cu) serve every path; the
+    // Hopper path has none of its own, so a step on it is the sm80 path's.
+    let path = match (call, path) {
+        (CallKind::Decode, KernelPath::Auto) => KernelPath::NoHopper,
+        (CallKind::Decode, KernelPath::Hopper) => {
+            return Err(Error::Unsupported {
+                what: "the CUDA backend's Hopper path",
+                feature: "decoding (the Hopper path's decode kernels are the sm80 path's)",
+            })
+        }
+        _ => path,
+    };
     let p = plan(dev, problem, path)?;
     let key = if call == CallKind::Backward {
         p.backward
@@ -111,13 +123,12 @@ fn check_head_dim(family: CudaFamily) -> usize {
 }
 
 /// The plan facts of a check at head dim `d`.
-fn check_problem(precision: Precision, d: usize, layouts: bool) -> PlanProblem {
+fn check_problem(precision: Precision, d: usize) -> PlanProblem {
     PlanProblem {
         precision,
         head_dim: d,
         band: true,
         softcap: false,
-        layouts,
         positive_scale: true,
         dropout: false,
     }
@@ -147,20 +158,14 @@ pub fn check(dev: &CudaDevice, entry: &CudaEntry, fault: Option<&Fault>) -> Resu
     let (d, path) = (check_head_dim(family), path_of(family));
     let key = family_key(call, family, precision, &dev.arch());
     // The path must run this family on the case (and not another).
-    let layouts = case != MatrixCase::Attention(CaseKind::Band);
-    let ran = planned_family(
-        &dev.props,
-        call,
-        &check_problem(precision, d, layouts),
-        path,
-    )?;
+    let ran = planned_family(&dev.props, call, &check_problem(precision, d), path)?;
     if ran != family {
         return Err(Error::Unsupported {
             what: "this family's check",
             feature: "the case's layouts (the plan runs another family for them)",
         });
     }
-    let tiles = plan(&dev.props, &check_problem(precision, d, layouts), path)?;
+    let tiles = plan(&dev.props, &check_problem(precision, d), path)?;
     let keys = match call {
         CallKind::Backward => tiles.backward.tiles().keys,
         _ => tiles.forward.tiles().keys,
@@ -319,7 +324,6 @@ pub fn decode_problem(
         head_dim,
         band: opts.causal || !opts.window.is_unbounded(),
         softcap: opts.softcap_value() > 0.0,
-        layouts: true,
         positive_scale: opts.scale.is_none_or(|s| s > 0.0),
         dropout: false,
     }
@@ -329,12 +333,12 @@ pub fn decode_problem(
 /// families it runs (Hopper where compute capability 9.x and its build
 /// allow, sm80 from 8.0, scalar everywhere) × forward, backward and decode
 /// × the precisions each takes × the band and layouts cases (Hopper: its
-/// forward on the band case; the other calls and the layouts run sm80).
+/// forward; its backward and decoding are the sm80 path's).
 pub fn entries(dev: &DeviceProps) -> Vec<CudaEntry> {
     let offered: Vec<CudaFamily> = [CudaFamily::Hopper, CudaFamily::Sm80, CudaFamily::Scalar]
         .into_iter()
         .filter(|&f| {
-            let problem = check_problem(Precision::F16, check_head_dim(f), false);
+            let problem = check_problem(Precision::F16, check_head_dim(f));
             planned_family(dev, CallKind::Forward, &problem, path_of(f)).is_ok_and(|r| r == f)
         })
         .collect();
@@ -342,8 +346,7 @@ pub fn entries(dev: &DeviceProps) -> Vec<CudaEntry> {
     for call in [CallKind::Forward, CallKind::Backward, CallKind::Decode] {
         for &family in &offered {
             let cases: &[MatrixCase] = match (call, family) {
-                (CallKind::Forward, CudaFamily::Hopper) => &[MatrixCase::Attention(CaseKind::Band)],
-                (_, CudaFamily::Hopper) => &[],
+                (_, CudaFamily::Hopper) if call != CallKind::Forward => &[],
                 (CallKind::Decode, _) => &[
                     MatrixCase::Decode(DecodeLayout::Paged),
                     MatrixCase::Decode(DecodeLayout::Dense),
@@ -392,8 +395,8 @@ mod tests {
             entries(dev).iter().filter(|e| e.family == f).count()
         };
         let h100 = DeviceProps::h100();
-        // Hopper: its forward's band case in f16 and bf16.
-        assert_eq!(count(&h100, CudaFamily::Hopper), 2);
+        // Hopper: its forward's band and layouts cases in f16 and bf16.
+        assert_eq!(count(&h100, CudaFamily::Hopper), 4);
         // sm80: forward and backward (band, layouts) and decode (paged,
         // dense) in f16 and bf16; scalar: the same in three precisions.
         assert_eq!(count(&h100, CudaFamily::Sm80), 12);
@@ -410,7 +413,7 @@ mod tests {
     #[test]
     fn plans_name_their_family_and_paths_force_it() {
         let h100 = DeviceProps::h100();
-        let band = check_problem(Precision::Bf16, 64, false);
+        let band = check_problem(Precision::Bf16, 64);
         let family =
             |call, problem: &PlanProblem, path| planned_family(&h100, call, problem, path).unwrap();
         assert_eq!(
@@ -436,7 +439,7 @@ mod tests {
             CudaFamily::Sm80
         );
         // f32 runs the scalar kernels only.
-        let f32 = check_problem(Precision::F32, 64, false);
+        let f32 = check_problem(Precision::F32, 64);
         assert_eq!(
             family(CallKind::Forward, &f32, KernelPath::Auto),
             CudaFamily::Scalar

@@ -348,7 +348,6 @@ fn cuda(a: &PlanArgs, precision: Precision) -> Result<()> {
             head_dim: d,
             band: true,
             softcap: false,
-            layouts: false,
             positive_scale: true,
             dropout: false,
         };
