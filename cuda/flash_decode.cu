@@ -202,7 +202,8 @@ __device__ __forceinline__ float row_scale(const float* scales, const DecodeArgs
 
 #if CACHE_QUANT
 // One block per (scale block the step's new tokens reach, kv head,
-// sequence × {K, V}), the blocks of a sequence in token order from the one
+// sequence × {K, V}; a latent cache's sequence × {K}, v_new null), the
+// blocks of a sequence in token order from the one
 // holding its first new token: the largest new magnitude there; where it
 // asks for a larger scale, the block takes it and its other codes are
 // requantized in place; then the new values are coded at the block's
@@ -212,8 +213,9 @@ extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
 kv_append(const storage_t* __restrict__ k_new, const storage_t* __restrict__ v_new, cache_t* kc, cache_t* vc,
           float* k_scales, float* v_scales, Problem p, const DecodeArgs a) {
     __shared__ float block_max[DECODE_THREADS];
-    const int b = blockIdx.z / 2, hk = blockIdx.y, tid = threadIdx.x;
-    const bool is_v = blockIdx.z % 2 == 1;
+    const int parts = v_new ? 2 : 1;
+    const int b = blockIdx.z / parts, hk = blockIdx.y, tid = threadIdx.x;
+    const bool is_v = blockIdx.z % parts == 1;
     const int d = is_v ? a.d_v : p.d;
     const storage_t* src = is_v ? v_new : k_new;
     cache_t* codes = is_v ? vc : kc;

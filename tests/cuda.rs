@@ -904,20 +904,6 @@ fn what_stays_unsupported_is_a_typed_error() {
     let out = backend.decode(&mut cache, &data.step(), &masked, None);
     assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
     assert!(cache == data.cache, "a refused step left the cache changed");
-    // A latent cache has no quantized form (on any backend).
-    let layout = flashattn::CacheLayout::Dense {
-        batch: 1,
-        capacity: 4,
-    };
-    let shape = flashattn::CacheShape::latent(layout, 1, 8, 4).unwrap();
-    let mut quant =
-        flashattn::QuantKvCache::zeros(shape, flashattn::CacheQuant::Fp8, Precision::F32);
-    let before = quant.clone();
-    let q = flashattn::TensorData::F32(vec![0.5; 8]);
-    let step = flashattn::DecodeStep::new(q.view([1, 1, 1, 8]), &[2]);
-    let out = backend.decode_quantized(&mut quant, &step, &AttentionOptions::default(), None);
-    assert!(matches!(out, Err(Error::Unsupported { .. })), "{out:?}");
-    assert!(quant == before, "a refused step left the cache changed");
 }
 
 /// DeepSeek's MLA on latent caches (tests/common/decode.rs's MLA cases:
@@ -942,7 +928,8 @@ fn latent_caches_match_the_reference_on_the_device() {
 /// A device latent cache is one buffer of rows × 576 elements (V read from
 /// it): steps append k_new alone as the reference's append says, the cache
 /// read back is one tensor, a step with a v_new is `LatentAppend` and
-/// leaves the cache as it was, and a quantized latent cache is `Unsupported`.
+/// leaves the cache as it was; its quantized form is one buffer of codes and
+/// one of scales, and refuses a v_new alike.
 #[test]
 fn a_device_latent_cache_is_one_buffer() {
     let Some(cuda) = device() else { return };
@@ -986,10 +973,14 @@ fn a_device_latent_cache_is_one_buffer() {
     let uploaded = cuda.upload_kv_cache(&host).unwrap();
     assert_eq!(uploaded.bytes(), pages * page * d * 2);
     assert!(cuda.read_kv_cache(&uploaded).unwrap() == host);
-    let err = cuda
+    let mut quant = cuda
         .quantized_kv_cache(shape, flashattn::CacheQuant::Int8, Precision::F16)
-        .unwrap_err();
-    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+        .unwrap();
+    assert_eq!(quant.bytes(), pages * page * d + 4 * pages);
+    let before = cuda.read_quantized_kv_cache(&quant).unwrap();
+    let err = cuda.decode(&mut quant, &bad, &opts, None).unwrap_err();
+    assert!(matches!(err, Error::LatentAppend { .. }), "{err:?}");
+    assert!(cuda.read_quantized_kv_cache(&quant).unwrap() == before);
 }
 
 /// Builds `key`'s source with cuda/emulate/host.h and check.cpp under
@@ -2015,8 +2006,9 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
 /// latent cache of two kv heads (V's head stride K's head dim, not V's);
 /// o and lse against the f64 reference and the cache exactly the
 /// reference's append. Then bad latent input, typed by the host code a
-/// device step runs (the cache untouched), and a quantized latent cache
-/// `Unsupported`. Short caches: the emulator runs a thread per CUDA thread.
+/// device step runs (the cache untouched), and quantized latent caches (V
+/// K's codes at K's scales) against the reference on the codes' values and
+/// the append rule. Short caches: the emulator runs a thread per CUDA thread.
 #[test]
 fn latent_decode_matches_the_reference_under_host_emulation() {
     use common::decode::DecodeCase;
@@ -2095,21 +2087,49 @@ fn latent_decode_matches_the_reference_under_host_emulation() {
         );
         Ok(out)
     });
-    let layout = flashattn::CacheLayout::Dense {
-        batch: 1,
-        capacity: 4,
-    };
-    let shape = flashattn::CacheShape::latent(layout, 1, 8, 4).unwrap();
-    let quant = flashattn::QuantKvCache::zeros(shape, flashattn::CacheQuant::Int8, Precision::F32);
-    let q = flashattn::TensorData::F32(vec![0.5; 8]);
-    let step = flashattn::DecodeStep::new(q.view([1, 1, 1, 8]), &[2]);
-    let err = emulated_step(
-        HostCache::Quant(&quant),
-        &step,
-        &AttentionOptions::default(),
-        None,
-        132,
-    )
-    .unwrap_err();
-    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    let quantized = [
+        (
+            DecodeCase::new(&[20, 37], 576)
+                .dv(512)
+                .heads(16, 1)
+                .paged(16)
+                .latent()
+                .append(2)
+                .f16()
+                .splits(2),
+            flashattn::CacheQuant::Int8,
+        ),
+        (
+            DecodeCase::new(&[29, 5], 59)
+                .dv(37)
+                .heads(4, 2)
+                .seqlen_q(2)
+                .latent()
+                .append(3)
+                .opts(causal()),
+            flashattn::CacheQuant::Fp8,
+        ),
+    ];
+    for (case, quant) in quantized {
+        let data = case.data();
+        let opts = case.opts.clone();
+        data.check_quantized(quant, |cache, step| {
+            let (out, blobs) = emulate_decode(
+                &mut exes,
+                &cxx,
+                dir.path(),
+                HostCache::Quant(cache),
+                step,
+                &opts,
+                case.num_splits,
+            );
+            assert!(
+                blobs[1].is_empty() && blobs[3].is_empty(),
+                "a latent cache has no V codes or scales of its own"
+            );
+            cache.k.codes = blobs[0].clone();
+            cache.k.scales = f32s(&blobs[2]);
+            Ok(out)
+        });
+    }
 }

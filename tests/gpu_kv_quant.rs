@@ -74,10 +74,7 @@ fn a_device_cache_grows_step_by_step_by_the_rule() {
         ),
     ];
     // Each layout also as a latent cache whose V is K's first 12 columns.
-    for ((layout, table), latent) in cases
-        .iter()
-        .flat_map(|&c| [(c, false), (c, true)])
-    {
+    for ((layout, table), latent) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
         let shape = match latent {
             true => CacheShape::latent(layout, hk, d, 12).unwrap(),
             false => CacheShape::new(layout, hk, d).unwrap(),

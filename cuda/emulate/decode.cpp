@@ -45,8 +45,10 @@ int main(int argc, char** argv) {
     const int ax = g[0], ay = g[1], az = g[2], dx = g[3], dy = g[4], splits = g[5], rows = g[6], heads = g[7];
     auto &q = blobs[3], &k_new = blobs[4], &v_new = blobs[5], &kc = blobs[6], &vc = blobs[7];
     auto &ks = blobs[8], &vs = blobs[9];
-    // A latent cache has no V of its own: V is a view of K's storage.
+    // A latent cache has no V of its own: V is a view of K's storage, at
+    // K's scales where quantized.
     cache_t* v_view = vc.empty() ? as<cache_t>(kc) : as<cache_t>(vc);
+    float* v_scales = vs.empty() ? as<float>(ks) : as<float>(vs);
     a.cache_lens = as<int>(blobs[10]);
     a.pages = as<int>(blobs[11]);
     a.alibi = as<float>(blobs[12]);
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
     // NaN-filled: a partial the kernel fails to write shows in the merge.
     std::vector<float> part_o(parts * a.d_v, NAN), part_lse(parts, NAN);
     launch(Dim{(unsigned)dx, (unsigned)dy, (unsigned)splits}, DECODE_THREADS, [&] {
-        flash_decode(as<storage_t>(q), as<cache_t>(kc), v_view, as<float>(ks), as<float>(vs), part_o.data(),
+        flash_decode(as<storage_t>(q), as<cache_t>(kc), v_view, as<float>(ks), v_scales, part_o.data(),
                      part_lse.data(), p, a);
     });
     std::vector<storage_t> o((size_t)rows * heads * a.d_v);

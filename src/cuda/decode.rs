@@ -71,8 +71,9 @@ pub struct CudaKvCache {
     k: CudaSlice<u8>,
     /// V's own storage; `None` in a latent cache, whose V is a view of `k`.
     v: Option<CudaSlice<u8>>,
-    /// A quantized cache's `(blocks, heads_kv)` scales of K and V.
-    scales: Option<[CudaSlice<f32>; 2]>,
+    /// A quantized cache's `(blocks, heads_kv)` scales of K, and of V
+    /// (`None` in a latent cache, whose V reads K's).
+    scales: Option<(CudaSlice<f32>, Option<CudaSlice<f32>>)>,
 }
 
 impl std::fmt::Debug for CudaKvCache {
@@ -105,7 +106,7 @@ impl CudaKvCache {
     /// Bytes it holds on the device: K and V, and a quantized cache's
     /// scales (a latent cache: K's alone, its V being a view of K).
     pub fn bytes(&self) -> usize {
-        let scales = self.scales.as_ref().map_or(0, |[k, v]| 4 * (k.len() + v.len()));
+        let scales = self.scales.as_ref().map_or(0, |(k, v)| 4 * (k.len() + v.as_ref().map_or(0, |v| v.len())));
         self.k.len() + self.v.as_ref().map_or(0, |v| v.len()) + scales
     }
 
@@ -120,21 +121,7 @@ impl CudaKvCache {
     }
 }
 
-/// The CUDA kernels read a quantized cache's V codes and scales from
-/// buffers of their own: a quantized latent cache (V a view of K's codes,
-/// at K's scales) is `Unsupported` here.
-fn quantized_latent_unsupported(shape: &CacheShape) -> Result<()> {
-    if shape.latent {
-        return Err(Error::Unsupported {
-            what: "the CUDA backend's quantized kv caches",
-            feature: "a latent cache (V a view of K's codes)",
-        });
-    }
-    Ok(())
-}
-
-/// An all-zero cache (a quantized one: every scale `MIN_CACHE_SCALE`; a
-/// latent one has no quantized form here, `Unsupported`).
+/// An all-zero cache (a quantized one: every scale `MIN_CACHE_SCALE`).
 pub(crate) fn alloc(
     dev: &CudaDevice,
     shape: CacheShape,
@@ -142,9 +129,6 @@ pub(crate) fn alloc(
     quant: Option<CacheQuant>,
 ) -> Result<CudaKvCache> {
     shape.checked()?;
-    if quant.is_some() {
-        quantized_latent_unsupported(&shape)?;
-    }
     match quant {
         Some(q) => upload_quantized(dev, &QuantKvCache::zeros(shape, q, precision)),
         None => {
@@ -189,20 +173,25 @@ pub(crate) fn upload(dev: &CudaDevice, host: &HostKvCache) -> Result<CudaKvCache
 /// A quantized host cache (codes and scales) copied to the device.
 pub(crate) fn upload_quantized(dev: &CudaDevice, host: &QuantKvCache) -> Result<CudaKvCache> {
     host.check()?;
-    quantized_latent_unsupported(&host.shape)?;
     let s = &dev.stream;
     let up_codes = |c: &[u8], during| s.clone_htod(c).map_err(driver(during));
     let up_scales = |c: &[f32], during| s.clone_htod(c).map_err(driver(during));
+    // A latent cache's V is a view of K's codes, at K's scales.
+    let latent = host.shape.latent;
     Ok(CudaKvCache {
         shape: host.shape,
         precision: host.precision,
         quant: Some(host.quant),
         k: up_codes(&host.k.codes, "uploading the k codes")?,
-        v: Some(up_codes(&host.v.codes, "uploading the v codes")?),
-        scales: Some([
+        v: (!latent)
+            .then(|| up_codes(&host.v.codes, "uploading the v codes"))
+            .transpose()?,
+        scales: Some((
             up_scales(&host.k.scales, "uploading the k scales")?,
-            up_scales(&host.v.scales, "uploading the v scales")?,
-        ]),
+            (!latent)
+                .then(|| up_scales(&host.v.scales, "uploading the v scales"))
+                .transpose()?,
+        )),
     })
 }
 
@@ -226,7 +215,7 @@ pub(crate) fn read(dev: &CudaDevice, cache: &CudaKvCache) -> Result<HostKvCache>
 
 /// A quantized device cache's codes and scales on the host.
 pub(crate) fn read_quantized(dev: &CudaDevice, cache: &CudaKvCache) -> Result<QuantKvCache> {
-    let (Some(quant), Some([ks, vs]), Some(v)) = (cache.quant, &cache.scales, &cache.v) else {
+    let (Some(quant), Some((ks, vs))) = (cache.quant, &cache.scales) else {
         return Err(wrong_cache(cache, "a quantized cache"));
     };
     let s = &dev.stream;
@@ -236,7 +225,12 @@ pub(crate) fn read_quantized(dev: &CudaDevice, cache: &CudaKvCache) -> Result<Qu
             scales: s.clone_dtoh(scales).map_err(driver("reading cache scales"))?,
         })
     };
-    QuantKvCache::new(cache.shape, quant, cache.precision, kv(&cache.k, ks)?, kv(v, vs)?)
+    // A latent cache: K's codes and scales alone.
+    let v = match (&cache.v, vs) {
+        (Some(v), Some(vs)) => kv(v, vs)?,
+        _ => QuantizedKv::default(),
+    };
+    QuantKvCache::new(cache.shape, quant, cache.precision, kv(&cache.k, ks)?, v)
 }
 
 /// The cache asked for is not this one's kind.
@@ -413,7 +407,7 @@ fn attention_problem<'a>(p: &DecodeProblem, opts: &'a AttentionOptions) -> Resul
 /// kv_append's grid for the validated step `p` on a cache of `quant` codes
 /// (scale blocks `blocks`): none without new rows; a block per new row of
 /// a plain cache; per (scale block reached, kv head, sequence × {K, V}) of
-/// a quantized one.
+/// a quantized one (× {K} of a latent one).
 fn append_grid(p: &DecodeProblem, quant: Option<CacheQuant>, blocks: &ScaleBlocks) -> Result<Option<(u32, u32, u32)>> {
     Ok(match (p.seqlen_new, quant) {
         (0, _) => None,
@@ -429,7 +423,7 @@ fn append_grid(p: &DecodeProblem, quant: Option<CacheQuant>, blocks: &ScaleBlock
             Some((
                 grid("scale blocks appended to", most, i32::MAX as u32)?,
                 grid("heads", p.heads_kv, 65535)?,
-                grid("sequences × {K, V}", 2 * p.batch, 65535)?,
+                grid("sequences × {K, V}", if p.cache.latent { 1 } else { 2 } * p.batch, 65535)?,
             ))
         }
     })
@@ -610,7 +604,9 @@ fn run_kernels(
             _ => launch.value(&null).output(&mut cache.k).value(&null),
         };
         match cache.scales.as_mut() {
-            Some([k, v]) => launch.output(k).output(v),
+            Some((k, Some(v))) => launch.output(k).output(v),
+            // A latent cache's V scales are K's, never appended to.
+            Some((k, None)) => launch.output(k).value(&null),
             None => launch.value(&null).value(&null),
         };
         launch.value(&l.problem).value(args);
@@ -625,7 +621,7 @@ fn run_kernels(
     let mut launch = Launch::new(s, &attend);
     launch.input(&bufs.q).input(&cache.k).input(cache.v_storage());
     match cache.scales.as_ref() {
-        Some([k, v]) => launch.input(k).input(v),
+        Some((k, v)) => launch.input(k).input(v.as_ref().unwrap_or(k)),
         None => launch.value(&null).value(&null),
     };
     launch
@@ -670,6 +666,9 @@ fn validate(
             crate::quant::check_finite(&k_new.data.to_f32(), "k_new")?;
             crate::quant::check_finite(&v_new.data.to_f32(), "v_new")?;
         }
+        if let Some(k_new) = &step.new_latent {
+            crate::quant::check_finite(&k_new.data.to_f32(), "k_new")?;
+        }
     }
     Ok(p)
 }
@@ -702,13 +701,10 @@ pub fn emulated_step(
     sms: usize,
 ) -> Result<EmulatedStep> {
     let f32_bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_ne_bytes()).collect() };
-    // As the uploads check (a quantized latent cache: Unsupported).
+    // As the uploads check.
     match cache {
         HostCache::Plain(c) => c.check()?,
-        HostCache::Quant(c) => {
-            c.check()?;
-            quantized_latent_unsupported(&c.shape)?;
-        }
+        HostCache::Quant(c) => c.check()?,
     }
     let (shape, precision, quant, k, v, scales) = match cache {
         HostCache::Plain(c) => (
@@ -810,7 +806,8 @@ pub(crate) fn decode_host(
     check_before_upload(step, &host.shape, host.precision(), opts)?;
     let mut cache = upload(dev, host)?;
     let out = decode(dev, &mut cache, step, opts, num_splits)?;
-    if step.new_kv.is_some() {
+    // (A latent step's new rows too: `appends`.)
+    if step.appends() {
         *host = read(dev, &cache)?;
     }
     Ok(out)
@@ -829,7 +826,7 @@ pub(crate) fn decode_quantized_host(
     check_before_upload(step, &host.shape, host.precision, opts)?;
     let mut cache = upload_quantized(dev, host)?;
     let out = decode(dev, &mut cache, step, opts, num_splits)?;
-    if step.new_kv.is_some() {
+    if step.appends() {
         *host = read_quantized(dev, &cache)?;
     }
     Ok(out)
