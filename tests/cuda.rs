@@ -199,12 +199,12 @@ fn nvrtc_or_waive() -> bool {
 /// serialized wgmma and an ignored setmaxnreg): f16/bf16 at d 64 and 128,
 /// every family (forward and backward), every band/softcap combination;
 /// decoding's widest (d 576: the most accumulators a thread holds); and
-/// the scalar forward's and backward's wide variants at d 512 (the
-/// forward's 32 columns a lane) and 576 (the backward's 2 × 18).
+/// the scalar forward's and backward's wide variants (d 384, 512: the
+/// forward's 32 columns a lane, 576: the backward's 2 × 18).
 fn is_main(key: &KernelKey) -> bool {
     let widest = key.family == Family::Decode && key.head_dim == MAX_HEAD_DIM;
     let scalar = matches!(key.family, Family::Forward | Family::Backward);
-    let wide = scalar && [512, MAX_HEAD_DIM].contains(&key.head_dim);
+    let wide = scalar && flashattn::cuda::kernel::WIDE_HEAD_DIMS.contains(&key.head_dim);
     key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest || wide)
 }
 
