@@ -66,6 +66,14 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 #endif
 
+// The launch's dynamic shared memory as `name` (16-byte aligned; under
+// host emulation the harness's buffer of the launch's size).
+#if defined(FLASHATTN_HOST_EMULATION)
+#define DYNAMIC_SMEM(name) unsigned char* name = host_dynamic_smem()
+#else
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // Division rounding toward -inf (b > 0), for tile bounds that can be negative.
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 

@@ -20,6 +20,35 @@
 #define PER_LANE ((BLOCK + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
 #define PAD (HEAD_DIM + 1)
 
+// The four (BLOCK x PAD) f32 tiles a, b, c, d: static shared memory up to
+// d 256; at the wide head dims (src/cuda/kernel.rs: 8 x 8 tiles, whole
+// groups of 8 keys for dropout's keep bits, 72 KiB at d 576) the launch's
+// dynamic shared memory, opted in past 48 KiB.
+#if SMEM_BYTES > 0
+static_assert(4 * BLOCK * PAD * 4 == SMEM_BYTES, "the four tiles are the dynamic shared memory");
+#define BWD_TILES(a, b, c, d)                 \
+    DYNAMIC_SMEM(tiles_raw);                  \
+    float* const a = (float*)tiles_raw;       \
+    float* const b = a + BLOCK * PAD;         \
+    float* const c = b + BLOCK * PAD;         \
+    float* const d = c + BLOCK * PAD
+#else
+#define BWD_TILES(a, b, c, d)            \
+    __shared__ float a[BLOCK * PAD];     \
+    __shared__ float b[BLOCK * PAD];     \
+    __shared__ float c[BLOCK * PAD];     \
+    __shared__ float d[BLOCK * PAD]
+#endif
+
+// The wide variants fit at most 3 blocks an SM by their shared memory; the
+// launch bound's 1 block lets ptxas take the registers they need (left to
+// itself it aimed the sm_80 d 384 dK/dV at 64 registers and spilled).
+#if SMEM_BYTES > 0
+#define BWD_BOUNDS __launch_bounds__(BLOCK * THREADS_PER_ROW, 1)
+#else
+#define BWD_BOUNDS __launch_bounds__(BLOCK * THREADS_PER_ROW)
+#endif
+
 // P (dropped where not kept: dV's factor) and dS of query row i against
 // key j (already known to be allowed); `slope` is ALiBi's (0 without).
 __device__ __forceinline__ void p_and_ds(const Problem& p, const Dropout& D, bool kept, float slope, int i, int j,
@@ -35,16 +64,13 @@ __device__ __forceinline__ void p_and_ds(const Problem& p, const Dropout& D, boo
     *ds_ij = round_storage(pr * (dp - delta_i) * dcap);
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
+extern "C" __global__ void BWD_BOUNDS
 flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
                const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
                const float* __restrict__ lse, const float* __restrict__ delta,
                storage_t* __restrict__ dk, storage_t* __restrict__ dv, Problem p, const Layout L,
                const Dropout D) {
-    __shared__ float k_tile[BLOCK * PAD];
-    __shared__ float v_tile[BLOCK * PAD];
-    __shared__ float q_tile[BLOCK * PAD];
-    __shared__ float do_tile[BLOCK * PAD];
+    BWD_TILES(k_tile, v_tile, q_tile, do_tile);
     // Transposed: [key][row], so a key's lanes sum along their own row.
     __shared__ float p_t[BLOCK * BLOCK];
     __shared__ float ds_t[BLOCK * BLOCK];
@@ -129,15 +155,12 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK * THREADS_PER_ROW)
+extern "C" __global__ void BWD_BOUNDS
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
              storage_t* __restrict__ dq, Problem p, const Layout L, const Dropout D) {
-    __shared__ float q_tile[BLOCK * PAD];
-    __shared__ float do_tile[BLOCK * PAD];
-    __shared__ float k_tile[BLOCK * PAD];
-    __shared__ float v_tile[BLOCK * PAD];
+    BWD_TILES(q_tile, do_tile, k_tile, v_tile);
     __shared__ float ds_tile[BLOCK * BLOCK];
     __shared__ KeepTile<BLOCK, BLOCK> keep;
 

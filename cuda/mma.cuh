@@ -22,7 +22,6 @@
 #define ROW (HEAD_DIM + 8)  // elements per shared row: 16 B of padding spread ldmatrix's rows over the banks
 
 #if defined(FLASHATTN_HOST_EMULATION)
-#define DYNAMIC_SMEM(name) unsigned char* name = host_dynamic_smem()
 __device__ __forceinline__ unsigned storage_bits(storage_t x) {
     unsigned short b;
     std::memcpy(&b, &x, 2);
@@ -48,7 +47,6 @@ __device__ __forceinline__ void cp_async_commit() { host_cp_async_commit(); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { host_cp_async_wait(N); }
 #else
-#define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 __device__ __forceinline__ unsigned storage_bits(storage_t x) { return x; }
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;

@@ -47,7 +47,7 @@
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::compile::{compile_ptx_with, nvrtc_present, options_bounded};
 use flashattn::cuda::jit::{build_faults, spill_bytes};
-use flashattn::cuda::kernel::{Family, KernelKey, DECODE_MAX_HEAD_DIM};
+use flashattn::cuda::kernel::{Family, KernelKey, MAX_HEAD_DIM};
 use flashattn::cuda::{driver_present, Cuda, KernelPath};
 use flashattn::Precision;
 use flashattn::{
@@ -198,10 +198,14 @@ fn nvrtc_or_waive() -> bool {
 /// The variants ptxas checks for spills (and, in the Hopper ones, for
 /// serialized wgmma and an ignored setmaxnreg): f16/bf16 at d 64 and 128,
 /// every family (forward and backward), every band/softcap combination;
-/// and decoding's widest (d 576: the most accumulators a thread holds).
+/// decoding's widest (d 576: the most accumulators a thread holds); and
+/// the scalar forward's and backward's wide variants (d 384, 512: the
+/// forward's 32 columns a lane, 576: the backward's 2 × 18).
 fn is_main(key: &KernelKey) -> bool {
-    let widest = key.family == Family::Decode && key.head_dim == DECODE_MAX_HEAD_DIM;
-    key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest)
+    let widest = key.family == Family::Decode && key.head_dim == MAX_HEAD_DIM;
+    let scalar = matches!(key.family, Family::Forward | Family::Backward);
+    let wide = scalar && flashattn::cuda::kernel::WIDE_HEAD_DIMS.contains(&key.head_dim);
+    key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest || wide)
 }
 
 /// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
@@ -420,14 +424,15 @@ fn label(case: &common::Case) -> String {
     )
 }
 
-/// The accuracy matrix: head dims off and on the compile step, every
-/// storage precision, masks (with empty rows: more queries than keys under
-/// causal), softcap, GQA/MQA and lengths that are not multiples of a tile.
+/// The accuracy matrix: head dims off and on the compile step and the
+/// wide ones (an odd 300, MLA's 576), every storage precision, masks (with
+/// empty rows: more queries than keys under causal), softcap, GQA/MQA and
+/// lengths that are not multiples of a tile.
 fn matrix() -> Vec<common::Case> {
     use common::{causal, window, Case};
     let mut cases = Vec::new();
     for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
-        for d in [1, 40, 64, 128, 200, 256] {
+        for d in [1, 40, 64, 128, 200, 256, 300, 576] {
             let base = Case::new(77, 77, d).precision(precision);
             cases.push(base.clone());
             cases.push(base.clone().opts(causal()));
@@ -1106,6 +1111,57 @@ fn kernels_match_a_double_reference_under_host_emulation() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The scalar forward and backward at the wide head dims (cuda/emulate/
+/// check.cpp's listed cases against attention in double): MLA's 576 on
+/// the d 576 variants (GQA 4:1, a band, rows with no key, a head dim
+/// below the compiled one), and an odd 300 on the d 384 ones; every
+/// precision, small lengths (every thread is an OS thread here).
+#[test]
+fn wide_head_dims_match_a_double_reference_under_host_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    // name sq sk left right d hq hkv batch
+    let cases = |d: usize, low: usize| -> Vec<String> {
+        [
+            format!("gqa 21 37 9 0 {d} 4 1 1"),
+            format!("rows 40 19 -1 0 {d} 2 2 2"),
+            format!("low 17 50 -1 3 {low} 2 1 1"),
+        ]
+        .iter()
+        .flat_map(|c| c.split(' ').map(String::from).collect::<Vec<_>>())
+        .collect()
+    };
+    let builds = [
+        (Family::Forward, Precision::Bf16, 576, true, false),
+        (Family::Backward, Precision::F16, 576, true, true),
+        (Family::Forward, Precision::F32, 300, false, true),
+        (Family::Backward, Precision::Bf16, 300, true, false),
+    ];
+    for (family, precision, d, band, softcap) in builds {
+        let key = KernelKey::new(family, precision, d, band, softcap);
+        let exe = build_emulation(&cxx, dir.path(), &key, false, &[]);
+        let mut args = vec!["cases".to_string()];
+        args.extend(cases(d, d - 7));
+        let (report, passed) = run_emulation(&exe, &args);
+        if !passed {
+            failures.push(format!(
+                "{}:
+{report}",
+                key.label()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}",
+        failures.join(
+            "
+"
+        )
+    );
 }
 
 /// The tensor-core kernels under the same emulation, where cuda/emulate/

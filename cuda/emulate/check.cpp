@@ -354,7 +354,7 @@ static int run(const Case& cs) {
 
 static int run(int sq, int sk, int left, int right, int d) { return run(Case{"dense", sq, sk, left, right, d}); }
 
-#if SMEM_BYTES > 0
+#if TENSOR_CORES
 // cuda/mma.cuh's fragment wrappers against a plain product, on one warp:
 // A (16 x 16) and B (16 x 8, held both n-major and k-major) of small
 // integers (exact in f16 and bf16) to fragments by ldmatrix .x4, .x2,

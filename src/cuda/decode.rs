@@ -19,7 +19,7 @@
 use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::{timed, Launch};
-use super::kernel::{Family, KernelKey, DECODE_KEYS, DECODE_MAX_HEAD_DIM, DECODE_ROWS};
+use super::kernel::{Family, KernelKey, DECODE_KEYS, MAX_HEAD_DIM, DECODE_ROWS};
 use super::problem::Problem;
 use crate::api::decode::{CacheShape, DecodeOutput, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::options::AttentionOptions;
@@ -393,11 +393,11 @@ fn grid(what: &'static str, n: usize, max: u32) -> Result<u32> {
 /// keys), within the kernels' head dims.
 fn attention_problem<'a>(p: &DecodeProblem, opts: &'a AttentionOptions) -> Result<crate::api::problem::Problem<'a>> {
     for (tensor, head_dim) in [("q/k", p.head_dim), ("v", p.head_dim_v)] {
-        if head_dim > DECODE_MAX_HEAD_DIM {
+        if head_dim > MAX_HEAD_DIM {
             return Err(Error::HeadDimTooLarge {
                 tensor,
                 head_dim,
-                max: DECODE_MAX_HEAD_DIM,
+                max: MAX_HEAD_DIM,
             });
         }
     }

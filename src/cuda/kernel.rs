@@ -40,19 +40,21 @@ pub const DECODE_KEYS: usize = 64;
 /// it loads serves them all.
 pub const DECODE_ROWS: usize = 16;
 
-/// Head dims are compiled in steps of this many columns (the rest load as
-/// zeros), so 8 widths cover every head dim 1..=256.
+/// Head dims up to [`STEPPED_MAX_HEAD_DIM`] are compiled in steps of this
+/// many columns (the rest load as zeros), so 8 widths cover 1..=256.
 pub const HEAD_DIM_STEP: usize = 32;
-/// The largest head dim the CUDA forward and backward kernels take.
-pub const MAX_HEAD_DIM: usize = 256;
-/// The largest head dim (of k, and of v) the decode kernels take: MLA's
-/// 576 (512 + 64 rotary) among them.
-pub const DECODE_MAX_HEAD_DIM: usize = 576;
-/// The decode kernels' padded head dims past [`MAX_HEAD_DIM`]: a thread's
-/// output columns, ⌈HEAD_DIM / DECODE_THREADS⌉, are all the padding
-/// changes past the q rows' shared memory, so three widths (3, 4 and 5
-/// columns a thread) cover 257..=576.
-pub const DECODE_WIDE_HEAD_DIMS: [usize; 3] = [384, 512, 576];
+/// The largest head dim compiled in steps of [`HEAD_DIM_STEP`]; past it,
+/// the [`WIDE_HEAD_DIMS`].
+pub const STEPPED_MAX_HEAD_DIM: usize = 256;
+/// The largest head dim (of q and k, and of v in decoding) the CUDA
+/// kernels take: MLA's 576 (512 + 64 rotary), the API's own maximum.
+pub const MAX_HEAD_DIM: usize = 576;
+/// The scalar kernels' padded head dims past [`STEPPED_MAX_HEAD_DIM`]:
+/// three widths cover 257..=576 (a zero column costs a wide head dim
+/// little, and each width is a set of variants to compile). In decoding
+/// a thread's output columns, ⌈HEAD_DIM / DECODE_THREADS⌉, are 3, 4 and 5;
+/// the forward's and backward's tiles shrink to fit ([`KernelKey::tiles`]).
+pub const WIDE_HEAD_DIMS: [usize; 3] = [384, 512, 576];
 /// The largest (padded) head dim of the tensor-core kernels: past it a
 /// warp's f32 accumulators (HEAD_DIM / 2 per lane, twice in dK/dV) no
 /// longer fit in registers, and the scalar kernels run.
@@ -134,8 +136,9 @@ impl Family {
     /// Whether this family compiles `precision` at padded head dim `head_dim`.
     pub fn takes(self, precision: Precision, head_dim: usize) -> bool {
         match self {
-            Family::Forward | Family::Backward => head_dim <= MAX_HEAD_DIM,
-            Family::Decode => head_dim <= MAX_HEAD_DIM || DECODE_WIDE_HEAD_DIMS.contains(&head_dim),
+            Family::Forward | Family::Backward | Family::Decode => {
+                head_dim <= STEPPED_MAX_HEAD_DIM || WIDE_HEAD_DIMS.contains(&head_dim)
+            }
             Family::ForwardMma | Family::BackwardMma => {
                 precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
             }
@@ -191,11 +194,11 @@ impl Tiles {
 }
 
 impl KernelKey {
-    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`],
-    /// for decoding 1..=[`DECODE_MAX_HEAD_DIM`]): padded to the step, or for
-    /// the Hopper kernel to 64 or 128 (whole TMA boxes; past 128 it pads to
-    /// the step and no plan picks it), for decoding past [`MAX_HEAD_DIM`] to
-    /// one of [`DECODE_WIDE_HEAD_DIMS`].
+    /// The key for a problem of head dim `head_dim` (1..=[`MAX_HEAD_DIM`]):
+    /// padded to the step, or for the Hopper kernel to 64 or 128 (whole TMA
+    /// boxes; past 128 it pads to the step and no plan picks it), for the
+    /// scalar kernels past [`STEPPED_MAX_HEAD_DIM`] to one of
+    /// [`WIDE_HEAD_DIMS`] (the tensor-core ones take none past 128).
     pub fn new(
         family: Family,
         precision: Precision,
@@ -209,7 +212,7 @@ impl KernelKey {
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
-            Family::Decode if stepped > MAX_HEAD_DIM => DECODE_WIDE_HEAD_DIMS
+            Family::Forward | Family::Backward | Family::Decode if stepped > STEPPED_MAX_HEAD_DIM => WIDE_HEAD_DIMS
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
@@ -249,7 +252,7 @@ impl KernelKey {
         let mut keys = Vec::new();
         for family in Family::ALL {
             for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
-                for head_dim in (HEAD_DIM_STEP..=DECODE_MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
+                for head_dim in (HEAD_DIM_STEP..=MAX_HEAD_DIM).step_by(HEAD_DIM_STEP) {
                     if !family.takes(precision, head_dim) {
                         continue;
                     }
@@ -272,11 +275,18 @@ impl KernelKey {
         keys
     }
 
-    /// Tile sizes. Every tile is held in f32 in shared memory with one
-    /// column of padding; the sizes keep a block within the 48 KiB of
-    /// static shared memory every sm80+ device has, at 128 threads (64 for
-    /// the backward at d 32), and each lane at 32 (forward) or 2 × 16
-    /// (backward) f32 accumulators, which stay in registers.
+    /// Tile sizes, chosen here for every padded head dim. Every tile is
+    /// held in f32 in shared memory with one column of padding; the sizes
+    /// keep a block within the 48 KiB of static shared memory every sm80+
+    /// device has, at 128 threads (64 for the backward at d 32), and each
+    /// lane at most 32 (forward) or 2 × 18 (backward) f32 accumulators,
+    /// which stay in registers. Up to d 256 the streamed tile is about 16
+    /// KiB; past it ([`WIDE_HEAD_DIMS`]), a row's lanes are at most a warp
+    /// (32 lanes: 18 columns each at d 576), the forward streams the most
+    /// keys that fit (16 for 4 query rows at d 576, never under 8: dropout's
+    /// keep bits come 8 keys at a time) and the backward's tiles are 8 × 8
+    /// in dynamic shared memory (72 KiB at d 576, within every sm80+
+    /// device's opt-in).
     ///
     /// The tensor-core kernels: 4 warps of 16 owned rows each (64 rows a
     /// block), streamed tiles of 64 rows up to d 64 and 32 past it, so that
@@ -286,11 +296,20 @@ impl KernelKey {
         let d = self.head_dim;
         match self.family {
             Family::Forward => {
-                // 32 output columns per lane; 128 threads.
-                let lanes = (d / 32).next_power_of_two();
+                // Up to 32 output columns per lane; 128 threads.
+                let lanes = (d / 32).next_power_of_two().min(32);
                 let rows = 128 / lanes;
-                // Q (rows × d) and K/V (keys × d) about 16 KiB each.
-                let keys = ((4096 / d).min(32) / lanes).max(1) * lanes;
+                // Q (rows × d) and K/V (keys × d) about 16 KiB each; wide:
+                // as many keys as fit.
+                let mut keys = match d <= STEPPED_MAX_HEAD_DIM {
+                    true => ((4096 / d).min(32) / lanes).max(1) * lanes,
+                    false => 32,
+                };
+                // Whole groups of 8 keys: dropout's keep bits (cuda/dropout.cuh).
+                while keys > 8 && forward_shared_floats(rows, keys, d) * 4 + rows * keys / 8 > STATIC_SHARED_LIMIT
+                {
+                    keys /= 2;
+                }
                 Tiles {
                     rows,
                     keys,
@@ -299,10 +318,15 @@ impl KernelKey {
                 }
             }
             Family::Backward => {
-                // 16 columns of dK and of dV (or dQ) per lane.
-                let lanes = (d / 16).next_power_of_two();
-                // Four (block × d) f32 tiles within about 34 KiB.
-                let block = prev_power_of_two((2048 / d).min(32));
+                // 16 columns of dK and of dV (or dQ) per lane; 18 at d 576.
+                let lanes = (d / 16).next_power_of_two().min(32);
+                // Four (block × d) f32 tiles within about 34 KiB; wide: 8
+                // (whole groups of 8 keys for dropout's keep bits), the
+                // tiles in dynamic shared memory.
+                let block = match d <= STEPPED_MAX_HEAD_DIM {
+                    true => prev_power_of_two((2048 / d).min(32)),
+                    false => 8,
+                };
                 Tiles {
                     rows: block,
                     keys: block,
@@ -339,11 +363,10 @@ impl KernelKey {
     /// too (a bit per pair; cuda/dropout.cuh's `KeepTile`).
     pub fn shared_bytes(&self) -> usize {
         let t = self.tiles();
-        let pad = self.head_dim + 1;
         let floats = match self.family {
-            Family::Forward => t.rows * pad + t.keys * pad + t.rows * t.keys,
-            // dK/dV's: K, V, Q, dO tiles, Pᵀ, dSᵀ, lse and D.
-            Family::Backward => 4 * t.rows * pad + 2 * t.rows * t.rows + 2 * t.rows,
+            Family::Forward => forward_shared_floats(t.rows, t.keys, self.head_dim),
+            Family::Backward if self.wide_backward() => 2 * t.rows * t.rows + 2 * t.rows,
+            Family::Backward => backward_shared_floats(t.rows, self.head_dim),
             Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
             // The rows' q, a tile's scores (P in place, a padding column)
             // and each row's m, l and rescale (the quantized append's block
@@ -355,13 +378,16 @@ impl KernelKey {
     }
 
     /// Bytes of dynamic shared memory a launch gives the variant: the
-    /// tensor-core kernels' layout (their `SMEM_BYTES`, which the kernels
-    /// check with a static_assert). Rows of `head_dim + 8` elements: the 16
+    /// tensor-core kernels' layout, and the wide scalar backward's four
+    /// tiles (their `SMEM_BYTES`, which the kernels check with a
+    /// static_assert). Rows of `head_dim + 8` elements: the 16
     /// bytes of padding put ldmatrix's 8 rows in different banks.
     pub fn dynamic_shared_bytes(&self) -> usize {
         let t = self.tiles();
         let row = (self.head_dim + 8) * self.precision.bytes();
         match self.family {
+            // Its four tiles (the static ones' rows: f32, one column of padding).
+            Family::Backward if self.wide_backward() => 4 * t.rows * (self.head_dim + 1) * 4,
             Family::Forward | Family::Backward | Family::Decode => 0,
             // Q, then two stages of K and V.
             Family::ForwardMma => (t.rows + 4 * t.keys) * row,
@@ -374,6 +400,12 @@ impl KernelKey {
                 1024 + (t.rows + 4 * t.keys) * bytes + 9 * 8
             }
         }
+    }
+
+    /// The scalar backward at a wide head dim: its tiles in dynamic shared
+    /// memory (past 48 KiB at 8 × 8).
+    fn wide_backward(&self) -> bool {
+        self.family == Family::Backward && self.head_dim > STEPPED_MAX_HEAD_DIM
     }
 
     /// cp.async stages of the streamed tiles (1: plain loads, one buffer).
@@ -409,12 +441,13 @@ impl KernelKey {
         };
         // BLOCK_ROWS, BLOCK_THREADS, SMEM_BYTES and IS_FORWARD are for
         // cuda/emulate/check.cpp's launches (and SMEM_BYTES for the mma
-        // kernels' layout check).
+        // kernels' layout check and the wide scalar backward's tiles;
+        // TENSOR_CORES for check.cpp's fragment self-test).
         let mut defines = format!(
             "#define HEAD_DIM {}\n#define STORAGE {storage}\n#define HAS_BAND {}\n\
              #define HAS_SOFTCAP {}\n#define HAS_DROPOUT {}\n#define THREADS_PER_ROW {}\n\
              #define BLOCK_ROWS {}\n#define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n\
-             #define IS_FORWARD {}\n#define IS_WGMMA {}\n",
+             #define IS_FORWARD {}\n#define IS_WGMMA {}\n#define TENSOR_CORES {}\n",
             self.head_dim,
             u8::from(self.band),
             u8::from(self.softcap),
@@ -425,6 +458,7 @@ impl KernelKey {
             self.dynamic_shared_bytes(),
             u8::from(self.family.is_forward()),
             u8::from(self.family.is_wgmma()),
+            u8::from(self.family.is_mma() || self.family.is_wgmma()),
         );
         let body = match self.family {
             Family::Forward => {
@@ -465,6 +499,18 @@ impl KernelKey {
     }
 }
 
+/// The scalar forward's shared floats: Q (rows) and K/V (keys) tiles of
+/// `d + 1` floats a row, and P.
+fn forward_shared_floats(rows: usize, keys: usize, d: usize) -> usize {
+    (rows + keys) * (d + 1) + rows * keys
+}
+
+/// The scalar dK/dV kernel's (dQ's are fewer): K, V, Q, dO tiles, Pᵀ,
+/// dSᵀ, lse and D.
+fn backward_shared_floats(block: usize, d: usize) -> usize {
+    4 * block * (d + 1) + 2 * block * block + 2 * block
+}
+
 fn prev_power_of_two(x: usize) -> usize {
     1 << (usize::BITS - 1 - x.max(1).leading_zeros())
 }
@@ -498,7 +544,15 @@ mod tests {
                 key.label()
             );
             if key.family == Family::Forward {
-                assert_eq!(t.keys % t.lanes, 0, "{}", key.label());
+                // Whole rounds of keys a lane, or (wide) one key a lane at most.
+                assert!(t.keys % t.lanes == 0 || key.head_dim > STEPPED_MAX_HEAD_DIM, "{}", key.label());
+            }
+            if matches!(key.family, Family::Forward | Family::Backward) {
+                // Dropout's keep bits: whole groups of 8 keys.
+                assert_eq!(t.keys % 8, 0, "{}", key.label());
+                // The accumulators a lane holds (two sets in dK/dV).
+                let cols = key.head_dim / t.lanes;
+                assert!(cols <= if key.family.is_forward() { 32 } else { 18 }, "{}", key.label());
             }
             if key.family.is_mma() {
                 // 16 rows a warp; ldmatrix.x4 takes streamed rows 16 at a time.
@@ -525,13 +579,14 @@ mod tests {
             ),
             (None, Some(128), Some(128))
         );
-        // Scalar: 2 families × 96; mma: 2 families × f16/bf16 × d 32..128 × 4
+        // Scalar: 2 families × 3 precisions × (8 steps and 3 wide head
+        // dims) × 4 options; mma: 2 families × f16/bf16 × d 32..128 × 4
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
         // 128 × 4 options, no dropout; decoding: every precision and head
         // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8 caches.
         assert_eq!(
             all.len(),
-            2 * (2 * 96 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * (8 + 3) * 4 * 3
+            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * (8 + 3) * 4 * 3
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
@@ -550,6 +605,38 @@ mod tests {
         assert_eq!(key(64).dynamic_shared_bytes(), 1024 + 80 * 1024 + 72);
         assert_eq!((key(64).tiles().threads, key(64).stages()), (384, 2));
         assert!(key(128).source().contains("#define IS_WGMMA 1"));
+    }
+
+    /// Up to d 256 the scalar tiles are the ~16 KiB ones; past it a row's
+    /// lanes stop at a warp and the tiles shrink to the largest powers of
+    /// two within 48 KiB.
+    #[test]
+    fn the_scalar_tiles_shrink_to_fit_the_wide_head_dims() {
+        let tiles = |family, d| {
+            let t = KernelKey::new(family, Precision::F16, d, false, false).tiles();
+            (t.rows, t.keys, t.lanes, t.threads)
+        };
+        assert_eq!(tiles(Family::Forward, 128), (32, 32, 4, 128));
+        assert_eq!(tiles(Family::Forward, 256), (16, 16, 8, 128));
+        assert_eq!(tiles(Family::Forward, 384), (8, 16, 16, 128));
+        // 16 keys would be 48.6 KiB.
+        assert_eq!(tiles(Family::Forward, 512), (8, 8, 16, 128));
+        assert_eq!(tiles(Family::Forward, 576), (4, 16, 32, 128));
+        assert_eq!(tiles(Family::Backward, 128), (16, 16, 8, 128));
+        assert_eq!(tiles(Family::Backward, 256), (8, 8, 16, 128));
+        for d in WIDE_HEAD_DIMS {
+            assert_eq!(tiles(Family::Backward, d), (8, 8, 32, 256), "d {d}");
+        }
+        let key = KernelKey::new(Family::Forward, Precision::F16, 576, true, false).with_dropout(true);
+        assert_eq!(key.shared_bytes(), ((4 + 16) * 577 + 4 * 16) * 4 + 4 * 16 / 8);
+        assert_eq!(key.dynamic_shared_bytes(), 0);
+        // The backward's four 8 × 577 f32 tiles dynamic, Pᵀ, dSᵀ, lse and D static.
+        let key = KernelKey::new(Family::Backward, Precision::F16, 576, true, false);
+        assert_eq!(key.shared_bytes(), (2 * 64 + 2 * 8) * 4);
+        assert_eq!(key.dynamic_shared_bytes(), 4 * 8 * 577 * 4);
+        assert!(key.source().contains(&format!("#define SMEM_BYTES {}\n", 4 * 8 * 577 * 4)));
+        let narrow = KernelKey::new(Family::Backward, Precision::F16, 256, true, false);
+        assert_eq!(narrow.dynamic_shared_bytes(), 0);
     }
 
     /// Dropout is its own variant (define, label, the keep bits' shared
@@ -585,14 +672,19 @@ mod tests {
             (key(1), key(32), key(33), key(200), key(256)),
             (32, 32, 64, 224, 256)
         );
-        // Decoding past 256: to 384, 512 or 576, each a variant there is.
-        let decode = |d| KernelKey::new(Family::Decode, Precision::Bf16, d, false, false);
-        assert_eq!(
-            [257, 384, 385, 512, 513, 576].map(|d| decode(d).head_dim),
-            [384, 384, 512, 512, 576, 576]
-        );
+        // The scalar kernels past 256: to 384, 512 or 576, each a variant there is.
         let all = KernelKey::all();
-        assert!([200, 300, 576].iter().all(|&d| all.contains(&decode(d))));
-        assert!(all.iter().all(|k| k.family == Family::Decode || k.head_dim <= MAX_HEAD_DIM));
+        for family in [Family::Forward, Family::Backward, Family::Decode] {
+            let wide = |d| KernelKey::new(family, Precision::Bf16, d, false, false);
+            assert_eq!(
+                [257, 300, 384, 385, 512, 513, 576].map(|d| wide(d).head_dim),
+                [384, 384, 384, 512, 512, 576, 576]
+            );
+            assert!([200, 300, 576].iter().all(|&d| all.contains(&wide(d))));
+        }
+        // The tensor-core kernels stop at 128.
+        assert!(all
+            .iter()
+            .all(|k| !(k.family.is_mma() || k.family.is_wgmma()) || k.head_dim <= MMA_MAX_HEAD_DIM));
     }
 }

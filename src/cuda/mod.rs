@@ -34,7 +34,8 @@
 //! dim of its own: causal, local windows, softcap, scale, GQA/MQA, empty
 //! rows, ALiBi (per head or per batch entry), attention sinks (their
 //! gradient `dsinks` too), block-sparse masks of any block size and packed
-//! (varlen) batches, alone or together, head dims 1..=256; both backwards
+//! (varlen) batches, alone or together, head dims 1..=576 (past 128 on
+//! the scalar kernels, past 256 at wide variants); both backwards
 //! are deterministic (no atomics). The band and softcap are compile-time
 //! variants (`KernelKey`); the layouts are not: `layout::Layout`, the last
 //! argument of every kernel, points at their side buffers (null when off)
@@ -78,8 +79,8 @@
 //! merges them by their lse. A block takes up to 16 query rows of one
 //! sequence and kv head (its GQA group's heads × seqlen_q), so K and V are
 //! read once for the group. It takes the band and score options, ALiBi,
-//! sinks, v's own head dim and head dims up to 576 (the forward's 256
-//! past: MLA-like shapes); block masks and packed batches are
+//! sinks, v's own head dim and head dims up to 576 (MLA-like shapes) on
+//! plain, quantized and latent caches; block masks and packed batches are
 //! `Unsupported` in decoding on every backend.
 //!
 //! - [`kernel`]: the typed key of each compiled variant, its tiles and source;
@@ -171,11 +172,11 @@ pub fn takes(workload: &Workload) -> Result<()> {
             workload.opts.for_decoding(shape.batch, shape.heads_q)?;
             let p = workload.problem()?;
             for (tensor, head_dim) in [("q/k", shape.head_dim), ("v", shape.head_dim_v)] {
-                if head_dim > kernel::DECODE_MAX_HEAD_DIM {
+                if head_dim > kernel::MAX_HEAD_DIM {
                     return Err(Error::HeadDimTooLarge {
                         tensor,
                         head_dim,
-                        max: kernel::DECODE_MAX_HEAD_DIM,
+                        max: kernel::MAX_HEAD_DIM,
                     });
                 }
             }

@@ -465,6 +465,29 @@ mod tests {
         }
     }
 
+    /// Past 256 (MLA's 576, an odd 300) every path runs the scalar
+    /// kernels at a wide padded head dim, and forcing the tensor cores or
+    /// the Hopper forward says why not.
+    #[test]
+    fn wide_head_dims_run_the_scalar_kernels_at_a_wide_variant() {
+        for dev in [DeviceProps::a100(), DeviceProps::h200()] {
+            for (d, padded) in [(300, 384), (512, 512), (576, 576)] {
+                for precision in [Precision::F32, Precision::Bf16] {
+                    let p = problem(precision, d);
+                    let chosen = plan(&dev, &p, KernelPath::Auto).unwrap();
+                    assert_eq!(chosen.forward.family, Family::Forward, "d {d}");
+                    assert_eq!(chosen.backward.family, Family::Backward, "d {d}");
+                    assert_eq!((chosen.forward.head_dim, chosen.backward.head_dim), (padded, padded));
+                    if precision == Precision::Bf16 {
+                        assert!(chosen.reason.contains("past 128"), "{}", chosen.reason);
+                        assert!(plan(&dev, &p, KernelPath::Mma).is_err());
+                        assert!(plan(&dev, &p, KernelPath::Hopper).is_err());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_device_with_little_shared_memory_falls_back() {
         let mut small = DeviceProps::a100();
