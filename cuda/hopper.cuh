@@ -38,7 +38,6 @@ struct __align__(64) TensorMap {
 };
 
 #if defined(FLASHATTN_HOST_EMULATION)
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
 __device__ __forceinline__ void wgmma_fence() { host_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { host_wgmma_commit(); }
 template <int N>
