@@ -1087,9 +1087,8 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
 }
 
 /// Dropout's variants under the same emulation (the scalar and sm80
-/// forwards, the latter at 16 and 32 rows a warp (d 128 and 64), and
-/// backwards; the Hopper forward has none, the plan sends dropout to the
-/// sm80 one): check.cpp's cases against its double
+/// forwards and backwards; the Hopper forward has none, the plan sends
+/// dropout to the sm80 one): check.cpp's cases against its double
 /// reference drawing the same mask (GQA, head dims below the compiled one,
 /// lengths off the tiles, causal windows, rows with no key; the layouts on
 /// the scalar forward and the sm80 backward: a packed batch's sequences
@@ -1105,7 +1104,6 @@ fn dropout_kernels_match_a_double_reference_and_the_mask_under_host_emulation() 
         (Family::Forward, Precision::F32, 64, false, true),
         (Family::Backward, Precision::F16, 64, true, false),
         (Family::ForwardMma, Precision::Bf16, 128, false, false),
-        (Family::ForwardMma, Precision::F16, 64, false, false),
         (Family::BackwardMma, Precision::F16, 96, true, true),
     ] {
         let key = KernelKey::new(family, precision, d, true, softcap).with_dropout(true);
