@@ -25,7 +25,7 @@ template <int ROWS, int COLS>
 struct KeepTile {
     static_assert(COLS % 8 == 0, "whole Philox calls: 8 keys each");
 #if HAS_DROPOUT
-    unsigned char bits[ROWS * COLS / 8];
+    __align__(4) unsigned char bits[ROWS * COLS / 8];
 #endif
 
     // Query rows row0.. against keys col0.. (a multiple of 8; both in the
@@ -55,6 +55,11 @@ struct KeepTile {
 #if HAS_DROPOUT
     // Whether pair (r, c) of the tile is kept (the kernels ask through KEPT).
     __device__ __forceinline__ bool kept(int r, int c) const { return (bits[r * (COLS / 8) + c / 8] >> (c % 8)) & 1u; }
+    // Row r's pairs 32w..32w+31 at once, bit c % 32 (the byte order above, little-endian).
+    __device__ __forceinline__ unsigned word(int r, int w) const {
+        static_assert(COLS % 32 == 0, "whole words per row");
+        return ((const unsigned*)bits)[r * (COLS / 32) + w];
+    }
 #endif
 };
 

@@ -1,128 +1,283 @@
 // FlashAttention-2 forward on tensor cores (sm80+, f16/bf16 storage, f32
-// accumulation): one block of 4 warps per (BLOCK_M = 64 query rows, query
-// head, batch entry), each warp owning 16 rows; key tiles of BLOCK_N keys
-// stream through two cp.async stages (tile j + 1 loads while tile j is
-// computed). Dynamic shared memory, in elements of ROW:
+// accumulation), FA2's shape: one block of 4 warps per (BLOCK_M query
+// rows, query head, batch entry), each warp owning MT row tiles of 16 (128
+// rows and MT = 2 where registers allow, else 64 and 1: src/cuda/kernel.rs
+// decides); key tiles of BLOCK_N keys. One buffer of K and one of V, each
+// loading by cp.async while the other is in use: V_j during S = Q K_j^T and
+// the softmax, K_{j+1} during O += P V_j. Q's fragments are reloaded by
+// ldmatrix for every tile, leaving the registers to O and S. Dynamic shared
+// memory, in elements of ROW:
 //
-//   Q [BLOCK_M][ROW] | stage 0: K [BLOCK_N][ROW], V [BLOCK_N][ROW] | stage 1: K, V
+//   Q [BLOCK_M][ROW] | K [BLOCK_N][ROW] | V [BLOCK_N][ROW]
 //
-// S = Q K^T and O += P V are mma.sync m16n8k16 on ldmatrix fragments; the
-// online softmax runs on S's accumulator fragments (a row lives in one
-// quad: max and sum by two shuffles), P is rounded to storage as the A
-// operand of P V, and each lane keeps its partial row sum until the end.
+// S = Q K^T and O += P V are mma.sync m16n8k16 on ldmatrix fragments. S
+// and its softmax go one row tile at a time (only one tile's S is held);
+// each V fragment serves all row tiles. The online softmax runs on S's
+// accumulator fragments in base 2 (a row lives in one quad: max and sum by
+// two shuffles): m is the running max of score · log2 e, P = 2^(x - m) by
+// ex2, the LSE is converted once at the end. A tile whose every pair is
+// allowed (no ALiBi, inside seqlen_k and every row's band, not a partial
+// block-mask tile) runs in a loop of its own with no test per pair, and
+// without a softcap its P is one FFMA and one ex2 of the raw dot product
+// (the scale's sign goes into Q, so the max of raw dots is the max of
+// scores). The other tiles' allowed pairs are worked out by the block into
+// a bit each in shared memory, as dropout's keep bits are. P is rounded to
+// storage by paired conversions as the A operand of P V; each lane keeps
+// its partial row sums (of P unrounded) until the end.
 
 #define WARPS 4
-#define STAGE (2 * BLOCK_N * ROW)
-static_assert(BLOCK_M == 16 * WARPS, "16 rows per warp");
-static_assert((BLOCK_M + 2 * STAGE / ROW) * ROW * 2 == SMEM_BYTES,
+#define MT (BLOCK_M / (16 * WARPS))  // row tiles of 16 per warp
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+static_assert(MT == 1 || MT == 2, "16 or 32 rows per warp");
+static_assert(BLOCK_N % 32 == 0, "whole words of allowed bits");
+static_assert((BLOCK_M + 2 * BLOCK_N) * ROW * 2 == SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
+// Without a softcap (whose tanh needs each scaled score) an interior tile
+// takes the max of raw dot products and folds the scale into the FFMA.
+#define RAW_INTERIOR (!HAS_SOFTCAP)
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_fwd(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
-          const storage_t* __restrict__ v, storage_t* __restrict__ o, float* __restrict__ lse,
-          Problem p, const Layout L, const Dropout D) {
-    DYNAMIC_SMEM(smem);
-    __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;
+// Query rows m0.. of the block, RT row tiles of 16 a warp (16 WARPS RT
+// rows). ALIGNED: d % 8 == 0, K and V stream by cp.async in whole chunks;
+// else element by element, and the block's rows in passes of RT = 1 (that
+// copy then holds one row tile's registers, as it does nothing fast).
+template <bool ALIGNED, int RT>
+__device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
+                                             const storage_t* __restrict__ v, storage_t* __restrict__ o,
+                                             float* __restrict__ lse, const Problem& problem, const Layout& L,
+                                             const Dropout& D, unsigned char* smem, KeepTile<BLOCK_M, BLOCK_N>& keep,
+                                             unsigned* allow_bits, const int m0) {
+    constexpr int ROWS = 16 * WARPS * RT;
     storage_t* q_s = (storage_t*)smem;
-    storage_t* kv_s = q_s + BLOCK_M * ROW;
+    storage_t* k_s = q_s + ROWS * ROW;
+    storage_t* v_s = k_s + BLOCK_N * ROW;
 
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const int h = blockIdx.y;
+    Problem p = problem;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
     if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch
     const int b = seq.b;
     q = from_row(q, seq.q0, p.heads_q, p.d);
-    o = from_row(o, seq.q0, p.heads_q, p.d);
-    k = from_row(k, seq.k0, p.heads_kv, p.d);
-    v = from_row(v, seq.k0, p.heads_kv, p.d);
+    // K and V rows are found from the arguments by the sequence's first row
+    // each time (two 64-bit pointers held through the loop spilled at d 128).
+    const int k0 = (int)seq.k0;
     const int hk = h / (p.heads_q / p.heads_kv);
     const float slope = alibi_slope(L, seq, h);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-    const int r0 = m0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+    const int w0 = warp * 16 * RT + lane / 4;  // this lane's rows from m0: w0 + 16 mi + 8 r
+    const int r0 = m0 + w0;
 
     int lo, hi;
-    key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
+    key_span(p, m0, min(m0 + ROWS, p.seqlen_q), &lo, &hi);
     const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
     const int tiles = steps.count;
-    auto fetch = [&](int tile) {
-        storage_t* st = kv_s + (tile % 2) * STAGE;
-        const int n0 = step_start(L, steps, tile, BLOCK_N);
-        load_rows(st, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
-        load_rows(st + BLOCK_N * ROW, BLOCK_N, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
-    };
-    load_rows(q_s, BLOCK_M, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
-    if (tiles > 0) fetch(0);
-    cp_async_commit();
-
-    float acc[HEAD_DIM / 8][4];
-#pragma unroll
-    for (int c = 0; c < HEAD_DIM / 8; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
-
-    for (int tile = 0; tile < tiles; ++tile) {
-        if (tile + 1 < tiles) fetch(tile + 1);
-        cp_async_commit();
-        // Dropout's keep bits while the copies fly (without it, nothing:
-        // the tile's start is read after the barrier, as it always was).
-        keep.fill(D, p.heads_q, seq.index, h, m0, step_start(L, steps, tile, BLOCK_N));
-        cp_async_wait<1>();  // this tile's group (and Q's) landed
-        __syncthreads();
-        const storage_t* k_s = kv_s + (tile % 2) * STAGE;
-        const int n0 = step_start(L, steps, tile, BLOCK_N);
-        const bool partial = step_partial(L, steps, tile);
-
-        float s[BLOCK_N / 8][4];
-#pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
-        mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + warp * 16 * ROW, k_s);
-
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float dcap;
-                const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
-                s[c][e] = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j))
-                              ? with_alibi(p, slope, score(p, s[c][e], &dcap), i, j)
-                              : NEG_INF;
-                mx[e / 2] = fmaxf(mx[e / 2], s[c][e]);
-            }
-        float alpha[2];
-        online_max(mx, m, l, alpha);
-#pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pj = s[c][e] == NEG_INF ? 0.0f : expf(s[c][e] - m[e / 2]);
-                l[e / 2] += pj;  // the sums take P unrounded, as the scalar kernel's do
-                s[c][e] = dropped(pj, KEPT(keep, warp * 16 + lane / 4 + 8 * (e / 2), c * 8 + 2 * t + e % 2));
-            }
-#pragma unroll
-        for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[c][e] *= alpha[e / 2];
-        mma_pv<BLOCK_N, HEAD_DIM>(acc, s, k_s + BLOCK_N * ROW);
-        __syncthreads();  // the next iteration refills this stage
+    // Keys [inner_lo, inner_hi) are allowed for every row
+    // (below seqlen_k and, with a band, inside every row's window); with
+    // ALiBi no tile is interior (its bias is per pair). Rows past seqlen_q
+    // are computed either way and never written.
+    int inner_lo = 0, inner_hi = L.alibi ? 0 : p.seqlen_k;
+#if HAS_BAND
+    {
+        const int off = band_offset(p), last_row = min(m0 + ROWS, p.seqlen_q) - 1;
+        if (p.right >= 0) inner_hi = min(inner_hi, m0 + off + p.right + 1);
+        if (p.left >= 0) inner_lo = max(inner_lo, last_row + off - p.left);
     }
+#endif
+    // Step `tile`'s first key and whether the block mask needs a test per
+    // pair, the list read by index each time (ptxas held a pointer stepping
+    // along it, a 64-bit register the loop cannot spare).
+    auto start = [&](int tile) { return step_start(L, steps, (int)opaque((unsigned)tile), BLOCK_N); };
+    auto partial = [&](int tile) { return step_partial(L, steps, (int)opaque((unsigned)tile)); };
+    auto interior = [&](int tile) {
+        const int n0 = start(tile);
+        return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !partial(tile);
+    };
+
+    // K or V rows n0.. into `tile`: by cp.async in whole chunks where d % 8
+    // == 0 (`aligned`: a constant in each copy of the loops below).
+    auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool aligned) {
+        const storage_t* from = from_row(src, (size_t)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
+        if (aligned)
+            load_rows_async<BLOCK_N, WARPS * 32>(tile, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
+        else
+            load_rows_each(tile, BLOCK_N, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
+    };
+    load_rows(q_s, ROWS, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    if (tiles > 0)
+        load_rows(k_s, BLOCK_N, from_row(k, seq.k0, p.heads_kv, p.d), b, start(0), p.seqlen_k, p.heads_kv, hk, p.d);
+    cp_async_commit();
+    if (p.scale < 0.0f) {
+        // scale · q · k = |scale| · (-q) · k: the max of raw dots is then the max of scores.
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int e = threadIdx.x; e < ROWS * ROW; e += blockDim.x) q_s[e] = store_f32(-load_f32(q_s[e]));
+        p.scale = -p.scale;
+    }
+    const float sl2 = p.scale * LOG2E;
+
+    float acc[RT][HEAD_DIM / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < RT; ++mi)
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 8; ++c) acc[mi][c][0] = acc[mi][c][1] = acc[mi][c][2] = acc[mi][c][3] = 0.0f;
+    // Per row (mi, r): the running max of scores in log2 units, and the sum.
+    float m[RT][2], l[RT][2];
+#pragma unroll
+    for (int mi = 0; mi < RT; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) m[mi][r] = NEG_INF, l[mi][r] = 0.0f;
+
+    // One key tile. `inner`: every pair allowed, tested nowhere (every call
+    // passes a constant, and the inlined copy keeps only its own branch).
+    auto trip = [&](int tile, bool inner, bool aligned) {
+        const int n0 = start(tile);
+        // Dropout's keep bits and a boundary tile's allowed pairs (the last
+        // tile's were read before the last barrier): the mask tests by the
+        // block together in a rolled loop, not unrolled over each lane's pairs.
+        keep.fill(D, p.heads_q, seq.index, h, m0, n0);
+        if (!inner) {
+            const bool tested = partial(tile);
+#pragma unroll 1
+            for (int w = threadIdx.x; w < ROWS * BLOCK_N / 32; w += WARPS * 32) {
+                const int i = m0 + w / (BLOCK_N / 32), j0 = n0 + w % (BLOCK_N / 32) * 32;
+                unsigned word = 0;
+#pragma unroll 1
+                for (int x = 0; x < 32; ++x)
+                    word |= (unsigned)(allowed(p, i, j0 + x) && (!tested || block_allows(L, seq, h, i, j0 + x)))
+                            << x;
+                allow_bits[w] = word;
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // K of this tile landed, the keep bits are in; every warp is done with V
+        stream(v_s, v, n0, aligned);
+        cp_async_commit();
+
+        const bool raw = inner && RAW_INTERIOR;
+        // One row tile at a time: S, its softmax, P packed (its rows need
+        // nothing of the other's), so that only one tile's S is ever held.
+        unsigned pa[RT][BLOCK_N / 16][4];
+#pragma unroll
+        for (int mi = 0; mi < RT; ++mi) {
+            float s[BLOCK_N / 8][4];
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
+            mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + (warp * RT + mi) * 16 * ROW, k_s);
+            // This lane's allowed (and with dropout, kept) bits: row r's word
+            // c / 4, from bit 2t; pair (c, e) is then bit 8 (c % 4) + e % 2.
+            unsigned bits[2][BLOCK_N / 32], kept[2][BLOCK_N / 32];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int w = 0; w < BLOCK_N / 32; ++w) {
+                    const int row = w0 + 16 * mi + 8 * r;
+                    bits[r][w] = inner ? ~0u : allow_bits[row * (BLOCK_N / 32) + w] >> (2 * t);
+#if HAS_DROPOUT
+                    kept[r][w] = keep.word(row, w) >> (2 * t);
+#else
+                    kept[r][w] = ~0u;
+#endif
+                }
+            float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float& x = s[c][e];  // raw: the dot product; else the score · log2 e, or -inf
+                    if (!raw) {
+                        float dcap;
+                        const int i = r0 + 16 * mi + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
+                        const bool ok = inner || (bits[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u;
+                        x = ok ? with_alibi(p, slope, score(p, x, &dcap), i, j) * LOG2E : NEG_INF;
+                    }
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+            float alpha[2], ms[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
+                                 : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = s[c][e];
+                    const float pj = exp2_approx(raw ? fmaf(x, sl2, -ms[e / 2]) : x - ms[e / 2]);
+                    l[mi][e / 2] += pj;  // the sums take P unrounded, as the scalar kernel's do
+                    s[c][e] = dropped(pj, (kept[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u);
+                }
+            pack_a<BLOCK_N>(pa[mi], s);
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // V landed; every warp is done with K
+        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), aligned);
+        cp_async_commit();
+        mma_pv_rows<RT, BLOCK_N, HEAD_DIM>(acc, pa, v_s);
+    };
+    // Runs of boundary tiles (tested per pair) and of interior ones, each in its own loop.
+    auto run = [&](bool aligned) {
+        for (int tile = 0; tile < tiles;) {
+            for (; tile < tiles && !interior(tile); ++tile) trip(tile, false, aligned);
+            for (; tile < tiles && interior(tile); ++tile) trip(tile, true, aligned);
+        }
+    };
+    run(ALIGNED);
     cp_async_wait<0>();
 
+    // The sequence again (the loop then held none of what only the output needs).
+    Problem pe = problem;
+    const Seq se = enter_sequence(L, &pe, blockIdx.z);
+    o = from_row(o, se.q0, pe.heads_q, pe.d);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = r0 + 8 * r;
-        const float sum = quad_sum(l[r]);
-        if (i >= p.seqlen_q) continue;
-        // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
-        float inv_l, row_lse;
-        finish_row(m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
-        inv_l = keep_scaled(D, inv_l);
-        const size_t row = at(b, p.seqlen_q, i, p.heads_q, h, p.d);
+    for (int mi = 0; mi < RT; ++mi)
 #pragma unroll
-        for (int c = 0; c < HEAD_DIM / 8; ++c)
+        for (int r = 0; r < 2; ++r) {
+            const int i = r0 + 16 * mi + 8 * r;
+            const float sum = quad_sum(l[mi][r]);
+            if (i >= pe.seqlen_q) continue;
+            // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+            float inv_l, row_lse;
+            finish_row(m[mi][r] * LN2, sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l, &row_lse);
+            inv_l = keep_scaled(D, inv_l);
+            const size_t row = at(se.b, pe.seqlen_q, i, pe.heads_q, h, pe.d);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = c * 8 + 2 * t + e;
-                if (col < p.d) o[row + col] = store_f32(acc[c][2 * r + e] * inv_l);
-            }
-        if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = c * 8 + 2 * t + e;
+                    if (col < pe.d) o[row + col] = store_f32(acc[mi][c][2 * r + e] * inv_l);
+                }
+            if (t == 0) lse[lse_at(se, h, i)] = row_lse;
+        }
+}
+
+// Two entry points, each with its own registers: flash_fwd where d % 8 ==
+// 0, flash_fwd_unaligned for the rest (src/cuda/forward.rs picks one).
+#define FORWARD_UNALIGNED_ENTRY 1
+#define FORWARD_ARGS                                                                                  \
+    const storage_t *__restrict__ q, const storage_t *__restrict__ k, const storage_t *__restrict__ v, \
+        storage_t *__restrict__ o, float *__restrict__ lse, const Problem p, const Layout L, const Dropout D
+// The static tiles: dropout's keep bits, a boundary tile's allowed pairs
+// (a bit each, row-major, 32 keys a word).
+#define FORWARD_SHARED                            \
+    DYNAMIC_SMEM(smem);                           \
+    __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;   \
+    __shared__ unsigned allow_bits[BLOCK_M * BLOCK_N / 32]
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) flash_fwd(FORWARD_ARGS) {
+    FORWARD_SHARED;
+    forward_rows<true, MT>(q, k, v, o, lse, p, L, D, smem, keep, allow_bits, blockIdx.x * BLOCK_M);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) flash_fwd_unaligned(FORWARD_ARGS) {
+    FORWARD_SHARED;
+    for (int pass = 0; pass < MT; ++pass) {
+        if (pass > 0) __syncthreads();  // the last pass is done with the tiles
+        forward_rows<false, 1>(q, k, v, o, lse, p, L, D, smem, keep, allow_bits,
+                               blockIdx.x * BLOCK_M + pass * 16 * WARPS);
     }
 }

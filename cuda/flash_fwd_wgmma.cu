@@ -244,10 +244,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         auto pack_p = [&] {
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2_rn(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2_rn(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2_rn(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2_rn(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
             }
         };
 
@@ -331,7 +331,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 for (int c = 0; c < HEAD_DIM / 8; ++c) {
                     const unsigned col = c * 8 + 2 * t;
                     *(unsigned*)(o_s + swizzled_128b((col / 64) * BOX_BYTES(BLOCK_M) + rr + (col % 64) * 2)) =
-                        pack2_rn(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l);
+                        pack2(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l);
                 }
             }
             if (i >= p.seqlen_q) continue;

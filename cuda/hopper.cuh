@@ -42,8 +42,6 @@ struct __align__(64) TensorMap {
 };
 
 #if defined(FLASHATTN_HOST_EMULATION)
-__device__ __forceinline__ unsigned pack2_rn(float lo, float hi) { return pack2(lo, hi); }
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
 __device__ __forceinline__ void wgmma_fence() { host_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { host_wgmma_commit(); }
 template <int N>
@@ -91,17 +89,6 @@ __device__ __forceinline__ void named_bar_sync() { host_named_barrier(ID, COUNT,
 template <int ID, int COUNT>
 __device__ __forceinline__ void named_bar_arrive() { host_named_barrier(ID, COUNT, false); }
 #else
-// pack2 as one paired conversion (cvt.rn.{f16x2,bf16x2}.f32, the first
-// source to the upper half), where ptxas does not always fuse pack2's two.
-__device__ __forceinline__ unsigned pack2_rn(float lo, float hi) {
-    unsigned r;
-#if STORAGE == 1
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>

@@ -15,6 +15,8 @@
 //   cp_async16         16 bytes global -> shared, the bytes past src_bytes
 //                      zero-filled; visible after cp_async_wait<N> (all but
 //                      the newest N committed groups) and a barrier
+//   ..._at             ldmatrix and cp.async on a shared-window address
+//                      (smem_addr), for a base register and immediate offsets
 //
 // Extra defines (src/cuda/kernel.rs): BLOCK_M, BLOCK_N, SMEM_BYTES (the
 // dynamic shared memory the host launches with).
@@ -39,9 +41,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 #define LDMATRIX(name, count, trans)                                              \
     __device__ __forceinline__ void name(unsigned (&r)[count], const void* row) { \
         host_ldmatrix(r, count, trans, row);                                      \
+    }                                                                             \
+    __device__ __forceinline__ void name##_at(unsigned (&r)[count], unsigned row) { \
+        host_ldmatrix(r, count, trans, host_dynamic_smem() + row);                \
     }
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     host_cp_async16(dst, src, src_bytes);
+}
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int src_bytes) {
+    host_cp_async16(host_dynamic_smem() + dst, src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { host_cp_async_commit(); }
 template <int N>
@@ -63,21 +72,25 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#define LDMATRIX_ASM_1 "{%0}, [%1];" : "=r"(r[0]) : "r"(smem_addr(row))
-#define LDMATRIX_ASM_2 "{%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row))
-#define LDMATRIX_ASM_4 \
-    "{%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row))
+#define LDMATRIX_ASM_1 "{%0}, [%1];" : "=r"(r[0]) : "r"(row)
+#define LDMATRIX_ASM_2 "{%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(row)
+#define LDMATRIX_ASM_4 "{%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row)
 #define LDMATRIX_TRANS_0 ""
 #define LDMATRIX_TRANS_1 ".trans"
-#define LDMATRIX(name, count, trans)                                                     \
-    __device__ __forceinline__ void name(unsigned (&r)[count], const void* row) {        \
-        asm volatile("ldmatrix.sync.aligned.m8n8.x" #count LDMATRIX_TRANS_##trans        \
-                     ".shared.b16 " LDMATRIX_ASM_##count);                               \
-    }
+// name_at takes the row's shared-window address (smem_addr).
+#define LDMATRIX(name, count, trans)                                                                         \
+    __device__ __forceinline__ void name##_at(unsigned (&r)[count], unsigned row) {                          \
+        asm volatile("ldmatrix.sync.aligned.m8n8.x" #count LDMATRIX_TRANS_##trans ".shared.b16 "            \
+                     LDMATRIX_ASM_##count);                                                                  \
+    }                                                                                                        \
+    __device__ __forceinline__ void name(unsigned (&r)[count], const void* row) { name##_at(r, smem_addr(row)); }
+// dst as a shared-window address (smem_addr): unrolled copies to one tile
+// then share a base register, their offsets immediates.
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
+    cp_async16_at(smem_addr(dst), src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -92,10 +105,36 @@ LDMATRIX(ldmatrix_x1_trans, 1, 1)
 LDMATRIX(ldmatrix_x2_trans, 2, 1)
 LDMATRIX(ldmatrix_x4_trans, 4, 1)
 
-// Two values rounded to storage, as one b32 operand (the lower index in the low half).
+// A shared address the compiler cannot see through: addresses derived from
+// it are formed where used (one base register, immediate offsets) rather
+// than each hoisted out of the loop into a register of its own.
+#if defined(FLASHATTN_HOST_EMULATION)
+__device__ __forceinline__ unsigned opaque(unsigned a) { return a; }
+#else
+__device__ __forceinline__ unsigned opaque(unsigned a) {
+    asm volatile("" : "+r"(a));
+    return a;
+}
+#endif
+
+// Two values rounded to storage, as one b32 operand (the lower index in
+// the low half): one paired conversion (cvt.rn.{bf16x2,f16x2}.f32, whose
+// first source goes to the high half) on the device.
+#if defined(FLASHATTN_HOST_EMULATION)
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return storage_bits(store_f32(lo)) | (storage_bits(store_f32(hi)) << 16);
 }
+#else
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+#if STORAGE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+#endif
 
 // `rows` rows of a (batch, seqlen, heads, d) tensor from row0 into shared
 // [rows][ROW], zeros past the tensor and past d. With d a multiple of 8 the
@@ -118,49 +157,136 @@ __device__ __forceinline__ void load_rows(storage_t* tile, int rows, const stora
     }
 }
 
-// acc[N/8][4] += A * B^T for one warp: A's 16 rows and B's N rows of K
-// elements, row-major in shared memory (ROW apart). S = Q K^T, dP = dO V^T.
-template <int N, int K>
-__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const storage_t* a, const storage_t* b) {
-    static_assert(N % 16 == 0 && K % 16 == 0, "whole ldmatrix.x4 loads");
-    const int lane = threadIdx.x % 32;
+// load_rows where d % 8 == 0, by THREADS threads, unrolled. Where THREADS
+// is a multiple of the 16-byte chunks per row, each thread keeps one column
+// of chunks and steps its row, from one shared base (offsets as
+// immediates) and one global pointer. `src` points at row0's head of a
+// (rows, heads, d) tensor, `left` rows of which remain from row0 on,
+// `stride` elements apart. Past the tensor nothing is read (src-size 0)
+// and the chunk is zeros.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows_async(storage_t* tile, const storage_t* src, int left, size_t stride,
+                                                int d) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+    if constexpr (THREADS % CHUNKS == 0) {
+        constexpr int STEP = THREADS / CHUNKS;
+        static_assert(ROWS % STEP == 0, "whole passes");
+        const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const unsigned dst = smem_addr(tile + r * ROW + c * 8);
+        const storage_t* from = src + r * stride + c * 8;
+        const int rows = c * 8 < d ? left - r : 0;  // this thread's rows still in the tensor
 #pragma unroll
-    for (int ks = 0; ks < K / 16; ++ks) {
-        unsigned af[4];
-        ldmatrix_x4(af, a + (lane % 16) * ROW + ks * 16 + (lane / 16) * 8);
+        for (int k = 0; k < ROWS / STEP; ++k) {
+            cp_async16_at(dst + k * STEP * ROW * (int)sizeof(storage_t), from, k * STEP < rows ? 16 : 0);
+            from += STEP * stride;
+        }
+    } else {
+        constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
-        for (int nt = 0; nt < N / 8; nt += 2) {
-            // Matrices: (nt, k 0-7), (nt, k 8-15), (nt+1, k 0-7), (nt+1, k 8-15).
-            unsigned bf[4];
-            ldmatrix_x4(bf, b + ((nt + lane / 16) * 8 + lane % 8) * ROW + ks * 16 + ((lane / 8) % 2) * 8);
-            mma_16816(acc[nt], af, bf[0], bf[1]);
-            mma_16816(acc[nt + 1], af, bf[2], bf[3]);
+        for (int e0 = 0; e0 < TOTAL; e0 += THREADS) {
+            const int e = e0 + threadIdx.x;
+            if (TOTAL % THREADS != 0 && e >= TOTAL) break;
+            const int r = e / CHUNKS, c = e % CHUNKS;
+            cp_async16(tile + r * ROW + c * 8, src + r * stride + c * 8, r < left && c * 8 < d ? 16 : 0);
         }
     }
 }
 
-// acc[D/8][4] += P * B for one warp: P (16 x N) in mma_abt's accumulator
-// layout, rounded to storage as the A operand (FA2's register reuse: a C
-// fragment pair is an A fragment); B's N rows of D elements in shared
-// memory, read transposed. O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
-template <int N, int D>
-__device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&pm)[N / 8][4],
-                                       const storage_t* b) {
+// load_rows_async's rows for any d: element by element in a rolled loop
+// (few registers), visible after the next barrier.
+__device__ __forceinline__ void load_rows_each(storage_t* tile, int rows, const storage_t* src, int left,
+                                               size_t stride, int d) {
+#pragma unroll 1
+    for (int e = threadIdx.x; e < rows * HEAD_DIM; e += blockDim.x) {
+        const int r = e / HEAD_DIM, c = e % HEAD_DIM;
+        tile[r * ROW + c] = r < left && c < d ? src[r * stride + c] : store_f32(0.0f);
+    }
+}
+
+// acc[MT][N/8][4] += A * B^T for one warp: A's MT x 16 rows and B's N rows
+// of K elements, row-major in shared memory (ROW apart); each B fragment
+// serves all MT row tiles. S = Q K^T, dP = dO V^T.
+template <int MT, int N, int K>
+__device__ __forceinline__ void mma_abt_rows(float (&acc)[MT][N / 8][4], const storage_t* a, const storage_t* b) {
+    static_assert(N % 16 == 0 && K % 16 == 0, "whole ldmatrix.x4 loads");
     const int lane = threadIdx.x % 32;
+    // Each lane's row addresses: one base per operand, the rest immediates.
+    constexpr int E = sizeof(storage_t);
+    const unsigned al = opaque(smem_addr(a + (lane % 16) * ROW + (lane / 16) * 8));
+    const unsigned bl = opaque(smem_addr(b + ((lane / 16) * 8 + lane % 8) * ROW + ((lane / 8) % 2) * 8));
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+        unsigned af[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) ldmatrix_x4_at(af[mi], al + (mi * 16 * ROW + ks * 16) * E);
+#pragma unroll
+        for (int nt = 0; nt < N / 8; nt += 2) {
+            // Matrices: (nt, k 0-7), (nt, k 8-15), (nt+1, k 0-7), (nt+1, k 8-15).
+            unsigned bf[4];
+            ldmatrix_x4_at(bf, bl + (nt * 8 * ROW + ks * 16) * E);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                mma_16816(acc[mi][nt], af[mi], bf[0], bf[1]);
+                mma_16816(acc[mi][nt + 1], af[mi], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// mma_abt_rows for one row tile (16 rows).
+template <int N, int K>
+__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const storage_t* a, const storage_t* b) {
+    mma_abt_rows<1, N, K>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a, b);
+}
+
+// acc[MT][D/8][4] += P * B for one warp: P (MT x 16 rows x N) already
+// rounded to storage as A fragments (pa[mi][kk]: keys 16kk..16kk+15 of row
+// tile mi); B's N rows of D elements in shared memory, read transposed,
+// each fragment serving all MT row tiles.
+template <int MT, int N, int D>
+__device__ __forceinline__ void mma_pv_rows(float (&acc)[MT][D / 8][4], const unsigned (&pa)[MT][N / 16][4],
+                                            const storage_t* b) {
+    const int lane = threadIdx.x % 32;
+    constexpr int E = sizeof(storage_t);
+    const unsigned bl = opaque(smem_addr(b + (lane % 8 + ((lane / 8) % 2) * 8) * ROW + (lane / 16) * 8));
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
-        const unsigned af[4] = {pack2(pm[2 * kk][0], pm[2 * kk][1]), pack2(pm[2 * kk][2], pm[2 * kk][3]),
-                                pack2(pm[2 * kk + 1][0], pm[2 * kk + 1][1]),
-                                pack2(pm[2 * kk + 1][2], pm[2 * kk + 1][3])};
 #pragma unroll
         for (int dn = 0; dn < D / 8; dn += 2) {
             // Matrices: (k 0-7, dn), (k 8-15, dn), (k 0-7, dn+1), (k 8-15, dn+1).
             unsigned bf[4];
-            ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ROW + dn * 8 + (lane / 16) * 8);
-            mma_16816(acc[dn], af, bf[0], bf[1]);
-            mma_16816(acc[dn + 1], af, bf[2], bf[3]);
+            ldmatrix_x4_trans_at(bf, bl + (kk * 16 * ROW + dn * 8) * E);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                mma_16816(acc[mi][dn], pa[mi][kk], bf[0], bf[1]);
+                mma_16816(acc[mi][dn + 1], pa[mi][kk], bf[2], bf[3]);
+            }
         }
     }
+}
+
+// The A fragments of P (16 rows x N, in mma_abt's accumulator layout):
+// FA2's register reuse, a C fragment pair is an A fragment.
+template <int N>
+__device__ __forceinline__ void pack_a(unsigned (&pa)[N / 16][4], const float (&pm)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+        pa[kk][0] = pack2(pm[2 * kk][0], pm[2 * kk][1]);
+        pa[kk][1] = pack2(pm[2 * kk][2], pm[2 * kk][3]);
+        pa[kk][2] = pack2(pm[2 * kk + 1][0], pm[2 * kk + 1][1]);
+        pa[kk][3] = pack2(pm[2 * kk + 1][2], pm[2 * kk + 1][3]);
+    }
+}
+
+// acc[D/8][4] += P * B for one warp's 16 rows, P (16 x N) in mma_abt's
+// accumulator layout, rounded to storage here. O += P V, dV += P^T dO,
+// dK += dS^T Q, dQ += dS K.
+template <int N, int D>
+__device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&pm)[N / 8][4],
+                                       const storage_t* b) {
+    unsigned pa[1][N / 16][4];
+    pack_a<N>(pa[0], pm);
+    mma_pv_rows<1, N, D>(reinterpret_cast<float(&)[1][D / 8][4]>(acc), pa, b);
 }
 
 // Max and sum over the quad of lanes that holds one accumulator row.
@@ -201,4 +327,21 @@ __device__ __forceinline__ void online_max_exp2(float (&mx)[2], float (&m)[2], f
         m[r] = mx[r];
         ms[r] = mx[r] == NEG_INF ? 0.0f : mx[r] * sl2;
     }
+}
+
+// One row's step of the online softmax in base 2 (the sm80 forward): mx is
+// this lane's max of the tile's scores in log2 units (-inf: none allowed),
+// and becomes the quad's; m (the running max, log2 units) moves on, l is
+// rescaled, and the factor for what O held is returned. *ms gets what each
+// score's exponent subtracts: m, or 0 while the row has seen no key (every
+// score then -inf, and 2^-inf = 0). ANY: the tile allows a key in every
+// row, so the new m is finite and needs no guard.
+template <bool ANY>
+__device__ __forceinline__ float online_step_log2(float mx, float& m, float& l, float* ms) {
+    const float next = fmaxf(m, quad_max(mx));
+    const float alpha = ANY || next != NEG_INF ? exp2_approx(m - next) : 1.0f;
+    l *= alpha;
+    m = next;
+    *ms = ANY || next != NEG_INF ? next : 0.0f;
+    return alpha;
 }

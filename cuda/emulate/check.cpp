@@ -78,6 +78,7 @@ struct Case {
     bool mask_per_head = false, mask_per_batch = false;
     double density = 0.5;
     std::vector<int> lens_q, lens_k;  // a packed batch's lengths
+    bool negative_scale = false;      // -1/sqrt(d) (the sm80 forward folds the sign into Q)
     int batch = 2;                    // dense batch entries
     int hq = 4, hkv = 2;              // query and key/value heads
 };
@@ -86,6 +87,14 @@ struct Case {
 #define INNER BLOCK_N
 #else
 #define INNER BLOCK
+#endif
+
+// The forward kernel for head dim d: the sm80 module has one of its own
+// where d % 8 != 0 (src/cuda/forward.rs picks it the same way).
+#ifdef FORWARD_UNALIGNED_ENTRY
+#define FORWARD_FOR(d) ((d) % 8 == 0 ? flash_fwd : flash_fwd_unaligned)
+#else
+#define FORWARD_FOR(d) flash_fwd
 #endif
 
 // The kernels' Dropout of (p, seed, offset), as src/cuda/problem.rs makes it.
@@ -123,8 +132,8 @@ static int run(const Case& cs) {
         max_q = std::max(max_q, lq[b]);
         max_k = std::max(max_k, lk[b]);
     }
-    Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d, 1.0f / std::sqrt((float)d),
-              HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
+    Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d,
+              (cs.negative_scale ? -1.0f : 1.0f) / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
     Data q = random_data((size_t)total_q * HQ * d, 2.0f), k = random_data((size_t)total_k * HKV * d, 2.0f),
          v = random_data((size_t)total_k * HKV * d, 1.0f), d_o = random_data((size_t)total_q * HQ * d, 1.0f);
 
@@ -302,7 +311,7 @@ static int run(const Case& cs) {
            [&] { flash_fwd(tq, tk, tv, to, o.data(), lse.data(), p, L); }, SMEM_BYTES);
 #else
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
-           [&] { flash_fwd(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },
+           [&] { FORWARD_FOR(p.d)(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },
            SMEM_BYTES);
 #endif
     bool past_end = false;
@@ -538,7 +547,7 @@ static int implied_mask(int argc, char** argv) {
     std::vector<storage_t> o(q.size());
     std::vector<float> lse((size_t)B * HQ * sq);
     launch(Dim{blocks(sq), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
-           [&] { flash_fwd(q.data(), q.data(), onehot_k.data(), o.data(), lse.data(), p, L, drop); }, SMEM_BYTES);
+           [&] { FORWARD_FOR(p.d)(q.data(), q.data(), onehot_k.data(), o.data(), lse.data(), p, L, drop); }, SMEM_BYTES);
     std::vector<char> fwd((size_t)B * HQ * sq * sk);
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < HQ; ++h)
@@ -643,6 +652,17 @@ int main(int argc, char** argv) {
     int failed = fragment_self_test() + run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
     if (HAS_BAND) failed += run(61, 130, -1, 3, odd);
     failed += run(113, 113, -1, 0, even) + run(33, 97, 9, 0, HEAD_DIM);
+#ifdef FORWARD_UNALIGNED_ENTRY
+    // The sm80 forward: with a band, a window of 200 keys to the left and
+    // 64 to the right over 500 keys, so that its blocks run tiles tested
+    // per pair (the left edge), unmasked ones in their own loop, then tested
+    // ones again (the right edge); and a negative scale (its sign folded
+    // into Q).
+    if (HAS_BAND) failed += run(150, 500, 200, 64, even);
+    Case negative{"negative scale", 70, 150, 40, 0, even};
+    negative.negative_scale = true, negative.batch = 1;
+    failed += run(negative);
+#endif
 
 #if LAYOUT_CASES
     // The run-time layouts, on this same variant (under its band and softcap).

@@ -1,13 +1,14 @@
 //! The forward on the CUDA device: upload (with the layouts' side
-//! buffers), one `flash_fwd` launch, readback. The Hopper kernel takes q, k
-//! and v as TMA tensor maps (a packed batch's over the whole packed
-//! tensor, its batch of one) and no dropout, the others pointers; every
-//! kernel takes the `Layout`.
+//! buffers), one `flash_fwd` launch (the sm80 module's `flash_fwd_unaligned`
+//! where d % 8 != 0), readback. The Hopper kernel takes q, k and v as TMA
+//! tensor maps (a packed batch's over the whole packed tensor, its batch of
+//! one) and no dropout, the others pointers; every kernel takes the
+//! `Layout`.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::{timed, Launch};
-use super::kernel::KernelKey;
+use super::kernel::{Family, KernelKey};
 use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
@@ -30,7 +31,7 @@ pub(crate) fn forward(
     let (shape, opts) = (problem.shape, problem.opts);
     let call = Call::new(problem)?;
     let key = call.plan(&dev.props, path)?.forward;
-    let func = dev.function(key, "flash_fwd")?;
+    let func = dev.function(key, entry_point(&key, shape.head_dim))?;
     let stream = &dev.stream;
     let upload = |t: &TensorView| stream.clone_htod(t.data.as_bytes());
     let (q_dev, k_dev, v_dev) = (
@@ -90,6 +91,17 @@ pub(crate) fn forward(
     let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
     drop((side, lists));
     Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
+}
+
+/// The forward kernel of `key`'s module for head dim `d`: the sm80 one has
+/// a kernel of its own for head dims off whole 16-byte chunks (element by
+/// element loads, registers for one row tile).
+fn entry_point(key: &KernelKey, d: usize) -> &'static str {
+    if key.family == Family::ForwardMma && !d.is_multiple_of(8) {
+        "flash_fwd_unaligned"
+    } else {
+        "flash_fwd"
+    }
 }
 
 /// One launch's statistics: its buffers and time (CUDA events).

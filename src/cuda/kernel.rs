@@ -109,6 +109,9 @@ impl Family {
     pub fn entry_points(self) -> &'static [&'static str] {
         if self == Family::Decode {
             &["kv_append", "flash_decode", "flash_decode_merge"]
+        } else if self == Family::ForwardMma {
+            // Head dims off whole 16-byte chunks: a kernel of their own.
+            &["flash_fwd", "flash_fwd_unaligned"]
         } else if self.is_forward() {
             &["flash_fwd"]
         } else {
@@ -288,10 +291,14 @@ impl KernelKey {
     /// in dynamic shared memory (72 KiB at d 576, within every sm80+
     /// device's opt-in).
     ///
-    /// The tensor-core kernels: 4 warps of 16 owned rows each (64 rows a
-    /// block), streamed tiles of 64 rows up to d 64 and 32 past it, so that
-    /// a lane's S/dP fragments (keys / 2 floats each) and accumulators
-    /// (d / 2 floats, two sets in dK/dV) stay within sm80's 255 registers.
+    /// The tensor-core kernels, 4 warps: the forward FA2's 128 query rows
+    /// (32 a warp) against 64-key tiles, 64 rows (16 a warp) at d 96, at d
+    /// 128 with a softcap or dropout, and with both; the backward 16 owned
+    /// rows a warp (64 a block), streamed tiles of 64 rows up to d 64 and
+    /// 32 past it. A lane's
+    /// S/dP fragments (keys / 2 floats a row tile) and accumulators (d / 2
+    /// floats a row tile, two sets in dK/dV) stay within sm80's 255
+    /// registers.
     pub fn tiles(&self) -> Tiles {
         let d = self.head_dim;
         match self.family {
@@ -334,7 +341,27 @@ impl KernelKey {
                     threads: block * lanes,
                 }
             }
-            Family::ForwardMma | Family::BackwardMma => Tiles {
+            // FA2's forward: 4 warps of 32 rows against 64-key tiles (a
+            // lane's O, d floats, and S, 32 a row tile, in registers), where
+            // ptxas keeps that within 255 registers without spilling (for
+            // sm_80 and sm_90a, as measured): not at d 96 (its chunks do not
+            // divide the block's threads), nor at d 128 with a softcap (its
+            // tanh per score) or dropout (its keep bits), nor with both at
+            // any d; else 16 rows a warp.
+            Family::ForwardMma => Tiles {
+                rows: if d != 96
+                    && !(d == 128 && (self.softcap || self.dropout))
+                    && !(self.softcap && self.dropout)
+                {
+                    128
+                } else {
+                    64
+                },
+                keys: 64,
+                lanes: 4,
+                threads: 128,
+            },
+            Family::BackwardMma => Tiles {
                 rows: 64,
                 keys: if d <= 64 { 64 } else { 32 },
                 lanes: 4,
@@ -359,7 +386,8 @@ impl KernelKey {
     }
 
     /// Bytes of static shared memory the variant declares (the tensor-core
-    /// kernels' tiles are dynamic): with dropout, the keep bits of a tile
+    /// kernels' tiles are dynamic; the sm80 forward's allowed pairs of a
+    /// boundary tile are a bit each): with dropout, the keep bits of a tile
     /// too (a bit per pair; cuda/dropout.cuh's `KeepTile`).
     pub fn shared_bytes(&self) -> usize {
         let t = self.tiles();
@@ -367,7 +395,9 @@ impl KernelKey {
             Family::Forward => forward_shared_floats(t.rows, t.keys, self.head_dim),
             Family::Backward if self.wide_backward() => 2 * t.rows * t.rows + 2 * t.rows,
             Family::Backward => backward_shared_floats(t.rows, self.head_dim),
-            Family::ForwardMma | Family::BackwardMma | Family::ForwardWgmma => 0,
+            // The sm80 forward's allowed-pair bits (a bit per pair).
+            Family::ForwardMma => t.rows * t.keys / 32,
+            Family::BackwardMma | Family::ForwardWgmma => 0,
             // The rows' q, a tile's scores (P in place, a padding column)
             // and each row's m, l and rescale (the quantized append's block
             // maximum, DECODE_THREADS floats, is smaller than them).
@@ -389,8 +419,9 @@ impl KernelKey {
             // Its four tiles (the static ones' rows: f32, one column of padding).
             Family::Backward if self.wide_backward() => 4 * t.rows * (self.head_dim + 1) * 4,
             Family::Forward | Family::Backward | Family::Decode => 0,
-            // Q, then two stages of K and V.
-            Family::ForwardMma => (t.rows + 4 * t.keys) * row,
+            // Q, then one buffer of K and one of V (each loads while the
+            // other is in use).
+            Family::ForwardMma => (t.rows + 2 * t.keys) * row,
             // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
             Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row,
             // Unpadded rows (TMA's 128B swizzle spreads the banks), 1 KiB to
@@ -408,9 +439,10 @@ impl KernelKey {
         self.family == Family::Backward && self.head_dim > STEPPED_MAX_HEAD_DIM
     }
 
-    /// cp.async stages of the streamed tiles (1: plain loads, one buffer).
+    /// Buffers of each streamed tile (the sm80 forward: one of K and one
+    /// of V, the scalar kernels' plain loads: one).
     pub fn stages(&self) -> usize {
-        if self.family.is_mma() || self.family.is_wgmma() {
+        if self.family == Family::BackwardMma || self.family.is_wgmma() {
             2
         } else {
             1
@@ -555,8 +587,12 @@ mod tests {
                 assert!(cols <= if key.family.is_forward() { 32 } else { 18 }, "{}", key.label());
             }
             if key.family.is_mma() {
-                // 16 rows a warp; ldmatrix.x4 takes streamed rows 16 at a time.
-                assert_eq!((t.rows, t.keys % 16), (16 * t.warps(), 0));
+                // 16 rows a warp, or in the forward 32 (as FA2) where its
+                // registers allow; ldmatrix.x4 takes streamed rows 16 at a
+                // time, the forward's allowed bits 32 keys a word.
+                let forward_pair = key.family.is_forward() && t.rows == 32 * t.warps();
+                assert!(t.rows == 16 * t.warps() || forward_pair, "{}", key.label());
+                assert_eq!(t.keys % if key.family.is_forward() { 32 } else { 16 }, 0);
                 assert!(key.precision != Precision::F32);
             }
         }
@@ -590,6 +626,10 @@ mod tests {
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
+        // The forward at d 128: Q (128 rows), K and V (64 each): 68 KiB.
+        let forward = KernelKey::new(Family::ForwardMma, Precision::Bf16, 128, false, false);
+        assert_eq!(forward.dynamic_shared_bytes(), (128 + 2 * 64) * 136 * 2);
+        assert_eq!((forward.tiles().rows, forward.tiles().keys), (128, 64));
     }
 
     #[test]
