@@ -1927,7 +1927,8 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 /// when it has more than `DECODE_ROWS`, the last partial); a sequence
 /// of no keys; seqlen_q up to 4; causal and window bands; softcap; ALiBi
 /// per batch × head; sinks; v's own head dim; odd head dims and ones past
-/// 256 (the wide decode variants); f32, f16, bf16.
+/// 256 (the wide decode variants); quantized latent (MLA) caches; f32,
+/// f16, bf16.
 #[test]
 fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation() {
     use common::decode::DecodeCase;
@@ -2025,6 +2026,29 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
             DecodeCase::new(&[20, 33], 320).heads(4, 1).append(3),
             CacheQuant::Int8,
         ),
+        // Latent (MLA): V K's codes at K's scales, none of its own (the
+        // harness's V blobs come back empty).
+        (
+            DecodeCase::new(&[20, 37], 576)
+                .dv(512)
+                .heads(16, 1)
+                .paged(16)
+                .latent()
+                .append(2)
+                .f16()
+                .splits(2),
+            CacheQuant::Int8,
+        ),
+        (
+            DecodeCase::new(&[29, 5], 59)
+                .dv(37)
+                .heads(4, 2)
+                .seqlen_q(2)
+                .latent()
+                .append(3)
+                .opts(causal()),
+            CacheQuant::Fp8,
+        ),
     ];
     for (case, quant) in quantized {
         let data = case.data();
@@ -2086,9 +2110,9 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
 /// latent cache of two kv heads (V's head stride K's head dim, not V's);
 /// o and lse against the f64 reference and the cache exactly the
 /// reference's append. Then bad latent input, typed by the host code a
-/// device step runs (the cache untouched), and quantized latent caches (V
-/// K's codes at K's scales) against the reference on the codes' values and
-/// the append rule. Short caches: the emulator runs a thread per CUDA thread.
+/// device step runs (the cache untouched); quantized latent caches are
+/// among the quantized cases above. Short caches: the emulator runs a
+/// thread per CUDA thread.
 #[test]
 fn latent_decode_matches_the_reference_under_host_emulation() {
     use common::decode::DecodeCase;
@@ -2167,49 +2191,4 @@ fn latent_decode_matches_the_reference_under_host_emulation() {
         );
         Ok(out)
     });
-    let quantized = [
-        (
-            DecodeCase::new(&[20, 37], 576)
-                .dv(512)
-                .heads(16, 1)
-                .paged(16)
-                .latent()
-                .append(2)
-                .f16()
-                .splits(2),
-            flashattn::CacheQuant::Int8,
-        ),
-        (
-            DecodeCase::new(&[29, 5], 59)
-                .dv(37)
-                .heads(4, 2)
-                .seqlen_q(2)
-                .latent()
-                .append(3)
-                .opts(causal()),
-            flashattn::CacheQuant::Fp8,
-        ),
-    ];
-    for (case, quant) in quantized {
-        let data = case.data();
-        let opts = case.opts.clone();
-        data.check_quantized(quant, |cache, step| {
-            let (out, blobs) = emulate_decode(
-                &mut exes,
-                &cxx,
-                dir.path(),
-                HostCache::Quant(cache),
-                step,
-                &opts,
-                case.num_splits,
-            );
-            assert!(
-                blobs[1].is_empty() && blobs[3].is_empty(),
-                "a latent cache has no V codes or scales of its own"
-            );
-            cache.k.codes = blobs[0].clone();
-            cache.k.scales = f32s(&blobs[2]);
-            Ok(out)
-        });
-    }
 }

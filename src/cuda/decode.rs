@@ -700,34 +700,14 @@ pub fn emulated_step(
     num_splits: Option<usize>,
     sms: usize,
 ) -> Result<EmulatedStep> {
-    let f32_bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_ne_bytes()).collect() };
-    // As the uploads check.
-    match cache {
-        HostCache::Plain(c) => c.check()?,
-        HostCache::Quant(c) => c.check()?,
-    }
-    let (shape, precision, quant, k, v, scales) = match cache {
-        HostCache::Plain(c) => (
-            c.shape,
-            c.precision(),
-            None,
-            c.k.view(c.shape.dims()).data.as_bytes().to_vec(),
-            // A latent cache's V is K's storage: no blob of its own.
-            match c.shape.latent {
-                true => Vec::new(),
-                false => c.v.view(c.shape.v_dims()).data.as_bytes().to_vec(),
-            },
-            [Vec::new(), Vec::new()],
-        ),
-        HostCache::Quant(c) => (
-            c.shape,
-            c.precision,
-            Some(c.quant),
-            c.k.codes.clone(),
-            c.v.codes.clone(),
-            [f32_bytes(&c.k.scales), f32_bytes(&c.v.scales)],
-        ),
-    };
+    let CacheBlobs {
+        shape,
+        precision,
+        quant,
+        k,
+        v,
+        scales,
+    } = CacheBlobs::of(cache)?;
     let p = validate(step, &shape, precision, quant, opts)?;
     let l = launches(sms, quant, &p, opts, num_splits)?;
     let inputs = StepInputs::of(step, &p, opts)?;
@@ -777,6 +757,52 @@ pub fn emulated_step(
         problem: p,
         splits: l.splits,
     })
+}
+
+/// A host cache as the harness's blobs: K, V (empty in a latent cache)
+/// and their scales (empty in a plain cache), checked as an upload checks.
+#[cfg(feature = "lab")]
+struct CacheBlobs {
+    shape: CacheShape,
+    precision: Precision,
+    quant: Option<CacheQuant>,
+    k: Vec<u8>,
+    v: Vec<u8>,
+    scales: [Vec<u8>; 2],
+}
+
+#[cfg(feature = "lab")]
+impl CacheBlobs {
+    fn of(cache: HostCache) -> Result<Self> {
+        let f32_bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_ne_bytes()).collect() };
+        // As the uploads check.
+        match cache {
+            HostCache::Plain(c) => c.check()?,
+            HostCache::Quant(c) => c.check()?,
+        }
+        Ok(match cache {
+            HostCache::Plain(c) => Self {
+                shape: c.shape,
+                precision: c.precision(),
+                quant: None,
+                k: c.k.view(c.shape.dims()).data.as_bytes().to_vec(),
+                // A latent cache's V is K's storage: no blob of its own.
+                v: match c.shape.latent {
+                    true => Vec::new(),
+                    false => c.v.view(c.shape.v_dims()).data.as_bytes().to_vec(),
+                },
+                scales: [Vec::new(), Vec::new()],
+            },
+            HostCache::Quant(c) => Self {
+                shape: c.shape,
+                precision: c.precision,
+                quant: Some(c.quant),
+                k: c.k.codes.clone(),
+                v: c.v.codes.clone(),
+                scales: [f32_bytes(&c.k.scales), f32_bytes(&c.v.scales)],
+            },
+        })
+    }
 }
 
 /// [`emulated_step`]'s result.

@@ -48,7 +48,13 @@ pub(crate) fn forward(
         .map_err(driver("allocating lse"))?;
     let cfg = call.launch(&key, false, shape.heads_q)?;
     let maps = if key.family.is_wgmma() {
-        tensor_maps(stream, &key, &call, [&q_dev, &k_dev, &v_dev, &d_out])?
+        let io = MappedTensors {
+            q: &q_dev,
+            k: &k_dev,
+            v: &v_dev,
+            o: &d_out,
+        };
+        tensor_maps(stream, &key, &call, io)?
     } else {
         Vec::new()
     };
@@ -129,6 +135,14 @@ fn call_stats(o_bytes: usize, lse_len: usize, seconds: f64) -> CallStats {
     }
 }
 
+/// The device tensors the Hopper kernel reads and writes by TMA.
+struct MappedTensors<'a> {
+    q: &'a CudaSlice<u8>,
+    k: &'a CudaSlice<u8>,
+    v: &'a CudaSlice<u8>,
+    o: &'a CudaSlice<u8>,
+}
+
 /// The Hopper kernel's TMA maps of q, k, v (boxes of its tiles' rows) and
 /// o (boxes of a consumer warpgroup's half of them, for its TMA store): a
 /// packed batch's `shape` is its batch of one, so its maps span the packed
@@ -137,8 +151,9 @@ fn tensor_maps(
     stream: &CudaStream,
     key: &KernelKey,
     call: &Call,
-    [q, k, v, o]: [&CudaSlice<u8>; 4],
+    io: MappedTensors,
 ) -> Result<Vec<TensorMap>> {
+    let MappedTensors { q, k, v, o } = io;
     let (t, shape) = (key.tiles(), &call.shape);
     let (b, d) = (shape.batch, shape.head_dim);
     let mut maps = Vec::new();

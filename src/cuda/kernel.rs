@@ -302,45 +302,8 @@ impl KernelKey {
     pub fn tiles(&self) -> Tiles {
         let d = self.head_dim;
         match self.family {
-            Family::Forward => {
-                // Up to 32 output columns per lane; 128 threads.
-                let lanes = (d / 32).next_power_of_two().min(32);
-                let rows = 128 / lanes;
-                // Q (rows × d) and K/V (keys × d) about 16 KiB each; wide:
-                // as many keys as fit.
-                let mut keys = match d <= STEPPED_MAX_HEAD_DIM {
-                    true => ((4096 / d).min(32) / lanes).max(1) * lanes,
-                    false => 32,
-                };
-                // Whole groups of 8 keys: dropout's keep bits (cuda/dropout.cuh).
-                while keys > 8 && forward_shared_floats(rows, keys, d) * 4 + rows * keys / 8 > STATIC_SHARED_LIMIT
-                {
-                    keys /= 2;
-                }
-                Tiles {
-                    rows,
-                    keys,
-                    lanes,
-                    threads: 128,
-                }
-            }
-            Family::Backward => {
-                // 16 columns of dK and of dV (or dQ) per lane; 18 at d 576.
-                let lanes = (d / 16).next_power_of_two().min(32);
-                // Four (block × d) f32 tiles within about 34 KiB; wide: 8
-                // (whole groups of 8 keys for dropout's keep bits), the
-                // tiles in dynamic shared memory.
-                let block = match d <= STEPPED_MAX_HEAD_DIM {
-                    true => prev_power_of_two((2048 / d).min(32)),
-                    false => 8,
-                };
-                Tiles {
-                    rows: block,
-                    keys: block,
-                    lanes,
-                    threads: block * lanes,
-                }
-            }
+            Family::Forward => scalar_forward_tiles(d),
+            Family::Backward => scalar_backward_tiles(d),
             // FA2's forward: 4 warps of 32 rows against 64-key tiles (a
             // lane's O, d floats, and S, 32 a row tile, in registers), where
             // ptxas keeps that within 255 registers without spilling (for
@@ -528,6 +491,49 @@ impl KernelKey {
             }
         };
         format!("{defines}{COMMON}\n{PHILOX}\n{DROPOUT}\n{body}")
+    }
+}
+
+/// The scalar forward's tiles at padded head dim `d` ([`KernelKey::tiles`]).
+fn scalar_forward_tiles(d: usize) -> Tiles {
+    // Up to 32 output columns per lane; 128 threads.
+    let lanes = (d / 32).next_power_of_two().min(32);
+    let rows = 128 / lanes;
+    // Q (rows × d) and K/V (keys × d) about 16 KiB each; wide:
+    // as many keys as fit.
+    let mut keys = match d <= STEPPED_MAX_HEAD_DIM {
+        true => ((4096 / d).min(32) / lanes).max(1) * lanes,
+        false => 32,
+    };
+    // Whole groups of 8 keys: dropout's keep bits (cuda/dropout.cuh).
+    while keys > 8 && forward_shared_floats(rows, keys, d) * 4 + rows * keys / 8 > STATIC_SHARED_LIMIT
+    {
+        keys /= 2;
+    }
+    Tiles {
+        rows,
+        keys,
+        lanes,
+        threads: 128,
+    }
+}
+
+/// The scalar backward's tiles at padded head dim `d` ([`KernelKey::tiles`]).
+fn scalar_backward_tiles(d: usize) -> Tiles {
+    // 16 columns of dK and of dV (or dQ) per lane; 18 at d 576.
+    let lanes = (d / 16).next_power_of_two().min(32);
+    // Four (block × d) f32 tiles within about 34 KiB; wide: 8
+    // (whole groups of 8 keys for dropout's keep bits), the
+    // tiles in dynamic shared memory.
+    let block = match d <= STEPPED_MAX_HEAD_DIM {
+        true => prev_power_of_two((2048 / d).min(32)),
+        false => 8,
+    };
+    Tiles {
+        rows: block,
+        keys: block,
+        lanes,
+        threads: block * lanes,
     }
 }
 
