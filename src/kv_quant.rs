@@ -19,7 +19,7 @@
 //!   s')`. The new values are then coded at the block's (new) scale. One
 //!   step is one update, however many of its tokens land in the block.
 
-use crate::api::decode::{CacheShape, DecodeProblem, HostKvCache};
+use crate::api::decode::{CacheShape, DecodeProblem, DecodeStep, HostKvCache};
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::quant::{e4m3_from_f64, e4m3_to_f32, flush};
@@ -463,6 +463,19 @@ impl QuantKvCache {
             }
         }
     }
+}
+
+/// `k_new` and `v_new` (a latent cache's `k_new`) finite: a quantized
+/// cache has no code for the rest (`Error::NonFiniteInput`).
+pub(crate) fn check_new_finite(step: &DecodeStep) -> Result<()> {
+    if let Some([k, v]) = &step.new_kv {
+        crate::quant::check_finite(&k.data.to_f32(), "k_new")?;
+        crate::quant::check_finite(&v.data.to_f32(), "v_new")?;
+    }
+    if let Some(k) = &step.new_latent {
+        crate::quant::check_finite(&k.data.to_f32(), "k_new")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -662,13 +662,7 @@ fn validate(
     let p = DecodeProblem::new(step, shape, precision)?;
     opts.for_decoding(p.batch, p.heads_q)?;
     if quant.is_some() {
-        if let Some([k_new, v_new]) = &step.new_kv {
-            crate::quant::check_finite(&k_new.data.to_f32(), "k_new")?;
-            crate::quant::check_finite(&v_new.data.to_f32(), "v_new")?;
-        }
-        if let Some(k_new) = &step.new_latent {
-            crate::quant::check_finite(&k_new.data.to_f32(), "k_new")?;
-        }
+        crate::kv_quant::check_new_finite(step)?;
     }
     Ok(p)
 }

@@ -15,7 +15,6 @@ use crate::api::size::{grid_u32, to_u32};
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::kv_quant::{CacheQuant, QuantKvCache, ScaleBlocks};
-use crate::quant::check_finite;
 use crate::kernels::decode::HELPER_WORKGROUP;
 use crate::kernels::side::SideTables;
 use crate::kernels::{
@@ -40,7 +39,7 @@ pub async fn decode(
 ) -> Result<DecodeOutput> {
     let p = DecodeProblem::new(step, cache.shape(), cache.precision())?;
     if cache.quant().is_some() {
-        check_new_finite(step)?;
+        crate::kv_quant::check_new_finite(step)?;
     }
     let run = Step::new(gpu, cache, &p, opts, num_splits, kernel)?;
     let loops = loops(gpu, &run.req, run.variant, cache.quant())?;
@@ -92,19 +91,6 @@ pub async fn decode_quantized_host(
         *host = cache.read_quantized(gpu).await?;
     }
     Ok(out)
-}
-
-/// `k_new` and `v_new` (a latent cache's `k_new`) finite: a quantized
-/// cache has no code for the rest (`Error::NonFiniteInput`).
-fn check_new_finite(step: &DecodeStep) -> Result<()> {
-    if let Some([k, v]) = &step.new_kv {
-        check_finite(&k.data.to_f32(), "k_new")?;
-        check_finite(&v.data.to_f32(), "v_new")?;
-    }
-    if let Some(k) = &step.new_latent {
-        check_finite(&k.data.to_f32(), "k_new")?;
-    }
-    Ok(())
 }
 
 /// A cache on the app's `k` and `v` ranges: each checked as an encoded
