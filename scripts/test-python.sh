@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Python package's suite (python/tests) in one virtual environment,
 # created once and reused: $FLASHATTN_VENV, or .venv at the repository's
-# root. `setup` installs torch, transformers, numpy, pytest and maturin
-# from PyPI when the environment lacks them (torch pulls its CUDA wheels,
-# several GB, once) and the package itself with `pip install ./python`;
+# root. `setup` installs torch, transformers, numpy, pytest, maturin and
+# ring-flash-attn (without its dependencies) from PyPI when the
+# environment lacks them (torch pulls its CUDA wheels, several GB, once)
+# and the package itself with `pip install ./python`;
 # `run` runs pytest on the CPU backend and wgpu (required: a missing
 # adapter fails the run); `run ARGS` runs pytest with ARGS only. Without an argument, both.
 set -euo pipefail
@@ -33,6 +34,12 @@ setup() {
     echo "scripts/test-python.sh: installing torch, transformers, numpy, pytest, maturin into $venv"
     "$py" -m pip install -q --upgrade pip
     "$py" -m pip install -q torch transformers numpy pytest maturin
+  fi
+  # ring-flash-attn's ring code, run on the engine by the distributed tests
+  # (pure Python; without its flash-attn dependency, which needs CUDA: the
+  # engine serves flash-attn's interface).
+  if ! "$py" -c "import importlib.util as u; assert u.find_spec('ring_flash_attn')" 2>/dev/null; then
+    "$py" -m pip install -q --no-deps "ring-flash-attn==0.1.8"
   fi
   # The user's command, `pip install ./python` (maturin, release), with two
   # changes that let it reuse what `cargo test --release` already compiled

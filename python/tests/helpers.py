@@ -1,5 +1,8 @@
 """Inputs and judgements shared by the test files."""
 
+import importlib.util
+import sys
+import types
 from typing import Optional
 
 import torch
@@ -69,4 +72,36 @@ def assert_same_as_sdpa(o, o_sdpa, q, k, v, opts, checks):
     assert diff <= own + sdpa_err + 1e-12, f"flashattn vs SDPA {diff} > {own} + {sdpa_err}"
 
 
-__all__ = ["DTYPES", "qkv", "options", "assert_forward", "band_mask", "sdpa", "assert_same_as_sdpa"]
+def load_ring_flash_attn():
+    """ring-flash-attn's ring and zigzag functions, their flash-attn calls
+    served by this engine (``flash_attn_interface.install``). Its modules
+    are loaded without the package's ``__init__``, which also imports a
+    Transformers adapter that fails on Transformers 5; the ring code itself
+    is the package's, unchanged."""
+    from flashattn.integrations import flash_attn_interface
+
+    flash_attn_interface.install()
+    if "ring_flash_attn" not in sys.modules:
+        spec = importlib.util.find_spec("ring_flash_attn")
+        if spec is None:
+            raise ImportError("ring-flash-attn is not installed (scripts/test-python.sh setup installs it)")
+        package = types.ModuleType("ring_flash_attn")
+        package.__spec__ = spec
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["ring_flash_attn"] = package
+    from ring_flash_attn.ring_flash_attn import ring_flash_attn_func
+    from ring_flash_attn.zigzag_ring_flash_attn import zigzag_ring_flash_attn_func
+
+    return {"ring": ring_flash_attn_func, "zigzag": zigzag_ring_flash_attn_func}
+
+
+__all__ = [
+    "DTYPES",
+    "qkv",
+    "options",
+    "assert_forward",
+    "band_mask",
+    "sdpa",
+    "assert_same_as_sdpa",
+    "load_ring_flash_attn",
+]

@@ -3,7 +3,8 @@ processes): the gathered outputs, LSE and gradients pass the accuracy rule
 against the f64 reference of the whole sequence and agree with the
 single-process flash_attn_func; causal zigzag balances the computed tiles;
 the bytes on the ring match the analytic count; ranks that disagree raise
-instead of hanging."""
+instead of hanging. ring-flash-attn's own ring code runs on the engine
+through flash-attn's interface and passes the same rule."""
 
 import functools
 import os
@@ -27,7 +28,7 @@ from flashattn.distributed import (
     zigzag_ring_flash_attn_func,
     zigzag_shard,
 )
-from helpers import DTYPES, options
+from helpers import DTYPES, load_ring_flash_attn, options
 
 BACKENDS = [b for b in os.environ.get("FLASHATTN_TEST_BACKENDS", "cpu,wgpu").split(",") if b]
 FUNCS = {"ring": ring_flash_attn_func, "zigzag": zigzag_ring_flash_attn_func}
@@ -301,3 +302,53 @@ def test_sub_group():
     testing.assert_passed(testing.check_forward(q, k, v, o, lse, opts), "sub-group forward")
     checks = testing.check_backward(q, k, v, d_o, dq, dk, dv, None, opts)
     testing.assert_passed(checks, "sub-group backward")
+
+
+# ring-flash-attn's conventions: seqlens that 2 * world divides, no windows
+# (it passes a window to each shard pair in the pair's own positions), and
+# flash-attn's dtypes (its float32 backward would alias the first step's
+# gradient buffer: `.to(torch.float32)` of a float32 tensor is no copy).
+# (kind, causal, seqlen, heads_q, heads_kv, head_dim, dtype)
+RING_FLASH_ATTN = {
+    2: [("zigzag", True, 48, 4, 2, 32, "bf16"), ("ring", False, 40, 2, 2, 16, "f16")],
+    3: [("zigzag", True, 54, 2, 1, 16, "f16"), ("ring", True, 45, 4, 2, 32, "bf16")],
+}
+
+
+def _ring_flash_attn_worker(rank, world, store, out_dir, backend):
+    torch.set_num_threads(1)
+    os.environ["FLASHATTN_BACKEND"] = backend  # flash-attn's interface takes no backend
+    funcs = load_ring_flash_attn()
+    _init(rank, world, store)
+    results = []
+    for i, (kind, causal, n, hq, hkv, d, dtype) in enumerate(RING_FLASH_ATTN[world]):
+        case = (kind, causal, (-1, -1), n, 1, hq, hkv, d, dtype, True)
+        q, k, v, d_o = (SHARD[kind](t, rank, world) for t in _inputs(case, 100 + i))
+        q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o, lse, _ = funcs[kind](q, k, v, causal=causal, return_attn_probs=True)
+        o.backward(d_o)
+        results.append([o.detach(), lse.detach(), q.grad, k.grad, v.grad])
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", sorted(RING_FLASH_ATTN))
+def test_ring_flash_attn_runs_on_the_engine(backend, world):
+    """ring-flash-attn (the reference implementation of these conventions),
+    its flash-attn calls served by flashattn.integrations.flash_attn_interface:
+    the gathered results pass the accuracy rule against the whole sequence's
+    f64 reference, as ours do (benches/ring_accuracy.py compares the two)."""
+    per_rank = _spawn(_ring_flash_attn_worker, world, (backend,))
+    for i, (kind, causal, n, hq, hkv, d, dtype) in enumerate(RING_FLASH_ATTN[world]):
+        case = (kind, causal, (-1, -1), n, 1, hq, hkv, d, dtype, True)
+        q, k, v, d_o = _inputs(case, 100 + i)
+        o, lse, dq, dk, dv = (
+            unshard([per_rank[r][i][j] for r in range(world)], kind == "zigzag", dim=2 if j == 1 else 1)
+            for j in range(5)
+        )
+        opts = options(causal=causal)
+        what = f"ring-flash-attn {kind} world {world}"
+        testing.assert_passed(testing.check_forward(q, k, v, o, lse, opts), f"{what} forward")
+        checks = testing.check_backward(q, k, v, d_o, dq, dk, dv, None, opts)
+        testing.assert_passed(checks, f"{what} backward")
