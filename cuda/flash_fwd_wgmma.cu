@@ -1,6 +1,20 @@
 // FlashAttention-3-style forward for Hopper (sm_90a, f16/bf16 storage, f32
-// accumulation, padded head dim 64 or 128, d % 8 == 0): one block of three
-// warpgroups per (BLOCK_M = 128 query rows, query head, batch entry).
+// accumulation, padded head dim 64 or 128, d % 8 == 0): a persistent grid
+// of blocks of three warpgroups (one block an SM), each block working
+// through items (BLOCK_M = 128 query rows, query head, sequence) of the
+// list `Work` describes.
+//
+//   Scheduling: item n of a block is the list's entry n · blocks + the
+//     block's index, counted backwards on odd rounds (a snake: a block
+//     that took a long item in one round takes a short one in the next).
+//     Under a causal (right-bounded) band the list runs longest first: the
+//     last query blocks, which see the most keys, lead every round, so the
+//     short ones fill the tail. Otherwise query blocks come fastest, so the
+//     blocks at work at once share their K and V in L2.
+//   Across items nothing restarts: the K/V ring and its barriers' phases
+//     run on (the producer loads the next item's tiles while the consumers
+//     finish this one), Q's barriers alternate, full then empty, once an
+//     item, and the ping-pong turns balance within each item.
 //
 //   warpgroup 0, the producer: gives its registers away (setmaxnreg.dec),
 //     and one thread issues TMA copies: Q once, then K and V tiles of
@@ -27,18 +41,23 @@
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
 //
 //   [align] Q (HEAD_DIM/64 boxes of BLOCK_M rows) | stage 0: K, V | stage 1: K, V | mbarriers
+//
+// Q's bytes are also where O goes out: a Q empty barrier (both consumers,
+// after their stores have read it) frees them for the next item's Q.
 
 #define THREADS 384
 #define BOX_BYTES(rows) ((rows) * 128)
 #define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
-#define BARRIERS 9  // Q full, K full x2, V full x2, K empty x2, V empty x2: these numbers in a deadlock report
+// Q full, K full x2, V full x2, K empty x2, V empty x2, Q empty: these numbers in a deadlock report
+#define BARRIERS 10
 #define BAR_Q_FULL 0
 #define BAR_K_FULL 1
 #define BAR_V_FULL 3
 #define BAR_K_EMPTY 5
 #define BAR_V_EMPTY 7
+#define BAR_Q_EMPTY 9
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
 static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
@@ -57,38 +76,74 @@ static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BY
 // FFMA and one ex2 (the plan sends scales of 0 or below to the sm80 kernels).
 #define EXP2_SOFTMAX (!HAS_SOFTCAP)
 
+// The persistent grid's list: m_blocks query blocks (of the longest
+// sequence) x heads_q x seqs sequences; the products come from the host
+// (src/cuda/problem.rs's `Work`), read from the parameters where used: a
+// product kept in a register across the item loop spilled.
+struct Work {
+    int m_blocks, seqs;
+    int groups;  // heads_q x seqs: the items of one query block
+    int items;   // m_blocks x groups
+};
+static_assert(sizeof(Work) == 4 * 4, "Work must stay four ints");
+
+// One item: its query block, head and sequence, and the problem, rows and
+// key tiles that follow (`skip`: past a short sequence of a packed batch).
+struct Item {
+    Problem p;
+    Seq seq;
+    int m0, h, z;
+    bool skip;
+    Steps steps;
+};
+
+// Item n of this block's list, or -1 past its end (the snake order above).
+__device__ __forceinline__ int item_index(int n, const Work& W) {
+    const int at = n * (int)gridDim.x + (n & 1 ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    return at < W.items ? at : -1;
+}
+
+__device__ __forceinline__ Item enter_item(const Problem& problem, const Layout& L, const Work& W, int index) {
+    Item it;
+    // Longest first where a right bound makes later query blocks see more keys.
+    const bool longest_first = HAS_BAND && problem.right >= 0;
+    const int mb = longest_first ? W.m_blocks - 1 - index / W.groups : index % W.m_blocks;
+    const int rest = longest_first ? index % W.groups : index / W.m_blocks;
+    it.h = rest % problem.heads_q;
+    it.z = rest / problem.heads_q;
+    it.m0 = mb * BLOCK_M;
+    it.p = problem;
+    it.seq = enter_sequence(L, &it.p, it.z);
+    it.skip = it.m0 >= it.p.seqlen_q;
+    int lo, hi;
+    key_span(it.p, it.m0, min(it.m0 + BLOCK_M, it.p.seqlen_q), &lo, &hi);
+    // The key tiles this item visits: [lo, hi) in order, or a block
+    // mask's list (tiles with no allowed pair left out, never loaded).
+    it.steps = tile_steps(L, it.seq, it.h, mb, lo, hi, BLOCK_N);
+    return it;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
           const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to,
-          storage_t* __restrict__ o, float* __restrict__ lse,
-          Problem p, const Layout L) {
+          storage_t* __restrict__ o_all, float* __restrict__ lse,
+          const Problem problem, const Layout L, const Work W) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     unsigned char* q_s = smem;
     unsigned char* kv_s = smem + Q_BYTES;
-    unsigned long long* bars = (unsigned long long*)(kv_s + 2 * STAGES * TILE_BYTES);
-    unsigned long long *q_full = bars + BAR_Q_FULL, *k_full = bars + BAR_K_FULL, *v_full = bars + BAR_V_FULL,
-                       *k_empty = bars + BAR_K_EMPTY, *v_empty = bars + BAR_V_EMPTY;
-
-    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
-    const Seq seq = enter_sequence(L, &p, blockIdx.z);
-    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch: the whole block
+    const Bar bars = bar_at(kv_s + 2 * STAGES * TILE_BYTES);
+    const Bar q_full = bars + BAR_Q_FULL, k_full = bars + BAR_K_FULL, v_full = bars + BAR_V_FULL,
+              k_empty = bars + BAR_K_EMPTY, v_empty = bars + BAR_V_EMPTY, q_empty = bars + BAR_Q_EMPTY;
     // TMA coordinates (row, batch entry): a dense batch's maps are 4-D, the
     // sequence a batch entry; a packed batch's span the packed tensor (a
     // batch of one), the sequence starting at row q0 / k0. Its boxes then
     // read the next sequence's rows past its end, which the mask hides
     // (keys) or nothing writes (queries).
-    const int tb = L.cu_q ? 0 : blockIdx.z;
-    const int q_row0 = L.cu_q ? (int)seq.q0 : 0, k_row0 = L.cu_q ? (int)seq.k0 : 0;
-    o = from_row(o, seq.q0, p.heads_q, p.d);
-    const int hk = h / (p.heads_q / p.heads_kv);
-    int lo, hi;
-    key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
-    // The key tiles this block visits: [lo, hi) in order, or a block
-    // mask's list (tiles with no allowed pair left out, never loaded).
-    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_N);
-    const int tiles = steps.count;
+    auto tma_batch = [&](const Item& it) { return L.cu_q ? 0 : it.z; };
+    auto q_row0 = [&](const Item& it) { return L.cu_q ? (int)it.seq.q0 : 0; };
+    auto k_row0 = [&](const Item& it) { return L.cu_q ? (int)it.seq.k0 : 0; };
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -98,31 +153,50 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             mbar_init(k_empty + s, 2 * 128);  // every consumer thread releases
             mbar_init(v_empty + s, 2 * 128);
         }
+        mbar_init(q_empty, 2);  // each consumer's last thread out
         mbar_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0 && tiles > 0) {
-            mbar_arrive_expect_tx(q_full, Q_BYTES);
-            for (int box = 0; box < HEAD_DIM / 64; ++box)
-                tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, h, q_row0 + m0, tb, q_full);
-            for (int tile = 0; tile < tiles; ++tile) {
-                const int s = tile % STAGES, n = k_row0 + step_start(L, steps, tile, BLOCK_N);
-                unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
-                // A fresh barrier counts as having completed the phase before
-                // its first (parity 1): the first pass through the ring waits for nothing.
-                const unsigned parity = ((tile / STAGES) & 1) ^ 1;
-                mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
-                mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
-                for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n, tb, k_full + s);
-                mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
-                mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
-                for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n, tb,
-                                v_full + s);
+        if (threadIdx.x == 0) {
+            // ring: K/V tiles loaded for earlier items; taken: items whose Q
+            // barriers turned (a skipped item turns none).
+            int ring = 0, taken = 0;
+            for (int n = 0, index; (index = item_index(n, W)) >= 0; ++n) {
+                const Item it = enter_item(problem, L, W, index);
+                if (it.skip) continue;
+                const int tiles = it.steps.count, tb = tma_batch(it), k_row = k_row0(it);
+                const int hk = it.h / (it.p.heads_q / it.p.heads_kv);
+                // The last item's Q (and O's staging in its bytes) released.
+                if (taken > 0) mbar_wait(q_empty, (taken - 1) & 1, BAR_Q_EMPTY);
+                if (tiles > 0) {
+                    mbar_arrive_expect_tx(q_full, Q_BYTES);
+                    for (int box = 0; box < HEAD_DIM / 64; ++box)
+                        tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, it.h, q_row0(it) + it.m0, tb,
+                                    q_full);
+                } else {
+                    mbar_arrive(q_full);  // no keys: the consumers write o = 0 through Q's bytes all the same
+                }
+                for (int tile = 0; tile < tiles; ++tile) {
+                    const int g = ring + tile, s = g % STAGES, n0 = k_row + step_start(L, it.steps, tile, BLOCK_N);
+                    unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
+                    // A fresh barrier counts as having completed the phase before
+                    // its first (parity 1): the first pass through the ring waits for nothing.
+                    const unsigned parity = ((g / STAGES) & 1) ^ 1;
+                    mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
+                    mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
+                    for (int box = 0; box < HEAD_DIM / 64; ++box)
+                        tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, tb, k_full + s);
+                    mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
+                    mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
+                    for (int box = 0; box < HEAD_DIM / 64; ++box)
+                        tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, tb,
+                                    v_full + s);
+                }
+                ring += tiles;
+                ++taken;
             }
         }
     } else {
@@ -131,233 +205,254 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         // warp-uniform and keeps Q's descriptors in uniform registers.
         const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128 - 1, 0);
         const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
-        const int r0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
-
-        float acc[HEAD_DIM / 2], s[BLOCK_N / 2];
-        unsigned pa[BLOCK_N / 16][4];  // P, rounded to storage: wgmma's register A fragments
-#pragma unroll
-        for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
-        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
-        float ms[2] = {0.0f, 0.0f};
-        const float sl2 = p.scale * 1.4426950408889634f;  // scale · log2 e
-        // ALiBi's slope, and (in the exp2 form, whose max is over raw dot
-        // products) the same in raw units: the bias is -slope · |i + off - j|.
-        const float slope = alibi_slope(L, seq, h);
-        const float raw_slope = EXP2_SOFTMAX ? slope / p.scale : slope;
-        const int off = band_offset(p);
-        // Key tiles [inner_lo, inner_hi) hold no pair the band or seqlen_k
-        // masks for any row of the block (whole tiles below seqlen_k and,
-        // with a band, inside every row's window). Rows past seqlen_q are
-        // computed either way and never written.
-        int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N;
-#if HAS_BAND
-        {
-            const int last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
-            if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N));
-            if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N));
-        }
-#endif
-        // Step k's softmax tests nothing where its tile is one of those, the
-        // block mask (if any) allows all of it, and no ALiBi bias applies.
-        auto unmasked = [&](int k) {
-            const int n = step_start(L, steps, k, BLOCK_N) / BLOCK_N;
-            return !L.alibi && n >= inner_lo && n < inner_hi && !step_partial(L, steps, k);
-        };
-        // The turn to issue products: named barrier 1 + wg, completed by this
-        // warpgroup's sync and the other's arrive (256 threads). Consumer 1
-        // lets consumer 0 go first, and skips its last pass, so every arrive
-        // meets a sync: tiles + 1 turns each.
-        auto take_turn = [&] { wg == 0 ? named_bar_sync<1, 256>() : named_bar_sync<2, 256>(); };
-        auto pass_turn = [&] { wg == 0 ? named_bar_arrive<2, 256>() : named_bar_arrive<1, 256>(); };
-
         // The descriptors of this warpgroup's Q rows and of stage 0's K and
         // V (K-major, and V MN-major: 8 keys of 128 B per 1024 B atom, the
         // second 64 columns of d one box, LBO, further).
         const SmemDesc q_desc = smem_desc_words(q_s + wg * 64 * 128, 16, 1024);
         const SmemDesc k_desc = smem_desc_words(kv_s, 16, 1024);
         const SmemDesc v_desc = smem_desc_words(kv_s + TILE_BYTES, BOX_BYTES(BLOCK_N), 1024);
-        // S = Q K^T for tile `tile`: k16 steps along d, 32 B apart inside a
-        // 64-column box, the next box past column 63.
-        auto issue_qk = [&](int tile) {
-            const SmemDesc k_stage = desc_moved(k_desc, (tile % STAGES) * 2 * TILE_BYTES);
-            mbar_wait(k_full + tile % STAGES, (tile / STAGES) & 1, BAR_K_FULL + tile % STAGES);
-            wgmma_fence();
+        // The turn to issue products: named barrier 1 + wg, completed by this
+        // warpgroup's sync and the other's arrive (256 threads). Consumer 1
+        // lets consumer 0 go first, and skips its last pass, so every arrive
+        // meets a sync: tiles + 1 turns each, in every item.
+        auto take_turn = [&] { wg == 0 ? named_bar_sync<1, 256>() : named_bar_sync<2, 256>(); };
+        auto pass_turn = [&] { wg == 0 ? named_bar_arrive<2, 256>() : named_bar_arrive<1, 256>(); };
+        const float sl2 = problem.scale * 1.4426950408889634f;  // scale · log2 e
+
+        int ring = 0, taken = 0;  // as the producer counts them
+        for (int n = 0, index; (index = item_index(n, W)) >= 0; ++n) {
+            // Broadcast from lane 0, as wg is: ptxas then knows the item and
+            // the ring's position are uniform and keeps what follows from
+            // them (barrier addresses, tile bounds) in uniform registers.
+            index = __shfl_sync(0xffffffffu, index, 0);
+            ring = __shfl_sync(0xffffffffu, ring, 0);
+            const Item it = enter_item(problem, L, W, index);
+            if (it.skip) continue;
+            const Problem& p = it.p;
+            const Seq& seq = it.seq;
+            const Steps& steps = it.steps;
+            const int m0 = it.m0, h = it.h, tiles = steps.count;
+            const int r0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+            float acc[HEAD_DIM / 2], s[BLOCK_N / 2];
+            unsigned pa[BLOCK_N / 16][4];  // P, rounded to storage: wgmma's register A fragments
 #pragma unroll
-            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-                const unsigned box = ks / 4, col = (ks % 4) * 32;
-                wgmma_ss<BLOCK_N>(s, desc_at(q_desc, box * BOX_BYTES(BLOCK_M) + col),
-                                  desc_at(k_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
-            }
-            wgmma_commit();
-        };
-        // O += P V for tile `tile`.
-        auto issue_pv = [&](int tile) {
-            const SmemDesc v_stage = desc_moved(v_desc, (tile % STAGES) * 2 * TILE_BYTES);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], desc_at(v_stage, kk * 16 * 128));
-            wgmma_commit();
-        };
-        // The online softmax of S (tile `tile`) in place: s becomes P
-        // (unrounded), m and l move on, alpha rescales what O held. `inner`:
-        // a tile with no masked pair, tested nowhere (every call passes a
-        // constant, and the inlined copy keeps only its own branch).
-        auto softmax = [&](int tile, bool inner) {
-            const int n0 = step_start(L, steps, tile, BLOCK_N);
-            const bool partial = step_partial(L, steps, tile);
-            float mx[2] = {m[0], m[1]};
-#pragma unroll
-            for (int c = 0; c < BLOCK_N / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
-                    float& x = s[4 * c + e];
-                    const bool ok = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j));
-#if EXP2_SOFTMAX
-                    if (!inner) x = ok ? x - raw_slope * fabsf((float)(i + off - j)) : NEG_INF;
-#else
-                    float dcap;
-                    x = ok ? with_alibi(p, raw_slope, score(p, x, &dcap), i, j) : NEG_INF;
-#endif
-                    mx[e / 2] = fmaxf(mx[e / 2], x);
-                }
-#if EXP2_SOFTMAX
-            online_max_exp2(mx, m, l, alpha, ms, sl2);
-#pragma unroll
-            for (int c = 0; c < BLOCK_N / 2; ++c) {
-                const float pj = exp2_approx(fmaf(s[c], sl2, -ms[(c % 4) / 2]));
-                l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
-                s[c] = pj;
-            }
-#else
-            online_max(mx, m, l, alpha);
-#pragma unroll
-            for (int c = 0; c < BLOCK_N / 2; ++c) {
-                const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);
-                l[(c % 4) / 2] += pj;
-                s[c] = pj;
+            for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
+            float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+            float ms[2] = {0.0f, 0.0f};
+            // ALiBi's slope, and (in the exp2 form, whose max is over raw dot
+            // products) the same in raw units: the bias is -slope · |i + off - j|.
+            const float slope = alibi_slope(L, seq, h);
+            const float raw_slope = EXP2_SOFTMAX ? slope / p.scale : slope;
+            const int off = band_offset(p);
+            // Key tiles [inner_lo, inner_hi) hold no pair the band or seqlen_k
+            // masks for any row of the block (whole tiles below seqlen_k and,
+            // with a band, inside every row's window). Rows past seqlen_q are
+            // computed either way and never written.
+            int inner_lo = 0, inner_hi = p.seqlen_k / BLOCK_N;
+#if HAS_BAND
+            {
+                const int last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
+                if (p.right >= 0) inner_hi = min(inner_hi, floor_div(m0 + off + p.right + 1, BLOCK_N));
+                if (p.left >= 0) inner_lo = max(inner_lo, -floor_div(p.left - last_row - off, BLOCK_N));
             }
 #endif
-        };
-        // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
-        auto pack_p = [&] {
+            // Step k's softmax tests nothing where its tile is one of those, the
+            // block mask (if any) allows all of it, and no ALiBi bias applies.
+            auto unmasked = [&](int k) {
+                const int n = step_start(L, steps, k, BLOCK_N) / BLOCK_N;
+                return !L.alibi && n >= inner_lo && n < inner_hi && !step_partial(L, steps, k);
+            };
+            // S = Q K^T for the item's tile `tile` (ring slot g = ring + tile):
+            // k16 steps along d, 32 B apart inside a 64-column box, the next box
+            // past column 63.
+            auto issue_qk = [&](int tile) {
+                const int g = ring + tile;
+                const SmemDesc k_stage = desc_moved(k_desc, (g % STAGES) * 2 * TILE_BYTES);
+                mbar_wait(k_full + g % STAGES, (g / STAGES) & 1, BAR_K_FULL + g % STAGES);
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
-            }
-        };
-
-        if (tiles > 0) {
-            if (wg == 1) pass_turn();
-            take_turn();
-            mbar_wait(q_full, 0, BAR_Q_FULL);
-            issue_qk(0);
-            pass_turn();
-            wgmma_wait<0>();
-            pin(s);
-            mbar_arrive(k_empty);  // K of tile 0 read
-            softmax(0, false);
-            pack_p();
-        }
-        // P V of tile `tile` done: its registers and its V slot are free.
-        auto retire_pv = [&](int tile) {
-            pin(acc);
-            pin(pa);
-            mbar_arrive(v_empty + tile % STAGES);
-        };
-        // One trip: S of `tile` and P V of the tile before it.
-        auto trip = [&](int tile, bool inner) {
-            const int prev = tile - 1;
-            take_turn();
-            if (OVERLAP) issue_qk(tile);
-            mbar_wait(v_full + prev % STAGES, (prev / STAGES) & 1, BAR_V_FULL + prev % STAGES);
-            issue_pv(prev);
-            if (!OVERLAP) {
-                wgmma_wait<0>();
-                retire_pv(prev);
-                issue_qk(tile);
-            }
-            pass_turn();
-            wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
-            pin(s);
-            mbar_arrive(k_empty + tile % STAGES);  // its K read
-            softmax(tile, inner);
-            if (OVERLAP) {
-                wgmma_wait<0>();
-                retire_pv(prev);
-            }
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
-            pack_p();
-        };
-        // Runs of masked steps (a window's left edge, the diagonal, the
-        // last keys, a block mask's partial tiles) and of unmasked ones, the
-        // latter in a loop of their own.
-        int tile = 1;
-        while (tile < tiles) {
-            int end = tile;
-            while (end < tiles && !unmasked(end)) ++end;
-            for (; tile < end; ++tile) trip(tile, false);
-            while (end < tiles && unmasked(end)) ++end;
-            for (; tile < end; ++tile) trip(tile, true);
-        }
-        if (tiles > 0) {
-            const int last = tiles - 1;
-            take_turn();
-            mbar_wait(v_full + last % STAGES, (last / STAGES) & 1, BAR_V_FULL + last % STAGES);
-            issue_pv(last);
-            if (wg == 0) pass_turn();
-            wgmma_wait<0>();
-            retire_pv(last);
-        }
-
-        const bool tma_o = !L.cu_q;
-        unsigned char* o_s = q_s + wg * 64 * 128;  // this warpgroup's rows of each Q box
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = r0 + 8 * r;
-            const float sum = quad_sum(l[r]);
-            // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
-            float inv_l, row_lse;
-            finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
-                       &row_lse);  // m in score units
-            if (tma_o) {
-                const unsigned rr = (warp * 16 + lane / 4 + 8 * r) * 128;
-#pragma unroll
-                for (int c = 0; c < HEAD_DIM / 8; ++c) {
-                    const unsigned col = c * 8 + 2 * t;
-                    *(unsigned*)(o_s + swizzled_128b((col / 64) * BOX_BYTES(BLOCK_M) + rr + (col % 64) * 2)) =
-                        pack2(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l);
+                for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+                    const unsigned box = ks / 4, col = (ks % 4) * 32;
+                    wgmma_ss<BLOCK_N>(s, desc_at(q_desc, box * BOX_BYTES(BLOCK_M) + col),
+                                      desc_at(k_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
                 }
-            }
-            if (i >= p.seqlen_q) continue;
-            if (!tma_o) {
-                const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+                wgmma_commit();
+            };
+            // O += P V for tile `tile`.
+            auto issue_pv = [&](int tile) {
+                const int g = ring + tile;
+                mbar_wait(v_full + g % STAGES, (g / STAGES) & 1, BAR_V_FULL + g % STAGES);
+                const SmemDesc v_stage = desc_moved(v_desc, (g % STAGES) * 2 * TILE_BYTES);
+                wgmma_fence();
 #pragma unroll
-                for (int c = 0; c < HEAD_DIM / 8; ++c)
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                    wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], desc_at(v_stage, kk * 16 * 128));
+                wgmma_commit();
+            };
+            // The online softmax of S (tile `tile`) in place: s becomes P
+            // (unrounded), m and l move on, alpha rescales what O held. `inner`:
+            // a tile with no masked pair, tested nowhere (every call passes a
+            // constant, and the inlined copy keeps only its own branch).
+            auto softmax = [&](int tile, bool inner) {
+                const int n0 = step_start(L, steps, tile, BLOCK_N);
+                const bool partial = step_partial(L, steps, tile);
+                float mx[2] = {m[0], m[1]};
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int col = c * 8 + 2 * t + e;
-                        if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = r0 + 8 * (e / 2), j = n0 + c * 8 + 2 * t + e % 2;
+                        float& x = s[4 * c + e];
+                        const bool ok = allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j));
+#if EXP2_SOFTMAX
+                        if (!inner) x = ok ? x - raw_slope * fabsf((float)(i + off - j)) : NEG_INF;
+#else
+                        float dcap;
+                        x = ok ? with_alibi(p, raw_slope, score(p, x, &dcap), i, j) : NEG_INF;
+#endif
+                        mx[e / 2] = fmaxf(mx[e / 2], x);
                     }
+#if EXP2_SOFTMAX
+                online_max_exp2(mx, m, l, alpha, ms, sl2);
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 2; ++c) {
+                    const float pj = exp2_approx(fmaf(s[c], sl2, -ms[(c % 4) / 2]));
+                    l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
+                    s[c] = pj;
+                }
+#else
+                online_max(mx, m, l, alpha);
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 2; ++c) {
+                    const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);
+                    l[(c % 4) / 2] += pj;
+                    s[c] = pj;
+                }
+#endif
+            };
+            // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
+            auto pack_p = [&] {
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                    pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
+                    pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+                    pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+                    pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+                }
+            };
+
+            mbar_wait(q_full, taken & 1, BAR_Q_FULL);
+            if (tiles > 0) {
+                if (wg == 1) pass_turn();
+                take_turn();
+                issue_qk(0);
+                pass_turn();
+                wgmma_wait<0>();
+                pin(s);
+                mbar_arrive(k_empty + ring % STAGES);  // K of tile 0 read
+                softmax(0, false);
+                pack_p();
             }
-            if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
-        }
-        if (tma_o) {
-            // Every writer's fence, then the warpgroup's barrier (3 + wg, its
-            // 128 threads), then one thread stores the 64-row boxes.
-            fence_proxy_async();
+            // P V of tile `tile` done: its registers and its V slot are free.
+            auto retire_pv = [&](int tile) {
+                pin(acc);
+                pin(pa);
+                mbar_arrive(v_empty + (ring + tile) % STAGES);
+            };
+            // One trip: S of `tile` and P V of the tile before it.
+            auto trip = [&](int tile, bool inner) {
+                const int prev = tile - 1;
+                take_turn();
+                if (OVERLAP) issue_qk(tile);
+                issue_pv(prev);
+                if (!OVERLAP) {
+                    wgmma_wait<0>();
+                    retire_pv(prev);
+                    issue_qk(tile);
+                }
+                pass_turn();
+                wgmma_wait<OVERLAP>();  // S of this tile (with OVERLAP, P V of the last still in flight)
+                pin(s);
+                mbar_arrive(k_empty + (ring + tile) % STAGES);  // its K read
+                softmax(tile, inner);
+                if (OVERLAP) {
+                    wgmma_wait<0>();
+                    retire_pv(prev);
+                }
+#pragma unroll
+                for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] *= alpha[(c % 4) / 2];
+                pack_p();
+            };
+            // Runs of masked steps (a window's left edge, the diagonal, the
+            // last keys, a block mask's partial tiles) and of unmasked ones, the
+            // latter in a loop of their own.
+            int tile = 1;
+            while (tile < tiles) {
+                int end = tile;
+                while (end < tiles && !unmasked(end)) ++end;
+                for (; tile < end; ++tile) trip(tile, false);
+                while (end < tiles && unmasked(end)) ++end;
+                for (; tile < end; ++tile) trip(tile, true);
+            }
+            if (tiles > 0) {
+                const int last = tiles - 1;
+                take_turn();
+                issue_pv(last);
+                if (wg == 0) pass_turn();
+                wgmma_wait<0>();
+                retire_pv(last);
+            }
+
+            const bool tma_o = !L.cu_q;
+            unsigned char* o_s = q_s + wg * 64 * 128;  // this warpgroup's rows of each Q box
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = r0 + 8 * r;
+                const float sum = quad_sum(l[r]);
+                // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
+                float inv_l, row_lse;
+                finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
+                           &row_lse);  // m in score units
+                if (tma_o) {
+                    const unsigned rr = (warp * 16 + lane / 4 + 8 * r) * 128;
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c) {
+                        const unsigned col = c * 8 + 2 * t;
+                        st_shared_b32(smem_addr(o_s) + swizzled_128b((col / 64) * BOX_BYTES(BLOCK_M) + rr + (col % 64) * 2),
+                                      pack2(acc[4 * c + 2 * r] * inv_l, acc[4 * c + 2 * r + 1] * inv_l));
+                    }
+                }
+                if (i >= p.seqlen_q) continue;
+                if (!tma_o) {
+                    storage_t* o = from_row(o_all, seq.q0, p.heads_q, p.d);
+                    const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int col = c * 8 + 2 * t + e;
+                            if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
+                        }
+                }
+                if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+            }
+            // Every writer's fence (for the TMA store), then the warpgroup's
+            // barrier (3 + wg, its 128 threads: its last reads of Q retired,
+            // its O rows written); one thread stores the 64-row boxes, waits
+            // until they are read, and releases Q's bytes for the next item.
+            if (tma_o) fence_proxy_async();
             wg == 0 ? named_bar_sync<3, 128>() : named_bar_sync<4, 128>();
             if (threadIdx.x % 128 == 0) {
-                for (int box = 0; box < HEAD_DIM / 64; ++box)
-                    tma_store_4d(&to, box * 64, h, m0 + wg * 64, blockIdx.z, o_s + box * BOX_BYTES(BLOCK_M));
-                bulk_commit();
-                bulk_wait_read();  // the shared memory stays the block's until read
+                if (tma_o) {
+                    for (int box = 0; box < HEAD_DIM / 64; ++box)
+                        tma_store_4d(&to, box * 64, h, m0 + wg * 64, it.z, o_s + box * BOX_BYTES(BLOCK_M));
+                    bulk_commit();
+                    bulk_wait_read();
+                }
+                mbar_arrive(q_empty);
             }
+            ring += tiles;
+            ++taken;
         }
     }
 }

@@ -41,7 +41,17 @@ struct __align__(64) TensorMap {
     unsigned long long opaque[16];
 };
 
+// An mbarrier by its shared-window address (smem_addr): one 32-bit value a
+// kernel keeps for all its barriers, `bars + i` the i-th after it (8 bytes
+// each), where 64-bit generic pointers to each were registers apiece.
+struct Bar {
+    unsigned at;
+    __device__ __forceinline__ Bar operator+(int i) const { return Bar{at + 8u * (unsigned)i}; }
+};
+__device__ __forceinline__ Bar bar_at(const void* p) { return Bar{smem_addr(p)}; }
+
 #if defined(FLASHATTN_HOST_EMULATION)
+inline unsigned long long* host_bar(Bar b) { return (unsigned long long*)(host_dynamic_smem() + b.at); }
 __device__ __forceinline__ void wgmma_fence() { host_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { host_wgmma_commit(); }
 template <int N>
@@ -58,23 +68,21 @@ template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {}
 template <int N>
 __device__ __forceinline__ void pin(unsigned (&d)[N][4]) {}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) { host_mbar_init(bar, count); }
+__device__ __forceinline__ void mbar_init(Bar bar, unsigned count) { host_mbar_init(host_bar(bar), count); }
 __device__ __forceinline__ void mbar_init_fence() {}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) { host_mbar_arrive(bar, 0); }
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-    host_mbar_arrive(bar, bytes);
-}
-__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
-    return host_mbar_try_wait(bar, parity);
+__device__ __forceinline__ void mbar_arrive(Bar bar) { host_mbar_arrive(host_bar(bar), 0); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(Bar bar, unsigned bytes) { host_mbar_arrive(host_bar(bar), bytes); }
+__device__ __forceinline__ bool mbar_try_wait(Bar bar, unsigned parity) {
+    return host_mbar_try_wait(host_bar(bar), parity);
 }
 __device__ __forceinline__ unsigned long long clock_ns() { return host_clock_ns(); }
 __device__ __forceinline__ bool first_active_lane() { return true; }  // no warps here: each thread reports
 __device__ __forceinline__ void trap() { host_trap(); }
-__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
-                                            unsigned long long* bar) {
-    host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, bar);
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3, Bar bar) {
+    host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, host_bar(bar));
 }
 __device__ __forceinline__ void fence_proxy_async() { host_fence_proxy_async(); }
+__device__ __forceinline__ void st_shared_b32(unsigned at, unsigned v) { std::memcpy(host_dynamic_smem() + at, &v, 4); }
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
     host_tma_store_4d(src, map->opaque, c0, c1, c2, c3);
 }
@@ -156,27 +164,26 @@ __device__ __forceinline__ void wgmma_rs<64, 1>(float (&d)[32], const unsigned (
                  : ACC32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+__device__ __forceinline__ void mbar_init(Bar bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar.at), "r"(count) : "memory");
 }
 // Makes the initialized barriers visible to the copy engine (then a __syncthreads).
 __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(Bar bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar.at) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
+__device__ __forceinline__ void mbar_arrive_expect_tx(Bar bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar.at), "r"(bytes) : "memory");
 }
 // Whether the phase of parity `parity` has completed (one try; the
 // hardware may suspend the thread a while before it says no).
-__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ bool mbar_try_wait(Bar bar, unsigned parity) {
     unsigned done;
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                  : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "r"(bar.at), "r"(parity)
                  : "memory");
     return done != 0;
 }
@@ -191,17 +198,20 @@ __device__ __forceinline__ bool first_active_lane() {
 }
 __device__ __forceinline__ void trap() { asm volatile("trap;"); }
 // Coordinates innermost first, in elements: (column, head, row, batch).
-__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3,
-                                            unsigned long long* bar) {
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int c0, int c1, int c2, int c3, Bar bar) {
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
         "[%6];" ::"r"(smem_addr(dst)),
-        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar.at)
         : "memory");
 }
 // Orders this thread's generic-proxy writes to shared memory before the
 // async proxy's (TMA's) reads of them.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A store by shared-window address: no 64-bit generic pointer kept for it.
+__device__ __forceinline__ void st_shared_b32(unsigned at, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
+}
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(map),
                  "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
@@ -239,7 +249,7 @@ __device__ __forceinline__ void named_bar_arrive() {
 // milliseconds is a deadlock: the warp's first waiting lane prints where
 // it is stuck and the thread traps, ending the launch with an error
 // instead of hanging the process.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity, int id) {
+__device__ __forceinline__ void mbar_wait(Bar bar, unsigned parity, int id) {
 #ifdef FLASHATTN_BOUNDED_WAIT_MS
     const unsigned long long start = clock_ns();
     while (!mbar_try_wait(bar, parity)) {

@@ -81,6 +81,9 @@ struct Case {
     bool negative_scale = false;      // -1/sqrt(d) (the sm80 forward folds the sign into Q)
     int batch = 2;                    // dense batch entries
     int hq = 4, hkv = 2;              // query and key/value heads
+    // The persistent Hopper forward's blocks: fewer than its items, so each
+    // takes several (its ring and barrier phases carried across them).
+    int ctas = 3;
 };
 
 #ifdef BLOCK_N
@@ -307,8 +310,9 @@ static int run(const Case& cs) {
                     tk = tensor_map(k.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
                     tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_N),
                     to = tensor_map(o.data(), map_b, p.seqlen_q, HQ, d, BLOCK_M / 2);  // a consumer's rows
-    launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
-           [&] { flash_fwd(tq, tk, tv, to, o.data(), lse.data(), p, L); }, SMEM_BYTES);
+    const Work work{(int)blocks(max_q), B, HQ * B, (int)blocks(max_q) * HQ * B};
+    launch(Dim{std::min((unsigned)cs.ctas, (unsigned)work.items), 1, 1}, BLOCK_THREADS,
+           [&] { flash_fwd(tq, tk, tv, to, o.data(), lse.data(), p, L, work); }, SMEM_BYTES);
 #else
     launch(Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
            [&] { FORWARD_FOR(p.d)(q.stored.data(), k.stored.data(), v.stored.data(), o.data(), lse.data(), p, L, drop); },
@@ -442,7 +446,7 @@ static int wgmma_self_test() {
         [&] {
             unsigned char* s = host_dynamic_smem();
             unsigned char *sa = s, *sb = s + 64 * 128, *sv = sb + 128 * 128;
-            unsigned long long* bar = (unsigned long long*)(sv + 128 * HEAD_DIM * 2);
+            const Bar bar = bar_at(sv + 128 * HEAD_DIM * 2);
             if (threadIdx.x == 0) {
                 mbar_init(bar, 1);
                 mbar_arrive_expect_tx(bar, (64 + 128) * 128 + 128 * HEAD_DIM * 2);
@@ -500,7 +504,7 @@ static int deadlock() {
     launch(
         Dim{1, 1, 1}, 32,
         [&] {
-            unsigned long long* bar = (unsigned long long*)host_dynamic_smem();
+            const Bar bar = bar_at(host_dynamic_smem());
             if (threadIdx.x == 0) mbar_init(bar, 1);
             __syncthreads();
             if (threadIdx.x == 0) mbar_wait(bar, 0, 6);
@@ -508,6 +512,34 @@ static int deadlock() {
         64);
     std::printf("deadlock: the wait returned\n");
     return 1;
+}
+#endif
+
+#if IS_WGMMA
+// `schedule sq sk heads batch blocks`: the persistent forward's items as its
+// blocks take them (dense; causal where the variant has a band), by the
+// kernel's own item_index and enter_item: a line a block, "block c:" then
+// each item's "m_block,head,sequence:key tiles".
+static int schedule(int argc, char** argv) {
+    if (argc != 7) return 2;
+    const int sq = std::atoi(argv[2]), sk = std::atoi(argv[3]), heads = std::atoi(argv[4]),
+              batch = std::atoi(argv[5]), ctas = std::atoi(argv[6]);
+    const Problem problem{sq, sk, heads, heads, HEAD_DIM, 1.0f / std::sqrt((float)HEAD_DIM), 0.0f, -1,
+                          HAS_BAND ? 0 : -1};
+    const Layout L{};
+    const int m_blocks = (sq + BLOCK_M - 1) / BLOCK_M;
+    const Work W{m_blocks, batch, heads * batch, m_blocks * heads * batch};
+    gridDim = Dim{(unsigned)ctas, 1, 1};
+    for (int c = 0; c < ctas; ++c) {
+        blockIdx = Dim{(unsigned)c, 0, 0};
+        std::printf("block %d:", c);
+        for (int n = 0, index; (index = item_index(n, W)) >= 0; ++n) {
+            const Item it = enter_item(problem, L, W, index);
+            std::printf(" %d,%d,%d:%d", it.m0 / BLOCK_M, it.h, it.z, it.skip ? 0 : it.steps.count);
+        }
+        std::printf("\n");
+    }
+    return 0;
 }
 #endif
 
@@ -610,6 +642,7 @@ int main(int argc, char** argv) {
 #endif
 #if IS_WGMMA
     if (argc > 1 && std::strcmp(argv[1], "deadlock") == 0) return deadlock();
+    if (argc > 1 && std::strcmp(argv[1], "schedule") == 0) return schedule(argc, argv);
 #endif
 #if IS_WGMMA
     // TMA takes d % 8 == 0: a head dim below the padded one and one at it;
@@ -623,6 +656,9 @@ int main(int argc, char** argv) {
     int failed = wgmma_self_test() + run(45, 70, 9, 0, low) + run(70, 45, 9, 0, low);
     if (HAS_BAND) failed += run(61, 130, -1, 3, low) + run(256, 1200, 500, 100, low);
     failed += run(113, 113, -1, 0, HEAD_DIM) + run(150, 300, -1, 0, HEAD_DIM - 8);
+    Case one_each{"a block an item", 150, 300, -1, 0, HEAD_DIM};  // as many blocks as items
+    one_each.ctas = 1 << 20;
+    failed += run(one_each);
 #if LAYOUT_CASES
     // The run-time layouts on the Hopper forward's tiles (128 x 128): keys
     // past a tile so that, but for the layout, steps would run unmasked.

@@ -46,7 +46,7 @@ pub(crate) fn forward(
     let mut d_lse = stream
         .alloc_zeros::<f32>(shape.lse_len())
         .map_err(driver("allocating lse"))?;
-    let cfg = call.launch(&key, false, shape.heads_q)?;
+    let (cfg, work) = call.forward_launch(&key, dev.props.sms)?;
     let maps = if key.family.is_wgmma() {
         let io = MappedTensors {
             q: &q_dev,
@@ -80,13 +80,15 @@ pub(crate) fn forward(
             .output(&mut d_lse)
             .value(&call.problem)
             .value(&layout);
-        if maps.is_empty() {
-            launch.value(&call.dropout_args);
-        }
+        match &work {
+            Some(work) => launch.value(work),
+            None => launch.value(&call.dropout_args),
+        };
         // SAFETY: the arguments are flash_fwd's, in order and of its types
         // (storage pointers or, for the Hopper kernel, 128-byte tensor maps
-        // of q, k, v and o by value, then o's pointer too; Problem, Layout and, but for the Hopper
-        // kernel, Dropout by value); every buffer holds what the grid indexes, as
+        // of q, k, v and o by value, then o's pointer too; Problem, Layout,
+        // then Dropout or, for the Hopper kernel, Work by value); every
+        // buffer holds what the grid (or Work's item list) indexes, as
         // sized from the validated shape and options, and the buffers and
         // the side buffers Layout points at outlive the wait in `timed`.
         unsafe { launch.launch(cfg, "launching flash_fwd") }

@@ -33,6 +33,22 @@ pub(crate) struct Problem {
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
 unsafe impl DeviceRepr for Problem {}
 
+/// `struct Work` of cuda/flash_fwd_wgmma.cu: the persistent Hopper
+/// forward's list of items, `m_blocks` query blocks × heads × `seqs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Work {
+    m_blocks: i32,
+    seqs: i32,
+    /// heads × seqs.
+    groups: i32,
+    /// m_blocks × groups.
+    items: i32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of four i32s, the layout of the C one.
+unsafe impl DeviceRepr for Work {}
+
 impl Problem {
     /// The kernels' sizes and score options of `p` (its band clamped to
     /// its lengths, so the bounds fit i32). Decoding's takes k's head dim
@@ -211,6 +227,49 @@ impl Call {
             shared_mem_bytes: key.dynamic_shared_bytes() as u32,
         })
     }
+
+    /// A forward's launch: the persistent grid and its item list for the
+    /// Hopper kernel, a block per tile of query rows for the others.
+    pub fn forward_launch(&self, key: &KernelKey, sms: usize) -> Result<(LaunchConfig, Option<Work>)> {
+        if key.family.is_wgmma() {
+            let (cfg, work) = self.persistent_launch(key, sms)?;
+            return Ok((cfg, Some(work)));
+        }
+        Ok((self.launch(key, false, self.shape.heads_q)?, None))
+    }
+
+    /// The persistent Hopper forward's launch: one block an SM (its launch
+    /// bound and shared memory allow no second), never more blocks than
+    /// items, and the item list the blocks share.
+    pub fn persistent_launch(&self, key: &KernelKey, sms: usize) -> Result<(LaunchConfig, Work)> {
+        let t = key.tiles();
+        let m_blocks = self.max_q.div_ceil(t.rows).max(1);
+        let items = [self.shape.heads_q, self.seqs.max(1)]
+            .iter()
+            .try_fold(m_blocks, |n, &f| n.checked_mul(f))
+            .filter(|&n| n <= i32::MAX as usize)
+            .ok_or(Error::GridTooLarge {
+                what: "work items (query blocks × heads × sequences)",
+                groups: (m_blocks as u64)
+                    .saturating_mul(self.shape.heads_q as u64)
+                    .saturating_mul(self.seqs.max(1) as u64),
+                max: i32::MAX as u32,
+            })?;
+        let seqs = self.seqs.max(1);
+        // Each factor divides items, which fits i32.
+        let work = Work {
+            m_blocks: m_blocks as i32,
+            seqs: seqs as i32,
+            groups: (self.shape.heads_q * seqs) as i32,
+            items: items as i32,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (items.min(sms.max(1)) as u32, 1, 1),
+            block_dim: (t.threads() as u32, 1, 1),
+            shared_mem_bytes: key.dynamic_shared_bytes() as u32,
+        };
+        Ok((cfg, work))
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +307,39 @@ mod tests {
         let plain = super::Call::new(&none).unwrap();
         // Off: the variants without dropout, which never read the arguments.
         assert!(!plain.dropout && !plain.plan_problem().dropout);
+    }
+
+    /// The persistent Hopper forward: one block an SM, never more blocks
+    /// than items (query blocks of the longest sequence × heads ×
+    /// sequences), and the list's sizes in `Work`, four 4-byte fields.
+    #[test]
+    fn the_persistent_launch_has_a_block_an_sm_and_the_item_list() {
+        use crate::api::options::AttentionOptions;
+        use crate::api::shape::AttentionShape;
+        use crate::api::tensor::Precision;
+        use crate::cuda::kernel::{Family, KernelKey};
+        assert_eq!(std::mem::size_of::<super::Work>(), 4 * 4);
+        let key = KernelKey::new(Family::ForwardWgmma, Precision::Bf16, 128, true, false);
+        let call = |seqlen, heads, batch| {
+            let shape = AttentionShape::new(batch, seqlen, seqlen, heads, heads, 128).unwrap();
+            let opts = AttentionOptions::default().causal(true);
+            let p = super::Attention::new(shape, Precision::Bf16, &opts).unwrap();
+            super::Call::new(&p).unwrap()
+        };
+        // 8k, 16 heads, 2 sequences: 64 × 32 = 2048 items over 132 SMs.
+        let (cfg, work) = call(8192, 16, 2).persistent_launch(&key, 132).unwrap();
+        assert_eq!((cfg.grid_dim, cfg.block_dim), ((132, 1, 1), (384, 1, 1)));
+        assert_eq!(cfg.shared_mem_bytes as usize, key.dynamic_shared_bytes());
+        let expect = super::Work {
+            m_blocks: 64,
+            seqs: 2,
+            groups: 32,
+            items: 2048,
+        };
+        assert_eq!(work, expect);
+        // 200 rows, 3 heads, 1 sequence: 2 × 3 items, so 6 blocks.
+        let (cfg, work) = call(200, 3, 1).persistent_launch(&key, 132).unwrap();
+        assert_eq!((cfg.grid_dim.0, work.items, work.groups), (6, 6, 3));
     }
 
     /// The kernels place the diagonal at seqlen_k - seqlen_q: a shard at
