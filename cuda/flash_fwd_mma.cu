@@ -36,6 +36,10 @@ static_assert((BLOCK_M + 2 * BLOCK_N) * ROW * 2 == SMEM_BYTES,
 // Without a softcap (whose tanh needs each scaled score) an interior tile
 // takes the max of raw dot products and folds the scale into the FFMA.
 #define RAW_INTERIOR (!HAS_SOFTCAP)
+// How far (log2 units) an interior tile's scores may pass the reference
+// max before O and l are rescaled: P stays <= 2^8, exact in f32 sums and
+// as wide as storage's exponent allows.
+#define RESCALE_LOG2 8.0f
 
 // Query rows m0.. of the block, RT row tiles of 16 a warp (16 WARPS RT
 // rows). ALIGNED: d % 8 == 0, K and V stream by cp.async in whole chunks;
@@ -193,10 +197,33 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
             float alpha[2], ms[2];
+            if (inner) {
+                // FA4's conditional rescale: m is the exponents' reference,
+                // moved (and O and l rescaled) only when some row of the
+                // warp would exceed it by more than RESCALE_LOG2 (each lane
+                // tests its own part of its rows, the warp votes), so that
+                // P <= 2^RESCALE_LOG2. Always on a row's first keys (m = -inf).
+                bool grow = false;
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-                alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
-                                 : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+                for (int r = 0; r < 2; ++r)
+                    grow = grow || (raw ? fmaf(mx[r], sl2, -m[mi][r]) : mx[r] - m[mi][r]) > RESCALE_LOG2;
+                if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float ignored;
+                        alpha[r] =
+                            online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ignored);
+                    }
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                }
+                ms[0] = m[mi][0], ms[1] = m[mi][1];
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) alpha[r] = online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+            }
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
@@ -207,10 +234,11 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     s[c][e] = dropped(pj, (kept[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u);
                 }
             pack_a<BLOCK_N>(pa[mi], s);
+            if (!inner)
 #pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
+                for (int c = 0; c < HEAD_DIM / 8; ++c)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                    for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
         }
         cp_async_wait<0>();
         __syncthreads();  // V landed; every warp is done with K

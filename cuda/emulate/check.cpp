@@ -81,6 +81,7 @@ struct Case {
     bool negative_scale = false;      // -1/sqrt(d) (the sm80 forward folds the sign into Q)
     int batch = 2;                    // dense batch entries
     int hq = 4, hkv = 2;              // query and key/value heads
+    float amplitude = 2.0f;           // q and k uniform in [-amplitude, amplitude)
 };
 
 #ifdef BLOCK_N
@@ -134,7 +135,8 @@ static int run(const Case& cs) {
     }
     Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d,
               (cs.negative_scale ? -1.0f : 1.0f) / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
-    Data q = random_data((size_t)total_q * HQ * d, 2.0f), k = random_data((size_t)total_k * HKV * d, 2.0f),
+    Data q = random_data((size_t)total_q * HQ * d, cs.amplitude),
+         k = random_data((size_t)total_k * HKV * d, cs.amplitude),
          v = random_data((size_t)total_k * HKV * d, 1.0f), d_o = random_data((size_t)total_q * HQ * d, 1.0f);
 
     // The layouts' inputs.
@@ -656,12 +658,16 @@ int main(int argc, char** argv) {
     // The sm80 forward: with a band, a window of 200 keys to the left and
     // 64 to the right over 500 keys, so that its blocks run tiles tested
     // per pair (the left edge), unmasked ones in their own loop, then tested
-    // ones again (the right edge); and a negative scale (its sign folded
-    // into Q).
+    // ones again (the right edge); a negative scale (its sign folded into
+    // Q); and scores of a spread (~50) past the conditional rescale's
+    // threshold, whose maxima keep passing it tile after tile, some rows
+    // of a warp at a time.
     if (HAS_BAND) failed += run(150, 500, 200, 64, even);
     Case negative{"negative scale", 70, 150, 40, 0, even};
     negative.negative_scale = true, negative.batch = 1;
-    failed += run(negative);
+    Case large{"large scores", 70, 400, -1, 0, even};
+    large.amplitude = 12.0f, large.batch = 1;
+    failed += run(negative) + run(large);
 #endif
 
 #if LAYOUT_CASES
