@@ -157,7 +157,7 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         stream(v_s, v, n0, aligned);
         cp_async_commit();
 
-        const bool raw = inner && RAW_INTERIOR;
+        const bool raw = inner && RAW_INTERIOR, voted = inner && ALIGNED;
         // One row tile at a time: S, its softmax, P packed (its rows need
         // nothing of the other's), so that only one tile's S is ever held.
         unsigned pa[RT][BLOCK_N / 16][4];
@@ -197,12 +197,14 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
             float alpha[2], ms[2];
-            if (inner) {
+            if (voted) {
                 // FA4's conditional rescale: m is the exponents' reference,
                 // moved (and O and l rescaled) only when some row of the
                 // warp would exceed it by more than RESCALE_LOG2 (each lane
                 // tests its own part of its rows, the warp votes), so that
                 // P <= 2^RESCALE_LOG2. Always on a row's first keys (m = -inf).
+                // Not in the unaligned copy, which does nothing fast and
+                // whose registers are bounded with dropout.
                 bool grow = false;
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
@@ -222,7 +224,9 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                 ms[0] = m[mi][0], ms[1] = m[mi][1];
             } else {
 #pragma unroll
-                for (int r = 0; r < 2; ++r) alpha[r] = online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+                for (int r = 0; r < 2; ++r)
+                    alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
+                                     : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
             }
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
@@ -234,7 +238,7 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     s[c][e] = dropped(pj, (kept[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u);
                 }
             pack_a<BLOCK_N>(pa[mi], s);
-            if (!inner)
+            if (!voted)
 #pragma unroll
                 for (int c = 0; c < HEAD_DIM / 8; ++c)
 #pragma unroll
