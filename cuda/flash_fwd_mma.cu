@@ -92,16 +92,23 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
     // along it, a 64-bit register the loop cannot spare).
     auto start = [&](int tile) { return step_start(L, steps, (int)opaque((unsigned)tile), BLOCK_N); };
     auto partial = [&](int tile) { return step_partial(L, steps, (int)opaque((unsigned)tile)); };
+    // Whether step `tile` is interior: one read of the list's entry for
+    // its first key and its partial bit (step_start, step_partial).
     auto interior = [&](int tile) {
-        const int n0 = start(tile);
-        return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !partial(tile);
+        const int k = steps.first + (int)opaque((unsigned)tile);
+        const int entry = L.tile_entries ? L.tile_entries[k] : k;
+        const int n0 = (L.tile_entries ? entry & TILE_INDEX_MASK : entry) * BLOCK_N;
+        return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !(L.tile_entries && (entry & TILE_PARTIAL));
     };
 
     // K or V rows n0.. into `tile`: by cp.async in whole chunks where d % 8
-    // == 0 (`aligned`: a constant in each copy of the loops below).
-    auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool aligned) {
+    // == 0 (`aligned`: a constant in each copy of the loops below), no row
+    // tested where every one is in the tensor (`inside`, also a constant).
+    auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool inside, bool aligned) {
         const storage_t* from = from_row(src, (size_t)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
-        if (aligned)
+        if (aligned && inside)
+            load_rows_async<BLOCK_N, WARPS * 32, true>(tile, from, 0, (size_t)p.heads_kv * p.d, p.d);
+        else if (aligned)
             load_rows_async<BLOCK_N, WARPS * 32>(tile, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
         else
             load_rows_each(tile, BLOCK_N, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
@@ -154,7 +161,7 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         }
         cp_async_wait<0>();
         __syncthreads();  // K of this tile landed, the keep bits are in; every warp is done with V
-        stream(v_s, v, n0, aligned);
+        stream(v_s, v, n0, inner, aligned);  // an interior tile's rows are all below seqlen_k
         cp_async_commit();
 
         const bool raw = inner && RAW_INTERIOR, voted = inner && ALIGNED;
@@ -246,7 +253,7 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         }
         cp_async_wait<0>();
         __syncthreads();  // V landed; every warp is done with K
-        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), aligned);
+        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), false, aligned);
         cp_async_commit();
         mma_pv_rows<RT, BLOCK_N, HEAD_DIM>(acc, pa, v_s);
     };

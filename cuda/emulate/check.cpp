@@ -680,6 +680,10 @@ int main(int argc, char** argv) {
     sinks.sinks = true, sinks.batch = 1;
     Case blocks{"blocks", 61, 83, -1, 3, odd};  // 7 x 13 blocks, a grid per head
     blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    // The same with no window: partial tiles where every pair would
+    // otherwise be allowed (a kernel's unmasked loop must not take them).
+    Case open{"open blocks", 61, 200, -1, -1, even};
+    open.bm = 7, open.bn = 13, open.mask_per_head = true, open.density = 0.4, open.batch = 1;
     Case aligned{"aligned", 70, 96, -1, 0, even};  // blocks of whole tiles, a grid per batch entry
     aligned.bm = BLOCK_ROWS, aligned.bn = INNER, aligned.mask_per_batch = true;
     Case packed{"varlen", 0, 0, 8, 2, even};  // no queries, no keys, more queries than keys
@@ -688,7 +692,7 @@ int main(int argc, char** argv) {
     mix.lens_q = {21, 0, 45, 30}, mix.lens_k = {30, 12, 17, 30};
     mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
     mix.bm = 7, mix.bn = 13;
-    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+    for (const Case& c : {alibi, sinks, blocks, open, aligned, packed, mix}) failed += run(c);
 #endif
 #endif
     return failed ? 1 : 0;
