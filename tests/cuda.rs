@@ -1172,8 +1172,10 @@ fn wide_head_dims_match_a_double_reference_under_host_emulation() {
 /// causal and not, softcap, GQA, seqlen_q ≠ seqlen_k, 113 × 113, and the
 /// layouts on the d 96 band + softcap builds (f16 forward, bf16 backward)
 /// and the bf16 d 128 band forward (128-row blocks); the sm80 forward also
-/// a window whose blocks run tested, unmasked, then tested tiles, and a
-/// negative scale; first, every wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1
+/// a window whose blocks run tested, unmasked, then tested tiles, a
+/// negative scale, and scores spread far past the conditional rescale's
+/// threshold (its maxima pass the reference tile after tile, some rows of a
+/// warp at a time); first, every wrapper (ldmatrix .x4/.x2/.x1, .x2/.x1
 /// .trans, mma) against a plain product.
 #[test]
 fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
