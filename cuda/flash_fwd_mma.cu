@@ -36,6 +36,10 @@ static_assert((BLOCK_M + 2 * BLOCK_N) * ROW * 2 == SMEM_BYTES,
 // Without a softcap (whose tanh needs each scaled score) an interior tile
 // takes the max of raw dot products and folds the scale into the FFMA.
 #define RAW_INTERIOR (!HAS_SOFTCAP)
+// How far (log2 units) an interior tile's scores may pass the reference
+// max before O and l are rescaled: P stays <= 2^8, exact in f32 sums and
+// as wide as storage's exponent allows.
+#define RESCALE_LOG2 8.0f
 
 // Query rows m0.. of the block, RT row tiles of 16 a warp (16 WARPS RT
 // rows). ALIGNED: d % 8 == 0, K and V stream by cp.async in whole chunks;
@@ -88,16 +92,23 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
     // along it, a 64-bit register the loop cannot spare).
     auto start = [&](int tile) { return step_start(L, steps, (int)opaque((unsigned)tile), BLOCK_N); };
     auto partial = [&](int tile) { return step_partial(L, steps, (int)opaque((unsigned)tile)); };
+    // Whether step `tile` is interior: one read of the list's entry for
+    // its first key and its partial bit (step_start, step_partial).
     auto interior = [&](int tile) {
-        const int n0 = start(tile);
-        return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !partial(tile);
+        const int k = steps.first + (int)opaque((unsigned)tile);
+        const int entry = L.tile_entries ? L.tile_entries[k] : k;
+        const int n0 = (L.tile_entries ? entry & TILE_INDEX_MASK : entry) * BLOCK_N;
+        return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !(L.tile_entries && (entry & TILE_PARTIAL));
     };
 
     // K or V rows n0.. into `tile`: by cp.async in whole chunks where d % 8
-    // == 0 (`aligned`: a constant in each copy of the loops below).
-    auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool aligned) {
+    // == 0 (`aligned`: a constant in each copy of the loops below), no row
+    // tested where every one is in the tensor (`inside`, also a constant).
+    auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool inside, bool aligned) {
         const storage_t* from = from_row(src, (size_t)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
-        if (aligned)
+        if (aligned && inside)
+            load_rows_async<BLOCK_N, WARPS * 32, true>(tile, from, 0, (size_t)p.heads_kv * p.d, p.d);
+        else if (aligned)
             load_rows_async<BLOCK_N, WARPS * 32>(tile, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
         else
             load_rows_each(tile, BLOCK_N, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
@@ -150,10 +161,10 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         }
         cp_async_wait<0>();
         __syncthreads();  // K of this tile landed, the keep bits are in; every warp is done with V
-        stream(v_s, v, n0, aligned);
+        stream(v_s, v, n0, inner, aligned);  // an interior tile's rows are all below seqlen_k
         cp_async_commit();
 
-        const bool raw = inner && RAW_INTERIOR;
+        const bool raw = inner && RAW_INTERIOR, voted = inner && ALIGNED;
         // One row tile at a time: S, its softmax, P packed (its rows need
         // nothing of the other's), so that only one tile's S is ever held.
         unsigned pa[RT][BLOCK_N / 16][4];
@@ -193,10 +204,37 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
             float alpha[2], ms[2];
+            if (voted) {
+                // FA4's conditional rescale: m is the exponents' reference,
+                // moved (and O and l rescaled) only when some row of the
+                // warp would exceed it by more than RESCALE_LOG2 (each lane
+                // tests its own part of its rows, the warp votes), so that
+                // P <= 2^RESCALE_LOG2. Always on a row's first keys (m = -inf).
+                // Not in the unaligned copy, which does nothing fast and
+                // whose registers are bounded with dropout.
+                bool grow = false;
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-                alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
-                                 : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+                for (int r = 0; r < 2; ++r)
+                    grow = grow || (raw ? fmaf(mx[r], sl2, -m[mi][r]) : mx[r] - m[mi][r]) > RESCALE_LOG2;
+                if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float ignored;
+                        alpha[r] =
+                            online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ignored);
+                    }
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                }
+                ms[0] = m[mi][0], ms[1] = m[mi][1];
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
+                                     : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
+            }
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
@@ -207,14 +245,15 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     s[c][e] = dropped(pj, (kept[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u);
                 }
             pack_a<BLOCK_N>(pa[mi], s);
+            if (!voted)
 #pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
+                for (int c = 0; c < HEAD_DIM / 8; ++c)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                    for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
         }
         cp_async_wait<0>();
         __syncthreads();  // V landed; every warp is done with K
-        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), aligned);
+        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), false, aligned);
         cp_async_commit();
         mma_pv_rows<RT, BLOCK_N, HEAD_DIM>(acc, pa, v_s);
     };

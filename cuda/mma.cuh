@@ -163,8 +163,9 @@ __device__ __forceinline__ void load_rows(storage_t* tile, int rows, const stora
 // immediates) and one global pointer. `src` points at row0's head of a
 // (rows, heads, d) tensor, `left` rows of which remain from row0 on,
 // `stride` elements apart. Past the tensor nothing is read (src-size 0)
-// and the chunk is zeros.
-template <int ROWS, int THREADS>
+// and the chunk is zeros; INSIDE: every row is in the tensor (`left` is
+// not read), only the columns are tested.
+template <int ROWS, int THREADS, bool INSIDE = false>
 __device__ __forceinline__ void load_rows_async(storage_t* tile, const storage_t* src, int left, size_t stride,
                                                 int d) {
     constexpr int CHUNKS = HEAD_DIM / 8;
@@ -175,9 +176,11 @@ __device__ __forceinline__ void load_rows_async(storage_t* tile, const storage_t
         const unsigned dst = smem_addr(tile + r * ROW + c * 8);
         const storage_t* from = src + r * stride + c * 8;
         const int rows = c * 8 < d ? left - r : 0;  // this thread's rows still in the tensor
+        const bool column = c * 8 < d;
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; ++k) {
-            cp_async16_at(dst + k * STEP * ROW * (int)sizeof(storage_t), from, k * STEP < rows ? 16 : 0);
+            cp_async16_at(dst + k * STEP * ROW * (int)sizeof(storage_t), from,
+                          (INSIDE ? column : k * STEP < rows) ? 16 : 0);
             from += STEP * stride;
         }
     } else {
@@ -187,7 +190,7 @@ __device__ __forceinline__ void load_rows_async(storage_t* tile, const storage_t
             const int e = e0 + threadIdx.x;
             if (TOTAL % THREADS != 0 && e >= TOTAL) break;
             const int r = e / CHUNKS, c = e % CHUNKS;
-            cp_async16(tile + r * ROW + c * 8, src + r * stride + c * 8, r < left && c * 8 < d ? 16 : 0);
+            cp_async16(tile + r * ROW + c * 8, src + r * stride + c * 8, (INSIDE || r < left) && c * 8 < d ? 16 : 0);
         }
     }
 }

@@ -81,6 +81,7 @@ struct Case {
     bool negative_scale = false;      // -1/sqrt(d) (the sm80 forward folds the sign into Q)
     int batch = 2;                    // dense batch entries
     int hq = 4, hkv = 2;              // query and key/value heads
+    float amplitude = 2.0f;           // q and k uniform in [-amplitude, amplitude)
     // The persistent Hopper forward's blocks: fewer than its items, so each
     // takes several (its ring and barrier phases carried across them).
     int ctas = 3;
@@ -137,7 +138,8 @@ static int run(const Case& cs) {
     }
     Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d,
               (cs.negative_scale ? -1.0f : 1.0f) / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
-    Data q = random_data((size_t)total_q * HQ * d, 2.0f), k = random_data((size_t)total_k * HKV * d, 2.0f),
+    Data q = random_data((size_t)total_q * HQ * d, cs.amplitude),
+         k = random_data((size_t)total_k * HKV * d, cs.amplitude),
          v = random_data((size_t)total_k * HKV * d, 1.0f), d_o = random_data((size_t)total_q * HQ * d, 1.0f);
 
     // The layouts' inputs.
@@ -692,12 +694,16 @@ int main(int argc, char** argv) {
     // The sm80 forward: with a band, a window of 200 keys to the left and
     // 64 to the right over 500 keys, so that its blocks run tiles tested
     // per pair (the left edge), unmasked ones in their own loop, then tested
-    // ones again (the right edge); and a negative scale (its sign folded
-    // into Q).
+    // ones again (the right edge); a negative scale (its sign folded into
+    // Q); and scores of a spread (~50) past the conditional rescale's
+    // threshold, whose maxima keep passing it tile after tile, some rows
+    // of a warp at a time.
     if (HAS_BAND) failed += run(150, 500, 200, 64, even);
     Case negative{"negative scale", 70, 150, 40, 0, even};
     negative.negative_scale = true, negative.batch = 1;
-    failed += run(negative);
+    Case large{"large scores", 70, 400, -1, 0, even};
+    large.amplitude = 12.0f, large.batch = 1;
+    failed += run(negative) + run(large);
 #endif
 
 #if LAYOUT_CASES
@@ -710,6 +716,10 @@ int main(int argc, char** argv) {
     sinks.sinks = true, sinks.batch = 1;
     Case blocks{"blocks", 61, 83, -1, 3, odd};  // 7 x 13 blocks, a grid per head
     blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    // The same with no window: partial tiles where every pair would
+    // otherwise be allowed (a kernel's unmasked loop must not take them).
+    Case open{"open blocks", 61, 200, -1, -1, even};
+    open.bm = 7, open.bn = 13, open.mask_per_head = true, open.density = 0.4, open.batch = 1;
     Case aligned{"aligned", 70, 96, -1, 0, even};  // blocks of whole tiles, a grid per batch entry
     aligned.bm = BLOCK_ROWS, aligned.bn = INNER, aligned.mask_per_batch = true;
     Case packed{"varlen", 0, 0, 8, 2, even};  // no queries, no keys, more queries than keys
@@ -718,7 +728,7 @@ int main(int argc, char** argv) {
     mix.lens_q = {21, 0, 45, 30}, mix.lens_k = {30, 12, 17, 30};
     mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
     mix.bm = 7, mix.bn = 13;
-    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+    for (const Case& c : {alibi, sinks, blocks, open, aligned, packed, mix}) failed += run(c);
 #endif
 #endif
     return failed ? 1 : 0;

@@ -57,6 +57,15 @@ inline int __shfl_sync(unsigned, int x, int lane) {
     warp_sync();
     return y;
 }
+static int vote_slots[1024];
+inline int __any_sync(unsigned, int pred) {
+    vote_slots[threadIdx.x] = pred != 0;
+    warp_sync();
+    int any = 0;
+    for (unsigned l = threadIdx.x / 32 * 32; l < threadIdx.x / 32 * 32 + 32; ++l) any |= vote_slots[l];
+    warp_sync();
+    return any;
+}
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned float_bits(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
