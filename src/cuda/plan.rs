@@ -399,7 +399,7 @@ mod tests {
         let text = forced.explain(&h100).join("\n");
         // 82 KiB: two blocks per SM.
         assert!(
-            text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages, 83016 B"),
+            text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages, 83024 B"),
             "{text}"
         );
         assert!(text.contains("2 blocks per SM"), "{text}");
