@@ -221,9 +221,9 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
 
         int ring = 0, taken = 0;  // as the producer counts them
         for (int n = 0, index; (index = item_index(n, W)) >= 0; ++n) {
-            // Broadcast from lane 0, as wg is: ptxas then knows the item and
-            // the ring's position are uniform and keeps what follows from
-            // them (barrier addresses, tile bounds) in uniform registers.
+            // Broadcast from lane 0, as wg is, so that ptxas may take the
+            // item and the ring's position (and what follows from them) as
+            // warp-uniform.
             index = __shfl_sync(0xffffffffu, index, 0);
             ring = __shfl_sync(0xffffffffu, ring, 0);
             const Item it = enter_item(problem, L, W, index);
