@@ -30,31 +30,15 @@ import sys
 import types
 from typing import Any, Optional, Tuple
 
+import flashattn
+
 from .. import errors, functional
 from .._tensors import torch
-from ..functional import (  # noqa: F401  (flash_attn_interface's public functions too)
-    backward_host,
-    default_backend,
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-    forward_host,
-    options,
-)
+from ..functional import backward_host, default_backend, forward_host, options
 
-_PUBLIC = (
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache",
-)
+# Its public functions are flashattn's drop-ins, under flash-attn's names.
+_PUBLIC = tuple(name for name in flashattn.__all__ if name.startswith("flash_attn_"))
+globals().update({name: getattr(functional, name) for name in _PUBLIC})
 
 if torch is None:
     raise ImportError("flashattn.integrations.flash_attn_interface needs torch")
@@ -97,9 +81,8 @@ def _backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, softmax_scale, cau
     for into, grad in zip((dq, dk, dv), grads[:3]):
         if into is not None:
             into.copy_(grad)
-    # softmax_d: D_i = Σ_c dout_ic · out_ic, in lse's layout.
-    d = (dout.float() * out.float()).sum(-1)
-    return d.transpose(-1, -2).contiguous() if cu is None else d.transpose(0, 1).contiguous()
+    # softmax_d: D_i = Σ_c dout_ic · out_ic, in lse's layout (heads before rows).
+    return (dout.float() * out.float()).sum(-1).transpose(-1, -2).contiguous()
 
 
 def _flash_attn_forward(
