@@ -243,28 +243,25 @@ impl Call {
     /// items, and the item list the blocks share.
     pub fn persistent_launch(&self, key: &KernelKey, sms: usize) -> Result<(LaunchConfig, Work)> {
         let t = key.tiles();
-        let m_blocks = self.max_q.div_ceil(t.rows).max(1);
-        let items = [self.shape.heads_q, self.seqs.max(1)]
-            .iter()
-            .try_fold(m_blocks, |n, &f| n.checked_mul(f))
-            .filter(|&n| n <= i32::MAX as usize)
-            .ok_or(Error::GridTooLarge {
+        let (m_blocks, seqs) = (self.max_q.div_ceil(t.rows).max(1), self.seqs.max(1));
+        let groups = self.shape.heads_q * seqs;
+        // Every field divides `items`, so all fit i32 once it does.
+        let items = (m_blocks as u64).saturating_mul(groups as u64);
+        if items > i32::MAX as u64 {
+            return Err(Error::GridTooLarge {
                 what: "work items (query blocks × heads × sequences)",
-                groups: (m_blocks as u64)
-                    .saturating_mul(self.shape.heads_q as u64)
-                    .saturating_mul(self.seqs.max(1) as u64),
+                groups: items,
                 max: i32::MAX as u32,
-            })?;
-        let seqs = self.seqs.max(1);
-        // Each factor divides items, which fits i32.
+            });
+        }
         let work = Work {
             m_blocks: m_blocks as i32,
             seqs: seqs as i32,
-            groups: (self.shape.heads_q * seqs) as i32,
+            groups: groups as i32,
             items: items as i32,
         };
         let cfg = LaunchConfig {
-            grid_dim: (items.min(sms.max(1)) as u32, 1, 1),
+            grid_dim: (items.min(sms.max(1) as u64) as u32, 1, 1),
             block_dim: (t.threads() as u32, 1, 1),
             shared_mem_bytes: key.dynamic_shared_bytes() as u32,
         };
