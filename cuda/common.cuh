@@ -83,15 +83,31 @@ __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b :
 struct Problem {
     int seqlen_q, seqlen_k, heads_q, heads_kv, d;
     float scale, softcap;
-    // Window bounds around the bottom-right diagonal; -1 is unbounded
+    // Window bounds around the diagonal (band_offset below); -1 is unbounded
     // (causal is right = 0). Only read when HAS_BAND.
     int left, right;
+    // Where a shard of a longer sequence (ring attention's partial calls)
+    // puts the diagonal past the bottom-right one: q_offset - k_offset -
+    // (seqlen_k - seqlen_q), else 0. Never with packed batches or decoding,
+    // whose kernels change the lengths.
+    int shift;
 };
 
 // src/cuda/problem.rs mirrors this struct field for field.
-static_assert(sizeof(Problem) == 9 * 4, "Problem must stay nine 4-byte fields");
+static_assert(sizeof(Problem) == 10 * 4, "Problem must stay ten 4-byte fields");
 
-__device__ __forceinline__ int band_offset(const Problem& p) { return p.seqlen_k - p.seqlen_q; }
+// Row i's diagonal key is i + band_offset(p): the masks, the key and query
+// spans and ALiBi's distances all go through it. The dropout variants leave
+// the shift out (the host refuses dropout with shard positions: the bits are
+// drawn at the call's own positions), and with it a register their loops
+// have no room for.
+__device__ __forceinline__ int band_offset(const Problem& p) {
+#if HAS_DROPOUT
+    return p.seqlen_k - p.seqlen_q;
+#else
+    return p.seqlen_k - p.seqlen_q + p.shift;
+#endif
+}
 
 // Whether query row i may attend to key j (docs/semantics.md's masks; bounds included).
 __device__ __forceinline__ bool allowed(const Problem& p, int i, int j) {

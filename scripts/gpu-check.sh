@@ -72,7 +72,7 @@ BOUNDED_WAIT_MS=4000
 # The accuracy tests of tests/cuda.rs (libtest's filters, any of them).
 ACCURACY_TESTS=(forward_meets backward_meets layouts_meet layouts_backward dropout_meets
   decoding_matches a_device_cache_step latent_caches_match_the_reference_on_the_device
-  a_device_latent_cache what_stays f16_and_bf16_run)
+  a_device_latent_cache what_stays f16_and_bf16_run shards_merge)
 # The benchmarks' arguments (run and the dry mode's argument check).
 BENCH_SHAPE=(--batch 4 --heads 16 --repeats 3 --causal both --head-dims 64,128)
 bench_cuda_forward() {

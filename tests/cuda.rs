@@ -151,9 +151,13 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
     flashattn::cuda::takes(&workload(Operation::Decode, alibi)).unwrap();
     let dropout = AttentionOptions::default().dropout(0.1).dropout_seed(7);
     flashattn::cuda::takes(&workload(Operation::Attention, dropout.clone())).unwrap();
+    // Shard positions (ring attention's partial calls), not with dropout.
+    let shard = AttentionOptions::default().causal(true).positions(64, 0);
+    flashattn::cuda::takes(&workload(Operation::Attention, shard.clone())).unwrap();
     let mask = flashattn::BlockMask::new([1, 1, 1, 1], (64, 64), &[1]).unwrap();
     for (operation, opts) in [
         (Operation::Fp8, AttentionOptions::default()),
+        (Operation::Attention, shard.dropout(0.1).dropout_seed(7)),
         (
             Operation::Decode,
             AttentionOptions::default().block_mask(mask),
@@ -677,6 +681,25 @@ fn layout_cases() -> Vec<common::Case> {
             .opts(AttentionOptions::default().softcap(5.0))
             .bf16(),
     );
+    // Shards of a longer sequence (ring attention's partial calls): q 50
+    // positions past k's start under causal; q before k under a window of
+    // 20 (most rows see no key); ALiBi's distances from the moved diagonal.
+    cases.push(
+        Case::new(70, 150, 64)
+            .heads(4, 2)
+            .opts(causal().positions(50, 0))
+            .f16(),
+    );
+    cases.push(
+        Case::new(150, 70, 128)
+            .opts(window(20, 0).positions(0, 60))
+            .bf16(),
+    );
+    cases.push(
+        Case::new(45, 70, 40)
+            .heads(4, 2)
+            .opts(window(9, 0).alibi(Alibi::standard(4)).positions(103, 0)),
+    );
     // Everything at once (tests/common's case, with v's head dim q's).
     let all = common::everything_at_once().dv(40);
     cases.push(all.clone());
@@ -704,6 +727,21 @@ fn layouts_meet_the_accuracy_rule_on_the_device() {
                 assert_eq!(out.lse[h * 40 + i], sinks.logits()[h], "{path:?} row {i}");
                 assert!(o[(i * 2 + h) * 32..][..32].iter().all(|&x| x == 0.0));
             }
+        }
+    }
+}
+
+/// Ring attention's primitives on the device: shards at global positions
+/// (`Problem::shift`), merged by LSE, are the whole sequence's attention,
+/// and the shard pairs' gradients sum to its gradients (tests/partial.rs's
+/// cases, on every kernel path).
+#[test]
+fn shards_merge_into_the_whole_sequence_on_the_device() {
+    let Some(cuda) = device() else { return };
+    for (path, cuda) in paths(cuda) {
+        for case in common::shards::cases() {
+            eprintln!("{path:?}: {}", case.name);
+            common::shards::check_case(&cuda, &case);
         }
     }
 }

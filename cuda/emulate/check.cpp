@@ -85,6 +85,9 @@ struct Case {
     // The persistent Hopper forward's blocks: fewer than its items, so each
     // takes several (its ring and barrier phases carried across them).
     int ctas = 3;
+    // A shard of a longer sequence: the diagonal moved this far past the
+    // bottom-right one (Problem::shift; q_offset - k_offset - (sk - sq)).
+    int shift = 0;
 };
 
 #ifdef BLOCK_N
@@ -137,7 +140,8 @@ static int run(const Case& cs) {
         max_k = std::max(max_k, lk[b]);
     }
     Problem p{packed ? total_q : cs.sq, packed ? total_k : cs.sk, HQ, HKV, d,
-              (cs.negative_scale ? -1.0f : 1.0f) / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right};
+              (cs.negative_scale ? -1.0f : 1.0f) / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right,
+              cs.shift};
     Data q = random_data((size_t)total_q * HQ * d, cs.amplitude),
          k = random_data((size_t)total_k * HKV * d, cs.amplitude),
          v = random_data((size_t)total_k * HKV * d, 1.0f), d_o = random_data((size_t)total_q * HQ * d, 1.0f);
@@ -155,7 +159,7 @@ static int run(const Case& cs) {
 
     // What the reference allows, scores and sinks: docs/semantics.md in double.
     auto allows = [&](int b, int h, int i, int j) {
-        const int off = lk[b] - lq[b];
+        const int off = lk[b] - lq[b] + cs.shift;
         if (i < 0 || i >= lq[b] || j < 0 || j >= lk[b]) return false;
         if (right >= 0 && j > i + off + right) return false;
         if (left >= 0 && j < i + off - left) return false;
@@ -180,7 +184,7 @@ static int run(const Case& cs) {
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < HQ; ++h)
             for (int i = 0; i < lq[b]; ++i) {
-                const int hk = h / group, off = lk[b] - lq[b];
+                const int hk = h / group, off = lk[b] - lq[b] + cs.shift;
                 std::vector<double> s(lk[b]), cap(lk[b], 1.0);
                 std::vector<bool> ok(lk[b]);
                 double m = cs.sinks ? (double)sinks[h] : -INFINITY;
@@ -253,7 +257,7 @@ static int run(const Case& cs) {
                                 for (int y = n * inner; y < (n + 1) * inner; ++y) {
                                     const int i = by_keys ? y : x, j = by_keys ? x : y;
                                     if (i >= lq[b] || j >= lk[b]) continue;
-                                    const int off = lk[b] - lq[b];
+                                    const int off = lk[b] - lq[b] + cs.shift;
                                     const bool band =
                                         (right < 0 || j <= i + off + right) && (left < 0 || j >= i + off - left);
                                     if (!band) continue;
@@ -368,6 +372,30 @@ static int run(const Case& cs) {
 }
 
 static int run(int sq, int sk, int left, int right, int d) { return run(Case{"dense", sq, sk, left, right, d}); }
+
+// Shards of a longer sequence (ring attention's partial calls): the
+// diagonal moved off the bottom-right one. Under a band, q 50 positions
+// past k's start, causal (rows see part of the shard, then all of it), and
+// q before k under a window of 20 (most rows see nothing); ALiBi's
+// distances from the moved diagonal, where the variant has layouts.
+static int shard_cases(int d) {
+    int failed = 0;
+    // The dropout variants never take shard positions (the host refuses them).
+    if (HAS_DROPOUT) return 0;
+    if (HAS_BAND) {
+        Case after{"shard after", 70, 150, -1, 0, d};
+        after.shift = 50 - (150 - 70);
+        Case before{"shard before", 150, 70, 20, 0, d};
+        before.shift = -60;
+        failed += run(after) + run(before);
+    }
+#if LAYOUT_CASES
+    Case alibi{"alibi shard", 45, 70, 9, 0, d};
+    alibi.alibi = true, alibi.shift = 33;
+    failed += run(alibi);
+#endif
+    return failed;
+}
 
 #if TENSOR_CORES
 // cuda/mma.cuh's fragment wrappers against a plain product, on one warp:
@@ -561,7 +589,7 @@ static int implied_mask(int argc, char** argv) {
               B = std::atoi(argv[6]), d = HEAD_DIM, group = HQ / HKV;
     if (sq > d || sk > d) return 2;
     const Dropout drop = dropout_args(std::atof(argv[7]), std::strtoull(argv[8], nullptr, 0), std::strtoull(argv[9], nullptr, 0));
-    const Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, -1, -1};
+    const Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, -1, -1, 0};
     const Layout L{};
     const storage_t zero = store_f32(0.0f), one = store_f32(1.0f);
     auto qi = [&](int b, int i, int h) { return (((size_t)b * sq + i) * HQ + h) * d; };
@@ -661,6 +689,7 @@ int main(int argc, char** argv) {
     Case one_each{"a block an item", 150, 300, -1, 0, HEAD_DIM};  // as many blocks as items
     one_each.ctas = 1 << 20;
     failed += run(one_each);
+    failed += shard_cases(low);
 #if LAYOUT_CASES
     // The run-time layouts on the Hopper forward's tiles (128 x 128): keys
     // past a tile so that, but for the layout, steps would run unmasked.
@@ -690,6 +719,7 @@ int main(int argc, char** argv) {
     int failed = fragment_self_test() + run(45, 70, 9, 0, odd) + run(70, 45, 9, 0, odd);
     if (HAS_BAND) failed += run(61, 130, -1, 3, odd);
     failed += run(113, 113, -1, 0, even) + run(33, 97, 9, 0, HEAD_DIM);
+    failed += shard_cases(odd);
 #ifdef FORWARD_UNALIGNED_ENTRY
     // The sm80 forward: with a band, a window of 200 keys to the left and
     // 64 to the right over 500 keys, so that its blocks run tiles tested

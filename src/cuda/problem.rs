@@ -28,6 +28,9 @@ pub(crate) struct Problem {
     /// -1: unbounded.
     left: i32,
     right: i32,
+    /// The diagonal's shift past the bottom-right one: shard positions'
+    /// `q_offset − k_offset − (seqlen_k − seqlen_q)`, else 0.
+    shift: i32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 4-byte scalars, the layout of the C one.
@@ -56,8 +59,13 @@ impl Problem {
     pub(crate) fn of(p: &Attention) -> Result<Self> {
         let shape = p.shape;
         let mask = p.mask;
-        // Bounds past both lengths act as none; clamping keeps them in i32.
-        let reach = (shape.seqlen_q + shape.seqlen_k) as i64;
+        // Offsets stay below Positions::MAX (2^29), lengths below 2^31.
+        let shift = p.opts.positions.map_or(0, |pos| {
+            pos.diagonal() - (shape.seqlen_k as i64 - shape.seqlen_q as i64)
+        });
+        // Bounds past both lengths and the shift act as none; clamping
+        // keeps them in i32.
+        let reach = (shape.seqlen_q + shape.seqlen_k) as i64 + shift.abs();
         let bound =
             |b: Option<i64>| b.map_or(Ok(-1), |b| to_i32("a window bound", b.min(reach) as usize));
         Ok(Self {
@@ -70,6 +78,11 @@ impl Problem {
             softcap: p.softcap,
             left: bound(mask.left)?,
             right: bound(mask.right)?,
+            shift: i32::try_from(shift).map_err(|_| Error::PositionTooLarge {
+                which: "the diagonal's shift (q_offset − k_offset − (seqlen_k − seqlen_q))",
+                position: shift.unsigned_abs() as usize,
+                max: i32::MAX as usize,
+            })?,
         })
     }
 }
@@ -137,8 +150,15 @@ impl Call {
     /// then the totals, which each block replaces by its sequence's.
     pub fn new(p: &Attention) -> Result<Self> {
         let (shape, precision) = (p.shape, p.precision);
-        // The kernels place the band's diagonal at seqlen_k - seqlen_q.
-        p.opts.whole_sequences(WHAT)?;
+        // Shard positions move the kernels' diagonal (Problem::shift); the
+        // kernels draw dropout's bits at the call's own positions, not the
+        // whole sequence's.
+        if p.opts.positions.is_some() && p.opts.dropout.is_active() {
+            return Err(Error::Unsupported {
+                what: WHAT,
+                feature: "dropout with shard positions",
+            });
+        }
         if shape.head_dim_v != shape.head_dim {
             return Err(Error::Unsupported {
                 what: WHAT,
@@ -271,11 +291,11 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    /// The C struct is nine 4-byte fields with no padding; a field added on
+    /// The C struct is ten 4-byte fields with no padding; a field added on
     /// one side only would shift every argument after it.
     #[test]
     fn problem_has_the_c_struct_layout() {
-        assert_eq!(std::mem::size_of::<super::Problem>(), 9 * 4);
+        assert_eq!(std::mem::size_of::<super::Problem>(), 10 * 4);
         assert_eq!(std::mem::align_of::<super::Problem>(), 4);
     }
 
@@ -339,27 +359,33 @@ mod tests {
         assert_eq!((cfg.grid_dim.0, work.items, work.groups), (6, 6, 3));
     }
 
-    /// The kernels place the diagonal at seqlen_k - seqlen_q: a shard at
-    /// global positions is refused by name, not computed with the wrong band.
+    /// Shard positions move the kernels' diagonal (row i's diagonal key i +
+    /// seqlen_k − seqlen_q + shift) to `q_offset − k_offset`; with dropout
+    /// (whose bits the kernels draw at the call's own positions) they are
+    /// refused by name.
     #[test]
-    fn shard_positions_are_unsupported() {
+    fn shard_positions_move_the_diagonal_and_refuse_dropout() {
         use crate::api::options::AttentionOptions;
         use crate::api::shape::AttentionShape;
         use crate::api::tensor::Precision;
         use crate::error::Error;
-        let shape = AttentionShape {
-            batch: 1,
-            seqlen_q: 8,
-            seqlen_k: 8,
-            heads_q: 2,
-            heads_kv: 2,
-            head_dim: 32,
-            head_dim_v: 32,
+        let shape = AttentionShape::new(1, 8, 13, 2, 2, 32).unwrap();
+        let at = |q, k| {
+            let opts = AttentionOptions::default().causal(true).positions(q, k);
+            let p = super::Attention::new(shape, Precision::F16, &opts).unwrap();
+            super::Call::new(&p).unwrap().problem.shift
         };
-        let opts = AttentionOptions::default().causal(true).positions(8, 0);
+        // Diagonal q_offset − k_offset against the bottom-right 13 − 8 = 5.
+        assert_eq!((at(8, 0), at(0, 8), at(5, 0)), (3, -13, 0));
+        let plain = AttentionOptions::default().causal(true);
+        let p = super::Attention::new(shape, Precision::F16, &plain).unwrap();
+        assert_eq!(super::Call::new(&p).unwrap().problem.shift, 0);
+        let opts = plain.positions(8, 0).dropout(0.1).dropout_seed(1);
         let p = super::Attention::new(shape, Precision::F16, &opts).unwrap();
         match super::Call::new(&p) {
-            Err(Error::Unsupported { feature, .. }) => assert_eq!(feature, "shard positions"),
+            Err(Error::Unsupported { feature, .. }) => {
+                assert_eq!(feature, "dropout with shard positions")
+            }
             Err(other) => panic!("expected Unsupported, got {other:?}"),
             Ok(_) => panic!("expected Unsupported, got a call"),
         }

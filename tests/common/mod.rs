@@ -5,6 +5,7 @@
 pub mod arena;
 pub mod decode;
 pub mod kv_quant;
+pub mod shards;
 
 use flashattn::accuracy::{check_forward, Check};
 use flashattn::random::Rng;
