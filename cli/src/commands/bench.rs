@@ -443,22 +443,8 @@ fn decode(a: &BenchArgs) -> Result<()> {
         #[cfg(feature = "cuda")]
         cuda: cuda.as_ref(),
     };
-    let mut results = Vec::new();
-    for g in &groups {
-        bar.set_message(format!(
-            "decode batch {} cache {} {}",
-            g.batch,
-            g.cache_len,
-            g.dtype.name()
-        ));
-        results.extend(db::run_group(&devices, &set, g));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let report = DecodeReport {
-        adapter: engine
-            .as_ref()
-            .map_or("none (CPU only)".into(), |e| e.describe()),
+    let mut report = DecodeReport {
+        adapter: engine.as_ref().map_or("none".into(), |e| e.describe()),
         timing: timing_of(engine.as_ref()),
         copy,
         host_copy,
@@ -470,16 +456,35 @@ fn decode(a: &BenchArgs) -> Result<()> {
         head_dim: set.head_dim,
         latent_v: set.latent_v,
         repeats: set.repeats,
-        results,
+        results: Vec::new(),
         skipped,
         max_tokens: set.max_tokens,
     };
+    for g in &groups {
+        bar.set_message(format!(
+            "decode batch {} cache {} {}",
+            g.batch,
+            g.cache_len,
+            g.dtype.name()
+        ));
+        report.results.extend(db::run_group(&devices, &set, g));
+        // Rewritten after every group: a run stopped by a time limit keeps
+        // the groups that finished.
+        write_decode_outputs(a, &report)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
     report.print();
+    write_decode_outputs(a, &report)
+}
+
+/// The report as JSON and CSV where `--json` and `--csv` name files.
+fn write_decode_outputs(a: &BenchArgs, report: &DecodeReport) -> Result<()> {
     if let Some(path) = &a.json {
-        write_text(path, &serde_json::to_string_pretty(&report)?)?;
+        write_text(path, &serde_json::to_string_pretty(report)?)?;
     }
     if let Some(path) = &a.csv {
-        write_text(path, &db::csv_text(&report)?)?;
+        write_text(path, &db::csv_text(report)?)?;
     }
     Ok(())
 }
