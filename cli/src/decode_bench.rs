@@ -831,7 +831,7 @@ impl DecodeReport {
                 mib(c.bytes),
                 c.gbps
             ),
-            None => println!("copy bandwidth: no adapter"),
+            None => println!("copy bandwidth (wgpu copy kernel): no adapter opened (no wgpu rows)"),
         }
         if let Some(cuda) = &self.cuda {
             self.print_cuda(cuda);
