@@ -9,7 +9,7 @@
 #                                 # the stripped binaries (bin.tar.gz), the Vulkan
 #                                 # loader .debs, compute-sanitizer (sanitizer.tar.gz)
 #   scripts/gpu-check.sh run      # on the NVIDIA machine: the ten steps below, their
-#                                 # time limits summing to 360 s; logs, JSON and
+#                                 # time limits summing to 415 s; logs, JSON and
 #                                 # summary.txt under $OUT (default gpu-check-out)
 #   scripts/gpu-check.sh dry      # anywhere: every step that needs no GPU
 #
@@ -33,16 +33,19 @@
 #                    kernels) on tiny cases
 #    7 accuracy  70  the CUDA accuracy tests, one kernel path per process, each
 #                    case printed as it finishes; `flashattn doctor --backend cuda`
-#    8 bench     70  forward (Hopper, sm80, torch SDPA) and backward (sm80, torch)
+#    8 bench    125  forward (Hopper, sm80, torch SDPA) and backward (sm80, torch)
 #                    by examples/bench_paths.rs: CUDA events, inputs once per shape,
-#                    torch started once, JSON after every case, outputs compared
+#                    torch started once, JSON after every case, outputs compared;
+#                    then `flashattn bench --decode --backends cuda` (every
+#                    cache dtype at 8k and 32k, batch 1 and 8, and the MLA shape)
+#                    against the device-to-device copy bandwidth, CSV and JSON
 #    9 vulkan    70  the same on NVIDIA's Vulkan driver: `flashattn doctor` and the
 #                    decode example (smoke), the wgpu accuracy suites, and the
 #                    registers, coop and tiled kernels against torch SDPA on CUDA
 #   10 summary       every step's status and time, every failure; exit status 1
 #                    when anything failed
 #
-# scripts/cuda-check.sh is this script without step 9 (its 60 s go to steps 7
+# scripts/cuda-check.sh is this script without step 9 (its 70 s go to steps 7
 # and 8). Without an NVIDIA driver, `run` stops at once with one line and exit
 # status 3. docs/gpu-checks.md says what each step records and what to send back.
 set -uo pipefail
@@ -60,13 +63,15 @@ NAME=$([ "$PARTS" = cuda ] && echo cuda-check || echo gpu-check)
 SANITIZER_WHEEL=nvidia-cuda-sanitizer-api-cu12==12.9.79
 VULKAN_DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 TEST_BINARIES=(cuda gpu_forward gpu_backward gpu_decode gpu_kv_quant)
-# Every step's limit: they sum to 360 s in both scripts.
+# Every step's limit: they sum to 415 s in both scripts.
 if [ "$PARTS" = cuda ]; then
   LIMIT_ACCURACY=100 LIMIT_BENCH_FWD=65 LIMIT_BENCH_BWD=45 LIMIT_VULKAN=0
 else
   LIMIT_ACCURACY=70 LIMIT_BENCH_FWD=40 LIMIT_BENCH_BWD=30 LIMIT_VULKAN=70
 fi
 LIMIT_ENV=10 LIMIT_WARM=28 LIMIT_SMOKE=30 LIMIT_JIT=32 LIMIT_SANITIZE=50
+# bench --decode's two runs in step 8 (dense caches, then the MLA shape).
+LIMIT_DECODE=40 LIMIT_DECODE_MLA=15
 BOUNDED_WAIT_MS=4000
 
 # The accuracy tests of tests/cuda.rs (libtest's filters, any of them).
@@ -87,6 +92,14 @@ BENCH_VULKAN_FORWARD=(--impls registers,coop,tiled,torch --compare-with register
   --seqlens 1024 --precisions f16 "${BENCH_SHAPE[@]}")
 BENCH_VULKAN_BACKWARD=(--impls registers,tiled,torch --passes backward --seqlens 1024
   --precisions f16 "${BENCH_SHAPE[@]}")
+# `flashattn bench --decode`: the CUDA rows on a device cache uploaded once
+# (kernel time, CUDA events) against the device-to-device copy (the CPU
+# backend's rows are measured off the device); the sizes apart, so the dry
+# mode runs the same flags tiny.
+DECODE_SIZES=(--cache-lens 8192,32768 --batches 1,8 --max-tokens 0)
+DECODE_DENSE=(--backends cuda --heads-q 32 --heads-kv 8 --head-dim 128
+  --dtypes f16,bf16,f32,int8,fp8 --splits planner,1 --repeats 3)
+DECODE_MLA=(--mla --backends cuda --dtypes f16,int8,fp8 --splits planner --repeats 3)
 
 die() {
   echo "$NAME: $*" >&2
@@ -272,7 +285,8 @@ run() {
   : >"$out/machine.txt"
   setup
   echo "$NAME: logs and summary in $out (steps of at most $((LIMIT_ENV + LIMIT_WARM + LIMIT_SMOKE + LIMIT_JIT +
-    LIMIT_SANITIZE + LIMIT_ACCURACY + LIMIT_BENCH_FWD + LIMIT_BENCH_BWD + LIMIT_VULKAN)) s)"
+    LIMIT_SANITIZE + LIMIT_ACCURACY + LIMIT_BENCH_FWD + LIMIT_BENCH_BWD + LIMIT_DECODE + LIMIT_DECODE_MLA +
+    LIMIT_VULKAN)) s)"
   export FLASHATTN_REQUIRE_GPU=1 FLASHATTN_TORCH_DEVICE=cuda
   wanted 1 && step_env
   wanted 2 && step_warm
@@ -393,11 +407,23 @@ bench() {
     --json "$out/${name#*-}.json"
 }
 
+# `bench_decode NAME LIMIT ARGS...`: `flashattn bench --decode` as step
+# NAME, its table in the log, CSV and JSON in $out/NAME.csv and .json
+# (rewritten after every group, so a timeout keeps the groups that ran).
+bench_decode() {
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" "$BIN/flashattn" bench --decode "$@" \
+    --csv "$out/${name#*-}.csv" --json "$out/${name#*-}.json"
+}
+
 # 8: the CUDA benchmarks (no bounded waits), one after the other.
 step_bench() {
   # shellcheck disable=SC2046
   bench 8-bench-cuda-forward "$LIMIT_BENCH_FWD" $(bench_cuda_forward)
   bench 8-bench-cuda-backward "$LIMIT_BENCH_BWD" "${BENCH_CUDA_BACKWARD[@]}"
+  bench_decode 8-bench-decode "$LIMIT_DECODE" "${DECODE_DENSE[@]}" "${DECODE_SIZES[@]}"
+  bench_decode 8-bench-decode-mla "$LIMIT_DECODE_MLA" "${DECODE_MLA[@]}" "${DECODE_SIZES[@]}"
 }
 
 # 9: Vulkan on the same GPU: smoke (doctor, the decode example) and the
@@ -462,6 +488,13 @@ dry() {
     "$BIN/bench_paths" --dry-run "${BENCH_VULKAN_FORWARD[@]}"
     "$BIN/bench_paths" --dry-run "${BENCH_VULKAN_BACKWARD[@]}"
   fi
+  echo "dry: bench --decode's flags, tiny (no device here: the CUDA rows say why)"
+  local tiny=(--cache-lens 64 --batches 1 --max-tokens 0) d
+  for d in dense mla; do
+    if [ $d = dense ]; then set -- "${DECODE_DENSE[@]}"; else set -- "${DECODE_MLA[@]}"; fi
+    "$BIN/flashattn" bench --decode "$@" "${tiny[@]}" --csv "$work/decode-$d.csv" >"$work/decode-$d.log"
+    grep -q '^cuda .*cannot start' "$work/decode-$d.log" || die "bench --decode ($d): $(cat "$work/decode-$d.log")"
+  done
   echo "dry: the Hopper smoke cases and a deadlocked wait under host emulation"
   # Once per test binary and kernel sources (the other script's dry mode
   # finds them passed).

@@ -528,8 +528,10 @@ pub struct DecodeBenchArgs {
     /// (quantized caches of f16 steps) [default: f16,f32,int8,fp8].
     #[arg(long, requires = "decode")]
     pub dtypes: Option<String>,
-    /// Backends, comma-separated: wgpu, cpu, and torch (the outside baseline:
-    /// SDPA with enable_gqa on the CPU, run by cli/src/baselines.py under --python).
+    /// Backends, comma-separated: wgpu, cpu, cuda (device 0, with the `cuda`
+    /// feature; its rows held against the device's own copy bandwidth), and
+    /// torch (the outside baseline: SDPA with enable_gqa on the CPU, run by
+    /// cli/src/baselines.py under --python).
     #[arg(long, requires = "decode", default_value = "wgpu,cpu")]
     pub backends: String,
     /// Split modes each backend runs, comma-separated: planner (num_splits
@@ -541,7 +543,7 @@ pub struct DecodeBenchArgs {
     #[arg(long, requires = "decode", default_value_t = 0)]
     pub max_tokens: usize,
     /// MiB the copy-bandwidth measurement copies (within one storage
-    /// binding) [default: 64].
+    /// binding; on CUDA at least the largest cache) [default: 64].
     #[arg(long, requires = "decode")]
     pub copy_mib: Option<u64>,
 }

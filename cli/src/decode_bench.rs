@@ -1,14 +1,20 @@
 //! `flashattn bench --decode`: one decoding step (one query token per
-//! sequence, no append) against full dense KV caches, timed on wgpu and on
-//! the CPU backend, with the planner's splits and with one split, next to
-//! the copy bandwidth measured in the same run — decoding reads each K/V
-//! element once, so its effective bandwidth, `2 · Σ seqlen_k · heads_kv ·
-//! head_dim · bytes / time`, is what it is held against.
+//! sequence, no append) against full dense KV caches, timed on wgpu, on
+//! CUDA (with the `cuda` feature) and on the CPU backend, with the
+//! planner's splits and with one split, next to the copy bandwidth
+//! measured in the same run — decoding reads each K/V element once, so its
+//! effective bandwidth, `2 · Σ seqlen_k · heads_kv · head_dim · bytes /
+//! time`, is what it is held against.
 //!
 //! Timing: on wgpu the cache is uploaded once (`Engine::upload_kv_cache`)
 //! and stays on the device between repeats; a step's time is its kernel
 //! time (the decode and merge submission; q's upload and o's readback are
-//! not counted), as the forward bench times kernels. On the CPU it is the
+//! not counted), as the forward bench times kernels. On CUDA the same: the
+//! cache is uploaded once (`Cuda::upload_kv_cache`, a `CudaKvCache`), each
+//! step runs `Cuda::decode` on it and its time is the step's CUDA events
+//! around the kernels (the wall time of the call, which waits for o, where
+//! a step reports no kernel time); the yardstick is the driver's
+//! device-to-device copy (`Cuda::copy_bandwidth`). On the CPU it is the
 //! wall time of `flashattn::cpu::decode`. Nothing is appended in the timed
 //! steps, so every repeat decodes the same cache. The `torch` backend is
 //! the outside baseline: torch's `scaled_dot_product_attention` on the CPU
@@ -21,7 +27,7 @@ use crate::error::{one_line, CliError, Result};
 
 use flashattn::{
     cpu, AttentionOptions, CacheLayout, CacheQuant, CacheShape, DecodeStep, Engine, HostKvCache,
-    KvCache, Precision, QuantKvCache, TensorData, SCALE_BLOCK_TOKENS,
+    KvCache, Precision, QuantKvCache, TensorData, Timing, SCALE_BLOCK_TOKENS,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -33,6 +39,8 @@ use std::time::Instant;
 pub enum DecodeBackend {
     Wgpu,
     Cpu,
+    /// The CUDA backend on device 0 (builds with the `cuda` feature).
+    Cuda,
     /// torch's SDPA on the CPU (the outside baseline).
     Torch,
 }
@@ -42,6 +50,7 @@ impl DecodeBackend {
         match self {
             DecodeBackend::Wgpu => "wgpu",
             DecodeBackend::Cpu => "cpu",
+            DecodeBackend::Cuda => "cuda",
             DecodeBackend::Torch => "torch",
         }
     }
@@ -53,10 +62,11 @@ impl std::str::FromStr for DecodeBackend {
         match s {
             "wgpu" => Ok(DecodeBackend::Wgpu),
             "cpu" => Ok(DecodeBackend::Cpu),
+            "cuda" => Ok(DecodeBackend::Cuda),
             "torch" => Ok(DecodeBackend::Torch),
             other => Err(CliError::BadFlag {
                 flag: "--backends",
-                expected: "wgpu, cpu or torch",
+                expected: "wgpu, cpu, cuda or torch",
                 value: other.to_string(),
             }),
         }
@@ -224,8 +234,11 @@ impl DecodeConfig {
 pub struct DecodeResult {
     #[serde(flatten)]
     pub config: DecodeConfig,
-    /// Seconds of each timed repeat (kernel time on wgpu, wall time on the CPU).
+    /// Seconds of each timed repeat (kernel time on wgpu and CUDA, wall
+    /// time on the CPU).
     pub seconds: Vec<f64>,
+    /// The clock the seconds come from (`Timing::describe`).
+    pub clock: Option<&'static str>,
     /// The splits the step ran with.
     pub num_splits: Option<usize>,
     pub kv_bytes: u64,
@@ -389,8 +402,23 @@ impl GroupData {
     }
 }
 
-/// One timed step: seconds and the splits it ran with.
-type Timed = (f64, usize);
+/// One timed step: its seconds, the splits it ran with and the clock.
+struct Timed {
+    seconds: f64,
+    splits: usize,
+    clock: Timing,
+}
+
+impl Timed {
+    /// A step timed by the wall clock around it.
+    fn wall(start: Instant, splits: usize) -> Self {
+        Self {
+            seconds: start.elapsed().as_secs_f64(),
+            splits,
+            clock: Timing::WallClock,
+        }
+    }
+}
 
 /// Run `once` untimed, then `repeats` times timed, into a result.
 fn measure(
@@ -401,16 +429,18 @@ fn measure(
     let mut r = DecodeResult {
         config,
         seconds: Vec::new(),
+        clock: None,
         num_splits: None,
         kv_bytes: config.kv_bytes(),
         error: None,
     };
     for i in 0..=repeats {
         match once() {
-            Ok((t, splits)) => {
-                r.num_splits = Some(splits);
+            Ok(t) => {
+                r.num_splits = Some(t.splits);
+                r.clock = Some(t.clock.describe());
                 if i > 0 {
-                    r.seconds.push(t);
+                    r.seconds.push(t.seconds);
                 }
             }
             Err(e) => {
@@ -423,114 +453,227 @@ fn measure(
     r
 }
 
+/// The CUDA backend of a run, opened once: its rows' device, or why they
+/// cannot run.
+#[cfg(feature = "cuda")]
+pub type CudaBackend = std::result::Result<flashattn::cuda::Cuda, flashattn::Error>;
+
+/// What a run's rows run on, each opened once for the run.
+#[derive(Clone, Copy, Default)]
+pub struct Devices<'a> {
+    /// The wgpu engine (none: no adapter).
+    pub engine: Option<&'a Engine>,
+    /// torch's baselines (none: torch was not asked for).
+    pub baselines: Option<&'a Baselines>,
+    /// The CUDA backend (none: CUDA was not asked for).
+    #[cfg(feature = "cuda")]
+    pub cuda: Option<&'a CudaBackend>,
+}
+
+/// One group's data, its quantized cache where the dtype has codes, and
+/// the row configurations of one backend.
+struct Rows<'a> {
+    set: &'a DecodeSet,
+    group: &'a Group,
+    data: &'a GroupData,
+    quantized: Option<&'a QuantKvCache>,
+    backend: DecodeBackend,
+}
+
+impl Rows<'_> {
+    fn config(&self, m: SplitMode) -> DecodeConfig {
+        self.set.config(self.group, self.backend, m)
+    }
+
+    /// Every split mode of the backend, failed with `e`.
+    fn failed(&self, e: &dyn std::error::Error) -> Vec<DecodeResult> {
+        let modes = self.set.modes(self.backend);
+        modes
+            .iter()
+            .map(|&m| error_result(self.config(m), e))
+            .collect()
+    }
+
+    /// Every split mode of the backend, each step timed by `step`.
+    fn each_mode(&self, mut step: impl FnMut(Option<usize>) -> Result<Timed>) -> Vec<DecodeResult> {
+        let modes = self.set.modes(self.backend);
+        let repeats = self.set.repeats;
+        modes
+            .iter()
+            .map(|&m| measure(self.config(m), repeats, || step(m.num_splits())))
+            .collect()
+    }
+}
+
 /// Every backend and split mode of group `g`, on one set of data.
-pub fn run_group(
-    engine: Option<&Engine>,
-    baselines: Option<&Baselines>,
-    set: &DecodeSet,
-    g: &Group,
-) -> Vec<DecodeResult> {
-    let modes = &set.splits;
+pub fn run_group(devices: &Devices, set: &DecodeSet, g: &Group) -> Vec<DecodeResult> {
     let data = match GroupData::new(set, g) {
         Ok(d) => d,
         Err(e) => return failed(set, g, &e),
     };
-    let opts = AttentionOptions::default();
+    // Quantized once for every backend of the group.
+    let quantized = g
+        .dtype
+        .quant
+        .map(|q| QuantKvCache::quantize(&data.cache, q))
+        .transpose();
+    let quantized = match quantized {
+        Ok(q) => q,
+        Err(e) => return failed(set, g, &CliError::from(e)),
+    };
     let mut out = Vec::new();
     for &backend in &set.backends {
-        let config = |m| set.config(g, backend, m);
-        let quantized = g
-            .dtype
-            .quant
-            .map(|q| QuantKvCache::quantize(&data.cache, q));
-        let quantized = match quantized.transpose() {
-            Ok(c) => c,
-            Err(e) => {
-                let err = CliError::from(e);
-                out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
-                continue;
-            }
+        let rows = Rows {
+            set,
+            group: g,
+            data: &data,
+            quantized: quantized.as_ref(),
+            backend,
         };
-        match (backend, quantized) {
-            (DecodeBackend::Cpu, Some(mut cache)) => {
-                for &m in modes {
-                    out.push(measure(config(m), set.repeats, || {
-                        let start = Instant::now();
-                        let step = data.step();
-                        let r = cpu::decode_quantized(&mut cache, &step, &opts, m.num_splits())?;
-                        Ok((start.elapsed().as_secs_f64(), r.num_splits))
-                    }));
-                }
+        out.extend(match backend {
+            DecodeBackend::Cpu => cpu_rows(&rows),
+            DecodeBackend::Wgpu => wgpu_rows(devices.engine, &rows),
+            #[cfg(feature = "cuda")]
+            DecodeBackend::Cuda => cuda_rows(devices.cuda, &rows),
+            #[cfg(not(feature = "cuda"))]
+            DecodeBackend::Cuda => {
+                rows.failed(&flashattn::Error::BackendNotBuilt { backend: "cuda" })
             }
-            (DecodeBackend::Wgpu, quantized) => {
-                let cache = engine
-                    .ok_or(CliError::NeedsGpu {
-                        what: "the wgpu decode benchmark",
-                    })
-                    .and_then(|e| {
-                        let kv = match &quantized {
-                            Some(q) => e.upload_quantized_kv_cache(q)?,
-                            None => e.upload_kv_cache(&data.cache)?,
-                        };
-                        Ok((e, kv))
-                    });
-                let (e, mut kv): (&Engine, KvCache) = match cache {
-                    Ok(x) => x,
-                    Err(err) => {
-                        out.extend(modes.iter().map(|&m| error_result(config(m), &err)));
-                        continue;
-                    }
-                };
-                for &m in modes {
-                    out.push(measure(config(m), set.repeats, || {
-                        let r = e.decode(&mut kv, &data.step(), &opts, m.num_splits())?;
-                        Ok((r.stats.kernel_seconds, r.num_splits))
-                    }));
-                }
-            }
-            (DecodeBackend::Cpu, None) => {
-                let mut cache = data.cache.clone();
-                for &m in modes {
-                    out.push(measure(config(m), set.repeats, || {
-                        let start = Instant::now();
-                        let r = cpu::decode(&mut cache, &data.step(), &opts, m.num_splits())?;
-                        Ok((start.elapsed().as_secs_f64(), r.num_splits))
-                    }));
-                }
-            }
-            // torch has no quantized or latent cache to compare with.
-            (DecodeBackend::Torch, Some(_)) => {}
-            (DecodeBackend::Torch, None) if set.latent_v.is_some() => {}
-            (DecodeBackend::Torch, None) => {
-                for &m in set.modes(backend) {
-                    let c = config(m);
-                    let timed = baselines
-                        .ok_or(CliError::Baseline {
-                            python: String::new(),
-                            message: "no Python interpreter was set up".into(),
-                        })
-                        .and_then(|b| b.decode(&c, set.repeats));
-                    out.push(match timed {
-                        Ok(seconds) => DecodeResult {
-                            seconds,
-                            num_splits: None,
-                            kv_bytes: c.kv_bytes(),
-                            error: None,
-                            config: c,
-                        },
-                        Err(e) => error_result(c, &e),
-                    });
-                }
-            }
-        }
+            DecodeBackend::Torch => torch_rows(devices.baselines, &rows),
+        });
     }
     out
 }
 
-fn error_result(config: DecodeConfig, e: &CliError) -> DecodeResult {
+/// The CPU backend's rows: wall time of `cpu::decode` on a host cache.
+fn cpu_rows(rows: &Rows) -> Vec<DecodeResult> {
+    let opts = AttentionOptions::default();
+    let step = rows.data.step();
+    match rows.quantized {
+        Some(q) => {
+            let mut cache = q.clone();
+            rows.each_mode(|splits| {
+                let start = Instant::now();
+                let r = cpu::decode_quantized(&mut cache, &step, &opts, splits)?;
+                Ok(Timed::wall(start, r.num_splits))
+            })
+        }
+        None => {
+            let mut cache = rows.data.cache.clone();
+            rows.each_mode(|splits| {
+                let start = Instant::now();
+                let r = cpu::decode(&mut cache, &step, &opts, splits)?;
+                Ok(Timed::wall(start, r.num_splits))
+            })
+        }
+    }
+}
+
+/// The wgpu rows: kernel time of `Engine::decode` on a device cache
+/// uploaded once.
+fn wgpu_rows(engine: Option<&Engine>, rows: &Rows) -> Vec<DecodeResult> {
+    let cache = engine
+        .ok_or(CliError::NeedsGpu {
+            what: "the wgpu decode benchmark",
+        })
+        .and_then(|e| {
+            let kv = match rows.quantized {
+                Some(q) => e.upload_quantized_kv_cache(q)?,
+                None => e.upload_kv_cache(&rows.data.cache)?,
+            };
+            Ok((e, kv))
+        });
+    let (e, mut kv): (&Engine, KvCache) = match cache {
+        Ok(x) => x,
+        Err(err) => return rows.failed(&err),
+    };
+    let (opts, step) = (AttentionOptions::default(), rows.data.step());
+    rows.each_mode(|splits| {
+        let r = e.decode(&mut kv, &step, &opts, splits)?;
+        Ok(Timed {
+            seconds: r.stats.kernel_seconds,
+            splits: r.num_splits,
+            clock: r.stats.timing,
+        })
+    })
+}
+
+/// The CUDA rows: `Cuda::decode` on a `CudaKvCache` uploaded once (a step
+/// copies q and the lengths, never the cache), timed by the step's CUDA
+/// events, or by the wall clock around the call (which waits for o) where
+/// a step reports another clock.
+#[cfg(feature = "cuda")]
+fn cuda_rows(cuda: Option<&CudaBackend>, rows: &Rows) -> Vec<DecodeResult> {
+    let cuda = match cuda {
+        Some(Ok(cuda)) => cuda,
+        Some(Err(e)) => return rows.failed(e),
+        None => {
+            return rows.failed(&CliError::CudaBench {
+                message: "the CUDA backend was not opened for this run".into(),
+            })
+        }
+    };
+    let kv = match rows.quantized {
+        Some(q) => cuda.upload_quantized_kv_cache(q),
+        None => cuda.upload_kv_cache(&rows.data.cache),
+    };
+    let mut kv = match kv {
+        Ok(kv) => kv,
+        Err(e) => return rows.failed(&e),
+    };
+    let (opts, step) = (AttentionOptions::default(), rows.data.step());
+    rows.each_mode(|splits| {
+        let start = Instant::now();
+        let r = cuda.decode(&mut kv, &step, &opts, splits)?;
+        Ok(match r.stats.timing {
+            Timing::CudaEvents => Timed {
+                seconds: r.stats.kernel_seconds,
+                splits: r.num_splits,
+                clock: Timing::CudaEvents,
+            },
+            _ => Timed::wall(start, r.num_splits),
+        })
+    })
+}
+
+/// torch's rows (one per group; none for a quantized or latent cache,
+/// which torch has no counterpart of).
+fn torch_rows(baselines: Option<&Baselines>, rows: &Rows) -> Vec<DecodeResult> {
+    if rows.quantized.is_some() || rows.set.latent_v.is_some() {
+        return Vec::new();
+    }
+    let repeats = rows.set.repeats;
+    rows.set
+        .modes(rows.backend)
+        .iter()
+        .map(|&m| {
+            let c = rows.config(m);
+            let timed = baselines
+                .ok_or(CliError::Baseline {
+                    python: String::new(),
+                    message: "no Python interpreter was set up".into(),
+                })
+                .and_then(|b| b.decode(&c, repeats));
+            match timed {
+                Ok(seconds) => DecodeResult {
+                    seconds,
+                    clock: Some(Timing::WallClock.describe()),
+                    num_splits: None,
+                    kv_bytes: c.kv_bytes(),
+                    error: None,
+                    config: c,
+                },
+                Err(e) => error_result(c, &e),
+            }
+        })
+        .collect()
+}
+
+fn error_result(config: DecodeConfig, e: &dyn std::error::Error) -> DecodeResult {
     DecodeResult {
         config,
         seconds: Vec::new(),
+        clock: None,
         num_splits: None,
         kv_bytes: config.kv_bytes(),
         error: Some(one_line(e)),
@@ -575,6 +718,30 @@ pub struct CopyBandwidth {
     pub gbps: f64,
 }
 
+/// The CUDA device of a run and the driver's device-to-device copy on it
+/// (the CUDA rows' yardstick), or why there is none.
+#[derive(Clone, Debug, Serialize)]
+pub struct CudaDevice {
+    /// The device (`Cuda::describe`); none where it cannot be opened.
+    pub device: Option<String>,
+    pub copy: Option<CopyBandwidth>,
+    /// Why there is no device or no copy bandwidth.
+    pub error: Option<String>,
+}
+
+/// Bytes the CUDA copy bandwidth copies: `floor` (`--copy-mib`) or the
+/// largest cache a CUDA row reads, whichever is more, so the copy streams
+/// as much memory as the largest step.
+pub fn cuda_copy_bytes(set: &DecodeSet, groups: &[Group], floor: u64) -> u64 {
+    groups
+        .iter()
+        .map(|g| {
+            set.config(g, DecodeBackend::Cuda, SplitMode::Planner)
+                .kv_bytes()
+        })
+        .fold(floor, u64::max)
+}
+
 /// Everything one `bench --decode` run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeReport {
@@ -585,6 +752,8 @@ pub struct DecodeReport {
     pub copy: Option<CopyBandwidth>,
     /// Host memory copied by every CPU thread: the CPU rows' yardstick.
     pub host_copy: CopyBandwidth,
+    /// The CUDA device and its copy bandwidth (none: CUDA was not asked for).
+    pub cuda: Option<CudaDevice>,
     pub cpu_threads: usize,
     /// The CPU backend's instruction set.
     pub cpu_isa: String,
@@ -601,12 +770,22 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// The yardstick of a row: the copy kernel for wgpu, host copy for the CPU.
-    fn yardstick(&self, backend: DecodeBackend) -> Option<f64> {
+    /// The yardstick of a row: the copy kernel for wgpu, the driver's
+    /// device-to-device copy for CUDA, host copy for the CPU.
+    pub fn yardstick(&self, backend: DecodeBackend) -> Option<f64> {
         match backend {
             DecodeBackend::Wgpu => self.copy.as_ref().map(|c| c.gbps),
+            DecodeBackend::Cuda => self.cuda.as_ref()?.copy.as_ref().map(|c| c.gbps),
             DecodeBackend::Cpu | DecodeBackend::Torch => Some(self.host_copy.gbps),
         }
+    }
+
+    /// The clock of `backend`'s rows (the first measured row's).
+    fn clock(&self, backend: DecodeBackend) -> Option<&'static str> {
+        self.results
+            .iter()
+            .filter(|r| r.config.backend == backend)
+            .find_map(|r| r.clock)
     }
 
     /// Each group's fastest CPU-backend row against its torch row: the
@@ -652,7 +831,10 @@ impl DecodeReport {
                 mib(c.bytes),
                 c.gbps
             ),
-            None => println!("copy bandwidth: no adapter"),
+            None => println!("copy bandwidth (wgpu copy kernel): no adapter opened (no wgpu rows)"),
+        }
+        if let Some(cuda) = &self.cuda {
+            self.print_cuda(cuda);
         }
         println!(
             "cpu backend: {}, {} threads",
@@ -674,11 +856,12 @@ impl DecodeReport {
         println!(
             "decode: 1 query token per sequence, heads {}/{}, head_dim {}, full dense caches, \
              no append in the timed steps; min and median of {} repeats after a warm-up; \
-             wgpu: kernel time with the cache kept on the device; cpu: wall time of \
+             wgpu and cuda: kernel time with the cache kept on the device; cpu: wall time of \
              flashattn::cpu::decode; torch: wall time of SDPA (enable_gqa) on the CPU, \
              caches in torch's (batch, heads, seqlen, d) layout; \
              K/V GB/s = 2·batch·cache·heads_kv·d·bytes / min time; \
-             % copy: of the copy kernel (wgpu rows) or the host copy (cpu and torch rows)",
+             % copy: of the copy kernel (wgpu rows), the device-to-device copy (cuda rows) \
+             or the host copy (cpu and torch rows)",
             self.heads_q, self.heads_kv, self.head_dim, self.repeats
         );
         println!(
@@ -720,6 +903,32 @@ impl DecodeReport {
                 self.max_tokens,
                 pairs.join(", ")
             );
+        }
+    }
+
+    /// The CUDA device's lines: the device, its copy bandwidth and the
+    /// clock of its rows, or why there are none.
+    fn print_cuda(&self, cuda: &CudaDevice) {
+        let Some(device) = &cuda.device else {
+            println!(
+                "cuda: no device ({})",
+                cuda.error.as_deref().unwrap_or("unknown")
+            );
+            return;
+        };
+        let clock = self.clock(DecodeBackend::Cuda).unwrap_or("no row measured");
+        println!("cuda: {device}; step times: {clock}");
+        match &cuda.copy {
+            Some(c) => println!(
+                "cuda copy bandwidth (device-to-device copy, {:.0} MiB, read + written, \
+                 CUDA events): {:.2} GB/s",
+                c.bytes as f64 / (1 << 20) as f64,
+                c.gbps
+            ),
+            None => println!(
+                "cuda copy bandwidth: not measured ({})",
+                cuda.error.as_deref().unwrap_or("unknown")
+            ),
         }
     }
 
@@ -771,6 +980,7 @@ struct CsvRow<'a> {
     min_ms: Option<f64>,
     kv_gbps: Option<f64>,
     copy_gbps: Option<f64>,
+    clock: Option<&'a str>,
     error: Option<&'a str>,
 }
 
@@ -793,6 +1003,7 @@ pub fn csv_text(report: &DecodeReport) -> Result<String> {
             min_ms: r.min_seconds().map(|t| t * 1e3),
             kv_gbps: r.gbps(),
             copy_gbps: report.yardstick(c.backend),
+            clock: r.clock,
             error: r.error.as_deref(),
         })?;
     }
@@ -805,6 +1016,31 @@ pub fn csv_text(report: &DecodeReport) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report of `results` without an adapter or a CUDA device, its host
+    /// copy at 1 GB/s.
+    fn report(results: Vec<DecodeResult>) -> DecodeReport {
+        DecodeReport {
+            adapter: String::new(),
+            timing: String::new(),
+            copy: None,
+            host_copy: CopyBandwidth {
+                bytes: 1,
+                gbps: 1.0,
+            },
+            cuda: None,
+            cpu_threads: 2,
+            cpu_isa: "portable".into(),
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            latent_v: None,
+            repeats: 2,
+            results,
+            skipped: Vec::new(),
+            max_tokens: 0,
+        }
+    }
 
     fn set() -> DecodeSet {
         DecodeSet {
@@ -832,6 +1068,7 @@ mod tests {
         let row = |backend, splits, seconds: &[f64]| DecodeResult {
             config: set.config(&g, backend, splits),
             seconds: seconds.to_vec(),
+            clock: None,
             num_splits: None,
             kv_bytes: 0,
             error: None,
@@ -841,25 +1078,7 @@ mod tests {
             row(DecodeBackend::Cpu, SplitMode::Fixed(1), &[0.004]),
             row(DecodeBackend::Torch, SplitMode::Planner, &[0.006, 0.005]),
         ];
-        let report = DecodeReport {
-            adapter: String::new(),
-            timing: String::new(),
-            copy: None,
-            host_copy: CopyBandwidth {
-                bytes: 1,
-                gbps: 1.0,
-            },
-            cpu_threads: 2,
-            cpu_isa: "portable".into(),
-            heads_q: 32,
-            heads_kv: 8,
-            head_dim: 128,
-            latent_v: None,
-            repeats: 2,
-            results,
-            skipped: Vec::new(),
-            max_tokens: 0,
-        };
+        let report = report(results);
         let ratios = report.against_torch();
         assert_eq!(ratios.len(), 1);
         assert_eq!(ratios[0].0, g);
@@ -942,6 +1161,136 @@ mod tests {
         assert!("int4".parse::<CacheDtype>().is_err());
         let int8: CacheDtype = "int8".parse().unwrap();
         assert_eq!((int8.name(), int8.precision), ("int8", Precision::F16));
+    }
+
+    /// kv_bytes against the caches the bench builds: a plain cache's K and
+    /// V elements, a quantized one's codes and 4-byte scales, a latent
+    /// cache's one tensor — for every dtype, dense and MLA.
+    #[test]
+    fn kv_bytes_are_the_bytes_of_the_caches_a_step_reads() {
+        let small = DecodeSet {
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 32,
+            ..set()
+        };
+        let mla = DecodeSet {
+            heads_q: 8,
+            heads_kv: 1,
+            head_dim: MLA_WIDTH,
+            latent_v: Some(MLA_V_WIDTH),
+            ..set()
+        };
+        for set in [small, mla] {
+            // 40 keys: the last scale block a partial one.
+            for dtype in ["f32", "f16", "bf16", "int8", "fp8"] {
+                let g = Group {
+                    batch: 3,
+                    cache_len: 40,
+                    dtype: dtype.parse().unwrap(),
+                };
+                let data = GroupData::new(&set, &g).unwrap();
+                let c = &data.cache;
+                let held = match g.dtype.quant {
+                    Some(q) => {
+                        let q = QuantKvCache::quantize(c, q).unwrap();
+                        let kv = [&q.k, &q.v];
+                        kv.iter().map(|t| t.codes.len() + 4 * t.scales.len()).sum()
+                    }
+                    None => (c.k.len() + c.v.len()) * g.dtype.precision.bytes(),
+                };
+                let config = set.config(&g, DecodeBackend::Cuda, SplitMode::Planner);
+                let latent = set.latent_v.is_some();
+                assert_eq!(config.kv_bytes(), held as u64, "{dtype}, latent {latent}");
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_is_a_backend_with_its_own_yardstick() {
+        let backends: Vec<DecodeBackend> = "wgpu,cpu,cuda,torch"
+            .split(',')
+            .map(|b| b.parse().unwrap())
+            .collect();
+        assert_eq!(backends[2], DecodeBackend::Cuda);
+        assert_eq!(backends[2].name(), "cuda");
+        let Err(CliError::BadFlag { expected, .. }) = "gpu".parse::<DecodeBackend>() else {
+            panic!("gpu is no backend");
+        };
+        assert!(expected.contains("cuda"), "{expected}");
+        let copy = |gbps| CopyBandwidth { bytes: 1, gbps };
+        let mut r = report(Vec::new());
+        r.copy = Some(copy(10.0));
+        assert_eq!(r.yardstick(DecodeBackend::Cuda), None, "no CUDA device");
+        r.cuda = Some(CudaDevice {
+            device: Some("a device".into()),
+            copy: None,
+            error: Some("out of memory".into()),
+        });
+        assert_eq!(r.yardstick(DecodeBackend::Cuda), None, "no copy measured");
+        r.cuda.as_mut().unwrap().copy = Some(copy(30.0));
+        let yardsticks: Vec<Option<f64>> = backends.iter().map(|&b| r.yardstick(b)).collect();
+        assert_eq!(yardsticks, [Some(10.0), Some(1.0), Some(30.0), Some(1.0)]);
+        // The CSV's copy_gbps column is the row's own yardstick.
+        let g = set().groups().0[0];
+        r.results = backends
+            .iter()
+            .map(|&b| DecodeResult {
+                config: set().config(&g, b, SplitMode::Planner),
+                seconds: vec![1.0],
+                clock: Some(Timing::CudaEvents.describe()),
+                num_splits: Some(1),
+                kv_bytes: 1,
+                error: None,
+            })
+            .collect();
+        let csv = csv_text(&r).unwrap();
+        let cuda_row = csv.lines().find(|l| l.starts_with("cuda,")).unwrap();
+        assert!(cuda_row.contains(",30.0,CUDA events"), "{csv}");
+    }
+
+    #[test]
+    fn the_cuda_copy_covers_the_largest_cache() {
+        let set = set();
+        let (groups, _) = set.groups();
+        // f32 at batch 8 × 8192 is the largest group under max_tokens.
+        let largest = 2 * 8 * 8192 * 8 * 128 * 4;
+        assert_eq!(cuda_copy_bytes(&set, &groups, 64 << 20), largest);
+        assert_eq!(cuda_copy_bytes(&set, &groups, 1 << 40), 1 << 40);
+        assert_eq!(cuda_copy_bytes(&set, &[], 64 << 20), 64 << 20);
+    }
+
+    /// CUDA rows without a device fail each with the reason, and the other
+    /// backends' rows of the group still run.
+    #[test]
+    fn cuda_rows_without_a_device_fail_alone() {
+        let set = DecodeSet {
+            backends: vec![DecodeBackend::Cuda, DecodeBackend::Cpu],
+            batches: vec![1],
+            cache_lens: vec![32],
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 16,
+            dtypes: vec!["f32".parse().unwrap(), "int8".parse().unwrap()],
+            repeats: 1,
+            ..set()
+        };
+        for g in set.groups().0 {
+            let rows = run_group(&Devices::default(), &set, &g);
+            assert_eq!(rows.len(), 4, "{rows:?}");
+            for r in &rows[..2] {
+                assert_eq!(r.config.backend, DecodeBackend::Cuda);
+                let e = r.error.as_deref().unwrap();
+                assert!(e.contains("cuda") || e.contains("CUDA"), "{e}");
+                assert!(r.seconds.is_empty() && r.clock.is_none());
+            }
+            for r in &rows[2..] {
+                assert_eq!(r.config.backend, DecodeBackend::Cpu);
+                assert!(r.error.is_none(), "{r:?}");
+                assert_eq!(r.seconds.len(), 1);
+                assert_eq!(r.clock, Some(Timing::WallClock.describe()));
+            }
+        }
     }
 
     #[test]

@@ -1877,6 +1877,84 @@ fn bench_decode_mla_times_a_latent_cache() {
     }
 }
 
+/// `--backends cuda,cpu`: with the `cuda` feature, the CUDA rows are
+/// measured on the device against its copy bandwidth, or each fails saying
+/// why where there is none, and the CPU rows run either way; without the
+/// feature, one line naming it.
+#[test]
+fn bench_decode_cuda_rows_run_or_say_why_beside_the_cpu_rows() {
+    let f = Files::new();
+    let (json, csv) = (f.path("d.json"), f.path("d.csv"));
+    let out = bin()
+        .args(["bench", "--decode", "--quick", "--repeats", "1"])
+        .args([
+            "--cache-lens",
+            "64",
+            "--batches",
+            "1",
+            "--dtypes",
+            "f32,int8",
+        ])
+        .args(["--backends", "cuda,cpu"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    if !cfg!(feature = "cuda") {
+        assert_bad(&f, &out, "--features cuda");
+        assert!(!json.exists() && !csv.exists());
+        return;
+    }
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows =
+        |prefix: &str| -> Vec<&str> { text.lines().filter(|l| l.starts_with(prefix)).collect() };
+    // 2 dtypes × 2 split modes each.
+    let (cuda, cpu) = (rows("cuda    "), rows("cpu     "));
+    assert_eq!((cuda.len(), cpu.len()), (4, 4), "{text}");
+    assert!(cpu.iter().all(|r| !r.contains("FAILED")), "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    if cuda_device() {
+        assert!(cuda.iter().all(|r| !r.contains("FAILED")), "{text}");
+        assert!(
+            text.contains("cuda copy bandwidth (device-to-device copy"),
+            "{text}"
+        );
+        assert!(text.contains("step times: CUDA events"), "{text}");
+        assert!(report["cuda"]["copy"]["gbps"].as_f64().unwrap() > 0.0);
+    } else {
+        for r in &cuda {
+            assert!(
+                r.contains("FAILED: the CUDA backend cannot start"),
+                "{text}"
+            );
+        }
+        assert!(
+            text.contains("cuda: no device (the CUDA backend cannot start"),
+            "{text}"
+        );
+        assert!(report["cuda"]["device"].is_null(), "{report}");
+    }
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 8, "{csv}");
+    assert_eq!(
+        csv.lines().filter(|l| l.starts_with("cuda,")).count(),
+        4,
+        "{csv}"
+    );
+}
+
+/// Whether this process can open the CUDA backend.
+fn cuda_device() -> bool {
+    #[cfg(feature = "cuda")]
+    return flashattn::cuda::Cuda::new().is_ok();
+    #[cfg(not(feature = "cuda"))]
+    false
+}
+
 #[test]
 fn bench_decode_bad_arguments() {
     let f = Files::new();

@@ -97,6 +97,7 @@
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks;
 //! - [`decode`]: the device cache, a step's uploads, splits and launches;
+//! - bandwidth: the device's copy bandwidth, decoding's yardstick;
 //! - [`verify`]: each kernel path checked on first use (Hopper → sm80 →
 //!   scalar where one fails), and `flashattn doctor --backend cuda`'s matrix.
 //!
@@ -114,6 +115,7 @@
 //! ```
 
 mod backward;
+mod bandwidth;
 pub mod compile;
 pub mod context;
 pub mod decode;
@@ -349,6 +351,16 @@ impl Cuda {
         let mut out = backward::backward(&self.device, path, inputs, &problem)?;
         self.finish(verification, &mut out.stats, &mut out.dq);
         Ok(out)
+    }
+
+    /// The device's copy bandwidth: `bytes` copied from one device buffer
+    /// into another by the driver `repeats` times after a warm-up, each
+    /// timed by CUDA events; [`BandwidthResult::gbps`](crate::BandwidthResult::gbps)
+    /// is bytes read plus written per second of the fastest repeat — what
+    /// decoding on a [`CudaKvCache`], which reads each element once, is
+    /// held against.
+    pub fn copy_bandwidth(&self, bytes: u64, repeats: usize) -> Result<crate::BandwidthResult> {
+        bandwidth::copy_bandwidth(&self.device, bytes, repeats)
     }
 
     /// An all-zero KV cache of `shape` in device memory, of `precision`

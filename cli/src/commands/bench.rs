@@ -342,6 +342,10 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
         };
         flashattn::CacheShape::latent(one, set.heads_kv, set.head_dim, v_width)?;
     }
+    #[cfg(not(feature = "cuda"))]
+    if set.backends.contains(&DecodeBackend::Cuda) {
+        return Err(flashattn::Error::BackendNotBuilt { backend: "cuda" }.into());
+    }
     let copy_mib = d.copy_mib.unwrap_or(if d.quick { 4 } else { 64 });
     if copy_mib == 0 {
         return Err(CliError::BadFlag {
@@ -353,17 +357,38 @@ fn decode_set(d: &DecodeBenchArgs, repeats: usize) -> Result<(DecodeSet, u64)> {
     Ok((set, copy_mib << 20))
 }
 
+/// The CUDA rows' device and its copy bandwidth over `bytes`, or why
+/// there is none (the rows then fail with the same reason).
+#[cfg(feature = "cuda")]
+fn cuda_device(cuda: &db::CudaBackend, bytes: u64, repeats: usize) -> db::CudaDevice {
+    let cuda = match cuda {
+        Ok(c) => c,
+        Err(e) => {
+            return db::CudaDevice {
+                device: None,
+                copy: None,
+                error: Some(crate::error::one_line(e)),
+            }
+        }
+    };
+    let copy = cuda.copy_bandwidth(bytes, repeats);
+    db::CudaDevice {
+        device: Some(cuda.describe()),
+        copy: copy.as_ref().ok().map(|r| CopyBandwidth {
+            bytes: r.bytes,
+            gbps: r.gbps(),
+        }),
+        error: copy.err().map(|e| crate::error::one_line(&e)),
+    }
+}
+
 /// `bench --decode`: the copy bandwidths, then every group of the set.
 fn decode(a: &BenchArgs) -> Result<()> {
     let (set, copy_bytes) = decode_set(&a.decode, a.repeats)?;
-    let wgpu = set.backends.contains(&DecodeBackend::Wgpu);
-    let engine = match Engine::new() {
-        Ok(e) => Some(e),
-        Err(e) if !wgpu => {
-            eprintln!("flashattn: {e}; benchmarking the CPU backend only");
-            None
-        }
-        Err(e) => return Err(e.into()),
+    // An adapter only for wgpu rows (its copy kernel is their yardstick alone).
+    let engine = match set.backends.contains(&DecodeBackend::Wgpu) {
+        true => Some(Engine::new()?),
+        false => None,
     };
     let baselines = set
         .backends
@@ -371,6 +396,11 @@ fn decode(a: &BenchArgs) -> Result<()> {
         .then(|| Baselines::new(&a.python))
         .transpose()?;
     let (groups, skipped) = set.groups();
+    #[cfg(feature = "cuda")]
+    let cuda = set
+        .backends
+        .contains(&DecodeBackend::Cuda)
+        .then(flashattn::cuda::Cuda::new);
     let bar = ProgressBar::new(groups.len() as u64 + 2);
     bar.set_style(ProgressStyle::with_template(
         "{bar:30} {pos}/{len} {msg} [{elapsed}]",
@@ -391,26 +421,30 @@ fn decode(a: &BenchArgs) -> Result<()> {
         bytes: copy_bytes,
         gbps: db::host_copy_gbps(copy_bytes as usize, set.repeats),
     };
+    #[cfg(feature = "cuda")]
+    let cuda_device = cuda.as_ref().map(|c| {
+        bar.set_message("cuda copy bandwidth");
+        cuda_device(
+            c,
+            db::cuda_copy_bytes(&set, &groups, copy_bytes),
+            set.repeats,
+        )
+    });
+    #[cfg(not(feature = "cuda"))]
+    let cuda_device = None;
     bar.inc(1);
-    let mut results = Vec::new();
-    for g in &groups {
-        bar.set_message(format!(
-            "decode batch {} cache {} {}",
-            g.batch,
-            g.cache_len,
-            g.dtype.name()
-        ));
-        results.extend(db::run_group(engine.as_ref(), baselines.as_ref(), &set, g));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let report = DecodeReport {
-        adapter: engine
-            .as_ref()
-            .map_or("none (CPU only)".into(), |e| e.describe()),
+    let devices = db::Devices {
+        engine: engine.as_ref(),
+        baselines: baselines.as_ref(),
+        #[cfg(feature = "cuda")]
+        cuda: cuda.as_ref(),
+    };
+    let mut report = DecodeReport {
+        adapter: engine.as_ref().map_or("none".into(), |e| e.describe()),
         timing: timing_of(engine.as_ref()),
         copy,
         host_copy,
+        cuda: cuda_device,
         cpu_threads: rayon::current_num_threads(),
         cpu_isa: flashattn::cpu::Cpu::new().isa().name().into(),
         heads_q: set.heads_q,
@@ -418,16 +452,35 @@ fn decode(a: &BenchArgs) -> Result<()> {
         head_dim: set.head_dim,
         latent_v: set.latent_v,
         repeats: set.repeats,
-        results,
+        results: Vec::new(),
         skipped,
         max_tokens: set.max_tokens,
     };
+    for g in &groups {
+        bar.set_message(format!(
+            "decode batch {} cache {} {}",
+            g.batch,
+            g.cache_len,
+            g.dtype.name()
+        ));
+        report.results.extend(db::run_group(&devices, &set, g));
+        // Rewritten after every group: a run stopped by a time limit keeps
+        // the groups that finished.
+        write_decode_outputs(a, &report)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
     report.print();
+    write_decode_outputs(a, &report)
+}
+
+/// The report as JSON and CSV where `--json` and `--csv` name files.
+fn write_decode_outputs(a: &BenchArgs, report: &DecodeReport) -> Result<()> {
     if let Some(path) = &a.json {
-        write_text(path, &serde_json::to_string_pretty(&report)?)?;
+        write_text(path, &serde_json::to_string_pretty(report)?)?;
     }
     if let Some(path) = &a.csv {
-        write_text(path, &db::csv_text(&report)?)?;
+        write_text(path, &db::csv_text(report)?)?;
     }
     Ok(())
 }
