@@ -563,12 +563,13 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
     let props = cuda.props().clone();
     let plan = typical_plan(&props, KernelPath::Auto);
     eprintln!("{}", plan.explain(&props).join("\n"));
-    let forward = match props.major {
-        9 => Family::ForwardWgmma,
-        _ => Family::ForwardMma,
+    let (forward, backward) = match props.major {
+        9 => (Family::ForwardWgmma, Family::BackwardWgmma),
+        _ => (Family::ForwardMma, Family::BackwardMma),
     };
     assert_eq!(plan.forward.family, forward, "{props:?}");
-    assert_eq!(plan.backward.family, Family::BackwardMma, "{props:?}");
+    assert_eq!(plan.backward.family, backward, "{props:?}");
+    assert_eq!(plan.dq.family, Family::BackwardMma, "{props:?}");
 }
 
 #[test]
