@@ -7,6 +7,7 @@
 use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::forward::tensor_map;
+use super::tensor_map::TensorMap;
 use super::jit::{timed, Launch};
 use super::kernel::KernelKey;
 use super::layout::{LaunchTiles, Side};
@@ -177,30 +178,11 @@ fn launch(
     let dkdv_cfg = call.launch(&key, true, shape.heads_kv)?;
     let dq_cfg = call.launch(&dq_key, false, shape.heads_q)?;
     let stream = &dev.stream;
-    let tiles = |key: &KernelKey, by_keys| LaunchTiles {
-        outer: key.tiles().rows,
-        inner: key.tiles().keys,
-        by_keys,
-    };
     let (key_lists, row_lists) = (
-        side.lists(stream, tiles(&key, true))?,
-        side.lists(stream, tiles(&dq_key, false))?,
+        side.lists(stream, launch_tiles(&key, true))?,
+        side.lists(stream, launch_tiles(&dq_key, false))?,
     );
-    // The Hopper dK/dV's tensor maps: q and dO in boxes of a step's
-    // queries, k and v of a block's keys.
-    let maps = match key.family.is_wgmma() {
-        true => {
-            let (i, t) = (&b.inputs, key.tiles());
-            let (q_rows, k_rows) = ((shape.seqlen_q, shape.heads_q), (shape.seqlen_k, shape.heads_kv));
-            vec![
-                tensor_map(stream, call, &i.q, q_rows, t.keys)?,
-                tensor_map(stream, call, &i.k, k_rows, t.rows)?,
-                tensor_map(stream, call, &i.v, k_rows, t.rows)?,
-                tensor_map(stream, call, &i.d_o, q_rows, t.keys)?,
-            ]
-        }
-        false => Vec::new(),
-    };
+    let maps = dkdv_maps(stream, call, &key, &b.inputs)?;
     let key_layout = side.layout(stream, key_lists.as_ref());
     let row_layout = side.layout(stream, row_lists.as_ref());
     let seconds = timed(stream, "running the backward", || {
@@ -221,27 +203,19 @@ fn launch(
         unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
         match &maps[..] {
-            // The Hopper dK/dV: tensor maps by value, no dropout.
+            // The Hopper dK/dV: tensor maps by value (and no dropout).
             [tq, tk, tv, tdo] => {
-                l.value(tq)
-                    .value(tk)
-                    .value(tv)
-                    .value(tdo)
-                    .input(&b.inputs.lse)
-                    .input(&b.delta);
-                l.output(&mut b.dk)
-                    .output(&mut b.dv)
-                    .value(&call.problem)
-                    .value(&key_layout);
+                l.value(tq).value(tk).value(tv).value(tdo);
+                l.input(&b.inputs.lse).input(&b.delta);
             }
-            _ => {
-                gradient_inputs(&mut l, &b.inputs, &b.delta);
-                l.output(&mut b.dk)
-                    .output(&mut b.dv)
-                    .value(&call.problem)
-                    .value(&key_layout)
-                    .value(&call.dropout_args);
-            }
+            _ => gradient_inputs(&mut l, &b.inputs, &b.delta),
+        }
+        l.output(&mut b.dk)
+            .output(&mut b.dv)
+            .value(&call.problem)
+            .value(&key_layout);
+        if maps.is_empty() {
+            l.value(&call.dropout_args);
         }
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
@@ -254,6 +228,32 @@ fn launch(
     })?;
     drop((key_lists, row_lists));
     Ok(seconds)
+}
+
+/// The tile lists' shape of `key`'s blocks (by keys: its dK/dV's).
+fn launch_tiles(key: &KernelKey, by_keys: bool) -> LaunchTiles {
+    let t = key.tiles();
+    LaunchTiles {
+        outer: t.rows,
+        inner: t.keys,
+        by_keys,
+    }
+}
+
+/// The Hopper dK/dV's tensor maps (none for the other modules): q and dO
+/// in boxes of a step's queries, k and v of a block's keys.
+fn dkdv_maps(stream: &CudaStream, call: &Call, key: &KernelKey, i: &Uploaded) -> Result<Vec<TensorMap>> {
+    if !key.family.is_wgmma() {
+        return Ok(Vec::new());
+    }
+    let (shape, t) = (&call.shape, key.tiles());
+    let (q_rows, k_rows) = ((shape.seqlen_q, shape.heads_q), (shape.seqlen_k, shape.heads_kv));
+    Ok(vec![
+        tensor_map(stream, call, &i.q, q_rows, t.keys)?,
+        tensor_map(stream, call, &i.k, k_rows, t.rows)?,
+        tensor_map(stream, call, &i.v, k_rows, t.rows)?,
+        tensor_map(stream, call, &i.d_o, q_rows, t.keys)?,
+    ])
 }
 
 /// The first arguments of both gradient kernels: q, k, v, dO, lse and D.
