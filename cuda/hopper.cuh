@@ -1,7 +1,8 @@
-// Hopper (sm_90a) building blocks of cuda/flash_fwd_wgmma.cu, f16/bf16
-// storage only: every wgmma, mbarrier, TMA copy and setmaxnreg goes
-// through the few functions here, so that cuda/emulate/host.h can give
-// each the PTX ISA's semantics and the kernel runs on the CPU (tests/cuda.rs).
+// Hopper (sm_90a) building blocks of cuda/flash_fwd_wgmma.cu and
+// cuda/flash_bwd_wgmma.cu, f16/bf16 storage only: every wgmma, mbarrier,
+// TMA copy and setmaxnreg goes through the few functions here, so that
+// cuda/emulate/host.h can give each the PTX ISA's semantics and the
+// kernels run on the CPU (tests/cuda.rs).
 //
 //   wgmma_ss<N> / wgmma_rs<N>  d[N/2] (+)= A (64 x 16) * B (16 x N), f32
 //                      accumulators in mma.m16n8k16's C layout per warp of
@@ -143,6 +144,15 @@ __device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], unsigned long long
                  "wgmma.mma_async.sync.aligned.m64n128k16" WGMMA_TYPES " " REGS64
                  ", %64, %65, p, 1, 1, 0, 0; }"
                  : ACC64(d)
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+// The backward's S^T = K Q^T and dP^T = V dO^T: 64 queries a step.
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WGMMA_TYPES " " REGS32
+                 ", %32, %33, p, 1, 1, 0, 0; }"
+                 : ACC32(d)
                  : "l"(a), "l"(b), "r"(scale_d));
 }
 // O += P V: P from registers, B by descriptor (MN-major when TRANS_B).

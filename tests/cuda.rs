@@ -233,12 +233,18 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     }
     // The Hopper instructions, not a slower path.
     if key.family.is_wgmma() && std::env::var_os("FLASHATTN_NVDISASM").is_some() {
-        for op in [
-            "HGMMA.64x128x16.F32",
-            "UTMALDG.4D",
-            "UTMASTG.4D",
-            "USETMAXREG",
-        ] {
+        let ops: &[&str] = if key.family.is_forward() {
+            &[
+                "HGMMA.64x128x16.F32",
+                "UTMALDG.4D",
+                "UTMASTG.4D",
+                "USETMAXREG",
+            ]
+        } else {
+            // The dK/dV kernel: S^T and dP^T of 64 queries a step; no TMA store.
+            &["HGMMA.64x64x16.F32", "UTMALDG.4D", "USETMAXREG"]
+        };
+        for &op in ops {
             if !report.contains(op) {
                 faults.push(format!("{} {sm}: no {op} in its SASS", key.label()));
             }
@@ -561,12 +567,13 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
     let props = cuda.props().clone();
     let plan = typical_plan(&props, KernelPath::Auto);
     eprintln!("{}", plan.explain(&props).join("\n"));
-    let forward = match props.major {
-        9 => Family::ForwardWgmma,
-        _ => Family::ForwardMma,
+    let (forward, backward) = match props.major {
+        9 => (Family::ForwardWgmma, Family::BackwardWgmma),
+        _ => (Family::ForwardMma, Family::BackwardMma),
     };
     assert_eq!(plan.forward.family, forward, "{props:?}");
-    assert_eq!(plan.backward.family, Family::BackwardMma, "{props:?}");
+    assert_eq!(plan.backward.family, backward, "{props:?}");
+    assert_eq!(plan.dq.family, Family::BackwardMma, "{props:?}");
 }
 
 #[test]
@@ -1036,14 +1043,28 @@ fn build_emulation(
     layouts: bool,
     defines: &[&str],
 ) -> PathBuf {
+    let name = format!("{}{}", key.label(), defines.join("").replace('=', "_"));
+    build_emulation_of(cxx, dir, key, &key.source(), &name, layouts, defines)
+}
+
+/// [`build_emulation`] of `source` (`key`'s, or a copy of it with a bug
+/// put in) as `name`.
+fn build_emulation_of(
+    cxx: &std::ffi::OsStr,
+    dir: &Path,
+    key: &KernelKey,
+    source: &str,
+    name: &str,
+    layouts: bool,
+    defines: &[&str],
+) -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
     let host = std::fs::read_to_string(root.join("host.h")).unwrap();
     let check = std::fs::read_to_string(root.join("check.cpp")).unwrap();
-    let name = format!("{}{}", key.label(), defines.join("").replace('=', "_"));
     let src = dir.join(format!("{name}.cpp"));
     let exe = dir.join(name);
     let cases = format!("#define LAYOUT_CASES {}\n", u8::from(layouts));
-    std::fs::write(&src, format!("{cases}{host}\n{}\n{check}", key.source())).unwrap();
+    std::fs::write(&src, format!("{cases}{host}\n{source}\n{check}")).unwrap();
     let started = std::time::Instant::now();
     let built = Command::new(cxx)
         .args(["-std=c++20", "-O1", "-pthread"])
@@ -1268,6 +1289,79 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
         failures.extend(emulate(&cxx, dir.path(), &key, layouts));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The Hopper dK/dV (cuda/flash_bwd_wgmma.cu) under the same emulation
+/// (wgmma from descriptors and register A, TMA boxes, mbarriers with
+/// arrival counts and transaction bytes, setmaxnreg), its dK and dV
+/// against check.cpp's double reference: f16 and bf16, d 64 and 128 (and
+/// head dims below them), causal and not, a window whose blocks run
+/// tested, untested and tested steps, softcap, GQA 4:2 and 4:1, seqlen_q ≠
+/// seqlen_k, lengths of 1, 113 and 255, rows with no key; on the f16 d 64
+/// band build the layouts (ALiBi, sinks, block masks, packed batches with
+/// empty sequences, all at once). Its dQ is the sm80 module's, emulated
+/// with that module.
+#[test]
+fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (precision, d, band, softcap, layouts) in [
+        (Precision::F16, 64, true, false, true),
+        (Precision::Bf16, 128, false, true, false),
+        (Precision::Bf16, 64, false, false, false),
+        (Precision::F16, 128, true, false, false),
+    ] {
+        let key = KernelKey::new(Family::BackwardWgmma, precision, d, band, softcap);
+        failures.extend(emulate(&cxx, dir.path(), &key, layouts));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The emulation finds bugs put into the Hopper dK/dV: dP^T read before
+/// its wgmma retired (the wait for it dropped), and the MN-major Q and dO
+/// descriptors' LBO (the second 64-column box) wrong. Each build runs one
+/// case at d 128 and must fail.
+#[test]
+fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = KernelKey::new(Family::BackwardWgmma, Precision::F16, 128, false, false);
+    let source = key.source();
+    let bugs = [
+        (
+            "no wait for dP",
+            "                wgmma_wait<0>();\n                pin(dpt);\n",
+            "                pin(dpt);\n",
+        ),
+        (
+            "wrong LBO",
+            "smem_desc_words(stages, BOX_BYTES(BLOCK_N), 1024)",
+            "smem_desc_words(stages, BOX_BYTES(BLOCK_N) / 2, 1024)",
+        ),
+    ];
+    let case: Vec<String> = "cases one 113 150 -1 -1 128 2 1 1"
+        .split(' ')
+        .map(String::from)
+        .collect();
+    let (report, passed) =
+        run_emulation(&build_emulation(&cxx, dir.path(), &key, false, &[]), &case);
+    assert!(passed, "the kernel as it is:\n{report}");
+    for (what, from, to) in bugs {
+        assert_eq!(source.matches(from).count(), 1, "{what}: {from:?}");
+        let name = format!("{}_{}", key.label(), what.replace(' ', "_"));
+        let exe = build_emulation_of(
+            &cxx,
+            dir.path(),
+            &key,
+            &source.replace(from, to),
+            &name,
+            false,
+            &[],
+        );
+        let (report, passed) = run_emulation(&exe, &case);
+        assert!(!passed, "{what} went unnoticed:\n{report}");
+    }
 }
 
 /// Dropout's variants under the same emulation (the scalar and sm80

@@ -350,6 +350,20 @@ static int run(const Case& cs) {
     const Layout Lk = layout(kl), Lq = layout(ql);
     launch(Dim{1, 1, 1}, 256,
            [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, packed ? 1 : B, Lq); });
+#if IS_WGMMA
+    // The Hopper dK/dV (its dQ is the sm80 module's, emulated with that
+    // module): q and dO in boxes of a step's queries, k and v of the
+    // block's keys; a packed batch's maps span the packed tensor.
+    const int map_b = packed ? 1 : B;
+    const TensorMap tq = tensor_map(q.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_N),
+                    tdo = tensor_map(d_o.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_N),
+                    tk = tensor_map(k.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_M),
+                    tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_M);
+    launch(
+        Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,
+        [&] { flash_bwd_dkdv(tq, tk, tv, tdo, lse.data(), delta.data(), dk.data(), dv.data(), p, Lk); },
+        SMEM_BYTES);
+#else
     launch(
         Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,
         [&] {
@@ -365,6 +379,7 @@ static int run(const Case& cs) {
         },
         SMEM_BYTES);
     failed += report("dq", rel_error(widen(dq), dq_ref));
+#endif
     failed += report("dk", rel_error(widen(dk), dk_ref));
     failed += report("dv", rel_error(widen(dv), dv_ref));
 #endif
@@ -545,7 +560,7 @@ static int deadlock() {
 }
 #endif
 
-#if IS_WGMMA
+#if IS_WGMMA && IS_FORWARD
 // `schedule sq sk heads batch blocks`: the persistent forward's items as its
 // blocks take them (dense; causal where the variant has a band), by the
 // kernel's own item_index and enter_item: a line a block, "block c:" then
@@ -672,9 +687,47 @@ int main(int argc, char** argv) {
 #endif
 #if IS_WGMMA
     if (argc > 1 && std::strcmp(argv[1], "deadlock") == 0) return deadlock();
+#endif
+#if IS_WGMMA && IS_FORWARD
     if (argc > 1 && std::strcmp(argv[1], "schedule") == 0) return schedule(argc, argv);
 #endif
-#if IS_WGMMA
+#if IS_WGMMA && !IS_FORWARD
+    // The Hopper dK/dV: head dims below the padded one and at it; GQA
+    // (4:2); a key block's 128 keys against 64-query steps; lengths of 1,
+    // 113 and 255 (a key block with one key, query tiles past a
+    // sequence's end); more queries than keys (rows with no key under a
+    // band); and with a band a window of 300 keys to the left and 100 to
+    // the right over 600 keys, whose blocks run tested, untested and
+    // tested steps in turn.
+    const int low = HEAD_DIM - 24;  // 40 at 64, 104 at 128
+    int failed = wgmma_self_test() + run(45, 70, 9, 0, low) + run(70, 45, 9, 0, low);
+    failed += run(113, 113, -1, 0, HEAD_DIM) + run(1, 255, -1, 0, HEAD_DIM) + run(255, 1, -1, 0, low);
+    if (HAS_BAND) failed += run(61, 130, -1, 3, low) + run(200, 600, 300, 100, low);
+    Case gqa{"gqa 4:1", 150, 300, -1, 0, HEAD_DIM - 8};
+    gqa.hq = 4, gqa.hkv = 1, gqa.batch = 1;
+    failed += run(gqa) + shard_cases(low);
+#if LAYOUT_CASES
+    // The run-time layouts: ALiBi (every step tested), sinks (in the lse
+    // alone), block masks (partial steps; whole 64 x 128 tiles), a packed
+    // batch with a sequence past a key block, one with no queries and one
+    // with no keys, and all at once.
+    Case alibi{"alibi", 45, 300, -1, 0, low};
+    alibi.alibi = alibi.alibi_per_batch = true;
+    Case sinks{"sinks", 70, 45, 9, 0, HEAD_DIM};
+    sinks.sinks = true, sinks.batch = 1;
+    Case blocks{"blocks", 61, 300, -1, 3, low};
+    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    Case aligned{"aligned", 130, 260, -1, 0, low};
+    aligned.bm = BLOCK_N, aligned.bn = BLOCK_M, aligned.mask_per_batch = true, aligned.density = 0.6;
+    Case packed{"varlen", 0, 0, 150, 2, low};
+    packed.lens_q = {130, 0, 37, 20}, packed.lens_k = {300, 23, 0, 140};
+    Case mix{"mix", 0, 0, 200, 0, low};
+    mix.lens_q = {21, 0, 140, 30}, mix.lens_k = {30, 12, 270, 9};
+    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
+    mix.bm = 7, mix.bn = 13;
+    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+#endif
+#elif IS_WGMMA
     // TMA takes d % 8 == 0: a head dim below the padded one and one at it;
     // more queries than keys (rows with no key under a band); and 300 keys
     // for 150 queries, three tiles of 128: the two-stage ring wraps and

@@ -1,9 +1,15 @@
 //! The backward on the CUDA device: D = rowsum(dO ∘ O), then dK/dV per key
-//! block and dQ per query block (cuda/flash_bwd.cu), in order on one stream.
+//! block and dQ per query block (cuda/flash_bwd.cu, flash_bwd_mma.cu), in
+//! order on one stream. On the Hopper path dK/dV is cuda/flash_bwd_wgmma.cu's,
+//! which reads q, k, v and dO through TMA tensor maps, and dQ the sm80
+//! module's.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
+use super::forward::tensor_map;
+use super::tensor_map::TensorMap;
 use super::jit::{timed, Launch};
+use super::kernel::KernelKey;
 use super::layout::{LaunchTiles, Side};
 use super::plan::KernelPath;
 use super::problem::Call;
@@ -151,10 +157,11 @@ fn launch(
     b: &mut Buffers,
 ) -> Result<f64> {
     let shape = &call.shape;
-    let key = call.plan(&dev.props, path)?.backward;
+    let plan = call.plan(&dev.props, path)?;
+    let (key, dq_key) = (plan.backward, plan.dq);
     let dot = dev.function(key, "flash_bwd_dot")?;
     let dkdv = dev.function(key, "flash_bwd_dkdv")?;
-    let dq = dev.function(key, "flash_bwd_dq")?;
+    let dq = dev.function(dq_key, "flash_bwd_dq")?;
     let dot_cfg = LaunchConfig {
         grid_dim: (
             shape.lse_len().div_ceil(DOT_THREADS as usize).min(65535) as u32,
@@ -169,24 +176,20 @@ fn launch(
         value: shape.batch as u64,
     })?;
     let dkdv_cfg = call.launch(&key, true, shape.heads_kv)?;
-    let dq_cfg = call.launch(&key, false, shape.heads_q)?;
+    let dq_cfg = call.launch(&dq_key, false, shape.heads_q)?;
     let stream = &dev.stream;
-    let t = key.tiles();
-    let tiles = |by_keys| LaunchTiles {
-        outer: t.rows,
-        inner: t.keys,
-        by_keys,
-    };
     let (key_lists, row_lists) = (
-        side.lists(stream, tiles(true))?,
-        side.lists(stream, tiles(false))?,
+        side.lists(stream, launch_tiles(&key, true))?,
+        side.lists(stream, launch_tiles(&dq_key, false))?,
     );
+    let maps = dkdv_maps(stream, call, &key, &b.inputs)?;
     let key_layout = side.layout(stream, key_lists.as_ref());
     let row_layout = side.layout(stream, row_lists.as_ref());
     let seconds = timed(stream, "running the backward", || {
         // SAFETY (all three): the arguments are the kernels', in order and
-        // of their types (storage pointers, Problem, Layout and, but for
-        // flash_bwd_dot, Dropout by value),
+        // of their types (storage pointers or, for the Hopper dK/dV, 128-byte
+        // tensor maps of q, k, v and dO by value; Problem, Layout and, but
+        // for flash_bwd_dot and the Hopper dK/dV, Dropout by value),
         // every buffer holds what the grids index, as sized from the
         // validated shape and options, and the lists live until the wait in
         // `timed` (the other side buffers, until the caller's).
@@ -199,12 +202,21 @@ fn launch(
             .value(&row_layout);
         unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
-        gradient_inputs(&mut l, &b.inputs, &b.delta);
+        match &maps[..] {
+            // The Hopper dK/dV: tensor maps by value (and no dropout).
+            [tq, tk, tv, tdo] => {
+                l.value(tq).value(tk).value(tv).value(tdo);
+                l.input(&b.inputs.lse).input(&b.delta);
+            }
+            _ => gradient_inputs(&mut l, &b.inputs, &b.delta),
+        }
         l.output(&mut b.dk)
             .output(&mut b.dv)
             .value(&call.problem)
-            .value(&key_layout)
-            .value(&call.dropout_args);
+            .value(&key_layout);
+        if maps.is_empty() {
+            l.value(&call.dropout_args);
+        }
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
         gradient_inputs(&mut l, &b.inputs, &b.delta);
@@ -216,6 +228,32 @@ fn launch(
     })?;
     drop((key_lists, row_lists));
     Ok(seconds)
+}
+
+/// The tile lists' shape of `key`'s blocks (by keys: its dK/dV's).
+fn launch_tiles(key: &KernelKey, by_keys: bool) -> LaunchTiles {
+    let t = key.tiles();
+    LaunchTiles {
+        outer: t.rows,
+        inner: t.keys,
+        by_keys,
+    }
+}
+
+/// The Hopper dK/dV's tensor maps (none for the other modules): q and dO
+/// in boxes of a step's queries, k and v of a block's keys.
+fn dkdv_maps(stream: &CudaStream, call: &Call, key: &KernelKey, i: &Uploaded) -> Result<Vec<TensorMap>> {
+    if !key.family.is_wgmma() {
+        return Ok(Vec::new());
+    }
+    let (shape, t) = (&call.shape, key.tiles());
+    let (q_rows, k_rows) = ((shape.seqlen_q, shape.heads_q), (shape.seqlen_k, shape.heads_kv));
+    Ok(vec![
+        tensor_map(stream, call, &i.q, q_rows, t.keys)?,
+        tensor_map(stream, call, &i.k, k_rows, t.rows)?,
+        tensor_map(stream, call, &i.v, k_rows, t.rows)?,
+        tensor_map(stream, call, &i.d_o, q_rows, t.keys)?,
+    ])
 }
 
 /// The first arguments of both gradient kernels: q, k, v, dO, lse and D.

@@ -157,23 +157,33 @@ fn tensor_maps(
 ) -> Result<Vec<TensorMap>> {
     let MappedTensors { q, k, v, o } = io;
     let (t, shape) = (key.tiles(), &call.shape);
-    let (b, d) = (shape.batch, shape.head_dim);
-    let mut maps = Vec::new();
-    for (buf, seqlen, heads, rows) in [
-        (q, shape.seqlen_q, shape.heads_q, t.rows),
-        (k, shape.seqlen_k, shape.heads_kv, t.keys),
-        (v, shape.seqlen_k, shape.heads_kv, t.keys),
-        (o, shape.seqlen_q, shape.heads_q, t.rows / 2),
-    ] {
-        // The plan only picks this kernel where d % 8 == 0.
-        let p = params([b, seqlen, heads, d], call.precision.bytes(), rows).ok_or(
-            Error::Unsupported {
-                what: "the CUDA backend's Hopper path",
-                feature: "a head dim not a multiple of 8",
-            },
-        )?;
-        let (address, _sync) = buf.device_ptr(stream);
-        maps.push(encode(&p, call.precision, address)?);
-    }
-    Ok(maps)
+    let (q_rows, k_rows) = ((shape.seqlen_q, shape.heads_q), (shape.seqlen_k, shape.heads_kv));
+    Ok(vec![
+        tensor_map(stream, call, q, q_rows, t.rows)?,
+        tensor_map(stream, call, k, k_rows, t.keys)?,
+        tensor_map(stream, call, v, k_rows, t.keys)?,
+        tensor_map(stream, call, o, q_rows, t.rows / 2)?,
+    ])
+}
+
+/// The TMA map of `buf`, a (batch, seqlen, heads, d) tensor of the call's
+/// precision with `(seqlen, heads)` as given, read `rows` rows a box (the
+/// Hopper forward's and dK/dV's).
+pub(super) fn tensor_map(
+    stream: &CudaStream,
+    call: &Call,
+    buf: &CudaSlice<u8>,
+    (seqlen, heads): (usize, usize),
+    rows: usize,
+) -> Result<TensorMap> {
+    let shape = &call.shape;
+    // The plan only picks the Hopper kernels where d % 8 == 0.
+    let p = params([shape.batch, seqlen, heads, shape.head_dim], call.precision.bytes(), rows).ok_or(
+        Error::Unsupported {
+            what: "the CUDA backend's Hopper path",
+            feature: "a head dim not a multiple of 8",
+        },
+    )?;
+    let (address, _sync) = buf.device_ptr(stream);
+    encode(&p, call.precision, address)
 }

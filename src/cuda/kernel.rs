@@ -4,10 +4,11 @@
 //! pieces, no duplicated kernels). Two paths: the scalar kernels (f32 FMAs
 //! on f32 tiles, every precision) and the sm80 tensor-core kernels
 //! (`mma.sync`, `ldmatrix`, `cp.async`; f16/bf16 storage only, padded head
-//! dims up to [`MMA_MAX_HEAD_DIM`]), and the Hopper forward (`wgmma`, TMA,
-//! mbarriers, warp specialization; sm_90a, padded head dims 64 and 128).
-//! Dropout is a variant of the scalar and sm80 kernels (`HAS_DROPOUT`); the
-//! Hopper forward has none, and the plan sends dropout to the sm80 one.
+//! dims up to [`MMA_MAX_HEAD_DIM`]), and the Hopper forward and dK/dV
+//! (`wgmma`, TMA, mbarriers, warp specialization; sm_90a, padded head dims
+//! 64 and 128). Dropout is a variant of the scalar and sm80 kernels
+//! (`HAS_DROPOUT`); the Hopper ones have none, and the plan sends dropout
+//! to the sm80 ones.
 
 use crate::api::tensor::Precision;
 use crate::kv_quant::CacheQuant;
@@ -29,6 +30,7 @@ const BACKWARD_MMA: &str = include_str!("../../cuda/flash_bwd_mma.cu");
 /// cuda/hopper.cuh: the wgmma / mbarrier / TMA / setmaxnreg wrappers.
 const HOPPER: &str = include_str!("../../cuda/hopper.cuh");
 const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
+const BACKWARD_WGMMA: &str = include_str!("../../cuda/flash_bwd_wgmma.cu");
 /// cuda/flash_decode.cu: append, split-KV decoding and the merge.
 const DECODE: &str = include_str!("../../cuda/flash_decode.cu");
 /// Threads of a decode block (`DECODE_THREADS` in cuda/flash_decode.cu).
@@ -79,18 +81,22 @@ pub enum Family {
     BackwardMma,
     /// cuda/flash_fwd_wgmma.cu: `flash_fwd` for Hopper (sm_90a only).
     ForwardWgmma,
+    /// cuda/flash_bwd_wgmma.cu: `flash_bwd_dot` and the Hopper
+    /// `flash_bwd_dkdv` (sm_90a only); dQ is the sm80 module's.
+    BackwardWgmma,
     /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
     /// `flash_decode_merge` on a device cache, plain or quantized.
     Decode,
 }
 
 impl Family {
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Forward,
         Family::Backward,
         Family::ForwardMma,
         Family::BackwardMma,
         Family::ForwardWgmma,
+        Family::BackwardWgmma,
         Family::Decode,
     ];
 
@@ -101,6 +107,7 @@ impl Family {
             Family::ForwardMma => "flash_fwd_mma",
             Family::BackwardMma => "flash_bwd_mma",
             Family::ForwardWgmma => "flash_fwd_wgmma",
+            Family::BackwardWgmma => "flash_bwd_wgmma",
             Family::Decode => "flash_decode",
         }
     }
@@ -114,6 +121,8 @@ impl Family {
             &["flash_fwd", "flash_fwd_unaligned"]
         } else if self.is_forward() {
             &["flash_fwd"]
+        } else if self == Family::BackwardWgmma {
+            &["flash_bwd_dot", "flash_bwd_dkdv"]
         } else {
             &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
         }
@@ -124,9 +133,9 @@ impl Family {
         matches!(self, Family::ForwardMma | Family::BackwardMma)
     }
 
-    /// The Hopper kernel: sm_90a only (wgmma, setmaxnreg).
+    /// The Hopper kernels: sm_90a only (wgmma, setmaxnreg).
     pub fn is_wgmma(self) -> bool {
-        self == Family::ForwardWgmma
+        matches!(self, Family::ForwardWgmma | Family::BackwardWgmma)
     }
 
     pub fn is_forward(self) -> bool {
@@ -145,7 +154,7 @@ impl Family {
             Family::ForwardMma | Family::BackwardMma => {
                 precision != Precision::F32 && head_dim <= MMA_MAX_HEAD_DIM
             }
-            Family::ForwardWgmma => {
+            Family::ForwardWgmma | Family::BackwardWgmma => {
                 precision != Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
             }
         }
@@ -211,7 +220,7 @@ impl KernelKey {
     ) -> Self {
         let stepped = head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP;
         let head_dim = match family {
-            Family::ForwardWgmma => WGMMA_HEAD_DIMS
+            Family::ForwardWgmma | Family::BackwardWgmma => WGMMA_HEAD_DIMS
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
@@ -338,6 +347,15 @@ impl KernelKey {
                 lanes: 4,
                 threads: 384,
             },
+            // dK/dV: a producer warpgroup and two consumers of 64 keys;
+            // 64 queries a step, wgmma's n for S^T and dP^T (whose f32
+            // fragments, 32 floats each, sit beside dK's and dV's).
+            Family::BackwardWgmma => Tiles {
+                rows: 128,
+                keys: 64,
+                lanes: 4,
+                threads: 384,
+            },
             // Up to DECODE_ROWS query rows of a kv head's group a block.
             Family::Decode => Tiles {
                 rows: DECODE_ROWS,
@@ -360,7 +378,7 @@ impl KernelKey {
             Family::Backward => backward_shared_floats(t.rows, self.head_dim),
             // The sm80 forward's allowed-pair bits (a bit per pair).
             Family::ForwardMma => t.rows * t.keys / 32,
-            Family::BackwardMma | Family::ForwardWgmma => 0,
+            Family::BackwardMma | Family::ForwardWgmma | Family::BackwardWgmma => 0,
             // The rows' q, a tile's scores (P in place, a padding column)
             // and each row's m, l and rescale (the quantized append's block
             // maximum, DECODE_THREADS floats, is smaller than them).
@@ -392,6 +410,12 @@ impl KernelKey {
             Family::ForwardWgmma => {
                 let bytes = self.head_dim * self.precision.bytes();
                 1024 + (t.rows + 4 * t.keys) * bytes + 10 * 8
+            }
+            // K and V, two stages of Q and dO, each stage's LSE and D rows
+            // (f32), then 5 mbarriers.
+            Family::BackwardWgmma => {
+                let bytes = self.head_dim * self.precision.bytes();
+                1024 + (2 * t.rows + 4 * t.keys) * bytes + 2 * 2 * t.keys * 4 + 5 * 8
             }
         }
     }
@@ -475,6 +499,10 @@ impl KernelKey {
             Family::ForwardWgmma => {
                 defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
                 format!("{MMA}\n{HOPPER}\n{FORWARD_WGMMA}")
+            }
+            Family::BackwardWgmma => {
+                defines += &format!("#define BLOCK_M {}\n#define BLOCK_N {}\n", t.rows, t.keys);
+                format!("{MMA}\n{HOPPER}\n{BACKWARD_DOT}\n{BACKWARD_WGMMA}")
             }
             Family::Decode => {
                 let quant = match self.quant {
@@ -625,10 +653,11 @@ mod tests {
         // dims) × 4 options; mma: 2 families × f16/bf16 × d 32..128 × 4
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
         // 128 × 4 options, no dropout; decoding: every precision and head
-        // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8 caches.
+        // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8
+        // caches; the Hopper dK/dV as its forward.
         assert_eq!(
             all.len(),
-            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * 2 * 4 + 3 * (8 + 3) * 4 * 3
+            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);

@@ -1,8 +1,8 @@
 //! Which CUDA kernels a call runs, as a pure function of the device's
 //! properties and the problem: on compute capability 9.x the Hopper
 //! forward (wgmma + TMA) for f16/bf16 with d % 8 == 0 up to d 128, with
-//! the sm80 tensor-core backward (dropout, which it does not draw, runs the
-//! sm80 forward); else the tensor-core (mma) kernels for
+//! the Hopper dK/dV and the sm80 tensor-core D and dQ kernels (dropout,
+//! which they do not draw, runs the sm80 kernels); else the tensor-core (mma) kernels for
 //! f16/bf16 up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0
 //! or later when their shared memory fits, the scalar kernels otherwise,
 //! or the path a caller forces ([`KernelPath`], `FLASHATTN_CUDA_KERNEL`, the
@@ -29,8 +29,8 @@ pub enum KernelPath {
     /// The sm80 tensor-core kernels; an error where they cannot run (on
     /// Hopper: the Hopper forward forced off, for comparison).
     Mma,
-    /// The Hopper forward (and the sm80 tensor-core backward); an error
-    /// where it cannot run.
+    /// The Hopper forward and dK/dV (with the sm80 dQ); an error where
+    /// they cannot run.
     Hopper,
     /// What `Auto` chooses with the Hopper forward left out: the sm80
     /// tensor-core kernels where they run, the scalar ones elsewhere (what
@@ -131,11 +131,14 @@ pub struct PlanProblem {
     pub dropout: bool,
 }
 
-/// The kernels of one call: a forward and a backward module.
+/// The kernels of one call: a forward and a backward module (D and dK/dV),
+/// and the module whose dQ kernel the backward runs (the backward's own
+/// but on the Hopper path, whose dQ is the sm80 one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaPlan {
     pub forward: KernelKey,
     pub backward: KernelKey,
+    pub dq: KernelKey,
     /// Why this path, in a few words.
     pub reason: &'static str,
     /// Why the forward is not the Hopper kernel, where it is not.
@@ -167,9 +170,16 @@ fn hopper_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
         Some("a head dim past 128 (the Hopper forward's O and S fragments would spill)")
     } else if key.dynamic_shared_bytes() > dev.smem_per_block_optin {
         Some("more shared memory than the device gives a block (the Hopper forward's)")
+    } else if key_of(Family::BackwardWgmma, p).dynamic_shared_bytes() > dev.smem_per_block_optin {
+        Some("more shared memory than the device gives a block (the Hopper dK/dV's)")
     } else {
         None
     }
+}
+
+/// `family`'s variant for `p`.
+fn key_of(family: Family, p: &PlanProblem) -> KernelKey {
+    KernelKey::new(family, p.precision, p.head_dim, p.band, p.softcap).with_dropout(p.dropout)
 }
 
 /// Why the tensor-core kernels cannot run `p` on `dev`, if they cannot.
@@ -210,10 +220,7 @@ fn mma_blocker(dev: &DeviceProps, p: &PlanProblem) -> Option<&'static str> {
 pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Result<CudaPlan> {
     let blocker = mma_blocker(dev, problem);
     let not_hopper = hopper_blocker(dev, problem);
-    let p = problem;
-    let key = |family| {
-        KernelKey::new(family, p.precision, p.head_dim, p.band, p.softcap).with_dropout(p.dropout)
-    };
+    let key = |family| key_of(family, problem);
     let hopper = match (path, not_hopper.or(blocker)) {
         (KernelPath::Hopper, Some(why)) => {
             return Err(Error::Unsupported {
@@ -221,16 +228,17 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
                 feature: why,
             })
         }
-        (KernelPath::Hopper, None) => Some("the Hopper forward, as requested"),
-        (KernelPath::Auto, None) => {
-            Some("Hopper: the wgmma + TMA forward on compute capability 9.x, the sm80 tensor-core backward")
-        }
+        (KernelPath::Hopper, None) => Some("the Hopper kernels, as requested"),
+        (KernelPath::Auto, None) => Some(
+            "Hopper: the wgmma + TMA forward and dK/dV on compute capability 9.x, the sm80 tensor-core dQ",
+        ),
         _ => None,
     };
     if let Some(reason) = hopper {
         return Ok(CudaPlan {
             forward: key(Family::ForwardWgmma),
-            backward: key(Family::BackwardMma),
+            backward: key(Family::BackwardWgmma),
+            dq: key(Family::BackwardMma),
             reason,
             not_hopper: None,
         });
@@ -259,6 +267,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
     Ok(CudaPlan {
         forward: key(fwd),
         backward: key(bwd),
+        dq: key(bwd),
         reason,
         not_hopper: match path {
             KernelPath::Mma => Some("the sm80 tensor-core kernels forced"),
@@ -282,7 +291,11 @@ impl CudaPlan {
             "occupancy counts shared memory and threads, not registers (tests/cuda.rs prints ptxas's)"
                 .to_string(),
         ]);
-        for (what, key) in [("forward", &self.forward), ("backward", &self.backward)] {
+        let mut modules = vec![("forward", &self.forward), ("backward", &self.backward)];
+        if self.dq != self.backward {
+            modules.push(("backward's dQ", &self.dq));
+        }
+        for (what, key) in modules {
             let t = key.tiles();
             let smem = key.shared_bytes() + key.dynamic_shared_bytes();
             // The driver reserves 1 KiB of shared memory per block.
@@ -344,16 +357,16 @@ mod tests {
             DeviceProps::h100(),
             DeviceProps::h200(),
         ] {
-            let forward = match dev.major {
-                9 => Family::ForwardWgmma,
-                _ => Family::ForwardMma,
+            let (forward, backward) = match dev.major {
+                9 => (Family::ForwardWgmma, Family::BackwardWgmma),
+                _ => (Family::ForwardMma, Family::BackwardMma),
             };
             for precision in [Precision::F16, Precision::Bf16] {
                 for d in [40, 64, 96, 128] {
                     let p = plan(&dev, &problem(precision, d), KernelPath::Auto).unwrap();
                     assert_eq!(
-                        (p.forward.family, p.backward.family),
-                        (forward, Family::BackwardMma)
+                        (p.forward.family, p.backward.family, p.dq.family),
+                        (forward, backward, Family::BackwardMma)
                     );
                     assert!(p.forward.band && !p.forward.softcap);
                 }
@@ -369,6 +382,7 @@ mod tests {
         // Forced off: the sm80 kernels, saying so.
         let off = plan(&h100, &problem(Precision::F16, 96), KernelPath::Mma).unwrap();
         assert_eq!(off.forward.family, Family::ForwardMma);
+        assert_eq!((off.backward.family, off.dq.family), (Family::BackwardMma, Family::BackwardMma));
         assert!(off.explain(&h100)[1].contains("forced"));
         // d 36: TMA's rows are not whole 16-byte units; the sm80 kernels, with why.
         let odd = plan(&h100, &problem(Precision::Bf16, 36), KernelPath::Auto).unwrap();
@@ -403,6 +417,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("2 blocks per SM"), "{text}");
+        // The dK/dV: K and V (128 keys), two stages of Q and dO (64 rows),
+        // their LSE and D rows and 5 mbarriers; then the sm80 dQ's module.
+        assert!(
+            text.contains("backward: flash_bwd_wgmma_f16_d64_band (wgmma + TMA + mbarriers; 1 producer and 2 consumer warpgroups), 128 rows × 64 streamed per block, 12 warps, 2 stages, 67624 B"),
+            "{text}"
+        );
+        assert!(text.contains("backward's dQ: flash_bwd_mma_f16_d64_band"), "{text}");
     }
 
     /// Dropout runs the dropout variants: on Hopper the sm80 forward (the

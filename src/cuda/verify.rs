@@ -30,7 +30,7 @@ use web_time::Instant;
 /// The family a compiled kernel belongs to.
 pub fn family_of(f: Family) -> CudaFamily {
     match f {
-        Family::ForwardWgmma => CudaFamily::Hopper,
+        Family::ForwardWgmma | Family::BackwardWgmma => CudaFamily::Hopper,
         Family::ForwardMma | Family::BackwardMma => CudaFamily::Sm80,
         // Decoding's kernels are scalar f32 code on every device.
         Family::Forward | Family::Backward | Family::Decode => CudaFamily::Scalar,
@@ -333,7 +333,7 @@ pub fn decode_problem(
 /// families it runs (Hopper where compute capability 9.x and its build
 /// allow, sm80 from 8.0, scalar everywhere) × forward, backward and decode
 /// × the precisions each takes × the band and layouts cases (Hopper: its
-/// forward; its backward and decoding are the sm80 path's).
+/// forward and backward; its decoding is the sm80 path's).
 pub fn entries(dev: &DeviceProps) -> Vec<CudaEntry> {
     let offered: Vec<CudaFamily> = [CudaFamily::Hopper, CudaFamily::Sm80, CudaFamily::Scalar]
         .into_iter()
@@ -346,7 +346,7 @@ pub fn entries(dev: &DeviceProps) -> Vec<CudaEntry> {
     for call in [CallKind::Forward, CallKind::Backward, CallKind::Decode] {
         for &family in &offered {
             let cases: &[MatrixCase] = match (call, family) {
-                (_, CudaFamily::Hopper) if call != CallKind::Forward => &[],
+                (CallKind::Decode, CudaFamily::Hopper) => &[],
                 (CallKind::Decode, _) => &[
                     MatrixCase::Decode(DecodeLayout::Paged),
                     MatrixCase::Decode(DecodeLayout::Dense),
@@ -395,8 +395,9 @@ mod tests {
             entries(dev).iter().filter(|e| e.family == f).count()
         };
         let h100 = DeviceProps::h100();
-        // Hopper: its forward's band and layouts cases in f16 and bf16.
-        assert_eq!(count(&h100, CudaFamily::Hopper), 4);
+        // Hopper: its forward's and backward's band and layouts cases in
+        // f16 and bf16.
+        assert_eq!(count(&h100, CudaFamily::Hopper), 8);
         // sm80: forward and backward (band, layouts) and decode (paged,
         // dense) in f16 and bf16; scalar: the same in three precisions.
         assert_eq!(count(&h100, CudaFamily::Sm80), 12);
@@ -420,9 +421,13 @@ mod tests {
             family(CallKind::Forward, &band, KernelPath::Auto),
             CudaFamily::Hopper
         );
-        // The Hopper path's backward is the sm80 one.
+        // The Hopper path's backward is its own (dK/dV; dQ the sm80 one's).
         assert_eq!(
             family(CallKind::Backward, &band, KernelPath::Auto),
+            CudaFamily::Hopper
+        );
+        assert_eq!(
+            family(CallKind::Backward, &band, KernelPath::Mma),
             CudaFamily::Sm80
         );
         for f in [CudaFamily::Hopper, CudaFamily::Sm80, CudaFamily::Scalar] {

@@ -1,0 +1,298 @@
+// FlashAttention-3-style dK/dV for Hopper (sm_90a, f16/bf16 storage, f32
+// accumulation, padded head dim 64 or 128, d % 8 == 0): the backward's
+// middle kernel, between flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh)
+// and the sm80 flash_bwd_dq (cuda/flash_bwd_mma.cu), which the host runs
+// from that module. No atomics: a block owns its keys' dK and dV, and
+// walks the GQA group's query heads in order, so a repeat is bit-identical.
+//
+// A block of three warpgroups owns BLOCK_M = 128 keys of one kv head and
+// sequence:
+//
+//   warpgroup 0, the producer (setmaxnreg.dec): thread 0 loads K and V
+//     once by TMA, then streams the (query head, query tile) steps' Q and
+//     dO tiles of BLOCK_N rows through a ring of STAGES, each stage's
+//     "full" mbarrier completing on the copies' bytes; warps 1 and 2 (one
+//     thread a query row) write the step's LSE · log2 e and D into the
+//     stage (+inf for a row past seqlen_q or with no key: its P is then 0
+//     with no test) and arrive on the same barrier.
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc), 64 keys each, per
+//     step: S^T = K Q^T and dP^T = V dO^T by wgmma from shared memory
+//     (K-major both), P^T = exp2(S^T · scale · log2 e − LSE · log2 e) on
+//     S^T's fragments while dP^T is in flight, dS^T = P^T ∘ (dP^T − D),
+//     then dV += P^T dO and dK += dS^T Q with P^T and dS^T, rounded to
+//     storage, as register A fragments (S^T's accumulator layout is
+//     wgmma's A layout) and dO, Q by descriptor (MN-major); then the
+//     stage's "empty" mbarrier (every consumer thread) frees it.
+//   dK (times scale) and dV go out from the accumulators, rows past
+//     seqlen_k not written: nothing else reads them, so the key rows a box
+//     reads past the sequence's end (zeros, or a packed batch's next
+//     sequence) need no mask.
+//
+// Dynamic shared memory, every tile 1024-byte aligned (128B swizzle atoms),
+// tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
+//
+//   [align] K | V (HEAD_DIM/64 boxes of BLOCK_M rows each) | stage s: Q, dO
+//   (boxes of BLOCK_N rows) | stage s: LSE·log2 e, D (BLOCK_N floats each) | mbarriers
+
+#define THREADS 384
+#define BOX_BYTES(rows) ((rows) * 128)
+#define KV_BYTES (BLOCK_M * HEAD_DIM * 2)
+#define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
+#define STAGES 2
+#define ROWS_BYTES (STAGES * 2 * BLOCK_N * 4)
+// K and V full, Q/dO full x STAGES, Q/dO empty x STAGES: these numbers in a deadlock report
+#define BARRIERS 5
+#define BAR_KV_FULL 0
+#define BAR_FULL 1
+#define BAR_EMPTY 3
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
+static_assert(BLOCK_M == 128 && BLOCK_N == 64, "two consumer warpgroups of 64 keys; wgmma n = 64 queries");
+static_assert(1024 + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + ROWS_BYTES + BARRIERS * 8 <= SMEM_BYTES,
+              "src/cuda/kernel.rs launches with this layout's bytes");
+
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS 240
+// P^T computed while dP^T is in flight, but with a softcap: its
+// derivative of each pair would be held beside dP^T.
+#define OVERLAP_DP (!HAS_SOFTCAP)
+// The producer's threads that write a step's LSE and D rows (warps 1 and 2).
+#define ROW_WRITER0 32
+#define LOG2E 1.4426950408889634f
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+               const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo,
+               const float* __restrict__ lse, const float* __restrict__ delta, storage_t* __restrict__ dk,
+               storage_t* __restrict__ dv, Problem p, const Layout L) {
+    DYNAMIC_SMEM(smem_raw);
+    // Swizzling works on absolute shared addresses: align the tiles themselves.
+    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    unsigned char* k_s = smem;
+    unsigned char* v_s = k_s + KV_BYTES;
+    unsigned char* stages = v_s + KV_BYTES;
+    float* rows_s = (float*)(stages + 2 * STAGES * TILE_BYTES);  // [stage][lse2, D][BLOCK_N]
+    const Bar bars = bar_at(rows_s + 2 * STAGES * BLOCK_N);
+    const Bar kv_full = bars + BAR_KV_FULL, full = bars + BAR_FULL, empty = bars + BAR_EMPTY;
+
+    const int n0 = blockIdx.x * BLOCK_M, hk = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (n0 >= p.seqlen_k) return;  // past a short sequence of a packed batch (uniform: no barrier yet)
+    const int group = p.heads_q / p.heads_kv;
+    int lo, hi;
+    row_span(p, n0, min(n0 + BLOCK_M, p.seqlen_k), &lo, &hi);
+    // (query head of the group, query tile) in order: a fixed order, so dK
+    // and dV sum the same way every time.
+    const GroupSteps steps = group_steps(L, seq, hk, group, blockIdx.x, lo, hi, BLOCK_N);
+    const int tiles = steps.count;
+    // TMA coordinates: a packed batch's maps span the packed tensor (its
+    // batch of one), the sequence starting at row q0 / k0.
+    const int tb = L.cu_q ? 0 : (int)seq.index;
+    const int q_row0 = L.cu_q ? (int)seq.q0 : 0, k_row0 = L.cu_q ? (int)seq.k0 : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + s, 1 + BLOCK_N);  // the copies' thread and one writer a row
+            mbar_init(empty + s, 2 * 128);     // every consumer thread releases
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        const int writer = (int)threadIdx.x - ROW_WRITER0;
+        if (threadIdx.x == 0 && tiles > 0) {
+            mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+            for (int box = 0; box < HEAD_DIM / 64; ++box) {
+                tma_load_4d(k_s + box * BOX_BYTES(BLOCK_M), &tk, box * 64, hk, k_row0 + n0, tb, kv_full);
+                tma_load_4d(v_s + box * BOX_BYTES(BLOCK_M), &tv, box * 64, hk, k_row0 + n0, tb, kv_full);
+            }
+        }
+        if (threadIdx.x == 0 || (writer >= 0 && writer < BLOCK_N)) {
+            for (int step = 0; step < tiles; ++step) {
+                const int s = step % STAGES, h = hk * group + group_step_head(L, steps, step);
+                const int m0 = group_step_start(L, steps, step, BLOCK_N);
+                // A fresh barrier counts as having completed the phase before
+                // its first (parity 1): the first pass through the ring waits for nothing.
+                mbar_wait(empty + s, ((step / STAGES) & 1) ^ 1, BAR_EMPTY + s);
+                if (threadIdx.x == 0) {
+                    unsigned char* q_t = stages + s * 2 * TILE_BYTES;
+                    mbar_arrive_expect_tx(full + s, 2 * TILE_BYTES);
+                    for (int box = 0; box < HEAD_DIM / 64; ++box) {
+                        tma_load_4d(q_t + box * BOX_BYTES(BLOCK_N), &tq, box * 64, h, q_row0 + m0, tb, full + s);
+                        tma_load_4d(q_t + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tdo, box * 64, h, q_row0 + m0,
+                                    tb, full + s);
+                    }
+                } else {
+                    const int i = m0 + writer;
+                    float l2 = __int_as_float(0x7f800000), dd = 0.0f;  // +inf: P = 0
+                    if (i < p.seqlen_q) {
+                        const float x = lse[lse_at(seq, h, i)];
+                        if (x != NEG_INF) l2 = x * LOG2E;
+                        dd = delta[lse_at(seq, h, i)];
+                    }
+                    rows_s[(s * 2) * BLOCK_N + writer] = l2;
+                    rows_s[(s * 2 + 1) * BLOCK_N + writer] = dd;
+                    mbar_arrive(full + s);  // release: the rows are seen by the barrier's waiters
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<CONSUMER_REGS>();
+        // wg broadcast from lane 0, as the forward does: warp-uniform
+        // descriptors in uniform registers.
+        const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128 - 1, 0);
+        const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
+        const int j0 = n0 + wg * 64 + warp * 16 + lane / 4;  // this lane's keys: j0 and j0 + 8
+        // K and V (this warpgroup's 64 rows, K-major), stage 0's Q and dO
+        // K-major (for S^T, dP^T) and MN-major (for dK, dV: 8 rows of 128 B
+        // per 1024 B atom, the second 64 columns one box, LBO, further).
+        const SmemDesc k_desc = smem_desc_words(k_s + wg * 64 * 128, 16, 1024);
+        const SmemDesc v_desc = smem_desc_words(v_s + wg * 64 * 128, 16, 1024);
+        const SmemDesc q_desc = smem_desc_words(stages, 16, 1024);
+        const SmemDesc q_mn = smem_desc_words(stages, BOX_BYTES(BLOCK_N), 1024);
+        const float sl2 = p.scale * LOG2E;
+        const int off = band_offset(p);
+
+        float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 2; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
+        if (tiles > 0) mbar_wait(kv_full, 0, BAR_KV_FULL);
+
+        for (int step = 0; step < tiles; ++step) {
+            const int s = step % STAGES, h = hk * group + group_step_head(L, steps, step);
+            const int m0 = group_step_start(L, steps, step, BLOCK_N);
+            const bool partial = group_step_partial(L, steps, step);
+            const float slope2 = alibi_slope(L, seq, h) * LOG2E;
+            // No pair of the block masked by the band (keys past seqlen_k are
+            // never written, queries past seqlen_q have P = 0), the block mask
+            // or ALiBi: no test per pair.
+            bool inner = !L.alibi && !partial;
+#if HAS_BAND
+            if (p.right >= 0) inner = inner && n0 + BLOCK_M - 1 <= m0 + off + p.right;
+            if (p.left >= 0) inner = inner && n0 >= m0 + BLOCK_N - 1 + off - p.left;
+#endif
+            const unsigned stage_bytes = s * 2 * TILE_BYTES;
+            const SmemDesc q_stage = desc_moved(q_desc, stage_bytes), do_stage = desc_moved(q_stage, TILE_BYTES);
+            const float* lse2_s = rows_s + (s * 2) * BLOCK_N;
+            const float* delta_s = lse2_s + BLOCK_N;
+            float st[BLOCK_N / 2], dpt[BLOCK_N / 2];
+            mbar_wait(full + s, (step / STAGES) & 1, BAR_FULL + s);
+            // S^T = K Q^T, then dP^T = V dO^T: k16 steps along d, 32 B apart
+            // inside a 64-column box, the next box past column 63.
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+                const unsigned box = ks / 4, col = (ks % 4) * 32;
+                wgmma_ss<BLOCK_N>(st, desc_at(k_desc, box * BOX_BYTES(BLOCK_M) + col),
+                                  desc_at(q_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
+            }
+            wgmma_commit();
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+                const unsigned box = ks / 4, col = (ks % 4) * 32;
+                wgmma_ss<BLOCK_N>(dpt, desc_at(v_desc, box * BOX_BYTES(BLOCK_M) + col),
+                                  desc_at(do_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
+            }
+            wgmma_commit();
+            // P^T of element (c, e): key j0 + 8 (e / 2), query m0 + 8 c + 2 t + e % 2;
+            // *dcap the softcap's derivative (1 without). `in`: a step with no
+            // test per pair (every call passes a constant, and each inlined
+            // copy keeps only its own branch).
+            auto p_of = [&](bool in, int c, int e, float x, float* dcap) {
+                const int col = 8 * c + 2 * t + e % 2, i = m0 + col, j = j0 + 8 * (e / 2);
+#if HAS_SOFTCAP
+                const float sc = score(p, x, dcap) * LOG2E - lse2_s[col];
+                const float arg = in ? sc : sc - slope2 * fabsf((float)(i + off - j));
+#else
+                *dcap = 1.0f;
+                const float arg = in ? fmaf(x, sl2, -lse2_s[col])
+                                     : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), lse2_s[col]));
+#endif
+                const bool ok = in || (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)));
+                return ok ? exp2_approx(arg) : 0.0f;
+            };
+            auto ds_of = [&](int c, float pr, float dp, float dcap) {
+                return pr * (dp - delta_s[8 * (c / 4) + 2 * t + c % 2]) * dcap;
+            };
+            // P^T in st and dS^T in dpt, once both products are issued.
+            auto p_and_ds = [&](bool in) {
+#if !OVERLAP_DP
+                // Both products first: P^T of a pair (and the softcap's
+                // derivative) used at once, not held beside dP^T in flight.
+                wgmma_wait<0>();
+                pin(st);
+                pin(dpt);
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 2; ++c) {
+                    float dcap;
+                    st[c] = p_of(in, c / 4, c % 4, st[c], &dcap);
+                    dpt[c] = ds_of(c, st[c], dpt[c], dcap);
+                }
+#else
+                // P^T while dP^T is in flight.
+                wgmma_wait<1>();
+                pin(st);
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 2; ++c) {
+                    float dcap;
+                    st[c] = p_of(in, c / 4, c % 4, st[c], &dcap);
+                }
+                wgmma_wait<0>();
+                pin(dpt);
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 2; ++c) dpt[c] = ds_of(c, st[c], dpt[c], 1.0f);
+#endif
+            };
+            if (inner)
+                p_and_ds(true);
+            else
+                p_and_ds(false);
+            unsigned pa[BLOCK_N / 16][4], da[BLOCK_N / 16][4];
+            // P^T and dS^T as A operands (a C fragment pair is an A fragment).
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    pa[kk][r] = pack2(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+                    da[kk][r] = pack2(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+                }
+            // dV += P^T dO, dK += dS^T Q: k16 steps along the queries, 16 rows
+            // (2 KiB) apart in each box.
+            const SmemDesc q_b = desc_moved(q_mn, stage_bytes), do_b = desc_moved(q_b, TILE_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HEAD_DIM, 1>(dv_acc, pa[kk], desc_at(do_b, kk * 16 * 128));
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HEAD_DIM, 1>(dk_acc, da[kk], desc_at(q_b, kk * 16 * 128));
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(dv_acc);
+            pin(dk_acc);
+            pin(pa);
+            pin(da);
+            mbar_arrive(empty + s);  // Q, dO, LSE and D of this stage read
+        }
+
+        storage_t* dk_seq = from_row(dk, seq.k0, p.heads_kv, p.d);
+        storage_t* dv_seq = from_row(dv, seq.k0, p.heads_kv, p.d);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int j = j0 + 8 * r;
+            if (j >= p.seqlen_k) continue;
+            const size_t row = at(0, p.seqlen_k, j, p.heads_kv, hk, p.d);
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = c * 8 + 2 * t + e;
+                    if (col < p.d) {
+                        dk_seq[row + col] = store_f32(dk_acc[4 * c + 2 * r + e] * p.scale);
+                        dv_seq[row + col] = store_f32(dv_acc[4 * c + 2 * r + e]);
+                    }
+                }
+        }
+    }
+}
