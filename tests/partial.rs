@@ -10,9 +10,7 @@
 mod common;
 
 use common::shards::{cases, check_case};
-use flashattn::{
-    merge_partials, AttentionBackend, AttentionOptions, Cpu, Error, ForwardInputs, TensorView,
-};
+use flashattn::{merge_partials, AttentionOptions, Cpu, Error, ForwardInputs, TensorView};
 
 #[test]
 fn cpu_shards_merge_into_the_whole_sequence() {
