@@ -1,9 +1,11 @@
 // FlashAttention-3-style dK/dV for Hopper (sm_90a, f16/bf16 storage, f32
-// accumulation, padded head dim 64 or 128, d % 8 == 0): the backward's
-// middle kernel, between flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh)
-// and the sm80 flash_bwd_dq (cuda/flash_bwd_mma.cu), which the host runs
-// from that module. No atomics: a block owns its keys' dK and dV, and
-// walks the GQA group's query heads in order, so a repeat is bit-identical.
+// accumulation, padded head dim 64 or 128, d % 8 == 0), after
+// flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh). At d 64 it also adds
+// dQ's partials (dS K) into an f32 workspace in key-block order, which
+// flash_bwd_dq_convert then rounds to dq; at d 128 the host runs the sm80
+// flash_bwd_dq (cuda/flash_bwd_mma.cu) after it. No float atomics: a block
+// owns its keys' dK and dV and walks the GQA group's query heads in order,
+// and semaphores order dQ's adds, so a repeat is bit-identical.
 //
 // A block of three warpgroups owns BLOCK_M = 128 keys of one kv head and
 // sequence:
@@ -23,6 +25,9 @@
 //     storage, as register A fragments (S^T's accumulator layout is
 //     wgmma's A layout) and dO, Q by descriptor (MN-major); then the
 //     stage's "empty" mbarrier (every consumer thread) frees it.
+//   dQ (d 64): each consumer writes its dS^T, transposed, into a dS buffer
+//     and computes dS K over its own 64 keys by wgmma (both operands by
+//     descriptor), then adds it to dq_accum in its turn (dq_semaphore).
 //   dK (times scale) and dV go out from the accumulators, rows past
 //     seqlen_k not written: nothing else reads them, so the key rows a box
 //     reads past the sequence's end (zeros, or a packed batch's next
@@ -32,7 +37,9 @@
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
 //
 //   [align] K | V (HEAD_DIM/64 boxes of BLOCK_M rows each) | stage s: Q, dO
-//   (boxes of BLOCK_N rows) | stage s: LSE·log2 e, D (BLOCK_N floats each) | mbarriers
+//   (boxes of BLOCK_N rows) | at d 64: dS x 2 (boxes of BLOCK_N rows), dQ
+//   partials x 2 (BLOCK_N rows of DQ_ROW floats) | stage s: LSE·log2 e, D
+//   (BLOCK_N floats each) | mbarriers
 
 #define THREADS 384
 #define BOX_BYTES(rows) ((rows) * 128)
@@ -341,18 +348,18 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             // dS (as rounded for dK) into this step's buffer, [query][key]:
             // this warpgroup's keys are box wg, a pair of queries two rows.
             if (HAS_DQ) {
-            unsigned char* ds_mine = ds_s + (step % 2) * DS_BYTES + wg * BOX_BYTES(BLOCK_N);
+                unsigned char* ds_mine = ds_s + (step % 2) * DS_BYTES + wg * BOX_BYTES(BLOCK_N);
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int i = 16 * kk + 8 * (r / 2) + 2 * t, j = warp * 16 + lane / 4 + 8 * (r % 2);
-                    *(unsigned short*)(ds_mine + swizzled_128b(i * 128 + j * 2)) = (unsigned short)da[kk][r];
-                    *(unsigned short*)(ds_mine + swizzled_128b((i + 1) * 128 + j * 2)) =
-                        (unsigned short)(da[kk][r] >> 16);
-                }
-            fence_proxy_async();  // the generic stores before wgmma's reads
-            named_bar_sync<BAR_DS_WRITTEN, 256>();
+                    for (int r = 0; r < 4; ++r) {
+                        const int i = 16 * kk + 8 * (r / 2) + 2 * t, j = warp * 16 + lane / 4 + 8 * (r % 2);
+                        *(unsigned short*)(ds_mine + swizzled_128b(i * 128 + j * 2)) = (unsigned short)da[kk][r];
+                        *(unsigned short*)(ds_mine + swizzled_128b((i + 1) * 128 + j * 2)) =
+                            (unsigned short)(da[kk][r] >> 16);
+                    }
+                fence_proxy_async();  // the generic stores before wgmma's reads
+                named_bar_sync<BAR_DS_WRITTEN, 256>();
             }
             // dV += P^T dO, dK += dS^T Q: k16 steps along the queries, 16 rows
             // (2 KiB) apart in each box; dQ = dS K: k16 steps along the keys,
@@ -373,24 +380,24 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             mbar_arrive(empty + s);  // Q, dO, LSE and D of this stage read
             // After dK and dV's: P^T and dS^T's registers free for dQ's.
             if (HAS_DQ) {
-            float dq_acc[32];
-            wgmma_fence();
+                float dq_acc[32];
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
-                const int ks = dq_k0 + kk;
-                wgmma_ss_tb<64>(dq_acc, desc_at(ds_b, (ks / 4) * BOX_BYTES(BLOCK_N) + (ks % 4) * 32),
-                                desc_at(k_mn, ks * 16 * 128), kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin(dq_acc);
-            {
+                for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
+                    const int ks = dq_k0 + kk;
+                    wgmma_ss_tb<64>(dq_acc, desc_at(ds_b, (ks / 4) * BOX_BYTES(BLOCK_N) + (ks % 4) * 32),
+                                    desc_at(k_mn, ks * 16 * 128), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(dq_acc);
                 float* stage = dq_s + wg * BLOCK_N * DQ_ROW;
 #pragma unroll
                 for (int c = 0; c < 8; ++c)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        stage[(warp * 16 + lane / 4 + 8 * (e / 2)) * DQ_ROW + 8 * c + 2 * t + e % 2] = dq_acc[4 * c + e];
+                        stage[(warp * 16 + lane / 4 + 8 * (e / 2)) * DQ_ROW + 8 * c + 2 * t + e % 2] =
+                            dq_acc[4 * c + e];
                 const int tile = m0 / BLOCK_N;
                 int* sem = dq_semaphore(dq_sems, seq, p, h, tile, half);
                 if (leader) {
@@ -411,7 +418,6 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
                     st_release_gpu(sem, turn + 1);
                     next_tile();
                 }
-            }
             }
         }
         if (HAS_DQ && leader && q_tiles > 0) pass_until(hk * group + group, 0);
