@@ -1,9 +1,11 @@
 // FlashAttention-3-style dK/dV for Hopper (sm_90a, f16/bf16 storage, f32
-// accumulation, padded head dim 64 or 128, d % 8 == 0): the backward's
-// middle kernel, between flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh)
-// and the sm80 flash_bwd_dq (cuda/flash_bwd_mma.cu), which the host runs
-// from that module. No atomics: a block owns its keys' dK and dV, and
-// walks the GQA group's query heads in order, so a repeat is bit-identical.
+// accumulation, padded head dim 64 or 128, d % 8 == 0), after
+// flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh). At d 64 it also adds
+// dQ's partials (dS K) into an f32 workspace in key-block order, which
+// flash_bwd_dq_convert then rounds to dq; at d 128 the host runs the sm80
+// flash_bwd_dq (cuda/flash_bwd_mma.cu) after it. No float atomics: a block
+// owns its keys' dK and dV and walks the GQA group's query heads in order,
+// and semaphores order dQ's adds, so a repeat is bit-identical.
 //
 // A block of three warpgroups owns BLOCK_M = 128 keys of one kv head and
 // sequence:
@@ -23,6 +25,9 @@
 //     storage, as register A fragments (S^T's accumulator layout is
 //     wgmma's A layout) and dO, Q by descriptor (MN-major); then the
 //     stage's "empty" mbarrier (every consumer thread) frees it.
+//   dQ (d 64): each consumer writes its dS^T, transposed, into a dS buffer
+//     and computes dS K over its own 64 keys by wgmma (both operands by
+//     descriptor), then adds it to dq_accum in its turn (dq_semaphore).
 //   dK (times scale) and dV go out from the accumulators, rows past
 //     seqlen_k not written: nothing else reads them, so the key rows a box
 //     reads past the sequence's end (zeros, or a packed batch's next
@@ -32,7 +37,9 @@
 // tiles stored as TMA boxes of 64 columns (128 B rows) x rows:
 //
 //   [align] K | V (HEAD_DIM/64 boxes of BLOCK_M rows each) | stage s: Q, dO
-//   (boxes of BLOCK_N rows) | stage s: LSE·log2 e, D (BLOCK_N floats each) | mbarriers
+//   (boxes of BLOCK_N rows) | at d 64: dS x 2 (boxes of BLOCK_N rows), dQ
+//   partials x 2 (BLOCK_N rows of DQ_ROW floats) | stage s: LSE·log2 e, D
+//   (BLOCK_N floats each) | mbarriers
 
 #define THREADS 384
 #define BOX_BYTES(rows) ((rows) * 128)
@@ -40,6 +47,26 @@
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
 #define ROWS_BYTES (STAGES * 2 * BLOCK_N * 4)
+// A step's dS (queries x the block's keys), two buffers: a warpgroup
+// writes step s + 2's while the other may still read step s + 1's.
+#define DS_BYTES (BLOCK_N * BLOCK_M * 2)
+// dQ = dS K (64 queries x HEAD_DIM) by both consumers, 64 columns of
+// accumulators each: at d 64 each over its own 64 keys, two ordered
+// contributions of the block to the same columns; at d 128 each over all
+// 128 keys, its own 64 columns.
+#define DQ_SPLIT_KEYS (HEAD_DIM == 64)
+#define DQ_KSTEPS (DQ_SPLIT_KEYS ? 4 : BLOCK_M / 16)
+// A warpgroup's dQ partial staged in f32 (rows of 64 + 8, the padding
+// spreading the accumulators' rows over the banks) for its adds: the
+// bounds tests there are on shared memory, not on wgmma's registers (a
+// branch on those serialized the wgmmas, C7520).
+#define DQ_ROW 72
+#define DQ_STAGE_BYTES (BLOCK_N * DQ_ROW * 4)
+// dQ here at d 64 only: at d 128 its accumulators and descriptors beside
+// dK's and dV's spilled, and the host runs the sm80 flash_bwd_dq instead
+// (dq_accum and dq_sems then unused).
+#define HAS_DQ (HEAD_DIM == 64)
+#define DQ_BYTES (HAS_DQ ? 2 * DS_BYTES + 2 * DQ_STAGE_BYTES : 0)
 // K and V full, Q/dO full x STAGES, Q/dO empty x STAGES: these numbers in a deadlock report
 #define BARRIERS 5
 #define BAR_KV_FULL 0
@@ -47,7 +74,7 @@
 #define BAR_EMPTY 3
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
 static_assert(BLOCK_M == 128 && BLOCK_N == 64, "two consumer warpgroups of 64 keys; wgmma n = 64 queries");
-static_assert(1024 + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + ROWS_BYTES + BARRIERS * 8 <= SMEM_BYTES,
+static_assert(1024 + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + DQ_BYTES + ROWS_BYTES + BARRIERS * 8 <= SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
 
 #define PRODUCER_REGS 24
@@ -58,19 +85,52 @@ static_assert(1024 + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + ROWS_BYTES + BARRI
 // The producer's threads that write a step's LSE and D rows (warps 1 and 2).
 #define ROW_WRITER0 32
 #define LOG2E 1.4426950408889634f
+// Named barriers: the consumers' dS written (256 threads); a dQ
+// warpgroup's semaphore taken and its adds done (128).
+#define BAR_DS_WRITTEN 1
+#define BAR_DQ_ORDER 2
+
+// The semaphore of (query head h, query tile `tile`, 64 columns `half`)
+// of sequence `seq`: its tiles numbered from q0 / BLOCK_N + index, which no
+// earlier sequence's tiles reach (src/cuda/backward.rs sizes the array). It
+// counts the contributions added: key block x's warpgroup wg is number
+// 2x + wg at d 64 (both on columns 0..63), x at d 128 (wg's own half).
+__device__ __forceinline__ int* dq_semaphore(int* sems, const Seq& seq, const Problem& p, int h, int tile, int half) {
+    const size_t t = seq.q0 / BLOCK_N + (size_t)seq.index + (size_t)tile;
+    return sems + (t * p.heads_q + h) * 2 + half;
+}
+
+// dq = dq_accum · scale in storage, one thread an element.
+extern "C" __global__ void flash_bwd_dq_convert(const float* __restrict__ acc, storage_t* __restrict__ dq,
+                                                float scale, unsigned long long n) {
+    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < n;
+         e += (unsigned long long)gridDim.x * blockDim.x)
+        dq[e] = store_f32(acc[e] * scale);
+}
+
+// A dQ warpgroup's own barrier (ids are compile-time).
+__device__ __forceinline__ void dq_order_sync(int wg) {
+    if (wg == 0)
+        named_bar_sync<BAR_DQ_ORDER, 128>();
+    else
+        named_bar_sync<BAR_DQ_ORDER + 1, 128>();
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
                const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo,
                const float* __restrict__ lse, const float* __restrict__ delta, storage_t* __restrict__ dk,
-               storage_t* __restrict__ dv, Problem p, const Layout L) {
+               storage_t* __restrict__ dv, float* __restrict__ dq_accum, int* __restrict__ dq_sems, Problem p,
+               const Layout L) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     unsigned char* k_s = smem;
     unsigned char* v_s = k_s + KV_BYTES;
     unsigned char* stages = v_s + KV_BYTES;
-    float* rows_s = (float*)(stages + 2 * STAGES * TILE_BYTES);  // [stage][lse2, D][BLOCK_N]
+    unsigned char* ds_s = stages + 2 * STAGES * TILE_BYTES;          // [buffer] boxes of 64 keys x BLOCK_N
+    float* dq_s = (float*)(ds_s + 2 * DS_BYTES);                       // [warpgroup][BLOCK_N][DQ_ROW]
+    float* rows_s = (float*)(ds_s + DQ_BYTES);                            // [stage][lse2, D][BLOCK_N]
     const Bar bars = bar_at(rows_s + 2 * STAGES * BLOCK_N);
     const Bar kv_full = bars + BAR_KV_FULL, full = bars + BAR_FULL, empty = bars + BAR_EMPTY;
 
@@ -152,8 +212,34 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
         const SmemDesc v_desc = smem_desc_words(v_s + wg * 64 * 128, 16, 1024);
         const SmemDesc q_desc = smem_desc_words(stages, 16, 1024);
         const SmemDesc q_mn = smem_desc_words(stages, BOX_BYTES(BLOCK_N), 1024);
+        // dQ = dS K: dS K-major from its buffer, K MN-major (64 columns a
+        // box); this warpgroup's first key step and its columns' box.
+        const SmemDesc ds_desc = smem_desc_words(ds_s, 16, 1024);
+        const int dq_k0 = DQ_SPLIT_KEYS ? wg * DQ_KSTEPS : 0, half = DQ_SPLIT_KEYS ? 0 : wg;
+        const int turn = DQ_SPLIT_KEYS ? 2 * blockIdx.x + wg : blockIdx.x;  // this warpgroup's contribution
+        const SmemDesc k_mn = smem_desc_words(k_s + half * BOX_BYTES(BLOCK_M), BOX_BYTES(BLOCK_M), 1024);
         const float sl2 = p.scale * LOG2E;
         const int off = band_offset(p);
+        // dQ's ordered adds: a warpgroup's first thread walks every (query
+        // head of the group, query tile) of the sequence in order, waiting
+        // for its semaphore to reach `turn` (every earlier contribution
+        // added), then adding this warpgroup's partial where the block has
+        // a step or passing the tile on where it has none.
+        const bool leader = threadIdx.x % 128 == 0;
+        const int q_tiles = (p.seqlen_q + BLOCK_N - 1) / BLOCK_N;
+        int pass_h = hk * group, pass_tile = 0;  // the next tile not yet added or passed
+        auto next_tile = [&] {
+            if (++pass_tile == q_tiles) pass_tile = 0, ++pass_h;
+        };
+        auto pass_until = [&](int h, int tile) {
+            while (pass_h < h || (pass_h == h && pass_tile < tile)) {
+                int* sem = dq_semaphore(dq_sems, seq, p, pass_h, pass_tile, half);
+                sem_wait(sem, turn);
+                st_release_gpu(sem, turn + 1);
+                next_tile();
+            }
+        };
+        float* dq_seq = from_row(dq_accum, seq.q0, p.heads_q, p.d);
 
         float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
 #pragma unroll
@@ -259,9 +345,27 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
                     pa[kk][r] = pack2(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
                     da[kk][r] = pack2(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
                 }
+            // dS (as rounded for dK) into this step's buffer, [query][key]:
+            // this warpgroup's keys are box wg, a pair of queries two rows.
+            if (HAS_DQ) {
+                unsigned char* ds_mine = ds_s + (step % 2) * DS_BYTES + wg * BOX_BYTES(BLOCK_N);
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int i = 16 * kk + 8 * (r / 2) + 2 * t, j = warp * 16 + lane / 4 + 8 * (r % 2);
+                        *(unsigned short*)(ds_mine + swizzled_128b(i * 128 + j * 2)) = (unsigned short)da[kk][r];
+                        *(unsigned short*)(ds_mine + swizzled_128b((i + 1) * 128 + j * 2)) =
+                            (unsigned short)(da[kk][r] >> 16);
+                    }
+                fence_proxy_async();  // the generic stores before wgmma's reads
+                named_bar_sync<BAR_DS_WRITTEN, 256>();
+            }
             // dV += P^T dO, dK += dS^T Q: k16 steps along the queries, 16 rows
-            // (2 KiB) apart in each box.
+            // (2 KiB) apart in each box; dQ = dS K: k16 steps along the keys,
+            // 32 B apart in dS's boxes and 16 rows apart in K's.
             const SmemDesc q_b = desc_moved(q_mn, stage_bytes), do_b = desc_moved(q_b, TILE_BYTES);
+            const SmemDesc ds_b = desc_moved(ds_desc, (step % 2) * DS_BYTES);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<HEAD_DIM, 1>(dv_acc, pa[kk], desc_at(do_b, kk * 16 * 128));
@@ -274,7 +378,49 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             pin(pa);
             pin(da);
             mbar_arrive(empty + s);  // Q, dO, LSE and D of this stage read
+            // After dK and dV's: P^T and dS^T's registers free for dQ's.
+            if (HAS_DQ) {
+                float dq_acc[32];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
+                    const int ks = dq_k0 + kk;
+                    wgmma_ss_tb<64>(dq_acc, desc_at(ds_b, (ks / 4) * BOX_BYTES(BLOCK_N) + (ks % 4) * 32),
+                                    desc_at(k_mn, ks * 16 * 128), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(dq_acc);
+                float* stage = dq_s + wg * BLOCK_N * DQ_ROW;
+#pragma unroll
+                for (int c = 0; c < 8; ++c)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        stage[(warp * 16 + lane / 4 + 8 * (e / 2)) * DQ_ROW + 8 * c + 2 * t + e % 2] =
+                            dq_acc[4 * c + e];
+                const int tile = m0 / BLOCK_N;
+                int* sem = dq_semaphore(dq_sems, seq, p, h, tile, half);
+                if (leader) {
+                    pass_until(h, tile);
+                    sem_wait(sem, turn);
+                }
+                dq_order_sync(wg);  // staged, and the turn taken
+                // Row by row, 64 columns (256 B) at a time.
+#pragma unroll 4
+                for (int it = 0; it < BLOCK_N * 64 / 128; ++it) {  // trip count uniform (not from threadIdx)
+                    const int e = it * 128 + (int)threadIdx.x % 128, i = m0 + e / 64, col = half * 64 + e % 64;
+                    add_global_if(dq_seq + at(0, p.seqlen_q, i, p.heads_q, h, p.d) + col,
+                                  stage[(e / 64) * DQ_ROW + e % 64], i < p.seqlen_q && col < p.d);
+                }
+                dq_order_sync(wg);
+                if (leader) {
+                    fence_gpu();  // the warpgroup's adds (ordered by the barrier) before the release
+                    st_release_gpu(sem, turn + 1);
+                    next_tile();
+                }
+            }
         }
+        if (HAS_DQ && leader && q_tiles > 0) pass_until(hk * group + group, 0);
 
         storage_t* dk_seq = from_row(dk, seq.k0, p.heads_kv, p.d);
         storage_t* dv_seq = from_row(dv, seq.k0, p.heads_kv, p.d);

@@ -66,6 +66,22 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[
     host_wgmma(d, N, a, 0, b, TRANS_B, 1, bits_to_f32);
 }
 template <int N>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
+    host_wgmma(d, N, nullptr, a, b, true, scale_d, bits_to_f32);
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    const int v = std::atomic_ref<int>(*const_cast<int*>(p)).load(std::memory_order_acquire);
+    std::this_thread::yield();  // a spin on it lets the threads it waits for run
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+    std::atomic_ref<int>(*p).store(v, std::memory_order_release);
+}
+__device__ __forceinline__ void fence_gpu() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+__device__ __forceinline__ void add_global_if(float* p, float v, bool ok) {
+    if (ok) *p += v;
+}
+template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {}
 template <int N>
 __device__ __forceinline__ void pin(unsigned (&d)[N][4]) {}
@@ -174,6 +190,39 @@ __device__ __forceinline__ void wgmma_rs<64, 1>(float (&d)[32], const unsigned (
                  : ACC32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+// dQ = dS K: A (dS) by descriptor K-major, B (K) by descriptor MN-major.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss_tb<64>(float (&d)[32], unsigned long long a, unsigned long long b,
+                                                int scale_d) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WGMMA_TYPES " " REGS32
+                 ", %32, %33, p, 1, 1, 0, 1; }"
+                 : ACC32(d)
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+// A semaphore in global memory between blocks: an acquire load at gpu
+// scope (the spin's reads), a release store after fence_gpu.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// *p += v where ok, by predication (no branch: one around a loop after
+// wgmma serialized them, C7520), through L2 only: another SM's earlier adds
+// are never met in a stale L1 line.
+__device__ __forceinline__ void add_global_if(float* p, float v, bool ok) {
+    asm volatile(
+        "{ .reg .pred q; .reg .f32 x; setp.ne.b32 q, %2, 0;\n"
+        "@q ld.global.cg.f32 x, [%0]; @q add.f32 x, x, %1; @q st.global.cg.f32 [%0], x; }" ::"l"(p),
+        "f"(v), "r"((int)ok)
+        : "memory");
+}
 __device__ __forceinline__ void mbar_init(Bar bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar.at), "r"(count) : "memory");
 }
@@ -273,6 +322,26 @@ __device__ __forceinline__ void mbar_wait(Bar bar, unsigned parity, int id) {
     }
 #else
     while (!mbar_try_wait(bar, parity)) {
+    }
+#endif
+}
+
+// Until the semaphore at `sem` holds `value` (set by an earlier block of
+// the grid, resident or finished: blocks start in index order), bounded as
+// mbar_wait is.
+__device__ __forceinline__ void sem_wait(const int* sem, int value) {
+#ifdef FLASHATTN_BOUNDED_WAIT_MS
+    const unsigned long long start = clock_ns();
+    while (ld_acquire_gpu(sem) != value) {
+        if (clock_ns() - start > FLASHATTN_BOUNDED_WAIT_MS * 1000000ull) {
+            printf("flashattn: semaphore wait timed out after %d ms: block (%u,%u,%u) thread %u wants %d, has %d\n",
+                   FLASHATTN_BOUNDED_WAIT_MS, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, value,
+                   ld_acquire_gpu(sem));
+            trap();
+        }
+    }
+#else
+    while (ld_acquire_gpu(sem) != value) {
     }
 #endif
 }

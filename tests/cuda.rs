@@ -573,6 +573,7 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
     };
     assert_eq!(plan.forward.family, forward, "{props:?}");
     assert_eq!(plan.backward.family, backward, "{props:?}");
+    // Head dim 128: on Hopper too the sm80 dQ (the Hopper dK/dV adds dQ at d 64).
     assert_eq!(plan.dq.family, Family::BackwardMma, "{props:?}");
 }
 
@@ -1299,8 +1300,9 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
 /// tested, untested and tested steps, softcap, GQA 4:2 and 4:1, seqlen_q ≠
 /// seqlen_k, lengths of 1, 113 and 255, rows with no key; on the f16 d 64
 /// band build the layouts (ALiBi, sinks, block masks, packed batches with
-/// empty sequences, all at once). Its dQ is the sm80 module's, emulated
-/// with that module.
+/// empty sequences, all at once). At d 64 it adds dQ, checked too, and a
+/// second run's dq must be the first's bits; at d 128 dQ is the sm80
+/// module's, emulated with that module.
 #[test]
 fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
     let Some(cxx) = compiler() else { return };
@@ -1318,17 +1320,18 @@ fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The emulation finds bugs put into the Hopper dK/dV: dP^T read before
-/// its wgmma retired (the wait for it dropped), and the MN-major Q and dO
-/// descriptors' LBO (the second 64-column box) wrong. Each build runs one
-/// case at d 128 and must fail.
+/// The emulation finds bugs put into the Hopper dK/dV: at d 128, dP^T read
+/// before its wgmma retired (the wait for it dropped), and the MN-major Q
+/// and dO descriptors' LBO (the second 64-column box) wrong; at d 64, where
+/// it adds dQ, half of dS written transposed into its buffer, and a
+/// warpgroup waiting for one contribution more than come before it (a
+/// deadlock, reported by the bounded wait). Each build runs one case of
+/// several key blocks and must fail.
 #[test]
 fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
     let Some(cxx) = compiler() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let key = KernelKey::new(Family::BackwardWgmma, Precision::F16, 128, false, false);
-    let source = key.source();
-    let bugs = [
+    let dkdv = [
         (
             "no wait for dP",
             "                wgmma_wait<0>();\n                pin(dpt);\n",
@@ -1340,26 +1343,45 @@ fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
             "smem_desc_words(stages, BOX_BYTES(BLOCK_N) / 2, 1024)",
         ),
     ];
-    let case: Vec<String> = "cases one 113 150 -1 -1 128 2 1 1"
-        .split(' ')
-        .map(String::from)
-        .collect();
-    let (report, passed) =
-        run_emulation(&build_emulation(&cxx, dir.path(), &key, false, &[]), &case);
+    let dq = [
+        (
+            "dS transposed",
+            "swizzled_128b(i * 128 + j * 2)",
+            "swizzled_128b(j * 128 + i * 2)",
+        ),
+        (
+            "one turn late",
+            "pass_until(h, tile);\n                    sem_wait(sem, turn);",
+            "pass_until(h, tile);\n                    sem_wait(sem, turn + 1);",
+        ),
+    ];
+    for (d, case, bugs) in [
+        (128, "cases one 113 150 -1 -1 128 2 1 1", &dkdv),
+        (64, "cases one 150 300 -1 -1 64 4 2 2", &dq),
+    ] {
+        let key = KernelKey::new(Family::BackwardWgmma, Precision::F16, d, false, false);
+        let case: Vec<String> = case.split(' ').map(String::from).collect();
+        bugs_fail(&cxx, dir.path(), &key, &case, bugs);
+    }
+}
+
+/// Runs `case` on `key` as it is (it must pass), then with each bug put in
+/// (each must fail).
+fn bugs_fail(
+    cxx: &std::ffi::OsStr,
+    dir: &Path,
+    key: &KernelKey,
+    case: &[String],
+    bugs: &[(&str, &str, &str)],
+) {
+    let source = key.source();
+    let (report, passed) = run_emulation(&build_emulation(cxx, dir, key, false, &[]), case);
     assert!(passed, "the kernel as it is:\n{report}");
     for (what, from, to) in bugs {
         assert_eq!(source.matches(from).count(), 1, "{what}: {from:?}");
         let name = format!("{}_{}", key.label(), what.replace(' ', "_"));
-        let exe = build_emulation_of(
-            &cxx,
-            dir.path(),
-            &key,
-            &source.replace(from, to),
-            &name,
-            false,
-            &[],
-        );
-        let (report, passed) = run_emulation(&exe, &case);
+        let exe = build_emulation_of(cxx, dir, key, &source.replace(from, to), &name, false, &[]);
+        let (report, passed) = run_emulation(&exe, case);
         assert!(!passed, "{what} went unnoticed:\n{report}");
     }
 }

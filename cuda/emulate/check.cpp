@@ -351,18 +351,40 @@ static int run(const Case& cs) {
     launch(Dim{1, 1, 1}, 256,
            [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, packed ? 1 : B, Lq); });
 #if IS_WGMMA
-    // The Hopper dK/dV (its dQ is the sm80 module's, emulated with that
-    // module): q and dO in boxes of a step's queries, k and v of the
-    // block's keys; a packed batch's maps span the packed tensor.
+    // The Hopper dK/dV, which at d 64 adds dQ's partials into an f32
+    // workspace in key-block order (blocks in index order, as the hardware
+    // starts them), then dq from it (at d 128 dQ is the sm80 module's,
+    // emulated with that module): q and dO in boxes of a step's queries, k and v of
+    // the block's keys; a packed batch's maps span the packed tensor. Twice:
+    // the second dq must be the first's bits.
     const int map_b = packed ? 1 : B;
     const TensorMap tq = tensor_map(q.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_N),
                     tdo = tensor_map(d_o.stored.data(), map_b, p.seqlen_q, HQ, d, BLOCK_N),
                     tk = tensor_map(k.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_M),
                     tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_M);
-    launch(
-        Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,
-        [&] { flash_bwd_dkdv(tq, tk, tv, tdo, lse.data(), delta.data(), dk.data(), dv.data(), p, Lk); },
-        SMEM_BYTES);
+    const size_t q_rows = q.stored.size() / ((size_t)HQ * d);
+    std::vector<storage_t> first;
+    for (int repeat = 0; repeat < (HAS_DQ ? 2 : 1); ++repeat) {
+        std::vector<float> dq_accum(q.stored.size(), 0.0f);
+        std::vector<int> sems((q_rows / BLOCK_N + B + 1) * HQ * 2, 0);
+        launch(
+            Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,
+            [&] {
+                flash_bwd_dkdv(tq, tk, tv, tdo, lse.data(), delta.data(), dk.data(), dv.data(),
+                               HAS_DQ ? dq_accum.data() : nullptr, HAS_DQ ? sems.data() : nullptr, p, Lk);
+            },
+            SMEM_BYTES, true);
+        if (HAS_DQ)
+            launch(Dim{4, 1, 1}, 64,
+                   [&] { flash_bwd_dq_convert(dq_accum.data(), dq.data(), p.scale, dq_accum.size()); });
+        if (repeat == 0) first = dq;
+    }
+    if (HAS_DQ) {
+        const bool repeats = std::memcmp(first.data(), dq.data(), dq.size() * sizeof(storage_t)) == 0;
+        if (!repeats) std::printf("%-8s dq differs on a repeat\n", cs.name);
+        failed += !repeats;
+        failed += report("dq", rel_error(widen(dq), dq_ref));
+    }
 #else
     launch(
         Dim{blocks(max_k), (unsigned)HKV, (unsigned)B}, BLOCK_THREADS,

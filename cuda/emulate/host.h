@@ -5,6 +5,7 @@
 // warpgroup-collective ones (wgmma, setmaxnreg) between two of their
 // warpgroup's (the Hopper kernel's warpgroups run different code). Slow
 // and only for checking the kernels' logic where no GPU exists (tests/cuda.rs).
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
@@ -560,43 +561,47 @@ inline void host_wgmma_wait(int newest_pending) {
 }
 
 // Run `kernel` on a grid, block by block, with `smem_bytes` of dynamic
-// shared memory (filled with a NaN pattern: a read of what no one wrote shows).
+// shared memory (filled with a NaN pattern: a read of what no one wrote
+// shows). Last block first, so that a block that writes into a later
+// block's rows is not hidden by that block's writes coming after it; but
+// `in_order` for a kernel whose blocks wait on earlier ones (the
+// hardware's order of starting blocks).
 template <class F>
-void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0) {
+void launch(Dim grid, unsigned threads, F kernel, size_t smem_bytes = 0, bool in_order = false) {
     gridDim = grid;
     blockDim = Dim{threads, 1, 1};
-    // Last block first: a block that writes into a later block's rows is
-    // not hidden by that block's writes coming after it.
-    for (unsigned z = grid.z; z-- > 0;)
-        for (unsigned y = grid.y; y-- > 0;)
-            for (unsigned x = grid.x; x-- > 0;) {
-                dynamic_smem.assign(smem_bytes, 0xff);
-                std::barrier<> bar(threads);
-                block_barrier = &bar;
-                warp_barriers.clear();
-                warpgroup_barriers.clear();
-                for (unsigned w = 0; w < threads; w += 32)
-                    warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - w)));
-                for (unsigned w = 0; w < threads; w += 128)
-                    warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - w)));
-                mbars.clear();
-                for (NamedBarrier& n : named_barriers) n = NamedBarrier{};
-                std::fill(std::begin(proxy_fenced), std::end(proxy_fenced), false);
-                std::vector<std::thread> team;
-                for (unsigned t = 0; t < threads; ++t)
-                    team.emplace_back([&, t] {
-                        threadIdx = Dim{t, 0, 0};
-                        blockIdx = Dim{x, y, z};
-                        kernel();
-                        if (!open_copies.empty() || !committed_copies.empty())
-                            emulation_fault("cp.async copies never waited for");
-                        if (!wgmma_open.empty() || !wgmma_groups.empty())
-                            emulation_fault("wgmma never waited for");
-                        if (!tma_stores.empty()) emulation_fault("TMA stores never waited for (their reads)");
-                    });
-                for (auto& th : team) th.join();
-                if (!tma_in_flight.empty()) emulation_fault("TMA copies never waited for");
-                for (const NamedBarrier& n : named_barriers)
-                    if (n.arrived) emulation_fault("a named barrier left with arrivals no sync met");
-            }
+    const size_t blocks = (size_t)grid.x * grid.y * grid.z;
+    for (size_t b = 0; b < blocks; ++b) {
+        const size_t linear = in_order ? b : blocks - 1 - b;
+        const unsigned x = (unsigned)(linear % grid.x), y = (unsigned)(linear / grid.x % grid.y),
+                       z = (unsigned)(linear / grid.x / grid.y);
+        dynamic_smem.assign(smem_bytes, 0xff);
+        std::barrier<> bar(threads);
+        block_barrier = &bar;
+        warp_barriers.clear();
+        warpgroup_barriers.clear();
+        for (unsigned w = 0; w < threads; w += 32)
+            warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - w)));
+        for (unsigned w = 0; w < threads; w += 128)
+            warpgroup_barriers.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - w)));
+        mbars.clear();
+        for (NamedBarrier& n : named_barriers) n = NamedBarrier{};
+        std::fill(std::begin(proxy_fenced), std::end(proxy_fenced), false);
+        std::vector<std::thread> team;
+        for (unsigned t = 0; t < threads; ++t)
+            team.emplace_back([&, t] {
+                threadIdx = Dim{t, 0, 0};
+                blockIdx = Dim{x, y, z};
+                kernel();
+                if (!open_copies.empty() || !committed_copies.empty())
+                    emulation_fault("cp.async copies never waited for");
+                if (!wgmma_open.empty() || !wgmma_groups.empty())
+                    emulation_fault("wgmma never waited for");
+                if (!tma_stores.empty()) emulation_fault("TMA stores never waited for (their reads)");
+            });
+        for (auto& th : team) th.join();
+        if (!tma_in_flight.empty()) emulation_fault("TMA copies never waited for");
+        for (const NamedBarrier& n : named_barriers)
+            if (n.arrived) emulation_fault("a named barrier left with arrivals no sync met");
+    }
 }

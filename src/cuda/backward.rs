@@ -1,8 +1,9 @@
 //! The backward on the CUDA device: D = rowsum(dO ∘ O), then dK/dV per key
 //! block and dQ per query block (cuda/flash_bwd.cu, flash_bwd_mma.cu), in
 //! order on one stream. On the Hopper path dK/dV is cuda/flash_bwd_wgmma.cu's,
-//! which reads q, k, v and dO through TMA tensor maps, and dQ the sm80
-//! module's.
+//! which reads q, k, v and dO through TMA tensor maps and, at head dim 64,
+//! adds dQ's partials, in a fixed order, into an f32 workspace that its
+//! `flash_bwd_dq_convert` rounds to dq (past 64 dQ is the sm80 module's).
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
@@ -21,6 +22,9 @@ use crate::error::{Error, Result};
 use crate::Precision;
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
 use std::sync::Arc;
+
+/// A null device pointer, for the Hopper dK/dV's unused dQ workspace.
+static NULL: u64 = 0;
 
 /// Threads per block of `flash_bwd_dot` (one row each).
 const DOT_THREADS: u32 = 256;
@@ -146,9 +150,10 @@ fn unrounded_output(
 }
 
 /// D, then dK/dV, then dQ, in that order on the device's one stream (so
-/// the gradient kernels see the finished D). Waits for them before it
-/// returns, as the tile lists it uploads are dropped then; their seconds
-/// by CUDA events.
+/// the gradient kernels see the finished D). On the Hopper path dK/dV also
+/// adds dQ's partials into a workspace, and dQ is its rounding to storage.
+/// Waits for them before it returns, as the tile lists it uploads are
+/// dropped then; their seconds by CUDA events.
 fn launch(
     dev: &CudaDevice,
     call: &Call,
@@ -159,18 +164,11 @@ fn launch(
     let shape = &call.shape;
     let plan = call.plan(&dev.props, path)?;
     let (key, dq_key) = (plan.backward, plan.dq);
+    let hopper_dq = dq_key.adds_dq();
     let dot = dev.function(key, "flash_bwd_dot")?;
     let dkdv = dev.function(key, "flash_bwd_dkdv")?;
-    let dq = dev.function(dq_key, "flash_bwd_dq")?;
-    let dot_cfg = LaunchConfig {
-        grid_dim: (
-            shape.lse_len().div_ceil(DOT_THREADS as usize).min(65535) as u32,
-            1,
-            1,
-        ),
-        block_dim: (DOT_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let dq_name = if hopper_dq { "flash_bwd_dq_convert" } else { "flash_bwd_dq" };
+    let dq = dev.function(dq_key, dq_name)?;
     let batch = i32::try_from(shape.batch).map_err(|_| Error::Overflow {
         what: "batch",
         value: shape.batch as u64,
@@ -183,14 +181,18 @@ fn launch(
         side.lists(stream, launch_tiles(&dq_key, false))?,
     );
     let maps = dkdv_maps(stream, call, &key, &b.inputs)?;
+    let mut work = hopper_dq
+        .then(|| DqWorkspace::zeroed(stream, call, &key))
+        .transpose()?;
     let key_layout = side.layout(stream, key_lists.as_ref());
     let row_layout = side.layout(stream, row_lists.as_ref());
+    let (scale, elements) = (call.problem.scale(), work.as_ref().map_or(0, |w| w.accum.len() as u64));
     let seconds = timed(stream, "running the backward", || {
-        // SAFETY (all three): the arguments are the kernels', in order and
+        // SAFETY (all four): the arguments are the kernels', in order and
         // of their types (storage pointers or, for the Hopper dK/dV, 128-byte
-        // tensor maps of q, k, v and dO by value; Problem, Layout and, but
-        // for flash_bwd_dot and the Hopper dK/dV, Dropout by value),
-        // every buffer holds what the grids index, as sized from the
+        // tensor maps of q, k, v and dO by value and dQ's workspace; Problem,
+        // Layout and, but for flash_bwd_dot and the Hopper dK/dV, Dropout by
+        // value), every buffer holds what the grids index, as sized from the
         // validated shape and options, and the lists live until the wait in
         // `timed` (the other side buffers, until the caller's).
         let mut l = Launch::new(stream, &dot);
@@ -200,7 +202,7 @@ fn launch(
             .value(&call.problem)
             .value(&batch)
             .value(&row_layout);
-        unsafe { l.launch(dot_cfg, "launching flash_bwd_dot") }?;
+        unsafe { l.launch(row_launch(shape.lse_len()), "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
         match &maps[..] {
             // The Hopper dK/dV: tensor maps by value (and no dropout).
@@ -210,15 +212,18 @@ fn launch(
             }
             _ => gradient_inputs(&mut l, &b.inputs, &b.delta),
         }
-        l.output(&mut b.dk)
-            .output(&mut b.dv)
-            .value(&call.problem)
-            .value(&key_layout);
+        l.output(&mut b.dk).output(&mut b.dv);
+        workspace_args(&mut l, work.as_mut(), !maps.is_empty());
+        l.value(&call.problem).value(&key_layout);
         if maps.is_empty() {
             l.value(&call.dropout_args);
         }
         unsafe { l.launch(dkdv_cfg, "launching flash_bwd_dkdv") }?;
         let mut l = Launch::new(stream, &dq);
+        if let Some(w) = work.as_ref() {
+            l.input(&w.accum).output(&mut b.dq).value(&scale).value(&elements);
+            return unsafe { l.launch(row_launch(w.accum.len()), "launching flash_bwd_dq_convert") };
+        }
         gradient_inputs(&mut l, &b.inputs, &b.delta);
         l.output(&mut b.dq)
             .value(&call.problem)
@@ -226,8 +231,57 @@ fn launch(
             .value(&call.dropout_args);
         unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
     })?;
-    drop((key_lists, row_lists));
+    drop((key_lists, row_lists, work));
     Ok(seconds)
+}
+
+/// One thread a row (or element) of `n`, for the small kernels.
+fn row_launch(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(DOT_THREADS as usize).min(65535) as u32, 1, 1),
+        block_dim: (DOT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The Hopper dK/dV's dQ workspace arguments: its buffers, or past head
+/// dim 64 (no workspace) null pointers; none for the other dK/dV kernels.
+fn workspace_args<'a>(l: &mut Launch<'a>, work: Option<&'a mut DqWorkspace>, hopper: bool) {
+    match work {
+        Some(w) => {
+            l.output(&mut w.accum).output(&mut w.sems);
+        }
+        None if hopper => {
+            l.value(&NULL).value(&NULL);
+        }
+        None => {}
+    }
+}
+
+/// The Hopper dK/dV's dQ workspace, zeroed: dq's partial sums in f32, and
+/// the semaphores that order their adds, one per (query tile, query head,
+/// dQ warpgroup), sequence z's tiles numbered from its first row / 64 + z
+/// (cuda/flash_bwd_wgmma.cu's `dq_semaphore`).
+struct DqWorkspace {
+    accum: CudaSlice<f32>,
+    sems: CudaSlice<i32>,
+}
+
+impl DqWorkspace {
+    fn zeroed(stream: &Arc<CudaStream>, call: &Call, key: &KernelKey) -> Result<Self> {
+        let shape = &call.shape;
+        let elements = shape.q_shape().iter().product::<usize>();
+        let q_rows = elements / (shape.heads_q * shape.head_dim).max(1);
+        let tiles = q_rows / key.tiles().keys + call.seqs + 1;
+        Ok(Self {
+            accum: stream
+                .alloc_zeros::<f32>(elements)
+                .map_err(driver("allocating dQ's workspace"))?,
+            sems: stream
+                .alloc_zeros::<i32>(tiles * shape.heads_q * 2)
+                .map_err(driver("allocating dQ's semaphores"))?,
+        })
+    }
 }
 
 /// The tile lists' shape of `key`'s blocks (by keys: its dK/dV's).

@@ -81,8 +81,10 @@ pub enum Family {
     BackwardMma,
     /// cuda/flash_fwd_wgmma.cu: `flash_fwd` for Hopper (sm_90a only).
     ForwardWgmma,
-    /// cuda/flash_bwd_wgmma.cu: `flash_bwd_dot` and the Hopper
-    /// `flash_bwd_dkdv` (sm_90a only); dQ is the sm80 module's.
+    /// cuda/flash_bwd_wgmma.cu: `flash_bwd_dot`, the Hopper
+    /// `flash_bwd_dkdv` (sm_90a only), which at head dim 64 adds dQ's
+    /// partials into an f32 workspace, and `flash_bwd_dq_convert`, which
+    /// rounds it to dq (at 128 dQ is the sm80 module's).
     BackwardWgmma,
     /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
     /// `flash_decode_merge` on a device cache, plain or quantized.
@@ -122,7 +124,7 @@ impl Family {
         } else if self.is_forward() {
             &["flash_fwd"]
         } else if self == Family::BackwardWgmma {
-            &["flash_bwd_dot", "flash_bwd_dkdv"]
+            &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq_convert"]
         } else {
             &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
         }
@@ -388,6 +390,13 @@ impl KernelKey {
         floats * 4 + keep
     }
 
+    /// Whether the variant is the Hopper dK/dV that also adds dQ's
+    /// partials (padded head dim 64; at 128 they spilled, and the backward
+    /// runs the sm80 dQ).
+    pub fn adds_dq(&self) -> bool {
+        self.family == Family::BackwardWgmma && self.head_dim == 64
+    }
+
     /// Bytes of dynamic shared memory a launch gives the variant: the
     /// tensor-core kernels' layout, and the wide scalar backward's four
     /// tiles (their `SMEM_BYTES`, which the kernels check with a
@@ -411,11 +420,17 @@ impl KernelKey {
                 let bytes = self.head_dim * self.precision.bytes();
                 1024 + (t.rows + 4 * t.keys) * bytes + 10 * 8
             }
-            // K and V, two stages of Q and dO, each stage's LSE and D rows
+            // K and V, two stages of Q and dO, (where it adds dQ) two
+            // buffers of a step's dS (queries x keys) and each consumer's dQ
+            // partial (f32 rows of 64 + 8), each stage's LSE and D rows
             // (f32), then 5 mbarriers.
             Family::BackwardWgmma => {
                 let bytes = self.head_dim * self.precision.bytes();
-                1024 + (2 * t.rows + 4 * t.keys) * bytes + 2 * 2 * t.keys * 4 + 5 * 8
+                let dq = match self.adds_dq() {
+                    true => 2 * t.keys * t.rows * self.precision.bytes() + 2 * t.keys * (64 + 8) * 4,
+                    false => 0,
+                };
+                1024 + (2 * t.rows + 4 * t.keys) * bytes + dq + 2 * 2 * t.keys * 4 + 5 * 8
             }
         }
     }

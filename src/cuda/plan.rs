@@ -1,7 +1,8 @@
 //! Which CUDA kernels a call runs, as a pure function of the device's
 //! properties and the problem: on compute capability 9.x the Hopper
 //! forward (wgmma + TMA) for f16/bf16 with d % 8 == 0 up to d 128, with
-//! the Hopper dK/dV and the sm80 tensor-core D and dQ kernels (dropout,
+//! the Hopper backward (D, dK/dV with, at head dim 64, dQ's ordered
+//! partials, else the sm80 dQ; dropout,
 //! which they do not draw, runs the sm80 kernels); else the tensor-core (mma) kernels for
 //! f16/bf16 up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0
 //! or later when their shared memory fits, the scalar kernels otherwise,
@@ -29,8 +30,8 @@ pub enum KernelPath {
     /// The sm80 tensor-core kernels; an error where they cannot run (on
     /// Hopper: the Hopper forward forced off, for comparison).
     Mma,
-    /// The Hopper forward and dK/dV (with the sm80 dQ); an error where
-    /// they cannot run.
+    /// The Hopper forward and backward (with the sm80 dQ past head dim
+    /// 64); an error where they cannot run.
     Hopper,
     /// What `Auto` chooses with the Hopper forward left out: the sm80
     /// tensor-core kernels where they run, the scalar ones elsewhere (what
@@ -133,7 +134,8 @@ pub struct PlanProblem {
 
 /// The kernels of one call: a forward and a backward module (D and dK/dV),
 /// and the module whose dQ kernel the backward runs (the backward's own
-/// but on the Hopper path, whose dQ is the sm80 one).
+/// but on the Hopper path past head dim 64, whose dQ is the sm80 one; at 64
+/// the Hopper dK/dV adds dQ's partials and `flash_bwd_dq_convert` rounds them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaPlan {
     pub forward: KernelKey,
@@ -230,7 +232,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         }
         (KernelPath::Hopper, None) => Some("the Hopper kernels, as requested"),
         (KernelPath::Auto, None) => Some(
-            "Hopper: the wgmma + TMA forward and dK/dV on compute capability 9.x, the sm80 tensor-core dQ",
+            "Hopper: the wgmma + TMA forward and dK/dV (and dQ at head dim 64) on compute capability 9.x",
         ),
         _ => None,
     };
@@ -238,7 +240,10 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         return Ok(CudaPlan {
             forward: key(Family::ForwardWgmma),
             backward: key(Family::BackwardWgmma),
-            dq: key(Family::BackwardMma),
+            dq: match key(Family::BackwardWgmma).adds_dq() {
+                true => key(Family::BackwardWgmma),
+                false => key(Family::BackwardMma),
+            },
             reason,
             not_hopper: None,
         });
@@ -361,12 +366,14 @@ mod tests {
                 9 => (Family::ForwardWgmma, Family::BackwardWgmma),
                 _ => (Family::ForwardMma, Family::BackwardMma),
             };
+            // The Hopper dK/dV adds dQ at (padded) head dim 64 only.
+            let major9 = dev.major == 9;
             for precision in [Precision::F16, Precision::Bf16] {
                 for d in [40, 64, 96, 128] {
                     let p = plan(&dev, &problem(precision, d), KernelPath::Auto).unwrap();
                     assert_eq!(
                         (p.forward.family, p.backward.family, p.dq.family),
-                        (forward, backward, Family::BackwardMma)
+                        (forward, backward, if major9 && d <= 64 { backward } else { Family::BackwardMma })
                     );
                     assert!(p.forward.band && !p.forward.softcap);
                 }
@@ -418,12 +425,13 @@ mod tests {
         );
         assert!(text.contains("2 blocks per SM"), "{text}");
         // The dK/dV: K and V (128 keys), two stages of Q and dO (64 rows),
-        // their LSE and D rows and 5 mbarriers; then the sm80 dQ's module.
+        // two buffers of dS, two dQ partials, their LSE and D rows and 5
+        // mbarriers; dQ in the same module.
         assert!(
-            text.contains("backward: flash_bwd_wgmma_f16_d64_band (wgmma + TMA + mbarriers; 1 producer and 2 consumer warpgroups), 128 rows × 64 streamed per block, 12 warps, 2 stages, 67624 B"),
+            text.contains("backward: flash_bwd_wgmma_f16_d64_band (wgmma + TMA + mbarriers; 1 producer and 2 consumer warpgroups), 128 rows × 64 streamed per block, 12 warps, 2 stages, 137256 B"),
             "{text}"
         );
-        assert!(text.contains("backward's dQ: flash_bwd_mma_f16_d64_band"), "{text}");
+        assert!(!text.contains("backward's dQ"), "{text}");
     }
 
     /// Dropout runs the dropout variants: on Hopper the sm80 forward (the

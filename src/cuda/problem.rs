@@ -53,6 +53,11 @@ pub(crate) struct Work {
 unsafe impl DeviceRepr for Work {}
 
 impl Problem {
+    /// The softmax scale (dQ's factor, applied as the Hopper dQ is rounded).
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
     /// The kernels' sizes and score options of `p` (its band clamped to
     /// its lengths, so the bounds fit i32). Decoding's takes k's head dim
     /// here and v's apart.
