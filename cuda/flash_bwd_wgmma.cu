@@ -42,7 +42,6 @@
 //   (BLOCK_N floats each) | mbarriers
 
 #define THREADS 384
-#define BOX_BYTES(rows) ((rows) * 128)
 #define KV_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
@@ -265,23 +264,12 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             const float* delta_s = lse2_s + BLOCK_N;
             float st[BLOCK_N / 2], dpt[BLOCK_N / 2];
             mbar_wait(full + s, (step / STAGES) & 1, BAR_FULL + s);
-            // S^T = K Q^T, then dP^T = V dO^T: k16 steps along d, 32 B apart
-            // inside a 64-column box, the next box past column 63.
+            // S^T = K Q^T, then dP^T = V dO^T.
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-                const unsigned box = ks / 4, col = (ks % 4) * 32;
-                wgmma_ss<BLOCK_N>(st, desc_at(k_desc, box * BOX_BYTES(BLOCK_M) + col),
-                                  desc_at(q_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
-            }
+            wgmma_ss_over_d<BLOCK_N>(st, k_desc, BLOCK_M, q_stage, BLOCK_N);
             wgmma_commit();
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-                const unsigned box = ks / 4, col = (ks % 4) * 32;
-                wgmma_ss<BLOCK_N>(dpt, desc_at(v_desc, box * BOX_BYTES(BLOCK_M) + col),
-                                  desc_at(do_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
-            }
+            wgmma_ss_over_d<BLOCK_N>(dpt, v_desc, BLOCK_M, do_stage, BLOCK_N);
             wgmma_commit();
             // P^T of element (c, e): key j0 + 8 (e / 2), query m0 + 8 c + 2 t + e % 2;
             // *dcap the softcap's derivative (1 without). `in`: a step with no

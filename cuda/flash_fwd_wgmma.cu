@@ -46,7 +46,6 @@
 // after their stores have read it) frees them for the next item's Q.
 
 #define THREADS 384
-#define BOX_BYTES(rows) ((rows) * 128)
 #define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
 #define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
 #define STAGES 2
@@ -262,20 +261,13 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 const int n = step_start(L, steps, k, BLOCK_N) / BLOCK_N;
                 return !L.alibi && n >= inner_lo && n < inner_hi && !step_partial(L, steps, k);
             };
-            // S = Q K^T for the item's tile `tile` (ring slot g = ring + tile):
-            // k16 steps along d, 32 B apart inside a 64-column box, the next box
-            // past column 63.
+            // S = Q K^T for the item's tile `tile` (ring slot g = ring + tile).
             auto issue_qk = [&](int tile) {
                 const int g = ring + tile;
                 const SmemDesc k_stage = desc_moved(k_desc, (g % STAGES) * 2 * TILE_BYTES);
                 mbar_wait(k_full + g % STAGES, (g / STAGES) & 1, BAR_K_FULL + g % STAGES);
                 wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-                    const unsigned box = ks / 4, col = (ks % 4) * 32;
-                    wgmma_ss<BLOCK_N>(s, desc_at(q_desc, box * BOX_BYTES(BLOCK_M) + col),
-                                      desc_at(k_stage, box * BOX_BYTES(BLOCK_N) + col), ks > 0);
-                }
+                wgmma_ss_over_d<BLOCK_N>(s, q_desc, BLOCK_M, k_stage, BLOCK_N);
                 wgmma_commit();
             };
             // O += P V for tile `tile`.

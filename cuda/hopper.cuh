@@ -361,6 +361,10 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned 
 // the descriptors'): the 16-byte chunk XOR the row in the 8-row atom.
 __device__ __forceinline__ unsigned swizzled_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
+// A box of 64 columns of 2-byte elements (128-byte rows, the 128B swizzle's
+// width): the unit of every TMA copy and wgmma operand over the head dim.
+#define BOX_BYTES(rows) ((rows) * 128)
+
 // A descriptor as its two words, made once outside the loops: `desc_at`
 // moves it `bytes` on (16-byte aligned) by one add to the low word, since
 // shared addresses stay below 256 KiB and the 14-bit field cannot carry.
@@ -375,4 +379,19 @@ __device__ __forceinline__ SmemDesc desc_moved(SmemDesc d, unsigned bytes) { ret
 __device__ __forceinline__ unsigned long long desc_at(SmemDesc d, unsigned bytes) {
     const SmemDesc at = desc_moved(d, bytes);
     return (unsigned long long)at.hi << 32 | at.lo;
+}
+
+// A product over the head dim with both operands K-major in shared memory,
+// in boxes of 64 columns (128-byte rows; `a_rows` and `b_rows` rows a box):
+// k16 steps 32 B apart inside a box, the next box past column 63. The first
+// step overwrites d.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_over_d(float (&d)[N / 2], SmemDesc a, unsigned a_rows, SmemDesc b,
+                                                unsigned b_rows) {
+#pragma unroll
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+        const unsigned box = ks / 4, col = (ks % 4) * 32;
+        wgmma_ss<N>(d, desc_at(a, box * BOX_BYTES(a_rows) + col), desc_at(b, box * BOX_BYTES(b_rows) + col),
+                    ks > 0);
+    }
 }
