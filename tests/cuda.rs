@@ -1260,6 +1260,19 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Each variant (precision, d, band, softcap, layout cases) of `family`
+/// under host emulation; every failure reported at once.
+fn emulate_variants(family: Family, variants: &[(Precision, usize, bool, bool, bool)]) {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for &(precision, d, band, softcap, layouts) in variants {
+        let key = KernelKey::new(family, precision, d, band, softcap);
+        failures.extend(emulate(&cxx, dir.path(), &key, layouts));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The Hopper forward under the same emulation, where cuda/emulate/host.h
 /// gives wgmma (descriptors decoded with the 128B swizzle on absolute
 /// shared offsets, register A, results applied at the wait that retires
@@ -1278,18 +1291,14 @@ fn tensor_core_kernels_match_a_double_reference_under_host_emulation() {
 /// and all at once; a block writing rows past the outputs' end fails.
 #[test]
 fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
-    let Some(cxx) = compiler() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for (precision, d, band, softcap, layouts) in [
-        (Precision::F16, 64, true, false, true),
-        (Precision::Bf16, 128, false, true, true),
-        (Precision::F16, 128, false, false, false),
-    ] {
-        let key = KernelKey::new(Family::ForwardWgmma, precision, d, band, softcap);
-        failures.extend(emulate(&cxx, dir.path(), &key, layouts));
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    emulate_variants(
+        Family::ForwardWgmma,
+        &[
+            (Precision::F16, 64, true, false, true),
+            (Precision::Bf16, 128, false, true, true),
+            (Precision::F16, 128, false, false, false),
+        ],
+    );
 }
 
 /// The Hopper dK/dV (cuda/flash_bwd_wgmma.cu) under the same emulation
@@ -1305,19 +1314,15 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
 /// module's, emulated with that module.
 #[test]
 fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
-    let Some(cxx) = compiler() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for (precision, d, band, softcap, layouts) in [
-        (Precision::F16, 64, true, false, true),
-        (Precision::Bf16, 128, false, true, false),
-        (Precision::Bf16, 64, false, false, false),
-        (Precision::F16, 128, true, false, false),
-    ] {
-        let key = KernelKey::new(Family::BackwardWgmma, precision, d, band, softcap);
-        failures.extend(emulate(&cxx, dir.path(), &key, layouts));
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    emulate_variants(
+        Family::BackwardWgmma,
+        &[
+            (Precision::F16, 64, true, false, true),
+            (Precision::Bf16, 128, false, true, false),
+            (Precision::Bf16, 64, false, false, false),
+            (Precision::F16, 128, true, false, false),
+        ],
+    );
 }
 
 /// The emulation finds bugs put into the Hopper dK/dV: at d 128, dP^T read

@@ -702,6 +702,35 @@ static int listed_cases(int argc, char** argv) {
     return failed ? 1 : 0;
 }
 
+#if IS_WGMMA && LAYOUT_CASES
+// The run-time layouts on a Hopper kernel's tiles: ALiBi per batch entry
+// (the bias on every tile, the unmasked ones too); sinks with a band (rows
+// with no key: lse = the sink); a 7 x 13 block mask per head over
+// `block_keys` keys (partial tiles); one of whole tiles (`tile_q` x
+// `tile_k`) per batch entry over `aligned_keys` keys (unmasked runs); a
+// packed batch with a sequence past a tile, one with no queries and one
+// with no keys; and all at once.
+static int hopper_layout_cases(int low, int block_keys, int aligned_keys, int tile_q, int tile_k) {
+    Case alibi{"alibi", 45, 300, -1, 0, low};
+    alibi.alibi = alibi.alibi_per_batch = true;
+    Case sinks{"sinks", 70, 45, 9, 0, HEAD_DIM};
+    sinks.sinks = true, sinks.batch = 1;
+    Case blocks{"blocks", 61, block_keys, -1, 3, low};
+    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
+    Case aligned{"aligned", 130, aligned_keys, -1, 0, low};
+    aligned.bm = tile_q, aligned.bn = tile_k, aligned.mask_per_batch = true, aligned.density = 0.6;
+    Case packed{"varlen", 0, 0, 150, 2, low};
+    packed.lens_q = {130, 0, 37, 20}, packed.lens_k = {300, 23, 0, 140};
+    Case mix{"mix", 0, 0, 200, 0, low};
+    mix.lens_q = {21, 0, 140, 30}, mix.lens_k = {30, 12, 270, 9};
+    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
+    mix.bm = 7, mix.bn = 13;
+    int failed = 0;
+    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+    return failed;
+}
+#endif
+
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "cases") == 0) return listed_cases(argc, argv);
 #if !IS_WGMMA
@@ -733,21 +762,7 @@ int main(int argc, char** argv) {
     // alone), block masks (partial steps; whole 64 x 128 tiles), a packed
     // batch with a sequence past a key block, one with no queries and one
     // with no keys, and all at once.
-    Case alibi{"alibi", 45, 300, -1, 0, low};
-    alibi.alibi = alibi.alibi_per_batch = true;
-    Case sinks{"sinks", 70, 45, 9, 0, HEAD_DIM};
-    sinks.sinks = true, sinks.batch = 1;
-    Case blocks{"blocks", 61, 300, -1, 3, low};
-    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
-    Case aligned{"aligned", 130, 260, -1, 0, low};
-    aligned.bm = BLOCK_N, aligned.bn = BLOCK_M, aligned.mask_per_batch = true, aligned.density = 0.6;
-    Case packed{"varlen", 0, 0, 150, 2, low};
-    packed.lens_q = {130, 0, 37, 20}, packed.lens_k = {300, 23, 0, 140};
-    Case mix{"mix", 0, 0, 200, 0, low};
-    mix.lens_q = {21, 0, 140, 30}, mix.lens_k = {30, 12, 270, 9};
-    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
-    mix.bm = 7, mix.bn = 13;
-    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+    failed += hopper_layout_cases(low, 300, 260, BLOCK_N, BLOCK_M);
 #endif
 #elif IS_WGMMA
     // TMA takes d % 8 == 0: a head dim below the padded one and one at it;
@@ -768,21 +783,7 @@ int main(int argc, char** argv) {
 #if LAYOUT_CASES
     // The run-time layouts on the Hopper forward's tiles (128 x 128): keys
     // past a tile so that, but for the layout, steps would run unmasked.
-    Case alibi{"alibi", 45, 300, -1, 0, low};  // the bias on every tile, the unmasked ones too
-    alibi.alibi = alibi.alibi_per_batch = true;
-    Case sinks{"sinks", 70, 45, 9, 0, HEAD_DIM};  // with a band, rows with no key: lse = the sink
-    sinks.sinks = true, sinks.batch = 1;
-    Case blocks{"blocks", 61, 600, -1, 3, low};  // 7 x 13 blocks, a grid per head: partial tiles
-    blocks.bm = 7, blocks.bn = 13, blocks.mask_per_head = true, blocks.density = 0.4, blocks.batch = 1;
-    Case aligned{"aligned", 130, 520, -1, 0, low};  // whole tiles, a grid per batch entry: unmasked runs
-    aligned.bm = BLOCK_ROWS, aligned.bn = INNER, aligned.mask_per_batch = true, aligned.density = 0.6;
-    Case packed{"varlen", 0, 0, 150, 2, low};  // a sequence past a tile, no queries, no keys
-    packed.lens_q = {130, 0, 37, 20}, packed.lens_k = {300, 23, 0, 140};
-    Case mix{"mix", 0, 0, 200, 0, low};
-    mix.lens_q = {21, 0, 140, 30}, mix.lens_k = {30, 12, 270, 9};
-    mix.alibi = mix.alibi_per_batch = mix.sinks = mix.mask_per_head = true;
-    mix.bm = 7, mix.bn = 13;
-    for (const Case& c : {alibi, sinks, blocks, aligned, packed, mix}) failed += run(c);
+    failed += hopper_layout_cases(low, 600, 520, BLOCK_ROWS, INNER);
 #endif
 #else
     // A head dim below the compiled one and off the 8-element chunks (the
