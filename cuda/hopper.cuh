@@ -1,5 +1,6 @@
 // Hopper (sm_90a) building blocks of cuda/flash_fwd_wgmma.cu and
-// cuda/flash_bwd_wgmma.cu, f16/bf16 storage only: every wgmma, mbarrier,
+// cuda/flash_bwd_wgmma.cu, f16/bf16 storage or (the forward's IS_FP8
+// variant) e4m3 codes: every wgmma, mbarrier,
 // TMA copy and setmaxnreg goes through the few functions here, so that
 // cuda/emulate/host.h can give each the PTX ISA's semantics and the
 // kernels run on the CPU (tests/cuda.rs).
@@ -11,6 +12,12 @@
 //                      A by descriptor (K-major) or from registers (the same
 //                      per-warp A layout as mma.m16n8k16), B by descriptor,
 //                      K-major or, transposed, MN-major. Asynchronous:
+//                      (the FP8 forward: wgmma_ss_e4m3 / wgmma_rs_e4m3,
+//                      m64nNk32 on e4m3 codes, both operands K-major, the
+//                      PTX ISA allowing no transpose of 8-bit types; a
+//                      register A fragment holds 4 codes a register: lane
+//                      4g + t: a[0] row g, k 4t..4t+3 (lowest k in the low
+//                      byte), a[1] row g + 8, a[2] and a[3] the same at k + 16)
 //                      wgmma_fence before, wgmma_commit after, wgmma_wait<N>
 //                      before the accumulators are touched.
 //   smem_desc          a descriptor for a 128B-swizzled tile: rows of 128
@@ -34,6 +41,13 @@
 // After cuda/mma.cuh, whose storage_bits, smem_addr, pack2, quad_max, online_max,
 // quad_sum and DYNAMIC_SMEM it shares. Extra defines (src/cuda/kernel.rs):
 // BLOCK_M, BLOCK_N, SMEM_BYTES.
+
+// Bytes of one operand element: e4m3 codes in the FP8 forward, else f16/bf16.
+#if IS_FP8
+#define OPERAND_BYTES 1
+#else
+#define OPERAND_BYTES 2
+#endif
 
 // A CUtensorMap: 128 opaque bytes, 64-aligned, made by the host
 // (cuTensorMapEncodeTiled) and passed by value as a __grid_constant__
@@ -69,6 +83,27 @@ template <int N>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
     host_wgmma(d, N, nullptr, a, b, true, scale_d, bits_to_f32);
 }
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], unsigned long long a, unsigned long long b,
+                                              int scale_d) {
+    host_wgmma(d, N, nullptr, a, b, false, scale_d, host_e4m3_to_f32, 1);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b) {
+    host_wgmma(d, N, a, 0, b, false, 1, host_e4m3_to_f32, 1);
+}
+// Four floats to e4m3 codes (round to nearest even, saturating at ±448),
+// the first in the low byte, as cvt.rn.satfinite.e4m3x2.f32 pairs them.
+__device__ __forceinline__ unsigned pack4_e4m3(float x0, float x1, float x2, float x3) {
+    return host_e4m3_from_f32(x0) | host_e4m3_from_f32(x1) << 8 | host_e4m3_from_f32(x2) << 16 |
+           (unsigned)host_e4m3_from_f32(x3) << 24;
+}
+__device__ __forceinline__ unsigned ld_shared_u8(unsigned at) { return *smem_at(at, 1, "ld.shared past the shared memory"); }
+// A writer of shared memory that others wait for by a barrier, made late
+// here (as a slow warp may be on the chip): a reader that skips the barrier
+// then reads the buffer unwritten or stale, or has its wgmma read it while
+// it is written (a fault), instead of finding it done by chance.
+__device__ __forceinline__ void emulation_lag() { host_lag(); }
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
     const int v = std::atomic_ref<int>(*const_cast<int*>(p)).load(std::memory_order_acquire);
     std::this_thread::yield();  // a spin on it lets the threads it waits for run
@@ -99,7 +134,7 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, int
     host_tma_load_4d(dst, map->opaque, c0, c1, c2, c3, host_bar(bar));
 }
 __device__ __forceinline__ void fence_proxy_async() { host_fence_proxy_async(); }
-__device__ __forceinline__ void st_shared_b32(unsigned at, unsigned v) { std::memcpy(host_dynamic_smem() + at, &v, 4); }
+__device__ __forceinline__ void st_shared_b32(unsigned at, unsigned v) { host_st_shared(at, &v, 4); }
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
     host_tma_store_4d(src, map->opaque, c0, c1, c2, c3);
 }
@@ -201,6 +236,44 @@ __device__ __forceinline__ void wgmma_ss_tb<64>(float (&d)[32], unsigned long lo
                  ", %32, %33, p, 1, 1, 0, 1; }"
                  : ACC32(d)
                  : "l"(a), "l"(b), "r"(scale_d));
+}
+// The FP8 forward's products (e4m3 codes, f32 accumulators, k 32 a step):
+// S = Q K^T from descriptors, O += P V^T-in-shared-memory with P from
+// registers; both B operands K-major (no transpose exists for 8-bit types).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], unsigned long long a, unsigned long long b,
+                                              int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss_e4m3<128>(float (&d)[64], unsigned long long a, unsigned long long b,
+                                                   int scale_d) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " REGS64 ", %64, %65, p, 1, 1; }"
+                 : ACC64(d)
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b);
+template <>
+__device__ __forceinline__ void wgmma_rs_e4m3<128>(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " REGS64
+                 ", {%64,%65,%66,%67}, %68, p, 1, 1; }"
+                 : ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+// Four floats to e4m3 codes, the first in the low byte: two paired
+// conversions (cvt puts its first source in the high half).
+__device__ __forceinline__ unsigned pack4_e4m3(float x0, float x1, float x2, float x3) {
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+    return (unsigned)lo | (unsigned)hi << 16;
+}
+__device__ __forceinline__ void emulation_lag() {}
+__device__ __forceinline__ unsigned ld_shared_u8(unsigned at) {
+    unsigned short v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(at) : "memory");
+    return v;
 }
 // A semaphore in global memory between blocks: an acquire load at gpu
 // scope (the spin's reads), a release store after fence_gpu.
@@ -361,8 +434,9 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned 
 // the descriptors'): the 16-byte chunk XOR the row in the 8-row atom.
 __device__ __forceinline__ unsigned swizzled_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
-// A box of 64 columns of 2-byte elements (128-byte rows, the 128B swizzle's
-// width): the unit of every TMA copy and wgmma operand over the head dim.
+// A box of 128-byte rows (the 128B swizzle's width: 64 columns of 2-byte
+// elements, or 128 e4m3 codes): the unit of every TMA copy and wgmma
+// operand over the head dim.
 #define BOX_BYTES(rows) ((rows) * 128)
 
 // A descriptor as its two words, made once outside the loops: `desc_at`
@@ -382,16 +456,21 @@ __device__ __forceinline__ unsigned long long desc_at(SmemDesc d, unsigned bytes
 }
 
 // A product over the head dim with both operands K-major in shared memory,
-// in boxes of 64 columns (128-byte rows; `a_rows` and `b_rows` rows a box):
-// k16 steps 32 B apart inside a box, the next box past column 63. The first
-// step overwrites d.
+// in boxes of 128-byte rows (`a_rows` and `b_rows` rows a box): steps of
+// 32 bytes (k16 of 2-byte elements, or k32 of e4m3 codes under IS_FP8)
+// inside a box, the next box past its 128 bytes. The first step overwrites d.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_over_d(float (&d)[N / 2], SmemDesc a, unsigned a_rows, SmemDesc b,
                                                 unsigned b_rows) {
 #pragma unroll
-    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+    for (int ks = 0; ks < HEAD_DIM * OPERAND_BYTES / 32; ++ks) {
         const unsigned box = ks / 4, col = (ks % 4) * 32;
-        wgmma_ss<N>(d, desc_at(a, box * BOX_BYTES(a_rows) + col), desc_at(b, box * BOX_BYTES(b_rows) + col),
-                    ks > 0);
+        const unsigned long long ad = desc_at(a, box * BOX_BYTES(a_rows) + col),
+                                 bd = desc_at(b, box * BOX_BYTES(b_rows) + col);
+#if IS_FP8
+        wgmma_ss_e4m3<N>(d, ad, bd, ks > 0);
+#else
+        wgmma_ss<N>(d, ad, bd, ks > 0);
+#endif
     }
 }

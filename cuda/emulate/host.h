@@ -80,6 +80,7 @@ inline unsigned short host_bf16_store(float x) {  // round to nearest even (inpu
 }
 inline float host_bf16_load(unsigned short x) { return __uint_as_float((unsigned)x << 16); }
 
+
 // Warp-collective operations (cuda/mma.cuh), emulated like the shuffles:
 // each lane posts its operands, a barrier, each lane computes its own
 // result from its warp's posts, a barrier. Fragment layouts follow the PTX
@@ -355,6 +356,29 @@ inline void host_tma_load_4d(void* dst, const unsigned long long* opaque, int c0
     mbar_changed.notify_all();  // its waiters land it
 }
 
+// cuda/hopper.cuh's emulation_lag: a writer others wait for, made
+// FLASHATTN_EMULATION_LAG_MS late (tests/cuda.rs's injected-bug builds:
+// emulated threads are slow, a reader that skipped its barrier needs the
+// writer this late to overtake it); by default not at all.
+inline void host_lag() {
+#ifdef FLASHATTN_EMULATION_LAG_MS
+    std::this_thread::sleep_for(std::chrono::milliseconds(FLASHATTN_EMULATION_LAG_MS));
+#endif
+}
+
+// st.shared by address: a store into bytes an unretired wgmma group reads
+// (the FP8 forward's V^T written before its readers released it) is a fault.
+inline void host_st_shared(unsigned at, const void* v, unsigned bytes) {
+    unsigned char* dst = (unsigned char*)smem_at(at, bytes, "st.shared past the shared memory");
+    {
+        std::lock_guard<std::mutex> lock(mbar_mutex);
+        for (const SmemRead& r : wgmma_reads)
+            if (at < r.hi && r.lo < at + bytes)
+                emulation_fault("st.shared over shared memory an unretired wgmma reads (released too early)");
+    }
+    std::memcpy(dst, v, bytes);
+}
+
 // cp.async.bulk.tensor.4d.global.shared::cta (TMA stores): shared memory
 // written by plain stores reaches the async proxy only after each writer's
 // fence.proxy.async, so every thread of the issuing thread's warpgroup
@@ -449,7 +473,36 @@ inline void host_named_barrier(int id, int count, bool wait) {
     }
 }
 
-// wgmma.mma_async m64nNk16, f32 accumulators. Issued collectively by a
+// e4m3 (e4m3fn) codes: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits,
+// ±448 at most, 0x7f/0xff NaN. A wgmma fed a NaN code reads bytes no one
+// wrote (the shared memory starts as 0xff) or a stale tile: a fault here.
+inline float host_e4m3_to_f32(unsigned code) {
+    code &= 0xffu;
+    const unsigned e = (code >> 3) & 15u, m = code & 7u;
+    if (e == 15 && m == 7) emulation_fault("wgmma operand is an e4m3 NaN code (0x7f/0xff): unwritten or stale shared memory");
+    const float mag = e == 0 ? (float)m / 512.0f : std::ldexp((float)(8 + m), (int)e - 10);
+    return code & 0x80u ? -mag : mag;
+}
+// cvt.rn.satfinite.e4m3.f32 of one value: nearest, ties to even, saturating
+// at ±448 (NaN: 0x7f).
+inline unsigned host_e4m3_from_f32(float x) {
+    if (std::isnan(x)) return 0x7fu;
+    const unsigned sign = std::signbit(x) ? 0x80u : 0u;
+    const double a = std::fabs((double)x);
+    if (a >= 448.0) return sign | 0x7eu;
+    if (a == 0.0) return sign;
+    int e;
+    std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+    int E = std::max(e - 1, -6);
+    double n = std::nearbyint(std::ldexp(a, 3 - E));  // ties to even (the default rounding mode)
+    if (n < 8) return sign | (unsigned)n;  // subnormal: multiples of 2^-9
+    if (n == 16) n = 8, ++E;
+    if (E > 8 || (E == 8 && n > 14)) return sign | 0x7eu;
+    return sign | (unsigned)((E + 7) << 3) | (unsigned)(n - 8);
+}
+
+// wgmma.mma_async m64nNk16 (2-byte elements) or m64nNk32 (e4m3 codes),
+// f32 accumulators. Issued collectively by a
 // warpgroup: at the commit, between two warpgroup barriers, the group's
 // descriptors are checked uniform and the register A fragments gathered;
 // the product is computed at the wgmma.wait_group that retires the group,
@@ -461,8 +514,9 @@ struct WgmmaOp {
     bool a_regs, trans_b, scale_d;
     unsigned long long a_desc, b_desc;
     uint32_t a[4];        // this thread's register A fragment
-    float a_rows[2][16];  // this thread's rows of A (register A), gathered at the commit
+    float a_rows[2][32];  // this thread's rows of A (register A), gathered at the commit
     float (*decode)(unsigned);
+    unsigned eb;  // bytes an element: 2, or 1 (e4m3); k = 32 / eb a step
 };
 static const std::vector<WgmmaOp>* wgmma_posts[1024];
 thread_local std::vector<WgmmaOp> wgmma_open;
@@ -470,32 +524,36 @@ thread_local std::deque<std::vector<WgmmaOp>> wgmma_groups;
 thread_local bool wgmma_fenced;
 
 // Shared-memory element (row, k) of a K-major operand or (k, n) of an
-// MN-major one, by the descriptor as the hardware decodes it.
-inline unsigned desc_offset(unsigned long long desc, bool mn_major, int mn, int k) {
+// MN-major one, by the descriptor as the hardware decodes it, of `eb`-byte
+// elements (8-bit ones K-major only, as the PTX ISA allows).
+inline unsigned desc_offset(unsigned long long desc, bool mn_major, int mn, int k, unsigned eb = 2) {
     const unsigned start = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)((desc >> 16) & 0x3fff) << 4,
                    sbo = (unsigned)((desc >> 32) & 0x3fff) << 4;
     if ((desc >> 62) != 1) emulation_fault("wgmma descriptor: swizzle mode is not 128B");
     if ((desc >> 49) & 7) emulation_fault("wgmma descriptor: nonzero base offset");
+    if (mn_major && eb != 2) emulation_fault("wgmma: an 8-bit operand MN-major (transposed)");
     const unsigned linear = mn_major ? (k / 8) * sbo + (k % 8) * 128 + (mn / 64) * lbo + (mn % 64) * 2
-                                     : (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+                                     : (mn / 8) * sbo + (mn % 8) * 128 + k * eb;
     return swizzle_128b(start + linear);
 }
-inline float desc_load(unsigned long long desc, bool mn_major, int mn, int k, float (*decode)(unsigned)) {
-    uint16_t bits;
-    std::memcpy(&bits, smem_at(desc_offset(desc, mn_major, mn, k), 2, "wgmma operand past the shared memory"), 2);
+inline float desc_load(unsigned long long desc, bool mn_major, int mn, int k, float (*decode)(unsigned),
+                       unsigned eb = 2) {
+    uint16_t bits = 0;
+    std::memcpy(&bits, smem_at(desc_offset(desc, mn_major, mn, k, eb), eb, "wgmma operand past the shared memory"),
+                eb);
     return decode(bits);
 }
 inline void host_wgmma_fence() { wgmma_fenced = true; }
-// Bytes [lo, hi) an operand of `rows` (M or N) by 16 (K) spans, whole 128-byte rows.
-inline SmemRead operand_bytes(unsigned long long desc, bool mn_major, int rows) {
-    const unsigned last = mn_major ? desc_offset(desc, true, rows - 1, 15) : desc_offset(desc, false, rows - 1, 15);
-    return SmemRead{desc_offset(desc, mn_major, 0, 0) & ~127u, (last | 127u) + 1, threadIdx.x, wgmma_serial};
+// Bytes [lo, hi) an operand of `rows` (M or N) by one step's K (32 bytes) spans, whole 128-byte rows.
+inline SmemRead operand_bytes(unsigned long long desc, bool mn_major, int rows, unsigned eb) {
+    const unsigned last = desc_offset(desc, mn_major, rows - 1, 32 / eb - 1, eb);
+    return SmemRead{desc_offset(desc, mn_major, 0, 0, eb) & ~127u, (last | 127u) + 1, threadIdx.x, wgmma_serial};
 }
 inline void host_wgmma(float* d, int n, const uint32_t* a, unsigned long long a_desc, unsigned long long b_desc,
-                       bool trans_b, bool scale_d, float (*decode)(unsigned)) {
+                       bool trans_b, bool scale_d, float (*decode)(unsigned), unsigned eb = 2) {
     if (wgmma_open.empty() && !wgmma_fenced) emulation_fault("wgmma without a wgmma.fence before its group");
     if (blockDim.x % 128) emulation_fault("wgmma in a block of partial warpgroups");
-    WgmmaOp op{d, n, a != nullptr, trans_b, scale_d, a_desc, b_desc, {}, {}, decode};
+    WgmmaOp op{d, n, a != nullptr, trans_b, scale_d, a_desc, b_desc, {}, {}, decode, eb};
     if (a) std::memcpy(op.a, a, sizeof op.a);
     wgmma_open.push_back(op);
 }
@@ -509,21 +567,26 @@ inline void host_wgmma_commit() {
         WgmmaOp& op = wgmma_open[n];
         if (lead[n].b_desc != op.b_desc || lead[n].n != op.n || (!op.a_regs && lead[n].a_desc != op.a_desc))
             emulation_fault("wgmma descriptors differ in a warpgroup");
+        if (lead[n].eb != op.eb) emulation_fault("wgmma element types differ in a warpgroup");
         if (!op.a_regs) continue;
-        // mma.m16n8k16's A layout per warp: lane 4g + t holds (g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..).
-        const unsigned g = lane / 4;
+        // The A layout per warp, of e = 4 / eb elements a register and K =
+        // 32 / eb: lane 4g + t holds row g, k e t.. (a[0]), row g + 8 (a[1]),
+        // and both at k + K/2 (a[2], a[3]); the lowest k in the low bits
+        // (mma.m16n8k16's for 2-byte elements, m16n8k32's for bytes).
+        const unsigned g = lane / 4, per = 4 / op.eb, kk = 32 / op.eb, half = kk / 2, bits = 8 * op.eb;
         for (int r = 0; r < 2; ++r)
-            for (int k = 0; k < 16; ++k) {
-                const uint32_t w = (*wgmma_posts[warp_base + g * 4 + (k % 8) / 2])[n].a[r + 2 * (k >= 8)];
-                op.a_rows[r][k] = op.decode(k % 2 ? w >> 16 : w & 0xffffu);
+            for (unsigned k = 0; k < kk; ++k) {
+                const uint32_t w = (*wgmma_posts[warp_base + g * 4 + (k % half) / per])[n].a[r + 2 * (k >= half)];
+                const unsigned mask = op.eb == 2 ? 0xffffu : 0xffu;
+                op.a_rows[r][k] = op.decode((w >> (bits * (k % per))) & mask);
             }
     }
     warpgroup_sync();
     {
         std::lock_guard<std::mutex> lock(mbar_mutex);
         for (const WgmmaOp& op : wgmma_open) {
-            wgmma_reads.push_back(operand_bytes(op.b_desc, op.trans_b, op.n));
-            if (!op.a_regs) wgmma_reads.push_back(operand_bytes(op.a_desc, false, 64));
+            wgmma_reads.push_back(operand_bytes(op.b_desc, op.trans_b, op.n, op.eb));
+            if (!op.a_regs) wgmma_reads.push_back(operand_bytes(op.a_desc, false, 64, op.eb));
         }
     }
     ++wgmma_serial;
@@ -537,18 +600,20 @@ inline void host_wgmma_wait(int newest_pending) {
         for (const WgmmaOp& op : wgmma_groups.front()) {
             // This thread's two rows of A and n/4 columns of B, decoded once
             // (the products below read each n/8 or 2 times).
-            float a[2][16], b[64][16];
+            const int kk = 32 / (int)op.eb;
+            float a[2][32], b[64][32];
             if (op.n > 256 || op.n % 8) emulation_fault("wgmma n outside 8..256 in steps of 8");
             for (int r = 0; r < 2; ++r)
-                for (int k = 0; k < 16; ++k)
-                    a[r][k] = op.a_regs ? op.a_rows[r][k] : desc_load(op.a_desc, false, row0 + 8 * r, k, op.decode);
+                for (int k = 0; k < kk; ++k)
+                    a[r][k] = op.a_regs ? op.a_rows[r][k]
+                                        : desc_load(op.a_desc, false, row0 + 8 * r, k, op.decode, op.eb);
             for (int j = 0; j < op.n / 4; ++j)
-                for (int k = 0; k < 16; ++k)
-                    b[j][k] = desc_load(op.b_desc, op.trans_b, 8 * (j / 2) + 2 * t + j % 2, k, op.decode);
+                for (int k = 0; k < kk; ++k)
+                    b[j][k] = desc_load(op.b_desc, op.trans_b, 8 * (j / 2) + 2 * t + j % 2, k, op.decode, op.eb);
             for (int i = 0; i < op.n / 2; ++i) {
                 const int c = i / 4, e = i % 4;
                 float acc = op.scale_d ? op.d[i] : 0.0f;
-                for (int k = 0; k < 16; ++k) acc = std::fma(a[e / 2][k], b[2 * c + e % 2][k], acc);
+                for (int k = 0; k < kk; ++k) acc = std::fma(a[e / 2][k], b[2 * c + e % 2][k], acc);
                 op.d[i] = acc;
             }
         }
