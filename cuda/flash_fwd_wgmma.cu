@@ -44,36 +44,89 @@
 //
 // Q's bytes are also where O goes out: a Q empty barrier (both consumers,
 // after their stores have read it) frees them for the next item's Q.
+//
+// IS_FP8 (src/cuda/fp8.rs): the same kernel on e4m3 codes, padded head dim
+// 128 (a row of 128 codes is one 128-byte box), f32 out.
+//   Scores: S = Q K^T by wgmma k32 steps on the codes, each (sequence,
+//     head)'s sq · sk · scale folded into the exp2 FFMA's factor (sl2), or
+//     (softcap) into the raw dot product before the tanh.
+//   P: p = exp(s - running max) rounded by cvt.rn.satfinite.e4m3x2.f32 at
+//     p · 448 (P's own scale, 1/448), l summed from the unrounded p; o =
+//     acc · sv / 448 / l once at the end, written as f32 from registers (4x
+//     Q's bytes: staging it for a TMA store would take 64 KiB more).
+//   V^T: an 8-bit B operand is K-major only, so P V needs V^T (keys
+//     contiguous). The whole producer warpgroup transposes each V tile into
+//     a V^T buffer of its stage (after V's full barrier and the consumers'
+//     release of that buffer, then fence.proxy.async and the V^T full
+//     barrier); a producer named barrier keeps the next TMA of V out of a
+//     slot still being read. The transpose permutes the keys so that P
+//     needs no shuffle: S's accumulator gives lane 4g + t, of each 32 keys,
+//     keys 2t, 2t+1, 8+2t, 9+2t (row g and g+8; and the same + 16), where
+//     the k32 A fragment wants k 4t..4t+3 (and + 16). So A's k = 4t + i
+//     is key 2t + i%2 + 8(i/2) (fp8_key below), V^T's column k holds that
+//     key's codes, and P's registers pack in the order they hold.
+//
+//   [align] Q | stage 0: K, V, V^T | stage 1: K, V, V^T | mbarriers
 
 #define THREADS 384
-#define Q_BYTES (BLOCK_M * HEAD_DIM * 2)
-#define TILE_BYTES (BLOCK_N * HEAD_DIM * 2)
+#define ROW_BYTES (HEAD_DIM * OPERAND_BYTES)
+#define BOXES (ROW_BYTES / 128)  // 128-byte boxes across a row
+#define Q_BYTES (BLOCK_M * ROW_BYTES)
+#define TILE_BYTES (BLOCK_N * ROW_BYTES)
 #define STAGES 2
-// Q full, K full x2, V full x2, K empty x2, V empty x2, Q empty: these numbers in a deadlock report
-#define BARRIERS 10
+// K, V (and the FP8 variant's V^T: HEAD_DIM rows of BLOCK_N codes)
+#define STAGE_BYTES ((IS_FP8 ? 3 : 2) * TILE_BYTES)
+// Q full, K full x2, V full x2, K empty x2, V empty x2 (FP8: V^T read), Q
+// empty, (FP8) V^T full x2: these numbers in a deadlock report
+#define BARRIERS (IS_FP8 ? 12 : 10)
 #define BAR_Q_FULL 0
 #define BAR_K_FULL 1
 #define BAR_V_FULL 3
 #define BAR_K_EMPTY 5
 #define BAR_V_EMPTY 7
 #define BAR_Q_EMPTY 9
+#define BAR_VT_FULL 10
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
+static_assert(!IS_FP8 || HEAD_DIM == 128, "FP8: a row of 128 codes, one box");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
-static_assert(1024 + Q_BYTES + 2 * STAGES * TILE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
+static_assert(1024 + Q_BYTES + STAGES * STAGE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
 
 // FA3's split for two consumer warpgroups: 24 + 2 x 240 registers per
-// thread x 128 threads stay within the 64K-register file.
-#define PRODUCER_REGS 24
-#define CONSUMER_REGS 240
+// thread x 128 threads stay within the 64K-register file; the FP8
+// producers, which transpose V, 40 (40 + 2 x 232).
+#define PRODUCER_REGS (IS_FP8 ? 40 : 24)
+#define CONSUMER_REGS (IS_FP8 ? 232 : 240)
 // The overlap keeps S (64 floats), P (32 registers) and O in flight at once;
 // at d 128 the softcap's tanhf no longer fits beside them in 240 registers
 // (ptxas spilled), so that variant issues its products one after the other.
 #define OVERLAP (HEAD_DIM < 128 || !HAS_SOFTCAP)
 // Without a softcap (whose tanh needs each scaled score) the softmax takes
 // FA3's form: m over the raw dot products, P = 2^(s·sl2 − m·sl2) by one
-// FFMA and one ex2 (the plan sends scales of 0 or below to the sm80 kernels).
+// FFMA and one ex2 (the plan sends scales of 0 or below to the sm80 kernels;
+// src/cuda/fp8.rs refuses them).
 #define EXP2_SOFTMAX (!HAS_SOFTCAP)
+
+#if IS_FP8
+// The key whose codes V^T's column k holds, in each 32 keys (the header's
+// permutation): A's k = 4t + i (and + 16) is the key lane t's accumulators hold there.
+__device__ __forceinline__ int fp8_key(int k) {
+    const int i = k % 4;
+    return (k & ~15) + 2 * ((k % 16) / 4) + i % 2 + 8 * (i / 2);
+}
+// Row n (head dim column n) of V^T from the V tile, by one producer thread:
+// a word of 4 codes a store, keys in fp8_key's order (both tiles 128-byte
+// rows in the 128B swizzle).
+__device__ __forceinline__ void transpose_v_row(unsigned v_at, unsigned vt_at, int n) {
+#pragma unroll 4
+    for (int w = 0; w < BLOCK_N / 4; ++w) {
+        unsigned word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) word |= ld_shared_u8(v_at + swizzled_128b(fp8_key(4 * w + i) * 128 + n)) << (8 * i);
+        st_shared_b32(vt_at + swizzled_128b(n * 128 + 4 * w), word);
+    }
+}
+#endif
 
 // The persistent grid's list: m_blocks query blocks (of the longest
 // sequence) x heads_q x seqs sequences; the products come from the host
@@ -124,17 +177,27 @@ __device__ __forceinline__ Item enter_item(const Problem& problem, const Layout&
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
-          const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to,
-          storage_t* __restrict__ o_all, float* __restrict__ lse,
+          const __grid_constant__ TensorMap tv,
+#if IS_FP8
+          // o (batch, seqlen_q, heads_q, HEAD_DIM) f32; each tensor's scales
+          // per (batch entry, head): (batch, heads_q) for q, heads_kv for k, v
+          float* __restrict__ o_all, float* __restrict__ lse, const float* __restrict__ q_scales,
+          const float* __restrict__ k_scales, const float* __restrict__ v_scales,
+#else
+          const __grid_constant__ TensorMap to, storage_t* __restrict__ o_all, float* __restrict__ lse,
+#endif
           const Problem problem, const Layout L, const Work W) {
     DYNAMIC_SMEM(smem_raw);
     // Swizzling works on absolute shared addresses: align the tiles themselves.
     unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     unsigned char* q_s = smem;
     unsigned char* kv_s = smem + Q_BYTES;
-    const Bar bars = bar_at(kv_s + 2 * STAGES * TILE_BYTES);
+    const Bar bars = bar_at(kv_s + STAGES * STAGE_BYTES);
     const Bar q_full = bars + BAR_Q_FULL, k_full = bars + BAR_K_FULL, v_full = bars + BAR_V_FULL,
               k_empty = bars + BAR_K_EMPTY, v_empty = bars + BAR_V_EMPTY, q_empty = bars + BAR_Q_EMPTY;
+#if IS_FP8
+    const Bar vt_full = bars + BAR_VT_FULL;
+#endif
     // TMA coordinates (row, batch entry): a dense batch's maps are 4-D, the
     // sequence a batch entry; a packed batch's span the packed tensor (a
     // batch of one), the sequence starting at row q0 / k0. Its boxes then
@@ -151,6 +214,9 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             mbar_init(v_full + s, 1);
             mbar_init(k_empty + s, 2 * 128);  // every consumer thread releases
             mbar_init(v_empty + s, 2 * 128);
+#if IS_FP8
+            mbar_init(vt_full + s, 128);  // every producer thread's row of V^T
+#endif
         }
         mbar_init(q_empty, 2);  // each consumer's last thread out
         mbar_init_fence();
@@ -159,7 +225,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
+        // One thread issues the copies; under FP8 the whole warpgroup walks
+        // the items too, to transpose each V tile.
+        const bool issuer = threadIdx.x == 0;
+        if (IS_FP8 || issuer) {
             // ring: K/V tiles loaded for earlier items; taken: items whose Q
             // barriers turned (a skipped item turns none).
             int ring = 0, taken = 0;
@@ -169,30 +238,47 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 const int tiles = it.steps.count, tb = tma_batch(it), k_row = k_row0(it);
                 const int hk = it.h / (it.p.heads_q / it.p.heads_kv);
                 // The last item's Q (and O's staging in its bytes) released.
-                if (taken > 0) mbar_wait(q_empty, (taken - 1) & 1, BAR_Q_EMPTY);
-                if (tiles > 0) {
+                if (issuer && taken > 0) mbar_wait(q_empty, (taken - 1) & 1, BAR_Q_EMPTY);
+                if (issuer && tiles > 0) {
                     mbar_arrive_expect_tx(q_full, Q_BYTES);
-                    for (int box = 0; box < HEAD_DIM / 64; ++box)
+                    for (int box = 0; box < BOXES; ++box)
                         tma_load_4d(q_s + box * BOX_BYTES(BLOCK_M), &tq, box * 64, it.h, q_row0(it) + it.m0, tb,
                                     q_full);
-                } else {
+                } else if (issuer) {
                     mbar_arrive(q_full);  // no keys: the consumers write o = 0 through Q's bytes all the same
                 }
                 for (int tile = 0; tile < tiles; ++tile) {
                     const int g = ring + tile, s = g % STAGES, n0 = k_row + step_start(L, it.steps, tile, BLOCK_N);
-                    unsigned char* k_s = kv_s + s * 2 * TILE_BYTES;
+                    unsigned char* k_s = kv_s + s * STAGE_BYTES;
                     // A fresh barrier counts as having completed the phase before
                     // its first (parity 1): the first pass through the ring waits for nothing.
                     const unsigned parity = ((g / STAGES) & 1) ^ 1;
-                    mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
-                    mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
-                    for (int box = 0; box < HEAD_DIM / 64; ++box)
-                        tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, tb, k_full + s);
+                    if (issuer) {
+                        mbar_wait(k_empty + s, parity, BAR_K_EMPTY + s);
+                        mbar_arrive_expect_tx(k_full + s, TILE_BYTES);
+                        for (int box = 0; box < BOXES; ++box)
+                            tma_load_4d(k_s + box * BOX_BYTES(BLOCK_N), &tk, box * 64, hk, n0, tb, k_full + s);
+                        // FP8: V's slot is free once the warpgroup's last
+                        // transpose of it passed the named barrier below.
+                        if (!IS_FP8) mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
+                        mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
+                        for (int box = 0; box < BOXES; ++box)
+                            tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, tb,
+                                        v_full + s);
+                    }
+#if IS_FP8
+                    // V landed and the consumers are done with this stage's
+                    // V^T: this thread's row of it, fenced for wgmma's (async
+                    // proxy) reads, then V^T full; the named barrier: every
+                    // read of V done before the next copy into its slot.
+                    mbar_wait(v_full + s, parity ^ 1, BAR_V_FULL + s);
                     mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
-                    mbar_arrive_expect_tx(v_full + s, TILE_BYTES);
-                    for (int box = 0; box < HEAD_DIM / 64; ++box)
-                        tma_load_4d(k_s + TILE_BYTES + box * BOX_BYTES(BLOCK_N), &tv, box * 64, hk, n0, tb,
-                                    v_full + s);
+                    emulation_lag();
+                    transpose_v_row(smem_addr(k_s + TILE_BYTES), smem_addr(k_s + 2 * TILE_BYTES), threadIdx.x);
+                    fence_proxy_async();
+                    mbar_arrive(vt_full + s);
+                    named_bar_sync<5, 128>();
+#endif
                 }
                 ring += tiles;
                 ++taken;
@@ -209,14 +295,21 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
         // second 64 columns of d one box, LBO, further).
         const SmemDesc q_desc = smem_desc_words(q_s + wg * 64 * 128, 16, 1024);
         const SmemDesc k_desc = smem_desc_words(kv_s, 16, 1024);
+#if IS_FP8
+        // V^T: HEAD_DIM rows of BLOCK_N codes, K-major as K is.
+        const SmemDesc v_desc = smem_desc_words(kv_s + 2 * TILE_BYTES, 16, 1024);
+#else
         const SmemDesc v_desc = smem_desc_words(kv_s + TILE_BYTES, BOX_BYTES(BLOCK_N), 1024);
+#endif
         // The turn to issue products: named barrier 1 + wg, completed by this
         // warpgroup's sync and the other's arrive (256 threads). Consumer 1
         // lets consumer 0 go first, and skips its last pass, so every arrive
         // meets a sync: tiles + 1 turns each, in every item.
         auto take_turn = [&] { wg == 0 ? named_bar_sync<1, 256>() : named_bar_sync<2, 256>(); };
         auto pass_turn = [&] { wg == 0 ? named_bar_arrive<2, 256>() : named_bar_arrive<1, 256>(); };
+#if !IS_FP8
         const float sl2 = problem.scale * 1.4426950408889634f;  // scale · log2 e
+#endif
 
         int ring = 0, taken = 0;  // as the producer counts them
         for (int n = 0, index; (index = item_index(n, W)) >= 0; ++n) {
@@ -233,7 +326,20 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             const int m0 = it.m0, h = it.h, tiles = steps.count;
             const int r0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
             float acc[HEAD_DIM / 2], s[BLOCK_N / 2];
-            unsigned pa[BLOCK_N / 16][4];  // P, rounded to storage: wgmma's register A fragments
+            // P, rounded to storage (FP8: e4m3 codes of p · 448): wgmma's register A fragments
+            unsigned pa[BLOCK_N * OPERAND_BYTES / 32][4];
+#if IS_FP8
+            // This (sequence, head)'s scales: sqk = sq · sk turns a dot
+            // product of codes into one of values; sc = scale · sqk into
+            // score units. sl2 stays above 0 (a head of scale 0 has zero
+            // codes: any factor gives its scores, all 0; a masked score's
+            // -inf times 0 would be NaN).
+            const int hk_c = h / (p.heads_q / p.heads_kv);
+            const float sqk = q_scales[it.z * p.heads_q + h] * k_scales[it.z * p.heads_kv + hk_c];
+            const float sc = p.scale * sqk;
+            const float sl2 = fmaxf(sc * 1.4426950408889634f, 1.17549435e-38f);
+            const float o_scale = v_scales[it.z * p.heads_kv + hk_c] * (1.0f / 448.0f);
+#endif
 #pragma unroll
             for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
             float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
@@ -264,7 +370,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             // S = Q K^T for the item's tile `tile` (ring slot g = ring + tile).
             auto issue_qk = [&](int tile) {
                 const int g = ring + tile;
-                const SmemDesc k_stage = desc_moved(k_desc, (g % STAGES) * 2 * TILE_BYTES);
+                const SmemDesc k_stage = desc_moved(k_desc, (g % STAGES) * STAGE_BYTES);
                 mbar_wait(k_full + g % STAGES, (g / STAGES) & 1, BAR_K_FULL + g % STAGES);
                 wgmma_fence();
                 wgmma_ss_over_d<BLOCK_N>(s, q_desc, BLOCK_M, k_stage, BLOCK_N);
@@ -273,12 +379,19 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             // O += P V for tile `tile`.
             auto issue_pv = [&](int tile) {
                 const int g = ring + tile;
+                const SmemDesc v_stage = desc_moved(v_desc, (g % STAGES) * STAGE_BYTES);
+#if IS_FP8
+                mbar_wait(vt_full + g % STAGES, (g / STAGES) & 1, BAR_VT_FULL + g % STAGES);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 32; ++kk) wgmma_rs_e4m3<HEAD_DIM>(acc, pa[kk], desc_at(v_stage, kk * 32));
+#else
                 mbar_wait(v_full + g % STAGES, (g / STAGES) & 1, BAR_V_FULL + g % STAGES);
-                const SmemDesc v_stage = desc_moved(v_desc, (g % STAGES) * 2 * TILE_BYTES);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk)
                     wgmma_rs<HEAD_DIM, 1>(acc, pa[kk], desc_at(v_stage, kk * 16 * 128));
+#endif
                 wgmma_commit();
             };
             // The online softmax of S (tile `tile`) in place: s becomes P
@@ -300,6 +413,9 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                         if (!inner) x = ok ? x - raw_slope * fabsf((float)(i + off - j)) : NEG_INF;
 #else
                         float dcap;
+#if IS_FP8
+                        x *= sqk;  // the dot product of codes to one of values
+#endif
                         x = ok ? with_alibi(p, raw_slope, score(p, x, &dcap), i, j) : NEG_INF;
 #endif
                         mx[e / 2] = fmaxf(mx[e / 2], x);
@@ -324,6 +440,19 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             };
             // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
             auto pack_p = [&] {
+#if IS_FP8
+                // P · 448 to codes, each 32 keys' registers in the order
+                // they hold (V^T's keys are permuted to match: fp8_key).
+                auto q8 = [&](int c) { return s[c] * 448.0f; };
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 32; ++kk) {
+                    const int c = 16 * kk;
+                    pa[kk][0] = pack4_e4m3(q8(c + 0), q8(c + 1), q8(c + 4), q8(c + 5));
+                    pa[kk][1] = pack4_e4m3(q8(c + 2), q8(c + 3), q8(c + 6), q8(c + 7));
+                    pa[kk][2] = pack4_e4m3(q8(c + 8), q8(c + 9), q8(c + 12), q8(c + 13));
+                    pa[kk][3] = pack4_e4m3(q8(c + 10), q8(c + 11), q8(c + 14), q8(c + 15));
+                }
+#else
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                     pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
@@ -331,6 +460,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
                     pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
                 }
+#endif
             };
 
             mbar_wait(q_full, taken & 1, BAR_Q_FULL);
@@ -395,7 +525,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 retire_pv(last);
             }
 
-            const bool tma_o = !L.cu_q;
+            const bool tma_o = !IS_FP8 && !L.cu_q;
             unsigned char* o_s = q_s + wg * 64 * 128;  // this warpgroup's rows of each Q box
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -403,6 +533,21 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 const float sum = quad_sum(l[r]);
                 // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
                 float inv_l, row_lse;
+#if IS_FP8
+                finish_row(EXP2_SOFTMAX ? m[r] * sc : m[r], sum, NEG_INF, &inv_l, &row_lse);  // m in score units
+                if (i >= p.seqlen_q) continue;
+                {
+                    float* o = from_row(o_all, seq.q0, p.heads_q, HEAD_DIM);
+                    const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, HEAD_DIM);
+                    const float f = o_scale * inv_l;
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c) {
+                        o[row + c * 8 + 2 * t] = acc[4 * c + 2 * r] * f;
+                        o[row + c * 8 + 2 * t + 1] = acc[4 * c + 2 * r + 1] * f;
+                    }
+                }
+                if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+#else
                 finish_row(EXP2_SOFTMAX ? m[r] * p.scale : m[r], sum, L.sinks ? L.sinks[h] : NEG_INF, &inv_l,
                            &row_lse);  // m in score units
                 if (tma_o) {
@@ -427,6 +572,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                         }
                 }
                 if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
+#endif
             }
             // Every writer's fence (for the TMA store), then the warpgroup's
             // barrier (3 + wg, its 128 threads: its last reads of Q retired,
@@ -436,8 +582,10 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             wg == 0 ? named_bar_sync<3, 128>() : named_bar_sync<4, 128>();
             if (threadIdx.x % 128 == 0) {
                 if (tma_o) {
+#if !IS_FP8
                     for (int box = 0; box < HEAD_DIM / 64; ++box)
                         tma_store_4d(&to, box * 64, h, m0 + wg * 64, it.z, o_s + box * BOX_BYTES(BLOCK_M));
+#endif
                     bulk_commit();
                     bulk_wait_read();
                 }

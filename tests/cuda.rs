@@ -209,7 +209,9 @@ fn is_main(key: &KernelKey) -> bool {
     let widest = key.family == Family::Decode && key.head_dim == MAX_HEAD_DIM;
     let scalar = matches!(key.family, Family::Forward | Family::Backward);
     let wide = scalar && flashattn::cuda::kernel::WIDE_HEAD_DIMS.contains(&key.head_dim);
-    key.precision != Precision::F32 && ([64, 128].contains(&key.head_dim) || widest || wide)
+    // The FP8 Hopper forward: e4m3 codes in, f32 out (its key's precision).
+    (key.precision != Precision::F32 || key.is_fp8())
+        && ([64, 128].contains(&key.head_dim) || widest || wide)
 }
 
 /// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
@@ -233,7 +235,10 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     }
     // The Hopper instructions, not a slower path.
     if key.family.is_wgmma() && std::env::var_os("FLASHATTN_NVDISASM").is_some() {
-        let ops: &[&str] = if key.family.is_forward() {
+        let ops: &[&str] = if key.is_fp8() {
+            // e4m3 products of k 32; o goes out from registers (no TMA store).
+            &[FP8_OPS[0], FP8_OPS[1], "UTMALDG.4D", "USETMAXREG"]
+        } else if key.family.is_forward() {
             &[
                 "HGMMA.64x128x16.F32",
                 "UTMALDG.4D",
@@ -252,6 +257,13 @@ fn assembly_faults(ptxas_path: &PathBuf, key: &KernelKey, ptx: &Ptx, sm: &str) -
     }
     faults
 }
+
+/// The FP8 forward's products in SASS: wgmma m64n128k32 on e4m3 codes
+/// (QGMMA, the 8-bit form of HGMMA), and P's paired conversion to codes.
+const FP8_OPS: [&str; 2] = [
+    "QGMMA.64x128x32.F32.E4M3.E4M3",
+    "F2FP.SATFINITE.E4M3.F32.PACK_AB",
+];
 
 /// `f` of every job, spread over the cores (job i on thread i mod cores;
 /// the results in no particular order).
@@ -1368,6 +1380,123 @@ fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
         let case: Vec<String> = case.split(' ').map(String::from).collect();
         bugs_fail(&cxx, dir.path(), &key, &case, bugs);
     }
+}
+
+/// The FP8 Hopper forward (cuda/flash_fwd_wgmma.cu's IS_FP8) under host
+/// emulation, where host.h gives wgmma on e4m3 codes (k 32, register A in
+/// the 8-bit fragment layout, K-major operands only, a NaN code read a
+/// fault) and st.shared over bytes an unretired wgmma reads is a fault:
+/// check.cpp tests the e4m3 wrappers against plain products (S from
+/// descriptors, D from registers packed by the paired conversion), then
+/// random codes with per-head scales (a q head and a v head of scale 0)
+/// against attention in double on the dequantized values: GQA 4:2 and
+/// 4:1, 45 × 70, 70 × 45 (empty rows under a band), 113 × 113 causal, 1 ×
+/// 255, 255 × 1, head dims 128, 100 and 64 (padded to 128), a window;
+/// lse by the accuracy rule, o by FP8's (its RMSE within 1.1 × that of the
+/// naive FP8 computation in double). All four band/softcap variants.
+#[test]
+fn the_fp8_hopper_forward_matches_a_double_reference_under_host_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (band, softcap) in [(false, false), (true, false), (false, true), (true, true)] {
+        let key = KernelKey::fp8_forward(128, band, softcap);
+        failures.extend(emulate(&cxx, dir.path(), &key, false));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The emulation finds bugs put into the FP8 forward: V^T's key
+/// permutation not the one P's registers hold, sq or sv left out of the
+/// scales, and P V reading V^T after V's barrier rather than V^T's (built
+/// with the transposing producers made late, FLASHATTN_EMULATION_LAG_MS,
+/// so that the consumers overtake them). One case of two key tiles each.
+#[test]
+fn bugs_put_into_the_fp8_hopper_forward_fail_its_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = KernelKey::fp8_forward(128, false, false);
+    let case: Vec<String> = "cases one 113 150 -1 -1 128 2 1 1"
+        .split(' ')
+        .map(String::from)
+        .collect();
+    let lag = ["FLASHATTN_EMULATION_LAG_MS=300"];
+    let bugs = [
+        (
+            "keys swapped in V^T",
+            "i % 2 + 8 * (i / 2)",
+            "i / 2 + 8 * (i % 2)",
+        ),
+        (
+            "no sq",
+            "q_scales[it.z * p.heads_q + h] * k_scales",
+            "k_scales",
+        ),
+        (
+            "no sv",
+            "v_scales[it.z * p.heads_kv + hk_c] * (1.0f / 448.0f)",
+            "(1.0f / 448.0f)",
+        ),
+        (
+            "V^T read after V's barrier",
+            "mbar_wait(vt_full + g % STAGES, (g / STAGES) & 1, BAR_VT_FULL + g % STAGES);",
+            "mbar_wait(v_full + g % STAGES, (g / STAGES) & 1, BAR_V_FULL + g % STAGES);",
+        ),
+    ];
+    let source = key.source();
+    let (report, passed) =
+        run_emulation(&build_emulation(&cxx, dir.path(), &key, false, &lag), &case);
+    assert!(passed, "the kernel as it is:\n{report}");
+    for (what, from, to) in bugs {
+        assert_eq!(source.matches(from).count(), 1, "{what}: {from:?}");
+        let name = format!("{}_{}", key.label(), what.replace([' ', '^', '\''], "_"));
+        let exe = build_emulation_of(
+            &cxx,
+            dir.path(),
+            &key,
+            &source.replace(from, to),
+            &name,
+            false,
+            &lag,
+        );
+        let (report, passed) = run_emulation(&exe, &case);
+        assert!(!passed, "{what} went unnoticed:\n{report}");
+    }
+}
+
+/// The FP8 forward's four variants through NVRTC for sm_90a and ptxas:
+/// no spills, no serialized wgmma or ignored setmaxnreg (C7510, C7508),
+/// and (with FLASHATTN_NVDISASM) its products are QGMMA on E4M3 in SASS,
+/// P's conversion F2FP.SATFINITE.E4M3 ([`FP8_OPS`]).
+#[test]
+fn the_fp8_hopper_forward_assembles_without_spills_on_e4m3_qgmma() {
+    if !nvrtc_or_waive() {
+        return;
+    }
+    let Some(ptxas_path) = std::env::var_os("FLASHATTN_PTXAS").map(PathBuf::from) else {
+        waive(TOOLS_REQUIRED, "no ptxas: FLASHATTN_PTXAS is not set");
+        return;
+    };
+    let keys: Vec<KernelKey> = KernelKey::all()
+        .into_iter()
+        .filter(|k| k.is_fp8())
+        .collect();
+    assert_eq!(keys.len(), 4);
+    let faults: Vec<String> = over_cores(&keys, |key| {
+        let ptx = compile_ptx_with(
+            key,
+            "compute_90a",
+            options_bounded(key, "compute_90a", None),
+        );
+        match ptx {
+            Ok(ptx) => assembly_faults(&ptxas_path, key, &ptx, "sm_90a"),
+            Err(e) => vec![e.to_string()],
+        }
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
 
 /// Runs `case` on `key` as it is (it must pass), then with each bug put in

@@ -90,6 +90,215 @@ struct Case {
     int shift = 0;
 };
 
+
+#if IS_FP8
+// The FP8 Hopper forward (IS_FP8): e4m3 codes of q, k, v (a row of
+// HEAD_DIM codes, zeros past the case's d) with one positive f32 scale per
+// (batch entry, head), one q head and (where there are two) one v head of
+// scale 0 with zero codes; against attention in double on the dequantized values. lse by the
+// accuracy rule (P's rounding never reaches it: the row sum is kept from
+// the unrounded P), against twice an f32 naive LSE's error; o by FP8's rule:
+// RMSE(o - exact) <= 1.1 RMSE(naive - exact) + 1e-7 max|exact|, `naive`
+// the double computation with P = exp(s - the final row max) rounded as
+// round_p (e4m3(p · 448) / 448), l from the unrounded P.
+static TensorMap code_map(const unsigned char* base, int batch, int seqlen, int heads, int rows) {
+    const uint64_t row = HEAD_DIM;
+    const EmuTensorMap t{base,
+                         {(uint64_t)HEAD_DIM, (uint64_t)heads, (uint64_t)seqlen, (uint64_t)batch},
+                         {row, row * heads, row * heads * seqlen},
+                         {HEAD_DIM, 1, (uint32_t)rows, 1},
+                         1};
+    TensorMap m{};
+    std::memcpy(m.opaque, &t, sizeof t);
+    return m;
+}
+static float e4m3(unsigned code) { return host_e4m3_to_f32(code); }
+
+static int run_fp8(const Case& cs) {
+    const int HQ = cs.hq, HKV = cs.hkv, group = HQ / HKV, d = cs.d, B = cs.batch, sq = cs.sq, sk = cs.sk;
+    const int left = HAS_BAND ? cs.left : -1, right = HAS_BAND ? cs.right : -1;
+    const Problem p{sq, sk, HQ, HKV, d, 1.0f / std::sqrt((float)d), HAS_SOFTCAP ? 5.0f : 0.0f, left, right, cs.shift};
+    // Codes of uniform values in (-448, 448) (never 0x7f/0xff), zero past d;
+    // scales in [0.5, 1) · amplitude / 448, 0 (and zero codes) for `zero_head`.
+    auto codes = [&](int seqlen, int heads, int zero_b, int zero_h, std::vector<float>& scales) {
+        std::vector<unsigned char> c((size_t)B * seqlen * heads * HEAD_DIM, 0);
+        scales.assign((size_t)B * heads, 0.0f);
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < heads; ++h)
+                if (!(b == zero_b && h == zero_h))
+                    scales[b * heads + h] = cs.amplitude / 448.0f * (0.75f + 0.25f * uniform());
+        for (size_t r = 0; r < c.size() / HEAD_DIM; ++r) {
+            const int h = (int)(r % heads), b = (int)(r / heads / seqlen);
+            for (int x = 0; x < d; ++x)
+                c[r * HEAD_DIM + x] = scales[b * heads + h] == 0.0f ? 0 : host_e4m3_from_f32(447.0f * uniform());
+        }
+        return c;
+    };
+    std::vector<float> qs, ks, vs;
+    const std::vector<unsigned char> q = codes(sq, HQ, 0, 0, qs), k = codes(sk, HKV, -1, -1, ks),
+                                     v = codes(sk, HKV, B * HKV > 1 ? B - 1 : -1, HKV - 1, vs);
+    auto val = [&](const std::vector<unsigned char>& c, const std::vector<float>& sc, int seqlen, int heads, int b,
+                   int i, int h, int x) {
+        return (double)e4m3(c[(((size_t)b * seqlen + i) * heads + h) * HEAD_DIM + x]) * sc[b * heads + h];
+    };
+    const size_t o_size = (size_t)B * sq * HQ * HEAD_DIM, lse_size = (size_t)B * HQ * sq;
+    std::vector<double> exact(o_size, 0.0), naive(o_size, 0.0), lse_ref(lse_size);
+    std::vector<float> lse_f32(lse_size);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < HQ; ++h)
+            for (int i = 0; i < sq; ++i) {
+                const int hk = h / group, off = sk - sq + cs.shift;
+                std::vector<double> s(sk);
+                std::vector<float> s32(sk);
+                std::vector<bool> ok(sk);
+                double m = -INFINITY;
+                float m32 = -INFINITY;
+                for (int j = 0; j < sk; ++j) {
+                    ok[j] = !(right >= 0 && j > i + off + right) && !(left >= 0 && j < i + off - left);
+                    if (!ok[j]) continue;
+                    double dot = 0;
+                    float dot32 = 0;
+                    for (int x = 0; x < d; ++x) {
+                        const double a = val(q, qs, sq, HQ, b, i, h, x), c = val(k, ks, sk, HKV, b, j, hk, x);
+                        dot += a * c;
+                        dot32 += (float)a * (float)c;
+                    }
+                    s[j] = dot * p.scale;
+                    s32[j] = dot32 * p.scale;
+                    if (HAS_SOFTCAP) {
+                        s[j] = p.softcap * std::tanh(s[j] / p.softcap);
+                        s32[j] = p.softcap * std::tanh(s32[j] / p.softcap);
+                    }
+                    m = std::max(m, s[j]);
+                    m32 = std::max(m32, s32[j]);
+                }
+                double l = 0;
+                float l32 = 0;
+                for (int j = 0; j < sk; ++j)
+                    if (ok[j]) l += std::exp(s[j] - m), l32 += std::exp(s32[j] - m32);
+                const size_t li = ((size_t)b * HQ + h) * sq + i;
+                lse_ref[li] = l > 0 ? m + std::log(l) : -INFINITY;
+                lse_f32[li] = l32 > 0 ? m32 + std::log(l32) : -INFINITY;
+                if (l == 0) continue;
+                const size_t oi = (((size_t)b * sq + i) * HQ + h) * HEAD_DIM;
+                for (int j = 0; j < sk; ++j) {
+                    if (!ok[j]) continue;
+                    const double e = std::exp(s[j] - m);
+                    const double rounded = e4m3(host_e4m3_from_f32((float)e * 448.0f)) / 448.0;
+                    for (int x = 0; x < d; ++x) {
+                        const double vv = val(v, vs, sk, HKV, b, j, hk, x);
+                        exact[oi + x] += e / l * vv;
+                        naive[oi + x] += rounded / l * vv;
+                    }
+                }
+            }
+    // Rows past the outputs' ends hold a mark: a block that writes there fails.
+    std::vector<float> o(o_size + (size_t)BLOCK_M * HQ * HEAD_DIM, 7.0f), lse(lse_size + BLOCK_M, 7.0f);
+    std::fill(o.begin(), o.begin() + o_size, 0.0f);
+    std::fill(lse.begin(), lse.begin() + lse_size, 0.0f);
+    const TensorMap tq = code_map(q.data(), B, sq, HQ, BLOCK_M), tk = code_map(k.data(), B, sk, HKV, BLOCK_N),
+                    tv = code_map(v.data(), B, sk, HKV, BLOCK_N);
+    const Layout L{};
+    const int m_blocks = (sq + BLOCK_M - 1) / BLOCK_M;
+    const Work work{m_blocks, B, HQ * B, m_blocks * HQ * B};
+    launch(Dim{std::min((unsigned)cs.ctas, (unsigned)work.items), 1, 1}, BLOCK_THREADS,
+           [&] { flash_fwd(tq, tk, tv, o.data(), lse.data(), qs.data(), ks.data(), vs.data(), p, L, work); },
+           SMEM_BYTES);
+    bool past_end = false;
+    for (size_t e = o_size; e < o.size(); ++e) past_end = past_end || o[e] != 7.0f;
+    for (size_t e = lse_size; e < lse.size(); ++e) past_end = past_end || lse[e] != 7.0f;
+    double se = 0, se_naive = 0, max_exact = 0, lse_err = 0, lse_base = 0, max_lse = 0;
+    bool nan = false;
+    for (size_t e = 0; e < o_size; ++e) {
+        nan = nan || !std::isfinite(o[e]);
+        se += (o[e] - exact[e]) * (o[e] - exact[e]);
+        se_naive += (naive[e] - exact[e]) * (naive[e] - exact[e]);
+        max_exact = std::max(max_exact, std::fabs(exact[e]));
+    }
+    for (size_t e = 0; e < lse_size; ++e) {
+        if (std::isinf(lse_ref[e])) {
+            if (!(std::isinf(lse[e]) && lse[e] < 0)) lse_err = 1e30;  // empty rows: exactly -inf
+            continue;
+        }
+        if (std::isnan(lse[e])) lse_err = 1e30;
+        lse_err = std::max(lse_err, std::fabs(lse[e] - lse_ref[e]));
+        lse_base = std::max(lse_base, std::fabs(lse_f32[e] - lse_ref[e]));
+        max_lse = std::max(max_lse, std::fabs(lse_ref[e]));
+    }
+    const double rmse = std::sqrt(se / o_size), rmse_naive = std::sqrt(se_naive / o_size);
+    const double o_tol = 1.1 * rmse_naive + 1e-7 * max_exact;
+    const double lse_tol = 2 * lse_base + 2 * std::ldexp(1.0, std::ilogb(std::max(max_lse, 1e-30)) - 23) +
+                           1e-5 * std::max(1.0, max_lse);
+    std::printf("%-8s sq %d sk %d window (%d, %d) d %d hq %d hkv %d: o RMSE %.3g (naive %.3g, tolerance %.3g), "
+                "lse max error %.3g (tolerance %.3g)%s%s\n",
+                cs.name, sq, sk, left, right, d, HQ, HKV, rmse, rmse_naive, o_tol, lse_err, lse_tol,
+                nan ? ", o not finite" : "", past_end ? ", rows written past the outputs' end" : "");
+    return (nan || past_end || !(rmse <= o_tol) || !(lse_err <= lse_tol)) ? 1 : 0;
+}
+
+// cuda/hopper.cuh's e4m3 wrappers against plain products, on one
+// warpgroup: A (64 x 64 codes) and B (128 x 64) TMA-loaded (1-byte
+// elements) and S = A B^T by two k32 steps from descriptors; then D = P B'
+// with P (64 x 32) from registers packed by pack4_e4m3 in the documented
+// fragment layout and B' (128 x 32, K-major) by descriptor. Small integers,
+// exact in e4m3 and in f32 sums: every entry must equal the product.
+static int fp8_self_test() {
+    auto a = [](int r, int c) { return (float)((r * 7 + c * 3) % 9 - 4); };
+    auto b = [](int n, int k) { return (float)((n * 5 + k * 2) % 7 - 3); };
+    auto pm = [](int r, int k) { return (float)((r * 3 + k * 5) % 5 - 2); };
+    std::vector<unsigned char> ga(64 * HEAD_DIM, 0), gb(128 * HEAD_DIM, 0);
+    for (int e = 0; e < 64 * 64; ++e) ga[(e / 64) * HEAD_DIM + e % 64] = host_e4m3_from_f32(a(e / 64, e % 64));
+    for (int e = 0; e < 128 * 64; ++e) gb[(e / 64) * HEAD_DIM + e % 64] = host_e4m3_from_f32(b(e / 64, e % 64));
+    const TensorMap ta = code_map(ga.data(), 1, 64, 1, 64), tb = code_map(gb.data(), 1, 128, 1, 128);
+    std::vector<int> bad(128, 0);
+    launch(
+        Dim{1, 1, 1}, 128,
+        [&] {
+            unsigned char* s = host_dynamic_smem();
+            unsigned char *sa = s, *sb = s + 64 * 128;
+            const Bar bar = bar_at(sb + 128 * 128);
+            if (threadIdx.x == 0) {
+                mbar_init(bar, 1);
+                mbar_arrive_expect_tx(bar, (64 + 128) * 128);
+                tma_load_4d(sa, &ta, 0, 0, 0, 0, bar);
+                tma_load_4d(sb, &tb, 0, 0, 0, 0, bar);
+            }
+            __syncthreads();
+            mbar_wait(bar, 0, 0);
+            const int lane = threadIdx.x % 32, t = lane % 4, r0 = threadIdx.x / 32 * 16 + lane / 4;
+            float sacc[64], dacc[64] = {};
+            wgmma_fence();
+            for (int ks = 0; ks < 2; ++ks)
+                wgmma_ss_e4m3<128>(sacc, smem_desc(sa + ks * 32, 16, 1024), smem_desc(sb + ks * 32, 16, 1024), ks > 0);
+            wgmma_commit();
+            // Lane 4g + t: a[0] row g, k 4t..4t+3; a[1] row g + 8; a[2], a[3] at k + 16.
+            unsigned frag[4];
+            for (int x = 0; x < 4; ++x) {
+                const int r = r0 + 8 * (x % 2), k = 4 * t + 16 * (x / 2);
+                frag[x] = pack4_e4m3(pm(r, k), pm(r, k + 1), pm(r, k + 2), pm(r, k + 3));
+            }
+            wgmma_fence();
+            wgmma_rs_e4m3<128>(dacc, frag, smem_desc(sb + 32, 16, 1024));
+            wgmma_commit();
+            wgmma_wait<0>();
+            for (int i = 0; i < 64; ++i) {
+                const int row = r0 + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + i % 2;
+                float want = 0, want_d = 0;
+                for (int k = 0; k < 64; ++k) want += a(row, k) * b(col, k);
+                for (int k = 0; k < 32; ++k) want_d += pm(row, k) * b(col, 32 + k);
+                bad[threadIdx.x] += (sacc[i] != want) + (dacc[i] != want_d);
+            }
+        },
+        SMEM_BYTES);
+    int total = 0;
+    for (int x : bad) total += x;
+    std::printf("wgmma e4m3 + TMA (64x128 S from descriptors, k32 x 2; 64x128 D from register A): %d of %d "
+                "entries wrong\n",
+                total, 128 * 128);
+    return total ? 1 : 0;
+}
+#endif
+
 #ifdef BLOCK_N
 #define INNER BLOCK_N
 #else
@@ -122,6 +331,9 @@ static const double case_p = HAS_DROPOUT ? 0.3 : 0.0;
 static const Dropout case_dropout = HAS_DROPOUT ? dropout_args(case_p, 0x9e3779b97f4a7c15ull, 0xfffffffdull) : Dropout{};
 
 static int run(const Case& cs) {
+#if IS_FP8
+    return run_fp8(cs);
+#else
     const int HQ = cs.hq, HKV = cs.hkv, group = HQ / HKV, d = cs.d;
     const bool packed = !cs.lens_q.empty();
     const int B = packed ? (int)cs.lens_q.size() : cs.batch;
@@ -406,6 +618,7 @@ static int run(const Case& cs) {
     failed += report("dv", rel_error(widen(dv), dv_ref));
 #endif
     return failed;
+#endif
 }
 
 static int run(int sq, int sk, int left, int right, int d) { return run(Case{"dense", sq, sk, left, right, d}); }
@@ -742,7 +955,18 @@ int main(int argc, char** argv) {
 #if IS_WGMMA && IS_FORWARD
     if (argc > 1 && std::strcmp(argv[1], "schedule") == 0) return schedule(argc, argv);
 #endif
-#if IS_WGMMA && !IS_FORWARD
+#if IS_FP8
+    // The FP8 forward: the wrappers first, then GQA 4:2 (and 4:1), lengths
+    // off the tiles both ways, causal at 113, 1 x 255 and 255 x 1, a head
+    // dim below the padded one, and with a band a window and rows with no
+    // key; 300 keys: the ring (and V^T's buffers) wrap.
+    int failed = fp8_self_test() + run(45, 70, 9, 0, HEAD_DIM) + run(70, 45, 9, 0, 100);
+    failed += run(113, 113, -1, 0, HEAD_DIM) + run(1, 255, -1, 0, HEAD_DIM) + run(255, 1, -1, 0, 64);
+    Case gqa{"gqa 4:1", 150, 300, 100, 20, HEAD_DIM};
+    gqa.hq = 4, gqa.hkv = 1, gqa.batch = 1;
+    failed += run(gqa);
+    if (HAS_BAND) failed += run(61, 130, -1, 3, HEAD_DIM);
+#elif IS_WGMMA && !IS_FORWARD
     // The Hopper dK/dV: head dims below the padded one and at it; GQA
     // (4:2); a key block's 128 keys against 64-query steps; lengths of 1,
     // 113 and 255 (a key block with one key, query tiles past a

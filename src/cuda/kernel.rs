@@ -65,6 +65,9 @@ pub const MMA_MAX_HEAD_DIM: usize = 128;
 /// B, the 128B swizzle's row), at most two (its f32 O and S fragments, 64
 /// floats each per thread, stay within 240 registers).
 pub const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The FP8 Hopper forward's padded head dim: a row of 128 e4m3 codes is
+/// one 128-byte TMA box; quantized rows up to it run padded to it.
+pub const FP8_HEAD_DIM: usize = 128;
 /// Static shared memory every sm80+ device gives a block without opt-in.
 pub const STATIC_SHARED_LIMIT: usize = 48 * 1024;
 
@@ -177,7 +180,9 @@ pub struct KernelKey {
     /// arguments). Never the Hopper forward's nor decoding's.
     pub dropout: bool,
     /// The decode family's cache codes (`None`: a cache of the storage
-    /// precision); `None` in every other family.
+    /// precision); in the Hopper forward `Some(CacheQuant::Fp8)` is its FP8
+    /// variant (e4m3 codes in, f32 out: [`KernelKey::fp8_forward`]);
+    /// `None` in every other family.
     pub quant: Option<CacheQuant>,
 }
 
@@ -261,6 +266,22 @@ impl KernelKey {
         }
     }
 
+    /// The Hopper forward's FP8 variant (cuda/flash_fwd_wgmma.cu's
+    /// `IS_FP8`): q, k and v as e4m3 codes with per-head scales, o and lse
+    /// in f32 (its precision), a quantized row of `dim` codes padded to
+    /// [`FP8_HEAD_DIM`].
+    pub fn fp8_forward(dim: usize, band: bool, softcap: bool) -> Self {
+        Self {
+            quant: Some(CacheQuant::Fp8),
+            ..Self::new(Family::ForwardWgmma, Precision::F32, dim.max(FP8_HEAD_DIM), band, softcap)
+        }
+    }
+
+    /// Whether this is the Hopper forward's FP8 variant.
+    pub fn is_fp8(&self) -> bool {
+        self.family == Family::ForwardWgmma && self.quant == Some(CacheQuant::Fp8)
+    }
+
     /// Every variant there is: what the NVRTC test compiles.
     pub fn all() -> Vec<Self> {
         let mut keys = Vec::new();
@@ -284,6 +305,11 @@ impl KernelKey {
                         }
                     }
                 }
+            }
+        }
+        for band in [false, true] {
+            for softcap in [false, true] {
+                keys.push(Self::fp8_forward(FP8_HEAD_DIM, band, softcap));
             }
         }
         keys
@@ -416,6 +442,11 @@ impl KernelKey {
             Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row,
             // Unpadded rows (TMA's 128B swizzle spreads the banks), 1 KiB to
             // align the tiles to the swizzle atoms, then 10 mbarriers (8 B).
+            // FP8: rows of 1-byte codes, a V^T buffer a stage (head_dim
+            // rows of a tile's keys), 12 mbarriers.
+            Family::ForwardWgmma if self.is_fp8() => {
+                1024 + (t.rows + 2 * 3 * t.keys) * self.head_dim + 12 * 8
+            }
             Family::ForwardWgmma => {
                 let bytes = self.head_dim * self.precision.bytes();
                 1024 + (t.rows + 4 * t.keys) * bytes + 10 * 8
@@ -481,7 +512,7 @@ impl KernelKey {
             "#define HEAD_DIM {}\n#define STORAGE {storage}\n#define HAS_BAND {}\n\
              #define HAS_SOFTCAP {}\n#define HAS_DROPOUT {}\n#define THREADS_PER_ROW {}\n\
              #define BLOCK_ROWS {}\n#define BLOCK_THREADS {}\n#define SMEM_BYTES {}\n\
-             #define IS_FORWARD {}\n#define IS_WGMMA {}\n#define TENSOR_CORES {}\n",
+             #define IS_FORWARD {}\n#define IS_WGMMA {}\n#define TENSOR_CORES {}\n#define IS_FP8 {}\n",
             self.head_dim,
             u8::from(self.band),
             u8::from(self.softcap),
@@ -493,6 +524,7 @@ impl KernelKey {
             u8::from(self.family.is_forward()),
             u8::from(self.family.is_wgmma()),
             u8::from(self.family.is_mma() || self.family.is_wgmma()),
+            u8::from(self.is_fp8()),
         );
         let body = match self.family {
             Family::Forward => {
@@ -672,7 +704,7 @@ mod tests {
         // caches; the Hopper dK/dV as its forward.
         assert_eq!(
             all.len(),
-            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3
+            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3 + 4
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
@@ -695,6 +727,26 @@ mod tests {
         assert_eq!(key(64).dynamic_shared_bytes(), 1024 + 80 * 1024 + 80);
         assert_eq!((key(64).tiles().threads, key(64).stages()), (384, 2));
         assert!(key(128).source().contains("#define IS_WGMMA 1"));
+        assert!(key(128).source().contains("#define IS_FP8 0\n"));
+    }
+
+    /// The FP8 variant: e4m3 codes (a byte a column) at d 128, a V^T buffer
+    /// a stage, two more barriers; its own label and define; in `all()`.
+    #[test]
+    fn the_fp8_hopper_forward_is_a_variant_of_its_own() {
+        let fp8 = KernelKey::fp8_forward(100, true, false);
+        assert_eq!((fp8.head_dim, fp8.precision), (FP8_HEAD_DIM, Precision::F32));
+        assert!(fp8.is_fp8() && !KernelKey::new(Family::ForwardWgmma, Precision::F16, 128, true, false).is_fp8());
+        assert_eq!(fp8.label(), "flash_fwd_wgmma_f32_d128_band_fp8");
+        assert!(fp8.source().contains("#define IS_FP8 1\n"));
+        // Q (128 rows), then two stages of K, V and V^T (128 rows each) of 128 codes.
+        assert_eq!(fp8.dynamic_shared_bytes(), 1024 + (128 + 6 * 128) * 128 + 12 * 8);
+        assert_eq!(KernelKey::fp8_forward(8, false, false).head_dim, 128);
+        let all = KernelKey::all();
+        assert_eq!(all.iter().filter(|k| k.is_fp8()).count(), 4);
+        // with_quant stays the decode family's.
+        let plain = KernelKey::new(Family::ForwardWgmma, Precision::F16, 128, false, false);
+        assert_eq!(plain.with_quant(Some(CacheQuant::Fp8)).quant, None);
     }
 
     /// Up to d 256 the scalar tiles are the ~16 KiB ones; past it a row's
