@@ -122,6 +122,7 @@ pub mod decode;
 mod disk_cache;
 mod driver_error;
 mod forward;
+mod fp8;
 pub mod jit;
 pub mod kernel;
 mod layout;

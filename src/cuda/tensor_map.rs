@@ -1,10 +1,11 @@
 //! The TMA tensor maps of the Hopper forward (cuda/flash_fwd_wgmma.cu):
 //! q, k and v seen as 4-D tensors (d, heads, seqlen, batch), innermost
-//! first, read in boxes of 64 columns × 1 head × `rows` rows × 1 batch
-//! entry with the 128-byte swizzle, zeros outside the tensor (rows past
-//! seqlen, columns past d). The parameters are a pure function, unit
-//! tested and mirrored by cuda/emulate/check.cpp; [`encode`] hands them to
-//! the driver's `cuTensorMapEncodeTiled`.
+//! first, read in boxes of 128-byte rows (64 f16/bf16 columns, or 128
+//! e4m3 codes in the FP8 variant) × 1 head × `rows` rows × 1 batch entry
+//! with the 128-byte swizzle, zeros outside the tensor (rows past seqlen,
+//! columns past d). The parameters are a pure function, unit tested and
+//! mirrored by cuda/emulate/check.cpp; [`encode`] hands them to the
+//! driver's `cuTensorMapEncodeTiled`.
 
 use super::driver_error::driver;
 use crate::api::tensor::Precision;
@@ -12,9 +13,9 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::driver::DeviceRepr;
 
-/// Columns per box: 64 two-byte elements are 128 bytes, the 128B
-/// swizzle's row (the widest box inner dimension it takes).
-pub const BOX_COLUMNS: usize = 64;
+/// Bytes of a box's row: the 128B swizzle's row (the widest box inner
+/// dimension it takes): 64 two-byte elements, or 128 one-byte codes.
+pub const BOX_ROW_BYTES: usize = 128;
 
 /// One `cuTensorMapEncodeTiled` call's shape arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,15 +30,16 @@ pub struct TensorMapParams {
 }
 
 /// The tensor map of a row-major (batch, seqlen, heads, d) tensor of
-/// `elem_bytes`-byte elements, read `rows` rows at a time; `None` where
-/// TMA cannot read it (d not a multiple of 16 bytes' elements).
+/// `elem_bytes`-byte elements (2, or 1 for e4m3 codes), read `rows` rows
+/// at a time in boxes of [`BOX_ROW_BYTES`]; `None` where TMA cannot read
+/// it (d not a multiple of 16 bytes' elements).
 pub fn params(
     [batch, seqlen, heads, d]: [usize; 4],
     elem_bytes: usize,
     rows: usize,
 ) -> Option<TensorMapParams> {
     let row = d * elem_bytes;
-    if !row.is_multiple_of(16) || rows == 0 || rows > 256 {
+    if !row.is_multiple_of(16) || rows == 0 || rows > 256 || !matches!(elem_bytes, 1 | 2) {
         return None;
     }
     let dims = [d, heads, seqlen, batch].map(|n| n as u64);
@@ -45,7 +47,7 @@ pub fn params(
     Some(TensorMapParams {
         dims,
         strides,
-        box_dims: [BOX_COLUMNS as u32, 1, rows as u32, 1],
+        box_dims: [(BOX_ROW_BYTES / elem_bytes) as u32, 1, rows as u32, 1],
     })
 }
 
@@ -58,7 +60,8 @@ pub(crate) struct TensorMap(pub [u64; 16]);
 // SAFETY: #[repr(C, align(64))] 128 bytes, the layout of the C struct.
 unsafe impl DeviceRepr for TensorMap {}
 
-/// The driver's tensor map for `params` over device memory at `address`.
+/// The driver's tensor map for `params` over device memory at `address`,
+/// of f16 or bf16 elements.
 pub(crate) fn encode(
     params: &TensorMapParams,
     precision: Precision,
@@ -74,6 +77,20 @@ pub(crate) fn encode(
             })
         }
     };
+    encode_as(params, data_type, address)
+}
+
+/// The driver's tensor map for `params` over e4m3 codes (bytes: the copy
+/// engine moves them as they are) at `address`.
+pub(crate) fn encode_codes(params: &TensorMapParams, address: sys::CUdeviceptr) -> Result<TensorMap> {
+    encode_as(params, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, address)
+}
+
+fn encode_as(
+    params: &TensorMapParams,
+    data_type: sys::CUtensorMapDataType,
+    address: sys::CUdeviceptr,
+) -> Result<TensorMap> {
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     let element_strides = [1u32; 4];
     // SAFETY: every pointer is to an array of the rank (4, strides 3) it
@@ -114,6 +131,16 @@ mod tests {
         assert_eq!(p.box_dims, [64, 1, 128, 1]);
         // The box's row is the swizzle's 128 bytes; columns 40..64 read 0.
         assert_eq!(p.box_dims[0] as usize * 2, 128);
+    }
+
+    #[test]
+    fn a_map_of_e4m3_codes_reads_boxes_of_128_codes() {
+        // (batch 2, seqlen 45, heads 4, a row of 128 codes), 128 rows a box.
+        let p = params([2, 45, 4, 128], 1, 128).unwrap();
+        assert_eq!(p.strides, [128, 4 * 128, 45 * 4 * 128]);
+        assert_eq!(p.box_dims, [128, 1, 128, 1]);
+        assert!(params([1, 8, 1, 100], 1, 64).is_none());
+        assert!(params([1, 8, 1, 128], 4, 64).is_none());
     }
 
     #[test]

@@ -1,0 +1,183 @@
+//! The FP8 (e4m3) forward on Hopper: cuda/flash_fwd_wgmma.cu's `IS_FP8`
+//! variant ([`KernelKey::fp8_forward`]) on q, k and v already quantized on
+//! the device (docs/semantics.md's "FP8 (e4m3)"): TMA maps over the codes
+//! (bytes, boxes of 128), the per-(batch, head) scales as pointers, one
+//! persistent launch timed by CUDA events. o comes back in f32 at the
+//! kernel's padded row ([`fp8_row`]), lse in f32 in the usual layout.
+//! The backend's FP8 entry point (quantizing on the device) calls it.
+#![allow(dead_code)]
+
+use super::compile::Arch;
+use super::context::CudaDevice;
+use super::driver_error::driver;
+use super::jit::{timed, Launch};
+use super::kernel::{KernelKey, FP8_HEAD_DIM};
+use super::layout::Side;
+use super::problem::Call;
+use super::tensor_map::{encode_codes, params, TensorMap};
+use crate::api::problem::Problem;
+use crate::error::{Error, Result};
+use crate::quant::Fp8Layout;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+/// What the FP8 forward is, in its errors.
+const WHAT: &str = "the CUDA backend's FP8 forward";
+
+/// q, k and v on the device as e4m3 codes, (batch, seqlen, heads, row)
+/// bytes each, `row` = [`fp8_row`]`(dim)`; codes past a tensor's quantized
+/// elements are zero. Scales: f32, (batch, heads_q) for q, (batch,
+/// heads_kv) for k and v.
+pub(crate) struct Fp8Codes {
+    pub q: CudaSlice<u8>,
+    pub k: CudaSlice<u8>,
+    pub v: CudaSlice<u8>,
+    pub q_scales: CudaSlice<f32>,
+    pub k_scales: CudaSlice<f32>,
+    pub v_scales: CudaSlice<f32>,
+}
+
+/// The stored row (bytes = elements) of the FP8 kernel for a quantized row
+/// of `dim` elements (the head dim, or the Hadamard order): the kernel's
+/// padded head dim, `None` past what it takes.
+pub(crate) fn fp8_row(dim: usize) -> Option<usize> {
+    (1..=FP8_HEAD_DIM).contains(&dim).then_some(FP8_HEAD_DIM)
+}
+
+/// Why the FP8 kernel cannot run on `dev` (its plan's architecture and
+/// shared memory), if it cannot: wgmma on e4m3 and setmaxnreg are sm_90a's.
+fn arch_blocker(dev: &CudaDevice, key: &KernelKey) -> Result<()> {
+    let props = &dev.props;
+    if props.major != 9 || props.arch != Arch::for_device(9, 0) {
+        return Err(Error::CudaArchUnfit {
+            arch: props.arch.name(),
+            device: props.name.clone(),
+            why: "the FP8 forward runs wgmma on e4m3 codes, compute_90a's (a device of compute capability 9.0)",
+        });
+    }
+    if key.dynamic_shared_bytes() > props.smem_per_block_optin {
+        return Err(Error::Unsupported {
+            what: WHAT,
+            feature: "a device giving a block less shared memory than the FP8 forward's",
+        });
+    }
+    Ok(())
+}
+
+/// The FP8 forward on `codes`: `problem`'s shape has head_dim = the
+/// quantized row's dim ([`Fp8Layout::padded`]), its opts the explicit
+/// score scale ([`Fp8Layout::options`]). Returns o as f32 (batch,
+/// seqlen_q, heads_q, [`fp8_row`]`(dim)`) on the device, lse (f32, the
+/// usual layout), and the kernel's seconds (CUDA events).
+pub(crate) fn forward_codes(
+    dev: &CudaDevice,
+    codes: &Fp8Codes,
+    problem: &Problem,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, f64)> {
+    let (shape, opts) = (problem.shape, problem.opts);
+    Fp8Layout::check_supported(&shape, opts)?;
+    let row = fp8_row(shape.head_dim).ok_or(Error::HeadDimTooLarge {
+        tensor: "the FP8 forward's quantized rows",
+        head_dim: shape.head_dim,
+        max: FP8_HEAD_DIM,
+    })?;
+    // The kernel takes each row's max of the raw dot products (exp2's
+    // argument folds the scale in), as the Hopper forward does.
+    if problem.scale <= 0.0 {
+        return Err(Error::Unsupported {
+            what: WHAT,
+            feature: "a score scale of 0 or below",
+        });
+    }
+    let call = Call::new(problem)?;
+    let key = KernelKey::fp8_forward(shape.head_dim, call.band, call.softcap);
+    arch_blocker(dev, &key)?;
+    let (q_len, k_len) = (
+        shape.batch * shape.seqlen_q * shape.heads_q,
+        shape.batch * shape.seqlen_k * shape.heads_kv,
+    );
+    for (buffer, size, needed) in [
+        ("FP8 q codes", codes.q.len(), q_len * row),
+        ("FP8 k codes", codes.k.len(), k_len * row),
+        ("FP8 v codes", codes.v.len(), k_len * row),
+        ("FP8 q scales", codes.q_scales.len(), shape.batch * shape.heads_q),
+        ("FP8 k scales", codes.k_scales.len(), shape.batch * shape.heads_kv),
+        ("FP8 v scales", codes.v_scales.len(), shape.batch * shape.heads_kv),
+    ] {
+        if size < needed {
+            return Err(Error::BufferTooSmall {
+                buffer,
+                size: size as u64,
+                needed: needed as u64,
+            });
+        }
+    }
+    let func = dev.function(key, "flash_fwd")?;
+    let stream = &dev.stream;
+    let mut d_out = stream
+        .alloc_zeros::<f32>(q_len * row)
+        .map_err(driver("allocating the FP8 forward's o"))?;
+    let mut d_lse = stream
+        .alloc_zeros::<f32>(shape.lse_len())
+        .map_err(driver("allocating the FP8 forward's lse"))?;
+    let (cfg, work) = call.persistent_launch(&key, dev.props.sms)?;
+    let t = key.tiles();
+    let (tq, tk, tv) = (
+        code_map(stream, &codes.q, [shape.batch, shape.seqlen_q, shape.heads_q, row], t.rows)?,
+        code_map(stream, &codes.k, [shape.batch, shape.seqlen_k, shape.heads_kv, row], t.keys)?,
+        code_map(stream, &codes.v, [shape.batch, shape.seqlen_k, shape.heads_kv, row], t.keys)?,
+    );
+    // No layouts (check_supported refused them): every side buffer null.
+    let side = Side::upload(stream, &shape, opts)?;
+    let layout = side.layout(stream, None);
+    let seconds = timed(stream, "running the FP8 flash_fwd", || {
+        let mut launch = Launch::new(stream, &func);
+        launch
+            .value(&tq)
+            .value(&tk)
+            .value(&tv)
+            .output(&mut d_out)
+            .output(&mut d_lse)
+            .input(&codes.q_scales)
+            .input(&codes.k_scales)
+            .input(&codes.v_scales)
+            .value(&call.problem)
+            .value(&layout)
+            .value(&work);
+        // SAFETY: the arguments are the FP8 flash_fwd's, in order and of its
+        // types: three 128-byte tensor maps by value over the code buffers
+        // (checked above to hold the shape's rows of `row` codes), o (f32,
+        // the shape's query rows of `row`) and lse (lse_len f32), the three
+        // scale buffers (checked to hold a scale per batch entry and head),
+        // then Problem, Layout (all null) and Work by value; every buffer
+        // outlives the wait in `timed`.
+        unsafe { launch.launch(cfg, "launching the FP8 flash_fwd") }
+    })?;
+    drop(side);
+    Ok((d_out, d_lse, seconds))
+}
+
+/// The TMA map of a (batch, seqlen, heads, row) tensor of e4m3 codes, read
+/// `rows` rows a box.
+fn code_map(stream: &CudaStream, buf: &CudaSlice<u8>, dims: [usize; 4], rows: usize) -> Result<TensorMap> {
+    let p = params(dims, 1, rows).ok_or(Error::Unsupported {
+        what: WHAT,
+        feature: "rows of codes off whole 16-byte units",
+    })?;
+    let (address, _sync) = buf.device_ptr(stream);
+    encode_codes(&p, address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_rows_up_to_128_run_padded_to_128() {
+        assert_eq!(fp8_row(1), Some(128));
+        assert_eq!(fp8_row(64), Some(128));
+        assert_eq!(fp8_row(128), Some(128));
+        assert_eq!(fp8_row(129), None);
+        assert_eq!(fp8_row(0), None);
+        assert_eq!(KernelKey::fp8_forward(100, false, true).head_dim, fp8_row(100).unwrap());
+    }
+}
