@@ -1,5 +1,6 @@
 // FlashAttention-3-style forward for Hopper (sm_90a, f16/bf16 storage, f32
-// accumulation, padded head dim 64 or 128, d % 8 == 0): a persistent grid
+// accumulation, padded head dim 64 or 128, d % 8 == 0; or, IS_FP8 below,
+// e4m3 codes at padded head dim 128): a persistent grid
 // of blocks of three warpgroups (one block an SM), each block working
 // through items (BLOCK_M = 128 query rows, query head, sequence) of the
 // list `Work` describes.

@@ -170,6 +170,108 @@ fn code_map(stream: &CudaStream, buf: &CudaSlice<u8>, dims: [usize; 4], rows: us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::accuracy::fp8_report;
+    use crate::api::inputs::ForwardInputs;
+    use crate::api::options::{AttentionOptions, Fp8Options};
+    use crate::api::output::{CallStats, ForwardOutput};
+    use crate::api::shape::AttentionShape;
+    use crate::api::tensor::{Precision, TensorData};
+    use crate::quant::Fp8Tensor;
+    use crate::random::Rng;
+
+    /// A quantized tensor's codes on the device at the kernel's row
+    /// (zeros past its own), and its scales.
+    fn upload(dev: &CudaDevice, t: &Fp8Tensor, row: usize) -> (CudaSlice<u8>, CudaSlice<f32>) {
+        let codes: Vec<u8> = t
+            .codes
+            .chunks(t.row_len)
+            .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(0, row - r.len())))
+            .collect();
+        (
+            dev.stream.clone_htod(&codes).unwrap(),
+            dev.stream.clone_htod(&t.scales).unwrap(),
+        )
+    }
+
+    /// On a Hopper device (waived elsewhere; a failure under
+    /// FLASHATTN_REQUIRE_GPU=1 without one): inputs quantized on the host
+    /// by docs/semantics.md's rule, their codes uploaded at the kernel's
+    /// row, the launch's o and lse against the f64 reference by FP8's rule
+    /// (`accuracy::fp8_report`: o's RMSE within 1.1 of the naive FP8
+    /// computation's, lse by the accuracy rule): GQA, lengths off the
+    /// tiles, causal, a window with a softcap, a Hadamard transform of a
+    /// head dim of 100 (rows of 128). On another device: `CudaArchUnfit`.
+    #[test]
+    fn forward_codes_meets_fp8s_rule_on_a_hopper_device() {
+        let dev = match CudaDevice::open() {
+            Ok(dev) => dev,
+            Err(e) => {
+                let required = std::env::var("FLASHATTN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+                assert!(!required, "FLASHATTN_REQUIRE_GPU=1 but no device: {e}");
+                eprintln!("waived: no CUDA device ({e})");
+                return;
+            }
+        };
+        let mut rng = Rng::new(0x5eed);
+        let cases = [
+            ((2, 200, 300, 4, 2, 128), AttentionOptions::default(), None),
+            ((1, 255, 255, 4, 1, 64), AttentionOptions::default().causal(true), None),
+            (
+                (2, 70, 300, 2, 2, 128),
+                AttentionOptions::default().window(Some(100), Some(20)).softcap(5.0),
+                None,
+            ),
+            ((1, 130, 129, 4, 2, 100), AttentionOptions::default(), Some(3)),
+        ];
+        for ((batch, sq, sk, hq, hkv, d), opts, hadamard) in cases {
+            let shape = AttentionShape::new(batch, sq, sk, hq, hkv, d).unwrap();
+            let data = |s: [usize; 4], rng: &mut Rng| {
+                TensorData::from_f32(rng.normal_vec(s.iter().product(), 1.0), Precision::F32)
+            };
+            let (q, k, v) = (
+                data(shape.q_shape(), &mut rng),
+                data(shape.kv_shape(), &mut rng),
+                data(shape.v_shape(), &mut rng),
+            );
+            let inputs = ForwardInputs::new(
+                q.view(shape.q_shape()),
+                k.view(shape.kv_shape()),
+                v.view(shape.v_shape()),
+            );
+            let fp8 = Fp8Options { hadamard };
+            let layout = Fp8Layout::new(d, &fp8);
+            let [qt, kt, vt] = layout.quantize(&inputs).unwrap();
+            let row = fp8_row(layout.row_len).unwrap();
+            let ((q8, qs), (k8, ks), (v8, vs)) = (upload(&dev, &qt, row), upload(&dev, &kt, row), upload(&dev, &vt, row));
+            let codes = Fp8Codes {
+                q: q8,
+                k: k8,
+                v: v8,
+                q_scales: qs,
+                k_scales: ks,
+                v_scales: vs,
+            };
+            let popts = layout.options(&opts);
+            let problem = Problem::new(layout.padded(&shape), Precision::F32, &popts).unwrap();
+            let result = forward_codes(&dev, &codes, &problem);
+            if dev.props.major != 9 {
+                assert!(matches!(result, Err(Error::CudaArchUnfit { .. })), "{result:?}");
+                return;
+            }
+            let (o, lse, seconds) = result.unwrap();
+            let o = dev.stream.clone_dtoh(&o).unwrap();
+            let lse = dev.stream.clone_dtoh(&lse).unwrap();
+            let o: Vec<f32> = o.chunks(row).flat_map(|r| r[..d].to_vec()).collect();
+            let out = ForwardOutput::new(shape, TensorData::from_f32(o, Precision::F32), lse, CallStats::default());
+            let report = fp8_report(&out, &inputs, &opts, &fp8).unwrap();
+            eprintln!(
+                "{shape:?}: o RMSE {:.3e} (naive {:.3e}), lse {:?}, {seconds:.2e} s",
+                report.o.rmse, report.naive.rmse, report.lse_rule
+            );
+            assert!(report.rmse_ratio() <= 1.1, "{report:?}");
+            assert!(report.lse_rule.passed(), "{report:?}");
+        }
+    }
 
     #[test]
     fn quantized_rows_up_to_128_run_padded_to_128() {
