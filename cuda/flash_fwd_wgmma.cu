@@ -52,9 +52,10 @@
 //     head)'s sq · sk · scale folded into the exp2 FFMA's factor (sl2), or
 //     (softcap) into the raw dot product before the tanh.
 //   P: p = exp(s - running max) rounded by cvt.rn.satfinite.e4m3x2.f32 at
-//     p · 448 (P's own scale, 1/448), l summed from the unrounded p; o =
-//     acc · sv / 448 / l once at the end, written as f32 from registers (4x
-//     Q's bytes: staging it for a TMA store would take 64 KiB more).
+//     p · 448 (P's own scale, 1/448; the exp2 FFMA gives p · 448 directly),
+//     l summed from the unrounded values (over 448 at the end); o = acc ·
+//     sv / 448 / l once, written as f32 from registers (4x Q's bytes:
+//     staging it for a TMA store would take 64 KiB more).
 //   V^T: an 8-bit B operand is K-major only, so P V needs V^T (keys
 //     contiguous). The whole producer warpgroup transposes each V tile into
 //     a V^T buffer of its stage (after V's full barrier and the consumers'
@@ -107,6 +108,15 @@ static_assert(1024 + Q_BYTES + STAGES * STAGE_BYTES + BARRIERS * 8 <= SMEM_BYTES
 // FFMA and one ex2 (the plan sends scales of 0 or below to the sm80 kernels;
 // src/cuda/fp8.rs refuses them).
 #define EXP2_SOFTMAX (!HAS_SOFTCAP)
+// What the softmax's P holds: p, or (FP8) p · 448, ready for its codes
+// (P's scale 1/448); l sums the same and is divided by 448 once at the end.
+#if IS_FP8
+#define P_FACTOR 448.0f
+#define P_LOG2 8.807354922057604f  // log2(448)
+#else
+#define P_FACTOR 1.0f
+#define P_LOG2 0.0f
+#endif
 
 #if IS_FP8
 // The key whose codes V^T's column k holds, in each 32 keys (the header's
@@ -339,7 +349,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             const float sqk = q_scales[it.z * p.heads_q + h] * k_scales[it.z * p.heads_kv + hk_c];
             const float sc = p.scale * sqk;
             const float sl2 = fmaxf(sc * 1.4426950408889634f, 1.17549435e-38f);
-            const float o_scale = v_scales[it.z * p.heads_kv + hk_c] * (1.0f / 448.0f);
+            // P's codes stand for p · 448: o = acc · sv / 448 / l.
+            const float o_scale = v_scales[it.z * p.heads_kv + hk_c] / P_FACTOR;
 #endif
 #pragma unroll
             for (int c = 0; c < HEAD_DIM / 2; ++c) acc[c] = 0.0f;
@@ -423,9 +434,16 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     }
 #if EXP2_SOFTMAX
                 online_max_exp2(mx, m, l, alpha, ms, sl2);
+#if IS_FP8
+                // p · 448 (P's scale) by the same FFMA, its log2 taken off
+                // the rows' shifts once a trip (no multiply per score).
+                const float shift[2] = {ms[0] - P_LOG2, ms[1] - P_LOG2};
+#else
+                const float shift[2] = {ms[0], ms[1]};
+#endif
 #pragma unroll
                 for (int c = 0; c < BLOCK_N / 2; ++c) {
-                    const float pj = exp2_approx(fmaf(s[c], sl2, -ms[(c % 4) / 2]));
+                    const float pj = exp2_approx(fmaf(s[c], sl2, -shift[(c % 4) / 2]));
                     l[(c % 4) / 2] += pj;  // the sums take P unrounded, as the other kernels' do
                     s[c] = pj;
                 }
@@ -433,7 +451,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 online_max(mx, m, l, alpha);
 #pragma unroll
                 for (int c = 0; c < BLOCK_N / 2; ++c) {
-                    const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]);
+                    const float pj = s[c] == NEG_INF ? 0.0f : expf(s[c] - m[(c % 4) / 2]) * P_FACTOR;
                     l[(c % 4) / 2] += pj;
                     s[c] = pj;
                 }
@@ -442,16 +460,15 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
             // P as the A operand (FA2's register reuse: a C fragment pair is an A fragment).
             auto pack_p = [&] {
 #if IS_FP8
-                // P · 448 to codes, each 32 keys' registers in the order
-                // they hold (V^T's keys are permuted to match: fp8_key).
-                auto q8 = [&](int c) { return s[c] * 448.0f; };
+                // P · 448 (what s holds) to codes, each 32 keys' registers in
+                // the order they hold (V^T's keys are permuted to match: fp8_key).
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 32; ++kk) {
-                    const int c = 16 * kk;
-                    pa[kk][0] = pack4_e4m3(q8(c + 0), q8(c + 1), q8(c + 4), q8(c + 5));
-                    pa[kk][1] = pack4_e4m3(q8(c + 2), q8(c + 3), q8(c + 6), q8(c + 7));
-                    pa[kk][2] = pack4_e4m3(q8(c + 8), q8(c + 9), q8(c + 12), q8(c + 13));
-                    pa[kk][3] = pack4_e4m3(q8(c + 10), q8(c + 11), q8(c + 14), q8(c + 15));
+                    const float* q = s + 16 * kk;
+                    pa[kk][0] = pack4_e4m3(q[0], q[1], q[4], q[5]);
+                    pa[kk][1] = pack4_e4m3(q[2], q[3], q[6], q[7]);
+                    pa[kk][2] = pack4_e4m3(q[8], q[9], q[12], q[13]);
+                    pa[kk][3] = pack4_e4m3(q[10], q[11], q[14], q[15]);
                 }
 #else
 #pragma unroll
@@ -535,7 +552,8 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 // A row with no allowed key: o = 0 and lse = -inf (or the sink), never NaN.
                 float inv_l, row_lse;
 #if IS_FP8
-                finish_row(EXP2_SOFTMAX ? m[r] * sc : m[r], sum, NEG_INF, &inv_l, &row_lse);  // m in score units
+                // m in score units; l of p, the sum of p · 448 over 448
+                finish_row(EXP2_SOFTMAX ? m[r] * sc : m[r], sum / P_FACTOR, NEG_INF, &inv_l, &row_lse);
                 if (i >= p.seqlen_q) continue;
                 {
                     float* o = from_row(o_all, seq.q0, p.heads_q, HEAD_DIM);
