@@ -66,7 +66,8 @@
 //     keys 2t, 2t+1, 8+2t, 9+2t (row g and g+8; and the same + 16), where
 //     the k32 A fragment wants k 4t..4t+3 (and + 16). So A's k = 4t + i
 //     is key 2t + i%2 + 8(i/2) (fp8_key below), V^T's column k holds that
-//     key's codes, and P's registers pack in the order they hold.
+//     key's codes, and P's registers pack in the order they hold. The
+//     transpose moves words (4 columns of 4 keys) by byte permutes.
 //
 //   [align] Q | stage 0: K, V, V^T | stage 1: K, V, V^T | mbarriers
 
@@ -89,7 +90,7 @@
 #define BAR_Q_EMPTY 9
 #define BAR_VT_FULL 10
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column boxes");
-static_assert(!IS_FP8 || HEAD_DIM == 128, "FP8: a row of 128 codes, one box");
+static_assert(!IS_FP8 || HEAD_DIM == 128, "FP8: a row of 128 codes, one box; transpose_v's 32 column words");
 static_assert(BLOCK_M == 128 && BLOCK_N == 128, "two consumer warpgroups of 64 rows; wgmma n = 128 keys");
 static_assert(1024 + Q_BYTES + STAGES * STAGE_BYTES + BARRIERS * 8 <= SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
@@ -101,7 +102,8 @@ static_assert(1024 + Q_BYTES + STAGES * STAGE_BYTES + BARRIERS * 8 <= SMEM_BYTES
 #define CONSUMER_REGS (IS_FP8 ? 232 : 240)
 // The overlap keeps S (64 floats), P (32 registers) and O in flight at once;
 // at d 128 the softcap's tanhf no longer fits beside them in 240 registers
-// (ptxas spilled), so that variant issues its products one after the other.
+// (ptxas spilled; in the FP8 variant too, P's 16 registers fewer), so that
+// variant issues its products one after the other.
 #define OVERLAP (HEAD_DIM < 128 || !HAS_SOFTCAP)
 // Without a softcap (whose tanh needs each scaled score) the softmax takes
 // FA3's form: m over the raw dot products, P = 2^(s·sl2 − m·sl2) by one
@@ -125,16 +127,28 @@ __device__ __forceinline__ int fp8_key(int k) {
     const int i = k % 4;
     return (k & ~15) + 2 * ((k % 16) / 4) + i % 2 + 8 * (i / 2);
 }
-// Row n (head dim column n) of V^T from the V tile, by one producer thread:
-// a word of 4 codes a store, keys in fp8_key's order (both tiles 128-byte
-// rows in the 128B swizzle).
-__device__ __forceinline__ void transpose_v_row(unsigned v_at, unsigned vt_at, int n) {
-#pragma unroll 4
-    for (int w = 0; w < BLOCK_N / 4; ++w) {
-        unsigned word = 0;
+// The producer warpgroup's thread `tid`'s share of V^T from the V tile
+// (both 128-byte rows in the 128B swizzle): 4 head-dim columns (a word of
+// V's rows) by 8 of V^T's words along the keys. For V^T's word w (k 4w..
+// 4w+3) it reads the word of those columns from the 4 keys fp8_key gives
+// and turns the 4 x 4 bytes by byte permutes into 4 words of V^T's rows.
+// A warp's loads: 8 neighbouring words of 4 rows 2 keys apart, whose
+// swizzled chunks differ (no bank conflict); its stores, 4-way.
+__device__ __forceinline__ void transpose_v(unsigned v_at, unsigned vt_at, int tid) {
+    const int nb = tid / 32 * 8 + tid % 8, sub = tid % 32 / 8;
+#pragma unroll 1  // within the producers' 40 registers (unrolled, ptxas spilled)
+    for (int j = 0; j < BLOCK_N / 16; ++j) {
+        const int w = sub + 4 * j;
+        unsigned in[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) word |= ld_shared_u8(v_at + swizzled_128b(fp8_key(4 * w + i) * 128 + n)) << (8 * i);
-        st_shared_b32(vt_at + swizzled_128b(n * 128 + 4 * w), word);
+        for (int i = 0; i < 4; ++i) in[i] = ld_shared_b32(v_at + swizzled_128b(fp8_key(4 * w + i) * 128 + 4 * nb));
+        // Bytes c of in[0..3] to out[c]: pairs interleaved, then pairs of pairs.
+        const unsigned lo01 = __byte_perm(in[0], in[1], 0x5140), lo23 = __byte_perm(in[2], in[3], 0x5140);
+        const unsigned hi01 = __byte_perm(in[0], in[1], 0x7362), hi23 = __byte_perm(in[2], in[3], 0x7362);
+        const unsigned out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                 __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) st_shared_b32(vt_at + swizzled_128b((4 * nb + c) * 128 + 4 * w), out[c]);
     }
 }
 #endif
@@ -285,7 +299,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                     mbar_wait(v_full + s, parity ^ 1, BAR_V_FULL + s);
                     mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);
                     emulation_lag();
-                    transpose_v_row(smem_addr(k_s + TILE_BYTES), smem_addr(k_s + 2 * TILE_BYTES), threadIdx.x);
+                    transpose_v(smem_addr(k_s + TILE_BYTES), smem_addr(k_s + 2 * TILE_BYTES), threadIdx.x);
                     fence_proxy_async();
                     mbar_arrive(vt_full + s);
                     named_bar_sync<5, 128>();

@@ -98,7 +98,11 @@ __device__ __forceinline__ unsigned pack4_e4m3(float x0, float x1, float x2, flo
     return host_e4m3_from_f32(x0) | host_e4m3_from_f32(x1) << 8 | host_e4m3_from_f32(x2) << 16 |
            (unsigned)host_e4m3_from_f32(x3) << 24;
 }
-__device__ __forceinline__ unsigned ld_shared_u8(unsigned at) { return *smem_at(at, 1, "ld.shared past the shared memory"); }
+__device__ __forceinline__ unsigned ld_shared_b32(unsigned at) {
+    unsigned v;
+    std::memcpy(&v, smem_at(at, 4, "ld.shared past the shared memory"), 4);
+    return v;
+}
 // A writer of shared memory that others wait for by a barrier, made late
 // here (as a slow warp may be on the chip): a reader that skips the barrier
 // then reads the buffer unwritten or stale, or has its wgmma read it while
@@ -270,9 +274,10 @@ __device__ __forceinline__ unsigned pack4_e4m3(float x0, float x1, float x2, flo
     return (unsigned)lo | (unsigned)hi << 16;
 }
 __device__ __forceinline__ void emulation_lag() {}
-__device__ __forceinline__ unsigned ld_shared_u8(unsigned at) {
-    unsigned short v;
-    asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(at) : "memory");
+// A load by shared-window address (after the barrier that made it valid).
+__device__ __forceinline__ unsigned ld_shared_b32(unsigned at) {
+    unsigned v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
     return v;
 }
 // A semaphore in global memory between blocks: an acquire load at gpu

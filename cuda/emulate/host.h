@@ -67,6 +67,13 @@ inline int __any_sync(unsigned, int pred) {
     warp_sync();
     return any;
 }
+// prmt.b32 (selectors 0-7: the bytes of y:x, no sign replication).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)(v >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+    return r;
+}
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned float_bits(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
