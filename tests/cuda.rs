@@ -1408,57 +1408,68 @@ fn the_fp8_hopper_forward_matches_a_double_reference_under_host_emulation() {
 
 /// The emulation finds bugs put into the FP8 forward: V^T's key
 /// permutation not the one P's registers hold, sq or sv left out of the
-/// scales, and P V reading V^T after V's barrier rather than V^T's (built
+/// scales, P V reading V^T after V's barrier rather than V^T's (built
 /// with the transposing producers made late, FLASHATTN_EMULATION_LAG_MS,
-/// so that the consumers overtake them). One case of two key tiles each.
+/// so that the consumers overtake them), and the producers rewriting a
+/// stage's V^T without waiting for its readers' release (they run a phase
+/// ahead: the bounded wait reports the deadlock). 113 queries against 300
+/// keys: three tiles, the ring wraps.
 #[test]
 fn bugs_put_into_the_fp8_hopper_forward_fail_its_emulation() {
     let Some(cxx) = compiler() else { return };
     let dir = tempfile::tempdir().unwrap();
     let key = KernelKey::fp8_forward(128, false, false);
-    let case: Vec<String> = "cases one 113 150 -1 -1 128 2 1 1"
+    let case: Vec<String> = "cases one 113 300 -1 -1 128 2 1 1"
         .split(' ')
         .map(String::from)
         .collect();
-    let lag = ["FLASHATTN_EMULATION_LAG_MS=300"];
+    // Late producers, or on time (a producer running ahead shows then).
+    let wait = "FLASHATTN_BOUNDED_WAIT_MS=3000";
+    let late: &[&str] = &["FLASHATTN_EMULATION_LAG_MS=300", wait];
+    let on_time: &[&str] = &[wait];
     let bugs = [
         (
             "keys swapped in V^T",
             "i % 2 + 8 * (i / 2)",
             "i / 2 + 8 * (i % 2)",
+            on_time,
         ),
         (
             "no sq",
             "q_scales[it.z * p.heads_q + h] * k_scales",
             "k_scales",
+            on_time,
         ),
         (
             "no sv",
             "o_scale = v_scales[it.z * p.heads_kv + hk_c] / P_FACTOR;",
             "o_scale = 1.0f / P_FACTOR;",
+            on_time,
         ),
         (
             "V^T read after V's barrier",
             "mbar_wait(vt_full + g % STAGES, (g / STAGES) & 1, BAR_VT_FULL + g % STAGES);",
             "mbar_wait(v_full + g % STAGES, (g / STAGES) & 1, BAR_V_FULL + g % STAGES);",
+            late,
+        ),
+        (
+            "V^T rewritten before its release",
+            "mbar_wait(v_empty + s, parity, BAR_V_EMPTY + s);\n                    emulation_lag();",
+            "emulation_lag();",
+            on_time,
         ),
     ];
     let source = key.source();
-    let (report, passed) =
-        run_emulation(&build_emulation(&cxx, dir.path(), &key, false, &lag), &case);
-    assert!(passed, "the kernel as it is:\n{report}");
-    for (what, from, to) in bugs {
+    for defines in [late, on_time] {
+        let exe = build_emulation(&cxx, dir.path(), &key, false, defines);
+        let (report, passed) = run_emulation(&exe, &case);
+        assert!(passed, "the kernel as it is ({defines:?}):\n{report}");
+    }
+    for (what, from, to, defines) in bugs {
         assert_eq!(source.matches(from).count(), 1, "{what}: {from:?}");
         let name = format!("{}_{}", key.label(), what.replace([' ', '^', '\''], "_"));
-        let exe = build_emulation_of(
-            &cxx,
-            dir.path(),
-            &key,
-            &source.replace(from, to),
-            &name,
-            false,
-            &lag,
-        );
+        let bug = source.replace(from, to);
+        let exe = build_emulation_of(&cxx, dir.path(), &key, &bug, &name, false, defines);
         let (report, passed) = run_emulation(&exe, &case);
         assert!(!passed, "{what} went unnoticed:\n{report}");
     }
