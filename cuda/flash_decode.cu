@@ -35,18 +35,6 @@ static_assert(DECODE_KEYS % (DECODE_WARPS * KEYS_AT_ONCE) == 0, "whole key pairs
 // Output columns a thread owns (column tid + c · DECODE_THREADS).
 #define OUT_COLS ((HEAD_DIM + DECODE_THREADS - 1) / DECODE_THREADS)
 
-#if defined(FLASHATTN_HOST_EMULATION)
-#define __fmul_rn(a, b) ((float)(a) * (float)(b))
-#define __fdiv_rn(a, b) ((float)(a) / (float)(b))
-#define __ddiv_rn(a, b) ((double)(a) / (double)(b))
-inline unsigned __float_as_uint(float x) { return float_bits(x); }
-inline long long __double_as_longlong(double x) {
-    long long y;
-    std::memcpy(&y, &x, 8);
-    return y;
-}
-#endif
-
 #if CACHE_QUANT
 typedef unsigned char cache_t;
 #else
@@ -127,40 +115,12 @@ __device__ __forceinline__ float code_value(unsigned char c) {
 #if CACHE_QUANT == 1
     return (float)(signed char)c;
 #else
-    const unsigned e = (c >> 3) & 15u, m = c & 7u;
-    // Subnormal: m · 2^-9; normal: (8 + m) · 2^(e - 10), i.e. 1.m · 2^(e - 7).
-    const float mag = e == 0 ? (float)m * (1.0f / 512.0f) : __uint_as_float((e + 120u) << 23 | m << 20);
-    return c & 0x80u ? -mag : mag;
+    return e4m3_value(c);
 #endif
 }
 
 // fl(value(c) · s).
 __device__ __forceinline__ float code_times(unsigned char c, float s) { return __fmul_rn(code_value(c), s); }
-
-// A subnormal counts as 0 (kv_quant's flush).
-__device__ __forceinline__ float flushed(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0u ? 0.0f : x; }
-
-// quant.rs's e4m3_from_f64: x rounded to e4m3, ties to even, saturating at ±448.
-__device__ __forceinline__ unsigned char e4m3_of(double x) {
-    const unsigned sign = x < 0.0 ? 0x80u : 0u;
-    const double a = fabs(x);
-    if (a >= 448.0) return (unsigned char)(sign | 0x7eu);
-    if (a == 0.0) return 0;
-    int e = (int)((__double_as_longlong(a) >> 52) & 0x7ff) - 1023;
-    const int step = max(e, -6) - 3;
-    unsigned n = (unsigned)rint(ldexp(a, -step));
-    unsigned code;
-    if (e >= -6) {
-        if (n == 16) {
-            n = 8;
-            e += 1;
-        }
-        code = e > 8 || (e == 8 && n > 14) ? 0x7eu : ((unsigned)(e + 7) << 3) | (n - 8);
-    } else {
-        code = n;  // subnormal: n multiples of 2^-9
-    }
-    return code == 0 ? 0 : (unsigned char)(sign | code);
-}
 
 // The code of x at scale s (a normal f32 > 0): the exact quotient rounded.
 __device__ __forceinline__ unsigned char code_of(float x, float s) {

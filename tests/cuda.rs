@@ -204,14 +204,17 @@ fn nvrtc_or_waive() -> bool {
 /// every family (forward and backward), every band/softcap combination;
 /// decoding's widest (d 576: the most accumulators a thread holds); and
 /// the scalar forward's and backward's wide variants (d 384, 512: the
-/// forward's 32 columns a lane, 576: the backward's 2 × 18).
+/// forward's 32 columns a lane, 576: the backward's 2 × 18); the FP8
+/// quantization (f32).
 fn is_main(key: &KernelKey) -> bool {
     let widest = key.family == Family::Decode && key.head_dim == MAX_HEAD_DIM;
     let scalar = matches!(key.family, Family::Forward | Family::Backward);
     let wide = scalar && flashattn::cuda::kernel::WIDE_HEAD_DIMS.contains(&key.head_dim);
+    let quantize = key.family == Family::Fp8Quantize;
     // The FP8 Hopper forward: e4m3 codes in, f32 out (its key's precision).
-    (key.precision != Precision::F32 || key.is_fp8())
-        && ([64, 128].contains(&key.head_dim) || widest || wide)
+    quantize
+        || (key.precision != Precision::F32 || key.is_fp8())
+            && ([64, 128].contains(&key.head_dim) || widest || wide)
 }
 
 /// What ptxas (and nvdisasm, with `FLASHATTN_NVDISASM`) found wrong in one
@@ -2281,48 +2284,9 @@ fn emulate_decode(
     let run = emulated_step(cache, step, opts, num_splits, 132).expect("a valid step");
     let exe = exes
         .entry(run.key.label())
-        .or_insert_with(|| {
-            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
-            let host = std::fs::read_to_string(root.join("host.h")).unwrap();
-            let harness = std::fs::read_to_string(root.join("decode.cpp")).unwrap();
-            let src = dir.join(format!("{}.cpp", run.key.label()));
-            std::fs::write(&src, format!("{host}\n{}\n{harness}", run.key.source())).unwrap();
-            let exe = dir.join(run.key.label());
-            let built = Command::new(cxx)
-                .args(["-std=c++20", "-O1", "-pthread", "-o"])
-                .arg(&exe)
-                .arg(&src)
-                .output()
-                .unwrap();
-            assert!(
-                built.status.success(),
-                "{}: {}",
-                run.key.label(),
-                String::from_utf8_lossy(&built.stderr)
-            );
-            exe
-        })
+        .or_insert_with(|| build_harness(cxx, dir, &run.key, "decode.cpp"))
         .clone();
-    let (input, output) = (dir.join("step.in"), dir.join("step.out"));
-    let mut bytes = Vec::new();
-    for b in &run.blobs {
-        bytes.extend((b.len() as u64).to_le_bytes());
-        bytes.extend(b);
-    }
-    std::fs::write(&input, bytes).unwrap();
-    let (report, passed) = run_emulation(
-        &exe,
-        &[input.display().to_string(), output.display().to_string()],
-    );
-    assert!(passed, "{}: {report}", run.key.label());
-    let data = std::fs::read(&output).unwrap();
-    let mut blobs = Vec::new();
-    let mut at = 0;
-    while at < data.len() {
-        let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap()) as usize;
-        blobs.push(data[at + 8..at + 8 + n].to_vec());
-        at += 8 + n;
-    }
+    let blobs = run_harness(&exe, dir, &run.blobs, &run.key.label());
     let p = &run.problem;
     let o = flashattn::TensorData::from_bytes(&blobs[0], p.precision, p.o_len());
     let lse = blobs[1]
@@ -2333,11 +2297,151 @@ fn emulate_decode(
     (out, blobs[2..].to_vec())
 }
 
+/// Builds `key`'s source after cuda/emulate/host.h and before the
+/// harness `harness` (a file of cuda/emulate/ with its own `main`).
+fn build_harness(cxx: &std::ffi::OsStr, dir: &Path, key: &KernelKey, harness: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate");
+    let host = std::fs::read_to_string(root.join("host.h")).unwrap();
+    let main = std::fs::read_to_string(root.join(harness)).unwrap();
+    let src = dir.join(format!("{}.cpp", key.label()));
+    std::fs::write(&src, format!("{host}\n{}\n{main}", key.source())).unwrap();
+    let exe = dir.join(key.label());
+    let built = Command::new(cxx)
+        .args(["-std=c++20", "-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}: {}",
+        key.label(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    exe
+}
+
+/// Runs a harness on `inputs` (each framed as a u64 length and its
+/// bytes, the harness's framing both ways): its output blobs.
+fn run_harness(exe: &Path, dir: &Path, inputs: &[Vec<u8>], what: &str) -> Vec<Vec<u8>> {
+    let (input, output) = (dir.join("harness.in"), dir.join("harness.out"));
+    let mut bytes = Vec::new();
+    for b in inputs {
+        bytes.extend((b.len() as u64).to_le_bytes());
+        bytes.extend(b);
+    }
+    std::fs::write(&input, bytes).unwrap();
+    let (report, passed) = run_emulation(
+        exe,
+        &[input.display().to_string(), output.display().to_string()],
+    );
+    assert!(passed, "{what}: {report}");
+    let data = std::fs::read(&output).unwrap();
+    let mut blobs = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap()) as usize;
+        blobs.push(data[at + 8..at + 8 + n].to_vec());
+        at += 8 + n;
+    }
+    blobs
+}
+
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
+}
+
+/// The FP8 forward's quantization (cuda/fp8_quant.cu: each head's max,
+/// then its codes) under host emulation on the launches src/cuda/
+/// fp8_quant.rs computes: codes and scales bit for bit those of
+/// src/quant.rs, the rule every FP8 path shares. Head dims off the
+/// transform's powers of two (59, 96: zero-padded inside it), with and
+/// without the transform, rows padded with zero codes to the stored row;
+/// a head below the smallest scale (all zeros, scale 0), one of subnormal
+/// inputs (flushed), one with an outlier channel, signed zeros, values
+/// saturating at ±448 and exactly on e4m3's rounding ties.
+#[test]
+fn the_fp8_quantization_gives_the_host_codes_under_host_emulation() {
+    use flashattn::cuda::fp8_quant::quant_launch;
+    use flashattn::quant::{quantize, Hadamard};
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut exes = std::collections::HashMap::new();
+    let mut rng = flashattn::random::Rng::new(29);
+    // (shape, transform seed, stored row)
+    let cases: [([usize; 4], Option<u64>, usize); 6] = [
+        ([2, 37, 3, 59], None, 64),
+        ([1, 33, 2, 59], Some(7), 64),
+        ([2, 9, 2, 96], Some(3), 128),
+        ([1, 20, 4, 128], None, 128),
+        ([1, 6, 3, 64], Some(11), 128),
+        ([3, 1, 4, 32], None, 64),
+    ];
+    for (shape, seed, row) in cases {
+        let [batch, seqlen, heads, d] = shape;
+        let mut x = rng.normal_vec(batch * seqlen * heads * d, 1.5);
+        for (i, v) in x.iter_mut().enumerate() {
+            let (h, col) = ((i / d) % heads, i % d);
+            match h {
+                // Below 2^-117 · 448: zeros at scale 0.
+                1 => *v *= 1e-37,
+                // Subnormal inputs among normal ones.
+                2 if col % 3 == 0 => *v *= 1e-39,
+                3 if col == 5 => *v *= 60.0,
+                _ => {}
+            }
+            if col == 1 {
+                *v = if i % 2 == 0 { -0.0 } else { 0.0 };
+            }
+        }
+        // Without the transform, a head's max maps to 448 exactly: with max
+        // 448, the values 1.0625 and 9.5 · 2^-9 sit on e4m3 ties.
+        if seed.is_none() {
+            x[2] = 448.0;
+            x[3] = 1.0625;
+            x[4] = -9.5 / 512.0;
+        }
+        let view = flashattn::TensorView::f32(shape, &x);
+        let transform = seed.map(|s| Hadamard::new(d, s));
+        let host = quantize(&view, "x", transform.as_ref(), row).unwrap();
+        let l = quant_launch(shape, transform.as_ref(), row).unwrap();
+        let exe = exes
+            .entry(l.key.label())
+            .or_insert_with(|| build_harness(&cxx, dir.path(), &l.key, "quant.cpp"))
+            .clone();
+        // SAFETY (of the read): QuantArgs is a #[repr(C)] struct of scalars.
+        let args = unsafe {
+            std::slice::from_raw_parts(
+                &l.args as *const _ as *const u8,
+                std::mem::size_of_val(&l.args),
+            )
+        };
+        let signs = transform.as_ref().map_or(vec![1.0], |t| t.signs.clone());
+        let inputs = [
+            args.to_vec(),
+            (l.blocks as i32).to_le_bytes().to_vec(),
+            bytemuck::cast_slice(&x).to_vec(),
+            bytemuck::cast_slice(&signs).to_vec(),
+        ];
+        let what = format!("{shape:?} seed {seed:?} row {row}");
+        let out = run_harness(&exe, dir.path(), &inputs, &what);
+        let scales: Vec<u32> = f32s(&out[1]).iter().map(|s| s.to_bits()).collect();
+        let want: Vec<u32> = host.scales.iter().map(|s| s.to_bits()).collect();
+        assert_eq!(scales, want, "{what}: scales");
+        assert_eq!(host.scales[1], 0.0, "{what}: the tiny head");
+        let differ = out[0].iter().zip(&host.codes).position(|(a, b)| a != b);
+        assert_eq!(out[0].len(), host.codes.len(), "{what}");
+        assert!(
+            differ.is_none(),
+            "{what}: code {} is {:#x}, the host's {:#x}",
+            differ.unwrap_or(0),
+            out[0][differ.unwrap_or(0)],
+            host.codes[differ.unwrap_or(0)]
+        );
+    }
 }
 
 /// Decoding's kernels (append, split-KV attention, the LSE merge) under

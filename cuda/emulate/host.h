@@ -43,6 +43,14 @@ static float shuffle_slots[1024];
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 inline void warp_sync() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 inline void warpgroup_sync() { warpgroup_barriers[threadIdx.x / 128]->arrive_and_wait(); }
+inline void __syncwarp() { warp_sync(); }
+inline unsigned atomicMax(unsigned* at, unsigned x) {
+    std::atomic_ref<unsigned> a(*at);
+    unsigned old = a.load();
+    while (old < x && !a.compare_exchange_weak(old, x)) {
+    }
+    return old;
+}
 inline float __shfl_xor_sync(unsigned, float x, int w) {
     shuffle_slots[threadIdx.x] = x;
     warp_sync();
@@ -77,6 +85,15 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned float_bits(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
+inline unsigned __float_as_uint(float x) { return float_bits(x); }
+inline long long __double_as_longlong(double x) { long long y; std::memcpy(&y, &x, 8); return y; }
+// The round-to-nearest intrinsics (never contracted into an FMA on the
+// device; the emulation builds for baseline x86-64, which has no FMA).
+#define __fmul_rn(a, b) ((float)(a) * (float)(b))
+#define __fdiv_rn(a, b) ((float)(a) / (float)(b))
+#define __fadd_rn(a, b) ((float)(a) + (float)(b))
+#define __fsub_rn(a, b) ((float)(a) - (float)(b))
+#define __ddiv_rn(a, b) ((double)(a) / (double)(b))
 
 // Storage conversions for cuda/common.cuh's host branch (which picks one
 // by STORAGE, defined after this header).

@@ -33,6 +33,12 @@ const FORWARD_WGMMA: &str = include_str!("../../cuda/flash_fwd_wgmma.cu");
 const BACKWARD_WGMMA: &str = include_str!("../../cuda/flash_bwd_wgmma.cu");
 /// cuda/flash_decode.cu: append, split-KV decoding and the merge.
 const DECODE: &str = include_str!("../../cuda/flash_decode.cu");
+/// cuda/e4m3.cuh: e4m3 codes as src/quant.rs defines them.
+const E4M3: &str = include_str!("../../cuda/e4m3.cuh");
+/// cuda/fp8_quant.cu: the FP8 forward's quantization.
+const FP8_QUANT: &str = include_str!("../../cuda/fp8_quant.cu");
+/// Rows a block of cuda/fp8_quant.cu quantizes (`QUANT_WARPS`: a warp a row).
+pub const QUANT_ROWS: usize = 4;
 /// Threads of a decode block (`DECODE_THREADS` in cuda/flash_decode.cu).
 pub const DECODE_THREADS: usize = 128;
 /// Keys a decode block scores per tile (`DECODE_KEYS`).
@@ -92,10 +98,13 @@ pub enum Family {
     /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
     /// `flash_decode_merge` on a device cache, plain or quantized.
     Decode,
+    /// cuda/fp8_quant.cu: `fp8_absmax` and `fp8_codes`, the FP8 forward's
+    /// f32 inputs to e4m3 codes and scales (rows of the padded head dim).
+    Fp8Quantize,
 }
 
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Forward,
         Family::Backward,
         Family::ForwardMma,
@@ -103,6 +112,7 @@ impl Family {
         Family::ForwardWgmma,
         Family::BackwardWgmma,
         Family::Decode,
+        Family::Fp8Quantize,
     ];
 
     pub fn name(self) -> &'static str {
@@ -114,6 +124,7 @@ impl Family {
             Family::ForwardWgmma => "flash_fwd_wgmma",
             Family::BackwardWgmma => "flash_bwd_wgmma",
             Family::Decode => "flash_decode",
+            Family::Fp8Quantize => "fp8_quant",
         }
     }
 
@@ -121,6 +132,8 @@ impl Family {
     pub fn entry_points(self) -> &'static [&'static str] {
         if self == Family::Decode {
             &["kv_append", "flash_decode", "flash_decode_merge"]
+        } else if self == Family::Fp8Quantize {
+            &["fp8_absmax", "fp8_codes"]
         } else if self == Family::ForwardMma {
             // Head dims off whole 16-byte chunks: a kernel of their own.
             &["flash_fwd", "flash_fwd_unaligned"]
@@ -161,6 +174,10 @@ impl Family {
             }
             Family::ForwardWgmma | Family::BackwardWgmma => {
                 precision != Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
+            }
+            // f32 inputs, rows of the Hopper forward's padded head dims.
+            Family::Fp8Quantize => {
+                precision == Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
             }
         }
     }
@@ -227,7 +244,7 @@ impl KernelKey {
     ) -> Self {
         let stepped = head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP;
         let head_dim = match family {
-            Family::ForwardWgmma | Family::BackwardWgmma => WGMMA_HEAD_DIMS
+            Family::ForwardWgmma | Family::BackwardWgmma | Family::Fp8Quantize => WGMMA_HEAD_DIMS
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),
@@ -291,15 +308,20 @@ impl KernelKey {
                     if !family.takes(precision, head_dim) {
                         continue;
                     }
-                    for band in [false, true] {
-                        for softcap in [false, true] {
+                    // The quantization has no score options.
+                    let options = match family {
+                        Family::Fp8Quantize => &[false][..],
+                        _ => &[false, true][..],
+                    };
+                    for &band in options {
+                        for &softcap in options {
                             let key = Self::new(family, precision, head_dim, band, softcap);
                             keys.push(key);
                             if family == Family::Decode {
                                 for quant in CacheQuant::ALL {
                                     keys.push(key.with_quant(Some(quant)));
                                 }
-                            } else if !family.is_wgmma() {
+                            } else if !family.is_wgmma() && family != Family::Fp8Quantize {
                                 keys.push(key.with_dropout(true));
                             }
                         }
@@ -391,6 +413,13 @@ impl KernelKey {
                 lanes: 32,
                 threads: DECODE_THREADS,
             },
+            // A warp a row.
+            Family::Fp8Quantize => Tiles {
+                rows: QUANT_ROWS,
+                keys: 0,
+                lanes: 32,
+                threads: QUANT_ROWS * 32,
+            },
         }
     }
 
@@ -411,6 +440,8 @@ impl KernelKey {
             // and each row's m, l and rescale (the quantized append's block
             // maximum, DECODE_THREADS floats, is smaller than them).
             Family::Decode => t.rows * (self.head_dim + t.keys + 1 + 3),
+            // Each warp's row, transformed in place.
+            Family::Fp8Quantize => t.rows * self.head_dim,
         };
         let keep = if self.dropout { t.rows * t.keys / 8 } else { 0 };
         floats * 4 + keep
@@ -434,7 +465,7 @@ impl KernelKey {
         match self.family {
             // Its four tiles (the static ones' rows: f32, one column of padding).
             Family::Backward if self.wide_backward() => 4 * t.rows * (self.head_dim + 1) * 4,
-            Family::Forward | Family::Backward | Family::Decode => 0,
+            Family::Forward | Family::Backward | Family::Decode | Family::Fp8Quantize => 0,
             // Q, then one buffer of K and one of V (each loads while the
             // other is in use).
             Family::ForwardMma => (t.rows + 2 * t.keys) * row,
@@ -562,8 +593,9 @@ impl KernelKey {
                      #define DECODE_KEYS {}\n#define DECODE_ROWS {}\n",
                     t.threads, t.keys, t.rows
                 );
-                DECODE.to_string()
+                format!("{E4M3}\n{DECODE}")
             }
+            Family::Fp8Quantize => format!("{E4M3}\n{FP8_QUANT}"),
         };
         format!("{defines}{COMMON}\n{PHILOX}\n{DROPOUT}\n{body}")
     }

@@ -97,6 +97,7 @@
 //! - layout: the run-time layouts' struct, side buffers and tile lists;
 //! - forward and backward: uploads, launches, readbacks;
 //! - [`decode`]: the device cache, a step's uploads, splits and launches;
+//! - [`fp8_quant`]: the FP8 forward's inputs to e4m3 codes on the device;
 //! - bandwidth: the device's copy bandwidth, decoding's yardstick;
 //! - [`verify`]: each kernel path checked on first use (Hopper → sm80 →
 //!   scalar where one fails), and `flashattn doctor --backend cuda`'s matrix.
@@ -123,6 +124,7 @@ mod disk_cache;
 mod driver_error;
 mod forward;
 mod fp8;
+pub mod fp8_quant;
 pub mod jit;
 pub mod kernel;
 mod layout;

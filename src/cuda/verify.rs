@@ -32,8 +32,11 @@ pub fn family_of(f: Family) -> CudaFamily {
     match f {
         Family::ForwardWgmma | Family::BackwardWgmma => CudaFamily::Hopper,
         Family::ForwardMma | Family::BackwardMma => CudaFamily::Sm80,
-        // Decoding's kernels are scalar f32 code on every device.
-        Family::Forward | Family::Backward | Family::Decode => CudaFamily::Scalar,
+        // Decoding's and the quantization's kernels are scalar f32 code
+        // on every device.
+        Family::Forward | Family::Backward | Family::Decode | Family::Fp8Quantize => {
+            CudaFamily::Scalar
+        }
     }
 }
 
