@@ -9,9 +9,10 @@ use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::Launch;
 use super::kernel::{Family, KernelKey, QUANT_ROWS};
+use crate::api::options::Fp8Options;
 use crate::api::tensor::{Precision, TensorView};
 use crate::error::{Error, Result};
-use crate::quant::{check_finite, Hadamard};
+use crate::quant::{check_finite, Fp8Layout, Fp8Tensor, Hadamard};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 /// cuda/fp8_quant.cu's `QuantArgs`, field for field.
@@ -152,6 +153,30 @@ pub(crate) fn quantize(
     // `row` (the module's HEAD_DIM), scales batch × heads.
     unsafe { launch.launch(cfg, "launching fp8_codes") }?;
     Ok(DeviceQuant { codes, scales })
+}
+
+/// `x` quantized on `dev` under `fp8` into rows of `row` codes and read
+/// back: what the FP8 forward runs on, [`crate::quant::quantize`]'s codes
+/// and scales with rows `row` long.
+pub(crate) fn quantize_to_host(
+    dev: &CudaDevice,
+    x: &TensorView,
+    fp8: &Fp8Options,
+    row: usize,
+) -> Result<Fp8Tensor> {
+    // Before the transform's signs, which are as many as the head dim.
+    x.check_len("x")?;
+    let layout = Fp8Layout::new(x.shape[3], fp8);
+    let transform = layout.transform.as_ref();
+    let device = quantize(dev, x, "x", transform, row)?;
+    let s = &dev.stream;
+    Ok(Fp8Tensor {
+        shape: x.shape,
+        dim: transform.map_or(x.shape[3], |t| t.dim),
+        row_len: row,
+        codes: s.clone_dtoh(&device.codes).map_err(driver("reading the FP8 codes"))?,
+        scales: s.clone_dtoh(&device.scales).map_err(driver("reading the FP8 scales"))?,
+    })
 }
 
 #[cfg(test)]
