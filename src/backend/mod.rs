@@ -89,7 +89,7 @@ impl std::str::FromStr for BackendKind {
 #[cfg(not(target_arch = "wasm32"))]
 fn auto_cuda(workload: &Workload) -> std::result::Result<Choice, String> {
     let cuda = crate::cuda::Cuda::new().map_err(|e| e.to_string())?;
-    crate::cuda::takes(workload).map_err(|e| format!("{e}, on {}", cuda.describe()))?;
+    cuda.takes(workload).map_err(|e| format!("{e}, on {}", cuda.describe()))?;
     Ok(Choice {
         reason: format!(
             "CUDA on {} (auto prefers CUDA where a CUDA device opens)",

@@ -4,18 +4,24 @@
 //! (bytes, boxes of 128), the per-(batch, head) scales as pointers, one
 //! persistent launch timed by CUDA events. o comes back in f32 at the
 //! kernel's padded row ([`fp8_row`]), lse in f32 in the usual layout.
-//! The backend's FP8 entry point (quantizing on the device) calls it.
-#![allow(dead_code)]
+//! [`forward_fp8`], the backend's FP8 entry point, quantizes q, k and v on
+//! the device (src/cuda/fp8_quant.rs) and calls it.
 
 use super::compile::Arch;
 use super::context::CudaDevice;
 use super::driver_error::driver;
+use super::fp8_quant::quantize;
 use super::jit::{timed, Launch};
 use super::kernel::{KernelKey, FP8_HEAD_DIM};
 use super::layout::Side;
+use super::plan::DeviceProps;
 use super::problem::Call;
 use super::tensor_map::{encode_codes, params, TensorMap};
+use crate::api::inputs::ForwardInputs;
+use crate::api::options::{AttentionOptions, Fp8Options};
+use crate::api::output::{CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
+use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::quant::Fp8Layout;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -43,10 +49,10 @@ pub(crate) fn fp8_row(dim: usize) -> Option<usize> {
     (1..=FP8_HEAD_DIM).contains(&dim).then_some(FP8_HEAD_DIM)
 }
 
-/// Why the FP8 kernel cannot run on `dev` (its plan's architecture and
-/// shared memory), if it cannot: wgmma on e4m3 and setmaxnreg are sm_90a's.
-fn arch_blocker(dev: &CudaDevice, key: &KernelKey) -> Result<()> {
-    let props = &dev.props;
+/// Whether the FP8 kernel runs on a device of `props`: wgmma on e4m3 codes
+/// and setmaxnreg are sm_90a's, so a device of compute capability 9.x with
+/// kernels compiled for compute_90a; else `Error::CudaArchUnfit` saying so.
+pub(crate) fn runs_on(props: &DeviceProps) -> Result<()> {
     if props.major != 9 || props.arch != Arch::for_device(9, 0) {
         return Err(Error::CudaArchUnfit {
             arch: props.arch.name(),
@@ -54,7 +60,14 @@ fn arch_blocker(dev: &CudaDevice, key: &KernelKey) -> Result<()> {
             why: "the FP8 forward runs wgmma on e4m3 codes, compute_90a's (a device of compute capability 9.0)",
         });
     }
-    if key.dynamic_shared_bytes() > props.smem_per_block_optin {
+    Ok(())
+}
+
+/// Why the FP8 kernel `key` cannot run on `dev` (its architecture and
+/// shared memory), if it cannot.
+fn arch_blocker(dev: &CudaDevice, key: &KernelKey) -> Result<()> {
+    runs_on(&dev.props)?;
+    if key.dynamic_shared_bytes() > dev.props.smem_per_block_optin {
         return Err(Error::Unsupported {
             what: WHAT,
             feature: "a device giving a block less shared memory than the FP8 forward's",
@@ -154,6 +167,53 @@ pub(crate) fn forward_codes(
     })?;
     drop(side);
     Ok((d_out, d_lse, seconds))
+}
+
+/// The FP8 forward (docs/semantics.md "FP8 (e4m3)") on `dev`: q, k and v
+/// quantized on the device (fp8_quant: `crate::quant`'s codes and scales),
+/// the Hopper FP8 kernel on the codes, o (f32, cut back to the head dim)
+/// and lse read back.
+pub(crate) fn forward_fp8(
+    dev: &CudaDevice,
+    inputs: &ForwardInputs,
+    opts: &AttentionOptions,
+    fp8: &Fp8Options,
+) -> Result<ForwardOutput> {
+    let shape = inputs.shape()?;
+    opts.validate()?;
+    Fp8Layout::check_supported(&shape, opts)?;
+    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let dim = layout.transform.as_ref().map_or(shape.head_dim, |t| t.dim);
+    let row = fp8_row(dim).ok_or(Error::HeadDimTooLarge {
+        tensor: "q/k (FP8 on CUDA)",
+        head_dim: dim,
+        max: FP8_HEAD_DIM,
+    })?;
+    let t = layout.transform.as_ref();
+    let [q, k, v] = [(&inputs.q, "q", t), (&inputs.k, "k", t), (&inputs.v, "v", None)]
+        .map(|(x, name, t)| quantize(dev, x, name, t, row));
+    let (q, k, v) = (q?, k?, v?);
+    let codes = Fp8Codes {
+        q: q.codes,
+        k: k.codes,
+        v: v.codes,
+        q_scales: q.scales,
+        k_scales: k.scales,
+        v_scales: v.scales,
+    };
+    let padded_opts = layout.options(opts);
+    let problem = Problem::new(layout.padded(&shape), Precision::F32, &padded_opts)?;
+    let (o, lse, seconds) = forward_codes(dev, &codes, &problem)?;
+    let s = &dev.stream;
+    let o = s.clone_dtoh(&o).map_err(driver("reading o"))?;
+    let lse = s.clone_dtoh(&lse).map_err(driver("reading lse"))?;
+    let o: Vec<f32> = o.chunks(row).flat_map(|r| r[..shape.head_dim].iter().copied()).collect();
+    let stats = CallStats {
+        kernel_seconds: seconds,
+        timing: Timing::CudaEvents,
+        ..CallStats::default()
+    };
+    Ok(ForwardOutput::new(shape, TensorData::F32(o), lse, stats))
 }
 
 /// The TMA map of a (batch, seqlen, heads, row) tensor of e4m3 codes, read

@@ -64,7 +64,7 @@ pub fn quant_launch(shape: [usize; 4], transform: Option<&Hadamard>, row: usize)
     if key.head_dim != row || !Family::Fp8Quantize.takes(Precision::F32, row) {
         return Err(Error::Unsupported {
             what: "the CUDA backend's FP8 quantization",
-            feature: "a stored row other than 64 or 128 codes",
+            feature: "a stored row other than the FP8 forward's 128 codes",
         });
     }
     let rows = batch * seqlen * heads;
@@ -185,23 +185,23 @@ mod tests {
 
     #[test]
     fn launches_cover_every_row_and_refuse_what_the_kernel_cannot_hold() {
-        let l = quant_launch([2, 5, 3, 59], None, 64).unwrap();
+        let l = quant_launch([2, 5, 3, 59], None, 128).unwrap();
         assert_eq!((l.args.rows, l.args.dim, l.args.hadamard), (30, 59, 0));
         assert_eq!(l.blocks, 8);
-        assert_eq!(l.key.head_dim, 64);
+        assert_eq!(l.key.head_dim, 128);
         let t = Hadamard::new(59, 3);
-        let l = quant_launch([1, 1, 1, 59], Some(&t), 64).unwrap();
+        let l = quant_launch([1, 1, 1, 59], Some(&t), 128).unwrap();
         assert_eq!((l.args.dim, l.args.hadamard, l.args.norm), (64, 1, 0.125));
         assert!(matches!(
             quant_launch([1, 1, 1, 96], Some(&Hadamard::new(96, 1)), 64),
             Err(Error::DimMismatch { value: 128, other_value: 64, .. })
         ));
         assert!(matches!(
-            quant_launch([1, 1, 1, 59], Some(&t), 96),
+            quant_launch([1, 1, 1, 59], Some(&t), 64),
             Err(Error::Unsupported { .. })
         ));
         assert!(matches!(
-            quant_launch([1, 1, 1, 60], Some(&t), 64),
+            quant_launch([1, 1, 1, 60], Some(&t), 128),
             Err(Error::DimMismatch { .. })
         ));
     }

@@ -99,7 +99,7 @@ pub enum Family {
     /// `flash_decode_merge` on a device cache, plain or quantized.
     Decode,
     /// cuda/fp8_quant.cu: `fp8_absmax` and `fp8_codes`, the FP8 forward's
-    /// f32 inputs to e4m3 codes and scales (rows of the padded head dim).
+    /// f32 inputs to e4m3 codes and scales (rows of [`FP8_HEAD_DIM`]).
     Fp8Quantize,
 }
 
@@ -175,10 +175,8 @@ impl Family {
             Family::ForwardWgmma | Family::BackwardWgmma => {
                 precision != Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
             }
-            // f32 inputs, rows of the Hopper forward's padded head dims.
-            Family::Fp8Quantize => {
-                precision == Precision::F32 && WGMMA_HEAD_DIMS.contains(&head_dim)
-            }
+            // f32 inputs, rows of the FP8 forward's padded head dim.
+            Family::Fp8Quantize => precision == Precision::F32 && head_dim == FP8_HEAD_DIM,
         }
     }
 }
@@ -244,7 +242,7 @@ impl KernelKey {
     ) -> Self {
         let stepped = head_dim.div_ceil(HEAD_DIM_STEP).max(1) * HEAD_DIM_STEP;
         let head_dim = match family {
-            Family::ForwardWgmma | Family::BackwardWgmma | Family::Fp8Quantize => WGMMA_HEAD_DIMS
+            Family::ForwardWgmma | Family::BackwardWgmma => WGMMA_HEAD_DIMS
                 .into_iter()
                 .find(|&w| stepped <= w)
                 .unwrap_or(stepped),

@@ -169,7 +169,18 @@ pub fn takes(workload: &Workload) -> Result<()> {
     };
     match workload.operation {
         Operation::Attention => problem::Call::new(&workload.problem()?).map(drop),
-        Operation::Fp8 => unsupported("FP8 (e4m3)"),
+        // The Hopper FP8 forward (sm_90a: `Cuda::takes` checks the
+        // device): band and score options, quantized rows up to 128.
+        Operation::Fp8 => {
+            let shape = &workload.shape;
+            crate::quant::Fp8Layout::check_supported(shape, &workload.opts)?;
+            // The transform's order (the next power of two) is within 128
+            // exactly when the head dim is.
+            if fp8::fp8_row(shape.head_dim).is_none() {
+                return unsupported("FP8 past head dim 128 (the Hopper FP8 forward's rows)");
+            }
+            problem::Call::new(&workload.problem()?).map(drop)
+        }
         // Decoding (plain or quantized caches) runs cuda/flash_decode.cu,
         // with the options every backend's decoding takes and v's own head dim.
         Operation::Decode | Operation::QuantizedDecode => {
@@ -481,6 +492,46 @@ impl Cuda {
         Ok(out)
     }
 
+    /// Whether this device's kernels take `workload`: [`takes`], and the
+    /// FP8 forward only where the Hopper kernels run (sm_90a).
+    pub fn takes(&self, workload: &Workload) -> Result<()> {
+        takes(workload)?;
+        if workload.operation == Operation::Fp8 {
+            fp8::runs_on(&self.device.props)?;
+        }
+        Ok(())
+    }
+
+    /// The FP8 (e4m3) forward (docs/semantics.md): q, k and v quantized on
+    /// the device (`crate::quant`'s codes and scales bit for bit, q and k
+    /// through the Hadamard transform where `fp8` asks), then the Hopper
+    /// forward on the codes with wgmma on e4m3; `o` in f32. Hopper only
+    /// (`Error::CudaArchUnfit` elsewhere), quantized rows up to 128, the
+    /// band and score options.
+    pub fn forward_fp8(
+        &self,
+        inputs: &ForwardInputs,
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+    ) -> Result<ForwardOutput> {
+        fp8::forward_fp8(&self.device, inputs, opts, fp8)
+    }
+
+    /// One tensor quantized to e4m3 on the device and read back: what
+    /// [`Cuda::forward_fp8`] runs on — [`crate::quant::quantize`]'s codes
+    /// and scales, in rows of the FP8 forward's 128 codes.
+    pub fn quantize_fp8(&self, x: &crate::api::tensor::TensorView, fp8: &Fp8Options) -> Result<crate::quant::Fp8Tensor> {
+        x.check_len("x")?;
+        let layout = crate::quant::Fp8Layout::new(x.shape[3], fp8);
+        let dim = layout.transform.as_ref().map_or(x.shape[3], |t| t.dim);
+        let row = fp8::fp8_row(dim).ok_or(Error::HeadDimTooLarge {
+            tensor: "x (FP8 on CUDA)",
+            head_dim: dim,
+            max: kernel::FP8_HEAD_DIM,
+        })?;
+        fp8_quant::quantize_to_host(&self.device, x, fp8, row)
+    }
+
     /// Gradients dq, dk, dv from the forward's o and lse.
     pub fn backward(
         &self,
@@ -499,7 +550,7 @@ impl AttentionBackend for Cuda {
             name: format!("cuda on {}", self.describe()),
             backward: true,
             decode: true,
-            fp8: false,
+            fp8: fp8::runs_on(&self.device.props).is_ok(),
             dropout: true,
             quantized_cache: true,
             latent_cache: true,
@@ -518,15 +569,12 @@ impl AttentionBackend for Cuda {
 
     fn forward_fp8(
         &self,
-        _: &ForwardInputs,
-        _: &AttentionOptions,
-        _: &Fp8Options,
+        inputs: &ForwardInputs,
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
         _: &PlanOverrides,
     ) -> Result<ForwardOutput> {
-        Err(Error::Unsupported {
-            what: problem::WHAT,
-            feature: "FP8 (e4m3)",
-        })
+        Cuda::forward_fp8(self, inputs, opts, fp8)
     }
 
     fn backward(

@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod decode;
+pub mod fp8;
 pub mod kv_quant;
 pub mod shards;
 
