@@ -68,8 +68,13 @@
 //! softcap, scale, GQA/MQA, empty rows) and the layouts (its TMA maps of a
 //! packed batch span the packed tensor); calls with dropout run the sm80
 //! kernels (the plan says so). `Unsupported`: a v head dim other
-//! than q's in the forward and backward (their kernels hold one head dim),
-//! and FP8.
+//! than q's in the forward and backward (their kernels hold one head dim).
+//!
+//! The FP8 (e4m3) forward ([`Cuda::forward_fp8`]) runs on Hopper alone
+//! (wgmma on e4m3): q, k and v quantized on the device (`fp8_quant`:
+//! `crate::quant`'s codes and scales, the Hadamard transform included),
+//! then the Hopper forward's FP8 variant on the codes, Vᵀ transposed in
+//! shared memory; the band and score options, quantized rows up to 128.
 //!
 //! Decoding (cuda/flash_decode.cu, [`decode`]) keeps the KV cache in device
 //! memory ([`CudaKvCache`]: dense or paged, plain or int8/FP8 codes with
