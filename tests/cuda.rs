@@ -173,6 +173,7 @@ fn auto_prefers_cuda_for_what_its_kernels_take() {
     ));
     let mask = flashattn::BlockMask::new([1, 1, 1, 1], (64, 64), &[1]).unwrap();
     for (operation, opts) in [
+        (Operation::Fp8, AttentionOptions::default().scale(-0.5)),
         (
             Operation::Fp8,
             AttentionOptions::default().alibi(flashattn::Alibi::standard(2)),

@@ -731,10 +731,11 @@ mod tests {
         // options; both with and without dropout; Hopper: f16/bf16 × d 64,
         // 128 × 4 options, no dropout; decoding: every precision and head
         // dim (8 steps and 3 wide ones) × 4 options × plain, int8 and FP8
-        // caches; the Hopper dK/dV as its forward.
+        // caches; the Hopper dK/dV as its forward; the Hopper FP8 forward's
+        // 4 options; the FP8 quantization, one.
         assert_eq!(
             all.len(),
-            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3 + 4
+            2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3 + 4 + 1
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
         assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);

@@ -184,6 +184,10 @@ pub fn takes(workload: &Workload) -> Result<()> {
             if fp8::fp8_row(shape.head_dim).is_none() {
                 return unsupported("FP8 past head dim 128 (the Hopper FP8 forward's rows)");
             }
+            // Its softmax takes each row's max of the raw dot products.
+            if workload.opts.scale_for(shape.head_dim) <= 0.0 {
+                return unsupported("FP8 with a score scale of 0 or below");
+            }
             problem::Call::new(&workload.problem()?).map(drop)
         }
         // Decoding (plain or quantized caches) runs cuda/flash_decode.cu,
