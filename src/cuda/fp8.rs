@@ -21,6 +21,7 @@ use crate::api::inputs::ForwardInputs;
 use crate::api::options::{AttentionOptions, Fp8Options};
 use crate::api::output::{CallStats, ForwardOutput, Timing};
 use crate::api::problem::Problem;
+use crate::api::shape::AttentionShape;
 use crate::api::tensor::{Precision, TensorData};
 use crate::error::{Error, Result};
 use crate::quant::Fp8Layout;
@@ -40,6 +41,56 @@ pub(crate) struct Fp8Codes {
     pub q_scales: CudaSlice<f32>,
     pub k_scales: CudaSlice<f32>,
     pub v_scales: CudaSlice<f32>,
+}
+
+impl Fp8Codes {
+    /// Whether the buffers hold `shape`'s rows of `row` codes and a scale
+    /// per batch entry and head: `Error::BufferTooSmall` naming the first
+    /// that does not.
+    fn check_holds(&self, shape: &AttentionShape, row: usize) -> Result<()> {
+        let (q_len, k_len) = (
+            shape.batch * shape.seqlen_q * shape.heads_q,
+            shape.batch * shape.seqlen_k * shape.heads_kv,
+        );
+        for (buffer, size, needed) in [
+            ("FP8 q codes", self.q.len(), q_len * row),
+            ("FP8 k codes", self.k.len(), k_len * row),
+            ("FP8 v codes", self.v.len(), k_len * row),
+            ("FP8 q scales", self.q_scales.len(), shape.batch * shape.heads_q),
+            ("FP8 k scales", self.k_scales.len(), shape.batch * shape.heads_kv),
+            ("FP8 v scales", self.v_scales.len(), shape.batch * shape.heads_kv),
+        ] {
+            if size < needed {
+                return Err(Error::BufferTooSmall {
+                    buffer,
+                    size: size as u64,
+                    needed: needed as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's row for `problem` (FP8's options, a quantized row within
+/// 128, a positive score scale), or the typed error saying why not.
+fn checked_row(problem: &Problem) -> Result<usize> {
+    let shape = problem.shape;
+    Fp8Layout::check_supported(&shape, problem.opts)?;
+    let row = fp8_row(shape.head_dim).ok_or(Error::HeadDimTooLarge {
+        tensor: "the FP8 forward's quantized rows",
+        head_dim: shape.head_dim,
+        max: FP8_HEAD_DIM,
+    })?;
+    // The kernel takes each row's max of the raw dot products (exp2's
+    // argument folds the scale in), as the Hopper forward does.
+    if problem.scale <= 0.0 {
+        return Err(Error::Unsupported {
+            what: WHAT,
+            feature: "a score scale of 0 or below",
+        });
+    }
+    Ok(row)
 }
 
 /// The stored row (bytes = elements) of the FP8 kernel for a quantized row
@@ -87,43 +138,12 @@ pub(crate) fn forward_codes(
     problem: &Problem,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, f64)> {
     let (shape, opts) = (problem.shape, problem.opts);
-    Fp8Layout::check_supported(&shape, opts)?;
-    let row = fp8_row(shape.head_dim).ok_or(Error::HeadDimTooLarge {
-        tensor: "the FP8 forward's quantized rows",
-        head_dim: shape.head_dim,
-        max: FP8_HEAD_DIM,
-    })?;
-    // The kernel takes each row's max of the raw dot products (exp2's
-    // argument folds the scale in), as the Hopper forward does.
-    if problem.scale <= 0.0 {
-        return Err(Error::Unsupported {
-            what: WHAT,
-            feature: "a score scale of 0 or below",
-        });
-    }
+    let row = checked_row(problem)?;
     let call = Call::new(problem)?;
     let key = KernelKey::fp8_forward(shape.head_dim, call.band, call.softcap);
     arch_blocker(dev, &key)?;
-    let (q_len, k_len) = (
-        shape.batch * shape.seqlen_q * shape.heads_q,
-        shape.batch * shape.seqlen_k * shape.heads_kv,
-    );
-    for (buffer, size, needed) in [
-        ("FP8 q codes", codes.q.len(), q_len * row),
-        ("FP8 k codes", codes.k.len(), k_len * row),
-        ("FP8 v codes", codes.v.len(), k_len * row),
-        ("FP8 q scales", codes.q_scales.len(), shape.batch * shape.heads_q),
-        ("FP8 k scales", codes.k_scales.len(), shape.batch * shape.heads_kv),
-        ("FP8 v scales", codes.v_scales.len(), shape.batch * shape.heads_kv),
-    ] {
-        if size < needed {
-            return Err(Error::BufferTooSmall {
-                buffer,
-                size: size as u64,
-                needed: needed as u64,
-            });
-        }
-    }
+    codes.check_holds(&shape, row)?;
+    let q_len = shape.batch * shape.seqlen_q * shape.heads_q;
     let func = dev.function(key, "flash_fwd")?;
     let stream = &dev.stream;
     let mut d_out = stream
