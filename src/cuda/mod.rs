@@ -501,8 +501,8 @@ impl Cuda {
         Ok(out)
     }
 
-    /// Whether this device's kernels take `workload`: [`takes`], and the
-    /// FP8 forward only where the Hopper kernels run (sm_90a).
+    /// Whether this device's kernels take `workload` (what the kernels take, and the
+    /// FP8 forward only where the Hopper kernels run: sm_90a).
     pub fn takes(&self, workload: &Workload) -> Result<()> {
         takes(workload)?;
         if workload.operation == Operation::Fp8 {
