@@ -239,6 +239,20 @@ pub struct Fp8Layout {
 }
 
 impl Fp8Layout {
+    /// The FP8 forward's checks on `inputs` under `opts` (the options
+    /// valid, and the ones FP8 takes): their shape and its layout under
+    /// `fp8`.
+    pub fn checked(
+        inputs: &ForwardInputs,
+        opts: &AttentionOptions,
+        fp8: &Fp8Options,
+    ) -> Result<(AttentionShape, Self)> {
+        let shape = inputs.shape()?;
+        opts.validate()?;
+        Self::check_supported(&shape, opts)?;
+        Ok((shape, Self::new(shape.head_dim, fp8)))
+    }
+
     /// The layout of a problem with this head dim under `opts`.
     pub fn new(head_dim: usize, opts: &Fp8Options) -> Self {
         let transform = opts.hadamard.map(|seed| Hadamard::new(head_dim, seed));

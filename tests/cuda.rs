@@ -1165,20 +1165,7 @@ fn build_emulation_of(
     let cases = format!("#define LAYOUT_CASES {}\n", u8::from(layouts));
     std::fs::write(&src, format!("{cases}{host}\n{source}\n{check}")).unwrap();
     let started = std::time::Instant::now();
-    let built = Command::new(cxx)
-        .args(["-std=c++20", "-O1", "-pthread"])
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}: {}",
-        key.label(),
-        String::from_utf8_lossy(&built.stderr)
-    );
+    compile_cpp(cxx, &src, &exe, defines, &key.label());
     eprintln!(
         "{} built in {:.1} s",
         key.label(),
@@ -2389,19 +2376,26 @@ fn build_harness(cxx: &std::ffi::OsStr, dir: &Path, key: &KernelKey, harness: &s
     let src = dir.join(format!("{}.cpp", key.label()));
     std::fs::write(&src, format!("{host}\n{}\n{main}", key.source())).unwrap();
     let exe = dir.join(key.label());
+    compile_cpp(cxx, &src, &exe, &[], &key.label());
+    exe
+}
+
+/// `src` built by `cxx` into `exe` as every emulation is (C++20, -O1,
+/// threads), with `defines` as `-D` flags; a failure names `what`.
+fn compile_cpp(cxx: &std::ffi::OsStr, src: &Path, exe: &Path, defines: &[&str], what: &str) {
     let built = Command::new(cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
+        .args(["-std=c++20", "-O1", "-pthread"])
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
+        .arg(exe)
+        .arg(src)
         .output()
         .unwrap();
     assert!(
         built.status.success(),
-        "{}: {}",
-        key.label(),
+        "{what}: {}",
         String::from_utf8_lossy(&built.stderr)
     );
-    exe
 }
 
 /// Runs a harness on `inputs` (each framed as a u64 length and its

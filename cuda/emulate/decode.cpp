@@ -7,26 +7,6 @@
 // is read from K's blob) and scales after the step to argv[2]
 // in the same framing. tests/cuda.rs judges them against the f64
 // reference and the host's quantization rule.
-#include <fstream>
-
-static std::vector<std::vector<unsigned char>> read_blobs(const char* path) {
-    std::ifstream in(path, std::ios::binary);
-    std::vector<std::vector<unsigned char>> blobs;
-    unsigned long long n;
-    while (in.read((char*)&n, 8)) {
-        std::vector<unsigned char> b(n);
-        if (n && !in.read((char*)b.data(), (std::streamsize)n)) emulation_fault("a truncated input blob");
-        blobs.push_back(std::move(b));
-    }
-    if (blobs.size() != 14) emulation_fault("the input is not 14 blobs");
-    return blobs;
-}
-
-static void write_blob(std::ofstream& out, const void* p, size_t bytes) {
-    const unsigned long long n = bytes;
-    out.write((const char*)&n, 8);
-    out.write((const char*)p, (std::streamsize)bytes);
-}
 
 template <class T>
 static T* as(std::vector<unsigned char>& b) {
@@ -35,7 +15,7 @@ static T* as(std::vector<unsigned char>& b) {
 
 int main(int argc, char** argv) {
     if (argc != 3) emulation_fault("usage: decode <inputs> <outputs>");
-    auto blobs = read_blobs(argv[1]);
+    auto blobs = read_blobs(argv[1], 14);
     Problem p;
     DecodeArgs a;
     if (blobs[0].size() != sizeof p || blobs[1].size() != sizeof a) emulation_fault("Problem or DecodeArgs size");

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,6 +122,26 @@ inline unsigned char* host_dynamic_smem() { return dynamic_smem.data(); }
     std::fprintf(stderr, "emulation: %s (thread %u of block %u,%u,%u)\n", what, threadIdx.x, blockIdx.x, blockIdx.y,
                  blockIdx.z);
     std::abort();
+}
+
+// The harnesses' files (decode.cpp, quant.cpp and tests/cuda.rs): blobs,
+// each a u64 length then its bytes; reading faults unless there are `count`.
+static std::vector<std::vector<unsigned char>> read_blobs(const char* path, size_t count) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<std::vector<unsigned char>> blobs;
+    unsigned long long n;
+    while (in.read((char*)&n, 8)) {
+        std::vector<unsigned char> b(n);
+        if (n && !in.read((char*)b.data(), (std::streamsize)n)) emulation_fault("a truncated input blob");
+        blobs.push_back(std::move(b));
+    }
+    if (blobs.size() != count) emulation_fault("the input has the wrong number of blobs");
+    return blobs;
+}
+static void write_blob(std::ofstream& out, const void* p, size_t bytes) {
+    const unsigned long long n = bytes;
+    out.write((const char*)&n, 8);
+    out.write((const char*)p, (std::streamsize)bytes);
 }
 // Shared-memory operands of ldmatrix and cp.async: inside the dynamic
 // shared memory and 16-byte aligned, as the instructions require.

@@ -4,26 +4,6 @@
 // blocks (an i32), x (f32 rows), the transform's signs — and writes the
 // codes and the scales to argv[2] in the same framing, for tests/cuda.rs to
 // hold against src/quant.rs's bit for bit.
-#include <fstream>
-
-static std::vector<std::vector<unsigned char>> read_blobs(const char* path, size_t count) {
-    std::ifstream in(path, std::ios::binary);
-    std::vector<std::vector<unsigned char>> blobs;
-    unsigned long long n;
-    while (in.read((char*)&n, 8)) {
-        std::vector<unsigned char> b(n);
-        if (n && !in.read((char*)b.data(), (std::streamsize)n)) emulation_fault("a truncated input blob");
-        blobs.push_back(std::move(b));
-    }
-    if (blobs.size() != count) emulation_fault("the input has the wrong number of blobs");
-    return blobs;
-}
-
-static void write_blob(std::ofstream& out, const void* p, size_t bytes) {
-    const unsigned long long n = bytes;
-    out.write((const char*)&n, 8);
-    out.write((const char*)p, (std::streamsize)bytes);
-}
 
 int main(int argc, char** argv) {
     if (argc != 3) emulation_fault("usage: quant <inputs> <outputs>");

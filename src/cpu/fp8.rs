@@ -19,10 +19,7 @@ pub fn forward_fp8(
     opts: &AttentionOptions,
     fp8: &Fp8Options,
 ) -> Result<ForwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate()?;
-    Fp8Layout::check_supported(&shape, opts)?;
-    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let (shape, layout) = Fp8Layout::checked(inputs, opts, fp8)?;
     let quantized = layout.quantize(inputs)?;
     // Each tensor's scales multiply its values here; the kernels fold them
     // into the scores and the output instead (equal up to rounding).

@@ -199,10 +199,7 @@ pub(crate) fn forward_fp8(
     opts: &AttentionOptions,
     fp8: &Fp8Options,
 ) -> Result<ForwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate()?;
-    Fp8Layout::check_supported(&shape, opts)?;
-    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let (shape, layout) = Fp8Layout::checked(inputs, opts, fp8)?;
     let dim = layout.transform.as_ref().map_or(shape.head_dim, |t| t.dim);
     let row = fp8_row(dim).ok_or(Error::HeadDimTooLarge {
         tensor: "q/k (FP8 on CUDA)",

@@ -257,10 +257,7 @@ pub async fn forward(
     fp8: &Fp8Options,
     overrides: &PlanOverrides,
 ) -> Result<ForwardOutput> {
-    let shape = inputs.shape()?;
-    opts.validate()?;
-    Fp8Layout::check_supported(&shape, opts)?;
-    let layout = Fp8Layout::new(shape.head_dim, fp8);
+    let (shape, layout) = Fp8Layout::checked(inputs, opts, fp8)?;
     let padded = layout.padded(&shape);
     let kernel = attention_kernel(gpu, &padded, opts, overrides)?;
     let mut call = Call::new(gpu, Some(kernel.plan));
