@@ -253,6 +253,12 @@ impl Fp8Layout {
         Ok((shape, Self::new(shape.head_dim, fp8)))
     }
 
+    /// Elements of a quantized q or k row: the head dim, or the
+    /// transform's order.
+    pub fn dim(&self) -> usize {
+        self.transform.as_ref().map_or(self.head_dim, |t| t.dim)
+    }
+
     /// The layout of a problem with this head dim under `opts`.
     pub fn new(head_dim: usize, opts: &Fp8Options) -> Self {
         let transform = opts.hadamard.map(|seed| Hadamard::new(head_dim, seed));

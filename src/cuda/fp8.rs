@@ -72,25 +72,14 @@ impl Fp8Codes {
     }
 }
 
-/// The kernel's row for `problem` (FP8's options, a quantized row within
-/// 128, a positive score scale), or the typed error saying why not.
-fn checked_row(problem: &Problem) -> Result<usize> {
-    let shape = problem.shape;
-    Fp8Layout::check_supported(&shape, problem.opts)?;
-    let row = fp8_row(shape.head_dim).ok_or(Error::HeadDimTooLarge {
-        tensor: "the FP8 forward's quantized rows",
-        head_dim: shape.head_dim,
+/// The kernel's stored row for `layout`'s quantized rows, or
+/// `HeadDimTooLarge` past what it takes.
+pub(crate) fn stored_row(layout: &Fp8Layout) -> Result<usize> {
+    fp8_row(layout.dim()).ok_or(Error::HeadDimTooLarge {
+        tensor: "q/k (FP8 on CUDA)",
+        head_dim: layout.dim(),
         max: FP8_HEAD_DIM,
-    })?;
-    // The kernel takes each row's max of the raw dot products (exp2's
-    // argument folds the scale in), as the Hopper forward does.
-    if problem.scale <= 0.0 {
-        return Err(Error::Unsupported {
-            what: WHAT,
-            feature: "a score scale of 0 or below",
-        });
-    }
-    Ok(row)
+    })
 }
 
 /// The stored row (bytes = elements) of the FP8 kernel for a quantized row
@@ -127,18 +116,27 @@ fn arch_blocker(dev: &CudaDevice, key: &KernelKey) -> Result<()> {
     Ok(())
 }
 
-/// The FP8 forward on `codes`: `problem`'s shape has head_dim = the
-/// quantized row's dim ([`Fp8Layout::padded`]), its opts the explicit
-/// score scale ([`Fp8Layout::options`]). Returns o as f32 (batch,
-/// seqlen_q, heads_q, [`fp8_row`]`(dim)`) on the device, lse (f32, the
-/// usual layout), and the kernel's seconds (CUDA events).
-pub(crate) fn forward_codes(
+/// The FP8 forward on `codes` in rows of `row` ([`stored_row`]):
+/// `problem` is FP8's (its options checked by [`Fp8Layout::checked`]), its
+/// shape's head_dim the quantized row's ([`Fp8Layout::padded`]), its opts
+/// the explicit score scale ([`Fp8Layout::options`]). Returns o as f32
+/// (batch, seqlen_q, heads_q, `row`) on the device, lse (f32, the usual
+/// layout), and the kernel's seconds (CUDA events).
+fn forward_codes(
     dev: &CudaDevice,
     codes: &Fp8Codes,
     problem: &Problem,
+    row: usize,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, f64)> {
     let (shape, opts) = (problem.shape, problem.opts);
-    let row = checked_row(problem)?;
+    // The kernel takes each row's max of the raw dot products (exp2's
+    // argument folds the scale in), as the Hopper forward does.
+    if problem.scale <= 0.0 {
+        return Err(Error::Unsupported {
+            what: WHAT,
+            feature: "a score scale of 0 or below",
+        });
+    }
     let call = Call::new(problem)?;
     let key = KernelKey::fp8_forward(shape.head_dim, call.band, call.softcap);
     arch_blocker(dev, &key)?;
@@ -200,12 +198,7 @@ pub(crate) fn forward_fp8(
     fp8: &Fp8Options,
 ) -> Result<ForwardOutput> {
     let (shape, layout) = Fp8Layout::checked(inputs, opts, fp8)?;
-    let dim = layout.transform.as_ref().map_or(shape.head_dim, |t| t.dim);
-    let row = fp8_row(dim).ok_or(Error::HeadDimTooLarge {
-        tensor: "q/k (FP8 on CUDA)",
-        head_dim: dim,
-        max: FP8_HEAD_DIM,
-    })?;
+    let row = stored_row(&layout)?;
     let t = layout.transform.as_ref();
     let [q, k, v] = [(&inputs.q, "q", t), (&inputs.k, "k", t), (&inputs.v, "v", None)]
         .map(|(x, name, t)| quantize(dev, x, name, t, row));
@@ -220,7 +213,7 @@ pub(crate) fn forward_fp8(
     };
     let padded_opts = layout.options(opts);
     let problem = Problem::new(layout.padded(&shape), Precision::F32, &padded_opts)?;
-    let (o, lse, seconds) = forward_codes(dev, &codes, &problem)?;
+    let (o, lse, seconds) = forward_codes(dev, &codes, &problem, row)?;
     let s = &dev.stream;
     let o = s.clone_dtoh(&o).map_err(driver("reading o"))?;
     let lse = s.clone_dtoh(&lse).map_err(driver("reading lse"))?;

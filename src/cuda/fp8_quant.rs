@@ -9,7 +9,6 @@ use super::context::CudaDevice;
 use super::driver_error::driver;
 use super::jit::Launch;
 use super::kernel::{Family, KernelKey, QUANT_ROWS};
-use crate::api::options::Fp8Options;
 use crate::api::tensor::{Precision, TensorView};
 use crate::error::{Error, Result};
 use crate::quant::{check_finite, Fp8Layout, Fp8Tensor, Hadamard};
@@ -155,24 +154,21 @@ pub(crate) fn quantize(
     Ok(DeviceQuant { codes, scales })
 }
 
-/// `x` quantized on `dev` under `fp8` into rows of `row` codes and read
-/// back: what the FP8 forward runs on, [`crate::quant::quantize`]'s codes
-/// and scales with rows `row` long.
+/// `x` quantized on `dev` as q and k are under `layout` (of x's head
+/// dim), into rows of `row` codes, and read back: what the FP8 forward
+/// runs on, [`crate::quant::quantize`]'s codes and scales with rows `row`
+/// long.
 pub(crate) fn quantize_to_host(
     dev: &CudaDevice,
     x: &TensorView,
-    fp8: &Fp8Options,
+    layout: &Fp8Layout,
     row: usize,
 ) -> Result<Fp8Tensor> {
-    // Before the transform's signs, which are as many as the head dim.
-    x.check_len("x")?;
-    let layout = Fp8Layout::new(x.shape[3], fp8);
-    let transform = layout.transform.as_ref();
-    let device = quantize(dev, x, "x", transform, row)?;
+    let device = quantize(dev, x, "x", layout.transform.as_ref(), row)?;
     let s = &dev.stream;
     Ok(Fp8Tensor {
         shape: x.shape,
-        dim: transform.map_or(x.shape[3], |t| t.dim),
+        dim: layout.dim(),
         row_len: row,
         codes: s.clone_dtoh(&device.codes).map_err(driver("reading the FP8 codes"))?,
         scales: s.clone_dtoh(&device.scales).map_err(driver("reading the FP8 scales"))?,

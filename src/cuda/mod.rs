@@ -530,15 +530,11 @@ impl Cuda {
     /// [`Cuda::forward_fp8`] runs on — [`crate::quant::quantize`]'s codes
     /// and scales, in rows of the FP8 forward's 128 codes.
     pub fn quantize_fp8(&self, x: &crate::api::tensor::TensorView, fp8: &Fp8Options) -> Result<crate::quant::Fp8Tensor> {
+        // Before the transform's signs, which are as many as the head dim.
         x.check_len("x")?;
         let layout = crate::quant::Fp8Layout::new(x.shape[3], fp8);
-        let dim = layout.transform.as_ref().map_or(x.shape[3], |t| t.dim);
-        let row = fp8::fp8_row(dim).ok_or(Error::HeadDimTooLarge {
-            tensor: "x (FP8 on CUDA)",
-            head_dim: dim,
-            max: kernel::FP8_HEAD_DIM,
-        })?;
-        fp8_quant::quantize_to_host(&self.device, x, fp8, row)
+        let row = fp8::stored_row(&layout)?;
+        fp8_quant::quantize_to_host(&self.device, x, &layout, row)
     }
 
     /// Gradients dq, dk, dv from the forward's o and lse.

@@ -202,7 +202,7 @@ pub async fn quantize(gpu: &Gpu, x: &TensorView<'_>, fp8: &Fp8Options) -> Result
     codes.truncate(spec.code_bytes() as usize);
     Ok(Fp8Tensor {
         shape: x.shape,
-        dim: transform.map_or(x.shape[3], |t| t.dim),
+        dim: layout.dim(),
         row_len: layout.row_len,
         codes,
         scales,
