@@ -10,20 +10,25 @@
 //
 //   Q [BLOCK_M][ROW] | K [BLOCK_N][ROW] | V [BLOCK_N][ROW]
 //
-// S = Q K^T and O += P V are mma.sync m16n8k16 on ldmatrix fragments. S
-// and its softmax go one row tile at a time (only one tile's S is held);
-// each V fragment serves all row tiles. The online softmax runs on S's
+// S = Q K^T and O += P V are mma.sync m16n8k16 on ldmatrix fragments, S
+// of all of a warp's row tiles at once (each K fragment serves them all,
+// as each V fragment does in P V). The online softmax runs on S's
 // accumulator fragments in base 2 (a row lives in one quad: max and sum by
-// two shuffles): m is the running max of score · log2 e, P = 2^(x - m) by
-// ex2, the LSE is converted once at the end. A tile whose every pair is
-// allowed (no ALiBi, inside seqlen_k and every row's band, not a partial
-// block-mask tile) runs in a loop of its own with no test per pair, and
-// without a softcap its P is one FFMA and one ex2 of the raw dot product
-// (the scale's sign goes into Q, so the max of raw dots is the max of
-// scores). The other tiles' allowed pairs are worked out by the block into
-// a bit each in shared memory, as dropout's keep bits are. P is rounded to
-// storage by paired conversions as the A operand of P V; each lane keeps
-// its partial row sums (of P unrounded) until the end.
+// two shuffles): m is the exponents' reference (a running max of score ·
+// log2 e), P = 2^(x - m) by ex2, the LSE is converted once at the end. A
+// tile whose every pair is allowed (no ALiBi, inside seqlen_k and every
+// row's band, not a partial block-mask tile) runs in a loop of its own with
+// no test per pair and no max: P is taken against m as it stands (without
+// a softcap one FFMA and one ex2 of the raw dot product: the scale's sign
+// goes into Q, so the max of raw dots is the max of scores), and only when
+// a lane's part of some row's sum of P passes RESCALE_LIMIT does the warp
+// take the maxima and rescale (FA4's conditional rescale). That loop
+// prefetches whole rows of K (its successor is interior too: each run's
+// last interior tile runs with the boundary tiles). The other tiles'
+// allowed pairs are worked out by the block into a bit each in shared
+// memory, as dropout's keep bits are, and take the plain step: max, then
+// P. P is rounded to storage by paired conversions as the A operand of P
+// V; each lane keeps its partial row sums (of P unrounded) until the end.
 
 #define WARPS 4
 #define MT (BLOCK_M / (16 * WARPS))  // row tiles of 16 per warp
@@ -34,12 +39,58 @@ static_assert(BLOCK_N % 32 == 0, "whole words of allowed bits");
 static_assert((BLOCK_M + 2 * BLOCK_N) * ROW * 2 == SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
 // Without a softcap (whose tanh needs each scaled score) an interior tile
-// takes the max of raw dot products and folds the scale into the FFMA.
+// works on raw dot products and folds the scale into the FFMA.
 #define RAW_INTERIOR (!HAS_SOFTCAP)
-// How far (log2 units) an interior tile's scores may pass the reference
-// max before O and l are rescaled: P stays <= 2^8, exact in f32 sums and
-// as wide as storage's exponent allows.
-#define RESCALE_LOG2 8.0f
+// S of a warp's row tiles at once (each K fragment serves them all), but
+// in the dropout variants (their keep bits) and for sm_90 (whose ptxas
+// schedules otherwise; there the Hopper kernels are the fast path), which
+// spill with it: there each row tile takes its own.
+#if HAS_DROPOUT || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define SHARED_K 0
+#else
+#define SHARED_K 1
+#endif
+
+// How far a lane's part of an interior tile's row sum of P may grow, P
+// taken against the reference max, before O and l are rescaled: P stays <=
+// 2^8, exact in f32 sums and as wide as storage's exponent allows.
+#define RESCALE_LIMIT 256.0f
+
+// The conditional rescale's P for a lane's two rows of a tile (16 rows x
+// BLOCK_N keys a warp): 2^(x sl2 - m) (RAW: x a raw dot product) or
+// 2^(x - m), against the reference m as it stands, rounded straight into
+// P's A fragments (pack_a's order); ts[r] gets the lane's sum of its pairs
+// of row r, unrounded (the LSE's accuracy needs the sums of P as computed,
+// not as rounded).
+template <bool RAW>
+__device__ __forceinline__ void exp2_tile(unsigned (&pa)[BLOCK_N / 16][4], float (&ts)[2],
+                                          const float (&s)[BLOCK_N / 8][4], const float (&m)[2], float sl2) {
+    auto p = [&](float x, int r) { return exp2_approx(RAW ? fmaf(x, sl2, -m[r]) : x - m[r]); };
+    ts[0] = ts[1] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float(&x)[4] = s[2 * kk + j / 2];
+            const int r = j % 2;
+            const float lo = p(x[2 * r], r), hi = p(x[2 * r + 1], r);
+            ts[r] += lo + hi;
+            pa[kk][j] = pack2(lo, hi);
+        }
+}
+
+// P's A fragments with the dropped pairs zeroed, what P V takes: kept[r][w]
+// holds row r's keep bits, pair (c, e) at bit 8 (c % 4) + e % 2.
+__device__ __forceinline__ void drop_pairs(unsigned (&pa)[BLOCK_N / 16][4], const unsigned (&kept)[2][BLOCK_N / 32]) {
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = 2 * kk + j / 2;
+            const unsigned b = kept[j % 2][c / 4] >> (c % 4 * 8);
+            pa[kk][j] &= (b & 1u ? 0xffffu : 0u) | (b & 2u ? 0xffff0000u : 0u);
+        }
+}
 
 // Query rows m0.. of the block, RT row tiles of 16 a warp (16 WARPS RT
 // rows). ALIGNED: d % 8 == 0, K and V stream by cp.async in whole chunks;
@@ -105,7 +156,8 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
     // == 0 (`aligned`: a constant in each copy of the loops below), no row
     // tested where every one is in the tensor (`inside`, also a constant).
     auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool inside, bool aligned) {
-        const storage_t* from = from_row(src, (size_t)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
+        // (k0 + n0 >= 0: its unsigned widening costs no sign.)
+        const storage_t* from = from_row(src, (size_t)(unsigned)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
         if (aligned && inside)
             load_rows_async<BLOCK_N, WARPS * 32, true>(tile, from, 0, (size_t)p.heads_kv * p.d, p.d);
         else if (aligned)
@@ -138,10 +190,11 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
 #pragma unroll
         for (int r = 0; r < 2; ++r) m[mi][r] = NEG_INF, l[mi][r] = 0.0f;
 
-    // One key tile. `inner`: every pair allowed, tested nowhere (every call
-    // passes a constant, and the inlined copy keeps only its own branch).
-    auto trip = [&](int tile, bool inner, bool aligned) {
-        const int n0 = start(tile);
+    // One key tile, its first key n0 (start(tile), carried from the last
+    // trip's prefetch); the next tile's first key is returned. `inner`:
+    // every pair allowed, tested nowhere (every call passes a constant, and
+    // the inlined copy keeps only its own branch).
+    auto trip = [&](int tile, int n0, bool inner, bool aligned) {
         // Dropout's keep bits and a boundary tile's allowed pairs (the last
         // tile's were read before the last barrier): the mask tests by the
         // block together in a rolled loop, not unrolled over each lane's pairs.
@@ -165,15 +218,20 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         cp_async_commit();
 
         const bool raw = inner && RAW_INTERIOR, voted = inner && ALIGNED;
-        // One row tile at a time: S, its softmax, P packed (its rows need
-        // nothing of the other's), so that only one tile's S is ever held.
+        // S of every row tile at once where SHARED_K (each K fragment serves
+        // them all), else of each before its softmax; then one row tile at a
+        // time: its softmax, P packed.
         unsigned pa[RT][BLOCK_N / 16][4];
+        float sr[RT][BLOCK_N / 8][4];
+#pragma unroll
+        for (int mi = 0; mi < RT; ++mi)
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) sr[mi][c][0] = sr[mi][c][1] = sr[mi][c][2] = sr[mi][c][3] = 0.0f;
+        if (SHARED_K) mma_abt_rows<RT, BLOCK_N, HEAD_DIM>(sr, q_s + warp * RT * 16 * ROW, k_s);
 #pragma unroll
         for (int mi = 0; mi < RT; ++mi) {
-            float s[BLOCK_N / 8][4];
-#pragma unroll
-            for (int c = 0; c < BLOCK_N / 8; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
-            mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + (warp * RT + mi) * 16 * ROW, k_s);
+            float(&s)[BLOCK_N / 8][4] = sr[mi];
+            if (!SHARED_K) mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + (warp * RT + mi) * 16 * ROW, k_s);
             // This lane's allowed (and with dropout, kept) bits: row r's word
             // c / 4, from bit 2t; pair (c, e) is then bit 8 (c % 4) + e % 2.
             unsigned bits[2][BLOCK_N / 32], kept[2][BLOCK_N / 32];
@@ -189,6 +247,49 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     kept[r][w] = ~0u;
 #endif
                 }
+            if (voted) {
+                // FA4's conditional rescale, with no max on the hot path: P is
+                // taken against the reference m as it stands; only when some
+                // lane's part of a row of the warp sums past RESCALE_LIMIT (or
+                // to inf: a row's first keys, m = -inf) are the maxima taken,
+                // O and l rescaled and P taken again, so that P <=
+                // RESCALE_LIMIT. The unaligned copy, which does nothing fast,
+                // keeps the plain step.
+                if (!raw)
+#pragma unroll
+                    for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            float dcap;
+                            s[c][e] = score(p, s[c][e], &dcap) * LOG2E;  // no ALiBi on an interior tile
+                        }
+                float ts[2];
+                exp2_tile<RAW_INTERIOR>(pa[mi], ts, s, m[mi], sl2);
+                if (__any_sync(0xffffffffu, !(ts[0] <= RESCALE_LIMIT && ts[1] <= RESCALE_LIMIT))) {
+                    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+                    for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[c][e]);
+                    float alpha[2];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float ignored;
+                        alpha[r] = online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ignored);
+                    }
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                    exp2_tile<RAW_INTERIOR>(pa[mi], ts, s, m[mi], sl2);
+                }
+                l[mi][0] += ts[0];
+                l[mi][1] += ts[1];
+#if HAS_DROPOUT
+                drop_pairs(pa[mi], kept);
+#endif
+                continue;
+            }
             float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
@@ -204,37 +305,10 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     mx[e / 2] = fmaxf(mx[e / 2], x);
                 }
             float alpha[2], ms[2];
-            if (voted) {
-                // FA4's conditional rescale: m is the exponents' reference,
-                // moved (and O and l rescaled) only when some row of the
-                // warp would exceed it by more than RESCALE_LOG2 (each lane
-                // tests its own part of its rows, the warp votes), so that
-                // P <= 2^RESCALE_LOG2. Always on a row's first keys (m = -inf).
-                // Not in the unaligned copy, which does nothing fast and
-                // whose registers are bounded with dropout.
-                bool grow = false;
 #pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    grow = grow || (raw ? fmaf(mx[r], sl2, -m[mi][r]) : mx[r] - m[mi][r]) > RESCALE_LOG2;
-                if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        float ignored;
-                        alpha[r] =
-                            online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ignored);
-                    }
-#pragma unroll
-                    for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
-                }
-                ms[0] = m[mi][0], ms[1] = m[mi][1];
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
-                                     : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
-            }
+            for (int r = 0; r < 2; ++r)
+                alpha[r] = inner ? online_step_log2<true>(raw ? mx[r] * sl2 : mx[r], m[mi][r], l[mi][r], &ms[r])
+                                 : online_step_log2<false>(mx[r], m[mi][r], l[mi][r], &ms[r]);
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
@@ -245,23 +319,40 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
                     s[c][e] = dropped(pj, (kept[e / 2][c / 4] >> (c % 4 * 8 + e % 2)) & 1u);
                 }
             pack_a<BLOCK_N>(pa[mi], s);
-            if (!voted)
 #pragma unroll
-                for (int c = 0; c < HEAD_DIM / 8; ++c)
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
+                for (int e = 0; e < 4; ++e) acc[mi][c][e] *= alpha[e / 2];
         }
         cp_async_wait<0>();
         __syncthreads();  // V landed; every warp is done with K
-        if (tile + 1 < tiles) stream(k_s, k, start(tile + 1), false, aligned);
+        // An interior tile's successor is interior too (the loops below
+        // leave each run's last tile to the boundary trip): in the tensor.
+        const int next = inner || tile + 1 < tiles ? start(tile + 1) : 0;
+        if (inner || tile + 1 < tiles) stream(k_s, k, next, inner, aligned);
         cp_async_commit();
         mma_pv_rows<RT, BLOCK_N, HEAD_DIM>(acc, pa, v_s);
+        return next;
     };
-    // Runs of boundary tiles (tested per pair) and of interior ones, each in its own loop.
+    // Where the run of interior tiles from `tile` ends (`tile` itself, if
+    // not interior): without a block list the steps are consecutive tiles,
+    // and the run ends at the first past inner_hi; with one, the list is
+    // read ahead (the interior loop then tests nothing per tile).
+    auto interior_end = [&](int tile) {
+        if (tile >= tiles || !interior(tile)) return tile;
+        if (!L.tile_entries) return min(tiles, inner_hi / BLOCK_N - steps.first);
+        int end = tile;
+        while (end < tiles && interior(end)) ++end;
+        return end;
+    };
+    // Interior tiles in a loop of their own, each prefetching the next
+    // one's K as whole rows, but for the last of a run, which runs with
+    // the boundary tiles (tested per pair), whose prefetch tests rows.
     auto run = [&](bool aligned) {
-        for (int tile = 0; tile < tiles;) {
-            for (; tile < tiles && !interior(tile); ++tile) trip(tile, false, aligned);
-            for (; tile < tiles && interior(tile); ++tile) trip(tile, true, aligned);
+        int n0 = tiles > 0 ? start(0) : 0;
+        for (int tile = 0; tile < tiles; ++tile) {
+            for (const int end = interior_end(tile) - 1; tile < end; ++tile) n0 = trip(tile, n0, true, aligned);
+            n0 = trip(tile, n0, false, aligned);
         }
     };
     run(ALIGNED);
@@ -307,12 +398,14 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
     __shared__ KeepTile<BLOCK_M, BLOCK_N> keep;   \
     __shared__ unsigned allow_bits[BLOCK_M * BLOCK_N / 32]
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) flash_fwd(FORWARD_ARGS) {
+// (A minimum of one block a multiprocessor: shared memory bounds the
+// blocks anyway, and without it ptxas spills for occupancy.)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) flash_fwd(FORWARD_ARGS) {
     FORWARD_SHARED;
     forward_rows<true, MT>(q, k, v, o, lse, p, L, D, smem, keep, allow_bits, blockIdx.x * BLOCK_M);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) flash_fwd_unaligned(FORWARD_ARGS) {
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) flash_fwd_unaligned(FORWARD_ARGS) {
     FORWARD_SHARED;
     for (int pass = 0; pass < MT; ++pass) {
         if (pass > 0) __syncthreads();  // the last pass is done with the tiles

@@ -46,11 +46,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
         host_ldmatrix(r, count, trans, host_dynamic_smem() + row);                \
     }
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return host_smem_offset(p); }
+__device__ __forceinline__ unsigned smem_window(const void* p) { return host_smem_offset(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     host_cp_async16(dst, src, src_bytes);
 }
 __device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int src_bytes) {
     host_cp_async16(host_dynamic_smem() + dst, src, src_bytes);
+}
+template <int OFF>
+__device__ __forceinline__ void cp_async16_off(unsigned dst, const void* src, int src_bytes) {
+    host_cp_async16(host_dynamic_smem() + dst + OFF, (const char*)src + OFF, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { host_cp_async_commit(); }
 template <int N>
@@ -62,6 +67,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+// smem_addr as the compiler's own conversion, which it can fold into the
+// dynamic shared memory's symbol (an immediate base) or keep from one use
+// to the next.
+__device__ __forceinline__ unsigned smem_window(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
 #if STORAGE == 1
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -91,6 +100,14 @@ __device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     cp_async16_at(smem_addr(dst), src, src_bytes);
+}
+// cp_async16_at of dst + OFF and src + OFF bytes, the offset an immediate
+// of the instruction on both sides (one global pointer for a row's chunks).
+template <int OFF>
+__device__ __forceinline__ void cp_async16_off(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%3], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes),
+                 "n"(OFF)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -157,41 +174,33 @@ __device__ __forceinline__ void load_rows(storage_t* tile, int rows, const stora
     }
 }
 
-// load_rows where d % 8 == 0, by THREADS threads, unrolled. Where THREADS
-// is a multiple of the 16-byte chunks per row, each thread keeps one column
-// of chunks and steps its row, from one shared base (offsets as
-// immediates) and one global pointer. `src` points at row0's head of a
-// (rows, heads, d) tensor, `left` rows of which remain from row0 on,
-// `stride` elements apart. Past the tensor nothing is read (src-size 0)
-// and the chunk is zeros; INSIDE: every row is in the tensor (`left` is
-// not read), only the columns are tested.
+// load_rows where d % 8 == 0, by THREADS threads, unrolled, as FA2 copies:
+// TPR threads a row, each with G chunks of 16 bytes TPR apart, so that a
+// warp's copies land as whole runs of 64 or 128 bytes of a few rows; rows
+// STEP apart. The chunks' offsets are immediates from one shared base and
+// one global pointer, which steps once a pass. `src` points at row0's head
+// of a (rows, heads, d) tensor, `left` rows of which remain from row0 on,
+// `stride` elements apart. Past the tensor nothing is read (src-size 0) and
+// the chunk is zeros; INSIDE: every row is in the tensor (`left` is not
+// read), only the columns are tested.
 template <int ROWS, int THREADS, bool INSIDE = false>
 __device__ __forceinline__ void load_rows_async(storage_t* tile, const storage_t* src, int left, size_t stride,
                                                 int d) {
-    constexpr int CHUNKS = HEAD_DIM / 8;
-    if constexpr (THREADS % CHUNKS == 0) {
-        constexpr int STEP = THREADS / CHUNKS;
-        static_assert(ROWS % STEP == 0, "whole passes");
-        const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
-        const unsigned dst = smem_addr(tile + r * ROW + c * 8);
-        const storage_t* from = src + r * stride + c * 8;
-        const int rows = c * 8 < d ? left - r : 0;  // this thread's rows still in the tensor
-        const bool column = c * 8 < d;
+    constexpr int CHUNKS = HEAD_DIM / 8, TPR = CHUNKS % 8 == 0 ? 8 : 4, G = CHUNKS / TPR, STEP = THREADS / TPR;
+    constexpr int E = sizeof(storage_t);
+    static_assert(CHUNKS % TPR == 0 && THREADS % TPR == 0 && ROWS % STEP == 0, "whole passes of whole rows");
+    static_assert(G <= 3, "head dims up to 128");
+    const int r = threadIdx.x / TPR, c = threadIdx.x % TPR;
+    const unsigned dst = smem_window(tile + r * ROW + c * 8);
+    const storage_t* from = src + r * stride + c * 8;
 #pragma unroll
-        for (int k = 0; k < ROWS / STEP; ++k) {
-            cp_async16_at(dst + k * STEP * ROW * (int)sizeof(storage_t), from,
-                          (INSIDE ? column : k * STEP < rows) ? 16 : 0);
-            from += STEP * stride;
-        }
-    } else {
-        constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll
-        for (int e0 = 0; e0 < TOTAL; e0 += THREADS) {
-            const int e = e0 + threadIdx.x;
-            if (TOTAL % THREADS != 0 && e >= TOTAL) break;
-            const int r = e / CHUNKS, c = e % CHUNKS;
-            cp_async16(tile + r * ROW + c * 8, src + r * stride + c * 8, (INSIDE || r < left) && c * 8 < d ? 16 : 0);
-        }
+    for (int k = 0; k < ROWS / STEP; ++k) {
+        const unsigned at = dst + k * STEP * ROW * E;
+        const bool row = INSIDE || k * STEP < left - r;
+        cp_async16_off<0>(at, from, row && c * 8 < d ? 16 : 0);
+        if constexpr (G > 1) cp_async16_off<TPR * 8 * E>(at, from, row && (c + TPR) * 8 < d ? 16 : 0);
+        if constexpr (G > 2) cp_async16_off<2 * TPR * 8 * E>(at, from, row && (c + 2 * TPR) * 8 < d ? 16 : 0);
+        from += STEP * stride;
     }
 }
 
