@@ -328,8 +328,9 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         __syncthreads();  // V landed; every warp is done with K
         // An interior tile's successor is interior too (the loops below
         // leave each run's last tile to the boundary trip): in the tensor.
-        const int next = inner || tile + 1 < tiles ? start(tile + 1) : 0;
-        if (inner || tile + 1 < tiles) stream(k_s, k, next, inner, aligned);
+        const bool more = inner || tile + 1 < tiles;
+        const int next = more ? start(tile + 1) : 0;
+        if (more) stream(k_s, k, next, inner, aligned);
         cp_async_commit();
         mma_pv_rows<RT, BLOCK_N, HEAD_DIM>(acc, pa, v_s);
         return next;
