@@ -3,10 +3,10 @@
 # ptxas from PyPI (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, installed
 # into $FLASHATTN_CUDA_VENV, default .cuda-venv, unless that venv already has
 # them), then tests/cuda.rs with NVRTC required: every kernel variant to
-# PTX for sm_80 and sm_90a (the Hopper forward also as the GPU checks build
-# it, its waits bounded), no spills in the main variants (the Hopper
-# forward's SASS checked when nvdisasm installs), the kernels
-# under host emulation (g++, installed when missing: with
+# PTX for sm_80 and, where the code differs, sm_90a (some Hopper variants
+# also as the GPU checks build them, their waits bounded), no spills in the
+# main variants (the Hopper forward's SASS checked when nvdisasm installs),
+# the kernels under host emulation (g++, installed when missing: with
 # FLASHATTN_REQUIRE_NVRTC=1 a missing compiler fails), the no-driver error;
 # and the command line's no-driver test. The tests that need a device are
 # waived here, each listed as `WAIVED <test>: no driver: ...` at the end.
