@@ -78,6 +78,8 @@ __device__ __forceinline__ float exp2_approx(float x) {
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define POS_INF __int_as_float(0x7f800000)
+#define LOG2E 1.4426950408889634f
 
 // The sizes and score options of one call, identical for every kernel.
 struct Problem {
@@ -116,6 +118,18 @@ __device__ __forceinline__ bool allowed(const Problem& p, int i, int j) {
     const int center = i + band_offset(p);
     if (p.left >= 0 && j < center - p.left) return false;
     if (p.right >= 0 && j > center + p.right) return false;
+#endif
+    return true;
+}
+
+// Whether the band allows every pair of queries [i0, i1] and keys [j0, j1]
+// (bounds included; the lengths, ALiBi and block masks are the caller's):
+// the tiles whose pairs need no test.
+__device__ __forceinline__ bool band_covers(const Problem& p, int i0, int i1, int j0, int j1) {
+#if HAS_BAND
+    const int off = band_offset(p);
+    if (p.right >= 0 && j1 > i0 + off + p.right) return false;
+    if (p.left >= 0 && j0 < i1 + off - p.left) return false;
 #endif
     return true;
 }

@@ -17,7 +17,10 @@
 //   flash_bwd_dq    A, B = Q, dO; X, Y = K, V. S = Q K^T, dP = dO V^T,
 //                   dQ += dS K.
 // P and dS are rounded to storage as the A operands, as the materialized
-// baseline rounds them.
+// baseline rounds them. Steps where every pair is allowed (the band covers
+// them; no ALiBi, block-mask entry or dropout) run with no test per pair
+// and take P in the exp2 form, one FFMA and ex2 against the row's
+// lse · log2 e; the others test each pair and take expf.
 
 #define WARPS 4
 #define STAGE (2 * BLOCK_N * ROW)
@@ -47,6 +50,26 @@ __device__ __forceinline__ void p_and_ds(const Problem& p, const Dropout& D, boo
     *s = dropped(pr, kept);
     *dp = ds;
 }
+
+// p_and_ds on a step with no test per pair (every pair allowed, no ALiBi
+// or dropout): P in the exp2 form, one FFMA and ex2 (lse2 = lse · log2 e,
+// +inf where P is 0: a row past seqlen_q or with no allowed key).
+__device__ __forceinline__ void p_and_ds_inside(const Problem& p, float sl2, float lse2, float delta_i, float* s,
+                                                float* dp) {
+    float dcap;
+#if HAS_SOFTCAP
+    const float pr = exp2_approx(score(p, *s, &dcap) * LOG2E - lse2);
+#else
+    dcap = 1.0f;
+    const float pr = exp2_approx(fmaf(*s, sl2, -lse2));
+#endif
+    *dp = pr * (*dp - delta_i) * dcap;
+    *s = pr;
+}
+
+// lse · log2 e for p_and_ds_inside: +inf for a row with no allowed key
+// (lse = -inf), whose P is then 0.
+__device__ __forceinline__ float lse_log2(float lse_i) { return lse_i == NEG_INF ? POS_INF : lse_i * LOG2E; }
 
 // A partial tile's block mask on P and dS (in a pass of its own, apart
 // from the scores: the per-pair test then adds no registers to theirs).
@@ -132,6 +155,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     float dk_acc[HEAD_DIM / 8][4], dv_acc[HEAD_DIM / 8][4];
     zero_acc(dk_acc);
     zero_acc(dv_acc);
+    const float sl2 = p.scale * LOG2E;
     for (int tile = 0; tile < tiles; ++tile) {
         if (tile + 1 < tiles) fetch(tile + 1);
         cp_async_commit();
@@ -146,6 +170,12 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const int m0 = group_step_start(L, steps, tile, BLOCK_N);
         const bool partial = group_step_partial(L, steps, tile);
         const float slope = alibi_slope(L, seq, h);
+        // No test per pair: no dropout, ALiBi or partial block, and the band
+        // allowing every pair of the step's queries (up to seqlen_q: past it
+        // the LSE makes P 0) and the block's keys (up to seqlen_k: past it
+        // nothing is written).
+        const bool in = !HAS_DROPOUT && !L.alibi && !partial &&
+                        band_covers(p, m0, min(m0 + BLOCK_N, p.seqlen_q) - 1, n0, min(n0 + BLOCK_M, p.seqlen_k) - 1);
 
         float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
 #pragma unroll
@@ -154,18 +184,34 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
         mma_abt<BLOCK_N, HEAD_DIM>(s, k_s + warp * 16 * ROW, q_t);
         mma_abt<BLOCK_N, HEAD_DIM>(dp, v_s + warp * 16 * ROW, do_t);
+        if (!HAS_DROPOUT && in) {
+            // Element (c, e): query m0 + 8 c + 2 t + e % 2, key j0 + 8 (e / 2);
+            // each query's LSE and D read once.
 #pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c)
+            for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = m0 + c * 8 + 2 * t + e % 2;
-                const size_t at_i = lse_at(seq, h, i);
-                const bool in = i < p.seqlen_q;
-                const bool kept = KEPT(keep, i - m0, j0 + 8 * (e / 2) - n0);
-                p_and_ds(p, D, kept, slope, i, j0 + 8 * (e / 2), in ? lse[at_i] : NEG_INF, in ? delta[at_i] : 0.0f,
-                         &s[c][e], &dp[c][e]);
-            }
-        if (partial) mask_pairs<true>(L, seq, h, j0, m0, s, dp);
+                for (int x = 0; x < 2; ++x) {
+                    const int i = m0 + c * 8 + 2 * t + x;
+                    const size_t at_i = lse_at(seq, h, i);
+                    const bool row = i < p.seqlen_q;
+                    const float lse2 = row ? lse_log2(lse[at_i]) : POS_INF, delta_i = row ? delta[at_i] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) p_and_ds_inside(p, sl2, lse2, delta_i, &s[c][2 * r + x], &dp[c][2 * r + x]);
+                }
+        } else {
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = m0 + c * 8 + 2 * t + e % 2;
+                    const size_t at_i = lse_at(seq, h, i);
+                    const bool row = i < p.seqlen_q;
+                    const bool kept = KEPT(keep, i - m0, j0 + 8 * (e / 2) - n0);
+                    p_and_ds(p, D, kept, slope, i, j0 + 8 * (e / 2), row ? lse[at_i] : NEG_INF,
+                             row ? delta[at_i] : 0.0f, &s[c][e], &dp[c][e]);
+                }
+            if (partial) mask_pairs<true>(L, seq, h, j0, m0, s, dp);
+        }
         mma_pv<BLOCK_N, HEAD_DIM>(dv_acc, s, do_t);
         mma_pv<BLOCK_N, HEAD_DIM>(dk_acc, dp, q_t);
         __syncthreads();  // the next iteration refills this stage
@@ -225,6 +271,9 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
 
     float dq_acc[HEAD_DIM / 8][4];
     zero_acc(dq_acc);
+    const float sl2 = p.scale * LOG2E;
+    const float lse2_r[2] = {lse_log2(lse_r[0]), lse_log2(lse_r[1])};
+    const int last_row = min(m0 + BLOCK_M, p.seqlen_q) - 1;
     for (int tile = 0; tile < tiles; ++tile) {
         if (tile + 1 < tiles) fetch(tile + 1);
         cp_async_commit();
@@ -234,6 +283,11 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const storage_t* k_t = stages + (tile % 2) * STAGE;
         const int n0 = step_start(L, steps, tile, BLOCK_N);
         const bool partial = step_partial(L, steps, tile);
+        // No test per pair: no dropout, ALiBi or partial block, the step's
+        // keys inside seqlen_k, and the band allowing every pair of them and
+        // the block's queries (up to seqlen_q: past it the LSE makes P 0).
+        const bool in = !HAS_DROPOUT && !L.alibi && !partial && n0 + BLOCK_N <= p.seqlen_k &&
+                        band_covers(p, m0, last_row, n0, n0 + BLOCK_N - 1);
 
         float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
 #pragma unroll
@@ -242,13 +296,22 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
         mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + warp * 16 * ROW, k_t);
         mma_abt<BLOCK_N, HEAD_DIM>(dp, do_s + warp * 16 * ROW, k_t + BLOCK_N * ROW);
+        if (!HAS_DROPOUT && in) {
 #pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c)
+            for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                p_and_ds(p, D, KEPT(keep, r0 + 8 * (e / 2) - m0, c * 8 + 2 * t + e % 2), slope, r0 + 8 * (e / 2),
-                         n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2], &s[c][e], &dp[c][e]);
-        if (partial) mask_pairs<false>(L, seq, h, r0, n0, s, dp);
+                for (int e = 0; e < 4; ++e)
+                    p_and_ds_inside(p, sl2, lse2_r[e / 2], delta_r[e / 2], &s[c][e], &dp[c][e]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    p_and_ds(p, D, KEPT(keep, r0 + 8 * (e / 2) - m0, c * 8 + 2 * t + e % 2), slope,
+                             r0 + 8 * (e / 2), n0 + c * 8 + 2 * t + e % 2, lse_r[e / 2], delta_r[e / 2], &s[c][e],
+                             &dp[c][e]);
+            if (partial) mask_pairs<false>(L, seq, h, r0, n0, s, dp);
+        }
         mma_pv<BLOCK_N, HEAD_DIM>(dq_acc, dp, k_t);
         __syncthreads();
     }

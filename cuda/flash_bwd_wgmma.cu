@@ -83,7 +83,6 @@ static_assert(1024 + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + DQ_BYTES + ROWS_BY
 #define OVERLAP_DP (!HAS_SOFTCAP)
 // The producer's threads that write a step's LSE and D rows (warps 1 and 2).
 #define ROW_WRITER0 32
-#define LOG2E 1.4426950408889634f
 // Named barriers: the consumers' dS written (256 threads); a dQ
 // warpgroup's semaphore taken and its adds done (128).
 #define BAR_DS_WRITTEN 1
@@ -185,7 +184,7 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
                     }
                 } else {
                     const int i = m0 + writer;
-                    float l2 = __int_as_float(0x7f800000), dd = 0.0f;  // +inf: P = 0
+                    float l2 = POS_INF, dd = 0.0f;  // P = 0
                     if (i < p.seqlen_q) {
                         const float x = lse[lse_at(seq, h, i)];
                         if (x != NEG_INF) l2 = x * LOG2E;

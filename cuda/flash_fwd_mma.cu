@@ -32,7 +32,6 @@
 
 #define WARPS 4
 #define MT (BLOCK_M / (16 * WARPS))  // row tiles of 16 per warp
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 static_assert(MT == 1 || MT == 2, "16 or 32 rows per warp");
 static_assert(BLOCK_N % 32 == 0, "whole words of allowed bits");

@@ -1537,6 +1537,41 @@ fn bugs_put_into_the_sm80_forward_fail_its_emulation() {
     bugs_fail(&cxx, dir.path(), &key, &[], &bugs);
 }
 
+/// Bugs put into the sm80 backward's untested steps fail its emulation
+/// (one case, GQA 2:1, d 64: a window of 200 keys to the left and 64 to the
+/// right over 500 keys, whose blocks run tested, untested and tested
+/// steps): a step of dK/dV taken as untested from its first query alone
+/// (the left edge), or from its block's first key alone (the right edge),
+/// and a dQ block's step from its first row alone.
+#[test]
+fn bugs_put_into_the_sm80_backward_fail_its_emulation() {
+    let Some(cxx) = compiler() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bugs = [
+        (
+            "dK dV from the first query",
+            "band_covers(p, m0, min(m0 + BLOCK_N, p.seqlen_q) - 1, n0,",
+            "band_covers(p, m0, m0, n0,",
+        ),
+        (
+            "dK dV from the first key",
+            "n0, min(n0 + BLOCK_M, p.seqlen_k) - 1);",
+            "n0, n0);",
+        ),
+        (
+            "dQ from the first row",
+            "band_covers(p, m0, last_row,",
+            "band_covers(p, m0, m0,",
+        ),
+    ];
+    let key = KernelKey::new(Family::BackwardMma, Precision::F16, 64, true, false);
+    let case: Vec<String> = "cases one 150 500 200 64 64 2 1 1"
+        .split(' ')
+        .map(String::from)
+        .collect();
+    bugs_fail(&cxx, dir.path(), &key, &case, &bugs);
+}
+
 /// The FP8 Hopper forward (cuda/flash_fwd_wgmma.cu's IS_FP8) under host
 /// emulation, where host.h gives wgmma on e4m3 codes (k 32, register A in
 /// the 8-bit fragment layout, K-major operands only, a NaN code read a

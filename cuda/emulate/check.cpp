@@ -1035,6 +1035,12 @@ int main(int argc, char** argv) {
     large.amplitude = 12.0f, large.batch = 1;
     failed += run(negative) + run(large);
 #endif
+#if TENSOR_CORES && !IS_FORWARD
+    // The sm80 backward: the same window, so that its dK/dV and dQ blocks
+    // run steps tested per pair, then untested ones (the exp2 form), then
+    // tested ones again.
+    if (HAS_BAND) failed += run(150, 500, 200, 64, even);
+#endif
 
 #if LAYOUT_CASES
     // The run-time layouts, on this same variant (under its band and softcap).
