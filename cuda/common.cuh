@@ -122,6 +122,10 @@ __device__ __forceinline__ bool allowed(const Problem& p, int i, int j) {
     return true;
 }
 
+// lse · log2 e, the backward's exp2 form of P: +inf for a row with no
+// allowed key (lse = -inf), whose P is then 0.
+__device__ __forceinline__ float lse_log2(float lse_i) { return lse_i == NEG_INF ? POS_INF : lse_i * LOG2E; }
+
 // Whether the band allows every pair of queries [i0, i1] and keys [j0, j1]
 // (bounds included; the lengths, ALiBi and block masks are the caller's):
 // the tiles whose pairs need no test.

@@ -67,10 +67,6 @@ __device__ __forceinline__ void p_and_ds_inside(const Problem& p, float sl2, flo
     *s = pr;
 }
 
-// lse · log2 e for p_and_ds_inside: +inf for a row with no allowed key
-// (lse = -inf), whose P is then 0.
-__device__ __forceinline__ float lse_log2(float lse_i) { return lse_i == NEG_INF ? POS_INF : lse_i * LOG2E; }
-
 // A partial tile's block mask on P and dS (in a pass of its own, apart
 // from the scores: the per-pair test then adds no registers to theirs).
 // Element (c, e) of a lane is row row0 + 8 (e / 2) of the warp's tile

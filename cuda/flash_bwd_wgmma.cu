@@ -186,8 +186,7 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
                     const int i = m0 + writer;
                     float l2 = POS_INF, dd = 0.0f;  // P = 0
                     if (i < p.seqlen_q) {
-                        const float x = lse[lse_at(seq, h, i)];
-                        if (x != NEG_INF) l2 = x * LOG2E;
+                        l2 = lse_log2(lse[lse_at(seq, h, i)]);
                         dd = delta[lse_at(seq, h, i)];
                     }
                     rows_s[(s * 2) * BLOCK_N + writer] = l2;
