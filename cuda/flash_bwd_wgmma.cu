@@ -251,11 +251,7 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             // No pair of the block masked by the band (keys past seqlen_k are
             // never written, queries past seqlen_q have P = 0), the block mask
             // or ALiBi: no test per pair.
-            bool inner = !L.alibi && !partial;
-#if HAS_BAND
-            if (p.right >= 0) inner = inner && n0 + BLOCK_M - 1 <= m0 + off + p.right;
-            if (p.left >= 0) inner = inner && n0 >= m0 + BLOCK_N - 1 + off - p.left;
-#endif
+            const bool inner = !L.alibi && !partial && band_covers(p, m0, m0 + BLOCK_N - 1, n0, n0 + BLOCK_M - 1);
             const unsigned stage_bytes = s * 2 * TILE_BYTES;
             const SmemDesc q_stage = desc_moved(q_desc, stage_bytes), do_stage = desc_moved(q_stage, TILE_BYTES);
             const float* lse2_s = rows_s + (s * 2) * BLOCK_N;
