@@ -180,7 +180,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
         mma_abt<BLOCK_N, HEAD_DIM>(s, k_s + warp * 16 * ROW, q_t);
         mma_abt<BLOCK_N, HEAD_DIM>(dp, v_s + warp * 16 * ROW, do_t);
-        if (!HAS_DROPOUT && in) {
+        if (in) {
             // Element (c, e): query m0 + 8 c + 2 t + e % 2, key j0 + 8 (e / 2);
             // each query's LSE and D read once.
 #pragma unroll
@@ -292,7 +292,7 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
             for (int e = 0; e < 4; ++e) s[c][e] = dp[c][e] = 0.0f;
         mma_abt<BLOCK_N, HEAD_DIM>(s, q_s + warp * 16 * ROW, k_t);
         mma_abt<BLOCK_N, HEAD_DIM>(dp, do_s + warp * 16 * ROW, k_t + BLOCK_N * ROW);
-        if (!HAS_DROPOUT && in) {
+        if (in) {
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
