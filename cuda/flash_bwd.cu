@@ -103,10 +103,10 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     row_span(p, n0, min(n0 + BLOCK, p.seqlen_k), &lo, &hi);
     // (query head of the group, query tile) in order.
     const GroupSteps steps = group_steps(L, seq, hk, group, blockIdx.x, lo, hi, BLOCK);
-    for (int step = 0; step < steps.count; ++step) {
-        const int h = hk * group + group_step_head(L, steps, step);
-        const int m0 = group_step_start(L, steps, step, BLOCK);
-        const bool partial = group_step_partial(L, steps, step);
+    for (GroupAt pos = group_begin(); pos.k < steps.count; pos = group_next(steps, pos)) {
+        const int h = hk * group + group_step_head(L, steps, pos);
+        const int m0 = group_step_start(L, steps, pos, BLOCK);
+        const bool partial = group_step_partial(L, steps, pos);
         const float slope = alibi_slope(L, seq, h);
         __syncthreads();  // the previous tiles are no longer read
         load_tile(q_tile, BLOCK, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);

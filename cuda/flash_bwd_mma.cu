@@ -85,6 +85,20 @@ __device__ __forceinline__ void mask_pairs(const Layout& L, const Seq& seq, int 
         }
 }
 
+// A streamed tile: BLOCK_N rows from row0 on of head h of a (rows, heads,
+// d) tensor, `left` of them in it (zeros past), as the forward streams K
+// and V: by cp.async from one base pointer and immediate offsets where d %
+// 8 == 0 (a uniform branch), else element by element.
+__device__ __forceinline__ void stream_rows(storage_t* tile, const storage_t* src, size_t row0, int left, int heads,
+                                            int h, int d) {
+    const storage_t* from = src + (row0 * heads + h) * d;
+    const size_t stride = (size_t)heads * d;
+    if (d % 8 == 0)
+        load_rows_async<BLOCK_N, WARPS * 32>(tile, from, left, stride, d);
+    else
+        load_rows_each(tile, BLOCK_N, from, left, stride, d);
+}
+
 // Accumulator rows [g, g + 8] of a 16 x HEAD_DIM warp tile to rows r0 and
 // r0 + 8 of a (batch, seqlen, heads, d) tensor, times `factor`.
 __device__ __forceinline__ void store_rows(storage_t* dst, const float (&acc)[HEAD_DIM / 8][4], int r0,
@@ -136,35 +150,34 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     // (query head of the group, query tile) in order.
     const GroupSteps steps = group_steps(L, seq, hk, group, blockIdx.x, lo, hi, BLOCK_N);
     const int tiles = steps.count;
-    auto fetch = [&](int tile) {
-        storage_t* st = stages + (tile % 2) * STAGE;
-        const int h = hk * group + group_step_head(L, steps, tile);
-        const int m0 = group_step_start(L, steps, tile, BLOCK_N);
-        load_rows(st, BLOCK_N, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
-        load_rows(st + BLOCK_N * ROW, BLOCK_N, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);
+    auto fetch = [&](GroupAt pos) {
+        storage_t* st = stages + (pos.k % 2) * STAGE;
+        const int h = hk * group + group_step_head(L, steps, pos);
+        const int m0 = group_step_start(L, steps, pos, BLOCK_N);
+        stream_rows(st, q, (unsigned)m0, p.seqlen_q - m0, p.heads_q, h, p.d);
+        stream_rows(st + BLOCK_N * ROW, d_o, (unsigned)m0, p.seqlen_q - m0, p.heads_q, h, p.d);
     };
     load_rows(k_s, BLOCK_M, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
     load_rows(v_s, BLOCK_M, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
-    if (tiles > 0) fetch(0);
+    if (tiles > 0) fetch(group_begin());
     cp_async_commit();
 
     float dk_acc[HEAD_DIM / 8][4], dv_acc[HEAD_DIM / 8][4];
     zero_acc(dk_acc);
     zero_acc(dv_acc);
     const float sl2 = p.scale * LOG2E;
-    for (int tile = 0; tile < tiles; ++tile) {
-        if (tile + 1 < tiles) fetch(tile + 1);
+    for (GroupAt pos = group_begin(); pos.k < tiles; pos = group_next(steps, pos)) {
+        if (pos.k + 1 < tiles) fetch(group_next(steps, pos));
         cp_async_commit();
+        const storage_t* q_t = stages + (pos.k % 2) * STAGE;
+        const storage_t* do_t = q_t + BLOCK_N * ROW;
+        const int h = hk * group + group_step_head(L, steps, pos);
+        const int m0 = group_step_start(L, steps, pos, BLOCK_N);
+        const bool partial = group_step_partial(L, steps, pos);
         // Dropout's keep bits while the copies fly (without it, nothing).
-        keep.fill(D, p.heads_q, seq.index, hk * group + group_step_head(L, steps, tile),
-                  group_step_start(L, steps, tile, BLOCK_N), n0);
+        keep.fill(D, p.heads_q, seq.index, h, m0, n0);
         cp_async_wait<1>();
         __syncthreads();
-        const storage_t* q_t = stages + (tile % 2) * STAGE;
-        const storage_t* do_t = q_t + BLOCK_N * ROW;
-        const int h = hk * group + group_step_head(L, steps, tile);
-        const int m0 = group_step_start(L, steps, tile, BLOCK_N);
-        const bool partial = group_step_partial(L, steps, tile);
         const float slope = alibi_slope(L, seq, h);
         // No test per pair: no dropout, ALiBi or partial block, and the band
         // allowing every pair of the step's queries (up to seqlen_q: past it
@@ -217,7 +230,10 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     store_rows(dv, dv_acc, j0, p.seqlen_k, p.heads_kv, hk, b, p.d, keep_scaled(D, 1.0f));
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// (A minimum of one block a multiprocessor, as the forward has: without it
+// ptxas held dQ to 168 registers and spilled; shared memory bounds the
+// blocks anyway, two on A100 from d 64 on.)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
              const storage_t* __restrict__ v, const storage_t* __restrict__ d_o,
              const float* __restrict__ lse, const float* __restrict__ delta,
@@ -235,8 +251,10 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     q = from_row(q, seq.q0, p.heads_q, p.d);
     d_o = from_row(d_o, seq.q0, p.heads_q, p.d);
     dq = from_row(dq, seq.q0, p.heads_q, p.d);
-    k = from_row(k, seq.k0, p.heads_kv, p.d);
-    v = from_row(v, seq.k0, p.heads_kv, p.d);
+    // K and V rows are found from the arguments by the sequence's first row
+    // each time, as the forward finds them (two pointers held through the
+    // loop spilled).
+    const unsigned k0 = (unsigned)seq.k0;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int r0 = m0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
@@ -257,8 +275,8 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     auto fetch = [&](int tile) {
         storage_t* st = stages + (tile % 2) * STAGE;
         const int n0 = step_start(L, steps, tile, BLOCK_N);
-        load_rows(st, BLOCK_N, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
-        load_rows(st + BLOCK_N * ROW, BLOCK_N, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
+        stream_rows(st, k, k0 + n0, p.seqlen_k - n0, p.heads_kv, hk, p.d);
+        stream_rows(st + BLOCK_N * ROW, v, k0 + n0, p.seqlen_k - n0, p.heads_kv, hk, p.d);
     };
     load_rows(q_s, BLOCK_M, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
     load_rows(do_s, BLOCK_M, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);

@@ -168,9 +168,9 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             }
         }
         if (threadIdx.x == 0 || (writer >= 0 && writer < BLOCK_N)) {
-            for (int step = 0; step < tiles; ++step) {
-                const int s = step % STAGES, h = hk * group + group_step_head(L, steps, step);
-                const int m0 = group_step_start(L, steps, step, BLOCK_N);
+            for (GroupAt pos = group_begin(); pos.k < tiles; pos = group_next(steps, pos)) {
+                const int step = pos.k, s = step % STAGES, h = hk * group + group_step_head(L, steps, pos);
+                const int m0 = group_step_start(L, steps, pos, BLOCK_N);
                 // A fresh barrier counts as having completed the phase before
                 // its first (parity 1): the first pass through the ring waits for nothing.
                 mbar_wait(empty + s, ((step / STAGES) & 1) ^ 1, BAR_EMPTY + s);
@@ -243,10 +243,10 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
         for (int c = 0; c < HEAD_DIM / 2; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
         if (tiles > 0) mbar_wait(kv_full, 0, BAR_KV_FULL);
 
-        for (int step = 0; step < tiles; ++step) {
-            const int s = step % STAGES, h = hk * group + group_step_head(L, steps, step);
-            const int m0 = group_step_start(L, steps, step, BLOCK_N);
-            const bool partial = group_step_partial(L, steps, step);
+        for (GroupAt pos = group_begin(); pos.k < tiles; pos = group_next(steps, pos)) {
+            const int step = pos.k, s = step % STAGES, h = hk * group + group_step_head(L, steps, pos);
+            const int m0 = group_step_start(L, steps, pos, BLOCK_N);
+            const bool partial = group_step_partial(L, steps, pos);
             const float slope2 = alibi_slope(L, seq, h) * LOG2E;
             // No pair of the block masked by the band (keys past seqlen_k are
             // never written, queries past seqlen_q have P = 0), the block mask

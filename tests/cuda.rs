@@ -1542,7 +1542,8 @@ fn bugs_put_into_the_sm80_forward_fail_its_emulation() {
 /// right over 500 keys, whose blocks run tested, untested and tested
 /// steps): a step of dK/dV taken as untested from its first query alone
 /// (the left edge), or from its block's first key alone (the right edge),
-/// and a dQ block's step from its first row alone.
+/// a dQ block's step from its first row alone, and dK/dV's walk over the
+/// (query head, query tile) steps not starting the next head's tiles over.
 #[test]
 fn bugs_put_into_the_sm80_backward_fail_its_emulation() {
     let Some(cxx) = compiler() else { return };
@@ -1562,6 +1563,11 @@ fn bugs_put_into_the_sm80_backward_fail_its_emulation() {
             "dQ from the first row",
             "band_covers(p, m0, last_row,",
             "band_covers(p, m0, m0,",
+        ),
+        (
+            "the step walk keeping its tile into the next head",
+            "        a.tile = 0;\n",
+            "",
         ),
     ];
     let key = KernelKey::new(Family::BackwardMma, Precision::F16, 64, true, false);
