@@ -85,20 +85,6 @@ __device__ __forceinline__ void mask_pairs(const Layout& L, const Seq& seq, int 
         }
 }
 
-// A streamed tile: BLOCK_N rows from row0 on of head h of a (rows, heads,
-// d) tensor, `left` of them in it (zeros past), as the forward streams K
-// and V: by cp.async from one base pointer and immediate offsets where d %
-// 8 == 0 (a uniform branch), else element by element.
-__device__ __forceinline__ void stream_rows(storage_t* tile, const storage_t* src, size_t row0, int left, int heads,
-                                            int h, int d) {
-    const storage_t* from = src + (row0 * heads + h) * d;
-    const size_t stride = (size_t)heads * d;
-    if (d % 8 == 0)
-        load_rows_async<BLOCK_N, WARPS * 32>(tile, from, left, stride, d);
-    else
-        load_rows_each(tile, BLOCK_N, from, left, stride, d);
-}
-
 // Accumulator rows [g, g + 8] of a 16 x HEAD_DIM warp tile to rows r0 and
 // r0 + 8 of a (batch, seqlen, heads, d) tensor, times `factor`.
 __device__ __forceinline__ void store_rows(storage_t* dst, const float (&acc)[HEAD_DIM / 8][4], int r0,
@@ -154,8 +140,10 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         storage_t* st = stages + (pos.k % 2) * STAGE;
         const int h = hk * group + group_step_head(L, steps, pos);
         const int m0 = group_step_start(L, steps, pos, BLOCK_N);
-        stream_rows(st, q, (unsigned)m0, p.seqlen_q - m0, p.heads_q, h, p.d);
-        stream_rows(st + BLOCK_N * ROW, d_o, (unsigned)m0, p.seqlen_q - m0, p.heads_q, h, p.d);
+        const int left = p.seqlen_q - m0;
+        stream_rows<BLOCK_N, WARPS * 32>(st, q, (unsigned)m0, left, p.heads_q, h, p.d, p.d % 8 == 0, false);
+        stream_rows<BLOCK_N, WARPS * 32>(st + BLOCK_N * ROW, d_o, (unsigned)m0, left, p.heads_q, h, p.d,
+                                         p.d % 8 == 0, false);
     };
     load_rows(k_s, BLOCK_M, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
     load_rows(v_s, BLOCK_M, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
@@ -166,8 +154,9 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     zero_acc(dk_acc);
     zero_acc(dv_acc);
     const float sl2 = p.scale * LOG2E;
-    for (GroupAt pos = group_begin(); pos.k < tiles; pos = group_next(steps, pos)) {
-        if (pos.k + 1 < tiles) fetch(group_next(steps, pos));
+    for (GroupAt pos = group_begin(), next; pos.k < tiles; pos = next) {
+        next = group_next(steps, pos);
+        if (next.k < tiles) fetch(next);
         cp_async_commit();
         const storage_t* q_t = stages + (pos.k % 2) * STAGE;
         const storage_t* do_t = q_t + BLOCK_N * ROW;
@@ -275,8 +264,10 @@ flash_bwd_dq(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     auto fetch = [&](int tile) {
         storage_t* st = stages + (tile % 2) * STAGE;
         const int n0 = step_start(L, steps, tile, BLOCK_N);
-        stream_rows(st, k, k0 + n0, p.seqlen_k - n0, p.heads_kv, hk, p.d);
-        stream_rows(st + BLOCK_N * ROW, v, k0 + n0, p.seqlen_k - n0, p.heads_kv, hk, p.d);
+        const int left = p.seqlen_k - n0;
+        stream_rows<BLOCK_N, WARPS * 32>(st, k, k0 + n0, left, p.heads_kv, hk, p.d, p.d % 8 == 0, false);
+        stream_rows<BLOCK_N, WARPS * 32>(st + BLOCK_N * ROW, v, k0 + n0, left, p.heads_kv, hk, p.d, p.d % 8 == 0,
+                                         false);
     };
     load_rows(q_s, BLOCK_M, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
     load_rows(do_s, BLOCK_M, d_o, b, m0, p.seqlen_q, p.heads_q, h, p.d);

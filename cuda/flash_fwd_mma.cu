@@ -151,18 +151,12 @@ __device__ __forceinline__ void forward_rows(const storage_t* __restrict__ q, co
         return n0 >= inner_lo && n0 + BLOCK_N <= inner_hi && !(L.tile_entries && (entry & TILE_PARTIAL));
     };
 
-    // K or V rows n0.. into `tile`: by cp.async in whole chunks where d % 8
-    // == 0 (`aligned`: a constant in each copy of the loops below), no row
-    // tested where every one is in the tensor (`inside`, also a constant).
+    // K or V rows n0.. into `tile` (`aligned` and `inside`: constants in
+    // each copy of the loops below; k0 + n0 >= 0: its unsigned widening
+    // costs no sign).
     auto stream = [&](storage_t* tile, const storage_t* src, int n0, bool inside, bool aligned) {
-        // (k0 + n0 >= 0: its unsigned widening costs no sign.)
-        const storage_t* from = from_row(src, (size_t)(unsigned)(k0 + n0), p.heads_kv, p.d) + hk * p.d;
-        if (aligned && inside)
-            load_rows_async<BLOCK_N, WARPS * 32, true>(tile, from, 0, (size_t)p.heads_kv * p.d, p.d);
-        else if (aligned)
-            load_rows_async<BLOCK_N, WARPS * 32>(tile, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
-        else
-            load_rows_each(tile, BLOCK_N, from, p.seqlen_k - n0, (size_t)p.heads_kv * p.d, p.d);
+        stream_rows<BLOCK_N, WARPS * 32>(tile, src, (unsigned)(k0 + n0), p.seqlen_k - n0, p.heads_kv, hk, p.d,
+                                         aligned, inside);
     };
     load_rows(q_s, ROWS, q, b, m0, p.seqlen_q, p.heads_q, h, p.d);
     if (tiles > 0)

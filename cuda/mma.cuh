@@ -215,6 +215,25 @@ __device__ __forceinline__ void load_rows_each(storage_t* tile, int rows, const 
     }
 }
 
+// A streamed tile: ROWS rows from row0 on of head h of a (rows, heads, d)
+// tensor into `tile`, `left` of them in it (zeros past), by THREADS
+// threads: by cp.async in whole chunks where `aligned` (d % 8 == 0), no
+// row tested where `inside` (every row in the tensor), else element by
+// element. Callers pass constants where they can: each inlined copy then
+// keeps one branch.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void stream_rows(storage_t* tile, const storage_t* src, size_t row0, int left, int heads,
+                                            int h, int d, bool aligned, bool inside) {
+    const storage_t* from = from_row(src, row0, heads, d) + h * d;
+    const size_t stride = (size_t)heads * d;
+    if (aligned && inside)
+        load_rows_async<ROWS, THREADS, true>(tile, from, 0, stride, d);
+    else if (aligned)
+        load_rows_async<ROWS, THREADS>(tile, from, left, stride, d);
+    else
+        load_rows_each(tile, ROWS, from, left, stride, d);
+}
+
 // acc[MT][N/8][4] += A * B^T for one warp: A's MT x 16 rows and B's N rows
 // of K elements, row-major in shared memory (ROW apart); each B fragment
 // serves all MT row tiles. S = Q K^T, dP = dO V^T.
