@@ -9,11 +9,14 @@
 // shared memory, in elements of ROW:
 //
 //   owned A [BLOCK_M][ROW], owned B [BLOCK_M][ROW] | stage 0: X [BLOCK_N][ROW], Y [BLOCK_N][ROW] | stage 1
+//   | f32 rows: stage 0: LSE [BLOCK_N], D [BLOCK_N] | stage 1
 //
 //   flash_bwd_dkdv  A, B = K, V; X, Y = Q, dO of each (query head of the
 //                   group, query tile) in order. S^T = K Q^T, dP^T = V dO^T
 //                   (the warp's 16 keys x BLOCK_N queries), then
 //                   dV += P^T dO, dK += dS^T Q from the same fragments.
+//                   The step's queries' LSE and D come with Q and dO
+//                   (f32 rows; dQ owns its rows' and leaves them unused).
 //   flash_bwd_dq    A, B = Q, dO; X, Y = K, V. S = Q K^T, dP = dO V^T,
 //                   dQ += dS K.
 // P and dS are rounded to storage as the A operands, as the materialized
@@ -25,7 +28,8 @@
 #define WARPS 4
 #define STAGE (2 * BLOCK_N * ROW)
 static_assert(BLOCK_M == 16 * WARPS, "16 owned rows per warp");
-static_assert((2 * BLOCK_M + 2 * STAGE / ROW) * ROW * 2 == SMEM_BYTES,
+static_assert(2 * BLOCK_N <= WARPS * 32, "a thread a row's LSE or D");
+static_assert((2 * BLOCK_M + 2 * STAGE / ROW) * ROW * 2 + 2 * 2 * BLOCK_N * 4 == SMEM_BYTES,
               "src/cuda/kernel.rs launches with this layout's bytes");
 
 __device__ __forceinline__ void zero_acc(float (&acc)[HEAD_DIM / 8][4]) {
@@ -116,6 +120,7 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
     storage_t* k_s = (storage_t*)smem;
     storage_t* v_s = k_s + BLOCK_M * ROW;
     storage_t* stages = v_s + BLOCK_M * ROW;
+    float* rows_s = (float*)(stages + 2 * STAGE);  // [stage][LSE, D][BLOCK_N]
 
     const int n0 = blockIdx.x * BLOCK_M, hk = blockIdx.y;
     const Seq seq = enter_sequence(L, &p, blockIdx.z);
@@ -144,6 +149,14 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         stream_rows<BLOCK_N, WARPS * 32>(st, q, (unsigned)m0, left, p.heads_q, h, p.d, p.d % 8 == 0, false);
         stream_rows<BLOCK_N, WARPS * 32>(st + BLOCK_N * ROW, d_o, (unsigned)m0, left, p.heads_q, h, p.d,
                                          p.d % 8 == 0, false);
+        // Zeros past seqlen_q.
+        if (threadIdx.x < 2 * BLOCK_N) {
+            const int r = threadIdx.x % BLOCK_N;
+            const bool row = r < left;
+            const float* from = threadIdx.x < BLOCK_N ? lse : delta;
+            cp_async4(rows_s + (pos.k % 2) * 2 * BLOCK_N + threadIdx.x, row ? from + lse_at(seq, h, m0 + r) : from,
+                      row ? 4 : 0);
+        }
     };
     load_rows(k_s, BLOCK_M, k, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
     load_rows(v_s, BLOCK_M, v, b, n0, p.seqlen_k, p.heads_kv, hk, p.d);
@@ -160,6 +173,8 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         cp_async_commit();
         const storage_t* q_t = stages + (pos.k % 2) * STAGE;
         const storage_t* do_t = q_t + BLOCK_N * ROW;
+        const float* lse_t = rows_s + (pos.k % 2) * 2 * BLOCK_N;
+        const float* delta_t = lse_t + BLOCK_N;
         const int h = hk * group + group_step_head(L, steps, pos);
         const int m0 = group_step_start(L, steps, pos, BLOCK_N);
         const bool partial = group_step_partial(L, steps, pos);
@@ -170,8 +185,8 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         const float slope = alibi_slope(L, seq, h);
         // No test per pair: no dropout, ALiBi or partial block, and the band
         // allowing every pair of the step's queries (up to seqlen_q: past it
-        // the LSE makes P 0) and the block's keys (up to seqlen_k: past it
-        // nothing is written).
+        // Q and dO are zero rows, so P = 1 adds nothing to dV and dS is 0)
+        // and the block's keys (up to seqlen_k: past it nothing is written).
         const bool in = !HAS_DROPOUT && !L.alibi && !partial &&
                         band_covers(p, m0, min(m0 + BLOCK_N, p.seqlen_q) - 1, n0, min(n0 + BLOCK_M, p.seqlen_k) - 1);
 
@@ -184,29 +199,26 @@ flash_bwd_dkdv(const storage_t* __restrict__ q, const storage_t* __restrict__ k,
         mma_abt<BLOCK_N, HEAD_DIM>(dp, v_s + warp * 16 * ROW, do_t);
         if (in) {
             // Element (c, e): query m0 + 8 c + 2 t + e % 2, key j0 + 8 (e / 2);
-            // each query's LSE and D read once.
+            // each query's LSE and D read once (finite: the query has a key).
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
-                    const int i = m0 + c * 8 + 2 * t + x;
-                    const size_t at_i = lse_at(seq, h, i);
-                    const bool row = i < p.seqlen_q;
-                    const float lse2 = row ? lse_log2(lse[at_i]) : POS_INF, delta_i = row ? delta[at_i] : 0.0f;
+                    const int i = c * 8 + 2 * t + x;
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) p_and_ds_inside(p, sl2, lse2, delta_i, &s[c][2 * r + x], &dp[c][2 * r + x]);
+                    for (int r = 0; r < 2; ++r)
+                        p_and_ds_inside(p, sl2, lse_t[i] * LOG2E, delta_t[i], &s[c][2 * r + x], &dp[c][2 * r + x]);
                 }
         } else {
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int i = m0 + c * 8 + 2 * t + e % 2;
-                    const size_t at_i = lse_at(seq, h, i);
+                    const int x = c * 8 + 2 * t + e % 2, i = m0 + x;
                     const bool row = i < p.seqlen_q;
-                    const bool kept = KEPT(keep, i - m0, j0 + 8 * (e / 2) - n0);
-                    p_and_ds(p, D, kept, slope, i, j0 + 8 * (e / 2), row ? lse[at_i] : NEG_INF,
-                             row ? delta[at_i] : 0.0f, &s[c][e], &dp[c][e]);
+                    const bool kept = KEPT(keep, x, j0 + 8 * (e / 2) - n0);
+                    p_and_ds(p, D, kept, slope, i, j0 + 8 * (e / 2), row ? lse_t[x] : NEG_INF, delta_t[x],
+                             &s[c][e], &dp[c][e]);
                 }
             if (partial) mask_pairs<true>(L, seq, h, j0, m0, s, dp);
         }

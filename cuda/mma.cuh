@@ -15,6 +15,7 @@
 //   cp_async16         16 bytes global -> shared, the bytes past src_bytes
 //                      zero-filled; visible after cp_async_wait<N> (all but
 //                      the newest N committed groups) and a barrier
+//   cp_async4          the same for 4 bytes
 //   ..._at             ldmatrix and cp.async on a shared-window address
 //                      (smem_addr), for a base register and immediate offsets
 //
@@ -56,6 +57,9 @@ __device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int
 template <int OFF>
 __device__ __forceinline__ void cp_async16_off(unsigned dst, const void* src, int src_bytes) {
     host_cp_async16(host_dynamic_smem() + dst + OFF, (const char*)src + OFF, src_bytes);
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    host_cp_async(dst, src, 4, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { host_cp_async_commit(); }
 template <int N>
@@ -107,6 +111,11 @@ template <int OFF>
 __device__ __forceinline__ void cp_async16_off(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%3], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes),
                  "n"(OFF)
+                 : "memory");
+}
+// 4 bytes (through L1: .cg takes only 16).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -1569,6 +1569,11 @@ fn bugs_put_into_the_sm80_backward_fail_its_emulation() {
             "        a.tile = 0;\n",
             "",
         ),
+        (
+            "dK dV reading LSE and D from the stage being filled",
+            "lse_t = rows_s + (pos.k % 2)",
+            "lse_t = rows_s + (next.k % 2)",
+        ),
     ];
     let key = KernelKey::new(Family::BackwardMma, Precision::F16, 64, true, false);
     let case: Vec<String> = "cases one 150 500 200 64 64 2 1 1"

@@ -205,22 +205,27 @@ inline void host_mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
     std::memcpy(d, out, sizeof out);
 }
 
-// cp.async.cg.shared.global, 16 bytes with zero fill past src_bytes: the
-// copy is held back until a cp.async.wait_group retires its group, so a
-// kernel that reads a tile before waiting reads stale data here too.
+// cp.async.{cg,ca}.shared.global, 16 or 4 bytes with zero fill past
+// src_bytes: the copy is held back until a cp.async.wait_group retires its
+// group, so a kernel that reads a tile before waiting reads stale data
+// here too.
 struct PendingCopy {
     void* dst;
     const void* src;
     int bytes;
+    int size;
 };
 thread_local std::vector<PendingCopy> open_copies;
 thread_local std::vector<std::vector<PendingCopy>> committed_copies;
-inline void host_cp_async16(void* dst, const void* src, int src_bytes) {
-    check_shared_16(dst, "cp.async destination");
-    if ((uintptr_t)src % 16) emulation_fault("cp.async source not 16-byte aligned");
-    if (src_bytes < 0 || src_bytes > 16) emulation_fault("cp.async src-size past 16");
-    open_copies.push_back({dst, src, src_bytes});
+inline void host_cp_async(void* dst, const void* src, int size, int src_bytes) {
+    const unsigned char* c = (const unsigned char*)dst;
+    if (c < dynamic_smem.data() || c + size > dynamic_smem.data() + dynamic_smem.size() || (uintptr_t)c % size)
+        emulation_fault("cp.async destination");
+    if ((uintptr_t)src % size) emulation_fault("cp.async source not aligned to its size");
+    if (src_bytes < 0 || src_bytes > size) emulation_fault("cp.async src-size past its size");
+    open_copies.push_back({dst, src, src_bytes, size});
 }
+inline void host_cp_async16(void* dst, const void* src, int src_bytes) { host_cp_async(dst, src, 16, src_bytes); }
 inline void host_cp_async_commit() {
     committed_copies.push_back(std::move(open_copies));
     open_copies.clear();
@@ -228,7 +233,7 @@ inline void host_cp_async_commit() {
 inline void host_cp_async_wait(int newest_pending) {
     while ((int)committed_copies.size() > newest_pending) {
         for (const PendingCopy& c : committed_copies.front()) {
-            std::memset(c.dst, 0, 16);
+            std::memset(c.dst, 0, c.size);
             std::memcpy(c.dst, c.src, c.bytes);
         }
         committed_copies.erase(committed_copies.begin());

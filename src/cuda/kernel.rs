@@ -467,8 +467,9 @@ impl KernelKey {
             // Q, then one buffer of K and one of V (each loads while the
             // other is in use).
             Family::ForwardMma => (t.rows + 2 * t.keys) * row,
-            // Two owned tiles (K, V or Q, dO), then two stages of two streamed.
-            Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row,
+            // Two owned tiles (K, V or Q, dO), two stages of two streamed,
+            // then two stages of dK/dV's step rows' LSE and D (f32).
+            Family::BackwardMma => (2 * t.rows + 4 * t.keys) * row + 4 * t.keys * 4,
             // Unpadded rows (TMA's 128B swizzle spreads the banks), 1 KiB to
             // align the tiles to the swizzle atoms, then 10 mbarriers (8 B).
             // FP8: rows of 1-byte codes, a V^T buffer a stage (head_dim
@@ -738,7 +739,7 @@ mod tests {
             2 * (2 * 3 * (8 + 3) * 4 + 2 * 2 * 4 * 4) + 2 * (2 * 2 * 4) + 3 * (8 + 3) * 4 * 3 + 4 + 1
         );
         let d128 = KernelKey::new(Family::BackwardMma, Precision::F16, 128, false, false);
-        assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2);
+        assert_eq!(d128.dynamic_shared_bytes(), (128 + 128) * 136 * 2 + 4 * 32 * 4);
         // The forward at d 128: Q (128 rows), K and V (64 each): 68 KiB.
         let forward = KernelKey::new(Family::ForwardMma, Precision::Bf16, 128, false, false);
         assert_eq!(forward.dynamic_shared_bytes(), (128 + 2 * 64) * 136 * 2);
