@@ -2,8 +2,8 @@
 // accumulation, padded head dim 64 or 128, d % 8 == 0), after
 // flash_bwd_dot (D = rowsum(dO ∘ O), bwd_dot.cuh). At d 64 it also adds
 // dQ's partials (dS K) into an f32 workspace in key-block order, which
-// flash_bwd_dq_convert then rounds to dq; at d 128 the host runs the sm80
-// flash_bwd_dq (cuda/flash_bwd_mma.cu) after it. No float atomics: a block
+// flash_bwd_dq_convert then rounds to dq; at d 128 the host runs
+// flash_bwd_dq_wgmma (the end of this file) after it. No float atomics: a block
 // owns its keys' dK and dV and walks the GQA group's query heads in order,
 // and semaphores order dQ's adds, so a repeat is bit-identical.
 //
@@ -62,7 +62,7 @@
 #define DQ_ROW 72
 #define DQ_STAGE_BYTES (BLOCK_N * DQ_ROW * 4)
 // dQ here at d 64 only: at d 128 its accumulators and descriptors beside
-// dK's and dV's spilled, and the host runs the sm80 flash_bwd_dq instead
+// dK's and dV's spilled, and the host runs flash_bwd_dq_wgmma instead
 // (dq_accum and dq_sems then unused).
 #define HAS_DQ (HEAD_DIM == 64)
 #define DQ_BYTES (HAS_DQ ? 2 * DS_BYTES + 2 * DQ_STAGE_BYTES : 0)
@@ -420,6 +420,215 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
                         dk_seq[row + col] = store_f32(dk_acc[4 * c + 2 * r + e] * p.scale);
                         dv_seq[row + col] = store_f32(dv_acc[4 * c + 2 * r + e]);
                     }
+                }
+        }
+    }
+}
+
+// dQ where the dK/dV kernel does not add it (d 128: its accumulators beside
+// dK's and dV's spilled): FA2's dQ kernel on wgmma, S and dP recomputed.
+// A block of three warpgroups owns BLOCK_M = 128 queries of one query head
+// and sequence and walks the key tiles of BLOCK_M keys its rows see (the
+// dK/dV kernel's tensor maps: Q and dO come in two boxes of BLOCK_N rows):
+//
+//   warpgroup 0, the producer: thread 0 loads Q and dO once by TMA, then
+//     streams each tile's K and V through a ring of STAGES.
+//   warpgroups 1 and 2, 64 queries each, their rows' LSE · log2 e and D in
+//     registers; per tile, per half of 64 keys: S = Q K^T and dP = dO V^T
+//     by wgmma (K-major both), P = exp2(S · scale · log2 e − LSE · log2 e)
+//     while dP is in flight, dS = P ∘ (dP − D), then dQ += dS K with dS,
+//     rounded to storage, as register A fragments and K by descriptor
+//     (MN-major); then the stage's "empty" mbarrier frees it.
+//   dQ (times scale) goes out from the accumulators, rows past seqlen_q
+//     not written. A block owns its rows' dQ whole: no partials, no order
+//     to keep, and a repeat is bit-identical.
+//
+// Dynamic shared memory: [align] Q | dO (HEAD_DIM/64 boxes of BLOCK_M rows)
+// | stage s: K, V (the same) | mbarriers (Q and dO full, K/V full x
+// STAGES, K/V empty x STAGES: the dK/dV kernel's numbers).
+#define DQ_LAYOUT_BYTES (1024 + 2 * KV_BYTES + STAGES * 2 * KV_BYTES + BARRIERS * 8)
+static_assert(DQ_LAYOUT_BYTES <= SMEM_BYTES, "src/cuda/kernel.rs launches with this layout's bytes");
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+flash_bwd_dq_wgmma(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+                   const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo,
+                   const float* __restrict__ lse, const float* __restrict__ delta, storage_t* __restrict__ dq,
+                   Problem p, const Layout L) {
+    DYNAMIC_SMEM(smem_raw);
+    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    unsigned char* q_s = smem;
+    unsigned char* do_s = q_s + KV_BYTES;
+    unsigned char* kv_s = do_s + KV_BYTES;  // [stage] K, V
+    const Bar bars = bar_at(kv_s + STAGES * 2 * KV_BYTES);
+    const Bar qdo_full = bars + BAR_KV_FULL, full = bars + BAR_FULL, empty = bars + BAR_EMPTY;
+
+    const int m0 = blockIdx.x * BLOCK_M, h = blockIdx.y;
+    const Seq seq = enter_sequence(L, &p, blockIdx.z);
+    if (m0 >= p.seqlen_q) return;  // past a short sequence of a packed batch (uniform: no barrier yet)
+    const int hk = h / (p.heads_q / p.heads_kv);
+    int lo, hi;
+    key_span(p, m0, min(m0 + BLOCK_M, p.seqlen_q), &lo, &hi);
+    const Steps steps = tile_steps(L, seq, h, blockIdx.x, lo, hi, BLOCK_M);
+    const int tiles = steps.count;
+    const int tb = L.cu_q ? 0 : (int)seq.index;
+    const int q_row0 = L.cu_q ? (int)seq.q0 : 0, k_row0 = L.cu_q ? (int)seq.k0 : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(qdo_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + s, 1);
+            mbar_init(empty + s, 2 * 128);  // every consumer thread releases
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0 && tiles > 0) {
+            mbar_arrive_expect_tx(qdo_full, 2 * KV_BYTES);
+            for (int box = 0; box < HEAD_DIM / 64; ++box)
+                for (int r = 0; r < BLOCK_M; r += BLOCK_N) {
+                    const unsigned at = box * BOX_BYTES(BLOCK_M) + BOX_BYTES(r);
+                    tma_load_4d(q_s + at, &tq, box * 64, h, q_row0 + m0 + r, tb, qdo_full);
+                    tma_load_4d(do_s + at, &tdo, box * 64, h, q_row0 + m0 + r, tb, qdo_full);
+                }
+            for (int step = 0; step < tiles; ++step) {
+                const int s = step % STAGES, n0 = step_start(L, steps, step, BLOCK_M);
+                // A fresh barrier counts as having completed the phase before
+                // its first (parity 1): the first pass through the ring waits for nothing.
+                mbar_wait(empty + s, ((step / STAGES) & 1) ^ 1, BAR_EMPTY + s);
+                unsigned char* k_t = kv_s + s * 2 * KV_BYTES;
+                mbar_arrive_expect_tx(full + s, 2 * KV_BYTES);
+                for (int box = 0; box < HEAD_DIM / 64; ++box) {
+                    tma_load_4d(k_t + box * BOX_BYTES(BLOCK_M), &tk, box * 64, hk, k_row0 + n0, tb, full + s);
+                    tma_load_4d(k_t + KV_BYTES + box * BOX_BYTES(BLOCK_M), &tv, box * 64, hk, k_row0 + n0, tb,
+                                full + s);
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<CONSUMER_REGS>();
+        const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128 - 1, 0);
+        const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, t = lane % 4;
+        const int i0 = m0 + wg * 64, r0 = i0 + warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+        const int i1 = min(i0 + 63, p.seqlen_q - 1);                   // the warpgroup's last row
+        float lse2_r[2], delta_r[2];  // +inf and 0 past seqlen_q or with no key: P = 0 there
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = r0 + 8 * r;
+            const bool row = i < p.seqlen_q;
+            lse2_r[r] = row ? lse_log2(lse[lse_at(seq, h, i)]) : POS_INF;
+            delta_r[r] = row ? delta[lse_at(seq, h, i)] : 0.0f;
+        }
+        const float sl2 = p.scale * LOG2E, slope2 = alibi_slope(L, seq, h) * LOG2E;
+        const int off = band_offset(p);
+        // Q and dO (this warpgroup's 64 rows) and K, V K-major for S and
+        // dP; K MN-major for dQ (64 columns a box, the next box LBO on).
+        const SmemDesc q_desc = smem_desc_words(q_s + wg * 64 * 128, 16, 1024);
+        const SmemDesc do_desc = smem_desc_words(do_s + wg * 64 * 128, 16, 1024);
+        const SmemDesc k_desc = smem_desc_words(kv_s, 16, 1024);
+        const SmemDesc k_mn = smem_desc_words(kv_s, BOX_BYTES(BLOCK_M), 1024);
+
+        float dq_acc[HEAD_DIM / 2];
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 2; ++c) dq_acc[c] = 0.0f;
+        if (tiles > 0) mbar_wait(qdo_full, 0, BAR_KV_FULL);
+
+        for (int step = 0; step < tiles; ++step) {
+            const int s = step % STAGES, n0 = step_start(L, steps, step, BLOCK_M);
+            const bool partial = step_partial(L, steps, step);
+            mbar_wait(full + s, (step / STAGES) & 1, BAR_FULL + s);
+#pragma unroll 1
+            for (int half = 0; half < 2; ++half) {
+                const int j0 = n0 + half * 64;
+                const unsigned k_bytes = s * 2 * KV_BYTES + half * 64 * 128;  // this half's first key row
+                // No pair masked by the band, the block mask or seqlen_k
+                // (rows past seqlen_q have P = 0 by their LSE), no ALiBi:
+                // no test per pair.
+                const bool inner = !L.alibi && !partial && j0 + 63 < p.seqlen_k && band_covers(p, i0, i1, j0, j0 + 63);
+                float sc[32], dp[32];
+                wgmma_fence();
+                wgmma_ss_over_d<64>(sc, q_desc, BLOCK_M, desc_moved(k_desc, k_bytes), BLOCK_M);
+                wgmma_commit();
+                wgmma_fence();
+                wgmma_ss_over_d<64>(dp, do_desc, BLOCK_M, desc_moved(k_desc, k_bytes + KV_BYTES), BLOCK_M);
+                wgmma_commit();
+                // P of element (c, e): query r0 + 8 (e / 2), key j0 + 8 c + 2 t + e % 2;
+                // *dcap the softcap's derivative (1 without).
+                auto p_of = [&](bool in, int c, int e, float x, float* dcap) {
+                    const int i = r0 + 8 * (e / 2), j = j0 + 8 * c + 2 * t + e % 2;
+                    const float l2 = lse2_r[e / 2];
+#if HAS_SOFTCAP
+                    const float sx = score(p, x, dcap) * LOG2E - l2;
+                    const float arg = in ? sx : sx - slope2 * fabsf((float)(i + off - j));
+#else
+                    *dcap = 1.0f;
+                    const float arg = in ? fmaf(x, sl2, -l2) : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), l2));
+#endif
+                    const bool ok = in || (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)));
+                    return ok ? exp2_approx(arg) : 0.0f;
+                };
+                auto p_and_ds = [&](bool in) {
+#if !OVERLAP_DP
+                    wgmma_wait<0>();
+                    pin(sc);
+                    pin(dp);
+#pragma unroll
+                    for (int c = 0; c < 32; ++c) {
+                        float dcap;
+                        sc[c] = p_of(in, c / 4, c % 4, sc[c], &dcap);
+                        dp[c] = sc[c] * (dp[c] - delta_r[(c % 4) / 2]) * dcap;
+                    }
+#else
+                    wgmma_wait<1>();
+                    pin(sc);
+#pragma unroll
+                    for (int c = 0; c < 32; ++c) {
+                        float dcap;
+                        sc[c] = p_of(in, c / 4, c % 4, sc[c], &dcap);
+                    }
+                    wgmma_wait<0>();
+                    pin(dp);
+#pragma unroll
+                    for (int c = 0; c < 32; ++c) dp[c] = sc[c] * (dp[c] - delta_r[(c % 4) / 2]);
+#endif
+                };
+                if (inner)
+                    p_and_ds(true);
+                else
+                    p_and_ds(false);
+                // dS as A operands (a C fragment pair is an A fragment), then
+                // dQ += dS K: k16 steps along the keys, 16 rows (2 KiB) apart.
+                unsigned da[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) da[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    wgmma_rs<HEAD_DIM, 1>(dq_acc, da[kk], desc_at(k_mn, k_bytes + kk * 16 * 128));
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(dq_acc);
+                pin(da);
+            }
+            mbar_arrive(empty + s);  // K and V of this stage read
+        }
+
+        storage_t* dq_seq = from_row(dq, seq.q0, p.heads_q, p.d);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = r0 + 8 * r;
+            if (i >= p.seqlen_q) continue;
+            const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = c * 8 + 2 * t + e;
+                    if (col < p.d) dq_seq[row + col] = store_f32(dq_acc[4 * c + 2 * r + e] * p.scale);
                 }
         }
     }

@@ -659,8 +659,6 @@ fn f16_and_bf16_run_on_tensor_cores_where_the_device_has_them() {
     };
     assert_eq!(plan.forward.family, forward, "{props:?}");
     assert_eq!(plan.backward.family, backward, "{props:?}");
-    // Head dim 128: on Hopper too the sm80 dQ (the Hopper dK/dV adds dQ at d 64).
-    assert_eq!(plan.dq.family, Family::BackwardMma, "{props:?}");
 }
 
 #[test]
@@ -1445,8 +1443,9 @@ fn the_hopper_forward_matches_a_double_reference_under_host_emulation() {
 /// seqlen_k, lengths of 1, 113 and 255, rows with no key; on the f16 d 64
 /// band build the layouts (ALiBi, sinks, block masks, packed batches with
 /// empty sequences, all at once). At d 64 it adds dQ, checked too, and a
-/// second run's dq must be the first's bits; at d 128 dQ is the sm80
-/// module's, emulated with that module.
+/// second run's dq must be the first's bits; at d 128 dQ is the module's
+/// `flash_bwd_dq_wgmma` (also run and checked at d 64, with the layouts),
+/// its repeat bit-identical too.
 #[test]
 fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
     emulate_variants(
@@ -1462,7 +1461,9 @@ fn the_hopper_backward_matches_a_double_reference_under_host_emulation() {
 
 /// The emulation finds bugs put into the Hopper dK/dV: at d 128, dP^T read
 /// before its wgmma retired (the wait for it dropped), and the MN-major Q
-/// and dO descriptors' LBO (the second 64-column box) wrong; at d 64, where
+/// and dO descriptors' LBO (the second 64-column box) wrong, and in its dQ
+/// kernel dP read before its wgmma retired, K's MN-major LBO wrong and a
+/// tile's second 64 keys read from its first; at d 64, where
 /// it adds dQ, half of dS written transposed into its buffer, and a
 /// warpgroup waiting for one contribution more than come before it (a
 /// deadlock, reported by the bounded wait). Each build runs one case of
@@ -1482,6 +1483,21 @@ fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
             "smem_desc_words(stages, BOX_BYTES(BLOCK_N), 1024)",
             "smem_desc_words(stages, BOX_BYTES(BLOCK_N) / 2, 1024)",
         ),
+        (
+            "dQ kernel: no wait for dP",
+            "wgmma_wait<0>();\n                    pin(dp);\n#pragma unroll",
+            "pin(dp);\n#pragma unroll",
+        ),
+        (
+            "dQ kernel: K's MN-major LBO wrong",
+            "smem_desc_words(kv_s, BOX_BYTES(BLOCK_M), 1024)",
+            "smem_desc_words(kv_s, BOX_BYTES(BLOCK_M) / 2, 1024)",
+        ),
+        (
+            "dQ kernel: the second half of a tile's keys read as the first",
+            "s * 2 * KV_BYTES + half * 64 * 128;",
+            "s * 2 * KV_BYTES;",
+        ),
     ];
     let dq = [
         (
@@ -1496,8 +1512,8 @@ fn bugs_put_into_the_hopper_backward_fail_its_emulation() {
         ),
     ];
     for (d, case, bugs) in [
-        (128, "cases one 113 150 -1 -1 128 2 1 1", &dkdv),
-        (64, "cases one 150 300 -1 -1 64 4 2 2", &dq),
+        (128, "cases one 113 150 -1 -1 128 2 1 1", &dkdv[..]),
+        (64, "cases one 150 300 -1 -1 64 4 2 2", &dq[..]),
     ] {
         let key = KernelKey::new(Family::BackwardWgmma, Precision::F16, d, false, false);
         let case: Vec<String> = case.split(' ').map(String::from).collect();

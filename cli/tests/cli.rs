@@ -405,17 +405,19 @@ fn cuda_plan_explains_the_kernels_from_made_up_properties() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The Hopper forward, the sm80 backward.
+    // The Hopper forward and backward (its dQ kernel in the same module,
+    // whose 193 KiB of shared memory set the launch's).
     assert!(text.contains("flash_fwd_wgmma_bf16_d128_band"), "{text}");
     assert!(
         text.contains("128 rows × 128 streamed per block, 12 warps, 2 stages"),
         "{text}"
     );
-    assert!(text.contains("flash_bwd_mma_bf16_d128_band"), "{text}");
     assert!(
-        text.contains("64 rows × 32 streamed per block, 4 warps, 2 stages"),
+        text.contains("backward: flash_bwd_wgmma_bf16_d128_band"),
         "{text}"
     );
+    assert!(text.contains("2 stages, 197672 B shared"), "{text}");
+    assert!(!text.contains("flash_bwd_mma"), "{text}");
     // Forced off: the sm80 forward, saying so.
     let off = bin()
         .args(args)

@@ -558,15 +558,16 @@ static int run(const Case& cs) {
     for (double x : o_ref) o_st.push_back(store_f32((float)x));
     std::vector<float> lse(lse_ref.begin(), lse_ref.end()), delta(lse.size());
     std::vector<storage_t> dq(q.stored.size()), dk(k.stored.size()), dv(v.stored.size());
-    const Lists kl = lists(BLOCK_ROWS, INNER, true), ql = lists(BLOCK_ROWS, INNER, false);
+    // (The Hopper dQ walks key tiles of a dK/dV block's keys.)
+    const Lists kl = lists(BLOCK_ROWS, INNER, true), ql = lists(BLOCK_ROWS, IS_WGMMA ? BLOCK_ROWS : INNER, false);
     const Layout Lk = layout(kl), Lq = layout(ql);
     launch(Dim{1, 1, 1}, 256,
            [&] { flash_bwd_dot(o_st.data(), d_o.stored.data(), delta.data(), p, packed ? 1 : B, Lq); });
 #if IS_WGMMA
     // The Hopper dK/dV, which at d 64 adds dQ's partials into an f32
     // workspace in key-block order (blocks in index order, as the hardware
-    // starts them), then dq from it (at d 128 dQ is the sm80 module's,
-    // emulated with that module): q and dO in boxes of a step's queries, k and v of
+    // starts them), then dq from it (at d 128 flash_bwd_dq_wgmma's, from
+    // the same maps): q and dO in boxes of a step's queries, k and v of
     // the block's keys; a packed batch's maps span the packed tensor. Twice:
     // the second dq must be the first's bits.
     const int map_b = packed ? 1 : B;
@@ -576,7 +577,7 @@ static int run(const Case& cs) {
                     tv = tensor_map(v.stored.data(), map_b, p.seqlen_k, HKV, d, BLOCK_M);
     const size_t q_rows = q.stored.size() / ((size_t)HQ * d);
     std::vector<storage_t> first;
-    for (int repeat = 0; repeat < (HAS_DQ ? 2 : 1); ++repeat) {
+    for (int repeat = 0; repeat < 2; ++repeat) {
         std::vector<float> dq_accum(q.stored.size(), 0.0f);
         std::vector<int> sems((q_rows / BLOCK_N + B + 1) * HQ * 2, 0);
         launch(
@@ -589,13 +590,26 @@ static int run(const Case& cs) {
         if (HAS_DQ)
             launch(Dim{4, 1, 1}, 64,
                    [&] { flash_bwd_dq_convert(dq_accum.data(), dq.data(), p.scale, dq_accum.size()); });
+        else
+            launch(
+                Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
+                [&] { flash_bwd_dq_wgmma(tq, tk, tv, tdo, lse.data(), delta.data(), dq.data(), p, Lq); },
+                SMEM_BYTES, true);
         if (repeat == 0) first = dq;
     }
+    const bool repeats = std::memcmp(first.data(), dq.data(), dq.size() * sizeof(storage_t)) == 0;
+    if (!repeats) std::printf("%-8s dq differs on a repeat\n", cs.name);
+    failed += !repeats;
+    failed += report("dq", rel_error(widen(dq), dq_ref));
     if (HAS_DQ) {
-        const bool repeats = std::memcmp(first.data(), dq.data(), dq.size() * sizeof(storage_t)) == 0;
-        if (!repeats) std::printf("%-8s dq differs on a repeat\n", cs.name);
-        failed += !repeats;
-        failed += report("dq", rel_error(widen(dq), dq_ref));
+        // flash_bwd_dq_wgmma is generic in the head dim: at d 64 too (where
+        // the layouts build runs), against the same reference.
+        std::vector<storage_t> dq_alone(dq.size());
+        launch(
+            Dim{blocks(max_q), (unsigned)HQ, (unsigned)B}, BLOCK_THREADS,
+            [&] { flash_bwd_dq_wgmma(tq, tk, tv, tdo, lse.data(), delta.data(), dq_alone.data(), p, Lq); },
+            SMEM_BYTES, true);
+        failed += report("dq (flash_bwd_dq_wgmma)", rel_error(widen(dq_alone), dq_ref));
     }
 #else
     launch(

@@ -3,7 +3,8 @@
 //! order on one stream. On the Hopper path dK/dV is cuda/flash_bwd_wgmma.cu's,
 //! which reads q, k, v and dO through TMA tensor maps and, at head dim 64,
 //! adds dQ's partials, in a fixed order, into an f32 workspace that its
-//! `flash_bwd_dq_convert` rounds to dq (past 64 dQ is the sm80 module's).
+//! `flash_bwd_dq_convert` rounds to dq; past 64 its `flash_bwd_dq_wgmma`
+//! computes dQ per query block from the same maps.
 
 use super::context::CudaDevice;
 use super::driver_error::driver;
@@ -163,22 +164,21 @@ fn launch(
 ) -> Result<f64> {
     let shape = &call.shape;
     let plan = call.plan(&dev.props, path)?;
-    let (key, dq_key) = (plan.backward, plan.dq);
-    let hopper_dq = dq_key.adds_dq();
+    let key = plan.backward;
+    let hopper_dq = key.adds_dq();
     let dot = dev.function(key, "flash_bwd_dot")?;
     let dkdv = dev.function(key, "flash_bwd_dkdv")?;
-    let dq_name = if hopper_dq { "flash_bwd_dq_convert" } else { "flash_bwd_dq" };
-    let dq = dev.function(dq_key, dq_name)?;
+    let dq = dev.function(key, dq_entry(&key))?;
     let batch = i32::try_from(shape.batch).map_err(|_| Error::Overflow {
         what: "batch",
         value: shape.batch as u64,
     })?;
     let dkdv_cfg = call.launch(&key, true, shape.heads_kv)?;
-    let dq_cfg = call.launch(&dq_key, false, shape.heads_q)?;
+    let dq_cfg = call.launch(&key, false, shape.heads_q)?;
     let stream = &dev.stream;
     let (key_lists, row_lists) = (
         side.lists(stream, launch_tiles(&key, true))?,
-        side.lists(stream, launch_tiles(&dq_key, false))?,
+        side.lists(stream, launch_tiles(&key, false))?,
     );
     let maps = dkdv_maps(stream, call, &key, &b.inputs)?;
     let mut work = hopper_dq
@@ -189,10 +189,10 @@ fn launch(
     let (scale, elements) = (call.problem.scale(), work.as_ref().map_or(0, |w| w.accum.len() as u64));
     let seconds = timed(stream, "running the backward", || {
         // SAFETY (all four): the arguments are the kernels', in order and
-        // of their types (storage pointers or, for the Hopper dK/dV, 128-byte
-        // tensor maps of q, k, v and dO by value and dQ's workspace; Problem,
-        // Layout and, but for flash_bwd_dot and the Hopper dK/dV, Dropout by
-        // value), every buffer holds what the grids index, as sized from the
+        // of their types (storage pointers or, for the Hopper dK/dV and dQ,
+        // 128-byte tensor maps of q, k, v and dO by value and dK/dV's dQ
+        // workspace; Problem, Layout and, but for flash_bwd_dot and the
+        // Hopper kernels, Dropout by value), every buffer holds what the grids index, as sized from the
         // validated shape and options, and the lists live until the wait in
         // `timed` (the other side buffers, until the caller's).
         let mut l = Launch::new(stream, &dot);
@@ -204,14 +204,7 @@ fn launch(
             .value(&row_layout);
         unsafe { l.launch(row_launch(shape.lse_len()), "launching flash_bwd_dot") }?;
         let mut l = Launch::new(stream, &dkdv);
-        match &maps[..] {
-            // The Hopper dK/dV: tensor maps by value (and no dropout).
-            [tq, tk, tv, tdo] => {
-                l.value(tq).value(tk).value(tv).value(tdo);
-                l.input(&b.inputs.lse).input(&b.delta);
-            }
-            _ => gradient_inputs(&mut l, &b.inputs, &b.delta),
-        }
+        gradient_inputs(&mut l, &maps, &b.inputs, &b.delta);
         l.output(&mut b.dk).output(&mut b.dv);
         workspace_args(&mut l, work.as_mut(), !maps.is_empty());
         l.value(&call.problem).value(&key_layout);
@@ -224,11 +217,11 @@ fn launch(
             l.input(&w.accum).output(&mut b.dq).value(&scale).value(&elements);
             return unsafe { l.launch(row_launch(w.accum.len()), "launching flash_bwd_dq_convert") };
         }
-        gradient_inputs(&mut l, &b.inputs, &b.delta);
-        l.output(&mut b.dq)
-            .value(&call.problem)
-            .value(&row_layout)
-            .value(&call.dropout_args);
+        gradient_inputs(&mut l, &maps, &b.inputs, &b.delta);
+        l.output(&mut b.dq).value(&call.problem).value(&row_layout);
+        if maps.is_empty() {
+            l.value(&call.dropout_args);
+        }
         unsafe { l.launch(dq_cfg, "launching flash_bwd_dq") }
     })?;
     drop((key_lists, row_lists, work));
@@ -289,7 +282,12 @@ fn launch_tiles(key: &KernelKey, by_keys: bool) -> LaunchTiles {
     let t = key.tiles();
     LaunchTiles {
         outer: t.rows,
-        inner: t.keys,
+        // The Hopper dQ walks tiles of a dK/dV block's keys (its K and V maps' boxes).
+        inner: if key.family.is_wgmma() && !by_keys {
+            t.rows
+        } else {
+            t.keys
+        },
         by_keys,
     }
 }
@@ -310,12 +308,28 @@ fn dkdv_maps(stream: &CudaStream, call: &Call, key: &KernelKey, i: &Uploaded) ->
     ])
 }
 
-/// The first arguments of both gradient kernels: q, k, v, dO, lse and D.
-fn gradient_inputs<'a>(l: &mut Launch<'a>, i: &'a Uploaded, delta: &'a CudaSlice<f32>) {
-    l.input(&i.q)
-        .input(&i.k)
-        .input(&i.v)
-        .input(&i.d_o)
-        .input(&i.lse)
-        .input(delta);
+/// The first arguments of both gradient kernels: q, k, v, dO, lse and D
+/// (the Hopper kernels' q, k, v and dO as tensor maps by value).
+fn gradient_inputs<'a>(
+    l: &mut Launch<'a>,
+    maps: &'a [TensorMap],
+    i: &'a Uploaded,
+    delta: &'a CudaSlice<f32>,
+) {
+    match maps {
+        [tq, tk, tv, tdo] => l.value(tq).value(tk).value(tv).value(tdo),
+        _ => l.input(&i.q).input(&i.k).input(&i.v).input(&i.d_o),
+    };
+    l.input(&i.lse).input(delta);
+}
+
+/// The backward's dQ entry point in `key`'s module: the rounding of the
+/// Hopper dK/dV's partials where it adds them, the Hopper dQ kernel
+/// elsewhere on that path, the sm80 or scalar one off it.
+fn dq_entry(key: &KernelKey) -> &'static str {
+    match (key.adds_dq(), key.family.is_wgmma()) {
+        (true, _) => "flash_bwd_dq_convert",
+        (false, true) => "flash_bwd_dq_wgmma",
+        (false, false) => "flash_bwd_dq",
+    }
 }

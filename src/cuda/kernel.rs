@@ -92,8 +92,9 @@ pub enum Family {
     ForwardWgmma,
     /// cuda/flash_bwd_wgmma.cu: `flash_bwd_dot`, the Hopper
     /// `flash_bwd_dkdv` (sm_90a only), which at head dim 64 adds dQ's
-    /// partials into an f32 workspace, and `flash_bwd_dq_convert`, which
-    /// rounds it to dq (at 128 dQ is the sm80 module's).
+    /// partials into an f32 workspace, `flash_bwd_dq_convert`, which
+    /// rounds it to dq, and `flash_bwd_dq_wgmma`, dQ per query block
+    /// (head dim 128).
     BackwardWgmma,
     /// cuda/flash_decode.cu: `kv_append`, `flash_decode` (split-KV) and
     /// `flash_decode_merge` on a device cache, plain or quantized.
@@ -140,7 +141,7 @@ impl Family {
         } else if self.is_forward() {
             &["flash_fwd"]
         } else if self == Family::BackwardWgmma {
-            &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq_convert"]
+            &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq_convert", "flash_bwd_dq_wgmma"]
         } else {
             &["flash_bwd_dot", "flash_bwd_dkdv", "flash_bwd_dq"]
         }
@@ -447,7 +448,7 @@ impl KernelKey {
 
     /// Whether the variant is the Hopper dK/dV that also adds dQ's
     /// partials (padded head dim 64; at 128 they spilled, and the backward
-    /// runs the sm80 dQ).
+    /// runs the module's `flash_bwd_dq_wgmma`).
     pub fn adds_dq(&self) -> bool {
         self.family == Family::BackwardWgmma && self.head_dim == 64
     }
@@ -481,17 +482,20 @@ impl KernelKey {
                 let bytes = self.head_dim * self.precision.bytes();
                 1024 + (t.rows + 4 * t.keys) * bytes + 10 * 8
             }
-            // K and V, two stages of Q and dO, (where it adds dQ) two
-            // buffers of a step's dS (queries x keys) and each consumer's dQ
-            // partial (f32 rows of 64 + 8), each stage's LSE and D rows
-            // (f32), then 5 mbarriers.
+            // dK/dV: K and V, two stages of Q and dO, (where it adds dQ)
+            // two buffers of a step's dS (queries x keys) and each
+            // consumer's dQ partial (f32 rows of 64 + 8), each stage's LSE
+            // and D rows (f32), then 5 mbarriers. dQ (where dK/dV does not
+            // add it): Q and dO of a block's rows, two stages of K and V
+            // tiles of as many keys, 5 mbarriers. The larger of the two.
             Family::BackwardWgmma => {
                 let bytes = self.head_dim * self.precision.bytes();
                 let dq = match self.adds_dq() {
                     true => 2 * t.keys * t.rows * self.precision.bytes() + 2 * t.keys * (64 + 8) * 4,
                     false => 0,
                 };
-                1024 + (2 * t.rows + 4 * t.keys) * bytes + dq + 2 * 2 * t.keys * 4 + 5 * 8
+                let dkdv = 1024 + (2 * t.rows + 4 * t.keys) * bytes + dq + 2 * 2 * t.keys * 4 + 5 * 8;
+                dkdv.max(1024 + 6 * t.rows * bytes + 5 * 8)
             }
         }
     }
@@ -758,6 +762,10 @@ mod tests {
         assert_eq!(key(128).dynamic_shared_bytes(), 1024 + 160 * 1024 + 80);
         assert_eq!(key(64).dynamic_shared_bytes(), 1024 + 80 * 1024 + 80);
         assert_eq!((key(64).tiles().threads, key(64).stages()), (384, 2));
+        // The backward at d 128 launches with its dQ kernel's layout, the
+        // larger: Q and dO (128 rows), two stages of K and V (128 keys).
+        let backward = KernelKey::new(Family::BackwardWgmma, Precision::Bf16, 128, false, false);
+        assert_eq!(backward.dynamic_shared_bytes(), 1024 + 6 * 128 * 256 + 40);
         assert!(key(128).source().contains("#define IS_WGMMA 1"));
         assert!(key(128).source().contains("#define IS_FP8 0\n"));
     }

@@ -2,7 +2,7 @@
 //! properties and the problem: on compute capability 9.x the Hopper
 //! forward (wgmma + TMA) for f16/bf16 with d % 8 == 0 up to d 128, with
 //! the Hopper backward (D, dK/dV with, at head dim 64, dQ's ordered
-//! partials, else the sm80 dQ; dropout,
+//! partials, else a dQ kernel of its own; dropout,
 //! which they do not draw, runs the sm80 kernels); else the tensor-core (mma) kernels for
 //! f16/bf16 up to head dim [`MMA_MAX_HEAD_DIM`] on compute capability 8.0
 //! or later when their shared memory fits, the scalar kernels otherwise,
@@ -30,8 +30,7 @@ pub enum KernelPath {
     /// The sm80 tensor-core kernels; an error where they cannot run (on
     /// Hopper: the Hopper forward forced off, for comparison).
     Mma,
-    /// The Hopper forward and backward (with the sm80 dQ past head dim
-    /// 64); an error where they cannot run.
+    /// The Hopper forward and backward; an error where they cannot run.
     Hopper,
     /// What `Auto` chooses with the Hopper forward left out: the sm80
     /// tensor-core kernels where they run, the scalar ones elsewhere (what
@@ -132,15 +131,14 @@ pub struct PlanProblem {
     pub dropout: bool,
 }
 
-/// The kernels of one call: a forward and a backward module (D and dK/dV),
-/// and the module whose dQ kernel the backward runs (the backward's own
-/// but on the Hopper path past head dim 64, whose dQ is the sm80 one; at 64
-/// the Hopper dK/dV adds dQ's partials and `flash_bwd_dq_convert` rounds them).
+/// The kernels of one call: a forward and a backward module (D, dK/dV and
+/// dQ; on the Hopper path at head dim 64 the dK/dV kernel adds dQ's
+/// partials and `flash_bwd_dq_convert` rounds them, past it
+/// `flash_bwd_dq_wgmma` computes dQ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaPlan {
     pub forward: KernelKey,
     pub backward: KernelKey,
-    pub dq: KernelKey,
     /// Why this path, in a few words.
     pub reason: &'static str,
     /// Why the forward is not the Hopper kernel, where it is not.
@@ -232,7 +230,7 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         }
         (KernelPath::Hopper, None) => Some("the Hopper kernels, as requested"),
         (KernelPath::Auto, None) => Some(
-            "Hopper: the wgmma + TMA forward and dK/dV (and dQ at head dim 64) on compute capability 9.x",
+            "Hopper: the wgmma + TMA forward and backward on compute capability 9.x",
         ),
         _ => None,
     };
@@ -240,10 +238,6 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
         return Ok(CudaPlan {
             forward: key(Family::ForwardWgmma),
             backward: key(Family::BackwardWgmma),
-            dq: match key(Family::BackwardWgmma).adds_dq() {
-                true => key(Family::BackwardWgmma),
-                false => key(Family::BackwardMma),
-            },
             reason,
             not_hopper: None,
         });
@@ -272,7 +266,6 @@ pub fn plan(dev: &DeviceProps, problem: &PlanProblem, path: KernelPath) -> Resul
     Ok(CudaPlan {
         forward: key(fwd),
         backward: key(bwd),
-        dq: key(bwd),
         reason,
         not_hopper: match path {
             KernelPath::Mma => Some("the sm80 tensor-core kernels forced"),
@@ -296,11 +289,7 @@ impl CudaPlan {
             "occupancy counts shared memory and threads, not registers (tests/cuda.rs prints ptxas's)"
                 .to_string(),
         ]);
-        let mut modules = vec![("forward", &self.forward), ("backward", &self.backward)];
-        if self.dq != self.backward {
-            modules.push(("backward's dQ", &self.dq));
-        }
-        for (what, key) in modules {
+        for (what, key) in [("forward", &self.forward), ("backward", &self.backward)] {
             let t = key.tiles();
             let smem = key.shared_bytes() + key.dynamic_shared_bytes();
             // The driver reserves 1 KiB of shared memory per block.
@@ -366,15 +355,10 @@ mod tests {
                 9 => (Family::ForwardWgmma, Family::BackwardWgmma),
                 _ => (Family::ForwardMma, Family::BackwardMma),
             };
-            // The Hopper dK/dV adds dQ at (padded) head dim 64 only.
-            let major9 = dev.major == 9;
             for precision in [Precision::F16, Precision::Bf16] {
                 for d in [40, 64, 96, 128] {
                     let p = plan(&dev, &problem(precision, d), KernelPath::Auto).unwrap();
-                    assert_eq!(
-                        (p.forward.family, p.backward.family, p.dq.family),
-                        (forward, backward, if major9 && d <= 64 { backward } else { Family::BackwardMma })
-                    );
+                    assert_eq!((p.forward.family, p.backward.family), (forward, backward));
                     assert!(p.forward.band && !p.forward.softcap);
                 }
             }
@@ -389,7 +373,7 @@ mod tests {
         // Forced off: the sm80 kernels, saying so.
         let off = plan(&h100, &problem(Precision::F16, 96), KernelPath::Mma).unwrap();
         assert_eq!(off.forward.family, Family::ForwardMma);
-        assert_eq!((off.backward.family, off.dq.family), (Family::BackwardMma, Family::BackwardMma));
+        assert_eq!(off.backward.family, Family::BackwardMma);
         assert!(off.explain(&h100)[1].contains("forced"));
         // d 36: TMA's rows are not whole 16-byte units; the sm80 kernels, with why.
         let odd = plan(&h100, &problem(Precision::Bf16, 36), KernelPath::Auto).unwrap();
@@ -431,7 +415,6 @@ mod tests {
             text.contains("backward: flash_bwd_wgmma_f16_d64_band (wgmma + TMA + mbarriers; 1 producer and 2 consumer warpgroups), 128 rows × 64 streamed per block, 12 warps, 2 stages, 137256 B"),
             "{text}"
         );
-        assert!(!text.contains("backward's dQ"), "{text}");
     }
 
     /// Dropout runs the dropout variants: on Hopper the sm80 forward (the
