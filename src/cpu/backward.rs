@@ -149,6 +149,28 @@ fn sink_output<'o>(
     }
 }
 
+/// docs/semantics.md's sink gradient: `dsink_h = −Σ exp(sink_h − lse) · D`
+/// over every row of head `h`, in row order, in f64 (deterministic), from
+/// `lse` and D (the GPU backends', which compute D on the device).
+pub(crate) fn sink_gradients(
+    sinks: &[f32],
+    seqs: &[Sequence],
+    lse: &[f32],
+    delta: &[f32],
+) -> Vec<f32> {
+    let per_head = |(h, &sink): (usize, &f32)| {
+        let mut sum = 0f64;
+        for seq in seqs {
+            for i in 0..seq.len_q() {
+                let at = seq.lse_index(h, i);
+                sum += (sink as f64 - lse[at] as f64).exp() * delta[at] as f64;
+            }
+        }
+        -sum as f32
+    };
+    sinks.iter().enumerate().map(per_head).collect()
+}
+
 /// `D_i = Σ_x dO_ix · O_ix` for every row, in `lse`'s layout (a packed
 /// batch's is its batch of one's).
 pub(crate) fn row_deltas(shape: &AttentionShape, o: &[f32], d_o: &[f32]) -> Vec<f32> {

@@ -54,9 +54,9 @@ mod pool;
 mod scores;
 mod vmath;
 
-/// The backward's D = rowsum(dO ∘ O), shared with the CUDA backend's dsinks.
-#[cfg(feature = "cuda")]
-pub(crate) use backward::row_deltas;
+/// The backward's D = rowsum(dO ∘ O) and the sinks' gradient from it,
+/// shared with the GPU backends' dsinks in f16/bf16.
+pub(crate) use backward::{row_deltas, sink_gradients};
 pub use fp8::forward_fp8;
 pub use isa::Isa;
 

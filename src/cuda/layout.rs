@@ -337,24 +337,10 @@ impl Side {
     /// row order, in f64 (deterministic), from `lse` and the kernels' D.
     pub fn dsinks(&self, lse: &[f32], delta: &[f32]) -> Option<Vec<f32>> {
         let sinks = self.opts.sinks.as_ref()?.logits();
-        Some(dsinks(sinks, &self.seqs, lse, delta))
+        Some(crate::cpu::sink_gradients(sinks, &self.seqs, lse, delta))
     }
 }
 
-/// docs/semantics.md's sink gradient (see [`Side::dsinks`]).
-pub(crate) fn dsinks(sinks: &[f32], seqs: &[Sequence], lse: &[f32], delta: &[f32]) -> Vec<f32> {
-    let per_head = |(h, &sink): (usize, &f32)| {
-        let mut sum = 0f64;
-        for seq in seqs {
-            for i in 0..seq.len_q() {
-                let at = seq.lse_index(h, i);
-                sum += (sink as f64 - lse[at] as f64).exp() * delta[at] as f64;
-            }
-        }
-        -sum as f32
-    };
-    sinks.iter().enumerate().map(per_head).collect()
-}
 
 #[cfg(test)]
 mod tests {
@@ -409,7 +395,7 @@ mod tests {
         // lse (1, 2, 2): head 0 rows at 0, 1; head 1 at 2, 3.
         let lse = [0.0, 1.0, 2.0, 0.5];
         let delta = [1.0, 2.0, -1.0, 4.0];
-        let d = dsinks(&[0.0, 0.5], &seqs, &lse, &delta);
+        let d = crate::cpu::sink_gradients(&[0.0, 0.5], &seqs, &lse, &delta);
         let want0 = -(1.0 + (-1f64).exp() * 2.0);
         let want1 = (0.5f64 - 2.0).exp() - 4.0;
         assert!((d[0] as f64 - want0).abs() < 1e-6 && (d[1] as f64 - want1).abs() < 1e-6);

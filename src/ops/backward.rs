@@ -8,12 +8,13 @@ use super::bindings::{self, Range, TensorBytes};
 use super::pieces::GradAssembly;
 use super::prepare::{pieces, plan_request, side_tables, Prepared};
 use super::reruns::{piece_limits, with_reruns};
-use crate::api::inputs::BackwardInputs;
+use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::AttentionOptions;
 use crate::api::output::{Accesses, BackwardOutput};
 use crate::api::problem::Problem;
 use crate::api::shape::{AttentionShape, Layout};
-use crate::api::tensor::{Precision, TensorData};
+use crate::api::tensor::{Precision, TensorData, TensorView};
+use crate::api::varlen::sequences;
 use crate::error::{Error, Result};
 use crate::kernels::{
     binding, BackwardBindings, BackwardBuffers, BackwardPart, FlashBackward, GradientBindings,
@@ -89,7 +90,40 @@ pub async fn backward(
     })
     .await?;
     out.stats.reruns = reruns;
+    if problem.opts.sinks.is_some() && problem.precision != Precision::F32 {
+        out.dsinks = Some(unrounded_dsinks(gpu, inputs, problem).await?);
+    }
     Ok(out.packed(problem.packed()))
+}
+
+/// dsinks in f16/bf16 from an O recomputed in f32 on the same (exactly
+/// widened) inputs, one forward more, as the CPU and CUDA backends take
+/// them: `dsink_h` sums `P_sink · D` over every row of a head, and a D from
+/// an O rounded to storage carries that rounding in every row, which puts
+/// a small case's few dsinks anywhere within a few times the baseline's
+/// error; from this O they sit at f32 rounding. (The gradients keep the
+/// stored O's D, as flash-attention's do.)
+async fn unrounded_dsinks(
+    gpu: &Gpu,
+    inputs: &BackwardInputs<'_>,
+    problem: &Problem<'_>,
+) -> Result<Vec<f32>> {
+    let [q, k, v] = [&inputs.q, &inputs.k, &inputs.v].map(|t| t.data.to_f32());
+    let f32_inputs = ForwardInputs::new(
+        TensorView::f32(inputs.q.shape, &q),
+        TensorView::f32(inputs.k.shape, &k),
+        TensorView::f32(inputs.v.shape, &v),
+    );
+    let f32_problem = Problem::forward(&f32_inputs, problem.opts)?;
+    let o = super::forward::forward(gpu, &f32_inputs, &f32_problem, &PlanOverrides::default())
+        .await?
+        .o
+        .to_f32();
+    let shape = problem.shape;
+    let delta = crate::cpu::row_deltas(&shape, &o, &inputs.d_o.data.to_f32());
+    let seqs = sequences(&shape, problem.opts.varlen.as_ref());
+    let sinks = problem.opts.sinks.as_ref().map_or(&[][..], |s| s.logits());
+    Ok(crate::cpu::sink_gradients(sinks, &seqs, inputs.lse, &delta))
 }
 
 /// The backward of `problem` recorded into `encoder` on the app's
