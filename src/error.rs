@@ -316,6 +316,17 @@ pub enum Error {
         /// The batch size.
         batch: usize,
     },
+    /// ALiBi slopes given with their shape ([`crate::Alibi::shaped`]) in
+    /// neither accepted shape, whatever their count.
+    #[error("alibi slopes have shape {}; expected (heads_q,) = ({heads_q},) or (batch, heads_q) = ({batch}, {heads_q})", tuple(shape))]
+    AlibiShape {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// The number of query heads.
+        heads_q: usize,
+        /// The batch size (sequences, for a packed batch).
+        batch: usize,
+    },
     /// An entry of a per-head input (ALiBi slopes, sinks) that is not finite.
     #[error("{tensor}[{index}] is {value}; every entry must be finite")]
     NonFinite {
@@ -780,3 +791,14 @@ pub enum Error {
 
 /// Shorthand for `Result<T, flashattn::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A shape as numpy prints it: `(4,)`, `(2, 4)`.
+fn tuple(shape: &[usize]) -> String {
+    match shape {
+        [d] => format!("({d},)"),
+        _ => {
+            let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+            format!("({})", dims.join(", "))
+        }
+    }
+}

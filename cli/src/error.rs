@@ -52,6 +52,13 @@ pub enum CliError {
         path: PathBuf,
         dtype: String,
     },
+    /// A file that holds float32 only (ALiBi slopes, sinks, block scales).
+    #[error("{what} file {} has dtype {dtype}; {what} must be float32", path.display())]
+    F32Dtype {
+        what: &'static str,
+        path: PathBuf,
+        dtype: String,
+    },
     #[error("{what} file {} has dtype {dtype}; expected int32 (or int64 within int32's range, little-endian)", path.display())]
     IndexDtype {
         what: &'static str,
@@ -98,6 +105,21 @@ pub enum CliError {
     Pair {
         given: &'static str,
         missing: &'static str,
+    },
+    /// An output path that cannot be written, found before any work.
+    #[error("{flag} {}: {problem}", path.display())]
+    OutputPath {
+        flag: &'static str,
+        path: PathBuf,
+        #[source]
+        problem: crate::outputs::PathProblem,
+    },
+    /// Two output flags naming one file.
+    #[error("{first} and {second} both name {}: give each output its own file", path.display())]
+    SameOutput {
+        first: &'static str,
+        second: &'static str,
+        path: PathBuf,
     },
     #[error("cannot write {}", path.display())]
     Write {

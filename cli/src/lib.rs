@@ -15,6 +15,7 @@ pub mod error;
 pub mod layout_bench;
 pub mod lowp;
 pub mod npy;
+pub mod outputs;
 pub mod plot;
 pub mod precision;
 pub mod report;

@@ -2814,3 +2814,237 @@ fn decode_quantized_bad_inputs_write_nothing() {
         "unknown cache precision",
     );
 }
+
+/// Non-zero exit, exactly one stderr line holding each of `needles`, and
+/// none of `names` (nor a temporary file) in the directory.
+fn assert_alone_and_nothing_left(f: &Files, out: &Output, needles: &[&str], names: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "stderr should be one line: {stderr:?}");
+    for needle in needles {
+        assert!(lines[0].contains(needle), "{:?} lacks {needle:?}", lines[0]);
+    }
+    for name in names {
+        assert!(!f.path(name).exists(), "a failed run left {name}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(f.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left behind");
+}
+
+/// q (2, 8, 4, 16), k and v (2, 10, 2, 16), do, sinks (4,) and a directory
+/// `adir`: the shapes of the output and ALiBi checks.
+fn batch_of_two(f: &Files) {
+    f.qkv(2, 8, 10, 4, 2, 16);
+    let g = Rng::new(7).normal_vec(2 * 8 * 4 * 16, 1.0);
+    write_f32(&f.path("do.npy"), &[2, 8, 4, 16], &g);
+    write_f32(&f.path("s.npy"), &[4], &[0.5, -1.0, 0.0, 1.0]);
+    std::fs::create_dir_all(f.path("adir")).unwrap();
+}
+
+/// `command` on q.npy, k.npy, v.npy (and do.npy for backward) with these
+/// output flags and extra arguments.
+fn attention_run(f: &Files, command: &str, outputs: &[(&str, &str)], extra: &[&str]) -> Output {
+    let mut files = vec![("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")];
+    if command == "backward" {
+        files.push(("--do", "do.npy"));
+    }
+    files.extend_from_slice(outputs);
+    f.run(command, &files, extra)
+}
+
+#[test]
+fn forward_output_paths_are_checked_before_any_work() {
+    for &backend in backends() {
+        let f = Files::new();
+        batch_of_two(&f);
+        let be = ["--backend", backend];
+        let run = |outputs: &[(&str, &str)], extra: &[&str]| {
+            attention_run(&f, "forward", outputs, &[&be[..], extra].concat())
+        };
+        assert_ok(&run(&[("--out", "o.npy"), ("--lse", "lse.npy")], &[]));
+        for name in ["o.npy", "lse.npy"] {
+            std::fs::remove_file(f.path(name)).unwrap();
+        }
+        // An output that is an existing directory.
+        let out = run(&[("--out", "o.npy"), ("--lse", "adir")], &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--lse", "is a directory"], &["o.npy"]);
+        let out = run(&[("--out", "adir"), ("--lse", "lse.npy")], &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--out", "is a directory"], &["lse.npy"]);
+        let dropout = ["--dropout", "0.25", "--seed", "3"];
+        let outputs = [("--out", "o.npy"), ("--dropout-mask-out", "adir")];
+        let out = run(&outputs, &dropout);
+        assert_alone_and_nothing_left(&f, &out, &["--dropout-mask-out", "adir"], &["o.npy"]);
+        // One file named twice, however it is spelled.
+        for lse in ["x.npy", "adir/../x.npy"] {
+            let out = run(&[("--out", "x.npy"), ("--lse", lse)], &[]);
+            let needles = ["--out and --lse both name", "x.npy"];
+            assert_alone_and_nothing_left(&f, &out, &needles, &["x.npy"]);
+        }
+        let outputs = [("--out", "x.npy"), ("--dropout-mask-out", "x.npy")];
+        let out = run(&outputs, &dropout);
+        let needles = ["--out and --dropout-mask-out"];
+        assert_alone_and_nothing_left(&f, &out, &needles, &["x.npy"]);
+        // A directory that does not exist.
+        let out = run(&[("--out", "o.npy"), ("--lse", "missing/lse.npy")], &[]);
+        let needles = ["--lse", "missing", "does not exist"];
+        assert_alone_and_nothing_left(&f, &out, &needles, &["o.npy"]);
+        // Before any input is read: without q, the output is the error.
+        std::fs::remove_file(f.path("q.npy")).unwrap();
+        let out = run(&[("--out", "o.npy"), ("--lse", "adir")], &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--lse", "is a directory"], &["o.npy"]);
+    }
+}
+
+#[test]
+fn backward_output_paths_are_checked_before_any_work() {
+    for &backend in backends() {
+        let f = Files::new();
+        batch_of_two(&f);
+        let be = ["--backend", backend];
+        let run = |outputs: &[(&str, &str)], extra: &[&str]| {
+            attention_run(&f, "backward", outputs, &[&be[..], extra].concat())
+        };
+        let grads = |dv: &'static str| [("--dq", "dq.npy"), ("--dk", "dk.npy"), ("--dv", dv)];
+        let all = ["dq.npy", "dk.npy", "dv.npy", "ds.npy"];
+        let out = run(&grads("adir"), &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--dv", "is a directory"], &all);
+        let sinks_path = f.path("s.npy");
+        let sinks = ["--sinks", sinks_path.to_str().unwrap()];
+        let with_dsinks = |ds: &'static str| {
+            let mut outputs = grads("dv.npy").to_vec();
+            outputs.push(("--dsinks", ds));
+            run(&outputs, &sinks)
+        };
+        let out = with_dsinks("adir");
+        assert_alone_and_nothing_left(&f, &out, &["--dsinks", "is a directory"], &all);
+        let out = with_dsinks("dq.npy");
+        let needles = ["--dq and --dsinks both name", "dq.npy"];
+        assert_alone_and_nothing_left(&f, &out, &needles, &all);
+        let out = run(&grads("dk.npy"), &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--dk and --dv"], &all);
+        let out = run(&grads("missing/dv.npy"), &[]);
+        assert_alone_and_nothing_left(&f, &out, &["--dv", "does not exist"], &all);
+        // The valid call writes all four.
+        assert_ok(&with_dsinks("ds.npy"));
+        for name in all {
+            assert!(f.path(name).exists(), "{name}");
+        }
+    }
+}
+
+#[test]
+fn decode_output_paths_are_checked_before_any_work() {
+    for &backend in backends() {
+        let f = Files::new();
+        let args = bad_input_case(&f);
+        std::fs::create_dir(f.path("adir")).unwrap();
+        let path = |name: &str| f.path(name).to_str().unwrap().to_string();
+        let all = ["o.npy", "lse.npy", "kc2.npy", "vc2.npy"];
+        let run = |flag: &str, name: &str| {
+            let args = [without(&args, flag), vec![flag.into(), path(name)]].concat();
+            decode_cmd(&args, &["--backend", backend])
+        };
+        let out = run("--v-cache-out", "adir");
+        assert_alone_and_nothing_left(&f, &out, &["--v-cache-out", "is a directory"], &all);
+        let out = run("--lse", "adir");
+        assert_alone_and_nothing_left(&f, &out, &["--lse", "is a directory"], &all);
+        let out = run("--lse", "o.npy");
+        assert_alone_and_nothing_left(&f, &out, &["--out and --lse both name"], &all);
+        let out = run("--v-cache-out", "kc2.npy");
+        let needles = ["--k-cache-out and --v-cache-out both name"];
+        assert_alone_and_nothing_left(&f, &out, &needles, &all);
+        let out = run("--k-cache-out", "missing/kc2.npy");
+        let needles = ["--k-cache-out", "does not exist"];
+        assert_alone_and_nothing_left(&f, &out, &needles, &all);
+        // An output may name an input: the cache is replaced once read.
+        let out = run("--k-cache-out", "kc.npy");
+        assert_ok(&out);
+        for name in ["o.npy", "lse.npy", "vc2.npy"] {
+            assert!(f.path(name).exists(), "{name}");
+        }
+    }
+}
+
+/// Slopes `(heads_q,)` and `(batch, heads_q)` run; any other shape, even of
+/// the same count, is one line naming the shapes, on forward, backward and
+/// decode; slopes of another dtype are one line saying float32.
+#[test]
+fn alibi_slopes_of_another_shape_are_one_line() {
+    // batch 2, heads_q 4 in both directories.
+    let f = Files::new();
+    batch_of_two(&f);
+    let fd = Files::new();
+    let decode_args = bad_input_case(&fd);
+    let slopes = f.path("slopes.npy");
+    let alibi = ["--backend", "cpu", "--alibi", slopes.to_str().unwrap()];
+    let grads = [("--dq", "dq.npy"), ("--dk", "dk.npy"), ("--dv", "dv.npy")];
+    let outputs = [
+        "o.npy", "dq.npy", "dk.npy", "dv.npy", "lse.npy", "kc2.npy", "vc2.npy",
+    ];
+    // Each command, the directory of its outputs.
+    let run = || {
+        [
+            (
+                "forward",
+                &f,
+                attention_run(&f, "forward", &[("--out", "o.npy")], &alibi),
+            ),
+            (
+                "backward",
+                &f,
+                attention_run(&f, "backward", &grads, &alibi),
+            ),
+            ("decode", &fd, decode_cmd(&decode_args, &alibi)),
+        ]
+    };
+    let values: Vec<f32> = (1..=8).map(|i| 0.05 * i as f32).collect();
+    for shape in [&[4u64][..], &[2, 4]] {
+        let n = shape.iter().product::<u64>() as usize;
+        write_f32(&slopes, shape, &values[..n]);
+        for (command, dir, out) in run() {
+            assert_ok(&out);
+            for name in outputs {
+                let _ = std::fs::remove_file(dir.path(name));
+            }
+            eprintln!("{command} {shape:?}: ok");
+        }
+    }
+    for (shape, text) in [
+        (&[4u64, 2][..], "shape (4, 2)"),
+        (&[1, 4], "shape (1, 4)"),
+        (&[8], "shape (8,)"),
+    ] {
+        let n = shape.iter().product::<u64>() as usize;
+        write_f32(&slopes, shape, &values[..n]);
+        for (command, dir, out) in run() {
+            let line = String::from_utf8_lossy(&out.stderr);
+            eprintln!("{command} {shape:?}: {}", line.trim());
+            let needles = [
+                "alibi slopes have",
+                text,
+                "expected (heads_q,) = (4,) or (batch, heads_q) = (2, 4)",
+            ];
+            assert_alone_and_nothing_left(dir, &out, &needles, &outputs);
+        }
+    }
+    write_f32(&slopes, &[2, 2, 2], &values);
+    for (_, dir, out) in run() {
+        assert_alone_and_nothing_left(dir, &out, &["alibi slopes", "rank 3"], &outputs);
+    }
+    // f16 (or int32) slopes: float32 only, said once.
+    write_f16(&slopes, &[4], &values[..4]);
+    for (_, dir, out) in run() {
+        let needles = ["has dtype float16; alibi slopes must be float32"];
+        assert_alone_and_nothing_left(dir, &out, &needles, &outputs);
+    }
+    write_i32(&slopes, &[4], &[1, 2, 3, 4]);
+    for (_, dir, out) in run() {
+        let needles = ["has dtype int32; alibi slopes must be float32"];
+        assert_alone_and_nothing_left(dir, &out, &needles, &outputs);
+    }
+}

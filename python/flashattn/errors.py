@@ -58,7 +58,7 @@ _INPUT = """PositionTooLarge EmptyDim HeadDimTooLarge HeadsNotDivisible SizeOver
 DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSoftcap
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
 CacheIndex LatentViewTooWide LatentAppend CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
-NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
+AlibiShape NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
 EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale
 CacheFormat"""
 _UNSUPPORTED = "Unsupported BackendNotBuilt"

@@ -14,14 +14,45 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alibi {
     slopes: Arc<[f32]>,
+    /// The array's shape, where the caller gave it ([`Alibi::shaped`]).
+    shape: Option<Arc<[usize]>>,
 }
 
 impl Alibi {
-    /// Slopes per query head, `(heads_q,)`, or per sequence and head, `(batch, heads_q)`.
+    /// Slopes per query head, `(heads_q,)`, or per sequence and head,
+    /// `(batch, heads_q)`, flattened in row-major order: told apart by
+    /// their count alone.
     pub fn new(slopes: &[f32]) -> Self {
         Self {
             slopes: slopes.into(),
+            shape: None,
         }
+    }
+
+    /// Slopes with the shape of the array they came from (a file, a
+    /// tensor), row-major: [`validate_for`](Self::validate_for) then takes
+    /// exactly `(heads_q,)` or `(batch, heads_q)`, not another shape of
+    /// the same count. `Error::DataLength` if the shape does not hold
+    /// `slopes.len()` entries.
+    pub fn shaped(shape: &[usize], slopes: &[f32]) -> Result<Self> {
+        let expected = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if expected != Some(slopes.len()) {
+            return Err(Error::DataLength {
+                tensor: "alibi_slopes",
+                shape: shape.to_vec(),
+                expected: expected.unwrap_or(usize::MAX),
+                actual: slopes.len(),
+            });
+        }
+        Ok(Self {
+            slopes: slopes.into(),
+            shape: Some(shape.into()),
+        })
+    }
+
+    /// The shape given to [`Alibi::shaped`], `None` for [`Alibi::new`].
+    pub fn shape(&self) -> Option<&[usize]> {
+        self.shape.as_deref()
     }
 
     /// The ALiBi paper's slopes for `heads` heads: the geometric sequence
@@ -59,8 +90,19 @@ impl Alibi {
         }
     }
 
-    /// `(heads_q,)` or `(batch, heads_q)`, every slope finite.
+    /// `(heads_q,)` or `(batch, heads_q)`, every slope finite: by shape
+    /// where one was given (`Error::AlibiShape`), else by count
+    /// (`Error::AlibiSlopes`).
     pub fn validate_for(&self, batch: usize, heads_q: usize) -> Result<()> {
+        if let Some(shape) = &self.shape {
+            if **shape != [heads_q] && **shape != [batch, heads_q] {
+                return Err(Error::AlibiShape {
+                    shape: shape.to_vec(),
+                    heads_q,
+                    batch,
+                });
+            }
+        }
         let len = self.slopes.len();
         // checked: a packed batch's sequence count times heads may not fit a usize.
         if len != heads_q && batch.checked_mul(heads_q) != Some(len) {
@@ -193,6 +235,10 @@ mod tests {
             Err(Error::NonFinite { index: 1, .. })
         ));
         assert!(matches!(
+            Alibi::shaped(&[2], &[0.5, f32::NAN]).unwrap().validate_for(1, 2),
+            Err(Error::NonFinite { index: 1, .. })
+        ));
+        assert!(matches!(
             Sinks::new(&[0.0, f32::INFINITY]).validate_for(2),
             Err(Error::NonFinite {
                 tensor: "sinks",
@@ -204,5 +250,48 @@ mod tests {
             Sinks::new(&[0.0]).validate_for(2),
             Err(Error::IndexLength { expected: 2, .. })
         ));
+    }
+
+    #[test]
+    fn shaped_slopes_take_exactly_heads_or_batch_by_heads() {
+        // batch 2, heads_q 4.
+        for shape in [&[4][..], &[2, 4]] {
+            let n = shape.iter().product::<usize>();
+            let a = Alibi::shaped(shape, &vec![0.5; n]).unwrap();
+            assert!(a.validate_for(2, 4).is_ok(), "{shape:?}");
+            assert_eq!(a.shape(), Some(shape));
+        }
+        // The same counts in other shapes: (4, 2), (1, 4), (8,), (2, 2, 2).
+        for shape in [&[4, 2][..], &[1, 4], &[8], &[2, 2, 2]] {
+            let n = shape.iter().product::<usize>();
+            let a = Alibi::shaped(shape, &vec![0.5; n]).unwrap();
+            match a.validate_for(2, 4) {
+                Err(Error::AlibiShape {
+                    shape: given,
+                    heads_q: 4,
+                    batch: 2,
+                }) => assert_eq!(given, shape),
+                other => panic!("{shape:?}: {other:?}"),
+            }
+        }
+        // (1, heads_q) is (batch, heads_q) for a batch of one.
+        let one = Alibi::shaped(&[1, 4], &[0.5; 4]).unwrap();
+        assert!(one.validate_for(1, 4).is_ok());
+        assert!(matches!(
+            Alibi::shaped(&[2, 4], &[0.5; 7]),
+            Err(Error::DataLength {
+                expected: 8,
+                actual: 7,
+                ..
+            })
+        ));
+        let text = Alibi::shaped(&[4, 2], &[0.5; 8])
+            .unwrap()
+            .validate_for(2, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("(4, 2)") && text.contains("(2, 4)"), "{text}");
+        // Unshaped slopes are told apart by count, as before.
+        assert!(Alibi::new(&[0.5; 8]).validate_for(2, 4).is_ok());
     }
 }

@@ -7,6 +7,7 @@ use super::parse_window;
 use crate::args::{AttentionArgs, BackwardArgs, ForwardArgs, ScoreArgs};
 use crate::error::{CliError, Result};
 use crate::npy;
+use crate::outputs;
 use flashattn::tune::cache::overrides_text;
 use flashattn::{
     AttentionOptions, AttentionShape, Backend, BackendKind, BackwardInputs, ForwardInputs,
@@ -310,6 +311,11 @@ pub fn say_verified(stats: &flashattn::CallStats) {
 }
 
 pub fn forward(a: ForwardArgs) -> Result<()> {
+    outputs::check(&outputs::given(&[
+        ("--out", Some(&a.out)),
+        ("--lse", a.lse.as_ref()),
+        ("--dropout-mask-out", a.dropout_mask_out.as_ref()),
+    ]))?;
     let p = prepare(&a.attention)?;
     let backend = open_backend(&p, false)?;
     let [q, k, v] = p.views()?;
@@ -319,28 +325,27 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         }
         None => backend.forward(&ForwardInputs::new(q, k, v), &p.opts, &p.overrides)?,
     };
-    say_verified(&out.stats);
     let lse = out.lse_tensor();
     // FP8's o is f32 (docs/semantics.md), whatever the files held.
     let o = match p.fp8 {
         Some(_) => out.o,
         None => output(out.o, p.input_dtype),
     };
-    let mut outputs = vec![(a.out.as_path(), &o)];
+    let mut files: Vec<outputs::Output> = vec![("--out", &a.out, npy::encode(&o))];
     if let Some(path) = &a.lse {
-        outputs.push((path.as_path(), &lse));
+        files.push(("--lse", path, npy::encode(&lse)));
     }
-    let mut files: Vec<_> = outputs
-        .iter()
-        .map(|&(path, t)| (path, npy::encode(t)))
-        .collect();
     if let Some(path) = &a.dropout_mask_out {
         let [q, k, v] = p.views()?;
         let shape = AttentionShape::from_views(&q, &k, &v)?;
         let mask = flashattn::dropout_mask(&shape, &p.opts)?;
-        files.push((path.as_path(), npy::encode_bool(&mask.dims, &mask.keep)));
+        let bytes = npy::encode_bool(&mask.dims, &mask.keep);
+        files.push(("--dropout-mask-out", path, bytes));
     }
-    npy::write_files(files)
+    outputs::write(files)?;
+    // Said once the outputs are written: a failed command prints one line.
+    say_verified(&out.stats);
+    Ok(())
 }
 
 pub fn backward(a: BackwardArgs) -> Result<()> {
@@ -350,6 +355,12 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
             needs: "--sinks",
         });
     }
+    outputs::check(&outputs::given(&[
+        ("--dq", Some(&a.dq)),
+        ("--dk", Some(&a.dk)),
+        ("--dv", Some(&a.dv)),
+        ("--dsinks", a.dsinks.as_ref()),
+    ]))?;
     let p = prepare(&a.attention)?;
     if p.fp8.is_some() {
         let operation = "the backward pass";
@@ -385,20 +396,18 @@ pub fn backward(a: BackwardArgs) -> Result<()> {
     let fwd = backend.forward(&ForwardInputs::new(q, k, v), &p.opts, &p.overrides)?;
     let inputs = BackwardInputs::new(ForwardInputs::new(q, k, v), &fwd, d_o.view()?)?;
     let grads = backend.backward(&inputs, &p.opts, &p.overrides)?;
+    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| output(t, p.input_dtype));
+    let mut files: Vec<outputs::Output> = vec![
+        ("--dq", &a.dq, npy::encode(&dq)),
+        ("--dk", &a.dk, npy::encode(&dk)),
+        ("--dv", &a.dv, npy::encode(&dv)),
+    ];
+    if let (Some(path), Some(d)) = (&a.dsinks, &grads.dsinks) {
+        files.push(("--dsinks", path, npy::encode_array(&[d.len() as u64], d)));
+    }
+    outputs::write(files)?;
+    // Said once the outputs are written: a failed command prints one line.
     say_verified(&fwd.stats);
     say_verified(&grads.stats);
-    let [dq, dk, dv] = [grads.dq, grads.dk, grads.dv].map(|t| output(t, p.input_dtype));
-    let dsinks = grads.dsinks.map(|d| Tensor {
-        shape: vec![d.len()],
-        data: TensorData::F32(d),
-    });
-    let mut outputs = vec![
-        (a.dq.as_path(), &dq),
-        (a.dk.as_path(), &dk),
-        (a.dv.as_path(), &dv),
-    ];
-    if let (Some(path), Some(t)) = (&a.dsinks, &dsinks) {
-        outputs.push((path.as_path(), t));
-    }
-    npy::write_all(&outputs)
+    Ok(())
 }

@@ -9,11 +9,12 @@ use super::pair;
 use crate::args::DecodeArgs;
 use crate::error::{CliError, Result};
 use crate::npy::{self, IndexArray};
+use crate::outputs;
 use flashattn::{
     AttentionOptions, BackendKind, CacheQuant, CacheShape, DecodeProblem, DecodeStep, HostKvCache,
     Operation, Precision, QuantKvCache, QuantizedKv, Tensor, Workload,
 };
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// q, the index arrays and the new rows, in the precision of the step.
 pub struct StepInputs {
@@ -415,6 +416,14 @@ fn latent_shape(dims: [usize; 4], v_width: usize, paged: bool) -> Result<CacheSh
 }
 
 pub fn run(a: DecodeArgs) -> Result<()> {
+    outputs::check(&outputs::given(&[
+        ("--out", Some(&a.out)),
+        ("--lse", a.lse.as_ref()),
+        ("--k-cache-out", a.k_cache_out.as_ref()),
+        ("--v-cache-out", a.v_cache_out.as_ref()),
+        ("--k-scales-out", a.k_scales_out.as_ref()),
+        ("--v-scales-out", a.v_scales_out.as_ref()),
+    ]))?;
     let p = prepare(&a)?;
     let backend = open(p.backend, &p.workload()?)?;
     let step = p.inputs.step()?;
@@ -423,53 +432,54 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         StepCache::Plain(c) => backend.decode(c, &step, &p.opts, p.num_splits)?,
         StepCache::Quant(c) => backend.decode_quantized(c, &step, &p.opts, p.num_splits)?,
     };
-    super::attention::say_verified(&out.stats);
     let lse = out.lse_tensor();
     let o = output(out.o, p.dtypes.q);
-    let mut outputs: Vec<(PathBuf, std::io::Result<Vec<u8>>)> = vec![(a.out, npy::encode(&o))];
-    if let Some(path) = a.lse {
-        outputs.push((path, npy::encode(&lse)));
+    let mut files: Vec<outputs::Output> = vec![("--out", &a.out, npy::encode(&o))];
+    if let Some(path) = &a.lse {
+        files.push(("--lse", path, npy::encode(&lse)));
     }
     // A latent cache writes its one tensor (--k-cache-out alone; a
     // quantized one its codes and --k-scales-out).
     if let (Some(k), true) = (&a.k_cache_out, cache.shape().latent) {
         match &cache {
             StepCache::Plain(c) => {
-                outputs.push((
-                    k.clone(),
-                    npy::encode(&output(c.k_tensor(), p.dtypes.k_cache)),
-                ));
+                let bytes = npy::encode(&output(c.k_tensor(), p.dtypes.k_cache));
+                files.push(("--k-cache-out", k, bytes));
             }
             StepCache::Quant(c) => {
-                outputs.push((
-                    k.clone(),
-                    npy::encode_codes(&c.shape.dims(), &c.k.codes, c.quant),
-                ));
+                let bytes = npy::encode_codes(&c.shape.dims(), &c.k.codes, c.quant);
+                files.push(("--k-cache-out", k, bytes));
                 if let Some(ks) = &a.k_scales_out {
                     let dims = [c.blocks().count() as u64, c.shape.heads_kv as u64];
-                    outputs.push((ks.clone(), npy::encode_array(&dims, &c.k.scales)));
+                    files.push(("--k-scales-out", ks, npy::encode_array(&dims, &c.k.scales)));
                 }
             }
         }
     }
-    if let (Some(k), Some(v)) = (a.k_cache_out, a.v_cache_out) {
+    if let (Some(k), Some(v)) = (&a.k_cache_out, &a.v_cache_out) {
         match &cache {
             StepCache::Plain(c) => {
-                outputs.push((k, npy::encode(&output(c.k_tensor(), p.dtypes.k_cache))));
-                outputs.push((v, npy::encode(&output(c.v_tensor(), p.dtypes.v_cache))));
+                let k_bytes = npy::encode(&output(c.k_tensor(), p.dtypes.k_cache));
+                let v_bytes = npy::encode(&output(c.v_tensor(), p.dtypes.v_cache));
+                files.push(("--k-cache-out", k, k_bytes));
+                files.push(("--v-cache-out", v, v_bytes));
             }
             StepCache::Quant(c) => {
                 let (s, quant) = (&c.shape, c.quant);
-                outputs.push((k, npy::encode_codes(&s.dims(), &c.k.codes, quant)));
-                outputs.push((v, npy::encode_codes(&s.v_dims(), &c.v.codes, quant)));
-                if let (Some(ks), Some(vs)) = (a.k_scales_out, a.v_scales_out) {
+                let k_bytes = npy::encode_codes(&s.dims(), &c.k.codes, quant);
+                let v_bytes = npy::encode_codes(&s.v_dims(), &c.v.codes, quant);
+                files.push(("--k-cache-out", k, k_bytes));
+                files.push(("--v-cache-out", v, v_bytes));
+                if let (Some(ks), Some(vs)) = (&a.k_scales_out, &a.v_scales_out) {
                     let dims = [c.blocks().count() as u64, s.heads_kv as u64];
-                    outputs.push((ks, npy::encode_array(&dims, &c.k.scales)));
-                    outputs.push((vs, npy::encode_array(&dims, &c.v.scales)));
+                    files.push(("--k-scales-out", ks, npy::encode_array(&dims, &c.k.scales)));
+                    files.push(("--v-scales-out", vs, npy::encode_array(&dims, &c.v.scales)));
                 }
             }
         }
     }
-    let (paths, files): (Vec<PathBuf>, Vec<_>) = outputs.into_iter().unzip();
-    npy::write_files(paths.iter().map(PathBuf::as_path).zip(files).collect())
+    outputs::write(files)?;
+    // Said once the outputs are written: a failed command prints one line.
+    super::attention::say_verified(&out.stats);
+    Ok(())
 }

@@ -71,7 +71,9 @@ pub fn read(
             &[1, 2],
             "1 dim (heads_q,) or 2 (batch, heads_q)",
         )?;
-        opts.alibi = Some(Alibi::new(&slopes));
+        // With their shape: (heads_q,) or (batch, heads_q) exactly, not
+        // another shape of the same count (checked against the problem).
+        opts.alibi = Some(Alibi::shaped(&shape, &slopes)?);
     }
     if let Some(path) = &a.sinks {
         let (shape, logits) = npy::read_f32("sinks", path)?;

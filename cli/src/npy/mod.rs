@@ -3,8 +3,8 @@
 //! ([`header`]): its dtype, order and rank, its element count (checked
 //! arithmetic, `flashattn::api::size`) and that the file holds exactly the
 //! bytes the shape needs, before the data is read or anything the size of
-//! the shape is allocated. Writing (npyz) goes to a temporary file that is
-//! renamed, so a failed run leaves no file.
+//! the shape is allocated. Writing (npyz) encodes the bytes; [`crate::outputs`]
+//! commits a command's files together.
 
 pub mod header;
 
@@ -15,7 +15,7 @@ use half::f16;
 use npyz::WriterBuilder;
 use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The element types the command line reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +51,19 @@ impl Element {
             "b1" => Element::Bool,
             _ => return None,
         })
+    }
+
+    /// numpy's name of the type.
+    pub fn numpy_name(self) -> &'static str {
+        match self {
+            Element::F32 => "float32",
+            Element::F16 => "float16",
+            Element::I32 => "int32",
+            Element::I64 => "int64",
+            Element::I8 => "int8",
+            Element::U8 => "uint8",
+            Element::Bool => "bool",
+        }
     }
 
     pub fn bytes(self) -> u64 {
@@ -202,15 +215,16 @@ pub fn read(what: &'static str, path: &Path) -> Result<Tensor> {
     Ok(Tensor { shape, data })
 }
 
-/// Read an f32 array (ALiBi slopes, sink logits), naming `what` in every error.
+/// Read an f32 array (ALiBi slopes, sink logits, block scales), naming
+/// `what` in every error; any other dtype is `F32Dtype`.
 pub fn read_f32(what: &'static str, path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
-    let t = read(what, path)?;
-    match t.data {
-        TensorData::F32(d) => Ok((t.shape, d)),
-        _ => Err(CliError::Dtype {
+    let npy = open(what, path)?;
+    match npy.element {
+        Some(Element::F32) => npy.data::<f32>(what, path, Element::F32),
+        element => Err(CliError::F32Dtype {
             what,
             path: path.to_path_buf(),
-            dtype: "float16 (expected float32)".into(),
+            dtype: element.map_or(npy.header.descr, |e| e.numpy_name().to_string()),
         }),
     }
 }
@@ -363,52 +377,8 @@ pub fn encode_array<T: npyz::AutoSerialize + Copy>(
     Ok(buf)
 }
 
-/// Write every `(path, tensor)` or none: each goes to a temporary file next to
-/// its destination, and only when all are written are they renamed.
-pub fn write_all(outputs: &[(&Path, &Tensor)]) -> Result<()> {
-    write_files(outputs.iter().map(|&(path, t)| (path, encode(t))).collect())
-}
-
 /// A bool array's `.npy` bytes (a dropout mask), shape in C order.
 pub fn encode_bool(shape: &[usize], data: &[bool]) -> std::io::Result<Vec<u8>> {
     let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     encode_array(&shape, data)
-}
-
-/// [`write_all`] of files already encoded (an encoding error is that
-/// file's write error).
-pub fn write_files(outputs: Vec<(&Path, std::io::Result<Vec<u8>>)>) -> Result<()> {
-    let mut temps: Vec<(PathBuf, &Path)> = Vec::new();
-    let cleanup = |temps: &[(PathBuf, &Path)]| {
-        for (t, _) in temps {
-            let _ = std::fs::remove_file(t);
-        }
-    };
-    for (path, bytes) in outputs {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
-        let result = bytes.and_then(|bytes| std::fs::write(&temp, bytes));
-        if let Err(source) = result {
-            let _ = std::fs::remove_file(&temp);
-            cleanup(&temps);
-            return Err(CliError::Write {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
-        temps.push((temp, path));
-    }
-    for (temp, path) in &temps {
-        if let Err(source) = std::fs::rename(temp, path) {
-            cleanup(&temps);
-            return Err(CliError::Write {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
-    }
-    Ok(())
 }
