@@ -107,7 +107,8 @@ pub struct AttentionArgs {
     #[command(flatten)]
     pub score: ScoreArgs,
     /// Dropout probability P in [0, 1) of the attention probabilities (kept
-    /// ones scaled by 1/(1-P)); P > 0 needs --seed. CPU backend only so far.
+    /// ones scaled by 1/(1-P)); P > 0 needs --seed. Every backend draws the
+    /// same mask (docs/dropout.md).
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub dropout: Option<f32>,
     /// The seed of dropout's generator (Philox4x32-10).
