@@ -411,16 +411,8 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             const int j = j0 + 8 * r;
             if (j >= p.seqlen_k) continue;
             const size_t row = at(0, p.seqlen_k, j, p.heads_kv, hk, p.d);
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = c * 8 + 2 * t + e;
-                    if (col < p.d) {
-                        dk_seq[row + col] = store_f32(dk_acc[4 * c + 2 * r + e] * p.scale);
-                        dv_seq[row + col] = store_f32(dv_acc[4 * c + 2 * r + e]);
-                    }
-                }
+            store_acc_row(dk_seq + row, dk_acc, r, p.d, p.scale);
+            store_acc_row(dv_seq + row, dv_acc, r, p.d, 1.0f);
         }
     }
 }
@@ -564,7 +556,8 @@ flash_bwd_dq_wgmma(const __grid_constant__ TensorMap tq, const __grid_constant__
                     const float arg = in ? sx : sx - slope2 * fabsf((float)(i + off - j));
 #else
                     *dcap = 1.0f;
-                    const float arg = in ? fmaf(x, sl2, -l2) : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), l2));
+                    const float arg =
+                        in ? fmaf(x, sl2, -l2) : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), l2));
 #endif
                     const bool ok = in || (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)));
                     return ok ? exp2_approx(arg) : 0.0f;
@@ -621,15 +614,8 @@ flash_bwd_dq_wgmma(const __grid_constant__ TensorMap tq, const __grid_constant__
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = r0 + 8 * r;
-            if (i >= p.seqlen_q) continue;
-            const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = c * 8 + 2 * t + e;
-                    if (col < p.d) dq_seq[row + col] = store_f32(dq_acc[4 * c + 2 * r + e] * p.scale);
-                }
+            if (i < p.seqlen_q)
+                store_acc_row(dq_seq + at(0, p.seqlen_q, i, p.heads_q, h, p.d), dq_acc, r, p.d, p.scale);
         }
     }
 }

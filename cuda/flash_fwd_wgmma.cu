@@ -595,14 +595,7 @@ flash_fwd(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMa
                 if (i >= p.seqlen_q) continue;
                 if (!tma_o) {
                     storage_t* o = from_row(o_all, seq.q0, p.heads_q, p.d);
-                    const size_t row = at(0, p.seqlen_q, i, p.heads_q, h, p.d);
-#pragma unroll
-                    for (int c = 0; c < HEAD_DIM / 8; ++c)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int col = c * 8 + 2 * t + e;
-                            if (col < p.d) o[row + col] = store_f32(acc[4 * c + 2 * r + e] * inv_l);
-                        }
+                    store_acc_row(o + at(0, p.seqlen_q, i, p.heads_q, h, p.d), acc, r, p.d, inv_l);
                 }
                 if (t == 0) lse[lse_at(seq, h, i)] = row_lse;
 #endif

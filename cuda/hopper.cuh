@@ -437,6 +437,21 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p, unsigned 
 
 // Byte `offset` of a 1024-aligned tile in the 128B swizzle (TMA's and
 // the descriptors'): the 16-byte chunk XOR the row in the 8-row atom.
+// Row r of a lane's rows (0: its row g of each warp's 16, 1: g + 8) of a
+// warpgroup's m64nHEAD_DIM accumulators, times `factor`, into `row`, a row
+// of d elements (the columns past d not written).
+__device__ __forceinline__ void store_acc_row(storage_t* row, const float (&acc)[HEAD_DIM / 2], int r, int d,
+                                              float factor) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = c * 8 + 2 * t + e;
+            if (col < d) row[col] = store_f32(acc[4 * c + 2 * r + e] * factor);
+        }
+}
+
 __device__ __forceinline__ unsigned swizzled_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
 // A box of 128-byte rows (the 128B swizzle's width: 64 columns of 2-byte
