@@ -380,7 +380,7 @@ def flash_attn_func(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes=None,
-    deterministic: bool = True,
+    deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
     sinks=None,
@@ -443,8 +443,9 @@ def flash_attn_varlen_func(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes=None,
-    deterministic: bool = True,
+    deterministic: bool = False,
     return_attn_probs: bool = False,
+    block_table=None,
     *,
     sinks=None,
     block_mask=None,
@@ -463,9 +464,18 @@ def flash_attn_varlen_func(
     Sequences may be empty. ``max_seqlen_q``/``max_seqlen_k`` must be at
     least the longest sequence (they are checked, not trusted).
     ``softmax_lse`` is ``(heads_q, total_q)``. Other arguments as
-    :func:`flash_attn_func`.
+    :func:`flash_attn_func`. ``block_table`` (a paged K/V) is not
+    supported here: :func:`flash_attn_with_kvcache` takes paged caches.
     """
     del deterministic
+    if block_table is not None:
+        raise errors.error(
+            "Unsupported",
+            "flash_attn_varlen_func does not support block_table (paged K/V): "
+            "flash_attn_with_kvcache takes paged caches",
+            what="flash_attn_varlen_func",
+            feature="block_table",
+        )
     for name, cu, given in (
         ("cu_seqlens_q", cu_seqlens_q, max_seqlen_q),
         ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k),
@@ -504,22 +514,23 @@ def flash_attn_with_kvcache(
     v_cache=None,
     k=None,
     v=None,
+    rotary_cos=None,
+    rotary_sin=None,
     cache_seqlens=None,
     cache_batch_idx=None,
+    cache_leftpad=None,
     block_table=None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    rotary_interleaved: bool = True,
     alibi_slopes=None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     *,
     sinks=None,
     backend: Optional[str] = None,
-    rotary_cos=None,
-    rotary_sin=None,
-    cache_leftpad=None,
     cache_dtype=None,
     k_scales=None,
     v_scales=None,
@@ -538,6 +549,11 @@ def flash_attn_with_kvcache(
     head_dim)``) the new tokens are written into the caches in place at
     positions ``cache_seqlens[b]…`` first, then attended to. A call that
     raises leaves the caches untouched.
+
+    The arguments are flash-attn's, in its order; ``rotary_cos``,
+    ``rotary_sin`` and ``cache_leftpad`` raise ``Unsupported`` (apply rotary
+    embeddings or left padding before the call), and ``rotary_interleaved``,
+    which only shapes the rotary embedding, is accepted and unused.
 
     ``num_splits``: 0 lets the engine split the keys as it plans (split-KV,
     merged by LSE), 1 does not split, n splits n ways. Returns ``o`` or
@@ -560,6 +576,7 @@ def flash_attn_with_kvcache(
     codes and ``k_scales`` their block scales; V reads both (no
     ``v_scales``).
     """
+    del rotary_interleaved  # it shapes rotary embeddings only, which are not taken
     for name, value in (
         ("rotary_cos", rotary_cos),
         ("rotary_sin", rotary_sin),
@@ -608,7 +625,7 @@ def flash_attn_with_kvcache(
     _check_inputs(named, (4,))
     check_device(
         [
-            ("cache_seqlens", cache_seqlens if hasattr(cache_seqlens, "dtype") else None),
+            ("cache_seqlens", None if isinstance(cache_seqlens, (int, np.integer)) else cache_seqlens),
             ("cache_batch_idx", cache_batch_idx),
             ("block_table", block_table),
             ("alibi_slopes", alibi_slopes),
@@ -627,8 +644,8 @@ def flash_attn_with_kvcache(
         capacity = k_cache.shape[1]
     if cache_seqlens is None:
         seqlens = [capacity] * batch
-    elif isinstance(cache_seqlens, int):
-        seqlens = [cache_seqlens] * batch
+    elif isinstance(cache_seqlens, (int, np.integer)):
+        seqlens = [int(cache_seqlens)] * batch
     else:
         seqlens = int32_list(cache_seqlens, "cache_seqlens")
     idx = int32_list(cache_batch_idx, "cache_batch_idx")
@@ -637,9 +654,10 @@ def flash_attn_with_kvcache(
     qh = host(q)
     kc = host(k_cache)
     vc = None if latent else host(v_cache)
-    new_kv = None
-    if k is not None:
-        new_kv = (raw(host(k)), None if latent else raw(host(v)))
+    # The new rows' host copies stay referenced until the engine has read
+    # them (``raw`` keeps only an address).
+    new_rows = None if k is None else (host(k), None if latent else host(v))
+    new_kv = None if new_rows is None else tuple(None if x is None else raw(x) for x in new_rows)
     dv = head_dim_v if latent else v_cache.shape[-1]
     o = empty(list(q.shape[:-1]) + [dv], qh)
     lse = empty([q.shape[0], q.shape[2], q.shape[1]], qh, float32=True)

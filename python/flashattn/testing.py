@@ -52,13 +52,14 @@ def check_decode(
     ``(flat pages, max_pages)``). A latent cache: ``v_cache`` and ``v``
     ``None``, V the first ``head_dim_v`` columns of ``k_cache``."""
     qh, kc, oh, lh = (host(x) for x in (q, k_cache, o, lse))
-    vc = None if v_cache is None else raw(host(v_cache))
-    new_kv = None
-    if k is not None:
-        new_kv = (raw(host(k)), None if v is None else raw(host(v)))
+    # Host copies stay referenced until the engine has read them (``raw``
+    # keeps only an address).
+    vch = None if v_cache is None else host(v_cache)
+    new_rows = None if k is None else (host(k), None if v is None else host(v))
+    new_kv = None if new_rows is None else tuple(None if x is None else raw(x) for x in new_rows)
     return _checks(
         _native.check_decode(
-            raw(qh), raw(kc), vc, block_table is not None, new_kv, list(cache_seqlens),
+            raw(qh), raw(kc), None if vch is None else raw(vch), block_table is not None, new_kv, list(cache_seqlens),
             cache_batch_idx, block_table, raw(oh), raw(lh), opts, head_dim_v,
         )  # fmt: skip
     )
@@ -74,14 +75,15 @@ def check_decode_quantized(
     cache: ``v_codes``, ``v_scales`` and ``v`` ``None``, V the first
     ``head_dim_v`` columns of ``k_codes``."""
     qh, kc, ks, oh, lh = (host(x) for x in (q, k_codes, k_scales, o, lse))
-    vc = None if v_codes is None else raw_codes(host(v_codes))
-    vs = None if v_scales is None else raw(host(v_scales))
-    new_kv = None
-    if k is not None:
-        new_kv = (raw(host(k)), None if v is None else raw(host(v)))
+    # Host copies stay referenced until the engine has read them.
+    vch = None if v_codes is None else host(v_codes)
+    vsh = None if v_scales is None else host(v_scales)
+    new_rows = None if k is None else (host(k), None if v is None else host(v))
+    new_kv = None if new_rows is None else tuple(None if x is None else raw(x) for x in new_rows)
     return _checks(
         _native.check_decode_quantized(
-            raw(qh), raw_codes(kc), vc, raw(ks), vs, cache_dtype, paged, new_kv,
+            raw(qh), raw_codes(kc), None if vch is None else raw_codes(vch),
+            raw(ks), None if vsh is None else raw(vsh), cache_dtype, paged, new_kv,
             list(cache_seqlens), cache_batch_idx, block_table, raw(oh), raw(lh), opts, head_dim_v,
         )  # fmt: skip
     )

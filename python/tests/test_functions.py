@@ -257,6 +257,53 @@ def test_kvcache_latent_errors(backend):
     assert torch.equal(k_cache, before)
 
 
+def test_kvcache_appends_non_contiguous_new_rows(backend):
+    # k and v as strided views (a transpose, a slice of a packed kv): the
+    # engine reads host copies, which must outlive the call's reads.
+    q, k_cache, v_cache, k, v, seqlens, _, _ = _cache_case(False, torch.float32)
+    kv = torch.stack([k, v], dim=2)  # (b, s, 2, h, d)
+    k_view = k.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not k_view.is_contiguous() and not kv[:, :, 1].is_contiguous()
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    o, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_view, kv[:, :, 1], cache_seqlens=seqlens,
+        return_softmax_lse=True, backend=backend,
+    )  # fmt: skip
+    assert torch.equal(k_cache, _expected_cache(before_k, k, seqlens, None, None))
+    assert torch.equal(v_cache, _expected_cache(before_v, v, seqlens, None, None))
+    checks = testing.check_decode(
+        q, before_k, before_v, k_view, kv[:, :, 1], seqlens.tolist(), None, None, o, lse, options()
+    )
+    testing.assert_passed(checks, "kvcache, strided new rows")
+
+
+def test_kvcache_takes_flash_attns_positional_order(backend):
+    # flash-attn's order: k, v, rotary_cos, rotary_sin, cache_seqlens,
+    # cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, ...
+    q, k_cache, v_cache, _, _, seqlens, _, _ = _cache_case(False, torch.float32)
+    by_name = flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, softmax_scale=0.3, causal=True,
+        rotary_interleaved=False, backend=backend,
+    )  # fmt: skip
+    by_position = flash_attn_with_kvcache(
+        q, k_cache, v_cache, None, None, None, None, seqlens, None, None, None, 0.3, True,
+        backend=backend,
+    )  # fmt: skip
+    assert torch.equal(by_name, by_position)
+    # A numpy integer is a length for every sequence, as an int is.
+    as_np = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.int64(7), backend=backend)
+    as_int = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=7, backend=backend)
+    assert torch.equal(as_np, as_int)
+
+
+def test_varlen_block_table_is_unsupported(backend):
+    q, k, v = (torch.randn(10, 2, 16) for _ in range(3))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(flashattn.UnsupportedError):
+        flash_attn_varlen_func(q, k, v, cu, cu, 6, 6, block_table=table, backend=backend)
+
+
 def test_kvcache_without_append_reads_the_cache(backend):
     q, k_cache, v_cache, _, _, seqlens, _, _ = _cache_case(False, torch.float32)
     before = k_cache.clone()
