@@ -106,6 +106,32 @@ extern "C" __global__ void flash_bwd_dq_convert(const float* __restrict__ acc, s
         dq[e] = store_f32(acc[e] * scale);
 }
 
+// What P's exp2 form takes of a step: the scale and ALiBi's slope in log2
+// units, the diagonal's offset (band_offset), and whether the step is a
+// block mask's partial tile.
+struct PRule {
+    float sl2, slope2;
+    int off;
+    bool partial;
+};
+
+// P of query i against key j from their raw product x, against the row's
+// l2 = lse · log2 e, in both kernels' consumers; `in`: a step with no test
+// per pair (every call passes a constant, and each inlined copy keeps only
+// its own branch). *dcap the softcap's derivative (1 without).
+__device__ __forceinline__ float p_exp2(const Problem& p, const Layout& L, const Seq& seq, int h, const PRule& r,
+                                        bool in, int i, int j, float x, float l2, float* dcap) {
+#if HAS_SOFTCAP
+    const float sx = score(p, x, dcap) * LOG2E - l2;
+    const float arg = in ? sx : sx - r.slope2 * fabsf((float)(i + r.off - j));
+#else
+    *dcap = 1.0f;
+    const float arg = in ? fmaf(x, r.sl2, -l2) : fmaf(x, r.sl2, -fmaf(r.slope2, fabsf((float)(i + r.off - j)), l2));
+#endif
+    const bool ok = in || (allowed(p, i, j) && (!r.partial || block_allows(L, seq, h, i, j)));
+    return ok ? exp2_approx(arg) : 0.0f;
+}
+
 // A dQ warpgroup's own barrier (ids are compile-time).
 __device__ __forceinline__ void dq_order_sync(int wg) {
     if (wg == 0)
@@ -269,18 +295,10 @@ flash_bwd_dkdv(const __grid_constant__ TensorMap tq, const __grid_constant__ Ten
             // *dcap the softcap's derivative (1 without). `in`: a step with no
             // test per pair (every call passes a constant, and each inlined
             // copy keeps only its own branch).
+            const PRule rule{sl2, slope2, off, partial};
             auto p_of = [&](bool in, int c, int e, float x, float* dcap) {
-                const int col = 8 * c + 2 * t + e % 2, i = m0 + col, j = j0 + 8 * (e / 2);
-#if HAS_SOFTCAP
-                const float sc = score(p, x, dcap) * LOG2E - lse2_s[col];
-                const float arg = in ? sc : sc - slope2 * fabsf((float)(i + off - j));
-#else
-                *dcap = 1.0f;
-                const float arg = in ? fmaf(x, sl2, -lse2_s[col])
-                                     : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), lse2_s[col]));
-#endif
-                const bool ok = in || (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)));
-                return ok ? exp2_approx(arg) : 0.0f;
+                const int col = 8 * c + 2 * t + e % 2;
+                return p_exp2(p, L, seq, h, rule, in, m0 + col, j0 + 8 * (e / 2), x, lse2_s[col], dcap);
             };
             auto ds_of = [&](int c, float pr, float dp, float dcap) {
                 return pr * (dp - delta_s[8 * (c / 4) + 2 * t + c % 2]) * dcap;
@@ -548,19 +566,10 @@ flash_bwd_dq_wgmma(const __grid_constant__ TensorMap tq, const __grid_constant__
                 wgmma_commit();
                 // P of element (c, e): query r0 + 8 (e / 2), key j0 + 8 c + 2 t + e % 2;
                 // *dcap the softcap's derivative (1 without).
+                const PRule rule{sl2, slope2, off, partial};
                 auto p_of = [&](bool in, int c, int e, float x, float* dcap) {
                     const int i = r0 + 8 * (e / 2), j = j0 + 8 * c + 2 * t + e % 2;
-                    const float l2 = lse2_r[e / 2];
-#if HAS_SOFTCAP
-                    const float sx = score(p, x, dcap) * LOG2E - l2;
-                    const float arg = in ? sx : sx - slope2 * fabsf((float)(i + off - j));
-#else
-                    *dcap = 1.0f;
-                    const float arg =
-                        in ? fmaf(x, sl2, -l2) : fmaf(x, sl2, -fmaf(slope2, fabsf((float)(i + off - j)), l2));
-#endif
-                    const bool ok = in || (allowed(p, i, j) && (!partial || block_allows(L, seq, h, i, j)));
-                    return ok ? exp2_approx(arg) : 0.0f;
+                    return p_exp2(p, L, seq, h, rule, in, i, j, x, lse2_r[e / 2], dcap);
                 };
                 auto p_and_ds = [&](bool in) {
 #if !OVERLAP_DP
