@@ -125,15 +125,46 @@ def forward_host(
 
 
 def backward_host(
-    d_o: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, opts: Dict[str, Any], backend: str
+    d_o: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    o: Any,
+    lse: Any,
+    opts: Dict[str, Any],
+    backend: str,
+    d_lse: Any = None,
 ) -> Tuple[Any, Any, Any, Optional[List[float]]]:
-    """The engine's backward on any tensors: ``(dq, dk, dv, dsinks)``."""
+    """The engine's backward on any tensors: ``(dq, dk, dv, dsinks)``.
+    ``d_lse`` (torch, lse's shape): a gradient of ``lse`` too."""
+    if d_lse is not None and bool((d_lse != 0).any()):
+        return _backward_with_lse_grad(d_o, q, k, v, o, lse, d_lse, opts, backend)
     qh, kh, vh, oh, lh, dh = (host(t) for t in (q, k, v, o, lse, d_o))
     dq, dk, dv = empty(q.shape, qh), empty(k.shape, kh), empty(v.shape, vh)
     dsinks = _native.backward(
         raw(qh), raw(kh), raw(vh), raw(oh), raw(lh), raw(dh), raw(dq), raw(dk), raw(dv), opts, backend
     )
     return to_device(dq, q), to_device(dk, k), to_device(dv, v), dsinks
+
+
+def _backward_with_lse_grad(d_o, q, k, v, o, lse, d_lse, opts, backend):
+    """The backward of ``<dO, o> + <dlse, lse>``. ``d lse_i / d s_ij = P_ij``,
+    so the lse term only shifts the backward's row term: ``dS = P ∘ (dP -
+    (D - dlse))`` with ``D = rowsum(dO ∘ O)`` (sinks' gradient alike). The
+    engine computes D from o and dO, so one more value column carries the
+    shift: 0 in v (dP and o unchanged), ``-dlse`` in o and 1 in dO. In
+    float32, so that ``-dlse`` is not rounded to a 16-bit dtype."""
+    dl = d_lse.float()
+    # lse is (batch, heads, rows), packed (heads, total): to o's row layout.
+    rows = dl.transpose(0, 1) if dl.ndim == 2 else dl.transpose(1, 2)
+    f32 = [t.float() for t in (d_o, q, k, v, o)]
+    d_o32, q32, k32, v32, o32 = f32
+    v_aug = torch.cat([v32, v32.new_zeros(v32.shape[:-1] + (1,))], dim=-1)
+    o_aug = torch.cat([o32, -rows.unsqueeze(-1).to(o32.device)], dim=-1)
+    do_aug = torch.cat([d_o32, d_o32.new_ones(d_o32.shape[:-1] + (1,))], dim=-1)
+    dq, dk, dv, dsinks = backward_host(do_aug, q32, k32, v_aug, o_aug, lse, opts, backend)
+    dv = dv[..., : v.shape[-1]]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype).contiguous(), dsinks
 
 
 if torch is not None:
@@ -204,6 +235,7 @@ if torch is not None:
         backend: str,
         dropout_p: float,
         dropout_seed: int,
+        d_lse: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         opts = options(
             causal,
@@ -218,7 +250,7 @@ if torch is not None:
             cu_seqlens_k,
             dropout=_dropout_of(dropout_p, dropout_seed),
         )
-        dq, dk, dv, dsinks = backward_host(d_o, q, k, v, o, lse, opts, backend)
+        dq, dk, dv, dsinks = backward_host(d_o, q, k, v, o, lse, opts, backend, d_lse)
         ds = torch.tensor(dsinks or [], dtype=torch.float32, device=q.device)
         return dq, dk, dv, ds
 
@@ -242,12 +274,15 @@ if torch is not None:
         # The backward draws the forward's dropout mask again from its seed.
         ctx.block = (bm, bn, be, p, seed)
 
-    def _grad(ctx, d_o, _d_lse):
+    def _grad(ctx, d_o, d_lse):
         q, k, v, o, lse, cu_q, cu_k, alibi, sinks, mask = ctx.saved_tensors
         if d_o is None:
             d_o = torch.zeros_like(o)
+        # softmax_lse (return_attn_probs) has a gradient too: flashattn::bwd
+        # adds it where d_lse is nonzero (flash-attn drops it silently).
         dq, dk, dv, dsinks = torch.ops.flashattn.bwd(
-            d_o.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks, mask, *ctx.block
+            d_o.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks, mask, *ctx.block,
+            d_lse,
         )
         d_sinks = None if sinks is None else dsinks.to(sinks.dtype)
         # Gradients of q, k, v and the sinks; None for the other 14 inputs.

@@ -45,6 +45,39 @@ def band_mask(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Te
     return allowed
 
 
+def attention_f64(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None,
+                  sinks=None):
+    """Plain softmax attention in float64, written out (no engine code):
+    ``(o, lse)`` of q ``(b, sq, hq, d)`` over k, v ``(b, sk, hkv, d)``,
+    differentiable. Masks bottom-right aligned; empty rows give o = 0 and
+    lse = -inf (with sinks: lse = the sink)."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=2)
+    v = v.repeat_interleave(hq // hkv, dim=2)
+    scale = d**-0.5 if scale is None else scale
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    off = sk - sq
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    if alibi is not None:
+        a = alibi.double()
+        a = a[None, :, None, None] if a.ndim == 1 else a[:, :, None, None]
+        s = s - a * (i + off - j).abs()
+    s = s.masked_fill(~band_mask(sq, sk, causal, *window), float("-inf"))
+    if sinks is not None:
+        sink = sinks.double()[None, :, None, None].expand(b, hq, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, sink], -1), -1)
+    else:
+        lse = torch.logsumexp(s, -1)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(s - safe[..., None])
+    return torch.einsum("bhij,bjhd->bihd", p, v), lse
+
+
 def sdpa(q, k, v, mask: Optional[torch.Tensor] = None, scale=None):
     """torch SDPA in flash-attn's layout, GQA through enable_gqa."""
     t = lambda x: x.transpose(1, 2)  # noqa: E731
@@ -101,6 +134,7 @@ __all__ = [
     "options",
     "assert_forward",
     "band_mask",
+    "attention_f64",
     "sdpa",
     "assert_same_as_sdpa",
     "load_ring_flash_attn",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashattn import flash_attn_func, flash_attn_varlen_func, testing
-from helpers import DTYPES, band_mask, options, qkv, sdpa
+from helpers import DTYPES, attention_f64, band_mask, options, qkv, sdpa
 
 
 def _grads(fn, inputs, d_o):
@@ -134,3 +134,87 @@ def test_dropout_seeds_come_from_torch_generator():
     assert torch.equal(
         flash_attn_func(q, k, v, dropout_p=0.0, backend="cpu"), flash_attn_func(q, k, v, backend="cpu")
     )
+
+
+def _loss_grads(q, k, v, o, lse, d_o, d_lse, extra=()):
+    """Gradients of ``<d_o, o> + <d_lse, lse>`` (lse's empty rows, -inf,
+    left out) for q, k, v and ``extra``."""
+    finite = torch.isfinite(lse)
+    loss = (o.double() * d_o.double()).sum() + (
+        torch.where(finite, lse.double(), 0.0) * d_lse.double()
+    ).sum()
+    return torch.autograd.grad(loss, (q, k, v, *extra), retain_graph=True)
+
+
+def _close(ours, ref, rel, what):
+    for name, a, r in zip(("dq", "dk", "dv", "dsinks"), ours, ref):
+        err = (a.double() - r).abs().max().item()
+        bound = rel * max(1.0, r.abs().max().item())
+        assert err <= bound, f"{what} {name}: max |error| {err} > {bound}"
+
+
+@pytest.mark.parametrize(
+    "dtype,causal,sq,sk,window",
+    [
+        ("f32", True, 9, 13, (-1, -1)),
+        ("f32", True, 11, 4, (-1, -1)),  # sq > sk: rows with no key (lse -inf)
+        ("f32", False, 10, 10, (2, 1)),
+        ("bf16", True, 9, 13, (-1, -1)),
+    ],
+)
+def test_softmax_lse_gets_its_gradient(backend, dtype, causal, sq, sk, window):
+    # return_attn_probs returns softmax_lse as a differentiable output (ring
+    # attention merges partial results through it): a loss that reads it
+    # gets d lse_i / d s_ij = P_ij, not silently nothing.
+    q, k, v = qkv(2, sq, sk, 4, 2, 16, DTYPES[dtype], grad=True)
+    o, lse, _ = flash_attn_func(
+        q, k, v, causal=causal, window_size=window, return_attn_probs=True, backend=backend
+    )
+    d_o, d_lse = torch.randn(o.shape), torch.randn(lse.shape)
+    ours = _loss_grads(q, k, v, o, lse, d_o, d_lse)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rl = attention_f64(*ref_in, causal=causal, window=window)
+    ref = _loss_grads(*ref_in, ro, rl, d_o, d_lse)
+    _close(ours, ref, 1e-4 if dtype == "f32" else 3e-2, f"{dtype} causal={causal}")
+    # The lse alone: dv is zero, dq and dk are not.
+    ours = _loss_grads(q, k, v, o, lse, torch.zeros(o.shape), d_lse)
+    ref = _loss_grads(*ref_in, ro, rl, torch.zeros(o.shape), d_lse)
+    assert ours[0].abs().max() > 0 and ours[2].abs().max() == 0
+    _close(ours, ref, 1e-4 if dtype == "f32" else 3e-2, f"{dtype} lse alone")
+
+
+def test_softmax_lse_gradient_with_sinks_varlen_and_dropout(backend):
+    # Sinks: d lse / d sink = exp(sink - lse).
+    q, k, v = qkv(1, 12, 12, 4, 2, 16, torch.float32, grad=True)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    o, lse, _ = flash_attn_func(q, k, v, causal=True, sinks=sinks, return_attn_probs=True, backend=backend)
+    d_o, d_lse = torch.randn(o.shape), torch.randn(lse.shape)
+    ours = _loss_grads(q, k, v, o, lse, d_o, d_lse, (sinks,))
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    ro, rl = attention_f64(*ref_in[:3], causal=True, sinks=ref_in[3])
+    ref = _loss_grads(*ref_in[:3], ro, rl, d_o, d_lse, ref_in[3:])
+    _close(ours, ref, 1e-4, "sinks")
+    # Packed sequences: lse is (heads, total).
+    lens = [5, 0, 7]
+    cu = torch.tensor(np.cumsum([0] + lens), dtype=torch.int32)
+    qp, kp, vp = (t.detach()[0].requires_grad_() for t in (q, k, v))
+    o, lse, _ = flash_attn_varlen_func(qp, kp, vp, cu, cu, 7, 7, causal=True, return_attn_probs=True, backend=backend)
+    d_o, d_lse = torch.randn(o.shape), torch.randn(lse.shape)
+    ours = _loss_grads(qp, kp, vp, o, lse, d_o, d_lse)
+    ref_in = [t.detach().double().requires_grad_() for t in (qp, kp, vp)]
+    loss = 0.0
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if b > a:
+            ro, rl = attention_f64(*(t[a:b][None] for t in ref_in), causal=True)
+            loss = loss + (ro[0] * d_o[a:b].double()).sum() + (rl[0] * d_lse[:, a:b].double()).sum()
+    ref = torch.autograd.grad(loss, ref_in)
+    _close(ours, ref, 1e-4, "varlen")
+    # Dropout: lse is that of the undropped scores, so its gradient is too.
+    o, lse, _ = flash_attn_func(
+        q, k, v, dropout_p=0.3, dropout_seed=3, return_attn_probs=True, backend=backend
+    )
+    ours = _loss_grads(q, k, v, o, lse, torch.zeros(o.shape), d_lse := torch.randn(lse.shape))
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rl = attention_f64(*ref_in)
+    ref = _loss_grads(*ref_in, ro, rl, torch.zeros(o.shape), d_lse)
+    _close(ours, ref, 1e-4, "dropout, lse alone")
