@@ -90,7 +90,11 @@ def options(
         "window": (int(left), int(right)),
         "softcap": float(softcap),
         "scale": None if softmax_scale is None else float(softmax_scale),
-        "alibi": float_list(alibi_slopes),
+        # With their shape: (heads_q,) or (batch, heads_q), not another shape
+        # of the same count (a transposed (heads_q, batch) would misassign).
+        "alibi": None
+        if alibi_slopes is None
+        else (float_list(alibi_slopes), [int(n) for n in np.shape(alibi_slopes)]),
         "sinks": float_list(sinks),
         "block_mask": mask,
         "cu_seqlens": cu,

@@ -229,7 +229,9 @@ pub struct Opts {
     window: (i64, i64),
     softcap: f32,
     scale: Option<f32>,
-    alibi: Option<Vec<f32>>,
+    /// `(slopes, shape)`: the slopes row-major with their tensor's shape,
+    /// `(heads_q,)` or `(batch, heads_q)` exactly.
+    alibi: Option<(Vec<f32>, Vec<usize>)>,
     sinks: Option<Vec<f32>>,
     /// `(bytes, (mb, mh, rows, cols), bm, bn)`.
     block_mask: Option<(Vec<u8>, [usize; 4], usize, usize)>,
@@ -252,8 +254,8 @@ impl Opts {
         if let Some(scale) = self.scale {
             opts = opts.scale(scale);
         }
-        if let Some(slopes) = &self.alibi {
-            opts = opts.alibi(Alibi::new(slopes));
+        if let Some((slopes, shape)) = &self.alibi {
+            opts = opts.alibi(Alibi::shaped(shape, slopes)?);
         }
         if let Some(sinks) = &self.sinks {
             opts = opts.sinks(Sinks::new(sinks));

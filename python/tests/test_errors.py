@@ -153,3 +153,25 @@ def test_error_fields_parser_reads_nested_values():
     )
     assert name == "SizeOverflow"
     assert fields == {"what": "q", "op": "product", "operands": [4, 5], "max": 7}
+
+
+def test_alibi_slopes_of_another_shape_raise():
+    # flash-attn takes (heads_q,) or (batch, heads_q) exactly. Slopes of the
+    # right count in another shape, e.g. (heads_q, batch), would pair heads
+    # with the wrong slopes: AlibiShape, in every function.
+    q = torch.randn(2, 5, 3, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    calls = {
+        "func": lambda s: flash_attn_func(q, q, q, alibi_slopes=s, backend="cpu"),
+        "func grad": lambda s: flash_attn_func(
+            q.clone().requires_grad_(), q, q, alibi_slopes=s, backend="cpu"
+        ),
+        "varlen": lambda s: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, alibi_slopes=s, backend="cpu"),
+        "kvcache": lambda s: flash_attn_with_kvcache(q, q.clone(), q.clone(), alibi_slopes=s, backend="cpu"),
+    }
+    for what, call in calls.items():
+        for shape in [(3, 2), (2, 3, 1), (1, 3), (6,)]:
+            with pytest.raises(flashattn.AlibiShape) as e:
+                call(torch.rand(shape))
+            assert list(e.value.shape) == list(shape), what
+        assert call(torch.rand(3)).shape == call(torch.rand(2, 3)).shape, what
