@@ -298,6 +298,13 @@ def _forward(kind, q, k, v, causal, window_size, softmax_scale, group, backend, 
     dv = v.shape[-1]
     kv_shape = lambda r, dim: (b, lengths[r], hkv, dim)  # noqa: E731
     kw = dict(causal=causal, window_size=window_size, softmax_scale=softmax_scale, backend=backend)
+    if q.shape[1] == 0:
+        # A rank without positions makes no partial call, so the engine never
+        # checks its problem, while every other rank raises at its first call
+        # (the diagonal's, at step 0) and leaves the ring: check it on one
+        # row, so that this rank raises the same error instead of waiting.
+        one = lambda t: t.new_zeros((t.shape[0], 1) + tuple(t.shape[2:]))  # noqa: E731
+        forward_partial(one(q), one(k), one(v), 0, 0, **kw)
     my_segs = segments[rank]
     q_starts = [sum(n for _, n in my_segs[:i]) for i in range(len(my_segs))]
     parts: List[List[Tuple[Any, Any]]] = [[] for _ in my_segs]

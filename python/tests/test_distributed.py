@@ -271,6 +271,29 @@ def test_mismatch_raises_on_every_rank(what, field):
     assert outcomes == [("RankMismatch", field, bad_rank)] * 2, outcomes
 
 
+def _empty_rank_worker(rank, world, store, out_dir, kind):
+    torch.set_num_threads(1)
+    _init(rank, world, store)
+    # Two positions on three ranks: rank 2 holds none. 3 query heads on 2
+    # KV heads is an engine error, raised by the ranks that compute.
+    q, k, v = (SHARD[kind](torch.randn(1, 2, h, 8), rank, world) for h in (3, 2, 2))
+    try:
+        FUNCS[kind](q, k, v, causal=True, backend="cpu")
+        outcome = None
+    except Exception as e:  # noqa: BLE001 (the outcome is the test's)
+        outcome = type(e).__name__
+    torch.save(outcome, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", ["ring", "zigzag"])
+def test_engine_errors_raise_on_a_rank_without_positions(kind):
+    """A rank of local length 0 makes no partial call; it raises the
+    engine's error with the others instead of waiting on the ring."""
+    outcomes = _spawn(_empty_rank_worker, 3, (kind,), timeout=90)
+    assert outcomes == ["HeadsNotDivisible"] * 3, outcomes
+
+
 def _subgroup_worker(rank, world, store, out_dir):
     torch.set_num_threads(1)
     _init(rank, world, store)
