@@ -166,6 +166,8 @@ _LOCAL_ERRORS = {
     2: "q, k and v must share batch, k and v their heads",
     3: "q, k and v of one rank must have one local seqlen (self-attention over one sequence)",
     4: "q, k and v must be float32, float16 or bfloat16, and share one dtype",
+    5: "q, k and v must be torch tensors",
+    6: "window_size must be a pair of ints and softmax_scale a number or None",
 }
 
 
@@ -174,6 +176,9 @@ def _crc(text: str) -> int:
 
 
 def _metadata(kind, q, k, v, opts_repr, rank, world, needs_grad) -> List[int]:
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        # Not tensors on this rank only: still a record, so every rank raises.
+        return [1, kind, world, rank] + [-1] * (len(_FIELDS) - 5) + [5]
     local_error = 0
     if not all(t.dim() == 4 for t in (q, k, v)):
         local_error = 1
@@ -183,10 +188,12 @@ def _metadata(kind, q, k, v, opts_repr, rank, world, needs_grad) -> List[int]:
         local_error = 3
     elif q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         local_error = 4
+    elif opts_repr is None:
+        local_error = 6
     shape = lambda t, i: int(t.shape[i]) if t.dim() > i else -1  # noqa: E731
     return [
         1, kind, world, rank, shape(q, 0), shape(q, 2), shape(k, 2), shape(q, 3), shape(v, 3),
-        _DTYPES.get(q.dtype, 0), _crc(opts_repr), int(needs_grad), _crc(q.device.type),
+        _DTYPES.get(q.dtype, 0), _crc(opts_repr or ""), int(needs_grad), _crc(q.device.type),
         shape(q, 1), shape(k, 1), shape(v, 1), local_error,
     ]  # fmt: skip
 
@@ -199,7 +206,10 @@ def _agree(mine: List[int], group, comm_device) -> List[List[int]]:
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local, group=group)
     rows = [g.tolist() for g in gathered]
-    for i, name in enumerate(_FIELDS):
+    # A rank's malformed input first: the fields it then differs in follow from it.
+    order = sorted(range(len(_FIELDS)), key=lambda i: _FIELDS[i] != "local_error")
+    for i in order:
+        name = _FIELDS[i]
         values = [row[i] for row in rows]
         if name == "local_error":
             bad = next((r for r, e in enumerate(values) if e), None)
@@ -270,14 +280,20 @@ class _Ring:
 _KV_TAG, _DKV_TAG = 100, 200
 
 
-def _opts_repr(kind, causal, window_size, softmax_scale) -> str:
-    scale = None if softmax_scale is None else float(softmax_scale).hex()
-    return repr((kind, bool(causal), int(window_size[0]), int(window_size[1]), scale))
+def _opts_repr(kind, causal, window_size, softmax_scale) -> Optional[str]:
+    """The options as text to hash; ``None`` where they are malformed (a
+    local error, raised on every rank after the agreement)."""
+    try:
+        scale = None if softmax_scale is None else float(softmax_scale).hex()
+        return repr((kind, bool(causal), int(window_size[0]), int(window_size[1]), scale))
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _comm_device(group, like: torch.Tensor) -> torch.device:
     if dist.get_backend(group) == "nccl":
-        return like.device if like.device.type == "cuda" else torch.device("cuda")
+        device = getattr(like, "device", None)
+        return device if device is not None and device.type == "cuda" else torch.device("cuda")
     return torch.device("cpu")
 
 
@@ -458,7 +474,8 @@ def _call(kind, q, k, v, causal, window_size, softmax_scale, group, backend, ret
             feature="ring attention without a process group",
         )
     backend = backend or default_backend()
-    window_size = (int(window_size[0]), int(window_size[1]))
+    if _opts_repr(kind, causal, window_size, softmax_scale) is not None:
+        window_size = (int(window_size[0]), int(window_size[1]))
     # Inside the Function's forward grad mode is off: decide here whether a
     # backward (collective over the ring) will follow, so that ranks agree.
     grad = torch.is_grad_enabled() and any(

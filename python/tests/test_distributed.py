@@ -251,8 +251,13 @@ def _mismatch_worker(rank, world, store, out_dir, what):
     q = torch.randn(1, 8, 2, d).to(dtype)
     k = torch.randn(1, 8 if what != "seqlen" or rank != 0 else 7, 1, d).to(dtype)
     v = torch.randn(1, 8, 1, d).to(dtype)
+    window = (-1, -1)
+    if rank == 1 and what == "numpy":
+        q = q.numpy()
+    if rank == 1 and what == "window":
+        window = None
     try:
-        zigzag_ring_flash_attn_func(q, k, v, causal=causal, backend="cpu")
+        zigzag_ring_flash_attn_func(q, k, v, causal=causal, window_size=window, backend="cpu")
         outcome = None
     except RankMismatch as e:
         outcome = (type(e).__name__, e.what, e.rank)
@@ -263,9 +268,12 @@ def _mismatch_worker(rank, world, store, out_dir, what):
 @pytest.mark.parametrize(
     "what,field",
     [("head_dim", "head_dim"), ("dtype", "dtype"), ("causal", "options_hash"),
-     ("seqlen", "local_error")],
+     ("seqlen", "local_error"), ("numpy", "local_error"), ("window", "local_error")],
 )  # fmt: skip
 def test_mismatch_raises_on_every_rank(what, field):
+    # (numpy, window: input only one rank cannot take, a numpy array or a
+    # window_size that is no pair, raised there before the agreement and
+    # left the other ranks waiting in it.)
     outcomes = _spawn(_mismatch_worker, 2, (what,), timeout=90)
     bad_rank = 0 if what == "seqlen" else 1
     assert outcomes == [("RankMismatch", field, bad_rank)] * 2, outcomes
