@@ -294,6 +294,21 @@ if torch is not None:
 
     torch.library.register_autograd("flashattn::fwd", _grad, setup_context=_setup)
 
+    def _no_double_backward(ctx, *grads):
+        raise errors.error(
+            "Unsupported",
+            "flashattn's backward has no gradient of its own: a double backward through "
+            "flash_attn_func (create_graph=True, as gradient penalties and Hessian-vector "
+            "products use) is not supported",
+            what="flashattn backward",
+            feature="double backward",
+        )
+
+    # Without it torch's message would ask for an autograd formula to be registered.
+    torch.library.register_autograd(
+        "flashattn::bwd", _no_double_backward, setup_context=lambda ctx, inputs, output: None
+    )
+
 
 def _dropout_of(dropout_p: float, seed: int) -> Optional[Tuple[float, int, int]]:
     """The engine's dropout option: none at ``dropout_p == 0.0``."""

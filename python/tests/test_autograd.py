@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import flashattn
 from flashattn import flash_attn_func, flash_attn_varlen_func, testing
 from helpers import DTYPES, attention_f64, band_mask, options, qkv, sdpa
 
@@ -218,3 +219,47 @@ def test_softmax_lse_gradient_with_sinks_varlen_and_dropout(backend):
     ro, rl = attention_f64(*ref_in)
     ref = _loss_grads(*ref_in, ro, rl, torch.zeros(o.shape), d_lse)
     _close(ours, ref, 1e-4, "dropout, lse alone")
+
+
+def test_double_backward_raises_a_clear_error():
+    q, k, v = qkv(1, 6, 6, 2, 1, 8, torch.float32, grad=True)
+    o = flash_attn_func(q, k, v, causal=True, backend="cpu")
+    (dq,) = torch.autograd.grad(o.sum(), q, create_graph=True)
+    with pytest.raises(flashattn.Unsupported, match="double backward"):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(causal=True),
+        dict(window_size=(2, 1), softcap=1.5),
+        dict(alibi_slopes=torch.tensor([0.3, 0.1, 0.2, 0.05]), causal=True),
+    ],
+    ids=["causal", "window_softcap", "alibi"],
+)
+def test_gradients_match_finite_differences(kw):
+    # gradcheck's idea in float32: the directional derivative of
+    # <w, o> + <u, lse> along random directions, by central differences,
+    # against the analytic gradients (sq > sk: rows with no key included).
+    q, k, v = qkv(1, 7, 5, 4, 2, 8, torch.float32, grad=True)
+    o, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend="cpu", **kw)
+    w, u = torch.randn(o.shape), torch.randn(lse.shape)
+    finite = torch.isfinite(lse)
+
+    def f(*x):
+        o, lse, _ = flash_attn_func(*x, return_attn_probs=True, backend="cpu", **kw)
+        return float((o.double() * w).sum() + torch.where(finite, lse.double(), 0.0).mul(u).sum())
+
+    f(q, k, v)
+    loss = (o * w).sum() + torch.where(finite, lse, 0.0).mul(u).sum()
+    grads = torch.autograd.grad(loss, (q, k, v))
+    eps = 1e-2
+    for _ in range(3):
+        dirs = [torch.randn(t.shape) for t in (q, k, v)]
+        with torch.no_grad():
+            plus = f(*(t + eps * d for t, d in zip((q, k, v), dirs)))
+            minus = f(*(t - eps * d for t, d in zip((q, k, v), dirs)))
+        numeric = (plus - minus) / (2 * eps)
+        analytic = sum(float((g.double() * d).sum()) for g, d in zip(grads, dirs))
+        assert abs(numeric - analytic) <= 2e-3 * max(1.0, abs(analytic)), (numeric, analytic)
