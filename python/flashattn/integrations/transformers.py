@@ -37,8 +37,7 @@ read on the host at every call (its values decide the layout), so this function
 is not for ``torch.compile`` graphs. Sinks (gpt-oss's
 ``s_aux``), the softcap (Gemma 2), the scale and GQA go to the engine as they
 are: k and v keep their fewer heads. ``dropout > 0`` (``attention_dropout``
-in training) runs where the backend has dropout, the CPU backend (``auto``
-takes it then); wgpu and CUDA raise ``Unsupported``.
+in training) runs on every backend.
 """
 
 from __future__ import annotations
