@@ -158,6 +158,14 @@ def _backward_with_lse_grad(d_o, q, k, v, o, lse, d_lse, opts, backend):
     engine computes D from o and dO, so one more value column carries the
     shift: 0 in v (dP and o unchanged), ``-dlse`` in o and 1 in dO. In
     float32, so that ``-dlse`` is not rounded to a 16-bit dtype."""
+    if v.shape[-1] >= _native.max_head_dim():
+        raise errors.error(
+            "Unsupported",
+            f"a gradient of softmax_lse takes one value column more than v's head dim "
+            f"({v.shape[-1]}), past the maximum {_native.max_head_dim()}",
+            what="flash_attn_func backward",
+            feature="softmax_lse gradient at the largest head dim",
+        )
     dl = d_lse.float()
     # lse is (batch, heads, rows), packed (heads, total): to o's row layout.
     rows = dl.transpose(0, 1) if dl.ndim == 2 else dl.transpose(1, 2)

@@ -262,3 +262,12 @@ def test_gradients_match_finite_differences(kw):
         numeric = (plus - minus) / (2 * eps)
         analytic = sum(float((g.double() * d).sum()) for g, d in zip(grads, dirs))
         assert abs(numeric - analytic) <= 2e-3 * max(1.0, abs(analytic)), (numeric, analytic)
+
+
+def test_softmax_lse_gradient_at_the_largest_head_dim_says_why():
+    q = torch.randn(1, 3, 1, 16, requires_grad=True)
+    v = torch.randn(1, 3, 1, flashattn.max_head_dim())
+    o, lse, _ = flash_attn_func(q, q.detach(), v, return_attn_probs=True, backend="cpu")
+    o.sum().backward(retain_graph=True)  # without lse's gradient: the usual backward
+    with pytest.raises(flashattn.Unsupported, match="softmax_lse"):
+        torch.autograd.grad(lse.sum(), q)
