@@ -371,7 +371,7 @@ def _forward(kind, q, k, v, causal, window_size, softmax_scale, group, backend, 
     return o, lse, (lengths, segments, comm, kw)
 
 
-def _backward(d_o, q, k, v, o, lse, rank, world, lengths, segments, comm, kw, group, stats):
+def _backward(d_o, d_lse, q, k, v, o, lse, rank, world, lengths, segments, comm, kw, group, stats):
     ring = _Ring(group, comm) if world > 1 else None
     b, _, hkv, d = k.shape
     dv_dim = v.shape[-1]
@@ -405,6 +405,7 @@ def _backward(d_o, q, k, v, o, lse, rank, world, lengths, segments, comm, kw, gr
                     d_o.narrow(1, qs, qn), q.narrow(1, qs, qn),
                     cur_k.narrow(1, ks, kn).to(q.device), cur_v.narrow(1, ks, kn).to(q.device),
                     o.narrow(1, qs, qn), lse.narrow(2, qs, qn), qo, ko, **kw,
+                    d_lse=None if d_lse is None else d_lse.narrow(2, qs, qn),
                 )  # fmt: skip
                 dq.narrow(1, qs, qn).add_(dq_p.float())
                 dk_part.narrow(1, ks, kn).add_(dk_p.float())
@@ -448,18 +449,19 @@ class _RingAttention(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.plan, ctx.group, ctx.stats = plan, group, stats
-        ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
-    def backward(ctx, d_o, _d_lse):
+    def backward(ctx, d_o, d_lse):
         q, k, v, o, lse = ctx.saved_tensors
         lengths, segments, comm, kw = ctx.plan
         group = ctx.group
         if d_o is None:
             d_o = torch.zeros_like(o)
+        # The lse's gradient (return_lse) joins each pair's backward where it
+        # is nonzero on this rank: no collective depends on it.
         dq, dk, dv = _backward(
-            d_o.to(q.dtype), q, k, v, o, lse, dist.get_rank(group), dist.get_world_size(group),
+            d_o.to(q.dtype), d_lse, q, k, v, o, lse, dist.get_rank(group), dist.get_world_size(group),
             lengths, segments, comm, kw, group, ctx.stats,
         )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None, None, None, None

@@ -84,12 +84,15 @@ def backward_partial(
     softcap: float = 0.0,
     alibi_slopes: Any = None,
     backend: Optional[str] = None,
+    d_lse: Any = None,
 ):
     """``(dq, dk, dv)`` of one shard pair, given the *global* ``o`` and
-    ``lse`` of q's rows (the merged forward) and ``d_o``."""
+    ``lse`` of q's rows (the merged forward) and ``d_o``; ``d_lse`` (torch,
+    lse's shape), a gradient of the global ``lse`` too."""
     _check([("q", q), ("k", k), ("v", v), ("o", o), ("do", d_o)])
     opts = _opts(q_offset, k_offset, causal, window_size, softmax_scale, softcap, alibi_slopes)
-    dq, dk, dv, _ = backward_host(d_o, q, k, v, o, lse, opts, backend or default_backend())
+    be = backend or default_backend()
+    dq, dk, dv, _ = backward_host(d_o, q, k, v, o, lse, opts, be, d_lse)
     return dq, dk, dv
 
 

@@ -28,7 +28,7 @@ from flashattn.distributed import (
     zigzag_ring_flash_attn_func,
     zigzag_shard,
 )
-from helpers import DTYPES, load_ring_flash_attn, options
+from helpers import DTYPES, attention_f64, load_ring_flash_attn, options
 
 BACKENDS = [b for b in os.environ.get("FLASHATTN_TEST_BACKENDS", "cpu,wgpu").split(",") if b]
 FUNCS = {"ring": ring_flash_attn_func, "zigzag": zigzag_ring_flash_attn_func}
@@ -300,6 +300,43 @@ def test_engine_errors_raise_on_a_rank_without_positions(kind):
     engine's error with the others instead of waiting on the ring."""
     outcomes = _spawn(_empty_rank_worker, 3, (kind,), timeout=90)
     assert outcomes == ["HeadsNotDivisible"] * 3, outcomes
+
+
+def _lse_grad_inputs(n, hq, hkv):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, n, h, 16, generator=g) for h in (hq, hkv, hkv))
+    return q, k, v, torch.randn(1, n, hq, 16, generator=g), torch.randn(1, hq, n, generator=g)
+
+
+def _lse_grad_worker(rank, world, store, out_dir, kind, n):
+    torch.set_num_threads(1)
+    _init(rank, world, store)
+    q, k, v, d_o, d_lse = _lse_grad_inputs(n, 4, 2)
+    q, k, v, d_o = (SHARD[kind](t, rank, world).clone() for t in (q, k, v, d_o))
+    d_lse = SHARD[kind](d_lse, rank, world, dim=2)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o, lse = FUNCS[kind](q, k, v, causal=True, backend="cpu", return_lse=True)
+    torch.autograd.backward([o, lse], [d_o, d_lse])
+    torch.save([q.grad, k.grad, v.grad], os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind,world", [("ring", 2), ("zigzag", 3)])
+def test_returned_lse_gets_its_gradient(kind, world):
+    """return_lse's lse is differentiable: a loss reading it gets d lse_i /
+    d s_ij = P_ij in every rank's gradients (f64 reference of the whole
+    sequence, written out in helpers.attention_f64)."""
+    n = 23
+    per_rank = _spawn(_lse_grad_worker, world, (kind, n))
+    grads = [unshard([per_rank[r][i] for r in range(world)], kind == "zigzag") for i in range(3)]
+    q, k, v, d_o, d_lse = _lse_grad_inputs(n, 4, 2)
+    ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+    o, lse = attention_f64(*ref_in, causal=True)
+    torch.autograd.backward([o, lse], [d_o.double(), d_lse.double()])
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_in):
+        err = (g.double() - r.grad).abs().max().item()
+        assert err <= 1e-4 * max(1.0, r.grad.abs().max().item()), (name, err)
 
 
 def _subgroup_worker(rank, world, store, out_dir):
