@@ -10,6 +10,7 @@ them. numpy arrays work too (forward only).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -156,27 +157,38 @@ def _backward_with_lse_grad(d_o, q, k, v, o, lse, d_lse, opts, backend):
     so the lse term only shifts the backward's row term: ``dS = P ∘ (dP -
     (D - dlse))`` with ``D = rowsum(dO ∘ O)`` (sinks' gradient alike). The
     engine computes D from o and dO, so one more value column carries the
-    shift: 0 in v (dP and o unchanged), ``-dlse`` in o and 1 in dO. In
-    float32, so that ``-dlse`` is not rounded to a 16-bit dtype."""
-    if v.shape[-1] >= _native.max_head_dim():
+    shift: 0 in v (dP and o unchanged), ``-dlse`` in o and 1 in dO. q and k
+    get a zero column too (scores unchanged, the scale kept that of q's own
+    head dim), so the head dims keep their relation (backends that take no v
+    head dim of its own take this one). In float32, so that ``-dlse`` is not
+    rounded to a 16-bit dtype."""
+    widest = max(q.shape[-1], v.shape[-1])
+    if widest >= _native.max_head_dim():
         raise errors.error(
             "Unsupported",
-            f"a gradient of softmax_lse takes one value column more than v's head dim "
-            f"({v.shape[-1]}), past the maximum {_native.max_head_dim()}",
+            f"a gradient of softmax_lse takes one head-dim column more than q's or v's "
+            f"({widest}), past the maximum {_native.max_head_dim()}",
             what="flash_attn_func backward",
             feature="softmax_lse gradient at the largest head dim",
         )
     dl = d_lse.float()
     # lse is (batch, heads, rows), packed (heads, total): to o's row layout.
     rows = dl.transpose(0, 1) if dl.ndim == 2 else dl.transpose(1, 2)
-    f32 = [t.float() for t in (d_o, q, k, v, o)]
-    d_o32, q32, k32, v32, o32 = f32
-    v_aug = torch.cat([v32, v32.new_zeros(v32.shape[:-1] + (1,))], dim=-1)
-    o_aug = torch.cat([o32, -rows.unsqueeze(-1).to(o32.device)], dim=-1)
-    do_aug = torch.cat([d_o32, d_o32.new_ones(d_o32.shape[:-1] + (1,))], dim=-1)
-    dq, dk, dv, dsinks = backward_host(do_aug, q32, k32, v_aug, o_aug, lse, opts, backend)
-    dv = dv[..., : v.shape[-1]]
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype).contiguous(), dsinks
+
+    def widen(t, column):
+        t = t.float()
+        extra = column if torch.is_tensor(column) else t.new_full(t.shape[:-1] + (1,), column)
+        return torch.cat([t, extra.to(t.device)], dim=-1)
+
+    opts = dict(opts)
+    if opts["scale"] is None:
+        opts["scale"] = 1.0 / math.sqrt(q.shape[-1])  # as the engine's default
+    dq, dk, dv, dsinks = backward_host(
+        widen(d_o, 1.0), widen(q, 0.0), widen(k, 0.0), widen(v, 0.0),
+        widen(o, -rows.unsqueeze(-1)), lse, opts, backend,
+    )  # fmt: skip
+    grads = [g[..., :-1].to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v))]
+    return (*grads, dsinks)
 
 
 if torch is not None:
