@@ -1024,6 +1024,22 @@ fn bench_bad_arguments() {
     assert_bad(&f, &out, "plot");
     let out = bin().args(["bench", "--seqlens", "0"]).output().unwrap();
     assert_bad(&f, &out, "seqlens");
+    // Nothing to run is a mistake, not an empty table.
+    for (flag, value) in [("--seqlens", ""), ("--seqlens", ","), ("--passes", "")] {
+        let out = bin().args(["bench", flag, value]).output().unwrap();
+        assert_bad(&f, &out, flag);
+    }
+    let out = bin().args(["tune", "--seqlens", ""]).output().unwrap();
+    assert_bad(&f, &out, "--seqlens");
+    // A problem with no heads or no sequences is one line, not a table of
+    // failed rows that exits 0.
+    for flag in ["--heads", "--batch"] {
+        let out = bin()
+            .args(["bench", "--seqlens", "16", "--repeats", "1", flag, "0"])
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, flag);
+    }
     let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
     assert_bad(&f, &out, "tpu");
     for bad in ["1", "0,1.5", "-0.1", "x"] {
