@@ -934,6 +934,13 @@ fn fp8_forward_and_its_errors() {
         &f.forward(&["--precision", "f16", "--hadamard"]),
         "--hadamard",
     );
+    // An unknown precision lists every value these commands take, fp8 too.
+    for bad in ["F16", "fp9", "e4m3", ""] {
+        let out = f.forward(&["--backend", "cpu", "--precision", bad]);
+        assert_bad(&f, &out, "--precision expects f32, f16, bf16 or fp8");
+        let out = backward_cmd(&f, &["--backend", "cpu", "--precision", bad]);
+        assert_bad(&f, &out, "--precision expects f32, f16, bf16 or fp8");
+    }
 }
 
 #[test]
@@ -1980,6 +1987,9 @@ fn bench_decode_bad_arguments() {
     assert_bad(&f, &bench(&["--decode", "--cache-lens", "0"]), "cache-lens");
     assert_bad(&f, &bench(&["--decode", "--backends", "tpu"]), "tpu");
     assert_bad(&f, &bench(&["--decode", "--dtypes", "fp4"]), "fp4");
+    // The list names the quantized dtypes too.
+    let out = bench(&["--decode", "--dtypes", "f64"]);
+    assert_bad(&f, &out, "f32, f16, bf16, int8 or fp8");
     assert_bad(
         &f,
         &bench(&["--decode", "--heads-q", "6", "--heads-kv", "4"]),

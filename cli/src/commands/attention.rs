@@ -216,7 +216,19 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     }
     let precision: Option<Precision> = match fp8 {
         Some(_) => None,
-        None => a.precision.as_deref().map(str::parse).transpose()?,
+        // The library's error lists its storage precisions; these commands
+        // also take fp8.
+        None => a
+            .precision
+            .as_deref()
+            .map(|p| {
+                p.parse().map_err(|_| CliError::BadFlag {
+                    flag: "--precision",
+                    expected: "f32, f16, bf16 or fp8",
+                    value: p.to_string(),
+                })
+            })
+            .transpose()?,
     };
     let window = a.window.as_deref().map(parse_window).transpose()?;
     let mut opts = AttentionOptions::default().causal(a.causal);
