@@ -315,7 +315,8 @@ pub struct PlanArgs {
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]
     pub head_dim: Option<usize>,
-    /// Storage precision: f32, f16 or bf16.
+    /// Storage precision: f32, f16 or bf16, or fp8 (the FP8 forward's plan:
+    /// f32 tiles over e4m3 storage).
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Cap the workgroup storage M in bytes (below the device's limit).

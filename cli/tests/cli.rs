@@ -943,6 +943,40 @@ fn fp8_forward_and_its_errors() {
     }
 }
 
+/// `plan --precision fp8`: the FP8 forward's plan (f32 tiles over rows of
+/// the head dim rounded up to a multiple of 4, e4m3 storage) and no
+/// backward; fp8 decoding is one line.
+#[test]
+fn plan_shows_the_fp8_forward_plan() {
+    let f = Files::new();
+    let bad = bin()
+        .args(["plan", "--precision", "fp8", "--decode", "--head-dim", "8"])
+        .args(["--heads-q", "1", "--heads-kv", "1", "--cache-len", "4"])
+        .output()
+        .unwrap();
+    assert_bad(&f, &bad, "forward pass only");
+    let bad = bin().args(["plan", "--precision", "fp9"]).output().unwrap();
+    assert_bad(&f, &bad, "f32, f16, bf16 or fp8");
+    if engine().is_none() {
+        return;
+    }
+    let out = bin()
+        .args(["plan", "--precision", "fp8", "--head-dim", "6"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "head_dim 6, fp8",
+        "rows of 8",
+        "d = 8; storage fp8 e4m3",
+        "Bc = ceil(M/4d)",
+        "backward:\n  not possible: FP8 (e4m3) runs the forward pass only",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}: {text}");
+    }
+}
+
 #[test]
 fn backward_bad_inputs_write_nothing() {
     let f = Files::new();
