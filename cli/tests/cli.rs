@@ -1072,6 +1072,17 @@ fn bench_bad_arguments() {
     }
     let out = bin().args(["tune", "--seqlens", ""]).output().unwrap();
     assert_bad(&f, &out, "--seqlens");
+    // A report that cannot be written fails before the run, not after it.
+    let nowhere = f.path("missing-dir/r.json");
+    for (command, flag) in [("bench", "--json"), ("bench", "--csv"), ("tune", "--json")] {
+        let out = bin()
+            .args([command, "--seqlens", "16", "--repeats", "1", flag])
+            .arg(&nowhere)
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, flag);
+        assert!(out.stdout.is_empty(), "{command} {flag} ran first");
+    }
     // A problem with no heads or no sequences is one line, not a table of
     // failed rows that exits 0.
     for flag in ["--heads", "--batch"] {

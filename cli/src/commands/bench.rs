@@ -107,6 +107,12 @@ fn matrix(a: &BenchArgs) -> Result<Matrix> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    // Where the report goes is checked before a run that may take minutes.
+    crate::outputs::check(&crate::outputs::given(&[
+        ("--json", a.json.as_ref()),
+        ("--csv", a.csv.as_ref()),
+        ("--plot", a.plot.as_ref()),
+    ]))?;
     if a.decode.on {
         return decode(&a);
     }

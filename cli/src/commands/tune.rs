@@ -76,6 +76,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
             value: a.backend,
         });
     }
+    crate::outputs::check(&crate::outputs::given(&[("--json", a.json.as_ref())]))?;
     let seqlens = sizes("--seqlens", &a.seqlens)?;
     let dims = sizes("--head-dim", &a.head_dim)?;
     let precisions: Vec<Precision> = list(&a.precision)?;
