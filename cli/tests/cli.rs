@@ -650,6 +650,21 @@ fn tune_times_the_candidates_caches_the_winner_and_plan_shows_it() {
     assert_bad(&Files::new(), &out, "--tuned");
 }
 
+/// A flag that conflicts with several others names them all on its line.
+#[test]
+fn a_conflict_with_several_flags_names_them() {
+    let f = Files::new();
+    f.qkv(1, 4, 4, 1, 1, 8);
+    let out = f.forward(&["--tuned", "--block-q", "8", "--kernel", "tiled"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_bad(&f, &out, "--tuned");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--block-q") && stderr.contains("--kernel"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn tune_rejects_bad_flags_in_one_line() {
     let f = Files::new();
