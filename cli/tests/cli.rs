@@ -650,6 +650,50 @@ fn tune_times_the_candidates_caches_the_winner_and_plan_shows_it() {
     assert_bad(&Files::new(), &out, "--tuned");
 }
 
+/// wgpu's plan flags with the default `--backend auto` run wgpu, the
+/// backend they apply to, and say so — not the CPU backend that auto would
+/// have timed faster, which refused --block-q/--block-k and dropped
+/// --kernel, --rows-per-thread and --tuned.
+#[test]
+fn auto_with_plan_flags_runs_wgpu_and_says_why() {
+    let f = Files::new();
+    let qkv = f.qkv(1, 9, 11, 2, 1, 8);
+    let (o, lse) = (f.path("o.npy"), f.path("lse.npy"));
+    let outputs = ["--out", o.to_str().unwrap(), "--lse", lse.to_str().unwrap()];
+    for (extra, said) in [
+        (
+            &["--block-q", "4", "--block-k", "4"][..],
+            "as --block-q and --block-k apply to the wgpu backend only",
+        ),
+        (
+            &["--kernel", "tiled"],
+            "as --kernel applies to the wgpu backend only",
+        ),
+    ] {
+        let out = f.run(
+            "forward",
+            &[("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")],
+            &[&outputs[..], extra].concat(),
+        );
+        if engine().is_none() {
+            assert_bad(&f, &out, "adapter");
+            continue;
+        }
+        assert_ok(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("flashattn: wgpu on "), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+        check_o(
+            &f,
+            [[1, 9, 2, 8], [1, 11, 1, 8]],
+            &qkv,
+            &AttentionOptions::default(),
+        );
+        std::fs::remove_file(&o).unwrap();
+        std::fs::remove_file(&lse).unwrap();
+    }
+}
+
 /// A flag that conflicts with several others names them all on its line.
 #[test]
 fn a_conflict_with_several_flags_names_them() {

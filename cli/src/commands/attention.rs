@@ -33,6 +33,9 @@ pub struct Prepared {
     pub cuda_kernel: Option<String>,
     /// `--arch` (`--backend cuda` only): the architecture compiled for.
     pub cuda_arch: Option<String>,
+    /// The wgpu plan flags given (`--block-q`, `--kernel`, `--tuned`, ...):
+    /// with `--backend auto` they make it wgpu, the backend they apply to.
+    pub wgpu_flags: Vec<&'static str>,
 }
 
 impl Prepared {
@@ -104,6 +107,18 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     overrides.rows_per_thread = a.registers.rows_per_thread;
     overrides.subgroup_reduce = a.registers.subgroup_reduce;
     overrides.double_buffer = a.registers.double_buffer;
+    let wgpu_flags: Vec<&'static str> = [
+        ("--block-q", a.block_q.is_some()),
+        ("--block-k", a.block_k.is_some()),
+        ("--kernel", a.kernel.is_some() && cuda_kernel.is_none()),
+        ("--rows-per-thread", a.registers.rows_per_thread.is_some()),
+        ("--subgroup-reduce", a.registers.subgroup_reduce.is_some()),
+        ("--double-buffer", a.registers.double_buffer.is_some()),
+        ("--tuned", a.tuned),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
     let tuned = a.block_q.is_some()
         || a.block_k.is_some()
         || a.kernel.is_some()
@@ -159,6 +174,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         },
         cuda_kernel,
         cuda_arch: cuda_arch(a, backend)?,
+        wgpu_flags,
     })
 }
 
@@ -264,9 +280,35 @@ pub fn open(kind: BackendKind, workload: &Workload) -> Result<Backend> {
     Ok(choice.backend)
 }
 
+/// "--kernel applies to the wgpu backend only", "--block-q and --block-k
+/// apply ...", "--block-q, --kernel and --tuned apply ...".
+fn wgpu_only(flags: &[&str]) -> String {
+    let (verb, list) = match flags {
+        [one] => ("applies", one.to_string()),
+        [init @ .., last] => ("apply", format!("{} and {last}", init.join(", "))),
+        [] => ("apply", "no flags".into()),
+    };
+    format!("{list} {verb} to the wgpu backend only")
+}
+
 /// Open the backend, saying on stderr which one and why.
 pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
-    let backend = open(p.backend, &p.workload(backward)?)?;
+    let backend = match (p.backend, p.wgpu_flags.as_slice()) {
+        // Plan flags name wgpu's kernels: auto takes wgpu rather than drop
+        // them (or refuse them) on the backend it would have timed faster.
+        (BackendKind::Auto, [_, ..]) => {
+            let choice = Backend::open(BackendKind::Wgpu, &p.workload(backward)?)?;
+            if let Backend::Wgpu(e) = &choice.backend {
+                eprintln!(
+                    "flashattn: wgpu on {}, as {}",
+                    e.describe(),
+                    wgpu_only(&p.wgpu_flags)
+                );
+            }
+            choice.backend
+        }
+        _ => open(p.backend, &p.workload(backward)?)?,
+    };
     #[cfg(feature = "cuda")]
     let backend = match (backend, &p.cuda_kernel) {
         (flashattn::Backend::Cuda(c), Some(path)) => {
