@@ -487,8 +487,8 @@ pub struct BenchArgs {
     /// Write the results table as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
-    /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or
-    /// .png); with --sparse, FILE is the density chart.
+    /// Draw FILE-time, FILE-memory and (with --sweep-m) FILE-accesses next
+    /// to FILE (.svg or .png); with --sparse, FILE is the density chart.
     #[arg(long, conflicts_with = "decode")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]
