@@ -731,6 +731,15 @@ fn tune_rejects_bad_flags_in_one_line() {
         assert_bad(&f, &out, needle);
         assert!(!f.path("cache").exists(), "{args:?} wrote a cache");
     }
+    // A cache directory that is a file: one line before anything is timed.
+    std::fs::write(f.path("file"), b"").unwrap();
+    let out = bin()
+        .args(["tune", "--seqlens", "16", "--repeats", "1", "--cache-dir"])
+        .arg(f.path("file"))
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "--cache-dir");
+    assert!(out.stdout.is_empty(), "tune ran first");
 }
 
 #[test]
