@@ -742,6 +742,46 @@ fn tune_rejects_bad_flags_in_one_line() {
     assert!(out.stdout.is_empty(), "tune ran first");
 }
 
+/// Sizes no host can hold (2^50 bytes of inputs) are one line from demo
+/// and a FAILED row from bench, not an abort in the allocator.
+#[test]
+fn demo_and_bench_refuse_sizes_the_host_cannot_hold() {
+    let f = Files::new();
+    let huge = [
+        "--seqlen",
+        "67108864",
+        "--heads",
+        "16384",
+        "--head-dim",
+        "64",
+    ];
+    let out = bin()
+        .args(["demo", "--backend", "cpu"])
+        .args(huge)
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "host memory");
+    let out = bin()
+        .args([
+            "bench",
+            "--impls",
+            "cpu",
+            "--passes",
+            "forward",
+            "--repeats",
+            "1",
+        ])
+        .args(["--seqlens", "67108864", "--heads", "16384"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("FAILED") && table.contains("host memory"),
+        "{table}"
+    );
+}
+
 #[test]
 fn demo_runs_and_passes() {
     let backend = if engine().is_some() { "wgpu" } else { "cpu" };
