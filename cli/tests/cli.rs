@@ -2750,6 +2750,40 @@ fn dropout_forward_mask_and_backward_on_the_cpu() {
     check_grads(&f, [2, 19, 4, 16], [2, 23, 2, 16], &qkv, &g, &opts);
 }
 
+/// `--dropout-mask-out` of a packed batch holds every sequence at the
+/// longest lengths: 2^14 sequences, one of 2^14 tokens, 64 heads make 2^48
+/// entries from 4 MiB files. One line, before the forward runs, and no
+/// file — it aborted in the allocator.
+#[test]
+fn a_dropout_mask_no_host_can_hold_is_one_line() {
+    let f = Files::new();
+    let (n, heads) = (1usize << 14, 64);
+    let x = vec![1.0f32; n * heads];
+    for name in ["q.npy", "k.npy", "v.npy"] {
+        write_f32(&f.path(name), &[n as u64, heads as u64, 1], &x);
+    }
+    let mut cu = vec![n as i32; n + 1];
+    cu[0] = 0;
+    write_array(&f.path("cu.npy"), &[cu.len() as u64], &cu);
+    let cu = f.path("cu.npy");
+    let out = f.forward(&[
+        "--backend",
+        "cpu",
+        "--cu-seqlens-q",
+        cu.to_str().unwrap(),
+        "--cu-seqlens-k",
+        cu.to_str().unwrap(),
+        "--dropout",
+        "0.1",
+        "--seed",
+        "1",
+        "--dropout-mask-out",
+        f.path("m.npy").to_str().unwrap(),
+    ]);
+    assert_bad(&f, &out, "the dropout mask needs 281474976710656 bytes");
+    assert!(!f.path("m.npy").exists());
+}
+
 #[test]
 fn dropout_errors_are_one_line_and_write_nothing() {
     let f = Files::new();

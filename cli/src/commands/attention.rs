@@ -371,6 +371,16 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         ("--dropout-mask-out", a.dropout_mask_out.as_ref()),
     ]))?;
     let p = prepare(&a.attention)?;
+    // The mask depends on the shape and flags alone: drawn first, so that
+    // one too large for this host fails before the forward runs.
+    let mask = match &a.dropout_mask_out {
+        Some(_) => {
+            let [q, k, v] = p.views()?;
+            let shape = AttentionShape::from_views(&q, &k, &v)?;
+            Some(flashattn::dropout_mask(&shape, &p.opts)?)
+        }
+        None => None,
+    };
     let backend = open_backend(&p, false)?;
     let [q, k, v] = p.views()?;
     let out = match &p.fp8 {
@@ -389,10 +399,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     if let Some(path) = &a.lse {
         files.push(("--lse", path, npy::encode(&lse)));
     }
-    if let Some(path) = &a.dropout_mask_out {
-        let [q, k, v] = p.views()?;
-        let shape = AttentionShape::from_views(&q, &k, &v)?;
-        let mask = flashattn::dropout_mask(&shape, &p.opts)?;
+    if let (Some(path), Some(mask)) = (&a.dropout_mask_out, &mask) {
         let bytes = npy::encode_bool(&mask.dims, &mask.keep);
         files.push(("--dropout-mask-out", path, bytes));
     }
