@@ -62,6 +62,16 @@ pub enum Error {
         /// The largest value allowed.
         max: u64,
     },
+    /// A host result the caller asked for (a dropout mask) whose size fits
+    /// the target's limits but not this machine's memory: reported instead
+    /// of aborting in the allocator.
+    #[error("{what} needs {bytes} bytes of host memory, more than this machine can allocate")]
+    HostMemory {
+        /// What it concerns.
+        what: &'static str,
+        /// The bytes asked for.
+        bytes: u64,
+    },
     /// A tensor's data does not hold as many elements as its shape says.
     #[error("{tensor} has shape {shape:?} ({expected} elements) but {actual} elements of data")]
     DataLength {

@@ -315,7 +315,8 @@ pub struct PlanArgs {
     /// with --decode).
     #[arg(long, required_if_eq("decode", "true"))]
     pub head_dim: Option<usize>,
-    /// Storage precision: f32, f16 or bf16.
+    /// Storage precision: f32, f16 or bf16, or fp8 (the FP8 forward's plan:
+    /// f32 tiles over e4m3 storage).
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Cap the workgroup storage M in bytes (below the device's limit).
@@ -486,8 +487,8 @@ pub struct BenchArgs {
     /// Write the results table as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
-    /// Draw FILE-time, FILE-memory and FILE-accesses next to FILE (.svg or
-    /// .png); with --sparse, FILE is the density chart.
+    /// Draw FILE-time, FILE-memory and (with --sweep-m) FILE-accesses next
+    /// to FILE (.svg or .png); with --sparse, FILE is the density chart.
     #[arg(long, conflicts_with = "decode")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]

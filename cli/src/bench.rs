@@ -322,6 +322,27 @@ fn normal_data(seed: u64, n: usize, precision: Precision) -> TensorData {
     TensorData::from_f32(values, precision)
 }
 
+/// That the host can allocate `bytes` for `what` (the sizes come from the
+/// flags): reserved and released at once, so that a problem no machine
+/// holds fails with one line instead of aborting in the allocator.
+pub fn host_memory_ok(what: impl FnOnce() -> String, bytes: u64) -> Result<()> {
+    let fits = usize::try_from(bytes)
+        .ok()
+        .is_some_and(|n| Vec::<u8>::new().try_reserve_exact(n).is_ok());
+    match fits {
+        true => Ok(()),
+        false => Err(CliError::HostMemory {
+            what: what(),
+            bytes,
+        }),
+    }
+}
+
+/// Bytes of one problem's f32 q, k, v and dO (or o) on the host.
+pub fn input_bytes(shape: &AttentionShape) -> u64 {
+    4 * (2 * shape.q_len() as u64 + 2 * shape.kv_len() as u64)
+}
+
 /// Seeded inputs of a case, in its precision.
 pub struct BenchInputs {
     pub shape: AttentionShape,
@@ -334,8 +355,12 @@ pub struct BenchInputs {
 impl BenchInputs {
     /// Seeded by the shape alone: every implementation of a shape (and both
     /// passes) sees the same inputs.
-    pub fn new(case: &BenchCase) -> flashattn::Result<Self> {
+    pub fn new(case: &BenchCase) -> Result<Self> {
         let shape = case.shape()?;
+        host_memory_ok(
+            || format!("the inputs of {}", case.label()),
+            input_bytes(&shape),
+        )?;
         let seed = (case.seqlen as u64 * 31 + case.head_dim as u64) * 4;
         let make = |t: u64, n| normal_data(seed + t, n, case.precision);
         Ok(Self {
@@ -640,6 +665,16 @@ impl Matrix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes past what the host can map are a typed error, not an abort.
+    #[test]
+    fn host_memory_past_the_address_space_is_an_error() {
+        assert!(host_memory_ok(|| "small".into(), 1 << 20).is_ok());
+        for bytes in [1u64 << 60, u64::MAX] {
+            let e = host_memory_ok(|| "huge".into(), bytes).unwrap_err();
+            assert!(matches!(e, CliError::HostMemory { bytes: b, .. } if b == bytes));
+        }
+    }
 
     fn case(pass: Pass, causal: bool) -> BenchCase {
         BenchCase {

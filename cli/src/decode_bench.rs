@@ -152,8 +152,13 @@ impl std::str::FromStr for CacheDtype {
                 quant: Some(quant),
             });
         }
+        let precision = s.parse::<Precision>().map_err(|_| CliError::BadFlag {
+            flag: "--dtypes",
+            expected: "f32, f16, bf16, int8 or fp8, comma-separated",
+            value: s.to_string(),
+        })?;
         Ok(Self {
-            precision: s.parse::<Precision>()?,
+            precision,
             quant: None,
         })
     }
@@ -1159,6 +1164,14 @@ mod tests {
             (8 * 1024 * 576 + 8 * (1024 / 16) * 4) as u64
         );
         assert!("int4".parse::<CacheDtype>().is_err());
+        // A float dtype it does not take names --dtypes and its values.
+        assert!(matches!(
+            "f64".parse::<CacheDtype>(),
+            Err(CliError::BadFlag {
+                flag: "--dtypes",
+                ..
+            })
+        ));
         let int8: CacheDtype = "int8".parse().unwrap();
         assert_eq!((int8.name(), int8.precision), ("int8", Precision::F16));
     }

@@ -142,6 +142,10 @@ pub enum CliError {
     Baseline { python: String, message: String },
     #[error("the CUDA benchmarks cannot run: {message}")]
     CudaBench { message: String },
+    /// A problem whose sizes (from flags) need more host memory than this
+    /// machine can allocate: one line, not an allocation abort.
+    #[error("{what} needs {bytes} bytes of host memory, more than this machine can allocate")]
+    HostMemory { what: String, bytes: u64 },
     #[error("{flags} apply to the wgpu backend only")]
     WgpuOnly { flags: &'static str },
     #[error("{flag} applies to --backend cuda only")]

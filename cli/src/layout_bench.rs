@@ -84,6 +84,8 @@ impl Inputs {
     fn new(c: &LayoutConfig, rows: usize, keys: usize, seed: u64) -> Result<Self> {
         let (h, d) = (c.heads, c.head_dim);
         let shape = AttentionShape::new(1, rows, keys, h, h, d)?;
+        let what = || format!("{rows} × {keys} tokens, {h} heads, head_dim {d}");
+        crate::bench::host_memory_ok(what, crate::bench::input_bytes(&shape))?;
         let mut rng = Rng::new(seed);
         let mut make = |n| TensorData::from_f32(rng.normal_vec(n, 1.0), c.precision);
         Ok(Self {

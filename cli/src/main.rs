@@ -42,9 +42,10 @@ fn exit_on_usage(e: clap::Error) -> ! {
                 .take_while(|l| !l.starts_with("Usage:"))
                 .filter(|l| !l.is_empty())
                 .collect();
-            // A missing flag is named on the lines after the first.
+            // A missing flag, or the flags a flag conflicts with (more
+            // than one), are named on the lines after the first.
             let line = match e.kind() {
-                ErrorKind::MissingRequiredArgument => lines.join(" "),
+                ErrorKind::MissingRequiredArgument | ErrorKind::ArgumentConflict => lines.join(" "),
                 _ => lines.first().copied().unwrap_or("invalid arguments").into(),
             };
             eprintln!("{line}");

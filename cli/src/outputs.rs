@@ -100,13 +100,40 @@ fn file_key(path: &Path) -> Result<(PathBuf, OsString), PathProblem> {
 /// that file's write error).
 pub type Output<'a> = (&'static str, &'a Path, std::io::Result<Vec<u8>>);
 
+/// Whether `path` (its links followed) is an existing file that is neither
+/// a regular file nor a directory: a device such as `/dev/null`, a FIFO,
+/// `/dev/stdout` on a pipe. Such an output is written in place: renaming a
+/// temporary over it would replace the device node (or the link to it)
+/// with a regular file, and its directory (`/dev`) may not take one.
+pub fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
 /// Write every output or none: [`check`] again, each file to a temporary
-/// next to its destination, then [`commit`].
+/// next to its destination, then [`commit`]. Special files ([`is_special`])
+/// are written in place once every temporary is written, before the
+/// renames (what a device took cannot be taken back).
 pub fn write(outputs: Vec<Output<'_>>) -> Result<()> {
     let paths: Vec<(&'static str, &Path)> = outputs.iter().map(|(f, p, _)| (*f, *p)).collect();
     check(&paths)?;
     let mut renames: Vec<(PathBuf, &Path)> = Vec::new();
+    let mut special: Vec<(&Path, Vec<u8>)> = Vec::new();
     for (index, (_, path, bytes)) in outputs.into_iter().enumerate() {
+        if is_special(path) {
+            match bytes {
+                Ok(bytes) => special.push((path, bytes)),
+                Err(source) => {
+                    for (t, _) in &renames {
+                        let _ = std::fs::remove_file(t);
+                    }
+                    return Err(CliError::Write {
+                        path: path.to_path_buf(),
+                        source,
+                    });
+                }
+            }
+            continue;
+        }
         let temp = beside(path, index, "partial");
         if let Err(source) = bytes.and_then(|bytes| std::fs::write(&temp, bytes)) {
             let _ = std::fs::remove_file(&temp);
@@ -120,7 +147,28 @@ pub fn write(outputs: Vec<Output<'_>>) -> Result<()> {
         }
         renames.push((temp, path));
     }
+    for (path, bytes) in special {
+        if let Err(source) = write_in_place(path, &bytes) {
+            for (t, _) in &renames {
+                let _ = std::fs::remove_file(t);
+            }
+            return Err(CliError::Write {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
     commit(&renames)
+}
+
+/// Write `bytes` to an existing special file, as it is (no truncation, no
+/// temporary).
+pub fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all(bytes)
 }
 
 /// The file beside `path` of output `index` of this process: its
@@ -265,6 +313,44 @@ mod tests {
         assert!(matches!(result, Err(CliError::Write { path, .. }) if path == b));
         assert_eq!(names(d.path()), ["a.npy", "b.npy"]);
         assert_eq!(std::fs::read(&b).unwrap(), b"b");
+    }
+
+    /// A special output (a FIFO here; `/dev/null`, `/dev/stdout` alike) is
+    /// written in place, never replaced by a regular file, beside regular
+    /// outputs committed as usual.
+    #[cfg(unix)]
+    #[test]
+    fn a_special_output_is_written_in_place_not_replaced() {
+        let d = dir();
+        let fifo = d.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            return; // no mkfifo here
+        }
+        assert!(is_special(&fifo));
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        let o = d.path().join("o.npy");
+        write(vec![
+            ("--out", &fifo, Ok(vec![1, 2, 3])),
+            ("--lse", &o, Ok(vec![4])),
+        ])
+        .unwrap();
+        assert!(is_special(&fifo), "the FIFO was replaced by a regular file");
+        assert_eq!(reader.join().unwrap(), vec![1, 2, 3]);
+        assert_eq!(std::fs::read(&o).unwrap(), vec![4]);
+        assert_eq!(names(d.path()), vec!["fifo", "o.npy"]);
+        // An encoding error of the special output writes nothing at all.
+        let err = write(vec![
+            ("--lse", &o, Ok(vec![5])),
+            ("--out", &fifo, Err(std::io::Error::other("encoding"))),
+        ])
+        .unwrap_err();
+        assert!(matches!(err, CliError::Write { .. }));
+        assert_eq!(std::fs::read(&o).unwrap(), vec![4]);
+        assert_eq!(names(d.path()), vec!["fifo", "o.npy"]);
     }
 
     #[test]

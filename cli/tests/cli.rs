@@ -650,6 +650,65 @@ fn tune_times_the_candidates_caches_the_winner_and_plan_shows_it() {
     assert_bad(&Files::new(), &out, "--tuned");
 }
 
+/// wgpu's plan flags with the default `--backend auto` run wgpu, the
+/// backend they apply to, and say so — not the CPU backend that auto would
+/// have timed faster, which refused --block-q/--block-k and dropped
+/// --kernel, --rows-per-thread and --tuned.
+#[test]
+fn auto_with_plan_flags_runs_wgpu_and_says_why() {
+    let f = Files::new();
+    let qkv = f.qkv(1, 9, 11, 2, 1, 8);
+    let (o, lse) = (f.path("o.npy"), f.path("lse.npy"));
+    let outputs = ["--out", o.to_str().unwrap(), "--lse", lse.to_str().unwrap()];
+    for (extra, said) in [
+        (
+            &["--block-q", "4", "--block-k", "4"][..],
+            "as --block-q and --block-k apply to the wgpu backend only",
+        ),
+        (
+            &["--kernel", "tiled"],
+            "as --kernel applies to the wgpu backend only",
+        ),
+    ] {
+        let out = f.run(
+            "forward",
+            &[("--q", "q.npy"), ("--k", "k.npy"), ("--v", "v.npy")],
+            &[&outputs[..], extra].concat(),
+        );
+        if engine().is_none() {
+            assert_bad(&f, &out, "adapter");
+            continue;
+        }
+        assert_ok(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("flashattn: wgpu on "), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+        check_o(
+            &f,
+            [[1, 9, 2, 8], [1, 11, 1, 8]],
+            &qkv,
+            &AttentionOptions::default(),
+        );
+        std::fs::remove_file(&o).unwrap();
+        std::fs::remove_file(&lse).unwrap();
+    }
+}
+
+/// A flag that conflicts with several others names them all on its line.
+#[test]
+fn a_conflict_with_several_flags_names_them() {
+    let f = Files::new();
+    f.qkv(1, 4, 4, 1, 1, 8);
+    let out = f.forward(&["--tuned", "--block-q", "8", "--kernel", "tiled"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_bad(&f, &out, "--tuned");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--block-q") && stderr.contains("--kernel"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn tune_rejects_bad_flags_in_one_line() {
     let f = Files::new();
@@ -672,6 +731,55 @@ fn tune_rejects_bad_flags_in_one_line() {
         assert_bad(&f, &out, needle);
         assert!(!f.path("cache").exists(), "{args:?} wrote a cache");
     }
+    // A cache directory that is a file: one line before anything is timed.
+    std::fs::write(f.path("file"), b"").unwrap();
+    let out = bin()
+        .args(["tune", "--seqlens", "16", "--repeats", "1", "--cache-dir"])
+        .arg(f.path("file"))
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "--cache-dir");
+    assert!(out.stdout.is_empty(), "tune ran first");
+}
+
+/// Sizes no host can hold (2^50 bytes of inputs) are one line from demo
+/// and a FAILED row from bench, not an abort in the allocator.
+#[test]
+fn demo_and_bench_refuse_sizes_the_host_cannot_hold() {
+    let f = Files::new();
+    let huge = [
+        "--seqlen",
+        "67108864",
+        "--heads",
+        "16384",
+        "--head-dim",
+        "64",
+    ];
+    let out = bin()
+        .args(["demo", "--backend", "cpu"])
+        .args(huge)
+        .output()
+        .unwrap();
+    assert_bad(&f, &out, "host memory");
+    let out = bin()
+        .args([
+            "bench",
+            "--impls",
+            "cpu",
+            "--passes",
+            "forward",
+            "--repeats",
+            "1",
+        ])
+        .args(["--seqlens", "67108864", "--heads", "16384"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("FAILED") && table.contains("host memory"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -934,6 +1042,47 @@ fn fp8_forward_and_its_errors() {
         &f.forward(&["--precision", "f16", "--hadamard"]),
         "--hadamard",
     );
+    // An unknown precision lists every value these commands take, fp8 too.
+    for bad in ["F16", "fp9", "e4m3", ""] {
+        let out = f.forward(&["--backend", "cpu", "--precision", bad]);
+        assert_bad(&f, &out, "--precision expects f32, f16, bf16 or fp8");
+        let out = backward_cmd(&f, &["--backend", "cpu", "--precision", bad]);
+        assert_bad(&f, &out, "--precision expects f32, f16, bf16 or fp8");
+    }
+}
+
+/// `plan --precision fp8`: the FP8 forward's plan (f32 tiles over rows of
+/// the head dim rounded up to a multiple of 4, e4m3 storage) and no
+/// backward; fp8 decoding is one line.
+#[test]
+fn plan_shows_the_fp8_forward_plan() {
+    let f = Files::new();
+    let bad = bin()
+        .args(["plan", "--precision", "fp8", "--decode", "--head-dim", "8"])
+        .args(["--heads-q", "1", "--heads-kv", "1", "--cache-len", "4"])
+        .output()
+        .unwrap();
+    assert_bad(&f, &bad, "forward pass only");
+    let bad = bin().args(["plan", "--precision", "fp9"]).output().unwrap();
+    assert_bad(&f, &bad, "f32, f16, bf16 or fp8");
+    if engine().is_none() {
+        return;
+    }
+    let out = bin()
+        .args(["plan", "--precision", "fp8", "--head-dim", "6"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "head_dim 6, fp8",
+        "rows of 8",
+        "d = 8; storage fp8 e4m3",
+        "Bc = ceil(M/4d)",
+        "backward:\n  not possible: FP8 (e4m3) runs the forward pass only",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}: {text}");
+    }
 }
 
 #[test]
@@ -1024,6 +1173,33 @@ fn bench_bad_arguments() {
     assert_bad(&f, &out, "plot");
     let out = bin().args(["bench", "--seqlens", "0"]).output().unwrap();
     assert_bad(&f, &out, "seqlens");
+    // Nothing to run is a mistake, not an empty table.
+    for (flag, value) in [("--seqlens", ""), ("--seqlens", ","), ("--passes", "")] {
+        let out = bin().args(["bench", flag, value]).output().unwrap();
+        assert_bad(&f, &out, flag);
+    }
+    let out = bin().args(["tune", "--seqlens", ""]).output().unwrap();
+    assert_bad(&f, &out, "--seqlens");
+    // A report that cannot be written fails before the run, not after it.
+    let nowhere = f.path("missing-dir/r.json");
+    for (command, flag) in [("bench", "--json"), ("bench", "--csv"), ("tune", "--json")] {
+        let out = bin()
+            .args([command, "--seqlens", "16", "--repeats", "1", flag])
+            .arg(&nowhere)
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, flag);
+        assert!(out.stdout.is_empty(), "{command} {flag} ran first");
+    }
+    // A problem with no heads or no sequences is one line, not a table of
+    // failed rows that exits 0.
+    for flag in ["--heads", "--batch"] {
+        let out = bin()
+            .args(["bench", "--seqlens", "16", "--repeats", "1", flag, "0"])
+            .output()
+            .unwrap();
+        assert_bad(&f, &out, flag);
+    }
     let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
     assert_bad(&f, &out, "tpu");
     for bad in ["1", "0,1.5", "-0.1", "x"] {
@@ -1964,6 +2140,9 @@ fn bench_decode_bad_arguments() {
     assert_bad(&f, &bench(&["--decode", "--cache-lens", "0"]), "cache-lens");
     assert_bad(&f, &bench(&["--decode", "--backends", "tpu"]), "tpu");
     assert_bad(&f, &bench(&["--decode", "--dtypes", "fp4"]), "fp4");
+    // The list names the quantized dtypes too.
+    let out = bench(&["--decode", "--dtypes", "f64"]);
+    assert_bad(&f, &out, "f32, f16, bf16, int8 or fp8");
     assert_bad(
         &f,
         &bench(&["--decode", "--heads-q", "6", "--heads-kv", "4"]),
@@ -2569,6 +2748,40 @@ fn dropout_forward_mask_and_backward_on_the_cpu() {
     extra.extend(["--dropout-offset", "3"]);
     assert_ok(&backward_cmd(&f, &extra));
     check_grads(&f, [2, 19, 4, 16], [2, 23, 2, 16], &qkv, &g, &opts);
+}
+
+/// `--dropout-mask-out` of a packed batch holds every sequence at the
+/// longest lengths: 2^14 sequences, one of 2^14 tokens, 64 heads make 2^48
+/// entries from 4 MiB files. One line, before the forward runs, and no
+/// file — it aborted in the allocator.
+#[test]
+fn a_dropout_mask_no_host_can_hold_is_one_line() {
+    let f = Files::new();
+    let (n, heads) = (1usize << 14, 64);
+    let x = vec![1.0f32; n * heads];
+    for name in ["q.npy", "k.npy", "v.npy"] {
+        write_f32(&f.path(name), &[n as u64, heads as u64, 1], &x);
+    }
+    let mut cu = vec![n as i32; n + 1];
+    cu[0] = 0;
+    write_array(&f.path("cu.npy"), &[cu.len() as u64], &cu);
+    let cu = f.path("cu.npy");
+    let out = f.forward(&[
+        "--backend",
+        "cpu",
+        "--cu-seqlens-q",
+        cu.to_str().unwrap(),
+        "--cu-seqlens-k",
+        cu.to_str().unwrap(),
+        "--dropout",
+        "0.1",
+        "--seed",
+        "1",
+        "--dropout-mask-out",
+        f.path("m.npy").to_str().unwrap(),
+    ]);
+    assert_bad(&f, &out, "the dropout mask needs 281474976710656 bytes");
+    assert!(!f.path("m.npy").exists());
 }
 
 #[test]

@@ -344,3 +344,63 @@ proptest! {
         prop_assert_eq!(a.data, ints.iter().map(|&x| x as i32).collect::<Vec<_>>());
     }
 }
+
+/// A FIFO at `dir/name` fed `bytes` by a thread (`None` where this host
+/// has no mkfifo).
+#[cfg(unix)]
+fn fifo(dir: &Path, name: &str, bytes: Vec<u8>) -> Option<std::path::PathBuf> {
+    let path = dir.join(name);
+    let made = Command::new("mkfifo").arg(&path).status();
+    if !made.is_ok_and(|s| s.success()) {
+        return None;
+    }
+    let writer = path.clone();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        // The reader may stop early (a rejected header): a broken pipe is fine.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open(writer)
+            .and_then(|mut f| f.write_all(&bytes));
+    });
+    Some(path)
+}
+
+/// A pipe, a FIFO or a device has no length to check a header against: it
+/// is read (its header first, then at most the data its shape needs), so
+/// `--q <(...)` works, and a stream whose shape claims more than it
+/// delivers is the same length error as a file, without allocating the
+/// claim.
+#[cfg(unix)]
+#[test]
+fn npy_streams_are_read_and_checked_like_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let bytes = npy::encode_array(&[2, 3, 4], &data).unwrap();
+    let Some(good) = fifo(dir.path(), "good", bytes.clone()) else {
+        return;
+    };
+    let (shape, read) = npy::read_f32("q", &good).unwrap();
+    assert_eq!((shape, read), (vec![2, 3, 4], data));
+    // Cut short: the length error of a file.
+    let short = fifo(dir.path(), "short", bytes[..bytes.len() - 3].to_vec()).unwrap();
+    assert!(matches!(
+        npy::read_f32("q", &short),
+        Err(flashattn_cli::CliError::NpyDataLength { .. })
+    ));
+    // A header claiming 51 GB followed by 1 MiB: rejected once the stream
+    // ends, having held what it delivered.
+    let mut claim = npy_bytes("<f4", "(1000, 1000, 100, 128)", &[]);
+    claim.resize(claim.len() + (1 << 20), 0);
+    let claim = fifo(dir.path(), "claim", claim).unwrap();
+    assert!(matches!(
+        npy::read_f32("q", &claim),
+        Err(flashattn_cli::CliError::NpyDataLength { .. })
+    ));
+    // Not an .npy at all: the header error, not the whole stream read.
+    let text = fifo(dir.path(), "text", b"hello world\n".to_vec()).unwrap();
+    assert!(matches!(
+        npy::read_f32("q", &text),
+        Err(flashattn_cli::CliError::NotNpy { .. })
+    ));
+}

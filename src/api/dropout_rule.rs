@@ -104,7 +104,14 @@ pub fn dropout_mask(shape: &AttentionShape, opts: &AttentionOptions) -> Result<D
         .as_ref()
         .map_or((shape.seqlen_q, shape.seqlen_k), |v| v.max_seqlens());
     let dims = [seqs.len(), shape.heads_q, sq, sk];
-    let mut keep = vec![false; super::size::elements("the dropout mask", &dims)?];
+    let n = super::size::elements("the dropout mask", &dims)?;
+    let mut keep = Vec::new();
+    keep.try_reserve_exact(n)
+        .map_err(|_| crate::Error::HostMemory {
+            what: "the dropout mask",
+            bytes: n as u64,
+        })?;
+    keep.resize(n, false);
     for seq in &seqs {
         for h in 0..shape.heads_q {
             let rule = DropoutRule::new(opts, seq.index, h, shape.heads_q);
@@ -135,6 +142,26 @@ pub struct DropoutMask {
 mod tests {
     use super::*;
     use crate::api::dropout::Dropout;
+
+    /// A packed batch of 2^14 sequences, one of 2^14 tokens: its mask holds
+    /// 2^42 entries (4 TiB), within the element limit but no host's
+    /// memory on most, and 2^14 × 2^14 × 2^14 × 2^6 (2^48) on any: a typed
+    /// error, not an abort.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_mask_no_host_can_hold_is_an_error() {
+        let n = 1usize << 14;
+        let mut cu = vec![n as i32; n + 1];
+        cu[0] = 0;
+        let shape = AttentionShape::new(1, n, n, 64, 64, 1).unwrap();
+        let mut opts = AttentionOptions::default().dropout(0.1).dropout_seed(1);
+        opts.varlen = Some(crate::Varlen::new(&cu, &cu).unwrap());
+        let e = dropout_mask(&shape, &opts).unwrap_err();
+        assert!(
+            matches!(e, crate::Error::HostMemory { bytes, .. } if bytes == 1 << 48),
+            "{e:?}"
+        );
+    }
 
     fn rule(p: f32, seed: u64) -> DropoutRule {
         let opts = AttentionOptions::default().dropout(p).dropout_seed(seed);

@@ -43,7 +43,10 @@ pub fn plan_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
     let ov = req.overrides;
     let b = match ov.br.or(ov.bc) {
         Some(b) => b,
-        None => square_tile(&mut p, req.seqlen_q.max(req.seqlen_k)),
+        None => {
+            square(&mut p);
+            square_tile(&mut p, req.seqlen_q.max(req.seqlen_k))
+        }
     };
     if b == 0 || ov.threads_per_row == Some(0) {
         return Err(Error::EmptyTile {
@@ -104,6 +107,7 @@ fn registers_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
         caps,
     )?;
     p.clamps.clear();
+    square(&mut p);
     p.plan.kernel = KernelFamily::Registers;
     let widest = p.plan.widest_dim().div_ceil(4);
     let shape = registers::micro_tile(&mut p, req, caps, widest, 2)?;
@@ -115,6 +119,15 @@ fn registers_backward(req: &PlanRequest, caps: &DeviceCaps) -> Result<Planned> {
         shape.rm
     ));
     Ok(p)
+}
+
+/// The backward's tiles are square, B = Br = Bc, from Algorithm 1's
+/// Br = min(Bc, d): where d is below Bc, Bc comes down to Br, and the plan
+/// says so (every value that leaves the formula names its reason).
+fn square(p: &mut Planned) {
+    let (bc, br) = (p.plan.bc_formula, p.plan.br_formula);
+    let why = "the backward's tiles are square: Bc = Br = min(Bc, d)".to_string();
+    p.record("Bc", bc, br, why);
 }
 
 /// B from Algorithm 1's Br: rounded to the granularity, no longer than the

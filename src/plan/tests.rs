@@ -815,3 +815,41 @@ fn registers_overrides_apply_or_fail_clearly() {
     let short = plan_forward(&PlanRequest::new(64, Precision::F32).seqlens(5, 7), &intel).unwrap();
     assert!(short.plan.br <= 8 && short.plan.bc <= 8, "{short}");
 }
+
+/// Every value of a backward plan that leaves Algorithm 1's formula names
+/// its reason: where d is below Bc, Bc comes down to the square tile's B
+/// (it came down with no clamp shown).
+#[test]
+fn backward_clamps_explain_every_departure_from_the_formula() {
+    let mut planned = 0;
+    for (kernel, c) in [
+        (KernelFamily::Tiled, caps(32)),
+        (KernelFamily::Tiled, caps(8)),
+        (KernelFamily::Registers, gpu(32, Some((32, 32)))),
+        (KernelFamily::Registers, gpu(16, None)),
+    ] {
+        for d in [1, 3, 8, 16, 24, 64, 100, 256] {
+            let req = PlanRequest::new(d, Precision::F32).overrides(PlanOverrides {
+                kernel: Some(kernel),
+                ..Default::default()
+            });
+            let Ok(p) = plan_backward(&req, &c) else {
+                continue;
+            };
+            planned += 1;
+            let formula = [("Bc", p.plan.bc_formula), ("Br", p.plan.br_formula)];
+            for ((field, from), to) in formula.into_iter().zip([p.plan.bc, p.plan.br]) {
+                let shown = p.clamps.iter().fold(from, |v, c| {
+                    let ours = c.field == field || c.field == "B";
+                    if ours && c.from == v {
+                        c.to
+                    } else {
+                        v
+                    }
+                });
+                assert_eq!(shown, to, "{kernel:?} d {d} {field}: {p}");
+            }
+        }
+    }
+    assert!(planned >= 24, "{planned}");
+}

@@ -33,6 +33,9 @@ pub struct Prepared {
     pub cuda_kernel: Option<String>,
     /// `--arch` (`--backend cuda` only): the architecture compiled for.
     pub cuda_arch: Option<String>,
+    /// The wgpu plan flags given (`--block-q`, `--kernel`, `--tuned`, ...):
+    /// with `--backend auto` they make it wgpu, the backend they apply to.
+    pub wgpu_flags: Vec<&'static str>,
 }
 
 impl Prepared {
@@ -104,6 +107,18 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
     overrides.rows_per_thread = a.registers.rows_per_thread;
     overrides.subgroup_reduce = a.registers.subgroup_reduce;
     overrides.double_buffer = a.registers.double_buffer;
+    let wgpu_flags: Vec<&'static str> = [
+        ("--block-q", a.block_q.is_some()),
+        ("--block-k", a.block_k.is_some()),
+        ("--kernel", a.kernel.is_some() && cuda_kernel.is_none()),
+        ("--rows-per-thread", a.registers.rows_per_thread.is_some()),
+        ("--subgroup-reduce", a.registers.subgroup_reduce.is_some()),
+        ("--double-buffer", a.registers.double_buffer.is_some()),
+        ("--tuned", a.tuned),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
     let tuned = a.block_q.is_some()
         || a.block_k.is_some()
         || a.kernel.is_some()
@@ -159,6 +174,7 @@ pub fn prepare(a: &AttentionArgs) -> Result<Prepared> {
         },
         cuda_kernel,
         cuda_arch: cuda_arch(a, backend)?,
+        wgpu_flags,
     })
 }
 
@@ -216,7 +232,19 @@ pub fn flags(a: &ScoreArgs) -> Result<Flags> {
     }
     let precision: Option<Precision> = match fp8 {
         Some(_) => None,
-        None => a.precision.as_deref().map(str::parse).transpose()?,
+        // The library's error lists its storage precisions; these commands
+        // also take fp8.
+        None => a
+            .precision
+            .as_deref()
+            .map(|p| {
+                p.parse().map_err(|_| CliError::BadFlag {
+                    flag: "--precision",
+                    expected: "f32, f16, bf16 or fp8",
+                    value: p.to_string(),
+                })
+            })
+            .transpose()?,
     };
     let window = a.window.as_deref().map(parse_window).transpose()?;
     let mut opts = AttentionOptions::default().causal(a.causal);
@@ -252,9 +280,35 @@ pub fn open(kind: BackendKind, workload: &Workload) -> Result<Backend> {
     Ok(choice.backend)
 }
 
+/// "--kernel applies to the wgpu backend only", "--block-q and --block-k
+/// apply ...", "--block-q, --kernel and --tuned apply ...".
+fn wgpu_only(flags: &[&str]) -> String {
+    let (verb, list) = match flags {
+        [one] => ("applies", one.to_string()),
+        [init @ .., last] => ("apply", format!("{} and {last}", init.join(", "))),
+        [] => ("apply", "no flags".into()),
+    };
+    format!("{list} {verb} to the wgpu backend only")
+}
+
 /// Open the backend, saying on stderr which one and why.
 pub fn open_backend(p: &Prepared, backward: bool) -> Result<Backend> {
-    let backend = open(p.backend, &p.workload(backward)?)?;
+    let backend = match (p.backend, p.wgpu_flags.as_slice()) {
+        // Plan flags name wgpu's kernels: auto takes wgpu rather than drop
+        // them (or refuse them) on the backend it would have timed faster.
+        (BackendKind::Auto, [_, ..]) => {
+            let choice = Backend::open(BackendKind::Wgpu, &p.workload(backward)?)?;
+            if let Backend::Wgpu(e) = &choice.backend {
+                eprintln!(
+                    "flashattn: wgpu on {}, as {}",
+                    e.describe(),
+                    wgpu_only(&p.wgpu_flags)
+                );
+            }
+            choice.backend
+        }
+        _ => open(p.backend, &p.workload(backward)?)?,
+    };
     #[cfg(feature = "cuda")]
     let backend = match (backend, &p.cuda_kernel) {
         (flashattn::Backend::Cuda(c), Some(path)) => {
@@ -317,6 +371,16 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         ("--dropout-mask-out", a.dropout_mask_out.as_ref()),
     ]))?;
     let p = prepare(&a.attention)?;
+    // The mask depends on the shape and flags alone: drawn first, so that
+    // one too large for this host fails before the forward runs.
+    let mask = match &a.dropout_mask_out {
+        Some(_) => {
+            let [q, k, v] = p.views()?;
+            let shape = AttentionShape::from_views(&q, &k, &v)?;
+            Some(flashattn::dropout_mask(&shape, &p.opts)?)
+        }
+        None => None,
+    };
     let backend = open_backend(&p, false)?;
     let [q, k, v] = p.views()?;
     let out = match &p.fp8 {
@@ -335,10 +399,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
     if let Some(path) = &a.lse {
         files.push(("--lse", path, npy::encode(&lse)));
     }
-    if let Some(path) = &a.dropout_mask_out {
-        let [q, k, v] = p.views()?;
-        let shape = AttentionShape::from_views(&q, &k, &v)?;
-        let mask = flashattn::dropout_mask(&shape, &p.opts)?;
+    if let (Some(path), Some(mask)) = (&a.dropout_mask_out, &mask) {
         let bytes = npy::encode_bool(&mask.dims, &mask.keep);
         files.push(("--dropout-mask-out", path, bytes));
     }

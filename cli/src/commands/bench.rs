@@ -18,12 +18,15 @@ use crate::report::{self, csv_text, Ceiling, Report, SweepPoint};
 use flashattn::{CeilingShape, Engine, ForwardInputs, PlanOverrides, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Comma-separated values of one flag.
+/// Comma-separated values of one flag. A list with no value (`""`, `","`)
+/// is the value type's own error for an empty name: a flag given with
+/// nothing in it asks for nothing to run, which is a mistake, not a no-op.
 pub(crate) fn list<T: std::str::FromStr>(s: &str) -> std::result::Result<Vec<T>, T::Err> {
-    s.split(',')
-        .filter(|x| !x.is_empty())
-        .map(|x| x.trim().parse())
-        .collect()
+    let items: Vec<&str> = s.split(',').filter(|x| !x.is_empty()).collect();
+    if items.is_empty() {
+        return "".parse().map(|x| vec![x]);
+    }
+    items.into_iter().map(|x| x.trim().parse()).collect()
 }
 
 /// What the report says of how its wgpu rows were timed.
@@ -31,14 +34,15 @@ fn timing_of(engine: Option<&Engine>) -> String {
     engine.map_or("no adapter".into(), |e| e.timing().describe().into())
 }
 
-/// Comma-separated positive integers of `flag`.
+/// Comma-separated positive integers of `flag`, at least one.
 pub(crate) fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
     let bad = |x: &str| CliError::BadFlag {
         flag,
         expected: "positive integers",
         value: x.to_string(),
     };
-    s.split(',')
+    let sizes = s
+        .split(',')
         .filter(|x| !x.is_empty())
         .map(|x| {
             x.trim()
@@ -47,7 +51,23 @@ pub(crate) fn sizes(flag: &'static str, s: &str) -> Result<Vec<usize>> {
                 .filter(|&n| n > 0)
                 .ok_or_else(|| bad(x))
         })
-        .collect()
+        .collect::<Result<Vec<usize>>>()?;
+    if sizes.is_empty() {
+        return Err(bad(s));
+    }
+    Ok(sizes)
+}
+
+/// A count flag that must be at least 1 (`--heads`, `--batch`).
+fn positive(flag: &'static str, n: usize) -> Result<usize> {
+    match n {
+        0 => Err(CliError::BadFlag {
+            flag,
+            expected: "a positive integer",
+            value: n.to_string(),
+        }),
+        n => Ok(n),
+    }
 }
 
 /// The case matrix the flags ask for.
@@ -80,13 +100,19 @@ fn matrix(a: &BenchArgs) -> Result<Matrix> {
         head_dims: sizes("--head-dims", &a.head_dims)?,
         causal,
         dropouts,
-        heads: a.heads,
-        batch: a.batch,
+        heads: positive("--heads", a.heads)?,
+        batch: positive("--batch", a.batch)?,
         precision: a.precision.parse::<Precision>()?,
     })
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    // Where the report goes is checked before a run that may take minutes.
+    crate::outputs::check(&crate::outputs::given(&[
+        ("--json", a.json.as_ref()),
+        ("--csv", a.csv.as_ref()),
+        ("--plot", a.plot.as_ref()),
+    ]))?;
     if a.decode.on {
         return decode(&a);
     }
@@ -483,4 +509,40 @@ fn write_decode_outputs(a: &BenchArgs, report: &DecodeReport) -> Result<()> {
         write_text(path, &db::csv_text(report)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_list_is_an_error() {
+        for s in ["", ",", ",,"] {
+            assert!(matches!(
+                sizes("--seqlens", s),
+                Err(CliError::BadFlag {
+                    flag: "--seqlens",
+                    ..
+                })
+            ));
+            assert!(matches!(
+                list::<Precision>(s),
+                Err(flashattn::Error::UnknownName { .. })
+            ));
+        }
+        assert_eq!(sizes("--seqlens", "16, 32,").unwrap(), vec![16, 32]);
+        assert_eq!(list::<f32>("0.5,").unwrap(), vec![0.5]);
+    }
+
+    #[test]
+    fn heads_and_batch_are_positive() {
+        assert!(matches!(
+            positive("--heads", 0),
+            Err(CliError::BadFlag {
+                flag: "--heads",
+                ..
+            })
+        ));
+        assert_eq!(positive("--batch", 3).unwrap(), 3);
+    }
 }

@@ -15,6 +15,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let precision: Precision = a.precision.parse()?;
     let kind: BackendKind = a.backend.parse()?;
     let shape = AttentionShape::new(a.batch, a.seqlen, a.seqlen, a.heads, a.heads, a.head_dim)?;
+    crate::bench::host_memory_ok(|| "this problem".into(), crate::bench::input_bytes(&shape))?;
     let opts = AttentionOptions::default().causal(a.causal);
     let workload = Workload::new(shape, precision, opts.clone());
     let choice = Backend::open(kind, &workload)?;

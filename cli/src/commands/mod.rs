@@ -53,8 +53,17 @@ pub fn plot_path_ok(path: &Path) -> Result<()> {
     }
 }
 
-/// Write `text` to `path` through a temporary file, so a failure leaves nothing.
+/// Write `text` to `path` through a temporary file, so a failure leaves
+/// nothing; a special file (`/dev/stdout`, a FIFO) in place.
 pub fn write_text(path: &Path, text: &str) -> Result<()> {
+    if crate::outputs::is_special(path) {
+        return crate::outputs::write_in_place(path, text.as_bytes()).map_err(|source| {
+            CliError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
+        });
+    }
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

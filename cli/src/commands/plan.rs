@@ -8,21 +8,44 @@
 
 use crate::args::PlanArgs;
 use crate::error::{CliError, Result};
-use flashattn::plan::{plan_backward, plan_forward, PlanRequest};
+use flashattn::plan::{plan_backward, plan_forward, PlanRequest, StorageKind};
+use flashattn::quant::Fp8Layout;
 use flashattn::tune::cache::{overrides_text, seqlen_bucket};
 use flashattn::tune::{MaskKind, TuneKey};
 use flashattn::{
     AttentionOptions, AttentionShape, CacheLayout, CacheShape, DecodeProblem, DecodeStep, Engine,
-    Pass, PlanOverrides, Precision, TensorData, TuneCache,
+    Fp8Options, Pass, PlanOverrides, Precision, TensorData, TuneCache,
 };
 
 pub fn run(a: PlanArgs) -> Result<()> {
-    let precision: Precision = a.precision.parse()?;
+    // fp8 keeps its tiles in f32 (docs/semantics.md): its plans are f32's.
+    let fp8 = a.precision == "fp8";
+    let precision: Precision = match fp8 {
+        true => Precision::F32,
+        false => a.precision.parse().map_err(|_| CliError::BadFlag {
+            flag: "--precision",
+            expected: "f32, f16, bf16 or fp8",
+            value: a.precision.clone(),
+        })?,
+    };
     if let Some(d) = a.head_dim {
         AttentionShape::new(1, 1, 1, 1, 1, d)?;
     }
+    if fp8 && a.decode {
+        return Err(flashattn::Error::Fp8Unsupported {
+            operation: "decoding",
+        }
+        .into());
+    }
     match a.backend.as_str() {
         "wgpu" => {}
+        "cuda" if fp8 => {
+            return Err(CliError::BadFlag {
+                flag: "--precision",
+                expected: "f32, f16 or bf16 with --backend cuda",
+                value: a.precision.clone(),
+            })
+        }
         "cuda" => return cuda(&a, precision),
         other => {
             return Err(CliError::BadFlag {
@@ -60,6 +83,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
         overrides.rows_per_thread = a.registers.rows_per_thread;
         overrides.subgroup_reduce = a.registers.subgroup_reduce;
         overrides.double_buffer = a.registers.double_buffer;
+        if fp8 {
+            fp8_plans(&a, &caps, d, overrides)?;
+            continue;
+        }
         let mut req = PlanRequest::new(d, precision).overrides(overrides);
         if let Some(n) = a.seqlen {
             AttentionShape::new(1, n, n, 1, 1, d)?;
@@ -78,6 +105,36 @@ pub fn run(a: PlanArgs) -> Result<()> {
         }
         tuned.show(Pass::Backward, d);
     }
+    Ok(())
+}
+
+/// The FP8 forward's plan at head dim `d`: the f32 plan of its rows (q, k
+/// and v stored `row_len` long, the head dim rounded up to a multiple of 4),
+/// its storage e4m3 codes; and that there is no FP8 backward.
+fn fp8_plans(
+    a: &PlanArgs,
+    caps: &flashattn::plan::DeviceCaps,
+    d: usize,
+    overrides: PlanOverrides,
+) -> Result<()> {
+    let layout = Fp8Layout::new(d, &Fp8Options::default());
+    let mut req = PlanRequest::new(layout.row_len, Precision::F32).overrides(overrides);
+    if let Some(n) = a.seqlen {
+        AttentionShape::new(1, n, n, 1, 1, d)?;
+        req = req.seqlens(n, n);
+    }
+    println!(
+        "\nhead_dim {d}, fp8 (e4m3 codes, f32 tiles; rows of {}), forward:",
+        layout.row_len
+    );
+    let mut forward = plan_forward(&req, caps)?;
+    forward.plan.storage = StorageKind::Fp8;
+    indent(&forward.to_string());
+    println!("head_dim {d}, fp8, backward:");
+    let none = flashattn::Error::Fp8Unsupported {
+        operation: "the backward pass",
+    };
+    println!("  not possible: {none}");
     Ok(())
 }
 

@@ -76,6 +76,18 @@ pub fn run(a: TuneArgs) -> Result<()> {
             value: a.backend,
         });
     }
+    crate::outputs::check(&crate::outputs::given(&[("--json", a.json.as_ref())]))?;
+    // The winners are written as each problem is timed: a cache directory
+    // that is a file would fail only after the first timing.
+    if let Some(dir) = &a.cache_dir {
+        if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+            return Err(CliError::BadFlag {
+                flag: "--cache-dir",
+                expected: "a directory (created if missing)",
+                value: dir.display().to_string(),
+            });
+        }
+    }
     let seqlens = sizes("--seqlens", &a.seqlens)?;
     let dims = sizes("--head-dim", &a.head_dim)?;
     let precisions: Vec<Precision> = list(&a.precision)?;

@@ -79,7 +79,8 @@ impl Element {
 /// An open `.npy` file whose header has been read: the file positioned at
 /// its data, and the data's length.
 struct Npy {
-    file: File,
+    /// The file, or a stream's bytes read into memory ([`slurp`]).
+    file: Box<dyn Read>,
     header: header::Header,
     /// Bytes after the header.
     data_len: u64,
@@ -96,7 +97,16 @@ fn open(what: &'static str, path: &Path) -> Result<Npy> {
         source,
     };
     let mut file = File::open(path).map_err(read_error)?;
-    let len = file.metadata().map_err(read_error)?.len();
+    let meta = file.metadata().map_err(read_error)?;
+    // A pipe, a FIFO or a device (`<(...)`, /dev/stdin) has no length to
+    // check the header against: read it first.
+    let (mut file, len): (Box<dyn Read>, u64) = if meta.is_file() || meta.is_dir() {
+        (Box::new(file), meta.len())
+    } else {
+        let bytes = slurp(&mut file).map_err(read_error)?;
+        let len = bytes.len() as u64;
+        (Box::new(std::io::Cursor::new(bytes)), len)
+    };
     let header = header::read(&mut file, len).map_err(|source| CliError::NotNpy {
         what,
         path: path.to_path_buf(),
@@ -114,6 +124,47 @@ fn open(what: &'static str, path: &Path) -> Result<Npy> {
         element: Element::of(&header.descr),
         header,
     })
+}
+
+/// A stream's `.npy` bytes, read to the end of what its header says: the
+/// magic string, version and header length, then the header, then at most
+/// the data its shape and dtype need and one byte more (so that a longer
+/// stream is still a length error). `Vec` grows with the bytes that
+/// arrive, so a header that claims a huge shape costs no allocation; a
+/// stream that is not an `.npy` (or whose dtype or shape is one the reader
+/// rejects) stops early and the header check names the problem.
+fn slurp(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.take(12).read_to_end(&mut buf)?;
+    let prefix_len = match buf.get(6..8) {
+        Some([1, 0]) => 10,
+        Some([2 | 3, 0]) => 12,
+        _ => return Ok(buf),
+    };
+    let Some(field) = buf.get(8..prefix_len) else {
+        return Ok(buf);
+    };
+    let text_len = field
+        .iter()
+        .rev()
+        .fold(0u64, |n, &b| (n << 8) | u64::from(b));
+    let header_len = prefix_len as u64 + text_len;
+    r.take(header_len.saturating_sub(buf.len() as u64))
+        .read_to_end(&mut buf)?;
+    let Ok(header) = header::read(&mut &buf[..], buf.len() as u64) else {
+        return Ok(buf);
+    };
+    let data = Element::of(&header.descr).and_then(|e| {
+        let count = size::elements_u64("stream", &header.shape).ok()?;
+        (count as u64).checked_mul(e.bytes())
+    });
+    let Some(data) = data else {
+        return Ok(buf);
+    };
+    let have = buf.len() as u64 - header_len.min(buf.len() as u64);
+    r.take((data + 1).saturating_sub(have))
+        .read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// [`open`], and the array must have rank `rank` (`expected` describes its dims).
@@ -281,6 +332,11 @@ pub fn code_dtype(quant: CacheQuant) -> &'static str {
 /// Whether `path` holds a quantized cache's codes (int8 or uint8), read
 /// from its header only.
 pub fn holds_codes(what: &'static str, path: &Path) -> Result<bool> {
+    // A stream can be read once: it is read as floats (a FIFO opened a
+    // second time would wait for a second writer).
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return Ok(false);
+    }
     Ok(matches!(
         open(what, path)?.element,
         Some(Element::I8 | Element::U8)
