@@ -22,7 +22,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!("backend: {}", choice.backend.name());
     println!("why: {}", choice.reason);
     if let (Backend::Cpu, BackendKind::Auto) = (&choice.backend, kind) {
-        println!("NOTICE: running on the CPU backend (no GPU adapter is faster here; a GPU driver, e.g. mesa-vulkan-drivers for a CPU Vulkan adapter, may change that).");
+        // `why` says whether a software adapter was timed slower or none exists.
+        println!("NOTICE: running on the CPU backend, as no hardware GPU adapter was found (why: above). With a GPU and its Vulkan, Metal or DX12 driver, flashattn runs there; `--backend wgpu` tries a software adapter (Mesa's lavapipe, Debian's mesa-vulkan-drivers) if one is installed.");
     }
     println!(
         "problem: batch {}, seqlen {}, heads {}, head_dim {}, {precision}{}",
