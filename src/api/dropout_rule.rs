@@ -98,13 +98,14 @@ impl DropoutRule {
 /// like a tensor's.
 pub fn dropout_mask(shape: &AttentionShape, opts: &AttentionOptions) -> Result<DropoutMask> {
     opts.validate_for(shape)?;
-    let seqs = sequences(shape, opts.varlen.as_ref());
     let (sq, sk) = opts
         .varlen
         .as_ref()
         .map_or((shape.seqlen_q, shape.seqlen_k), |v| v.max_seqlens());
-    let dims = [seqs.len(), shape.heads_q, sq, sk];
+    // Sized before anything is allocated (the sequences' list included).
+    let dims = [opts.batch_of(shape), shape.heads_q, sq, sk];
     let mut keep = vec![false; super::size::elements("the dropout mask", &dims)?];
+    let seqs = sequences(shape, opts.varlen.as_ref());
     for seq in &seqs {
         for h in 0..shape.heads_q {
             let rule = DropoutRule::new(opts, seq.index, h, shape.heads_q);
