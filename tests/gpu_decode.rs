@@ -287,6 +287,14 @@ fn copy_bandwidth_is_timed_and_bounded_by_one_binding() {
         e.copy_bandwidth(0, 1),
         Err(flashattn::Error::EmptyDim { .. })
     ));
+    // A size whose rounding up to 16 would wrap to 0.
+    assert!(matches!(
+        e.copy_bandwidth(u64::MAX, 1),
+        Err(flashattn::Error::BindingTooLarge {
+            bytes: u64::MAX,
+            ..
+        })
+    ));
     let small = flashattn::Engine::new().unwrap().with_binding_limit(4096);
     assert!(matches!(
         small.copy_bandwidth(8192, 1),
