@@ -97,6 +97,8 @@ impl DropoutRule {
 /// without dropout. For debugging small problems: its size is checked
 /// like a tensor's.
 pub fn dropout_mask(shape: &AttentionShape, opts: &AttentionOptions) -> Result<DropoutMask> {
+    // The shape may have been built field by field.
+    shape.check()?;
     opts.validate_for(shape)?;
     let (sq, sk) = opts
         .varlen

@@ -206,15 +206,11 @@ impl AttentionOptions {
         Ok(())
     }
 
-    /// [`AttentionOptions::validate`], the shape's own size rules
-    /// ([`AttentionShape::check`]: a shape built field by field, as
-    /// [`Problem::new`](crate::Problem::new) and
-    /// [`dropout_mask`](crate::dropout_mask) take, may break them), and every
-    /// per-head, per-block and per-sequence input against the problem's shape
-    /// (for a packed batch, the shape of its batch-of-one view).
+    /// [`AttentionOptions::validate`], and every per-head, per-block and
+    /// per-sequence input against the problem's shape (for a packed batch,
+    /// the shape of its batch-of-one view).
     pub fn validate_for(&self, shape: &AttentionShape) -> Result<()> {
         self.validate()?;
-        shape.check()?;
         let (batch, seqlens) = match &self.varlen {
             Some(v) => {
                 if shape.batch != 1 {
