@@ -293,8 +293,12 @@ impl QuantKvCache {
     /// codes and every block scale [`MIN_CACHE_SCALE`]. Scales only grow as
     /// tokens are appended, so a page handed to another sequence keeps the
     /// old one's scales (and their coarser codes) until it is cleared.
-    /// [`Error::PageOutOfRange`] past the last page.
+    /// [`Error::PageOutOfRange`] past the last page; a cache whose fields
+    /// were changed since it was built is checked first, as a step checks it.
     pub fn clear_page(&mut self, page: usize) -> Result<()> {
+        // The fields are public: lengths changed since the cache was built
+        // are an error, not a slice past the end.
+        self.check()?;
         let blocks = self.blocks();
         if page >= blocks.pages {
             return Err(Error::PageOutOfRange {
@@ -358,7 +362,9 @@ impl QuantKvCache {
     /// What [`new`](Self::new) checks but the codes, again for a cache whose
     /// public fields were changed since: lengths and scales, every step.
     pub(crate) fn check(&self) -> Result<()> {
-        let s = &self.shape;
+        // A shape changed field by field (a size of 0 would divide by zero
+        // in the block arithmetic below) is checked as the constructors check.
+        let s = &self.shape.checked()?;
         let scales = self.blocks().count() * s.heads_kv;
         // A latent cache's V is a view of K: no codes or scales of its own.
         let (v_dims, v_scales) = match s.latent {

@@ -375,3 +375,33 @@ fn cpu_backward_is_not_the_baseline() {
     assert!(differs(&out.dk, &base.dk));
     assert!(differs(&out.dv, &base.dv));
 }
+
+/// A backward's o of the wrong shape is `ShapeMismatch` naming o and where
+/// its expected shape comes from (it once read "(the shape of o)").
+#[test]
+fn a_backward_o_of_the_wrong_shape_names_the_expected_one() {
+    let x = vec![0.1f32; 64];
+    let view = flashattn::TensorView::f32([1, 4, 2, 8], &x);
+    let inputs = flashattn::ForwardInputs::new(view, view, view);
+    let cpu = flashattn::Cpu::new();
+    let fwd = cpu
+        .forward(&inputs, &flashattn::AttentionOptions::default())
+        .unwrap();
+    let mut bwd = flashattn::BackwardInputs::new(inputs, &fwd, view).unwrap();
+    bwd.o = flashattn::TensorView::f32([1, 4, 2, 4], &x[..32]);
+    let err = cpu
+        .backward(&bwd, &flashattn::AttentionOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            flashattn::Error::ShapeMismatch {
+                tensor: "o",
+                like: "the forward's o: q's with v's head dim",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("q's with v's head dim"), "{err}");
+}

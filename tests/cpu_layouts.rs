@@ -11,6 +11,7 @@ use common::{block_mask, causal, check_cpu, window, Case};
 use flashattn::AttentionOptions;
 use flashattn::{Alibi, Sinks};
 use flashattn::{BlockGrid, BlockMask};
+use flashattn::{Cpu, Error, ForwardInputs, TensorView};
 
 /// The CPU forward and backward of `case` on every instruction set, each
 /// checked against the reference; dsinks exactly when the case has sinks.
@@ -128,4 +129,58 @@ fn cpu_split_keys_under_every_layout() {
         .clone()
         .opts(AttentionOptions::default().block_mask(mask.clone())));
     run(&case.f16().opts(causal().block_mask(mask).sinks(sinks)));
+}
+
+/// A block mask whose public `dims` or `grid` were changed after it was
+/// built no longer matches its data: a typed error before any work, not a
+/// slice past the end of its blocks.
+#[test]
+fn a_block_mask_changed_field_by_field_is_a_typed_error() {
+    let x = vec![0.5f32; 4 * 2 * 8];
+    let view = TensorView::f32([1, 4, 2, 8], &x);
+    let inputs = ForwardInputs::new(view, view, view);
+    let mask = BlockMask::new([1, 1, 2, 2], (2, 2), &[1, 0, 1, 1]).unwrap();
+    let forward = |mask: BlockMask| {
+        Cpu::new()
+            .forward(&inputs, &AttentionOptions::default().block_mask(mask))
+            .unwrap_err()
+    };
+    // Two heads claimed, one head's blocks held.
+    let mut heads = mask.clone();
+    heads.dims[1] = 2;
+    let err = forward(heads);
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                tensor: "block_mask",
+                expected: 8,
+                actual: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A grid wider than the dims it was built with.
+    let mut grid = mask.clone();
+    grid.grid.cols = 7;
+    let err = forward(grid);
+    assert!(
+        matches!(
+            err,
+            Error::BlockMaskDim {
+                value: 7,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Smaller blocks, their count raised to match, over the same data.
+    let mut rows = mask;
+    rows.grid.bm = 1;
+    rows.grid.rows = 4;
+    rows.dims[2] = 4;
+    let err = forward(rows);
+    assert!(matches!(err, Error::DataLength { .. }), "{err}");
 }

@@ -166,3 +166,23 @@ fn gpu_fp8_empty_rows_and_bad_inputs() {
     let Some(e) = engine() else { return };
     check_empty_rows_and_bad_inputs(|i, opts| e.forward_fp8(i, opts, &HADAMARD));
 }
+
+/// The CPU backend's FP8 forward runs on rows padded for the Hadamard
+/// transform, which at head dims past 512 are wider than `MAX_HEAD_DIM`
+/// (576 → 1024): the padded problem is internal and is not held to the
+/// callers' head-dim limit (the unpadded shape is).
+#[test]
+fn cpu_fp8_pads_wide_heads_past_the_head_dim_limit() {
+    let (s, d) = (3, 576);
+    let mut rng = flashattn::random::Rng::new(4);
+    let x = rng.normal_vec(s * d, 1.0);
+    let view = TensorView::f32([1, s, 1, d], &x);
+    let out = flashattn::cpu::forward_fp8(
+        &ForwardInputs::new(view, view, view),
+        &flashattn::AttentionOptions::default(),
+        &Fp8Options::hadamard(1),
+    )
+    .unwrap();
+    assert_eq!(out.o.shape, vec![1, s, 1, d]);
+    assert!(out.o.to_f32().iter().all(|v| v.is_finite()));
+}

@@ -196,6 +196,59 @@ fn a_device_latent_cache_is_one_buffer() {
     assert!(e.read_quantized_kv_cache(&quant).unwrap() == before);
 }
 
+/// A cache shape built field by field is checked as `CacheShape::new`
+/// checks it before a device cache is made: a size of 0 divided by zero in
+/// the quantized cache's scale blocks, and a plain cache of a head dim past
+/// the maximum was allocated, to fail only at its first step.
+#[test]
+fn device_caches_check_a_shape_built_field_by_field() {
+    let Some(e) = engine() else { return };
+    let good = CacheShape::new(
+        CacheLayout::Dense {
+            batch: 2,
+            capacity: 8,
+        },
+        2,
+        8,
+    )
+    .unwrap();
+    let empty = CacheShape {
+        layout: CacheLayout::Dense {
+            batch: 2,
+            capacity: 0,
+        },
+        ..good
+    };
+    for quant in flashattn::CacheQuant::ALL {
+        let err = e
+            .quantized_kv_cache(empty, quant, Precision::F32)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                flashattn::Error::EmptyDim {
+                    dim: "cache capacity"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    let err = e.kv_cache(empty, Precision::F32).unwrap_err();
+    assert!(matches!(err, flashattn::Error::EmptyDim { .. }), "{err:?}");
+    let wide = CacheShape {
+        head_dim: 4096,
+        ..good
+    };
+    let err = e.kv_cache(wide, Precision::F32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            flashattn::Error::HeadDimTooLarge { head_dim: 4096, .. }
+        ),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn bad_latent_input_is_typed_and_leaves_the_cache_untouched() {
     let Some(e) = engine() else { return };
@@ -233,6 +286,14 @@ fn copy_bandwidth_is_timed_and_bounded_by_one_binding() {
     assert!(matches!(
         e.copy_bandwidth(0, 1),
         Err(flashattn::Error::EmptyDim { .. })
+    ));
+    // A size whose rounding up to 16 would wrap to 0.
+    assert!(matches!(
+        e.copy_bandwidth(u64::MAX, 1),
+        Err(flashattn::Error::BindingTooLarge {
+            bytes: u64::MAX,
+            ..
+        })
     ));
     let small = flashattn::Engine::new().unwrap().with_binding_limit(4096);
     assert!(matches!(

@@ -399,3 +399,63 @@ fn a_cleared_page_starts_again_at_the_smallest_scale() {
     assert!(cache.k.scales.iter().all(|&s| s == MIN_CACHE_SCALE));
     assert!(cache.dequantized().k.to_f32().iter().all(|&x| x == 0.0));
 }
+
+/// A cache whose public fields were changed after it was built — its shape
+/// given a size of 0, its codes or scales cut short — is a typed error in a
+/// step and in `clear_page`, not a division by zero or a slice past the end.
+#[test]
+fn a_cache_changed_field_by_field_is_a_typed_error() {
+    let q = TensorData::F32(vec![1.0; 4]);
+    let lens = [3];
+    let step = DecodeStep::new(q.view([1, 1, 1, 4]), &lens);
+    let opts = AttentionOptions::default();
+    let mut empty = small(0.25).unwrap();
+    empty.shape.layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 0,
+    };
+    let before = empty.clone();
+    let err = cpu::decode_quantized(&mut empty, &step, &opts, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::EmptyDim {
+                dim: "cache capacity"
+            }
+        ),
+        "{err}"
+    );
+    let err = empty.clear_page(0).unwrap_err();
+    assert!(matches!(err, Error::EmptyDim { .. }), "{err}");
+    assert_eq!(empty, before);
+    let mut paged = small(0.25).unwrap();
+    paged.shape.layout = CacheLayout::Paged {
+        pages: 1,
+        page_size: 0,
+    };
+    let err = paged.clear_page(0).unwrap_err();
+    assert!(matches!(err, Error::EmptyDim { dim: "page_size" }), "{err}");
+    // A float cache emptied field by field, quantized.
+    let mut host = small(0.25).unwrap().dequantized();
+    host.shape = empty.shape;
+    host.k = TensorData::F32(Vec::new());
+    host.v = TensorData::F32(Vec::new());
+    let err = QuantKvCache::quantize(&host, CacheQuant::Int8).unwrap_err();
+    assert!(matches!(err, Error::EmptyDim { .. }), "{err}");
+    for cut in [true, false] {
+        let mut short = small(0.25).unwrap();
+        if cut {
+            short.k.codes.truncate(5);
+        } else {
+            short.v.scales.clear();
+        }
+        let before = short.clone();
+        let err = short.clear_page(0).unwrap_err();
+        let tensor = if cut { "k_cache" } else { "v_scales" };
+        assert!(
+            matches!(err, Error::DataLength { tensor: t, .. } if t == tensor),
+            "{err}"
+        );
+        assert_eq!(short, before);
+    }
+}

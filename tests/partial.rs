@@ -81,3 +81,40 @@ fn positions_refuse_what_belongs_to_whole_sequences() {
     }
     assert!(merge_partials(&[]).is_err());
 }
+
+/// Partials are public structs (a ring's peers send their o and lse):
+/// one whose lse or o holds fewer elements than its shape says, or whose
+/// problem shape disagrees with its o, is a typed error, not a slice past
+/// the end.
+#[test]
+fn merging_parts_of_the_wrong_length_is_a_typed_error() {
+    let x = vec![0.5f32; 4 * 2 * 8];
+    let view = TensorView::f32([1, 4, 2, 8], &x);
+    let part = Cpu::new()
+        .forward(
+            &ForwardInputs::new(view, view, view),
+            &AttentionOptions::default(),
+        )
+        .unwrap();
+    let mut short_lse = part.clone();
+    short_lse.lse.pop();
+    let mut short_o = part.clone();
+    short_o.o.data = flashattn::TensorData::F32(vec![0.0; 10]);
+    let mut wide = part.clone();
+    wide.shape.head_dim_v = 16;
+    // The first part's problem shape says how rows are laid out: o must
+    // hold it.
+    let cases = [
+        ([part.clone(), short_lse.clone()], "a partial lse"),
+        ([short_lse, part.clone()], "a partial lse"),
+        ([part.clone(), short_o.clone()], "a partial o"),
+        ([short_o, part.clone()], "a partial o"),
+        ([wide, part], "a partial o"),
+    ];
+    for (parts, tensor) in cases {
+        match merge_partials(&parts) {
+            Err(Error::DataLength { tensor: t, .. }) => assert_eq!(t, tensor),
+            other => panic!("expected DataLength for {tensor}, got {other:?}"),
+        }
+    }
+}

@@ -205,6 +205,49 @@ fn layouts_and_windows_are_checked() {
     }
 }
 
+/// `Problem::new` and `dropout_mask` take a shape that may have been
+/// built field by field: its size rules are checked there too (an
+/// overflowing batch used to reach an allocation, a 0 or an indivisible
+/// head count passed as a valid problem).
+#[test]
+fn shapes_built_field_by_field_are_checked_where_they_are_taken() {
+    let valid = AttentionShape::new(1, 4, 4, 2, 2, 8).unwrap();
+    let opts = AttentionOptions::default();
+    let dropout = AttentionOptions::default().dropout(0.5).dropout_seed(1);
+    let huge = AttentionShape {
+        batch: usize::MAX,
+        seqlen_q: usize::MAX,
+        ..valid
+    };
+    assert!(is_overflow(
+        flashattn::Problem::new(huge, Precision::F32, &opts),
+        "q"
+    ));
+    assert!(is_overflow(flashattn::dropout_mask(&huge, &dropout), "q"));
+    let no_kv_heads = AttentionShape {
+        heads_kv: 0,
+        ..valid
+    };
+    let uneven = AttentionShape {
+        heads_q: 3,
+        ..valid
+    };
+    for shape in [no_kv_heads, uneven] {
+        for err in [
+            flashattn::Problem::new(shape, Precision::F32, &opts).map(|_| ()),
+            flashattn::dropout_mask(&shape, &dropout).map(|_| ()),
+        ] {
+            assert!(
+                matches!(
+                    err,
+                    Err(Error::EmptyDim { dim: "heads_kv" } | Error::HeadsNotDivisible { .. })
+                ),
+                "{err:?}"
+            );
+        }
+    }
+}
+
 // ---- property tests ----
 
 /// Sizes that exercise the checks: 0, small, powers of two, usize::MAX.

@@ -175,6 +175,8 @@ impl BlockMask {
 
     /// The mask must fit a problem of `batch` entries (sequences),
     /// `heads_q` query heads and (longest) sequences of `seqlen_q × seqlen_k`.
+    /// Its public `dims` and `grid` are checked again here, against its data
+    /// and each other, in case they were changed since it was built.
     pub fn validate_for(
         &self,
         batch: usize,
@@ -182,11 +184,22 @@ impl BlockMask {
         (sq, sk): (usize, usize),
     ) -> Result<()> {
         let want = BlockGrid::new(sq, sk, (self.grid.bm, self.grid.bn))?;
+        let expected = size::elements("block_mask", &self.dims)?;
+        if self.data.len() != expected {
+            return Err(Error::DataLength {
+                tensor: "block_mask",
+                shape: self.dims.to_vec(),
+                expected,
+                actual: self.data.len(),
+            });
+        }
         let checks = [
             ("batch dim", self.dims[0], batch, true),
             ("head dim", self.dims[1], heads_q, true),
             ("row-block count", self.dims[2], want.rows, false),
             ("column-block count", self.dims[3], want.cols, false),
+            ("grid's row-block count", self.grid.rows, want.rows, false),
+            ("grid's column-block count", self.grid.cols, want.cols, false),
         ];
         for (dim, value, expected, broadcast) in checks {
             if value != expected && !(broadcast && value == 1) {

@@ -856,9 +856,10 @@ impl HostKvCache {
     }
 
     /// What [`new`](Self::new) checks, again for a cache whose public
-    /// fields were changed since: K and V hold the shape's elements, in one dtype.
+    /// fields were changed since: the shape's sizes (as
+    /// [`CacheShape::new`] checks them), K and V hold its elements, in one dtype.
     pub(crate) fn check(&self) -> Result<()> {
-        let s = &self.shape;
+        let s = &self.shape.checked()?;
         // A latent cache's V is a view of K: its own tensor is empty.
         let v_dims = if s.latent { vec![0] } else { s.v_dims().to_vec() };
         for (tensor, t, dims) in [("k_cache", &self.k, s.dims().to_vec()), ("v_cache", &self.v, v_dims)] {

@@ -97,13 +97,15 @@ impl DropoutRule {
 /// without dropout. For debugging small problems: its size is checked
 /// like a tensor's.
 pub fn dropout_mask(shape: &AttentionShape, opts: &AttentionOptions) -> Result<DropoutMask> {
+    // The shape may have been built field by field.
+    shape.check()?;
     opts.validate_for(shape)?;
-    let seqs = sequences(shape, opts.varlen.as_ref());
     let (sq, sk) = opts
         .varlen
         .as_ref()
         .map_or((shape.seqlen_q, shape.seqlen_k), |v| v.max_seqlens());
-    let dims = [seqs.len(), shape.heads_q, sq, sk];
+    // Sized before anything is allocated (the sequences' list included).
+    let dims = [opts.batch_of(shape), shape.heads_q, sq, sk];
     let n = super::size::elements("the dropout mask", &dims)?;
     let mut keep = Vec::new();
     keep.try_reserve_exact(n)
@@ -112,6 +114,7 @@ pub fn dropout_mask(shape: &AttentionShape, opts: &AttentionOptions) -> Result<D
             bytes: n as u64,
         })?;
     keep.resize(n, false);
+    let seqs = sequences(shape, opts.varlen.as_ref());
     for seq in &seqs {
         for h in 0..shape.heads_q {
             let rule = DropoutRule::new(opts, seq.index, h, shape.heads_q);

@@ -9,7 +9,9 @@ use crate::error::{Error, Result};
 /// Merge partial outputs of the same queries over disjoint key shards, in
 /// f32: `lse = log Σ exp(lse_s)`, `o = Σ exp(lse_s − lse) · o_s`. Rows
 /// whose every part has `lse = −∞` (no key in any shard) give `o = 0`,
-/// `lse = −∞`. Every part must have the first's shape; `o` comes back f32.
+/// `lse = −∞`. Every part must have the first's o shape
+/// ([`Error::ShapeMismatch`]) and hold as many o and lse elements as the
+/// first's problem shape says ([`Error::DataLength`]); `o` comes back f32.
 ///
 /// ```
 /// use flashattn::{merge_partials, AttentionOptions, Cpu, ForwardInputs, TensorView};
@@ -34,16 +36,7 @@ use crate::error::{Error, Result};
 /// ```
 pub fn merge_partials(parts: &[ForwardOutput]) -> Result<ForwardOutput> {
     let first = parts.first().ok_or(Error::EmptyDim { dim: "parts" })?;
-    for part in &parts[1..] {
-        if part.o.shape != first.o.shape {
-            return Err(Error::ShapeMismatch {
-                tensor: "a partial o",
-                shape: part.o.shape.clone(),
-                like: "the first partial o",
-                expected: first.o.shape.clone(),
-            });
-        }
-    }
+    check_parts(first, parts)?;
     let shape = first.shape;
     let (rows, heads, dv) = (shape.seqlen_q, shape.heads_q, shape.head_dim_v);
     let os: Vec<Vec<f32>> = parts.iter().map(|p| p.o.to_f32()).collect();
@@ -59,6 +52,38 @@ pub fn merge_partials(parts: &[ForwardOutput]) -> Result<ForwardOutput> {
     let mut merged = ForwardOutput::new(shape, TensorData::F32(o), lse, CallStats::default());
     merged.o.shape = first.o.shape.clone();
     Ok(merged)
+}
+
+/// Every part has the first's o shape, and o and lse hold as many elements
+/// as the first's problem shape says (the fields are public: a part put
+/// together by hand, or received from another rank, is checked here).
+fn check_parts(first: &ForwardOutput, parts: &[ForwardOutput]) -> Result<()> {
+    first.shape.check()?;
+    let (o_len, lse_len) = (first.shape.o_len(), first.shape.lse_len());
+    for part in parts {
+        if part.o.shape != first.o.shape {
+            return Err(Error::ShapeMismatch {
+                tensor: "a partial o",
+                shape: part.o.shape.clone(),
+                like: "the first partial o",
+                expected: first.o.shape.clone(),
+            });
+        }
+        for (tensor, shape, expected, actual) in [
+            ("a partial o", first.shape.o_shape().to_vec(), o_len, part.o.data.len()),
+            ("a partial lse", first.shape.lse_shape().to_vec(), lse_len, part.lse.len()),
+        ] {
+            if actual != expected {
+                return Err(Error::DataLength {
+                    tensor,
+                    shape,
+                    expected,
+                    actual,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One row of several parts, each `(o row, lse)`, merged into `out` (f32):

@@ -40,6 +40,19 @@ impl<'a> Problem<'a> {
         precision: Precision,
         opts: &'a AttentionOptions,
     ) -> Result<Self> {
+        // The shape may have been built field by field.
+        shape.check()?;
+        Self::padded(shape, precision, opts)
+    }
+
+    /// [`Problem::new`] but for the head dims' maximum: FP8's problem on
+    /// rows zero-padded for its transform (a power of two, which may pass
+    /// `MAX_HEAD_DIM`), whose unpadded shape was checked.
+    pub(crate) fn padded(
+        shape: AttentionShape,
+        precision: Precision,
+        opts: &'a AttentionOptions,
+    ) -> Result<Self> {
         opts.validate_for(&shape)?;
         Ok(Self {
             shape,

@@ -33,14 +33,15 @@ impl Alibi {
     /// tensor), row-major: [`validate_for`](Self::validate_for) then takes
     /// exactly `(heads_q,)` or `(batch, heads_q)`, not another shape of
     /// the same count. `Error::DataLength` if the shape does not hold
-    /// `slopes.len()` entries.
+    /// `slopes.len()` entries, `Error::SizeOverflow` if its element count
+    /// overflows.
     pub fn shaped(shape: &[usize], slopes: &[f32]) -> Result<Self> {
-        let expected = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if expected != Some(slopes.len()) {
+        let expected = super::size::elements("alibi_slopes", shape)?;
+        if expected != slopes.len() {
             return Err(Error::DataLength {
                 tensor: "alibi_slopes",
                 shape: shape.to_vec(),
-                expected: expected.unwrap_or(usize::MAX),
+                expected,
                 actual: slopes.len(),
             });
         }
@@ -249,6 +250,26 @@ mod tests {
         assert!(matches!(
             Sinks::new(&[0.0]).validate_for(2),
             Err(Error::IndexLength { expected: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_slopes_shape_whose_count_overflows_says_so() {
+        // It once reported a DataLength of usize::MAX expected elements.
+        assert!(matches!(
+            Alibi::shaped(&[usize::MAX, 2], &[0.5; 6]),
+            Err(Error::SizeOverflow {
+                what: "alibi_slopes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Alibi::shaped(&[2, 2], &[0.5; 6]),
+            Err(Error::DataLength {
+                expected: 4,
+                actual: 6,
+                ..
+            })
         ));
     }
 

@@ -146,7 +146,8 @@ impl AttentionShape {
             return Err(Error::ShapeMismatch {
                 tensor: name,
                 shape: t.shape.to_vec(),
-                like: "o",
+                // Not "o": o itself is checked here too.
+                like: "the forward's o: q's with v's head dim",
                 expected: self.o_shape().to_vec(),
             });
         }

@@ -25,7 +25,7 @@ pub fn forward_fp8(
     // into the scores and the output instead (equal up to rounding).
     let qkv = quantized.map(|t| t.dequantize());
     let opts = layout.options(opts);
-    let problem = Problem::new(layout.padded(&shape), Precision::F32, &opts)?;
+    let problem = Problem::padded(layout.padded(&shape), Precision::F32, &opts)?;
     let (o, lse) = super::forward::forward_f32(
         super::Isa::detect(),
         &problem,

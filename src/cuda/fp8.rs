@@ -212,7 +212,7 @@ pub(crate) fn forward_fp8(
         v_scales: v.scales,
     };
     let padded_opts = layout.options(opts);
-    let problem = Problem::new(layout.padded(&shape), Precision::F32, &padded_opts)?;
+    let problem = Problem::padded(layout.padded(&shape), Precision::F32, &padded_opts)?;
     let (o, lse, seconds) = forward_codes(dev, &codes, &problem, row)?;
     let s = &dev.stream;
     let o = s.clone_dtoh(&o).map_err(driver("reading o"))?;

@@ -83,6 +83,9 @@ fn copy_len4(gpu: &Gpu, bytes: u64) -> Result<u64> {
     if bytes == 0 {
         return Err(Error::EmptyDim { dim: "copy bytes" });
     }
+    // The request itself first: rounding a size near u64::MAX up to 16
+    // would wrap to 0 and pass.
+    gpu.within_binding("the copy", bytes)?;
     let len4 = bytes.div_ceil(16);
     gpu.within_binding("the copy", 16 * len4)?;
     Ok(len4)

@@ -198,6 +198,8 @@ impl KvCache {
     /// 4, then the scales; each must fit one storage binding (a latent
     /// cache's V is K's range).
     pub fn quantized_bytes(gpu: &Gpu, shape: &CacheShape) -> Result<[u64; 2]> {
+        // Checked first: a size of 0 would divide by zero in ScaleBlocks.
+        shape.checked()?;
         let scales = size::elements("the scale blocks", &[ScaleBlocks::of(shape).count(), shape.heads_kv])?;
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let codes = size::elements(what, &dims)?;
@@ -330,7 +332,9 @@ impl KvCache {
     /// must fit one storage binding. A latent cache's V takes none: it is
     /// a view of K.
     pub fn bytes(gpu: &Gpu, shape: &CacheShape, precision: Precision) -> Result<[u64; 2]> {
-        // A shape built field by field is checked here (CacheShape::new checks its own).
+        // A shape built field by field is checked here as CacheShape::new
+        // checks its own (sizes of 0, head dims past the maximum, counts).
+        shape.checked()?;
         let of = |what, dims: [usize; 4]| -> Result<u64> {
             let elements = size::elements(what, &dims)?;
             gpu.within_binding(what, padded(elements as u64 * precision.bytes() as u64))
