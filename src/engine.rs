@@ -195,6 +195,7 @@ impl Engine {
     /// decode kernel it runs (where its check failed, the tiled one) and the verdicts.
     #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
     pub fn verify_decode(&self, problem: &DecodeProblem) -> Result<Routed> {
+        problem.check()?;
         pollster::block_on(self.verifier.route_decode(&self.gpu, Some(problem), None))
     }
 
@@ -1094,6 +1095,7 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodePlan> {
+        problem.check()?;
         ops::decode::plan(&self.gpu, problem, opts, num_splits, None)
     }
 
@@ -1107,6 +1109,7 @@ impl Engine {
         num_splits: Option<usize>,
         kernel: Option<crate::plan::KernelFamily>,
     ) -> Result<DecodePlan> {
+        problem.check()?;
         ops::decode::plan(&self.gpu, problem, opts, num_splits, kernel)
     }
 

@@ -249,6 +249,82 @@ fn device_caches_check_a_shape_built_field_by_field() {
     );
 }
 
+/// A decode problem is a value with public fields: one changed after
+/// `DecodeProblem::new` (lengths emptied, a page size of 0, a page past
+/// the cache) is a typed error from the planner, not an index panic.
+#[test]
+fn a_decode_problem_changed_field_by_field_is_checked_by_the_planner() {
+    let Some(e) = engine() else { return };
+    let layout = CacheLayout::Paged {
+        pages: 3,
+        page_size: 4,
+    };
+    let shape = CacheShape::new(layout, 2, 8).unwrap();
+    let q = [0.25f32; 2 * 4 * 8];
+    let q = flashattn::TensorView::f32([2, 1, 4, 8], &q);
+    let step = DecodeStep::new(q, &[3, 5]).block_table(&[0, 1, 2, 0], 2);
+    let good = flashattn::DecodeProblem::new(&step, &shape, Precision::F32).unwrap();
+    let opts = AttentionOptions::default();
+    e.plan_decode(&good, &opts, None)
+        .expect("the problem as built");
+    let plan = |edit: &dyn Fn(&mut flashattn::DecodeProblem)| {
+        let mut p = good.clone();
+        edit(&mut p);
+        e.plan_decode(&p, &opts, None).unwrap_err()
+    };
+    use flashattn::Error;
+    let err = plan(&|p| p.cache_lens.clear());
+    assert!(
+        matches!(
+            err,
+            Error::IndexLength {
+                tensor: "cache_seqlens",
+                len: 0,
+                expected: 2
+            }
+        ),
+        "{err:?}"
+    );
+    let err = plan(&|p| p.table.page_size = 0);
+    assert!(matches!(err, Error::EmptyDim { .. }), "{err:?}");
+    let err = plan(&|p| p.table.pages[3] = 7);
+    assert!(
+        matches!(
+            err,
+            Error::PageOutOfRange {
+                page: 7,
+                pages: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = plan(&|p| p.table.pages.truncate(3));
+    assert!(
+        matches!(
+            err,
+            Error::IndexLength {
+                tensor: "block_table",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = plan(&|p| p.head_dim_v = 16);
+    assert!(
+        matches!(
+            err,
+            Error::DimMismatch {
+                dim: "head_dim_v",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = plan(&|p| p.heads_q = 3);
+    assert!(matches!(err, Error::HeadsNotDivisible { .. }), "{err:?}");
+}
+
 #[test]
 fn bad_latent_input_is_typed_and_leaves_the_cache_untouched() {
     let Some(e) = engine() else { return };

@@ -496,10 +496,55 @@ impl DecodeProblem {
             table,
             cache_lens,
         };
-        p.check_capacity()?;
-        p.check_pages()?;
-        p.check_appends()?;
+        p.check_steps()?;
         Ok(p)
+    }
+
+    /// The checks [`DecodeProblem::new`] made, again, on a problem whose
+    /// public fields may have been changed since: what takes a caller's
+    /// problem ([`crate::Engine::plan_decode`] and its kin) calls it
+    /// before any index arithmetic.
+    pub fn check(&self) -> Result<()> {
+        self.cache.checked()?;
+        AttentionShape::new(
+            self.batch,
+            self.seqlen_q,
+            1,
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+        )?;
+        for (dim, value, cache) in [
+            ("heads_kv", self.heads_kv, self.cache.heads_kv),
+            ("head_dim", self.head_dim, self.cache.head_dim),
+            ("head_dim_v", self.head_dim_v, self.cache.head_dim_v),
+        ] {
+            if value != cache {
+                return Err(Error::DimMismatch {
+                    dim,
+                    tensor: "the decode problem",
+                    value,
+                    other: "its kv cache",
+                    other_value: cache,
+                });
+            }
+        }
+        if self.table.page_size == 0 {
+            return Err(Error::EmptyDim {
+                dim: "page_size (the page table's)",
+            });
+        }
+        index_len("cache_seqlens", self.cache_lens.len(), self.batch)?;
+        let entries = size::product("block_table (batch × max_pages)", self.batch, self.table.max_pages)?;
+        index_len("block_table", self.table.pages.len(), entries)?;
+        self.check_steps()
+    }
+
+    /// Capacity, pages and appends: what a step may touch.
+    fn check_steps(&self) -> Result<()> {
+        self.check_capacity()?;
+        self.check_pages()?;
+        self.check_appends()
     }
 
     /// Keys sequence `b` attends to: its cache plus the appended tokens.
