@@ -168,6 +168,12 @@ pub enum Error {
         /// What the cache holds.
         found: String,
     },
+    /// A device KV cache given to an engine other than the one that made
+    /// it (each engine's caches are its own, even on one device: make the
+    /// cache with this engine, or wrap the same buffers with its
+    /// `kv_cache_in`).
+    #[error("this KV cache was made by another engine; a device cache works only with the engine that made it (wrap the same buffers with this engine's kv_cache_in)")]
+    ForeignCache,
     /// Softcap must be a finite value >= 0, got `softcap`.
     #[error("softcap must be a finite value >= 0, got {softcap}")]
     InvalidSoftcap {

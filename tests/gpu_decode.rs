@@ -117,6 +117,46 @@ fn a_failed_step_leaves_the_device_cache_untouched() {
     assert!(e.read_kv_cache(&cache).unwrap() == host);
 }
 
+/// A device cache belongs to the engine that made it: wgpu's resource ids
+/// repeat across instances, so a second engine's calls would bind its own
+/// buffers of the same ids (its cache read back as the first's, steps
+/// appended into it) without an error.
+#[test]
+fn a_device_cache_works_only_with_the_engine_that_made_it() {
+    let Some(e) = engine() else { return };
+    let other = Engine::new().expect("a second engine on the same adapter");
+    let layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 4,
+    };
+    let shape = CacheShape::new(layout, 1, 8).unwrap();
+    let mine = flashattn::HostKvCache::new(
+        shape,
+        TensorData::F32((0..32).map(|x| x as f32).collect()),
+        TensorData::F32((0..32).map(|x| -(x as f32)).collect()),
+    )
+    .unwrap();
+    let theirs = flashattn::HostKvCache::zeros(shape, Precision::F32);
+    let mut c1 = e.upload_kv_cache(&mine).unwrap();
+    let mut c2 = other.upload_kv_cache(&theirs).unwrap();
+    let q = TensorData::F32(vec![1.0; 8]);
+    let s = DecodeStep::new(q.view([1, 1, 1, 8]), &[3]);
+    let opts = AttentionOptions::default();
+    let foreign = |r: flashattn::Result<_>| matches!(r, Err(flashattn::Error::ForeignCache));
+    assert!(foreign(other.read_kv_cache(&c1).map(drop)));
+    assert!(foreign(other.decode(&mut c1, &s, &opts, None).map(drop)));
+    assert!(foreign(e.decode(&mut c2, &s, &opts, None).map(drop)));
+    let quant = e.quantized_kv_cache(shape, flashattn::CacheQuant::Int8, Precision::F32);
+    assert!(foreign(
+        other.read_quantized_kv_cache(&quant.unwrap()).map(drop)
+    ));
+    // Each with its own engine: the caches as uploaded, a step runs.
+    assert!(e.read_kv_cache(&c1).unwrap() == mine);
+    assert!(other.read_kv_cache(&c2).unwrap() == theirs);
+    e.decode(&mut c1, &s, &opts, None)
+        .expect("the cache's own engine");
+}
+
 /// DeepSeek's MLA on a latent cache (V a view of K, one tensor), dense
 /// and paged, GQA 128:1, seqlen_q 1 and 4, d 576 / dv 512, split-KV.
 #[test]

@@ -60,14 +60,14 @@ UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflic
 CacheIndex LatentViewTooWide LatentAppend CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
 AlibiShape NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
 EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale
-CacheFormat"""
+CacheFormat ForeignCache"""
 _UNSUPPORTED = "Unsupported BackendNotBuilt"
 _CONFIGURATION = """StorageOverride WorkgroupStorage WorkgroupTooLarge RegisterPressure
 EmptyTile TileOverrideOnLanes RegisterOverrideElsewhere RowsPerThread LanesHeadDim
 CoopHeadDim CoopTile ThreadsOverrideOnCoop"""
 _HARDWARE = """LanesUnavailable SubgroupReduce IsaUnavailable NativeF16Unavailable
 CoopMatrixUnavailable Fp8Unsupported BindingTooLarge GridTooLarge Overflow TooManySplits
-CudaUnavailable CudaArch CudaArchUnfit NoAdapter LoopLimitTooLow"""
+CudaUnavailable CudaArch CudaArchUnfit NoAdapter LoopLimitTooLow HostMemory"""
 _EXECUTION = """RequestDevice Device OutOfMemory Uncaptured Poll Map MapRange DeviceLost
 LoopBudget CudaCompile CudaJit CudaDriver Poisoned VerificationFailed TuneCacheWrite"""
 

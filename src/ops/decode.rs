@@ -110,7 +110,7 @@ pub fn cache_in(
         ranges.push(Range::new("v cache", v, bytes[1]));
     }
     bindings::check(gpu, &ranges, &[])?;
-    Ok(KvCache::in_ranges(shape, precision, k, v, bytes))
+    Ok(KvCache::in_ranges(gpu, shape, precision, k, v, bytes))
 }
 
 /// Bytes of the app's scratch an encoded step of `p` planned as `plan`
@@ -326,6 +326,7 @@ impl<'a> Step<'a> {
         num_splits: Option<usize>,
         kernel: Option<KernelFamily>,
     ) -> Result<Self> {
+        cache.check_owner(gpu)?;
         opts.for_decoding(p.batch, p.heads_q)?;
         let mut params = Params::decode(p, opts)?;
         // V's rows in V's storage: K's, in a latent cache.

@@ -33,6 +33,9 @@ pub struct Settings {
     pub loop_meter: bool,
 }
 
+/// The next [`Gpu::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 /// One wgpu device and everything calls on it share.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -55,6 +58,10 @@ pub struct Gpu {
     /// Queue submissions the engine made itself (known-answer checks,
     /// host-tensor calls, read-backs); an app's encoded calls add none.
     pub submissions: AtomicU64,
+    /// This runtime's own number, which the device caches it makes carry:
+    /// wgpu's resource ids repeat across instances, so a cache bound
+    /// through another engine's device would name that device's buffers.
+    pub id: u64,
 }
 
 impl Gpu {
@@ -77,6 +84,7 @@ impl Gpu {
             pool: BufferPool::default(),
             uncaptured: Arc::default(),
             submissions: AtomicU64::new(0),
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -48,9 +48,23 @@ pub struct KvCache {
     quant: Option<CacheQuant>,
     k: CacheRange,
     v: CacheRange,
+    /// The [`Gpu::id`] of the runtime that made it: the one engine it
+    /// belongs to ([`KvCache::check_owner`]).
+    owner: u64,
 }
 
 impl KvCache {
+    /// Whether `gpu` is the runtime this cache was made on:
+    /// `Error::ForeignCache` if not. wgpu's resource ids repeat across
+    /// instances, so another engine would bind its own buffers of the
+    /// same ids (reading or appending to the wrong cache, without an error).
+    pub(crate) fn check_owner(&self, gpu: &Gpu) -> Result<()> {
+        if self.owner != gpu.id {
+            return Err(Error::ForeignCache);
+        }
+        Ok(())
+    }
+
     /// An all-zero cache (wgpu zeroes new buffers) in buffers of its own.
     pub fn zeros(gpu: &Gpu, shape: CacheShape, precision: Precision) -> Result<Self> {
         let bytes = Self::bytes(gpu, &shape, precision)?;
@@ -88,6 +102,7 @@ impl KvCache {
             quant,
             k,
             v,
+            owner: gpu.id,
         }
     }
 
@@ -139,6 +154,7 @@ impl KvCache {
     /// The quantized cache's contents, copied back to the host
     /// ([`Error::CacheFormat`] on a plain cache).
     pub async fn read_quantized(&self, gpu: &Gpu) -> Result<QuantKvCache> {
+        self.check_owner(gpu)?;
         let Some(quant) = self.quant else {
             return Err(self.format_error(
                 "int8 or fp8 codes".into(),
@@ -217,6 +233,7 @@ impl KvCache {
     /// [`KvCache::bytes`]; only those bytes are ever bound. A latent cache
     /// reads V from `k`'s range (`v` is not bound).
     pub(crate) fn in_ranges(
+        gpu: &Gpu,
         shape: CacheShape,
         precision: Precision,
         k: &wgpu::BufferBinding,
@@ -240,6 +257,7 @@ impl KvCache {
             quant: None,
             k,
             v,
+            owner: gpu.id,
         }
     }
 
@@ -268,6 +286,7 @@ impl KvCache {
     /// The cache's contents, copied back to the host
     /// ([`Error::CacheFormat`] on a quantized cache).
     pub async fn read(&self, gpu: &Gpu) -> Result<HostKvCache> {
+        self.check_owner(gpu)?;
         if self.quant.is_some() {
             return Err(self.format_error(format!("{} elements", self.precision.name())));
         }
