@@ -186,3 +186,33 @@ fn cpu_fp8_pads_wide_heads_past_the_head_dim_limit() {
     assert_eq!(out.o.shape, vec![1, s, 1, d]);
     assert!(out.o.to_f32().iter().all(|v| v.is_finite()));
 }
+
+/// On wgpu the same transform's rows (1024) are wider than the kernels
+/// take: a typed error saying so, not a head dim the caller never passed.
+#[test]
+fn wgpu_fp8_names_the_transform_past_its_head_dims() {
+    let Some(e) = engine() else { return };
+    let (s, d) = (3, 520);
+    let x = flashattn::random::Rng::new(4).normal_vec(s * d, 1.0);
+    let view = TensorView::f32([1, s, 1, d], &x);
+    let inputs = ForwardInputs::new(view, view, view);
+    let opts = flashattn::AttentionOptions::default();
+    let err = e
+        .forward_fp8(&inputs, &opts, &Fp8Options::hadamard(1))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            flashattn::Error::Unsupported {
+                what: "the wgpu FP8 forward",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Without the transform the rows are 520: it runs.
+    let out = e
+        .forward_fp8(&inputs, &opts, &Fp8Options::default())
+        .unwrap();
+    assert!(out.o.to_f32().iter().all(|v| v.is_finite()));
+}

@@ -216,6 +216,14 @@ fn attention_kernel(
     opts: &AttentionOptions,
     overrides: &PlanOverrides,
 ) -> Result<FlashForward> {
+    // Hadamard's rows are zero-padded to a power of two: past 512 that is
+    // 1024, wider than the kernels' rows (the CPU backend takes it).
+    if padded.head_dim > crate::api::shape::MAX_HEAD_DIM {
+        return Err(Error::Unsupported {
+            what: "the wgpu FP8 forward",
+            feature: "the Hadamard transform at head dims above 512 (its rows pad to 1024); use the CPU backend or no transform",
+        });
+    }
     // Tiles are f32 on chip whatever the storage: plan as for f32.
     let req = PlanRequest::for_shape(padded, Precision::F32, *overrides);
     let plan = plan_forward(&req, &gpu.caps())?.plan;
