@@ -329,6 +329,12 @@ impl QuantKvCache {
     }
 
     /// The values the codes stand for, as an f32 cache of the same shape.
+    ///
+    /// # Panics
+    ///
+    /// Where public fields were changed so that the codes or scales no
+    /// longer hold the shape's elements (the calls that take the cache,
+    /// such as a decoding step, check that and return typed errors).
     pub fn dequantized(&self) -> HostKvCache {
         let blocks = self.blocks();
         let heads = self.shape.heads_kv;

@@ -185,6 +185,12 @@ pub fn forward(
 }
 
 /// [`forward`] on f64 slices already in the standard layouts.
+///
+/// # Panics
+///
+/// Where a slice is shorter than `shape` says or `opts` does not fit
+/// `shape` (unchecked here, as the reference's inner loop; [`forward`]
+/// checks both and returns the typed error).
 pub fn forward_f64(
     q: &[f64],
     k: &[f64],

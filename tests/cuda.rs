@@ -2511,7 +2511,7 @@ fn emulate_decode(
         .clone();
     let blobs = run_harness(&exe, dir, &run.blobs, &run.key.label());
     let p = &run.problem;
-    let o = flashattn::TensorData::from_bytes(&blobs[0], p.precision, p.o_len());
+    let o = flashattn::TensorData::from_bytes(&blobs[0], p.precision, p.o_len()).unwrap();
     let lse = blobs[1]
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -2737,8 +2737,8 @@ fn decode_kernels_match_the_reference_and_the_append_rule_under_host_emulation()
                 case.num_splits,
             );
             let (k, v) = (cache.k.len(), cache.v.len());
-            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, k);
-            cache.v = flashattn::TensorData::from_bytes(&blobs[1], case.precision, v);
+            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, k).unwrap();
+            cache.v = flashattn::TensorData::from_bytes(&blobs[1], case.precision, v).unwrap();
             Ok(out)
         });
     }
@@ -2911,7 +2911,8 @@ fn latent_decode_matches_the_reference_under_host_emulation() {
                 case.num_splits,
             );
             assert!(blobs[1].is_empty(), "a latent cache has no V of its own");
-            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, cache.k.len());
+            cache.k = flashattn::TensorData::from_bytes(&blobs[0], case.precision, cache.k.len())
+                .unwrap();
             Ok(out)
         });
         if let Some(n) = case.num_splits {

@@ -65,6 +65,23 @@ fn views_and_shapes_that_overflow_are_typed_errors() {
     assert!(is_overflow(literal.check(), "k"));
 }
 
+/// Raw bytes shorter than the elements asked for (or a count whose bytes
+/// overflow) are a typed error, not a slice panic.
+#[test]
+fn tensor_data_from_too_few_bytes_is_a_typed_error() {
+    let bytes = [0u8; 10];
+    let ok = TensorData::from_bytes(&bytes, Precision::F16, 5).unwrap();
+    assert_eq!(ok.len(), 5);
+    for (precision, n, held) in [(Precision::F32, 3, 2), (Precision::Bf16, usize::MAX, 5)] {
+        match TensorData::from_bytes(&bytes, precision, n) {
+            Err(Error::DataLength {
+                expected, actual, ..
+            }) => assert_eq!((expected, actual), (n, held)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 #[test]
 fn every_backend_rejects_the_wrapping_shape_at_once() {
     let start = Instant::now();

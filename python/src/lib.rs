@@ -528,11 +528,7 @@ unsafe fn host_cache(
 ) -> flashattn::Result<HostKvCache> {
     let owned = |r: &RawMut| -> flashattn::Result<TensorData> {
         let view = r.host()?;
-        Ok(TensorData::from_bytes(
-            view.as_bytes(),
-            view.precision(),
-            view.len(),
-        ))
+        TensorData::from_bytes(view.as_bytes(), view.precision(), view.len())
     };
     let shape = cache_shape(k, v, latent_v, paged)?;
     match v {
@@ -700,7 +696,7 @@ fn check_decode_quantized(
         let out = flashattn::DecodeOutput {
             o: flashattn::Tensor {
                 shape: o.shape.to_vec(),
-                data: TensorData::from_bytes(o.data.as_bytes(), o.precision(), o.data.len()),
+                data: TensorData::from_bytes(o.data.as_bytes(), o.precision(), o.data.len())?,
             },
             lse: lse.to_vec(),
             lse_shape: [step.q.shape[0], step.q.shape[2], step.q.shape[1]],

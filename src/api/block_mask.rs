@@ -86,6 +86,12 @@ impl BlockMask {
 
     /// A mask of `mb × mh` grids whose block `(r, c)` of batch `b`, head
     /// `h` is `allow(b, h, r, c)`.
+    ///
+    /// # Panics
+    ///
+    /// Where `mb × mh × rows × cols` bytes overflow or cannot be allocated
+    /// (as `Vec` does; so do the pattern constructors below):
+    /// [`BlockMask::new`] takes the caller's bytes with typed size errors.
     pub fn from_fn(
         grid: BlockGrid,
         [mb, mh]: [usize; 2],

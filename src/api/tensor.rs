@@ -231,14 +231,23 @@ impl TensorData {
         }
     }
 
-    /// Decode the first `n` elements of raw little-endian bytes.
-    pub fn from_bytes(bytes: &[u8], precision: Precision, n: usize) -> Self {
-        let bytes = &bytes[..n * precision.bytes()];
-        match precision {
+    /// Decode the first `n` elements of raw little-endian bytes:
+    /// `Error::DataLength` (elements) where `bytes` holds fewer.
+    pub fn from_bytes(bytes: &[u8], precision: Precision, n: usize) -> Result<Self> {
+        let held = bytes.len() / precision.bytes();
+        let Some(bytes) = bytes.get(..n.saturating_mul(precision.bytes())) else {
+            return Err(Error::DataLength {
+                tensor: "the bytes",
+                shape: vec![n],
+                expected: n,
+                actual: held,
+            });
+        };
+        Ok(match precision {
             Precision::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(bytes)),
             Precision::F16 => TensorData::F16(bytemuck::pod_collect_to_vec(bytes)),
             Precision::Bf16 => TensorData::Bf16(bytemuck::pod_collect_to_vec(bytes)),
-        }
+        })
     }
 
     /// The element type.

@@ -108,7 +108,7 @@ pub(crate) fn backward(
 
     let read = |buf, n: usize, during| -> Result<TensorData> {
         let bytes = stream.clone_dtoh(buf).map_err(driver(during))?;
-        Ok(TensorData::from_bytes(&bytes, call.precision, n))
+        TensorData::from_bytes(&bytes, call.precision, n)
     };
     let count = |s: [usize; 4]| s.iter().product::<usize>();
     let grads = [

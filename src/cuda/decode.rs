@@ -203,12 +203,12 @@ pub(crate) fn read(dev: &CudaDevice, cache: &CudaKvCache) -> Result<HostKvCache>
     let s = &dev.stream;
     let k = s.clone_dtoh(&cache.k).map_err(driver("reading the k cache"))?;
     let (shape, p) = (cache.shape, cache.precision);
-    let k = TensorData::from_bytes(&k, p, shape.len());
+    let k = TensorData::from_bytes(&k, p, shape.len())?;
     match &cache.v {
         None => HostKvCache::latent(shape, k),
         Some(v) => {
             let v = s.clone_dtoh(v).map_err(driver("reading the v cache"))?;
-            HostKvCache::new(shape, k, TensorData::from_bytes(&v, p, shape.v_len()))
+            HostKvCache::new(shape, k, TensorData::from_bytes(&v, p, shape.v_len())?)
         }
     }
 }
@@ -542,7 +542,7 @@ pub(crate) fn decode(
         uploaded_bytes: Some(uploaded),
         ..CallStats::default()
     };
-    let o = TensorData::from_bytes(&o, p.precision, p.o_len());
+    let o = TensorData::from_bytes(&o, p.precision, p.o_len())?;
     Ok(DecodeOutput::new(&p, o, lse, l.splits, stats))
 }
 

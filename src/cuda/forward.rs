@@ -96,7 +96,7 @@ pub(crate) fn forward(
     let o = stream.clone_dtoh(&d_out).map_err(driver("reading o"))?;
     let lse = stream.clone_dtoh(&d_lse).map_err(driver("reading lse"))?;
     let stats = call_stats(o_bytes, lse.len(), seconds);
-    let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product());
+    let o = TensorData::from_bytes(&o, call.precision, shape.q_shape().iter().product())?;
     drop((side, lists));
     Ok(ForwardOutput::new(shape, o, lse, stats).packed(opts.varlen.is_some()))
 }

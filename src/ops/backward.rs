@@ -352,7 +352,8 @@ async fn run_piece(
         reads.push((sums, s.heads_q as u64 * 4));
     }
     let data = call.read(&reads).await?;
-    let grads = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    let [dq, dk, dv] = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    let grads = [dq?, dk?, dv?];
     Ok((grads, data.get(3).map(|d| bytemuck::pod_collect_to_vec(d))))
 }
 

@@ -506,7 +506,7 @@ impl<'a> Step<'a> {
             .read(&[(&bufs.o, o_bytes), (&bufs.lse, lse_bytes)])
             .await?;
         let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-        let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), p.precision, p.o_len());
+        let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), p.precision, p.o_len())?;
         Ok(DecodeOutput::new(
             p,
             o,

@@ -147,7 +147,7 @@ async fn run_piece(
         .await?;
     let mut data = call.read(&[(&o, o_bytes), (&lse, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, s.o_len());
+    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, s.o_len())?;
     Ok((o, lse))
 }
 

@@ -267,7 +267,7 @@ pub async fn naive_forward(
     call.run(&steps).await?;
     let mut data = call.read(&[(&ob, o_bytes), (&lb, lse_bytes)]).await?;
     let lse = bytemuck::pod_collect_to_vec(&data.pop().unwrap_or_default());
-    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, shape.o_len());
+    let o = TensorData::from_bytes(&data.pop().unwrap_or_default(), precision, shape.o_len())?;
     drop(steps);
     Ok(ForwardOutput::new(shape, o, lse, call.finish()))
 }
@@ -319,6 +319,7 @@ pub async fn naive_backward(
         .read(&[(&b.dq, bytes[0]), (&b.dk, bytes[1]), (&b.dv, bytes[2])])
         .await?;
     let [dq, dk, dv] = [0, 1, 2].map(|i| TensorData::from_bytes(&data[i], precision, lens[i]));
+    let [dq, dk, dv] = [dq?, dk?, dv?];
     Ok(BackwardOutput::new(&shape, dq, dk, dv, call.finish()))
 }
 

@@ -300,9 +300,9 @@ impl KvCache {
         let mut data = read_back_at(gpu, &ranges).await?;
         let v = match self.shape.latent {
             true => TensorData::from_f32(Vec::new(), self.precision),
-            false => TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[1]),
+            false => TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[1])?,
         };
-        let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[0]);
+        let k = TensorData::from_bytes(&data.pop().unwrap_or_default(), self.precision, lens[0])?;
         HostKvCache::new(self.shape, k, v)
     }
 
