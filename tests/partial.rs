@@ -118,3 +118,32 @@ fn merging_parts_of_the_wrong_length_is_a_typed_error() {
         }
     }
 }
+
+/// A partial lse is finite or −∞; NaN or +∞ (a part corrupted on its way
+/// from another rank) would turn the whole row's weights into NaN.
+#[test]
+fn merging_a_part_whose_lse_is_nan_or_plus_infinity_is_a_typed_error() {
+    let x = vec![0.5f32; 4 * 2 * 8];
+    let view = TensorView::f32([1, 4, 2, 8], &x);
+    let part = Cpu::new()
+        .forward(
+            &ForwardInputs::new(view, view, view),
+            &AttentionOptions::default(),
+        )
+        .unwrap();
+    let mut empty = part.clone();
+    empty.lse[2] = f32::NEG_INFINITY;
+    merge_partials(&[part.clone(), empty]).expect("an empty row is −∞");
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut broken = part.clone();
+        broken.lse[5] = bad;
+        match merge_partials(&[part.clone(), broken]) {
+            Err(Error::NonFinite {
+                tensor: "a partial lse",
+                index: 5,
+                ..
+            }) => {}
+            other => panic!("expected NonFinite for {bad}, got {other:?}"),
+        }
+    }
+}

@@ -82,6 +82,20 @@ fn check_parts(first: &ForwardOutput, parts: &[ForwardOutput]) -> Result<()> {
                 });
             }
         }
+        // A partial lse is finite or −∞ (a row that saw no key of its
+        // shard); NaN or +∞ would make every weight of the row NaN.
+        if let Some((index, &value)) = part
+            .lse
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.is_nan() || **l == f32::INFINITY)
+        {
+            return Err(Error::NonFinite {
+                tensor: "a partial lse",
+                index,
+                value,
+            });
+        }
     }
     Ok(())
 }
