@@ -82,20 +82,25 @@ fn positions_refuse_what_belongs_to_whole_sequences() {
     assert!(merge_partials(&[]).is_err());
 }
 
+/// A forward's (o, lse) on the CPU backend, whole: a part to corrupt.
+fn one_part() -> flashattn::ForwardOutput {
+    let x = vec![0.5f32; 4 * 2 * 8];
+    let view = TensorView::f32([1, 4, 2, 8], &x);
+    Cpu::new()
+        .forward(
+            &ForwardInputs::new(view, view, view),
+            &AttentionOptions::default(),
+        )
+        .unwrap()
+}
+
 /// Partials are public structs (a ring's peers send their o and lse):
 /// one whose lse or o holds fewer elements than its shape says, or whose
 /// problem shape disagrees with its o, is a typed error, not a slice past
 /// the end.
 #[test]
 fn merging_parts_of_the_wrong_length_is_a_typed_error() {
-    let x = vec![0.5f32; 4 * 2 * 8];
-    let view = TensorView::f32([1, 4, 2, 8], &x);
-    let part = Cpu::new()
-        .forward(
-            &ForwardInputs::new(view, view, view),
-            &AttentionOptions::default(),
-        )
-        .unwrap();
+    let part = one_part();
     let mut short_lse = part.clone();
     short_lse.lse.pop();
     let mut short_o = part.clone();
@@ -123,14 +128,7 @@ fn merging_parts_of_the_wrong_length_is_a_typed_error() {
 /// from another rank) would turn the whole row's weights into NaN.
 #[test]
 fn merging_a_part_whose_lse_is_nan_or_plus_infinity_is_a_typed_error() {
-    let x = vec![0.5f32; 4 * 2 * 8];
-    let view = TensorView::f32([1, 4, 2, 8], &x);
-    let part = Cpu::new()
-        .forward(
-            &ForwardInputs::new(view, view, view),
-            &AttentionOptions::default(),
-        )
-        .unwrap();
+    let part = one_part();
     let mut empty = part.clone();
     empty.lse[2] = f32::NEG_INFINITY;
     merge_partials(&[part.clone(), empty]).expect("an empty row is −∞");
