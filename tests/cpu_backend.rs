@@ -405,3 +405,37 @@ fn a_backward_o_of_the_wrong_shape_names_the_expected_one() {
     );
     assert!(err.to_string().contains("q's with v's head dim"), "{err}");
 }
+
+/// A NaN in q or k reaches exactly the rows whose allowed scores meet it,
+/// as in torch: those rows' o and lse are NaN (not an empty row's 0 and
+/// −∞), and every other row is what it is without the NaN.
+#[test]
+fn a_nan_input_makes_the_rows_it_reaches_nan() {
+    let (n, d) = (5, 8);
+    let mut rng = Rng::new(11);
+    let q = rng.normal_vec(n * d, 1.0);
+    let k = rng.normal_vec(n * d, 1.0);
+    let v = rng.normal_vec(n * d, 1.0);
+    let opts = AttentionOptions::default().causal(true);
+    let run = |q: &[f32], k: &[f32]| {
+        let view = |x| TensorView::f32([1, n, 1, d], x);
+        let inputs = ForwardInputs::new(view(q), view(k), view(&v));
+        Cpu::new().forward(&inputs, &opts).unwrap()
+    };
+    let clean = run(&q, &k);
+    let (mut q_nan, mut k_nan) = (q.clone(), k.clone());
+    q_nan[d + 2] = f32::NAN; // row 1
+    k_nan[3 * d + 5] = f32::NAN; // key 3: rows 3 and 4 see it
+    let out = run(&q_nan, &k_nan);
+    let (o, o_clean) = (out.o.to_f32(), clean.o.to_f32());
+    for i in 0..n {
+        let row = &o[i * d..][..d];
+        if [1, 3, 4].contains(&i) {
+            assert!(row.iter().all(|x| x.is_nan()), "row {i}: {row:?}");
+            assert!(out.lse[i].is_nan(), "row {i}: lse {}", out.lse[i]);
+        } else {
+            assert_eq!(row, &o_clean[i * d..][..d], "row {i}");
+            assert_eq!(out.lse[i], clean.lse[i], "row {i}");
+        }
+    }
+}

@@ -101,12 +101,19 @@ fn check_parts(first: &ForwardOutput, parts: &[ForwardOutput]) -> Result<()> {
 }
 
 /// One row of several parts, each `(o row, lse)`, merged into `out` (f32):
-/// returns the merged LSE. A row no part saw gets `out = 0` and −∞; one
-/// part is copied as it is (its weight is exactly 1).
+/// returns the merged LSE. A row no part saw gets `out = 0` and −∞, a part
+/// of NaN lse makes it NaN; one part is copied as it is (its weight is
+/// exactly 1).
 pub(crate) fn merge_rows<'a>(
     parts: impl Iterator<Item = (&'a [f32], f32)> + Clone,
     out: &mut [f32],
 ) -> f32 {
+    // f32::max passes NaN over: a part that met a NaN score (a NaN or
+    // infinity in the inputs) makes the row NaN, as in torch, not empty.
+    if parts.clone().any(|(_, l)| l.is_nan()) {
+        out.fill(f32::NAN);
+        return f32::NAN;
+    }
     let m = parts.clone().map(|(_, l)| l).fold(f32::NEG_INFINITY, f32::max);
     out.fill(0.0);
     if m == f32::NEG_INFINITY {

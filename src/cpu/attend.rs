@@ -296,6 +296,12 @@ fn online_update<K: Kernel>(
         let s = &mut s[..nc];
         let (m, alpha) = (w.m[r], w.alpha[r]);
         if m == f32::NEG_INFINITY {
+            // The max passes NaN over: a row whose allowed scores are all
+            // NaN (a NaN in its q) poisons its sum, so that it comes out
+            // NaN as torch's would, not as an empty row.
+            if s.iter().any(|x| x.is_nan()) {
+                w.l[r][0] = f32::NAN;
+            }
             s.fill(0.0);
             continue;
         }
@@ -328,7 +334,9 @@ fn finish(g: &Geometry, mut w: Work, keep_scale: f32) -> Partial {
             .zip(w.o.chunks_exact_mut(g.dvpad))
             .map(|((&m, &l), o)| {
                 let l = vmath::fold_sum(l);
-                if l > 0.0 {
+                // A NaN score (a NaN or infinity in q, k or v) makes l NaN:
+                // the row comes out NaN, as in torch, not empty.
+                if l > 0.0 || l.is_nan() {
                     vmath::scale(o, keep_scale / l);
                     m + l.ln()
                 } else {
