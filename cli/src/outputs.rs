@@ -225,22 +225,24 @@ pub fn commit(renames: &[(PathBuf, &Path)]) -> Result<()> {
     Ok(())
 }
 
+/// The directory's entries, sorted: what a test expects a command to have
+/// left there.
+#[cfg(test)]
+pub(crate) fn names(d: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn dir() -> tempfile::TempDir {
         tempfile::tempdir().unwrap()
-    }
-
-    /// The directory's entries, sorted.
-    fn names(d: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
     }
 
     #[test]

@@ -476,15 +476,6 @@ mod tests {
         }
     }
 
-    fn files_in(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
     #[test]
     fn svg_has_title_labels_and_series_names() {
         let dir = tempfile::tempdir().unwrap();
@@ -503,7 +494,10 @@ mod tests {
                 assert!(svg.contains(text), "log = {log}: {text:?} missing");
             }
         }
-        assert_eq!(files_in(dir.path()), ["chart-false.svg", "chart-true.svg"]);
+        assert_eq!(
+            crate::outputs::names(dir.path()),
+            ["chart-false.svg", "chart-true.svg"]
+        );
     }
 
     #[test]
@@ -518,7 +512,7 @@ mod tests {
             "a {} byte PNG has no chart in it",
             bytes.len()
         );
-        assert_eq!(files_in(dir.path()), ["chart.PNG"]);
+        assert_eq!(crate::outputs::names(dir.path()), ["chart.PNG"]);
     }
 
     #[test]
@@ -561,9 +555,9 @@ mod tests {
             Err(PlotError::BadValue { axis: "x", .. })
         ));
         assert!(
-            files_in(dir.path()).is_empty(),
+            crate::outputs::names(dir.path()).is_empty(),
             "{:?}",
-            files_in(dir.path())
+            crate::outputs::names(dir.path())
         );
         // A directory that does not exist: an I/O error, nothing written.
         let missing = dir.path().join("no/such/dir/c.svg");
@@ -571,7 +565,7 @@ mod tests {
             render(&chart(false), &missing),
             Err(PlotError::Draw { .. })
         ));
-        assert!(files_in(dir.path()).is_empty());
+        assert!(crate::outputs::names(dir.path()).is_empty());
     }
 
     #[test]
