@@ -1200,6 +1200,15 @@ fn bench_bad_arguments() {
             .unwrap();
         assert_bad(&f, &out, flag);
     }
+    // No timed repeat, nothing to report (as tune says), in every mode.
+    for mode in [
+        &["bench"][..],
+        &["bench", "--decode"],
+        &["bench", "--sparse"],
+    ] {
+        let out = bin().args(mode).args(["--repeats", "0"]).output().unwrap();
+        assert_bad(&f, &out, "--repeats");
+    }
     let out = bin().args(["bench", "--impls", "tpu"]).output().unwrap();
     assert_bad(&f, &out, "tpu");
     for bad in ["1", "0,1.5", "-0.1", "x"] {

@@ -113,6 +113,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ("--csv", a.csv.as_ref()),
         ("--plot", a.plot.as_ref()),
     ]))?;
+    // As tune: a run of no timed repeats has nothing to report.
+    if a.repeats == 0 {
+        return Err(CliError::BadFlag {
+            flag: "--repeats",
+            expected: "at least 1",
+            value: "0".into(),
+        });
+    }
     if a.decode.on {
         return decode(&a);
     }
