@@ -306,11 +306,17 @@ async fn measure(found: &[wgpu::Adapter], w: &Workload) -> Result<(Decision, Str
     let (best, why) = fastest(&timed).unwrap_or((paths.len() - 1, String::new()));
     let s = &slice.shape;
     let what = format!(
-        "the only adapters run on the CPU; on a slice of this problem ({} × {} tokens, {} heads{}) {why}",
+        "the only adapters run on the CPU; on a slice of this problem ({} × {} tokens, {} heads{}{}) {why}",
         s.seqlen_q,
         s.seqlen_k,
         s.heads_q,
         if w.backward { ", forward and backward" } else { "" },
+        match w.operation {
+            Operation::Decode | Operation::QuantizedDecode => {
+                ", the attention kernels timed for the decoding step"
+            }
+            _ => "",
+        },
     );
     let winner = path_id(found, paths[best]);
     let decision = match paths[best] {
