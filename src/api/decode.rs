@@ -496,14 +496,14 @@ impl DecodeProblem {
             table,
             cache_lens,
         };
-        p.check_steps()?;
+        p.check()?;
         Ok(p)
     }
 
-    /// The checks [`DecodeProblem::new`] made, again, on a problem whose
-    /// public fields may have been changed since: what takes a caller's
-    /// problem ([`crate::Engine::plan_decode`] and its kin) calls it
-    /// before any index arithmetic.
+    /// Every rule a problem keeps: [`DecodeProblem::new`] ends with it, and
+    /// what takes a caller's problem, whose public fields may have been
+    /// changed since ([`crate::Engine::plan_decode`] and its kin), calls it
+    /// again before any index arithmetic.
     pub fn check(&self) -> Result<()> {
         self.cache.checked()?;
         AttentionShape::new(
@@ -537,11 +537,6 @@ impl DecodeProblem {
         index_len("cache_seqlens", self.cache_lens.len(), self.batch)?;
         let entries = size::product("block_table (batch × max_pages)", self.batch, self.table.max_pages)?;
         index_len("block_table", self.table.pages.len(), entries)?;
-        self.check_steps()
-    }
-
-    /// Capacity, pages and appends: what a step may touch.
-    fn check_steps(&self) -> Result<()> {
         self.check_capacity()?;
         self.check_pages()?;
         self.check_appends()

@@ -108,13 +108,19 @@ pub(crate) fn merge_rows<'a>(
     parts: impl Iterator<Item = (&'a [f32], f32)> + Clone,
     out: &mut [f32],
 ) -> f32 {
-    // f32::max passes NaN over: a part that met a NaN score (a NaN or
+    // Unlike f32::max, a NaN wins: a part that met a NaN score (a NaN or
     // infinity in the inputs) makes the row NaN, as in torch, not empty.
-    if parts.clone().any(|(_, l)| l.is_nan()) {
+    let m = parts.clone().map(|(_, l)| l).fold(f32::NEG_INFINITY, |a, b| {
+        if a.is_nan() || b.is_nan() {
+            f32::NAN
+        } else {
+            a.max(b)
+        }
+    });
+    if m.is_nan() {
         out.fill(f32::NAN);
-        return f32::NAN;
+        return m;
     }
-    let m = parts.clone().map(|(_, l)| l).fold(f32::NEG_INFINITY, f32::max);
     out.fill(0.0);
     if m == f32::NEG_INFINITY {
         return m;
