@@ -58,7 +58,12 @@ pub async fn record(
         .loop_limit
         .limit()
         .map(|_| gpu.init_buffer(bytemuck::cast_slice(&[0u32, 0]), STORAGE));
-    checked(&gpu.device, "recording kernels", || {
+    // The bind groups first, in a scope of their own: a range the device
+    // cannot bind (a buffer without STORAGE usage, or of another device)
+    // is an error here, before the pass is begun, since an invalid bind
+    // group set in the app's encoder would invalidate everything the app
+    // records in it and reach its error handler when it submits.
+    let binds = checked(&gpu.device, "binding the app's buffers", || {
         let uniforms: Vec<Vec<(u32, wgpu::Buffer)>> = dispatches
             .iter()
             .map(|d| {
@@ -66,12 +71,15 @@ pub async fn record(
                 d.uniforms.iter().map(block).collect()
             })
             .collect();
-        let binds: Vec<wgpu::BindGroup> = dispatches
+        Ok(dispatches
             .iter()
             .zip(&pipelines)
             .zip(&uniforms)
             .map(|((d, p), u)| bind_group(gpu, p, d, u, flag.as_ref()))
-            .collect();
+            .collect::<Vec<wgpu::BindGroup>>())
+    })
+    .await?;
+    checked(&gpu.device, "recording kernels", || {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("flashattn"),
             timestamp_writes: None,
