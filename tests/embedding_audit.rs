@@ -277,6 +277,62 @@ fn small_case() -> Fwd {
     Fwd::new(shape, Precision::F32, AttentionOptions::default(), 11)
 }
 
+/// An offset so large that offset + size wraps around u64 is outside the
+/// buffer, not a range the check lets through.
+#[test]
+fn a_binding_whose_end_wraps_around_is_outside_its_buffer() {
+    let Some(app) = app() else { return };
+    let case = small_case();
+    let bufs = FwdBuffers::new(app, &case, U::STORAGE | U::COPY_SRC);
+    let mut b = bufs.bindings();
+    let align = app.align();
+    b.k.offset = (u64::MAX / align) * align;
+    let mut encoder = app.encoder();
+    let err = app
+        .engine
+        .encode_forward(&mut encoder, &case.problem(), &b)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::BindingOutsideBuffer { tensor: "k", .. }),
+        "{err:?}"
+    );
+    app.submit_and_read(encoder, &[]);
+    app.handler_is_quiet();
+}
+
+/// A range of the rest of the buffer (no size) that starts at its end, or
+/// past it, binds nothing: too small, or outside.
+#[test]
+fn a_binding_of_the_rest_of_a_buffer_from_its_end_is_a_typed_error() {
+    let Some(app) = app() else { return };
+    let case = small_case();
+    let bufs = FwdBuffers::new(app, &case, U::STORAGE | U::COPY_SRC);
+    let problem = case.problem();
+    for offset in [bufs.outputs.size(), bufs.outputs.size() + app.align()] {
+        let mut b = bufs.bindings();
+        b.lse = wgpu::BufferBinding {
+            buffer: &bufs.outputs,
+            offset,
+            size: None,
+        };
+        let mut encoder = app.encoder();
+        let err = app
+            .engine
+            .encode_forward(&mut encoder, &problem, &b)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BindingOutsideBuffer { tensor: "lse", .. }
+                    | Error::BufferTooSmall { buffer: "lse", .. }
+            ),
+            "{err:?}"
+        );
+        app.submit_and_read(encoder, &[]);
+    }
+    app.handler_is_quiet();
+}
+
 /// A buffer the app made without `STORAGE` cannot be bound: the call is a
 /// typed error, and the app's encoder is still good for its own work.
 #[test]

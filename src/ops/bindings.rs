@@ -114,7 +114,8 @@ pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<bool> {
             .binding
             .size
             .map_or(buffer_size.saturating_sub(offset), |s| s.get());
-        if offset + size > buffer_size {
+        // An offset near u64::MAX must not wrap past the check.
+        if offset.checked_add(size).is_none_or(|end| end > buffer_size) {
             return Err(Error::BindingOutsideBuffer {
                 tensor,
                 offset,
