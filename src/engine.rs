@@ -1053,7 +1053,8 @@ impl Engine {
 
     /// A KV cache on ranges of the app's own buffers: K on `k`, V on `v`
     /// (`(outer, inner, heads_kv, head_dim)` row-major in `precision`, f16
-    /// and bf16 two per word; one buffer or two, the ranges disjoint). Each
+    /// and bf16 two per word; one buffer or two, the ranges disjoint:
+    /// `OverlappingBindings` otherwise). Each
     /// range is checked as an encoded call's are — an offset that is a
     /// multiple of the device's `min_storage_buffer_offset_alignment`
     /// (`MisalignedBinding`), inside its buffer (`BindingOutsideBuffer`),

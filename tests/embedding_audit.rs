@@ -396,3 +396,46 @@ fn a_buffer_of_another_device_is_a_typed_error() {
     let (o, lse) = good.outputs(&out[0]);
     case.check(o, lse);
 }
+/// The K and V ranges of a cache on the app's buffers must be disjoint: an
+/// append writing both would otherwise write one over the other.
+#[test]
+fn kv_cache_in_with_intersecting_k_and_v_ranges_is_a_typed_error() {
+    use flashattn::{CacheLayout, CacheShape};
+    let Some(app) = app() else { return };
+    let layout = CacheLayout::Dense {
+        batch: 1,
+        capacity: 16,
+    };
+    let shape = CacheShape::new(layout, 2, 16).unwrap();
+    let bytes = (shape.len() * 4) as u64;
+    let align = app.align();
+    let buffer = app.buffer(&vec![0u8; (3 * bytes) as usize], U::STORAGE | U::COPY_SRC);
+    let at = |offset, size| wgpu::BufferBinding {
+        buffer: &buffer,
+        offset,
+        size: wgpu::BufferSize::new(size),
+    };
+    // V the same range as K, and V starting inside K.
+    for v_offset in [0, align] {
+        let err = app
+            .engine
+            .kv_cache_in(shape, Precision::F32, at(0, bytes), at(v_offset, bytes))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OverlappingBindings {
+                    output: "v cache",
+                    other: "k cache"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // Disjoint ranges of one buffer are a cache.
+    let next = bytes.div_ceil(align) * align;
+    app.engine
+        .kv_cache_in(shape, Precision::F32, at(0, bytes), at(next, bytes))
+        .unwrap();
+    app.handler_is_quiet();
+}

@@ -104,12 +104,13 @@ pub fn cache_in(
     v: &wgpu::BufferBinding,
 ) -> Result<KvCache> {
     let bytes = KvCache::bytes(gpu, &shape, precision)?;
-    let mut ranges = vec![Range::new("k cache", k, bytes[0])];
-    // A latent cache reads V from K's range: `v` is never bound.
-    if !shape.latent {
-        ranges.push(Range::new("v cache", v, bytes[1]));
-    }
-    bindings::check(gpu, &ranges, &[])?;
+    let k_range = [Range::new("k cache", k, bytes[0])];
+    // A latent cache reads V from K's range: `v` is never bound. Else V is
+    // checked as a written range (an append writes both), so one
+    // intersecting K is `OverlappingBindings`, not rows written over rows.
+    let v_range = [Range::new("v cache", v, bytes[1])];
+    let v_range: &[Range] = if shape.latent { &[] } else { &v_range };
+    bindings::check(gpu, &k_range, v_range)?;
     Ok(KvCache::in_ranges(gpu, shape, precision, k, v, bytes))
 }
 
