@@ -6,7 +6,6 @@
 use crate::api::decode::{
     CacheShape, DecodeOutput, DecodeProblem, DecodeSpec, DecodeStep, HostKvCache,
 };
-#[cfg(not(target_arch = "wasm32"))]
 use crate::kv_quant::QuantKvCache;
 use crate::api::inputs::{BackwardInputs, ForwardInputs};
 use crate::api::options::{AttentionOptions, Fp8Options};
@@ -674,9 +673,20 @@ impl Engine {
         d_o: &TensorView,
         opts: &AttentionOptions,
     ) -> Result<(ForwardOutput, BackwardOutput)> {
-        let fwd = self.forward(inputs, opts)?;
+        pollster::block_on(self.forward_backward_async(inputs, d_o, opts))
+    }
+
+    /// [`Engine::forward_backward`] as a future.
+    pub async fn forward_backward_async(
+        &self,
+        inputs: &ForwardInputs<'_>,
+        d_o: &TensorView<'_>,
+        opts: &AttentionOptions,
+    ) -> Result<(ForwardOutput, BackwardOutput)> {
+        let none = PlanOverrides::default();
+        let fwd = self.forward_async(inputs, opts, &none).await?;
         let inputs = BackwardInputs::new(*inputs, &fwd, *d_o)?;
-        let bwd = self.backward(&inputs, opts)?;
+        let bwd = self.backward_async(&inputs, opts, &none).await?;
         Ok((fwd, bwd))
     }
 
@@ -1026,9 +1036,20 @@ impl Engine {
         quant: crate::CacheQuant,
         precision: Precision,
     ) -> Result<KvCache> {
-        pollster::block_on(scoped(&self.gpu.device, "creating a KV cache", async {
+        pollster::block_on(self.quantized_kv_cache_async(shape, quant, precision))
+    }
+
+    /// [`Engine::quantized_kv_cache`] as a future.
+    pub async fn quantized_kv_cache_async(
+        &self,
+        shape: CacheShape,
+        quant: crate::CacheQuant,
+        precision: Precision,
+    ) -> Result<KvCache> {
+        scoped(&self.gpu.device, "creating a KV cache", async {
             KvCache::zeros_quantized(&self.gpu, shape, quant, precision)
-        }))
+        })
+        .await
     }
 
     /// A device copy of a quantized host cache: its codes, four per word,
@@ -1036,9 +1057,15 @@ impl Engine {
     /// [`QuantKvCache::new`] checks).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn upload_quantized_kv_cache(&self, host: &QuantKvCache) -> Result<KvCache> {
-        pollster::block_on(scoped(&self.gpu.device, "uploading a KV cache", async {
+        pollster::block_on(self.upload_quantized_kv_cache_async(host))
+    }
+
+    /// [`Engine::upload_quantized_kv_cache`] as a future.
+    pub async fn upload_quantized_kv_cache_async(&self, host: &QuantKvCache) -> Result<KvCache> {
+        scoped(&self.gpu.device, "uploading a KV cache", async {
             KvCache::upload_quantized(&self.gpu, host)
-        }))
+        })
+        .await
     }
 
     /// A quantized device cache's codes and scales, on the host
@@ -1046,9 +1073,15 @@ impl Engine {
     /// [`Engine::read_kv_cache`] reads).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_quantized_kv_cache(&self, cache: &KvCache) -> Result<QuantKvCache> {
-        pollster::block_on(scoped(&self.gpu.device, "reading a KV cache", async {
+        pollster::block_on(self.read_quantized_kv_cache_async(cache))
+    }
+
+    /// [`Engine::read_quantized_kv_cache`] as a future.
+    pub async fn read_quantized_kv_cache_async(&self, cache: &KvCache) -> Result<QuantKvCache> {
+        scoped(&self.gpu.device, "reading a KV cache", async {
             cache.read_quantized(&self.gpu).await
-        }))
+        })
+        .await
     }
 
     /// A KV cache on ranges of the app's own buffers: K on `k`, V on `v`
@@ -1366,13 +1399,26 @@ impl Engine {
         opts: &AttentionOptions,
         num_splits: Option<usize>,
     ) -> Result<DecodeOutput> {
-        pollster::block_on(scoped(&self.gpu.device, "a decoding step", async {
+        let call = self.decode_quantized_host_async(cache, step, opts, num_splits);
+        pollster::block_on(call)
+    }
+
+    /// [`Engine::decode_quantized_host`] as a future.
+    pub async fn decode_quantized_host_async(
+        &self,
+        cache: &mut QuantKvCache,
+        step: &DecodeStep<'_>,
+        opts: &AttentionOptions,
+        num_splits: Option<usize>,
+    ) -> Result<DecodeOutput> {
+        scoped(&self.gpu.device, "a decoding step", async {
             self.routed_step(step, cache.shape, cache.precision, Some(cache.quant), async |kernel| {
                 let gpu = &self.gpu;
                 ops::decode::decode_quantized_host(gpu, cache, step, opts, num_splits, kernel).await
             })
             .await
-        }))
+        })
+        .await
     }
 
     /// [`Engine::decode_host`] as a future.

@@ -1337,3 +1337,77 @@ fn forward_buffers_and_cache_reads_on_unfit_buffers_are_errors() {
     assert!(matches!(err, Error::Device { .. }), "{err:?}");
     app.handler_is_quiet();
 }
+
+/// The web has only the `*_async` forms: the quantized caches' and
+/// `forward_backward`'s give what their blocking forms give.
+#[test]
+fn the_async_forms_of_quantized_caches_and_forward_backward_equal_the_blocking_ones() {
+    use flashattn::{
+        CacheLayout, CacheQuant, CacheShape, DecodeStep, ForwardInputs, HostKvCache, QuantKvCache,
+        TensorView,
+    };
+    use pollster::block_on;
+    let Some(app) = app() else { return };
+    let e = &app.engine;
+    let shape = CacheShape::new(
+        CacheLayout::Dense {
+            batch: 1,
+            capacity: 32,
+        },
+        1,
+        16,
+    )
+    .unwrap();
+    let mut rng = Rng::new(12);
+    let (k0, v0) = (
+        rng.normal_vec(shape.len(), 1.0),
+        rng.normal_vec(shape.len(), 1.0),
+    );
+    let host = HostKvCache::new(shape, TensorData::F32(k0), TensorData::F32(v0)).unwrap();
+    let quant = QuantKvCache::quantize(&host, CacheQuant::Int8).unwrap();
+    let zeros =
+        block_on(e.quantized_kv_cache_async(shape, CacheQuant::Int8, Precision::F32)).unwrap();
+    assert_eq!(
+        block_on(e.read_quantized_kv_cache_async(&zeros)).unwrap(),
+        QuantKvCache::zeros(shape, CacheQuant::Int8, Precision::F32)
+    );
+    let device = block_on(e.upload_quantized_kv_cache_async(&quant)).unwrap();
+    assert_eq!(
+        block_on(e.read_quantized_kv_cache_async(&device)).unwrap(),
+        quant
+    );
+
+    let q = rng.normal_vec(2 * 16, 1.0);
+    let new = rng.normal_vec(16, 1.0);
+    let lens = [20];
+    let step = DecodeStep::new(TensorView::f32([1, 1, 2, 16], &q), &lens).append(
+        TensorView::f32([1, 1, 1, 16], &new),
+        TensorView::f32([1, 1, 1, 16], &new),
+    );
+    let opts = AttentionOptions::default();
+    let (mut a, mut b) = (quant.clone(), quant);
+    let sync = e.decode_quantized_host(&mut a, &step, &opts, None).unwrap();
+    let fut = block_on(e.decode_quantized_host_async(&mut b, &step, &opts, None)).unwrap();
+    assert_eq!((sync.o, sync.lse), (fut.o, fut.lse));
+    assert_eq!(a, b);
+
+    let case = Fwd::new(
+        AttentionShape::new(1, 9, 11, 2, 1, 16).unwrap(),
+        Precision::F32,
+        AttentionOptions::default().causal(true),
+        13,
+    );
+    let s = case.shape;
+    let [q, k, v] = [
+        case.q.view(s.q_shape()),
+        case.k.view(s.kv_shape()),
+        case.v.view(s.v_shape()),
+    ];
+    let inputs = ForwardInputs::new(q, k, v);
+    let d_o = case.q.view(s.o_shape());
+    let (f1, b1) = e.forward_backward(&inputs, &d_o, &case.opts).unwrap();
+    let (f2, b2) = block_on(e.forward_backward_async(&inputs, &d_o, &case.opts)).unwrap();
+    assert_eq!((f1.o, f1.lse), (f2.o, f2.lse));
+    assert_eq!((b1.dq, b1.dk, b1.dv), (b2.dq, b2.dk, b2.dv));
+    app.handler_is_quiet();
+}
