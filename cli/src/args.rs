@@ -278,7 +278,7 @@ pub struct DecodeArgs {
     /// A quantized cache (docs/kv-quantization.md): int8 or fp8. Float
     /// caches are quantized on load; int8 (int8 codes) or uint8 (fp8's
     /// e4m3 bytes) caches are read as codes with --k-scales/--v-scales.
-    /// The CPU backend decodes them.
+    /// Every backend (cpu, wgpu, cuda) decodes them.
     #[arg(long, value_name = "int8|fp8")]
     pub cache_precision: Option<String>,
     /// The K cache's block scales, (blocks, heads_kv) float32: one per page,
@@ -417,9 +417,11 @@ pub struct BenchArgs {
     /// Implementations: flash (the planner's kernels: lanes on CPU adapters
     /// with subgroups, registers on GPUs), tiled, registers or coop (those
     /// kernels forced; coop: forward only, where the adapter has cooperative
-    /// matrices), naive, cpu, and the
-    /// outside baselines numpy (naive float32 attention) and torch (SDPA on
-    /// the CPU), run by cli/src/baselines.py under --python.
+    /// matrices), naive, cpu, the outside baselines numpy (naive float32
+    /// attention) and torch (SDPA on the CPU), run by cli/src/baselines.py
+    /// under --python, and in a build with the `cuda` feature cuda (the
+    /// CUDA backend's chosen kernels), cuda-scalar, cuda-mma (sm80) or
+    /// cuda-hopper (those kernels forced).
     #[arg(long, default_value = "flash,naive,cpu", conflicts_with = "decode")]
     pub impls: String,
     /// The Python interpreter for the numpy and torch baselines (e.g. a venv's).
@@ -565,7 +567,7 @@ pub struct DemoArgs {
     /// f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
-    /// auto, wgpu or cpu.
+    /// auto, wgpu, cpu or cuda (a build with the `cuda` feature).
     #[arg(long, default_value = "auto")]
     pub backend: String,
     #[arg(long, default_value_t = 1)]
