@@ -67,8 +67,8 @@ pub(crate) struct KeyScales<'a> {
 /// key, packed once per call), or in rows (a cache's rows as they are, for
 /// the few rows of decoding: [`row_dots`]).
 pub(crate) enum Keys<'a, B = f32> {
-    /// Kᵀ, `(d, bc)`.
-    Transposed(&'a [B]),
+    /// Kᵀ, `(d, bc)` in rows of the given stride.
+    Transposed(&'a [B], usize),
     /// K in rows of the given stride, each `dpad` long (zero past `d`, or,
     /// where `d` is `dpad`, the row's own elements).
     Rows(&'a [B], usize),
@@ -98,6 +98,8 @@ pub(crate) struct Partial {
 /// row's running max `m`, running sum `l` (in lanes, folded at the end),
 /// new max and rescale factor.
 struct Work {
+    /// `s`'s row stride ([`super::pack::stride`] of the block's keys).
+    lds: usize,
     s: Vec<f32>,
     o: Vec<f32>,
     m: Vec<f32>,
@@ -110,8 +112,10 @@ struct Work {
 
 impl Work {
     fn new(g: &Geometry, n: usize) -> Self {
+        let lds = super::pack::stride(g.bc);
         Self {
-            s: vec![0f32; n * g.bc],
+            lds,
+            s: vec![0f32; n * lds],
             o: vec![0f32; n * g.dvpad],
             m: vec![f32::NEG_INFINITY; n],
             l: vec![[0f32; LANES]; n],
@@ -195,12 +199,12 @@ impl<'a> Stream<'a> {
             k: g.d,
         };
         match blk.k {
-            Keys::Transposed(kt) => gemm::<K, _>(
+            Keys::Transposed(kt, ld) => gemm::<K, _>(
                 s_dims,
                 q.q,
-                Mat::rows(&kt[c0..], g.bc),
+                Mat::rows(&kt[c0..], ld),
                 &mut w.s,
-                g.bc,
+                w.lds,
                 false,
             ),
             Keys::Rows(k, ld) => {
@@ -209,16 +213,16 @@ impl<'a> Stream<'a> {
                     k: g.dpad,
                     ..s_dims
                 };
-                row_dots::<K, _>(dims, q.q, Mat::rows(&k[c0 * ld..], ld), &mut w.s, g.bc);
+                row_dots::<K, _>(dims, q.q, Mat::rows(&k[c0 * ld..], ld), &mut w.s, w.lds);
             }
         }
         let scales = blk.scales.as_ref();
         if let Some(scales) = scales {
-            scale_columns(&mut w.s, g.bc, n, &scales.k[c0..][..nc]);
+            scale_columns(&mut w.s, w.lds, n, &scales.k[c0..][..nc]);
         }
         online_update::<K>(g, self.rule, q.rows, reach, w, self.round_p);
         if let Some(scales) = scales {
-            scale_columns(&mut w.s, g.bc, n, &scales.v[c0..][..nc]);
+            scale_columns(&mut w.s, w.lds, n, &scales.v[c0..][..nc]);
         }
         let pv = Dims {
             m: n,
@@ -226,7 +230,7 @@ impl<'a> Stream<'a> {
             k: nc,
         };
         let v = Mat::rows(&blk.v[c0 * blk.ldv..], blk.ldv);
-        gemm::<K, _>(pv, Mat::rows(&w.s, g.bc), v, &mut w.o, g.dvpad, true);
+        gemm::<K, _>(pv, Mat::rows(&w.s, w.lds), v, &mut w.o, g.dvpad, true);
     }
 
     /// Every row normalized, with its LSE.
@@ -272,7 +276,7 @@ fn online_update<K: Kernel>(
     let (keys, vis) = (&reach.keys, reach.vis);
     let nc = keys.len();
     let maxima = w.new_max.iter_mut().zip(&w.m);
-    for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(g.bc)).zip(maxima) {
+    for ((row, s), (new, &m)) in rows.iter().zip(w.s.chunks_exact_mut(w.lds)).zip(maxima) {
         let s = &mut s[..nc];
         rule.apply::<K>(row, keys, vis, s);
         let lanes = vmath::lane_max(s);
@@ -291,7 +295,7 @@ fn online_update<K: Kernel>(
         *m = new;
     }
     let o = w.o.chunks_exact_mut(g.dvpad);
-    let s = w.s.chunks_exact_mut(g.bc);
+    let s = w.s.chunks_exact_mut(w.lds);
     for (r, (s, o)) in s.zip(o).enumerate().take(rows.len()) {
         let s = &mut s[..nc];
         let (m, alpha) = (w.m[r], w.alpha[r]);

@@ -83,16 +83,17 @@ pub(crate) fn backward(
         Layout::v(&shape),
     );
     let whole = |n: usize| n;
+    let g = Geometry::new(dims, bc);
     let ctx = Ctx {
         shape,
         opts,
-        g: Geometry::new(dims, bc),
+        g,
         br,
-        q: pack::rows(&q, &ql, &q_rows, whole),
-        d_o: pack::rows(&d_o, &ol, &q_rows, whole),
-        kt: pack::transposed(&k, &kl, &k_rows, bc),
-        vt: pack::transposed(&v, &vl, &k_rows, bc),
-        k: pack::rows(&k, &kl, &k_rows, |n| n.div_ceil(bc) * bc),
+        q: pack::rows(&q, &ql, &q_rows, whole, g.dpad),
+        d_o: pack::rows(&d_o, &ol, &q_rows, whole, g.dvpad),
+        kt: pack::transposed(&k, &kl, &k_rows, bc, bc),
+        vt: pack::transposed(&v, &vl, &k_rows, bc, bc),
+        k: pack::rows(&k, &kl, &k_rows, |n| n.div_ceil(bc) * bc, g.dpad),
         lse: i.lse,
         delta: row_deltas(&shape, &sink_output(isa, &q, &k, &v, &o, &problem), &d_o),
         scale: problem.scale,

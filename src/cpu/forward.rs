@@ -78,6 +78,9 @@ struct Ctx<'a> {
     q: &'a [f32],
     kt: Panels,
     v: Panels,
+    /// The row strides of `kt`'s blocks and of `v` ([`pack::stride`]).
+    ldk: usize,
+    ldv: usize,
     round_p: Rounding,
     g: Geometry,
     /// Query rows per task.
@@ -127,11 +130,20 @@ pub(crate) fn forward_f32(
     let tasks = first_block[seqs.len()];
     let longest = seqs.iter().map(Sequence::len_k).max().unwrap_or(0);
     let (split_keys, splits) = key_splits(tasks, longest, bc);
+    let (ldk, ldv) = (pack::stride(bc), pack::stride(shape.head_dim_v));
     let ctx = Ctx {
         shape,
         opts,
-        kt: pack::transposed(k, &Layout::kv(&shape), &key_rows, bc),
-        v: pack::rows(v, &Layout::v(&shape), &key_rows, |n| n.div_ceil(bc) * bc),
+        kt: pack::transposed(k, &Layout::kv(&shape), &key_rows, bc, ldk),
+        v: pack::rows(
+            v,
+            &Layout::v(&shape),
+            &key_rows,
+            |n| n.div_ceil(bc) * bc,
+            ldv,
+        ),
+        ldk,
+        ldv,
         seqs,
         first_block,
         q,
@@ -188,11 +200,17 @@ impl Task for BlockTask<'_, '_> {
             })
             .collect();
         let ql = Layout::q(s);
+        // The block's rows side by side: in q's layout they are a whole
+        // row of heads apart, which for 8 heads of 64 or 128 puts them in
+        // a few L1 sets, too few to hold them between the product's passes.
+        let ld = pack::stride(s.head_dim);
+        let mut q = vec![0f32; rows.len() * ld];
+        for (r, row) in q.chunks_exact_mut(ld).enumerate() {
+            let at = ql.row(0, seq.q.start + qb * c.br + r, h);
+            row[..s.head_dim].copy_from_slice(&c.q[at..][..s.head_dim]);
+        }
         let query = Query {
-            q: Mat::rows(
-                &c.q[ql.row(0, seq.q.start + qb * c.br, h)..],
-                s.heads_q * s.head_dim,
-            ),
+            q: Mat::rows(&q, ld),
             rows: &rows,
         };
         let src = Packed {
@@ -220,12 +238,10 @@ struct Packed<'a, 'c> {
 impl KeySource for Packed<'_, '_> {
     #[inline(always)]
     fn block(&self, kb: usize) -> KeyBlock<'_> {
-        let g = &self.ctx.g;
-        KeyBlock::plain(
-            Keys::Transposed(&self.ctx.kt.head(self.n, self.hk)[kb * g.d * g.bc..][..g.d * g.bc]),
-            &self.ctx.v.head(self.n, self.hk)[kb * g.bc * g.dvpad..][..g.bc * g.dvpad],
-            g.dvpad,
-        )
+        let (c, g) = (self.ctx, &self.ctx.g);
+        let kt = &c.kt.head(self.n, self.hk)[kb * g.d * c.ldk..][..g.d * c.ldk];
+        let v = &c.v.head(self.n, self.hk)[kb * g.bc * c.ldv..][..g.bc * c.ldv];
+        KeyBlock::plain(Keys::Transposed(kt, c.ldk), v, c.ldv)
     }
 }
 

@@ -9,11 +9,12 @@
 //!   strip order afterwards — five products per tile, no atomics,
 //!   bit-identical runs.
 //! - **Products**: Q·Kᵀ, P·V (and dP, dV, dK, dQ) run on one
-//!   register-blocked micro-kernel (`micro`): 8×32 tiles of C in zmm
+//!   register-blocked micro-kernel (`micro`): 12×32 tiles of C in zmm
 //!   registers on AVX-512, 6×16 in ymm on AVX2+FMA, 6×16 in q registers
 //!   on NEON, 4×16 on the portable fallback. The forward's K/V blocks are 128 KiB (256 keys
 //!   at d 64, from L2), the backward's tiles fill the L1 (64 × 64); both are
-//!   laid out once per call (K transposed), f16 storage widened to f32 on
+//!   laid out once per call (K transposed; rows an odd number of cache
+//!   lines apart, `pack::stride`), f16 storage widened to f32 on
 //!   load, and a block on a mask's edge is computed only over the keys its
 //!   rows see. Work buffers are kept for the next call (`pool`).
 //! - **Softmax**: online, per block of S, with a branch-free `exp` on the

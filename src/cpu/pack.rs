@@ -53,6 +53,20 @@ pub(crate) fn padded(d: usize) -> usize {
     d.div_ceil(PAD) * PAD
 }
 
+/// A row stride of at least `n` floats (a multiple of [`PAD`]) spanning
+/// an odd number of 64-byte lines. With an even number (a head dim of 64
+/// or 128, a block of 256 keys) a panel's rows fall into a few of the L1's
+/// sets, more rows than it has ways, and evict each other between the
+/// micro-kernel's passes over them.
+pub(crate) fn stride(n: usize) -> usize {
+    let n = padded(n);
+    if (n / PAD).is_multiple_of(2) {
+        n + PAD
+    } else {
+        n
+    }
+}
+
 /// Panels of zeros for every (sequence, head) of `l`, `size(rows)` floats
 /// for a sequence of `rows` rows, each filled in parallel by `fill(n, h,
 /// panel)`.
@@ -89,14 +103,15 @@ fn per_head(
 
 /// `t` (layout `l`; sequence `n` is the rows `seqs[n]` of its flat row
 /// space) as per-head row-major panels of `rows(len)` rows (at least the
-/// sequence's `len`) of `padded(dim)` floats.
+/// sequence's `len`) of `ld` floats (at least `padded(dim)`).
 pub(crate) fn rows(
     t: &[f32],
     l: &Layout,
     seqs: &[Range<usize>],
     rows: impl Fn(usize) -> usize,
+    ld: usize,
 ) -> Panels {
-    let (d, dp) = (l.dim, padded(l.dim));
+    let (d, dp) = (l.dim, ld);
     per_head(
         l,
         seqs,
@@ -109,20 +124,27 @@ pub(crate) fn rows(
     )
 }
 
-/// `t` as per-head blocks of `bc` rows, each transposed to `(dim, bc)`:
-/// block `kb` of a sequence's head starts at `kb · dim · bc`.
-pub(crate) fn transposed(t: &[f32], l: &Layout, seqs: &[Range<usize>], bc: usize) -> Panels {
+/// `t` as per-head blocks of `bc` rows, each transposed to `(dim, bc)` in
+/// rows of `ld` floats (at least `bc`): block `kb` of a sequence's head
+/// starts at `kb · dim · ld`.
+pub(crate) fn transposed(
+    t: &[f32],
+    l: &Layout,
+    seqs: &[Range<usize>],
+    bc: usize,
+    ld: usize,
+) -> Panels {
     let d = l.dim;
     per_head(
         l,
         seqs,
-        |len| len.div_ceil(bc) * bc * d,
+        |len| len.div_ceil(bc) * ld * d,
         |n, h, panel| {
             for (s, r) in seqs[n].clone().enumerate() {
-                let block = &mut panel[s / bc * bc * d..][..bc * d];
+                let block = &mut panel[s / bc * ld * d..][..ld * d];
                 let row = &t[l.row(0, r, h)..][..d];
                 for (x, v) in row.iter().enumerate() {
-                    block[x * bc + s % bc] = *v;
+                    block[x * ld + s % bc] = *v;
                 }
             }
         },

@@ -76,7 +76,7 @@ impl<B: Operand> Task for GemmCase<'_, B> {
 #[test]
 fn every_instruction_sets_tiles_are_their_madd_chains_at_odd_sizes() {
     for &isa in Isa::available() {
-        for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 13] {
+        for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 20, 25] {
             for k in [0, 1, 5, 17, 64] {
                 for n in [16, 32, 48] {
                     for (transposed, accumulate) in
