@@ -108,9 +108,9 @@ impl Engine {
         let store = VerdictStore::new(VerifyMode::from_env()?, DeviceKey::of_adapter(&gpu.info));
         #[cfg(not(target_arch = "wasm32"))]
         let store = store.with_disk(crate::verify::VerdictCache::default_location());
-        #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
+        #[cfg(all(feature = "lab-fault", not(target_arch = "wasm32")))]
         let fault = crate::verify::Fault::from_env()?;
-        #[cfg(not(all(feature = "lab", not(target_arch = "wasm32"))))]
+        #[cfg(not(all(feature = "lab-fault", not(target_arch = "wasm32"))))]
         let fault = None;
         Ok(Self {
             gpu,

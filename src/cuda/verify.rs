@@ -228,9 +228,9 @@ impl CudaVerifier {
     pub fn new(dev: &CudaDevice) -> Result<Self> {
         let store = VerdictStore::new(VerifyMode::from_env()?, device_key(dev))
             .with_disk(crate::verify::VerdictCache::default_location());
-        #[cfg(feature = "lab")]
+        #[cfg(feature = "lab-fault")]
         let fault = Fault::from_env()?;
-        #[cfg(not(feature = "lab"))]
+        #[cfg(not(feature = "lab-fault"))]
         let fault = None;
         Ok(Self { store, fault })
     }

@@ -1,9 +1,10 @@
 //! A planted fault, for tests of verification itself: every output of one
 //! kernel family (its check's too) is perturbed, as a driver that
-//! miscompiles that family would. Planted only in builds with the `lab`
-//! feature (the crate's own tests and the command line's turn it on):
-//! `Engine::with_fault`, or `FLASHATTN_LAB_FAULT=<family>` /
-//! `<family>:<forward|backward|decode>` for the command line.
+//! miscompiles that family would. Planted only in test builds:
+//! `Engine::with_fault` (the `lab` feature), or `FLASHATTN_LAB_FAULT=<family>`
+//! / `<family>:<forward|backward|decode>` (the `lab-fault` feature, which
+//! only the tests turn on: the command line's tests plant it in the binary
+//! they run, and a binary built for use ignores it).
 
 use super::verdict::{CallKind, FamilyKey};
 use crate::api::tensor::{Tensor, TensorData};
@@ -23,8 +24,8 @@ pub struct Fault {
 const OFFSET: f32 = 0.5;
 
 impl Fault {
-    /// `FLASHATTN_LAB_FAULT`, in builds with the `lab` feature.
-    #[cfg(all(feature = "lab", not(target_arch = "wasm32")))]
+    /// `FLASHATTN_LAB_FAULT`, in builds with the `lab-fault` feature.
+    #[cfg(all(feature = "lab-fault", not(target_arch = "wasm32")))]
     pub fn from_env() -> Result<Option<Self>> {
         match std::env::var("FLASHATTN_LAB_FAULT") {
             Ok(v) if !v.is_empty() => v.parse().map(Some),
