@@ -135,7 +135,9 @@ def crossing(n: int, warmup: int, repeats: int) -> dict:
         return flashattn.flash_attn_func(q, k, v, backend="cpu")
 
     def custom_op():
-        args = (None, None, False, -1, -1, 0.0, None, None, None, None, 0, 0, "cpu")
+        # cu_seqlens q/k, causal, window, softcap, scale, alibi, sinks,
+        # block mask and size, backend, dropout p and seed: the op's schema.
+        args = (None, None, False, -1, -1, 0.0, None, None, None, None, 0, 0, "cpu", 0.0, 0)
         return torch.ops.flashattn.fwd(q, k, v, *args)
 
     def host_call():
