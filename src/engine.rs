@@ -1095,7 +1095,8 @@ impl Engine {
     /// (`BindingTooLarge`). The cache keeps clones of the buffer handles and
     /// binds exactly the cache's bytes from each offset; its contents are
     /// whatever the app put there (zeros in a new buffer). The buffers need
-    /// `STORAGE` usage, and `COPY_SRC` for [`Engine::read_kv_cache`]. A
+    /// `STORAGE` usage (`BufferUsage`), and `COPY_SRC` for
+    /// [`Engine::read_kv_cache`]. A
     /// latent shape ([`CacheShape::latent`]) lives on `k` alone: V is read
     /// from it, and `v` is neither checked nor bound.
     pub fn kv_cache_in(

@@ -431,6 +431,14 @@ pub enum Error {
         /// The buffer's size in bytes.
         buffer_size: u64,
     },
+    /// A caller's buffer lacks a usage the call binds it with.
+    #[error("{tensor}'s buffer lacks {missing} usage, which binding it needs (add wgpu::BufferUsages::{missing} where the buffer is made)")]
+    BufferUsage {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// The missing usage flag.
+        missing: &'static str,
+    },
 
     // ---- bad configuration (plans and overrides) ----
     /// Requested workgroup storage of `requested` bytes exceeds the device maximum `max`.

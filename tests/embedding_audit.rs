@@ -349,8 +349,16 @@ fn a_buffer_without_storage_usage_is_a_typed_error_and_the_encoder_stays_usable(
         .engine
         .encode_forward(&mut encoder, &problem, &b)
         .unwrap_err();
-    // wgpu's validation error, as docs/architecture.md says.
-    assert!(matches!(err, Error::Device { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::BufferUsage {
+                tensor: "q",
+                missing: "STORAGE"
+            }
+        ),
+        "{err:?}"
+    );
     // The app goes on recording into the same encoder: a good call, then
     // its submit.
     app.engine
@@ -1267,10 +1275,10 @@ fn k_and_v_on_one_range_and_no_submissions_of_the_engines() {
     case.check(o, lse);
 }
 
-/// `forward_buffers` on the app's whole buffers: one too small is a typed
-/// error, one without `STORAGE` the device's validation error, neither
-/// reaching the app's handler; reading back a cache on buffers without
-/// `COPY_SRC` likewise.
+/// `forward_buffers` on the app's whole buffers: one too small or without
+/// `STORAGE` is a typed error, neither reaching the app's handler; reading
+/// back a cache on buffers without `COPY_SRC` is the device's validation
+/// error, and a cache on buffers without `STORAGE` is refused when made.
 #[test]
 fn forward_buffers_and_cache_reads_on_unfit_buffers_are_errors() {
     use flashattn::{AttentionBuffers, CacheLayout, CacheShape, PlanOverrides};
@@ -1309,7 +1317,16 @@ fn forward_buffers_and_cache_reads_on_unfit_buffers_are_errors() {
         "{err:?}"
     );
     let err = call(&unbindable).unwrap_err();
-    assert!(matches!(err, Error::Device { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::BufferUsage {
+                tensor: "lse",
+                missing: "STORAGE"
+            }
+        ),
+        "{err:?}"
+    );
     app.handler_is_quiet();
     let lse = app.buffer(&vec![0u8; case.lse_bytes() as usize], usage);
     call(&lse).unwrap();
@@ -1335,6 +1352,28 @@ fn forward_buffers_and_cache_reads_on_unfit_buffers_are_errors() {
         .unwrap();
     let err = app.engine.read_kv_cache(&cache).unwrap_err();
     assert!(matches!(err, Error::Device { .. }), "{err:?}");
+    // A cache on a buffer that cannot be bound as storage is refused when
+    // it is made, not at its first step.
+    let unbound = app.buffer(&vec![0u8; (v_at + bytes) as usize], U::COPY_SRC);
+    let at_unbound = |offset| wgpu::BufferBinding {
+        buffer: &unbound,
+        offset,
+        size: wgpu::BufferSize::new(bytes),
+    };
+    let err = app
+        .engine
+        .kv_cache_in(cshape, Precision::F32, at_unbound(0), at_unbound(v_at))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BufferUsage {
+                tensor: "k cache",
+                missing: "STORAGE"
+            }
+        ),
+        "{err:?}"
+    );
     app.handler_is_quiet();
 }
 

@@ -59,7 +59,7 @@ DimMismatch ShapeMismatch DtypeMismatch NonFiniteScale NonFiniteInput InvalidSof
 UnknownName IndexLength NegativeIndex CacheOverflow PageOutOfRange AppendConflict
 CacheIndex LatentViewTooWide LatentAppend CuSeqlensStart CuSeqlensDecrease CuSeqlensTotal PackedBatch AlibiSlopes
 AlibiShape NonFinite BlockSize BlockMaskDim BufferTooSmall MisalignedBinding OverlappingBindings
-EncodedCallSplit BindingOutsideBuffer InvalidDropout MissingDropoutSeed InvalidCacheScale
+EncodedCallSplit BindingOutsideBuffer BufferUsage InvalidDropout MissingDropoutSeed InvalidCacheScale
 CacheFormat ForeignCache"""
 _UNSUPPORTED = "Unsupported BackendNotBuilt"
 _CONFIGURATION = """StorageOverride WorkgroupStorage WorkgroupTooLarge RegisterPressure

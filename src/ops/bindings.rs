@@ -102,6 +102,14 @@ pub fn check(gpu: &Gpu, inputs: &[Range], outputs: &[Range]) -> Result<bool> {
     let alignment = gpu.limits.min_storage_buffer_offset_alignment;
     for r in inputs.iter().chain(outputs) {
         let (tensor, offset) = (r.tensor, r.binding.offset);
+        // wgpu would report it at the bind group, as a validation error
+        // with no name of the tensor.
+        if !r.binding.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::BufferUsage {
+                tensor,
+                missing: "STORAGE",
+            });
+        }
         let buffer_size = r.binding.buffer.size();
         if offset % alignment as u64 != 0 {
             return Err(Error::MisalignedBinding {
