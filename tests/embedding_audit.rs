@@ -124,6 +124,30 @@ impl App {
         let seen: Vec<String> = std::mem::take(&mut self.uncaptured.lock().unwrap());
         assert!(seen.is_empty(), "the app's handler saw {seen:?}");
     }
+
+    /// The error of a forward on `b`, which must fail, recorded into `encoder`.
+    fn forward_error(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &Problem,
+        b: &AttentionBindings,
+    ) -> Error {
+        self.engine
+            .encode_forward(encoder, problem, b)
+            .expect_err("a forward on bad bindings fails")
+    }
+
+    /// A good forward recorded into `encoder` after a failed call, then its
+    /// submit: the encoder is still the app's, and the result meets the rule.
+    fn good_forward_after(&self, mut encoder: wgpu::CommandEncoder, case: &Fwd, good: &FwdBuffers) {
+        self.engine
+            .encode_forward(&mut encoder, &case.problem(), &good.bindings())
+            .unwrap();
+        let out = self.submit_and_read(encoder, &[&good.outputs]);
+        self.handler_is_quiet();
+        let (o, lse) = good.outputs(&out[0]);
+        case.check(o, lse);
+    }
 }
 
 fn floats(bytes: &[u8]) -> Vec<f32> {
@@ -288,16 +312,12 @@ fn a_binding_whose_end_wraps_around_is_outside_its_buffer() {
     let align = app.align();
     b.k.offset = (u64::MAX / align) * align;
     let mut encoder = app.encoder();
-    let err = app
-        .engine
-        .encode_forward(&mut encoder, &case.problem(), &b)
-        .unwrap_err();
+    let err = app.forward_error(&mut encoder, &case.problem(), &b);
     assert!(
         matches!(err, Error::BindingOutsideBuffer { tensor: "k", .. }),
         "{err:?}"
     );
-    app.submit_and_read(encoder, &[]);
-    app.handler_is_quiet();
+    app.good_forward_after(encoder, &case, &bufs);
 }
 
 /// A range of the rest of the buffer (no size) that starts at its end, or
@@ -316,10 +336,7 @@ fn a_binding_of_the_rest_of_a_buffer_from_its_end_is_a_typed_error() {
             size: None,
         };
         let mut encoder = app.encoder();
-        let err = app
-            .engine
-            .encode_forward(&mut encoder, &problem, &b)
-            .unwrap_err();
+        let err = app.forward_error(&mut encoder, &problem, &b);
         assert!(
             matches!(
                 err,
@@ -328,9 +345,8 @@ fn a_binding_of_the_rest_of_a_buffer_from_its_end_is_a_typed_error() {
             ),
             "{err:?}"
         );
-        app.submit_and_read(encoder, &[]);
+        app.good_forward_after(encoder, &case, &bufs);
     }
-    app.handler_is_quiet();
 }
 
 /// A buffer the app made without `STORAGE` cannot be bound: the call is a
@@ -341,14 +357,10 @@ fn a_buffer_without_storage_usage_is_a_typed_error_and_the_encoder_stays_usable(
     let case = small_case();
     let good = FwdBuffers::new(app, &case, U::STORAGE | U::COPY_SRC);
     let no_storage = FwdBuffers::new(app, &case, U::COPY_SRC | U::COPY_DST);
-    let problem = case.problem();
     let mut encoder = app.encoder();
     let mut b = good.bindings();
     b.q = no_storage.binding(0);
-    let err = app
-        .engine
-        .encode_forward(&mut encoder, &problem, &b)
-        .unwrap_err();
+    let err = app.forward_error(&mut encoder, &case.problem(), &b);
     assert!(
         matches!(
             err,
@@ -359,15 +371,7 @@ fn a_buffer_without_storage_usage_is_a_typed_error_and_the_encoder_stays_usable(
         ),
         "{err:?}"
     );
-    // The app goes on recording into the same encoder: a good call, then
-    // its submit.
-    app.engine
-        .encode_forward(&mut encoder, &problem, &good.bindings())
-        .unwrap();
-    let out = app.submit_and_read(encoder, &[&good.outputs]);
-    app.handler_is_quiet();
-    let (o, lse) = good.outputs(&out[0]);
-    case.check(o, lse);
+    app.good_forward_after(encoder, &case, &good);
 }
 
 /// A buffer of another device is the app's mistake, reported as a typed
@@ -386,23 +390,13 @@ fn a_buffer_of_another_device_is_a_typed_error() {
         uncaptured: Arc::default(),
     };
     let foreign = FwdBuffers::new(&other_app, &case, U::STORAGE | U::COPY_SRC);
-    let problem = case.problem();
     let mut encoder = app.encoder();
     let mut b = good.bindings();
     b.v = foreign.binding(2);
-    let err = app
-        .engine
-        .encode_forward(&mut encoder, &problem, &b)
-        .unwrap_err();
+    let err = app.forward_error(&mut encoder, &case.problem(), &b);
     // wgpu's validation error, as docs/architecture.md says.
     assert!(matches!(err, Error::Device { .. }), "{err:?}");
-    app.engine
-        .encode_forward(&mut encoder, &problem, &good.bindings())
-        .unwrap();
-    let out = app.submit_and_read(encoder, &[&good.outputs]);
-    app.handler_is_quiet();
-    let (o, lse) = good.outputs(&out[0]);
-    case.check(o, lse);
+    app.good_forward_after(encoder, &case, &good);
 }
 
 /// The app's own kernel: `dst[i] = src[i] · s` for `i < n`.
