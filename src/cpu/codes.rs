@@ -1,10 +1,10 @@
-//! A quantized KV cache's codes as operands of the micro-kernels
-//! ([`Operand`]): each load widens 16 codes to their exact f32 values in
-//! registers, so decoding reads an int8 or FP8 cache's bytes in place, with
-//! no f32 copy of the cache. The block scale is not applied here: decoding
-//! multiplies each key's score by its K scale and each probability by its V
-//! scale instead (the same values up to f32 rounding, which the accuracy
-//! rule allows).
+//! A KV cache's stored elements as operands of the micro-kernels
+//! ([`Operand`]): each load widens 16 of them to their exact f32 values in
+//! registers, so decoding reads an f16, bf16, int8 or FP8 cache's bytes in
+//! place, with no f32 copy of the cache. A quantized cache's block scale is
+//! not applied here: decoding multiplies each key's score by its K scale
+//! and each probability by its V scale instead (the same values up to f32
+//! rounding, which the accuracy rule allows).
 
 use super::micro::Operand;
 use bytemuck::TransparentWrapper;
@@ -109,6 +109,92 @@ impl Operand for E4m3Code {
             f(vmovl_u16(vget_high_u16(lo))),
             f(vmovl_u16(vget_low_u16(hi))),
             f(vmovl_u16(vget_high_u16(hi))),
+        ]
+    }
+}
+
+/// f16 as f32, exactly: `vcvtph2ps` on x86 (AVX-512F, F16C); on NEON the
+/// bits moved into f32's fields and rebased by 2¹¹², as
+/// `micro::widen_f16_bits` does for one element.
+impl Operand for half::f16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zmm(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ymm2(p: *const Self) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::*;
+        [
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
+        ]
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn q4(p: *const Self) -> [std::arch::aarch64::float32x4_t; 4] {
+        use std::arch::aarch64::*;
+        const REBASE: f32 = f32::from_bits((127 + 112) << 23);
+        let f = |h: uint16x4_t| {
+            let h = vmovl_u16(h);
+            let body = vshlq_n_u32::<13>(vandq_u32(h, vdupq_n_u32(0x7fff)));
+            let finite = vmulq_n_f32(vreinterpretq_f32_u32(body), REBASE);
+            let special = vorrq_u32(body, vdupq_n_u32(0x7f80_0000));
+            let all_ones = vceqq_u32(vandq_u32(h, vdupq_n_u32(0x7c00)), vdupq_n_u32(0x7c00));
+            let x = vbslq_u32(all_ones, special, vreinterpretq_u32_f32(finite));
+            let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+            vreinterpretq_f32_u32(vorrq_u32(x, sign))
+        };
+        let (a, b) = (vld1q_u16(p.cast()), vld1q_u16(p.add(8).cast()));
+        [
+            f(vget_low_u16(a)),
+            f(vget_high_u16(a)),
+            f(vget_low_u16(b)),
+            f(vget_high_u16(b)),
+        ]
+    }
+}
+
+/// bf16 as f32: its bits in f32's upper half.
+impl Operand for half::bf16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zmm(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ymm2(p: *const Self) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::*;
+        let widen = |q: *const Self| {
+            let x = _mm256_cvtepu16_epi32(_mm_loadu_si128(q.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x))
+        };
+        [widen(p), widen(p.add(8))]
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn q4(p: *const Self) -> [std::arch::aarch64::float32x4_t; 4] {
+        use std::arch::aarch64::*;
+        let f = |h: uint16x4_t| vreinterpretq_f32_u32(vshll_n_u16::<16>(h));
+        let (a, b) = (vld1q_u16(p.cast()), vld1q_u16(p.add(8).cast()));
+        [
+            f(vget_low_u16(a)),
+            f(vget_high_u16(a)),
+            f(vget_low_u16(b)),
+            f(vget_high_u16(b)),
         ]
     }
 }

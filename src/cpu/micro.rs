@@ -657,7 +657,7 @@ mod x86 {
     /// `R` rows of q against every key, two ymm of sums per row (lanes
     /// `0..8` and `8..16`, as the zmm's halves).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots256<const R: usize, B: Operand>(
         p: &Ptrs<B>,
         d: usize,
@@ -692,7 +692,7 @@ mod x86 {
 
     /// `MR` rows × 16 floats (two ymm vectors) of C.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tile256<const MR: usize, B: Operand>(
         p: &Ptrs<B>,
         k: usize,

@@ -217,69 +217,96 @@ fn codes(len: usize, start: usize) -> Vec<u8> {
         .collect()
 }
 
-/// The tiles and the row dots reading int8 and e4m3 codes as B widen each
-/// code to its value on load: the results are the madd chains on those
-/// values, bit for bit, on every instruction set (its vector loads are
-/// what differs from f32's).
+/// Every finite f16 in turn from `start` (subnormals and −0 among them),
+/// and bf16s of exponents around 1 (and zero and subnormal ones), whose
+/// products stay finite: a cache holds finite values only.
+fn halves(len: usize, start: usize) -> (Vec<half::f16>, Vec<half::bf16>) {
+    let f16 = (0..)
+        .map(|i| half::f16::from_bits(((start + 7 * i) % 65536) as u16))
+        .filter(|h| h.is_finite())
+        .take(len)
+        .collect();
+    let bf16 = (0..len)
+        .map(|i| {
+            let bits = (start + 7 * i) as u16;
+            let exponent = [0, 1, 100, 120, 127, 140, 150][i % 7];
+            half::bf16::from_bits((bits & 0x807f) | exponent << 7)
+        })
+        .collect();
+    (f16, bf16)
+}
+
+/// One B element type's gemm `(m, k, n)` and row dots (m rows against n
+/// keys of `d` columns) against their madd chains, bit for bit.
+fn products_on<B: Operand>(
+    isa: Isa,
+    name: &str,
+    (m, k, n): (usize, usize, usize),
+    b: &[B],
+    d: usize,
+    kc: &[B],
+) {
+    let a = values(m * k, 37);
+    for accumulate in [false, true] {
+        let ldc = n + 1;
+        let (got, want) = isa.run(GemmCase {
+            dims: Dims { m, n, k },
+            a: Mat::rows(&a, k),
+            b,
+            c: vec![0.25f32; m * ldc],
+            ldc,
+            accumulate,
+        });
+        assert!(same_bits(&got, &want), "{isa:?} gemm {name} ({m},{k},{n})");
+    }
+    let q = values(m * d, 41);
+    let (got, want) = isa.run(DotsCase {
+        dims: Dims { m, n, k: d },
+        q: &q,
+        k: kc,
+        lds: n + 2,
+    });
+    assert!(same_bits(&got, &want), "{isa:?} dots {name} ({m},{n},{d})");
+}
+
+/// The tiles and the row dots reading a cache's elements as B (int8 and
+/// e4m3 codes, f16, bf16) widen each to its value on load: the results are
+/// the madd chains on those values, bit for bit, on every instruction set
+/// (its vector loads are what differs from f32's).
 #[test]
-fn every_instruction_sets_products_on_codes_are_the_chains_on_their_values() {
+fn every_instruction_sets_products_on_cache_elements_are_the_chains_on_their_values() {
     for &isa in Isa::available() {
         for (m, k, n) in [
-            (1, 5, 16),
+            (1usize, 5usize, 16usize),
             (4, 17, 32),
             (3, 64, 48),
             (6, 33, 128),
             (9, 2, 16),
+            (12, 19, 64),
         ] {
-            let a = values(m * k, 37);
-            let b = codes(k * n, 11);
-            for accumulate in [false, true] {
-                let case = |ldc| (vec![0.25f32; m * ldc], ldc);
-                let (c, ldc) = case(n + 1);
-                let int8 = isa.run(GemmCase {
-                    dims: Dims { m, n, k },
-                    a: Mat::rows(&a, k),
-                    b: Int8Code::wrap_slice(&b),
-                    c: c.clone(),
-                    ldc,
-                    accumulate,
-                });
-                let fp8 = isa.run(GemmCase {
-                    dims: Dims { m, n, k },
-                    a: Mat::rows(&a, k),
-                    b: E4m3Code::wrap_slice(&b),
-                    c,
-                    ldc,
-                    accumulate,
-                });
-                for (name, (got, want)) in [("int8", int8), ("e4m3", fp8)] {
-                    assert!(same_bits(&got, &want), "{isa:?} gemm {name} ({m},{k},{n})");
-                }
-            }
-            // The same sizes as row dots: m rows of q against n keys of k.
-            let (d, keys) = (k.div_ceil(PAD) * PAD, n);
-            let q = values(m * d, 41);
-            let kc = codes(keys * d, 3);
-            let lds = keys + 2;
-            let dims = Dims { m, n: keys, k: d };
-            let int8 = isa.run(DotsCase {
-                dims,
-                q: &q,
-                k: Int8Code::wrap_slice(&kc),
-                lds,
-            });
-            let fp8 = isa.run(DotsCase {
-                dims,
-                q: &q,
-                k: E4m3Code::wrap_slice(&kc),
-                lds,
-            });
-            for (name, (got, want)) in [("int8", int8), ("e4m3", fp8)] {
-                assert!(
-                    same_bits(&got, &want),
-                    "{isa:?} dots {name} ({m},{keys},{d})"
-                );
-            }
+            let size = (m, k, n);
+            // The row dots' head dim: k in whole panels.
+            let d = k.div_ceil(PAD) * PAD;
+            let (b, kc) = (codes(k * n, 11), codes(n * d, 3));
+            products_on(
+                isa,
+                "int8",
+                size,
+                Int8Code::wrap_slice(&b),
+                d,
+                Int8Code::wrap_slice(&kc),
+            );
+            products_on(
+                isa,
+                "e4m3",
+                size,
+                E4m3Code::wrap_slice(&b),
+                d,
+                E4m3Code::wrap_slice(&kc),
+            );
+            let ((b16, bb16), (k16, kb16)) = (halves(k * n, 11), halves(n * d, 3));
+            products_on(isa, "f16", size, &b16, d, &k16);
+            products_on(isa, "bf16", size, &bb16, d, &kb16);
         }
     }
 }
