@@ -566,6 +566,25 @@ fn prefetch_head<T: bytemuck::Pod>(
     }
 }
 
+/// Head `hk`'s K and V rows of a block of `keys` keys read in place from
+/// cache row `row0`, and their row strides; the head's rows of the block
+/// after next are asked for first ([`prefetch_head`]).
+#[inline(always)]
+fn head_in_place<'c, T: bytemuck::Pod>(
+    w: &Work,
+    k: &'c [T],
+    v: &'c [T],
+    row0: usize,
+    keys: usize,
+    hk: usize,
+) -> (&'c [T], &'c [T], usize, usize) {
+    prefetch_head(w, k, v, row0, keys, hk);
+    let (cache, d) = (&w.p.cache, w.g.d);
+    let (k_len, v_len) = (cache.row_len(), cache.v_row_stride());
+    let v_at = row0 * v_len + hk * cache.v_head_stride();
+    (&k[row0 * k_len + hk * d..], &v[v_at..], k_len, v_len)
+}
+
 /// Every kv head's streams over a plain cache's key blocks. The products
 /// read an f16 or bf16 cache's elements as `T` where they lie
 /// ([`in_place`]): the loads then overlap the arithmetic, where widening
@@ -585,11 +604,6 @@ fn stream_plain<K: Kernel, T: Operand + bytemuck::Pod>(
     v: &[T],
 ) {
     let (p, g) = (w.p, &w.g);
-    let (k_len, v_len, v_head) = (
-        p.cache.row_len(),
-        p.cache.v_row_stride(),
-        p.cache.v_head_stride(),
-    );
     let mut block = None;
     for kb in streams[0].key_blocks() {
         let Some(reach) = streams[0].reach(kb) else {
@@ -599,11 +613,11 @@ fn stream_plain<K: Kernel, T: Operand + bytemuck::Pod>(
         let row0 = p.cache_row(b, keys.start);
         if std::mem::size_of::<T>() == 2 && in_place(w, b, keys, row0) {
             for (hk, stream) in streams.iter_mut().enumerate() {
-                prefetch_head(w, k, v, row0, keys.len(), hk);
+                let (kr, vr, ldk, ldv) = head_in_place(w, k, v, row0, keys.len(), hk);
                 let blk = KeyBlock {
-                    k: Keys::Rows(&k[row0 * k_len + hk * g.d..], k_len),
-                    v: &v[row0 * v_len + hk * v_head..],
-                    ldv: v_len,
+                    k: Keys::Rows(kr, ldk),
+                    v: vr,
+                    ldv,
                     from: keys.start - kb * g.bc,
                     scales: None,
                 };
@@ -637,14 +651,8 @@ fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
     streams: &mut [Stream],
 ) {
     let (p, g) = (w.p, &w.g);
+    // V's codes: K's, in a latent cache.
     let v_codes = &cache.v_view().codes;
-    let (k, v) = (B::wrap_slice(&cache.k.codes), B::wrap_slice(v_codes));
-    // V's rows in V's storage (K's, in a latent cache).
-    let (k_len, v_len, v_head) = (
-        p.cache.row_len(),
-        p.cache.v_row_stride(),
-        p.cache.v_head_stride(),
-    );
     let mut block = CodeBlock::new(g, p.heads_kv);
     for kb in streams[0].key_blocks() {
         let Some(reach) = streams[0].reach(kb) else {
@@ -661,20 +669,16 @@ fn stream_codes<K: Kernel, B: Operand + TransparentWrapper<u8>>(
             0
         };
         for (hk, stream) in streams.iter_mut().enumerate() {
-            if in_place {
-                prefetch_head(w, &cache.k.codes, v_codes, row0, keys.len(), hk);
-            }
             let (kr, vr, ldk, ldv) = if in_place {
-                let k = &k[row0 * k_len + hk * g.d..];
-                (k, &v[row0 * v_len + hk * v_head..], k_len, v_len)
+                head_in_place(w, &cache.k.codes, v_codes, row0, keys.len(), hk)
             } else {
                 let (k, v) = block.head(g, hk);
-                (B::wrap_slice(k), B::wrap_slice(v), g.dpad, g.dvpad)
+                (k, v, g.dpad, g.dvpad)
             };
             let at = hk * g.bc + from;
             let blk = KeyBlock {
-                k: Keys::Rows(kr, ldk),
-                v: vr,
+                k: Keys::Rows(B::wrap_slice(kr), ldk),
+                v: B::wrap_slice(vr),
                 ldv,
                 from,
                 scales: Some(KeyScales {
