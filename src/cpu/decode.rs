@@ -360,13 +360,13 @@ impl Task for SplitTask<'_, '_> {
                 };
                 match (&cache.k, v) {
                     (TensorData::F32(k), TensorData::F32(v)) => {
-                        stream_plain::<K, _>(w, cache, b, &mut streams, k, v)
+                        stream_plain::<K, _>(w, b, &mut streams, k, v)
                     }
                     (TensorData::F16(k), TensorData::F16(v)) => {
-                        stream_plain::<K, _>(w, cache, b, &mut streams, k, v)
+                        stream_plain::<K, _>(w, b, &mut streams, k, v)
                     }
                     (TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                        stream_plain::<K, _>(w, cache, b, &mut streams, k, v)
+                        stream_plain::<K, _>(w, b, &mut streams, k, v)
                     }
                     _ => unreachable!("decode checked that K and V share their precision"),
                 }
@@ -441,32 +441,6 @@ impl Block {
         self.rows.v()
     }
 
-    /// Keys `keys` (within block `kb`) of sequence `b`, zero past its last key.
-    #[inline(always)]
-    fn widen<K: Kernel>(
-        &mut self,
-        w: &Work,
-        cache: &HostKvCache,
-        b: usize,
-        kb: usize,
-        keys: &Range<usize>,
-    ) {
-        // A latent cache's V is a view of K's storage.
-        let v = if cache.shape.latent {
-            &cache.k
-        } else {
-            &cache.v
-        };
-        match (&cache.k, v) {
-            (TensorData::F32(k), TensorData::F32(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
-            (TensorData::F16(k), TensorData::F16(v)) => self.widen_as::<K, _>(w, b, kb, keys, k, v),
-            (TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                self.widen_as::<K, _>(w, b, kb, keys, k, v)
-            }
-            _ => unreachable!("decode checked that K and V share their precision"),
-        }
-    }
-
     /// Each row of the block's keys, in cache order, as `(at, cache row)`:
     /// `at` its place in a head's part of the block; `None` past the sequence.
     #[inline(always)]
@@ -481,8 +455,10 @@ impl Block {
             .map(move |j| (j - kb * bc, (j < valid).then(|| w.p.cache_row(b, j))))
     }
 
+    /// Keys `keys` (within block `kb`) of sequence `b` from K and V's
+    /// storage, zero past its last key.
     #[inline(always)]
-    fn widen_as<K: Kernel, T: Widen>(
+    fn widen<K: Kernel, T: Widen>(
         &mut self,
         w: &Work,
         b: usize,
@@ -595,9 +571,8 @@ fn head_in_place<'c, T: bytemuck::Pod>(
 /// ([`Block::widen`]): a head's f32 rows read in place lie 4 KiB apart at 8
 /// heads of 128, all in one L1 set, and measured no faster.
 #[inline(always)]
-fn stream_plain<K: Kernel, T: Operand + bytemuck::Pod>(
+fn stream_plain<K: Kernel, T: Operand + Widen + bytemuck::Pod>(
     w: &Work,
-    cache: &HostKvCache,
     b: usize,
     streams: &mut [Stream],
     k: &[T],
@@ -626,7 +601,7 @@ fn stream_plain<K: Kernel, T: Operand + bytemuck::Pod>(
             continue;
         }
         let block = block.get_or_insert_with(|| Block::new(g, p.heads_kv));
-        block.widen::<K>(w, cache, b, kb, keys);
+        block.widen::<K, T>(w, b, kb, keys, k, v);
         for (hk, stream) in streams.iter_mut().enumerate() {
             let head = hk * g.bc;
             let blk = KeyBlock::plain(
